@@ -1,0 +1,1 @@
+"""Gateway: platforms, sessions, wake delivery and the runner."""

@@ -1,0 +1,1 @@
+"""The application shell: CLI, settings and the composition of `reveille serve`."""

@@ -1,0 +1,1 @@
+"""Agent tools and the core contract modules (async delegation, process registry)."""
