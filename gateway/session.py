@@ -1,0 +1,546 @@
+"""Sessions: where a conversation came from, how it is routed, and its durable transcript.
+
+* ``SessionSource`` names the origin of a conversation (platform, chat, thread, user).
+* ``build_session_key`` turns a source into the deterministic routing key that completion
+  events carry (``session_key``), so a wake-up finds the chat that started the work.
+* ``SessionStore`` keeps sessions and their transcripts in SQLite, including the delivery
+  rows that background completions leave in API-server sessions and that the next client
+  turn folds into its context exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.config import Platform
+
+__all__ = [
+    "SessionSource",
+    "SessionStore",
+    "SessionStoreError",
+    "build_session_key",
+    "is_valid_session_id",
+    "new_session_id",
+]
+
+_SESSION_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+# Bump when the schema changes; a file written by a newer build is refused rather than
+# silently misread.
+_SCHEMA_VERSION = 1
+_BUSY_TIMEOUT_MS = 5000
+
+_SCHEMA = (
+    """
+    CREATE TABLE IF NOT EXISTS sessions (
+        id          TEXT PRIMARY KEY,
+        source      TEXT,
+        session_key TEXT,
+        title       TEXT,
+        created_at  REAL NOT NULL,
+        updated_at  REAL NOT NULL
+    )
+    """,
+    # AUTOINCREMENT so ids are never reused after deletes: clients page transcripts with
+    # ``after_id`` and a reused id could hide a new message behind an old cursor.
+    """
+    CREATE TABLE IF NOT EXISTS messages (
+        id               INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id       TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        role             TEXT NOT NULL,
+        content          TEXT NOT NULL,
+        created_at       REAL NOT NULL,
+        display_kind     TEXT,
+        display_metadata TEXT,
+        dedupe_key       TEXT,
+        folded_at        REAL,
+        UNIQUE (session_id, dedupe_key)
+    )
+    """,
+    "CREATE INDEX IF NOT EXISTS idx_messages_session ON messages (session_id, id)",
+    # Folding runs at the start of every client turn; keep it cheap on long transcripts.
+    """
+    CREATE INDEX IF NOT EXISTS idx_messages_unfolded ON messages (session_id)
+        WHERE display_kind IS NOT NULL AND folded_at IS NULL
+    """,
+    "CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (updated_at)",
+    "CREATE INDEX IF NOT EXISTS idx_sessions_key ON sessions (session_key)",
+)
+
+_REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
+    "sessions": frozenset({"id", "source", "session_key", "title", "created_at", "updated_at"}),
+    "messages": frozenset(
+        {
+            "id",
+            "session_id",
+            "role",
+            "content",
+            "created_at",
+            "display_kind",
+            "display_metadata",
+            "dedupe_key",
+            "folded_at",
+        }
+    ),
+}
+
+_MESSAGE_COLUMNS = "id, role, content, created_at, display_kind, display_metadata, folded_at"
+_SESSION_COLUMNS = "id, source, session_key, title, created_at, updated_at"
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _coerce_text(value: Any, name: str, *, required: bool) -> str | None:
+    if value is None:
+        if required:
+            raise ValueError(f"SessionSource: missing required field {name!r}")
+        return None
+    # bool is an int subclass; True as a chat id is always a bug upstream.
+    if isinstance(value, bool):
+        raise ValueError(f"SessionSource: {name} must be a string, got bool")
+    if isinstance(value, int):
+        # Platforms such as Telegram hand out numeric ids; the key and JSON want text.
+        return str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"SessionSource: {name} must be a string, got {type(value).__name__}")
+    if required and not value:
+        raise ValueError(f"SessionSource: {name} must not be empty")
+    return value
+
+
+def _coerce_platform(value: Any) -> Platform:
+    try:
+        return Platform(value)
+    except (ValueError, TypeError):
+        known = ", ".join(p.value for p in Platform)
+        raise ValueError(
+            f"SessionSource: unknown platform {value!r} (expected one of: {known})"
+        ) from None
+
+
+@dataclass
+class SessionSource:
+    """Where a conversation originates: enough to route a reply or wake-up back to it."""
+
+    platform: Platform
+    chat_id: str
+    chat_type: str = "dm"
+    user_id: str | None = None
+    user_name: str | None = None
+    thread_id: str | None = None
+    chat_name: str | None = None
+
+    def __post_init__(self) -> None:
+        # Accept "telegram" as well as Platform.TELEGRAM, and numeric ids, so that a source
+        # built by an adapter equals the same source read back from JSON.
+        self.platform = _coerce_platform(self.platform)
+        for name in ("chat_id", "user_id", "thread_id"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, name, str(value))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form; ``from_dict(to_dict())`` returns an equal source."""
+        return {
+            "platform": self.platform.value,
+            "chat_id": self.chat_id,
+            "chat_type": self.chat_type,
+            "user_id": self.user_id,
+            "user_name": self.user_name,
+            "thread_id": self.thread_id,
+            "chat_name": self.chat_name,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SessionSource:
+        """Validate and build a source from persisted or wire data.
+
+        Raises ValueError for a non-mapping, an unknown platform, a missing/empty chat_id or
+        wrongly typed fields. Unknown keys are ignored so newer writers stay readable.
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError(f"SessionSource.from_dict expects a mapping, got {type(d).__name__}")
+        platform = _coerce_platform(d.get("platform"))
+        chat_id = _coerce_text(d.get("chat_id"), "chat_id", required=True)
+        chat_type = d.get("chat_type")
+        if chat_type is None:
+            chat_type = "dm"
+        elif not isinstance(chat_type, str) or not chat_type:
+            raise ValueError("SessionSource: chat_type must be a non-empty string")
+        assert chat_id is not None  # required=True guarantees it; narrows the type
+        return cls(
+            platform=platform,
+            chat_id=chat_id,
+            chat_type=chat_type,
+            user_id=_coerce_text(d.get("user_id"), "user_id", required=False),
+            user_name=_coerce_text(d.get("user_name"), "user_name", required=False),
+            thread_id=_coerce_text(d.get("thread_id"), "thread_id", required=False),
+            chat_name=_coerce_text(d.get("chat_name"), "chat_name", required=False),
+        )
+
+
+def _escape_key_part(value: str) -> str:
+    # A prefix-free substitution (only '%' and ':' change), so the escaped text never
+    # contains ':' and decodes uniquely: the key splits back into its exact components and
+    # two different sources can never produce the same key.
+    return value.replace("%", "%25").replace(":", "%3A")
+
+
+def build_session_key(source: SessionSource, agent: str = "main") -> str:
+    """Deterministic routing key, e.g. ``agent:main:telegram:group:chat-1[:thread:<id>]``.
+
+    Every free-form component is escaped so chat ids containing ':' cannot collide with a
+    different chat/thread combination. An empty thread_id counts as "no thread".
+    """
+    if not agent:
+        raise ValueError("build_session_key: agent must be a non-empty string")
+    platform = _coerce_platform(source.platform)
+    parts = [
+        "agent",
+        _escape_key_part(agent),
+        _escape_key_part(platform.value),
+        _escape_key_part(str(source.chat_type)),
+        _escape_key_part(str(source.chat_id)),
+    ]
+    if source.thread_id:
+        parts += ["thread", _escape_key_part(str(source.thread_id))]
+    return ":".join(parts)
+
+
+# --------------------------------------------------------------------------- store
+
+
+def is_valid_session_id(s: object) -> bool:
+    """True for 1..128 characters of ``[A-Za-z0-9._:-]`` (safe in headers, URLs and logs)."""
+    return isinstance(s, str) and _SESSION_ID_RE.fullmatch(s) is not None
+
+
+def new_session_id() -> str:
+    """A fresh, unguessable session id (``sess_`` + 32 hex chars)."""
+    return "sess_" + secrets.token_hex(16)
+
+
+class SessionStoreError(RuntimeError):
+    """The session database cannot be used (not a database, newer schema, closed...)."""
+
+
+def _create_private_file(path: Path) -> None:
+    # Create the file ourselves so it is born 0600: transcripts hold private conversations
+    # and SQLite would otherwise create it with the process umask (often 0644). SQLite gives
+    # the -wal/-shm side files the main file's mode. An existing file is left untouched.
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
+
+
+class SessionStore:
+    """Sessions and transcript messages in one SQLite file.
+
+    Concurrency: one connection guarded by a re-entrant lock, shared by all threads. SQLite
+    serialises writers anyway, so per-thread connections would buy only parallel reads on a
+    small, write-mostly workload while leaking connections from ``asyncio.to_thread`` pool
+    threads that ``close()`` could never reach. Writes run in ``BEGIN IMMEDIATE``
+    transactions with a busy timeout, so several stores (or processes) on one file stay
+    atomic too.
+
+    All methods are synchronous; async callers use ``asyncio.to_thread``.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self._path = Path(path)
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        try:
+            # 0700 only applies to directories we create; transcripts are private.
+            self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _create_private_file(self._path)
+            conn = sqlite3.connect(
+                str(self._path),
+                timeout=_BUSY_TIMEOUT_MS / 1000,
+                isolation_level=None,  # explicit BEGIN/COMMIT below, no implicit txns
+                check_same_thread=False,  # guarded by self._lock instead
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise SessionStoreError(f"cannot open session store {self._path}: {exc}") from exc
+        conn.row_factory = sqlite3.Row
+        try:
+            self._prepare(conn)
+        except SessionStoreError:
+            conn.close()
+            raise
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise SessionStoreError(
+                f"{self._path} is not a usable SQLite database ({exc}); "
+                "refusing to modify it — move it aside or point the store elsewhere"
+            ) from exc
+        self._conn = conn
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        # A read first: on a foreign file it fails with "file is not a database" before any
+        # pragma or DDL could write to it.
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > _SCHEMA_VERSION:
+            raise SessionStoreError(
+                f"{self._path} has session schema v{version}, newer than this build "
+                f"(v{_SCHEMA_VERSION}); upgrade Reveille instead of downgrading the data"
+            )
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        # FULL: an acknowledged delivery row must survive power loss, or a completion that
+        # was marked delivered could vanish from the transcript.
+        conn.execute("PRAGMA synchronous = FULL")
+        # Off by default in SQLite; needed for ON DELETE CASCADE of transcripts.
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for stmt in _SCHEMA:
+                conn.execute(stmt)
+            conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            for table, required in _REQUIRED_COLUMNS.items():
+                have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+                missing = required - have
+                if missing:
+                    raise SessionStoreError(
+                        f"{self._path}: table {table!r} exists but lacks columns "
+                        f"{sorted(missing)}; this file belongs to something else"
+                    )
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close the connection; idempotent. Further calls raise SessionStoreError."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> SessionStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _require_conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise SessionStoreError(f"session store {self._path} is closed")
+        return self._conn
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            yield self._require_conn()
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        # IMMEDIATE takes the write lock up front, so read-then-write sequences (dedupe,
+        # folding) cannot interleave with another process's writer.
+        with self._lock:
+            conn = self._require_conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    # ----------------------------------------------------------------- sessions
+
+    @staticmethod
+    def _session_dict(row: sqlite3.Row) -> dict[str, Any]:
+        return {
+            "id": row["id"],
+            "source": json.loads(row["source"]) if row["source"] is not None else None,
+            "session_key": row["session_key"],
+            "title": row["title"],
+            "created_at": row["created_at"],
+            "updated_at": row["updated_at"],
+        }
+
+    def create_session(
+        self,
+        session_id: str | None = None,
+        *,
+        source: SessionSource | None = None,
+        title: str | None = None,
+    ) -> dict[str, Any]:
+        """Create a session, or return the existing one with that id unchanged."""
+        if session_id is None:
+            session_id = new_session_id()
+        elif not is_valid_session_id(session_id):
+            raise ValueError(f"invalid session id {session_id!r}")
+        if source is not None and not isinstance(source, SessionSource):
+            raise TypeError(f"source must be a SessionSource, got {type(source).__name__}")
+        source_json = json.dumps(source.to_dict(), sort_keys=True) if source else None
+        session_key = build_session_key(source) if source else None
+        now = time.time()
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO sessions (id, source, session_key, title, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                (session_id, source_json, session_key, title, now, now),
+            )
+            row = conn.execute(
+                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+        return self._session_dict(row)
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+        return self._session_dict(row) if row is not None else None
+
+    def list_sessions(self, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+        """Most recently active first."""
+        if limit < 0 or offset < 0:
+            raise ValueError("limit and offset must be >= 0")
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {_SESSION_COLUMNS} FROM sessions"
+                " ORDER BY updated_at DESC, id ASC LIMIT ? OFFSET ?",
+                (limit, offset),
+            ).fetchall()
+        return [self._session_dict(r) for r in rows]
+
+    def delete_session(self, session_id: str) -> bool:
+        """Delete a session and (by cascade) its transcript. False when it did not exist."""
+        with self._write() as conn:
+            cur = conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+        return cur.rowcount > 0
+
+    # ----------------------------------------------------------------- messages
+
+    @staticmethod
+    def _message_dict(row: sqlite3.Row) -> dict[str, Any]:
+        meta = row["display_metadata"]
+        return {
+            "id": row["id"],
+            "role": row["role"],
+            "content": row["content"],
+            "created_at": row["created_at"],
+            "display_kind": row["display_kind"],
+            "display_metadata": json.loads(meta) if meta is not None else None,
+            "folded": row["folded_at"] is not None,
+        }
+
+    @staticmethod
+    def _require_session(conn: sqlite3.Connection, session_id: str) -> None:
+        if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+            raise KeyError(session_id)
+
+    def append_message(
+        self,
+        session_id: str,
+        role: str,
+        content: str,
+        *,
+        display_kind: str | None = None,
+        display_metadata: Mapping[str, Any] | None = None,
+        dedupe_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Append a transcript message and return it.
+
+        With a ``dedupe_key`` already used in this session, nothing is inserted and the
+        existing row is returned: a redelivered completion never shows up twice.
+        Raises KeyError for an unknown session.
+        """
+        if not isinstance(role, str) or not role:
+            raise ValueError("role must be a non-empty string")
+        if not isinstance(content, str):
+            raise TypeError(f"content must be a string, got {type(content).__name__}")
+        # Serialise before taking the write lock so a bad payload fails without a txn.
+        meta_json = (
+            json.dumps(dict(display_metadata), ensure_ascii=False)
+            if display_metadata is not None
+            else None
+        )
+        now = time.time()
+        with self._write() as conn:
+            self._require_session(conn, session_id)
+            cur = conn.execute(
+                "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
+                " display_metadata, dedupe_key) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (session_id, dedupe_key) DO NOTHING",
+                (session_id, role, content, now, display_kind, meta_json, dedupe_key),
+            )
+            if cur.rowcount == 1:
+                message_id = cur.lastrowid
+                conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id))
+                row = conn.execute(
+                    f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,)
+                ).fetchone()
+            else:
+                row = conn.execute(
+                    f"SELECT {_MESSAGE_COLUMNS} FROM messages"
+                    " WHERE session_id = ? AND dedupe_key = ?",
+                    (session_id, dedupe_key),
+                ).fetchone()
+        return self._message_dict(row)
+
+    def messages(
+        self, session_id: str, *, after_id: int = 0, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Transcript in order, only ids > ``after_id``. Raises KeyError for unknown sessions."""
+        if limit is not None and limit < 0:
+            raise ValueError("limit must be >= 0")
+        with self._read() as conn:
+            self._require_session(conn, session_id)
+            rows = conn.execute(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages"
+                " WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
+                (session_id, after_id, -1 if limit is None else limit),
+            ).fetchall()
+        return [self._message_dict(r) for r in rows]
+
+    def take_unfolded_deliveries(self, session_id: str) -> list[dict[str, Any]]:
+        """Mark every not-yet-folded delivery row as folded and return them, oldest first.
+
+        Select and update happen in one IMMEDIATE transaction, so concurrent callers (threads,
+        stores or processes) each get a disjoint set: every delivery row is folded into
+        exactly one client turn. Raises KeyError for unknown sessions.
+        """
+        now = time.time()
+        with self._write() as conn:
+            self._require_session(conn, session_id)
+            rows = conn.execute(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages"
+                " WHERE session_id = ? AND display_kind IS NOT NULL AND folded_at IS NULL"
+                " ORDER BY id",
+                (session_id,),
+            ).fetchall()
+            if rows:
+                conn.executemany(
+                    "UPDATE messages SET folded_at = ? WHERE id = ? AND folded_at IS NULL",
+                    [(now, r["id"]) for r in rows],
+                )
+        taken = [self._message_dict(r) for r in rows]
+        for msg in taken:
+            msg["folded"] = True
+        return taken
