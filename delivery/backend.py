@@ -1,0 +1,116 @@
+"""The storage interface the ledger logic runs on; SQLite and PostgreSQL implement it.
+
+The ledger's rules (claims, budgets, restore) live once, in ``delivery.ledger``, written
+against ``LedgerTx``: a handful of primitives that any transactional store can provide.
+A backend runs each operation atomically and may commit several operations together
+(group commit); callers never see which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+# Columns of a ledger row, in storage order. JSON columns hold dicts.
+COLUMNS: tuple[str, ...] = (
+    "id",
+    "kind",
+    "state",
+    "delivery_state",
+    "session_key",
+    "origin_session_id",
+    "origin_ui_session_id",
+    "goal",
+    "request",
+    "event",
+    "owner",
+    "holder",
+    "created_at",
+    "updated_at",
+    "started_at",
+    "completed_at",
+    "claim_token",
+    "claim_consumer",
+    "claimed_at",
+    "claim_expires_at",
+    "delivery_attempts",
+    "refunds",
+    "next_attempt_at",
+    "due_at",
+    "settled_at",
+    "settled_reason",
+    "replay_from",
+    "restored",
+)
+JSON_COLUMNS = frozenset({"request", "event"})
+
+
+class LedgerTx(Protocol):
+    """One atomic operation's view of the store."""
+
+    def get(self, row_id: str) -> dict[str, Any] | None: ...
+
+    def insert(self, row: dict[str, Any]) -> None:
+        """Insert a new row; raises DuplicateDeliveryError when the id exists."""
+
+    def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
+        """Compare-and-set: apply ``changes`` only where every ``expect`` column still matches."""
+
+    def audit(self, row_id: str, action: str, detail: str, at: float) -> None: ...
+
+
+class LedgerBackend(Protocol):
+    path: str
+
+    def write(self, op: Callable[[LedgerTx], T]) -> T:
+        """Run ``op`` atomically and durably; returns once it is committed."""
+
+    def submit(self, op: Callable[[LedgerTx], T]) -> Future[T]:
+        """Queue ``op`` for the next commit without waiting (asyncio: ``wrap_future``)."""
+
+    def get(self, row_id: str) -> dict[str, Any] | None: ...
+
+    def query(
+        self,
+        *,
+        state: str | None = None,
+        delivery_state: str | None = None,
+        session: str | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        oldest_first: bool = False,
+    ) -> list[dict[str, Any]]: ...
+
+    def pending_with_event(self, limit: int) -> list[dict[str, Any]]:
+        """Pending rows that carry an event, oldest completion first."""
+
+    def due(self, now: float, limit: int) -> list[dict[str, Any]]:
+        """Pending rows whose ``due_at`` has come, earliest first."""
+
+    def next_due_at(self) -> float | None: ...
+
+    def pending_holders(self) -> list[str]:
+        """Distinct holders of pending rows (who is responsible for offering them)."""
+
+    def active_owners(self, state: str) -> list[str]:
+        """Distinct owners of rows in one active lifecycle state."""
+
+    def rows_held_by(self, holder: str, limit: int) -> list[dict[str, Any]]: ...
+
+    def rows_owned_by(self, owner: str, state: str, limit: int) -> list[dict[str, Any]]: ...
+
+    def audit_log(self, row_id: str) -> list[dict[str, Any]]: ...
+
+    def stats(self) -> dict[str, int]:
+        """Counters: commits (each one fsync of the log at synchronous=FULL), operations."""
+
+    def close(self) -> None: ...
+
+
+def changed_columns(changes: Iterable[str]) -> None:
+    unknown = set(changes) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown ledger column(s): {', '.join(sorted(unknown))}")

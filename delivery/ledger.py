@@ -1,0 +1,569 @@
+"""The ledger's rules: lifecycle compare-and-sets, claims with leases, the attempt budget.
+
+One row per unit of background work (a delegation, a background process, an interim
+notice). The row is written before the work starts; its completion event is written with
+the terminal state, before anyone is told; a consumer must claim the row before it hands
+the event on and acknowledges it only after the hand-off was accepted. Every rule here is
+written once against ``LedgerTx`` and so holds for every backend.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from delivery.backend import LedgerBackend, LedgerTx
+from delivery.errors import (
+    ClaimMismatchError,
+    InvalidTransitionError,
+    UnknownDeliveryError,
+)
+from delivery.identity import current_identity, holder_is_dead
+from delivery.policy import DeliveryPolicy
+from delivery.states import ACTIVE_STATES, DeliveryState, State, can_transition
+
+log = logging.getLogger(__name__)
+
+PENDING = DeliveryState.PENDING.value
+DELIVERED = DeliveryState.DELIVERED.value
+DROPPED = DeliveryState.DROPPED.value
+
+_SCAN_LIMIT = 10_000
+
+
+def _check_id(row_id: object) -> str:
+    if not isinstance(row_id, str):
+        raise TypeError(f"a ledger id must be a string, not {type(row_id).__name__}")
+    if not row_id or len(row_id) > 200:
+        raise ValueError("a ledger id must be 1 to 200 characters")
+    return row_id
+
+
+def _check_token(token: object) -> str:
+    if not isinstance(token, str) or not token:
+        raise TypeError("a claim token must be the non-empty string claim() returned")
+    return token
+
+
+def mark_reoffered(event: dict[str, Any], reason: str, at: float) -> dict[str, Any]:
+    """A copy of ``event`` marked as offered again, so no unrelated session adopts it."""
+    marked = copy.deepcopy(event)
+    marked["_restored"] = True
+    marked["_reoffer_reason"] = reason
+    marked["_reoffered_at"] = at
+    return marked
+
+
+class Ledger:
+    """The delivery ledger of one process, over a shared backend."""
+
+    def __init__(
+        self,
+        backend: LedgerBackend,
+        policy: DeliveryPolicy | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        identity: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.policy = policy or DeliveryPolicy()
+        self.clock = clock
+        self.identity = identity or str(current_identity())
+        self._due_listeners: list[Callable[[float], None]] = []
+
+    # -- notification of due times (the re-offer scheduler listens) -------------------------
+
+    def add_due_listener(self, fn: Callable[[float], None]) -> None:
+        self._due_listeners.append(fn)
+
+    def remove_due_listener(self, fn: Callable[[float], None]) -> None:
+        if fn in self._due_listeners:
+            self._due_listeners.remove(fn)
+
+    def _notify_due(self, when: float) -> None:
+        for fn in list(self._due_listeners):
+            try:
+                fn(when)
+            except Exception:  # a listener must never fail a durable write
+                log.exception("due listener failed")
+
+    # -- the work's lifecycle ---------------------------------------------------------------
+
+    def create(
+        self,
+        row_id: str,
+        *,
+        kind: str,
+        state: str = State.QUEUED,
+        session_key: str | None = None,
+        origin_session_id: str | None = None,
+        origin_ui_session_id: str | None = None,
+        goal: str | None = None,
+        request: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Write the row before the work can start; raises if it cannot be written."""
+        return self.submit_create(
+            row_id,
+            kind=kind,
+            state=state,
+            session_key=session_key,
+            origin_session_id=origin_session_id,
+            origin_ui_session_id=origin_ui_session_id,
+            goal=goal,
+            request=request,
+        ).result()
+
+    def submit_create(
+        self,
+        row_id: str,
+        *,
+        kind: str,
+        state: str = State.QUEUED,
+        session_key: str | None = None,
+        origin_session_id: str | None = None,
+        origin_ui_session_id: str | None = None,
+        goal: str | None = None,
+        request: dict[str, Any] | None = None,
+    ) -> Future[dict[str, Any]]:
+        _check_id(row_id)
+        if State(state) not in ACTIVE_STATES:
+            raise InvalidTransitionError(f"a new row starts queued or running, not {state}")
+        if request is not None and not isinstance(request, dict):
+            raise TypeError("request must be a dict")
+        now = self.clock()
+        row = {
+            "id": row_id,
+            "kind": kind,
+            "state": str(state),
+            "delivery_state": PENDING,
+            "session_key": session_key,
+            "origin_session_id": origin_session_id,
+            "origin_ui_session_id": origin_ui_session_id,
+            "goal": goal,
+            "request": request or {},
+            "owner": self.identity,
+            "created_at": now,
+            "updated_at": now,
+            "started_at": now if state == State.RUNNING else None,
+        }
+
+        def op(tx: LedgerTx) -> dict[str, Any]:
+            tx.insert(row)
+            return row
+
+        return self.backend.submit(op)
+
+    def start(self, row_id: str) -> bool:
+        """queued -> running; False when the row was cancelled or taken meanwhile."""
+        return self.transition(row_id, State.QUEUED, State.RUNNING)
+
+    def transition(self, row_id: str, expected: str, new: str) -> bool:
+        """A non-terminal lifecycle compare-and-set (terminal states go through ``finish``)."""
+        _check_id(row_id)
+        if not can_transition(expected, new):
+            raise InvalidTransitionError(f"{expected} -> {new} is not a lifecycle edge")
+        if State(new) not in ACTIVE_STATES:
+            raise InvalidTransitionError("terminal states carry an event: use finish()")
+        now = self.clock()
+
+        def op(tx: LedgerTx) -> bool:
+            changes: dict[str, Any] = {"state": str(new), "updated_at": now}
+            if new == State.RUNNING:
+                changes["started_at"] = now
+            if tx.update(row_id, {"state": str(expected)}, changes):
+                return True
+            if tx.get(row_id) is None:
+                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
+            return False
+
+        return self.backend.write(op)
+
+    def finish(self, row_id: str, *, expected: str, state: str, event: dict[str, Any]) -> bool:
+        """Terminal compare-and-set that stores the completion event, pending delivery."""
+        return self.submit_finish(row_id, expected=expected, state=state, event=event).result()
+
+    def submit_finish(
+        self, row_id: str, *, expected: str, state: str, event: dict[str, Any]
+    ) -> Future[bool]:
+        _check_id(row_id)
+        if not isinstance(event, dict):
+            raise TypeError("a completion event must be a dict")
+        if not can_transition(expected, state) or State(state) in ACTIVE_STATES:
+            raise InvalidTransitionError(f"{expected} -> {state} is not a terminal edge")
+        now = self.clock()
+        due = now + self.policy.lease_seconds
+        changes = {
+            "state": str(state),
+            "event": event,
+            "updated_at": now,
+            "completed_at": now,
+            "replay_from": now,
+            "holder": self.identity,
+            "due_at": due,
+        }
+
+        def op(tx: LedgerTx) -> bool:
+            if tx.update(row_id, {"state": str(expected), "delivery_state": PENDING}, changes):
+                return True
+            if tx.get(row_id) is None:
+                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
+            return False
+
+        fut = self.backend.submit(op)
+        fut.add_done_callback(lambda f: f.exception() is None and self._notify_due(due))
+        return fut
+
+    # -- delivery ---------------------------------------------------------------------------
+
+    def claim(self, row_id: str, consumer: str) -> str | None:
+        """A claim token, or None when the row is settled, not yet due, or held by another."""
+        return self.submit_claim(row_id, consumer).result()
+
+    def submit_claim(self, row_id: str, consumer: str) -> Future[str | None]:
+        _check_id(row_id)
+        if not isinstance(consumer, str) or not consumer:
+            raise TypeError("consumer must be a non-empty string naming who claims")
+        now = self.clock()
+        policy = self.policy
+        identity = self.identity
+
+        def op(tx: LedgerTx) -> str | None:
+            row = tx.get(row_id)
+            if row is None:
+                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
+            if row["delivery_state"] != PENDING or row["event"] is None:
+                return None
+            if row["next_attempt_at"] > now:
+                return None  # backing off after a release: a wait, not an attempt
+            if row["claim_expires_at"] > now and not holder_is_dead(row["holder"]):
+                return None
+            expect = {
+                "delivery_state": PENDING,
+                "claim_token": row["claim_token"],
+                "delivery_attempts": row["delivery_attempts"],
+            }
+            if row["delivery_attempts"] >= policy.max_attempts:
+                tx.update(row_id, expect, _settle(DROPPED, now, "attempt budget exhausted"))
+                tx.audit(row_id, "drop", "attempt budget exhausted at claim", now)
+                return None
+            token = secrets.token_hex(16)
+            expires = now + policy.lease_seconds
+            ok = tx.update(
+                row_id,
+                expect,
+                {
+                    "claim_token": token,
+                    "claim_consumer": consumer,
+                    "claimed_at": now,
+                    "claim_expires_at": expires,
+                    "delivery_attempts": row["delivery_attempts"] + 1,
+                    "holder": identity,
+                    "due_at": expires,
+                    "updated_at": now,
+                },
+            )
+            return token if ok else None
+
+        return self.backend.submit(op)
+
+    def complete(self, row_id: str, token: str) -> bool:
+        """Acknowledge a delivery; only the current claim's holder can."""
+        return self.submit_complete(row_id, token).result()
+
+    def submit_complete(self, row_id: str, token: str) -> Future[bool]:
+        _check_id(row_id)
+        _check_token(token)
+        now = self.clock()
+        changes = {**_settle(DELIVERED, now, "acknowledged by consumer"), "claim_token": token}
+
+        def op(tx: LedgerTx) -> bool:
+            if tx.update(row_id, {"claim_token": token, "delivery_state": PENDING}, changes):
+                return True
+            row = tx.get(row_id)
+            if row is None:
+                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
+            if row["claim_token"] != token:
+                raise ClaimMismatchError(
+                    f"{row_id}: that claim token is not the current holder's "
+                    f"(delivery_state={row['delivery_state']}); nothing was written"
+                )
+            return row["delivery_state"] == DELIVERED  # a repeated ack is a no-op
+
+        return self.backend.submit(op)
+
+    def release(self, row_id: str, token: str, *, retryable: bool = False) -> str:
+        """Give a claim back. Returns the row's delivery state afterwards.
+
+        An ordinary release keeps the counted attempt; at the budget the row is dropped.
+        ``retryable=True`` refunds it (the refusal was transient and not the delivery's
+        fault), but the next claim still waits for a growing backoff and the replay cap
+        still drops the row in the end, so a refusing consumer can never loop hot.
+        """
+        _check_id(row_id)
+        _check_token(token)
+        now = self.clock()
+        policy = self.policy
+        identity = self.identity
+
+        def op(tx: LedgerTx) -> str:
+            row = tx.get(row_id)
+            if row is None:
+                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
+            if row["claim_token"] != token:
+                raise ClaimMismatchError(
+                    f"{row_id}: that claim token is not the current holder's; nothing was written"
+                )
+            if row["delivery_state"] != PENDING:
+                return row["delivery_state"]
+            attempts, refunds = row["delivery_attempts"], row["refunds"]
+            if retryable:
+                attempts, refunds = max(attempts - 1, 0), refunds + 1
+            expect = {"claim_token": token, "delivery_state": PENDING}
+            age = now - (row["replay_from"] or row["completed_at"] or row["created_at"])
+            reason = None
+            if not retryable and attempts >= policy.max_attempts:
+                reason = f"attempt budget of {policy.max_attempts} exhausted"
+            elif age > policy.replay_cap_seconds:
+                reason = "older than the replay age cap"
+            if reason:
+                tx.update(
+                    row_id,
+                    expect,
+                    {
+                        **_settle(DROPPED, now, reason),
+                        "delivery_attempts": attempts,
+                        "refunds": refunds,
+                    },
+                )
+                tx.audit(row_id, "drop", reason, now)
+                return DROPPED
+            eligible = now + policy.retry_delay(attempts + refunds)
+            tx.update(
+                row_id,
+                expect,
+                {
+                    "claim_token": None,
+                    "claim_consumer": None,
+                    "claim_expires_at": 0,
+                    "delivery_attempts": attempts,
+                    "refunds": refunds,
+                    "next_attempt_at": eligible,
+                    "due_at": eligible,
+                    "holder": identity,
+                    "updated_at": now,
+                },
+            )
+            return PENDING
+
+        state = self.backend.write(op)
+        if state == PENDING:
+            row = self.backend.get(row_id)
+            if row and row["due_at"] is not None:
+                self._notify_due(row["due_at"])
+        return state
+
+    def drop(self, row_id: str, reason: str, *, token: str | None = None) -> bool:
+        """The target is gone for good: settle the row as dropped (never "delivered")."""
+        _check_id(row_id)
+        if token is not None:
+            _check_token(token)
+        now = self.clock()
+
+        def op(tx: LedgerTx) -> bool:
+            row = tx.get(row_id)
+            if row is None:
+                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
+            if token is not None and row["claim_token"] != token:
+                raise ClaimMismatchError(f"{row_id}: that claim token is not the holder's")
+            if row["delivery_state"] != PENDING:
+                return False
+            expect = {"delivery_state": PENDING, "claim_token": row["claim_token"]}
+            if not tx.update(row_id, expect, _settle(DROPPED, now, reason)):
+                return False
+            tx.audit(row_id, "drop", reason, now)
+            return True
+
+        return self.backend.write(op)
+
+    def redeliver(self, row_id: str, *, actor: str = "operator") -> dict[str, Any]:
+        """Operator action: a dropped row goes back to pending with a fresh budget."""
+        _check_id(row_id)
+        now = self.clock()
+        identity = self.identity
+
+        def op(tx: LedgerTx) -> dict[str, Any]:
+            row = tx.get(row_id)
+            if row is None:
+                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
+            if row["delivery_state"] != DROPPED:
+                raise InvalidTransitionError(
+                    f"{row_id} is {row['delivery_state']}; only a dropped row can be redelivered"
+                )
+            if row["event"] is None:
+                raise InvalidTransitionError(f"{row_id} has no completion event to deliver")
+            changes = {
+                "delivery_state": PENDING,
+                "delivery_attempts": 0,
+                "refunds": 0,
+                "next_attempt_at": 0,
+                "claim_token": None,
+                "claim_consumer": None,
+                "claim_expires_at": 0,
+                "settled_at": None,
+                "settled_reason": None,
+                "replay_from": now,
+                "holder": identity,
+                "due_at": now,
+                "updated_at": now,
+            }
+            tx.update(row_id, {"delivery_state": DROPPED}, changes)
+            tx.audit(row_id, "redeliver", f"by {actor}; fresh budget", now)
+            return {**row, **changes}
+
+        row = self.backend.write(op)
+        self._notify_due(now)
+        return row
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def get(self, row_id: str) -> dict[str, Any] | None:
+        return self.backend.get(_check_id(row_id))
+
+    def list(self, **filters: Any) -> list[dict[str, Any]]:
+        return self.backend.query(**filters)
+
+    def history(self, row_id: str) -> list[dict[str, Any]]:
+        return self.backend.audit_log(_check_id(row_id))
+
+    # -- recovery -------------------------------------------------------------------------------
+
+    def recover_abandoned(self) -> list[dict[str, Any]]:
+        """Queued/running rows whose owner process is gone get a completion that says so.
+
+        queued -> interrupted (the work never started: safe to run again);
+        running -> unknown (it may have had effects: the user must decide).
+        """
+        recovered: list[dict[str, Any]] = []
+        for state, new_state in ((State.QUEUED, State.INTERRUPTED), (State.RUNNING, State.UNKNOWN)):
+            for owner in self.backend.active_owners(state):
+                if owner == self.identity or not holder_is_dead(owner):
+                    continue
+                for row in self.backend.rows_owned_by(owner, state, _SCAN_LIMIT):
+                    event = abandoned_event(row, new_state, self.clock())
+                    if self.finish(row["id"], expected=state, state=new_state, event=event):
+                        recovered.append(event)
+        return recovered
+
+    def restore(self) -> list[dict[str, Any]]:
+        """After a restart: every pending completion, oldest first, marked as restored.
+
+        Rows past the replay age cap are dropped instead of replayed; rows under a live
+        claim of a live process are left to that process.
+        """
+        self.recover_abandoned()
+        now = self.clock()
+        rows = self.backend.pending_with_event(_SCAN_LIMIT)
+        return self._take(
+            rows,
+            now,
+            "restore",
+        )
+
+    def take_due(self, now: float | None = None) -> list[dict[str, Any]]:
+        """Pending rows whose due time has come, or whose holder died: offered again."""
+        now = self.clock() if now is None else now
+        rows = self.backend.due(now, _SCAN_LIMIT)
+        for holder in self.backend.pending_holders():
+            if holder != self.identity and holder_is_dead(holder):
+                rows.extend(self.backend.rows_held_by(holder, _SCAN_LIMIT))
+        return self._take(
+            rows,
+            now,
+            "orphan",
+        )
+
+    def _take(self, rows: list[dict[str, Any]], now: float, reason: str) -> list[dict[str, Any]]:
+        policy, identity = self.policy, self.identity
+        seen: set[str] = set()
+        candidates = []
+        for row in sorted(rows, key=lambda r: (r["completed_at"] or 0, r["id"])):
+            if row["id"] in seen or row["event"] is None:
+                continue
+            seen.add(row["id"])
+            candidates.append(row)
+
+        def op(tx: LedgerTx) -> list[dict[str, Any]]:
+            offered = []
+            for row in candidates:
+                expect = {
+                    "delivery_state": PENDING,
+                    "holder": row["holder"],
+                    "due_at": row["due_at"],
+                    "claim_token": row["claim_token"],
+                }
+                if row["claim_expires_at"] > now and not holder_is_dead(row["holder"]):
+                    continue  # a live process holds a live claim: it is in flight
+                age = now - (row["replay_from"] or row["completed_at"] or row["created_at"])
+                if age > policy.replay_cap_seconds:
+                    if tx.update(
+                        row["id"], expect, _settle(DROPPED, now, "older than the replay age cap")
+                    ):
+                        tx.audit(row["id"], "drop", f"not replayed on {reason}: too old", now)
+                    continue
+                eligible = max(row["next_attempt_at"], now)
+                changes = {
+                    "holder": identity,
+                    "due_at": eligible + policy.lease_seconds,
+                    "restored": row["restored"] + 1,
+                    "updated_at": now,
+                }
+                if row["claim_expires_at"]:
+                    # The lease ran out, or its holder died: the claim is void now.
+                    changes.update(claim_token=None, claim_consumer=None, claim_expires_at=0)
+                if tx.update(row["id"], expect, changes):
+                    offered.append(mark_reoffered(row["event"], reason, now))
+            return offered
+
+        if not candidates:
+            return []
+        return self.backend.write(op)
+
+
+def _settle(state: str, now: float, reason: str) -> dict[str, Any]:
+    return {
+        "delivery_state": state,
+        "settled_at": now,
+        "settled_reason": reason,
+        "claim_expires_at": 0,
+        "due_at": None,
+        "holder": None,
+        "updated_at": now,
+    }
+
+
+def abandoned_event(row: dict[str, Any], state: str, now: float) -> dict[str, Any]:
+    """The completion event of work whose owner process died before it finished."""
+    request = dict(row.get("request") or {})
+    never_started = state == State.INTERRUPTED
+    event = {
+        **request,
+        "status": str(state),
+        "error": (
+            "Reveille restarted before this work started; it never ran and can be dispatched again."
+            if never_started
+            else "Reveille stopped while this work was running; whether it finished or "
+            "had effects is unknown."
+        ),
+        "completed_at": now,
+        "abandoned": True,
+    }
+    event.setdefault("type", "async_delegation" if row["kind"] == "delegation" else "completion")
+    started = row.get("started_at") or row.get("created_at")
+    if started:
+        event["duration_seconds"] = round(max(now - started, 0.0), 3)
+    return event

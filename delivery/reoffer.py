@@ -1,0 +1,165 @@
+"""Re-offers pending completions at the moment they become due, without polling.
+
+A pending row has a ``due_at`` (its lease end, its retry backoff, or a re-offer deadline)
+and a ``holder``: the process responsible for offering it. This scheduler sleeps until the
+earliest ``due_at`` in the ledger, or until a local holder or owner process dies (it waits on
+a pidfd for each), or until this process writes an earlier due time. An idle process thus
+delivers on time and never sits on due rows, and a row whose owner died while we run is
+re-offered at once instead of at the next restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from delivery.errors import LedgerError
+from delivery.identity import ProcessIdentity
+from delivery.ledger import Ledger
+from delivery.states import State
+
+log = logging.getLogger(__name__)
+
+
+class ReofferScheduler:
+    def __init__(
+        self,
+        ledger: Ledger,
+        offer: Callable[[dict[str, Any]], None],
+        *,
+        max_sleep_seconds: float = 60.0,
+        error_backoff_seconds: float = 1.0,
+    ) -> None:
+        self.ledger = ledger
+        self._offer = offer
+        # Only a guard against what no pidfd can see (an owner on another host); the
+        # scheduler never relies on it for rows of this host.
+        self._max_sleep = max_sleep_seconds
+        self._error_backoff = error_backoff_seconds
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._pidfds: dict[str, int] = {}
+        self._target = float("inf")
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.offered = 0
+
+    def start(self) -> None:
+        self.ledger.add_due_listener(self._on_due)
+        self._thread = threading.Thread(target=self._run, name="ledger-reoffer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.ledger.remove_due_listener(self._on_due)
+        self._poke()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for fd in self._pidfds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._pidfds.clear()
+        self._selector.close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _poke(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
+    def _on_due(self, when: float) -> None:
+        with self._lock:
+            if when >= self._target:
+                return
+            self._target = when
+        self._poke()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                timeout = self._pass()
+            except LedgerError as exc:
+                log.warning("re-offer pass failed, retrying: %s", exc)
+                timeout = self._error_backoff
+            except Exception:
+                log.exception("re-offer pass failed")
+                timeout = self._error_backoff
+            self._wait(timeout)
+
+    def _pass(self) -> float:
+        """Offer everything due now; return how long to sleep."""
+        with self._lock:
+            self._target = float("inf")
+        for event in self.ledger.recover_abandoned():
+            self._emit(event)
+        for event in self.ledger.take_due():
+            self._emit(event)
+        self._watch_processes()
+        next_due = self.ledger.backend.next_due_at()
+        now = self.ledger.clock()
+        sleep = self._max_sleep if next_due is None else max(next_due - now, 0.0)
+        sleep = min(sleep, self._max_sleep)
+        with self._lock:
+            self._target = min(self._target, now + sleep)
+            return max(self._target - now, 0.0)
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        try:
+            self._offer(event)
+            self.offered += 1
+        except Exception:
+            log.exception("offering a re-offered completion failed")
+
+    def _watch_processes(self) -> None:
+        """Hold a pidfd for every other local process that holds or owns live rows."""
+        backend = self.ledger.backend
+        wanted = set(backend.pending_holders())
+        for state in (State.QUEUED, State.RUNNING):
+            wanted.update(backend.active_owners(state))
+        wanted.discard(self.ledger.identity)
+        for ident in list(self._pidfds):
+            if ident not in wanted:
+                self._unwatch(ident)
+        for ident in wanted - set(self._pidfds):
+            proc = ProcessIdentity.parse(ident)
+            if proc is None or not proc.is_local() or proc.is_known_dead():
+                continue
+            try:
+                fd = os.pidfd_open(proc.pid)
+            except (OSError, AttributeError):
+                continue  # no pidfd support: the max-sleep guard still covers it
+            if proc.is_known_dead():  # the pid may have been reused before we opened it
+                os.close(fd)
+                continue
+            self._pidfds[ident] = fd
+            self._selector.register(fd, selectors.EVENT_READ, ident)
+
+    def _unwatch(self, ident: str) -> None:
+        fd = self._pidfds.pop(ident, None)
+        if fd is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _wait(self, timeout: float) -> None:
+        if self._stopped.is_set():
+            return
+        for key, _ in self._selector.select(timeout):
+            if key.data is None:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    os.read(self._wake_r, 4096)
+            else:
+                log.info("process %s exited; re-offering what it held", key.data)
+                self._unwatch(key.data)

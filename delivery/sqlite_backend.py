@@ -1,0 +1,458 @@
+"""The embedded SQLite ledger: WAL, synchronous=FULL, one writer thread with group commit.
+
+Every write goes through one dedicated writer thread. It takes all operations that are
+waiting, runs each in its own savepoint inside one ``BEGIN IMMEDIATE`` transaction and
+commits once, so concurrent operations share one fsync of the log instead of paying one each.
+A failing operation rolls back to its savepoint and fails alone. Reads use a connection per
+calling thread; WAL lets them run beside the writer.
+
+Several processes may open the same file: ``BEGIN IMMEDIATE`` with a busy timeout serialises
+their writers, and every transition is a compare-and-set, so no two of them can both win.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+from delivery.backend import COLUMNS, JSON_COLUMNS, changed_columns
+from delivery.errors import (
+    DuplicateDeliveryError,
+    LedgerError,
+    LedgerUnavailable,
+    NotALedgerError,
+)
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+APPLICATION_ID = 0x52564C4C  # "RVLL": marks a file as ours so we never write into another's
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS deliveries (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    state TEXT NOT NULL,
+    delivery_state TEXT NOT NULL,
+    session_key TEXT,
+    origin_session_id TEXT,
+    origin_ui_session_id TEXT,
+    goal TEXT,
+    request TEXT,
+    event TEXT,
+    owner TEXT,
+    holder TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    started_at REAL,
+    completed_at REAL,
+    claim_token TEXT,
+    claim_consumer TEXT,
+    claimed_at REAL,
+    claim_expires_at REAL NOT NULL DEFAULT 0,
+    delivery_attempts INTEGER NOT NULL DEFAULT 0,
+    refunds INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL DEFAULT 0,
+    due_at REAL,
+    settled_at REAL,
+    settled_reason TEXT,
+    replay_from REAL,
+    restored INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ix_pending_due ON deliveries(due_at)
+    WHERE delivery_state = 'pending';
+CREATE INDEX IF NOT EXISTS ix_pending_completed ON deliveries(completed_at)
+    WHERE delivery_state = 'pending';
+CREATE INDEX IF NOT EXISTS ix_pending_holder ON deliveries(holder)
+    WHERE delivery_state = 'pending';
+CREATE INDEX IF NOT EXISTS ix_state_owner ON deliveries(state, owner);
+CREATE INDEX IF NOT EXISTS ix_created ON deliveries(created_at);
+CREATE INDEX IF NOT EXISTS ix_session_key ON deliveries(session_key);
+CREATE INDEX IF NOT EXISTS ix_origin_session ON deliveries(origin_session_id);
+CREATE INDEX IF NOT EXISTS ix_origin_ui_session ON deliveries(origin_ui_session_id);
+CREATE TABLE IF NOT EXISTS delivery_audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    delivery_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    action TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_audit_delivery ON delivery_audit(delivery_id, seq);
+"""
+
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM deliveries"
+_STOP = object()
+
+
+def _decode(row: sqlite3.Row | tuple | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    out = dict(zip(COLUMNS, row, strict=True))
+    for col in JSON_COLUMNS:
+        if out[col] is not None:
+            out[col] = json.loads(out[col])
+    return out
+
+
+def _encode(col: str, value: Any) -> Any:
+    if col in JSON_COLUMNS and value is not None:
+        return json.dumps(value, separators=(",", ":"), default=str)
+    return value
+
+
+def _is_not_a_database(exc: sqlite3.DatabaseError) -> bool:
+    return "not a database" in str(exc) or "file is encrypted" in str(exc)
+
+
+class _SqliteTx:
+    """The ``LedgerTx`` of one operation, on the writer's connection."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        # UPDATE statements by shape, so the hot path formats no SQL.
+        self._update_sql: dict[tuple, str] = {}
+
+    def get(self, row_id: str) -> dict[str, Any] | None:
+        return _decode(self._conn.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone())
+
+    def insert(self, row: dict[str, Any]) -> None:
+        changed_columns(row)
+        cols = list(row)
+        sql = f"INSERT INTO deliveries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        try:
+            self._conn.execute(sql, [_encode(c, row[c]) for c in cols])
+        except sqlite3.IntegrityError as exc:
+            raise DuplicateDeliveryError(f"a ledger row with id {row['id']!r} exists") from exc
+
+    def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
+        set_cols = tuple(changes)
+        expect_shape = tuple((c, expect[c] is None) for c in expect)
+        key = (set_cols, expect_shape)
+        sql = self._update_sql.get(key)
+        if sql is None:
+            changed_columns(set_cols)
+            changed_columns(expect)
+            where = " AND ".join(
+                f"{c} IS NULL" if is_null else f"{c} = ?" for c, is_null in expect_shape
+            )
+            sql = f"UPDATE deliveries SET {', '.join(f'{c} = ?' for c in set_cols)} WHERE id = ?"
+            if where:
+                sql += f" AND {where}"
+            self._update_sql[key] = sql
+        params = [_encode(c, changes[c]) for c in set_cols]
+        params.append(row_id)
+        params.extend(v for v in expect.values() if v is not None)
+        return self._conn.execute(sql, params).rowcount == 1
+
+    def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
+        self._conn.execute(
+            "INSERT INTO delivery_audit (delivery_id, at, action, detail) VALUES (?, ?, ?, ?)",
+            (row_id, at, action, detail),
+        )
+
+
+class SqliteBackend:
+    """``LedgerBackend`` on one SQLite file."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout_ms: int = 5000,
+        max_batch: int = 1024,
+    ) -> None:
+        self.path = str(Path(path).expanduser().resolve())
+        self._busy_timeout_ms = busy_timeout_ms
+        self._max_batch = max_batch
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._commits = 0
+        self._ops = 0
+        self._closed = False
+        self._prepare_file()
+        self._inode = os.stat(self.path).st_ino
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        ready: Future[None] = Future()
+        self._writer = threading.Thread(
+            target=self._writer_main, args=(ready,), name="ledger-writer", daemon=True
+        )
+        self._writer.start()
+        ready.result()  # surfaces schema/permission errors to the caller of the constructor
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def _prepare_file(self) -> None:
+        parent = os.path.dirname(self.path)
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+        if not os.path.exists(self.path):
+            # Created 0600 before SQLite opens it; SQLite gives -wal and -shm the same mode.
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+        elif os.path.isdir(self.path):
+            raise NotALedgerError(f"{self.path} is a directory, not a ledger database")
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout_ms / 1000,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise LedgerUnavailable(f"cannot open the ledger {self.path}: {exc}") from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if _is_not_a_database(exc):
+                raise NotALedgerError(
+                    f"{self.path} exists but is not a SQLite database; it was left untouched"
+                ) from exc
+            raise LedgerUnavailable(f"cannot open the ledger {self.path}: {exc}") from exc
+        return conn
+
+    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if app_id != APPLICATION_ID and tables:
+            raise NotALedgerError(
+                f"{self.path} is a SQLite database of something else (application_id "
+                f"{app_id:#x}); it was left untouched"
+            )
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise LedgerError(
+                f"{self.path} has ledger schema {version}, newer than this Reveille "
+                f"understands ({SCHEMA_VERSION}); upgrade Reveille"
+            )
+        # One transaction, so two processes opening a new file at once cannot interleave.
+        conn.executescript(
+            f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA application_id = {APPLICATION_ID};"
+            f"PRAGMA user_version = {SCHEMA_VERSION};COMMIT;"
+        )
+
+    # -- the writer ------------------------------------------------------------------------
+
+    def _writer_main(self, ready: Future[None]) -> None:
+        try:
+            conn = self._connect()
+            self._ensure_schema(conn)
+        except BaseException as exc:
+            ready.set_exception(exc)
+            return
+        ready.set_result(None)
+        tx = _SqliteTx(conn)
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is _STOP:
+                break
+            batch = [first]
+            while len(batch) < self._max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stopping = True
+                    break
+                batch.append(item)
+            self._commit_batch(conn, tx, batch)
+        conn.close()
+
+    def _file_is_ours(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino == self._inode
+        except OSError:
+            return False
+
+    def _commit_batch(
+        self, conn: sqlite3.Connection, tx: _SqliteTx, batch: list[tuple[Callable, Future]]
+    ) -> None:
+        live = [(op, fut) for op, fut in batch if fut.set_running_or_notify_cancel()]
+        if not live:
+            return
+        if not self._file_is_ours():
+            err = LedgerUnavailable(
+                f"the ledger file {self.path} was removed or replaced; refusing to write into "
+                "a file nobody can read again"
+            )
+            for _, fut in live:
+                fut.set_exception(err)
+            return
+        outcomes: list[tuple[Future, bool, Any]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for op, fut in live:
+                conn.execute("SAVEPOINT op")
+                try:
+                    result = op(tx)
+                except Exception as exc:  # the op fails alone; its siblings still commit
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    outcomes.append((fut, False, exc))
+                else:
+                    conn.execute("RELEASE op")
+                    outcomes.append((fut, True, result))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    log.exception("rollback after a failed ledger commit failed")
+            err = LedgerUnavailable(f"ledger write failed, nothing was written: {exc}")
+            for _, fut in live:
+                fut.set_exception(err)
+            return
+        self._commits += 1
+        self._ops += len(live)
+        for fut, ok, value in outcomes:
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+
+    def submit(self, op: Callable[[Any], T]) -> Future[T]:
+        if self._closed:
+            raise LedgerUnavailable("the ledger is closed")
+        fut: Future[T] = Future()
+        self._queue.put((op, fut))
+        return fut
+
+    def write(self, op: Callable[[Any], T]) -> T:
+        return self.submit(op).result()
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._closed:
+                raise LedgerUnavailable("the ledger is closed")
+            conn = self._connect()
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def _rows(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
+        try:
+            cur = self._reader().execute(sql, params)
+            return [_decode(r) for r in cur.fetchall()]  # type: ignore[misc]
+        except sqlite3.Error as exc:
+            raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
+
+    def _scalars(self, sql: str, params: tuple | list = ()) -> list[Any]:
+        try:
+            return [r[0] for r in self._reader().execute(sql, params).fetchall()]
+        except sqlite3.Error as exc:
+            raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
+
+    def get(self, row_id: str) -> dict[str, Any] | None:
+        rows = self._rows(f"{_SELECT} WHERE id = ?", (row_id,))
+        return rows[0] if rows else None
+
+    def query(
+        self,
+        *,
+        state: str | None = None,
+        delivery_state: str | None = None,
+        session: str | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        oldest_first: bool = False,
+    ) -> list[dict[str, Any]]:
+        where, params = [], []
+        for col, value in (("state", state), ("delivery_state", delivery_state), ("kind", kind)):
+            if value is not None:
+                where.append(f"{col} = ?")
+                params.append(value)
+        if session is not None:
+            where.append("(session_key = ? OR origin_session_id = ? OR origin_ui_session_id = ?)")
+            params.extend([session] * 3)
+        sql = _SELECT
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += f" ORDER BY created_at {'ASC' if oldest_first else 'DESC'}, id LIMIT ?"
+        params.append(int(limit))
+        return self._rows(sql, params)
+
+    def pending_with_event(self, limit: int) -> list[dict[str, Any]]:
+        return self._rows(
+            f"{_SELECT} WHERE delivery_state = 'pending' AND completed_at IS NOT NULL "
+            "AND event IS NOT NULL ORDER BY completed_at, id LIMIT ?",
+            (int(limit),),
+        )
+
+    def due(self, now: float, limit: int) -> list[dict[str, Any]]:
+        return self._rows(
+            f"{_SELECT} WHERE delivery_state = 'pending' AND due_at <= ? ORDER BY due_at LIMIT ?",
+            (now, int(limit)),
+        )
+
+    def next_due_at(self) -> float | None:
+        found = self._scalars("SELECT min(due_at) FROM deliveries WHERE delivery_state = 'pending'")
+        return found[0] if found else None
+
+    def pending_holders(self) -> list[str]:
+        return self._scalars(
+            "SELECT DISTINCT holder FROM deliveries "
+            "WHERE delivery_state = 'pending' AND holder IS NOT NULL"
+        )
+
+    def active_owners(self, state: str) -> list[str]:
+        return self._scalars(
+            "SELECT DISTINCT owner FROM deliveries WHERE state = ? AND owner IS NOT NULL",
+            (state,),
+        )
+
+    def rows_held_by(self, holder: str, limit: int) -> list[dict[str, Any]]:
+        return self._rows(
+            f"{_SELECT} WHERE delivery_state = 'pending' AND holder = ? LIMIT ?",
+            (holder, int(limit)),
+        )
+
+    def rows_owned_by(self, owner: str, state: str, limit: int) -> list[dict[str, Any]]:
+        return self._rows(
+            f"{_SELECT} WHERE state = ? AND owner = ? LIMIT ?", (state, owner, int(limit))
+        )
+
+    def audit_log(self, row_id: str) -> list[dict[str, Any]]:
+        try:
+            cur = self._reader().execute(
+                "SELECT at, action, detail FROM delivery_audit WHERE delivery_id = ? ORDER BY seq",
+                (row_id,),
+            )
+            return [{"at": at, "action": a, "detail": d} for at, a, d in cur.fetchall()]
+        except sqlite3.Error as exc:
+            raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
+
+    def stats(self) -> dict[str, int]:
+        return {"commits": self._commits, "operations": self._ops}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._writer.join(timeout=10)
+        with self._readers_lock:
+            for conn in self._readers:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+            self._readers.clear()

@@ -1,0 +1,191 @@
+"""Settings: defaults, then an optional TOML file, then environment variables; validated.
+
+The state directory is ``~/.reveille`` unless ``REVEILLE_HOME`` names another. The file is
+``$REVEILLE_HOME/config.toml`` unless ``REVEILLE_CONFIG`` names another. Every bad value is
+reported with where it came from and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from delivery.policy import DeliveryPolicy
+
+
+class SettingsError(ValueError):
+    """A setting has a value Reveille cannot use; the message says which and why."""
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("REVEILLE_HOME") or Path.home() / ".reveille").expanduser()
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path = field(default_factory=state_dir)
+    host: str = "127.0.0.1"
+    port: int = 8642
+    api_key: str = ""
+    # model provider: "demo" (built in, offline) or "openai" (any OpenAI-compatible endpoint)
+    provider: str = "demo"
+    model: str = "reveille-demo"
+    openai_base_url: str = ""
+    openai_api_key: str = ""
+    demo_delay_seconds: float = 1.0
+    shell_enabled: bool = False
+    shell_workdir: str = ""
+    max_concurrent_runs: int = 10
+    max_body_bytes: int = 1024 * 1024
+    max_async_children: int = 3
+    max_queued_delegations: int = 32
+    lease_seconds: float = 300.0
+    max_attempts: int = 8
+    replay_cap_seconds: float = 48 * 3600.0
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.home / "ledger.db"
+
+    @property
+    def sessions_path(self) -> Path:
+        return self.home / "sessions.db"
+
+    @property
+    def delivery_policy(self) -> DeliveryPolicy:
+        return DeliveryPolicy(
+            lease_seconds=self.lease_seconds,
+            max_attempts=self.max_attempts,
+            replay_cap_seconds=self.replay_cap_seconds,
+        )
+
+
+# setting name -> environment variable
+ENV_NAMES: dict[str, str] = {
+    "host": "REVEILLE_HOST",
+    "port": "REVEILLE_PORT",
+    "api_key": "API_SERVER_KEY",
+    "provider": "REVEILLE_PROVIDER",
+    "model": "REVEILLE_MODEL",
+    "openai_base_url": "OPENAI_BASE_URL",
+    "openai_api_key": "OPENAI_API_KEY",
+    "demo_delay_seconds": "REVEILLE_DEMO_DELAY_SECONDS",
+    "shell_enabled": "REVEILLE_SHELL_ENABLED",
+    "shell_workdir": "REVEILLE_SHELL_WORKDIR",
+    "max_concurrent_runs": "REVEILLE_MAX_CONCURRENT_RUNS",
+    "max_body_bytes": "REVEILLE_MAX_BODY_BYTES",
+    "max_async_children": "REVEILLE_MAX_ASYNC_CHILDREN",
+    "max_queued_delegations": "REVEILLE_MAX_QUEUED_DELEGATIONS",
+    "lease_seconds": "REVEILLE_LEASE_SECONDS",
+    "max_attempts": "REVEILLE_MAX_ATTEMPTS",
+    "replay_cap_seconds": "REVEILLE_REPLAY_CAP_SECONDS",
+}
+
+# TOML sections map onto flat names: [server] host -> host, [shell] enabled -> shell_enabled ...
+_TOML_ALIASES = {
+    ("server", "host"): "host",
+    ("server", "port"): "port",
+    ("server", "api_key"): "api_key",
+    ("server", "max_concurrent_runs"): "max_concurrent_runs",
+    ("server", "max_body_bytes"): "max_body_bytes",
+    ("model", "provider"): "provider",
+    ("model", "name"): "model",
+    ("model", "base_url"): "openai_base_url",
+    ("model", "api_key"): "openai_api_key",
+    ("model", "demo_delay_seconds"): "demo_delay_seconds",
+    ("shell", "enabled"): "shell_enabled",
+    ("shell", "workdir"): "shell_workdir",
+    ("delegation", "max_async_children"): "max_async_children",
+    ("delegation", "max_queued"): "max_queued_delegations",
+    ("delivery", "lease_seconds"): "lease_seconds",
+    ("delivery", "max_attempts"): "max_attempts",
+    ("delivery", "replay_cap_seconds"): "replay_cap_seconds",
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _coerce(name: str, kind: type, value: Any, origin: str) -> Any:
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise ValueError("expected true or false")
+        if kind is int:
+            if isinstance(value, bool):
+                raise ValueError("expected a whole number")
+            return int(value)
+        if kind is float:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"{origin}: {name} = {value!r} is not valid ({exc})") from None
+
+
+def _validate(s: Settings) -> None:
+    def bad(name: str, why: str) -> SettingsError:
+        return SettingsError(f"{name} = {getattr(s, name)!r}: {why}")
+
+    if not 0 <= s.port <= 65535:
+        raise bad("port", "must be 0-65535")
+    if s.provider not in {"demo", "openai"}:
+        raise bad("provider", 'must be "demo" or "openai"')
+    if s.provider == "openai" and not s.openai_base_url and not s.openai_api_key:
+        raise bad("provider", "openai needs OPENAI_API_KEY (and OPENAI_BASE_URL for non-OpenAI)")
+    for name in ("max_concurrent_runs", "max_body_bytes", "max_async_children", "max_attempts"):
+        if getattr(s, name) < 1:
+            raise bad(name, "must be at least 1")
+    if s.max_queued_delegations < 0:
+        raise bad("max_queued_delegations", "must not be negative")
+    for name in ("lease_seconds", "replay_cap_seconds"):
+        if getattr(s, name) <= 0:
+            raise bad(name, "must be positive")
+    if s.demo_delay_seconds < 0:
+        raise bad("demo_delay_seconds", "must not be negative")
+
+
+def load_settings(
+    environ: dict[str, str] | None = None, config_file: str | Path | None = None, **overrides: Any
+) -> Settings:
+    env = os.environ if environ is None else environ
+    home = Path(env.get("REVEILLE_HOME") or Path.home() / ".reveille").expanduser()
+    types = {f.name: f.type for f in fields(Settings)}
+    kinds = {"bool": bool, "int": int, "float": float, "str": str}
+    values: dict[str, Any] = {}
+
+    path = Path(config_file or env.get("REVEILLE_CONFIG") or home / "config.toml").expanduser()
+    explicit = bool(config_file or env.get("REVEILLE_CONFIG"))
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
+            raise SettingsError(f"{path}: not valid TOML: {exc}") from None
+        for section, table in data.items():
+            items = table.items() if isinstance(table, dict) else [(None, table)]
+            for key, value in items:
+                name = _TOML_ALIASES.get((section, key)) if key else section
+                if name is None or name not in types or name == "home":
+                    where = f"[{section}] {key}" if key else section
+                    raise SettingsError(f"{path}: unknown setting {where}")
+                values[name] = _coerce(name, kinds[str(types[name])], value, str(path))
+    elif explicit:
+        raise SettingsError(f"settings file {path} does not exist")
+
+    for name, var in ENV_NAMES.items():
+        if var in env:
+            values[name] = _coerce(name, kinds[str(types[name])], env[var], f"${var}")
+    for name, value in overrides.items():
+        if value is not None:
+            values[name] = _coerce(name, kinds[str(types[name])], value, "command line")
+    settings = Settings(home=home, **values)
+    _validate(settings)
+    return settings
