@@ -306,6 +306,16 @@ class SessionStore:
                 f"{self._path} has session schema v{version}, newer than this build "
                 f"(v{_SCHEMA_VERSION}); upgrade Reveille instead of downgrading the data"
             )
+        # Before any pragma or DDL: switching someone else's database to WAL or adding our
+        # tables to it would already be a modification.
+        for table, required in _REQUIRED_COLUMNS.items():
+            have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            missing = required - have
+            if have and missing:
+                raise SessionStoreError(
+                    f"{self._path}: table {table!r} exists but lacks columns "
+                    f"{sorted(missing)}; this file belongs to something else"
+                )
         conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA journal_mode = WAL").fetchone()
         # FULL: an acknowledged delivery row must survive power loss, or a completion that
@@ -318,14 +328,6 @@ class SessionStore:
             for stmt in _SCHEMA:
                 conn.execute(stmt)
             conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-            for table, required in _REQUIRED_COLUMNS.items():
-                have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-                missing = required - have
-                if missing:
-                    raise SessionStoreError(
-                        f"{self._path}: table {table!r} exists but lacks columns "
-                        f"{sorted(missing)}; this file belongs to something else"
-                    )
         except BaseException:
             conn.execute("ROLLBACK")
             raise
