@@ -1,0 +1,144 @@
+"""SessionSource serialisation/validation and collision-free session keys."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.config import Platform
+from gateway.session import SessionSource, build_session_key
+
+
+def test_platform_values_are_lowercase_names() -> None:
+    for member in Platform:
+        assert member.value == member.name.lower()
+    assert Platform("api_server") is Platform.API_SERVER
+    assert f"{Platform.WEBUI}" == "webui"
+
+
+def test_round_trip_full_and_minimal() -> None:
+    full = SessionSource(
+        platform=Platform.SLACK,
+        chat_id="C123",
+        chat_type="channel",
+        user_id="U1",
+        user_name="ada",
+        thread_id="1700000000.000100",
+        chat_name="#general",
+    )
+    assert SessionSource.from_dict(full.to_dict()) == full
+    minimal = SessionSource(platform=Platform.LOCAL, chat_id="console")
+    assert minimal.chat_type == "dm"
+    assert SessionSource.from_dict(minimal.to_dict()) == minimal
+
+
+def test_to_dict_is_json_plain() -> None:
+    d = SessionSource(platform=Platform.TELEGRAM, chat_id="1").to_dict()
+    assert d["platform"] == "telegram"
+    assert type(d["platform"]) is str
+
+
+def test_from_dict_defaults_coercions_and_unknown_keys() -> None:
+    src = SessionSource.from_dict(
+        {"platform": "telegram", "chat_id": -100123, "user_id": 42, "future_field": 1}
+    )
+    assert src.platform is Platform.TELEGRAM
+    assert src.chat_id == "-100123"
+    assert src.user_id == "42"
+    assert src.chat_type == "dm"
+
+
+def test_constructor_accepts_platform_string_and_numeric_ids() -> None:
+    src = SessionSource(platform="discord", chat_id=7)  # type: ignore[arg-type]
+    assert src.platform is Platform.DISCORD
+    assert src.chat_id == "7"
+    assert src == SessionSource.from_dict(src.to_dict())
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"platform": "myspace", "chat_id": "1"}, "unknown platform 'myspace'"),
+        ({"chat_id": "1"}, "unknown platform None"),
+        ({"platform": "telegram"}, "missing required field 'chat_id'"),
+        ({"platform": "telegram", "chat_id": None}, "missing required field 'chat_id'"),
+        ({"platform": "telegram", "chat_id": ""}, "chat_id must not be empty"),
+        ({"platform": "telegram", "chat_id": True}, "chat_id must be a string"),
+        ({"platform": "telegram", "chat_id": ["x"]}, "chat_id must be a string"),
+        ({"platform": "telegram", "chat_id": "1", "chat_type": ""}, "chat_type"),
+        ({"platform": "telegram", "chat_id": "1", "user_name": {}}, "user_name"),
+    ],
+)
+def test_from_dict_rejects_invalid(data: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        SessionSource.from_dict(data)
+
+
+def test_from_dict_rejects_non_mapping() -> None:
+    with pytest.raises(ValueError, match="mapping"):
+        SessionSource.from_dict(["telegram", "1"])  # type: ignore[arg-type]
+
+
+def test_constructor_rejects_unknown_platform() -> None:
+    with pytest.raises(ValueError, match="unknown platform"):
+        SessionSource(platform="nope", chat_id="1")  # type: ignore[arg-type]
+
+
+def test_session_key_shape() -> None:
+    src = SessionSource(platform=Platform.TELEGRAM, chat_id="chat-1", chat_type="group")
+    assert build_session_key(src) == "agent:main:telegram:group:chat-1"
+    src.thread_id = "99"
+    assert build_session_key(src) == "agent:main:telegram:group:chat-1:thread:99"
+    assert build_session_key(src, agent="ops") == "agent:ops:telegram:group:chat-1:thread:99"
+
+
+def test_session_key_is_deterministic_and_ignores_display_fields() -> None:
+    a = SessionSource(platform=Platform.MATRIX, chat_id="!room:example.org", user_name="a")
+    b = SessionSource(platform=Platform.MATRIX, chat_id="!room:example.org", user_name="b")
+    assert build_session_key(a) == build_session_key(b)
+
+
+def test_colon_in_chat_id_cannot_forge_a_thread_key() -> None:
+    # Unescaped, both would be "agent:main:telegram:group:a:thread:b".
+    threaded = SessionSource(Platform.TELEGRAM, chat_id="a", chat_type="group", thread_id="b")
+    forged = SessionSource(Platform.TELEGRAM, chat_id="a:thread:b", chat_type="group")
+    assert build_session_key(threaded) != build_session_key(forged)
+
+
+def test_escape_character_itself_cannot_collide() -> None:
+    a = SessionSource(Platform.SLACK, chat_id="x%3Ay")
+    b = SessionSource(Platform.SLACK, chat_id="x:y")
+    assert build_session_key(a) != build_session_key(b)
+
+
+def test_chat_type_and_chat_id_boundary_cannot_collide() -> None:
+    a = SessionSource(Platform.SLACK, chat_id="b:c", chat_type="a")
+    b = SessionSource(Platform.SLACK, chat_id="c", chat_type="a:b")
+    assert build_session_key(a) != build_session_key(b)
+
+
+def test_empty_agent_rejected() -> None:
+    with pytest.raises(ValueError):
+        build_session_key(SessionSource(Platform.LOCAL, chat_id="x"), agent="")
+
+
+_text = st.text(alphabet=st.sampled_from("ab:%3A_"), min_size=1, max_size=8)
+_sources = st.builds(
+    SessionSource,
+    platform=st.sampled_from(list(Platform)),
+    chat_id=_text,
+    chat_type=_text,
+    thread_id=st.none() | _text,
+)
+
+
+def _routing_identity(src: SessionSource) -> tuple:
+    return (src.platform, src.chat_type, src.chat_id, src.thread_id or None)
+
+
+@given(_sources, _sources, _text, _text)
+def test_session_key_is_injective(a: SessionSource, b: SessionSource, ag1: str, ag2: str) -> None:
+    same_key = build_session_key(a, agent=ag1) == build_session_key(b, agent=ag2)
+    same_identity = _routing_identity(a) == _routing_identity(b) and ag1 == ag2
+    assert same_key == same_identity
