@@ -165,6 +165,8 @@ async def deliver_wake(
         raise ValueError(
             "deliver_wake: the API server is stateless; a wake needs the raw session_id"
         )
+    if timeout <= 0:
+        raise ValueError("deliver_wake: timeout must be positive")
     if not is_valid_session_id(session_id):
         raise ValueError(f"deliver_wake: malformed session id {session_id!r}")
     api_key = str(getattr(adapter, "_api_key", "") or "")
@@ -191,6 +193,8 @@ async def deliver_wake(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     last_problem = "no attempt made"
+    last_status: int | None = None
+    made = 0
 
     # trust_env=False (the default) on purpose: an HTTP(S)_PROXY must not reroute a
     # loopback self-post carrying the bearer key.
@@ -203,6 +207,7 @@ async def deliver_wake(
                     break
                 await asyncio.sleep(delay)
             remaining = max(deadline - loop.time(), 0.001)
+            made += 1
             try:
                 async with http.post(
                     url,
@@ -217,6 +222,7 @@ async def deliver_wake(
                     detail = await _error_detail(resp)
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
                 last_problem = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                last_status = None
                 logger.warning(
                     "wake self-post to %s failed (attempt %d/%d): %s",
                     url,
@@ -228,6 +234,7 @@ async def deliver_wake(
             if status == 429:
                 # max_concurrent_runs is full: a wait state, not a refusal.
                 last_problem = "HTTP 429 (server busy)"
+                last_status = status
                 logger.info(
                     "wake self-post to %s got HTTP 429 (attempt %d/%d)", url, attempt + 1, attempts
                 )
@@ -239,8 +246,9 @@ async def deliver_wake(
                 status=status,
             )
     raise WakeDeliveryError(
-        f"gave up delivering wake to {url} after {attempts} attempt(s): {last_problem}",
+        f"gave up delivering wake to {url} after {made} attempt(s): {last_problem}",
         transient=True,
+        status=last_status,
     )
 
 

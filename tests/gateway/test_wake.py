@@ -135,8 +135,9 @@ async def test_429_exhausted_gives_up_transient(serve) -> None:
     port = await serve(handler)
     with pytest.raises(WakeDeliveryError, match="gave up") as info:
         await deliver_wake(ApiAdapter(port=port), text="x", session_id="sid")
-    assert info.value.transient is True
+    assert info.value.transient is True and info.value.status == 429
     assert isinstance(info.value, RuntimeError)
+    assert "after 4 attempt(s)" in str(info.value)
     assert len(seen) == 4  # first attempt + one retry per delay
 
 
@@ -204,6 +205,7 @@ async def test_timeout_bounds_the_whole_call(serve) -> None:
         release.set()
     assert time.monotonic() - started < 2.0
     assert info.value.transient is True
+    assert "timeout budget" in str(info.value)
     assert calls["n"] >= 1
 
 
@@ -239,6 +241,8 @@ async def test_key_never_logged_or_raised(serve, caplog: pytest.LogCaptureFixtur
 async def test_malformed_session_id_rejected_before_any_request() -> None:
     with pytest.raises(ValueError, match="malformed"):
         await deliver_wake(ApiAdapter(port=1), text="x", session_id="bad id\r\nX-Evil: 1")
+    with pytest.raises(ValueError, match="timeout"):
+        await deliver_wake(ApiAdapter(port=1), text="x", session_id="sid", timeout=0)
 
 
 # ----------------------------------------------------------------- addressing
