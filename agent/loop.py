@@ -1,0 +1,199 @@
+"""The tool-calling agent loop, and the synchronous entry point background sub-agents use.
+
+One turn: ask the model (offering the registry's tools); while it answers with tool calls,
+run them and feed the results back; stop at a plain answer or at the step limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.markers import SUBAGENT_MARKER
+from agent.providers.base import DeltaCallback, ModelProvider, ModelReply, add_usage, empty_usage
+from agent.tools import ToolContext, ToolRegistry
+
+SUBAGENT_SYSTEM_PROMPT = (
+    f"{SUBAGENT_MARKER}\n"
+    "You are a sub-agent working on one delegated goal. Work on it with the tools you have, "
+    "then reply with a self-contained result: the person reading it has not seen your work."
+)
+
+
+@dataclass
+class AgentResult:
+    """The outcome of one turn; `new_messages` is what the turn adds to the transcript."""
+
+    content: str
+    new_messages: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=empty_usage)
+    steps: int = 0
+
+
+def step_limit_message(max_steps: int) -> str:
+    return (
+        f"I stopped after {max_steps} steps without reaching a final answer "
+        "(the step limit). Ask me to continue if you want me to keep going."
+    )
+
+
+class _StepBuffer:
+    """Holds one step's streamed text until we know the step is the final answer.
+
+    Only the final answer is streamed: text a model emits alongside tool calls belongs to
+    an intermediate step, and streaming it would make the streamed answer differ from the
+    returned one.
+    """
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+
+    async def __call__(self, piece: str) -> None:
+        self.pieces.append(piece)
+
+    async def flush_to(self, on_delta: DeltaCallback) -> None:
+        for piece in self.pieces:
+            await on_delta(piece)
+
+
+class Agent:
+    """Runs turns of `provider` with the tools of `registry`."""
+
+    def __init__(
+        self,
+        provider: ModelProvider,
+        registry: ToolRegistry,
+        *,
+        max_steps: int = 8,
+        system_prompt: str | None = None,
+    ) -> None:
+        if max_steps < 1:
+            raise ValueError("max_steps must be at least 1")
+        self.provider = provider
+        self.registry = registry
+        self.max_steps = max_steps
+        self.system_prompt = system_prompt
+
+    def _with_system_prompt(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not self.system_prompt:
+            return list(messages)
+        # Merged into a leading system message rather than stacked: some local chat
+        # templates (llama.cpp, Ollama) reject a second system message.
+        if messages and messages[0].get("role") == "system":
+            first = dict(messages[0])
+            first["content"] = f"{self.system_prompt}\n\n{first.get('content') or ''}"
+            return [first, *messages[1:]]
+        return [{"role": "system", "content": self.system_prompt}, *messages]
+
+    async def run(
+        self,
+        messages: list[dict[str, Any]],
+        ctx: ToolContext,
+        *,
+        on_delta: DeltaCallback | None = None,
+    ) -> AgentResult:
+        conversation = self._with_system_prompt(messages)
+        new_messages: list[dict[str, Any]] = []
+        usage = empty_usage()
+        tools = self.registry.schemas() or None
+
+        for step in range(1, self.max_steps + 1):
+            reply = await self._ask(conversation, tools, on_delta)
+            add_usage(usage, reply.usage)
+            if not reply.tool_calls:
+                final = {"role": "assistant", "content": reply.content or ""}
+                new_messages.append(final)
+                return AgentResult(reply.content or "", new_messages, usage, step)
+            step_messages = await self._run_tool_calls(reply, ctx)
+            conversation.extend(step_messages)
+            new_messages.extend(step_messages)
+
+        content = step_limit_message(self.max_steps)
+        if on_delta is not None:
+            await on_delta(content)
+        new_messages.append({"role": "assistant", "content": content})
+        return AgentResult(content, new_messages, usage, self.max_steps)
+
+    async def _ask(
+        self,
+        conversation: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        on_delta: DeltaCallback | None,
+    ) -> ModelReply:
+        if on_delta is None:
+            return await self.provider.complete(conversation, tools=tools)
+        if tools is None:
+            # Without tools every answer is final, so it can stream live.
+            return await self.provider.complete(conversation, on_delta=on_delta)
+        buffer = _StepBuffer()
+        reply = await self.provider.complete(conversation, tools=tools, on_delta=buffer)
+        if not reply.tool_calls:
+            await buffer.flush_to(on_delta)
+        return reply
+
+    async def _run_tool_calls(self, reply: ModelReply, ctx: ToolContext) -> list[dict[str, Any]]:
+        calls = [_normalised_call(index, call) for index, call in enumerate(reply.tool_calls)]
+        messages: list[dict[str, Any]] = [
+            {"role": "assistant", "content": reply.content, "tool_calls": calls}
+        ]
+        # One after another, in the model's order: a later call may depend on an earlier one.
+        for call in calls:
+            function = call["function"]
+            result = await self.registry.call(function["name"], function["arguments"], ctx)
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+        return messages
+
+
+def _normalised_call(index: int, call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call in the exact OpenAI shape, whatever liberties the provider took."""
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments if arguments is not None else {})
+    return {
+        "id": call.get("id") or f"call_{index}",
+        "type": "function",
+        "function": {"name": function.get("name") or "", "arguments": arguments},
+    }
+
+
+def subagent_messages(goal: str, context: str | None) -> list[dict[str, Any]]:
+    task = f"Goal: {goal}"
+    if context:
+        task += f"\n\nContext:\n{context}"
+    return [
+        {"role": "system", "content": SUBAGENT_SYSTEM_PROMPT},
+        {"role": "user", "content": task},
+    ]
+
+
+def run_subagent_sync(
+    provider: ModelProvider,
+    goal: str,
+    context: str | None,
+    *,
+    max_steps: int = 8,
+) -> dict[str, Any]:
+    """Run a sub-agent to completion on the calling thread; never raises.
+
+    Meant for worker threads, which have no event loop: it starts its own with asyncio.run.
+    """
+
+    async def _main() -> AgentResult:
+        agent = Agent(provider, ToolRegistry(), max_steps=max_steps)
+        try:
+            return await agent.run(subagent_messages(goal, context), ToolContext())
+        finally:
+            # Providers with per-loop resources (HTTP pools) release them before this
+            # loop closes, or they would leak one pool per sub-agent.
+            aclose = getattr(provider, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    try:
+        result = asyncio.run(_main())
+    except Exception as exc:
+        return {"status": "failed", "error": str(exc) or type(exc).__name__}
+    return {"status": "completed", "summary": result.content}

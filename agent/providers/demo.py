@@ -1,0 +1,270 @@
+"""The built-in offline demo model: a scripted stand-in that exercises Reveille without network.
+
+It is NOT a language model. It follows fixed rules so the whole system (tool calls,
+background delegation, background shell processes, wake-ups) can be tried and tested offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+from agent.markers import SUBAGENT_MARKER
+from agent.providers.base import DeltaCallback, ModelReply
+from agent.providers.demo_summaries import (
+    first_lines,
+    is_completion_text,
+    summarise_completion_text,
+)
+
+DELEGATE_PREFIX = "in the background:"
+SHELL_PREFIX = "run in the background:"
+DELEGATE_TOOL = "delegate_task"
+SHELL_TOOL = "terminal"
+_SNIPPET_CHARS = 200
+
+
+def _text(message: dict[str, Any]) -> str:
+    """The text of a message, including the multi-part content form clients may send."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _after_prefix(text: str, prefix: str) -> str | None:
+    stripped = text.strip()
+    if stripped.lower().startswith(prefix):
+        return stripped[len(prefix) :].strip()
+    return None
+
+
+def _current_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages since the last final answer: earlier turns were already answered."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.get("role") == "assistant" and not message.get("tool_calls"):
+            return messages[index + 1 :]
+    return messages
+
+
+def _json_or_none(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class DemoModel:
+    """Reveille's offline demo model. A demo, not a language model: its replies are scripted.
+
+    Deterministic rules, same input -> same output:
+
+    * Sub-agent run (a system message contains "[reveille:subagent]"): waits
+      `delay_seconds`, then answers "Done: <goal>. (demo sub-agent result)".
+    * The latest user message starts with "run in the background:" (any case): calls the
+      `terminal` tool with {"command": <rest>, "background": true,
+      "notify_on_complete": true}; once the tool answers, says what happened (started,
+      or why not, e.g. the shell tool is disabled).
+    * It starts with "in the background:": calls `delegate_task` with
+      {"goal": <rest>, "background": true}; once the tool answers, says the work was started
+      and quotes its handle (the delegation_id).
+    * The current turn holds a wake-up ("[reveille:wake]") or folded delivered results
+      ("[reveille:delivery]"): summarises each as "Background work finished: <goal>:
+      <status>. Result: <summary or first lines of output>".
+    * Anything else: a short plain reply that says it is the demo model and how to start
+      background work.
+
+    A command whose tool is not on offer gets a plain reply saying so. When a turn holds
+    both delivered results and a command, the final answer gives the summaries first.
+    Replies stream word by word to `on_delta`; token usage is counted in words. The model
+    name reported to clients and recorded with delegations is "reveille-demo".
+    """
+
+    name = "reveille-demo"
+
+    def __init__(self, delay_seconds: float = 1.0) -> None:
+        if delay_seconds < 0:
+            raise ValueError("delay_seconds must not be negative")
+        self.delay_seconds = delay_seconds
+
+    async def complete(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        on_delta: DeltaCallback | None = None,
+    ) -> ModelReply:
+        offered = {
+            tool.get("function", {}).get("name") for tool in tools or [] if isinstance(tool, dict)
+        }
+        content, tool_calls = await self._decide(messages, offered)
+        if on_delta is not None and content:
+            for piece in re.findall(r"\S+\s*|\s+", content):
+                await on_delta(piece)
+        prompt_tokens = sum(_words(_text(message)) for message in messages)
+        completion_tokens = _words(content or "") + sum(
+            _words(call["function"]["arguments"]) for call in tool_calls
+        )
+        return ModelReply(
+            content=content,
+            tool_calls=tool_calls,
+            usage={
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+            finish_reason="tool_calls" if tool_calls else "stop",
+        )
+
+    async def _decide(
+        self, messages: list[dict[str, Any]], offered: set[str | None]
+    ) -> tuple[str | None, list[dict[str, Any]]]:
+        if any(m.get("role") == "system" and SUBAGENT_MARKER in _text(m) for m in messages):
+            await asyncio.sleep(self.delay_seconds)
+            return self._subagent_result(messages), []
+
+        turn = _current_turn(messages)
+        summaries = [
+            line
+            for message in turn
+            if message.get("role") in ("system", "user") and is_completion_text(_text(message))
+            for line in summarise_completion_text(_text(message))
+        ]
+        if messages and messages[-1].get("role") == "tool":
+            return "\n\n".join([*summaries, *_tool_followups(turn)]), []
+
+        user_messages = [m for m in turn if m.get("role") == "user"]
+        user_text = _text(user_messages[-1]) if user_messages else ""
+        if user_text and not is_completion_text(user_text):
+            command = self._command(user_text, offered, len(messages))
+            if command is not None:
+                return command
+        if summaries:
+            return "\n".join(summaries), []
+        return _plain_reply(user_text), []
+
+    def _command(
+        self, text: str, offered: set[str | None], position: int
+    ) -> tuple[str | None, list[dict[str, Any]]] | None:
+        shell_command = _after_prefix(text, SHELL_PREFIX)
+        if shell_command is not None:
+            if not shell_command:
+                return "Tell me which command to run after 'run in the background:'.", []
+            if SHELL_TOOL not in offered:
+                return "I can't run commands here: the shell tool is not available.", []
+            args = {"command": shell_command, "background": True, "notify_on_complete": True}
+            return None, [_tool_call(position, SHELL_TOOL, args)]
+        goal = _after_prefix(text, DELEGATE_PREFIX)
+        if goal is not None:
+            if not goal:
+                return "Tell me what to do after 'in the background:'.", []
+            if DELEGATE_TOOL not in offered:
+                return "I can't start background work here: delegation is not available.", []
+            return None, [_tool_call(position, DELEGATE_TOOL, {"goal": goal, "background": True})]
+        return None
+
+    @staticmethod
+    def _subagent_result(messages: list[dict[str, Any]]) -> str:
+        users = [_text(m) for m in messages if m.get("role") == "user"]
+        task = users[-1] if users else ""
+        match = re.search(r"^\s*Goal:\s*(.+)$", task, flags=re.MULTILINE)
+        goal = (match.group(1) if match else task).strip() or "the delegated goal"
+        return f"Done: {goal.rstrip('.')}. (demo sub-agent result)"
+
+
+def _tool_call(position: int, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    # The id depends only on the conversation length, so replies stay deterministic.
+    return {
+        "id": f"call_demo_{position}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
+
+
+def _plain_reply(user_text: str) -> str:
+    snippet = " ".join(user_text.split())
+    if len(snippet) > _SNIPPET_CHARS:
+        snippet = snippet[: _SNIPPET_CHARS - 1] + "…"
+    said = f'You said: "{snippet}". ' if snippet else ""
+    return (
+        "This is Reveille's built-in demo model, a scripted offline stand-in, not a language "
+        f"model. {said}To try background work, send 'in the background: <goal>' (a "
+        "sub-agent works on it and the result comes back here) or 'run in the background: "
+        "<command>' (a shell command; the shell tool must be enabled)."
+    )
+
+
+def _tool_followups(turn: list[dict[str, Any]]) -> list[str]:
+    """One sentence per tool result of the latest tool step, in call order."""
+    calls: dict[str, dict[str, Any]] = {}
+    for message in turn:
+        for call in message.get("tool_calls") or []:
+            calls[call.get("id", "")] = call
+    results: list[dict[str, Any]] = []
+    for message in reversed(turn):
+        if message.get("role") != "tool":
+            break
+        results.insert(0, message)
+    lines = []
+    for result in results:
+        call = calls.get(result.get("tool_call_id", ""), {})
+        function = call.get("function") or {}
+        args = _json_or_none(function.get("arguments") or "") or {}
+        lines.append(_followup(function.get("name", ""), args, _text(result)))
+    return lines
+
+
+def _followup(tool: str, args: dict[str, Any], result_text: str) -> str:
+    result = _json_or_none(result_text)
+    if tool == DELEGATE_TOOL:
+        return _delegation_followup(str(args.get("goal", "")), result, result_text)
+    if tool == SHELL_TOOL:
+        return _shell_followup(str(args.get("command", "")), result, result_text)
+    return f"{tool or 'The tool'} returned: {first_lines(result_text, 3)}"
+
+
+def _delegation_followup(goal: str, result: dict[str, Any] | None, raw: str) -> str:
+    if result is None:
+        return f"Result for {goal}: {first_lines(raw, 3)}"
+    handle = result.get("delegation_id")
+    status = result.get("status")
+    if status == "dispatched" and handle:
+        return (
+            f"Started in the background: {goal}. Handle: {handle}. "
+            "The result will come back to this conversation when it is done."
+        )
+    if status == "queued" and handle:
+        return (
+            f"Queued in the background behind other running work: {goal}. Handle: {handle}. "
+            "The result will come back to this conversation when it is done."
+        )
+    reason = result.get("error") or status or "no reason given"
+    suffix = f" (handle {handle})" if handle else ""
+    return f"The background work was not started{suffix}: {reason}"
+
+
+def _shell_followup(command: str, result: dict[str, Any] | None, raw: str) -> str:
+    if result is None:
+        return f"`{command}`: {first_lines(raw, 3)}"
+    if result.get("error"):
+        return f"I couldn't run `{command}`: {result['error']}"
+    if result.get("process_id"):
+        pid = f", pid {result['pid']}" if result.get("pid") is not None else ""
+        return (
+            f"Started `{command}` in the background (process {result['process_id']}{pid}). "
+            "I'll tell you here when it finishes."
+        )
+    if "exit_code" in result:
+        output = first_lines(str(result.get("output", "")), 3) or "(no output)"
+        return f"`{command}` exited with code {result['exit_code']}. Output: {output}"
+    return f"`{command}`: {first_lines(raw, 3)}"

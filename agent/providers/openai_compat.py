@@ -1,0 +1,270 @@
+"""A model provider for any OpenAI-compatible chat-completions endpoint.
+
+Works with OpenAI, OpenRouter, vLLM, the llama.cpp server and Ollama through the official
+`openai` client. Streaming assembles content and tool-call fragments into one `ModelReply`.
+Every failure surfaces as a `ProviderError` whose text never contains the API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import openai
+from openai import AsyncOpenAI
+
+from agent.providers.base import DeltaCallback, ModelReply, ProviderError, empty_usage
+
+# The openai client refuses to start without a key; local servers (vLLM, llama.cpp, Ollama)
+# accept any value, so a placeholder keeps those endpoints usable without configuration.
+_NO_KEY_PLACEHOLDER = "sk-no-key-configured"
+_MAX_ERROR_TEXT = 500
+
+
+def _public_url(base_url: str | None) -> str:
+    """The endpoint as it may appear in messages: without user:password in the netloc."""
+    if not base_url:
+        return "the default OpenAI endpoint"
+    parts = urlsplit(base_url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _usage_dict(usage: Any) -> dict[str, int]:
+    result = empty_usage()
+    if usage is None:
+        return result
+    for key in result:
+        result[key] = int(getattr(usage, key, 0) or 0)
+    if not result["total_tokens"]:
+        result["total_tokens"] = result["prompt_tokens"] + result["completion_tokens"]
+    return result
+
+
+class OpenAICompatProvider:
+    """Chat completions against `base_url` with `model`, via `openai.AsyncOpenAI`."""
+
+    def __init__(
+        self,
+        base_url: str | None,
+        api_key: str | None,
+        model: str,
+        timeout: float = 120.0,
+        *,
+        max_retries: int = 2,
+        stream_usage: bool = True,
+    ) -> None:
+        if not model:
+            raise ValueError("OpenAICompatProvider needs a model name")
+        self.name = model
+        self.model = model
+        self.base_url = base_url
+        self.timeout = timeout
+        self._api_key = api_key or None
+        self._max_retries = max_retries
+        # Asks for a final usage chunk when streaming; a server that rejects the option can
+        # be served by turning this off.
+        self._stream_usage = stream_usage
+        # The HTTP connection pool of an async client belongs to the event loop that opened
+        # it. Sub-agents run under asyncio.run on worker threads, so each loop gets its own
+        # client instead of sharing connections across loops.
+        self._clients: dict[asyncio.AbstractEventLoop, AsyncOpenAI] = {}
+        self._clients_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        # Deliberately omits the key.
+        return (
+            f"OpenAICompatProvider(base_url={_public_url(self.base_url)!r}, model={self.model!r})"
+        )
+
+    def _client(self) -> AsyncOpenAI:
+        loop = asyncio.get_running_loop()
+        with self._clients_lock:
+            for stale in [lp for lp in self._clients if lp.is_closed()]:
+                del self._clients[stale]
+            client = self._clients.get(loop)
+            if client is None:
+                client = AsyncOpenAI(
+                    base_url=self.base_url,
+                    api_key=self._api_key or _NO_KEY_PLACEHOLDER,
+                    timeout=self.timeout,
+                    max_retries=self._max_retries,
+                )
+                self._clients[loop] = client
+            return client
+
+    async def aclose(self) -> None:
+        """Close the HTTP client bound to the running event loop (call before that loop ends)."""
+        loop = asyncio.get_running_loop()
+        with self._clients_lock:
+            client = self._clients.pop(loop, None)
+        if client is not None:
+            await client.close()
+
+    async def complete(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        on_delta: DeltaCallback | None = None,
+    ) -> ModelReply:
+        request: dict[str, Any] = {"model": self.model, "messages": messages}
+        if tools:
+            request["tools"] = tools
+        if on_delta is None:
+            return await self._complete_once(request)
+        return await self._complete_streaming(request, on_delta)
+
+    async def _complete_once(self, request: dict[str, Any]) -> ModelReply:
+        try:
+            response = await self._client().chat.completions.create(**request)
+        except openai.OpenAIError as exc:
+            raise self._provider_error(exc) from None
+        choices = getattr(response, "choices", None)
+        if not choices:
+            raise ProviderError(f"{self._label()} returned no choices")
+        message = choices[0].message
+        tool_calls = [
+            {
+                "id": call.id or f"call_{index}",
+                "type": "function",
+                "function": {
+                    "name": call.function.name,
+                    "arguments": call.function.arguments or "{}",
+                },
+            }
+            for index, call in enumerate(message.tool_calls or [])
+        ]
+        return ModelReply(
+            content=message.content,
+            tool_calls=tool_calls,
+            usage=_usage_dict(getattr(response, "usage", None)),
+            finish_reason=choices[0].finish_reason,
+        )
+
+    async def _complete_streaming(
+        self, request: dict[str, Any], on_delta: DeltaCallback
+    ) -> ModelReply:
+        if self._stream_usage:
+            request["stream_options"] = {"include_usage": True}
+        content_parts: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        usage: Any = None
+        finish_reason: str | None = None
+        try:
+            stream = await self._client().chat.completions.create(**request, stream=True)
+            # The context manager releases the connection when we stop early (error, cancel).
+            async with stream:
+                async for chunk in stream:
+                    if getattr(chunk, "usage", None) is not None:
+                        usage = chunk.usage
+                    if not chunk.choices:
+                        continue
+                    choice = chunk.choices[0]
+                    if choice.finish_reason:
+                        finish_reason = choice.finish_reason
+                    delta = choice.delta
+                    if delta is None:
+                        continue
+                    for fragment in delta.tool_calls or []:
+                        _merge_tool_call_fragment(calls, fragment)
+                    if delta.content:
+                        content_parts.append(delta.content)
+                        await _deliver(on_delta, delta.content)
+        except _ConsumerError as exc:
+            # A consumer failure (say, the listening client went away) is not a provider
+            # failure, so it keeps its own type.
+            raise exc.original from None
+        except openai.OpenAIError as exc:
+            raise self._provider_error(exc) from None
+        except ValueError as exc:
+            # A chunk that is not JSON: the endpoint does not speak the streaming protocol.
+            raise ProviderError(
+                self._redact(f"{self._label()} sent malformed stream data: {exc}")[:_MAX_ERROR_TEXT]
+            ) from None
+        tool_calls = [_finish_tool_call(index, calls[index]) for index in sorted(calls)]
+        return ModelReply(
+            content="".join(content_parts) if content_parts else None,
+            tool_calls=tool_calls,
+            usage=_usage_dict(usage),
+            finish_reason=finish_reason,
+        )
+
+    def _label(self) -> str:
+        return f"model provider {_public_url(self.base_url)} (model {self.model})"
+
+    def _redact(self, text: str) -> str:
+        if self._api_key:
+            text = text.replace(self._api_key, "***")
+        return text
+
+    def _provider_error(self, exc: openai.OpenAIError) -> ProviderError:
+        if isinstance(exc, openai.APIStatusError):
+            detail = _provider_message(exc)
+            text = f"{self._label()} returned HTTP {exc.status_code}: {detail}"
+            return ProviderError(self._redact(text)[:_MAX_ERROR_TEXT], status_code=exc.status_code)
+        if isinstance(exc, openai.APITimeoutError):
+            return ProviderError(f"{self._label()} timed out after {self.timeout:g} s")
+        if isinstance(exc, openai.APIConnectionError):
+            return ProviderError(f"{self._label()} could not be reached: {self._redact(str(exc))}")
+        if isinstance(exc, openai.APIError):
+            # Errors reported inside a stream carry a message but no status code.
+            text = f"{self._label()} reported an error: {exc.message}"
+        else:
+            text = f"{self._label()} failed: {type(exc).__name__}: {exc}"
+        return ProviderError(self._redact(text)[:_MAX_ERROR_TEXT])
+
+
+class _ConsumerError(Exception):
+    """Carries an exception raised by on_delta past the provider-error translation."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+async def _deliver(on_delta: DeltaCallback, text: str) -> None:
+    try:
+        await on_delta(text)
+    except Exception as exc:
+        raise _ConsumerError(exc) from exc
+
+
+def _provider_message(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        message = body.get("message") or body.get("error") or body.get("detail")
+        if isinstance(message, dict):
+            message = message.get("message")
+        if message:
+            return str(message)
+    if isinstance(body, str) and body.strip():
+        return body.strip()
+    return exc.message
+
+
+def _merge_tool_call_fragment(calls: dict[int, dict[str, Any]], fragment: Any) -> None:
+    # Tool calls stream as fragments keyed by index: the id and name usually arrive once,
+    # the JSON arguments arrive in pieces that must be concatenated in order.
+    index = fragment.index if fragment.index is not None else max(calls, default=-1) + 1
+    entry = calls.setdefault(index, {"id": None, "name": "", "arguments": []})
+    if fragment.id and not entry["id"]:
+        entry["id"] = fragment.id
+    function = fragment.function
+    if function is not None:
+        if function.name and not entry["name"]:
+            entry["name"] = function.name
+        if function.arguments:
+            entry["arguments"].append(function.arguments)
+
+
+def _finish_tool_call(index: int, entry: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": entry["id"] or f"call_{index}",
+        "type": "function",
+        "function": {"name": entry["name"], "arguments": "".join(entry["arguments"]) or "{}"},
+    }

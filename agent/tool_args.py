@@ -1,0 +1,40 @@
+"""Lenient readers for tool-call arguments, which models do not always type as the schema says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_TRUE = {"true", "1", "yes", "on"}
+
+
+def as_bool(value: Any, default: bool = False) -> bool:
+    # Smaller models often send "true" as a string; reading it as the model meant it beats
+    # an error round-trip.
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return value.strip().lower() in _TRUE
+    if isinstance(value, int | float):
+        return value != 0
+    return default
+
+
+def as_optional_str(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else str(value)
+    return text if text.strip() else None
+
+
+def as_str_list(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        items = [part.strip() for part in value.split(",")]
+    elif isinstance(value, list | tuple):
+        items = [str(part).strip() for part in value]
+    else:
+        return None
+    return [item for item in items if item] or None

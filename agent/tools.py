@@ -1,0 +1,114 @@
+"""Tools the agent may call, and the registry that dispatches model tool calls to them.
+
+The registry never raises into the agent loop: an unknown tool, malformed arguments or a
+failing handler all come back as a JSON error string that the model reads and can act on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ToolContext:
+    """Where a tool call comes from, so background work can find its way back there."""
+
+    session_id: str | None = None
+    session_key: str | None = None
+    origin_ui_session_id: str | None = None
+    platform: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable["str | dict[str, Any]"]]
+
+
+@dataclass
+class Tool:
+    """A callable tool: `parameters` is the JSON schema of its arguments object."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    handler: ToolHandler
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+def tool_error(message: str) -> str:
+    return json.dumps({"error": message}, ensure_ascii=False)
+
+
+def _missing_required(tool: Tool, args: dict[str, Any]) -> list[str]:
+    required = tool.parameters.get("required") or []
+    return [key for key in required if args.get(key) is None]
+
+
+class ToolRegistry:
+    """Named tools, their schemas for the model, and safe dispatch of calls."""
+
+    def __init__(self, tools: list[Tool] | None = None) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools or []:
+            self.register(tool)
+
+    def register(self, tool: Tool) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"a tool named {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """The tools in the chat-completions `tools` request format."""
+        return [tool.schema() for tool in self._tools.values()]
+
+    async def call(self, name: str, arguments_json: str, ctx: ToolContext) -> str:
+        tool = self._tools.get(name)
+        if tool is None:
+            known = ", ".join(sorted(self._tools)) or "none"
+            return tool_error(f"unknown tool {name!r}; available tools: {known}")
+        # Models send "" (or nothing) for a call without arguments.
+        raw = (arguments_json or "").strip() or "{}"
+        try:
+            args = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            return tool_error(f"arguments for {name} are not valid JSON: {exc}")
+        if not isinstance(args, dict):
+            return tool_error(f"arguments for {name} must be a JSON object")
+        missing = _missing_required(tool, args)
+        if missing:
+            return tool_error(f"{name} is missing required argument(s): {', '.join(missing)}")
+        try:
+            result = await tool.handler(args, ctx)
+        except Exception as exc:
+            # Logged here with its traceback; the model only gets a one-line reason.
+            logger.exception("tool %s failed", name)
+            return tool_error(f"{name} failed: {type(exc).__name__}: {exc}")
+        if isinstance(result, str):
+            return result
+        return json.dumps(result, ensure_ascii=False, default=str)
