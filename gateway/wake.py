@@ -29,6 +29,7 @@ from typing import Any
 
 import aiohttp
 
+from agent.markers import WAKE_MARKER
 from gateway.platforms.base import MessageEvent, MessageType
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
 
@@ -422,8 +423,9 @@ def _format_delegation(evt: Mapping[str, Any], now: float) -> str:
         "ended. It restates what was asked so you can act on it even if you are in the "
         "middle of something else."
     )
-    if evt.get("restored"):
-        out.append("(Re-delivered after a restart.)")
+    if evt.get("_restored"):
+        # Set by the ledger on events it offers again (restart or orphan re-offer).
+        out.append("(Re-delivered after a restart or an interrupted delivery.)")
     out.append("")
 
     if batch:
@@ -490,8 +492,10 @@ def _format_process_completion(evt: Mapping[str, Any], now: float) -> str:
         f"[Background process finished] exit code {code_text}.",
         "This is an automatic wake-up, not a user message: a background command you started "
         "earlier has exited.",
-        "",
     ]
+    if evt.get("_restored"):
+        out.append("(Re-delivered after a restart or an interrupted delivery.)")
+    out.append("")
     if command is not None:
         out.append(_field("Command", _render_value(command)))
     if proc_id is not None:
@@ -516,10 +520,13 @@ def _format_generic(evt: Mapping[str, Any]) -> str:
     out = [
         f"[Background event: {evt.get('type') or 'unknown'}]",
         "This is an automatic wake-up, not a user message.",
-        "",
     ]
+    if evt.get("_restored"):
+        out.append("(Re-delivered after a restart or an interrupted delivery.)")
+    out.append("")
     for key, value in evt.items():
-        if key == "type" or value is None:
+        # "_"-prefixed keys are the ledger's bookkeeping (re-offer marks), not event data.
+        if key == "type" or str(key).startswith("_") or value is None:
             continue
         out.append(_field(str(key), value))
     return "\n".join(out).rstrip() + "\n"
@@ -528,15 +535,20 @@ def _format_generic(evt: Mapping[str, Any]) -> str:
 def format_wake_text(evt: Mapping[str, Any], *, now: float | None = None) -> str:
     """Self-contained wake-up text for a completion event; results are never truncated.
 
+    The first line starts with ``agent.markers.WAKE_MARKER``.
     ``now`` (epoch seconds) pins the "how long ago" arithmetic for reproducible output.
     """
     current = time.time() if now is None else now
     kind = evt.get("type")
     if kind == "async_delegation":
-        return _format_delegation(evt, current)
-    if kind == "completion":
-        return _format_process_completion(evt, current)
-    return _format_generic(evt)
+        text = _format_delegation(evt, current)
+    elif kind == "completion":
+        text = _format_process_completion(evt, current)
+    else:
+        text = _format_generic(evt)
+    # The marker opens the first line, so models and front ends can tell a wake-up from
+    # something the user typed.
+    return f"{WAKE_MARKER} {text}"
 
 
 # --------------------------------------------------------------------------- persistence
