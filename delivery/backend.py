@@ -8,8 +8,10 @@ A backend runs each operation atomically and may commit several operations toget
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -51,13 +53,18 @@ JSON_COLUMNS = frozenset({"request", "event"})
 class LedgerTx(Protocol):
     """One atomic operation's view of the store."""
 
-    def get(self, row_id: str) -> dict[str, Any] | None: ...
+    def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
+        """The row, or only ``columns`` of it (the hot paths need a few, not the event)."""
 
     def insert(self, row: dict[str, Any]) -> None:
         """Insert a new row; raises DuplicateDeliveryError when the id exists."""
 
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
-        """Compare-and-set: apply ``changes`` only where every ``expect`` column still matches."""
+        """Compare-and-set: apply ``changes`` only where every ``expect`` column still matches.
+
+        An ``expect`` value is an equality (None: IS NULL) or ``AtMost``/``Below``/``IsSet``;
+        a ``changes`` value may be ``Increment``.
+        """
 
     def audit(self, row_id: str, action: str, detail: str, at: float) -> None: ...
 
@@ -70,6 +77,9 @@ class LedgerBackend(Protocol):
 
     def submit(self, op: Callable[[LedgerTx], T]) -> Future[T]:
         """Queue ``op`` for the next commit without waiting (asyncio: ``wrap_future``)."""
+
+    def submit_async(self, op: Callable[[LedgerTx], T]) -> asyncio.Future[T]:
+        """Queue ``op`` and return a future of the running event loop."""
 
     def get(self, row_id: str) -> dict[str, Any] | None: ...
 
@@ -108,6 +118,32 @@ class LedgerBackend(Protocol):
         """Counters: commits (each one fsync of the log at synchronous=FULL), operations."""
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AtMost:
+    """In ``expect``: the column is ``<= value`` (e.g. a lease that has run out)."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Below:
+    """In ``expect``: the column is ``< value`` (e.g. attempts under the budget)."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class IsSet:
+    """In ``expect``: the column is not NULL."""
+
+
+@dataclass(frozen=True, slots=True)
+class Increment:
+    """In ``changes``: add ``by`` to the column, in the same statement."""
+
+    by: int = 1
 
 
 def changed_columns(changes: Iterable[str]) -> None:

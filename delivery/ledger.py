@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from delivery.backend import LedgerBackend, LedgerTx
+from delivery.backend import AtMost, Below, Increment, IsSet, LedgerBackend, LedgerTx
 from delivery.errors import (
     ClaimMismatchError,
     InvalidTransitionError,
@@ -34,6 +34,15 @@ DELIVERED = DeliveryState.DELIVERED.value
 DROPPED = DeliveryState.DROPPED.value
 
 _SCAN_LIMIT = 10_000
+_CLAIM_COLUMNS = (
+    "delivery_state",
+    "completed_at",
+    "next_attempt_at",
+    "claim_expires_at",
+    "holder",
+    "claim_token",
+    "delivery_attempts",
+)
 
 
 def _check_id(row_id: object) -> str:
@@ -200,6 +209,7 @@ class Ledger:
         changes = {
             "state": str(state),
             "event": event,
+            "request": None,  # the event restates the whole request; keep rows small
             "updated_at": now,
             "completed_at": now,
             "replay_from": now,
@@ -225,6 +235,12 @@ class Ledger:
         return self.submit_claim(row_id, consumer).result()
 
     def submit_claim(self, row_id: str, consumer: str) -> Future[str | None]:
+        return self.backend.submit(self._claim_op(row_id, consumer))
+
+    async def aclaim(self, row_id: str, consumer: str) -> str | None:
+        return await self.backend.submit_async(self._claim_op(row_id, consumer))
+
+    def _claim_op(self, row_id: str, consumer: str) -> Callable[[LedgerTx], str | None]:
         _check_id(row_id)
         if not isinstance(consumer, str) or not consumer:
             raise TypeError("consumer must be a non-empty string naming who claims")
@@ -232,11 +248,35 @@ class Ledger:
         policy = self.policy
         identity = self.identity
 
+        token = secrets.token_hex(16)
+        expires = now + policy.lease_seconds
+        claimed = {
+            "claim_token": token,
+            "claim_consumer": consumer,
+            "claimed_at": now,
+            "claim_expires_at": expires,
+            "holder": identity,
+            "due_at": expires,
+            "updated_at": now,
+        }
+        # One statement for the common case: pending, due, unclaimed, under the budget.
+        fast_expect = {
+            "delivery_state": PENDING,
+            "completed_at": IsSet(),
+            "next_attempt_at": AtMost(now),
+            "claim_expires_at": AtMost(now),
+            "delivery_attempts": Below(policy.max_attempts),
+        }
+        fast_changes = {**claimed, "delivery_attempts": Increment(1)}
+
         def op(tx: LedgerTx) -> str | None:
-            row = tx.get(row_id)
+            if tx.update(row_id, fast_expect, fast_changes):
+                return token
+            row = tx.get(row_id, _CLAIM_COLUMNS)
             if row is None:
                 raise UnknownDeliveryError(f"no ledger row {row_id!r}")
-            if row["delivery_state"] != PENDING or row["event"] is None:
+            # completed_at is written together with the event, and is cheaper to read
+            if row["delivery_state"] != PENDING or row["completed_at"] is None:
                 return None
             if row["next_attempt_at"] > now:
                 return None  # backing off after a release: a wait, not an attempt
@@ -251,31 +291,25 @@ class Ledger:
                 tx.update(row_id, expect, _settle(DROPPED, now, "attempt budget exhausted"))
                 tx.audit(row_id, "drop", "attempt budget exhausted at claim", now)
                 return None
-            token = secrets.token_hex(16)
-            expires = now + policy.lease_seconds
+            # The holder died holding a live claim: break it now, not at the lease's end.
             ok = tx.update(
-                row_id,
-                expect,
-                {
-                    "claim_token": token,
-                    "claim_consumer": consumer,
-                    "claimed_at": now,
-                    "claim_expires_at": expires,
-                    "delivery_attempts": row["delivery_attempts"] + 1,
-                    "holder": identity,
-                    "due_at": expires,
-                    "updated_at": now,
-                },
+                row_id, expect, {**claimed, "delivery_attempts": row["delivery_attempts"] + 1}
             )
             return token if ok else None
 
-        return self.backend.submit(op)
+        return op
 
     def complete(self, row_id: str, token: str) -> bool:
         """Acknowledge a delivery; only the current claim's holder can."""
         return self.submit_complete(row_id, token).result()
 
     def submit_complete(self, row_id: str, token: str) -> Future[bool]:
+        return self.backend.submit(self._complete_op(row_id, token))
+
+    async def acomplete(self, row_id: str, token: str) -> bool:
+        return await self.backend.submit_async(self._complete_op(row_id, token))
+
+    def _complete_op(self, row_id: str, token: str) -> Callable[[LedgerTx], bool]:
         _check_id(row_id)
         _check_token(token)
         now = self.clock()
@@ -294,7 +328,7 @@ class Ledger:
                 )
             return row["delivery_state"] == DELIVERED  # a repeated ack is a no-op
 
-        return self.backend.submit(op)
+        return op
 
     def release(self, row_id: str, token: str, *, retryable: bool = False) -> str:
         """Give a claim back. Returns the row's delivery state afterwards.
@@ -304,13 +338,29 @@ class Ledger:
         fault), but the next claim still waits for a growing backoff and the replay cap
         still drops the row in the end, so a refusing consumer can never loop hot.
         """
+        outcome = self.backend.write(self._release_op(row_id, token, retryable))
+        self._after_release(outcome)
+        return outcome[0]
+
+    async def arelease(self, row_id: str, token: str, *, retryable: bool = False) -> str:
+        outcome = await self.backend.submit_async(self._release_op(row_id, token, retryable))
+        self._after_release(outcome)
+        return outcome[0]
+
+    def _after_release(self, outcome: tuple[str, float | None]) -> None:
+        if outcome[1] is not None:
+            self._notify_due(outcome[1])
+
+    def _release_op(
+        self, row_id: str, token: str, retryable: bool
+    ) -> Callable[[LedgerTx], tuple[str, float | None]]:
         _check_id(row_id)
         _check_token(token)
         now = self.clock()
         policy = self.policy
         identity = self.identity
 
-        def op(tx: LedgerTx) -> str:
+        def op(tx: LedgerTx) -> tuple[str, float | None]:
             row = tx.get(row_id)
             if row is None:
                 raise UnknownDeliveryError(f"no ledger row {row_id!r}")
@@ -319,7 +369,7 @@ class Ledger:
                     f"{row_id}: that claim token is not the current holder's; nothing was written"
                 )
             if row["delivery_state"] != PENDING:
-                return row["delivery_state"]
+                return row["delivery_state"], None
             attempts, refunds = row["delivery_attempts"], row["refunds"]
             if retryable:
                 attempts, refunds = max(attempts - 1, 0), refunds + 1
@@ -341,7 +391,7 @@ class Ledger:
                     },
                 )
                 tx.audit(row_id, "drop", reason, now)
-                return DROPPED
+                return DROPPED, None
             eligible = now + policy.retry_delay(attempts + refunds)
             tx.update(
                 row_id,
@@ -358,14 +408,9 @@ class Ledger:
                     "updated_at": now,
                 },
             )
-            return PENDING
+            return PENDING, eligible
 
-        state = self.backend.write(op)
-        if state == PENDING:
-            row = self.backend.get(row_id)
-            if row and row["due_at"] is not None:
-                self._notify_due(row["due_at"])
-        return state
+        return op
 
     def drop(self, row_id: str, reason: str, *, token: str | None = None) -> bool:
         """The target is gone for good: settle the row as dropped (never "delivered")."""

@@ -12,6 +12,7 @@ their writers, and every transition is a compare-and-set, so no two of them can 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -24,7 +25,15 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from delivery.backend import COLUMNS, JSON_COLUMNS, changed_columns
+from delivery.backend import (
+    COLUMNS,
+    JSON_COLUMNS,
+    AtMost,
+    Below,
+    Increment,
+    IsSet,
+    changed_columns,
+)
 from delivery.errors import (
     DuplicateDeliveryError,
     LedgerError,
@@ -68,7 +77,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
     settled_reason TEXT,
     replay_from REAL,
     restored INTEGER NOT NULL DEFAULT 0
-) WITHOUT ROWID;
+);
 CREATE INDEX IF NOT EXISTS ix_pending_due ON deliveries(due_at)
     WHERE delivery_state = 'pending';
 CREATE INDEX IF NOT EXISTS ix_pending_completed ON deliveries(completed_at)
@@ -76,7 +85,6 @@ CREATE INDEX IF NOT EXISTS ix_pending_completed ON deliveries(completed_at)
 CREATE INDEX IF NOT EXISTS ix_pending_holder ON deliveries(holder)
     WHERE delivery_state = 'pending';
 CREATE INDEX IF NOT EXISTS ix_state_owner ON deliveries(state, owner);
-CREATE INDEX IF NOT EXISTS ix_created ON deliveries(created_at);
 CREATE INDEX IF NOT EXISTS ix_session_key ON deliveries(session_key);
 CREATE INDEX IF NOT EXISTS ix_origin_session ON deliveries(origin_session_id);
 CREATE INDEX IF NOT EXISTS ix_origin_ui_session ON deliveries(origin_ui_session_id);
@@ -89,6 +97,14 @@ CREATE TABLE IF NOT EXISTS delivery_audit (
 );
 CREATE INDEX IF NOT EXISTS ix_audit_delivery ON delivery_audit(delivery_id, seq);
 """
+
+# SQL of the predicates ``LedgerTx.update`` accepts in ``expect`` (equality otherwise)
+_PREDICATES: dict[type, str] = {
+    type(None): "IS NULL",
+    AtMost: "<= ?",
+    Below: "< ?",
+    IsSet: "IS NOT NULL",
+}
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM deliveries"
 _STOP = object()
@@ -104,10 +120,52 @@ def _decode(row: sqlite3.Row | tuple | None) -> dict[str, Any] | None:
     return out
 
 
-def _encode(col: str, value: Any) -> Any:
-    if col in JSON_COLUMNS and value is not None:
-        return json.dumps(value, separators=(",", ":"), default=str)
-    return value
+class _LoopWaiter:
+    """An operation awaited by a coroutine on ``loop``."""
+
+    __slots__ = ("fut", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> None:
+        self.loop = loop
+        self.fut = fut
+
+
+def _still_wanted(waiter: Future[Any] | _LoopWaiter) -> bool:
+    if isinstance(waiter, _LoopWaiter):
+        return not waiter.fut.cancelled()
+    return waiter.set_running_or_notify_cancel()
+
+
+def _settle_on_loop(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    for fut, ok, value in items:
+        if fut.done():
+            continue  # cancelled meanwhile; the write itself stands
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+
+def _resolve(outcomes: list[tuple[Future[Any] | _LoopWaiter, bool, Any]]) -> None:
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+    for waiter, ok, value in outcomes:
+        if isinstance(waiter, _LoopWaiter):
+            by_loop.setdefault(waiter.loop, []).append((waiter.fut, ok, value))
+        elif ok:
+            waiter.set_result(value)
+        else:
+            waiter.set_exception(value)
+    for loop, items in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody awaits any more
+            loop.call_soon_threadsafe(_settle_on_loop, items)
+
+
+def _params(values: dict[str, Any], cols: tuple[str, ...]) -> list[Any]:
+    params = [values[c] for c in cols]
+    for i, col in enumerate(cols):
+        if col in JSON_COLUMNS and params[i] is not None:
+            params[i] = json.dumps(params[i], separators=(",", ":"), default=str)
+    return params
 
 
 def _is_not_a_database(exc: sqlite3.DatabaseError) -> bool:
@@ -119,46 +177,78 @@ class _SqliteTx:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        self.dirty = False  # did the running operation change anything yet
         # UPDATE statements by shape, so the hot path formats no SQL.
         self._update_sql: dict[tuple, str] = {}
+        self._select_sql: dict[tuple[str, ...], str] = {}
+        self._insert_sql: dict[tuple[str, ...], str] = {}
 
-    def get(self, row_id: str) -> dict[str, Any] | None:
-        return _decode(self._conn.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone())
+    def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
+        if columns is None:
+            return _decode(self._conn.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone())
+        sql = self._select_sql.get(columns)
+        if sql is None:
+            changed_columns(columns)
+            sql = self._select_sql[columns] = (
+                f"SELECT {', '.join(columns)} FROM deliveries WHERE id = ?"
+            )
+        found = self._conn.execute(sql, (row_id,)).fetchone()
+        if found is None:
+            return None
+        out = dict(zip(columns, found, strict=True))
+        for col in JSON_COLUMNS.intersection(columns):
+            if out[col] is not None:
+                out[col] = json.loads(out[col])
+        return out
 
     def insert(self, row: dict[str, Any]) -> None:
-        changed_columns(row)
-        cols = list(row)
-        sql = f"INSERT INTO deliveries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        cols = tuple(row)
+        sql = self._insert_sql.get(cols)
+        if sql is None:
+            changed_columns(cols)
+            sql = self._insert_sql[cols] = (
+                f"INSERT INTO deliveries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+            )
         try:
-            self._conn.execute(sql, [_encode(c, row[c]) for c in cols])
+            self._conn.execute(sql, _params(row, cols))
+            self.dirty = True
         except sqlite3.IntegrityError as exc:
             raise DuplicateDeliveryError(f"a ledger row with id {row['id']!r} exists") from exc
 
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
-        set_cols = tuple(changes)
-        expect_shape = tuple((c, expect[c] is None) for c in expect)
-        key = (set_cols, expect_shape)
+        set_shape = tuple((c, type(v) is Increment) for c, v in changes.items())
+        expect_shape = tuple((c, _PREDICATES.get(type(v), "= ?")) for c, v in expect.items())
+        key = (set_shape, expect_shape)
         sql = self._update_sql.get(key)
         if sql is None:
-            changed_columns(set_cols)
+            changed_columns(changes)
             changed_columns(expect)
-            where = " AND ".join(
-                f"{c} IS NULL" if is_null else f"{c} = ?" for c, is_null in expect_shape
-            )
-            sql = f"UPDATE deliveries SET {', '.join(f'{c} = ?' for c in set_cols)} WHERE id = ?"
-            if where:
-                sql += f" AND {where}"
+            sets = ", ".join(f"{c} = {c} + ?" if inc else f"{c} = ?" for c, inc in set_shape)
+            sql = f"UPDATE deliveries SET {sets} WHERE id = ?"
+            for col, predicate in expect_shape:
+                sql += f" AND {col} {predicate}"
             self._update_sql[key] = sql
-        params = [_encode(c, changes[c]) for c in set_cols]
+        params = _params(changes, tuple(changes))
+        for i, value in enumerate(params):
+            if type(value) is Increment:
+                params[i] = value.by
         params.append(row_id)
-        params.extend(v for v in expect.values() if v is not None)
-        return self._conn.execute(sql, params).rowcount == 1
+        for value in expect.values():
+            kind = type(value)
+            if kind is AtMost or kind is Below:
+                params.append(value.value)
+            elif value is not None and kind is not IsSet:
+                params.append(value)
+        changed = self._conn.execute(sql, params).rowcount == 1
+        self.dirty = self.dirty or changed
+        return changed
 
     def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
         self._conn.execute(
             "INSERT INTO delivery_audit (delivery_id, at, action, detail) VALUES (?, ?, ?, ?)",
             (row_id, at, action, detail),
         )
+        self.dirty = True
 
 
 class SqliteBackend:
@@ -283,7 +373,7 @@ class SqliteBackend:
     def _commit_batch(
         self, conn: sqlite3.Connection, tx: _SqliteTx, batch: list[tuple[Callable, Future]]
     ) -> None:
-        live = [(op, fut) for op, fut in batch if fut.set_running_or_notify_cancel()]
+        live = [(op, waiter) for op, waiter in batch if _still_wanted(waiter)]
         if not live:
             return
         if not self._file_is_ours():
@@ -291,23 +381,14 @@ class SqliteBackend:
                 f"the ledger file {self.path} was removed or replaced; refusing to write into "
                 "a file nobody can read again"
             )
-            for _, fut in live:
-                fut.set_exception(err)
+            _resolve([(waiter, False, err) for _, waiter in live])
             return
-        outcomes: list[tuple[Future, bool, Any]] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            for op, fut in live:
-                conn.execute("SAVEPOINT op")
-                try:
-                    result = op(tx)
-                except Exception as exc:  # the op fails alone; its siblings still commit
-                    conn.execute("ROLLBACK TO op")
-                    conn.execute("RELEASE op")
-                    outcomes.append((fut, False, exc))
-                else:
-                    conn.execute("RELEASE op")
-                    outcomes.append((fut, True, result))
+            # Fast path: no savepoints. Only if an operation fails after it wrote something
+            # is the batch rolled back and run again with a savepoint around each operation.
+            outcomes = self._run_batch(conn, tx, live, isolate=False)
+            if outcomes is None:
+                outcomes = self._run_batch(conn, tx, live, isolate=True)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if conn.in_transaction:
@@ -316,22 +397,61 @@ class SqliteBackend:
                 except sqlite3.Error:
                     log.exception("rollback after a failed ledger commit failed")
             err = LedgerUnavailable(f"ledger write failed, nothing was written: {exc}")
-            for _, fut in live:
-                fut.set_exception(err)
+            _resolve([(waiter, False, err) for _, waiter in live])
             return
         self._commits += 1
         self._ops += len(live)
-        for fut, ok, value in outcomes:
-            if ok:
-                fut.set_result(value)
+        _resolve(outcomes)
+
+    @staticmethod
+    def _run_batch(
+        conn: sqlite3.Connection,
+        tx: _SqliteTx,
+        live: list[tuple[Callable, Future]],
+        *,
+        isolate: bool,
+    ) -> list[tuple[Future, bool, Any]] | None:
+        """Run every operation in one open transaction; None means "run again isolated"."""
+        outcomes: list[tuple[Future, bool, Any]] = []
+        conn.execute("BEGIN IMMEDIATE")
+        for op, fut in live:
+            tx.dirty = False
+            if isolate:
+                conn.execute("SAVEPOINT op")
+            try:
+                result = op(tx)
+            except Exception as exc:  # the operation fails alone; its siblings still commit
+                if isolate:
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                elif tx.dirty:
+                    conn.execute("ROLLBACK")
+                    return None
+                outcomes.append((fut, False, exc))
             else:
-                fut.set_exception(value)
+                if isolate:
+                    conn.execute("RELEASE op")
+                outcomes.append((fut, True, result))
+        return outcomes
 
     def submit(self, op: Callable[[Any], T]) -> Future[T]:
         if self._closed:
             raise LedgerUnavailable("the ledger is closed")
         fut: Future[T] = Future()
         self._queue.put((op, fut))
+        return fut
+
+    def submit_async(self, op: Callable[[Any], T]) -> asyncio.Future[T]:
+        """Like ``submit``, for a coroutine: await the result on the running loop.
+
+        The writer wakes each loop once per commit for all of its operations, instead of
+        once per operation as ``asyncio.wrap_future`` would.
+        """
+        if self._closed:
+            raise LedgerUnavailable("the ledger is closed")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._queue.put((op, _LoopWaiter(loop, fut)))
         return fut
 
     def write(self, op: Callable[[Any], T]) -> T:
@@ -388,7 +508,8 @@ class SqliteBackend:
         sql = _SELECT
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY created_at {'ASC' if oldest_first else 'DESC'}, id LIMIT ?"
+        # rowid is the order rows were written in: no index on created_at needed
+        sql += f" ORDER BY rowid {'ASC' if oldest_first else 'DESC'} LIMIT ?"
         params.append(int(limit))
         return self._rows(sql, params)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
-import secrets
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from delivery.errors import LedgerError, LedgerUnavailable
+from delivery.ids import new_id
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
 from delivery.reoffer import ReofferScheduler
@@ -55,37 +56,43 @@ class _Slots:
 
 
 class _WorkerPool:
-    """Daemon worker threads, so background work never keeps the process from exiting."""
+    """Daemon worker threads, so background work never keeps the process from exiting.
+
+    Threads are started on demand, wait on one C-level queue and leave after being idle.
+    """
+
+    _IDLE_EXIT_SECONDS = 30.0
 
     def __init__(self) -> None:
-        self._jobs: collections.deque[Callable[[], None]] = collections.deque()
-        self._cond = threading.Condition()
-        self._threads = 0
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
         self._idle = 0
 
     def submit(self, job: Callable[[], None]) -> None:
-        with self._cond:
-            self._jobs.append(job)
-            if self._idle:
-                self._cond.notify()
-                return
-            self._threads += 1
-        threading.Thread(target=self._work, name="delegation-worker", daemon=True).start()
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1  # that idle thread is now spoken for
+        self._jobs.put(job)
+        if spawn:
+            threading.Thread(target=self._work, name="delegation-worker", daemon=True).start()
 
     def _work(self) -> None:
         while True:
-            with self._cond:
-                self._idle += 1
-                if not self._cond.wait_for(lambda: self._jobs, timeout=30):
-                    self._idle -= 1
-                    self._threads -= 1
-                    return  # idle long enough: let the thread go
-                self._idle -= 1
-                job = self._jobs.popleft()
+            try:
+                job = self._jobs.get(timeout=self._IDLE_EXIT_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0 and self._jobs.empty():
+                        self._idle -= 1
+                        return
+                continue
             try:
                 job()
             except Exception:
                 log.exception("delegation worker job failed")
+            with self._lock:
+                self._idle += 1
 
 
 class DelegationRuntime:
@@ -189,13 +196,38 @@ class DelegationRuntime:
         if unit.cancel_requested:
             result = {**result, "status": "cancelled"}
         event = _completion_event(unit.request, result, started)
-        try:
-            if finalize_durably(self.ledger, unit.delegation_id, "running", event["status"], event):
-                self.queue.put(event)
-        finally:
-            with self._lock:
-                self._slots.running.pop(unit.delegation_id, None)
-            self._fill_slots()
+        # The work is done: its slot is free now, while the terminal row is written.
+        with self._lock:
+            self._slots.running.pop(unit.delegation_id, None)
+        self._finalize(unit.delegation_id, event, attempt=0)
+        self._fill_slots()
+
+    def _finalize(self, row_id: str, event: dict[str, Any], attempt: int) -> None:
+        """Write the terminal row, then (from the writer's commit callback) queue the event.
+
+        Not waiting here lets one commit carry many workers' results. A write that fails
+        for want of the database is retried: the event may be the only copy of the result.
+        """
+        fut = self.ledger.submit_finish(
+            row_id, expected="running", state=event["status"], event=event
+        )
+
+        def committed(done: Any) -> None:
+            exc = done.exception()
+            if exc is None:
+                if done.result():
+                    self.queue.put(event)
+                return
+            if isinstance(exc, LedgerUnavailable) and attempt < len(_FINALIZE_RETRY_SECONDS):
+                delay = _FINALIZE_RETRY_SECONDS[attempt]
+                log.warning("ledger unavailable finishing %s, retry in %ss: %s", row_id, delay, exc)
+                timer = threading.Timer(delay, self._finalize, args=(row_id, event, attempt + 1))
+                timer.daemon = True
+                timer.start()
+            else:
+                log.critical("could not record the completion of %s: %s", row_id, exc)
+
+        fut.add_done_callback(committed)
 
     # -- control ----------------------------------------------------------------------------
 
@@ -347,7 +379,7 @@ def reset_runtime() -> None:
 
 
 def _new_id() -> str:
-    return "deleg_" + secrets.token_hex(8)
+    return new_id("deleg_")
 
 
 def _base_request(
@@ -584,3 +616,33 @@ def restore_undelivered_completions(completion_queue: Any) -> int:
     for event in events:
         completion_queue.put(event)
     return len(events)
+
+
+# -- the same contract for asyncio consumers: no thread hop, the writer's future is awaited --
+
+
+async def aclaim_event_delivery(evt: dict[str, Any], consumer: str) -> str | None:
+    row_id = _delivery_id(evt)
+    if row_id is None:
+        return ""
+    return await get_runtime().ledger.aclaim(row_id, consumer)
+
+
+async def acomplete_event_delivery(evt: dict[str, Any], claim: str | None) -> bool:
+    row_id = _delivery_id(evt)
+    if row_id is None or claim == "":
+        return True
+    if claim is None:
+        raise ValueError("complete_event_delivery needs the claim token claim_event_delivery gave")
+    return await get_runtime().ledger.acomplete(row_id, claim)
+
+
+async def arelease_event_delivery(
+    evt: dict[str, Any], claim: str | None, *, retryable: bool = False
+) -> str:
+    row_id = _delivery_id(evt)
+    if row_id is None or claim == "":
+        return "pending"
+    if claim is None:
+        raise ValueError("release_event_delivery needs the claim token claim_event_delivery gave")
+    return await get_runtime().ledger.arelease(row_id, claim, retryable=retryable)

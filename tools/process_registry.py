@@ -17,12 +17,13 @@ import contextlib
 import logging
 import os
 import queue
-import secrets
 import signal
 import subprocess
 import threading
 import time
 from typing import Any
+
+from delivery.ids import new_id
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class ProcessRegistry:
         if not isinstance(command, str) or not command.strip():
             raise ValueError("command must be a non-empty string")
         ledger = get_runtime().ledger
-        process_id = "proc_" + secrets.token_hex(8)
+        process_id = new_id("proc_")
         request = {
             "type": "completion",
             "delivery_id": process_id,
