@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import selectors
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +36,7 @@ class ReofferScheduler:
         *,
         max_sleep_seconds: float = 60.0,
         error_backoff_seconds: float = 1.0,
+        wake_dir: str | None = None,
     ) -> None:
         self.ledger = ledger
         self._offer = offer
@@ -41,16 +44,36 @@ class ReofferScheduler:
         # scheduler never relies on it for rows of this host.
         self._max_sleep = max_sleep_seconds
         self._error_backoff = error_backoff_seconds
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
+        # Pokes from this process (an earlier due time was written) ...
+        self._wake_r, self._wake_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._wake_w.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        # ... and from other processes on this host (an operator's `redeliver`).
+        self._inbox: socket.socket | None = None
+        self._inbox_path: str | None = None
+        if wake_dir is not None:
+            self._open_inbox(wake_dir)
         self._pidfds: dict[str, int] = {}
         self._target = float("inf")
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self.offered = 0
+
+    def _open_inbox(self, wake_dir: str) -> None:
+        os.makedirs(wake_dir, mode=0o700, exist_ok=True)
+        path = os.path.join(wake_dir, f"{os.getpid()}-{secrets.token_hex(4)}.sock")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.bind(path)
+        except OSError as exc:  # e.g. a path longer than a socket address allows
+            log.warning("no cross-process wake-ups for the re-offer scheduler: %s", exc)
+            sock.close()
+            return
+        sock.setblocking(False)
+        self._inbox, self._inbox_path = sock, path
+        self._selector.register(sock, selectors.EVENT_READ, None)
 
     def start(self) -> None:
         self.ledger.add_due_listener(self._on_due)
@@ -68,13 +91,16 @@ class ReofferScheduler:
                 os.close(fd)
         self._pidfds.clear()
         self._selector.close()
-        for fd in (self._wake_r, self._wake_w):
+        for sock in (self._wake_r, self._wake_w, self._inbox):
+            if sock is not None:
+                sock.close()
+        if self._inbox_path is not None:
             with contextlib.suppress(OSError):
-                os.close(fd)
+                os.unlink(self._inbox_path)
 
     def _poke(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._wake_w, b"x")
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
 
     def _on_due(self, when: float) -> None:
         with self._lock:
@@ -158,8 +184,36 @@ class ReofferScheduler:
             return
         for key, _ in self._selector.select(timeout):
             if key.data is None:
-                with contextlib.suppress(BlockingIOError, OSError):
-                    os.read(self._wake_r, 4096)
+                with contextlib.suppress(OSError):
+                    while key.fileobj.recv(64):  # type: ignore[union-attr]
+                        pass
             else:
                 log.info("process %s exited; re-offering what it held", key.data)
                 self._unwatch(key.data)
+
+
+def wake_dir_for(ledger_path: str) -> str:
+    """Where the schedulers of processes sharing ``ledger_path`` listen for pokes."""
+    return ledger_path + ".wake.d"
+
+
+def poke_schedulers(wake_dir: str) -> int:
+    """Tell every scheduler on this ledger to look now; returns how many were reached."""
+    reached = 0
+    try:
+        names = os.listdir(wake_dir)
+    except OSError:
+        return 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.setblocking(False)
+        for name in names:
+            path = os.path.join(wake_dir, name)
+            try:
+                sock.sendto(b"x", path)
+                reached += 1
+            except (ConnectionRefusedError, FileNotFoundError):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # its process is gone
+            except OSError:
+                pass
+    return reached

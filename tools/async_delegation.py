@@ -26,7 +26,7 @@ from delivery.errors import LedgerError, LedgerUnavailable
 from delivery.ids import new_id
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
-from delivery.reoffer import ReofferScheduler
+from delivery.reoffer import ReofferScheduler, wake_dir_for
 from delivery.sqlite_backend import SqliteBackend
 from delivery.states import State
 
@@ -263,7 +263,9 @@ class DelegationRuntime:
 
     def start_scheduler(self) -> ReofferScheduler:
         if self.scheduler is None:
-            self.scheduler = ReofferScheduler(self.ledger, self.queue.put)
+            self.scheduler = ReofferScheduler(
+                self.ledger, self.queue.put, wake_dir=wake_dir_for(self.ledger.backend.path)
+            )
             self.scheduler.start()
         return self.scheduler
 

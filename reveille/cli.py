@@ -1,0 +1,47 @@
+"""The `reveille` command: serve, chat, and the operator's ledger tools."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from reveille import deliveries
+from reveille.settings import SettingsError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reveille",
+        description="Reveille: an AI-agent runtime whose background work always comes home.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    try:
+        from reveille.serve import add_chat_parser, add_serve_parser
+    except ImportError:  # pragma: no cover - only while serve is not built yet
+        pass
+    else:
+        add_serve_parser(sub)
+        add_chat_parser(sub)
+    deliveries.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except SettingsError as exc:
+        print(f"reveille: bad setting: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""`reveille deliveries`: the operator's view of the ledger — list, show, redeliver, drop."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from typing import Any
+
+from delivery.errors import LedgerError
+from delivery.ledger import Ledger
+from delivery.reoffer import poke_schedulers, wake_dir_for
+from delivery.sqlite_backend import SqliteBackend
+from delivery.states import DeliveryState, State
+from reveille.settings import load_settings
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "deliveries",
+        help="list, inspect, redeliver or drop ledger rows",
+        description="The delivery ledger: one row per background task and its completion.",
+    )
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    ls = sub.add_parser("list", help="a table of rows, newest first")
+    ls.add_argument("--state", choices=[s.value for s in State], help="lifecycle state")
+    ls.add_argument(
+        "--delivery-state", choices=[s.value for s in DeliveryState], help="delivery state"
+    )
+    ls.add_argument("--session", help="session key, API session id or web UI session id")
+    ls.add_argument("--kind", choices=["delegation", "process"], help="kind of work")
+    ls.add_argument("--limit", type=int, default=50, help="at most this many rows (50)")
+    ls.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+
+    show = sub.add_parser("show", help="one row in full, with its event and history")
+    show.add_argument("id")
+    show.add_argument("--json", action="store_true")
+
+    again = sub.add_parser("redeliver", help="put a dropped row back to pending, fresh budget")
+    again.add_argument("id")
+
+    drop = sub.add_parser("drop", help="stop delivering a pending row (its result is kept)")
+    drop.add_argument("id")
+    drop.add_argument("--reason", default="dropped by an operator")
+
+    parser.set_defaults(func=run)
+
+
+def _age(ts: float | None, now: float) -> str:
+    if not ts:
+        return "-"
+    secs = max(now - ts, 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            return f"{secs / size:.0f}{unit}"
+    return f"{secs:.0f}s"
+
+
+def _iso(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _clip(text: str | None, width: int) -> str:
+    text = (text or "").replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _session_of(row: dict[str, Any]) -> str:
+    return row["origin_ui_session_id"] or row["origin_session_id"] or row["session_key"] or "-"
+
+
+def format_table(rows: list[dict[str, Any]], now: float) -> str:
+    headers = ("ID", "KIND", "STATE", "DELIVERY", "TRIES", "AGE", "SESSION", "GOAL")
+    table = [
+        (
+            row["id"],
+            row["kind"],
+            row["state"],
+            row["delivery_state"] if row["completed_at"] else "-",
+            str(row["delivery_attempts"]),
+            _age(row["created_at"], now),
+            _clip(_session_of(row), 28),
+            _clip(row["goal"], 48),
+        )
+        for row in rows
+    ]
+    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for r in table:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def format_row(row: dict[str, Any], history: list[dict[str, Any]]) -> str:
+    fields = [
+        ("id", row["id"]),
+        ("kind", row["kind"]),
+        ("goal", row["goal"]),
+        ("state", row["state"]),
+        ("delivery", row["delivery_state"]),
+        ("attempts", f"{row['delivery_attempts']} counted, {row['refunds']} refunded"),
+        ("session key", row["session_key"]),
+        ("API session", row["origin_session_id"]),
+        ("web UI session", row["origin_ui_session_id"]),
+        ("created", _iso(row["created_at"])),
+        ("started", _iso(row["started_at"])),
+        ("completed", _iso(row["completed_at"])),
+        ("settled", f"{_iso(row['settled_at'])}  {row['settled_reason'] or ''}".rstrip()),
+        ("claimed by", row["claim_consumer"] or "-"),
+        ("next attempt", _iso(row["next_attempt_at"])),
+        ("re-offered", f"{row['restored']} time(s)"),
+    ]
+    width = max(len(k) for k, _ in fields)
+    out = [f"{k.ljust(width)}  {v if v not in (None, '') else '-'}" for k, v in fields]
+    if row["event"] is not None:
+        out += ["", "event:", json.dumps(row["event"], indent=2, ensure_ascii=False)]
+    if history:
+        out += ["", "history:"]
+        out += [f"  {_iso(h['at'])}  {h['action']}: {h['detail']}" for h in history]
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    if not settings.ledger_path.exists():
+        print(f"no ledger at {settings.ledger_path} yet (REVEILLE_HOME={settings.home})")
+        return 0 if args.action == "list" else 1
+    ledger = Ledger(SqliteBackend(settings.ledger_path), settings.delivery_policy)
+    try:
+        return _act(ledger, args)
+    except LedgerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        ledger.backend.close()
+
+
+def _act(ledger: Ledger, args: argparse.Namespace) -> int:
+    if args.action == "list":
+        rows = ledger.list(
+            state=args.state,
+            delivery_state=args.delivery_state,
+            session=args.session,
+            kind=args.kind,
+            limit=args.limit,
+        )
+        if args.json:
+            for row in rows:
+                print(json.dumps(row, default=str))
+        elif rows:
+            print(format_table(rows, time.time()))
+        else:
+            print("no rows match")
+        return 0
+    row = ledger.get(args.id)
+    if row is None:
+        print(f"error: no ledger row {args.id!r}", file=sys.stderr)
+        return 1
+    if args.action == "show":
+        if args.json:
+            print(json.dumps({**row, "history": ledger.history(args.id)}, default=str, indent=2))
+        else:
+            print(format_row(row, ledger.history(args.id)))
+        return 0
+    if args.action == "redeliver":
+        ledger.redeliver(args.id)
+        reached = poke_schedulers(wake_dir_for(ledger.backend.path))
+        note = "a running server picks it up now" if reached else "it is offered at next start"
+        print(f"{args.id}: pending again with a fresh budget; {note}")
+        return 0
+    if args.action == "drop":
+        if ledger.drop(args.id, args.reason):
+            print(f"{args.id}: dropped ({args.reason}); its result stays queryable")
+            return 0
+        print(f"error: {args.id} is {row['delivery_state']}, not pending", file=sys.stderr)
+        return 1
+    raise AssertionError(args.action)
