@@ -217,10 +217,16 @@ class Ledger:
             "due_at": due,
         }
 
+        settled_changes = {**changes, "holder": None, "due_at": None}
+
         def op(tx: LedgerTx) -> bool:
             if tx.update(row_id, {"state": str(expected), "delivery_state": PENDING}, changes):
                 return True
-            if tx.get(row_id) is None:
+            # Dropped while it ran (an operator, a deleted session): keep the result
+            # queryable, but there is nothing to deliver, so the caller queues nothing.
+            if tx.update(row_id, {"state": str(expected)}, settled_changes):
+                return False
+            if tx.get(row_id, ("id",)) is None:
                 raise UnknownDeliveryError(f"no ledger row {row_id!r}")
             return False
 
@@ -597,6 +603,8 @@ def abandoned_event(row: dict[str, Any], state: str, now: float) -> dict[str, An
     never_started = state == State.INTERRUPTED
     event = {
         **request,
+        # the claim goes by these ids: never trust the stored request to carry them
+        "delegation_id" if row["kind"] == "delegation" else "delivery_id": row["id"],
         "status": str(state),
         "error": (
             "Reveille restarted before this work started; it never ran and can be dispatched again."

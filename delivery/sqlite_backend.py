@@ -291,7 +291,7 @@ class SqliteBackend:
         elif os.path.isdir(self.path):
             raise NotALedgerError(f"{self.path} is a directory, not a ledger database")
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, *, check_owner: bool = False) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(
                 self.path,
@@ -303,11 +303,16 @@ class SqliteBackend:
             raise LedgerUnavailable(f"cannot open the ledger {self.path}: {exc}") from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            if check_owner:
+                # Before any pragma that writes: another program's file stays untouched.
+                self._check_owner(conn)
             conn.execute("PRAGMA journal_mode = WAL").fetchone()
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, LedgerError) as exc:
             conn.close()
+            if isinstance(exc, LedgerError):
+                raise
             if _is_not_a_database(exc):
                 raise NotALedgerError(
                     f"{self.path} exists but is not a SQLite database; it was left untouched"
@@ -315,7 +320,7 @@ class SqliteBackend:
             raise LedgerUnavailable(f"cannot open the ledger {self.path}: {exc}") from exc
         return conn
 
-    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+    def _check_owner(self, conn: sqlite3.Connection) -> None:
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
         if app_id != APPLICATION_ID and tables:
@@ -329,6 +334,8 @@ class SqliteBackend:
                 f"{self.path} has ledger schema {version}, newer than this Reveille "
                 f"understands ({SCHEMA_VERSION}); upgrade Reveille"
             )
+
+    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
         # One transaction, so two processes opening a new file at once cannot interleave.
         conn.executescript(
             f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA application_id = {APPLICATION_ID};"
@@ -339,7 +346,7 @@ class SqliteBackend:
 
     def _writer_main(self, ready: Future[None]) -> None:
         try:
-            conn = self._connect()
+            conn = self._connect(check_owner=True)
             self._ensure_schema(conn)
         except BaseException as exc:
             ready.set_exception(exc)
