@@ -18,7 +18,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,20 @@ _SCHEMA = (
     """,
     "CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (updated_at)",
     "CREATE INDEX IF NOT EXISTS idx_sessions_key ON sessions (session_key)",
+    # Idempotency-Key -> the first response. A "running" row is a claim: a concurrent repeat
+    # waits for it instead of starting a second turn. Not tied to a session by a foreign key:
+    # the answer to a repeated request must survive even if the session is deleted later.
+    """
+    CREATE TABLE IF NOT EXISTS idempotency (
+        key          TEXT PRIMARY KEY,
+        state        TEXT NOT NULL,
+        owner        TEXT,
+        session_id   TEXT,
+        response     TEXT,
+        created_at   REAL NOT NULL,
+        updated_at   REAL NOT NULL
+    )
+    """,
 )
 
 _REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
@@ -92,6 +106,9 @@ _REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
             "dedupe_key",
             "folded_at",
         }
+    ),
+    "idempotency": frozenset(
+        {"key", "state", "owner", "session_id", "response", "created_at", "updated_at"}
     ),
 }
 
@@ -546,3 +563,164 @@ class SessionStore:
         for msg in taken:
             msg["folded"] = True
         return taken
+
+    def find_session_by_key(self, session_key: str) -> dict[str, Any] | None:
+        """The most recently active session with this routing key, or None."""
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_key = ?"
+                " ORDER BY updated_at DESC, id ASC LIMIT 1",
+                (session_key,),
+            ).fetchone()
+        return self._session_dict(row) if row is not None else None
+
+    # ----------------------------------------------------------------- turns
+
+    @staticmethod
+    def _insert_message(
+        conn: sqlite3.Connection, session_id: str, message: Mapping[str, Any], now: float
+    ) -> dict[str, Any]:
+        role = message.get("role")
+        content = message.get("content")
+        if not isinstance(role, str) or not role:
+            raise ValueError("role must be a non-empty string")
+        if not isinstance(content, str):
+            raise TypeError(f"content must be a string, got {type(content).__name__}")
+        meta = message.get("display_metadata")
+        meta_json = json.dumps(dict(meta), ensure_ascii=False) if meta is not None else None
+        dedupe_key = message.get("dedupe_key")
+        cur = conn.execute(
+            "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
+            " display_metadata, dedupe_key) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (session_id, dedupe_key) DO NOTHING",
+            (session_id, role, content, now, message.get("display_kind"), meta_json, dedupe_key),
+        )
+        if cur.rowcount == 1:
+            row = conn.execute(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id = ?", (cur.lastrowid,)
+            ).fetchone()
+        else:
+            row = conn.execute(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND dedupe_key = ?",
+                (session_id, dedupe_key),
+            ).fetchone()
+        return SessionStore._message_dict(row)
+
+    def append_turn(
+        self,
+        session_id: str,
+        messages: list[Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+        response: Mapping[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Append a turn's messages and, with ``idempotency_key``, record its response.
+
+        One transaction: after a crash either the whole turn and its idempotency record are
+        there (a repeated request gets the stored response) or neither is (the repeat runs
+        the turn). Each message is a mapping with ``role`` and ``content`` and optionally
+        ``display_kind``, ``display_metadata``, ``dedupe_key``. Raises KeyError for an
+        unknown session; nothing is written then.
+        """
+        response_json = (
+            json.dumps(dict(response), ensure_ascii=False) if response is not None else None
+        )
+        now = time.time()
+        with self._write() as conn:
+            self._require_session(conn, session_id)
+            out = [self._insert_message(conn, session_id, m, now) for m in messages]
+            conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id))
+            if idempotency_key is not None:
+                self._store_idempotent(conn, idempotency_key, session_id, response_json, now)
+        return out
+
+    # ----------------------------------------------------------------- idempotency
+
+    @staticmethod
+    def _idem_dict(row: sqlite3.Row) -> dict[str, Any]:
+        return {
+            "key": row["key"],
+            "state": row["state"],
+            "owner": row["owner"],
+            "session_id": row["session_id"],
+            "response": json.loads(row["response"]) if row["response"] is not None else None,
+            "created_at": row["created_at"],
+            "updated_at": row["updated_at"],
+        }
+
+    @staticmethod
+    def _store_idempotent(
+        conn: sqlite3.Connection,
+        key: str,
+        session_id: str | None,
+        response_json: str | None,
+        now: float,
+    ) -> None:
+        conn.execute(
+            "INSERT INTO idempotency (key, state, owner, session_id, response, created_at,"
+            " updated_at) VALUES (?, 'done', NULL, ?, ?, ?, ?)"
+            " ON CONFLICT (key) DO UPDATE SET state = 'done', owner = NULL,"
+            " session_id = excluded.session_id, response = excluded.response,"
+            " updated_at = excluded.updated_at",
+            (key, session_id, response_json, now, now),
+        )
+
+    def get_idempotent(self, key: str) -> dict[str, Any] | None:
+        """``{"state": "running" | "done", "response", "session_id", "owner", ...}`` or None."""
+        with self._read() as conn:
+            row = conn.execute("SELECT * FROM idempotency WHERE key = ?", (key,)).fetchone()
+        return self._idem_dict(row) if row is not None else None
+
+    def claim_idempotent(
+        self,
+        key: str,
+        owner: str,
+        *,
+        session_id: str | None = None,
+        takeover: Callable[[str], bool] | None = None,
+    ) -> dict[str, Any]:
+        """Claim ``key`` for a first run, atomically.
+
+        Returns the row with ``"claimed": True`` when the caller now runs the request, or
+        the existing row with ``"claimed": False`` (state "done": replay its response;
+        "running": someone else runs it, wait). A "running" row whose owner
+        ``takeover(owner)`` declares gone (a crashed process) is taken over.
+        """
+        if not isinstance(key, str) or not key:
+            raise ValueError("an idempotency key must be a non-empty string")
+        now = time.time()
+        with self._write() as conn:
+            row = conn.execute("SELECT * FROM idempotency WHERE key = ?", (key,)).fetchone()
+            if row is not None and not (
+                row["state"] == "running"
+                and row["owner"] != owner
+                and takeover is not None
+                and takeover(row["owner"] or "")
+            ):
+                return {**self._idem_dict(row), "claimed": row["owner"] == owner}
+            conn.execute(
+                "INSERT INTO idempotency (key, state, owner, session_id, response, created_at,"
+                " updated_at) VALUES (?, 'running', ?, ?, NULL, ?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET state = 'running', owner = excluded.owner,"
+                " session_id = excluded.session_id, updated_at = excluded.updated_at",
+                (key, owner, session_id, now, now),
+            )
+            row = conn.execute("SELECT * FROM idempotency WHERE key = ?", (key,)).fetchone()
+        return {**self._idem_dict(row), "claimed": True}
+
+    def put_idempotent(
+        self, key: str, response: Mapping[str, Any], *, session_id: str | None = None
+    ) -> None:
+        """Record the response of ``key``: every repeat gets it from now on."""
+        response_json = json.dumps(dict(response), ensure_ascii=False)
+        with self._write() as conn:
+            self._store_idempotent(conn, key, session_id, response_json, time.time())
+
+    def release_idempotent(self, key: str, owner: str) -> bool:
+        """Forget a running claim (the request failed), so a repeat may run it again."""
+        with self._write() as conn:
+            cur = conn.execute(
+                "DELETE FROM idempotency WHERE key = ? AND state = 'running' AND owner = ?",
+                (key, owner),
+            )
+        return cur.rowcount > 0

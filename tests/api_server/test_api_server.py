@@ -1,0 +1,390 @@
+"""The API server driven by the official openai client on a real loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import openai
+import pytest
+
+from agent.markers import DELIVERY_MARKER
+from agent.providers.base import ProviderError
+from gateway.platforms.api_server import ApiServerAdapter, derive_session_id
+from gateway.session import SessionStore
+from gateway.wake import persist_delegation_delivery
+
+from ._support import KEY, client_for, running_adapter
+
+HEADER = "X-Hermes-Session-Id"
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    with SessionStore(tmp_path / "sessions.db") as s:
+        yield s
+
+
+def user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+async def new_session(port: int, key: str = KEY) -> str:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"http://127.0.0.1:{port}/api/sessions",
+            json={"title": "t"},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as resp,
+    ):
+        assert resp.status == 201
+        body = await resp.json()
+        assert resp.headers[HEADER] == body["id"]
+        return body["id"]
+
+
+async def get_json(port: int, path: str, key: str = KEY) -> tuple[int, dict]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(
+            f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {key}"}
+        ) as resp,
+    ):
+        return resp.status, await resp.json()
+
+
+async def test_plain_completion_and_derived_session(store) -> None:
+    async with running_adapter(store) as (adapter, _provider, _runner):
+        client = client_for(adapter.port)
+        raw = await client.chat.completions.with_raw_response.create(
+            model="reveille-demo", messages=user("hello there")
+        )
+        completion = raw.parse()
+        assert completion.object == "chat.completion"
+        assert completion.choices[0].message.role == "assistant"
+        assert "demo model" in completion.choices[0].message.content
+        assert completion.choices[0].finish_reason == "stop"
+        assert completion.usage.total_tokens > 0
+        session_id = raw.headers[HEADER]
+        assert session_id == derive_session_id(user("hello there"))
+        assert session_id.startswith("api_") and len(session_id) == 28
+        # Same conversation, same session: the transcript grows there.
+        await client.chat.completions.create(
+            model="x",
+            messages=[
+                *user("hello there"),
+                {"role": "assistant", "content": completion.choices[0].message.content},
+                *user("again"),
+            ],
+        )
+        status, body = await get_json(adapter.port, f"/api/sessions/{session_id}/messages")
+        assert status == 200
+        assert [m["role"] for m in body["data"]] == ["user", "assistant", "user", "assistant"]
+        assert body["data"][2]["content"] == "again"
+
+
+async def test_streamed_text_equals_non_streamed(store) -> None:
+    async with running_adapter(store) as (adapter, _provider, _runner):
+        client = client_for(adapter.port)
+        plain = await client.chat.completions.create(model="m", messages=user("stream me"))
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=user("stream me"),
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        pieces, roles, finishes, usage = [], [], [], None
+        async for chunk in stream:
+            assert chunk.object == "chat.completion.chunk"
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                if choice.delta.role:
+                    roles.append(choice.delta.role)
+                if choice.delta.content:
+                    pieces.append(choice.delta.content)
+                if choice.finish_reason:
+                    finishes.append(choice.finish_reason)
+        assert "".join(pieces) == plain.choices[0].message.content
+        assert len(pieces) > 1  # really streamed, word by word
+        assert roles == ["assistant"] and finishes == ["stop"]
+        assert usage is not None and usage.total_tokens > 0
+
+
+async def test_stream_wire_format_has_done_and_keepalives(store) -> None:
+    # A slow turn: keep-alive comments flow while it runs.
+    async with running_adapter(store, delay=0.35, keepalive_seconds=0.1) as (adapter, _p, _r):
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"http://127.0.0.1:{adapter.port}/v1/chat/completions",
+                json={"model": "m", "messages": user("hi"), "stream": True},
+                headers={"Authorization": f"Bearer {KEY}"},
+            ) as resp,
+        ):
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("text/event-stream")
+            assert resp.headers[HEADER].startswith("api_")
+            text = (await resp.read()).decode()
+        assert ": keep-alive" in text
+        assert text.rstrip().endswith("data: [DONE]")
+        events = [line[6:] for line in text.splitlines() if line.startswith("data: {")]
+        first, last = json.loads(events[0]), json.loads(events[-1])
+        assert first["choices"][0]["delta"]["role"] == "assistant"
+        assert last["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_models(store) -> None:
+    async with running_adapter(store) as (adapter, _provider, _runner):
+        client = client_for(adapter.port)
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["reveille-demo"]
+        model = await client.models.retrieve("reveille-demo")
+        assert model.id == "reveille-demo" and model.object == "model"
+        with pytest.raises(openai.NotFoundError):
+            await client.models.retrieve("gpt-nothing")
+        status, body = await get_json(adapter.port, "/health", key="wrong")
+        assert status == 200 and body["status"] == "ok"
+
+
+async def test_session_continuation_via_header(store) -> None:
+    async with running_adapter(store) as (adapter, provider, _runner):
+        client = client_for(adapter.port)
+        session_id = await new_session(adapter.port)
+        headers = {HEADER: session_id}
+        raw = await client.chat.completions.with_raw_response.create(
+            model="m", messages=user("my name is Ada"), extra_headers=headers
+        )
+        assert raw.headers[HEADER] == session_id
+        await client.chat.completions.create(
+            model="m", messages=user("what is my name?"), extra_headers=headers
+        )
+        # The second turn ran on the stored transcript plus the new message.
+        contents = [m["content"] for m in provider.contexts[-1]]
+        assert contents[0] == "my name is Ada" and contents[-1] == "what is my name?"
+        status, body = await get_json(adapter.port, f"/api/sessions/{session_id}/messages")
+        assert [m["content"] for m in body["data"] if m["role"] == "user"] == [
+            "my name is Ada",
+            "what is my name?",
+        ]
+        status, listed = await get_json(adapter.port, "/api/sessions")
+        assert session_id in [s["id"] for s in listed["data"]]
+        status, one = await get_json(adapter.port, f"/api/sessions/{session_id}")
+        assert status == 200 and one["session_key"].startswith("agent:main:api_server:")
+        async with (
+            aiohttp.ClientSession() as http,
+            http.delete(
+                f"http://127.0.0.1:{adapter.port}/api/sessions/{session_id}",
+                headers={"Authorization": f"Bearer {KEY}"},
+            ) as resp,
+        ):
+            assert resp.status == 200 and (await resp.json())["deleted"] is True
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(
+                model="m", messages=user("x"), extra_headers=headers
+            )
+
+
+async def test_error_statuses_map_to_openai_exceptions(store) -> None:
+    async with running_adapter(store, max_body_bytes=4096) as (adapter, _provider, _runner):
+        port = adapter.port
+        with pytest.raises(openai.AuthenticationError) as auth:
+            await client_for(port, key="wrong").chat.completions.create(
+                model="m", messages=user("x")
+            )
+        assert auth.value.code == "invalid_api_key"
+        client = client_for(port)
+        with pytest.raises(openai.BadRequestError) as bad:
+            await client.chat.completions.create(
+                model="m", messages=user("x"), extra_headers={HEADER: "bad id!"}
+            )
+        assert bad.value.code == "invalid_session_id"
+        with pytest.raises(openai.NotFoundError) as missing:
+            await client.chat.completions.create(
+                model="m", messages=user("x"), extra_headers={HEADER: "sess_unknown"}
+            )
+        assert missing.value.code == "session_not_found"
+        with pytest.raises(openai.APIStatusError) as large:
+            await client.chat.completions.create(model="m", messages=user("y" * 10_000))
+        assert large.value.status_code == 413
+        assert large.value.body["code"] == "request_too_large"
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(model="", messages=user("x"))
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(model="m", messages=[])
+
+    # No key configured: continuing a session is forbidden.
+    async with running_adapter(store, api_key="") as (adapter, _provider, _runner):
+        client = client_for(adapter.port, key=None)
+        ok = await client.chat.completions.create(model="m", messages=user("x"))
+        assert ok.choices[0].message.content
+        with pytest.raises(openai.PermissionDeniedError):
+            await client.chat.completions.create(
+                model="m", messages=user("x"), extra_headers={HEADER: "sess_abc"}
+            )
+
+
+async def test_malformed_bodies_use_the_openai_error_shape(store) -> None:
+    async with running_adapter(store) as (adapter, _provider, _runner):
+        url = f"http://127.0.0.1:{adapter.port}/v1/chat/completions"
+        auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+        cases = [
+            b"{not json",
+            b"[1, 2]",
+            json.dumps({"messages": user("x")}).encode(),
+            json.dumps({"model": "m"}).encode(),
+            json.dumps({"model": "m", "messages": [{"content": "no role"}]}).encode(),
+            json.dumps({"model": "m", "messages": user("x"), "stream": "yes"}).encode(),
+        ]
+        async with aiohttp.ClientSession() as http:
+            for body in cases:
+                async with http.post(url, data=body, headers=auth) as resp:
+                    assert resp.status == 400, body
+                    error = (await resp.json())["error"]
+                    assert set(error) == {"message", "type", "param", "code"}
+                    assert error["type"] == "invalid_request_error"
+            async with http.get(f"http://127.0.0.1:{adapter.port}/nope", headers=auth) as resp:
+                assert resp.status == 404
+                assert set((await resp.json())["error"]) == {"message", "type", "param", "code"}
+            async with http.post(url, data=b"{}") as resp:
+                assert resp.status == 401
+                assert (await resp.json())["error"]["code"] == "invalid_api_key"
+
+
+async def test_rate_limit_429_with_retry_after(store) -> None:
+    async with running_adapter(store, max_concurrent_runs=1, delay=0.3) as (adapter, _p, _r):
+        client = client_for(adapter.port)
+        first = asyncio.create_task(client.chat.completions.create(model="m", messages=user("a")))
+        await asyncio.sleep(0.1)
+        with pytest.raises(openai.RateLimitError) as limited:
+            await client.chat.completions.create(model="m", messages=user("b"))
+        assert limited.value.response.headers["Retry-After"] == "1"
+        assert (await first).choices[0].message.content
+
+
+async def test_fifty_clients_never_exceed_the_cap(store) -> None:
+    async with running_adapter(store, max_concurrent_runs=10, delay=0.2) as (adapter, _p, runner):
+        client = client_for(adapter.port)
+
+        async def one(i: int) -> str:
+            try:
+                await client.chat.completions.create(model="m", messages=user(f"client {i}"))
+            except openai.RateLimitError:
+                return "429"
+            return "ok"
+
+        outcomes = await asyncio.gather(*(one(i) for i in range(50)))
+        assert outcomes.count("429") > 0
+        assert outcomes.count("ok") >= 10
+        assert runner.max_running <= 10
+        assert runner.calls == outcomes.count("ok")
+        assert adapter.active_runs == 0
+
+
+async def test_repeated_idempotency_key_runs_one_turn(store) -> None:
+    async with running_adapter(store, delay=0.2) as (adapter, _provider, runner):
+        client = client_for(adapter.port)
+        headers = {"Idempotency-Key": "idem-1"}
+
+        async def call() -> str:
+            out = await client.chat.completions.create(
+                model="m", messages=user("only once"), extra_headers=headers
+            )
+            return out.id
+
+        ids = await asyncio.gather(call(), call(), call())  # concurrent repeats wait
+        ids.append(await call())  # a later repeat replays
+        stream = await client.chat.completions.create(
+            model="m", messages=user("only once"), extra_headers=headers, stream=True
+        )
+        streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert len(set(ids)) == 1
+        assert runner.calls == 1
+        session_id = derive_session_id(user("only once"))
+        _, body = await get_json(adapter.port, f"/api/sessions/{session_id}/messages")
+        assert [m["role"] for m in body["data"]] == ["user", "assistant"]
+        assert streamed == body["data"][1]["content"]
+        # A different key is a different request.
+        await client.chat.completions.create(
+            model="m", messages=user("only once"), extra_headers={"Idempotency-Key": "idem-2"}
+        )
+        assert runner.calls == 2
+
+
+async def test_idempotency_survives_a_new_server_on_the_same_store(store) -> None:
+    async with running_adapter(store) as (adapter, _provider, runner):
+        first = await client_for(adapter.port).chat.completions.create(
+            model="m", messages=user("hi"), extra_headers={"Idempotency-Key": "k"}
+        )
+    # A claim left "running" by a dead incarnation is taken over, a done one replayed.
+    store.claim_idempotent("stale", "999999999:deadbeef:1", session_id=None)
+    async with running_adapter(store) as (adapter, _provider, runner):
+        client = client_for(adapter.port)
+        again = await client.chat.completions.create(
+            model="m", messages=user("hi"), extra_headers={"Idempotency-Key": "k"}
+        )
+        assert again.id == first.id and runner.calls == 0
+        await client.chat.completions.create(
+            model="m", messages=user("hi"), extra_headers={"Idempotency-Key": "stale"}
+        )
+        assert runner.calls == 1
+
+
+async def test_delivery_rows_are_folded_once(store) -> None:
+    async with running_adapter(store) as (adapter, provider, _runner):
+        client = client_for(adapter.port)
+        session_id = await new_session(adapter.port)
+        evt = {
+            "type": "async_delegation",
+            "delegation_id": "deleg_feed",
+            "goal": "count the sheep",
+            "status": "completed",
+            "summary": "There are 42 sheep.",
+        }
+        await asyncio.to_thread(persist_delegation_delivery, store, session_id, evt)
+        await asyncio.to_thread(persist_delegation_delivery, store, session_id, evt)  # dedupe
+        headers = {HEADER: session_id}
+        reply = await client.chat.completions.create(
+            model="m", messages=user("anything new?"), extra_headers=headers
+        )
+        assert "42 sheep" in reply.choices[0].message.content
+        joined = "\n".join(m["content"] or "" for m in provider.contexts[-1])
+        assert joined.count("There are 42 sheep.") == 1
+        assert joined.count(DELIVERY_MARKER) == 1
+        await client.chat.completions.create(model="m", messages=user("ok"), extra_headers=headers)
+        system = "\n".join(m["content"] for m in provider.contexts[-1] if m["role"] == "system")
+        assert system.count("There are 42 sheep.") == 1  # kept in history, not folded again
+        assert store.take_unfolded_deliveries(session_id) == []
+
+
+async def test_provider_error_is_502(store) -> None:
+    async def failing(messages, ctx, on_delta):
+        raise ProviderError("upstream said no", status_code=500)
+
+    adapter = ApiServerAdapter(
+        store=store, turn_runner=failing, host="127.0.0.1", port=0, api_key=KEY
+    )
+    await adapter.start()
+    try:
+        with pytest.raises(openai.APIStatusError) as err:
+            await client_for(adapter.port).chat.completions.create(
+                model="m", messages=user("x"), extra_headers={"Idempotency-Key": "p"}
+            )
+        assert err.value.status_code == 502
+        assert err.value.body["type"] == "api_error"
+        # The failed request did not burn its idempotency key.
+        assert store.get_idempotent("p") is None
+        assert adapter.active_runs == 0
+    finally:
+        await adapter.stop()
+
+
+async def test_refuses_public_bind_without_key(store) -> None:
+    adapter = ApiServerAdapter(
+        store=store, turn_runner=lambda *a: None, host="0.0.0.0", port=0, api_key=""
+    )
+    with pytest.raises(RuntimeError, match="API_SERVER_KEY"):
+        await adapter.start()
