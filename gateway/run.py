@@ -1,0 +1,366 @@
+"""The gateway runner: the API server, the delivery ledger and the completion watcher.
+
+``GatewayRunner(settings)`` opens the session store and the ledger runtime, builds the
+model provider and the agent, starts the API server, re-offers every completion a previous
+run left undelivered, starts the ledger's re-offer scheduler and then watches
+``process_registry.completion_queue`` (event-driven: it awaits the queue, no poll
+interval).
+
+Each completion is routed to the session it came from — its ``origin_session_id``, else its
+``parent_session_id``, else the API session its ``session_key`` names; never to a session
+that merely exists now — then claimed, delivered and acknowledged only after the delivery
+was accepted:
+
+* a delegation result becomes a delivery row in the session transcript
+  (``persist_delegation_delivery``); the client's next turn folds it in;
+* any other completion (a background process) wakes the session with a new turn through
+  ``deliver_wake``'s self-POST, carrying the delivery id as its ``Idempotency-Key``.
+
+A refusal releases the claim: with ``retryable=True`` only when it was transient (429 after
+the retries, 503, the server restarting); a session that is gone drops the delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import tools.async_delegation as ad
+from agent import Agent, build_default_registry, build_provider
+from agent.providers.base import ModelProvider
+from gateway.platforms.api_server import ApiServerAdapter
+from gateway.session import SessionStore
+from gateway.wake import (
+    WakeDeliveryError,
+    deliver_wake,
+    format_wake_text,
+    persist_delegation_delivery,
+)
+from reveille.settings import Settings
+from tools.process_registry import process_registry
+
+__all__ = ["GatewayRunner"]
+
+logger = logging.getLogger(__name__)
+
+_API_SESSION_KEY_PREFIX = "agent:main:api_server:"
+# A session created this long after the work was dispatched cannot be the one that
+# dispatched it (clock jitter allowance).
+_ADOPTION_SLACK_SECONDS = 1.0
+
+
+def _accepts_keyword(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _event_id(evt: dict[str, Any]) -> str | None:
+    value = evt.get("delegation_id") or evt.get("delivery_id") or evt.get("process_id")
+    return value if isinstance(value, str) and value else None
+
+
+class GatewayRunner:
+    """Runs ``reveille serve``: adapters, ledger runtime and the completion watcher."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        provider: ModelProvider | None = None,
+        shutdown_grace_seconds: float = 10.0,
+    ) -> None:
+        self.settings = settings
+        self._provider_override = provider
+        self.provider: ModelProvider | None = None
+        self.store: SessionStore | None = None
+        self.adapter: ApiServerAdapter | None = None
+        self.runtime: Any = None
+        self.queue = process_registry.completion_queue
+        self.consumer = f"gateway-runner:{os.getpid()}"
+        self.restored = 0
+        self._owns_runtime = False
+        self._started_scheduler = False
+        self._watcher: asyncio.Task[None] | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._grace = shutdown_grace_seconds
+        self._stopping: asyncio.Event | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        s = self.settings
+        self.store = await asyncio.to_thread(SessionStore, s.sessions_path)
+        try:
+            await self._open_runtime()
+            self.provider = self._provider_override or build_provider(
+                kind=s.provider,
+                base_url=s.openai_base_url or None,
+                api_key=s.openai_api_key or None,
+                model=s.model,
+                demo_delay=s.demo_delay_seconds,
+            )
+            registry = build_default_registry(
+                self.provider,
+                shell_enabled=s.shell_enabled,
+                workdir=s.shell_workdir or None,
+                max_async_children=s.max_async_children,
+            )
+            self.adapter = ApiServerAdapter(
+                store=self.store,
+                agent=Agent(self.provider, registry),
+                host=s.host,
+                port=s.port,
+                api_key=s.api_key,
+                model_name=self.provider.name,
+                max_concurrent_runs=s.max_concurrent_runs,
+                max_body_bytes=s.max_body_bytes,
+            )
+            await self.adapter.start()
+            # The server listens first: restored wake-ups self-POST to it.
+            self.restored = await asyncio.to_thread(ad.restore_undelivered_completions, self.queue)
+            if self.restored:
+                logger.info("re-offering %d undelivered completion(s)", self.restored)
+            if getattr(self.runtime, "scheduler", None) is None:
+                await asyncio.to_thread(self.runtime.start_scheduler)
+                self._started_scheduler = True
+            self._watcher = asyncio.create_task(self._watch(), name="completion-watcher")
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _open_runtime(self) -> None:
+        # A runtime configured by the embedding program (tests, benchmarks) is used as is;
+        # otherwise this runner opens the one of the settings' state directory.
+        if getattr(ad, "_runtime", None) is None:
+            s = self.settings
+            self.runtime = await asyncio.to_thread(
+                ad.configure_runtime,
+                str(s.ledger_path),
+                policy=s.delivery_policy,
+                completion_queue=self.queue,
+                max_queued=s.max_queued_delegations,
+            )
+            self._owns_runtime = True
+        else:
+            self.runtime = ad.get_runtime()
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        if self._handlers:
+            # Deliveries in flight get a moment; a cancelled one keeps its ledger row
+            # pending (its claim lapses and it is offered again).
+            _, pending = await asyncio.wait(set(self._handlers), timeout=self._grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self.adapter is not None:
+            await self.adapter.stop(grace_seconds=self._grace)
+            self.adapter = None
+        if self.runtime is not None:
+            if self._owns_runtime:
+                await asyncio.to_thread(ad.reset_runtime)
+            elif self._started_scheduler and self.runtime.scheduler is not None:
+                scheduler, self.runtime.scheduler = self.runtime.scheduler, None
+                await asyncio.to_thread(scheduler.stop)
+            self.runtime = None
+        aclose = getattr(self.provider, "aclose", None)
+        if aclose is not None and self._provider_override is None:
+            with contextlib.suppress(Exception):
+                await aclose()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    async def run_forever(
+        self, *, on_started: Callable[[GatewayRunner], None] | None = None
+    ) -> None:
+        """Start, run until SIGINT/SIGTERM (or ``request_stop``), then stop cleanly."""
+        self._stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._stopping.set)
+                installed.append(sig)
+        try:
+            await self.start()
+            if on_started is not None:
+                on_started(self)
+            await self._stopping.wait()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            await self.stop()
+
+    def request_stop(self) -> None:
+        if self._stopping is not None:
+            self._stopping.set()
+
+    # ----------------------------------------------------------------- the watcher
+
+    async def _watch(self) -> None:
+        while True:
+            evt = await self.queue.get_async()
+            task = asyncio.create_task(self._handle_safely(evt))
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
+
+    async def _handle_safely(self, evt: Any) -> None:
+        try:
+            await self.handle_event(evt)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("could not handle completion event %r", _safe_id(evt))
+
+    async def handle_event(self, evt: dict[str, Any]) -> str:
+        """Route, claim, deliver and settle one completion; returns what happened."""
+        if not isinstance(evt, dict):
+            logger.error("ignoring a completion that is not a dict: %r", type(evt).__name__)
+            return "ignored"
+        route, session_id = await asyncio.to_thread(self._route, evt)
+        if route == "foreign":
+            # Another surface's session (web UI): its own consumer delivers it.
+            logger.debug("completion %s belongs to another surface", _event_id(evt))
+            return "foreign"
+
+        claim = await self._claim(evt)
+        if claim is None:
+            return "held"  # someone else holds it, or it is settled already
+        if route == "gone":
+            await self._drop(evt, claim, f"session {session_id} no longer exists")
+            return "dropped"
+        if route == "unknown" or session_id is None:
+            logger.warning(
+                "completion %s has no known origin session; released, not delivered elsewhere",
+                _event_id(evt),
+            )
+            await self._release(evt, claim, retryable=False)
+            return "released"
+
+        try:
+            await self._deliver(evt, session_id)
+        except KeyError:
+            await self._drop(evt, claim, f"session {session_id} was deleted")
+            return "dropped"
+        except WakeDeliveryError as exc:
+            if exc.status == 404:
+                await self._drop(evt, claim, f"session {session_id} was deleted")
+                return "dropped"
+            logger.warning("wake for %s not delivered: %s", _event_id(evt), exc)
+            await self._release(evt, claim, retryable=exc.transient)
+            return "released"
+        except asyncio.CancelledError:
+            # Shutting down: give the claim back without spending an attempt.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._release(evt, claim, retryable=True))
+            raise
+        except Exception:
+            logger.exception("delivery of %s failed", _event_id(evt))
+            await self._release(evt, claim, retryable=False)
+            return "released"
+        if not await self._complete(evt, claim):
+            logger.warning("completion %s was delivered but its claim had lapsed", _event_id(evt))
+        return "delivered"
+
+    def _route(self, evt: dict[str, Any]) -> tuple[str, str | None]:
+        """("session", id) | ("gone", id) | ("foreign", None) | ("unknown", None)."""
+        assert self.store is not None
+        for field in ("origin_session_id", "parent_session_id"):
+            session_id = evt.get(field)
+            if not isinstance(session_id, str) or not session_id:
+                continue
+            session = self.store.get_session(session_id)
+            if session is not None:
+                if self._adopted(session, evt):
+                    return "gone", session_id
+                return "session", session_id
+            if field == "origin_session_id":
+                return "gone", session_id
+        key = evt.get("session_key")
+        # A re-offered event only goes where it names explicitly; a key is looked up only
+        # for live events (the key of an API session embeds its id anyway).
+        if isinstance(key, str) and key and not evt.get("_restored"):
+            session = self.store.find_session_by_key(key)
+            if session is not None and not self._adopted(session, evt):
+                return "session", session["id"]
+            if key.startswith(_API_SESSION_KEY_PREFIX):
+                return "gone", key[len(_API_SESSION_KEY_PREFIX) :]
+        if evt.get("origin_ui_session_id"):
+            return "foreign", None
+        return "unknown", None
+
+    @staticmethod
+    def _adopted(session: dict[str, Any], evt: dict[str, Any]) -> bool:
+        """True when ``session`` was created after the work started: a new session that
+        reuses a dead one's id (derived ids repeat) must not adopt its results."""
+        dispatched = evt.get("dispatched_at")
+        if not isinstance(dispatched, int | float) or isinstance(dispatched, bool):
+            return False
+        return float(session["created_at"]) > float(dispatched) + _ADOPTION_SLACK_SECONDS
+
+    async def _deliver(self, evt: dict[str, Any], session_id: str) -> None:
+        assert self.store is not None and self.adapter is not None
+        text = format_wake_text(evt)
+        if evt.get("type") == ad.EVENT_TYPE:
+            await asyncio.to_thread(persist_delegation_delivery, self.store, session_id, evt, text)
+            return
+        await deliver_wake(
+            self.adapter,
+            text=text,
+            session_id=session_id,
+            idempotency_key=_event_id(evt),
+        )
+
+    # ----------------------------------------------------------------- the contract
+
+    async def _claim(self, evt: dict[str, Any]) -> str | None:
+        fn = getattr(ad, "aclaim_event_delivery", None)
+        if fn is not None:
+            return await fn(evt, self.consumer)
+        return await asyncio.to_thread(ad.claim_event_delivery, evt, self.consumer)
+
+    async def _complete(self, evt: dict[str, Any], claim: str) -> bool:
+        fn = getattr(ad, "acomplete_event_delivery", None)
+        if fn is not None:
+            return bool(await fn(evt, claim))
+        return bool(await asyncio.to_thread(ad.complete_event_delivery, evt, claim))
+
+    async def _release(self, evt: dict[str, Any], claim: str, *, retryable: bool) -> None:
+        try:
+            fn = getattr(ad, "arelease_event_delivery", None)
+            if fn is not None:
+                await fn(evt, claim, retryable=retryable)
+                return
+            release = ad.release_event_delivery
+            # Older cores have no ``retryable``: a plain release there.
+            if _accepts_keyword(release, "retryable"):
+                await asyncio.to_thread(release, evt, claim, retryable=retryable)
+            else:
+                await asyncio.to_thread(release, evt, claim)
+        except Exception:
+            logger.exception("could not release the claim on %s", _event_id(evt))
+
+    async def _drop(self, evt: dict[str, Any], claim: str, reason: str) -> None:
+        logger.info("dropping delivery of %s: %s", _event_id(evt), reason)
+        try:
+            await asyncio.to_thread(ad.drop_event_delivery, evt, claim or None, reason)
+        except Exception:
+            logger.exception("could not drop %s", _event_id(evt))
+
+
+def _safe_id(evt: Any) -> Any:
+    return _event_id(evt) if isinstance(evt, dict) else type(evt).__name__

@@ -1,0 +1,193 @@
+"""The gateway runner end to end: background work comes back to the session that started it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from agent.markers import DELIVERY_MARKER, WAKE_MARKER
+from agent.providers.demo import DemoModel
+from gateway.run import GatewayRunner
+from gateway.wake import DELEGATION_DISPLAY_KIND, WakeDeliveryError
+from reveille.settings import Settings
+from tools.async_delegation import (
+    configure_runtime,
+    get_durable_delegation,
+    get_runtime,
+    reset_runtime,
+)
+from tools.process_registry import process_registry
+
+from ._support import DEMO_DELAY, KEY, RecordingProvider, client_for, poll
+
+HEADER = "X-Hermes-Session-Id"
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch):
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    process_registry.completion_queue.drain()
+    rt = configure_runtime(str(tmp_path / "ledger.db"))
+    yield rt
+    reset_runtime()
+    process_registry.completion_queue.drain()
+
+
+@pytest.fixture
+async def gateway(tmp_path, runtime):
+    settings = Settings(
+        home=tmp_path,
+        port=0,
+        api_key=KEY,
+        demo_delay_seconds=DEMO_DELAY,
+        shell_enabled=True,
+        shell_workdir=str(tmp_path),
+    )
+    provider = RecordingProvider(DemoModel(delay_seconds=DEMO_DELAY))
+    runner = GatewayRunner(settings, provider=provider)
+    await runner.start()
+    try:
+        yield runner, provider
+    finally:
+        await runner.stop()
+
+
+async def messages(port: int, session_id: str) -> list[dict]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(
+            f"http://127.0.0.1:{port}/api/sessions/{session_id}/messages",
+            headers={"Authorization": f"Bearer {KEY}"},
+        ) as resp,
+    ):
+        assert resp.status == 200
+        return (await resp.json())["data"]
+
+
+def user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+async def test_background_delegation_comes_back_as_a_delivery_row(gateway) -> None:
+    runner, provider = gateway
+    port = runner.adapter.port
+    client = client_for(port)
+    started = time.monotonic()
+    raw = await client.chat.completions.with_raw_response.create(
+        model="reveille-demo", messages=user("in the background: summarise the Q3 report")
+    )
+    reply = raw.parse().choices[0].message.content
+    session_id = raw.headers[HEADER]
+    assert "Started in the background" in reply
+    assert time.monotonic() - started < 2  # the turn did not wait for the work
+
+    async def delivered() -> list[dict]:
+        rows = await messages(port, session_id)
+        return [r for r in rows if r["display_kind"] == DELEGATION_DISPLAY_KIND]
+
+    (row,) = await poll(delivered)
+    assert row["role"] == "system" and not row["folded"]
+    assert row["display_metadata"]["goal"] == "summarise the Q3 report"
+    assert row["display_metadata"]["tasks"] == 1 and row["display_metadata"]["completed"] == 1
+    assert row["content"].startswith(WAKE_MARKER)
+    deleg_id = row["display_metadata"]["delegation_id"]
+    await poll(lambda: get_durable_delegation(deleg_id)["delivery_state"] == "delivered")
+
+    follow = await client.chat.completions.create(
+        model="reveille-demo",
+        messages=user("any news?"),
+        extra_headers={HEADER: session_id},
+    )
+    context = provider.contexts[-1]
+    assert sum(DELIVERY_MARKER in (m["content"] or "") for m in context) == 1
+    result = "Done: summarise the Q3 report. (demo sub-agent result)"
+    assert "\n".join(m["content"] or "" for m in context).count(result) == 1
+    assert "summarise the Q3 report" in follow.choices[0].message.content
+    rows = await messages(port, session_id)
+    assert [r["folded"] for r in rows if r["display_kind"]] == [True]
+
+
+async def test_background_process_wakes_its_session_once(gateway) -> None:
+    runner, _provider = gateway
+    port = runner.adapter.port
+    client = client_for(port)
+    raw = await client.chat.completions.with_raw_response.create(
+        model="reveille-demo", messages=user("run in the background: echo hi")
+    )
+    session_id = raw.headers[HEADER]
+    assert "Started `echo hi` in the background" in raw.parse().choices[0].message.content
+
+    async def woken() -> list[dict]:
+        rows = await messages(port, session_id)
+        wakes = [r for r in rows if r["role"] == "user" and r["content"].startswith(WAKE_MARKER)]
+        return wakes if wakes and rows[-1]["role"] == "assistant" else []
+
+    (wake,) = await poll(woken)
+    assert "echo hi" in wake["content"] and "Exit code: 0" in wake["content"]
+    rows = await messages(port, session_id)
+    assert "Background work finished" in rows[-1]["content"]
+    proc_id = next(r for r in get_runtime().ledger.list(kind="process", limit=5))["id"]
+    await poll(lambda: get_durable_delegation(proc_id)["delivery_state"] == "delivered")
+    await asyncio.sleep(0.3)
+    rows = await messages(port, session_id)
+    assert sum(r["content"].startswith(WAKE_MARKER) for r in rows) == 1
+    assert len(rows) == 4  # the command turn and the wake turn
+
+
+async def test_routing_rules(gateway, runtime) -> None:
+    runner, _provider = gateway
+    store = runner.store
+    store.create_session("sess_live")
+    ledger = runtime.ledger
+
+    def pending(row_id: str, **event) -> dict:
+        evt = {"type": "completion", "delivery_id": row_id, "dispatched_at": time.time(), **event}
+        ledger.create(row_id, kind="process", state="running", request=evt, goal="x")
+        assert ledger.finish(row_id, expected="running", state="completed", event=evt)
+        return evt
+
+    # No origin at all: released (an attempt spent), not delivered anywhere.
+    evt = pending("proc_noorigin")
+    assert await runner.handle_event(evt) == "released"
+    row = get_durable_delegation("proc_noorigin")
+    assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 1
+
+    # The origin session is gone: dropped.
+    evt = pending("proc_gone", origin_session_id="sess_deleted")
+    assert await runner.handle_event(evt) == "dropped"
+    assert get_durable_delegation("proc_gone")["delivery_state"] == "dropped"
+
+    # A session created after the work started (same id reused) does not adopt it.
+    evt = pending("proc_adopt", origin_session_id="sess_late", dispatched_at=time.time() - 60)
+    store.create_session("sess_late")
+    assert await runner.handle_event(evt) == "dropped"
+
+    # Another surface's session: not claimed at all.
+    evt = pending("proc_ui", origin_ui_session_id="ui_1")
+    assert await runner.handle_event(evt) == "foreign"
+    assert get_durable_delegation("proc_ui")["delivery_attempts"] == 0
+
+
+async def test_transient_refusal_releases_retryable(gateway, runtime, monkeypatch) -> None:
+    runner, _provider = gateway
+    runner.store.create_session("sess_busy")
+    ledger = runtime.ledger
+    evt = {
+        "type": "completion",
+        "delivery_id": "proc_busy",
+        "origin_session_id": "sess_busy",
+        "dispatched_at": time.time(),
+    }
+    ledger.create("proc_busy", kind="process", state="running", request=evt, goal="x")
+    ledger.finish("proc_busy", expected="running", state="completed", event=evt)
+
+    async def busy(*args, **kwargs):
+        raise WakeDeliveryError("gave up: HTTP 429", transient=True, status=429)
+
+    monkeypatch.setattr("gateway.run.deliver_wake", busy)
+    assert await runner.handle_event(evt) == "released"
+    row = get_durable_delegation("proc_busy")
+    assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 0
