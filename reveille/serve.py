@@ -1,0 +1,405 @@
+"""`reveille serve` (API server + completion watcher) and `reveille chat` (a terminal client).
+
+`reveille serve [--host H] [--port P] [--config FILE]` runs the OpenAI-compatible API server
+with the embedded SQLite state under ``$REVEILLE_HOME`` (``~/.reveille``), the delivery
+ledger's re-offer scheduler and the completion watcher, until SIGINT/SIGTERM. It logs where
+it listens, which model answers (saying plainly when that is the offline demo model) and a
+copy-paste example.
+
+`reveille chat [--url URL] [--key KEY] [--session ID]` talks to a running server with the
+official ``openai`` client, shows the session id, streams replies, and while idle polls
+``GET /api/sessions/{id}/messages`` every 2 s so wake-ups and delivered background results
+show up as they arrive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+import urllib.error
+import urllib.request
+from typing import Any
+
+from reveille.settings import Settings, load_settings
+
+__all__ = ["ChatClient", "add_chat_parser", "add_serve_parser", "main"]
+
+logger = logging.getLogger("reveille.serve")
+
+DEFAULT_URL = "http://127.0.0.1:8642/v1"
+POLL_SECONDS = 2.0
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the OpenAI-compatible API server and deliver background results",
+        description=(
+            "Run the OpenAI-compatible API server (default http://127.0.0.1:8642/v1) with "
+            "the completion watcher. Settings come from $REVEILLE_HOME/config.toml (or "
+            "--config) and environment variables; API_SERVER_KEY sets the bearer key."
+        ),
+    )
+    parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default 8642; 0: any free)")
+    parser.add_argument("--config", metavar="FILE", help="settings file (TOML)")
+    parser.set_defaults(func=run_serve)
+    return parser
+
+
+def _display_host(host: str) -> str:
+    if host in ("", "0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def startup_banner(settings: Settings, *, port: int, model: str, restored: int) -> str:
+    """What `reveille serve` tells its user once it listens."""
+    url = f"http://{_display_host(settings.host)}:{port}/v1"
+    key = settings.api_key
+    lines = [f"Reveille is listening on http://{settings.host}:{port}/v1"]
+    lines.append(f"  state directory: {settings.home}")
+    if settings.provider == "demo":
+        lines.append(
+            f"  model: {model} -- the built-in OFFLINE DEMO model: scripted replies, not a "
+            "language model. Set REVEILLE_PROVIDER=openai with OPENAI_API_KEY (and "
+            "OPENAI_BASE_URL, REVEILLE_MODEL) to use a real one."
+        )
+        lines.append(
+            "  try: 'in the background: <goal>' (a sub-agent; the result comes back to the "
+            "session)"
+            + (
+                " or 'run in the background: <command>'"
+                if settings.shell_enabled
+                else " ('run in the background: <command>' needs REVEILLE_SHELL_ENABLED=1)"
+            )
+        )
+    else:
+        endpoint = settings.openai_base_url or "https://api.openai.com/v1"
+        lines.append(f"  model: {model} via {endpoint}")
+    lines.append(f"  shell tool: {'ENABLED' if settings.shell_enabled else 'off'}")
+    if key:
+        lines.append("  API key: required (Authorization: Bearer $API_SERVER_KEY)")
+    else:
+        lines.append(
+            "  API key: none -- loopback only; continuing a session by X-Hermes-Session-Id "
+            "is refused until API_SERVER_KEY is set"
+        )
+    if restored:
+        lines.append(f"  re-offering {restored} undelivered completion(s) from an earlier run")
+    shown_key = "$API_SERVER_KEY" if key else "unused"
+    py_key = 'os.environ["API_SERVER_KEY"]' if key else '"unused"'
+    lines += [
+        "",
+        "Talk to it:",
+        f"  reveille chat --url {url}" + (" --key $API_SERVER_KEY" if key else ""),
+        f"  curl -s {url}/chat/completions -H 'Content-Type: application/json' \\",
+        *([f'    -H "Authorization: Bearer {shown_key}" \\'] if key else []),
+        f'    -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "hello"}}]}}\'',
+        "  python -c 'import os; from openai import OpenAI; "
+        f'c = OpenAI(base_url="{url}", api_key={py_key}); '
+        f'print(c.chat.completions.create(model="{model}", '
+        'messages=[{"role": "user", "content": "hello"}]).choices[0].message.content)\'',
+    ]
+    return "\n".join(lines)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from gateway.run import GatewayRunner
+
+    settings = load_settings(
+        config_file=getattr(args, "config", None),
+        host=getattr(args, "host", None),
+        port=getattr(args, "port", None),
+    )
+    runner = GatewayRunner(settings)
+
+    def announce(started: GatewayRunner) -> None:
+        assert started.adapter is not None and started.provider is not None
+        logger.info(
+            "%s",
+            startup_banner(
+                settings,
+                port=started.adapter.port,
+                model=started.provider.name,
+                restored=started.restored,
+            ),
+        )
+
+    try:
+        asyncio.run(runner.run_forever(on_started=announce))
+    except OSError as exc:
+        print(
+            f"reveille serve: cannot listen on {settings.host}:{settings.port}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    except RuntimeError as exc:
+        print(f"reveille serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------- chat
+
+
+def add_chat_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "chat",
+        help="a small terminal client for a running `reveille serve`",
+        description=(
+            "Chat with a running Reveille server. Wake-ups and background results appear "
+            "while you are idle. Ctrl-D or /quit leaves."
+        ),
+    )
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("REVEILLE_URL") or DEFAULT_URL,
+        help=f"the server's /v1 URL (default $REVEILLE_URL or {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--key",
+        default=os.environ.get("API_SERVER_KEY") or None,
+        help="bearer key (default $API_SERVER_KEY)",
+    )
+    parser.add_argument("--session", help="continue this session id (needs a key)")
+    parser.add_argument("--model", default=None, help="model name to send (default: the server's)")
+    parser.set_defaults(func=run_chat)
+    return parser
+
+
+class ChatClient:
+    """The logic of `reveille chat`, without the terminal: easy to drive from tests.
+
+    With a key every turn sends only the new message and continues the session by
+    ``X-Hermes-Session-Id``. Without one the server refuses that header, so the client
+    resends the whole conversation and the server derives the same session id from it.
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        key: str | None = None,
+        session_id: str | None = None,
+        model: str | None = None,
+        timeout: float = 300.0,
+    ) -> None:
+        import openai
+
+        self.url = url.rstrip("/")
+        self.root = self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
+        self.key = key or None
+        self.session_id = session_id
+        self.history: list[dict[str, str]] = []
+        self.last_seen = 0
+        self._own_ids: set[int] = set()
+        self.client = openai.OpenAI(
+            base_url=self.url, api_key=self.key or "no-key", max_retries=2, timeout=timeout
+        )
+        self.model = model or self._server_model()
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[int, Any]:
+        """A small JSON request to the sessions API (stdlib only)."""
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.root + path, data=data, method=method)
+        if self.key:
+            request.add_header("Authorization", f"Bearer {self.key}")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            try:
+                return exc.code, json.loads(exc.read() or b"null")
+            except ValueError:
+                return exc.code, None
+
+    def _server_model(self) -> str:
+        try:
+            models = self.client.models.list()
+            if models.data:
+                return models.data[0].id
+        except Exception:  # the server may be old or busy; any name works
+            logger.debug("could not list models", exc_info=True)
+        return "reveille"
+
+    def open_session(self) -> str | None:
+        """Create (or check) the session when a key allows continuing it."""
+        if self.key is None:
+            if self.session_id:
+                raise SystemExit("reveille chat: --session needs a key (--key or API_SERVER_KEY)")
+            return None
+        if self.session_id:
+            status, body = self._request("GET", f"/api/sessions/{self.session_id}")
+            if status == 404:
+                raise SystemExit(f"reveille chat: session {self.session_id} does not exist")
+            if status != 200:
+                raise SystemExit(f"reveille chat: the server answered HTTP {status}: {body}")
+            # Start after what is already there.
+            self.last_seen = max((m["id"] for m in self._fetch(0)), default=0)
+        else:
+            status, body = self._request("POST", "/api/sessions", {"title": "reveille chat"})
+            if status not in (200, 201):
+                raise SystemExit(f"reveille chat: the server answered HTTP {status}: {body}")
+            self.session_id = body["id"]
+        return self.session_id
+
+    def send(self, text: str, on_delta: Any = None) -> str:
+        """One turn; streams pieces to ``on_delta``; returns the whole reply."""
+        extra_headers = {}
+        if self.key is not None and self.session_id:
+            extra_headers["X-Hermes-Session-Id"] = self.session_id
+            messages = [{"role": "user", "content": text}]
+        else:
+            messages = [*self.history, {"role": "user", "content": text}]
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=self.model, messages=messages, stream=True, extra_headers=extra_headers
+        )
+        self.session_id = raw.headers.get("X-Hermes-Session-Id") or self.session_id
+        pieces: list[str] = []
+        for chunk in raw.parse():
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    pieces.append(choice.delta.content)
+                    if on_delta is not None:
+                        on_delta(choice.delta.content)
+        reply = "".join(pieces)
+        self.history += [
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": reply},
+        ]
+        # Our own turn is already on screen: poll() skips it (and shows anything else).
+        fresh = self._fetch(self.last_seen)
+        for index in range(len(fresh) - 1, -1, -1):
+            if fresh[index]["role"] == "user" and fresh[index]["content"] == text:
+                self._own_ids.add(int(fresh[index]["id"]))
+                replies = [m for m in fresh[index + 1 :] if m["role"] == "assistant"]
+                if replies:
+                    self._own_ids.add(int(replies[0]["id"]))
+                break
+        return reply
+
+    def _fetch(self, after_id: int) -> list[dict[str, Any]]:
+        if not self.session_id:
+            return []
+        status, body = self._request(
+            "GET", f"/api/sessions/{self.session_id}/messages?after_id={int(after_id)}"
+        )
+        if status != 200 or not isinstance(body, dict):
+            return []
+        return list(body.get("data") or [])
+
+    def poll(self) -> list[str]:
+        """Printable lines for messages that arrived since the last look."""
+        out: list[str] = []
+        for message in self._fetch(self.last_seen):
+            self.last_seen = max(self.last_seen, int(message["id"]))
+            if int(message["id"]) in self._own_ids:
+                self._own_ids.discard(int(message["id"]))
+                continue
+            out.append(render_message(message))
+            if message["role"] == "assistant":
+                self.history.append({"role": "assistant", "content": message["content"]})
+        return out
+
+
+def render_message(message: dict[str, Any]) -> str:
+    content = str(message.get("content") or "")
+    if message.get("display_kind"):
+        meta = message.get("display_metadata") or {}
+        goal = meta.get("goal") or ", ".join(meta.get("goals") or []) or "background work"
+        return f"[background result: {goal} -- {meta.get('status', 'finished')}]\n{content}"
+    if message.get("role") == "user":
+        from agent.markers import WAKE_MARKER
+
+        if content.startswith(WAKE_MARKER):
+            first = content.splitlines()[0] if content else ""
+            return f"[wake-up] {first}"
+        return f"you (elsewhere): {content}"
+    return f"reveille: {content}"
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    chat = ChatClient(url=args.url, key=args.key, session_id=args.session, model=args.model)
+    try:
+        chat.open_session()
+        print(f"Connected to {chat.url} (model {chat.model}).")
+        if chat.session_id:
+            print(f"Session: {chat.session_id}")
+        else:
+            print(
+                "No key: the session id is derived from the conversation (shown after the "
+                "first reply); wake-ups of background processes need API_SERVER_KEY."
+            )
+        print("Type a message; /quit or Ctrl-D leaves.")
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def read_stdin() -> None:
+            while True:
+                try:
+                    line = input()
+                except EOFError:
+                    lines.put(None)
+                    return
+                lines.put(line)
+
+        threading.Thread(target=read_stdin, name="chat-stdin", daemon=True).start()
+        print("> ", end="", flush=True)
+        while True:
+            try:
+                line = lines.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                arrived = chat.poll()
+                if arrived:
+                    print("\r" + "\n".join(arrived) + "\n> ", end="", flush=True)
+                continue
+            if line is None or line.strip() in ("/quit", "/exit"):
+                print()
+                return 0
+            if not line.strip():
+                print("> ", end="", flush=True)
+                continue
+            known = chat.session_id
+            print("reveille: ", end="", flush=True)
+            try:
+                chat.send(line, on_delta=lambda piece: print(piece, end="", flush=True))
+            except Exception as exc:  # keep the session going after a refused turn
+                print(f"\n[error] {exc}", end="")
+            print()
+            if chat.session_id and chat.session_id != known:
+                print(f"(session {chat.session_id})")
+            print("> ", end="", flush=True)
+    finally:
+        chat.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m reveille.serve [serve|chat] ...`` without the full CLI."""
+    parser = argparse.ArgumentParser(prog="reveille")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_serve_parser(sub)
+    add_chat_parser(sub)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

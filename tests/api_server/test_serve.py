@@ -1,0 +1,252 @@
+"""`reveille serve` and `reveille chat` as real processes, including a SIGKILL between a
+delivery and its acknowledgement."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from agent.markers import WAKE_MARKER
+from gateway.wake import DELEGATION_DISPLAY_KIND
+from reveille.cli import build_parser
+from reveille.serve import ChatClient, startup_banner
+from reveille.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "serve-test-key"
+LISTEN = re.compile(r"listening on http://127\.0\.0\.1:(\d+)/v1")
+
+
+class Server:
+    """A `reveille serve` subprocess with its output collected line by line."""
+
+    def __init__(self, home: Path, *, hold_ack: bool = False, key: str | None = KEY) -> None:
+        env = {
+            **os.environ,
+            "REVEILLE_HOME": str(home),
+            "REVEILLE_DEMO_DELAY_SECONDS": "0.05",
+            "REVEILLE_SHELL_ENABLED": "1",
+            "REVEILLE_SHELL_WORKDIR": str(home),
+            "PYTHONUNBUFFERED": "1",
+            # The checkout first, whatever an (editable) install in the venv maps.
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        env.pop("API_SERVER_KEY", None)
+        env.pop("REVEILLE_CONFIG", None)
+        if key:
+            env["API_SERVER_KEY"] = key
+        if hold_ack:
+            env["REVEILLE_TEST_HOLD_ACK"] = "1"
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("_serve_proc.py")),
+                "serve",
+                "--port",
+                "0",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+        match = self.wait_for(LISTEN)
+        self.port = int(match.group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, pattern: re.Pattern[str], count: int = 1, timeout: float = 30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [m for line in list(self.lines) if (m := pattern.search(line))]
+            if len(found) >= count:
+                return found[count - 1]
+            if self.proc.poll() is not None and len(found) < count:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"{pattern.pattern!r} not seen; output:\n{''.join(self.lines)}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=30)
+
+
+def call(port: int, method: str, path: str, body=None, headers=None) -> tuple[int, dict, dict]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode() if body is not None else None,
+        method=method,
+        headers={
+            "Authorization": f"Bearer {KEY}",
+            "Content-Type": "application/json",
+            **(headers or {}),
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read())
+
+
+def chat(port: int, message: str, session_id: str | None = None) -> tuple[str, str]:
+    headers = {"X-Hermes-Session-Id": session_id} if session_id else {}
+    body = {"model": "m", "messages": [{"role": "user", "content": message}]}
+    status, resp_headers, data = call(port, "POST", "/v1/chat/completions", body, headers)
+    assert status == 200, data
+    return resp_headers["X-Hermes-Session-Id"], data["choices"][0]["message"]["content"]
+
+
+def transcript(port: int, session_id: str) -> list[dict]:
+    status, _, data = call(port, "GET", f"/api/sessions/{session_id}/messages")
+    assert status == 200
+    return data["data"]
+
+
+def wait_until(check, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def test_cli_registers_serve_and_chat() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--host", "127.0.0.1", "--port", "9000", "--config", "x"])
+    assert (args.host, args.port, args.config) == ("127.0.0.1", 9000, "x")
+    args = parser.parse_args(["chat", "--url", "http://h:1/v1", "--key", "k", "--session", "s"])
+    assert (args.url, args.key, args.session) == ("http://h:1/v1", "k", "s")
+    assert callable(args.func)
+
+
+def test_banner_says_plainly_when_the_model_is_the_demo(tmp_path) -> None:
+    banner = startup_banner(Settings(home=tmp_path), port=8642, model="reveille-demo", restored=2)
+    assert "listening on http://127.0.0.1:8642/v1" in banner
+    assert "OFFLINE DEMO model" in banner and "not a language model" in banner
+    assert "curl -s http://127.0.0.1:8642/v1/chat/completions" in banner
+    assert "re-offering 2" in banner
+    real = startup_banner(
+        Settings(home=tmp_path, provider="openai", model="gpt-x", api_key="k", openai_api_key="sk"),
+        port=1,
+        model="gpt-x",
+        restored=0,
+    )
+    assert "DEMO" not in real and "gpt-x" in real and "Bearer" in real
+
+
+def test_serve_and_chat_client(tmp_path) -> None:
+    server = Server(tmp_path)
+    try:
+        assert "OFFLINE DEMO" in "".join(server.lines)
+        client = ChatClient(url=server.url + "/v1", key=KEY)
+        try:
+            session_id = client.open_session()
+            assert session_id and session_id.startswith("sess_")
+            pieces: list[str] = []
+            reply = client.send("in the background: water the plants", on_delta=pieces.append)
+            assert "Started in the background" in reply and "".join(pieces) == reply
+            arrived = wait_until(client.poll)
+            assert any("[background result: water the plants" in line for line in arrived)
+            assert client.poll() == []
+            reply = client.send("run in the background: echo chat-wake")
+            assert "Started `echo chat-wake`" in reply
+            arrived = wait_until(client.poll)
+            assert any(line.startswith("[wake-up]") for line in arrived)
+        finally:
+            client.close()
+        assert server.stop() == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+
+
+def test_sigkill_between_delivery_and_ack_delivers_exactly_once(tmp_path) -> None:
+    first = Server(tmp_path, hold_ack=True)
+    try:
+        deleg_session, reply = chat(first.port, "in the background: count the stars")
+        assert "Started in the background" in reply
+        proc_session, reply = chat(first.port, "run in the background: echo survived")
+        assert "Started `echo survived`" in reply
+        # Both completions were delivered (a delivery row; a wake turn) but not acknowledged.
+        first.wait_for(re.compile(r"HOLDING-ACK (deleg_\w+|proc_\w+)"), count=2)
+        assert (
+            len(
+                wait_until(
+                    lambda: [
+                        m for m in transcript(first.port, proc_session) if m["role"] == "assistant"
+                    ][1:]
+                )
+            )
+            == 1
+        )
+    finally:
+        first.stop(signal.SIGKILL)
+
+    second = Server(tmp_path)
+    try:
+        assert "re-offering 2 undelivered completion(s)" in "".join(second.lines)
+
+        def settled() -> bool:
+            from delivery.ledger import Ledger
+            from delivery.sqlite_backend import SqliteBackend
+
+            backend = SqliteBackend(tmp_path / "ledger.db")
+            try:
+                rows = Ledger(backend).list(limit=10)
+            finally:
+                backend.close()
+            return bool(rows) and all(r["delivery_state"] == "delivered" for r in rows)
+
+        wait_until(settled)
+        rows = transcript(second.port, deleg_session)
+        assert len([m for m in rows if m["display_kind"] == DELEGATION_DISPLAY_KIND]) == 1
+        rows = transcript(second.port, proc_session)
+        wakes = [m for m in rows if m["role"] == "user" and m["content"].startswith(WAKE_MARKER)]
+        assert len(wakes) == 1
+        assert "echo survived" in wakes[0]["content"]
+        assert [m["role"] for m in rows] == ["user", "assistant", "user", "assistant"]
+        # The delegation result is folded into the next turn once.
+        _, reply = chat(second.port, "what happened?", session_id=deleg_session)
+        assert reply.count("Background work finished: count the stars") == 1
+        assert second.stop() == 0
+    finally:
+        if second.proc.poll() is None:
+            second.proc.kill()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0"])
+def test_serve_refuses_public_bind_without_key(tmp_path, host) -> None:
+    env = {**os.environ, "REVEILLE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env.pop("API_SERVER_KEY", None)
+    out = subprocess.run(
+        [sys.executable, "-m", "reveille.cli", "serve", "--host", host, "--port", "0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert "API_SERVER_KEY" in out.stderr
