@@ -47,6 +47,7 @@ class ReofferScheduler:
         # Pokes from this process (an earlier due time was written) ...
         self._wake_r, self._wake_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._wake_w.setblocking(False)
+        self._wake_r.setblocking(False)  # _wait drains it until EAGAIN
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         # ... and from other processes on this host (an operator's `redeliver`).
