@@ -539,6 +539,8 @@ class ApiServerAdapter(BasePlatformAdapter):
             raise
         self._turn_tasks.add(task)
         task.add_done_callback(self._turn_tasks.discard)
+        # The client may be gone by the time the turn fails; the error is logged, not lost.
+        task.add_done_callback(_note_unawaited_failure)
         if deltas is None:
             completion = await asyncio.shield(task)
             return web.json_response(completion, headers={SESSION_HEADER: session_id})
@@ -669,12 +671,13 @@ class ApiServerAdapter(BasePlatformAdapter):
     ) -> list[dict[str, Any]]:
         """The model's context: request system prompt, stored transcript, the new message.
 
-        Delivery rows are folded here: ``take_unfolded_deliveries`` marks them, and folded
-        rows appear in the history at their place, consecutive ones merged into one system
-        message tagged ``[reveille:delivery]``. Rows that arrive after the take wait for the
-        next turn, so each row enters the context of the turn after its arrival, once.
+        Delivery rows are folded here: the rows ``take_unfolded_deliveries`` hands this turn
+        go into one system message tagged ``[reveille:delivery]`` right before the new user
+        message; rows folded by earlier turns stay in the history at their place (each once,
+        consecutive ones merged). Rows that arrive after the take wait for the next turn.
         """
-        self.store.take_unfolded_deliveries(session_id)
+        taken = self.store.take_unfolded_deliveries(session_id)
+        taken_ids = {row["id"] for row in taken}
         history = self.store.messages(session_id)
         context: list[dict[str, Any]] = [
             {"role": "system", "content": _text(m)}
@@ -682,19 +685,19 @@ class ApiServerAdapter(BasePlatformAdapter):
             if m["role"] in ("system", "developer") and _text(m)
         ]
         if history:
-            pending_deliveries: list[str] = []
+            earlier: list[str] = []
 
             def flush() -> None:
-                if pending_deliveries:
-                    context.append(
-                        {"role": "system", "content": delivery_context_text(pending_deliveries)}
-                    )
-                    pending_deliveries.clear()
+                if earlier:
+                    context.append({"role": "system", "content": delivery_context_text(earlier)})
+                    earlier.clear()
 
             for row in history:
                 if row["display_kind"] is not None:
-                    if row["folded"]:
-                        pending_deliveries.append(row["content"])
+                    # Folded by an earlier turn: history, in its place. Taken just now
+                    # (or not yet foldable): not here.
+                    if row["folded"] and row["id"] not in taken_ids:
+                        earlier.append(row["content"])
                     continue
                 flush()
                 context.append({"role": row["role"], "content": row["content"]})
@@ -706,6 +709,15 @@ class ApiServerAdapter(BasePlatformAdapter):
                 {"role": m["role"], "content": _text(m)}
                 for m in request_messages[:last]
                 if m["role"] in ("user", "assistant")
+            )
+        if taken:
+            # What arrived since the last turn, right before the new message: this turn is
+            # the one that tells the model about it.
+            context.append(
+                {
+                    "role": "system",
+                    "content": delivery_context_text([row["content"] for row in taken]),
+                }
             )
         context.append({"role": "user", "content": _text(user_message)})
         return context
@@ -971,6 +983,14 @@ class ApiServerAdapter(BasePlatformAdapter):
             {"object": "list", "session_id": session_id, "data": rows},
             headers={SESSION_HEADER: session_id},
         )
+
+
+def _note_unawaited_failure(task: asyncio.Task[Any]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()  # marks it retrieved
+    if exc is not None and not isinstance(exc, ApiError):
+        logger.debug("turn task failed: %r", exc)
 
 
 def completion_text(completion: dict[str, Any]) -> str:

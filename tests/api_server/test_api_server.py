@@ -388,3 +388,35 @@ async def test_refuses_public_bind_without_key(store) -> None:
     )
     with pytest.raises(RuntimeError, match="API_SERVER_KEY"):
         await adapter.start()
+
+
+async def test_delivery_arriving_during_a_turn_is_told_by_the_next_turn(store) -> None:
+    async with running_adapter(store) as (adapter, provider, runner):
+        client = client_for(adapter.port)
+        session_id = await new_session(adapter.port)
+        inner = runner.inner
+        evt = {
+            "type": "async_delegation",
+            "delegation_id": "deleg_mid",
+            "goal": "paint the fence",
+            "status": "completed",
+            "summary": "The fence is green.",
+        }
+
+        async def arriving_mid_turn(messages, ctx, on_delta):
+            await asyncio.to_thread(persist_delegation_delivery, store, session_id, evt)
+            return await inner(messages, ctx, on_delta)
+
+        runner.inner = arriving_mid_turn
+        headers = {HEADER: session_id}
+        first = await client.chat.completions.create(
+            model="m", messages=user("hello"), extra_headers=headers
+        )
+        assert "fence" not in first.choices[0].message.content  # arrived after the take
+        runner.inner = inner
+        second = await client.chat.completions.create(
+            model="m", messages=user("and now?"), extra_headers=headers
+        )
+        context = provider.contexts[-1]
+        assert DELIVERY_MARKER in context[-2]["content"] and context[-1]["content"] == "and now?"
+        assert "The fence is green." in second.choices[0].message.content

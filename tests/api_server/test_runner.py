@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import aiohttp
+import openai
 import pytest
 
 from agent.markers import DELIVERY_MARKER, WAKE_MARKER
@@ -191,3 +192,34 @@ async def test_transient_refusal_releases_retryable(gateway, runtime, monkeypatc
     assert await runner.handle_event(evt) == "released"
     row = get_durable_delegation("proc_busy")
     assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 0
+
+
+async def test_keyless_server_still_wakes_its_sessions(tmp_path, runtime) -> None:
+    # No API key configured: outside clients cannot continue sessions by header, but the
+    # server's own wake self-POST (with its internal key) can.
+    settings = Settings(
+        home=tmp_path, port=0, api_key="", shell_enabled=True, shell_workdir=str(tmp_path)
+    )
+    runner = GatewayRunner(settings, provider=DemoModel(delay_seconds=DEMO_DELAY))
+    await runner.start()
+    try:
+        port = runner.adapter.port
+        client = client_for(port, key=None)
+        raw = await client.chat.completions.with_raw_response.create(
+            model="m", messages=user("run in the background: echo keyless")
+        )
+        session_id = raw.headers[HEADER]
+
+        async def woken() -> bool:
+            rows = await messages(port, session_id)
+            return any(r["content"].startswith(WAKE_MARKER) for r in rows) and (
+                rows[-1]["role"] == "assistant"
+            )
+
+        await poll(woken)
+        with pytest.raises(openai.PermissionDeniedError):
+            await client.chat.completions.create(
+                model="m", messages=user("x"), extra_headers={HEADER: session_id}
+            )
+    finally:
+        await runner.stop()
