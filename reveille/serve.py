@@ -319,22 +319,73 @@ class ChatClient:
 
 
 def render_message(message: dict[str, Any]) -> str:
+    """One compact line (or a few) for a transcript message that arrived while idle."""
+    from agent.markers import WAKE_MARKER
+    from agent.providers.demo_summaries import summarise_completion_text
+
     content = str(message.get("content") or "")
     if message.get("display_kind"):
-        meta = message.get("display_metadata") or {}
-        goal = meta.get("goal") or ", ".join(meta.get("goals") or []) or "background work"
-        return f"[background result: {goal} -- {meta.get('status', 'finished')}]\n{content}"
+        summaries = summarise_completion_text(content) or [content.splitlines()[0]]
+        return "\n".join(f"[background result] {line}" for line in summaries)
     if message.get("role") == "user":
-        from agent.markers import WAKE_MARKER
-
         if content.startswith(WAKE_MARKER):
-            first = content.splitlines()[0] if content else ""
-            return f"[wake-up] {first}"
+            summaries = summarise_completion_text(content) or [content.splitlines()[0]]
+            return "\n".join(f"[wake-up] {line}" for line in summaries)
         return f"you (elsewhere): {content}"
     return f"reveille: {content}"
 
 
+class _LineReader:
+    """Lines from stdin with a timeout: select() on the raw descriptor where it can wait on
+    one (lines are split here, so none sits unseen in a buffer), a reader thread elsewhere."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[str | None] | None = None
+        self._buffer = b""
+        self._eof = False
+        self._fd = -1
+        try:
+            self._fd = sys.stdin.fileno()
+        except (OSError, ValueError, AttributeError):
+            self._fd = -1
+        if self._fd < 0 or os.name == "nt":
+            self._queue = queue.Queue()
+            threading.Thread(target=self._pump, name="chat-stdin", daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self._queue is not None
+        for line in sys.stdin:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def get(self, timeout: float) -> str | None:
+        """The next line, None at end of input; raises queue.Empty after ``timeout``."""
+        if self._queue is not None:
+            return self._queue.get(timeout=timeout)
+        import select
+
+        while b"\n" not in self._buffer and not self._eof:
+            ready, _, _ = select.select([self._fd], [], [], timeout)
+            if not ready:
+                raise queue.Empty
+            chunk = os.read(self._fd, 4096)
+            if chunk:
+                self._buffer += chunk
+            else:
+                self._eof = True
+        if b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            return line.decode("utf-8", errors="replace") + "\n"
+        if self._buffer:
+            line, self._buffer = self._buffer, b""
+            return line.decode("utf-8", errors="replace")
+        return None
+
+
 def run_chat(args: argparse.Namespace) -> int:
+    # The HTTP client logs every request at INFO: noise in a chat window.
+    for name in ("httpx", "httpx2", "openai", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     chat = ChatClient(url=args.url, key=args.key, session_id=args.session, model=args.model)
     try:
         chat.open_session()
@@ -344,30 +395,21 @@ def run_chat(args: argparse.Namespace) -> int:
         else:
             print(
                 "No key: the session id is derived from the conversation (shown after the "
-                "first reply); wake-ups of background processes need API_SERVER_KEY."
+                "first reply)."
             )
         print("Type a message; /quit or Ctrl-D leaves.")
-        lines: queue.Queue[str | None] = queue.Queue()
-
-        def read_stdin() -> None:
-            while True:
-                try:
-                    line = input()
-                except EOFError:
-                    lines.put(None)
-                    return
-                lines.put(line)
-
-        threading.Thread(target=read_stdin, name="chat-stdin", daemon=True).start()
+        reader = _LineReader()
         print("> ", end="", flush=True)
         while True:
             try:
-                line = lines.get(timeout=POLL_SECONDS)
+                line = reader.get(POLL_SECONDS)
             except queue.Empty:
                 arrived = chat.poll()
                 if arrived:
                     print("\r" + "\n".join(arrived) + "\n> ", end="", flush=True)
                 continue
+            if line is not None:
+                line = line.rstrip("\n")
             if line is None or line.strip() in ("/quit", "/exit"):
                 print()
                 return 0

@@ -15,7 +15,7 @@ from gateway.platforms.api_server import ApiServerAdapter, derive_session_id
 from gateway.session import SessionStore
 from gateway.wake import persist_delegation_delivery
 
-from ._support import KEY, client_for, running_adapter
+from ._support import KEY, client_for, poll, running_adapter
 
 HEADER = "X-Hermes-Session-Id"
 
@@ -420,3 +420,22 @@ async def test_delivery_arriving_during_a_turn_is_told_by_the_next_turn(store) -
         context = provider.contexts[-1]
         assert DELIVERY_MARKER in context[-2]["content"] and context[-1]["content"] == "and now?"
         assert "The fence is green." in second.choices[0].message.content
+
+
+async def test_turn_survives_a_client_that_hangs_up(store) -> None:
+    async with running_adapter(store, delay=0.3) as (adapter, _provider, runner):
+        url = f"http://127.0.0.1:{adapter.port}/v1/chat/completions"
+        body = {"model": "m", "messages": user("finish without me"), "stream": True}
+        async with aiohttp.ClientSession() as http:
+            resp = await http.post(url, json=body, headers={"Authorization": f"Bearer {KEY}"})
+            assert resp.status == 200
+            await resp.content.readline()  # the role chunk, then hang up
+            resp.close()
+        session_id = derive_session_id(user("finish without me"))
+
+        async def stored() -> bool:
+            _, data = await get_json(adapter.port, f"/api/sessions/{session_id}/messages")
+            return [m["role"] for m in data["data"]] == ["user", "assistant"]
+
+        await poll(stored)
+        assert runner.calls == 1 and adapter.active_runs == 0
