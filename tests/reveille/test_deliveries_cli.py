@@ -1,0 +1,136 @@
+"""`reveille deliveries`: the operator's commands, run as a user would (a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from delivery.ledger import Ledger
+from delivery.sqlite_backend import SqliteBackend
+
+
+def reveille(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "REVEILLE_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "reveille.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A state directory with three finished delegations: delivered, pending, pending."""
+    ledger = Ledger(SqliteBackend(tmp_path / "ledger.db"))
+    for i, goal in enumerate(["write the report", "check the <b>links</b>", "tidy up"]):
+        row_id = f"deleg_{i:04d}"
+        ledger.create(
+            row_id,
+            kind="delegation",
+            state="running",
+            goal=goal,
+            session_key="agent:main:telegram:dm:42",
+            request={"type": "async_delegation", "delegation_id": row_id},
+        )
+        ledger.finish(
+            row_id,
+            expected="running",
+            state="completed",
+            event={
+                "type": "async_delegation",
+                "delegation_id": row_id,
+                "goal": goal,
+                "status": "completed",
+                "summary": f"done {i}",
+            },
+        )
+    token = ledger.claim("deleg_0000", "test")
+    assert token
+    ledger.complete("deleg_0000", token)
+    ledger.backend.close()
+    return tmp_path
+
+
+def test_list_is_a_readable_table_with_filters(home: Path) -> None:
+    out = reveille(home, "deliveries", "list")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:4] == ["ID", "KIND", "STATE", "DELIVERY"]
+    assert len(lines) == 4
+    pending = reveille(home, "deliveries", "list", "--delivery-state", "pending", "--json")
+    ids = {json.loads(line)["id"] for line in pending.stdout.splitlines()}
+    assert ids == {"deleg_0001", "deleg_0002"}
+    other = reveille(home, "deliveries", "list", "--session", "someone-else")
+    assert "no rows match" in other.stdout
+
+
+def test_show_prints_the_event_and_history(home: Path) -> None:
+    out = reveille(home, "deliveries", "show", "deleg_0001")
+    assert out.returncode == 0, out.stderr
+    assert "check the <b>links</b>" in out.stdout
+    assert '"summary": "done 1"' in out.stdout
+
+
+def test_drop_then_redeliver_gives_a_fresh_budget_and_is_recorded(home: Path) -> None:
+    dropped = reveille(home, "deliveries", "drop", "deleg_0001", "--reason", "user reset")
+    assert dropped.returncode == 0, dropped.stderr
+    again = reveille(home, "deliveries", "redeliver", "deleg_0001")
+    assert again.returncode == 0, again.stderr
+    ledger = Ledger(SqliteBackend(home / "ledger.db"))
+    row = ledger.get("deleg_0001")
+    assert row is not None
+    assert (row["delivery_state"], row["delivery_attempts"]) == ("pending", 0)
+    actions = [h["action"] for h in ledger.history("deleg_0001")]
+    assert actions == ["drop", "redeliver"]
+    ledger.backend.close()
+    shown = reveille(home, "deliveries", "show", "deleg_0001")
+    assert "user reset" in shown.stdout and "redeliver" in shown.stdout
+
+
+def _snapshot(home: Path) -> list[tuple[dict, list]]:
+    ledger = Ledger(SqliteBackend(home / "ledger.db"))
+    try:
+        return [(row, ledger.history(row["id"])) for row in ledger.list(limit=100)]
+    finally:
+        ledger.backend.close()
+
+
+def test_operator_errors_are_clear_and_change_nothing(home: Path) -> None:
+    before = _snapshot(home)
+    unknown = reveille(home, "deliveries", "show", "deleg_nope")
+    assert unknown.returncode == 1 and "no ledger row 'deleg_nope'" in unknown.stderr
+    delivered = reveille(home, "deliveries", "redeliver", "deleg_0000")
+    assert delivered.returncode == 1
+    assert "only a dropped row can be redelivered" in delivered.stderr
+    settled = reveille(home, "deliveries", "drop", "deleg_0000")
+    assert settled.returncode == 1 and "not pending" in settled.stderr
+    assert reveille(home, "deliveries", "list", "--state", "bogus").returncode == 2
+    assert _snapshot(home) == before
+
+
+def test_a_missing_ledger_is_reported_not_created(tmp_path: Path) -> None:
+    out = reveille(tmp_path / "fresh", "deliveries", "list")
+    assert out.returncode == 0
+    assert "no ledger at" in out.stdout
+    assert not (tmp_path / "fresh" / "ledger.db").exists()
+
+
+def test_bad_settings_name_the_variable(tmp_path: Path) -> None:
+    env_home = tmp_path
+    env = {**os.environ, "REVEILLE_HOME": str(env_home), "REVEILLE_MAX_ATTEMPTS": "many"}
+    out = subprocess.run(
+        [sys.executable, "-m", "reveille.cli", "deliveries", "list"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "$REVEILLE_MAX_ATTEMPTS" in out.stderr

@@ -1,0 +1,55 @@
+"""Settings: defaults < TOML file < environment < flags, and clear errors for bad values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reveille.settings import SettingsError, load_settings
+
+
+def test_defaults_are_loopback_demo_and_shell_off(tmp_path: Path) -> None:
+    s = load_settings({"REVEILLE_HOME": str(tmp_path)})
+    assert (s.host, s.port, s.provider, s.shell_enabled) == ("127.0.0.1", 8642, "demo", False)
+    assert s.ledger_path == tmp_path / "ledger.db"
+    assert s.delivery_policy.max_attempts == 8
+    assert s.delivery_policy.lease_seconds == 300
+
+
+def test_file_then_environment_then_overrides(tmp_path: Path) -> None:
+    (tmp_path / "config.toml").write_text(
+        '[server]\nport = 9000\napi_key = "from-file"\n[shell]\nenabled = true\n'
+        "[delivery]\nmax_attempts = 3\n"
+    )
+    s = load_settings({"REVEILLE_HOME": str(tmp_path), "REVEILLE_PORT": "9100"})
+    assert (s.port, s.api_key, s.shell_enabled, s.max_attempts) == (9100, "from-file", True, 3)
+    s = load_settings({"REVEILLE_HOME": str(tmp_path)}, port=9200)
+    assert s.port == 9200
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"REVEILLE_PORT": "eighty"}, "$REVEILLE_PORT"),
+        ({"REVEILLE_PORT": "70000"}, "port"),
+        ({"REVEILLE_SHELL_ENABLED": "perhaps"}, "expected true or false"),
+        ({"REVEILLE_PROVIDER": "magic"}, "provider"),
+        ({"REVEILLE_LEASE_SECONDS": "0"}, "lease_seconds"),
+        ({"REVEILLE_CONFIG": "/nonexistent/reveille.toml"}, "does not exist"),
+    ],
+)
+def test_bad_values_are_refused_with_the_reason(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(SettingsError, match=message.replace("$", r"\$")):
+        load_settings({"REVEILLE_HOME": str(tmp_path), **env})
+
+
+def test_bad_toml_and_unknown_keys_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.toml").write_text("[server\nport = 1")
+    with pytest.raises(SettingsError, match="not valid TOML"):
+        load_settings({"REVEILLE_HOME": str(tmp_path)})
+    (tmp_path / "config.toml").write_text("[server]\nprot = 1\n")
+    with pytest.raises(SettingsError, match=r"unknown setting \[server\] prot"):
+        load_settings({"REVEILLE_HOME": str(tmp_path)})
