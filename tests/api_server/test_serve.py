@@ -25,7 +25,7 @@ from reveille.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "serve-test-key"
-LISTEN = re.compile(r"listening on http://127\.0\.0\.1:(\d+)/v1")
+LISTEN = re.compile(r"Reveille is listening on http://127\.0\.0\.1:(\d+)/v1")
 
 
 class Server:
@@ -159,7 +159,7 @@ def test_banner_says_plainly_when_the_model_is_the_demo(tmp_path) -> None:
 def test_serve_and_chat_client(tmp_path) -> None:
     server = Server(tmp_path)
     try:
-        assert "OFFLINE DEMO" in "".join(server.lines)
+        server.wait_for(re.compile("OFFLINE DEMO"))
         client = ChatClient(url=server.url + "/v1", key=KEY)
         try:
             session_id = client.open_session()
@@ -168,7 +168,10 @@ def test_serve_and_chat_client(tmp_path) -> None:
             reply = client.send("in the background: water the plants", on_delta=pieces.append)
             assert "Started in the background" in reply and "".join(pieces) == reply
             arrived = wait_until(client.poll)
-            assert any("[background result: water the plants" in line for line in arrived)
+            assert any(
+                line.startswith("[background result] Background work finished: water the plants")
+                for line in arrived
+            )
             assert client.poll() == []
             reply = client.send("run in the background: echo chat-wake")
             assert "Started `echo chat-wake`" in reply
@@ -206,7 +209,7 @@ def test_sigkill_between_delivery_and_ack_delivers_exactly_once(tmp_path) -> Non
 
     second = Server(tmp_path)
     try:
-        assert "re-offering 2 undelivered completion(s)" in "".join(second.lines)
+        second.wait_for(re.compile(r"re-offering 2 undelivered completion\(s\)"))
 
         def settled() -> bool:
             from delivery.ledger import Ledger
