@@ -213,7 +213,15 @@ class GatewayRunner:
 
     async def _watch(self) -> None:
         while True:
-            evt = await self.queue.get_async()
+            try:
+                evt = await self.queue.get_async()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Never let the watcher die: the events stay durable in the ledger anyway.
+                logger.exception("completion queue failed; retrying")
+                await asyncio.sleep(0.5)
+                continue
             task = asyncio.create_task(self._handle_safely(evt))
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)
