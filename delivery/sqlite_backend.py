@@ -17,7 +17,6 @@ import contextlib
 import json
 import logging
 import os
-import queue
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from delivery.errors import (
     LedgerUnavailable,
     NotALedgerError,
 )
+from delivery.sqlite_writer import GroupCommitWriter
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -107,7 +107,6 @@ _PREDICATES: dict[type, str] = {
 }
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM deliveries"
-_STOP = object()
 
 
 def _decode(row: sqlite3.Row | tuple | None) -> dict[str, Any] | None:
@@ -118,46 +117,6 @@ def _decode(row: sqlite3.Row | tuple | None) -> dict[str, Any] | None:
         if out[col] is not None:
             out[col] = json.loads(out[col])
     return out
-
-
-class _LoopWaiter:
-    """An operation awaited by a coroutine on ``loop``."""
-
-    __slots__ = ("fut", "loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> None:
-        self.loop = loop
-        self.fut = fut
-
-
-def _still_wanted(waiter: Future[Any] | _LoopWaiter) -> bool:
-    if isinstance(waiter, _LoopWaiter):
-        return not waiter.fut.cancelled()
-    return waiter.set_running_or_notify_cancel()
-
-
-def _settle_on_loop(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
-    for fut, ok, value in items:
-        if fut.done():
-            continue  # cancelled meanwhile; the write itself stands
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
-
-
-def _resolve(outcomes: list[tuple[Future[Any] | _LoopWaiter, bool, Any]]) -> None:
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
-    for waiter, ok, value in outcomes:
-        if isinstance(waiter, _LoopWaiter):
-            by_loop.setdefault(waiter.loop, []).append((waiter.fut, ok, value))
-        elif ok:
-            waiter.set_result(value)
-        else:
-            waiter.set_exception(value)
-    for loop, items in by_loop.items():
-        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody awaits any more
-            loop.call_soon_threadsafe(_settle_on_loop, items)
 
 
 def _params(values: dict[str, Any], cols: tuple[str, ...]) -> list[Any]:
@@ -177,7 +136,6 @@ class _SqliteTx:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
-        self.dirty = False  # did the running operation change anything yet
         # UPDATE statements by shape, so the hot path formats no SQL.
         self._update_sql: dict[tuple, str] = {}
         self._select_sql: dict[tuple[str, ...], str] = {}
@@ -211,7 +169,6 @@ class _SqliteTx:
             )
         try:
             self._conn.execute(sql, _params(row, cols))
-            self.dirty = True
         except sqlite3.IntegrityError as exc:
             raise DuplicateDeliveryError(f"a ledger row with id {row['id']!r} exists") from exc
 
@@ -239,16 +196,13 @@ class _SqliteTx:
                 params.append(value.value)
             elif value is not None and kind is not IsSet:
                 params.append(value)
-        changed = self._conn.execute(sql, params).rowcount == 1
-        self.dirty = self.dirty or changed
-        return changed
+        return self._conn.execute(sql, params).rowcount == 1
 
     def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
         self._conn.execute(
             "INSERT INTO delivery_audit (delivery_id, at, action, detail) VALUES (?, ?, ?, ?)",
             (row_id, at, action, detail),
         )
-        self.dirty = True
 
 
 class SqliteBackend:
@@ -267,18 +221,16 @@ class SqliteBackend:
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
-        self._commits = 0
-        self._ops = 0
         self._closed = False
         self._prepare_file()
-        self._inode = os.stat(self.path).st_ino
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        ready: Future[None] = Future()
-        self._writer = threading.Thread(
-            target=self._writer_main, args=(ready,), name="ledger-writer", daemon=True
+        self._writer: GroupCommitWriter[_SqliteTx] = GroupCommitWriter(
+            self.path,
+            self._open_writer,
+            context=_SqliteTx,
+            unavailable=LedgerUnavailable,
+            name="ledger-writer",
+            max_batch=max_batch,
         )
-        self._writer.start()
-        ready.result()  # surfaces schema/permission errors to the caller of the constructor
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -335,6 +287,15 @@ class SqliteBackend:
                 f"understands ({SCHEMA_VERSION}); upgrade Reveille"
             )
 
+    def _open_writer(self) -> sqlite3.Connection:
+        conn = self._connect(check_owner=True)
+        try:
+            self._ensure_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
         # One transaction, so two processes opening a new file at once cannot interleave.
         conn.executescript(
@@ -342,127 +303,16 @@ class SqliteBackend:
             f"PRAGMA user_version = {SCHEMA_VERSION};COMMIT;"
         )
 
-    # -- the writer ------------------------------------------------------------------------
-
-    def _writer_main(self, ready: Future[None]) -> None:
-        try:
-            conn = self._connect(check_owner=True)
-            self._ensure_schema(conn)
-        except BaseException as exc:
-            ready.set_exception(exc)
-            return
-        ready.set_result(None)
-        tx = _SqliteTx(conn)
-        stopping = False
-        while not stopping:
-            first = self._queue.get()
-            if first is _STOP:
-                break
-            batch = [first]
-            while len(batch) < self._max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    stopping = True
-                    break
-                batch.append(item)
-            self._commit_batch(conn, tx, batch)
-        conn.close()
-
-    def _file_is_ours(self) -> bool:
-        try:
-            return os.stat(self.path).st_ino == self._inode
-        except OSError:
-            return False
-
-    def _commit_batch(
-        self, conn: sqlite3.Connection, tx: _SqliteTx, batch: list[tuple[Callable, Future]]
-    ) -> None:
-        live = [(op, waiter) for op, waiter in batch if _still_wanted(waiter)]
-        if not live:
-            return
-        if not self._file_is_ours():
-            err = LedgerUnavailable(
-                f"the ledger file {self.path} was removed or replaced; refusing to write into "
-                "a file nobody can read again"
-            )
-            _resolve([(waiter, False, err) for _, waiter in live])
-            return
-        try:
-            # Fast path: no savepoints. Only if an operation fails after it wrote something
-            # is the batch rolled back and run again with a savepoint around each operation.
-            outcomes = self._run_batch(conn, tx, live, isolate=False)
-            if outcomes is None:
-                outcomes = self._run_batch(conn, tx, live, isolate=True)
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    log.exception("rollback after a failed ledger commit failed")
-            err = LedgerUnavailable(f"ledger write failed, nothing was written: {exc}")
-            _resolve([(waiter, False, err) for _, waiter in live])
-            return
-        self._commits += 1
-        self._ops += len(live)
-        _resolve(outcomes)
-
-    @staticmethod
-    def _run_batch(
-        conn: sqlite3.Connection,
-        tx: _SqliteTx,
-        live: list[tuple[Callable, Future]],
-        *,
-        isolate: bool,
-    ) -> list[tuple[Future, bool, Any]] | None:
-        """Run every operation in one open transaction; None means "run again isolated"."""
-        outcomes: list[tuple[Future, bool, Any]] = []
-        conn.execute("BEGIN IMMEDIATE")
-        for op, fut in live:
-            tx.dirty = False
-            if isolate:
-                conn.execute("SAVEPOINT op")
-            try:
-                result = op(tx)
-            except Exception as exc:  # the operation fails alone; its siblings still commit
-                if isolate:
-                    conn.execute("ROLLBACK TO op")
-                    conn.execute("RELEASE op")
-                elif tx.dirty:
-                    conn.execute("ROLLBACK")
-                    return None
-                outcomes.append((fut, False, exc))
-            else:
-                if isolate:
-                    conn.execute("RELEASE op")
-                outcomes.append((fut, True, result))
-        return outcomes
+    # -- writes ---------------------------------------------------------------------------
 
     def submit(self, op: Callable[[Any], T]) -> Future[T]:
-        if self._closed:
-            raise LedgerUnavailable("the ledger is closed")
-        fut: Future[T] = Future()
-        self._queue.put((op, fut))
-        return fut
+        return self._writer.submit(op)
 
     def submit_async(self, op: Callable[[Any], T]) -> asyncio.Future[T]:
-        """Like ``submit``, for a coroutine: await the result on the running loop.
-
-        The writer wakes each loop once per commit for all of its operations, instead of
-        once per operation as ``asyncio.wrap_future`` would.
-        """
-        if self._closed:
-            raise LedgerUnavailable("the ledger is closed")
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
-        self._queue.put((op, _LoopWaiter(loop, fut)))
-        return fut
+        return self._writer.submit_async(op)
 
     def write(self, op: Callable[[Any], T]) -> T:
-        return self.submit(op).result()
+        return self._writer.submit(op).result()
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -571,14 +421,13 @@ class SqliteBackend:
             raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
 
     def stats(self) -> dict[str, int]:
-        return {"commits": self._commits, "operations": self._ops}
+        return {"commits": self._writer.commits, "operations": self._writer.operations}
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._queue.put(_STOP)
-        self._writer.join(timeout=10)
+        self._writer.close()
         with self._readers_lock:
             for conn in self._readers:
                 with contextlib.suppress(sqlite3.Error):

@@ -53,6 +53,7 @@ class _Slots:
 
     running: dict[str, _Unit] = field(default_factory=dict)
     waiting: collections.deque[tuple[_Unit, int]] = field(default_factory=collections.deque)
+    joining: int = 0  # FIFO places reserved while their rows are being written
 
 
 class _WorkerPool:
@@ -120,18 +121,21 @@ class DelegationRuntime:
             raise ValueError("max_async_children must be at least 1")
         with self._lock:
             start_now = len(self._slots.running) < cap
-            if not start_now and len(self._slots.waiting) >= self.max_queued:
+            waiting = len(self._slots.waiting) + self._slots.joining
+            if not start_now and waiting >= self.max_queued:
                 return _rejected(
                     unit.delegation_id,
                     f"{len(self._slots.running)} background tasks are running and "
-                    f"{len(self._slots.waiting)} are waiting (the limit); try again later",
+                    f"{waiting} are waiting (the limit); try again later",
                 )
-            # Reserve the slot or the FIFO place before the write, so that concurrent
-            # dispatches cannot overshoot the cap while their rows are being written.
+            # Reserve the slot, or a place in the FIFO, before the write, so that concurrent
+            # dispatches cannot overshoot the cap while their rows are being written. A
+            # waiting unit joins the FIFO only once its row exists: a slot freed meanwhile
+            # must not try to start a row that is not there yet.
             if start_now:
                 self._slots.running[unit.delegation_id] = unit
             else:
-                self._slots.waiting.append((unit, cap))
+                self._slots.joining += 1
         req = unit.request
         try:
             self.ledger.create(
@@ -146,14 +150,20 @@ class DelegationRuntime:
             )
         except (LedgerError, OSError) as exc:
             with self._lock:
-                self._slots.running.pop(unit.delegation_id, None)
-                self._remove_waiting(unit.delegation_id)
+                if start_now:
+                    self._slots.running.pop(unit.delegation_id, None)
+                else:
+                    self._slots.joining -= 1
             if start_now:
                 self._fill_slots()
             return _rejected(unit.delegation_id, f"could not record the task durably: {exc}")
         if start_now:
             self._pool.submit(lambda: self._run(unit))
             return {"status": "dispatched", "delegation_id": unit.delegation_id}
+        with self._lock:
+            self._slots.joining -= 1
+            self._slots.waiting.append((unit, cap))
+        self._fill_slots()  # a slot may have freed while the row was being written
         return {"status": "queued", "delegation_id": unit.delegation_id}
 
     def _remove_waiting(self, delegation_id: str) -> _Unit | None:

@@ -402,9 +402,11 @@ class ApiServerAdapter(BasePlatformAdapter):
                 param=SESSION_HEADER,
             )
 
-    def _create_api_session(self, session_id: str, title: str | None = None) -> dict[str, Any]:
+    async def _create_api_session(
+        self, session_id: str, title: str | None = None
+    ) -> dict[str, Any]:
         source = SessionSource(platform=Platform.API_SERVER, chat_id=session_id)
-        return self.store.create_session(session_id, source=source, title=title)
+        return await self.store.acreate_session(session_id, source=source, title=title)
 
     def _session_key(self, session_id: str) -> str:
         return build_session_key(SessionSource(platform=Platform.API_SERVER, chat_id=session_id))
@@ -497,7 +499,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         messages, options = self._validate_chat(body)
         if session_id is None:
             session_id = derive_session_id(messages)
-            await asyncio.to_thread(self._create_api_session, session_id)
+            await self._create_api_session(session_id)
             request[_SESSION_KEY] = session_id
 
         idem_key = request.headers.get(IDEMPOTENCY_HEADER)
@@ -596,9 +598,7 @@ class ApiServerAdapter(BasePlatformAdapter):
     ) -> dict[str, Any]:
         try:
             user_message = next(m for m in reversed(request_messages) if m["role"] == "user")
-            context = await asyncio.to_thread(
-                self._build_context, session_id, request_messages, user_message
-            )
+            context = await self._build_context(session_id, request_messages, user_message)
             ctx = ToolContext(
                 session_id=session_id,
                 session_key=self._session_key(session_id),
@@ -625,8 +625,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                 user_row["dedupe_key"] = f"idem:{idem_key}:user"
                 reply_row["dedupe_key"] = f"idem:{idem_key}:assistant"
             try:
-                await asyncio.to_thread(
-                    self.store.append_turn,
+                await self.store.aappend_turn(
                     session_id,
                     [user_row, reply_row],
                     idempotency_key=idem_key,
@@ -663,7 +662,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         except Exception:
             logger.exception("could not release idempotency key %r", key)
 
-    def _build_context(
+    async def _build_context(
         self,
         session_id: str,
         request_messages: list[dict[str, Any]],
@@ -676,9 +675,9 @@ class ApiServerAdapter(BasePlatformAdapter):
         message; rows folded by earlier turns stay in the history at their place (each once,
         consecutive ones merged). Rows that arrive after the take wait for the next turn.
         """
-        taken = self.store.take_unfolded_deliveries(session_id)
+        taken = await self.store.atake_unfolded_deliveries(session_id)
         taken_ids = {row["id"] for row in taken}
-        history = self.store.messages(session_id)
+        history = await asyncio.to_thread(self.store.messages, session_id)
         context: list[dict[str, Any]] = [
             {"role": "system", "content": _text(m)}
             for m in request_messages
@@ -945,7 +944,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                 code="invalid_session_id",
             )
         existing = await asyncio.to_thread(self.store.get_session, session_id)
-        session = existing or await asyncio.to_thread(self._create_api_session, session_id, title)
+        session = existing or await self._create_api_session(session_id, title)
         request[_SESSION_KEY] = session_id
         return web.json_response(
             session, status=200 if existing else 201, headers={SESSION_HEADER: session_id}

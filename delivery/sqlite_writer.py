@@ -1,0 +1,229 @@
+"""Group commit for SQLite: one writer thread commits all waiting operations together.
+
+Used by the ledger and by the session store. Callers hand in an operation (a function of
+the writer's context, usually its connection); the writer takes every operation that is
+waiting, runs them in one ``BEGIN IMMEDIATE`` transaction and commits once, so concurrent
+operations share one fsync of the log instead of paying one each. An operation that raises
+fails alone: if it had already changed rows, the batch is rolled back and run again with a
+savepoint around each operation. Waiters are threads (``submit``/``write``) or coroutines
+(``submit_async``); each event loop is woken once per commit, not once per operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+C = TypeVar("C")
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class _LoopWaiter:
+    """An operation awaited by a coroutine on ``loop``."""
+
+    __slots__ = ("fut", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> None:
+        self.loop = loop
+        self.fut = fut
+
+
+Waiter = Future[Any] | _LoopWaiter
+Outcome = tuple[Waiter, bool, Any]
+
+
+def _still_wanted(waiter: Waiter) -> bool:
+    if isinstance(waiter, _LoopWaiter):
+        return not waiter.fut.cancelled()
+    return waiter.set_running_or_notify_cancel()
+
+
+def _settle_on_loop(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    for fut, ok, value in items:
+        if fut.done():
+            continue  # cancelled meanwhile; the write itself stands
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+
+def _resolve(outcomes: list[Outcome]) -> None:
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+    for waiter, ok, value in outcomes:
+        if isinstance(waiter, _LoopWaiter):
+            by_loop.setdefault(waiter.loop, []).append((waiter.fut, ok, value))
+        elif ok:
+            waiter.set_result(value)
+        else:
+            waiter.set_exception(value)
+    for loop, items in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits any more
+            loop.call_soon_threadsafe(_settle_on_loop, items)
+
+
+class GroupCommitWriter(Generic[C]):
+    """The one writer of a SQLite file in this process.
+
+    ``open`` runs on the writer thread and returns its connection (errors reach the
+    constructor's caller); ``context`` turns it into what operations receive; ``unavailable``
+    builds the exception callers get when nothing could be written.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        open: Callable[[], sqlite3.Connection],
+        *,
+        context: Callable[[sqlite3.Connection], C],
+        unavailable: Callable[[str], Exception],
+        name: str = "sqlite-writer",
+        max_batch: int = 1024,
+    ) -> None:
+        self.path = path
+        self._context = context
+        self._unavailable = unavailable
+        self._max_batch = max_batch
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+        self.commits = 0
+        self.operations = 0
+        ready: Future[None] = Future()
+        self._thread = threading.Thread(
+            target=self._main, args=(open, ready), name=name, daemon=True
+        )
+        self._thread.start()
+        ready.result()
+        self._inode = os.stat(path).st_ino
+
+    # -- callers --------------------------------------------------------------------------
+
+    def submit(self, op: Callable[[C], T]) -> Future[T]:
+        """Queue ``op`` for the next commit; the future resolves once it is durable."""
+        if self._closed:
+            raise self._unavailable(f"{self.path} is closed")
+        fut: Future[T] = Future()
+        self._queue.put((op, fut))
+        return fut
+
+    def submit_async(self, op: Callable[[C], T]) -> asyncio.Future[T]:
+        """Like ``submit``, awaited on the running loop without a thread hop."""
+        if self._closed:
+            raise self._unavailable(f"{self.path} is closed")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._queue.put((op, _LoopWaiter(loop, fut)))
+        return fut
+
+    def write(self, op: Callable[[C], T]) -> T:
+        return self.submit(op).result()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout=10)
+
+    # -- the writer thread ----------------------------------------------------------------
+
+    def _main(self, open: Callable[[], sqlite3.Connection], ready: Future[None]) -> None:
+        try:
+            conn = open()
+        except BaseException as exc:
+            ready.set_exception(exc)
+            return
+        ready.set_result(None)
+        context = self._context(conn)
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is _STOP:
+                break
+            batch = [first]
+            while len(batch) < self._max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stopping = True
+                    break
+                batch.append(item)
+            self._commit(conn, context, batch)
+        conn.close()
+
+    def _file_is_ours(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino == self._inode
+        except OSError:
+            return False
+
+    def _commit(
+        self, conn: sqlite3.Connection, context: C, batch: list[tuple[Any, Waiter]]
+    ) -> None:
+        live = [(op, waiter) for op, waiter in batch if _still_wanted(waiter)]
+        if not live:
+            return
+        if not self._file_is_ours():
+            err = self._unavailable(
+                f"{self.path} was removed or replaced; refusing to write into a file nobody "
+                "can read again"
+            )
+            _resolve([(waiter, False, err) for _, waiter in live])
+            return
+        try:
+            outcomes = self._run(conn, context, live, isolate=False)
+            if outcomes is None:
+                outcomes = self._run(conn, context, live, isolate=True)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    log.exception("rollback after a failed commit of %s failed", self.path)
+            err = self._unavailable(f"write to {self.path} failed, nothing was written: {exc}")
+            _resolve([(waiter, False, err) for _, waiter in live])
+            return
+        self.commits += 1
+        self.operations += len(live)
+        _resolve(outcomes)
+
+    @staticmethod
+    def _run(
+        conn: sqlite3.Connection, context: Any, live: list[tuple[Any, Waiter]], *, isolate: bool
+    ) -> list[Outcome] | None:
+        """Run every operation in one open transaction; None means "run again isolated"."""
+        outcomes: list[Outcome] = []
+        conn.execute("BEGIN IMMEDIATE")
+        for op, waiter in live:
+            if isolate:
+                conn.execute("SAVEPOINT op")
+            changes_before = conn.total_changes
+            try:
+                result = op(context)
+            except Exception as exc:  # the operation fails alone; its siblings still commit
+                if isolate:
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                elif conn.total_changes != changes_before:
+                    conn.execute("ROLLBACK")
+                    return None
+                outcomes.append((waiter, False, exc))
+            else:
+                if isolate:
+                    conn.execute("RELEASE op")
+                outcomes.append((waiter, True, result))
+        return outcomes
