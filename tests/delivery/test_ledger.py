@@ -1,0 +1,1088 @@
+"""Unit tests of the delivery ledger (delivery.ledger over delivery.sqlite_backend).
+
+Time moves through a fake clock (``Ledger(..., clock=...)``), never by sleeping, except in
+the re-offer scheduler tests at the end, which check real wake-up times.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from delivery.errors import (
+    ClaimMismatchError,
+    DuplicateDeliveryError,
+    InvalidTransitionError,
+    LedgerError,
+    LedgerUnavailable,
+    NotALedgerError,
+    UnknownDeliveryError,
+)
+from delivery.identity import (
+    ProcessIdentity,
+    current_identity,
+    holder_is_dead,
+    process_start_ticks,
+)
+from delivery.ledger import Ledger
+from delivery.policy import DeliveryPolicy
+from delivery.reoffer import ReofferScheduler, poke_schedulers
+from delivery.sqlite_backend import SqliteBackend
+from delivery.states import TERMINAL_STATES, State, can_transition
+from tests.delivery._support import (
+    REMOTE_IDENTITY,
+    FakeClock,
+    delegation_event,
+    exited_identity,
+    finished_row,
+    identity_of,
+    start_idle_child,
+)
+
+LEASE = 300.0
+HOURS_48 = 48 * 3600.0
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "ledger.db"
+
+
+@pytest.fixture
+def backend(db_path: Path) -> Iterator[SqliteBackend]:
+    b = SqliteBackend(db_path)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def ledger(backend: SqliteBackend, clock: FakeClock) -> Ledger:
+    return Ledger(backend, clock=clock)
+
+
+def snapshot(ledger: Ledger, row_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """Everything a write could have touched for one row: the row and its audit trail."""
+    return ledger.get(row_id), ledger.history(row_id)
+
+
+def _request(row_id: str) -> dict[str, Any]:
+    """The request a dispatch stores with its row (what tools.async_delegation writes)."""
+    return {"type": "async_delegation", "delegation_id": row_id, "goal": f"goal of {row_id}"}
+
+
+def release_to(ledger: Ledger, clock: FakeClock, row_id: str, *, retryable: bool) -> str:
+    """Wait out any backoff, claim, release; returns the state after the release."""
+    row = ledger.get(row_id)
+    assert row is not None
+    clock.set(max(clock(), row["next_attempt_at"]))
+    token = ledger.claim(row_id, "consumer")
+    assert token, f"{row_id} should be claimable at {clock()}: {row}"
+    return ledger.release(row_id, token, retryable=retryable)
+
+
+# -- claim / complete / release ---------------------------------------------------------------
+
+
+class TestClaimCompleteRelease:
+    def test_new_row_is_pending_without_event_and_cannot_be_claimed(self, ledger: Ledger) -> None:
+        row = ledger.create("r1", kind="delegation", session_key="s")
+        assert row["state"] == "queued" and row["delivery_state"] == "pending"
+        stored = ledger.get("r1")
+        assert stored is not None
+        assert stored["event"] is None and stored["owner"] == ledger.identity
+        assert ledger.claim("r1", "c") is None  # nothing to deliver yet
+        assert ledger.get("r1")["delivery_attempts"] == 0  # type: ignore[index]
+
+    def test_claim_counts_an_attempt_and_takes_a_300s_lease(
+        self, ledger: Ledger, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "r1")
+        token = ledger.claim("r1", "webui")
+        assert isinstance(token, str) and token
+        row = ledger.get("r1")
+        assert row is not None
+        assert row["delivery_attempts"] == 1
+        assert row["claim_token"] == token and row["claim_consumer"] == "webui"
+        assert row["claimed_at"] == clock()
+        assert row["claim_expires_at"] == clock() + LEASE
+        assert row["holder"] == ledger.identity
+
+    def test_second_claim_during_live_lease_gets_none_and_counts_nothing(
+        self, ledger: Ledger, backend: SqliteBackend, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "r1")
+        other = Ledger(backend, clock=clock, identity=REMOTE_IDENTITY)
+        assert ledger.claim("r1", "a")
+        before = snapshot(ledger, "r1")
+        assert ledger.claim("r1", "b") is None
+        assert other.claim("r1", "c") is None
+        assert snapshot(ledger, "r1") == before
+
+    def test_complete_needs_the_matching_claim_and_settles_once(
+        self, ledger: Ledger, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "r1")
+        token = ledger.claim("r1", "a")
+        assert token
+        before = snapshot(ledger, "r1")
+        with pytest.raises(ClaimMismatchError, match="nothing was written"):
+            ledger.complete("r1", "0" * 32)
+        assert snapshot(ledger, "r1") == before
+        clock.advance(1)
+        assert ledger.complete("r1", token) is True
+        row = ledger.get("r1")
+        assert row is not None
+        assert row["delivery_state"] == "delivered" and row["settled_at"] == clock()
+        # A repeated ack of the same claim is a no-op, not a second delivery.
+        clock.advance(1)
+        assert ledger.complete("r1", token) is True
+        assert ledger.get("r1") == row
+        # Nobody can claim a delivered row again, at any time.
+        clock.advance(10 * HOURS_48)
+        assert ledger.claim("r1", "b") is None
+        assert ledger.restore() == []
+        assert ledger.take_due() == []
+        assert ledger.get("r1")["delivery_state"] == "delivered"  # type: ignore[index]
+
+    def test_release_returns_row_to_pending_with_backoff(
+        self, ledger: Ledger, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "r1")
+        token = ledger.claim("r1", "a")
+        assert token
+        assert ledger.release("r1", token) == "pending"
+        row = ledger.get("r1")
+        assert row is not None
+        assert row["claim_token"] is None and row["claim_expires_at"] == 0
+        assert row["delivery_attempts"] == 1  # an ordinary release keeps the attempt
+        assert row["next_attempt_at"] == clock() + 2.0
+        # During the backoff a claim is a wait, not an attempt.
+        assert ledger.claim("r1", "b") is None
+        assert ledger.get("r1")["delivery_attempts"] == 1  # type: ignore[index]
+        clock.advance(2.0)
+        assert ledger.claim("r1", "b")
+        assert ledger.get("r1")["delivery_attempts"] == 2  # type: ignore[index]
+        # The released claim's token is void.
+        with pytest.raises(ClaimMismatchError):
+            ledger.complete("r1", token)
+
+    def test_lease_expiry_after_300s_lets_another_consumer_claim(
+        self, ledger: Ledger, backend: SqliteBackend, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "r1")
+        remote = Ledger(backend, clock=clock, identity=REMOTE_IDENTITY)
+        stale = remote.claim("r1", "slow")
+        assert stale
+        clock.advance(LEASE - 0.001)
+        assert ledger.claim("r1", "fast") is None
+        clock.advance(0.001)
+        fresh = ledger.claim("r1", "fast")
+        assert fresh and fresh != stale
+        assert ledger.get("r1")["delivery_attempts"] == 2  # type: ignore[index]
+        # The expired holder can no longer acknowledge or release.
+        before = snapshot(ledger, "r1")
+        with pytest.raises(ClaimMismatchError):
+            remote.complete("r1", stale)
+        with pytest.raises(ClaimMismatchError):
+            remote.release("r1", stale)
+        assert snapshot(ledger, "r1") == before
+        assert ledger.complete("r1", fresh)
+
+    @pytest.mark.parametrize("reap", [True, False], ids=["reaped", "zombie"])
+    def test_claim_of_a_dead_holder_is_broken_at_once(
+        self, ledger: Ledger, backend: SqliteBackend, clock: FakeClock, reap: bool
+    ) -> None:
+        finished_row(ledger, "r1")
+        child = start_idle_child()
+        try:
+            ident = identity_of(child.pid)
+            holder = Ledger(backend, clock=clock, identity=str(ident))
+            token = holder.claim("r1", "child")
+            assert token
+            assert ledger.get("r1")["holder"] == str(ident)  # type: ignore[index]
+            # While the holder lives, its lease protects the claim.
+            assert ledger.claim("r1", "me") is None
+            assert child.stdin is not None
+            child.stdin.close()
+            if reap:
+                child.wait(timeout=10)
+            else:
+                deadline = time.monotonic() + 10
+                while process_start_ticks(child.pid) is not None:
+                    assert time.monotonic() < deadline, "child did not exit"
+                    time.sleep(0.005)
+            # No clock movement: the lease has 300 s left, yet the claim is broken now.
+            mine = ledger.claim("r1", "me")
+            assert mine
+            row = ledger.get("r1")
+            assert row is not None
+            assert row["claim_token"] == mine and row["delivery_attempts"] == 2
+            with pytest.raises(ClaimMismatchError):
+                holder.complete("r1", token)
+        finally:
+            child.kill()
+            child.wait(timeout=10)
+
+    def test_holder_identity_detects_pid_reuse(self) -> None:
+        me = current_identity()
+        assert not me.is_known_dead()
+        recycled = ProcessIdentity(me.host, me.boot_id, me.pid, me.start_ticks + 1)
+        assert recycled.is_known_dead()
+        assert ProcessIdentity.parse(str(me)) == me
+        assert ProcessIdentity.parse("garbage") is None
+        assert not holder_is_dead(None) and not holder_is_dead("") and not holder_is_dead("x")
+        assert not holder_is_dead(REMOTE_IDENTITY)  # another host: only the lease decides
+        assert holder_is_dead(exited_identity())
+
+
+# -- the attempt budget, refunds and backoff --------------------------------------------------
+
+
+class TestBudget:
+    def test_twenty_retryable_releases_leave_attempts_unchanged_and_backoff_grows(
+        self, ledger: Ledger, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "r1")
+        delays = []
+        for i in range(20):
+            before_attempts = ledger.get("r1")["delivery_attempts"]  # type: ignore[index]
+            assert release_to(ledger, clock, "r1", retryable=True) == "pending"
+            row = ledger.get("r1")
+            assert row is not None
+            assert row["delivery_attempts"] == before_attempts == 0
+            assert row["refunds"] == i + 1
+            delays.append(row["next_attempt_at"] - clock())
+            # Never hot: claiming before the next-eligible time gets nothing and counts nothing.
+            assert ledger.claim("r1", "eager") is None
+            assert ledger.get("r1")["delivery_attempts"] == 0  # type: ignore[index]
+        assert all(d > 0 for d in delays)
+        assert delays == sorted(delays), delays  # the wait grows ...
+        assert delays[-1] > delays[0]
+        assert max(delays) <= DeliveryPolicy().retry_max_seconds  # ... up to its cap
+        assert delays[:4] == [2.0, 4.0, 8.0, 16.0]
+        assert ledger.get("r1")["delivery_state"] == "pending"  # type: ignore[index]
+        assert release_to(ledger, clock, "r1", retryable=False) == "pending"
+        assert ledger.get("r1")["delivery_attempts"] == 1  # type: ignore[index]
+
+    def test_eight_ordinary_releases_drop_the_row(self, ledger: Ledger, clock: FakeClock) -> None:
+        event = finished_row(ledger, "r1")
+        for i in range(1, 8):
+            assert release_to(ledger, clock, "r1", retryable=False) == "pending"
+            assert ledger.get("r1")["delivery_attempts"] == i  # type: ignore[index]
+        assert release_to(ledger, clock, "r1", retryable=False) == "dropped"
+        row = ledger.get("r1")
+        assert row is not None
+        assert row["delivery_state"] == "dropped" and row["delivery_attempts"] == 8
+        assert "budget" in row["settled_reason"]
+        assert row["event"] == event  # the result of a dropped row stays queryable
+        assert [h["action"] for h in ledger.history("r1")] == ["drop"]
+        clock.advance(HOURS_48 / 2)
+        assert ledger.claim("r1", "late") is None
+        assert ledger.restore() == [] and ledger.take_due() == []
+        assert ledger.get("r1")["delivery_state"] == "dropped"  # type: ignore[index]
+
+    def test_expired_leases_spend_the_budget_too_and_never_exceed_it(
+        self, ledger: Ledger, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "r1")
+        for i in range(1, 9):
+            assert ledger.claim("r1", f"c{i}")
+            assert ledger.get("r1")["delivery_attempts"] == i  # type: ignore[index]
+            clock.advance(LEASE)
+        assert ledger.claim("r1", "c9") is None
+        row = ledger.get("r1")
+        assert row is not None
+        assert row["delivery_state"] == "dropped" and row["delivery_attempts"] == 8
+
+    def test_refunded_retries_are_still_dropped_past_the_replay_cap(
+        self, ledger: Ledger, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "r1")
+        token = ledger.claim("r1", "c")
+        assert token
+        clock.advance(HOURS_48 + 1)
+        assert ledger.release("r1", token, retryable=True) == "dropped"
+        row = ledger.get("r1")
+        assert row is not None
+        assert row["delivery_state"] == "dropped" and "replay age cap" in row["settled_reason"]
+
+    def test_ordinary_release_is_not_refunded(self, ledger: Ledger, clock: FakeClock) -> None:
+        finished_row(ledger, "r1")
+        assert release_to(ledger, clock, "r1", retryable=False) == "pending"
+        assert release_to(ledger, clock, "r1", retryable=True) == "pending"
+        row = ledger.get("r1")
+        assert row is not None
+        assert (row["delivery_attempts"], row["refunds"]) == (1, 1)
+
+    def test_policy_validation_and_growing_delay(self) -> None:
+        for bad in (
+            {"lease_seconds": 0},
+            {"max_attempts": 0},
+            {"replay_cap_seconds": -1},
+            {"retry_base_seconds": 10, "retry_max_seconds": 5},
+            {"retry_base_seconds": -1},
+        ):
+            with pytest.raises(ValueError):
+                DeliveryPolicy(**bad)  # type: ignore[arg-type]
+        p = DeliveryPolicy()
+        assert (p.lease_seconds, p.max_attempts, p.replay_cap_seconds) == (300, 8, HOURS_48)
+        delays = [p.retry_delay(n) for n in range(1, 200)]
+        assert delays == sorted(delays) and delays[-1] == p.retry_max_seconds
+
+
+# -- drop, redeliver, restore, recovery -------------------------------------------------------
+
+
+class TestSettleAndRestore:
+    def test_drop_settles_and_only_redeliver_brings_it_back(
+        self, ledger: Ledger, clock: FakeClock
+    ) -> None:
+        event = finished_row(ledger, "r1")
+        token = ledger.claim("r1", "c")
+        assert token
+        before = snapshot(ledger, "r1")
+        with pytest.raises(ClaimMismatchError):
+            ledger.drop("r1", "session deleted", token="f" * 32)
+        assert snapshot(ledger, "r1") == before
+        assert ledger.drop("r1", "session deleted", token=token) is True
+        assert ledger.drop("r1", "again") is False
+        row = ledger.get("r1")
+        assert row is not None
+        assert row["delivery_state"] == "dropped" and row["settled_reason"] == "session deleted"
+        assert row["event"] == event
+        # The holder's claim cannot deliver a dropped row.
+        assert ledger.complete("r1", token) is False
+        assert ledger.get("r1")["delivery_state"] == "dropped"  # type: ignore[index]
+        clock.advance(LEASE * 3)
+        assert ledger.claim("r1", "c") is None and ledger.restore() == []
+
+    def test_redeliver_gives_a_fresh_budget_and_is_recorded(
+        self, ledger: Ledger, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "r1")
+        for _ in range(8):
+            release_to(ledger, clock, "r1", retryable=False)
+        assert ledger.get("r1")["delivery_state"] == "dropped"  # type: ignore[index]
+        clock.advance(HOURS_48 * 3)  # even long after: the operator asked for it
+        row = ledger.redeliver("r1", actor="alice")
+        assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 0
+        stored = ledger.get("r1")
+        assert stored is not None
+        assert stored["delivery_state"] == "pending" and stored["delivery_attempts"] == 0
+        assert stored["refunds"] == 0 and stored["settled_reason"] is None
+        history = ledger.history("r1")
+        assert [h["action"] for h in history] == ["drop", "redeliver"]
+        assert "alice" in history[-1]["detail"] and history[-1]["at"] == clock()
+        # It is due now and restore does not drop it as too old.
+        offered = ledger.take_due()
+        assert [e["delegation_id"] for e in offered] == ["r1"]
+        token = ledger.claim("r1", "c")
+        assert token and ledger.complete("r1", token)
+        with pytest.raises(InvalidTransitionError, match="only a dropped row"):
+            ledger.redeliver("r1")
+
+    def test_redeliver_refuses_pending_rows_and_rows_without_event(self, ledger: Ledger) -> None:
+        finished_row(ledger, "r1")
+        with pytest.raises(InvalidTransitionError):
+            ledger.redeliver("r1")
+        ledger.create("r2", kind="delegation")
+        assert ledger.drop("r2", "session gone")
+        with pytest.raises(InvalidTransitionError, match="no completion event"):
+            ledger.redeliver("r2")
+
+    def test_restore_is_oldest_first_and_marks_the_events(
+        self, ledger: Ledger, clock: FakeClock
+    ) -> None:
+        for row_id in ("c-newest", "a-middle", "b-oldest"):
+            ledger.create(row_id, kind="delegation", state="running")
+        for row_id in ("b-oldest", "a-middle", "c-newest"):
+            clock.advance(5)
+            ledger.finish(
+                row_id, expected="running", state="completed", event=delegation_event(row_id)
+            )
+        finished_row(ledger, "delivered")
+        token = ledger.claim("delivered", "c")
+        assert token and ledger.complete("delivered", token)
+        clock.advance(3600)
+        offered = ledger.restore()
+        assert [e["delegation_id"] for e in offered] == ["b-oldest", "a-middle", "c-newest"]
+        for event in offered:
+            assert event["_restored"] is True and event["_reoffer_reason"] == "restore"
+            assert event["_reoffered_at"] == clock()
+            assert event["summary"] == f"result of {event['delegation_id']}"
+            row = ledger.get(event["delegation_id"])
+            assert row is not None and row["restored"] == 1
+            assert "_restored" not in row["event"]  # the stored event stays as written
+            assert ledger.claim(event["delegation_id"], "after-restart")
+
+    def test_restore_drops_rows_older_than_48h_instead_of_replaying(
+        self, ledger: Ledger, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "ancient")
+        clock.advance(HOURS_48 - 60)
+        finished_row(ledger, "recent")
+        clock.advance(61)  # "ancient" is now 48 h + 1 s old, "recent" is 61 s old
+        offered = ledger.restore()
+        assert [e["delegation_id"] for e in offered] == ["recent"]
+        row = ledger.get("ancient")
+        assert row is not None
+        assert row["delivery_state"] == "dropped"
+        assert row["settled_reason"] == "older than the replay age cap"
+        assert row["event"]["summary"] == "result of ancient"
+        assert any("restore" in h["detail"] for h in ledger.history("ancient"))
+        assert ledger.claim("ancient", "c") is None
+
+    def test_restore_leaves_live_claims_alone_and_voids_expired_ones(
+        self, ledger: Ledger, backend: SqliteBackend, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "mine")
+        finished_row(ledger, "remote")
+        mine = ledger.claim("mine", "c")
+        remote_ledger = Ledger(backend, clock=clock, identity=REMOTE_IDENTITY)
+        theirs = remote_ledger.claim("remote", "c")
+        assert mine and theirs
+        assert ledger.restore() == []  # both are in flight under live leases
+        clock.advance(LEASE)
+        offered = ledger.restore()
+        assert sorted(e["delegation_id"] for e in offered) == ["mine", "remote"]
+        for row_id, token, who in (("mine", mine, ledger), ("remote", theirs, remote_ledger)):
+            row = ledger.get(row_id)
+            assert row is not None and row["claim_token"] is None
+            with pytest.raises(ClaimMismatchError):
+                who.complete(row_id, token)
+
+    def test_take_due_reoffers_when_the_lease_runs_out(
+        self, ledger: Ledger, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "r1")
+        assert ledger.take_due() == []  # just finished: the in-process consumer has it
+        clock.advance(LEASE)
+        offered = ledger.take_due()
+        assert [e["delegation_id"] for e in offered] == ["r1"]
+        assert offered[0]["_reoffer_reason"] == "orphan"
+        assert ledger.take_due() == []  # offered once per due time, not in a hot loop
+        assert ledger.claim("r1", "c")
+
+    def test_release_notifies_the_due_listener(self, ledger: Ledger, clock: FakeClock) -> None:
+        finished_row(ledger, "r1")
+        seen: list[float] = []
+        ledger.add_due_listener(seen.append)
+        token = ledger.claim("r1", "c")
+        assert token
+        ledger.release("r1", token)
+        assert seen == [ledger.get("r1")["next_attempt_at"]]  # type: ignore[index]
+        ledger.remove_due_listener(seen.append)
+
+    def test_abandoned_owner_queued_becomes_interrupted_running_becomes_unknown(
+        self, ledger: Ledger, backend: SqliteBackend, clock: FakeClock
+    ) -> None:
+        dead_owner = Ledger(backend, clock=clock, identity=exited_identity())
+        dead_owner.create(
+            "q1", kind="delegation", request={**_request("q1"), "goal": "never ran", "x": 1}
+        )
+        dead_owner.create("r1", kind="delegation", state="running", request=_request("r1"))
+        dead_owner.create(
+            "p1",
+            kind="process",
+            state="running",
+            request={"type": "completion", "delivery_id": "p1", "command": "sleep 9"},
+        )
+        dead_owner.create("done", kind="delegation", state="running")
+        dead_owner.finish(
+            "done", expected="running", state="completed", event=delegation_event("done")
+        )
+        remote = Ledger(backend, clock=clock, identity=REMOTE_IDENTITY)
+        remote.create("remote-q", kind="delegation")
+        ledger.create("own-r", kind="delegation", state="running")
+        clock.advance(42)
+
+        recovered = {
+            e.get("delegation_id") or e["delivery_id"]: e for e in ledger.recover_abandoned()
+        }
+        assert set(recovered) == {"q1", "r1", "p1"}
+        assert recovered["p1"]["type"] == "completion" and recovered["p1"]["status"] == "unknown"
+        q, r = ledger.get("q1"), ledger.get("r1")
+        assert q is not None and r is not None
+        assert q["state"] == "interrupted" and r["state"] == "unknown"
+        assert ledger.get("p1")["state"] == "unknown"  # type: ignore[index]
+        for row in (q, r):
+            assert row["delivery_state"] == "pending" and row["event"]["abandoned"] is True
+        assert q["event"]["status"] == "interrupted" and "never ran" in q["event"]["error"]
+        assert q["event"]["goal"] == "never ran" and q["event"]["x"] == 1
+        assert r["event"]["status"] == "unknown" and "unknown" in r["event"]["error"]
+        assert r["event"]["duration_seconds"] == 42.0
+        # Live owners (this process, another host) and finished rows are left alone.
+        assert ledger.get("remote-q")["state"] == "queued"  # type: ignore[index]
+        assert ledger.get("own-r")["state"] == "running"  # type: ignore[index]
+        assert ledger.get("done")["state"] == "completed"  # type: ignore[index]
+        assert ledger.recover_abandoned() == []  # once only
+        # The completions that say so are delivered like any other.
+        offered = {e["delegation_id"] for e in ledger.restore() if "delegation_id" in e}
+        assert {"q1", "r1", "done"} <= offered
+
+    def test_abandoned_event_always_names_its_row(
+        self, ledger: Ledger, backend: SqliteBackend
+    ) -> None:
+        dead_owner = Ledger(backend, clock=ledger.clock, identity=exited_identity())
+        dead_owner.create("r1", kind="delegation", state="running", request={"goal": "g"})
+        (event,) = ledger.recover_abandoned()
+        assert event["type"] == "async_delegation"
+        assert event.get("delegation_id") == "r1"
+
+    def test_restore_runs_recovery_of_abandoned_work(
+        self, ledger: Ledger, backend: SqliteBackend
+    ) -> None:
+        dead_owner = Ledger(backend, clock=ledger.clock, identity=exited_identity())
+        dead_owner.create("q1", kind="delegation", request=_request("q1"))
+        offered = ledger.restore()
+        assert [e["status"] for e in offered] == ["interrupted"]
+        assert offered[0]["_restored"] is True
+
+    def test_lifecycle_never_leaves_a_terminal_state(self) -> None:
+        for terminal in TERMINAL_STATES:
+            for target in State:
+                assert not can_transition(terminal, target)
+        assert can_transition("queued", "running") and can_transition("running", "completed")
+        assert not can_transition("queued", "completed")  # it never ran
+
+    def test_lifecycle_compare_and_set(self, ledger: Ledger) -> None:
+        ledger.create("r1", kind="delegation")
+        assert ledger.start("r1") is True
+        assert ledger.start("r1") is False  # already running: the CAS finds no queued row
+        event = delegation_event("r1")
+        assert ledger.finish("r1", expected="running", state="completed", event=event)
+        assert not ledger.finish("r1", expected="running", state="failed", event=event)
+        assert ledger.get("r1")["state"] == "completed"  # type: ignore[index]
+        with pytest.raises(InvalidTransitionError):
+            ledger.finish("r1", expected="completed", state="failed", event=event)
+        with pytest.raises(InvalidTransitionError):
+            ledger.transition("r1", "running", "completed")  # terminal goes through finish()
+
+    def test_result_of_work_dropped_while_running_stays_queryable(self, ledger: Ledger) -> None:
+        ledger.create("r1", kind="delegation", state="running")
+        assert ledger.drop("r1", "session deleted")
+        event = delegation_event("r1")
+        # False: there is nothing to deliver, so the caller must queue nothing.
+        assert not ledger.finish("r1", expected="running", state="completed", event=event)
+        row = ledger.get("r1")
+        assert row is not None
+        assert row["delivery_state"] == "dropped"  # not resurrected ...
+        assert row["state"] == "completed"  # ... but the work's result is recorded
+        assert row["event"] == event
+        assert row["holder"] is None and row["due_at"] is None  # nobody re-offers it
+        assert ledger.restore() == [] and ledger.take_due(now=ledger.clock() + 10**6) == []
+        # A second finish finds no running row.
+        assert not ledger.finish("r1", expected="running", state="failed", event=event)
+        assert ledger.get("r1")["state"] == "completed"  # type: ignore[index]
+        # The operator can still deliver it deliberately.
+        assert ledger.redeliver("r1")["delivery_state"] == "pending"
+        assert ledger.claim("r1", "c")
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+class TestBadInput:
+    @pytest.mark.parametrize("bad_id", [None, 42, b"r1", ["r1"], {"id": "r1"}])
+    def test_ids_of_the_wrong_type(self, ledger: Ledger, bad_id: Any) -> None:
+        calls = [
+            lambda: ledger.create(bad_id, kind="delegation"),
+            lambda: ledger.claim(bad_id, "c"),
+            lambda: ledger.complete(bad_id, "t"),
+            lambda: ledger.release(bad_id, "t"),
+            lambda: ledger.drop(bad_id, "why"),
+            lambda: ledger.redeliver(bad_id),
+            lambda: ledger.start(bad_id),
+            lambda: ledger.get(bad_id),
+            lambda: ledger.history(bad_id),
+            lambda: ledger.finish(bad_id, expected="running", state="completed", event={}),
+        ]
+        for call in calls:
+            with pytest.raises(TypeError, match="must be a string"):
+                call()
+        assert ledger.list() == []
+
+    @pytest.mark.parametrize("bad_id", ["", "x" * 201])
+    def test_ids_of_the_wrong_length(self, ledger: Ledger, bad_id: str) -> None:
+        with pytest.raises(ValueError, match="1 to 200"):
+            ledger.create(bad_id, kind="delegation")
+        with pytest.raises(ValueError):
+            ledger.claim(bad_id, "c")
+        assert ledger.list() == []
+
+    def test_unknown_ids(self, ledger: Ledger) -> None:
+        event = delegation_event("nope")
+        calls = [
+            lambda: ledger.claim("nope", "c"),
+            lambda: ledger.complete("nope", "t"),
+            lambda: ledger.release("nope", "t"),
+            lambda: ledger.release("nope", "t", retryable=True),
+            lambda: ledger.drop("nope", "why"),
+            lambda: ledger.redeliver("nope"),
+            lambda: ledger.start("nope"),
+            lambda: ledger.finish("nope", expected="running", state="completed", event=event),
+        ]
+        for call in calls:
+            with pytest.raises(UnknownDeliveryError, match="nope") as info:
+                call()
+            assert isinstance(info.value, KeyError)  # callers may treat it as a missing key
+            assert str(info.value) == "no ledger row 'nope'"
+        assert ledger.get("nope") is None and ledger.history("nope") == []
+        assert ledger.list() == []
+
+    def test_bad_tokens_consumers_events_and_requests(self, ledger: Ledger) -> None:
+        finished_row(ledger, "r1")
+        before = snapshot(ledger, "r1")
+        for token in (None, "", 7, b"tok"):
+            with pytest.raises(TypeError, match="claim token"):
+                ledger.complete("r1", token)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="claim token"):
+                ledger.release("r1", token)  # type: ignore[arg-type]
+        for consumer in (None, "", 3):
+            with pytest.raises(TypeError, match="consumer"):
+                ledger.claim("r1", consumer)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="request must be a dict"):
+            ledger.create("r2", kind="delegation", request=["x"])  # type: ignore[arg-type]
+        ledger.create("r3", kind="delegation", state="running")
+        with pytest.raises(TypeError, match="event must be a dict"):
+            ledger.finish("r3", expected="running", state="completed", event="done")  # type: ignore[arg-type]
+        with pytest.raises(InvalidTransitionError):
+            ledger.create("r4", kind="delegation", state="completed")
+        with pytest.raises(ValueError):
+            ledger.create("r5", kind="delegation", state="bogus")
+        with pytest.raises(DuplicateDeliveryError):
+            ledger.create("r1", kind="delegation")
+        assert snapshot(ledger, "r1") == before
+        assert {r["id"] for r in ledger.list()} == {"r1", "r3"}
+        assert ledger.get("r3")["state"] == "running"  # type: ignore[index]
+
+    @pytest.mark.parametrize("op", ["complete", "release", "release-retryable", "drop"])
+    def test_a_claim_token_that_is_not_the_holders_writes_nothing(
+        self, ledger: Ledger, clock: FakeClock, op: str
+    ) -> None:
+        finished_row(ledger, "r1")
+        stale = ledger.claim("r1", "first")
+        assert stale
+        assert ledger.release("r1", stale) == "pending"
+        clock.advance(10)
+        current = ledger.claim("r1", "second")
+        assert current
+        clock.advance(1)
+        for wrong in (stale, "not-a-token-at-all"):
+            before = snapshot(ledger, "r1")
+            with pytest.raises(ClaimMismatchError, match="r1"):
+                if op == "complete":
+                    ledger.complete("r1", wrong)
+                elif op == "drop":
+                    ledger.drop("r1", "x", token=wrong)
+                else:
+                    ledger.release("r1", wrong, retryable=op == "release-retryable")
+            assert snapshot(ledger, "r1") == before
+        assert ledger.complete("r1", current)
+
+
+# -- the SQLite file ---------------------------------------------------------------------------
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+class TestSqliteFile:
+    def test_missing_directory_is_created_and_files_are_0600(self, tmp_path: Path) -> None:
+        path = tmp_path / "a" / "b" / "c" / "ledger.db"
+        backend = SqliteBackend(path)
+        try:
+            Ledger(backend).create("r1", kind="delegation")
+            assert path.parent.is_dir() and _mode(path.parent) == 0o700
+            assert _mode(path) == 0o600
+            for suffix in ("-wal", "-shm"):
+                side = Path(str(path) + suffix)
+                assert side.exists() and _mode(side) == 0o600, suffix
+        finally:
+            backend.close()
+
+    def test_wal_and_an_indexed_due_predicate(self, backend: SqliteBackend, db_path: Path) -> None:
+        conn = sqlite3.connect(db_path)
+        try:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert conn.execute("PRAGMA application_id").fetchone()[0] == 0x52564C4C
+            plan = " ".join(
+                str(r)
+                for r in conn.execute(
+                    "EXPLAIN QUERY PLAN SELECT id FROM deliveries "
+                    "WHERE delivery_state = 'pending' AND due_at <= 5 ORDER BY due_at"
+                )
+            )
+            assert "ix_pending_due" in plan
+        finally:
+            conn.close()
+
+    @pytest.mark.parametrize(
+        "content",
+        [b"hello, this is a text file\n", b'{"not": "sqlite"}' * 300, bytes(range(256)) * 40],
+        ids=["text", "json", "binary"],
+    )
+    def test_a_file_that_is_not_a_database_is_refused_and_untouched(
+        self, tmp_path: Path, content: bytes
+    ) -> None:
+        path = tmp_path / "ledger.db"
+        path.write_bytes(content)
+        with pytest.raises(NotALedgerError, match="not a SQLite database") as info:
+            SqliteBackend(path)
+        assert str(path) in str(info.value)
+        assert path.read_bytes() == content
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.db"]
+
+    def test_a_directory_is_refused(self, tmp_path: Path) -> None:
+        (tmp_path / "ledger.db").mkdir()
+        with pytest.raises(NotALedgerError, match="directory"):
+            SqliteBackend(tmp_path / "ledger.db")
+
+    def test_another_apps_sqlite_database_is_refused(self, tmp_path: Path) -> None:
+        path = tmp_path / "other.db"
+        conn = sqlite3.connect(path)
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('keep me')")
+        conn.commit()
+        conn.close()
+        with pytest.raises(NotALedgerError, match="something else"):
+            SqliteBackend(path)
+        conn = sqlite3.connect(path)
+        try:
+            assert conn.execute("SELECT body FROM notes").fetchall() == [("keep me",)]
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            assert "deliveries" not in tables
+        finally:
+            conn.close()
+
+    def test_another_apps_sqlite_database_is_left_byte_for_byte(self, tmp_path: Path) -> None:
+        path = tmp_path / "other.db"
+        conn = sqlite3.connect(path)
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.commit()
+        conn.close()
+        before = path.read_bytes()
+        with pytest.raises(NotALedgerError, match="left untouched"):
+            SqliteBackend(path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+        assert path.read_bytes() == before
+
+    def test_a_newer_schema_is_refused(self, db_path: Path) -> None:
+        SqliteBackend(db_path).close()
+        conn = sqlite3.connect(db_path)
+        conn.execute("PRAGMA user_version = 99")
+        conn.close()
+        with pytest.raises(LedgerError, match="newer"):
+            SqliteBackend(db_path)
+
+    def test_reopening_keeps_rows(self, db_path: Path, clock: FakeClock) -> None:
+        first = SqliteBackend(db_path)
+        finished_row(Ledger(first, clock=clock), "r1")
+        first.close()
+        second = SqliteBackend(db_path)
+        try:
+            row = Ledger(second, clock=clock).get("r1")
+            assert row is not None and row["event"]["summary"] == "result of r1"
+        finally:
+            second.close()
+
+    @pytest.mark.parametrize("how", ["removed", "replaced"])
+    def test_a_removed_or_replaced_file_makes_writes_fail(
+        self, ledger: Ledger, db_path: Path, how: str
+    ) -> None:
+        finished_row(ledger, "r1")
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(db_path) + suffix).unlink(missing_ok=True)
+        if how == "replaced":
+            db_path.write_bytes(b"someone else's file")
+        with pytest.raises(LedgerUnavailable, match="removed or replaced"):
+            ledger.create("r2", kind="delegation")
+        with pytest.raises(LedgerUnavailable):
+            ledger.claim("r1", "c")
+        if how == "replaced":
+            assert db_path.read_bytes() == b"someone else's file"
+        else:
+            assert not db_path.exists()
+
+    def test_a_closed_backend_refuses_writes(self, db_path: Path) -> None:
+        backend = SqliteBackend(db_path)
+        backend.close()
+        with pytest.raises(LedgerUnavailable, match="closed"):
+            Ledger(backend).create("r1", kind="delegation")
+
+
+# -- concurrency -------------------------------------------------------------------------------
+
+
+class TestConcurrency:
+    def test_group_commit_shares_commits_between_threads(
+        self, ledger: Ledger, backend: SqliteBackend
+    ) -> None:
+        threads_n, per_thread = 8, 30
+        barrier = threading.Barrier(threads_n)
+        errors: list[BaseException] = []
+
+        def work(t: int) -> None:
+            try:
+                barrier.wait()
+                for i in range(per_thread):
+                    row_id = f"t{t}-{i}"
+                    ledger.create(row_id, kind="delegation", state="running")
+                    ledger.finish(
+                        row_id,
+                        expected="running",
+                        state="completed",
+                        event=delegation_event(row_id),
+                    )
+                    token = ledger.claim(row_id, f"c{t}")
+                    assert token and ledger.complete(row_id, token)
+            except BaseException as exc:
+                errors.append(exc)
+
+        before = backend.stats()
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(threads_n)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not errors, errors
+        after = backend.stats()
+        ops = after["operations"] - before["operations"]
+        commits = after["commits"] - before["commits"]
+        assert ops == threads_n * per_thread * 4
+        assert commits < ops, (commits, ops)
+        delivered = ledger.list(delivery_state="delivered", limit=10_000)
+        assert len(delivered) == threads_n * per_thread
+
+    def test_submitted_operations_share_one_commit_and_fail_alone(
+        self, ledger: Ledger, backend: SqliteBackend
+    ) -> None:
+        ledger.create("dup", kind="delegation")
+        before = backend.stats()["commits"]
+        futures = [
+            ledger.submit_create(f"s{i}", kind="delegation") if i != 5 else None for i in range(50)
+        ]
+        bad = ledger.submit_create("dup", kind="delegation")
+        results = [f.result() for f in futures if f is not None]
+        with pytest.raises(DuplicateDeliveryError):
+            bad.result()
+        assert len(results) == 49 and len(ledger.list(limit=1000)) == 50
+        assert backend.stats()["commits"] - before < 51
+
+    @pytest.mark.parametrize("backends", ["one-backend", "one-backend-per-thread"])
+    def test_sixteen_threads_racing_to_claim_one_row_exactly_one_wins(
+        self, db_path: Path, clock: FakeClock, backends: str
+    ) -> None:
+        n = 16
+        shared = SqliteBackend(db_path)
+        own = [SqliteBackend(db_path) for _ in range(n)] if backends != "one-backend" else []
+        try:
+            ledgers = [Ledger(own[i] if own else shared, clock=clock) for i in range(n)]
+            for round_ in range(20):
+                row_id = f"race-{round_}"
+                finished_row(ledgers[0], row_id)
+                barrier = threading.Barrier(n)
+                tokens: list[str | None] = [None] * n
+
+                def claim(
+                    i: int, row_id: str = row_id, barrier: Any = barrier, tokens: Any = tokens
+                ) -> None:
+                    barrier.wait()
+                    tokens[i] = ledgers[i].claim(row_id, f"consumer-{i}")
+
+                threads = [threading.Thread(target=claim, args=(i,)) for i in range(n)]
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join()
+                winners = [t for t in tokens if t]
+                assert len(winners) == 1, (round_, tokens)
+                row = ledgers[0].get(row_id)
+                assert row is not None
+                assert row["claim_token"] == winners[0] and row["delivery_attempts"] == 1
+        finally:
+            for b in [shared, *own]:
+                b.close()
+
+
+# -- the re-offer scheduler (real time) --------------------------------------------------------
+
+
+class _Offers:
+    def __init__(self) -> None:
+        self.items: list[tuple[float, dict[str, Any]]] = []
+        self.event = threading.Event()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.items.append((time.time(), event))
+        self.event.set()
+
+
+def _count_passes(ledger: Ledger) -> list[float]:
+    """Record every scheduler pass (each calls ``take_due`` once) without touching the code."""
+    calls: list[float] = []
+    original = ledger.take_due
+
+    def counting(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        calls.append(time.time())
+        return original(*args, **kwargs)
+
+    ledger.take_due = counting  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.fixture
+def real_backend(db_path: Path) -> Iterator[SqliteBackend]:
+    b = SqliteBackend(db_path)
+    yield b
+    b.close()
+
+
+class TestReofferScheduler:
+    def test_released_row_is_reoffered_when_its_backoff_ends_without_polling(
+        self, real_backend: SqliteBackend
+    ) -> None:
+        policy = DeliveryPolicy(retry_base_seconds=0.4, retry_max_seconds=0.4)
+        ledger = Ledger(real_backend, policy)
+        finished_row(ledger, "r1")
+        offers = _Offers()
+        passes = _count_passes(ledger)
+        sched = ReofferScheduler(ledger, offers, max_sleep_seconds=60)
+        sched.start()
+        try:
+            token = ledger.claim("r1", "busy-session")
+            assert token
+            ledger.release("r1", token, retryable=True)
+            eligible = ledger.get("r1")["next_attempt_at"]  # type: ignore[index]
+            assert offers.event.wait(5), "the row was never re-offered"
+            offered_at, event = offers.items[0]
+            assert event["delegation_id"] == "r1" and event["_reoffer_reason"] == "orphan"
+            assert eligible <= offered_at < eligible + 0.25, offered_at - eligible
+            assert len(passes) <= 5, f"{len(passes)} passes in 0.4 s: that is polling"
+            assert ledger.claim("r1", "busy-session")
+        finally:
+            sched.stop()
+
+    def test_row_held_by_a_process_that_dies_is_reoffered_promptly(
+        self, real_backend: SqliteBackend
+    ) -> None:
+        ledger = Ledger(real_backend)
+        finished_row(ledger, "held")
+        child = start_idle_child()
+        sched = None
+        try:
+            child_ledger = Ledger(real_backend, identity=str(identity_of(child.pid)))
+            child_token = child_ledger.claim("held", "child-consumer")
+            assert child_token
+            child_ledger.create("owned", kind="delegation", state="running")
+            offers = _Offers()
+            sched = ReofferScheduler(ledger, offers, max_sleep_seconds=60)
+            sched.start()
+            time.sleep(0.3)
+            assert offers.items == []  # a live holder with a live lease keeps its claim
+            killed_at = time.time()
+            child.kill()
+            deadline = time.monotonic() + 5
+            while len(offers.items) < 2 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            by_id = {e["delegation_id"]: (t, e) for t, e in offers.items if "delegation_id" in e}
+            assert "held" in by_id, offers.items
+            assert by_id["held"][0] - killed_at < 1.0
+            # The running row the dead process owned comes back as "unknown".
+            owned = ledger.get("owned")
+            assert owned is not None and owned["state"] == "unknown"
+            assert any(e.get("status") == "unknown" for _, e in offers.items)
+            assert ledger.claim("held", "me")
+            with pytest.raises(ClaimMismatchError):
+                ledger.complete("held", child_token)
+        finally:
+            if sched is not None:
+                sched.stop()
+            child.kill()
+            child.wait(timeout=10)
+
+    def test_with_nothing_due_the_scheduler_sleeps(self, real_backend: SqliteBackend) -> None:
+        ledger = Ledger(real_backend)
+        finished_row(ledger, "later")  # due when its lease ends, 300 s from now
+        offers = _Offers()
+        passes = _count_passes(ledger)
+        sched = ReofferScheduler(ledger, offers, max_sleep_seconds=60)
+        sched.start()
+        try:
+            time.sleep(0.2)
+            settled = len(passes)
+            assert 1 <= settled <= 2
+            time.sleep(0.8)
+            assert len(passes) == settled, "the scheduler woke up with nothing due"
+            assert offers.items == []
+        finally:
+            started = time.monotonic()
+            sched.stop()
+            assert time.monotonic() - started < 2  # stop wakes it at once
+
+    def test_a_sooner_due_time_wakes_a_sleeping_scheduler(
+        self, real_backend: SqliteBackend
+    ) -> None:
+        policy = DeliveryPolicy(lease_seconds=0.3)
+        ledger = Ledger(real_backend, policy)
+        offers = _Offers()
+        sched = ReofferScheduler(ledger, offers, max_sleep_seconds=60)
+        sched.start()
+        try:
+            time.sleep(0.1)  # asleep: the ledger is empty
+            finished_row(ledger, "r1")  # nobody claims it: due when its 0.3 s lease ends
+            finished_at = time.time()
+            assert offers.event.wait(5)
+            assert 0.3 <= offers.items[0][0] - finished_at < 0.6
+        finally:
+            sched.stop()
+
+    def test_an_operators_redeliver_in_another_process_wakes_the_scheduler(
+        self, real_backend: SqliteBackend, tmp_path: Path
+    ) -> None:
+        wake_dir = str(tmp_path / "wake.d")
+        ledger = Ledger(real_backend)
+        event = finished_row(ledger, "r1")
+        token = ledger.claim("r1", "c")
+        assert token and ledger.drop("r1", "session reset", token=token)
+        offers = _Offers()
+        passes = _count_passes(ledger)
+        sched = ReofferScheduler(ledger, offers, max_sleep_seconds=60, wake_dir=wake_dir)
+        sched.start()
+        try:
+            # A stale socket of a process that is gone is cleaned up, not counted.
+            stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            stale.bind(os.path.join(wake_dir, "gone.sock"))
+            stale.close()
+            time.sleep(0.2)
+            idle_passes = len(passes)
+            # The operator's CLI: its own Ledger object (no listener of ours) on the same file.
+            operator = Ledger(real_backend, identity=REMOTE_IDENTITY)
+            operator.redeliver("r1", actor="cli")
+            time.sleep(0.3)
+            assert offers.items == [] and len(passes) == idle_passes  # nothing told us yet
+            poked_at = time.time()
+            assert poke_schedulers(wake_dir) == 1
+            assert offers.event.wait(5)
+            assert offers.items[0][0] - poked_at < 0.5
+            assert offers.items[0][1]["summary"] == event["summary"]
+            assert "gone.sock" not in os.listdir(wake_dir)
+        finally:
+            sched.stop()
+        assert os.listdir(wake_dir) == []  # stop() removes its socket
+        assert poke_schedulers(str(tmp_path / "missing")) == 0
