@@ -559,6 +559,8 @@ class Ledger:
                 }
                 if row["claim_expires_at"] > now and not holder_is_dead(row["holder"]):
                     continue  # a live process holds a live claim: it is in flight
+                if row["next_attempt_at"] > now:
+                    continue  # backing off: offered when its due time comes, not before
                 age = now - (row["replay_from"] or row["completed_at"] or row["created_at"])
                 if age > policy.replay_cap_seconds:
                     if tx.update(
@@ -566,10 +568,9 @@ class Ledger:
                     ):
                         tx.audit(row["id"], "drop", f"not replayed on {reason}: too old", now)
                     continue
-                eligible = max(row["next_attempt_at"], now)
                 changes = {
                     "holder": identity,
-                    "due_at": eligible + policy.lease_seconds,
+                    "due_at": now + policy.lease_seconds,
                     "restored": row["restored"] + 1,
                     "updated_at": now,
                 }

@@ -374,7 +374,9 @@ def configure_runtime(
             _runtime.close()
         ledger = Ledger(SqliteBackend(path), policy, clock=clock)
         _runtime = DelegationRuntime(
-            ledger, completion_queue or process_registry.completion_queue, max_queued=max_queued
+            ledger,
+            completion_queue if completion_queue is not None else process_registry.completion_queue,
+            max_queued=max_queued,
         )
         return _runtime
 
@@ -590,9 +592,9 @@ def claim_event_delivery(evt: dict[str, Any], consumer: str) -> str | None:
 def complete_event_delivery(evt: dict[str, Any], claim: str | None) -> bool:
     """Acknowledge: the hand-off was accepted. Only the claim's holder can."""
     row_id = _delivery_id(evt)
-    if row_id is None or claim == "":
+    if row_id is None:
         return True
-    if claim is None:
+    if not claim:
         raise ValueError("complete_event_delivery needs the claim token claim_event_delivery gave")
     return get_runtime().ledger.complete(row_id, claim)
 
@@ -602,9 +604,9 @@ def release_event_delivery(
 ) -> str:
     """Give the claim back; ``retryable=True`` refunds the attempt (transient refusal)."""
     row_id = _delivery_id(evt)
-    if row_id is None or claim == "":
+    if row_id is None:
         return "pending"
-    if claim is None:
+    if not claim:
         raise ValueError("release_event_delivery needs the claim token claim_event_delivery gave")
     return get_runtime().ledger.release(row_id, claim, retryable=retryable)
 
@@ -642,9 +644,9 @@ async def aclaim_event_delivery(evt: dict[str, Any], consumer: str) -> str | Non
 
 async def acomplete_event_delivery(evt: dict[str, Any], claim: str | None) -> bool:
     row_id = _delivery_id(evt)
-    if row_id is None or claim == "":
+    if row_id is None:
         return True
-    if claim is None:
+    if not claim:
         raise ValueError("complete_event_delivery needs the claim token claim_event_delivery gave")
     return await get_runtime().ledger.acomplete(row_id, claim)
 
@@ -653,8 +655,8 @@ async def arelease_event_delivery(
     evt: dict[str, Any], claim: str | None, *, retryable: bool = False
 ) -> str:
     row_id = _delivery_id(evt)
-    if row_id is None or claim == "":
+    if row_id is None:
         return "pending"
-    if claim is None:
+    if not claim:
         raise ValueError("release_event_delivery needs the claim token claim_event_delivery gave")
     return await get_runtime().ledger.arelease(row_id, claim, retryable=retryable)

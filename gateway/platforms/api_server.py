@@ -675,9 +675,13 @@ class ApiServerAdapter(BasePlatformAdapter):
         message; rows folded by earlier turns stay in the history at their place (each once,
         consecutive ones merged). Rows that arrive after the take wait for the next turn.
         """
-        taken = await self.store.atake_unfolded_deliveries(session_id)
-        taken_ids = {row["id"] for row in taken}
         history = await asyncio.to_thread(self.store.messages, session_id)
+        taken: list[dict[str, Any]] = []
+        # Taking is a write (it marks rows folded): only pay for it when there is something
+        # to take. A row that lands after this read is folded by the next turn.
+        if any(row["display_kind"] is not None and not row["folded"] for row in history):
+            taken = await self.store.atake_unfolded_deliveries(session_id)
+        taken_ids = {row["id"] for row in taken}
         context: list[dict[str, Any]] = [
             {"role": "system", "content": _text(m)}
             for m in request_messages

@@ -141,13 +141,15 @@ class LedgerMachine(RuleBasedStateMachine):
                 continue
             if row.expires > now and not self.is_dead(row.holder):
                 continue
+            if row.next_at > now:
+                continue  # backing off: its due time brings it, not a restore
             assert row.replay_from is not None
             if now - row.replay_from > POLICY.replay_cap_seconds:
                 self.settle(row, "dropped")
                 event("re-offer: dropped as too old")
                 continue
             row.holder = self.ident[by]
-            row.due_at = max(row.next_at, now) + POLICY.lease_seconds
+            row.due_at = now + POLICY.lease_seconds
             row.restored += 1
             if row.expires:
                 row.token, row.expires = None, 0.0

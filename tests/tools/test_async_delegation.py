@@ -492,12 +492,6 @@ class TestContract:
         row = get_durable_delegation(finished["delegation_id"])
         assert row is not None and row["delivery_attempts"] == 0
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="BUG tools/async_delegation.py complete_event_delivery/release_event_delivery "
-        "(and the a* variants): claim == '' short-circuits to success even for an event that "
-        "needs a claim, so complete() reports an acknowledgement it never wrote",
-    )
     def test_an_empty_claim_for_an_event_that_needs_one_is_refused(
         self, finished: dict[str, Any]
     ) -> None:
