@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import secrets
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -24,6 +23,7 @@ from delivery.errors import (
     UnknownDeliveryError,
 )
 from delivery.identity import current_identity, holder_is_dead
+from delivery.ids import new_token
 from delivery.policy import DeliveryPolicy
 from delivery.states import ACTIVE_STATES, DeliveryState, State, can_transition
 
@@ -254,7 +254,7 @@ class Ledger:
         policy = self.policy
         identity = self.identity
 
-        token = secrets.token_hex(16)
+        token = new_token()
         expires = now + policy.lease_seconds
         claimed = {
             "claim_token": token,

@@ -119,12 +119,44 @@ def _decode(row: sqlite3.Row | tuple | None) -> dict[str, Any] | None:
     return out
 
 
+def _dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
 def _params(values: dict[str, Any], cols: tuple[str, ...]) -> list[Any]:
     params = [values[c] for c in cols]
     for i, col in enumerate(cols):
         if col in JSON_COLUMNS and params[i] is not None:
-            params[i] = json.dumps(params[i], separators=(",", ":"), default=str)
+            params[i] = _dump(params[i])
     return params
+
+
+# (sql, indexes of JSON values, indexes of Increment values, (expect index, unwrap) to bind)
+_UpdatePlan = tuple[str, tuple[int, ...], tuple[int, ...], tuple[tuple[int, bool], ...]]
+
+
+def _plan_update(changes: dict[str, Any], expect: dict[str, Any]) -> _UpdatePlan:
+    changed_columns(changes)
+    changed_columns(expect)
+    sets, json_at, increment_at = [], [], []
+    for i, (col, value) in enumerate(changes.items()):
+        if type(value) is Increment:
+            sets.append(f"{col} = {col} + ?")
+            increment_at.append(i)
+        else:
+            sets.append(f"{col} = ?")
+            if col in JSON_COLUMNS and value is not None:
+                json_at.append(i)
+    sql = f"UPDATE deliveries SET {', '.join(sets)} WHERE id = ?"
+    bind: list[tuple[int, bool]] = []
+    for i, (col, value) in enumerate(expect.items()):
+        kind = type(value)
+        sql += f" AND {col} {_PREDICATES.get(kind, '= ?')}"
+        if kind is AtMost or kind is Below:
+            bind.append((i, True))
+        elif value is not None and kind is not IsSet:
+            bind.append((i, False))
+    return sql, tuple(json_at), tuple(increment_at), tuple(bind)
 
 
 def _is_not_a_database(exc: sqlite3.DatabaseError) -> bool:
@@ -137,7 +169,7 @@ class _SqliteTx:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         # UPDATE statements by shape, so the hot path formats no SQL.
-        self._update_sql: dict[tuple, str] = {}
+        self._update_plans: dict[tuple, _UpdatePlan] = {}
         self._select_sql: dict[tuple[str, ...], str] = {}
         self._insert_sql: dict[tuple[str, ...], str] = {}
 
@@ -173,30 +205,23 @@ class _SqliteTx:
             raise DuplicateDeliveryError(f"a ledger row with id {row['id']!r} exists") from exc
 
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
-        set_shape = tuple((c, type(v) is Increment) for c, v in changes.items())
-        expect_shape = tuple((c, _PREDICATES.get(type(v), "= ?")) for c, v in expect.items())
-        key = (set_shape, expect_shape)
-        sql = self._update_sql.get(key)
-        if sql is None:
-            changed_columns(changes)
-            changed_columns(expect)
-            sets = ", ".join(f"{c} = {c} + ?" if inc else f"{c} = ?" for c, inc in set_shape)
-            sql = f"UPDATE deliveries SET {sets} WHERE id = ?"
-            for col, predicate in expect_shape:
-                sql += f" AND {col} {predicate}"
-            self._update_sql[key] = sql
-        params = _params(changes, tuple(changes))
-        for i, value in enumerate(params):
-            if type(value) is Increment:
-                params[i] = value.by
-        params.append(row_id)
-        for value in expect.values():
-            kind = type(value)
-            if kind is AtMost or kind is Below:
-                params.append(value.value)
-            elif value is not None and kind is not IsSet:
-                params.append(value)
-        return self._conn.execute(sql, params).rowcount == 1
+        values = list(changes.values())
+        checks = tuple(expect.values())
+        # The statement and how to bind it depend only on the columns and the value types:
+        # planned once per shape, so the hot path does no SQL formatting.
+        key = (tuple(changes), tuple(map(type, values)), tuple(expect), tuple(map(type, checks)))
+        plan = self._update_plans.get(key)
+        if plan is None:
+            plan = self._update_plans[key] = _plan_update(changes, expect)
+        sql, json_at, increment_at, bind_checks = plan
+        for i in json_at:
+            values[i] = _dump(values[i])
+        for i in increment_at:
+            values[i] = values[i].by
+        values.append(row_id)
+        for i, unwrap in bind_checks:
+            values.append(checks[i].value if unwrap else checks[i])
+        return self._conn.execute(sql, values).rowcount == 1
 
     def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
         self._conn.execute(
