@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
+
+from delivery.write_future import WriteFuture
 
 T = TypeVar("T")
 
@@ -75,8 +76,8 @@ class LedgerBackend(Protocol):
     def write(self, op: Callable[[LedgerTx], T]) -> T:
         """Run ``op`` atomically and durably; returns once it is committed."""
 
-    def submit(self, op: Callable[[LedgerTx], T]) -> Future[T]:
-        """Queue ``op`` for the next commit without waiting (asyncio: ``wrap_future``)."""
+    def submit(self, op: Callable[[LedgerTx], T]) -> WriteFuture[T]:
+        """Queue ``op`` for the next commit without waiting (coroutines: ``submit_async``)."""
 
     def submit_async(self, op: Callable[[LedgerTx], T]) -> asyncio.Future[T]:
         """Queue ``op`` and return a future of the running event loop."""

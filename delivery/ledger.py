@@ -13,7 +13,6 @@ import copy
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 from delivery.backend import AtMost, Below, Increment, IsSet, LedgerBackend, LedgerTx
@@ -26,6 +25,7 @@ from delivery.identity import current_identity, holder_is_dead
 from delivery.ids import new_token
 from delivery.policy import DeliveryPolicy
 from delivery.states import ACTIVE_STATES, DeliveryState, State, can_transition
+from delivery.write_future import WriteFuture
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Ledger:
         origin_ui_session_id: str | None = None,
         goal: str | None = None,
         request: dict[str, Any] | None = None,
-    ) -> Future[dict[str, Any]]:
+    ) -> WriteFuture[dict[str, Any]]:
         _check_id(row_id)
         if State(state) not in ACTIVE_STATES:
             raise InvalidTransitionError(f"a new row starts queued or running, not {state}")
@@ -198,7 +198,7 @@ class Ledger:
 
     def submit_finish(
         self, row_id: str, *, expected: str, state: str, event: dict[str, Any]
-    ) -> Future[bool]:
+    ) -> WriteFuture[bool]:
         _check_id(row_id)
         if not isinstance(event, dict):
             raise TypeError("a completion event must be a dict")
@@ -240,7 +240,7 @@ class Ledger:
         """A claim token, or None when the row is settled, not yet due, or held by another."""
         return self.submit_claim(row_id, consumer).result()
 
-    def submit_claim(self, row_id: str, consumer: str) -> Future[str | None]:
+    def submit_claim(self, row_id: str, consumer: str) -> WriteFuture[str | None]:
         return self.backend.submit(self._claim_op(row_id, consumer))
 
     async def aclaim(self, row_id: str, consumer: str) -> str | None:
@@ -309,7 +309,7 @@ class Ledger:
         """Acknowledge a delivery; only the current claim's holder can."""
         return self.submit_complete(row_id, token).result()
 
-    def submit_complete(self, row_id: str, token: str) -> Future[bool]:
+    def submit_complete(self, row_id: str, token: str) -> WriteFuture[bool]:
         return self.backend.submit(self._complete_op(row_id, token))
 
     async def acomplete(self, row_id: str, token: str) -> bool:

@@ -20,7 +20,6 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +39,7 @@ from delivery.errors import (
     NotALedgerError,
 )
 from delivery.sqlite_writer import GroupCommitWriter
+from delivery.write_future import WriteFuture
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -330,7 +330,7 @@ class SqliteBackend:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def submit(self, op: Callable[[Any], T]) -> Future[T]:
+    def submit(self, op: Callable[[Any], T]) -> WriteFuture[T]:
         return self._writer.submit(op)
 
     def submit_async(self, op: Callable[[Any], T]) -> asyncio.Future[T]:

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
+from delivery.write_future import WriteFuture
+
 T = TypeVar("T")
 C = TypeVar("C")
 log = logging.getLogger(__name__)
@@ -39,14 +41,13 @@ class _LoopWaiter:
         self.fut = fut
 
 
-Waiter = Future[Any] | _LoopWaiter
+Waiter = WriteFuture[Any] | _LoopWaiter
 Outcome = tuple[Waiter, bool, Any]
 
 
 def _still_wanted(waiter: Waiter) -> bool:
-    if isinstance(waiter, _LoopWaiter):
-        return not waiter.fut.cancelled()
-    return waiter.set_running_or_notify_cancel()
+    # A thread's write cannot be cancelled; a coroutine's can, before it is run.
+    return not isinstance(waiter, _LoopWaiter) or not waiter.fut.cancelled()
 
 
 def _settle_on_loop(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
@@ -64,10 +65,8 @@ def _resolve(outcomes: list[Outcome]) -> None:
     for waiter, ok, value in outcomes:
         if isinstance(waiter, _LoopWaiter):
             by_loop.setdefault(waiter.loop, []).append((waiter.fut, ok, value))
-        elif ok:
-            waiter.set_result(value)
         else:
-            waiter.set_exception(value)
+            waiter._settle(ok, value)
     for loop, items in by_loop.items():
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits any more
             loop.call_soon_threadsafe(_settle_on_loop, items)
@@ -109,11 +108,11 @@ class GroupCommitWriter(Generic[C]):
 
     # -- callers --------------------------------------------------------------------------
 
-    def submit(self, op: Callable[[C], T]) -> Future[T]:
+    def submit(self, op: Callable[[C], T]) -> WriteFuture[T]:
         """Queue ``op`` for the next commit; the future resolves once it is durable."""
         if self._closed:
             raise self._unavailable(f"{self.path} is closed")
-        fut: Future[T] = Future()
+        fut: WriteFuture[T] = WriteFuture()
         self._queue.put((op, fut))
         return fut
 
