@@ -63,6 +63,7 @@ class ToolRegistry:
 
     def __init__(self, tools: list[Tool] | None = None) -> None:
         self._tools: dict[str, Tool] = {}
+        self._schemas: list[dict[str, Any]] | None = None
         for tool in tools or []:
             self.register(tool)
 
@@ -70,6 +71,7 @@ class ToolRegistry:
         if tool.name in self._tools:
             raise ValueError(f"a tool named {tool.name!r} is already registered")
         self._tools[tool.name] = tool
+        self._schemas = None
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
@@ -85,7 +87,10 @@ class ToolRegistry:
 
     def schemas(self) -> list[dict[str, Any]]:
         """The tools in the chat-completions `tools` request format."""
-        return [tool.schema() for tool in self._tools.values()]
+        # Asked for on every model call; rebuilt only when the registry changes.
+        if self._schemas is None:
+            self._schemas = [tool.schema() for tool in self._tools.values()]
+        return list(self._schemas)
 
     async def call(self, name: str, arguments_json: str, ctx: ToolContext) -> str:
         tool = self._tools.get(name)

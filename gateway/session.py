@@ -608,6 +608,42 @@ class SessionStore:
 
         return op
 
+    async def abegin_turn(
+        self,
+        session_id: str,
+        *,
+        create_with: SessionSource | None = None,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Everything a turn needs from the store before it runs, in one writer operation.
+
+        Creates the session first when ``create_with`` is given (an existing one is kept),
+        then returns ``(transcript, taken)``: the transcript in order, and the delivery rows
+        this turn folds (marked folded now, so each is folded into exactly one turn).
+        Raises KeyError for an unknown session. Nothing changed means nothing to fsync.
+        """
+        create = self._create_session_op(session_id, create_with, None) if create_with else None
+        now = time.time()
+
+        def op(conn: sqlite3.Connection) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            if create is not None:
+                create(conn)
+            else:
+                self._require_session(conn, session_id)
+            rows = conn.execute(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? ORDER BY id",
+                (session_id,),
+            ).fetchall()
+            history = [self._message_dict(r) for r in rows]
+            taken = [m for m in history if m["display_kind"] is not None and not m["folded"]]
+            if taken:
+                conn.executemany(
+                    "UPDATE messages SET folded_at = ? WHERE id = ? AND folded_at IS NULL",
+                    [(now, m["id"]) for m in taken],
+                )
+            return history, [{**m, "folded": True} for m in taken]
+
+        return await self._awrite(op)
+
     def find_session_by_key(self, session_key: str) -> dict[str, Any] | None:
         """The most recently active session with this routing key, or None."""
         with self._read() as conn:
@@ -639,17 +675,13 @@ class SessionStore:
         if meta_json is None and meta is not None:
             meta_json = json.dumps(dict(meta), ensure_ascii=False)
         dedupe_key = message.get("dedupe_key")
-        cur = conn.execute(
+        row = conn.execute(
             "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
             " display_metadata, dedupe_key) VALUES (?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (session_id, dedupe_key) DO NOTHING",
+            f" ON CONFLICT (session_id, dedupe_key) DO NOTHING RETURNING {_MESSAGE_COLUMNS}",
             (session_id, role, content, now, message.get("display_kind"), meta_json, dedupe_key),
-        )
-        if cur.rowcount == 1:
-            row = conn.execute(
-                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id = ?", (cur.lastrowid,)
-            ).fetchone()
-        else:
+        ).fetchone()
+        if row is None:
             row = conn.execute(
                 f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND dedupe_key = ?",
                 (session_id, dedupe_key),

@@ -497,9 +497,10 @@ class ApiServerAdapter(BasePlatformAdapter):
         session_id = await self._session_from_header(request, keyed)
         body = await self._read_json(request)
         messages, options = self._validate_chat(body)
+        derived = session_id is None
         if session_id is None:
+            # Created by the turn itself (one store operation), not by a refused request.
             session_id = derive_session_id(messages)
-            await self._create_api_session(session_id)
             request[_SESSION_KEY] = session_id
 
         idem_key = request.headers.get(IDEMPOTENCY_HEADER)
@@ -533,11 +534,22 @@ class ApiServerAdapter(BasePlatformAdapter):
         self._active_runs += 1
         deltas: asyncio.Queue[str | None] | None = asyncio.Queue() if options["stream"] else None
         try:
+            # Before any answer: once the client hears back, its session exists.
+            source = SessionSource(platform=Platform.API_SERVER, chat_id=session_id)
+            try:
+                history, taken = await self.store.abegin_turn(
+                    session_id, create_with=source if derived else None
+                )
+            except KeyError:
+                raise ApiError(
+                    404, f"session {session_id!r} does not exist", code="session_not_found"
+                ) from None
             task = asyncio.create_task(
-                self._run_turn(session_id, messages, idem_key, owner, deltas)
+                self._run_turn(session_id, messages, history, taken, idem_key, owner, deltas)
             )
         except BaseException:
             self._active_runs -= 1
+            await self._forget_claim(idem_key, owner)
             raise
         self._turn_tasks.add(task)
         task.add_done_callback(self._turn_tasks.discard)
@@ -592,13 +604,15 @@ class ApiServerAdapter(BasePlatformAdapter):
         self,
         session_id: str,
         request_messages: list[dict[str, Any]],
+        history: list[dict[str, Any]],
+        taken: list[dict[str, Any]],
         idem_key: str | None,
         owner: str | None,
         deltas: asyncio.Queue[str | None] | None,
     ) -> dict[str, Any]:
         try:
             user_message = next(m for m in reversed(request_messages) if m["role"] == "user")
-            context = await self._build_context(session_id, request_messages, user_message)
+            context = self._build_context(history, taken, request_messages, user_message)
             ctx = ToolContext(
                 session_id=session_id,
                 session_key=self._session_key(session_id),
@@ -629,7 +643,8 @@ class ApiServerAdapter(BasePlatformAdapter):
                     session_id,
                     [user_row, reply_row],
                     idempotency_key=idem_key,
-                    response=completion,
+                    # stored only to answer a repeated Idempotency-Key
+                    response=completion if idem_key is not None else None,
                 )
             except KeyError:
                 raise ApiError(
@@ -662,25 +677,20 @@ class ApiServerAdapter(BasePlatformAdapter):
         except Exception:
             logger.exception("could not release idempotency key %r", key)
 
-    async def _build_context(
-        self,
-        session_id: str,
+    @staticmethod
+    def _build_context(
+        history: list[dict[str, Any]],
+        taken: list[dict[str, Any]],
         request_messages: list[dict[str, Any]],
         user_message: dict[str, Any],
     ) -> list[dict[str, Any]]:
         """The model's context: request system prompt, stored transcript, the new message.
 
-        Delivery rows are folded here: the rows ``take_unfolded_deliveries`` hands this turn
-        go into one system message tagged ``[reveille:delivery]`` right before the new user
-        message; rows folded by earlier turns stay in the history at their place (each once,
+        Delivery rows are folded here: the rows this turn took (``abegin_turn``) go into one
+        system message tagged ``[reveille:delivery]`` right before the new user message;
+        rows folded by earlier turns stay in the history at their place (each once,
         consecutive ones merged). Rows that arrive after the take wait for the next turn.
         """
-        history = await asyncio.to_thread(self.store.messages, session_id)
-        taken: list[dict[str, Any]] = []
-        # Taking is a write (it marks rows folded): only pay for it when there is something
-        # to take. A row that lands after this read is folded by the next turn.
-        if any(row["display_kind"] is not None and not row["folded"] for row in history):
-            taken = await self.store.atake_unfolded_deliveries(session_id)
         taken_ids = {row["id"] for row in taken}
         context: list[dict[str, Any]] = [
             {"role": "system", "content": _text(m)}
