@@ -103,29 +103,12 @@ class Ledger:
 
     # -- the work's lifecycle ---------------------------------------------------------------
 
-    def create(
-        self,
-        row_id: str,
-        *,
-        kind: str,
-        state: str = State.QUEUED,
-        session_key: str | None = None,
-        origin_session_id: str | None = None,
-        origin_ui_session_id: str | None = None,
-        goal: str | None = None,
-        request: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """Write the row before the work can start; raises if it cannot be written."""
-        return self.submit_create(
-            row_id,
-            kind=kind,
-            state=state,
-            session_key=session_key,
-            origin_session_id=origin_session_id,
-            origin_ui_session_id=origin_ui_session_id,
-            goal=goal,
-            request=request,
-        ).result()
+    def create(self, row_id: str, **fields: Any) -> dict[str, Any]:
+        """Write the row before the work can start; raises if it cannot be written.
+
+        Takes the keywords of ``submit_create`` and waits for the commit.
+        """
+        return self.submit_create(row_id, **fields).result()
 
     def submit_create(
         self,
