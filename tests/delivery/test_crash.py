@@ -196,7 +196,9 @@ def restart_and_check(tmp_path: Path, run: Run) -> tuple[int, bool, int]:
         reset_runtime()
 
 
-def test_sigkill_at_random_points_loses_nothing_and_acks_once(tmp_path: Path) -> None:
+def test_sigkill_at_random_points_loses_nothing_and_acks_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     started = time.monotonic()
     kills = repeats = redelivered = abandoned = 0
     seeds = []
@@ -214,10 +216,12 @@ def test_sigkill_at_random_points_loses_nothing_and_acks_once(tmp_path: Path) ->
         redelivered += n
         abandoned += n_abandoned
     elapsed = time.monotonic() - started
-    print(
-        f"{kills} kill runs (seeds {seeds[0]}..{seeds[-1]}) in {elapsed:.1f}s: "
-        f"{redelivered} deliveries after restart ({abandoned} of abandoned work), "
-        f"{repeats} runs with the one allowed repeat"
-    )
+    # Each run's seed is in the captured output of a failure; the summary always shows.
+    with capsys.disabled():
+        print(
+            f"\n{kills} kill runs (seeds {seeds[0]}..{seeds[-1]}) in {elapsed:.1f}s: "
+            f"{redelivered} deliveries after restart ({abandoned} of abandoned work), "
+            f"{repeats} runs with the one allowed repeat"
+        )
     # The kill points must actually cover the interesting cases, or the test proves little.
     assert redelivered > 0 and repeats > 0 and abandoned > 0
