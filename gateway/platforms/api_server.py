@@ -45,6 +45,7 @@ from agent.loop import Agent
 from agent.markers import DELIVERY_MARKER, WAKE_MARKER
 from agent.providers.base import DeltaCallback, ProviderError
 from agent.tools import ToolContext
+from delivery.ids import new_token
 from gateway.config import Platform
 from gateway.platforms.base import BasePlatformAdapter
 from gateway.session import (
@@ -743,7 +744,7 @@ class ApiServerAdapter(BasePlatformAdapter):
             "total_tokens": int(usage.get("total_tokens", 0) or 0),
         }
         return {
-            "id": "chatcmpl-" + secrets.token_hex(12),
+            "id": "chatcmpl-" + new_token()[:24],
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self._model_name,
@@ -818,7 +819,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         options: dict[str, Any],
     ) -> web.StreamResponse:
         response = await self._open_stream(request, {SESSION_HEADER: session_id})
-        stream_id = "chatcmpl-" + secrets.token_hex(12)
+        stream_id = "chatcmpl-" + new_token()[:24]
         created = int(time.time())
 
         def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
