@@ -267,6 +267,25 @@ def _create_private_file(path: Path) -> None:
     os.close(fd)
 
 
+def _message_values(session_id: str, message: Mapping[str, Any], now: float) -> tuple[Any, ...]:
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str) or not role:
+        raise ValueError("role must be a non-empty string")
+    if not isinstance(content, str):
+        raise TypeError(f"content must be a string, got {type(content).__name__}")
+    meta = message.get("display_metadata")
+    meta_json = json.dumps(dict(meta), ensure_ascii=False) if meta is not None else None
+    return (
+        session_id,
+        role,
+        content,
+        now,
+        message.get("display_kind"),
+        meta_json,
+        message.get("dedupe_key"),
+    )
+
+
 class SessionStore:
     """Sessions and transcript messages in one SQLite file.
 
@@ -532,28 +551,19 @@ class SessionStore:
         existing row is returned: a redelivered completion never shows up twice.
         Raises KeyError for an unknown session.
         """
-        if not isinstance(role, str) or not role:
-            raise ValueError("role must be a non-empty string")
-        if not isinstance(content, str):
-            raise TypeError(f"content must be a string, got {type(content).__name__}")
-        # Serialise before taking the write lock so a bad payload fails without a txn.
-        meta_json = (
-            json.dumps(dict(display_metadata), ensure_ascii=False)
-            if display_metadata is not None
-            else None
-        )
+        message = {
+            "role": role,
+            "content": content,
+            "display_kind": display_kind,
+            "display_metadata": display_metadata,
+            "dedupe_key": dedupe_key,
+        }
         now = time.time()
+        _message_values(session_id, message, now)  # a bad payload fails before any write
 
         def op(conn: sqlite3.Connection) -> dict[str, Any]:
             self._require_session(conn, session_id)
-            message = {
-                "role": role,
-                "content": content,
-                "display_kind": display_kind,
-                "display_metadata": display_metadata,
-                "dedupe_key": dedupe_key,
-            }
-            out = self._insert_message(conn, session_id, message, now, meta_json=meta_json)
+            out = self._insert_message(conn, session_id, message, now)
             conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id))
             return out
 
@@ -621,12 +631,28 @@ class SessionStore:
         this turn folds (marked folded now, so each is folded into exactly one turn).
         Raises KeyError for an unknown session. Nothing changed means nothing to fsync.
         """
-        create = self._create_session_op(session_id, create_with, None) if create_with else None
+        if not is_valid_session_id(session_id):
+            raise ValueError(f"invalid session id {session_id!r}")
         now = time.time()
+        created = (
+            (
+                session_id,
+                json.dumps(create_with.to_dict(), sort_keys=True),
+                build_session_key(create_with),
+                now,
+                now,
+            )
+            if create_with is not None
+            else None
+        )
 
         def op(conn: sqlite3.Connection) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-            if create is not None:
-                create(conn)
+            if created is not None:
+                conn.execute(
+                    "INSERT INTO sessions (id, source, session_key, title, created_at,"
+                    " updated_at) VALUES (?, ?, ?, NULL, ?, ?) ON CONFLICT (id) DO NOTHING",
+                    created,
+                )
             else:
                 self._require_session(conn, session_id)
             rows = conn.execute(
@@ -658,33 +684,19 @@ class SessionStore:
 
     @staticmethod
     def _insert_message(
-        conn: sqlite3.Connection,
-        session_id: str,
-        message: Mapping[str, Any],
-        now: float,
-        *,
-        meta_json: str | None = None,
+        conn: sqlite3.Connection, session_id: str, message: Mapping[str, Any], now: float
     ) -> dict[str, Any]:
-        role = message.get("role")
-        content = message.get("content")
-        if not isinstance(role, str) or not role:
-            raise ValueError("role must be a non-empty string")
-        if not isinstance(content, str):
-            raise TypeError(f"content must be a string, got {type(content).__name__}")
-        meta = message.get("display_metadata")
-        if meta_json is None and meta is not None:
-            meta_json = json.dumps(dict(meta), ensure_ascii=False)
-        dedupe_key = message.get("dedupe_key")
+        values = _message_values(session_id, message, now)
         row = conn.execute(
             "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
             " display_metadata, dedupe_key) VALUES (?, ?, ?, ?, ?, ?, ?)"
             f" ON CONFLICT (session_id, dedupe_key) DO NOTHING RETURNING {_MESSAGE_COLUMNS}",
-            (session_id, role, content, now, message.get("display_kind"), meta_json, dedupe_key),
+            values,
         ).fetchone()
         if row is None:
             row = conn.execute(
                 f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND dedupe_key = ?",
-                (session_id, dedupe_key),
+                (session_id, values[-1]),
             ).fetchone()
         return SessionStore._message_dict(row)
 
@@ -713,9 +725,13 @@ class SessionStore:
         *,
         idempotency_key: str | None = None,
         response: Mapping[str, Any] | None = None,
-    ) -> list[dict[str, Any]]:
-        return await self._awrite(
-            self._append_turn_op(session_id, messages, idempotency_key, response)
+    ) -> None:
+        """Like ``append_turn``, awaited without a thread hop; returns nothing.
+
+        The turn goes in as one statement, and the rows are not read back.
+        """
+        await self._awrite(
+            self._append_turn_op(session_id, messages, idempotency_key, response, rows=False)
         )
 
     def _append_turn_op(
@@ -724,16 +740,40 @@ class SessionStore:
         messages: list[Mapping[str, Any]],
         idempotency_key: str | None,
         response: Mapping[str, Any] | None,
+        *,
+        rows: bool = True,
     ) -> Callable[[sqlite3.Connection], list[dict[str, Any]]]:
         response_json = (
             json.dumps(dict(response), ensure_ascii=False) if response is not None else None
         )
         now = time.time()
+        values = [_message_values(session_id, m, now) for m in messages]
+        insert = (
+            "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
+            " display_metadata, dedupe_key) VALUES "
+            + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(values))
+            + " ON CONFLICT (session_id, dedupe_key) DO NOTHING"
+        )
 
         def op(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-            self._require_session(conn, session_id)
-            out = [self._insert_message(conn, session_id, m, now) for m in messages]
-            conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id))
+            if rows:
+                self._require_session(conn, session_id)
+                out = [self._insert_message(conn, session_id, m, now) for m in messages]
+            else:
+                # One statement for the whole turn; the foreign key refuses an unknown
+                # (or meanwhile deleted) session.
+                out = []
+                if values:
+                    try:
+                        conn.execute(insert, [v for row in values for v in row])
+                    except sqlite3.IntegrityError as exc:
+                        if "FOREIGN KEY" in str(exc):
+                            raise KeyError(session_id) from None
+                        raise
+            if not conn.execute(
+                "UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id)
+            ).rowcount:
+                raise KeyError(session_id)
             if idempotency_key is not None:
                 self._store_idempotent(conn, idempotency_key, session_id, response_json, now)
             return out
