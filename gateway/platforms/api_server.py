@@ -51,6 +51,7 @@ from gateway.platforms.base import BasePlatformAdapter
 from gateway.session import (
     SessionSource,
     SessionStore,
+    SessionStoreError,
     build_session_key,
     is_valid_session_id,
 )
@@ -212,6 +213,17 @@ async def _error_middleware(
         )
     except asyncio.CancelledError:
         raise
+    except SessionStoreError as exc:
+        # The store is locked by another process past its timeout, closed or gone: the
+        # request changed nothing and may be retried.
+        logger.error("session store unavailable for %s %s: %s", request.method, request.path, exc)
+        return ApiError(
+            503,
+            f"the session store is unavailable, nothing was changed: {exc}",
+            type_="server_error",
+            code="store_unavailable",
+            headers={"Retry-After": str(_RETRY_AFTER_SECONDS)},
+        ).response(request.get(_SESSION_KEY))
     except Exception:
         logger.exception("unhandled error in %s %s", request.method, request.path)
         return ApiError(

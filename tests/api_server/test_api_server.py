@@ -382,6 +382,19 @@ async def test_provider_error_is_502(store) -> None:
         await adapter.stop()
 
 
+async def test_an_unavailable_store_is_a_retryable_503(tmp_path) -> None:
+    store = SessionStore(tmp_path / "sessions.db")
+    async with running_adapter(store) as (adapter, _provider, runner):
+        store.close()  # the store is gone (closed, locked past its timeout, removed)
+        client = client_for(adapter.port).with_options(max_retries=0)
+        with pytest.raises(openai.InternalServerError) as err:
+            await client.chat.completions.create(model="m", messages=user("hello"))
+        assert err.value.status_code == 503
+        assert err.value.response.headers["Retry-After"]
+        assert "nothing was changed" in err.value.body["message"]
+        assert runner.calls == 0 and adapter.active_runs == 0
+
+
 async def test_refuses_public_bind_without_key(store) -> None:
     adapter = ApiServerAdapter(
         store=store, turn_runner=lambda *a: None, host="0.0.0.0", port=0, api_key=""

@@ -819,6 +819,30 @@ class TestSqliteFile:
         else:
             assert not db_path.exists()
 
+    def test_a_database_locked_past_the_timeout_fails_clearly_and_writes_nothing(
+        self, db_path: Path, clock: FakeClock
+    ) -> None:
+        backend = SqliteBackend(db_path, busy_timeout_ms=100)
+        ledger = Ledger(backend, clock=clock)
+        finished_row(ledger, "r1")
+        blocker = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            with pytest.raises(LedgerUnavailable, match="locked"):
+                ledger.create("r2", kind="delegation")
+            with pytest.raises(LedgerUnavailable, match="nothing was written"):
+                ledger.claim("r1", "c")
+            blocker.execute("ROLLBACK")
+            assert ledger.get("r2") is None
+            row = ledger.get("r1")
+            assert row is not None and row["delivery_attempts"] == 0
+            # Once the lock is gone the same operations go through.
+            ledger.create("r2", kind="delegation")
+            assert ledger.claim("r1", "c")
+        finally:
+            blocker.close()
+            backend.close()
+
     def test_a_closed_backend_refuses_writes(self, db_path: Path) -> None:
         backend = SqliteBackend(db_path)
         backend.close()
