@@ -593,9 +593,6 @@ class SessionStore:
         """
         return self._write(self._take_unfolded_op(session_id))
 
-    async def atake_unfolded_deliveries(self, session_id: str) -> list[dict[str, Any]]:
-        return await self._awrite(self._take_unfolded_op(session_id))
-
     def _take_unfolded_op(
         self, session_id: str
     ) -> Callable[[sqlite3.Connection], list[dict[str, Any]]]:
