@@ -59,6 +59,24 @@ def _check_token(token: object) -> str:
     return token
 
 
+def _load(tx: LedgerTx, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any]:
+    row = tx.get(row_id, columns)
+    if row is None:
+        raise UnknownDeliveryError(f"no ledger row {row_id!r}")
+    return row
+
+
+def _load_held(tx: LedgerTx, row_id: str, token: str | None) -> dict[str, Any]:
+    """The row, provided ``token`` (when given) is its current claim's."""
+    row = _load(tx, row_id)
+    if token is not None and row["claim_token"] != token:
+        raise ClaimMismatchError(
+            f"{row_id}: that claim token is not the current holder's "
+            f"(delivery_state={row['delivery_state']}); nothing was written"
+        )
+    return row
+
+
 def mark_reoffered(event: dict[str, Any], reason: str, at: float) -> dict[str, Any]:
     """A copy of ``event`` marked as offered again, so no unrelated session adopts it."""
     marked = copy.deepcopy(event)
@@ -169,8 +187,7 @@ class Ledger:
                 changes["started_at"] = now
             if tx.update(row_id, {"state": str(expected)}, changes):
                 return True
-            if tx.get(row_id) is None:
-                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
+            _load(tx, row_id, ("id",))
             return False
 
         return self.backend.write(op)
@@ -209,8 +226,7 @@ class Ledger:
             # queryable, but there is nothing to deliver, so the caller queues nothing.
             if tx.update(row_id, {"state": str(expected)}, settled_changes):
                 return False
-            if tx.get(row_id, ("id",)) is None:
-                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
+            _load(tx, row_id, ("id",))
             return False
 
         fut = self.backend.submit(op)
@@ -261,9 +277,7 @@ class Ledger:
         def op(tx: LedgerTx) -> str | None:
             if tx.update(row_id, fast_expect, fast_changes):
                 return token
-            row = tx.get(row_id, _CLAIM_COLUMNS)
-            if row is None:
-                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
+            row = _load(tx, row_id, _CLAIM_COLUMNS)
             # completed_at is written together with the event, and is cheaper to read
             if row["delivery_state"] != PENDING or row["completed_at"] is None:
                 return None
@@ -307,14 +321,7 @@ class Ledger:
         def op(tx: LedgerTx) -> bool:
             if tx.update(row_id, {"claim_token": token, "delivery_state": PENDING}, changes):
                 return True
-            row = tx.get(row_id)
-            if row is None:
-                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
-            if row["claim_token"] != token:
-                raise ClaimMismatchError(
-                    f"{row_id}: that claim token is not the current holder's "
-                    f"(delivery_state={row['delivery_state']}); nothing was written"
-                )
+            row = _load_held(tx, row_id, token)
             return row["delivery_state"] == DELIVERED  # a repeated ack is a no-op
 
         return op
@@ -350,13 +357,7 @@ class Ledger:
         identity = self.identity
 
         def op(tx: LedgerTx) -> tuple[str, float | None]:
-            row = tx.get(row_id)
-            if row is None:
-                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
-            if row["claim_token"] != token:
-                raise ClaimMismatchError(
-                    f"{row_id}: that claim token is not the current holder's; nothing was written"
-                )
+            row = _load_held(tx, row_id, token)
             if row["delivery_state"] != PENDING:
                 return row["delivery_state"], None
             attempts, refunds = row["delivery_attempts"], row["refunds"]
@@ -409,11 +410,7 @@ class Ledger:
         now = self.clock()
 
         def op(tx: LedgerTx) -> bool:
-            row = tx.get(row_id)
-            if row is None:
-                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
-            if token is not None and row["claim_token"] != token:
-                raise ClaimMismatchError(f"{row_id}: that claim token is not the holder's")
+            row = _load_held(tx, row_id, token)
             if row["delivery_state"] != PENDING:
                 return False
             expect = {"delivery_state": PENDING, "claim_token": row["claim_token"]}
@@ -431,9 +428,7 @@ class Ledger:
         identity = self.identity
 
         def op(tx: LedgerTx) -> dict[str, Any]:
-            row = tx.get(row_id)
-            if row is None:
-                raise UnknownDeliveryError(f"no ledger row {row_id!r}")
+            row = _load(tx, row_id)
             if row["delivery_state"] != DROPPED:
                 raise InvalidTransitionError(
                     f"{row_id} is {row['delivery_state']}; only a dropped row can be redelivered"

@@ -286,6 +286,16 @@ def _message_values(session_id: str, message: Mapping[str, Any], now: float) -> 
     )
 
 
+def _fold(conn: sqlite3.Connection, rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """Mark delivery rows folded into a turn (inside the caller's transaction)."""
+    if rows:
+        conn.executemany(
+            "UPDATE messages SET folded_at = ? WHERE id = ? AND folded_at IS NULL",
+            [(now, row["id"]) for row in rows],
+        )
+    return [{**row, "folded": True} for row in rows]
+
+
 class SessionStore:
     """Sessions and transcript messages in one SQLite file.
 
@@ -606,12 +616,7 @@ class SessionStore:
                 " ORDER BY id",
                 (session_id,),
             ).fetchall()
-            if rows:
-                conn.executemany(
-                    "UPDATE messages SET folded_at = ? WHERE id = ? AND folded_at IS NULL",
-                    [(now, r["id"]) for r in rows],
-                )
-            return [{**self._message_dict(r), "folded": True} for r in rows]
+            return _fold(conn, [self._message_dict(r) for r in rows], now)
 
         return op
 
@@ -657,13 +662,8 @@ class SessionStore:
                 (session_id,),
             ).fetchall()
             history = [self._message_dict(r) for r in rows]
-            taken = [m for m in history if m["display_kind"] is not None and not m["folded"]]
-            if taken:
-                conn.executemany(
-                    "UPDATE messages SET folded_at = ? WHERE id = ? AND folded_at IS NULL",
-                    [(now, m["id"]) for m in taken],
-                )
-            return history, [{**m, "folded": True} for m in taken]
+            unfolded = [m for m in history if m["display_kind"] is not None and not m["folded"]]
+            return history, _fold(conn, unfolded, now)
 
         return await self._awrite(op)
 

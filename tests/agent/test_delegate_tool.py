@@ -9,8 +9,6 @@ import threading
 import time
 import types
 
-import pytest
-
 from agent import build_default_registry
 from agent.loop import Agent, run_subagent_sync
 from agent.providers.base import ModelReply
@@ -131,20 +129,6 @@ async def test_background_dispatch_arguments(monkeypatch):
     }
 
 
-@pytest.fixture
-def real_runtime(monkeypatch, tmp_path):
-    async_delegation = pytest.importorskip(
-        "tools.async_delegation", reason="tools.async_delegation has not landed yet"
-    )
-    process_registry = pytest.importorskip(
-        "tools.process_registry", reason="tools.process_registry has not landed yet"
-    )
-    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path / "home"))
-    async_delegation.reset_runtime()
-    yield async_delegation, process_registry.process_registry.completion_queue
-    async_delegation.reset_runtime()
-
-
 def _wait_for(queue, delegation_id, timeout=10.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -155,7 +139,8 @@ def _wait_for(queue, delegation_id, timeout=10.0):
 
 
 async def test_background_delegation_for_real_returns_at_once_and_completes(real_runtime):
-    async_delegation, queue = real_runtime
+    async_delegation, registry = real_runtime
+    queue = registry.completion_queue
     tool = make_delegate_tool(DemoModel(delay_seconds=0.5))
     started = time.monotonic()
     result = await _call(tool, goal="count the stars", context="be quick", background=True)
@@ -179,7 +164,7 @@ async def test_background_delegation_for_real_returns_at_once_and_completes(real
 
 
 async def test_background_failure_is_recorded_as_failed(real_runtime):
-    _, queue = real_runtime
+    queue = real_runtime[1].completion_queue
     result = await _call(make_delegate_tool(BrokenProvider()), goal="doomed", background=True)
     evt = await asyncio.to_thread(_wait_for, queue, result["delegation_id"])
     assert evt["status"] == "failed"
@@ -187,7 +172,7 @@ async def test_background_failure_is_recorded_as_failed(real_runtime):
 
 
 async def test_beyond_the_cap_work_waits_or_is_rejected(real_runtime):
-    _, queue = real_runtime
+    queue = real_runtime[1].completion_queue
     tool = make_delegate_tool(DemoModel(delay_seconds=0.3), max_async_children=1)
     results = [await _call(tool, goal=f"job {i}", background=True) for i in range(3)]
     assert results[0]["status"] == "dispatched"
@@ -200,7 +185,7 @@ async def test_beyond_the_cap_work_waits_or_is_rejected(real_runtime):
 
 async def test_demo_turn_end_to_end_with_the_default_registry(real_runtime, tmp_path):
     """'in the background: ...' through the agent, the real tool and the real ledger."""
-    _, queue = real_runtime
+    queue = real_runtime[1].completion_queue
     provider = DemoModel(delay_seconds=0.2)
     registry = build_default_registry(provider, shell_enabled=False, workdir=str(tmp_path))
     result = await Agent(provider, registry).run(

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
-
 from agent.markers import DELIVERY_MARKER, WAKE_MARKER
 from agent.providers.demo import DemoModel
-
-wake = pytest.importorskip("gateway.wake", reason="gateway.wake is not in this tree yet")
+from gateway import wake
 
 NOW = 1_700_000_100.0
 
 
 def _wake_text(evt):
     text = wake.format_wake_text(evt, now=NOW)
-    # The gateway tags the first line with the marker; tolerate a tree where it does not yet.
-    return text if WAKE_MARKER in text else f"{WAKE_MARKER} {text}"
+    assert text.startswith(WAKE_MARKER)  # what the demo model keys on
+    return text
 
 
 async def _summary(text, role="user"):

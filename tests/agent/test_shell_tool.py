@@ -99,20 +99,6 @@ async def test_background_passes_the_origin_to_the_process_registry(monkeypatch,
     ]
 
 
-@pytest.fixture
-def real_runtime(monkeypatch, tmp_path):
-    async_delegation = pytest.importorskip(
-        "tools.async_delegation", reason="tools.async_delegation has not landed yet"
-    )
-    process_registry = pytest.importorskip(
-        "tools.process_registry", reason="tools.process_registry has not landed yet"
-    )
-    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path / "home"))
-    async_delegation.reset_runtime()
-    yield async_delegation, process_registry.process_registry
-    async_delegation.reset_runtime()
-
-
 def _wait_for_event(queue, key, value, timeout=10.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
