@@ -82,8 +82,14 @@ def adapter_supports_push(adapter: Any) -> bool:
 # --------------------------------------------------------------------------- delivery
 
 
-def _self_post_url(adapter: Any) -> str:
-    host = str(getattr(adapter, "_host", "") or "").strip()
+def url_host(bind_host: str) -> str:
+    """The host part of a URL that reaches, from this machine, a server bound to ``bind_host``.
+
+    A wildcard bind accepts on loopback, and loopback never leaves the machine with the
+    bearer key; the address family the server was bound with is kept. IPv6 literals come
+    back in brackets.
+    """
+    host = bind_host.strip()
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not host:
@@ -93,13 +99,14 @@ def _self_post_url(adapter: Any) -> str:
             addr = ipaddress.ip_address(host)
         except ValueError:
             addr = None  # a hostname: connect to it as configured
-        # A wildcard bind accepts on loopback, and loopback never leaves the machine with
-        # the bearer key; keep the address family the server was bound with.
         if addr is not None and addr.is_unspecified:
             host = "::1" if addr.version == 6 else "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def _self_post_url(adapter: Any) -> str:
+    host = url_host(str(getattr(adapter, "_host", "") or ""))
     port = int(getattr(adapter, "_port", 0) or DEFAULT_API_SERVER_PORT)
-    if ":" in host:
-        host = f"[{host}]"
     return f"http://{host}:{port}/v1/chat/completions"
 
 

@@ -7,6 +7,8 @@ import logging
 import sys
 
 from reveille import deliveries
+from reveille.chat import add_chat_parser
+from reveille.serve import add_serve_parser
 from reveille.settings import SettingsError
 
 
@@ -17,13 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    try:
-        from reveille.serve import add_chat_parser, add_serve_parser
-    except ImportError:  # pragma: no cover - only while serve is not built yet
-        pass
-    else:
-        add_serve_parser(sub)
-        add_chat_parser(sub)
+    add_serve_parser(sub)
+    add_chat_parser(sub)
     deliveries.add_parser(sub)
     return parser
 

@@ -19,8 +19,9 @@ import pytest
 
 from agent.markers import WAKE_MARKER
 from gateway.wake import DELEGATION_DISPLAY_KIND
+from reveille.chat import ChatClient
 from reveille.cli import build_parser
-from reveille.serve import ChatClient, startup_banner
+from reveille.serve import startup_banner
 from reveille.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
