@@ -140,7 +140,7 @@ class GatewayRunner:
     async def _open_runtime(self) -> None:
         # A runtime configured by the embedding program (tests, benchmarks) is used as is;
         # otherwise this runner opens the one of the settings' state directory.
-        if getattr(ad, "_runtime", None) is None:
+        if not ad.runtime_is_open():
             s = self.settings
             self.runtime = await asyncio.to_thread(
                 ad.configure_runtime,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,9 @@ class SettingsError(ValueError):
     """A setting has a value Reveille cannot use; the message says which and why."""
 
 
-def state_dir() -> Path:
-    return Path(os.environ.get("REVEILLE_HOME") or Path.home() / ".reveille").expanduser()
+def state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    return Path(env.get("REVEILLE_HOME") or Path.home() / ".reveille").expanduser()
 
 
 @dataclass(frozen=True)
@@ -154,10 +156,12 @@ def _validate(s: Settings) -> None:
 
 
 def load_settings(
-    environ: dict[str, str] | None = None, config_file: str | Path | None = None, **overrides: Any
+    environ: Mapping[str, str] | None = None,
+    config_file: str | Path | None = None,
+    **overrides: Any,
 ) -> Settings:
     env = os.environ if environ is None else environ
-    home = Path(env.get("REVEILLE_HOME") or Path.home() / ".reveille").expanduser()
+    home = state_dir(env)
     types = {f.name: f.type for f in fields(Settings)}
     kinds = {"bool": bool, "int": int, "float": float, "str": str}
     values: dict[str, Any] = {}

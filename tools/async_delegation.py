@@ -338,6 +338,21 @@ _runtime: DelegationRuntime | None = None
 _runtime_lock = threading.Lock()
 
 
+def _open_runtime(
+    path: str,
+    policy: DeliveryPolicy | None,
+    completion_queue: Any,
+    max_queued: int,
+    clock: Callable[[], float] = time.time,
+) -> DelegationRuntime:
+    from tools.process_registry import process_registry
+
+    if completion_queue is None:
+        completion_queue = process_registry.completion_queue
+    ledger = Ledger(SqliteBackend(path), policy, clock=clock)
+    return DelegationRuntime(ledger, completion_queue, max_queued=max_queued)
+
+
 def get_runtime() -> DelegationRuntime:
     """This process's runtime, opened on first use from the settings (``REVEILLE_HOME``)."""
     global _runtime
@@ -345,16 +360,20 @@ def get_runtime() -> DelegationRuntime:
         with _runtime_lock:
             if _runtime is None:
                 from reveille.settings import load_settings
-                from tools.process_registry import process_registry
 
                 settings = load_settings()
-                backend = SqliteBackend(settings.ledger_path)
-                _runtime = DelegationRuntime(
-                    Ledger(backend, settings.delivery_policy),
-                    process_registry.completion_queue,
-                    max_queued=settings.max_queued_delegations,
+                _runtime = _open_runtime(
+                    str(settings.ledger_path),
+                    settings.delivery_policy,
+                    None,
+                    settings.max_queued_delegations,
                 )
     return _runtime
+
+
+def runtime_is_open() -> bool:
+    """Whether this process's runtime was opened (by ``get_runtime`` or ``configure_runtime``)."""
+    return _runtime is not None
 
 
 def configure_runtime(
@@ -367,17 +386,10 @@ def configure_runtime(
 ) -> DelegationRuntime:
     """Open the runtime on an explicit ledger file (tests, benchmarks, embedding)."""
     global _runtime
-    from tools.process_registry import process_registry
-
     with _runtime_lock:
         if _runtime is not None:
             _runtime.close()
-        ledger = Ledger(SqliteBackend(path), policy, clock=clock)
-        _runtime = DelegationRuntime(
-            ledger,
-            completion_queue if completion_queue is not None else process_registry.completion_queue,
-            max_queued=max_queued,
-        )
+        _runtime = _open_runtime(path, policy, completion_queue, max_queued, clock)
         return _runtime
 
 
