@@ -209,15 +209,25 @@ class DelegationRuntime:
         # The work is done: its slot is free now, while the terminal row is written.
         with self._lock:
             self._slots.running.pop(unit.delegation_id, None)
-        self._finalize(unit.delegation_id, event, attempt=0)
+        self.record_completion(unit.delegation_id, event)
         self._fill_slots()
 
-    def _finalize(self, row_id: str, event: dict[str, Any], attempt: int) -> None:
+    def record_completion(
+        self,
+        row_id: str,
+        event: dict[str, Any],
+        *,
+        deliver_to: Any = None,
+        attempt: int = 0,
+    ) -> None:
         """Write the terminal row, then (from the writer's commit callback) queue the event.
 
-        Not waiting here lets one commit carry many workers' results. A write that fails
-        for want of the database is retried: the event may be the only copy of the result.
+        Returns at once: one commit carries many workers' results. A write that fails for
+        want of the database is retried, since the event may be the only copy of the result.
+        The event goes to ``deliver_to`` (default: this runtime's queue) only when the row
+        still waits for delivery; a row dropped while its work ran keeps the result only.
         """
+        target = self.queue if deliver_to is None else deliver_to
         fut = self.ledger.submit_finish(
             row_id, expected="running", state=event["status"], event=event
         )
@@ -226,12 +236,17 @@ class DelegationRuntime:
             exc = done.exception()
             if exc is None:
                 if done.result():
-                    self.queue.put(event)
+                    target.put(event)
                 return
             if isinstance(exc, LedgerUnavailable) and attempt < len(_FINALIZE_RETRY_SECONDS):
                 delay = _FINALIZE_RETRY_SECONDS[attempt]
                 log.warning("ledger unavailable finishing %s, retry in %ss: %s", row_id, delay, exc)
-                timer = threading.Timer(delay, self._finalize, args=(row_id, event, attempt + 1))
+                timer = threading.Timer(
+                    delay,
+                    self.record_completion,
+                    args=(row_id, event),
+                    kwargs={"deliver_to": target, "attempt": attempt + 1},
+                )
                 timer.daemon = True
                 timer.start()
             else:
@@ -311,25 +326,6 @@ def _completion_event(
     event["status"] = status
     event["completed_at"] = now
     return event
-
-
-def finalize_durably(
-    ledger: Ledger, row_id: str, expected: str, state: str, event: dict[str, Any]
-) -> bool:
-    """Write the terminal row; retried, since the event may be the only copy of the result.
-
-    Returns False when the row was already settled by someone else (nothing to queue).
-    """
-    for delay in (*_FINALIZE_RETRY_SECONDS, None):
-        try:
-            return ledger.finish(row_id, expected=expected, state=state, event=event)
-        except LedgerUnavailable as exc:
-            if delay is None:
-                log.critical("giving up writing the completion of %s: %s", row_id, exc)
-                return False
-            log.warning("ledger unavailable finishing %s, retrying in %ss: %s", row_id, delay, exc)
-            time.sleep(delay)
-    return False
 
 
 # -- the process's runtime -------------------------------------------------------------------

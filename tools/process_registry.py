@@ -170,6 +170,9 @@ class ProcessRegistry:
             goal=command,
             request=request,
         )
+        if not notify_on_complete:
+            # Nobody is to be told: the row records the run and its result, nothing more.
+            ledger.drop(process_id, "notify_on_complete was off; result kept")
         try:
             proc = subprocess.Popen(
                 command,
@@ -246,7 +249,7 @@ class ProcessRegistry:
         killed: bool,
         output_bytes: int = 0,
     ) -> None:
-        from tools.async_delegation import finalize_durably, get_runtime
+        from tools.async_delegation import get_runtime
 
         now = time.time()
         if error is not None:
@@ -266,13 +269,7 @@ class ProcessRegistry:
         }
         if error is not None:
             event["error"] = error
-        runtime = get_runtime()
-        if not finalize_durably(runtime.ledger, process_id, "running", status, event):
-            return
-        if request.get("notify_on_complete", True):
-            self.completion_queue.put(event)
-        else:
-            runtime.ledger.drop(process_id, "notify_on_complete was off; result kept")
+        get_runtime().record_completion(process_id, event, deliver_to=self.completion_queue)
 
     def poll(self, process_id: str) -> dict[str, Any] | None:
         with self._lock:
