@@ -147,7 +147,7 @@ class Increment:
     by: int = 1
 
 
-def changed_columns(changes: Iterable[str]) -> None:
+def check_columns(changes: Iterable[str]) -> None:
     unknown = set(changes) - set(COLUMNS)
     if unknown:
         raise ValueError(f"unknown ledger column(s): {', '.join(sorted(unknown))}")

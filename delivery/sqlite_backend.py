@@ -30,7 +30,7 @@ from delivery.backend import (
     Below,
     Increment,
     IsSet,
-    changed_columns,
+    check_columns,
 )
 from delivery.errors import (
     DuplicateDeliveryError,
@@ -136,8 +136,8 @@ _UpdatePlan = tuple[str, tuple[int, ...], tuple[int, ...], tuple[tuple[int, bool
 
 
 def _plan_update(changes: dict[str, Any], expect: dict[str, Any]) -> _UpdatePlan:
-    changed_columns(changes)
-    changed_columns(expect)
+    check_columns(changes)
+    check_columns(expect)
     sets, json_at, increment_at = [], [], []
     for i, (col, value) in enumerate(changes.items()):
         if type(value) is Increment:
@@ -178,7 +178,7 @@ class _SqliteTx:
             return _decode(self._conn.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone())
         sql = self._select_sql.get(columns)
         if sql is None:
-            changed_columns(columns)
+            check_columns(columns)
             sql = self._select_sql[columns] = (
                 f"SELECT {', '.join(columns)} FROM deliveries WHERE id = ?"
             )
@@ -195,7 +195,7 @@ class _SqliteTx:
         cols = tuple(row)
         sql = self._insert_sql.get(cols)
         if sql is None:
-            changed_columns(cols)
+            check_columns(cols)
             sql = self._insert_sql[cols] = (
                 f"INSERT INTO deliveries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
             )
