@@ -35,7 +35,7 @@ import tools.async_delegation as ad
 from agent import Agent, build_default_registry, build_provider
 from agent.providers.base import ModelProvider
 from gateway.platforms.api_server import ApiServerAdapter
-from gateway.session import SessionStore
+from gateway.session import SessionGone, SessionStore
 from gateway.wake import (
     WakeDeliveryError,
     deliver_wake,
@@ -261,7 +261,7 @@ class GatewayRunner:
 
         try:
             await self._deliver(evt, session_id)
-        except KeyError:
+        except SessionGone:
             await self._drop(evt, claim, f"session {session_id} was deleted")
             return "dropped"
         except WakeDeliveryError as exc:

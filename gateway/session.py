@@ -252,6 +252,18 @@ def new_session_id() -> str:
     return "sess_" + secrets.token_hex(16)
 
 
+class SessionGone(LookupError):
+    """The session does not exist (never created, or deleted): a delivery to it is dropped.
+
+    A domain error rather than the built-in ``KeyError``, so that a stray ``KeyError`` from a
+    bug can never be mistaken for "the session is gone" and drop a result for good.
+    """
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} does not exist")
+        self.session_id = session_id
+
+
 class SessionStoreError(RuntimeError):
     """The session database cannot be used (not a database, newer schema, closed...)."""
 
@@ -543,7 +555,7 @@ class SessionStore:
     @staticmethod
     def _require_session(conn: sqlite3.Connection, session_id: str) -> None:
         if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
-            raise KeyError(session_id)
+            raise SessionGone(session_id)
 
     def append_message(
         self,
@@ -559,7 +571,7 @@ class SessionStore:
 
         With a ``dedupe_key`` already used in this session, nothing is inserted and the
         existing row is returned: a redelivered completion never shows up twice.
-        Raises KeyError for an unknown session.
+        Raises SessionGone for an unknown session.
         """
         message = {
             "role": role,
@@ -582,7 +594,7 @@ class SessionStore:
     def messages(
         self, session_id: str, *, after_id: int = 0, limit: int | None = None
     ) -> list[dict[str, Any]]:
-        """Transcript in order, only ids > ``after_id``. Raises KeyError for unknown sessions."""
+        """Transcript in order, only ids > ``after_id``. Raises SessionGone for unknown sessions."""
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
         with self._read() as conn:
@@ -599,7 +611,7 @@ class SessionStore:
 
         Select and update happen in one IMMEDIATE transaction, so concurrent callers (threads,
         stores or processes) each get a disjoint set: every delivery row is folded into
-        exactly one client turn. Raises KeyError for unknown sessions.
+        exactly one client turn. Raises SessionGone for unknown sessions.
         """
         return self._write(self._take_unfolded_op(session_id))
 
@@ -631,7 +643,7 @@ class SessionStore:
         Creates the session first when ``create_with`` is given (an existing one is kept),
         then returns ``(transcript, taken)``: the transcript in order, and the delivery rows
         this turn folds (marked folded now, so each is folded into exactly one turn).
-        Raises KeyError for an unknown session. Nothing changed means nothing to fsync.
+        Raises SessionGone for an unknown session. Nothing changed means nothing to fsync.
         """
         if not is_valid_session_id(session_id):
             raise ValueError(f"invalid session id {session_id!r}")
@@ -710,7 +722,7 @@ class SessionStore:
         One transaction: after a crash either the whole turn and its idempotency record are
         there (a repeated request gets the stored response) or neither is (the repeat runs
         the turn). Each message is a mapping with ``role`` and ``content`` and optionally
-        ``display_kind``, ``display_metadata``, ``dedupe_key``. Raises KeyError for an
+        ``display_kind``, ``display_metadata``, ``dedupe_key``. Raises SessionGone for an
         unknown session; nothing is written then.
         """
         return self._write(self._append_turn_op(session_id, messages, idempotency_key, response))
@@ -765,12 +777,12 @@ class SessionStore:
                         conn.execute(insert, [v for row in values for v in row])
                     except sqlite3.IntegrityError as exc:
                         if "FOREIGN KEY" in str(exc):
-                            raise KeyError(session_id) from None
+                            raise SessionGone(session_id) from None
                         raise
             if not conn.execute(
                 "UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id)
             ).rowcount:
-                raise KeyError(session_id)
+                raise SessionGone(session_id)
             if idempotency_key is not None:
                 self._store_idempotent(conn, idempotency_key, session_id, response_json, now)
             return out

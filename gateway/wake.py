@@ -573,7 +573,7 @@ def persist_delegation_delivery(
     ``GET /api/sessions/{id}/messages`` and folded into the next client turn by
     ``SessionStore.take_unfolded_deliveries``. Its dedupe key is ``deleg:<delegation_id>``,
     so a redelivered event returns the existing row instead of appending twice. Raises
-    KeyError for an unknown session (the caller drops or releases its claim).
+    SessionGone for an unknown session (the caller drops or releases its claim).
     """
     delegation_id = evt.get("delegation_id")
     if not isinstance(delegation_id, str) or not delegation_id:

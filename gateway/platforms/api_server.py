@@ -49,6 +49,7 @@ from delivery.ids import new_token
 from gateway.config import Platform
 from gateway.platforms.base import BasePlatformAdapter
 from gateway.session import (
+    SessionGone,
     SessionSource,
     SessionStore,
     SessionStoreError,
@@ -553,7 +554,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                 history, taken = await self.store.abegin_turn(
                     session_id, create_with=source if derived else None
                 )
-            except KeyError:
+            except SessionGone:
                 raise ApiError(
                     404, f"session {session_id!r} does not exist", code="session_not_found"
                 ) from None
@@ -659,7 +660,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                     # stored only to answer a repeated Idempotency-Key
                     response=completion if idem_key is not None else None,
                 )
-            except KeyError:
+            except SessionGone:
                 raise ApiError(
                     404,
                     f"session {session_id!r} was deleted while the turn ran",
@@ -1001,7 +1002,7 @@ class ApiServerAdapter(BasePlatformAdapter):
             rows = await asyncio.to_thread(
                 self.store.messages, session_id, after_id=after_id, limit=limit
             )
-        except KeyError:
+        except SessionGone:
             raise ApiError(
                 404, f"session {session_id!r} does not exist", code="session_not_found"
             ) from None

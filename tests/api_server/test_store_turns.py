@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.session import SessionStore
+from gateway.session import SessionGone, SessionStore
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def test_append_turn_records_messages_and_response_together(store) -> None:
 
 
 def test_append_turn_to_unknown_session_writes_nothing(store) -> None:
-    with pytest.raises(KeyError):
+    with pytest.raises(SessionGone):
         store.append_turn(
             "sess_gone", [{"role": "user", "content": "x"}], idempotency_key="k", response={}
         )

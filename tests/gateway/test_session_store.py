@@ -13,6 +13,7 @@ import pytest
 
 from gateway.config import Platform
 from gateway.session import (
+    SessionGone,
     SessionSource,
     SessionStore,
     SessionStoreError,
@@ -206,11 +207,11 @@ def test_append_and_read_messages(store: SessionStore) -> None:
 
 
 def test_unknown_session_raises_key_error(store: SessionStore) -> None:
-    with pytest.raises(KeyError):
+    with pytest.raises(SessionGone):
         store.append_message("ghost", "user", "x")
-    with pytest.raises(KeyError):
+    with pytest.raises(SessionGone):
         store.messages("ghost")
-    with pytest.raises(KeyError):
+    with pytest.raises(SessionGone):
         store.take_unfolded_deliveries("ghost")
 
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 import gateway.wake as wake_mod
 from gateway.config import Platform
-from gateway.session import SessionSource, SessionStore
+from gateway.session import SessionGone, SessionSource, SessionStore
 from gateway.wake import (
     DELEGATION_DISPLAY_KIND,
     WakeDeliveryError,
@@ -490,7 +490,7 @@ def test_persist_batch_metadata_and_custom_text(tmp_path: Path) -> None:
 
 def test_persist_rejects_unknown_session_and_bad_events(tmp_path: Path) -> None:
     with SessionStore(tmp_path / "s.db") as store:
-        with pytest.raises(KeyError):
+        with pytest.raises(SessionGone):
             persist_delegation_delivery(store, "gone", _single())
         store.create_session("s")
         with pytest.raises(ValueError, match="delegation_id"):
