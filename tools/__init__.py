@@ -1,1 +1,1 @@
-"""Agent tools and the core contract modules (async delegation, process registry)."""
+"""Agent tools, and the core contract modules over the delegation runtime they face."""

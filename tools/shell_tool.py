@@ -131,7 +131,9 @@ def make_shell_tool(
             return {"error": "command must not be empty"}
         if not as_bool(args.get("background")):
             return await run_foreground(command, workdir=workdir, timeout=timeout_seconds)
-        from tools.process_registry import process_registry  # lazy: optional at import time
+        # Resolved at call time: the process machinery loads only once a command goes to the
+        # background, and a substituted contract module (an embedder's, a test's) is honoured.
+        from tools.process_registry import process_registry
 
         spawned = await asyncio.to_thread(
             process_registry.spawn,

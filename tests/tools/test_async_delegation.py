@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 
 from delivery.errors import ClaimMismatchError, LedgerUnavailable, UnknownDeliveryError
+from delivery.policy import DeliveryPolicy
+from reveille.settings import Settings, load_settings, state_dir
 from tools.async_delegation import (
     DelegationRuntime,
     cancel_delegation,
@@ -33,11 +35,22 @@ from tools.async_delegation import (
     get_runtime,
     interrupt_delegation,
     list_delegations,
+    open_runtime,
+    register_runtime_factory,
     release_event_delivery,
     reset_runtime,
     restore_undelivered_completions,
+    runtime_is_open,
 )
-from tools.process_registry import OUTPUT_TAIL_BYTES, CompletionQueue, ProcessRegistry, _Tail
+from tools.delegation_runtime import default_state_dir
+from tools.process_registry import (
+    OUTPUT_TAIL_BYTES,
+    CompletionQueue,
+    ProcessRegistry,
+    _Tail,
+    process_registry,
+    shared_completion_queue,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT = 10.0  # generous upper bound for anything that should take milliseconds
@@ -339,15 +352,56 @@ class TestDispatch:
         assert out.stdout.strip() == "dispatched"
         assert time.monotonic() - started < 10
 
-    def test_settings_choose_the_ledger_and_the_policy(
+    def test_without_a_factory_the_runtime_opens_on_the_state_directory(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
+        # The default is built on the tools floor alone: the state directory's ledger file,
+        # the default delivery policy and queue limit, the shared completion queue.
+        reset_runtime()
+        previous = register_runtime_factory(None)
+        monkeypatch.setenv("REVEILLE_HOME", str(tmp_path / "home"))
+        try:
+            rt = get_runtime()
+            assert runtime_is_open()
+            assert rt.ledger.backend.path == str((tmp_path / "home" / "ledger.db").resolve())
+            assert rt.ledger.policy == DeliveryPolicy()
+            assert rt.max_queued == Settings().max_queued_delegations == 32
+            assert rt.queue is process_registry.completion_queue is shared_completion_queue
+            assert get_runtime() is rt
+        finally:
+            reset_runtime()
+            register_runtime_factory(previous)
+        assert not runtime_is_open()
+
+    def test_the_default_state_directory_is_the_settings_one(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.delenv("REVEILLE_HOME", raising=False)
+        monkeypatch.setenv("HOME", str(tmp_path))
+        assert default_state_dir() == tmp_path / ".reveille" == state_dir()
+        monkeypatch.setenv("REVEILLE_HOME", "~/elsewhere")
+        assert default_state_dir() == tmp_path / "elsewhere" == state_dir()
+
+    def test_a_registered_factory_opens_the_runtime_from_the_settings(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # What the composition root registers: the runtime of the settings.
+        def from_settings() -> DelegationRuntime:
+            s = load_settings()
+            calls.append(s)
+            return open_runtime(
+                str(s.ledger_path), policy=s.delivery_policy, max_queued=s.max_queued_delegations
+            )
+
+        calls: list[Settings] = []
         reset_runtime()
         monkeypatch.setenv("REVEILLE_HOME", str(tmp_path / "home"))
         monkeypatch.setenv("REVEILLE_MAX_ATTEMPTS", "2")
         monkeypatch.setenv("REVEILLE_LEASE_SECONDS", "30")
         monkeypatch.setenv("REVEILLE_REPLAY_CAP_SECONDS", "3600")
+        monkeypatch.setenv("REVEILLE_MAX_QUEUED_DELEGATIONS", "5")
         monkeypatch.delenv("REVEILLE_CONFIG", raising=False)
+        previous = register_runtime_factory(from_settings)
         try:
             rt = get_runtime()
             assert rt.ledger.backend.path == str((tmp_path / "home" / "ledger.db").resolve())
@@ -357,9 +411,13 @@ class TestDispatch:
                 30.0,
                 3600.0,
             )
-            assert get_runtime() is rt
+            assert rt.max_queued == 5 and rt.queue is process_registry.completion_queue
+            assert get_runtime() is rt and len(calls) == 1  # opened once
+            reset_runtime()
+            assert get_runtime() is not rt and len(calls) == 2  # the factory outlives a reset
         finally:
             reset_runtime()
+            assert register_runtime_factory(previous) is from_settings
 
     def test_a_queued_unit_is_not_lost_when_a_slot_frees_while_its_row_is_written(
         self, runtime: DelegationRuntime

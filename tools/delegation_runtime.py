@@ -1,0 +1,442 @@
+"""The delegation runtime: the ledger, the completion queue and the slots of this process.
+
+``DelegationRuntime`` runs detached units (a sub-agent, a batch of them) on daemon workers:
+at most ``cap`` run at once and beyond that a unit waits in a bounded FIFO or is rejected.
+Every unit's ledger row is written before it can start, and its completion event is written
+to the ledger before it is put on the completion queue (``record_completion``).
+
+The bottom of this module holds the process-wide runtime behind ``get_runtime()``, the face
+that the fixed contract module (``tools.async_delegation``) and the background processes
+need. The composition root says how it is opened (``register_runtime_factory``); without
+one, it is opened on ``$REVEILLE_HOME/ledger.db`` (default ``~/.reveille``) with the default
+delivery policy. ``configure_runtime`` opens it on an explicit file instead.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from delivery.errors import LedgerError, LedgerUnavailable
+from delivery.ledger import Ledger
+from delivery.policy import DeliveryPolicy
+from delivery.reoffer import ReofferScheduler, wake_dir_for
+from delivery.sqlite_backend import SqliteBackend
+from delivery.states import State
+from delivery.write_future import WriteFuture
+from tools.completion_queue import CompletionEvent, EventQueue, shared_completion_queue
+
+log = logging.getLogger(__name__)
+
+DelegationRequest = dict[str, Any]
+"""What a dispatch stores with its row: the event's fields known before the work runs."""
+RunnerResult = dict[str, Any]
+"""What a unit's runner returns: ``status``, ``summary`` or ``error``, or ``results[]``."""
+Runner = Callable[[], RunnerResult]
+DispatchOutcome = dict[str, Any]
+"""The answer of a dispatch: ``status`` (dispatched, queued, rejected), ``delegation_id``,
+and ``error`` when rejected."""
+Clock = Callable[[], float]
+
+DEFAULT_MAX_QUEUED = 32
+LEDGER_FILE = "ledger.db"
+_FINALIZE_RETRY_SECONDS = (0.05, 0.2, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+_RESULT_STATES = {s.value for s in State} - {State.QUEUED.value, State.RUNNING.value}
+
+
+@dataclass
+class Unit:
+    """One unit of detached work (a goal, or a batch holding one slot) and how to stop it."""
+
+    delegation_id: str
+    request: DelegationRequest
+    run: Runner
+    interrupt_fn: Callable[[], None] | None
+    cancel_requested: bool = False
+
+
+@dataclass
+class _Slots:
+    """Running units and the bounded FIFO of those waiting for a slot."""
+
+    running: dict[str, Unit] = field(default_factory=dict)
+    waiting: collections.deque[tuple[Unit, int]] = field(default_factory=collections.deque)
+    joining: int = 0  # FIFO places reserved while their rows are being written
+
+
+class _WorkerPool:
+    """Daemon worker threads, so background work never keeps the process from exiting.
+
+    Threads are started on demand, wait on one C-level queue and leave after being idle.
+    """
+
+    _IDLE_EXIT_SECONDS = 30.0
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1  # that idle thread is now spoken for
+        self._jobs.put(job)
+        if spawn:
+            threading.Thread(target=self._work, name="delegation-worker", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self._IDLE_EXIT_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0 and self._jobs.empty():
+                        self._idle -= 1
+                        return
+                continue
+            try:
+                job()
+            except Exception:
+                log.exception("delegation worker job failed")
+            with self._lock:
+                self._idle += 1
+
+
+class DelegationRuntime:
+    """The ledger, the completion queue and the slots of this process."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        completion_queue: EventQueue,
+        *,
+        max_queued: int = DEFAULT_MAX_QUEUED,
+    ) -> None:
+        self.ledger = ledger
+        self.queue = completion_queue
+        self.max_queued = max_queued
+        self._slots = _Slots()
+        self._lock = threading.Lock()
+        self._pool = _WorkerPool()
+        self.scheduler: ReofferScheduler | None = None
+
+    # -- dispatch -----------------------------------------------------------------------------
+
+    def dispatch(self, unit: Unit, *, kind: str, goal: str, cap: int) -> DispatchOutcome:
+        if cap < 1:
+            raise ValueError("max_async_children must be at least 1")
+        with self._lock:
+            start_now = len(self._slots.running) < cap
+            waiting = len(self._slots.waiting) + self._slots.joining
+            if not start_now and waiting >= self.max_queued:
+                return _rejected(
+                    unit.delegation_id,
+                    f"{len(self._slots.running)} background tasks are running and "
+                    f"{waiting} are waiting (the limit); try again later",
+                )
+            # Reserve the slot, or a place in the FIFO, before the write, so that concurrent
+            # dispatches cannot overshoot the cap while their rows are being written. A
+            # waiting unit joins the FIFO only once its row exists: a slot freed meanwhile
+            # must not try to start a row that is not there yet.
+            if start_now:
+                self._slots.running[unit.delegation_id] = unit
+            else:
+                self._slots.joining += 1
+        req = unit.request
+        try:
+            self.ledger.create(
+                unit.delegation_id,
+                kind=kind,
+                state=State.RUNNING if start_now else State.QUEUED,
+                session_key=req.get("session_key"),
+                origin_session_id=req.get("origin_session_id"),
+                origin_ui_session_id=req.get("origin_ui_session_id"),
+                goal=goal,
+                request=req,
+            )
+        except (LedgerError, OSError) as exc:
+            with self._lock:
+                if start_now:
+                    self._slots.running.pop(unit.delegation_id, None)
+                else:
+                    self._slots.joining -= 1
+            if start_now:
+                self._fill_slots()
+            return _rejected(unit.delegation_id, f"could not record the task durably: {exc}")
+        if start_now:
+            self._pool.submit(functools.partial(self._run, unit))
+            return {"status": "dispatched", "delegation_id": unit.delegation_id}
+        with self._lock:
+            self._slots.joining -= 1
+            self._slots.waiting.append((unit, cap))
+        self._fill_slots()  # a slot may have freed while the row was being written
+        return {"status": "queued", "delegation_id": unit.delegation_id}
+
+    def _remove_waiting(self, delegation_id: str) -> Unit | None:
+        for item in self._slots.waiting:
+            if item[0].delegation_id == delegation_id:
+                self._slots.waiting.remove(item)
+                return item[0]
+        return None
+
+    def _fill_slots(self) -> None:
+        while True:
+            with self._lock:
+                if not self._slots.waiting:
+                    return
+                unit, cap = self._slots.waiting[0]
+                if len(self._slots.running) >= cap:
+                    return
+                self._slots.waiting.popleft()
+                self._slots.running[unit.delegation_id] = unit
+            try:
+                started = self.ledger.start(unit.delegation_id)
+            except LedgerError:
+                log.exception("could not start queued delegation %s", unit.delegation_id)
+                started = False
+            if started:
+                self._pool.submit(functools.partial(self._run, unit))
+            else:
+                with self._lock:
+                    self._slots.running.pop(unit.delegation_id, None)
+
+    def _run(self, unit: Unit) -> None:
+        started = time.time()
+        try:
+            result = unit.run()
+            if not isinstance(result, dict):
+                result = {"status": "error", "error": f"runner returned {type(result).__name__}"}
+        except Exception as exc:
+            log.exception("delegation %s failed", unit.delegation_id)
+            result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+        if unit.cancel_requested:
+            result = {**result, "status": "cancelled"}
+        event = _completion_event(unit.request, result, started)
+        # The work is done: its slot is free now, while the terminal row is written.
+        with self._lock:
+            self._slots.running.pop(unit.delegation_id, None)
+        self.record_completion(unit.delegation_id, event)
+        self._fill_slots()
+
+    def record_completion(
+        self,
+        row_id: str,
+        event: CompletionEvent,
+        *,
+        deliver_to: EventQueue | None = None,
+        attempt: int = 0,
+    ) -> None:
+        """Write the terminal row, then (from the writer's commit callback) queue the event.
+
+        Returns at once: one commit carries many workers' results. A write that fails for
+        want of the database is retried, since the event may be the only copy of the result.
+        The event goes to ``deliver_to`` (default: this runtime's queue) only when the row
+        still waits for delivery; a row dropped while its work ran keeps the result only.
+        """
+        target = self.queue if deliver_to is None else deliver_to
+        fut = self.ledger.submit_finish(
+            row_id, expected="running", state=event["status"], event=event
+        )
+
+        def committed(done: WriteFuture[bool]) -> None:
+            exc = done.exception()
+            if exc is None:
+                if done.result():
+                    target.put(event)
+                return
+            if isinstance(exc, LedgerUnavailable) and attempt < len(_FINALIZE_RETRY_SECONDS):
+                delay = _FINALIZE_RETRY_SECONDS[attempt]
+                log.warning("ledger unavailable finishing %s, retry in %ss: %s", row_id, delay, exc)
+                timer = threading.Timer(
+                    delay,
+                    self.record_completion,
+                    args=(row_id, event),
+                    kwargs={"deliver_to": target, "attempt": attempt + 1},
+                )
+                timer.daemon = True
+                timer.start()
+            else:
+                log.critical("could not record the completion of %s: %s", row_id, exc)
+
+        fut.add_done_callback(committed)
+
+    # -- control ----------------------------------------------------------------------------
+
+    def interrupt(self, delegation_id: str, *, cancel: bool = False) -> bool:
+        with self._lock:
+            unit = self._slots.running.get(delegation_id)
+            waiting = None if unit else self._remove_waiting(delegation_id)
+        if waiting is not None:
+            event = _completion_event(
+                waiting.request,
+                {"status": "cancelled", "error": "cancelled before it started"},
+                time.time(),
+            )
+            if self.ledger.finish(delegation_id, expected="queued", state="cancelled", event=event):
+                self.queue.put(event)
+            return True
+        if unit is None:
+            return False
+        unit.cancel_requested = cancel or unit.cancel_requested
+        if unit.interrupt_fn is not None:
+            unit.interrupt_fn()
+        return True
+
+    def running_count(self) -> int:
+        with self._lock:
+            return len(self._slots.running)
+
+    def waiting_count(self) -> int:
+        with self._lock:
+            return len(self._slots.waiting)
+
+    # -- background re-offers -------------------------------------------------------------
+
+    def start_scheduler(self) -> ReofferScheduler:
+        if self.scheduler is None:
+            self.scheduler = ReofferScheduler(
+                self.ledger, self.queue.put, wake_dir=wake_dir_for(self.ledger.backend.path)
+            )
+            self.scheduler.start()
+        return self.scheduler
+
+    def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.stop()
+            self.scheduler = None
+        self.ledger.backend.close()
+
+
+def _rejected(delegation_id: str, error: str) -> DispatchOutcome:
+    return {"status": "rejected", "delegation_id": delegation_id, "error": error}
+
+
+def _completion_event(
+    request: DelegationRequest, result: RunnerResult, started: float
+) -> CompletionEvent:
+    """The self-contained completion event of a unit that ran from ``started`` until now."""
+    now = time.time()
+    event = {**request, **{k: v for k, v in result.items() if k not in request}}
+    status = str(result.get("status") or "completed")
+    if request.get("is_batch"):
+        results = result.get("results") or []
+        event["results"] = results
+        ok = [r for r in results if r.get("status") == "completed"]
+        if "status" not in result:
+            status = "completed" if results and len(ok) == len(results) else "failed"
+        event["total_duration_seconds"] = round(now - started, 3)
+    else:
+        event["duration_seconds"] = round(now - started, 3)
+    if status not in _RESULT_STATES:
+        event["error"] = f"runner returned unknown status {status!r}"
+        status = "error"
+    event["status"] = status
+    event["completed_at"] = now
+    return event
+
+
+# -- the process's runtime -------------------------------------------------------------------
+
+RuntimeFactory = Callable[[], DelegationRuntime]
+
+_runtime: DelegationRuntime | None = None
+_factory: RuntimeFactory | None = None
+_runtime_lock = threading.Lock()
+
+
+def open_runtime(
+    path: str,
+    *,
+    policy: DeliveryPolicy | None = None,
+    completion_queue: EventQueue | None = None,
+    max_queued: int = DEFAULT_MAX_QUEUED,
+    clock: Clock = time.time,
+) -> DelegationRuntime:
+    """A runtime on the SQLite ledger at ``path``, putting on the shared queue by default.
+
+    A building block for runtime factories; it does not make the result the process's one.
+    """
+    if completion_queue is None:
+        completion_queue = shared_completion_queue
+    ledger = Ledger(SqliteBackend(path), policy, clock=clock)
+    return DelegationRuntime(ledger, completion_queue, max_queued=max_queued)
+
+
+def default_state_dir() -> Path:
+    """``$REVEILLE_HOME``, or ``~/.reveille``: the state directory of reveille.settings."""
+    return Path(os.environ.get("REVEILLE_HOME") or Path.home() / ".reveille").expanduser()
+
+
+def open_default_runtime() -> DelegationRuntime:
+    """The runtime used when no factory was registered: the state directory's ledger file."""
+    return open_runtime(str(default_state_dir() / LEDGER_FILE))
+
+
+def register_runtime_factory(fn: RuntimeFactory | None) -> RuntimeFactory | None:
+    """Say how ``get_runtime`` opens this process's runtime (the composition root calls it).
+
+    Takes effect at the next opening (a runtime already open stays); ``None`` restores the
+    default. Returns the factory registered before.
+    """
+    global _factory
+    with _runtime_lock:
+        previous, _factory = _factory, fn
+    return previous
+
+
+def get_runtime() -> DelegationRuntime:
+    """This process's runtime, opened on first use by the registered factory or the default."""
+    global _runtime
+    if _runtime is None:
+        with _runtime_lock:
+            if _runtime is None:
+                _runtime = (_factory or open_default_runtime)()
+    return _runtime
+
+
+def runtime_is_open() -> bool:
+    """Whether this process's runtime was opened (by ``get_runtime`` or ``configure_runtime``)."""
+    return _runtime is not None
+
+
+def configure_runtime(
+    path: str,
+    *,
+    policy: DeliveryPolicy | None = None,
+    completion_queue: EventQueue | None = None,
+    max_queued: int = DEFAULT_MAX_QUEUED,
+    clock: Clock = time.time,
+) -> DelegationRuntime:
+    """Open the runtime on an explicit ledger file (tests, benchmarks, embedding)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            _runtime.close()
+        _runtime = open_runtime(
+            path,
+            policy=policy,
+            completion_queue=completion_queue,
+            max_queued=max_queued,
+            clock=clock,
+        )
+        return _runtime
+
+
+def reset_runtime() -> None:
+    """Close this process's runtime; the next ``get_runtime`` opens a new one."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            _runtime.close()
+        _runtime = None
