@@ -1,4 +1,8 @@
-"""The agent loop, its tool registry and the model providers it runs on."""
+"""The agent loop, its tool registry and the model providers it runs on.
+
+The concrete tools and the default toolset (``build_default_registry``) live one floor up,
+in ``tools/`` (``tools.toolset``): this package does not import them.
+"""
 
 from __future__ import annotations
 
@@ -15,30 +19,6 @@ __all__ = [
     "Tool",
     "ToolContext",
     "ToolRegistry",
-    "build_default_registry",
     "build_provider",
     "run_subagent_sync",
 ]
-
-
-def build_default_registry(
-    provider: ModelProvider,
-    *,
-    shell_enabled: bool,
-    workdir: str | None = None,
-    shell_timeout_seconds: float = 60,
-    max_async_children: int = 3,
-) -> ToolRegistry:
-    """The tools a conversation gets: `delegate_task`, and `terminal` (which refuses when off)."""
-    # Imported here: the tools modules import agent.*, so a top-level import would be circular.
-    from tools.delegate_tool import make_delegate_tool
-    from tools.shell_tool import make_shell_tool
-
-    registry = ToolRegistry()
-    registry.register(make_delegate_tool(provider, max_async_children=max_async_children))
-    registry.register(
-        make_shell_tool(
-            enabled=shell_enabled, workdir=workdir, timeout_seconds=shell_timeout_seconds
-        )
-    )
-    return registry

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tools.async_delegation as ad
-from agent import Agent, build_default_registry, build_provider
+from agent import Agent, build_provider
 from agent.providers.base import ModelProvider
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.session import SessionGone, SessionStore
@@ -44,6 +44,7 @@ from gateway.wake import (
 )
 from reveille.settings import Settings
 from tools.process_registry import process_registry
+from tools.toolset import build_default_registry
 
 __all__ = ["GatewayRunner"]
 

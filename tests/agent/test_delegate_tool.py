@@ -9,12 +9,12 @@ import threading
 import time
 import types
 
-from agent import build_default_registry
 from agent.loop import Agent, run_subagent_sync
 from agent.providers.base import ModelReply
 from agent.providers.demo import DemoModel
 from agent.tools import ToolContext, ToolRegistry
 from tools.delegate_tool import make_delegate_tool
+from tools.toolset import build_default_registry
 
 CTX = ToolContext(
     session_id="api-sess-9", session_key="agent:main:api:dm:9", origin_ui_session_id="ui-9"

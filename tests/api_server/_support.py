@@ -9,12 +9,13 @@ from typing import Any
 
 import openai
 
-from agent import Agent, build_default_registry
+from agent import Agent
 from agent.markers import SUBAGENT_MARKER
 from agent.providers.demo import DemoModel
 from agent.tools import ToolContext
 from gateway.platforms.api_server import ApiServerAdapter, agent_turn_runner
 from gateway.session import SessionStore
+from tools.toolset import build_default_registry
 
 KEY = "test-key-123"
 DEMO_DELAY = 0.05

@@ -1,0 +1,31 @@
+"""The default toolset of a conversation: which tools an agent gets, built from settings.
+
+It lives here, not in ``agent/``, because it picks concrete tools (``tools.delegate_tool``,
+``tools.shell_tool``) while ``agent/`` is the floor those tools stand on.
+"""
+
+from __future__ import annotations
+
+from agent.providers import ModelProvider
+from agent.tools import ToolRegistry
+from tools.delegate_tool import make_delegate_tool
+from tools.shell_tool import make_shell_tool
+
+
+def build_default_registry(
+    provider: ModelProvider,
+    *,
+    shell_enabled: bool,
+    workdir: str | None = None,
+    shell_timeout_seconds: float = 60,
+    max_async_children: int = 3,
+) -> ToolRegistry:
+    """The tools a conversation gets: `delegate_task`, and `terminal` (which refuses when off)."""
+    registry = ToolRegistry()
+    registry.register(make_delegate_tool(provider, max_async_children=max_async_children))
+    registry.register(
+        make_shell_tool(
+            enabled=shell_enabled, workdir=workdir, timeout_seconds=shell_timeout_seconds
+        )
+    )
+    return registry
