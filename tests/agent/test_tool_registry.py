@@ -6,7 +6,9 @@ import json
 
 import pytest
 
+from agent.providers.demo import DemoModel
 from agent.tools import Tool, ToolContext, ToolRegistry
+from tools.toolset import build_default_registry
 
 
 async def _echo(args, ctx):
@@ -105,3 +107,10 @@ async def test_handler_exception_is_returned_not_raised():
     error = json.loads(await registry.call("boom", "{}", CTX))["error"]
     assert "boom failed" in error
     assert "RuntimeError: disk on fire" in error
+
+
+async def test_the_default_toolset_comes_from_the_tools_floor():
+    registry = build_default_registry(DemoModel(delay_seconds=0), shell_enabled=False)
+    assert registry.names() == ["delegate_task", "terminal"]
+    refused = json.loads(await registry.call("terminal", '{"command": "true"}', CTX))
+    assert "disabled" in refused["error"]
