@@ -20,9 +20,9 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
+from delivery import sqlite_files
 from delivery.backend import (
     COLUMNS,
     JSON_COLUMNS,
@@ -159,8 +159,9 @@ def _plan_update(changes: dict[str, Any], expect: dict[str, Any]) -> _UpdatePlan
     return sql, tuple(json_at), tuple(increment_at), tuple(bind)
 
 
-def _is_not_a_database(exc: sqlite3.DatabaseError) -> bool:
-    return "not a database" in str(exc) or "file is encrypted" in str(exc)
+_FILE_ERRORS = sqlite_files.FileErrors(
+    not_ours=NotALedgerError, unavailable=LedgerUnavailable, too_new=LedgerError
+)
 
 
 class _SqliteTx:
@@ -240,8 +241,15 @@ class SqliteBackend:
         busy_timeout_ms: int = 5000,
         max_batch: int = 1024,
     ) -> None:
-        self.path = str(Path(path).expanduser().resolve())
-        self._busy_timeout_ms = busy_timeout_ms
+        self._file = sqlite_files.SqliteFile(
+            str(path),
+            name="ledger",
+            application_id=APPLICATION_ID,
+            schema_version=SCHEMA_VERSION,
+            errors=_FILE_ERRORS,
+            busy_timeout_ms=busy_timeout_ms,
+        )
+        self.path = self._file.path
         self._max_batch = max_batch
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
@@ -260,73 +268,19 @@ class SqliteBackend:
     # -- opening ---------------------------------------------------------------------------
 
     def _prepare_file(self) -> None:
-        parent = os.path.dirname(self.path)
-        os.makedirs(parent, mode=0o700, exist_ok=True)
-        if not os.path.exists(self.path):
-            # Created 0600 before SQLite opens it; SQLite gives -wal and -shm the same mode.
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
-        elif os.path.isdir(self.path):
-            raise NotALedgerError(f"{self.path} is a directory, not a ledger database")
+        sqlite_files.create_private(self._file)
 
     def _connect(self, *, check_owner: bool = False) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self._busy_timeout_ms / 1000,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-        except sqlite3.Error as exc:
-            raise LedgerUnavailable(f"cannot open the ledger {self.path}: {exc}") from exc
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
-            if check_owner:
-                # Before any pragma that writes: another program's file stays untouched.
-                self._check_owner(conn)
-            conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("PRAGMA foreign_keys = ON")
-        except (sqlite3.DatabaseError, LedgerError) as exc:
-            conn.close()
-            if isinstance(exc, LedgerError):
-                raise
-            if _is_not_a_database(exc):
-                raise NotALedgerError(
-                    f"{self.path} exists but is not a SQLite database; it was left untouched"
-                ) from exc
-            raise LedgerUnavailable(f"cannot open the ledger {self.path}: {exc}") from exc
-        return conn
-
-    def _check_owner(self, conn: sqlite3.Connection) -> None:
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-        if app_id != APPLICATION_ID and tables:
-            raise NotALedgerError(
-                f"{self.path} is a SQLite database of something else (application_id "
-                f"{app_id:#x}); it was left untouched"
-            )
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise LedgerError(
-                f"{self.path} has ledger schema {version}, newer than this Reveille "
-                f"understands ({SCHEMA_VERSION}); upgrade Reveille"
-            )
+        return sqlite_files.connect(self._file, check_owner=check_owner)
 
     def _open_writer(self) -> sqlite3.Connection:
         conn = self._connect(check_owner=True)
         try:
-            self._ensure_schema(conn)
+            sqlite_files.stamp_schema(conn, self._file, _SCHEMA)
         except BaseException:
             conn.close()
             raise
         return conn
-
-    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
-        # One transaction, so two processes opening a new file at once cannot interleave.
-        conn.executescript(
-            f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA application_id = {APPLICATION_ID};"
-            f"PRAGMA user_version = {SCHEMA_VERSION};COMMIT;"
-        )
 
     # -- writes ---------------------------------------------------------------------------
 
