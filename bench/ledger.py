@@ -111,7 +111,7 @@ def pipeline(path: str, items: int, producers: int) -> dict:
     elapsed = time.perf_counter() - start
     consumer.stop()
     stats = rt.ledger.backend.stats()
-    delivered = len(rt.ledger.list(delivery_state="delivered", limit=items * 2))
+    delivered = len(rt.ledger.query(delivery_state="delivered", limit=items * 2))
     ad.reset_runtime()
     return {
         "items": per * producers,

@@ -1,4 +1,4 @@
-"""The embedded SQLite ledger: WAL, synchronous=FULL, one writer thread with group commit.
+"""The embedded SQLite ledger: WAL, one writer thread with group commit, FULL where it matters.
 
 Every write goes through one dedicated writer thread. It takes all operations that are
 waiting, runs each in its own savepoint inside one ``BEGIN IMMEDIATE`` transaction and
@@ -8,6 +8,7 @@ calling thread; WAL lets them run beside the writer.
 
 Several processes may open the same file: ``BEGIN IMMEDIATE`` with a busy timeout serialises
 their writers, and every transition is a compare-and-set, so no two of them can both win.
+They wake each other through the socket directory beside the file (``delivery.notifier``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from delivery.backend import (
     Below,
     Increment,
     IsSet,
+    LedgerTx,
     check_columns,
 )
 from delivery.errors import (
@@ -38,6 +40,7 @@ from delivery.errors import (
     LedgerUnavailable,
     NotALedgerError,
 )
+from delivery.notifier import SocketDirNotifier, wake_dir_for
 from delivery.sqlite_writer import GroupCommitWriter
 from delivery.write_future import WriteFuture
 
@@ -249,7 +252,11 @@ class SqliteBackend:
             errors=_FILE_ERRORS,
             busy_timeout_ms=busy_timeout_ms,
         )
+        # The file's absolute path: SQLite-specific (tests, the CLI's messages); the ledger
+        # itself only knows ``url``.
         self.path = self._file.path
+        # Processes sharing this file poke each other through sockets beside it.
+        self._notifier = SocketDirNotifier(wake_dir_for(self.path))
         self._max_batch = max_batch
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
@@ -282,16 +289,28 @@ class SqliteBackend:
             raise
         return conn
 
+    # -- what it is, and its wake-ups --------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"sqlite://{self.path}"  # an absolute path: sqlite:///abs/path/ledger.db
+
+    @property
+    def notifier(self) -> SocketDirNotifier:
+        return self._notifier
+
     # -- writes ---------------------------------------------------------------------------
 
-    def submit(self, op: Callable[[Any], T]) -> WriteFuture[T]:
-        return self._writer.submit(op)
+    def submit(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> WriteFuture[T]:
+        return self._writer.submit(op, durable=durable)
 
-    def submit_async(self, op: Callable[[Any], T]) -> asyncio.Future[T]:
-        return self._writer.submit_async(op)
+    def submit_async(
+        self, op: Callable[[LedgerTx], T], *, durable: bool = True
+    ) -> asyncio.Future[T]:
+        return self._writer.submit_async(op, durable=durable)
 
-    def write(self, op: Callable[[Any], T]) -> T:
-        return self._writer.submit(op).result()
+    def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> T:
+        return self._writer.submit(op, durable=durable).result()
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -333,7 +352,8 @@ class SqliteBackend:
         limit: int = 100,
         oldest_first: bool = False,
     ) -> list[dict[str, Any]]:
-        where, params = [], []
+        where: list[str] = []
+        params: list[Any] = []
         for col, value in (("state", state), ("delivery_state", delivery_state), ("kind", kind)):
             if value is not None:
                 where.append(f"{col} = ?")
@@ -400,7 +420,11 @@ class SqliteBackend:
             raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
 
     def stats(self) -> dict[str, int]:
-        return {"commits": self._writer.commits, "operations": self._writer.operations}
+        return {
+            "commits": self._writer.commits,
+            "durable_commits": self._writer.durable_commits,
+            "operations": self._writer.operations,
+        }
 
     def close(self) -> None:
         if self._closed:

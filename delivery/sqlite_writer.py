@@ -7,6 +7,13 @@ operations share one fsync of the log instead of paying one each. An operation t
 fails alone: if it had already changed rows, the batch is rolled back and run again with a
 savepoint around each operation. Waiters are threads (``submit``/``write``) or coroutines
 (``submit_async``); each event loop is woken once per commit, not once per operation.
+
+Durability per operation: ``durable=False`` marks a write whose loss in a power cut can only
+cause a redelivery that the sinks absorb. A batch of only such writes commits under
+``PRAGMA synchronous = NORMAL`` (in WAL mode: committed to the log without waiting for the
+disk; a process crash loses nothing, a power cut may lose the last such commits); a batch
+with any durable write commits under ``FULL``, and that fsync of the log also makes every
+earlier NORMAL commit durable.
 """
 
 from __future__ import annotations
@@ -97,7 +104,9 @@ class GroupCommitWriter(Generic[C]):
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._closed = False
         self.commits = 0
+        self.durable_commits = 0  # each one fsync of the log (WAL, synchronous=FULL)
         self.operations = 0
+        self._synchronous: str | None = None  # the writer connection's current level
         ready: Future[None] = Future()
         self._thread = threading.Thread(
             target=self._main, args=(open, ready), name=name, daemon=True
@@ -108,25 +117,26 @@ class GroupCommitWriter(Generic[C]):
 
     # -- callers --------------------------------------------------------------------------
 
-    def submit(self, op: Callable[[C], T]) -> WriteFuture[T]:
-        """Queue ``op`` for the next commit; the future resolves once it is durable."""
+    def submit(self, op: Callable[[C], T], *, durable: bool = True) -> WriteFuture[T]:
+        """Queue ``op`` for the next commit; the future resolves once it is committed
+        (and on disk, when ``durable``)."""
         if self._closed:
             raise self._unavailable(f"{self.path} is closed")
         fut: WriteFuture[T] = WriteFuture()
-        self._queue.put((op, fut))
+        self._queue.put((op, fut, durable))
         return fut
 
-    def submit_async(self, op: Callable[[C], T]) -> asyncio.Future[T]:
+    def submit_async(self, op: Callable[[C], T], *, durable: bool = True) -> asyncio.Future[T]:
         """Like ``submit``, awaited on the running loop without a thread hop."""
         if self._closed:
             raise self._unavailable(f"{self.path} is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        self._queue.put((op, _LoopWaiter(loop, fut)))
+        self._queue.put((op, _LoopWaiter(loop, fut), durable))
         return fut
 
-    def write(self, op: Callable[[C], T]) -> T:
-        return self.submit(op).result()
+    def write(self, op: Callable[[C], T], *, durable: bool = True) -> T:
+        return self.submit(op, durable=durable).result()
 
     def close(self) -> None:
         if self._closed:
@@ -169,12 +179,19 @@ class GroupCommitWriter(Generic[C]):
         except OSError:
             return False
 
+    def _set_synchronous(self, conn: sqlite3.Connection, level: str) -> None:
+        # Between transactions only: the level applies to the next COMMIT of this connection.
+        if level != self._synchronous:
+            conn.execute(f"PRAGMA synchronous = {level}")
+            self._synchronous = level
+
     def _commit(
-        self, conn: sqlite3.Connection, context: C, batch: list[tuple[Any, Waiter]]
+        self, conn: sqlite3.Connection, context: C, batch: list[tuple[Any, Waiter, bool]]
     ) -> None:
-        live = [(op, waiter) for op, waiter in batch if _still_wanted(waiter)]
+        live = [(op, waiter) for op, waiter, _ in batch if _still_wanted(waiter)]
         if not live:
             return
+        durable = any(d for _, waiter, d in batch if _still_wanted(waiter))
         if not self._file_is_ours():
             err = self._unavailable(
                 f"{self.path} was removed or replaced; refusing to write into a file nobody "
@@ -183,9 +200,11 @@ class GroupCommitWriter(Generic[C]):
             _resolve([(waiter, False, err) for _, waiter in live])
             return
         try:
+            self._set_synchronous(conn, "FULL" if durable else "NORMAL")
             outcomes = self._run(conn, context, live, isolate=False)
             if outcomes is None:
                 outcomes = self._run(conn, context, live, isolate=True)
+                assert outcomes is not None  # an isolated run never asks to run again
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if conn.in_transaction:
@@ -197,6 +216,7 @@ class GroupCommitWriter(Generic[C]):
             _resolve([(waiter, False, err) for _, waiter in live])
             return
         self.commits += 1
+        self.durable_commits += durable
         self.operations += len(live)
         _resolve(outcomes)
 

@@ -26,7 +26,7 @@ from delivery.errors import LedgerError, LedgerUnavailable
 from delivery.ids import new_id
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
-from delivery.reoffer import ReofferScheduler, wake_dir_for
+from delivery.reoffer import ReofferScheduler
 from delivery.sqlite_backend import SqliteBackend
 from delivery.states import State
 
@@ -288,9 +288,7 @@ class DelegationRuntime:
 
     def start_scheduler(self) -> ReofferScheduler:
         if self.scheduler is None:
-            self.scheduler = ReofferScheduler(
-                self.ledger, self.queue.put, wake_dir=wake_dir_for(self.ledger.backend.path)
-            )
+            self.scheduler = ReofferScheduler(self.ledger, self.queue.put)
             self.scheduler.start()
         return self.scheduler
 
@@ -298,7 +296,7 @@ class DelegationRuntime:
         if self.scheduler is not None:
             self.scheduler.stop()
             self.scheduler = None
-        self.ledger.backend.close()
+        self.ledger.close()
 
 
 def _rejected(delegation_id: str, error: str) -> dict[str, Any]:
@@ -565,7 +563,7 @@ def cancel_delegation(delegation_id: str) -> bool:
 def list_delegations(
     *, session: str | None = None, state: str | None = None, limit: int = 100
 ) -> list[dict[str, Any]]:
-    return get_runtime().ledger.list(kind="delegation", session=session, state=state, limit=limit)
+    return get_runtime().ledger.query(kind="delegation", session=session, state=state, limit=limit)
 
 
 # -- the delivery contract ---------------------------------------------------------------------
