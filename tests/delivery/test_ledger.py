@@ -9,17 +9,19 @@ the re-offer scheduler tests at the end, which check real wake-up times.
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from typing import Any
 
 import pytest
 
-from delivery.backend import LedgerBackend
+from delivery.backend import AtMost, Below, Increment, IsSet, LedgerBackend
 from delivery.errors import (
     ClaimMismatchError,
     DuplicateDeliveryError,
     InvalidTransitionError,
+    LedgerUnavailable,
     UnknownDeliveryError,
 )
 from delivery.identity import (
@@ -665,6 +667,95 @@ class TestBadInput:
                     ledger.release("r1", wrong, retryable=op == "release-retryable")
             assert snapshot(ledger, "r1") == before
         assert ledger.complete("r1", current)
+
+
+# -- the storage primitives every backend provides ----------------------------------------------
+
+
+def _row(row_id: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": row_id,
+        "kind": "delegation",
+        "state": "running",
+        "delivery_state": "pending",
+        "created_at": 1.0,
+        "updated_at": 1.0,
+        **extra,
+    }
+
+
+class TestLedgerTx:
+    def test_compare_and_set_predicates_and_increment(self, backend: LedgerBackend) -> None:
+        backend.write(lambda tx: tx.insert(_row("r", due_at=5.0, request={"a": (1, 2)})))
+
+        def cas(expect: dict[str, Any], changes: dict[str, Any] | None = None) -> bool:
+            return backend.write(lambda tx: tx.update("r", expect, changes or {"updated_at": 2.0}))
+
+        assert cas({"due_at": AtMost(5.0)}) and not cas({"due_at": AtMost(4.9)})
+        assert cas({"due_at": Below(5.1)}) and not cas({"due_at": Below(5.0)})
+        assert cas({"due_at": IsSet()}) and not cas({"settled_at": IsSet()})
+        assert cas({"settled_at": None}) and not cas({"due_at": None})
+        # NULL never compares: neither equal nor at most anything
+        assert not cas({"settled_at": AtMost(1e9)}) and not cas({"settled_at": 0})
+        assert not cas({"state": "queued"}) and not backend.write(
+            lambda tx: tx.update("missing", {}, {"updated_at": 3.0})
+        )
+        assert cas({"delivery_attempts": 0}, {"delivery_attempts": Increment(2)})
+        assert cas({"delivery_attempts": 2}, {"delivery_attempts": Increment(1)})
+        row = backend.get("r")
+        assert row is not None and row["delivery_attempts"] == 3 and row["claim_expires_at"] == 0
+        assert row["request"] == {"a": [1, 2]}  # JSON columns come back as JSON
+        assert backend.write(lambda tx: tx.get("r", ("id", "request"))) == {
+            "id": "r",
+            "request": {"a": [1, 2]},
+        }
+        with pytest.raises(ValueError, match="unknown ledger column"):
+            cas({"nope": 1})
+
+    def test_an_operation_that_raises_changes_nothing(self, backend: LedgerBackend) -> None:
+        backend.write(lambda tx: tx.insert(_row("r")))
+
+        def bad(tx: Any) -> None:
+            tx.insert(_row("other"))
+            tx.update("r", {}, {"state": "completed", "delivery_attempts": Increment(1)})
+            tx.audit("r", "drop", "half-done", 2.0)
+            raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            backend.write(bad)
+        fut = backend.submit(bad)
+        with pytest.raises(RuntimeError, match="boom"):
+            fut.result()
+        row = backend.get("r")
+        assert row is not None and row["state"] == "running" and row["delivery_attempts"] == 0
+        assert backend.get("other") is None and backend.audit_log("r") == []
+        with pytest.raises(DuplicateDeliveryError):
+            backend.write(lambda tx: tx.insert(_row("r")))
+        assert backend.write(lambda tx: tx.get("r", ("state",))) == {"state": "running"}
+
+    async def test_submit_async_resolves_on_the_running_loop(self, backend: LedgerBackend) -> None:
+        assert await backend.submit_async(lambda tx: tx.insert(_row("a")) or "ok") == "ok"
+        with pytest.raises(DuplicateDeliveryError):
+            await backend.submit_async(lambda tx: tx.insert(_row("a")))
+
+    def test_url_and_wakeups_through_the_notifier(self, backend: LedgerBackend) -> None:
+        assert backend.url.startswith(("sqlite:///", "memory://"))
+        sub = backend.notifier.subscribe()
+        assert sub is not None
+        try:
+            assert backend.notifier.notify() >= 1
+            ready, _, _ = select.select([sub.fileno()], [], [], 5)
+            assert ready
+            sub.drain()
+            ready, _, _ = select.select([sub.fileno()], [], [], 0)
+            assert not ready
+        finally:
+            sub.close()
+
+    def test_a_closed_backend_refuses_writes(self, backend: LedgerBackend) -> None:
+        backend.close()
+        with pytest.raises(LedgerUnavailable):
+            backend.write(lambda tx: tx.insert(_row("r")))
 
 
 # -- concurrency -------------------------------------------------------------------------------
