@@ -24,7 +24,8 @@ from delivery.identity import current_identity, holder_is_dead
 from delivery.ids import new_token
 from delivery.notifier import Subscription
 from delivery.policy import DeliveryPolicy
-from delivery.recovery import abandoned_event, mark_reoffered
+from delivery.recovery import abandoned_event, reoffer_op
+from delivery.recovery import settle_changes as _settle
 from delivery.states import ACTIVE_STATES, DeliveryState, State, can_transition
 from delivery.write_future import WriteFuture
 
@@ -544,12 +545,7 @@ class Ledger:
         """
         self.recover_abandoned()
         now = self.clock()
-        rows = self.backend.pending_with_event(_SCAN_LIMIT)
-        return self._take(
-            rows,
-            now,
-            "restore",
-        )
+        return self._take(self.backend.pending_with_event(_SCAN_LIMIT), now, "restore")
 
     def take_due(self, now: float | None = None) -> list[dict[str, Any]]:
         """Pending rows whose due time has come, or whose holder died: offered again."""
@@ -558,11 +554,7 @@ class Ledger:
         for holder in self.backend.pending_holders():
             if holder != self.identity and holder_is_dead(holder):
                 rows.extend(self.backend.rows_held_by(holder, _SCAN_LIMIT))
-        return self._take(
-            rows,
-            now,
-            "orphan",
-        )
+        return self._take(rows, now, "orphan")
 
     def _take(self, rows: list[dict[str, Any]], now: float, reason: str) -> list[dict[str, Any]]:
         policy, identity = self.policy, self.identity
@@ -574,51 +566,6 @@ class Ledger:
             seen.add(row["id"])
             candidates.append(row)
 
-        def op(tx: LedgerTx) -> list[dict[str, Any]]:
-            offered = []
-            for row in candidates:
-                expect = {
-                    "delivery_state": PENDING,
-                    "holder": row["holder"],
-                    "due_at": row["due_at"],
-                    "claim_token": row["claim_token"],
-                }
-                if row["claim_expires_at"] > now and not holder_is_dead(row["holder"]):
-                    continue  # a live process holds a live claim: it is in flight
-                if row["next_attempt_at"] > now:
-                    continue  # backing off: offered when its due time comes, not before
-                age = now - (row["replay_from"] or row["completed_at"] or row["created_at"])
-                if age > policy.replay_cap_seconds:
-                    if tx.update(
-                        row["id"], expect, _settle(DROPPED, now, "older than the replay age cap")
-                    ):
-                        tx.audit(row["id"], "drop", f"not replayed on {reason}: too old", now)
-                    continue
-                changes = {
-                    "holder": identity,
-                    "due_at": now + policy.lease_seconds,
-                    "restored": row["restored"] + 1,
-                    "updated_at": now,
-                }
-                if row["claim_expires_at"]:
-                    # The lease ran out, or its holder died: the claim is void now.
-                    changes.update(claim_token=None, claim_consumer=None, claim_expires_at=0)
-                if tx.update(row["id"], expect, changes):
-                    offered.append(mark_reoffered(row["event"], reason, now))
-            return offered
-
         if not candidates:
             return []
-        return self.backend.write(op)
-
-
-def _settle(state: str, now: float, reason: str) -> dict[str, Any]:
-    return {
-        "delivery_state": state,
-        "settled_at": now,
-        "settled_reason": reason,
-        "claim_expires_at": 0,
-        "due_at": None,
-        "holder": None,
-        "updated_at": now,
-    }
+        return self.backend.write(reoffer_op(candidates, now, reason, policy, identity))
