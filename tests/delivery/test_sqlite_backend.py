@@ -202,6 +202,44 @@ class TestSqliteFile:
 
 
 class TestConcurrency:
+    def test_claims_and_acks_commit_without_waiting_for_the_disk(
+        self, ledger: Ledger, backend: SqliteBackend
+    ) -> None:
+        finished_row(ledger, "r1")
+        before = backend.stats()
+        token = ledger.claim("r1", "c")
+        assert token and ledger.complete("r1", token)
+        after = backend.stats()
+        assert after["commits"] - before["commits"] == 2
+        assert after["durable_commits"] == before["durable_commits"]  # synchronous=NORMAL
+        ledger.create("r2", kind="delegation")  # the row before the work: FULL
+        assert backend.stats()["durable_commits"] == after["durable_commits"] + 1
+
+    def test_a_batch_with_one_durable_write_is_durable(self, backend: SqliteBackend) -> None:
+        writer = backend._writer
+        waiting = []
+        before = backend.stats()
+        with writer._mu:  # hold the writer so that the three writes form one batch
+            writer._busy = True
+        try:
+            for i, durable in enumerate((False, True, False)):
+                row = {
+                    "id": f"b{i}",
+                    "kind": "delegation",
+                    "state": "running",
+                    "delivery_state": "pending",
+                    "created_at": 1.0,
+                    "updated_at": 1.0,
+                }
+                waiting.append(backend.submit(lambda tx, row=row: tx.insert(row), durable=durable))
+        finally:
+            writer._release_inline()
+        for fut in waiting:
+            fut.result(timeout=10)
+        after = backend.stats()
+        assert after["commits"] - before["commits"] == 1  # one batch, one commit ...
+        assert after["durable_commits"] - before["durable_commits"] == 1  # ... at FULL
+
     def test_group_commit_shares_commits_between_threads(
         self, ledger: Ledger, backend: SqliteBackend
     ) -> None:
