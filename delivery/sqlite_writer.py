@@ -184,7 +184,8 @@ class GroupCommitWriter(Generic[C]):
     def _release_inline(self) -> None:
         with self._mu:
             self._busy = False
-            self._wake.notify()  # operations queued meanwhile, or close() waiting
+            if self._pending or self._stopping:  # queued meanwhile, or close() waits
+                self._wake.notify()
 
     # -- the writer thread ----------------------------------------------------------------
 
