@@ -7,9 +7,12 @@ Prints, for one run on this machine:
   * their ratio;
   * fsyncs per delivered item, counted by strace when available (else commits counted by
     the writer, each of which is one fsync of the log at synchronous=FULL);
-  * p50/p99 enqueue-to-ack latency at a steady offered load.
+  * p50/p99 enqueue-to-ack latency at a steady offered load;
+  * the sequential pattern of a gateway watcher (dispatch, wait for the completion, claim,
+    acknowledge; one item at a time), and the same with every write waiting for the disk.
 
-Usage: python bench/ledger.py [--items 20000] [--rate 500] [--seconds 6]
+Usage: python bench/ledger.py [--items 20000] [--sequential-items 5000] [--rate 500]
+                              [--seconds 6]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -111,7 +115,7 @@ def pipeline(path: str, items: int, producers: int) -> dict:
     elapsed = time.perf_counter() - start
     consumer.stop()
     stats = rt.ledger.backend.stats()
-    delivered = len(rt.ledger.list(delivery_state="delivered", limit=items * 2))
+    delivered = len(rt.ledger.query(delivery_state="delivered", limit=items * 2))
     ad.reset_runtime()
     return {
         "items": per * producers,
@@ -120,6 +124,47 @@ def pipeline(path: str, items: int, producers: int) -> dict:
         "items_per_s": delivered / elapsed,
         "commits": stats["commits"],
         "operations": stats["operations"],
+    }
+
+
+def sequential(path: str, items: int, *, all_durable: bool = False) -> dict:
+    """The synchronous contract used the way a gateway watcher uses it, one item at a time.
+
+    Dispatch one delegation (at most 3 running), wait for its completion event on the
+    queue, claim it, acknowledge it; then the next. Nothing overlaps, so every write waits
+    for its own commit: the figure is the cost of one item's four commits end to end.
+    ``all_durable`` makes every write wait for the disk (what the ledger did before claims
+    and acknowledgements were allowed to commit at synchronous=NORMAL).
+    """
+    queue = CompletionQueue()
+    rt = ad.configure_runtime(path, completion_queue=queue, max_queued=16)
+    if all_durable:
+        backend: Any = rt.ledger.backend
+        plain_submit, plain_async = backend.submit, backend.submit_async
+        backend.submit = lambda op, durable=True: plain_submit(op, durable=True)
+        backend.submit_async = lambda op, durable=True: plain_async(op, durable=True)
+    delivered = 0
+    start = time.perf_counter()
+    for _ in range(items):
+        r = ad.dispatch_async_delegation(
+            goal="bench", runner=_runner, session_key="bench", max_async_children=3
+        )
+        if r["status"] == "rejected":
+            raise RuntimeError(r["error"])
+        evt = queue.get(timeout=30)
+        claim = ad.claim_event_delivery(evt, "bench")
+        if claim and ad.complete_event_delivery(evt, claim):
+            delivered += 1
+    elapsed = time.perf_counter() - start
+    stats = rt.ledger.backend.stats()
+    ad.reset_runtime()
+    return {
+        "items": items,
+        "delivered": delivered,
+        "seconds": elapsed,
+        "items_per_s": delivered / elapsed,
+        "commits": stats["commits"],
+        "durable_commits": stats.get("durable_commits", stats["commits"]),
     }
 
 
@@ -270,6 +315,7 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=20_000)
     ap.add_argument("--baseline-items", type=int, default=4_000)
     ap.add_argument("--producers", type=int, default=16)
+    ap.add_argument("--sequential-items", type=int, default=5_000)
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--pipeline-only", action="store_true", help=argparse.SUPPRESS)
@@ -289,6 +335,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         pipe = pipeline(f"{tmp}/pipeline.db", args.items, args.producers)
         base = baseline(f"{tmp}/baseline.db", args.baseline_items)
+        seq_full = sequential(f"{tmp}/seq-full.db", args.sequential_items, all_durable=True)
+        seq = sequential(f"{tmp}/seq.db", args.sequential_items)
         lat = latency(f"{tmp}/latency.db", args.rate, args.seconds)
     fsync = count_fsyncs(args.items, args.producers)
 
@@ -303,6 +351,16 @@ def main() -> None:
         f"{base['seconds']:.2f} s = {base['items_per_s']:,.0f} items/s"
     )
     print(f"ratio      : {pipe['items_per_s'] / base['items_per_s']:.1f}x the baseline")
+    for label, run in (("sequential", seq), ("seq, FULL ", seq_full)):
+        print(
+            f"{label} : {run['delivered']:>6} items one at a time in {run['seconds']:.2f} s = "
+            f"{run['items_per_s']:,.0f} items/s  ({run['durable_commits']} of "
+            f"{run['commits']} commits waited for the disk)"
+        )
+    print(
+        f"seq ratio  : {seq['items_per_s'] / seq_full['items_per_s']:.1f}x with claims and "
+        "acknowledgements at synchronous=NORMAL"
+    )
     print(
         f"commits    : {pipe['commits']} for {pipe['operations']} operations = "
         f"{pipe['commits'] / max(pipe['delivered'], 1):.3f} log commits per delivered item"

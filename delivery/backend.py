@@ -1,4 +1,4 @@
-"""The storage interface the ledger logic runs on; SQLite and PostgreSQL implement it.
+"""The storage interface the ledger logic runs on; SQLite, memory (and PostgreSQL) implement it.
 
 The ledger's rules (claims, budgets, restore) live once, in ``delivery.ledger``, written
 against ``LedgerTx``: a handful of primitives that any transactional store can provide.
@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from delivery.notifier import Notifier
 from delivery.write_future import WriteFuture
 
 T = TypeVar("T")
@@ -71,15 +72,33 @@ class LedgerTx(Protocol):
 
 
 class LedgerBackend(Protocol):
-    path: str
+    """A store of ledger rows. It describes itself by ``url`` and owns its wake-ups.
 
-    def write(self, op: Callable[[LedgerTx], T]) -> T:
-        """Run ``op`` atomically and durably; returns once it is committed."""
+    ``durable`` (writes): True means the operation's commit must survive a power loss
+    before its future resolves (the row before the work starts, the terminal row with its
+    result). False is for writes whose loss can only cause a redelivery that the sinks
+    absorb (a claim, an acknowledgement): the backend may resolve them once committed in
+    its log, before the log reaches the disk. They still never survive a process crash
+    less than a durable write would, and the next durable commit makes them durable too.
+    """
 
-    def submit(self, op: Callable[[LedgerTx], T]) -> WriteFuture[T]:
+    @property
+    def url(self) -> str:
+        """Where the store is, e.g. ``sqlite:///abs/path/ledger.db`` or ``memory://...``."""
+
+    @property
+    def notifier(self) -> Notifier:
+        """Pokes every process sharing this store (the re-offer schedulers subscribe)."""
+
+    def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> T:
+        """Run ``op`` atomically; returns once it is committed."""
+
+    def submit(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> WriteFuture[T]:
         """Queue ``op`` for the next commit without waiting (coroutines: ``submit_async``)."""
 
-    def submit_async(self, op: Callable[[LedgerTx], T]) -> asyncio.Future[T]:
+    def submit_async(
+        self, op: Callable[[LedgerTx], T], *, durable: bool = True
+    ) -> asyncio.Future[T]:
         """Queue ``op`` and return a future of the running event loop."""
 
     def get(self, row_id: str) -> dict[str, Any] | None: ...

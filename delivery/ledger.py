@@ -9,7 +9,6 @@ written once against ``LedgerTx`` and so holds for every backend.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable
@@ -23,7 +22,10 @@ from delivery.errors import (
 )
 from delivery.identity import current_identity, holder_is_dead
 from delivery.ids import new_token
+from delivery.notifier import Subscription
 from delivery.policy import DeliveryPolicy
+from delivery.recovery import abandoned_event, reoffer_op
+from delivery.recovery import settle_changes as _settle
 from delivery.states import ACTIVE_STATES, DeliveryState, State, can_transition
 from delivery.write_future import WriteFuture
 
@@ -75,15 +77,6 @@ def _load_held(tx: LedgerTx, row_id: str, token: str | None) -> dict[str, Any]:
             f"(delivery_state={row['delivery_state']}); nothing was written"
         )
     return row
-
-
-def mark_reoffered(event: dict[str, Any], reason: str, at: float) -> dict[str, Any]:
-    """A copy of ``event`` marked as offered again, so no unrelated session adopts it."""
-    marked = copy.deepcopy(event)
-    marked["_restored"] = True
-    marked["_reoffer_reason"] = reason
-    marked["_reoffered_at"] = at
-    return marked
 
 
 class Ledger:
@@ -229,8 +222,12 @@ class Ledger:
             _load(tx, row_id, ("id",))
             return False
 
+        def after(f: WriteFuture[bool]) -> None:
+            if f.exception() is None:
+                self._notify_due(due)
+
         fut = self.backend.submit(op)
-        fut.add_done_callback(lambda f: f.exception() is None and self._notify_due(due))
+        fut.add_done_callback(after)
         return fut
 
     # -- delivery ---------------------------------------------------------------------------
@@ -239,11 +236,15 @@ class Ledger:
         """A claim token, or None when the row is settled, not yet due, or held by another."""
         return self.submit_claim(row_id, consumer).result()
 
+    # Claims and acknowledgements are not "durable" writes (see ``LedgerBackend``): losing
+    # one in a power cut only makes the row pending again, and its redelivery is absorbed
+    # by the sinks (delivery rows and wake turns are idempotent by delivery id).
+
     def submit_claim(self, row_id: str, consumer: str) -> WriteFuture[str | None]:
-        return self.backend.submit(self._claim_op(row_id, consumer))
+        return self.backend.submit(self._claim_op(row_id, consumer), durable=False)
 
     async def aclaim(self, row_id: str, consumer: str) -> str | None:
-        return await self.backend.submit_async(self._claim_op(row_id, consumer))
+        return await self.backend.submit_async(self._claim_op(row_id, consumer), durable=False)
 
     def _claim_op(self, row_id: str, consumer: str) -> Callable[[LedgerTx], str | None]:
         _check_id(row_id)
@@ -307,10 +308,10 @@ class Ledger:
         return self.submit_complete(row_id, token).result()
 
     def submit_complete(self, row_id: str, token: str) -> WriteFuture[bool]:
-        return self.backend.submit(self._complete_op(row_id, token))
+        return self.backend.submit(self._complete_op(row_id, token), durable=False)
 
     async def acomplete(self, row_id: str, token: str) -> bool:
-        return await self.backend.submit_async(self._complete_op(row_id, token))
+        return await self.backend.submit_async(self._complete_op(row_id, token), durable=False)
 
     def _complete_op(self, row_id: str, token: str) -> Callable[[LedgerTx], bool]:
         _check_id(row_id)
@@ -463,11 +464,59 @@ class Ledger:
     def get(self, row_id: str) -> dict[str, Any] | None:
         return self.backend.get(_check_id(row_id))
 
-    def list(self, **filters: Any) -> list[dict[str, Any]]:
-        return self.backend.query(**filters)
+    def query(
+        self,
+        *,
+        state: str | None = None,
+        delivery_state: str | None = None,
+        session: str | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        oldest_first: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Rows matching every filter given, newest first (``session`` matches any of the
+        three session columns)."""
+        return self.backend.query(
+            state=state,
+            delivery_state=delivery_state,
+            session=session,
+            kind=kind,
+            limit=limit,
+            oldest_first=oldest_first,
+        )
 
     def history(self, row_id: str) -> list[dict[str, Any]]:
         return self.backend.audit_log(_check_id(row_id))
+
+    def next_due_at(self) -> float | None:
+        """The earliest due time of a pending row, or None when nothing is pending."""
+        return self.backend.next_due_at()
+
+    def live_identities(self) -> set[str]:
+        """Processes other than this one that hold pending rows or own unfinished work
+        (the re-offer scheduler watches each local one for its exit)."""
+        wanted = set(self.backend.pending_holders())
+        for state in ACTIVE_STATES:
+            wanted.update(self.backend.active_owners(state))
+        wanted.discard(self.identity)
+        return wanted
+
+    # -- the store ------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    def subscribe(self) -> Subscription | None:
+        """Pokes from every process sharing this store (``notify_others``)."""
+        return self.backend.notifier.subscribe()
+
+    def notify_others(self) -> int:
+        """Tell every process sharing this store to look now; how many were reached."""
+        return self.backend.notifier.notify()
+
+    def close(self) -> None:
+        self.backend.close()
 
     # -- recovery -------------------------------------------------------------------------------
 
@@ -496,12 +545,7 @@ class Ledger:
         """
         self.recover_abandoned()
         now = self.clock()
-        rows = self.backend.pending_with_event(_SCAN_LIMIT)
-        return self._take(
-            rows,
-            now,
-            "restore",
-        )
+        return self._take(self.backend.pending_with_event(_SCAN_LIMIT), now, "restore")
 
     def take_due(self, now: float | None = None) -> list[dict[str, Any]]:
         """Pending rows whose due time has come, or whose holder died: offered again."""
@@ -510,11 +554,7 @@ class Ledger:
         for holder in self.backend.pending_holders():
             if holder != self.identity and holder_is_dead(holder):
                 rows.extend(self.backend.rows_held_by(holder, _SCAN_LIMIT))
-        return self._take(
-            rows,
-            now,
-            "orphan",
-        )
+        return self._take(rows, now, "orphan")
 
     def _take(self, rows: list[dict[str, Any]], now: float, reason: str) -> list[dict[str, Any]]:
         policy, identity = self.policy, self.identity
@@ -526,76 +566,6 @@ class Ledger:
             seen.add(row["id"])
             candidates.append(row)
 
-        def op(tx: LedgerTx) -> list[dict[str, Any]]:
-            offered = []
-            for row in candidates:
-                expect = {
-                    "delivery_state": PENDING,
-                    "holder": row["holder"],
-                    "due_at": row["due_at"],
-                    "claim_token": row["claim_token"],
-                }
-                if row["claim_expires_at"] > now and not holder_is_dead(row["holder"]):
-                    continue  # a live process holds a live claim: it is in flight
-                if row["next_attempt_at"] > now:
-                    continue  # backing off: offered when its due time comes, not before
-                age = now - (row["replay_from"] or row["completed_at"] or row["created_at"])
-                if age > policy.replay_cap_seconds:
-                    if tx.update(
-                        row["id"], expect, _settle(DROPPED, now, "older than the replay age cap")
-                    ):
-                        tx.audit(row["id"], "drop", f"not replayed on {reason}: too old", now)
-                    continue
-                changes = {
-                    "holder": identity,
-                    "due_at": now + policy.lease_seconds,
-                    "restored": row["restored"] + 1,
-                    "updated_at": now,
-                }
-                if row["claim_expires_at"]:
-                    # The lease ran out, or its holder died: the claim is void now.
-                    changes.update(claim_token=None, claim_consumer=None, claim_expires_at=0)
-                if tx.update(row["id"], expect, changes):
-                    offered.append(mark_reoffered(row["event"], reason, now))
-            return offered
-
         if not candidates:
             return []
-        return self.backend.write(op)
-
-
-def _settle(state: str, now: float, reason: str) -> dict[str, Any]:
-    return {
-        "delivery_state": state,
-        "settled_at": now,
-        "settled_reason": reason,
-        "claim_expires_at": 0,
-        "due_at": None,
-        "holder": None,
-        "updated_at": now,
-    }
-
-
-def abandoned_event(row: dict[str, Any], state: str, now: float) -> dict[str, Any]:
-    """The completion event of work whose owner process died before it finished."""
-    request = dict(row.get("request") or {})
-    never_started = state == State.INTERRUPTED
-    event = {
-        **request,
-        # the claim goes by these ids: never trust the stored request to carry them
-        "delegation_id" if row["kind"] == "delegation" else "delivery_id": row["id"],
-        "status": str(state),
-        "error": (
-            "Reveille restarted before this work started; it never ran and can be dispatched again."
-            if never_started
-            else "Reveille stopped while this work was running; whether it finished or "
-            "had effects is unknown."
-        ),
-        "completed_at": now,
-        "abandoned": True,
-    }
-    event.setdefault("type", "async_delegation" if row["kind"] == "delegation" else "completion")
-    started = row.get("started_at") or row.get("created_at")
-    if started:
-        event["duration_seconds"] = round(max(now - started, 0.0), 3)
-    return event
+        return self.backend.write(reoffer_op(candidates, now, reason, policy, identity))

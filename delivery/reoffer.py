@@ -3,7 +3,8 @@
 A pending row has a ``due_at`` (its lease end, its retry backoff, or a re-offer deadline)
 and a ``holder``: the process responsible for offering it. This scheduler sleeps until the
 earliest ``due_at`` in the ledger, or until a local holder or owner process dies (it waits on
-a pidfd for each), or until this process writes an earlier due time. An idle process thus
+a pidfd for each), or until this process writes an earlier due time, or until another
+process sharing the store pokes it through the store's notifier. An idle process thus
 delivers on time and never sits on due rows, and a row whose owner died while we run is
 re-offered at once instead of at the next restart.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import selectors
 import socket
 import threading
@@ -23,9 +23,11 @@ from typing import Any
 from delivery.errors import LedgerError
 from delivery.identity import ProcessIdentity
 from delivery.ledger import Ledger
-from delivery.states import State
+from delivery.notifier import Subscription
 
 log = logging.getLogger(__name__)
+
+_OWN_POKES = "own pokes"  # selector data of this process's own wake-up socket
 
 
 class ReofferScheduler:
@@ -36,7 +38,6 @@ class ReofferScheduler:
         *,
         max_sleep_seconds: float = 60.0,
         error_backoff_seconds: float = 1.0,
-        wake_dir: str | None = None,
     ) -> None:
         self.ledger = ledger
         self._offer = offer
@@ -49,12 +50,10 @@ class ReofferScheduler:
         self._wake_w.setblocking(False)
         self._wake_r.setblocking(False)  # _wait drains it until EAGAIN
         self._selector = selectors.DefaultSelector()
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        # ... and from other processes on this host (an operator's `redeliver`).
-        self._inbox: socket.socket | None = None
-        self._inbox_path: str | None = None
-        if wake_dir is not None:
-            self._open_inbox(wake_dir)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, _OWN_POKES)
+        # ... and from other processes sharing the store (an operator's `redeliver`),
+        # through the store's own notifier.
+        self._inbox: Subscription | None = None
         self._pidfds: dict[str, int] = {}
         self._target = float("inf")
         self._lock = threading.Lock()
@@ -62,21 +61,10 @@ class ReofferScheduler:
         self._thread: threading.Thread | None = None
         self.offered = 0
 
-    def _open_inbox(self, wake_dir: str) -> None:
-        os.makedirs(wake_dir, mode=0o700, exist_ok=True)
-        path = os.path.join(wake_dir, f"{os.getpid()}-{secrets.token_hex(4)}.sock")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            sock.bind(path)
-        except OSError as exc:  # e.g. a path longer than a socket address allows
-            log.warning("no cross-process wake-ups for the re-offer scheduler: %s", exc)
-            sock.close()
-            return
-        sock.setblocking(False)
-        self._inbox, self._inbox_path = sock, path
-        self._selector.register(sock, selectors.EVENT_READ, None)
-
     def start(self) -> None:
+        self._inbox = self.ledger.subscribe()
+        if self._inbox is not None:
+            self._selector.register(self._inbox.fileno(), selectors.EVENT_READ, self._inbox)
         self.ledger.add_due_listener(self._on_due)
         self._thread = threading.Thread(target=self._run, name="ledger-reoffer", daemon=True)
         self._thread.start()
@@ -92,12 +80,10 @@ class ReofferScheduler:
                 os.close(fd)
         self._pidfds.clear()
         self._selector.close()
-        for sock in (self._wake_r, self._wake_w, self._inbox):
-            if sock is not None:
-                sock.close()
-        if self._inbox_path is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self._inbox_path)
+        self._wake_r.close()
+        self._wake_w.close()
+        if self._inbox is not None:
+            self._inbox.close()
 
     def _poke(self) -> None:
         with contextlib.suppress(OSError):
@@ -133,7 +119,7 @@ class ReofferScheduler:
         for event in self.ledger.take_due():
             self._emit(event)
         self._watch_processes()
-        next_due = self.ledger.backend.next_due_at()
+        next_due = self.ledger.next_due_at()
         now = self.ledger.clock()
         sleep = self._max_sleep if next_due is None else max(next_due - now, 0.0)
         sleep = min(sleep, self._max_sleep)
@@ -150,11 +136,7 @@ class ReofferScheduler:
 
     def _watch_processes(self) -> None:
         """Hold a pidfd for every other local process that holds or owns live rows."""
-        backend = self.ledger.backend
-        wanted = set(backend.pending_holders())
-        for state in (State.QUEUED, State.RUNNING):
-            wanted.update(backend.active_owners(state))
-        wanted.discard(self.ledger.identity)
+        wanted = self.ledger.live_identities()
         for ident in list(self._pidfds):
             if ident not in wanted:
                 self._unwatch(ident)
@@ -184,37 +166,12 @@ class ReofferScheduler:
         if self._stopped.is_set():
             return
         for key, _ in self._selector.select(timeout):
-            if key.data is None:
+            if key.data is _OWN_POKES:
                 with contextlib.suppress(OSError):
-                    while key.fileobj.recv(64):  # type: ignore[union-attr]
+                    while self._wake_r.recv(64):
                         pass
+            elif key.data is self._inbox and self._inbox is not None:
+                self._inbox.drain()
             else:
                 log.info("process %s exited; re-offering what it held", key.data)
                 self._unwatch(key.data)
-
-
-def wake_dir_for(ledger_path: str) -> str:
-    """Where the schedulers of processes sharing ``ledger_path`` listen for pokes."""
-    return ledger_path + ".wake.d"
-
-
-def poke_schedulers(wake_dir: str) -> int:
-    """Tell every scheduler on this ledger to look now; returns how many were reached."""
-    reached = 0
-    try:
-        names = os.listdir(wake_dir)
-    except OSError:
-        return 0
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.setblocking(False)
-        for name in names:
-            path = os.path.join(wake_dir, name)
-            try:
-                sock.sendto(b"x", path)
-                reached += 1
-            except (ConnectionRefusedError, FileNotFoundError):
-                with contextlib.suppress(OSError):
-                    os.unlink(path)  # its process is gone
-            except OSError:
-                pass
-    return reached

@@ -1,4 +1,4 @@
-"""The embedded SQLite ledger: WAL, synchronous=FULL, one writer thread with group commit.
+"""The embedded SQLite ledger: WAL, one writer thread with group commit, FULL where it matters.
 
 Every write goes through one dedicated writer thread. It takes all operations that are
 waiting, runs each in its own savepoint inside one ``BEGIN IMMEDIATE`` transaction and
@@ -8,6 +8,7 @@ calling thread; WAL lets them run beside the writer.
 
 Several processes may open the same file: ``BEGIN IMMEDIATE`` with a busy timeout serialises
 their writers, and every transition is a compare-and-set, so no two of them can both win.
+They wake each other through the socket directory beside the file (``delivery.notifier``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
+from delivery import sqlite_files
 from delivery.backend import (
     COLUMNS,
     JSON_COLUMNS,
@@ -30,6 +31,7 @@ from delivery.backend import (
     Below,
     Increment,
     IsSet,
+    LedgerTx,
     check_columns,
 )
 from delivery.errors import (
@@ -38,6 +40,7 @@ from delivery.errors import (
     LedgerUnavailable,
     NotALedgerError,
 )
+from delivery.notifier import SocketDirNotifier, wake_dir_for
 from delivery.sqlite_writer import GroupCommitWriter
 from delivery.write_future import WriteFuture
 
@@ -159,8 +162,9 @@ def _plan_update(changes: dict[str, Any], expect: dict[str, Any]) -> _UpdatePlan
     return sql, tuple(json_at), tuple(increment_at), tuple(bind)
 
 
-def _is_not_a_database(exc: sqlite3.DatabaseError) -> bool:
-    return "not a database" in str(exc) or "file is encrypted" in str(exc)
+_FILE_ERRORS = sqlite_files.FileErrors(
+    not_ours=NotALedgerError, unavailable=LedgerUnavailable, too_new=LedgerError
+)
 
 
 class _SqliteTx:
@@ -240,8 +244,19 @@ class SqliteBackend:
         busy_timeout_ms: int = 5000,
         max_batch: int = 1024,
     ) -> None:
-        self.path = str(Path(path).expanduser().resolve())
-        self._busy_timeout_ms = busy_timeout_ms
+        self._file = sqlite_files.SqliteFile(
+            str(path),
+            name="ledger",
+            application_id=APPLICATION_ID,
+            schema_version=SCHEMA_VERSION,
+            errors=_FILE_ERRORS,
+            busy_timeout_ms=busy_timeout_ms,
+        )
+        # The file's absolute path: SQLite-specific (tests, the CLI's messages); the ledger
+        # itself only knows ``url``.
+        self.path = self._file.path
+        # Processes sharing this file poke each other through sockets beside it.
+        self._notifier = SocketDirNotifier(wake_dir_for(self.path))
         self._max_batch = max_batch
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
@@ -260,84 +275,42 @@ class SqliteBackend:
     # -- opening ---------------------------------------------------------------------------
 
     def _prepare_file(self) -> None:
-        parent = os.path.dirname(self.path)
-        os.makedirs(parent, mode=0o700, exist_ok=True)
-        if not os.path.exists(self.path):
-            # Created 0600 before SQLite opens it; SQLite gives -wal and -shm the same mode.
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
-        elif os.path.isdir(self.path):
-            raise NotALedgerError(f"{self.path} is a directory, not a ledger database")
+        sqlite_files.create_private(self._file)
 
     def _connect(self, *, check_owner: bool = False) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self._busy_timeout_ms / 1000,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-        except sqlite3.Error as exc:
-            raise LedgerUnavailable(f"cannot open the ledger {self.path}: {exc}") from exc
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
-            if check_owner:
-                # Before any pragma that writes: another program's file stays untouched.
-                self._check_owner(conn)
-            conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("PRAGMA foreign_keys = ON")
-        except (sqlite3.DatabaseError, LedgerError) as exc:
-            conn.close()
-            if isinstance(exc, LedgerError):
-                raise
-            if _is_not_a_database(exc):
-                raise NotALedgerError(
-                    f"{self.path} exists but is not a SQLite database; it was left untouched"
-                ) from exc
-            raise LedgerUnavailable(f"cannot open the ledger {self.path}: {exc}") from exc
-        return conn
-
-    def _check_owner(self, conn: sqlite3.Connection) -> None:
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-        if app_id != APPLICATION_ID and tables:
-            raise NotALedgerError(
-                f"{self.path} is a SQLite database of something else (application_id "
-                f"{app_id:#x}); it was left untouched"
-            )
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise LedgerError(
-                f"{self.path} has ledger schema {version}, newer than this Reveille "
-                f"understands ({SCHEMA_VERSION}); upgrade Reveille"
-            )
+        return sqlite_files.connect(self._file, check_owner=check_owner)
 
     def _open_writer(self) -> sqlite3.Connection:
         conn = self._connect(check_owner=True)
         try:
-            self._ensure_schema(conn)
+            sqlite_files.stamp_schema(conn, self._file, _SCHEMA)
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
-        # One transaction, so two processes opening a new file at once cannot interleave.
-        conn.executescript(
-            f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA application_id = {APPLICATION_ID};"
-            f"PRAGMA user_version = {SCHEMA_VERSION};COMMIT;"
-        )
+    # -- what it is, and its wake-ups --------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"sqlite://{self.path}"  # an absolute path: sqlite:///abs/path/ledger.db
+
+    @property
+    def notifier(self) -> SocketDirNotifier:
+        return self._notifier
 
     # -- writes ---------------------------------------------------------------------------
 
-    def submit(self, op: Callable[[Any], T]) -> WriteFuture[T]:
-        return self._writer.submit(op)
+    def submit(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> WriteFuture[T]:
+        return self._writer.submit(op, durable=durable)
 
-    def submit_async(self, op: Callable[[Any], T]) -> asyncio.Future[T]:
-        return self._writer.submit_async(op)
+    def submit_async(
+        self, op: Callable[[LedgerTx], T], *, durable: bool = True
+    ) -> asyncio.Future[T]:
+        return self._writer.submit_async(op, durable=durable)
 
-    def write(self, op: Callable[[Any], T]) -> T:
-        return self._writer.submit(op).result()
+    def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> T:
+        return self._writer.submit(op, durable=durable).result()
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -379,7 +352,8 @@ class SqliteBackend:
         limit: int = 100,
         oldest_first: bool = False,
     ) -> list[dict[str, Any]]:
-        where, params = [], []
+        where: list[str] = []
+        params: list[Any] = []
         for col, value in (("state", state), ("delivery_state", delivery_state), ("kind", kind)):
             if value is not None:
                 where.append(f"{col} = ?")
@@ -446,7 +420,11 @@ class SqliteBackend:
             raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
 
     def stats(self) -> dict[str, int]:
-        return {"commits": self._writer.commits, "operations": self._writer.operations}
+        return {
+            "commits": self._writer.commits,
+            "durable_commits": self._writer.durable_commits,
+            "operations": self._writer.operations,
+        }
 
     def close(self) -> None:
         if self._closed:

@@ -7,15 +7,22 @@ operations share one fsync of the log instead of paying one each. An operation t
 fails alone: if it had already changed rows, the batch is rolled back and run again with a
 savepoint around each operation. Waiters are threads (``submit``/``write``) or coroutines
 (``submit_async``); each event loop is woken once per commit, not once per operation.
+
+Durability per operation: ``durable=False`` marks a write whose loss in a power cut can only
+cause a redelivery that the sinks absorb. A batch of only such writes commits under
+``PRAGMA synchronous = NORMAL`` (in WAL mode: committed to the log without waiting for the
+disk; a process crash loses nothing, a power cut may lose the last such commits); a batch
+with any durable write commits under ``FULL``, and that fsync of the log also makes every
+earlier NORMAL commit durable.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
-import queue
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -27,8 +34,6 @@ from delivery.write_future import WriteFuture
 T = TypeVar("T")
 C = TypeVar("C")
 log = logging.getLogger(__name__)
-
-_STOP = object()
 
 
 class _LoopWaiter:
@@ -94,10 +99,20 @@ class GroupCommitWriter(Generic[C]):
         self._context = context
         self._unavailable = unavailable
         self._max_batch = max_batch
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Operations waiting, and whether a batch is being committed (by the writer thread or
+        # inline by a caller); both under ``_mu``. ``_wake`` wakes the writer thread.
+        self._mu = threading.Lock()
+        self._wake = threading.Condition(self._mu)
+        self._pending: collections.deque[tuple[Any, Waiter, bool]] = collections.deque()
+        self._busy = False
+        self._stopping = False
         self._closed = False
         self.commits = 0
+        self.durable_commits = 0  # each one fsync of the log (WAL, synchronous=FULL)
         self.operations = 0
+        self._synchronous: str | None = None  # the writer connection's current level
+        self._conn: sqlite3.Connection | None = None
+        self._ctx: Any = None
         ready: Future[None] = Future()
         self._thread = threading.Thread(
             target=self._main, args=(open, ready), name=name, daemon=True
@@ -108,32 +123,69 @@ class GroupCommitWriter(Generic[C]):
 
     # -- callers --------------------------------------------------------------------------
 
-    def submit(self, op: Callable[[C], T]) -> WriteFuture[T]:
-        """Queue ``op`` for the next commit; the future resolves once it is durable."""
+    def submit(self, op: Callable[[C], T], *, durable: bool = True) -> WriteFuture[T]:
+        """Queue ``op`` for the next commit; the future resolves once it is committed
+        (and on disk, when ``durable``).
+
+        When nothing is waiting or committing and the caller is not an event loop, the
+        caller commits ``op`` itself, at once: a lone writer pays no hand-off to the writer
+        thread and back (two context switches, more than a NORMAL commit costs). Otherwise
+        ``op`` waits for the writer thread's next batch, so concurrent writers still share
+        commits, and operations never overtake ones submitted before them.
+        """
         if self._closed:
             raise self._unavailable(f"{self.path} is closed")
         fut: WriteFuture[T] = WriteFuture()
-        self._queue.put((op, fut))
+        item = (op, fut, durable)
+        if asyncio._get_running_loop() is None and self._take_inline():
+            try:
+                assert self._conn is not None
+                self._commit(self._conn, self._ctx, [item])
+            finally:
+                self._release_inline()
+        else:
+            self._enqueue(item)
         return fut
 
-    def submit_async(self, op: Callable[[C], T]) -> asyncio.Future[T]:
-        """Like ``submit``, awaited on the running loop without a thread hop."""
+    def submit_async(self, op: Callable[[C], T], *, durable: bool = True) -> asyncio.Future[T]:
+        """Like ``submit``, awaited on the running loop without a thread hop (the commit
+        itself always runs on the writer thread: an fsync must not block the loop)."""
         if self._closed:
             raise self._unavailable(f"{self.path} is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        self._queue.put((op, _LoopWaiter(loop, fut)))
+        self._enqueue((op, _LoopWaiter(loop, fut), durable))
         return fut
 
-    def write(self, op: Callable[[C], T]) -> T:
-        return self.submit(op).result()
+    def write(self, op: Callable[[C], T], *, durable: bool = True) -> T:
+        return self.submit(op, durable=durable).result()
 
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
-        self._queue.put(_STOP)
+        with self._mu:
+            self._closed = self._stopping = True
+            self._wake.notify()
         self._thread.join(timeout=10)
+
+    def _enqueue(self, item: tuple[Any, Waiter, bool]) -> None:
+        with self._mu:
+            self._pending.append(item)
+            if not self._busy:
+                self._wake.notify()
+
+    def _take_inline(self) -> bool:
+        with self._mu:
+            if self._busy or self._pending or self._stopping:
+                return False
+            self._busy = True
+            return True
+
+    def _release_inline(self) -> None:
+        with self._mu:
+            self._busy = False
+            if self._pending or self._stopping:  # queued meanwhile, or close() waits
+                self._wake.notify()
 
     # -- the writer thread ----------------------------------------------------------------
 
@@ -143,24 +195,22 @@ class GroupCommitWriter(Generic[C]):
         except BaseException as exc:
             ready.set_exception(exc)
             return
+        self._conn, self._ctx = conn, self._context(conn)
         ready.set_result(None)
-        context = self._context(conn)
-        stopping = False
-        while not stopping:
-            first = self._queue.get()
-            if first is _STOP:
-                break
-            batch = [first]
-            while len(batch) < self._max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    stopping = True
-                    break
-                batch.append(item)
-            self._commit(conn, context, batch)
+        while True:
+            with self._mu:
+                while self._busy or (not self._pending and not self._stopping):
+                    self._wake.wait()
+                if not self._pending:
+                    break  # stopping, and everything submitted before close() is written
+                n = min(len(self._pending), self._max_batch)
+                batch = [self._pending.popleft() for _ in range(n)]
+                self._busy = True
+            try:
+                self._commit(conn, self._ctx, batch)
+            finally:
+                with self._mu:
+                    self._busy = False
         conn.close()
 
     def _file_is_ours(self) -> bool:
@@ -169,12 +219,19 @@ class GroupCommitWriter(Generic[C]):
         except OSError:
             return False
 
+    def _set_synchronous(self, conn: sqlite3.Connection, level: str) -> None:
+        # Between transactions only: the level applies to the next COMMIT of this connection.
+        if level != self._synchronous:
+            conn.execute(f"PRAGMA synchronous = {level}")
+            self._synchronous = level
+
     def _commit(
-        self, conn: sqlite3.Connection, context: C, batch: list[tuple[Any, Waiter]]
+        self, conn: sqlite3.Connection, context: C, batch: list[tuple[Any, Waiter, bool]]
     ) -> None:
-        live = [(op, waiter) for op, waiter in batch if _still_wanted(waiter)]
+        live = [(op, waiter) for op, waiter, _ in batch if _still_wanted(waiter)]
         if not live:
             return
+        durable = any(d for _, waiter, d in batch if _still_wanted(waiter))
         if not self._file_is_ours():
             err = self._unavailable(
                 f"{self.path} was removed or replaced; refusing to write into a file nobody "
@@ -183,9 +240,11 @@ class GroupCommitWriter(Generic[C]):
             _resolve([(waiter, False, err) for _, waiter in live])
             return
         try:
+            self._set_synchronous(conn, "FULL" if durable else "NORMAL")
             outcomes = self._run(conn, context, live, isolate=False)
             if outcomes is None:
                 outcomes = self._run(conn, context, live, isolate=True)
+                assert outcomes is not None  # an isolated run never asks to run again
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if conn.in_transaction:
@@ -197,6 +256,7 @@ class GroupCommitWriter(Generic[C]):
             _resolve([(waiter, False, err) for _, waiter in live])
             return
         self.commits += 1
+        self.durable_commits += durable
         self.operations += len(live)
         _resolve(outcomes)
 

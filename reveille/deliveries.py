@@ -11,7 +11,6 @@ from typing import Any
 
 from delivery.errors import LedgerError
 from delivery.ledger import Ledger
-from delivery.reoffer import poke_schedulers, wake_dir_for
 from delivery.sqlite_backend import SqliteBackend
 from delivery.states import DeliveryState, State
 from reveille.settings import load_settings
@@ -137,12 +136,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        ledger.backend.close()
+        ledger.close()
 
 
 def _act(ledger: Ledger, args: argparse.Namespace) -> int:
     if args.action == "list":
-        rows = ledger.list(
+        rows = ledger.query(
             state=args.state,
             delivery_state=args.delivery_state,
             session=args.session,
@@ -157,10 +156,11 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
         else:
             print("no rows match")
         return 0
-    row = ledger.get(args.id)
-    if row is None:
+    found = ledger.get(args.id)
+    if found is None:
         print(f"error: no ledger row {args.id!r}", file=sys.stderr)
         return 1
+    row = found
     if args.action == "show":
         if args.json:
             print(json.dumps({**row, "history": ledger.history(args.id)}, default=str, indent=2))
@@ -169,7 +169,7 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
         return 0
     if args.action == "redeliver":
         ledger.redeliver(args.id)
-        reached = poke_schedulers(wake_dir_for(ledger.backend.path))
+        reached = ledger.notify_others()  # through the store's own notifier
         note = "a running server picks it up now" if reached else "it is offered at next start"
         print(f"{args.id}: pending again with a fresh budget; {note}")
         return 0

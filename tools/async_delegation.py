@@ -248,7 +248,7 @@ def cancel_delegation(delegation_id: str) -> bool:
 def list_delegations(
     *, session: str | None = None, state: str | None = None, limit: int = 100
 ) -> list[LedgerRow]:
-    return get_runtime().ledger.list(kind="delegation", session=session, state=state, limit=limit)
+    return get_runtime().ledger.query(kind="delegation", session=session, state=state, limit=limit)
 
 
 # -- the delivery contract ---------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any
 from delivery.errors import LedgerError, LedgerUnavailable
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
-from delivery.reoffer import ReofferScheduler, wake_dir_for
+from delivery.reoffer import ReofferScheduler
 from delivery.sqlite_backend import SqliteBackend
 from delivery.states import State
 from delivery.write_future import WriteFuture
@@ -305,9 +305,7 @@ class DelegationRuntime:
 
     def start_scheduler(self) -> ReofferScheduler:
         if self.scheduler is None:
-            self.scheduler = ReofferScheduler(
-                self.ledger, self.queue.put, wake_dir=wake_dir_for(self.ledger.backend.path)
-            )
+            self.scheduler = ReofferScheduler(self.ledger, self.queue.put)
             self.scheduler.start()
         return self.scheduler
 
@@ -315,7 +313,7 @@ class DelegationRuntime:
         if self.scheduler is not None:
             self.scheduler.stop()
             self.scheduler = None
-        self.ledger.backend.close()
+        self.ledger.close()
 
 
 def _rejected(delegation_id: str, error: str) -> DispatchOutcome:

@@ -130,7 +130,7 @@ async def test_background_process_wakes_its_session_once(gateway) -> None:
     assert "echo hi" in wake["content"] and "Exit code: 0" in wake["content"]
     rows = await messages(port, session_id)
     assert "Background work finished" in rows[-1]["content"]
-    proc_id = next(r for r in get_runtime().ledger.list(kind="process", limit=5))["id"]
+    proc_id = next(r for r in get_runtime().ledger.query(kind="process", limit=5))["id"]
     await poll(lambda: get_durable_delegation(proc_id)["delivery_state"] == "delivered")
     await asyncio.sleep(0.3)
     rows = await messages(port, session_id)

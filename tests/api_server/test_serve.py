@@ -218,7 +218,7 @@ def test_sigkill_between_delivery_and_ack_delivers_exactly_once(tmp_path) -> Non
 
             backend = SqliteBackend(tmp_path / "ledger.db")
             try:
-                rows = Ledger(backend).list(limit=10)
+                rows = Ledger(backend).query(limit=10)
             finally:
                 backend.close()
             return bool(rows) and all(r["delivery_state"] == "delivered" for r in rows)

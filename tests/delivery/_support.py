@@ -1,4 +1,4 @@
-"""Helpers shared by the ledger tests: a fake clock and identities of real processes."""
+"""Helpers shared by the ledger tests: the backends, a fake clock, identities of processes."""
 
 from __future__ import annotations
 
@@ -6,12 +6,27 @@ import functools
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
+from delivery.backend import LedgerBackend
 from delivery.identity import ProcessIdentity, current_identity, process_start_ticks
 from delivery.ledger import Ledger
+from delivery.memory_backend import MemoryBackend
+from delivery.sqlite_backend import SqliteBackend
 
 T0 = 1_700_000_000.0
+
+BACKENDS = ("sqlite", "memory")
+
+
+def make_backend(kind: str, directory: Path) -> LedgerBackend:
+    if kind == "sqlite":
+        return SqliteBackend(directory / "ledger.db")
+    if kind == "memory":
+        return MemoryBackend()
+    raise AssertionError(f"unknown backend {kind!r}")
+
 
 # An identity on another host: nothing can prove it dead, so only its lease decides.
 REMOTE_IDENTITY = "elsewhere.example|00000000-boot|4242|99"

@@ -146,9 +146,9 @@ def restart_and_check(tmp_path: Path, run: Run) -> tuple[int, bool, int]:
                 restart_handoffs[row_id] = claim
                 restart_events[row_id] = evt
                 assert complete_event_delivery(evt, claim) is True, (seed, row_id)
-            if not rt.ledger.list(delivery_state="pending", limit=10_000):
+            if not rt.ledger.query(delivery_state="pending", limit=10_000):
                 break
-        rows = {r["id"]: r for r in rt.ledger.list(limit=10_000)}
+        rows = {r["id"]: r for r in rt.ledger.query(limit=10_000)}
         assert not [i for i, r in rows.items() if r["delivery_state"] != "delivered"], (
             seed,
             "left undelivered",

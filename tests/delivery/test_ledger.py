@@ -1,4 +1,7 @@
-"""Unit tests of the delivery ledger (delivery.ledger over delivery.sqlite_backend).
+"""Conformance tests of the delivery ledger: every test runs over every backend.
+
+The ``backend`` fixture (conftest.py) is parametrized over the backends; tests of the
+SQLite file itself live in ``test_sqlite_backend.py``.
 
 Time moves through a fake clock (``Ledger(..., clock=...)``), never by sleeping, except in
 the re-offer scheduler tests at the end, which check real wake-up times.
@@ -6,25 +9,19 @@ the re-offer scheduler tests at the end, which check real wake-up times.
 
 from __future__ import annotations
 
-import os
-import socket
-import sqlite3
-import stat
+import select
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from delivery.backend import AtMost, Below, Increment, IsSet, LedgerBackend
 from delivery.errors import (
     ClaimMismatchError,
     DuplicateDeliveryError,
     InvalidTransitionError,
-    LedgerError,
     LedgerUnavailable,
-    NotALedgerError,
     UnknownDeliveryError,
 )
 from delivery.identity import (
@@ -35,8 +32,7 @@ from delivery.identity import (
 )
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
-from delivery.reoffer import ReofferScheduler, poke_schedulers
-from delivery.sqlite_backend import SqliteBackend
+from delivery.reoffer import ReofferScheduler
 from delivery.states import TERMINAL_STATES, State, can_transition
 from tests.delivery._support import (
     REMOTE_IDENTITY,
@@ -50,28 +46,6 @@ from tests.delivery._support import (
 
 LEASE = 300.0
 HOURS_48 = 48 * 3600.0
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "ledger.db"
-
-
-@pytest.fixture
-def backend(db_path: Path) -> Iterator[SqliteBackend]:
-    b = SqliteBackend(db_path)
-    yield b
-    b.close()
-
-
-@pytest.fixture
-def ledger(backend: SqliteBackend, clock: FakeClock) -> Ledger:
-    return Ledger(backend, clock=clock)
 
 
 def snapshot(ledger: Ledger, row_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
@@ -122,7 +96,7 @@ class TestClaimCompleteRelease:
         assert row["holder"] == ledger.identity
 
     def test_second_claim_during_live_lease_gets_none_and_counts_nothing(
-        self, ledger: Ledger, backend: SqliteBackend, clock: FakeClock
+        self, ledger: Ledger, backend: LedgerBackend, clock: FakeClock
     ) -> None:
         finished_row(ledger, "r1")
         other = Ledger(backend, clock=clock, identity=REMOTE_IDENTITY)
@@ -181,7 +155,7 @@ class TestClaimCompleteRelease:
             ledger.complete("r1", token)
 
     def test_lease_expiry_after_300s_lets_another_consumer_claim(
-        self, ledger: Ledger, backend: SqliteBackend, clock: FakeClock
+        self, ledger: Ledger, backend: LedgerBackend, clock: FakeClock
     ) -> None:
         finished_row(ledger, "r1")
         remote = Ledger(backend, clock=clock, identity=REMOTE_IDENTITY)
@@ -204,7 +178,7 @@ class TestClaimCompleteRelease:
 
     @pytest.mark.parametrize("reap", [True, False], ids=["reaped", "zombie"])
     def test_claim_of_a_dead_holder_is_broken_at_once(
-        self, ledger: Ledger, backend: SqliteBackend, clock: FakeClock, reap: bool
+        self, ledger: Ledger, backend: LedgerBackend, clock: FakeClock, reap: bool
     ) -> None:
         finished_row(ledger, "r1")
         child = start_idle_child()
@@ -447,7 +421,7 @@ class TestSettleAndRestore:
         assert ledger.claim("ancient", "c") is None
 
     def test_restore_leaves_live_claims_alone_and_voids_expired_ones(
-        self, ledger: Ledger, backend: SqliteBackend, clock: FakeClock
+        self, ledger: Ledger, backend: LedgerBackend, clock: FakeClock
     ) -> None:
         finished_row(ledger, "mine")
         finished_row(ledger, "remote")
@@ -488,7 +462,7 @@ class TestSettleAndRestore:
         ledger.remove_due_listener(seen.append)
 
     def test_abandoned_owner_queued_becomes_interrupted_running_becomes_unknown(
-        self, ledger: Ledger, backend: SqliteBackend, clock: FakeClock
+        self, ledger: Ledger, backend: LedgerBackend, clock: FakeClock
     ) -> None:
         dead_owner = Ledger(backend, clock=clock, identity=exited_identity())
         dead_owner.create(
@@ -535,7 +509,7 @@ class TestSettleAndRestore:
         assert {"q1", "r1", "done"} <= offered
 
     def test_abandoned_event_always_names_its_row(
-        self, ledger: Ledger, backend: SqliteBackend
+        self, ledger: Ledger, backend: LedgerBackend
     ) -> None:
         dead_owner = Ledger(backend, clock=ledger.clock, identity=exited_identity())
         dead_owner.create("r1", kind="delegation", state="running", request={"goal": "g"})
@@ -544,7 +518,7 @@ class TestSettleAndRestore:
         assert event.get("delegation_id") == "r1"
 
     def test_restore_runs_recovery_of_abandoned_work(
-        self, ledger: Ledger, backend: SqliteBackend
+        self, ledger: Ledger, backend: LedgerBackend
     ) -> None:
         dead_owner = Ledger(backend, clock=ledger.clock, identity=exited_identity())
         dead_owner.create("q1", kind="delegation", request=_request("q1"))
@@ -614,7 +588,7 @@ class TestBadInput:
         for call in calls:
             with pytest.raises(TypeError, match="must be a string"):
                 call()
-        assert ledger.list() == []
+        assert ledger.query() == []
 
     @pytest.mark.parametrize("bad_id", ["", "x" * 201])
     def test_ids_of_the_wrong_length(self, ledger: Ledger, bad_id: str) -> None:
@@ -622,7 +596,7 @@ class TestBadInput:
             ledger.create(bad_id, kind="delegation")
         with pytest.raises(ValueError):
             ledger.claim(bad_id, "c")
-        assert ledger.list() == []
+        assert ledger.query() == []
 
     def test_unknown_ids(self, ledger: Ledger) -> None:
         event = delegation_event("nope")
@@ -642,7 +616,7 @@ class TestBadInput:
             assert isinstance(info.value, KeyError)  # callers may treat it as a missing key
             assert str(info.value) == "no ledger row 'nope'"
         assert ledger.get("nope") is None and ledger.history("nope") == []
-        assert ledger.list() == []
+        assert ledger.query() == []
 
     def test_bad_tokens_consumers_events_and_requests(self, ledger: Ledger) -> None:
         finished_row(ledger, "r1")
@@ -667,7 +641,7 @@ class TestBadInput:
         with pytest.raises(DuplicateDeliveryError):
             ledger.create("r1", kind="delegation")
         assert snapshot(ledger, "r1") == before
-        assert {r["id"] for r in ledger.list()} == {"r1", "r3"}
+        assert {r["id"] for r in ledger.query()} == {"r1", "r3"}
         assert ledger.get("r3")["state"] == "running"  # type: ignore[index]
 
     @pytest.mark.parametrize("op", ["complete", "release", "release-retryable", "drop"])
@@ -695,253 +669,126 @@ class TestBadInput:
         assert ledger.complete("r1", current)
 
 
-# -- the SQLite file ---------------------------------------------------------------------------
+# -- the storage primitives every backend provides ----------------------------------------------
 
 
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(os.stat(path).st_mode)
+def _row(row_id: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": row_id,
+        "kind": "delegation",
+        "state": "running",
+        "delivery_state": "pending",
+        "created_at": 1.0,
+        "updated_at": 1.0,
+        **extra,
+    }
 
 
-class TestSqliteFile:
-    def test_missing_directory_is_created_and_files_are_0600(self, tmp_path: Path) -> None:
-        path = tmp_path / "a" / "b" / "c" / "ledger.db"
-        backend = SqliteBackend(path)
+class TestLedgerTx:
+    def test_compare_and_set_predicates_and_increment(self, backend: LedgerBackend) -> None:
+        backend.write(lambda tx: tx.insert(_row("r", due_at=5.0, request={"a": (1, 2)})))
+
+        def cas(expect: dict[str, Any], changes: dict[str, Any] | None = None) -> bool:
+            return backend.write(lambda tx: tx.update("r", expect, changes or {"updated_at": 2.0}))
+
+        assert cas({"due_at": AtMost(5.0)}) and not cas({"due_at": AtMost(4.9)})
+        assert cas({"due_at": Below(5.1)}) and not cas({"due_at": Below(5.0)})
+        assert cas({"due_at": IsSet()}) and not cas({"settled_at": IsSet()})
+        assert cas({"settled_at": None}) and not cas({"due_at": None})
+        # NULL never compares: neither equal nor at most anything
+        assert not cas({"settled_at": AtMost(1e9)}) and not cas({"settled_at": 0})
+        assert not cas({"state": "queued"}) and not backend.write(
+            lambda tx: tx.update("missing", {}, {"updated_at": 3.0})
+        )
+        assert cas({"delivery_attempts": 0}, {"delivery_attempts": Increment(2)})
+        assert cas({"delivery_attempts": 2}, {"delivery_attempts": Increment(1)})
+        row = backend.get("r")
+        assert row is not None and row["delivery_attempts"] == 3 and row["claim_expires_at"] == 0
+        assert row["request"] == {"a": [1, 2]}  # JSON columns come back as JSON
+        assert backend.write(lambda tx: tx.get("r", ("id", "request"))) == {
+            "id": "r",
+            "request": {"a": [1, 2]},
+        }
+        with pytest.raises(ValueError, match="unknown ledger column"):
+            cas({"nope": 1})
+
+    def test_an_operation_that_raises_changes_nothing(self, backend: LedgerBackend) -> None:
+        backend.write(lambda tx: tx.insert(_row("r")))
+
+        def bad(tx: Any) -> None:
+            tx.insert(_row("other"))
+            tx.update("r", {}, {"state": "completed", "delivery_attempts": Increment(1)})
+            tx.audit("r", "drop", "half-done", 2.0)
+            raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            backend.write(bad)
+        fut = backend.submit(bad)
+        with pytest.raises(RuntimeError, match="boom"):
+            fut.result()
+        row = backend.get("r")
+        assert row is not None and row["state"] == "running" and row["delivery_attempts"] == 0
+        assert backend.get("other") is None and backend.audit_log("r") == []
+        with pytest.raises(DuplicateDeliveryError):
+            backend.write(lambda tx: tx.insert(_row("r")))
+        assert backend.write(lambda tx: tx.get("r", ("state",))) == {"state": "running"}
+
+    async def test_submit_async_resolves_on_the_running_loop(self, backend: LedgerBackend) -> None:
+        assert await backend.submit_async(lambda tx: tx.insert(_row("a")) or "ok") == "ok"
+        with pytest.raises(DuplicateDeliveryError):
+            await backend.submit_async(lambda tx: tx.insert(_row("a")))
+
+    def test_url_and_wakeups_through_the_notifier(self, backend: LedgerBackend) -> None:
+        assert backend.url.startswith(("sqlite:///", "memory://"))
+        sub = backend.notifier.subscribe()
+        assert sub is not None
         try:
-            Ledger(backend).create("r1", kind="delegation")
-            assert path.parent.is_dir() and _mode(path.parent) == 0o700
-            assert _mode(path) == 0o600
-            for suffix in ("-wal", "-shm"):
-                side = Path(str(path) + suffix)
-                assert side.exists() and _mode(side) == 0o600, suffix
+            assert backend.notifier.notify() >= 1
+            ready, _, _ = select.select([sub.fileno()], [], [], 5)
+            assert ready
+            sub.drain()
+            ready, _, _ = select.select([sub.fileno()], [], [], 0)
+            assert not ready
         finally:
-            backend.close()
+            sub.close()
 
-    def test_wal_and_an_indexed_due_predicate(self, backend: SqliteBackend, db_path: Path) -> None:
-        conn = sqlite3.connect(db_path)
-        try:
-            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            assert conn.execute("PRAGMA application_id").fetchone()[0] == 0x52564C4C
-            plan = " ".join(
-                str(r)
-                for r in conn.execute(
-                    "EXPLAIN QUERY PLAN SELECT id FROM deliveries "
-                    "WHERE delivery_state = 'pending' AND due_at <= 5 ORDER BY due_at"
-                )
-            )
-            assert "ix_pending_due" in plan
-        finally:
-            conn.close()
-
-    @pytest.mark.parametrize(
-        "content",
-        [b"hello, this is a text file\n", b'{"not": "sqlite"}' * 300, bytes(range(256)) * 40],
-        ids=["text", "json", "binary"],
-    )
-    def test_a_file_that_is_not_a_database_is_refused_and_untouched(
-        self, tmp_path: Path, content: bytes
-    ) -> None:
-        path = tmp_path / "ledger.db"
-        path.write_bytes(content)
-        with pytest.raises(NotALedgerError, match="not a SQLite database") as info:
-            SqliteBackend(path)
-        assert str(path) in str(info.value)
-        assert path.read_bytes() == content
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.db"]
-
-    def test_a_directory_is_refused(self, tmp_path: Path) -> None:
-        (tmp_path / "ledger.db").mkdir()
-        with pytest.raises(NotALedgerError, match="directory"):
-            SqliteBackend(tmp_path / "ledger.db")
-
-    def test_another_apps_sqlite_database_is_refused(self, tmp_path: Path) -> None:
-        path = tmp_path / "other.db"
-        conn = sqlite3.connect(path)
-        conn.execute("CREATE TABLE notes (body TEXT)")
-        conn.execute("INSERT INTO notes VALUES ('keep me')")
-        conn.commit()
-        conn.close()
-        with pytest.raises(NotALedgerError, match="something else"):
-            SqliteBackend(path)
-        conn = sqlite3.connect(path)
-        try:
-            assert conn.execute("SELECT body FROM notes").fetchall() == [("keep me",)]
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-            assert "deliveries" not in tables
-        finally:
-            conn.close()
-
-    def test_another_apps_sqlite_database_is_left_byte_for_byte(self, tmp_path: Path) -> None:
-        path = tmp_path / "other.db"
-        conn = sqlite3.connect(path)
-        conn.execute("CREATE TABLE notes (body TEXT)")
-        conn.commit()
-        conn.close()
-        before = path.read_bytes()
-        with pytest.raises(NotALedgerError, match="left untouched"):
-            SqliteBackend(path)
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
-        assert path.read_bytes() == before
-
-    def test_a_newer_schema_is_refused(self, db_path: Path) -> None:
-        SqliteBackend(db_path).close()
-        conn = sqlite3.connect(db_path)
-        conn.execute("PRAGMA user_version = 99")
-        conn.close()
-        with pytest.raises(LedgerError, match="newer"):
-            SqliteBackend(db_path)
-
-    def test_reopening_keeps_rows(self, db_path: Path, clock: FakeClock) -> None:
-        first = SqliteBackend(db_path)
-        finished_row(Ledger(first, clock=clock), "r1")
-        first.close()
-        second = SqliteBackend(db_path)
-        try:
-            row = Ledger(second, clock=clock).get("r1")
-            assert row is not None and row["event"]["summary"] == "result of r1"
-        finally:
-            second.close()
-
-    @pytest.mark.parametrize("how", ["removed", "replaced"])
-    def test_a_removed_or_replaced_file_makes_writes_fail(
-        self, ledger: Ledger, db_path: Path, how: str
-    ) -> None:
-        finished_row(ledger, "r1")
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(db_path) + suffix).unlink(missing_ok=True)
-        if how == "replaced":
-            db_path.write_bytes(b"someone else's file")
-        with pytest.raises(LedgerUnavailable, match="removed or replaced"):
-            ledger.create("r2", kind="delegation")
-        with pytest.raises(LedgerUnavailable):
-            ledger.claim("r1", "c")
-        if how == "replaced":
-            assert db_path.read_bytes() == b"someone else's file"
-        else:
-            assert not db_path.exists()
-
-    def test_a_database_locked_past_the_timeout_fails_clearly_and_writes_nothing(
-        self, db_path: Path, clock: FakeClock
-    ) -> None:
-        backend = SqliteBackend(db_path, busy_timeout_ms=100)
-        ledger = Ledger(backend, clock=clock)
-        finished_row(ledger, "r1")
-        blocker = sqlite3.connect(db_path, isolation_level=None)
-        try:
-            blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
-            with pytest.raises(LedgerUnavailable, match="locked"):
-                ledger.create("r2", kind="delegation")
-            with pytest.raises(LedgerUnavailable, match="nothing was written"):
-                ledger.claim("r1", "c")
-            blocker.execute("ROLLBACK")
-            assert ledger.get("r2") is None
-            row = ledger.get("r1")
-            assert row is not None and row["delivery_attempts"] == 0
-            # Once the lock is gone the same operations go through.
-            ledger.create("r2", kind="delegation")
-            assert ledger.claim("r1", "c")
-        finally:
-            blocker.close()
-            backend.close()
-
-    def test_a_closed_backend_refuses_writes(self, db_path: Path) -> None:
-        backend = SqliteBackend(db_path)
+    def test_a_closed_backend_refuses_writes(self, backend: LedgerBackend) -> None:
         backend.close()
-        with pytest.raises(LedgerUnavailable, match="closed"):
-            Ledger(backend).create("r1", kind="delegation")
+        with pytest.raises(LedgerUnavailable):
+            backend.write(lambda tx: tx.insert(_row("r")))
 
 
 # -- concurrency -------------------------------------------------------------------------------
 
 
 class TestConcurrency:
-    def test_group_commit_shares_commits_between_threads(
-        self, ledger: Ledger, backend: SqliteBackend
-    ) -> None:
-        threads_n, per_thread = 8, 30
-        barrier = threading.Barrier(threads_n)
-        errors: list[BaseException] = []
-
-        def work(t: int) -> None:
-            try:
-                barrier.wait()
-                for i in range(per_thread):
-                    row_id = f"t{t}-{i}"
-                    ledger.create(row_id, kind="delegation", state="running")
-                    ledger.finish(
-                        row_id,
-                        expected="running",
-                        state="completed",
-                        event=delegation_event(row_id),
-                    )
-                    token = ledger.claim(row_id, f"c{t}")
-                    assert token and ledger.complete(row_id, token)
-            except BaseException as exc:
-                errors.append(exc)
-
-        before = backend.stats()
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(threads_n)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        assert not errors, errors
-        after = backend.stats()
-        ops = after["operations"] - before["operations"]
-        commits = after["commits"] - before["commits"]
-        assert ops == threads_n * per_thread * 4
-        assert commits < ops, (commits, ops)
-        delivered = ledger.list(delivery_state="delivered", limit=10_000)
-        assert len(delivered) == threads_n * per_thread
-
-    def test_submitted_operations_share_one_commit_and_fail_alone(
-        self, ledger: Ledger, backend: SqliteBackend
-    ) -> None:
-        ledger.create("dup", kind="delegation")
-        before = backend.stats()["commits"]
-        futures = [
-            ledger.submit_create(f"s{i}", kind="delegation") if i != 5 else None for i in range(50)
-        ]
-        bad = ledger.submit_create("dup", kind="delegation")
-        results = [f.result() for f in futures if f is not None]
-        with pytest.raises(DuplicateDeliveryError):
-            bad.result()
-        assert len(results) == 49 and len(ledger.list(limit=1000)) == 50
-        assert backend.stats()["commits"] - before < 51
-
-    @pytest.mark.parametrize("backends", ["one-backend", "one-backend-per-thread"])
     def test_sixteen_threads_racing_to_claim_one_row_exactly_one_wins(
-        self, db_path: Path, clock: FakeClock, backends: str
+        self, backend: LedgerBackend, clock: FakeClock
     ) -> None:
         n = 16
-        shared = SqliteBackend(db_path)
-        own = [SqliteBackend(db_path) for _ in range(n)] if backends != "one-backend" else []
-        try:
-            ledgers = [Ledger(own[i] if own else shared, clock=clock) for i in range(n)]
-            for round_ in range(20):
-                row_id = f"race-{round_}"
-                finished_row(ledgers[0], row_id)
-                barrier = threading.Barrier(n)
-                tokens: list[str | None] = [None] * n
+        ledgers = [Ledger(backend, clock=clock) for _ in range(n)]
+        for round_ in range(20):
+            row_id = f"race-{round_}"
+            finished_row(ledgers[0], row_id)
+            barrier = threading.Barrier(n)
+            tokens: list[str | None] = [None] * n
 
-                def claim(
-                    i: int, row_id: str = row_id, barrier: Any = barrier, tokens: Any = tokens
-                ) -> None:
-                    barrier.wait()
-                    tokens[i] = ledgers[i].claim(row_id, f"consumer-{i}")
+            def claim(
+                i: int, row_id: str = row_id, barrier: Any = barrier, tokens: Any = tokens
+            ) -> None:
+                barrier.wait()
+                tokens[i] = ledgers[i].claim(row_id, f"consumer-{i}")
 
-                threads = [threading.Thread(target=claim, args=(i,)) for i in range(n)]
-                for th in threads:
-                    th.start()
-                for th in threads:
-                    th.join()
-                winners = [t for t in tokens if t]
-                assert len(winners) == 1, (round_, tokens)
-                row = ledgers[0].get(row_id)
-                assert row is not None
-                assert row["claim_token"] == winners[0] and row["delivery_attempts"] == 1
-        finally:
-            for b in [shared, *own]:
-                b.close()
+            threads = [threading.Thread(target=claim, args=(i,)) for i in range(n)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            winners = [t for t in tokens if t]
+            assert len(winners) == 1, (round_, tokens)
+            row = ledgers[0].get(row_id)
+            assert row is not None
+            assert row["claim_token"] == winners[0] and row["delivery_attempts"] == 1
 
 
 # -- the re-offer scheduler (real time) --------------------------------------------------------
@@ -971,15 +818,13 @@ def _count_passes(ledger: Ledger) -> list[float]:
 
 
 @pytest.fixture
-def real_backend(db_path: Path) -> Iterator[SqliteBackend]:
-    b = SqliteBackend(db_path)
-    yield b
-    b.close()
+def real_backend(backend: LedgerBackend) -> LedgerBackend:
+    return backend  # the same backend, used with the real clock
 
 
 class TestReofferScheduler:
     def test_released_row_is_reoffered_when_its_backoff_ends_without_polling(
-        self, real_backend: SqliteBackend
+        self, real_backend: LedgerBackend
     ) -> None:
         policy = DeliveryPolicy(retry_base_seconds=0.4, retry_max_seconds=0.4)
         ledger = Ledger(real_backend, policy)
@@ -1003,7 +848,7 @@ class TestReofferScheduler:
             sched.stop()
 
     def test_row_held_by_a_process_that_dies_is_reoffered_promptly(
-        self, real_backend: SqliteBackend
+        self, real_backend: LedgerBackend
     ) -> None:
         ledger = Ledger(real_backend)
         finished_row(ledger, "held")
@@ -1040,7 +885,7 @@ class TestReofferScheduler:
             child.kill()
             child.wait(timeout=10)
 
-    def test_with_nothing_due_the_scheduler_sleeps(self, real_backend: SqliteBackend) -> None:
+    def test_with_nothing_due_the_scheduler_sleeps(self, real_backend: LedgerBackend) -> None:
         ledger = Ledger(real_backend)
         finished_row(ledger, "later")  # due when its lease ends, 300 s from now
         offers = _Offers()
@@ -1060,7 +905,7 @@ class TestReofferScheduler:
             assert time.monotonic() - started < 2  # stop wakes it at once
 
     def test_a_sooner_due_time_wakes_a_sleeping_scheduler(
-        self, real_backend: SqliteBackend
+        self, real_backend: LedgerBackend
     ) -> None:
         policy = DeliveryPolicy(lease_seconds=0.3)
         ledger = Ledger(real_backend, policy)
@@ -1075,38 +920,3 @@ class TestReofferScheduler:
             assert 0.3 <= offers.items[0][0] - finished_at < 0.6
         finally:
             sched.stop()
-
-    def test_an_operators_redeliver_in_another_process_wakes_the_scheduler(
-        self, real_backend: SqliteBackend, tmp_path: Path
-    ) -> None:
-        wake_dir = str(tmp_path / "wake.d")
-        ledger = Ledger(real_backend)
-        event = finished_row(ledger, "r1")
-        token = ledger.claim("r1", "c")
-        assert token and ledger.drop("r1", "session reset", token=token)
-        offers = _Offers()
-        passes = _count_passes(ledger)
-        sched = ReofferScheduler(ledger, offers, max_sleep_seconds=60, wake_dir=wake_dir)
-        sched.start()
-        try:
-            # A stale socket of a process that is gone is cleaned up, not counted.
-            stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            stale.bind(os.path.join(wake_dir, "gone.sock"))
-            stale.close()
-            time.sleep(0.2)
-            idle_passes = len(passes)
-            # The operator's CLI: its own Ledger object (no listener of ours) on the same file.
-            operator = Ledger(real_backend, identity=REMOTE_IDENTITY)
-            operator.redeliver("r1", actor="cli")
-            time.sleep(0.3)
-            assert offers.items == [] and len(passes) == idle_passes  # nothing told us yet
-            poked_at = time.time()
-            assert poke_schedulers(wake_dir) == 1
-            assert offers.event.wait(5)
-            assert offers.items[0][0] - poked_at < 0.5
-            assert offers.items[0][1]["summary"] == event["summary"]
-            assert "gone.sock" not in os.listdir(wake_dir)
-        finally:
-            sched.stop()
-        assert os.listdir(wake_dir) == []  # stop() removes its socket
-        assert poke_schedulers(str(tmp_path / "missing")) == 0

@@ -3,7 +3,7 @@
 Hypothesis drives random sequences of create / start / finish / claim (by several consumers
 in live, remote and dead processes) / complete / release / release(retryable) / drop /
 redeliver / restore / take_due and clock moves (lease expiry, backoff, the replay cap) against
-a real SQLite ledger, and after every step checks that:
+every backend (SQLite, in memory), and after every step checks that:
 
 * the ledger's rows equal the model's (the model states the rules of SPEC.md plainly);
 * no row is ever acknowledged twice (``complete`` moves a row to delivered at most once);
@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -33,15 +34,15 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
 from delivery.errors import ClaimMismatchError, InvalidTransitionError
 from delivery.identity import current_identity
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
-from delivery.sqlite_backend import SqliteBackend
 from delivery.states import ACTIVE_STATES, ALLOWED_TRANSITIONS
-from tests.delivery._support import REMOTE_IDENTITY, FakeClock, exited_identity
+from tests.delivery._support import REMOTE_IDENTITY, FakeClock, exited_identity, make_backend
 
 POLICY = DeliveryPolicy(
     lease_seconds=300.0,
@@ -85,10 +86,10 @@ class MRow:
 
 
 class LedgerMachine(RuleBasedStateMachine):
-    def __init__(self) -> None:
+    def __init__(self, backend_kind: str = "sqlite") -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="ledger-sm-")
-        self.backend = SqliteBackend(os.path.join(self.dir, "ledger.db"))
+        self.backend = make_backend(backend_kind, Path(self.dir))
         self.clock = FakeClock()
         self.ident = {"me": str(current_identity()), "remote": REMOTE_IDENTITY}
         self.ident["dead"] = exited_identity()
@@ -542,8 +543,9 @@ def _settings() -> settings:
     )
 
 
-TestLedgerStateMachine = LedgerMachine.TestCase
-TestLedgerStateMachine.settings = _settings()
+def test_ledger_state_machine(backend_kind: str) -> None:
+    """The machine over every backend (``backend_kind`` is the conformance fixture)."""
+    run_state_machine_as_test(lambda: LedgerMachine(backend_kind), settings=_settings())
 
 
 def test_model_helpers_are_consistent() -> None:

@@ -97,7 +97,7 @@ def test_drop_then_redeliver_gives_a_fresh_budget_and_is_recorded(home: Path) ->
 def _snapshot(home: Path) -> list[tuple[dict, list]]:
     ledger = Ledger(SqliteBackend(home / "ledger.db"))
     try:
-        return [(row, ledger.history(row["id"])) for row in ledger.list(limit=100)]
+        return [(row, ledger.history(row["id"])) for row in ledger.query(limit=100)]
     finally:
         ledger.backend.close()
 

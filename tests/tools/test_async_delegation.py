@@ -872,7 +872,7 @@ class TestProcessRegistry:
         for bad in ("", "   ", None, 3):
             with pytest.raises(ValueError, match="command"):
                 registry.spawn(bad)  # type: ignore[arg-type]
-        assert list_delegations() == [] and get_runtime().ledger.list(kind="process") == []
+        assert list_delegations() == [] and get_runtime().ledger.query(kind="process") == []
 
 
 def test_ledger_unavailable_is_a_clear_error_for_the_contract(ledger_path: str) -> None:

@@ -1,0 +1,118 @@
+"""The completion events the ledger writes or re-offers on its own, not the work's.
+
+``abandoned_event``: the completion of work whose owner process died before it finished
+(recovery of abandoned work). ``mark_reoffered``: a copy of a stored event marked as offered
+again (restore, orphan re-offer), so that no new, unrelated session adopts it.
+``reoffer_op``: the one write of a restore or orphan re-offer. ``settle_changes``: what
+settles a row.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from delivery.backend import LedgerTx
+from delivery.identity import holder_is_dead
+from delivery.policy import DeliveryPolicy
+from delivery.states import DeliveryState, State
+
+
+def mark_reoffered(event: dict[str, Any], reason: str, at: float) -> dict[str, Any]:
+    """A copy of ``event`` marked as offered again, so no unrelated session adopts it."""
+    marked = copy.deepcopy(event)
+    marked["_restored"] = True
+    marked["_reoffer_reason"] = reason
+    marked["_reoffered_at"] = at
+    return marked
+
+
+def abandoned_event(row: dict[str, Any], state: str, now: float) -> dict[str, Any]:
+    """The completion event of work whose owner process died before it finished."""
+    request = dict(row.get("request") or {})
+    never_started = state == State.INTERRUPTED
+    event = {
+        **request,
+        # the claim goes by these ids: never trust the stored request to carry them
+        "delegation_id" if row["kind"] == "delegation" else "delivery_id": row["id"],
+        "status": str(state),
+        "error": (
+            "Reveille restarted before this work started; it never ran and can be dispatched again."
+            if never_started
+            else "Reveille stopped while this work was running; whether it finished or "
+            "had effects is unknown."
+        ),
+        "completed_at": now,
+        "abandoned": True,
+    }
+    event.setdefault("type", "async_delegation" if row["kind"] == "delegation" else "completion")
+    started = row.get("started_at") or row.get("created_at")
+    if started:
+        event["duration_seconds"] = round(max(now - started, 0.0), 3)
+    return event
+
+
+_PENDING = DeliveryState.PENDING.value
+_DROPPED = DeliveryState.DROPPED.value
+
+
+def settle_changes(state: str, now: float, reason: str) -> dict[str, Any]:
+    """The changes that settle a pending row as ``state`` (delivered or dropped)."""
+    return {
+        "delivery_state": state,
+        "settled_at": now,
+        "settled_reason": reason,
+        "claim_expires_at": 0,
+        "due_at": None,
+        "holder": None,
+        "updated_at": now,
+    }
+
+
+def reoffer_op(
+    candidates: list[dict[str, Any]],
+    now: float,
+    reason: str,
+    policy: DeliveryPolicy,
+    identity: str,
+) -> Callable[[LedgerTx], list[dict[str, Any]]]:
+    """The operation of a restore or orphan re-offer (``reason``) of ``candidates``.
+
+    ``identity`` becomes the holder of each row it offers again; rows under a live claim of
+    a live process or still backing off are left alone; rows past the replay cap are dropped.
+    """
+
+    def op(tx: LedgerTx) -> list[dict[str, Any]]:
+        offered = []
+        for row in candidates:
+            expect = {
+                "delivery_state": _PENDING,
+                "holder": row["holder"],
+                "due_at": row["due_at"],
+                "claim_token": row["claim_token"],
+            }
+            if row["claim_expires_at"] > now and not holder_is_dead(row["holder"]):
+                continue  # a live process holds a live claim: it is in flight
+            if row["next_attempt_at"] > now:
+                continue  # backing off: offered when its due time comes, not before
+            age = now - (row["replay_from"] or row["completed_at"] or row["created_at"])
+            if age > policy.replay_cap_seconds:
+                too_old = settle_changes(_DROPPED, now, "older than the replay age cap")
+                if tx.update(row["id"], expect, too_old):
+                    tx.audit(row["id"], "drop", f"not replayed on {reason}: too old", now)
+                continue
+            changes = {
+                "holder": identity,
+                "due_at": now + policy.lease_seconds,
+                "restored": row["restored"] + 1,
+                "updated_at": now,
+            }
+            if row["claim_expires_at"]:
+                # The lease ran out, or its holder died: the claim is void now.
+                changes.update(claim_token=None, claim_consumer=None, claim_expires_at=0)
+            if tx.update(row["id"], expect, changes):
+                offered.append(mark_reoffered(row["event"], reason, now))
+        return offered
+
+    return op

@@ -1,0 +1,371 @@
+"""Tests of the SQLite backend's own storage: the file, group commit, several backends on one
+file, cross-process wake-ups. The ledger's rules are tested over every backend in
+``test_ledger.py``; crashes in ``test_crash.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from delivery.errors import (
+    DuplicateDeliveryError,
+    LedgerError,
+    LedgerUnavailable,
+    NotALedgerError,
+)
+from delivery.ledger import Ledger
+from delivery.notifier import poke_dir, wake_dir_for
+from delivery.reoffer import ReofferScheduler
+from delivery.sqlite_backend import SqliteBackend
+from tests.delivery._support import REMOTE_IDENTITY, FakeClock, delegation_event, finished_row
+from tests.delivery.test_ledger import _count_passes, _Offers
+
+
+@pytest.fixture
+def backend(db_path: Path) -> Iterator[SqliteBackend]:
+    b = SqliteBackend(db_path)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def ledger(backend: SqliteBackend, clock: FakeClock) -> Ledger:
+    return Ledger(backend, clock=clock)
+
+
+# -- the SQLite file ---------------------------------------------------------------------------
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+class TestSqliteFile:
+    def test_missing_directory_is_created_and_files_are_0600(self, tmp_path: Path) -> None:
+        path = tmp_path / "a" / "b" / "c" / "ledger.db"
+        backend = SqliteBackend(path)
+        try:
+            Ledger(backend).create("r1", kind="delegation")
+            assert path.parent.is_dir() and _mode(path.parent) == 0o700
+            assert _mode(path) == 0o600
+            for suffix in ("-wal", "-shm"):
+                side = Path(str(path) + suffix)
+                assert side.exists() and _mode(side) == 0o600, suffix
+        finally:
+            backend.close()
+
+    def test_wal_and_an_indexed_due_predicate(self, backend: SqliteBackend, db_path: Path) -> None:
+        conn = sqlite3.connect(db_path)
+        try:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert conn.execute("PRAGMA application_id").fetchone()[0] == 0x52564C4C
+            plan = " ".join(
+                str(r)
+                for r in conn.execute(
+                    "EXPLAIN QUERY PLAN SELECT id FROM deliveries "
+                    "WHERE delivery_state = 'pending' AND due_at <= 5 ORDER BY due_at"
+                )
+            )
+            assert "ix_pending_due" in plan
+        finally:
+            conn.close()
+
+    @pytest.mark.parametrize(
+        "content",
+        [b"hello, this is a text file\n", b'{"not": "sqlite"}' * 300, bytes(range(256)) * 40],
+        ids=["text", "json", "binary"],
+    )
+    def test_a_file_that_is_not_a_database_is_refused_and_untouched(
+        self, tmp_path: Path, content: bytes
+    ) -> None:
+        path = tmp_path / "ledger.db"
+        path.write_bytes(content)
+        with pytest.raises(NotALedgerError, match="not a SQLite database") as info:
+            SqliteBackend(path)
+        assert str(path) in str(info.value)
+        assert path.read_bytes() == content
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.db"]
+
+    def test_a_directory_is_refused(self, tmp_path: Path) -> None:
+        (tmp_path / "ledger.db").mkdir()
+        with pytest.raises(NotALedgerError, match="directory"):
+            SqliteBackend(tmp_path / "ledger.db")
+
+    def test_another_apps_sqlite_database_is_refused(self, tmp_path: Path) -> None:
+        path = tmp_path / "other.db"
+        conn = sqlite3.connect(path)
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('keep me')")
+        conn.commit()
+        conn.close()
+        with pytest.raises(NotALedgerError, match="something else"):
+            SqliteBackend(path)
+        conn = sqlite3.connect(path)
+        try:
+            assert conn.execute("SELECT body FROM notes").fetchall() == [("keep me",)]
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            assert "deliveries" not in tables
+        finally:
+            conn.close()
+
+    def test_another_apps_sqlite_database_is_left_byte_for_byte(self, tmp_path: Path) -> None:
+        path = tmp_path / "other.db"
+        conn = sqlite3.connect(path)
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.commit()
+        conn.close()
+        before = path.read_bytes()
+        with pytest.raises(NotALedgerError, match="left untouched"):
+            SqliteBackend(path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+        assert path.read_bytes() == before
+
+    def test_a_newer_schema_is_refused(self, db_path: Path) -> None:
+        SqliteBackend(db_path).close()
+        conn = sqlite3.connect(db_path)
+        conn.execute("PRAGMA user_version = 99")
+        conn.close()
+        with pytest.raises(LedgerError, match="newer"):
+            SqliteBackend(db_path)
+
+    def test_reopening_keeps_rows(self, db_path: Path, clock: FakeClock) -> None:
+        first = SqliteBackend(db_path)
+        finished_row(Ledger(first, clock=clock), "r1")
+        first.close()
+        second = SqliteBackend(db_path)
+        try:
+            row = Ledger(second, clock=clock).get("r1")
+            assert row is not None and row["event"]["summary"] == "result of r1"
+        finally:
+            second.close()
+
+    @pytest.mark.parametrize("how", ["removed", "replaced"])
+    def test_a_removed_or_replaced_file_makes_writes_fail(
+        self, ledger: Ledger, db_path: Path, how: str
+    ) -> None:
+        finished_row(ledger, "r1")
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(db_path) + suffix).unlink(missing_ok=True)
+        if how == "replaced":
+            db_path.write_bytes(b"someone else's file")
+        with pytest.raises(LedgerUnavailable, match="removed or replaced"):
+            ledger.create("r2", kind="delegation")
+        with pytest.raises(LedgerUnavailable):
+            ledger.claim("r1", "c")
+        if how == "replaced":
+            assert db_path.read_bytes() == b"someone else's file"
+        else:
+            assert not db_path.exists()
+
+    def test_a_database_locked_past_the_timeout_fails_clearly_and_writes_nothing(
+        self, db_path: Path, clock: FakeClock
+    ) -> None:
+        backend = SqliteBackend(db_path, busy_timeout_ms=100)
+        ledger = Ledger(backend, clock=clock)
+        finished_row(ledger, "r1")
+        blocker = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            with pytest.raises(LedgerUnavailable, match="locked"):
+                ledger.create("r2", kind="delegation")
+            with pytest.raises(LedgerUnavailable, match="nothing was written"):
+                ledger.claim("r1", "c")
+            blocker.execute("ROLLBACK")
+            assert ledger.get("r2") is None
+            row = ledger.get("r1")
+            assert row is not None and row["delivery_attempts"] == 0
+            # Once the lock is gone the same operations go through.
+            ledger.create("r2", kind="delegation")
+            assert ledger.claim("r1", "c")
+        finally:
+            blocker.close()
+            backend.close()
+
+    def test_a_closed_backend_refuses_writes(self, db_path: Path) -> None:
+        backend = SqliteBackend(db_path)
+        backend.close()
+        with pytest.raises(LedgerUnavailable, match="closed"):
+            Ledger(backend).create("r1", kind="delegation")
+
+
+# -- concurrency -------------------------------------------------------------------------------
+
+
+class TestConcurrency:
+    def test_claims_and_acks_commit_without_waiting_for_the_disk(
+        self, ledger: Ledger, backend: SqliteBackend
+    ) -> None:
+        finished_row(ledger, "r1")
+        before = backend.stats()
+        token = ledger.claim("r1", "c")
+        assert token and ledger.complete("r1", token)
+        after = backend.stats()
+        assert after["commits"] - before["commits"] == 2
+        assert after["durable_commits"] == before["durable_commits"]  # synchronous=NORMAL
+        ledger.create("r2", kind="delegation")  # the row before the work: FULL
+        assert backend.stats()["durable_commits"] == after["durable_commits"] + 1
+
+    def test_a_batch_with_one_durable_write_is_durable(self, backend: SqliteBackend) -> None:
+        writer = backend._writer
+        waiting = []
+        before = backend.stats()
+        with writer._mu:  # hold the writer so that the three writes form one batch
+            writer._busy = True
+        try:
+            for i, durable in enumerate((False, True, False)):
+                row = {
+                    "id": f"b{i}",
+                    "kind": "delegation",
+                    "state": "running",
+                    "delivery_state": "pending",
+                    "created_at": 1.0,
+                    "updated_at": 1.0,
+                }
+                waiting.append(backend.submit(lambda tx, row=row: tx.insert(row), durable=durable))
+        finally:
+            writer._release_inline()
+        for fut in waiting:
+            fut.result(timeout=10)
+        after = backend.stats()
+        assert after["commits"] - before["commits"] == 1  # one batch, one commit ...
+        assert after["durable_commits"] - before["durable_commits"] == 1  # ... at FULL
+
+    def test_group_commit_shares_commits_between_threads(
+        self, ledger: Ledger, backend: SqliteBackend
+    ) -> None:
+        threads_n, per_thread = 8, 30
+        barrier = threading.Barrier(threads_n)
+        errors: list[BaseException] = []
+
+        def work(t: int) -> None:
+            try:
+                barrier.wait()
+                for i in range(per_thread):
+                    row_id = f"t{t}-{i}"
+                    ledger.create(row_id, kind="delegation", state="running")
+                    ledger.finish(
+                        row_id,
+                        expected="running",
+                        state="completed",
+                        event=delegation_event(row_id),
+                    )
+                    token = ledger.claim(row_id, f"c{t}")
+                    assert token and ledger.complete(row_id, token)
+            except BaseException as exc:
+                errors.append(exc)
+
+        before = backend.stats()
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(threads_n)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not errors, errors
+        after = backend.stats()
+        ops = after["operations"] - before["operations"]
+        commits = after["commits"] - before["commits"]
+        assert ops == threads_n * per_thread * 4
+        assert commits < ops, (commits, ops)
+        delivered = ledger.query(delivery_state="delivered", limit=10_000)
+        assert len(delivered) == threads_n * per_thread
+
+    def test_submitted_operations_share_one_commit_and_fail_alone(
+        self, ledger: Ledger, backend: SqliteBackend
+    ) -> None:
+        ledger.create("dup", kind="delegation")
+        before = backend.stats()["commits"]
+        futures = [
+            ledger.submit_create(f"s{i}", kind="delegation") if i != 5 else None for i in range(50)
+        ]
+        bad = ledger.submit_create("dup", kind="delegation")
+        results = [f.result() for f in futures if f is not None]
+        with pytest.raises(DuplicateDeliveryError):
+            bad.result()
+        assert len(results) == 49 and len(ledger.query(limit=1000)) == 50
+        assert backend.stats()["commits"] - before < 51
+
+    def test_sixteen_backends_racing_to_claim_one_row_exactly_one_wins(
+        self, db_path: Path, clock: FakeClock
+    ) -> None:
+        n = 16
+        shared = SqliteBackend(db_path)
+        own = [SqliteBackend(db_path) for _ in range(n)]
+        try:
+            ledgers = [Ledger(own[i] if own else shared, clock=clock) for i in range(n)]
+            for round_ in range(20):
+                row_id = f"race-{round_}"
+                finished_row(ledgers[0], row_id)
+                barrier = threading.Barrier(n)
+                tokens: list[str | None] = [None] * n
+
+                def claim(
+                    i: int, row_id: str = row_id, barrier: Any = barrier, tokens: Any = tokens
+                ) -> None:
+                    barrier.wait()
+                    tokens[i] = ledgers[i].claim(row_id, f"consumer-{i}")
+
+                threads = [threading.Thread(target=claim, args=(i,)) for i in range(n)]
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join()
+                winners = [t for t in tokens if t]
+                assert len(winners) == 1, (round_, tokens)
+                row = ledgers[0].get(row_id)
+                assert row is not None
+                assert row["claim_token"] == winners[0] and row["delivery_attempts"] == 1
+        finally:
+            for b in [shared, *own]:
+                b.close()
+
+
+# -- wake-ups between processes ------------------------------------------------------------
+
+
+class TestCrossProcessWakeups:
+    def test_an_operators_redeliver_in_another_process_wakes_the_scheduler(
+        self, backend: SqliteBackend, tmp_path: Path
+    ) -> None:
+        real_backend = backend
+        wake_dir = wake_dir_for(backend.path)
+        assert backend.url == "sqlite://" + backend.path and backend.path.startswith("/")
+        ledger = Ledger(real_backend)
+        event = finished_row(ledger, "r1")
+        token = ledger.claim("r1", "c")
+        assert token and ledger.drop("r1", "session reset", token=token)
+        offers = _Offers()
+        passes = _count_passes(ledger)
+        sched = ReofferScheduler(ledger, offers, max_sleep_seconds=60)
+        sched.start()
+        try:
+            # A stale socket of a process that is gone is cleaned up, not counted.
+            stale = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            stale.bind(os.path.join(wake_dir, "gone.sock"))
+            stale.close()
+            time.sleep(0.2)
+            idle_passes = len(passes)
+            # The operator's CLI: its own Ledger object (no listener of ours) on the same file.
+            operator = Ledger(real_backend, identity=REMOTE_IDENTITY)
+            operator.redeliver("r1", actor="cli")
+            time.sleep(0.3)
+            assert offers.items == [] and len(passes) == idle_passes  # nothing told us yet
+            poked_at = time.time()
+            assert operator.notify_others() == 1  # what `reveille deliveries redeliver` does
+            assert offers.event.wait(5)
+            assert offers.items[0][0] - poked_at < 0.5
+            assert offers.items[0][1]["summary"] == event["summary"]
+            assert "gone.sock" not in os.listdir(wake_dir)
+        finally:
+            sched.stop()
+        assert os.listdir(wake_dir) == []  # stop() removes its socket
+        assert poke_dir(str(tmp_path / "missing")) == 0
