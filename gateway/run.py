@@ -1,7 +1,9 @@
 """The gateway runner: the API server, the delivery ledger and the completion watcher.
 
-``GatewayRunner(settings)`` opens the session store and the ledger runtime, builds the
-model provider and the agent, starts the API server, re-offers every completion a previous
+``GatewayRunner(parts)`` gets its collaborators from the composition root
+(``reveille.app.build_runner``) as ``RunnerParts`` — how to open the session store and the
+ledger runtime, the model provider, how to build the API server — so that this floor never
+reads settings. ``start()`` opens them, starts the API server, re-offers every completion a previous
 run left undelivered, starts the ledger's re-offer scheduler and then watches
 ``process_registry.completion_queue`` (event-driven: it awaits the queue, no poll
 interval).
@@ -24,15 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import tools.async_delegation as ad
-from agent import Agent, build_provider
 from agent.providers.base import ModelProvider
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.session import SessionGone, SessionStore
@@ -42,11 +43,10 @@ from gateway.wake import (
     format_wake_text,
     persist_delegation_delivery,
 )
-from reveille.settings import Settings
+from tools.completion_queue import CompletionQueue
 from tools.process_registry import process_registry
-from tools.toolset import build_default_registry
 
-__all__ = ["GatewayRunner"]
+__all__ = ["GatewayRunner", "RunnerParts"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,31 +56,32 @@ _API_SESSION_KEY_PREFIX = "agent:main:api_server:"
 _ADOPTION_SLACK_SECONDS = 1.0
 
 
-def _accepts_keyword(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def _event_id(evt: dict[str, Any]) -> str | None:
     value = evt.get("delegation_id") or evt.get("delivery_id") or evt.get("process_id")
     return value if isinstance(value, str) and value else None
 
 
+@dataclass(frozen=True)
+class RunnerParts:
+    """What the composition root hands the runner; each callable runs once, in ``start()``.
+
+    ``open_runtime`` opens the process-wide delegation runtime over the given completion
+    queue; it is called only when the embedding program has not configured one already.
+    ``owns_provider`` says whether the runner closes the provider when it stops.
+    """
+
+    open_store: Callable[[], SessionStore]
+    open_runtime: Callable[[CompletionQueue], Any]
+    provider: ModelProvider
+    build_adapter: Callable[[SessionStore, ModelProvider], ApiServerAdapter]
+    owns_provider: bool = True
+
+
 class GatewayRunner:
     """Runs ``reveille serve``: adapters, ledger runtime and the completion watcher."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        provider: ModelProvider | None = None,
-        shutdown_grace_seconds: float = 10.0,
-    ) -> None:
-        self.settings = settings
-        self._provider_override = provider
+    def __init__(self, parts: RunnerParts, *, shutdown_grace_seconds: float = 10.0) -> None:
+        self.parts = parts
         self.provider: ModelProvider | None = None
         self.store: SessionStore | None = None
         self.adapter: ApiServerAdapter | None = None
@@ -98,33 +99,11 @@ class GatewayRunner:
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        s = self.settings
-        self.store = await asyncio.to_thread(SessionStore, s.sessions_path)
+        self.store = await asyncio.to_thread(self.parts.open_store)
         try:
             await self._open_runtime()
-            self.provider = self._provider_override or build_provider(
-                kind=s.provider,
-                base_url=s.openai_base_url or None,
-                api_key=s.openai_api_key or None,
-                model=s.model,
-                demo_delay=s.demo_delay_seconds,
-            )
-            registry = build_default_registry(
-                self.provider,
-                shell_enabled=s.shell_enabled,
-                workdir=s.shell_workdir or None,
-                max_async_children=s.max_async_children,
-            )
-            self.adapter = ApiServerAdapter(
-                store=self.store,
-                agent=Agent(self.provider, registry),
-                host=s.host,
-                port=s.port,
-                api_key=s.api_key,
-                model_name=self.provider.name,
-                max_concurrent_runs=s.max_concurrent_runs,
-                max_body_bytes=s.max_body_bytes,
-            )
+            self.provider = self.parts.provider
+            self.adapter = self.parts.build_adapter(self.store, self.provider)
             await self.adapter.start()
             # The server listens first: restored wake-ups self-POST to it.
             self.restored = await asyncio.to_thread(ad.restore_undelivered_completions, self.queue)
@@ -140,16 +119,9 @@ class GatewayRunner:
 
     async def _open_runtime(self) -> None:
         # A runtime configured by the embedding program (tests, benchmarks) is used as is;
-        # otherwise this runner opens the one of the settings' state directory.
+        # otherwise this runner opens the one the composition root describes.
         if not ad.runtime_is_open():
-            s = self.settings
-            self.runtime = await asyncio.to_thread(
-                ad.configure_runtime,
-                str(s.ledger_path),
-                policy=s.delivery_policy,
-                completion_queue=self.queue,
-                max_queued=s.max_queued_delegations,
-            )
+            self.runtime = await asyncio.to_thread(self.parts.open_runtime, self.queue)
             self._owns_runtime = True
         else:
             self.runtime = ad.get_runtime()
@@ -178,7 +150,7 @@ class GatewayRunner:
                 await asyncio.to_thread(scheduler.stop)
             self.runtime = None
         aclose = getattr(self.provider, "aclose", None)
-        if aclose is not None and self._provider_override is None:
+        if aclose is not None and self.parts.owns_provider:
             with contextlib.suppress(Exception):
                 await aclose()
         if self.store is not None:
@@ -337,29 +309,14 @@ class GatewayRunner:
     # ----------------------------------------------------------------- the contract
 
     async def _claim(self, evt: dict[str, Any]) -> str | None:
-        fn = getattr(ad, "aclaim_event_delivery", None)
-        if fn is not None:
-            return await fn(evt, self.consumer)
-        return await asyncio.to_thread(ad.claim_event_delivery, evt, self.consumer)
+        return await ad.aclaim_event_delivery(evt, self.consumer)
 
     async def _complete(self, evt: dict[str, Any], claim: str) -> bool:
-        fn = getattr(ad, "acomplete_event_delivery", None)
-        if fn is not None:
-            return bool(await fn(evt, claim))
-        return bool(await asyncio.to_thread(ad.complete_event_delivery, evt, claim))
+        return bool(await ad.acomplete_event_delivery(evt, claim))
 
     async def _release(self, evt: dict[str, Any], claim: str, *, retryable: bool) -> None:
         try:
-            fn = getattr(ad, "arelease_event_delivery", None)
-            if fn is not None:
-                await fn(evt, claim, retryable=retryable)
-                return
-            release = ad.release_event_delivery
-            # Older cores have no ``retryable``: a plain release there.
-            if _accepts_keyword(release, "retryable"):
-                await asyncio.to_thread(release, evt, claim, retryable=retryable)
-            else:
-                await asyncio.to_thread(release, evt, claim)
+            await ad.arelease_event_delivery(evt, claim, retryable=retryable)
         except Exception:
             logger.exception("could not release the claim on %s", _event_id(evt))
 

@@ -455,7 +455,8 @@ def _format_delegation(evt: Mapping[str, Any], now: float) -> str:
     out.append("")
 
     if batch:
-        results = evt.get("results") if isinstance(evt.get("results"), list) else []
+        raw_results = evt.get("results")
+        results: list[Any] = raw_results if isinstance(raw_results, list) else []
         out.append("Results:")
         total = len(results)
         for i, result in enumerate(results):

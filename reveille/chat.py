@@ -17,7 +17,10 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 __all__ = ["ChatClient", "add_chat_parser", "render_message", "run_chat"]
 
@@ -143,7 +146,10 @@ class ChatClient:
         else:
             messages = [*self.history, {"role": "user", "content": text}]
         raw = self.client.chat.completions.with_raw_response.create(
-            model=self.model, messages=messages, stream=True, extra_headers=extra_headers
+            model=self.model,
+            messages=cast("list[ChatCompletionMessageParam]", messages),
+            stream=True,
+            extra_headers=extra_headers,
         )
         self.session_id = raw.headers.get("X-Hermes-Session-Id") or self.session_id
         pieces: list[str] = []

@@ -93,13 +93,18 @@ def startup_banner(settings: Settings, *, port: int, model: str, restored: int) 
 
 def run_serve(args: argparse.Namespace) -> int:
     from gateway.run import GatewayRunner
+    from reveille.app import build_runner
 
     settings = load_settings(
         config_file=getattr(args, "config", None),
         host=getattr(args, "host", None),
         port=getattr(args, "port", None),
     )
-    runner = GatewayRunner(settings)
+    try:
+        runner = build_runner(settings)
+    except ValueError as exc:
+        print(f"reveille serve: {exc}", file=sys.stderr)
+        return 2
 
     def announce(started: GatewayRunner) -> None:
         assert started.adapter is not None and started.provider is not None

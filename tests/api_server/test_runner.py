@@ -11,8 +11,8 @@ import pytest
 
 from agent.markers import DELIVERY_MARKER, WAKE_MARKER
 from agent.providers.demo import DemoModel
-from gateway.run import GatewayRunner
 from gateway.wake import DELEGATION_DISPLAY_KIND, WakeDeliveryError
+from reveille.app import build_runner
 from reveille.settings import Settings
 from tools.async_delegation import (
     configure_runtime,
@@ -48,7 +48,7 @@ async def gateway(tmp_path, runtime):
         shell_workdir=str(tmp_path),
     )
     provider = RecordingProvider(DemoModel(delay_seconds=DEMO_DELAY))
-    runner = GatewayRunner(settings, provider=provider)
+    runner = build_runner(settings, provider=provider)
     await runner.start()
     try:
         yield runner, provider
@@ -200,7 +200,7 @@ async def test_keyless_server_still_wakes_its_sessions(tmp_path, runtime) -> Non
     settings = Settings(
         home=tmp_path, port=0, api_key="", shell_enabled=True, shell_workdir=str(tmp_path)
     )
-    runner = GatewayRunner(settings, provider=DemoModel(delay_seconds=DEMO_DELAY))
+    runner = build_runner(settings, provider=DemoModel(delay_seconds=DEMO_DELAY))
     await runner.start()
     try:
         port = runner.adapter.port
@@ -223,3 +223,27 @@ async def test_keyless_server_still_wakes_its_sessions(tmp_path, runtime) -> Non
             )
     finally:
         await runner.stop()
+
+
+async def test_a_stray_key_error_releases_and_never_drops(gateway, runtime, monkeypatch) -> None:
+    # Only the domain error SessionGone means "the session is gone"; a KeyError from a bug
+    # in a delivery target must keep the result in the ledger for another attempt.
+    runner, _provider = gateway
+    runner.store.create_session("sess_bug")
+    ledger = runtime.ledger
+    evt = {
+        "type": "completion",
+        "delivery_id": "proc_bug",
+        "origin_session_id": "sess_bug",
+        "dispatched_at": time.time(),
+    }
+    ledger.create("proc_bug", kind="process", state="running", request=evt, goal="x")
+    ledger.finish("proc_bug", expected="running", state="completed", event=evt)
+
+    async def buggy(*args, **kwargs):
+        raise KeyError("session_id")
+
+    monkeypatch.setattr("gateway.run.deliver_wake", buggy)
+    assert await runner.handle_event(evt) == "released"
+    row = get_durable_delegation("proc_bug")
+    assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 1

@@ -1,0 +1,111 @@
+"""The composition root: the one place that turns settings into a running Reveille.
+
+It builds, in this order, settings -> storage (the ledger file and the session store under
+``REVEILLE_HOME``) -> the delegation runtime of the contract module ``tools.async_delegation``
+-> the model provider and the agent with its toolset -> the API server -> the gateway
+runner, and hands each piece down. Nothing below ``reveille/`` reads settings: the floors
+under this one receive what they need from here.
+
+``open_storage(url)`` is the only code that names a concrete storage backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import tools.async_delegation as ad
+from agent import Agent, build_provider
+from agent.providers.base import ModelProvider
+from gateway.platforms.api_server import ApiServerAdapter
+from gateway.run import GatewayRunner, RunnerParts
+from gateway.session import SessionStore
+from reveille.settings import Settings, SettingsError
+from tools.completion_queue import CompletionQueue
+from tools.toolset import build_default_registry
+
+__all__ = ["StorageLocation", "build_runner", "open_storage"]
+
+
+@dataclass(frozen=True)
+class StorageLocation:
+    """Where the ledger and the session store live, parsed from a storage url."""
+
+    scheme: str
+    ledger_path: Path
+    sessions_path: Path
+
+
+def open_storage(url: str) -> StorageLocation:
+    """Resolve a storage url: ``sqlite:///abs/dir`` (the state directory) is the one known today.
+
+    An unknown scheme is refused with a message that names the accepted ones, so that a
+    typo in ``[storage] url`` stops the server at start instead of writing somewhere else.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite":
+        raise SettingsError(f"storage url {url!r}: unknown scheme; expected sqlite:///<directory>")
+    if parts.netloc:
+        raise SettingsError(f"storage url {url!r}: a sqlite url has no host (sqlite:///path)")
+    home = Path(unquote(parts.path)).expanduser()
+    return StorageLocation("sqlite", home / "ledger.db", home / "sessions.db")
+
+
+def storage_url(settings: Settings) -> str:
+    return f"sqlite://{settings.home.expanduser().resolve().as_posix()}"
+
+
+def build_runner(
+    settings: Settings,
+    *,
+    provider: ModelProvider | None = None,
+    shutdown_grace_seconds: float = 10.0,
+) -> GatewayRunner:
+    """A gateway runner wired from ``settings``; ``provider`` overrides the configured one
+    (tests, benchmarks) and is then left open when the runner stops."""
+    storage = open_storage(storage_url(settings))
+    owns_provider = provider is None
+    model = provider or build_provider(
+        kind=settings.provider,
+        base_url=settings.openai_base_url or None,
+        api_key=settings.openai_api_key or None,
+        model=settings.model,
+        demo_delay=settings.demo_delay_seconds,
+    )
+
+    def open_runtime(queue: CompletionQueue) -> Any:
+        return ad.configure_runtime(
+            str(storage.ledger_path),
+            policy=settings.delivery_policy,
+            completion_queue=queue,
+            max_queued=settings.max_queued_delegations,
+        )
+
+    def build_adapter(store: SessionStore, model: ModelProvider) -> ApiServerAdapter:
+        registry = build_default_registry(
+            model,
+            shell_enabled=settings.shell_enabled,
+            workdir=settings.shell_workdir or None,
+            max_async_children=settings.max_async_children,
+        )
+        return ApiServerAdapter(
+            store=store,
+            agent=Agent(model, registry),
+            host=settings.host,
+            port=settings.port,
+            api_key=settings.api_key,
+            model_name=model.name,
+            max_concurrent_runs=settings.max_concurrent_runs,
+            max_body_bytes=settings.max_body_bytes,
+        )
+
+    parts = RunnerParts(
+        open_store=lambda: SessionStore(storage.sessions_path),
+        open_runtime=open_runtime,
+        provider=model,
+        build_adapter=build_adapter,
+        owns_provider=owns_provider,
+    )
+    return GatewayRunner(parts, shutdown_grace_seconds=shutdown_grace_seconds)
