@@ -10,16 +10,14 @@ interval).
 
 Each completion is routed to the session it came from — its ``origin_session_id``, else its
 ``parent_session_id``, else the API session its ``session_key`` names; never to a session
-that merely exists now — then claimed, delivered and acknowledged only after the delivery
-was accepted:
-
-* a delegation result becomes a delivery row in the session transcript
-  (``persist_delegation_delivery``); the client's next turn folds it in;
-* any other completion (a background process) wakes the session with a new turn through
-  ``deliver_wake``'s self-POST, carrying the delivery id as its ``Idempotency-Key``.
+that merely exists now — then claimed, handed to the delivery target registered for that
+session's platform (``gateway.delivery_targets``: the API server's transcript row or
+self-POST wake, a push adapter's ``handle_message``) and acknowledged only after the target
+accepted it.
 
 A refusal releases the claim: with ``retryable=True`` only when it was transient (429 after
-the retries, 503, the server restarting); a session that is gone drops the delivery.
+the retries, 503, the server restarting, no target for the platform in this process); a
+session that is gone (``SessionGone``) drops the delivery.
 """
 
 from __future__ import annotations
@@ -35,14 +33,16 @@ from typing import Any
 
 import tools.async_delegation as ad
 from agent.providers.base import ModelProvider
+from gateway.config import Platform
+from gateway.delivery_targets import (
+    ApiServerTarget,
+    DeliveryTarget,
+    delivery_id_of,
+    session_platform,
+)
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.session import SessionGone, SessionStore
-from gateway.wake import (
-    WakeDeliveryError,
-    deliver_wake,
-    format_wake_text,
-    persist_delegation_delivery,
-)
+from gateway.wake import WakeDeliveryError
 from tools.completion_queue import CompletionQueue
 from tools.process_registry import process_registry
 
@@ -56,9 +56,7 @@ _API_SESSION_KEY_PREFIX = "agent:main:api_server:"
 _ADOPTION_SLACK_SECONDS = 1.0
 
 
-def _event_id(evt: dict[str, Any]) -> str | None:
-    value = evt.get("delegation_id") or evt.get("delivery_id") or evt.get("process_id")
-    return value if isinstance(value, str) and value else None
+_event_id = delivery_id_of
 
 
 @dataclass(frozen=True)
@@ -85,6 +83,7 @@ class GatewayRunner:
         self.provider: ModelProvider | None = None
         self.store: SessionStore | None = None
         self.adapter: ApiServerAdapter | None = None
+        self.targets: dict[Platform, DeliveryTarget] = {}
         self.runtime: Any = None
         self.queue = process_registry.completion_queue
         self.consumer = f"gateway-runner:{os.getpid()}"
@@ -104,6 +103,7 @@ class GatewayRunner:
             await self._open_runtime()
             self.provider = self.parts.provider
             self.adapter = self.parts.build_adapter(self.store, self.provider)
+            self.register_target(Platform.API_SERVER, ApiServerTarget(self.store, self.adapter))
             await self.adapter.start()
             # The server listens first: restored wake-ups self-POST to it.
             self.restored = await asyncio.to_thread(ad.restore_undelivered_completions, self.queue)
@@ -293,18 +293,24 @@ class GatewayRunner:
             return False
         return float(session["created_at"]) > float(dispatched) + _ADOPTION_SLACK_SECONDS
 
+    def register_target(self, platform: Platform, target: DeliveryTarget) -> None:
+        """Deliver completions of ``platform``'s sessions through ``target``."""
+        self.targets[platform] = target
+
     async def _deliver(self, evt: dict[str, Any], session_id: str) -> None:
-        assert self.store is not None and self.adapter is not None
-        text = format_wake_text(evt)
-        if evt.get("type") == ad.EVENT_TYPE:
-            await asyncio.to_thread(persist_delegation_delivery, self.store, session_id, evt, text)
-            return
-        await deliver_wake(
-            self.adapter,
-            text=text,
-            session_id=session_id,
-            idempotency_key=_event_id(evt),
-        )
+        assert self.store is not None
+        session = await asyncio.to_thread(self.store.get_session, session_id)
+        if session is None:
+            raise SessionGone(session_id)
+        platform = session_platform(session)
+        target = self.targets.get(platform)
+        if target is None:
+            # Not a loss: a process that serves this platform takes it on a later offer.
+            raise WakeDeliveryError(
+                f"no delivery target for {platform.value} sessions in this process",
+                transient=True,
+            )
+        await target.deliver(evt, session)
 
     # ----------------------------------------------------------------- the contract
 

@@ -188,7 +188,7 @@ async def test_transient_refusal_releases_retryable(gateway, runtime, monkeypatc
     async def busy(*args, **kwargs):
         raise WakeDeliveryError("gave up: HTTP 429", transient=True, status=429)
 
-    monkeypatch.setattr("gateway.run.deliver_wake", busy)
+    monkeypatch.setattr("gateway.delivery_targets.deliver_wake", busy)
     assert await runner.handle_event(evt) == "released"
     row = get_durable_delegation("proc_busy")
     assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 0
@@ -243,7 +243,61 @@ async def test_a_stray_key_error_releases_and_never_drops(gateway, runtime, monk
     async def buggy(*args, **kwargs):
         raise KeyError("session_id")
 
-    monkeypatch.setattr("gateway.run.deliver_wake", buggy)
+    monkeypatch.setattr("gateway.delivery_targets.deliver_wake", buggy)
     assert await runner.handle_event(evt) == "released"
     row = get_durable_delegation("proc_bug")
     assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 1
+
+
+class _FakePushAdapter:
+    """A push-capable chat adapter as deliver_wake sees one: it records internal events."""
+
+    supports_async_delivery = True
+
+    def __init__(self) -> None:
+        self.events: list = []
+
+    async def handle_message(self, event) -> None:
+        self.events.append(event)
+
+
+async def test_completions_route_through_the_target_of_the_sessions_platform(
+    gateway, runtime
+) -> None:
+    from gateway.config import Platform
+    from gateway.delivery_targets import PushTarget
+    from gateway.session import SessionSource
+
+    runner, _provider = gateway
+    source = SessionSource(platform=Platform.TELEGRAM, chat_id="4242", user_id="7")
+    runner.store.create_session("sess_tg", source=source)
+    ledger = runtime.ledger
+
+    def pending(row_id: str) -> dict:
+        evt = {
+            "type": "completion",
+            "delivery_id": row_id,
+            "origin_session_id": "sess_tg",
+            "dispatched_at": time.time(),
+            "command": "echo hi",
+            "exit_code": 0,
+        }
+        ledger.create(row_id, kind="process", state="running", request=evt, goal="x")
+        ledger.finish(row_id, expected="running", state="completed", event=evt)
+        return evt
+
+    # No Telegram target in this process: released without spending an attempt.
+    evt = pending("proc_tg_wait")
+    assert await runner.handle_event(evt) == "released"
+    row = get_durable_delegation("proc_tg_wait")
+    assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 0
+
+    push = _FakePushAdapter()
+    runner.register_target(Platform.TELEGRAM, PushTarget(push))
+    evt = pending("proc_tg")
+    assert await runner.handle_event(evt) == "delivered"
+    assert get_durable_delegation("proc_tg")["delivery_state"] == "delivered"
+    [event] = push.events
+    assert event.internal and event.source.chat_id == "4242"
+    assert event.metadata["idempotency_key"] == "proc_tg"
+    assert WAKE_MARKER in event.text or "echo hi" in event.text

@@ -1,0 +1,89 @@
+"""Delivery targets: how a completion reaches a session, one target per surface (``Platform``).
+
+The runner routes a completion to its origin session, then hands it to the target
+registered for the platform that session came through:
+
+* ``ApiServerTarget`` (``Platform.API_SERVER``): a delegation result becomes a delivery row
+  in the transcript (the client's next turn folds it in); any other completion wakes the
+  session with a new turn through ``deliver_wake``'s self-POST, carrying the delivery id as
+  its ``Idempotency-Key``.
+* ``PushTarget`` (chat platforms): ``deliver_wake``'s push path, an internal
+  ``MessageEvent`` handed to the adapter's ``handle_message``.
+
+A target raises ``SessionGone`` when the session is gone for good (the runner drops the
+delivery, the result stays in the ledger) and ``WakeDeliveryError`` when the hand-off was
+refused (the runner releases the claim, with ``retryable`` when it was transient). Any other
+exception is a release too: only the domain error means "drop".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from gateway.config import Platform
+from gateway.session import SessionSource, SessionStore
+from gateway.wake import deliver_wake, format_wake_text, persist_delegation_delivery
+from tools.async_delegation import EVENT_TYPE
+
+__all__ = ["ApiServerTarget", "DeliveryTarget", "PushTarget", "delivery_id_of"]
+
+
+class DeliveryTarget(Protocol):
+    async def deliver(self, evt: dict[str, Any], session: Mapping[str, Any]) -> None:
+        """Hand ``evt`` to ``session`` (a session-store record); return once it was accepted."""
+        ...
+
+
+def delivery_id_of(evt: Mapping[str, Any]) -> str | None:
+    value = evt.get("delegation_id") or evt.get("delivery_id") or evt.get("process_id")
+    return value if isinstance(value, str) and value else None
+
+
+class ApiServerTarget:
+    """Transcript rows for delegations, self-POSTed wake turns for everything else."""
+
+    def __init__(self, store: SessionStore, adapter: Any) -> None:
+        self.store = store
+        self.adapter = adapter
+
+    async def deliver(self, evt: dict[str, Any], session: Mapping[str, Any]) -> None:
+        session_id = str(session["id"])
+        text = format_wake_text(evt)
+        if evt.get("type") == EVENT_TYPE:
+            await asyncio.to_thread(persist_delegation_delivery, self.store, session_id, evt, text)
+            return
+        await deliver_wake(
+            self.adapter, text=text, session_id=session_id, idempotency_key=delivery_id_of(evt)
+        )
+
+
+class PushTarget:
+    """A push-capable chat adapter: the wake-up is a real turn in the chat it came from."""
+
+    def __init__(self, adapter: Any) -> None:
+        self.adapter = adapter
+
+    async def deliver(self, evt: dict[str, Any], session: Mapping[str, Any]) -> None:
+        raw_source = session.get("source")
+        if not isinstance(raw_source, Mapping):
+            raise ValueError(f"session {session.get('id')!r} has no source to push to")
+        await deliver_wake(
+            self.adapter,
+            text=format_wake_text(evt),
+            source=SessionSource.from_dict(raw_source),
+            session_id=str(session["id"]),
+            idempotency_key=delivery_id_of(evt),
+        )
+
+
+def session_platform(session: Mapping[str, Any]) -> Platform:
+    """The surface a session came through; sessions stored without a source are API ones."""
+    source = session.get("source")
+    if isinstance(source, Mapping):
+        try:
+            return Platform(str(source.get("platform")))
+        except ValueError:
+            pass
+    return Platform.API_SERVER
