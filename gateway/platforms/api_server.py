@@ -23,6 +23,10 @@ in through ``gateway.wake.deliver_wake``'s self-POST, which reads ``_host``, ``_
 ``_api_key`` and ``_model_name``. When no key is configured the adapter still has a random
 internal key (``_api_key``) that only its own wake-ups know, so background-process wakes
 work in the keyless default setup while outside clients keep the 403.
+
+The OpenAI error shape and the error middleware live in ``http_middleware``, the completion
+and chunk objects and SSE framing in ``openai_wire``; this module is the adapter and its
+routes.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -42,17 +45,30 @@ from typing import Any
 from aiohttp import web
 
 from agent.loop import Agent
-from agent.markers import DELIVERY_MARKER, WAKE_MARKER
+from agent.markers import WAKE_MARKER
 from agent.providers.base import DeltaCallback, ProviderError
 from agent.tools import ToolContext
 from delivery.ids import new_token
 from gateway.config import Platform
 from gateway.platforms.base import BasePlatformAdapter
+from gateway.platforms.http_middleware import (
+    RETRY_AFTER_SECONDS,
+    SESSION_HEADER,
+    SESSION_REQUEST_KEY,
+    ApiError,
+    error_middleware,
+    is_loopback,
+)
+from gateway.platforms.openai_wire import (
+    chunker,
+    completion_text,
+    delivery_context_text,
+    send_sse,
+)
 from gateway.session import (
     SessionGone,
     SessionSource,
     SessionStore,
-    SessionStoreError,
     build_session_key,
     is_valid_session_id,
 )
@@ -68,20 +84,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SESSION_HEADER = "X-Hermes-Session-Id"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 DEFAULT_KEEPALIVE_SECONDS = 15.0
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 _MAX_IDEMPOTENCY_KEY = 255
 _IDEMPOTENCY_POLL_SECONDS = 0.05
-_RETRY_AFTER_SECONDS = 1
-# The effective session of a request, for echoing it on error responses too.
-# (web.RequestKey from aiohttp 3.11 on; a plain string key before.)
-_SESSION_KEY: Any = (
-    web.RequestKey("reveille_session_id", str)
-    if hasattr(web, "RequestKey")
-    else "reveille_session_id"
-)
 # A body only somewhat over the cap is read (and thrown away) before the 413, so that
 # clients that write the whole request before reading the answer see the 413 rather than
 # a reset connection. Anything bigger is refused without reading it.
@@ -127,16 +134,6 @@ def _text(message: dict[str, Any]) -> str:
     return ""
 
 
-def _is_loopback(host: str) -> bool:
-    host = (host or "").strip().strip("[]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -145,91 +142,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-class ApiError(Exception):
-    """An error answered in the OpenAI error-object shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type_: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.code = code
-        self.param = param
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-    def response(self, session_id: str | None = None) -> web.Response:
-        headers = dict(self.headers)
-        if session_id:
-            headers[SESSION_HEADER] = session_id
-        return web.json_response(self.body(), status=self.status, headers=headers)
-
-
-_HTTP_ERROR_TYPES = {
-    401: ("invalid_request_error", "invalid_api_key"),
-    403: ("invalid_request_error", "forbidden"),
-    404: ("invalid_request_error", "not_found"),
-    405: ("invalid_request_error", "method_not_allowed"),
-    413: ("invalid_request_error", "request_too_large"),
-    429: ("rate_limit_error", "rate_limit_exceeded"),
-}
-
-
-@web.middleware
-async def _error_middleware(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        return exc.response(request.get(_SESSION_KEY))
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        type_, code = _HTTP_ERROR_TYPES.get(
-            exc.status, ("invalid_request_error" if exc.status < 500 else "server_error", None)
-        )
-        return ApiError(exc.status, exc.reason or "error", type_=type_, code=code).response(
-            request.get(_SESSION_KEY)
-        )
-    except asyncio.CancelledError:
-        raise
-    except SessionStoreError as exc:
-        # The store is locked by another process past its timeout, closed or gone: the
-        # request changed nothing and may be retried.
-        logger.error("session store unavailable for %s %s: %s", request.method, request.path, exc)
-        return ApiError(
-            503,
-            f"the session store is unavailable, nothing was changed: {exc}",
-            type_="server_error",
-            code="store_unavailable",
-            headers={"Retry-After": str(_RETRY_AFTER_SECONDS)},
-        ).response(request.get(_SESSION_KEY))
-    except Exception:
-        logger.exception("unhandled error in %s %s", request.method, request.path)
-        return ApiError(
-            500, "internal server error", type_="server_error", code="internal_error"
-        ).response(request.get(_SESSION_KEY))
 
 
 class ApiServerAdapter(BasePlatformAdapter):
@@ -288,7 +200,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         # The cap plus headroom: the handler reads up to _DRAIN_FACTOR x the cap itself to
         # answer 413 politely, then enforces max_body_bytes.
         app = web.Application(
-            middlewares=[_error_middleware],
+            middlewares=[error_middleware],
             client_max_size=self.max_body_bytes * _DRAIN_FACTOR,
         )
         app.router.add_post("/v1/chat/completions", self._chat_completions)
@@ -315,7 +227,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         return self._active_runs
 
     async def start(self) -> None:
-        if not self._configured_key and not _is_loopback(self._host):
+        if not self._configured_key and not is_loopback(self._host):
             raise RuntimeError(
                 f"refusing to listen on {self._host!r} without an API key: anyone who can "
                 "reach it could use the agent. Set API_SERVER_KEY (or [server] api_key), "
@@ -403,7 +315,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                 code="session_not_found",
                 param=SESSION_HEADER,
             )
-        request[_SESSION_KEY] = session_id
+        request[SESSION_REQUEST_KEY] = session_id
         return session_id
 
     @staticmethod
@@ -515,7 +427,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         if session_id is None:
             # Created by the turn itself (one store operation), not by a refused request.
             session_id = derive_session_id(messages)
-            request[_SESSION_KEY] = session_id
+            request[SESSION_REQUEST_KEY] = session_id
 
         idem_key = request.headers.get(IDEMPOTENCY_HEADER)
         owner: str | None = None
@@ -541,7 +453,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                 "retry shortly",
                 type_="rate_limit_error",
                 code="rate_limit_exceeded",
-                headers={"Retry-After": str(_RETRY_AFTER_SECONDS)},
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
         # Counted here, released by the turn itself: a client that hangs up does not free
         # a slot while its turn still runs.
@@ -787,11 +699,11 @@ class ApiServerAdapter(BasePlatformAdapter):
         if not options["stream"]:
             return web.json_response(completion, headers=headers)
         response = await self._open_stream(request, headers)
-        chunk = _chunker(completion)
-        await _sse(response, chunk({"role": "assistant", "content": ""}))
+        chunk = chunker(completion)
+        await send_sse(response, chunk({"role": "assistant", "content": ""}))
         text = completion_text(completion)
         if text:
-            await _sse(response, chunk({"content": text}))
+            await send_sse(response, chunk({"content": text}))
         await self._finish_stream(response, completion, options)
         return response
 
@@ -813,13 +725,13 @@ class ApiServerAdapter(BasePlatformAdapter):
     async def _finish_stream(
         self, response: web.StreamResponse, completion: dict[str, Any], options: dict[str, Any]
     ) -> None:
-        chunk = _chunker(completion)
-        await _sse(response, chunk({}, finish_reason="stop"))
+        chunk = chunker(completion)
+        await send_sse(response, chunk({}, finish_reason="stop"))
         if options["include_usage"]:
             usage_chunk = chunk({}, finish_reason=None)
             usage_chunk["choices"] = []
             usage_chunk["usage"] = completion.get("usage")
-            await _sse(response, usage_chunk)
+            await send_sse(response, usage_chunk)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
 
@@ -845,7 +757,7 @@ class ApiServerAdapter(BasePlatformAdapter):
             }
 
         try:
-            await _sse(response, chunk({"role": "assistant", "content": ""}))
+            await send_sse(response, chunk({"role": "assistant", "content": ""}))
             while True:
                 try:
                     piece = await asyncio.wait_for(deltas.get(), self.keepalive_seconds)
@@ -854,17 +766,17 @@ class ApiServerAdapter(BasePlatformAdapter):
                     continue
                 if piece is None:
                     break
-                await _sse(response, chunk({"content": piece}))
+                await send_sse(response, chunk({"content": piece}))
             try:
                 completion = await asyncio.shield(task)
             except ApiError as exc:
-                await _sse(response, exc.body())
+                await send_sse(response, exc.body())
                 await response.write(b"data: [DONE]\n\n")
                 await response.write_eof()
                 return response
             except Exception:
                 logger.exception("streamed turn failed")
-                await _sse(
+                await send_sse(
                     response, ApiError(500, "internal server error", type_="server_error").body()
                 )
                 await response.write(b"data: [DONE]\n\n")
@@ -923,7 +835,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                 "malformed session id: use 1-128 characters of A-Z a-z 0-9 . _ : -",
                 code="invalid_session_id",
             )
-        request[_SESSION_KEY] = session_id
+        request[SESSION_REQUEST_KEY] = session_id
         return session_id
 
     @staticmethod
@@ -973,7 +885,7 @@ class ApiServerAdapter(BasePlatformAdapter):
             )
         existing = await asyncio.to_thread(self.store.get_session, session_id)
         session = existing or await self._create_api_session(session_id, title)
-        request[_SESSION_KEY] = session_id
+        request[SESSION_REQUEST_KEY] = session_id
         return web.json_response(
             session, status=200 if existing else 201, headers={SESSION_HEADER: session_id}
         )
@@ -1018,37 +930,3 @@ def _note_unawaited_failure(task: asyncio.Task[Any]) -> None:
     exc = task.exception()  # marks it retrieved
     if exc is not None and not isinstance(exc, ApiError):
         logger.debug("turn task failed: %r", exc)
-
-
-def completion_text(completion: dict[str, Any]) -> str:
-    try:
-        return str(completion["choices"][0]["message"]["content"] or "")
-    except (KeyError, IndexError, TypeError):
-        return ""
-
-
-def delivery_context_text(contents: list[str]) -> str:
-    """The system message that carries delivered background results into a turn."""
-    return (
-        f"{DELIVERY_MARKER} Background work started earlier in this conversation has "
-        "finished; its results were delivered here while you were not running:\n\n"
-        + "\n\n".join(c.rstrip() for c in contents)
-    )
-
-
-def _chunker(completion: dict[str, Any]) -> Callable[..., dict[str, Any]]:
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        return {
-            "id": completion.get("id"),
-            "object": "chat.completion.chunk",
-            "created": completion.get("created"),
-            "model": completion.get("model"),
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
-        }
-
-    return chunk
-
-
-async def _sse(response: web.StreamResponse, payload: dict[str, Any]) -> None:
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    await response.write(f"data: {data}\n\n".encode())
