@@ -1,0 +1,305 @@
+"""Wake-up texts: a completion event rendered for the model that will read it.
+
+The text is self-contained (the agent may be deep in other work when it arrives): it
+restates the goal, the context, when the work was dispatched and the full result; results
+are never truncated. The first line starts with ``agent.markers.WAKE_MARKER``; the last line
+is ``agent.markers.wake_data_line(display_metadata(evt))``, the same facts as JSON, for
+readers that want fields instead of prose.
+
+Rendering works on the typed event (``delivery.events.parse_event``); wire dicts are parsed
+here, once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.markers import WAKE_MARKER, wake_data_line
+from delivery.events import (
+    AbandonedWork,
+    CompletionEvent,
+    DelegationBatchEvent,
+    DelegationEvent,
+    DelegationResult,
+    ProcessCompletionEvent,
+    delegation_counts,
+    display_metadata,
+    parse_event,
+)
+
+__all__ = ["delegation_counts", "format_wake_text"]
+
+_ABNORMAL_STATUSES = frozenset({"interrupted", "unknown", "cancelled", "error"})
+_RESTORED_NOTE = "(Re-delivered after a restart or an interrupted delivery.)"
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        if isinstance(value, int | float):
+            return datetime.fromtimestamp(float(value), tz=UTC)
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                return datetime.fromtimestamp(float(text), tz=UTC)
+            except ValueError:
+                pass
+            dt = datetime.fromisoformat(text)
+            # Reveille writes UTC; a naive stamp is read the same way rather than as local.
+            return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+    return None
+
+
+def _iso(dt: datetime) -> str:
+    return dt.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _human_duration(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return _render_value(value)
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        return str(seconds)
+    if seconds < 0:
+        return f"{seconds:g}s"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h {minutes:02d}m"
+    if hours:
+        return f"{hours}h {minutes:02d}m {secs:02d}s"
+    return f"{minutes}m {secs:02d}s"
+
+
+def _when(value: Any, now: float) -> str:
+    dt = _parse_time(value)
+    if dt is None:
+        return _render_value(value)
+    ago = now - dt.timestamp()
+    if ago < 0:
+        return f"{_iso(dt)} (in the future by {_human_duration(-ago)}; clock skew?)"
+    if ago < 1:
+        return f"{_iso(dt)} (just now)"
+    return f"{_iso(dt)} ({_human_duration(ago)} ago)"
+
+
+def _render_value(value: Any) -> str:
+    """Any value as text; never raises (huge ints, deep nesting, odd objects)."""
+    if isinstance(value, str):
+        return value
+    try:
+        if isinstance(value, Mapping | list | tuple):
+            return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+        return str(value)
+    except (ValueError, RecursionError, TypeError):
+        if isinstance(value, int):
+            return f"<integer of {value.bit_length()} bits>"
+        return f"<{type(value).__name__} that cannot be rendered>"
+
+
+def _field(label: str, value: Any) -> str:
+    text = _render_value(value)
+    # Multi-line values go below their label so the text stays readable.
+    return f"{label}:\n{text}" if "\n" in text else f"{label}: {text}"
+
+
+def _present(value: Any) -> bool:
+    return value is not None and value != "" and value != [] and value != {}
+
+
+def _outcome_lines(summary: Any, error: Any, extra: Any) -> list[str]:
+    lines: list[str] = []
+    if _present(summary):
+        lines.append("Result:\n" + _render_value(summary))
+    if _present(error):
+        lines.append("Error:\n" + _render_value(error))
+    if not lines:
+        if _present(extra):
+            lines.append("Result:\n" + _render_value(extra))
+        else:
+            lines.append("Result: (no summary or error was returned)")
+    return lines
+
+
+def _common_delegation_lines(evt: DelegationEvent | DelegationBatchEvent, now: float) -> list[str]:
+    lines: list[str] = []
+    for value, label in ((evt.context, "Context"), (evt.role, "Role"), (evt.model, "Model")):
+        if _present(value):
+            lines.append(_field(label, value))
+    if evt.toolsets:
+        lines.append(_field("Toolsets", ", ".join(evt.toolsets)))
+    if _present(evt.dispatched_at):
+        lines.append("Dispatched: " + _when(evt.dispatched_at, now))
+    if _present(evt.completed_at):
+        lines.append("Completed: " + _when(evt.completed_at, now))
+    return lines
+
+
+def _batch_results(evt: DelegationBatchEvent) -> list[str]:
+    out = ["Results:"]
+    total = len(evt.results)
+    for i, result in enumerate(evt.results):
+        out.append("")
+        out.extend(_batch_item(evt, i, total, result))
+    if not total:
+        out.append("(no per-task results were recorded)")
+        out.extend(_outcome_lines(evt.summary, evt.error, evt.result))
+    return out
+
+
+def _batch_item(
+    evt: DelegationBatchEvent, i: int, total: int, result: DelegationResult
+) -> list[str]:
+    if not isinstance(result.raw, Mapping):
+        return [f"### Task {i + 1} of {total}", _render_value(result.raw)]
+    head = f"### Task {i + 1} of {total}: {result.status or 'unknown'}"
+    if result.duration_seconds is not None:
+        head += f" ({_human_duration(result.duration_seconds)})"
+    out = [head]
+    goal = evt.goal_of(i)
+    if _present(goal):
+        out.append(_field("Goal", goal))
+    out.extend(_outcome_lines(result.summary, result.error, result.result))
+    return out
+
+
+def _format_delegation(evt: DelegationEvent | DelegationBatchEvent, now: float) -> str:
+    delegation_id = evt.delegation_id or "(unknown id)"
+    status = evt.status
+    batch = isinstance(evt, DelegationBatchEvent)
+    out: list[str] = []
+    if isinstance(evt, DelegationBatchEvent):
+        counts = delegation_counts(evt)
+        out.append(
+            f"[Background delegation batch finished] {delegation_id}: {counts['tasks']} "
+            f"task(s), {counts['completed']} completed, {counts['failed']} failed."
+        )
+    else:
+        out.append(
+            f"[Background delegation finished] {delegation_id}: status {status or 'unknown'}."
+        )
+    out.append(
+        "This is an automatic wake-up, not a user message: work you delegated earlier has "
+        "ended. It restates what was asked so you can act on it even if you are in the "
+        "middle of something else."
+    )
+    if evt.restored:
+        # Set by the ledger on events it offers again (restart or orphan re-offer).
+        out.append(_RESTORED_NOTE)
+    out.append("")
+
+    if isinstance(evt, DelegationBatchEvent):
+        out.append("Goals:")
+        out.extend(f"  {i}. {goal}" for i, goal in enumerate(evt.goals, 1))
+    elif _present(evt.goal):
+        out.append(_field("Goal", evt.goal))
+    out.extend(_common_delegation_lines(evt, now))
+    if isinstance(evt, DelegationBatchEvent):
+        duration = evt.total_duration_seconds
+    else:
+        duration = evt.duration_seconds
+    if duration is not None:
+        out.append(("Total duration: " if batch else "Duration: ") + _human_duration(duration))
+    if status:
+        out.append(f"Status: {status}")
+    if status and status.lower() in _ABNORMAL_STATUSES:
+        out.append(
+            f"Note: the work did not finish normally ({status}); what is known is reported below."
+        )
+    out.append("")
+    if isinstance(evt, DelegationBatchEvent):
+        out.extend(_batch_results(evt))
+    else:
+        out.extend(_outcome_lines(evt.summary, evt.error, evt.result))
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _format_process_completion(evt: ProcessCompletionEvent, now: float) -> str:
+    code_text = "unknown" if evt.exit_code is None else _render_value(evt.exit_code)
+    out = [
+        f"[Background process finished] exit code {code_text}.",
+        "This is an automatic wake-up, not a user message: a background command you started "
+        "earlier has exited.",
+    ]
+    if evt.restored:
+        out.append(_RESTORED_NOTE)
+    out.append("")
+    if evt.command is not None:
+        out.append(_field("Command", evt.command))
+    if evt.process_id is not None:
+        out.append(f"Process: {_render_value(evt.process_id)}")
+    if evt.cwd is not None:
+        out.append(f"Working directory: {_render_value(evt.cwd)}")
+    if _present(evt.started_at):
+        out.append("Started: " + _when(evt.started_at, now))
+    out.append(f"Exit code: {code_text}")
+    if evt.duration_seconds is not None:
+        out.append("Duration: " + _human_duration(evt.duration_seconds))
+    if evt.status and evt.status.lower() in _ABNORMAL_STATUSES:
+        out.append(
+            f"Note: the command did not finish normally ({evt.status}); what is known is "
+            "reported below."
+        )
+    if evt.error is not None:
+        out.append("Error:\n" + _render_value(evt.error))
+    out.append("")
+    if evt.output_tail is not None:
+        out.append("Output (tail):")
+        out.append(_render_value(evt.output_tail))
+    else:
+        out.append("Output: (none captured)")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _format_generic(evt: CompletionEvent) -> str:
+    kind = evt.raw.get("type")
+    out = [
+        f"[Background event: {_render_value(kind) if _present(kind) else 'unknown'}]",
+        "This is an automatic wake-up, not a user message.",
+    ]
+    if evt.restored:
+        out.append(_RESTORED_NOTE)
+    out.append("")
+    for key, value in evt.raw.items():
+        # "_"-prefixed keys are the ledger's bookkeeping (re-offer marks), not event data.
+        if key == "type" or str(key).startswith("_") or value is None:
+            continue
+        out.append(_field(str(key), value))
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _body(event: CompletionEvent, now: float) -> str:
+    work = event.work if isinstance(event, AbandonedWork) else event
+    if isinstance(work, DelegationEvent | DelegationBatchEvent):
+        return _format_delegation(work, now)
+    if isinstance(work, ProcessCompletionEvent):
+        return _format_process_completion(work, now)
+    return _format_generic(event)
+
+
+def format_wake_text(evt: Mapping[str, Any] | CompletionEvent, *, now: float | None = None) -> str:
+    """Self-contained wake-up text for a completion event; results are never truncated.
+
+    The first line starts with ``agent.markers.WAKE_MARKER``; the last is the event's
+    ``display_metadata`` as a ``WAKE_DATA_MARKER`` line. ``now`` (epoch seconds) pins the
+    "how long ago" arithmetic for reproducible output.
+    """
+    event = parse_event(evt)
+    current = time.time() if now is None else now
+    # The marker opens the first line, so models and front ends can tell a wake-up from
+    # something the user typed.
+    return f"{WAKE_MARKER} {_body(event, current)}{wake_data_line(display_metadata(event))}\n"
