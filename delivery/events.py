@@ -169,7 +169,8 @@ def _put(out: dict[str, Any], name: str, value: Any) -> None:
         out.update(value.to_dict())
         out["abandoned"] = True
     elif isinstance(value, tuple):
-        out[name] = list(value)
+        if value or name in out:
+            out[name] = list(value)
     elif value is not None or name in out:
         out[name] = value
 
