@@ -22,6 +22,7 @@ def _prose(text: str) -> str:
     """``text`` without the wake texts' machine-readable data lines."""
     return "\n".join(line for line in text.splitlines() if WAKE_DATA_MARKER not in line)
 
+
 HEADER = "X-Hermes-Session-Id"
 
 
