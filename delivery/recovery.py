@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from delivery.backend import LedgerTx
+from delivery.events import ASYNC_DELEGATION, PROCESS_COMPLETION
 from delivery.identity import holder_is_dead
 from delivery.policy import DeliveryPolicy
 from delivery.states import DeliveryState, State
@@ -46,7 +47,9 @@ def abandoned_event(row: dict[str, Any], state: str, now: float) -> dict[str, An
         "completed_at": now,
         "abandoned": True,
     }
-    event.setdefault("type", "async_delegation" if row["kind"] == "delegation" else "completion")
+    event.setdefault(
+        "type", ASYNC_DELEGATION if row["kind"] == "delegation" else PROCESS_COMPLETION
+    )
     started = row.get("started_at") or row.get("created_at")
     if started:
         event["duration_seconds"] = round(max(now - started, 0.0), 3)

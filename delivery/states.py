@@ -60,6 +60,12 @@ Delivery (``delivery_state``; "claimed" is pending with a live ``claim_token``):
                           with an event; a fresh budget, recorded in the audit log
 
     delivered is final. Results of dropped rows stay queryable.
+
+No other states exist: SPEC.md's ``stalled`` (lifecycle) and ``superseded`` (delivery) are
+produced by no code path (no writer, no reader), so they are not in the enums below, and
+renderers no longer special-case them. Work abandoned by a dead owner is reported with
+``interrupted``/``unknown`` and the event ``delivery.recovery.abandoned_event`` writes
+(``delivery.events.AbandonedWork`` when parsed).
 """
 
 from __future__ import annotations

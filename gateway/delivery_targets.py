@@ -22,10 +22,10 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from delivery.events import ASYNC_DELEGATION, delivery_id
 from gateway.config import Platform
 from gateway.session import SessionSource, SessionStore
 from gateway.wake import deliver_wake, format_wake_text, persist_delegation_delivery
-from tools.async_delegation import EVENT_TYPE
 
 __all__ = ["ApiServerTarget", "DeliveryTarget", "PushTarget", "delivery_id_of"]
 
@@ -37,8 +37,8 @@ class DeliveryTarget(Protocol):
 
 
 def delivery_id_of(evt: Mapping[str, Any]) -> str | None:
-    value = evt.get("delegation_id") or evt.get("delivery_id") or evt.get("process_id")
-    return value if isinstance(value, str) and value else None
+    """The id a completion is labelled and deduplicated by (its ``Idempotency-Key``)."""
+    return delivery_id(evt, strict=False)
 
 
 class ApiServerTarget:
@@ -51,7 +51,7 @@ class ApiServerTarget:
     async def deliver(self, evt: dict[str, Any], session: Mapping[str, Any]) -> None:
         session_id = str(session["id"])
         text = format_wake_text(evt)
-        if evt.get("type") == EVENT_TYPE:
+        if evt.get("type") == ASYNC_DELEGATION:
             await asyncio.to_thread(persist_delegation_delivery, self.store, session_id, evt, text)
             return
         await deliver_wake(

@@ -8,7 +8,8 @@ Two strategies, chosen by the adapter's ``supports_async_delivery``:
   ``/v1/chat/completions`` with the RAW session id, resuming the real session instead of a
   parallel invisible one keyed by ``build_session_key``.
 
-Delegation results for API-server sessions are not self-posted at all (the client owns the
+The texts themselves are written by ``gateway.wake_text`` (``format_wake_text``, re-exported
+here). Delegation results for API-server sessions are not self-posted at all (the client owns the
 next turn and a self-post could cross a pending human confirmation): they are persisted as a
 delivery row with ``persist_delegation_delivery`` and folded in by the next client turn.
 
@@ -27,15 +28,18 @@ from typing import Any
 
 import aiohttp
 
+from delivery.events import (
+    ASYNC_DELEGATION,
+    AbandonedWork,
+    CompletionEvent,
+    display_metadata,
+    parse_event,
+)
 from gateway.platforms.base import MessageEvent, MessageType
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
-from gateway.wake_text import (
-    delegation_counts,
-    delegation_goals,
-    format_wake_text,
-    is_batch,
-    is_present,
-)
+
+# The rendering lives in gateway.wake_text; these names stay importable from here.
+from gateway.wake_text import delegation_counts, format_wake_text
 
 __all__ = [
     "DEFAULT_API_SERVER_PORT",
@@ -47,6 +51,7 @@ __all__ = [
     "deliver_wake",
     "format_wake_text",
     "persist_delegation_delivery",
+    "url_host",
 ]
 
 logger = logging.getLogger(__name__)
@@ -268,7 +273,7 @@ async def deliver_wake(
 def persist_delegation_delivery(
     store: SessionStore,
     session_id: str,
-    evt: Mapping[str, Any],
+    evt: Mapping[str, Any] | CompletionEvent,
     text: str | None = None,
 ) -> dict[str, Any]:
     """Append a delegation result to an API-server session transcript as a delivery row.
@@ -279,37 +284,25 @@ def persist_delegation_delivery(
     so a redelivered event returns the existing row instead of appending twice. Raises
     SessionGone for an unknown session (the caller drops or releases its claim).
     """
-    delegation_id = evt.get("delegation_id")
-    if not isinstance(delegation_id, str) or not delegation_id:
+    if isinstance(evt, Mapping) and "type" not in evt:
+        evt = {**evt, "type": ASYNC_DELEGATION}  # untyped dicts were always read as delegations
+    event = parse_event(evt)
+    if event.type != ASYNC_DELEGATION:
+        kind = evt.get("type") if isinstance(evt, Mapping) else type(evt).__name__
+        raise ValueError(f"persist_delegation_delivery: not a delegation event ({kind!r})")
+    work = event.work if isinstance(event, AbandonedWork) else event
+    delegation_id = getattr(work, "delegation_id", None)
+    if not delegation_id:
         # Without an id there is no dedupe key, and a redelivery would append twice.
         raise ValueError("persist_delegation_delivery: event has no delegation_id")
-    kind = evt.get("type", "async_delegation")
-    if kind != "async_delegation":
-        raise ValueError(f"persist_delegation_delivery: not a delegation event ({kind!r})")
-
-    counts = delegation_counts(evt)
-    batch = is_batch(evt)
-    status = evt.get("status")
-    if not is_present(status):
-        status = "completed" if counts["failed"] == 0 else "failed"
-    metadata: dict[str, Any] = {
-        "delegation_id": delegation_id,
-        "status": status,
-        **counts,
-        "is_batch": batch,
-        "dispatched_at": evt.get("dispatched_at"),
-        "completed_at": evt.get("completed_at"),
-    }
-    if batch:
-        metadata["goals"] = delegation_goals(evt)
-    else:
-        metadata["goal"] = evt.get("goal")
-    content = text if text is not None else format_wake_text(evt)
+    content = text if text is not None else format_wake_text(event)
     return store.append_message(
         session_id,
         "system",
         content,
         display_kind=DELEGATION_DISPLAY_KIND,
-        display_metadata=metadata,
+        # The structured summary (kind, goal(s), counts, status, result preview ...) that
+        # front ends show instead of reading the text.
+        display_metadata=display_metadata(event),
         dedupe_key=f"deleg:{delegation_id}",
     )

@@ -1,10 +1,13 @@
-"""Wake-up texts: a completion event rendered as the self-contained message that re-enters
-its conversation.
+"""Wake-up texts: a completion event rendered for the model that will read it.
 
-When a wake-up arrives the agent may be deep in other work, so the text restates the goal,
-the context, when the work was dispatched and the full result (SPEC.md, "Completion
-events"). The first line opens with ``WAKE_MARKER`` so that models and front ends can tell
-a wake-up from something the user typed.
+The text is self-contained (the agent may be deep in other work when it arrives): it
+restates the goal, the context, when the work was dispatched and the full result; results
+are never truncated. The first line starts with ``agent.markers.WAKE_MARKER``; the last line
+is ``agent.markers.wake_data_line(display_metadata(evt))``, the same facts as JSON, for
+readers that want fields instead of prose.
+
+Rendering works on the typed event (``delivery.events.parse_event``); wire dicts are parsed
+here, once.
 """
 
 from __future__ import annotations
@@ -15,19 +18,23 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.markers import WAKE_MARKER
+from agent.markers import WAKE_MARKER, wake_data_line
+from delivery.events import (
+    AbandonedWork,
+    CompletionEvent,
+    DelegationBatchEvent,
+    DelegationEvent,
+    DelegationResult,
+    ProcessCompletionEvent,
+    delegation_counts,
+    display_metadata,
+    parse_event,
+)
 
-__all__ = [
-    "delegation_counts",
-    "delegation_goals",
-    "format_wake_text",
-    "is_batch",
-    "is_present",
-]
+__all__ = ["delegation_counts", "format_wake_text"]
 
-_SUCCESS_STATUSES = frozenset({"completed", "success", "succeeded", "ok", "done"})
-_ABNORMAL_STATUSES = frozenset({"interrupted", "unknown", "stalled", "cancelled", "error"})
-
+_ABNORMAL_STATUSES = frozenset({"interrupted", "unknown", "cancelled", "error"})
+_RESTORED_NOTE = "(Re-delivered after a restart or an interrupted delivery.)"
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -59,8 +66,10 @@ def _human_duration(value: Any) -> str:
         return str(value)
     try:
         seconds = float(value)
-    except (TypeError, ValueError):
-        return str(value)
+    except (TypeError, ValueError, OverflowError):
+        return _render_value(value)
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        return str(seconds)
     if seconds < 0:
         return f"{seconds:g}s"
     if seconds < 60:
@@ -79,7 +88,7 @@ def _human_duration(value: Any) -> str:
 def _when(value: Any, now: float) -> str:
     dt = _parse_time(value)
     if dt is None:
-        return str(value)
+        return _render_value(value)
     ago = now - dt.timestamp()
     if ago < 0:
         return f"{_iso(dt)} (in the future by {_human_duration(-ago)}; clock skew?)"
@@ -88,102 +97,93 @@ def _when(value: Any, now: float) -> str:
     return f"{_iso(dt)} ({_human_duration(ago)} ago)"
 
 
+def _render_value(value: Any) -> str:
+    """Any value as text; never raises (huge ints, deep nesting, odd objects)."""
+    if isinstance(value, str):
+        return value
+    try:
+        if isinstance(value, Mapping | list | tuple):
+            return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+        return str(value)
+    except (ValueError, RecursionError, TypeError):
+        if isinstance(value, int):
+            return f"<integer of {value.bit_length()} bits>"
+        return f"<{type(value).__name__} that cannot be rendered>"
+
+
 def _field(label: str, value: Any) -> str:
-    text = value if isinstance(value, str) else _render_value(value)
+    text = _render_value(value)
     # Multi-line values go below their label so the text stays readable.
     return f"{label}:\n{text}" if "\n" in text else f"{label}: {text}"
 
 
-def _render_value(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping | list | tuple):
-        return json.dumps(value, indent=2, ensure_ascii=False, default=str)
-    return str(value)
-
-
-def is_present(value: Any) -> bool:
+def _present(value: Any) -> bool:
     return value is not None and value != "" and value != [] and value != {}
 
 
-def is_batch(evt: Mapping[str, Any]) -> bool:
-    return bool(evt.get("is_batch")) or isinstance(evt.get("results"), list)
-
-
-def _is_success(status: Any) -> bool:
-    return isinstance(status, str) and status.strip().lower() in _SUCCESS_STATUSES
-
-
-def delegation_goals(evt: Mapping[str, Any]) -> list[str]:
-    goals = evt.get("goals")
-    if isinstance(goals, list | tuple):
-        return [str(g) for g in goals]
-    goal = evt.get("goal")
-    return [str(goal)] if is_present(goal) else []
-
-
-def delegation_counts(evt: Mapping[str, Any]) -> dict[str, int]:
-    """``{"tasks", "completed", "failed"}`` for a delegation event.
-
-    A single delegation is one task. For a batch, tasks come from ``results[]`` (or the
-    goals when results are missing); anything that did not complete counts as failed.
-    """
-    if is_batch(evt):
-        results = evt.get("results")
-        results = results if isinstance(results, list) else []
-        tasks = len(results) or len(delegation_goals(evt))
-        completed = sum(
-            1 for r in results if isinstance(r, Mapping) and _is_success(r.get("status"))
-        )
-    else:
-        tasks = 1
-        completed = 1 if _is_success(evt.get("status")) else 0
-    return {"tasks": tasks, "completed": completed, "failed": tasks - completed}
-
-
-def _outcome_lines(item: Mapping[str, Any]) -> list[str]:
+def _outcome_lines(summary: Any, error: Any, extra: Any) -> list[str]:
     lines: list[str] = []
-    summary, error = item.get("summary"), item.get("error")
-    if is_present(summary):
+    if _present(summary):
         lines.append("Result:\n" + _render_value(summary))
-    if is_present(error):
+    if _present(error):
         lines.append("Error:\n" + _render_value(error))
     if not lines:
-        extra = item.get("result")
-        if is_present(extra):
+        if _present(extra):
             lines.append("Result:\n" + _render_value(extra))
         else:
             lines.append("Result: (no summary or error was returned)")
     return lines
 
 
-def _common_delegation_lines(evt: Mapping[str, Any], now: float) -> list[str]:
+def _common_delegation_lines(evt: DelegationEvent | DelegationBatchEvent, now: float) -> list[str]:
     lines: list[str] = []
-    if is_present(evt.get("context")):
-        lines.append(_field("Context", evt["context"]))
-    for key, label in (("role", "Role"), ("model", "Model")):
-        if is_present(evt.get(key)):
-            lines.append(_field(label, evt[key]))
-    toolsets = evt.get("toolsets")
-    if is_present(toolsets):
-        joined = ", ".join(map(str, toolsets)) if isinstance(toolsets, list | tuple) else toolsets
-        lines.append(_field("Toolsets", joined))
-    if is_present(evt.get("dispatched_at")):
-        lines.append("Dispatched: " + _when(evt["dispatched_at"], now))
-    if is_present(evt.get("completed_at")):
-        lines.append("Completed: " + _when(evt["completed_at"], now))
+    for value, label in ((evt.context, "Context"), (evt.role, "Role"), (evt.model, "Model")):
+        if _present(value):
+            lines.append(_field(label, value))
+    if evt.toolsets:
+        lines.append(_field("Toolsets", ", ".join(evt.toolsets)))
+    if _present(evt.dispatched_at):
+        lines.append("Dispatched: " + _when(evt.dispatched_at, now))
+    if _present(evt.completed_at):
+        lines.append("Completed: " + _when(evt.completed_at, now))
     return lines
 
 
-def _format_delegation(evt: Mapping[str, Any], now: float) -> str:
-    delegation_id = evt.get("delegation_id") or "(unknown id)"
-    status = evt.get("status")
-    batch = is_batch(evt)
-    counts = delegation_counts(evt)
-    goals = delegation_goals(evt)
-    out: list[str] = []
+def _batch_results(evt: DelegationBatchEvent) -> list[str]:
+    out = ["Results:"]
+    total = len(evt.results)
+    for i, result in enumerate(evt.results):
+        out.append("")
+        out.extend(_batch_item(evt, i, total, result))
+    if not total:
+        out.append("(no per-task results were recorded)")
+        out.extend(_outcome_lines(evt.summary, evt.error, evt.result))
+    return out
 
-    if batch:
+
+def _batch_item(
+    evt: DelegationBatchEvent, i: int, total: int, result: DelegationResult
+) -> list[str]:
+    if not isinstance(result.raw, Mapping):
+        return [f"### Task {i + 1} of {total}", _render_value(result.raw)]
+    head = f"### Task {i + 1} of {total}: {result.status or 'unknown'}"
+    if result.duration_seconds is not None:
+        head += f" ({_human_duration(result.duration_seconds)})"
+    out = [head]
+    goal = evt.goal_of(i)
+    if _present(goal):
+        out.append(_field("Goal", goal))
+    out.extend(_outcome_lines(result.summary, result.error, result.result))
+    return out
+
+
+def _format_delegation(evt: DelegationEvent | DelegationBatchEvent, now: float) -> str:
+    delegation_id = evt.delegation_id or "(unknown id)"
+    status = evt.status
+    batch = isinstance(evt, DelegationBatchEvent)
+    out: list[str] = []
+    if isinstance(evt, DelegationBatchEvent):
+        counts = delegation_counts(evt)
         out.append(
             f"[Background delegation batch finished] {delegation_id}: {counts['tasks']} "
             f"task(s), {counts['completed']} completed, {counts['failed']} failed."
@@ -197,109 +197,84 @@ def _format_delegation(evt: Mapping[str, Any], now: float) -> str:
         "ended. It restates what was asked so you can act on it even if you are in the "
         "middle of something else."
     )
-    if evt.get("_restored"):
+    if evt.restored:
         # Set by the ledger on events it offers again (restart or orphan re-offer).
-        out.append("(Re-delivered after a restart or an interrupted delivery.)")
+        out.append(_RESTORED_NOTE)
     out.append("")
 
-    if batch:
+    if isinstance(evt, DelegationBatchEvent):
         out.append("Goals:")
-        out.extend(f"  {i}. {goal}" for i, goal in enumerate(goals, 1))
-    elif goals:
-        out.append(_field("Goal", goals[0]))
+        out.extend(f"  {i}. {goal}" for i, goal in enumerate(evt.goals, 1))
+    elif _present(evt.goal):
+        out.append(_field("Goal", evt.goal))
     out.extend(_common_delegation_lines(evt, now))
-    duration = evt.get("total_duration_seconds") if batch else None
-    if duration is None:
-        duration = evt.get("duration_seconds")
+    if isinstance(evt, DelegationBatchEvent):
+        duration = evt.total_duration_seconds
+    else:
+        duration = evt.duration_seconds
     if duration is not None:
         out.append(("Total duration: " if batch else "Duration: ") + _human_duration(duration))
-    if is_present(status):
+    if status:
         out.append(f"Status: {status}")
-    if isinstance(status, str) and status.lower() in _ABNORMAL_STATUSES:
+    if status and status.lower() in _ABNORMAL_STATUSES:
         out.append(
             f"Note: the work did not finish normally ({status}); what is known is reported below."
         )
     out.append("")
-
-    if batch:
-        raw_results = evt.get("results")
-        results: list[Any] = raw_results if isinstance(raw_results, list) else []
-        out.append("Results:")
-        total = len(results)
-        for i, result in enumerate(results):
-            out.append("")
-            if not isinstance(result, Mapping):
-                out.append(f"### Task {i + 1} of {total}")
-                out.append(_render_value(result))
-                continue
-            head = f"### Task {i + 1} of {total}: {result.get('status') or 'unknown'}"
-            if result.get("duration_seconds") is not None:
-                head += f" ({_human_duration(result['duration_seconds'])})"
-            out.append(head)
-            goal = result.get("goal") or (goals[i] if i < len(goals) else None)
-            if is_present(goal):
-                out.append(_field("Goal", goal))
-            out.extend(_outcome_lines(result))
-        if not results:
-            out.append("(no per-task results were recorded)")
-            out.extend(_outcome_lines(evt))
+    if isinstance(evt, DelegationBatchEvent):
+        out.extend(_batch_results(evt))
     else:
-        out.extend(_outcome_lines(evt))
+        out.extend(_outcome_lines(evt.summary, evt.error, evt.result))
     return "\n".join(out).rstrip() + "\n"
 
 
-def _first_present(evt: Mapping[str, Any], *keys: str) -> Any:
-    for key in keys:
-        if is_present(evt.get(key)):
-            return evt[key]
-    return None
-
-
-def _format_process_completion(evt: Mapping[str, Any], now: float) -> str:
-    exit_code = _first_present(evt, "exit_code", "returncode", "return_code")
-    command = _first_present(evt, "command", "cmd")
-    proc_id = _first_present(evt, "process_id", "proc_id", "session_id", "pid")
-    duration = _first_present(evt, "duration_seconds", "duration")
-    output = _first_present(evt, "output", "output_tail", "tail", "stdout")
-    code_text = "unknown" if exit_code is None else str(exit_code)
-
+def _format_process_completion(evt: ProcessCompletionEvent, now: float) -> str:
+    code_text = "unknown" if evt.exit_code is None else _render_value(evt.exit_code)
     out = [
         f"[Background process finished] exit code {code_text}.",
         "This is an automatic wake-up, not a user message: a background command you started "
         "earlier has exited.",
     ]
-    if evt.get("_restored"):
-        out.append("(Re-delivered after a restart or an interrupted delivery.)")
+    if evt.restored:
+        out.append(_RESTORED_NOTE)
     out.append("")
-    if command is not None:
-        out.append(_field("Command", _render_value(command)))
-    if proc_id is not None:
-        out.append(f"Process: {proc_id}")
-    if is_present(evt.get("cwd")):
-        out.append(f"Working directory: {evt['cwd']}")
-    if is_present(evt.get("started_at")):
-        out.append("Started: " + _when(evt["started_at"], now))
+    if evt.command is not None:
+        out.append(_field("Command", evt.command))
+    if evt.process_id is not None:
+        out.append(f"Process: {_render_value(evt.process_id)}")
+    if evt.cwd is not None:
+        out.append(f"Working directory: {_render_value(evt.cwd)}")
+    if _present(evt.started_at):
+        out.append("Started: " + _when(evt.started_at, now))
     out.append(f"Exit code: {code_text}")
-    if duration is not None:
-        out.append("Duration: " + _human_duration(duration))
+    if evt.duration_seconds is not None:
+        out.append("Duration: " + _human_duration(evt.duration_seconds))
+    if evt.status and evt.status.lower() in _ABNORMAL_STATUSES:
+        out.append(
+            f"Note: the command did not finish normally ({evt.status}); what is known is "
+            "reported below."
+        )
+    if evt.error is not None:
+        out.append("Error:\n" + _render_value(evt.error))
     out.append("")
-    if output is not None:
+    if evt.output_tail is not None:
         out.append("Output (tail):")
-        out.append(_render_value(output))
+        out.append(_render_value(evt.output_tail))
     else:
         out.append("Output: (none captured)")
     return "\n".join(out).rstrip() + "\n"
 
 
-def _format_generic(evt: Mapping[str, Any]) -> str:
+def _format_generic(evt: CompletionEvent) -> str:
+    kind = evt.raw.get("type")
     out = [
-        f"[Background event: {evt.get('type') or 'unknown'}]",
+        f"[Background event: {_render_value(kind) if _present(kind) else 'unknown'}]",
         "This is an automatic wake-up, not a user message.",
     ]
-    if evt.get("_restored"):
-        out.append("(Re-delivered after a restart or an interrupted delivery.)")
+    if evt.restored:
+        out.append(_RESTORED_NOTE)
     out.append("")
-    for key, value in evt.items():
+    for key, value in evt.raw.items():
         # "_"-prefixed keys are the ledger's bookkeeping (re-offer marks), not event data.
         if key == "type" or str(key).startswith("_") or value is None:
             continue
@@ -307,20 +282,24 @@ def _format_generic(evt: Mapping[str, Any]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def format_wake_text(evt: Mapping[str, Any], *, now: float | None = None) -> str:
+def _body(event: CompletionEvent, now: float) -> str:
+    work = event.work if isinstance(event, AbandonedWork) else event
+    if isinstance(work, DelegationEvent | DelegationBatchEvent):
+        return _format_delegation(work, now)
+    if isinstance(work, ProcessCompletionEvent):
+        return _format_process_completion(work, now)
+    return _format_generic(event)
+
+
+def format_wake_text(evt: Mapping[str, Any] | CompletionEvent, *, now: float | None = None) -> str:
     """Self-contained wake-up text for a completion event; results are never truncated.
 
-    The first line starts with ``agent.markers.WAKE_MARKER``.
-    ``now`` (epoch seconds) pins the "how long ago" arithmetic for reproducible output.
+    The first line starts with ``agent.markers.WAKE_MARKER``; the last is the event's
+    ``display_metadata`` as a ``WAKE_DATA_MARKER`` line. ``now`` (epoch seconds) pins the
+    "how long ago" arithmetic for reproducible output.
     """
+    event = parse_event(evt)
     current = time.time() if now is None else now
-    kind = evt.get("type")
-    if kind == "async_delegation":
-        text = _format_delegation(evt, current)
-    elif kind == "completion":
-        text = _format_process_completion(evt, current)
-    else:
-        text = _format_generic(evt)
     # The marker opens the first line, so models and front ends can tell a wake-up from
     # something the user typed.
-    return f"{WAKE_MARKER} {text}"
+    return f"{WAKE_MARKER} {_body(event, current)}{wake_data_line(display_metadata(event))}\n"

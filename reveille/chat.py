@@ -17,10 +17,11 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from openai.types.chat import ChatCompletionMessageParam
+    from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 __all__ = ["ChatClient", "add_chat_parser", "render_message", "run_chat"]
 
@@ -142,18 +143,17 @@ class ChatClient:
         extra_headers = {}
         if self.key is not None and self.session_id:
             extra_headers["X-Hermes-Session-Id"] = self.session_id
-            messages = [{"role": "user", "content": text}]
+            turn: list[dict[str, str]] = [{"role": "user", "content": text}]
         else:
-            messages = [*self.history, {"role": "user", "content": text}]
+            turn = [*self.history, {"role": "user", "content": text}]
+        messages = cast("list[ChatCompletionMessageParam]", turn)
         raw = self.client.chat.completions.with_raw_response.create(
-            model=self.model,
-            messages=cast("list[ChatCompletionMessageParam]", messages),
-            stream=True,
-            extra_headers=extra_headers,
+            model=self.model, messages=messages, stream=True, extra_headers=extra_headers
         )
         self.session_id = raw.headers.get("X-Hermes-Session-Id") or self.session_id
         pieces: list[str] = []
-        for chunk in raw.parse():
+        # stream=True: the parsed body is the chunk stream (the stubs also allow a completion)
+        for chunk in cast("Iterable[ChatCompletionChunk]", raw.parse()):
             for choice in chunk.choices:
                 if choice.delta.content:
                     pieces.append(choice.delta.content)
@@ -199,19 +199,31 @@ class ChatClient:
         return out
 
 
+def _summaries(message: Mapping[str, Any]) -> list[str]:
+    """One line per completion in a delivery row or wake-up: from the row's structured
+    ``display_metadata`` (``delivery.events.display_metadata``) when it has one, else from the
+    data line the wake text carries; only texts with neither are read as prose."""
+    from agent.providers.demo_summaries import summarise_completion_text, summarise_metadata
+
+    content = str(message.get("content") or "")
+    meta = message.get("display_metadata")
+    if isinstance(meta, Mapping) and meta.get("kind"):
+        lines = summarise_metadata(meta)
+        if lines:
+            return lines
+    return summarise_completion_text(content) or [content.splitlines()[0] if content else ""]
+
+
 def render_message(message: dict[str, Any]) -> str:
     """One compact line (or a few) for a transcript message that arrived while idle."""
     from agent.markers import WAKE_MARKER
-    from agent.providers.demo_summaries import summarise_completion_text
 
     content = str(message.get("content") or "")
     if message.get("display_kind"):
-        summaries = summarise_completion_text(content) or [content.splitlines()[0]]
-        return "\n".join(f"[background result] {line}" for line in summaries)
+        return "\n".join(f"[background result] {line}" for line in _summaries(message))
     if message.get("role") == "user":
         if content.startswith(WAKE_MARKER):
-            summaries = summarise_completion_text(content) or [content.splitlines()[0]]
-            return "\n".join(f"[wake-up] {line}" for line in summaries)
+            return "\n".join(f"[wake-up] {line}" for line in _summaries(message))
         return f"you (elsewhere): {content}"
     return f"reveille: {content}"
 

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from delivery.events import ASYNC_DELEGATION, delivery_id
 from delivery.ids import new_id
 from tools.completion_queue import CompletionEvent, EventQueue
 from tools.delegation_runtime import (
@@ -74,7 +75,7 @@ __all__ = [
     "runtime_is_open",
 ]
 
-EVENT_TYPE = "async_delegation"
+EVENT_TYPE = ASYNC_DELEGATION  # the one literal lives in delivery.events
 
 LedgerRow = dict[str, Any]
 """A ledger row as a dict: ``state``, ``delivery_state``, ``delivery_attempts``, ``event`` ..."""
@@ -256,20 +257,7 @@ def list_delegations(
 
 def _delivery_id(evt: object) -> str | None:
     """The ledger id an event is claimed under, or None for types that need no claim."""
-    if not isinstance(evt, dict):
-        raise TypeError(f"a completion event must be a dict, not {type(evt).__name__}")
-    kind = evt.get("type")
-    if kind == EVENT_TYPE:
-        row_id = evt.get("delegation_id")
-        if row_id is None:
-            raise ValueError("async_delegation event has no delegation_id")
-    else:
-        row_id = evt.get("delivery_id")
-        if row_id is None:
-            return None
-    if not isinstance(row_id, str) or not row_id:
-        raise TypeError("the event's delegation_id/delivery_id must be a non-empty string")
-    return row_id
+    return delivery_id(evt)
 
 
 def claim_event_delivery(evt: CompletionEvent, consumer: str) -> str | None:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from delivery.events import PROCESS_COMPLETION
 from delivery.ids import new_id
 from tools.completion_queue import CompletionEvent, CompletionQueue, shared_completion_queue
 from tools.delegation_runtime import DelegationRuntime, get_runtime
@@ -97,7 +98,7 @@ class ProcessRegistry:
         ledger = self._runtime().ledger
         process_id = new_id("proc_")
         request: ProcessRequest = {
-            "type": "completion",
+            "type": PROCESS_COMPLETION,
             "delivery_id": process_id,
             "process_id": process_id,
             "command": command,

@@ -1,19 +1,24 @@
-"""Reads wake-up and delivered-result texts back into one-line summaries (for the demo model).
+"""Wake-up and delivered-result texts as one-line summaries (demo model, `reveille chat`).
 
-The texts (see `gateway.wake.format_wake_text`) are written for language models, not for
-parsing, so this reads them leniently: `Label: value` lines with a known label become
-fields; a label alone on its line opens a block that runs until the next known label (an
-output block runs to the end, since program output is arbitrary text); a
-"### Task i of n: status" heading starts the next task of a batch; a text with no
-recognisable field at all is summarised by its first lines.
+Texts Reveille writes (`gateway.wake_text.format_wake_text`) end with an
+``agent.markers.WAKE_DATA_MARKER`` line holding the event's ``display_metadata`` as JSON;
+those are summarised from that data alone (``summarise_metadata``), never from the prose.
+
+Texts without it (written by hand, by older versions or by other tools) are read leniently:
+`Label: value` lines with a known label become fields; a label alone on its line opens a
+block that runs until the next known label (an output block runs to the end, since program
+output is arbitrary text); a "### Task i of n: status" heading starts the next task of a
+batch; a text with no recognisable field at all is summarised by its first lines.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 
-from agent.markers import DELIVERY_MARKER, WAKE_MARKER
+from agent.markers import DELIVERY_MARKER, WAKE_DATA_MARKER, WAKE_MARKER, read_wake_data
 
 _LABELS = {
     "goal": "goal",
@@ -148,21 +153,88 @@ class _SegmentReader:
         return [notice for notice in self.notices if notice.has_substance()]
 
 
+def _s(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return ""
+    return value if isinstance(value, str) else str(value)
+
+
+def _metadata_notices(meta: Mapping[str, Any]) -> list[CompletionNotice]:
+    kind = meta.get("work_kind") if meta.get("kind") == "abandoned" else meta.get("kind")
+    if kind == "process":
+        # Processes are told by their exit code (the status only says completed/failed).
+        code = meta.get("exit_code")
+        return [
+            CompletionNotice(
+                command=_s(meta.get("command")),
+                exit_code="unknown" if code is None else _s(code),
+                error=_s(meta.get("error")),
+                output=_s(meta.get("output_tail")),
+            )
+        ]
+    if kind == "delegation_batch":
+        items = [r for r in meta.get("results") or [] if isinstance(r, Mapping)]
+        if items:
+            return [
+                CompletionNotice(
+                    goal=_s(r.get("goal")),
+                    status=_s(r.get("status")) or "unknown",
+                    summary=_s(r.get("summary")) or _s(r.get("result")),
+                    error=_s(r.get("error")),
+                )
+                for r in items
+            ]
+        goals = meta.get("goals") or []
+        goal = "; ".join(_s(g) for g in goals) if isinstance(goals, list) else ""
+        return [_single_notice(meta, goal)]
+    if kind == "delegation":
+        return [_single_notice(meta, _s(meta.get("goal")))]
+    return []
+
+
+def _single_notice(meta: Mapping[str, Any], goal: str) -> CompletionNotice:
+    summary = _s(meta.get("summary"))
+    error = _s(meta.get("error"))
+    return CompletionNotice(
+        goal=goal,
+        status=_s(meta.get("status")),
+        summary=summary or ("" if error else _s(meta.get("result"))),
+        error=error,
+    )
+
+
+def summarise_metadata(meta: Mapping[str, Any]) -> list[str]:
+    """One summary line per completion described by a ``display_metadata`` dict; [] when it
+    describes no kind this knows (a generic event)."""
+    notices = [n for n in _metadata_notices(meta) if n.has_substance() or n.status]
+    return [notice.one_line() for notice in notices]
+
+
+def _prose_notices(segment: str) -> list[CompletionNotice]:
+    reader = _SegmentReader()
+    for line in segment.splitlines():
+        if not line.strip().startswith(WAKE_DATA_MARKER):
+            reader.feed(line)
+    return reader.finished()
+
+
 def summarise_completion_text(text: str) -> list[str]:
     """One summary line per completion found in a wake-up or delivery text."""
     pattern = f"{re.escape(WAKE_MARKER)}|{re.escape(DELIVERY_MARKER)}"
     segments = [s for s in re.split(pattern, text)[1:] if s.strip()]
-    notices: list[CompletionNotice] = []
+    lines: list[str] = []
     for segment in segments:
-        reader = _SegmentReader()
-        for line in segment.splitlines():
-            reader.feed(line)
-        notices.extend(reader.finished())
-    if not notices and segments:
+        structured = [line for meta in read_wake_data(segment) for line in summarise_metadata(meta)]
+        lines.extend(structured or [n.one_line() for n in _prose_notices(segment)])
+    if not lines and segments:
         # Nothing recognisable: still tell the user something finished, in its own words.
-        fallback = CompletionNotice(summary=first_lines(segments[0], _OUTPUT_LINES))
-        notices.append(fallback)
-    return [notice.one_line() for notice in notices]
+        body = "\n".join(
+            line
+            for line in segments[0].splitlines()
+            if not line.strip().startswith(WAKE_DATA_MARKER)
+        )
+        lines.append(CompletionNotice(summary=first_lines(body, _OUTPUT_LINES)).one_line())
+    return lines
 
 
 def is_completion_text(text: str) -> bool:

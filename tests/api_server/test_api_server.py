@@ -9,13 +9,19 @@ import aiohttp
 import openai
 import pytest
 
-from agent.markers import DELIVERY_MARKER
+from agent.markers import DELIVERY_MARKER, WAKE_DATA_MARKER
 from agent.providers.base import ProviderError
 from gateway.platforms.api_server import ApiServerAdapter, derive_session_id
 from gateway.session import SessionStore
 from gateway.wake import persist_delegation_delivery
 
 from ._support import KEY, client_for, poll, running_adapter
+
+
+def _prose(text: str) -> str:
+    """``text`` without the wake texts' machine-readable data lines."""
+    return "\n".join(line for line in text.splitlines() if WAKE_DATA_MARKER not in line)
+
 
 HEADER = "X-Hermes-Session-Id"
 
@@ -352,11 +358,12 @@ async def test_delivery_rows_are_folded_once(store) -> None:
         )
         assert "42 sheep" in reply.choices[0].message.content
         joined = "\n".join(m["content"] or "" for m in provider.contexts[-1])
-        assert joined.count("There are 42 sheep.") == 1
-        assert joined.count(DELIVERY_MARKER) == 1
+        # once in the prose (the wake text's data line repeats a preview of it)
+        assert _prose(joined).count("There are 42 sheep.") == 1
+        assert joined.count(DELIVERY_MARKER) == 1 and joined.count(WAKE_DATA_MARKER) == 1
         await client.chat.completions.create(model="m", messages=user("ok"), extra_headers=headers)
         system = "\n".join(m["content"] for m in provider.contexts[-1] if m["role"] == "system")
-        assert system.count("There are 42 sheep.") == 1  # kept in history, not folded again
+        assert _prose(system).count("There are 42 sheep.") == 1  # kept in history, not folded again
         assert store.take_unfolded_deliveries(session_id) == []
 
 

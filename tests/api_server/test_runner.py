@@ -9,7 +9,7 @@ import aiohttp
 import openai
 import pytest
 
-from agent.markers import DELIVERY_MARKER, WAKE_MARKER
+from agent.markers import DELIVERY_MARKER, WAKE_DATA_MARKER, WAKE_MARKER
 from agent.providers.demo import DemoModel
 from gateway.wake import DELEGATION_DISPLAY_KIND, WakeDeliveryError
 from reveille.app import build_runner
@@ -105,7 +105,12 @@ async def test_background_delegation_comes_back_as_a_delivery_row(gateway) -> No
     context = provider.contexts[-1]
     assert sum(DELIVERY_MARKER in (m["content"] or "") for m in context) == 1
     result = "Done: summarise the Q3 report. (demo sub-agent result)"
-    assert "\n".join(m["content"] or "" for m in context).count(result) == 1
+    joined = "\n".join(m["content"] or "" for m in context)
+    # once in the prose; the wake text's one data line repeats a preview of it
+    assert joined.count(WAKE_DATA_MARKER) == 1
+    prose = "\n".join(line for line in joined.splitlines() if WAKE_DATA_MARKER not in line)
+    assert prose.count(result) == 1
+    assert row["display_metadata"]["summary"] == result
     assert "summarise the Q3 report" in follow.choices[0].message.content
     rows = await messages(port, session_id)
     assert [r["folded"] for r in rows if r["display_kind"]] == [True]

@@ -40,3 +40,44 @@ def test_generic_text_hides_ledger_bookkeeping() -> None:
 def test_demo_model_reads_marked_texts() -> None:
     (line,) = summarise_completion_text(format_wake_text(DELEG, now=0))
     assert "summarise the report" in line and "It is short." in line
+
+
+def test_the_last_line_carries_the_display_metadata() -> None:
+    from agent.markers import WAKE_DATA_MARKER, read_wake_data
+    from delivery.events import display_metadata
+
+    for evt in (DELEG, PROC, {"type": "watch_match", "pattern": "ERROR"}):
+        text = format_wake_text(evt, now=0)
+        assert text.rstrip("\n").splitlines()[-1].startswith(WAKE_DATA_MARKER + " ")
+        assert read_wake_data(text) == [display_metadata(evt)]
+
+
+def test_the_demo_reads_the_data_not_the_prose() -> None:
+    # A context that looks like a status line, and a summary the prose reader would split:
+    # the structured line decides.
+    evt = {**DELEG, "context": "Status: not this", "summary": "Error: part of the summary"}
+    (line,) = summarise_completion_text(format_wake_text(evt, now=0))
+    assert line == (
+        "Background work finished: summarise the report: completed. "
+        "Result: Error: part of the summary"
+    )
+
+
+def test_reveille_chat_renders_rows_from_their_metadata() -> None:
+    from delivery.events import display_metadata
+    from reveille.chat import render_message
+
+    row = {
+        "role": "system",
+        "content": "text the client never parses",
+        "display_kind": "async_delegation_complete",
+        "display_metadata": display_metadata(DELEG),
+    }
+    assert render_message(row) == (
+        "[background result] Background work finished: summarise the report: completed. "
+        "Result: It is short."
+    )
+    wake = {"role": "user", "content": format_wake_text(PROC, now=0)}
+    assert render_message(wake) == (
+        "[wake-up] Background work finished: `echo hi`: exit code 0. Result: (no result text)"
+    )

@@ -1,0 +1,636 @@
+"""The completion events, typed: one vocabulary for what finished background work reports.
+
+On the wire (the completion queue, the ledger's ``event`` column) a completion stays the
+plain dict SPEC.md "Completion events" describes; producers keep writing those dicts. Readers
+call ``parse_event`` once, at the edge, and get a frozen dataclass whose fields have one
+spelling each (``exit_code``, not ``returncode``/``return_code``; ``output_tail``, not
+``output``/``tail``/``stdout``). ``event.to_dict()`` gives the wire dict back unchanged.
+
+Kinds (``event.kind``) and the dataclass for each:
+
+* ``"delegation"`` — ``DelegationEvent``: one delegated goal finished;
+* ``"delegation_batch"`` — ``DelegationBatchEvent``: several goals as one unit, with a
+  ``DelegationResult`` per item;
+* ``"process"`` — ``ProcessCompletionEvent``: a background shell process exited;
+* ``"abandoned"`` — ``AbandonedWork``: work whose owner process died before it finished
+  (``delivery.recovery.abandoned_event``: state ``interrupted`` when it never started,
+  ``unknown`` when it was running); ``.work`` is the delegation or process event it stands for;
+* ``"generic"`` — ``GenericEvent``: any other ``type`` (``watch_match`` ...) or none, with
+  the raw dict kept.
+
+``delivery_id(evt)`` is the ledger id a completion is claimed under; ``display_metadata(evt)``
+is the small JSON-safe summary stored beside a wake text (and carried in it, see
+``agent.markers.WAKE_DATA_MARKER``) so that front ends and the demo model read fields instead
+of prose.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+__all__ = [
+    "ASYNC_DELEGATION",
+    "EVENT_TYPES",
+    "PROCESS_COMPLETION",
+    "SUCCESS_STATUSES",
+    "AbandonedWork",
+    "CompletionEvent",
+    "DelegationBatchEvent",
+    "DelegationEvent",
+    "DelegationResult",
+    "EventKind",
+    "GenericEvent",
+    "MalformedEvent",
+    "ProcessCompletionEvent",
+    "delegation_counts",
+    "delivery_id",
+    "display_metadata",
+    "parse_event",
+]
+
+# -- the ``type`` literals: defined here once -------------------------------------------------
+
+ASYNC_DELEGATION: Final = "async_delegation"
+"""A delegation (single or batch) finished; claimed under its ``delegation_id``."""
+PROCESS_COMPLETION: Final = "completion"
+"""A background process exited; claimed under its ``delivery_id`` (= ``process_id``)."""
+EVENT_TYPES: Final = frozenset({ASYNC_DELEGATION, PROCESS_COMPLETION})
+"""The types the ledger writes; anything else (``watch_match`` ...) parses as generic."""
+
+EventKind = Literal["delegation", "delegation_batch", "process", "abandoned", "generic"]
+
+SUCCESS_STATUSES: Final = frozenset({"completed", "success", "succeeded", "ok", "done"})
+
+# Legacy spellings, first one wins; the first name is the canonical one.
+_EXIT_CODE_KEYS = ("exit_code", "returncode", "return_code")
+_OUTPUT_KEYS = ("output_tail", "output", "tail", "stdout")
+_COMMAND_KEYS = ("command", "cmd")
+_PROCESS_ID_KEYS = ("process_id", "proc_id", "session_id", "pid")
+_DURATION_KEYS = ("duration_seconds", "duration")
+
+# display_metadata keeps text short: it sits beside (and inside) the full wake text.
+_TEXT_PREVIEW_CHARS = 500
+_ITEM_PREVIEW_CHARS = 300
+_OUTPUT_PREVIEW_LINES = 10
+_OUTPUT_PREVIEW_CHARS = 1000
+_JSON_SAFE_INT = 2**53
+
+
+class MalformedEvent(ValueError):
+    """The value is not a completion event at all (not a mapping)."""
+
+
+def _present(value: Any) -> bool:
+    return value is not None and value != "" and value != [] and value != {}
+
+
+def _first(raw: Mapping[str, Any], keys: Iterable[str]) -> Any:
+    for key in keys:
+        value = raw.get(key)
+        if _present(value):
+            return value
+    return None
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _is_success(status: Any) -> bool:
+    return isinstance(status, str) and status.strip().lower() in SUCCESS_STATUSES
+
+
+def _shallow(raw: Mapping[Any, Any]) -> dict[str, Any]:
+    return {k if isinstance(k, str) else str(k): v for k, v in raw.items()}
+
+
+# -- the dataclasses ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompletionEvent:
+    """What every completion has. ``raw`` is the wire dict it was parsed from."""
+
+    type: str | None = None
+    status: str | None = None
+    session_key: str | None = None
+    origin_session_id: str | None = None
+    origin_ui_session_id: str | None = None
+    dispatched_at: Any = None
+    completed_at: Any = None
+    error: Any = None
+    restored: bool = False
+    """The ledger offered it again (restart, orphan re-offer): ``_restored`` on the wire."""
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    kind: EventKind = field(default="generic", init=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire dict: ``raw`` unchanged, plus any field changed since parsing (under its
+        canonical key)."""
+        try:
+            out = copy.deepcopy(dict(self.raw))
+        except RecursionError:
+            out = dict(self.raw)
+        if self.raw:
+            base = parse_event(self.raw)
+            if type(base) is type(self) and base == self:
+                return out
+        else:
+            base = None
+        for f in dataclasses.fields(self):
+            if f.name in ("raw", "kind") or not f.init:
+                continue
+            value = getattr(self, f.name)
+            if base is not None and getattr(base, f.name, None) == value:
+                continue
+            _put(out, f.name, value)
+        return out
+
+    @property
+    def succeeded(self) -> bool:
+        return _is_success(self.status)
+
+
+def _put(out: dict[str, Any], name: str, value: Any) -> None:
+    if name == "restored":
+        if value:
+            out["_restored"] = True
+        else:
+            out.pop("_restored", None)
+    elif name == "results":
+        out["results"] = [r.to_dict() if isinstance(r, DelegationResult) else r for r in value]
+    elif name == "work":
+        out.update(value.to_dict())
+        out["abandoned"] = True
+    elif isinstance(value, tuple):
+        if value or name in out:
+            out[name] = list(value)
+    elif value is not None or name in out:
+        out[name] = value
+
+
+@dataclass(frozen=True)
+class _DelegationFields(CompletionEvent):
+    delegation_id: str | None = None
+    context: Any = None
+    toolsets: tuple[str, ...] = ()
+    role: Any = None
+    model: Any = None
+    parent_session_id: str | None = None
+
+
+@dataclass(frozen=True)
+class DelegationEvent(_DelegationFields):
+    """One delegated goal finished (``type == ASYNC_DELEGATION``, not a batch)."""
+
+    goal: Any = None
+    summary: Any = None
+    result: Any = None
+    """A runner's extra ``result`` field, shown when there is neither summary nor error."""
+    duration_seconds: Any = None
+
+    kind: EventKind = field(default="delegation", init=False)
+
+
+@dataclass(frozen=True)
+class DelegationResult:
+    """One item of a batch. ``raw`` is the item as it came (it may not even be a dict)."""
+
+    goal: Any = None
+    status: str | None = None
+    summary: Any = None
+    error: Any = None
+    result: Any = None
+    duration_seconds: Any = None
+    raw: Any = field(default=None, repr=False)
+
+    @property
+    def succeeded(self) -> bool:
+        return _is_success(self.status)
+
+    def to_dict(self) -> Any:
+        if isinstance(self.raw, Mapping):
+            return dict(self.raw)
+        if self.raw is not None:
+            return self.raw
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "raw" and v is not None}
+
+
+@dataclass(frozen=True)
+class DelegationBatchEvent(_DelegationFields):
+    """Several goals dispatched as one unit; one result per item."""
+
+    goals: tuple[str, ...] = ()
+    results: tuple[DelegationResult, ...] = ()
+    summary: Any = None
+    result: Any = None
+    total_duration_seconds: Any = None
+
+    kind: EventKind = field(default="delegation_batch", init=False)
+
+    def goal_of(self, index: int) -> Any:
+        """An item's own goal, else the batch's goal at that position."""
+        own = self.results[index].goal if index < len(self.results) else None
+        if _present(own):
+            return own
+        return self.goals[index] if index < len(self.goals) else None
+
+
+@dataclass(frozen=True)
+class ProcessCompletionEvent(CompletionEvent):
+    """A background process exited (``type == PROCESS_COMPLETION``)."""
+
+    delivery_id: str | None = None
+    process_id: Any = None
+    command: Any = None
+    cwd: Any = None
+    exit_code: Any = None
+    output_tail: Any = None
+    output_bytes: Any = None
+    duration_seconds: Any = None
+    started_at: Any = None
+
+    kind: EventKind = field(default="process", init=False)
+
+
+WorkEvent = DelegationEvent | DelegationBatchEvent | ProcessCompletionEvent
+
+
+@dataclass(frozen=True)
+class AbandonedWork(CompletionEvent):
+    """Work whose owner process died before it finished: ``interrupted`` (it never started)
+    or ``unknown`` (it was running; it may have had effects). ``work`` is the same event read
+    as its own kind, so it renders like any other delegation or process completion."""
+
+    work: WorkEvent | None = None
+
+    kind: EventKind = field(default="abandoned", init=False)
+
+    @property
+    def never_started(self) -> bool:
+        return self.status == "interrupted"
+
+
+@dataclass(frozen=True)
+class GenericEvent(CompletionEvent):
+    """Any other type (``watch_match`` ...), or none: only the raw dict is known."""
+
+    kind: EventKind = field(default="generic", init=False)
+
+
+# -- parsing -----------------------------------------------------------------------------------
+
+
+def _common(raw: Mapping[str, Any]) -> dict[str, Any]:
+    kind = raw.get("type")
+    status = raw.get("status")
+    return {
+        "type": kind if isinstance(kind, str) else None,
+        "status": status if isinstance(status, str) and status else None,
+        "session_key": _opt_str(raw.get("session_key")),
+        "origin_session_id": _opt_str(raw.get("origin_session_id")),
+        "origin_ui_session_id": _opt_str(raw.get("origin_ui_session_id")),
+        "dispatched_at": raw.get("dispatched_at"),
+        "completed_at": raw.get("completed_at"),
+        "error": raw.get("error") if _present(raw.get("error")) else None,
+        "restored": bool(raw.get("_restored")),
+        "raw": raw,
+    }
+
+
+def _toolsets(value: Any) -> tuple[str, ...]:
+    if isinstance(value, list | tuple):
+        return tuple(str(t) for t in value)
+    if isinstance(value, str) and value:
+        return (value,)
+    return ()
+
+
+def _delegation_common(raw: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        **_common(raw),
+        "delegation_id": _opt_str(raw.get("delegation_id")),
+        "context": raw.get("context"),
+        "toolsets": _toolsets(raw.get("toolsets")),
+        "role": raw.get("role"),
+        "model": raw.get("model"),
+        "parent_session_id": _opt_str(raw.get("parent_session_id")),
+    }
+
+
+def _result_item(item: Any) -> DelegationResult:
+    if not isinstance(item, Mapping):
+        return DelegationResult(raw=item)
+    status = item.get("status")
+    return DelegationResult(
+        goal=item.get("goal"),
+        status=status if isinstance(status, str) and status else None,
+        summary=item.get("summary"),
+        error=item.get("error"),
+        result=item.get("result"),
+        duration_seconds=item.get("duration_seconds"),
+        raw=item,
+    )
+
+
+def _is_batch(raw: Mapping[str, Any]) -> bool:
+    return bool(raw.get("is_batch")) or isinstance(raw.get("results"), list)
+
+
+def _delegation(raw: Mapping[str, Any]) -> DelegationEvent | DelegationBatchEvent:
+    if _is_batch(raw):
+        results = raw.get("results")
+        goals = raw.get("goals")
+        total = raw.get("total_duration_seconds")
+        return DelegationBatchEvent(
+            **_delegation_common(raw),
+            goals=tuple(str(g) for g in goals) if isinstance(goals, list | tuple) else (),
+            results=tuple(_result_item(r) for r in results) if isinstance(results, list) else (),
+            summary=raw.get("summary"),
+            result=raw.get("result"),
+            total_duration_seconds=total if total is not None else raw.get("duration_seconds"),
+        )
+    goal = raw.get("goal")
+    if not _present(goal):
+        goals = raw.get("goals")
+        if isinstance(goals, list | tuple) and goals:
+            goal = str(goals[0])
+    return DelegationEvent(
+        **_delegation_common(raw),
+        goal=goal if _present(goal) else None,
+        summary=raw.get("summary"),
+        result=raw.get("result"),
+        duration_seconds=raw.get("duration_seconds"),
+    )
+
+
+def _process(raw: Mapping[str, Any]) -> ProcessCompletionEvent:
+    return ProcessCompletionEvent(
+        **_common(raw),
+        delivery_id=_opt_str(raw.get("delivery_id")),
+        process_id=_first(raw, _PROCESS_ID_KEYS),
+        command=_first(raw, _COMMAND_KEYS),
+        cwd=raw.get("cwd") if _present(raw.get("cwd")) else None,
+        exit_code=_first(raw, _EXIT_CODE_KEYS),
+        output_tail=_first(raw, _OUTPUT_KEYS),
+        output_bytes=raw.get("output_bytes"),
+        duration_seconds=_first(raw, _DURATION_KEYS),
+        started_at=raw.get("started_at"),
+    )
+
+
+def parse_event(raw: Any) -> CompletionEvent:
+    """The typed event of a wire dict; tolerant of every legacy spelling.
+
+    A mapping never fails: an unknown or missing ``type`` gives a ``GenericEvent`` that
+    keeps the dict. Anything else raises ``MalformedEvent`` (a ValueError) naming its type.
+    An already typed event is returned as it is.
+    """
+    if isinstance(raw, CompletionEvent):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise MalformedEvent(f"a completion event must be a mapping, not {type(raw).__name__}")
+    wire = raw if all(isinstance(k, str) for k in raw) else _shallow(raw)
+    kind = wire.get("type")
+    work: WorkEvent | None
+    if kind == ASYNC_DELEGATION:
+        work = _delegation(wire)
+    elif kind == PROCESS_COMPLETION:
+        work = _process(wire)
+    else:
+        return GenericEvent(**_common(wire))
+    if wire.get("abandoned"):
+        return AbandonedWork(**_common(wire), work=work)
+    return work
+
+
+# -- ids, counts, display ----------------------------------------------------------------------
+
+
+def _wire(evt: Any) -> Mapping[str, Any]:
+    if isinstance(evt, CompletionEvent):
+        return evt.raw if evt.raw else evt.to_dict()
+    if isinstance(evt, Mapping):
+        return evt
+    raise TypeError(f"a completion event must be a dict, not {type(evt).__name__}")
+
+
+def delivery_id(evt: Any, *, strict: bool = True) -> str | None:
+    """The ledger id an event is claimed under; None for types that need no claim.
+
+    Strict (the delivery contract): a delegation is claimed under ``delegation_id`` (missing
+    -> ValueError), any other type under ``delivery_id`` (missing -> None); a non-mapping or a
+    non-string id raises TypeError. ``strict=False`` is the lenient label for logs and
+    idempotency keys: the first string of ``delegation_id``, ``delivery_id``, ``process_id``,
+    None when there is none or ``evt`` is not an event at all (it never raises).
+    """
+    if not strict:
+        try:
+            raw = _wire(evt)
+        except TypeError:
+            return None
+        value = raw.get("delegation_id") or raw.get("delivery_id") or raw.get("process_id")
+        return value if isinstance(value, str) and value else None
+    if isinstance(evt, CompletionEvent):
+        raw = _wire(evt)
+    elif isinstance(evt, dict):
+        raw = evt
+    else:
+        raise TypeError(f"a completion event must be a dict, not {type(evt).__name__}")
+    if raw.get("type") == ASYNC_DELEGATION:
+        row_id = raw.get("delegation_id")
+        if row_id is None:
+            raise ValueError("async_delegation event has no delegation_id")
+    else:
+        row_id = raw.get("delivery_id")
+        if row_id is None:
+            return None
+    if not isinstance(row_id, str) or not row_id:
+        raise TypeError("the event's delegation_id/delivery_id must be a non-empty string")
+    return row_id
+
+
+def delegation_counts(evt: Any) -> dict[str, int]:
+    """``{"tasks", "completed", "failed"}`` for a delegation event (typed or wire dict).
+
+    A single delegation is one task. For a batch, tasks come from ``results[]`` (or the
+    goals when results are missing); anything that did not complete counts as failed.
+    """
+    event = evt if isinstance(evt, CompletionEvent) else None
+    if event is None:
+        raw = evt if isinstance(evt, Mapping) else {}
+        # counts are asked of partial dicts too (no type): read them as a delegation
+        event = _delegation(raw)
+    if isinstance(event, AbandonedWork) and event.work is not None:
+        event = event.work
+    if isinstance(event, DelegationBatchEvent):
+        tasks = len(event.results) or len(event.goals)
+        completed = sum(1 for r in event.results if isinstance(r.raw, Mapping) and r.succeeded)
+    else:
+        tasks = 1
+        completed = 1 if event.succeeded else 0
+    return {"tasks": tasks, "completed": completed, "failed": tasks - completed}
+
+
+def _safe_str(text: str) -> str:
+    # Lone surrogates cannot be stored as UTF-8 (SQLite, JSON with ensure_ascii=False).
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _json_safe(value: Any, depth: int = 0) -> Any:
+    """A JSON-safe copy: bounded depth, no NaN, ints beyond 2**53 as strings."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if abs(value) >= _JSON_SAFE_INT:
+            return (
+                f"<integer of {value.bit_length()} bits>"
+                if value.bit_length() > 4000
+                else str(value)
+            )
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, str):
+        return _safe_str(value)
+    if depth >= 8:
+        return "<nested too deeply>"
+    if isinstance(value, Mapping):
+        return {_safe_str(str(k)): _json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v, depth + 1) for v in value]
+    return _safe_str(repr(value)) if depth < 8 else "<value>"
+
+
+def _text_preview(value: Any, limit: int) -> Any:
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else None
+    if text is None:
+        safe = _json_safe(value)
+        if not isinstance(safe, str):
+            return safe if len(repr(safe)) <= limit else "<structured value>"
+        text = safe
+    text = _safe_str(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _output_preview(value: Any) -> Any:
+    if value is None:
+        return None
+    text = _safe_str(value if isinstance(value, str) else str(_json_safe(value)))
+    lines = text.rstrip("\n").splitlines()[-_OUTPUT_PREVIEW_LINES:]
+    tail = "\n".join(lines)
+    return tail if len(tail) <= _OUTPUT_PREVIEW_CHARS else "…" + tail[-_OUTPUT_PREVIEW_CHARS:]
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int | float):
+        return _json_safe(value)
+    return _text_preview(value, 64)
+
+
+def _delegation_metadata(event: DelegationEvent | DelegationBatchEvent) -> dict[str, Any]:
+    counts = delegation_counts(event)
+    status = event.status or ("completed" if counts["failed"] == 0 else "failed")
+    meta: dict[str, Any] = {
+        "delegation_id": event.delegation_id,
+        "status": status,
+        **counts,
+        "is_batch": isinstance(event, DelegationBatchEvent),
+        "dispatched_at": _number(event.dispatched_at),
+        "completed_at": _number(event.completed_at),
+    }
+    if isinstance(event, DelegationBatchEvent):
+        meta["goals"] = [_text_preview(g, _ITEM_PREVIEW_CHARS) for g in event.goals]
+        meta["duration_seconds"] = _number(event.total_duration_seconds)
+        meta["results"] = [
+            _pruned(
+                {
+                    "goal": _text_preview(event.goal_of(i), _ITEM_PREVIEW_CHARS),
+                    "status": _text_preview(r.status, 64),
+                    "summary": _text_preview(r.summary, _ITEM_PREVIEW_CHARS),
+                    "error": _text_preview(r.error, _ITEM_PREVIEW_CHARS),
+                    "result": _text_preview(
+                        r.result if isinstance(r.raw, Mapping) else r.raw, _ITEM_PREVIEW_CHARS
+                    ),
+                    "duration_seconds": _number(r.duration_seconds),
+                }
+            )
+            for i, r in enumerate(event.results)
+        ]
+    else:
+        meta["goal"] = _text_preview(event.goal, _TEXT_PREVIEW_CHARS)
+        meta["duration_seconds"] = _number(event.duration_seconds)
+    meta["summary"] = _text_preview(event.summary, _TEXT_PREVIEW_CHARS)
+    meta["error"] = _text_preview(event.error, _TEXT_PREVIEW_CHARS)
+    meta["result"] = _text_preview(event.result, _TEXT_PREVIEW_CHARS)
+    return meta
+
+
+def _process_metadata(event: ProcessCompletionEvent) -> dict[str, Any]:
+    return {
+        "delivery_id": event.delivery_id,
+        "process_id": _text_preview(event.process_id, 128),
+        "status": event.status,
+        "command": _text_preview(event.command, _TEXT_PREVIEW_CHARS),
+        "exit_code": _number(event.exit_code),
+        "duration_seconds": _number(event.duration_seconds),
+        "output_tail": _output_preview(event.output_tail),
+        "error": _text_preview(event.error, _TEXT_PREVIEW_CHARS),
+        "dispatched_at": _number(event.dispatched_at),
+        "completed_at": _number(event.completed_at),
+    }
+
+
+def _pruned(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in item.items() if v is not None}
+
+
+_KEEP_WHEN_NONE = frozenset({"delegation_id", "goal", "dispatched_at", "completed_at"})
+
+
+def display_metadata(evt: Any) -> dict[str, Any]:
+    """A small JSON-safe summary of a completion, stored beside its wake text.
+
+    Keys: ``kind``, ``type``, the ids (``delegation_id`` | ``delivery_id``/``process_id``),
+    ``status``, ``goal`` or ``goals`` (+ ``results[]`` per item of a batch), the task counts
+    of a delegation, ``summary``, ``error``, ``result``, ``duration_seconds``, ``command``,
+    ``exit_code``, ``output_tail`` (its last lines), ``dispatched_at``, ``completed_at``, and
+    ``restored``/``abandoned`` when set. Texts are previews (a few hundred characters): the
+    wake text has them in full. Never raises for a mapping; raises ``MalformedEvent`` for
+    anything else.
+    """
+    event = parse_event(evt)
+    meta: dict[str, Any] = {"kind": event.kind, "type": _text_preview(event.type, 64)}
+    work = event.work if isinstance(event, AbandonedWork) else event
+    if isinstance(work, DelegationEvent | DelegationBatchEvent):
+        meta.update(_delegation_metadata(work))
+    elif isinstance(work, ProcessCompletionEvent):
+        meta.update(_process_metadata(work))
+    else:
+        meta["status"] = _text_preview(event.status, 64)
+        meta["error"] = _text_preview(event.error, _TEXT_PREVIEW_CHARS)
+        meta["fields"] = sorted(
+            _safe_str(k) for k in event.raw if k != "type" and not k.startswith("_")
+        )[:50]
+    if isinstance(event, AbandonedWork):
+        meta["abandoned"] = True
+        meta["work_kind"] = work.kind if work is not None else "generic"
+        meta["status"] = event.status
+        meta["error"] = _text_preview(event.error, _TEXT_PREVIEW_CHARS)
+    if event.restored:
+        meta["restored"] = True
+    return {k: v for k, v in meta.items() if v is not None or k in _KEEP_WHEN_NONE}
