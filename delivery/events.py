@@ -18,17 +18,16 @@ Kinds (``event.kind``) and the dataclass for each:
 * ``"generic"`` — ``GenericEvent``: any other ``type`` (``watch_match`` ...) or none, with
   the raw dict kept.
 
-``delivery_id(evt)`` is the ledger id a completion is claimed under; ``display_metadata(evt)``
-is the small JSON-safe summary stored beside a wake text (and carried in it, see
-``agent.markers.WAKE_DATA_MARKER``) so that front ends and the demo model read fields instead
-of prose.
+``delivery_id(evt)`` is the ledger id a completion is claimed under;
+``delivery.event_display.display_metadata(evt)`` is the small JSON-safe summary stored
+beside a wake text (and carried in it, see ``agent.markers.WAKE_DATA_MARKER``) so that front
+ends and the demo model read fields instead of prose.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -49,7 +48,6 @@ __all__ = [
     "ProcessCompletionEvent",
     "delegation_counts",
     "delivery_id",
-    "display_metadata",
     "parse_event",
 ]
 
@@ -73,12 +71,6 @@ _COMMAND_KEYS = ("command", "cmd")
 _PROCESS_ID_KEYS = ("process_id", "proc_id", "session_id", "pid")
 _DURATION_KEYS = ("duration_seconds", "duration")
 
-# display_metadata keeps text short: it sits beside (and inside) the full wake text.
-_TEXT_PREVIEW_CHARS = 500
-_ITEM_PREVIEW_CHARS = 300
-_OUTPUT_PREVIEW_LINES = 10
-_OUTPUT_PREVIEW_CHARS = 1000
-_JSON_SAFE_INT = 2**53
 
 
 class MalformedEvent(ValueError):
@@ -476,161 +468,3 @@ def delegation_counts(evt: Any) -> dict[str, int]:
         tasks = 1
         completed = 1 if event.succeeded else 0
     return {"tasks": tasks, "completed": completed, "failed": tasks - completed}
-
-
-def _safe_str(text: str) -> str:
-    # Lone surrogates cannot be stored as UTF-8 (SQLite, JSON with ensure_ascii=False).
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
-
-
-def _json_safe(value: Any, depth: int = 0) -> Any:
-    """A JSON-safe copy: bounded depth, no NaN, ints beyond 2**53 as strings."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        if abs(value) >= _JSON_SAFE_INT:
-            return (
-                f"<integer of {value.bit_length()} bits>"
-                if value.bit_length() > 4000
-                else str(value)
-            )
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, str):
-        return _safe_str(value)
-    if depth >= 8:
-        return "<nested too deeply>"
-    if isinstance(value, Mapping):
-        return {_safe_str(str(k)): _json_safe(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v, depth + 1) for v in value]
-    return _safe_str(repr(value)) if depth < 8 else "<value>"
-
-
-def _text_preview(value: Any, limit: int) -> Any:
-    if value is None:
-        return None
-    text = value if isinstance(value, str) else None
-    if text is None:
-        safe = _json_safe(value)
-        if not isinstance(safe, str):
-            return safe if len(repr(safe)) <= limit else "<structured value>"
-        text = safe
-    text = _safe_str(text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _output_preview(value: Any) -> Any:
-    if value is None:
-        return None
-    text = _safe_str(value if isinstance(value, str) else str(_json_safe(value)))
-    lines = text.rstrip("\n").splitlines()[-_OUTPUT_PREVIEW_LINES:]
-    tail = "\n".join(lines)
-    return tail if len(tail) <= _OUTPUT_PREVIEW_CHARS else "…" + tail[-_OUTPUT_PREVIEW_CHARS:]
-
-
-def _number(value: Any) -> Any:
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int | float):
-        return _json_safe(value)
-    return _text_preview(value, 64)
-
-
-def _delegation_metadata(event: DelegationEvent | DelegationBatchEvent) -> dict[str, Any]:
-    counts = delegation_counts(event)
-    status = event.status or ("completed" if counts["failed"] == 0 else "failed")
-    meta: dict[str, Any] = {
-        "delegation_id": event.delegation_id,
-        "status": status,
-        **counts,
-        "is_batch": isinstance(event, DelegationBatchEvent),
-        "dispatched_at": _number(event.dispatched_at),
-        "completed_at": _number(event.completed_at),
-    }
-    if isinstance(event, DelegationBatchEvent):
-        meta["goals"] = [_text_preview(g, _ITEM_PREVIEW_CHARS) for g in event.goals]
-        meta["duration_seconds"] = _number(event.total_duration_seconds)
-        meta["results"] = [
-            _pruned(
-                {
-                    "goal": _text_preview(event.goal_of(i), _ITEM_PREVIEW_CHARS),
-                    "status": _text_preview(r.status, 64),
-                    "summary": _text_preview(r.summary, _ITEM_PREVIEW_CHARS),
-                    "error": _text_preview(r.error, _ITEM_PREVIEW_CHARS),
-                    "result": _text_preview(
-                        r.result if isinstance(r.raw, Mapping) else r.raw, _ITEM_PREVIEW_CHARS
-                    ),
-                    "duration_seconds": _number(r.duration_seconds),
-                }
-            )
-            for i, r in enumerate(event.results)
-        ]
-    else:
-        meta["goal"] = _text_preview(event.goal, _TEXT_PREVIEW_CHARS)
-        meta["duration_seconds"] = _number(event.duration_seconds)
-    meta["summary"] = _text_preview(event.summary, _TEXT_PREVIEW_CHARS)
-    meta["error"] = _text_preview(event.error, _TEXT_PREVIEW_CHARS)
-    meta["result"] = _text_preview(event.result, _TEXT_PREVIEW_CHARS)
-    return meta
-
-
-def _process_metadata(event: ProcessCompletionEvent) -> dict[str, Any]:
-    return {
-        "delivery_id": event.delivery_id,
-        "process_id": _text_preview(event.process_id, 128),
-        "status": event.status,
-        "command": _text_preview(event.command, _TEXT_PREVIEW_CHARS),
-        "exit_code": _number(event.exit_code),
-        "duration_seconds": _number(event.duration_seconds),
-        "output_tail": _output_preview(event.output_tail),
-        "error": _text_preview(event.error, _TEXT_PREVIEW_CHARS),
-        "dispatched_at": _number(event.dispatched_at),
-        "completed_at": _number(event.completed_at),
-    }
-
-
-def _pruned(item: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in item.items() if v is not None}
-
-
-_KEEP_WHEN_NONE = frozenset({"delegation_id", "goal", "dispatched_at", "completed_at"})
-
-
-def display_metadata(evt: Any) -> dict[str, Any]:
-    """A small JSON-safe summary of a completion, stored beside its wake text.
-
-    Keys: ``kind``, ``type``, the ids (``delegation_id`` | ``delivery_id``/``process_id``),
-    ``status``, ``goal`` or ``goals`` (+ ``results[]`` per item of a batch), the task counts
-    of a delegation, ``summary``, ``error``, ``result``, ``duration_seconds``, ``command``,
-    ``exit_code``, ``output_tail`` (its last lines), ``dispatched_at``, ``completed_at``, and
-    ``restored``/``abandoned`` when set. Texts are previews (a few hundred characters): the
-    wake text has them in full. Never raises for a mapping; raises ``MalformedEvent`` for
-    anything else.
-    """
-    event = parse_event(evt)
-    meta: dict[str, Any] = {"kind": event.kind, "type": _text_preview(event.type, 64)}
-    work = event.work if isinstance(event, AbandonedWork) else event
-    if isinstance(work, DelegationEvent | DelegationBatchEvent):
-        meta.update(_delegation_metadata(work))
-    elif isinstance(work, ProcessCompletionEvent):
-        meta.update(_process_metadata(work))
-    else:
-        meta["status"] = _text_preview(event.status, 64)
-        meta["error"] = _text_preview(event.error, _TEXT_PREVIEW_CHARS)
-        meta["fields"] = sorted(
-            _safe_str(k) for k in event.raw if k != "type" and not k.startswith("_")
-        )[:50]
-    if isinstance(event, AbandonedWork):
-        meta["abandoned"] = True
-        meta["work_kind"] = work.kind if work is not None else "generic"
-        meta["status"] = event.status
-        meta["error"] = _text_preview(event.error, _TEXT_PREVIEW_CHARS)
-    if event.restored:
-        meta["restored"] = True
-    return {k: v for k, v in meta.items() if v is not None or k in _KEEP_WHEN_NONE}

@@ -28,11 +28,11 @@ from typing import Any
 
 import aiohttp
 
+from delivery.event_display import display_metadata
 from delivery.events import (
     ASYNC_DELEGATION,
     AbandonedWork,
     CompletionEvent,
-    display_metadata,
     parse_event,
 )
 from gateway.platforms.base import MessageEvent, MessageType

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent.markers import WAKE_MARKER, wake_data_line
+from delivery.event_display import display_metadata
 from delivery.events import (
     AbandonedWork,
     CompletionEvent,
@@ -27,7 +28,6 @@ from delivery.events import (
     DelegationResult,
     ProcessCompletionEvent,
     delegation_counts,
-    display_metadata,
     parse_event,
 )
 

@@ -44,7 +44,7 @@ def test_demo_model_reads_marked_texts() -> None:
 
 def test_the_last_line_carries_the_display_metadata() -> None:
     from agent.markers import WAKE_DATA_MARKER, read_wake_data
-    from delivery.events import display_metadata
+    from delivery.event_display import display_metadata
 
     for evt in (DELEG, PROC, {"type": "watch_match", "pattern": "ERROR"}):
         text = format_wake_text(evt, now=0)
@@ -64,7 +64,7 @@ def test_the_demo_reads_the_data_not_the_prose() -> None:
 
 
 def test_reveille_chat_renders_rows_from_their_metadata() -> None:
-    from delivery.events import display_metadata
+    from delivery.event_display import display_metadata
     from reveille.chat import render_message
 
     row = {

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from delivery.event_display import display_metadata
 from delivery.events import (
     ASYNC_DELEGATION,
     PROCESS_COMPLETION,
@@ -19,7 +20,6 @@ from delivery.events import (
     ProcessCompletionEvent,
     delegation_counts,
     delivery_id,
-    display_metadata,
     parse_event,
 )
 from delivery.recovery import abandoned_event, mark_reoffered
