@@ -27,18 +27,13 @@ from gateway.config import Platform
 from gateway.session import SessionSource, SessionStore
 from gateway.wake import deliver_wake, format_wake_text, persist_delegation_delivery
 
-__all__ = ["ApiServerTarget", "DeliveryTarget", "PushTarget", "delivery_id_of"]
+__all__ = ["ApiServerTarget", "DeliveryTarget", "PushTarget", "session_platform"]
 
 
 class DeliveryTarget(Protocol):
     async def deliver(self, evt: dict[str, Any], session: Mapping[str, Any]) -> None:
         """Hand ``evt`` to ``session`` (a session-store record); return once it was accepted."""
         ...
-
-
-def delivery_id_of(evt: Mapping[str, Any]) -> str | None:
-    """The id a completion is labelled and deduplicated by (its ``Idempotency-Key``)."""
-    return delivery_id(evt, strict=False)
 
 
 class ApiServerTarget:
@@ -55,7 +50,10 @@ class ApiServerTarget:
             await asyncio.to_thread(persist_delegation_delivery, self.store, session_id, evt, text)
             return
         await deliver_wake(
-            self.adapter, text=text, session_id=session_id, idempotency_key=delivery_id_of(evt)
+            self.adapter,
+            text=text,
+            session_id=session_id,
+            idempotency_key=delivery_id(evt, strict=False),
         )
 
 
@@ -74,7 +72,7 @@ class PushTarget:
             text=format_wake_text(evt),
             source=SessionSource.from_dict(raw_source),
             session_id=str(session["id"]),
-            idempotency_key=delivery_id_of(evt),
+            idempotency_key=delivery_id(evt, strict=False),
         )
 
 

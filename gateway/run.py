@@ -33,13 +33,9 @@ from typing import Any
 
 import tools.async_delegation as ad
 from agent.providers.base import ModelProvider
+from delivery.events import delivery_id
 from gateway.config import Platform
-from gateway.delivery_targets import (
-    ApiServerTarget,
-    DeliveryTarget,
-    delivery_id_of,
-    session_platform,
-)
+from gateway.delivery_targets import ApiServerTarget, DeliveryTarget, session_platform
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.session import SessionGone, SessionStore
 from gateway.wake import WakeDeliveryError
@@ -56,7 +52,9 @@ _API_SESSION_KEY_PREFIX = "agent:main:api_server:"
 _ADOPTION_SLACK_SECONDS = 1.0
 
 
-_event_id = delivery_id_of
+def _event_id(evt: Any) -> str | None:
+    """The id a completion is logged by; never raises, whatever ``evt`` is."""
+    return delivery_id(evt, strict=False)
 
 
 @dataclass(frozen=True)
@@ -212,7 +210,7 @@ class GatewayRunner:
         if not isinstance(evt, dict):
             logger.error("ignoring a completion that is not a dict: %r", type(evt).__name__)
             return "ignored"
-        route, session_id = await asyncio.to_thread(self._route, evt)
+        route, session_id, session = await asyncio.to_thread(self._route, evt)
         if route == "foreign":
             # Another surface's session (web UI): its own consumer delivers it.
             logger.debug("completion %s belongs to another surface", _event_id(evt))
@@ -224,7 +222,7 @@ class GatewayRunner:
         if route == "gone":
             await self._drop(evt, claim, f"session {session_id} no longer exists")
             return "dropped"
-        if route == "unknown" or session_id is None:
+        if route == "unknown" or session_id is None or session is None:
             logger.warning(
                 "completion %s has no known origin session; released, not delivered elsewhere",
                 _event_id(evt),
@@ -233,7 +231,7 @@ class GatewayRunner:
             return "released"
 
         try:
-            await self._deliver(evt, session_id)
+            await self._deliver(evt, session)
         except SessionGone:
             await self._drop(evt, claim, f"session {session_id} was deleted")
             return "dropped"
@@ -257,8 +255,8 @@ class GatewayRunner:
             logger.warning("completion %s was delivered but its claim had lapsed", _event_id(evt))
         return "delivered"
 
-    def _route(self, evt: dict[str, Any]) -> tuple[str, str | None]:
-        """("session", id) | ("gone", id) | ("foreign", None) | ("unknown", None)."""
+    def _route(self, evt: dict[str, Any]) -> tuple[str, str | None, dict[str, Any] | None]:
+        """("session", id, record) | ("gone", id, None) | ("foreign" | "unknown", None, None)."""
         assert self.store is not None
         for field in ("origin_session_id", "parent_session_id"):
             session_id = evt.get(field)
@@ -267,22 +265,22 @@ class GatewayRunner:
             session = self.store.get_session(session_id)
             if session is not None:
                 if self._adopted(session, evt):
-                    return "gone", session_id
-                return "session", session_id
+                    return "gone", session_id, None
+                return "session", session_id, session
             if field == "origin_session_id":
-                return "gone", session_id
+                return "gone", session_id, None
         key = evt.get("session_key")
         # A re-offered event only goes where it names explicitly; a key is looked up only
         # for live events (the key of an API session embeds its id anyway).
         if isinstance(key, str) and key and not evt.get("_restored"):
             session = self.store.find_session_by_key(key)
             if session is not None and not self._adopted(session, evt):
-                return "session", session["id"]
+                return "session", session["id"], session
             if key.startswith(_API_SESSION_KEY_PREFIX):
-                return "gone", key[len(_API_SESSION_KEY_PREFIX) :]
+                return "gone", key[len(_API_SESSION_KEY_PREFIX) :], None
         if evt.get("origin_ui_session_id"):
-            return "foreign", None
-        return "unknown", None
+            return "foreign", None, None
+        return "unknown", None, None
 
     @staticmethod
     def _adopted(session: dict[str, Any], evt: dict[str, Any]) -> bool:
@@ -297,11 +295,9 @@ class GatewayRunner:
         """Deliver completions of ``platform``'s sessions through ``target``."""
         self.targets[platform] = target
 
-    async def _deliver(self, evt: dict[str, Any], session_id: str) -> None:
-        assert self.store is not None
-        session = await asyncio.to_thread(self.store.get_session, session_id)
-        if session is None:
-            raise SessionGone(session_id)
+    async def _deliver(self, evt: dict[str, Any], session: dict[str, Any]) -> None:
+        # The record _route read: a session deleted since then is noticed by the target
+        # (SessionGone from the transcript write, 404 from the wake self-POST).
         platform = session_platform(session)
         target = self.targets.get(platform)
         if target is None:
@@ -335,4 +331,4 @@ class GatewayRunner:
 
 
 def _safe_id(evt: Any) -> Any:
-    return _event_id(evt) if isinstance(evt, dict) else type(evt).__name__
+    return _event_id(evt) or type(evt).__name__

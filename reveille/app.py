@@ -33,7 +33,6 @@ __all__ = ["StorageLocation", "build_runner", "open_storage"]
 class StorageLocation:
     """Where the ledger and the session store live, parsed from a storage url."""
 
-    scheme: str
     ledger_path: Path
     sessions_path: Path
 
@@ -50,7 +49,7 @@ def open_storage(url: str) -> StorageLocation:
     if parts.netloc:
         raise SettingsError(f"storage url {url!r}: a sqlite url has no host (sqlite:///path)")
     home = Path(unquote(parts.path)).expanduser()
-    return StorageLocation("sqlite", home / "ledger.db", home / "sessions.db")
+    return StorageLocation(home / "ledger.db", home / "sessions.db")
 
 
 def storage_url(settings: Settings) -> str:

@@ -56,6 +56,14 @@ async def gateway(tmp_path, runtime):
         await runner.stop()
 
 
+def finished_process(ledger, row_id: str, **event) -> dict:
+    """A process completion whose terminal row is in the ledger, ready to be delivered."""
+    evt = {"type": "completion", "delivery_id": row_id, "dispatched_at": time.time(), **event}
+    ledger.create(row_id, kind="process", state="running", request=evt, goal="x")
+    assert ledger.finish(row_id, expected="running", state="completed", event=evt)
+    return evt
+
+
 async def messages(port: int, session_id: str) -> list[dict]:
     async with (
         aiohttp.ClientSession() as http,
@@ -150,10 +158,7 @@ async def test_routing_rules(gateway, runtime) -> None:
     ledger = runtime.ledger
 
     def pending(row_id: str, **event) -> dict:
-        evt = {"type": "completion", "delivery_id": row_id, "dispatched_at": time.time(), **event}
-        ledger.create(row_id, kind="process", state="running", request=evt, goal="x")
-        assert ledger.finish(row_id, expected="running", state="completed", event=evt)
-        return evt
+        return finished_process(ledger, row_id, **event)
 
     # No origin at all: released (an attempt spent), not delivered anywhere.
     evt = pending("proc_noorigin")
@@ -180,15 +185,7 @@ async def test_routing_rules(gateway, runtime) -> None:
 async def test_transient_refusal_releases_retryable(gateway, runtime, monkeypatch) -> None:
     runner, _provider = gateway
     runner.store.create_session("sess_busy")
-    ledger = runtime.ledger
-    evt = {
-        "type": "completion",
-        "delivery_id": "proc_busy",
-        "origin_session_id": "sess_busy",
-        "dispatched_at": time.time(),
-    }
-    ledger.create("proc_busy", kind="process", state="running", request=evt, goal="x")
-    ledger.finish("proc_busy", expected="running", state="completed", event=evt)
+    evt = finished_process(runtime.ledger, "proc_busy", origin_session_id="sess_busy")
 
     async def busy(*args, **kwargs):
         raise WakeDeliveryError("gave up: HTTP 429", transient=True, status=429)
@@ -235,15 +232,7 @@ async def test_a_stray_key_error_releases_and_never_drops(gateway, runtime, monk
     # in a delivery target must keep the result in the ledger for another attempt.
     runner, _provider = gateway
     runner.store.create_session("sess_bug")
-    ledger = runtime.ledger
-    evt = {
-        "type": "completion",
-        "delivery_id": "proc_bug",
-        "origin_session_id": "sess_bug",
-        "dispatched_at": time.time(),
-    }
-    ledger.create("proc_bug", kind="process", state="running", request=evt, goal="x")
-    ledger.finish("proc_bug", expected="running", state="completed", event=evt)
+    evt = finished_process(runtime.ledger, "proc_bug", origin_session_id="sess_bug")
 
     async def buggy(*args, **kwargs):
         raise KeyError("session_id")
@@ -276,20 +265,11 @@ async def test_completions_route_through_the_target_of_the_sessions_platform(
     runner, _provider = gateway
     source = SessionSource(platform=Platform.TELEGRAM, chat_id="4242", user_id="7")
     runner.store.create_session("sess_tg", source=source)
-    ledger = runtime.ledger
 
     def pending(row_id: str) -> dict:
-        evt = {
-            "type": "completion",
-            "delivery_id": row_id,
-            "origin_session_id": "sess_tg",
-            "dispatched_at": time.time(),
-            "command": "echo hi",
-            "exit_code": 0,
-        }
-        ledger.create(row_id, kind="process", state="running", request=evt, goal="x")
-        ledger.finish(row_id, expected="running", state="completed", event=evt)
-        return evt
+        return finished_process(
+            runtime.ledger, row_id, origin_session_id="sess_tg", command="echo hi", exit_code=0
+        )
 
     # No Telegram target in this process: released without spending an attempt.
     evt = pending("proc_tg_wait")
@@ -305,4 +285,4 @@ async def test_completions_route_through_the_target_of_the_sessions_platform(
     [event] = push.events
     assert event.internal and event.source.chat_id == "4242"
     assert event.metadata["idempotency_key"] == "proc_tg"
-    assert WAKE_MARKER in event.text or "echo hi" in event.text
+    assert event.text.startswith(WAKE_MARKER) and "echo hi" in event.text
