@@ -1,7 +1,7 @@
 """Delivery targets: how a completion reaches a session, one target per surface (``Platform``).
 
-The runner routes a completion to its origin session, then hands it to the target
-registered for the platform that session came through:
+The runner parses a completion once, routes it to its origin session, then hands the typed
+event to the target registered for the platform that session came through:
 
 * ``ApiServerTarget`` (``Platform.API_SERVER``): a delegation result becomes a delivery row
   in the transcript (the client's next turn folds it in); any other completion wakes the
@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from delivery.events import ASYNC_DELEGATION, delivery_id
+from delivery.events import ASYNC_DELEGATION, CompletionEvent, delivery_id
 from gateway.config import Platform
 from gateway.session import SessionSource, SessionStore
 from gateway.wake import deliver_wake, format_wake_text, persist_delegation_delivery
@@ -31,8 +31,8 @@ __all__ = ["ApiServerTarget", "DeliveryTarget", "PushTarget", "session_platform"
 
 
 class DeliveryTarget(Protocol):
-    async def deliver(self, evt: dict[str, Any], session: Mapping[str, Any]) -> None:
-        """Hand ``evt`` to ``session`` (a session-store record); return once it was accepted."""
+    async def deliver(self, event: CompletionEvent, session: Mapping[str, Any]) -> None:
+        """Hand ``event`` to ``session`` (a session-store record); return once it was accepted."""
         ...
 
 
@@ -43,17 +43,19 @@ class ApiServerTarget:
         self.store = store
         self.adapter = adapter
 
-    async def deliver(self, evt: dict[str, Any], session: Mapping[str, Any]) -> None:
+    async def deliver(self, event: CompletionEvent, session: Mapping[str, Any]) -> None:
         session_id = str(session["id"])
-        text = format_wake_text(evt)
-        if evt.get("type") == ASYNC_DELEGATION:
-            await asyncio.to_thread(persist_delegation_delivery, self.store, session_id, evt, text)
+        text = format_wake_text(event)
+        if event.type == ASYNC_DELEGATION:
+            await asyncio.to_thread(
+                persist_delegation_delivery, self.store, session_id, event, text
+            )
             return
         await deliver_wake(
             self.adapter,
             text=text,
             session_id=session_id,
-            idempotency_key=delivery_id(evt, strict=False),
+            idempotency_key=delivery_id(event, strict=False),
         )
 
 
@@ -63,16 +65,16 @@ class PushTarget:
     def __init__(self, adapter: Any) -> None:
         self.adapter = adapter
 
-    async def deliver(self, evt: dict[str, Any], session: Mapping[str, Any]) -> None:
+    async def deliver(self, event: CompletionEvent, session: Mapping[str, Any]) -> None:
         raw_source = session.get("source")
         if not isinstance(raw_source, Mapping):
             raise ValueError(f"session {session.get('id')!r} has no source to push to")
         await deliver_wake(
             self.adapter,
-            text=format_wake_text(evt),
+            text=format_wake_text(event),
             source=SessionSource.from_dict(raw_source),
             session_id=str(session["id"]),
-            idempotency_key=delivery_id(evt, strict=False),
+            idempotency_key=delivery_id(event, strict=False),
         )
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import tools.async_delegation as ad
 from agent.providers.base import ModelProvider
-from delivery.events import delivery_id
+from delivery.events import CompletionEvent, delivery_id, parse_event
 from gateway.config import Platform
 from gateway.delivery_targets import ApiServerTarget, DeliveryTarget, session_platform
 from gateway.platforms.api_server import ApiServerAdapter
@@ -206,11 +206,16 @@ class GatewayRunner:
             logger.exception("could not handle completion event %r", _safe_id(evt))
 
     async def handle_event(self, evt: dict[str, Any]) -> str:
-        """Route, claim, deliver and settle one completion; returns what happened."""
+        """Route, claim, deliver and settle one completion; returns what happened.
+
+        The wire dict is parsed once, here: routing and the delivery target read the typed
+        event; the contract calls (claim, complete, release, drop) get the wire dict.
+        """
         if not isinstance(evt, dict):
             logger.error("ignoring a completion that is not a dict: %r", type(evt).__name__)
             return "ignored"
-        route, session_id, session = await asyncio.to_thread(self._route, evt)
+        event = parse_event(evt)  # a mapping always parses (unknown types are generic)
+        route, session_id, session = await asyncio.to_thread(self._route, event)
         if route == "foreign":
             # Another surface's session (web UI): its own consumer delivers it.
             logger.debug("completion %s belongs to another surface", _event_id(evt))
@@ -231,7 +236,7 @@ class GatewayRunner:
             return "released"
 
         try:
-            await self._deliver(evt, session)
+            await self._deliver(event, session)
         except SessionGone:
             await self._drop(evt, claim, f"session {session_id} was deleted")
             return "dropped"
@@ -255,38 +260,43 @@ class GatewayRunner:
             logger.warning("completion %s was delivered but its claim had lapsed", _event_id(evt))
         return "delivered"
 
-    def _route(self, evt: dict[str, Any]) -> tuple[str, str | None, dict[str, Any] | None]:
+    def _route(self, event: CompletionEvent) -> tuple[str, str | None, dict[str, Any] | None]:
         """("session", id, record) | ("gone", id, None) | ("foreign" | "unknown", None, None)."""
         assert self.store is not None
-        for field in ("origin_session_id", "parent_session_id"):
-            session_id = evt.get(field)
+        # An abandoned unit's routing fields are its work's (the wrapper repeats them).
+        work = getattr(event, "work", None) or event
+        candidates = (
+            ("origin_session_id", event.origin_session_id),
+            ("parent_session_id", getattr(work, "parent_session_id", None)),
+        )
+        for field, session_id in candidates:
             if not isinstance(session_id, str) or not session_id:
                 continue
             session = self.store.get_session(session_id)
             if session is not None:
-                if self._adopted(session, evt):
+                if self._adopted(session, event):
                     return "gone", session_id, None
                 return "session", session_id, session
             if field == "origin_session_id":
                 return "gone", session_id, None
-        key = evt.get("session_key")
+        key = event.session_key
         # A re-offered event only goes where it names explicitly; a key is looked up only
         # for live events (the key of an API session embeds its id anyway).
-        if isinstance(key, str) and key and not evt.get("_restored"):
+        if isinstance(key, str) and key and not event.restored:
             session = self.store.find_session_by_key(key)
-            if session is not None and not self._adopted(session, evt):
+            if session is not None and not self._adopted(session, event):
                 return "session", session["id"], session
             if key.startswith(_API_SESSION_KEY_PREFIX):
                 return "gone", key[len(_API_SESSION_KEY_PREFIX) :], None
-        if evt.get("origin_ui_session_id"):
+        if event.origin_ui_session_id:
             return "foreign", None, None
         return "unknown", None, None
 
     @staticmethod
-    def _adopted(session: dict[str, Any], evt: dict[str, Any]) -> bool:
+    def _adopted(session: dict[str, Any], event: CompletionEvent) -> bool:
         """True when ``session`` was created after the work started: a new session that
         reuses a dead one's id (derived ids repeat) must not adopt its results."""
-        dispatched = evt.get("dispatched_at")
+        dispatched = event.dispatched_at
         if not isinstance(dispatched, int | float) or isinstance(dispatched, bool):
             return False
         return float(session["created_at"]) > float(dispatched) + _ADOPTION_SLACK_SECONDS
@@ -295,7 +305,7 @@ class GatewayRunner:
         """Deliver completions of ``platform``'s sessions through ``target``."""
         self.targets[platform] = target
 
-    async def _deliver(self, evt: dict[str, Any], session: dict[str, Any]) -> None:
+    async def _deliver(self, event: CompletionEvent, session: dict[str, Any]) -> None:
         # The record _route read: a session deleted since then is noticed by the target
         # (SessionGone from the transcript write, 404 from the wake self-POST).
         platform = session_platform(session)
@@ -306,7 +316,7 @@ class GatewayRunner:
                 f"no delivery target for {platform.value} sessions in this process",
                 transient=True,
             )
-        await target.deliver(evt, session)
+        await target.deliver(event, session)
 
     # ----------------------------------------------------------------- the contract
 
