@@ -324,6 +324,8 @@ class SessionStore:
         """Delete a session and its transcript and leave a tombstone. False when it did not
         exist (the id is tombstoned all the same: a delete that races a session's first
         turn still wins)."""
+        if not is_valid_session_id(session_id):
+            return False  # no session can have it (creation checks), so nothing to record
         return self._backend.delete_session(session_id)
 
     def find_session_by_key(self, session_key: str) -> dict[str, Any] | None:

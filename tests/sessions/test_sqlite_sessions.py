@@ -3,6 +3,7 @@ newer, locked or corrupt files, schema upgrade, and atomicity across connections
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import sqlite3
 import stat
@@ -194,3 +195,19 @@ def test_corrupt_database_is_refused(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(SessionStoreError, match="not a usable SQLite database"):
         SessionStore(path)
+
+
+async def test_begin_turns_race_across_connections(tmp_path: Path) -> None:
+    # Two stores on one file behave like two processes: the fold is disjoint because the
+    # writer re-reads inside its IMMEDIATE transaction, not because of an in-process lock.
+    a = SessionStore(tmp_path / "shared.db")
+    b = SessionStore(tmp_path / "shared.db")
+    try:
+        a.create_session("s")
+        ids = {a.append_message("s", "system", str(n), display_kind="d")["id"] for n in range(30)}
+        starts = await asyncio.gather(*(s.astart_turn("s") for s in [a, b] * 6))
+        taken = [m.id for start in starts for m in start.taken]
+        assert sorted(taken) == sorted(ids)
+    finally:
+        a.close()
+        b.close()

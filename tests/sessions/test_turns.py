@@ -255,3 +255,8 @@ def test_racing_threads_fold_each_row_once(store_a: SessionStore) -> None:
     for t in threads:
         t.join(timeout=30)
     assert sorted(taken) == sorted(ids)
+
+
+def test_delete_of_a_malformed_id_records_nothing(store: SessionStore) -> None:
+    assert store.delete_session("not an id") is False
+    assert store.session_state("not an id") == "unknown"
