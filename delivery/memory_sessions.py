@@ -15,13 +15,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from delivery.session_backend import (
     IdempotencyRecord,
     MessageRecord,
     NewMessage,
     NewSession,
+    SessionBackend,
     SessionGone,
     SessionRecord,
     SessionState,
@@ -179,9 +180,14 @@ class MemorySessions:
         if found is not None:
             return found
         row = _Message(
-            next(self._next_id), m.role, m.content, now, m.display_kind,
-            m.metadata_json, m.dedupe_key,
-        )  # fmt: skip
+            id=next(self._next_id),
+            role=m.role,
+            content=m.content,
+            created_at=now,
+            display_kind=m.display_kind,
+            metadata_json=m.metadata_json,
+            dedupe_key=m.dedupe_key,
+        )
         s.messages.append(row)
         if m.dedupe_key is not None:
             s.by_dedupe[m.dedupe_key] = row
@@ -361,9 +367,8 @@ class MemorySessions:
             if row is None:
                 row = self._idem[key] = _Idem(key, "running", owner, session_id, None, now, now)
             else:
-                row.state, row.owner, row.session_id, row.updated_at = (
-                    "running", owner, session_id, now,
-                )  # fmt: skip
+                row.state, row.owner, row.session_id = "running", owner, session_id
+                row.updated_at = now
             return row.record(), True
 
         return self._write(op)
@@ -373,9 +378,8 @@ class MemorySessions:
         if row is None:
             self._idem[key] = _Idem(key, "done", None, session_id, response_json, now, now)
         else:
-            row.state, row.owner, row.session_id, row.response_json, row.updated_at = (
-                "done", None, session_id, response_json, now,
-            )  # fmt: skip
+            row.state, row.owner, row.session_id = "done", None, session_id
+            row.response_json, row.updated_at = response_json, now
 
     def put_idempotent(self, key: str, response_json: str, session_id: str | None) -> None:
         now = self._clock()
@@ -390,3 +394,8 @@ class MemorySessions:
             return True
 
         return self._write(op)
+
+
+# mypy proves the backend keeps the protocol, without importing it at run time.
+if TYPE_CHECKING:
+    _conforms: type[SessionBackend] = MemorySessions

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from delivery import sqlite_files
 from delivery.session_backend import (
@@ -25,6 +24,7 @@ from delivery.session_backend import (
     MessageRecord,
     NewMessage,
     NewSession,
+    SessionBackend,
     SessionGone,
     SessionRecord,
     SessionState,
@@ -32,144 +32,35 @@ from delivery.session_backend import (
     TurnStart,
     decode_json,
 )
+from delivery.session_sql import (
+    DDL,
+    REQUIRED_COLUMNS,
+    SCHEMA_VERSION,
+    SQL_DELETE_SESSION,
+    SQL_FOLD,
+    SQL_IDEM,
+    SQL_IDEM_CLAIM,
+    SQL_IDEM_DONE,
+    SQL_IDEM_RELEASE,
+    SQL_INSERT_MESSAGE,
+    SQL_INSERT_SESSION,
+    SQL_LIST_SESSIONS,
+    SQL_MESSAGE_BY_DEDUPE,
+    SQL_MESSAGES_AFTER,
+    SQL_SESSION,
+    SQL_SESSION_BY_KEY,
+    SQL_SESSION_EXISTS,
+    SQL_TOMBSTONE,
+    SQL_TOMBSTONED,
+    SQL_TOUCH_SESSION,
+    SQL_TRANSCRIPT,
+    SQL_UNFOLDED,
+    SQL_UNTOMBSTONE,
+    sql_insert_messages,
+)
 from delivery.sqlite_writer import GroupCommitWriter
 
 T = TypeVar("T")
-
-# v2 added the tombstones table. A file written by a newer build is refused rather than
-# silently misread; a v1 file gains the table on open.
-SCHEMA_VERSION = 2
-
-_DDL = """
-CREATE TABLE IF NOT EXISTS sessions (
-    id          TEXT PRIMARY KEY,
-    source      TEXT,
-    session_key TEXT,
-    title       TEXT,
-    created_at  REAL NOT NULL,
-    updated_at  REAL NOT NULL
-);
--- AUTOINCREMENT so ids are never reused after deletes: clients page transcripts with
--- after_id and a reused id could hide a new message behind an old cursor.
-CREATE TABLE IF NOT EXISTS messages (
-    id               INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id       TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    role             TEXT NOT NULL,
-    content          TEXT NOT NULL,
-    created_at       REAL NOT NULL,
-    display_kind     TEXT,
-    display_metadata TEXT,
-    dedupe_key       TEXT,
-    folded_at        REAL,
-    UNIQUE (session_id, dedupe_key)
-);
-CREATE INDEX IF NOT EXISTS idx_messages_session ON messages (session_id, id);
--- Folding is checked at the start of every client turn; keep it cheap on long transcripts.
-CREATE INDEX IF NOT EXISTS idx_messages_unfolded ON messages (session_id)
-    WHERE display_kind IS NOT NULL AND folded_at IS NULL;
-CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (updated_at);
-CREATE INDEX IF NOT EXISTS idx_sessions_key ON sessions (session_key);
--- Idempotency-Key -> the first response. A 'running' row is a claim. Not tied to a session
--- by a foreign key: the answer to a repeated request must survive the session's deletion.
-CREATE TABLE IF NOT EXISTS idempotency (
-    key          TEXT PRIMARY KEY,
-    state        TEXT NOT NULL,
-    owner        TEXT,
-    session_id   TEXT,
-    response     TEXT,
-    created_at   REAL NOT NULL,
-    updated_at   REAL NOT NULL
-);
--- Deleted ids: a late write of a turn that began before the delete must not recreate them.
-CREATE TABLE IF NOT EXISTS tombstones (
-    id         TEXT PRIMARY KEY,
-    deleted_at REAL NOT NULL
-)
-"""
-
-_REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
-    "sessions": frozenset({"id", "source", "session_key", "title", "created_at", "updated_at"}),
-    "messages": frozenset(
-        {
-            "id",
-            "session_id",
-            "role",
-            "content",
-            "created_at",
-            "display_kind",
-            "display_metadata",
-            "dedupe_key",
-            "folded_at",
-        }
-    ),
-    "idempotency": frozenset(
-        {"key", "state", "owner", "session_id", "response", "created_at", "updated_at"}
-    ),
-    "tombstones": frozenset({"id", "deleted_at"}),
-}
-
-_MSG = "id, role, content, created_at, display_kind, display_metadata, folded_at"
-_SES = "id, source, session_key, title, created_at, updated_at"
-_IDEM = "key, state, owner, session_id, response, created_at, updated_at"
-_MSG_VALUES = "(?, ?, ?, ?, ?, ?, ?)"
-
-# -- named queries
-SQL_SESSION = f"SELECT {_SES} FROM sessions WHERE id = ?"
-SQL_SESSION_EXISTS = "SELECT 1 FROM sessions WHERE id = ?"
-SQL_TOMBSTONED = "SELECT 1 FROM tombstones WHERE id = ?"
-SQL_INSERT_SESSION = (
-    f"INSERT INTO sessions ({_SES}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
-)
-SQL_LIST_SESSIONS = f"SELECT {_SES} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT ? OFFSET ?"
-SQL_SESSION_BY_KEY = (
-    f"SELECT {_SES} FROM sessions WHERE session_key = ? ORDER BY updated_at DESC, id ASC LIMIT 1"
-)
-SQL_TOUCH_SESSION = "UPDATE sessions SET updated_at = ? WHERE id = ?"
-SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = ?"
-SQL_TOMBSTONE = (
-    "INSERT INTO tombstones (id, deleted_at) VALUES (?, ?)"
-    " ON CONFLICT (id) DO UPDATE SET deleted_at = excluded.deleted_at"
-)
-SQL_UNTOMBSTONE = "DELETE FROM tombstones WHERE id = ?"
-SQL_INSERT_MESSAGE = (
-    "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
-    f" display_metadata, dedupe_key) VALUES {_MSG_VALUES}"
-    f" ON CONFLICT (session_id, dedupe_key) DO NOTHING RETURNING {_MSG}"
-)
-SQL_MESSAGE_BY_DEDUPE = f"SELECT {_MSG} FROM messages WHERE session_id = ? AND dedupe_key = ?"
-SQL_MESSAGES_AFTER = (
-    f"SELECT {_MSG} FROM messages WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?"
-)
-SQL_TRANSCRIPT = f"SELECT {_MSG} FROM messages WHERE session_id = ? ORDER BY id"
-SQL_UNFOLDED = (
-    f"SELECT {_MSG} FROM messages"
-    " WHERE session_id = ? AND display_kind IS NOT NULL AND folded_at IS NULL ORDER BY id"
-)
-SQL_FOLD = "UPDATE messages SET folded_at = ? WHERE id = ? AND folded_at IS NULL"
-SQL_IDEM = f"SELECT {_IDEM} FROM idempotency WHERE key = ?"
-SQL_IDEM_DONE = (
-    f"INSERT INTO idempotency ({_IDEM}) VALUES (?, 'done', NULL, ?, ?, ?, ?)"
-    " ON CONFLICT (key) DO UPDATE SET state = 'done', owner = NULL,"
-    " session_id = excluded.session_id, response = excluded.response,"
-    " updated_at = excluded.updated_at"
-)
-SQL_IDEM_CLAIM = (
-    f"INSERT INTO idempotency ({_IDEM}) VALUES (?, 'running', ?, ?, NULL, ?, ?)"
-    " ON CONFLICT (key) DO UPDATE SET state = 'running', owner = excluded.owner,"
-    " session_id = excluded.session_id, updated_at = excluded.updated_at"
-)
-SQL_IDEM_RELEASE = "DELETE FROM idempotency WHERE key = ? AND state = 'running' AND owner = ?"
-
-
-@functools.lru_cache(maxsize=16)
-def sql_insert_messages(n: int) -> str:
-    """One INSERT for a whole turn of ``n`` messages (turns are short: few shapes)."""
-    return (
-        "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
-        " display_metadata, dedupe_key) VALUES "
-        + ", ".join([_MSG_VALUES] * n)
-        + " ON CONFLICT (session_id, dedupe_key) DO NOTHING"
-    )
 
 
 def _session(row: sqlite3.Row) -> SessionRecord:
@@ -256,7 +147,7 @@ def _check_columns(spec: sqlite_files.SqliteFile) -> Callable[[sqlite3.Connectio
     # Older files carry no application id; a table of ours missing our columns is how a
     # foreign file shows itself. Runs before any pragma or DDL could modify the file.
     def check(conn: sqlite3.Connection) -> None:
-        for table, required in _REQUIRED_COLUMNS.items():
+        for table, required in REQUIRED_COLUMNS.items():
             have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
             missing = required - have
             if have and missing:
@@ -305,7 +196,7 @@ class SqliteSessions:
             self._spec, check_owner=True, extra_check=_check_columns(self._spec)
         )
         try:
-            sqlite_files.stamp_schema(conn, self._spec, _DDL)
+            sqlite_files.stamp_schema(conn, self._spec, DDL)
         except BaseException:
             conn.close()
             raise
@@ -600,3 +491,8 @@ class SqliteSessions:
 
     def release_idempotent(self, key: str, owner: str) -> bool:
         return self._write(lambda conn: conn.execute(SQL_IDEM_RELEASE, (key, owner)).rowcount > 0)
+
+
+# mypy proves the backend keeps the protocol, without importing it at run time.
+if TYPE_CHECKING:
+    _conforms: type[SessionBackend] = SqliteSessions

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from delivery.sqlite_sessions import SCHEMA_VERSION, SqliteSessions
+from delivery.session_sql import SCHEMA_VERSION
+from delivery.sqlite_sessions import SqliteSessions
 from gateway.session import SessionStore, SessionStoreError
 from tests.sessions._support import race
 
