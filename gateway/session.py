@@ -3,120 +3,52 @@
 * ``SessionSource`` names the origin of a conversation (platform, chat, thread, user).
 * ``build_session_key`` turns a source into the deterministic routing key that completion
   events carry (``session_key``), so a wake-up finds the chat that started the work.
-* ``SessionStore`` keeps sessions and their transcripts in SQLite, including the delivery
-  rows that background completions leave in API-server sessions and that the next client
-  turn folds into its context exactly once.
+* ``SessionStore`` is the face callers use for sessions and their transcripts, including
+  the delivery rows that background completions leave in API-server sessions and that the
+  next client turn folds into its context exactly once. It validates and encodes, then
+  hands typed records to a ``delivery.session_backend.SessionBackend``: SQLite by default
+  (``SessionStore(path)``), any other backend through ``SessionStore.over(backend)``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import secrets
-import sqlite3
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from delivery.sqlite_writer import GroupCommitWriter
+from delivery.memory_sessions import MemorySessions
+from delivery.session_backend import (
+    NewMessage,
+    NewSession,
+    SessionBackend,
+    SessionGone,
+    SessionState,
+    SessionStoreError,
+    TurnStart,
+    encode_json,
+)
+from delivery.sqlite_sessions import SqliteSessions
 from gateway.config import Platform
 
-T = TypeVar("T")
-
 __all__ = [
+    "MemorySessions",
+    "SessionGone",
     "SessionSource",
+    "SessionState",
     "SessionStore",
     "SessionStoreError",
+    "SqliteSessions",
+    "TurnStart",
     "build_session_key",
     "is_valid_session_id",
     "new_session_id",
 ]
 
 _SESSION_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-
-# Bump when the schema changes; a file written by a newer build is refused rather than
-# silently misread.
-_SCHEMA_VERSION = 1
-_BUSY_TIMEOUT_MS = 5000
-
-_SCHEMA = (
-    """
-    CREATE TABLE IF NOT EXISTS sessions (
-        id          TEXT PRIMARY KEY,
-        source      TEXT,
-        session_key TEXT,
-        title       TEXT,
-        created_at  REAL NOT NULL,
-        updated_at  REAL NOT NULL
-    )
-    """,
-    # AUTOINCREMENT so ids are never reused after deletes: clients page transcripts with
-    # ``after_id`` and a reused id could hide a new message behind an old cursor.
-    """
-    CREATE TABLE IF NOT EXISTS messages (
-        id               INTEGER PRIMARY KEY AUTOINCREMENT,
-        session_id       TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-        role             TEXT NOT NULL,
-        content          TEXT NOT NULL,
-        created_at       REAL NOT NULL,
-        display_kind     TEXT,
-        display_metadata TEXT,
-        dedupe_key       TEXT,
-        folded_at        REAL,
-        UNIQUE (session_id, dedupe_key)
-    )
-    """,
-    "CREATE INDEX IF NOT EXISTS idx_messages_session ON messages (session_id, id)",
-    # Folding runs at the start of every client turn; keep it cheap on long transcripts.
-    """
-    CREATE INDEX IF NOT EXISTS idx_messages_unfolded ON messages (session_id)
-        WHERE display_kind IS NOT NULL AND folded_at IS NULL
-    """,
-    "CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (updated_at)",
-    "CREATE INDEX IF NOT EXISTS idx_sessions_key ON sessions (session_key)",
-    # Idempotency-Key -> the first response. A "running" row is a claim: a concurrent repeat
-    # waits for it instead of starting a second turn. Not tied to a session by a foreign key:
-    # the answer to a repeated request must survive even if the session is deleted later.
-    """
-    CREATE TABLE IF NOT EXISTS idempotency (
-        key          TEXT PRIMARY KEY,
-        state        TEXT NOT NULL,
-        owner        TEXT,
-        session_id   TEXT,
-        response     TEXT,
-        created_at   REAL NOT NULL,
-        updated_at   REAL NOT NULL
-    )
-    """,
-)
-
-_REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
-    "sessions": frozenset({"id", "source", "session_key", "title", "created_at", "updated_at"}),
-    "messages": frozenset(
-        {
-            "id",
-            "session_id",
-            "role",
-            "content",
-            "created_at",
-            "display_kind",
-            "display_metadata",
-            "dedupe_key",
-            "folded_at",
-        }
-    ),
-    "idempotency": frozenset(
-        {"key", "state", "owner", "session_id", "response", "created_at", "updated_at"}
-    ),
-}
-
-_MESSAGE_COLUMNS = "id, role, content, created_at, display_kind, display_metadata, folded_at"
-_SESSION_COLUMNS = "id, source, session_key, title, created_at, updated_at"
 
 
 # --------------------------------------------------------------------------- sources
@@ -239,7 +171,7 @@ def build_session_key(source: SessionSource, agent: str = "main") -> str:
     return ":".join(parts)
 
 
-# --------------------------------------------------------------------------- store
+# --------------------------------------------------------------------------- ids
 
 
 def is_valid_session_id(s: object) -> bool:
@@ -252,165 +184,85 @@ def new_session_id() -> str:
     return "sess_" + secrets.token_hex(16)
 
 
-class SessionGone(LookupError):
-    """The session does not exist (never created, or deleted): a delivery to it is dropped.
-
-    A domain error rather than the built-in ``KeyError``, so that a stray ``KeyError`` from a
-    bug can never be mistaken for "the session is gone" and drop a result for good.
-    """
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} does not exist")
-        self.session_id = session_id
+# --------------------------------------------------------------------------- store
 
 
-class SessionStoreError(RuntimeError):
-    """The session database cannot be used (not a database, newer schema, closed...)."""
-
-
-def _create_private_file(path: Path) -> None:
-    # Create the file ourselves so it is born 0600: transcripts hold private conversations
-    # and SQLite would otherwise create it with the process umask (often 0644). SQLite gives
-    # the -wal/-shm side files the main file's mode. An existing file is left untouched.
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    except FileExistsError:
-        return
-    os.close(fd)
-
-
-def _message_values(session_id: str, message: Mapping[str, Any], now: float) -> tuple[Any, ...]:
-    role, content = message.get("role"), message.get("content")
-    if not isinstance(role, str) or not role:
-        raise ValueError("role must be a non-empty string")
-    if not isinstance(content, str):
-        raise TypeError(f"content must be a string, got {type(content).__name__}")
-    meta = message.get("display_metadata")
-    meta_json = json.dumps(dict(meta), ensure_ascii=False) if meta is not None else None
-    return (
-        session_id,
-        role,
-        content,
-        now,
-        message.get("display_kind"),
-        meta_json,
-        message.get("dedupe_key"),
+def _new_session(source: SessionSource | None, title: str | None) -> NewSession:
+    if source is not None and not isinstance(source, SessionSource):
+        raise TypeError(f"source must be a SessionSource, got {type(source).__name__}")
+    if source is None:
+        return NewSession(title=title)
+    return NewSession(
+        source_json=json.dumps(source.to_dict(), sort_keys=True),
+        session_key=build_session_key(source),
+        title=title,
     )
 
 
-def _fold(conn: sqlite3.Connection, rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    """Mark delivery rows folded into a turn (inside the caller's transaction)."""
-    if rows:
-        conn.executemany(
-            "UPDATE messages SET folded_at = ? WHERE id = ? AND folded_at IS NULL",
-            [(now, row["id"]) for row in rows],
-        )
-    return [{**row, "folded": True} for row in rows]
+def _check_id(session_id: str) -> None:
+    if not is_valid_session_id(session_id):
+        raise ValueError(f"invalid session id {session_id!r}")
+
+
+def _dicts(turn: TurnStart) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    return [m.as_dict() for m in turn.history], [m.as_dict() for m in turn.taken]
 
 
 class SessionStore:
-    """Sessions and transcript messages in one SQLite file.
+    """Sessions and transcript messages over a ``SessionBackend`` (SQLite by default).
 
-    Concurrency: writes go to one writer thread (``delivery.sqlite_writer``) that runs every
-    waiting write in one ``BEGIN IMMEDIATE`` transaction with a busy timeout and commits
-    once, so concurrent turns share fsyncs and several stores (or processes) on one file stay
-    atomic. Reads share one connection guarded by a lock; WAL lets them run beside the writer.
+    ``SessionStore(path)`` opens (or creates) the SQLite file at ``path``;
+    ``SessionStore.over(backend)`` wraps any backend, e.g. ``MemorySessions()`` in tests.
+    Methods are synchronous; the hot paths also have ``a``-prefixed coroutine twins that
+    never block the event loop (the writer is awaited, reads run in a thread). Other async
+    callers use ``asyncio.to_thread``.
 
-    Methods are synchronous; the hot write paths also have ``a``-prefixed coroutine twins that
-    await the writer without a thread hop. Other async callers use ``asyncio.to_thread``.
+    Tombstones: ``delete_session`` records the id as deleted. Writes that continue a
+    session (``append_message``, ``append_turn`` with or without ``create``,
+    ``take_unfolded_deliveries``) raise SessionGone for it, so a turn that began before the
+    delete cannot bring the session back. ``create_session`` and ``abegin_turn`` with
+    ``create_with`` are explicit creations made before a turn runs: they revive the id.
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self._path = Path(path)
-        self._lock = threading.RLock()
-        self._conn: sqlite3.Connection | None = None
-        try:
-            # 0700 only applies to directories we create; transcripts are private.
-            self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _create_private_file(self._path)
-            conn = sqlite3.connect(
-                str(self._path),
-                timeout=_BUSY_TIMEOUT_MS / 1000,
-                isolation_level=None,  # explicit BEGIN/COMMIT below, no implicit txns
-                check_same_thread=False,  # guarded by self._lock instead
-            )
-        except (OSError, sqlite3.Error) as exc:
-            raise SessionStoreError(f"cannot open session store {self._path}: {exc}") from exc
-        conn.row_factory = sqlite3.Row
-        try:
-            self._prepare(conn)
-        except SessionStoreError:
-            conn.close()
-            raise
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            raise SessionStoreError(
-                f"{self._path} is not a usable SQLite database ({exc}); "
-                "refusing to modify it — move it aside or point the store elsewhere"
-            ) from exc
-        self._conn = conn
-        # Writes go through one writer thread that commits concurrent writes together:
-        # 32 API turns at once share a handful of fsyncs instead of queueing for one each.
-        self._writer: GroupCommitWriter[sqlite3.Connection] | None = GroupCommitWriter(
-            str(self._path),
-            self._open_writer,
-            context=lambda c: c,
-            unavailable=SessionStoreError,
-            name="session-writer",
-        )
+    def __init__(
+        self, path: str | Path | None = None, *, backend: SessionBackend | None = None
+    ) -> None:
+        if (path is None) == (backend is None):
+            raise TypeError("SessionStore needs exactly one of path or backend=")
+        self._path = Path(path) if path is not None else None
+        if backend is None:
+            assert path is not None  # checked above; narrows the type
+            backend = SqliteSessions(path)
+        self._backend: SessionBackend = backend
+
+    @classmethod
+    def over(cls, backend: SessionBackend) -> SessionStore:
+        """The face over an already opened backend (closing the store closes it)."""
+        return cls(backend=backend)
+
+    @property
+    def backend(self) -> SessionBackend:
+        return self._backend
 
     @property
     def path(self) -> Path:
-        return self._path
+        """The SQLite file; only stores opened by path (or over a file backend) have one."""
+        if self._path is not None:
+            return self._path
+        path = getattr(self._backend, "path", None)
+        if not isinstance(path, Path):
+            raise AttributeError(f"the session store {self._backend.url} has no file")
+        return path
+
+    @property
+    def url(self) -> str:
+        return self._backend.url
 
     # ----------------------------------------------------------------- lifecycle
 
-    def _prepare(self, conn: sqlite3.Connection) -> None:
-        # A read first: on a foreign file it fails with "file is not a database" before any
-        # pragma or DDL could write to it.
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > _SCHEMA_VERSION:
-            raise SessionStoreError(
-                f"{self._path} has session schema v{version}, newer than this build "
-                f"(v{_SCHEMA_VERSION}); upgrade Reveille instead of downgrading the data"
-            )
-        # Before any pragma or DDL: switching someone else's database to WAL or adding our
-        # tables to it would already be a modification.
-        for table, required in _REQUIRED_COLUMNS.items():
-            have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-            missing = required - have
-            if have and missing:
-                raise SessionStoreError(
-                    f"{self._path}: table {table!r} exists but lacks columns "
-                    f"{sorted(missing)}; this file belongs to something else"
-                )
-        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA journal_mode = WAL").fetchone()
-        # FULL: an acknowledged delivery row must survive power loss, or a completion that
-        # was marked delivered could vanish from the transcript.
-        conn.execute("PRAGMA synchronous = FULL")
-        # Off by default in SQLite; needed for ON DELETE CASCADE of transcripts.
-        conn.execute("PRAGMA foreign_keys = ON")
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for stmt in _SCHEMA:
-                conn.execute(stmt)
-            conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-
     def close(self) -> None:
-        """Close the connection; idempotent. Further calls raise SessionStoreError."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        """Close the backend; idempotent. Further calls raise SessionStoreError."""
+        self._backend.close()
 
     def __enter__(self) -> SessionStore:
         return self
@@ -418,52 +270,7 @@ class SessionStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _require_conn(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise SessionStoreError(f"session store {self._path} is closed")
-        return self._conn
-
-    @contextlib.contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            yield self._require_conn()
-
-    def _write(self, op: Callable[[sqlite3.Connection], T]) -> T:
-        return self._require_writer().write(op)
-
-    async def _awrite(self, op: Callable[[sqlite3.Connection], T]) -> T:
-        return await self._require_writer().submit_async(op)
-
-    def _require_writer(self) -> GroupCommitWriter[sqlite3.Connection]:
-        if self._writer is None:
-            raise SessionStoreError(f"session store {self._path} is closed")
-        return self._writer
-
-    def _open_writer(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            str(self._path),
-            timeout=_BUSY_TIMEOUT_MS / 1000,
-            isolation_level=None,
-            check_same_thread=False,
-        )
-        conn.row_factory = sqlite3.Row
-        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute("PRAGMA foreign_keys = ON")
-        return conn
-
     # ----------------------------------------------------------------- sessions
-
-    @staticmethod
-    def _session_dict(row: sqlite3.Row) -> dict[str, Any]:
-        return {
-            "id": row["id"],
-            "source": json.loads(row["source"]) if row["source"] is not None else None,
-            "session_key": row["session_key"],
-            "title": row["title"],
-            "created_at": row["created_at"],
-            "updated_at": row["updated_at"],
-        }
 
     def create_session(
         self,
@@ -472,8 +279,12 @@ class SessionStore:
         source: SessionSource | None = None,
         title: str | None = None,
     ) -> dict[str, Any]:
-        """Create a session, or return the existing one with that id unchanged."""
-        return self._write(self._create_session_op(session_id, source, title))
+        """Create a session, or return the existing one with that id unchanged.
+
+        An explicit creation: a deleted (tombstoned) id is created afresh.
+        """
+        session_id, new = self._creation(session_id, source, title)
+        return self._backend.create_session(session_id, new).as_dict()
 
     async def acreate_session(
         self,
@@ -482,80 +293,47 @@ class SessionStore:
         source: SessionSource | None = None,
         title: str | None = None,
     ) -> dict[str, Any]:
-        return await self._awrite(self._create_session_op(session_id, source, title))
+        session_id, new = self._creation(session_id, source, title)
+        return (await self._backend.acreate_session(session_id, new)).as_dict()
 
-    def _create_session_op(
-        self, session_id: str | None, source: SessionSource | None, title: str | None
-    ) -> Callable[[sqlite3.Connection], dict[str, Any]]:
+    @staticmethod
+    def _creation(
+        session_id: str | None, source: SessionSource | None, title: str | None
+    ) -> tuple[str, NewSession]:
         if session_id is None:
             session_id = new_session_id()
-        elif not is_valid_session_id(session_id):
-            raise ValueError(f"invalid session id {session_id!r}")
-        if source is not None and not isinstance(source, SessionSource):
-            raise TypeError(f"source must be a SessionSource, got {type(source).__name__}")
-        source_json = json.dumps(source.to_dict(), sort_keys=True) if source else None
-        session_key = build_session_key(source) if source else None
-        now = time.time()
-
-        def op(conn: sqlite3.Connection) -> dict[str, Any]:
-            conn.execute(
-                "INSERT INTO sessions (id, source, session_key, title, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-                (session_id, source_json, session_key, title, now, now),
-            )
-            row = conn.execute(
-                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
-            ).fetchone()
-            return self._session_dict(row)
-
-        return op
+        _check_id(session_id)
+        return session_id, _new_session(source, title)
 
     def get_session(self, session_id: str) -> dict[str, Any] | None:
-        with self._read() as conn:
-            row = conn.execute(
-                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
-            ).fetchone()
-        return self._session_dict(row) if row is not None else None
+        found = self._backend.get_session(session_id)
+        return found.as_dict() if found is not None else None
+
+    def session_state(self, session_id: str) -> SessionState:
+        """``"live"``, ``"deleted"`` (tombstoned, not created again since) or ``"unknown"``
+        (never written yet). Reads only."""
+        return self._backend.session_state(session_id)
 
     def list_sessions(self, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
         """Most recently active first."""
         if limit < 0 or offset < 0:
             raise ValueError("limit and offset must be >= 0")
-        with self._read() as conn:
-            rows = conn.execute(
-                f"SELECT {_SESSION_COLUMNS} FROM sessions"
-                " ORDER BY updated_at DESC, id ASC LIMIT ? OFFSET ?",
-                (limit, offset),
-            ).fetchall()
-        return [self._session_dict(r) for r in rows]
+        return [s.as_dict() for s in self._backend.list_sessions(limit, offset)]
 
     def delete_session(self, session_id: str) -> bool:
-        """Delete a session and (by cascade) its transcript. False when it did not exist."""
-        return self._write(
-            lambda conn: (
-                conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount > 0
-            )
-        )
+        """Delete a session and its transcript and leave a tombstone. False when it did not
+        exist (the id is tombstoned all the same: a delete that races a session's first
+        turn still wins)."""
+        if not is_valid_session_id(session_id):
+            return False  # no session can have it (creation checks), so nothing to record
+        return self._backend.delete_session(session_id)
+
+    def find_session_by_key(self, session_key: str) -> dict[str, Any] | None:
+        """The most recently active session with this routing key, or None."""
+        found = self._backend.find_session_by_key(session_key)
+        return found.as_dict() if found is not None else None
 
     # ----------------------------------------------------------------- messages
-
-    @staticmethod
-    def _message_dict(row: sqlite3.Row) -> dict[str, Any]:
-        meta = row["display_metadata"]
-        return {
-            "id": row["id"],
-            "role": row["role"],
-            "content": row["content"],
-            "created_at": row["created_at"],
-            "display_kind": row["display_kind"],
-            "display_metadata": json.loads(meta) if meta is not None else None,
-            "folded": row["folded_at"] is not None,
-        }
-
-    @staticmethod
-    def _require_session(conn: sqlite3.Connection, session_id: str) -> None:
-        if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
-            raise SessionGone(session_id)
 
     def append_message(
         self,
@@ -571,25 +349,18 @@ class SessionStore:
 
         With a ``dedupe_key`` already used in this session, nothing is inserted and the
         existing row is returned: a redelivered completion never shows up twice.
-        Raises SessionGone for an unknown session.
+        Raises SessionGone for an unknown or deleted session.
         """
-        message = {
-            "role": role,
-            "content": content,
-            "display_kind": display_kind,
-            "display_metadata": display_metadata,
-            "dedupe_key": dedupe_key,
-        }
-        now = time.time()
-        _message_values(session_id, message, now)  # a bad payload fails before any write
-
-        def op(conn: sqlite3.Connection) -> dict[str, Any]:
-            self._require_session(conn, session_id)
-            out = self._insert_message(conn, session_id, message, now)
-            conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id))
-            return out
-
-        return self._write(op)
+        message = NewMessage.build(
+            {
+                "role": role,
+                "content": content,
+                "display_kind": display_kind,
+                "display_metadata": display_metadata,
+                "dedupe_key": dedupe_key,
+            }
+        )
+        return self._backend.append_message(session_id, message).as_dict()
 
     def messages(
         self, session_id: str, *, after_id: int = 0, limit: int | None = None
@@ -597,40 +368,29 @@ class SessionStore:
         """Transcript in order, only ids > ``after_id``. Raises SessionGone for unknown sessions."""
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
-        with self._read() as conn:
-            self._require_session(conn, session_id)
-            rows = conn.execute(
-                f"SELECT {_MESSAGE_COLUMNS} FROM messages"
-                " WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
-                (session_id, after_id, -1 if limit is None else limit),
-            ).fetchall()
-        return [self._message_dict(r) for r in rows]
+        return [m.as_dict() for m in self._backend.messages(session_id, after_id, limit)]
 
     def take_unfolded_deliveries(self, session_id: str) -> list[dict[str, Any]]:
         """Mark every not-yet-folded delivery row as folded and return them, oldest first.
 
-        Select and update happen in one IMMEDIATE transaction, so concurrent callers (threads,
-        stores or processes) each get a disjoint set: every delivery row is folded into
-        exactly one client turn. Raises SessionGone for unknown sessions.
+        Atomic in the backend, so concurrent callers (threads, stores or processes) each
+        get a disjoint set: every delivery row is folded into exactly one client turn.
+        Raises SessionGone for unknown sessions.
         """
-        return self._write(self._take_unfolded_op(session_id))
+        return [m.as_dict() for m in self._backend.take_unfolded(session_id)]
 
-    def _take_unfolded_op(
-        self, session_id: str
-    ) -> Callable[[sqlite3.Connection], list[dict[str, Any]]]:
-        now = time.time()
+    # ----------------------------------------------------------------- turns
 
-        def op(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-            self._require_session(conn, session_id)
-            rows = conn.execute(
-                f"SELECT {_MESSAGE_COLUMNS} FROM messages"
-                " WHERE session_id = ? AND display_kind IS NOT NULL AND folded_at IS NULL"
-                " ORDER BY id",
-                (session_id,),
-            ).fetchall()
-            return _fold(conn, [self._message_dict(r) for r in rows], now)
-
-        return op
+    def begin_turn(
+        self, session_id: str, *, create_with: SessionSource | None = None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The synchronous twin of ``abegin_turn``."""
+        _check_id(session_id)
+        create = _new_session(create_with, None) if create_with is not None else None
+        turn = self._backend.begin_turn(session_id, create)
+        if turn.state != "live" and create is None:
+            raise SessionGone(session_id)
+        return _dicts(turn)
 
     async def abegin_turn(
         self,
@@ -638,193 +398,109 @@ class SessionStore:
         *,
         create_with: SessionSource | None = None,
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Everything a turn needs from the store before it runs, in one writer operation.
+        """Everything a turn needs from the store before it runs.
 
-        Creates the session first when ``create_with`` is given (an existing one is kept),
-        then returns ``(transcript, taken)``: the transcript in order, and the delivery rows
-        this turn folds (marked folded now, so each is folded into exactly one turn).
-        Raises SessionGone for an unknown session. Nothing changed means nothing to fsync.
+        Creates the session first when ``create_with`` is given (an existing one is kept, a
+        deleted one created afresh), then returns ``(transcript, taken)``: the transcript
+        in order, and the delivery rows this turn folds (marked folded now, so each is
+        folded into exactly one turn). Raises SessionGone for an unknown session. With
+        nothing to fold or create it only reads (in a thread); no writer trip, no fsync.
         """
-        if not is_valid_session_id(session_id):
-            raise ValueError(f"invalid session id {session_id!r}")
-        now = time.time()
-        created = (
-            (
-                session_id,
-                json.dumps(create_with.to_dict(), sort_keys=True),
-                build_session_key(create_with),
-                now,
-                now,
-            )
-            if create_with is not None
-            else None
-        )
+        _check_id(session_id)
+        create = _new_session(create_with, None) if create_with is not None else None
+        turn = await self._backend.abegin_turn(session_id, create)
+        if turn.state != "live" and create is None:
+            raise SessionGone(session_id)
+        return _dicts(turn)
 
-        def op(conn: sqlite3.Connection) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-            if created is not None:
-                conn.execute(
-                    "INSERT INTO sessions (id, source, session_key, title, created_at,"
-                    " updated_at) VALUES (?, ?, ?, NULL, ?, ?) ON CONFLICT (id) DO NOTHING",
-                    created,
-                )
-            else:
-                self._require_session(conn, session_id)
-            rows = conn.execute(
-                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? ORDER BY id",
-                (session_id,),
-            ).fetchall()
-            history = [self._message_dict(r) for r in rows]
-            unfolded = [m for m in history if m["display_kind"] is not None and not m["folded"]]
-            return history, _fold(conn, unfolded, now)
+    def start_turn(self, session_id: str) -> TurnStart:
+        """Like ``astart_turn``, for threads."""
+        _check_id(session_id)
+        return self._backend.begin_turn(session_id, None)
 
-        return await self._awrite(op)
+    async def astart_turn(self, session_id: str) -> TurnStart:
+        """The start of a turn that creates its session only when it stores its result.
 
-    def find_session_by_key(self, session_key: str) -> dict[str, Any] | None:
-        """The most recently active session with this routing key, or None."""
-        with self._read() as conn:
-            row = conn.execute(
-                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_key = ?"
-                " ORDER BY updated_at DESC, id ASC LIMIT 1",
-                (session_key,),
-            ).fetchone()
-        return self._session_dict(row) if row is not None else None
-
-    # ----------------------------------------------------------------- turns
-
-    @staticmethod
-    def _insert_message(
-        conn: sqlite3.Connection, session_id: str, message: Mapping[str, Any], now: float
-    ) -> dict[str, Any]:
-        values = _message_values(session_id, message, now)
-        row = conn.execute(
-            "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
-            " display_metadata, dedupe_key) VALUES (?, ?, ?, ?, ?, ?, ?)"
-            f" ON CONFLICT (session_id, dedupe_key) DO NOTHING RETURNING {_MESSAGE_COLUMNS}",
-            values,
-        ).fetchone()
-        if row is None:
-            row = conn.execute(
-                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND dedupe_key = ?",
-                (session_id, values[-1]),
-            ).fetchone()
-        return SessionStore._message_dict(row)
+        Never creates and never raises SessionGone: the ``TurnStart`` says whether the
+        session is ``"live"`` (then ``history`` and ``taken`` are filled, ``taken`` folded
+        now), ``"unknown"`` (a first turn: store it with ``aappend_turn(..., create=)``) or
+        ``"deleted"`` (refuse, or revive with ``acreate_session`` first). Reads only, in a
+        thread, unless delivery rows wait to be folded; those are folded exactly once even
+        when turns on one session race. Records are typed: ``m.as_dict()`` gives the dict
+        shape of ``abegin_turn``.
+        """
+        _check_id(session_id)
+        return await self._backend.abegin_turn(session_id, None)
 
     def append_turn(
         self,
         session_id: str,
-        messages: list[Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]],
         *,
         idempotency_key: str | None = None,
         response: Mapping[str, Any] | None = None,
+        create: SessionSource | None = None,
+        title: str | None = None,
     ) -> list[dict[str, Any]]:
         """Append a turn's messages and, with ``idempotency_key``, record its response.
 
         One transaction: after a crash either the whole turn and its idempotency record are
         there (a repeated request gets the stored response) or neither is (the repeat runs
         the turn). Each message is a mapping with ``role`` and ``content`` and optionally
-        ``display_kind``, ``display_metadata``, ``dedupe_key``. Raises SessionGone for an
-        unknown session; nothing is written then.
+        ``display_kind``, ``display_metadata``, ``dedupe_key``.
+
+        ``create`` (with an optional ``title``) creates the session in the same commit when
+        it does not exist yet, so a first turn makes one durable trip. Raises SessionGone
+        for an unknown session without ``create`` and for a deleted (tombstoned) one
+        always; nothing is written then.
         """
-        return self._write(self._append_turn_op(session_id, messages, idempotency_key, response))
+        args = self._turn_args(session_id, messages, idempotency_key, response, create, title)
+        return [m.as_dict() for m in self._backend.append_turn(session_id, args[0], **args[1])]
 
     async def aappend_turn(
         self,
         session_id: str,
-        messages: list[Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]],
         *,
         idempotency_key: str | None = None,
         response: Mapping[str, Any] | None = None,
+        create: SessionSource | None = None,
+        title: str | None = None,
     ) -> None:
         """Like ``append_turn``, awaited without a thread hop; returns nothing.
 
         The turn goes in as one statement, and the rows are not read back.
         """
-        await self._awrite(
-            self._append_turn_op(session_id, messages, idempotency_key, response, rows=False)
-        )
+        args = self._turn_args(session_id, messages, idempotency_key, response, create, title)
+        await self._backend.aappend_turn(session_id, args[0], **args[1])
 
-    def _append_turn_op(
-        self,
+    @staticmethod
+    def _turn_args(
         session_id: str,
-        messages: list[Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]],
         idempotency_key: str | None,
         response: Mapping[str, Any] | None,
-        *,
-        rows: bool = True,
-    ) -> Callable[[sqlite3.Connection], list[dict[str, Any]]]:
-        response_json = (
-            json.dumps(dict(response), ensure_ascii=False) if response is not None else None
-        )
-        now = time.time()
-        values = [_message_values(session_id, m, now) for m in messages]
-        insert = (
-            "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
-            " display_metadata, dedupe_key) VALUES "
-            + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(values))
-            + " ON CONFLICT (session_id, dedupe_key) DO NOTHING"
-        )
-
-        def op(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-            if rows:
-                self._require_session(conn, session_id)
-                out = [self._insert_message(conn, session_id, m, now) for m in messages]
-            else:
-                # One statement for the whole turn; the foreign key refuses an unknown
-                # (or meanwhile deleted) session.
-                out = []
-                if values:
-                    try:
-                        conn.execute(insert, [v for row in values for v in row])
-                    except sqlite3.IntegrityError as exc:
-                        if "FOREIGN KEY" in str(exc):
-                            raise SessionGone(session_id) from None
-                        raise
-            if not conn.execute(
-                "UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id)
-            ).rowcount:
-                raise SessionGone(session_id)
-            if idempotency_key is not None:
-                self._store_idempotent(conn, idempotency_key, session_id, response_json, now)
-            return out
-
-        return op
+        create: SessionSource | None,
+        title: str | None,
+    ) -> tuple[list[NewMessage], dict[str, Any]]:
+        # Everything is validated and encoded here, before any write.
+        built = [NewMessage.build(m) for m in messages]
+        new = None
+        if create is not None:
+            _check_id(session_id)
+            new = _new_session(create, title)
+        return built, {
+            "create": new,
+            "idempotency_key": idempotency_key,
+            "response_json": encode_json(response) if response is not None else None,
+        }
 
     # ----------------------------------------------------------------- idempotency
 
-    @staticmethod
-    def _idem_dict(row: sqlite3.Row) -> dict[str, Any]:
-        return {
-            "key": row["key"],
-            "state": row["state"],
-            "owner": row["owner"],
-            "session_id": row["session_id"],
-            "response": json.loads(row["response"]) if row["response"] is not None else None,
-            "created_at": row["created_at"],
-            "updated_at": row["updated_at"],
-        }
-
-    @staticmethod
-    def _store_idempotent(
-        conn: sqlite3.Connection,
-        key: str,
-        session_id: str | None,
-        response_json: str | None,
-        now: float,
-    ) -> None:
-        conn.execute(
-            "INSERT INTO idempotency (key, state, owner, session_id, response, created_at,"
-            " updated_at) VALUES (?, 'done', NULL, ?, ?, ?, ?)"
-            " ON CONFLICT (key) DO UPDATE SET state = 'done', owner = NULL,"
-            " session_id = excluded.session_id, response = excluded.response,"
-            " updated_at = excluded.updated_at",
-            (key, session_id, response_json, now, now),
-        )
-
     def get_idempotent(self, key: str) -> dict[str, Any] | None:
         """``{"state": "running" | "done", "response", "session_id", "owner", ...}`` or None."""
-        with self._read() as conn:
-            row = conn.execute("SELECT * FROM idempotency WHERE key = ?", (key,)).fetchone()
-        return self._idem_dict(row) if row is not None else None
+        found = self._backend.get_idempotent(key)
+        return found.as_dict() if found is not None else None
 
     def claim_idempotent(
         self,
@@ -843,45 +519,15 @@ class SessionStore:
         """
         if not isinstance(key, str) or not key:
             raise ValueError("an idempotency key must be a non-empty string")
-        now = time.time()
-
-        def op(conn: sqlite3.Connection) -> dict[str, Any]:
-            row = conn.execute("SELECT * FROM idempotency WHERE key = ?", (key,)).fetchone()
-            if row is not None and not (
-                row["state"] == "running"
-                and row["owner"] != owner
-                and takeover is not None
-                and takeover(row["owner"] or "")
-            ):
-                return {**self._idem_dict(row), "claimed": row["owner"] == owner}
-            conn.execute(
-                "INSERT INTO idempotency (key, state, owner, session_id, response, created_at,"
-                " updated_at) VALUES (?, 'running', ?, ?, NULL, ?, ?)"
-                " ON CONFLICT (key) DO UPDATE SET state = 'running', owner = excluded.owner,"
-                " session_id = excluded.session_id, updated_at = excluded.updated_at",
-                (key, owner, session_id, now, now),
-            )
-            row = conn.execute("SELECT * FROM idempotency WHERE key = ?", (key,)).fetchone()
-            return {**self._idem_dict(row), "claimed": True}
-
-        return self._write(op)
+        record, claimed = self._backend.claim_idempotent(key, owner, session_id, takeover)
+        return {**record.as_dict(), "claimed": claimed}
 
     def put_idempotent(
         self, key: str, response: Mapping[str, Any], *, session_id: str | None = None
     ) -> None:
         """Record the response of ``key``: every repeat gets it from now on."""
-        response_json = json.dumps(dict(response), ensure_ascii=False)
-        now = time.time()
-        self._write(lambda conn: self._store_idempotent(conn, key, session_id, response_json, now))
+        self._backend.put_idempotent(key, encode_json(response), session_id)
 
     def release_idempotent(self, key: str, owner: str) -> bool:
         """Forget a running claim (the request failed), so a repeat may run it again."""
-        return self._write(
-            lambda conn: (
-                conn.execute(
-                    "DELETE FROM idempotency WHERE key = ? AND state = 'running' AND owner = ?",
-                    (key, owner),
-                ).rowcount
-                > 0
-            )
-        )
+        return self._backend.release_idempotent(key, owner)

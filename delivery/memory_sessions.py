@@ -1,0 +1,401 @@
+"""An in-memory ``SessionBackend``: the SQLite backend's semantics, nothing on disk.
+
+For tests and for embedding where no transcript must outlive the process. Every operation
+runs under one lock and checks everything before it changes anything, so an operation that
+raises has changed nothing (what a SQLite transaction gives). JSON values are kept as their
+stored text and decoded on every read, so callers never share the store's objects and get
+back exactly what SQLite would return. Coroutine variants run inline: each operation is a
+few dictionary steps under an uncontended lock, cheaper than a thread hop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+from delivery.session_backend import (
+    IdempotencyRecord,
+    MessageRecord,
+    NewMessage,
+    NewSession,
+    SessionBackend,
+    SessionGone,
+    SessionRecord,
+    SessionState,
+    SessionStoreError,
+    TurnStart,
+    decode_json,
+)
+
+T = TypeVar("T")
+_stores = itertools.count(1)
+
+
+@dataclass(slots=True)
+class _Message:
+    id: int
+    role: str
+    content: str
+    created_at: float
+    display_kind: str | None
+    metadata_json: str | None
+    dedupe_key: str | None
+    folded_at: float | None = None
+
+    def record(self) -> MessageRecord:
+        return MessageRecord(
+            id=self.id,
+            role=self.role,
+            content=self.content,
+            created_at=self.created_at,
+            display_kind=self.display_kind,
+            display_metadata=decode_json(self.metadata_json),
+            folded=self.folded_at is not None,
+        )
+
+
+@dataclass(slots=True)
+class _Session:
+    id: str
+    source_json: str | None
+    session_key: str | None
+    title: str | None
+    created_at: float
+    updated_at: float
+    messages: list[_Message] = field(default_factory=list)
+    by_dedupe: dict[str, _Message] = field(default_factory=dict)
+
+    def record(self) -> SessionRecord:
+        return SessionRecord(
+            id=self.id,
+            source=decode_json(self.source_json),
+            session_key=self.session_key,
+            title=self.title,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+        )
+
+
+@dataclass(slots=True)
+class _Idem:
+    key: str
+    state: str
+    owner: str | None
+    session_id: str | None
+    response_json: str | None
+    created_at: float
+    updated_at: float
+
+    def record(self) -> IdempotencyRecord:
+        return IdempotencyRecord(
+            key=self.key,
+            state="done" if self.state == "done" else "running",
+            owner=self.owner,
+            session_id=self.session_id,
+            response=decode_json(self.response_json),
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+        )
+
+
+def _recency(s: _Session) -> tuple[float, str]:
+    return (-s.updated_at, s.id)
+
+
+class MemorySessions:
+    """``SessionBackend`` in this process's memory (see the module docstring)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._closed = False
+        self._sessions: dict[str, _Session] = {}
+        self._tombstones: dict[str, float] = {}
+        self._idem: dict[str, _Idem] = {}
+        self._next_id = itertools.count(1)  # store-wide, never reused (like AUTOINCREMENT)
+        self._writes = 0
+        self._url = f"memory://sessions-{next(_stores)}"
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"writes": self._writes}
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionStoreError(f"session store {self._url} is closed")
+
+    def _write(self, op: Callable[[], T]) -> T:
+        with self._lock:
+            self._check_open()
+            out = op()  # raises before it changes anything, so nothing to undo
+            self._writes += 1
+            return out
+
+    def _read(self, op: Callable[[], T]) -> T:
+        with self._lock:
+            self._check_open()
+            return op()
+
+    def _live(self, session_id: str) -> _Session:
+        s = self._sessions.get(session_id)
+        if s is None:
+            raise SessionGone(session_id)
+        return s
+
+    def _state(self, session_id: str) -> SessionState:
+        if session_id in self._sessions:
+            return "live"
+        return "deleted" if session_id in self._tombstones else "unknown"
+
+    def _insert_session(
+        self, session_id: str, new: NewSession, now: float, *, revive: bool
+    ) -> _Session:
+        if session_id in self._sessions:
+            return self._sessions[session_id]
+        if not revive and session_id in self._tombstones:
+            raise SessionGone(session_id)
+        self._tombstones.pop(session_id, None)
+        s = _Session(session_id, new.source_json, new.session_key, new.title, now, now)
+        self._sessions[session_id] = s
+        return s
+
+    @staticmethod
+    def _find(s: _Session, m: NewMessage) -> _Message | None:
+        return s.by_dedupe.get(m.dedupe_key) if m.dedupe_key is not None else None
+
+    def _insert_message(self, s: _Session, m: NewMessage, now: float) -> _Message:
+        found = self._find(s, m)
+        if found is not None:
+            return found
+        row = _Message(
+            id=next(self._next_id),
+            role=m.role,
+            content=m.content,
+            created_at=now,
+            display_kind=m.display_kind,
+            metadata_json=m.metadata_json,
+            dedupe_key=m.dedupe_key,
+        )
+        s.messages.append(row)
+        if m.dedupe_key is not None:
+            s.by_dedupe[m.dedupe_key] = row
+        return row
+
+    @staticmethod
+    def _fold(s: _Session, now: float) -> tuple[MessageRecord, ...]:
+        taken = [m for m in s.messages if m.display_kind is not None and m.folded_at is None]
+        for m in taken:
+            m.folded_at = now
+        return tuple(m.record() for m in taken)
+
+    # -- sessions
+
+    def create_session(self, session_id: str, new: NewSession) -> SessionRecord:
+        now = self._clock()
+        return self._write(lambda: self._insert_session(session_id, new, now, revive=True).record())
+
+    async def acreate_session(self, session_id: str, new: NewSession) -> SessionRecord:
+        return self.create_session(session_id, new)
+
+    def get_session(self, session_id: str) -> SessionRecord | None:
+        def op() -> SessionRecord | None:
+            s = self._sessions.get(session_id)
+            return s.record() if s is not None else None
+
+        return self._read(op)
+
+    def session_state(self, session_id: str) -> SessionState:
+        return self._read(lambda: self._state(session_id))
+
+    def list_sessions(self, limit: int, offset: int) -> list[SessionRecord]:
+        def op() -> list[SessionRecord]:
+            ordered = sorted(self._sessions.values(), key=_recency)
+            return [s.record() for s in ordered[offset : offset + limit]]
+
+        return self._read(op)
+
+    def find_session_by_key(self, session_key: str) -> SessionRecord | None:
+        def op() -> SessionRecord | None:
+            hits = [s for s in self._sessions.values() if s.session_key == session_key]
+            return min(hits, key=_recency).record() if hits else None
+
+        return self._read(op)
+
+    def delete_session(self, session_id: str) -> bool:
+        now = self._clock()
+
+        def op() -> bool:
+            self._tombstones[session_id] = now
+            return self._sessions.pop(session_id, None) is not None
+
+        return self._write(op)
+
+    # -- messages
+
+    def append_message(self, session_id: str, message: NewMessage) -> MessageRecord:
+        now = self._clock()
+
+        def op() -> MessageRecord:
+            s = self._live(session_id)
+            row = self._insert_message(s, message, now)
+            s.updated_at = now
+            return row.record()
+
+        return self._write(op)
+
+    def messages(self, session_id: str, after_id: int, limit: int | None) -> list[MessageRecord]:
+        def op() -> list[MessageRecord]:
+            rows = [m for m in self._live(session_id).messages if m.id > after_id]
+            return [m.record() for m in (rows if limit is None else rows[:limit])]
+
+        return self._read(op)
+
+    def take_unfolded(self, session_id: str) -> list[MessageRecord]:
+        now = self._clock()
+        return self._write(lambda: list(self._fold(self._live(session_id), now)))
+
+    # -- turns
+
+    def begin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
+        now = self._clock()
+        with self._lock:
+            self._check_open()
+            state = self._state(session_id)
+            if state != "live" and create is None:
+                return TurnStart(state)
+            s = self._sessions.get(session_id)
+            if s is not None and not any(
+                m.display_kind is not None and m.folded_at is None for m in s.messages
+            ):
+                # Nothing to fold: a read, like SQLite's reader path (no write counted).
+                return TurnStart(state, tuple(m.record() for m in s.messages))
+
+            def op() -> TurnStart:
+                live = (
+                    self._insert_session(session_id, create, now, revive=True)
+                    if (create is not None)
+                    else self._live(session_id)
+                )
+                history = tuple(m.record() for m in live.messages)
+                return TurnStart(state, history, self._fold(live, now))
+
+            return self._write(op)
+
+    async def abegin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
+        return self.begin_turn(session_id, create)
+
+    def append_turn(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        *,
+        create: NewSession | None = None,
+        idempotency_key: str | None = None,
+        response_json: str | None = None,
+    ) -> list[MessageRecord]:
+        now = self._clock()
+
+        def op() -> list[MessageRecord]:
+            if create is not None:
+                s = self._insert_session(session_id, create, now, revive=False)
+            else:
+                s = self._live(session_id)
+            rows = [self._insert_message(s, m, now).record() for m in messages]
+            s.updated_at = now
+            if idempotency_key is not None:
+                self._put(idempotency_key, response_json, session_id, now)
+            return rows
+
+        return self._write(op)
+
+    async def aappend_turn(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        *,
+        create: NewSession | None = None,
+        idempotency_key: str | None = None,
+        response_json: str | None = None,
+    ) -> None:
+        self.append_turn(
+            session_id,
+            messages,
+            create=create,
+            idempotency_key=idempotency_key,
+            response_json=response_json,
+        )
+
+    # -- idempotency
+
+    def get_idempotent(self, key: str) -> IdempotencyRecord | None:
+        def op() -> IdempotencyRecord | None:
+            row = self._idem.get(key)
+            return row.record() if row is not None else None
+
+        return self._read(op)
+
+    def claim_idempotent(
+        self,
+        key: str,
+        owner: str,
+        session_id: str | None,
+        takeover: Callable[[str], bool] | None,
+    ) -> tuple[IdempotencyRecord, bool]:
+        now = self._clock()
+
+        def op() -> tuple[IdempotencyRecord, bool]:
+            row = self._idem.get(key)
+            if row is not None and not (
+                row.state == "running"
+                and row.owner != owner
+                and takeover is not None
+                and takeover(row.owner or "")
+            ):
+                return row.record(), row.owner == owner
+            if row is None:
+                row = self._idem[key] = _Idem(key, "running", owner, session_id, None, now, now)
+            else:
+                row.state, row.owner, row.session_id = "running", owner, session_id
+                row.updated_at = now
+            return row.record(), True
+
+        return self._write(op)
+
+    def _put(self, key: str, response_json: str | None, session_id: str | None, now: float) -> None:
+        row = self._idem.get(key)
+        if row is None:
+            self._idem[key] = _Idem(key, "done", None, session_id, response_json, now, now)
+        else:
+            row.state, row.owner, row.session_id = "done", None, session_id
+            row.response_json, row.updated_at = response_json, now
+
+    def put_idempotent(self, key: str, response_json: str, session_id: str | None) -> None:
+        now = self._clock()
+        self._write(lambda: self._put(key, response_json, session_id, now))
+
+    def release_idempotent(self, key: str, owner: str) -> bool:
+        def op() -> bool:
+            row = self._idem.get(key)
+            if row is None or row.state != "running" or row.owner != owner:
+                return False
+            del self._idem[key]
+            return True
+
+        return self._write(op)
+
+
+# mypy proves the backend keeps the protocol, without importing it at run time.
+if TYPE_CHECKING:
+    _conforms: type[SessionBackend] = MemorySessions

@@ -1,0 +1,301 @@
+"""The storage seam of the session store: what a transcript backend provides, in typed records.
+
+``gateway.session.SessionStore`` is the face callers use; it speaks this protocol to a
+backend (``delivery.sqlite_sessions`` by default, ``delivery.memory_sessions`` for tests,
+PostgreSQL later). The rules every backend keeps, proved by ``tests/sessions/``:
+
+* Each operation is atomic; a write that raises has written nothing.
+* Message ids grow across the whole store and are never reused (clients page with
+  ``after_id``). A ``dedupe_key`` is unique per session: a repeat returns the first row.
+* Folding is exactly once: a delivery row (``display_kind`` set) is handed to one turn only,
+  however many turns or processes race for it.
+* Tombstones: deleting a session id records a tombstone. The id's state is then "deleted"
+  (``session_state``), and writes that only *continue* a session (``append_message``,
+  ``append_turn``, ``take_unfolded``, and ``append_turn`` with ``create``) raise SessionGone
+  for it: a turn that started before the delete can never silently bring the session back.
+  Only an explicit creation (``create_session``, or ``begin_turn`` with ``create``, both
+  made before a turn runs) revives the id and clears its tombstone.
+* A begin-turn with nothing to fold only reads; it reaches the writer only to fold or create.
+
+Backends receive validated, pre-encoded values (``NewMessage``, ``NewSession`` and JSON
+text), so each encodes and validates nothing itself and all of them agree on what is legal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol
+
+__all__ = [
+    "IdempotencyRecord",
+    "MessageRecord",
+    "NewMessage",
+    "NewSession",
+    "SessionBackend",
+    "SessionGone",
+    "SessionRecord",
+    "SessionState",
+    "SessionStoreError",
+    "TurnStart",
+    "encode_json",
+]
+
+SessionState = Literal["live", "deleted", "unknown"]
+
+
+class SessionGone(LookupError):
+    """The session does not exist (never created, or deleted): a delivery to it is dropped.
+
+    A domain error rather than the built-in ``KeyError``, so that a stray ``KeyError`` from a
+    bug can never be mistaken for "the session is gone" and drop a result for good.
+    """
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} does not exist")
+        self.session_id = session_id
+
+
+class SessionStoreError(RuntimeError):
+    """The session database cannot be used (not a database, newer schema, closed...)."""
+
+
+def encode_json(value: Mapping[str, Any]) -> str:
+    """The stored text of a JSON column; raises TypeError for values JSON cannot hold."""
+    return json.dumps(dict(value), ensure_ascii=False)
+
+
+def decode_json(text: str | None) -> Any:
+    return json.loads(text) if text is not None else None
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class NewSession:
+    """What a session is created with; ``source_json`` is ``SessionSource.to_dict`` as JSON."""
+
+    source_json: str | None = None
+    session_key: str | None = None
+    title: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A validated message to append; build it with ``NewMessage.build``."""
+
+    role: str
+    content: str
+    display_kind: str | None = None
+    metadata_json: str | None = None
+    dedupe_key: str | None = None
+
+    @classmethod
+    def build(cls, message: Mapping[str, Any]) -> NewMessage:
+        """From a mapping with ``role``, ``content`` and optionally ``display_kind``,
+        ``display_metadata``, ``dedupe_key``; raises before anything is written."""
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or not role:
+            raise ValueError("role must be a non-empty string")
+        if not isinstance(content, str):
+            raise TypeError(f"content must be a string, got {type(content).__name__}")
+        meta = message.get("display_metadata")
+        return cls(
+            role=role,
+            content=content,
+            display_kind=message.get("display_kind"),
+            metadata_json=encode_json(meta) if meta is not None else None,
+            dedupe_key=message.get("dedupe_key"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    id: str
+    source: dict[str, Any] | None
+    session_key: str | None
+    title: str | None
+    created_at: float
+    updated_at: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The shape ``SessionStore`` has always returned."""
+        return {
+            "id": self.id,
+            "source": dict(self.source) if self.source is not None else None,
+            "session_key": self.session_key,
+            "title": self.title,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    id: int
+    role: str
+    content: str
+    created_at: float
+    display_kind: str | None
+    display_metadata: dict[str, Any] | None
+    folded: bool
+
+    @property
+    def is_delivery(self) -> bool:
+        return self.display_kind is not None
+
+    def as_folded(self) -> MessageRecord:
+        return replace(self, folded=True)
+
+    def as_dict(self) -> dict[str, Any]:
+        meta = self.display_metadata
+        return {
+            "id": self.id,
+            "role": self.role,
+            "content": self.content,
+            "created_at": self.created_at,
+            "display_kind": self.display_kind,
+            "display_metadata": dict(meta) if meta is not None else None,
+            "folded": self.folded,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    key: str
+    state: Literal["running", "done"]
+    owner: str | None
+    session_id: str | None
+    response: dict[str, Any] | None
+    created_at: float
+    updated_at: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "state": self.state,
+            "owner": self.owner,
+            "session_id": self.session_id,
+            "response": dict(self.response) if self.response is not None else None,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStart:
+    """What a turn reads before it runs.
+
+    ``state`` is the session's state as the turn found it, before any creation; ``history``
+    the transcript in order as it was before this turn's fold; ``taken`` the delivery rows
+    this turn folded (marked folded now: no other turn gets them). Both are empty unless
+    the session is live or was created by this call.
+    """
+
+    state: SessionState
+    history: tuple[MessageRecord, ...] = ()
+    taken: tuple[MessageRecord, ...] = ()
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+class SessionBackend(Protocol):
+    """A store of sessions, transcripts, tombstones and idempotency records.
+
+    Every method may raise SessionStoreError (closed, unavailable). Methods with an ``a``
+    prefix are coroutines that never block the event loop on I/O. Records are snapshots:
+    callers cannot change the store through them.
+    """
+
+    @property
+    def url(self) -> str:
+        """Where the store is, e.g. ``sqlite:///abs/path/sessions.db`` or ``memory://...``."""
+
+    # -- sessions
+    def create_session(self, session_id: str, new: NewSession) -> SessionRecord:
+        """Create (reviving a tombstoned id), or return the existing session unchanged."""
+
+    async def acreate_session(self, session_id: str, new: NewSession) -> SessionRecord: ...
+
+    def get_session(self, session_id: str) -> SessionRecord | None: ...
+
+    def session_state(self, session_id: str) -> SessionState: ...
+
+    def list_sessions(self, limit: int, offset: int) -> list[SessionRecord]:
+        """Most recently active first (``updated_at`` descending, then id)."""
+
+    def find_session_by_key(self, session_key: str) -> SessionRecord | None:
+        """The most recently active session with this routing key."""
+
+    def delete_session(self, session_id: str) -> bool:
+        """Delete the session and its transcript and tombstone the id (even when it was not
+        live: a delete racing a session's first turn still wins). True when a live session
+        was removed."""
+
+    # -- messages
+    def append_message(self, session_id: str, message: NewMessage) -> MessageRecord:
+        """Append one message (or return the row its dedupe key already names)."""
+
+    def messages(self, session_id: str, after_id: int, limit: int | None) -> list[MessageRecord]:
+        """Transcript in order, ids > ``after_id``; SessionGone unless live."""
+
+    def take_unfolded(self, session_id: str) -> list[MessageRecord]:
+        """Fold every unfolded delivery row, oldest first (a writer operation)."""
+
+    # -- turns
+    def begin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
+        """Read the transcript and fold what waits. With ``create`` an absent or tombstoned
+        session is created first; without it a session that is not live yields an empty
+        ``TurnStart`` with its state. Reads only when there is nothing to fold or create."""
+
+    async def abegin_turn(self, session_id: str, create: NewSession | None) -> TurnStart: ...
+
+    def append_turn(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        *,
+        create: NewSession | None = None,
+        idempotency_key: str | None = None,
+        response_json: str | None = None,
+    ) -> list[MessageRecord]:
+        """Append a turn and, with ``idempotency_key``, record its response as done, in one
+        commit. ``create`` inserts the session when absent; a tombstoned id raises
+        SessionGone whether or not ``create`` is given."""
+
+    async def aappend_turn(
+        self,
+        session_id: str,
+        messages: Sequence[NewMessage],
+        *,
+        create: NewSession | None = None,
+        idempotency_key: str | None = None,
+        response_json: str | None = None,
+    ) -> None:
+        """Like ``append_turn``; the rows are not read back."""
+
+    # -- idempotency
+    def get_idempotent(self, key: str) -> IdempotencyRecord | None: ...
+
+    def claim_idempotent(
+        self,
+        key: str,
+        owner: str,
+        session_id: str | None,
+        takeover: Callable[[str], bool] | None,
+    ) -> tuple[IdempotencyRecord, bool]:
+        """The record and whether ``owner`` holds the claim now (see ``SessionStore``)."""
+
+    def put_idempotent(self, key: str, response_json: str, session_id: str | None) -> None: ...
+
+    def release_idempotent(self, key: str, owner: str) -> bool: ...
+
+    # -- housekeeping
+    def stats(self) -> dict[str, int]:
+        """Counters; ``writes`` counts committed write operations (reads never add to it)."""
+
+    def close(self) -> None:
+        """Idempotent; any later call raises SessionStoreError."""

@@ -1,0 +1,145 @@
+"""The SQL of the SQLite session backend: its schema and every statement, named.
+
+Kept apart from ``delivery.sqlite_sessions`` so the statements read as one list (and the
+backend as logic). Column lists are spelled once; nothing here formats SQL at run time
+except ``sql_insert_messages``, whose few shapes are cached.
+"""
+
+from __future__ import annotations
+
+import functools
+
+# v2 added the tombstones table. A file written by a newer build is refused rather than
+# silently misread; a v1 file gains the table on open.
+SCHEMA_VERSION = 2
+
+DDL = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id          TEXT PRIMARY KEY,
+    source      TEXT,
+    session_key TEXT,
+    title       TEXT,
+    created_at  REAL NOT NULL,
+    updated_at  REAL NOT NULL
+);
+-- AUTOINCREMENT so ids are never reused after deletes: clients page transcripts with
+-- after_id and a reused id could hide a new message behind an old cursor.
+CREATE TABLE IF NOT EXISTS messages (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id       TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    role             TEXT NOT NULL,
+    content          TEXT NOT NULL,
+    created_at       REAL NOT NULL,
+    display_kind     TEXT,
+    display_metadata TEXT,
+    dedupe_key       TEXT,
+    folded_at        REAL,
+    UNIQUE (session_id, dedupe_key)
+);
+CREATE INDEX IF NOT EXISTS idx_messages_session ON messages (session_id, id);
+-- Folding is checked at the start of every client turn; keep it cheap on long transcripts.
+CREATE INDEX IF NOT EXISTS idx_messages_unfolded ON messages (session_id)
+    WHERE display_kind IS NOT NULL AND folded_at IS NULL;
+CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (updated_at);
+CREATE INDEX IF NOT EXISTS idx_sessions_key ON sessions (session_key);
+-- Idempotency-Key -> the first response. A 'running' row is a claim. Not tied to a session
+-- by a foreign key: the answer to a repeated request must survive the session's deletion.
+CREATE TABLE IF NOT EXISTS idempotency (
+    key          TEXT PRIMARY KEY,
+    state        TEXT NOT NULL,
+    owner        TEXT,
+    session_id   TEXT,
+    response     TEXT,
+    created_at   REAL NOT NULL,
+    updated_at   REAL NOT NULL
+);
+-- Deleted ids: a late write of a turn that began before the delete must not recreate them.
+CREATE TABLE IF NOT EXISTS tombstones (
+    id         TEXT PRIMARY KEY,
+    deleted_at REAL NOT NULL
+)
+"""
+
+REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
+    "sessions": frozenset({"id", "source", "session_key", "title", "created_at", "updated_at"}),
+    "messages": frozenset(
+        {
+            "id",
+            "session_id",
+            "role",
+            "content",
+            "created_at",
+            "display_kind",
+            "display_metadata",
+            "dedupe_key",
+            "folded_at",
+        }
+    ),
+    "idempotency": frozenset(
+        {"key", "state", "owner", "session_id", "response", "created_at", "updated_at"}
+    ),
+    "tombstones": frozenset({"id", "deleted_at"}),
+}
+
+_MSG = "id, role, content, created_at, display_kind, display_metadata, folded_at"
+_SES = "id, source, session_key, title, created_at, updated_at"
+_IDEM = "key, state, owner, session_id, response, created_at, updated_at"
+_MSG_VALUES = "(?, ?, ?, ?, ?, ?, ?)"
+
+# -- named queries
+SQL_SESSION = f"SELECT {_SES} FROM sessions WHERE id = ?"
+SQL_SESSION_EXISTS = "SELECT 1 FROM sessions WHERE id = ?"
+SQL_TOMBSTONED = "SELECT 1 FROM tombstones WHERE id = ?"
+SQL_INSERT_SESSION = (
+    f"INSERT INTO sessions ({_SES}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+)
+SQL_LIST_SESSIONS = f"SELECT {_SES} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT ? OFFSET ?"
+SQL_SESSION_BY_KEY = (
+    f"SELECT {_SES} FROM sessions WHERE session_key = ? ORDER BY updated_at DESC, id ASC LIMIT 1"
+)
+SQL_TOUCH_SESSION = "UPDATE sessions SET updated_at = ? WHERE id = ?"
+SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = ?"
+SQL_TOMBSTONE = (
+    "INSERT INTO tombstones (id, deleted_at) VALUES (?, ?)"
+    " ON CONFLICT (id) DO UPDATE SET deleted_at = excluded.deleted_at"
+)
+SQL_UNTOMBSTONE = "DELETE FROM tombstones WHERE id = ?"
+SQL_INSERT_MESSAGE = (
+    "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
+    f" display_metadata, dedupe_key) VALUES {_MSG_VALUES}"
+    f" ON CONFLICT (session_id, dedupe_key) DO NOTHING RETURNING {_MSG}"
+)
+SQL_MESSAGE_BY_DEDUPE = f"SELECT {_MSG} FROM messages WHERE session_id = ? AND dedupe_key = ?"
+SQL_MESSAGES_AFTER = (
+    f"SELECT {_MSG} FROM messages WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?"
+)
+SQL_TRANSCRIPT = f"SELECT {_MSG} FROM messages WHERE session_id = ? ORDER BY id"
+SQL_UNFOLDED = (
+    f"SELECT {_MSG} FROM messages"
+    " WHERE session_id = ? AND display_kind IS NOT NULL AND folded_at IS NULL ORDER BY id"
+)
+SQL_FOLD = "UPDATE messages SET folded_at = ? WHERE id = ? AND folded_at IS NULL"
+SQL_IDEM = f"SELECT {_IDEM} FROM idempotency WHERE key = ?"
+SQL_IDEM_DONE = (
+    f"INSERT INTO idempotency ({_IDEM}) VALUES (?, 'done', NULL, ?, ?, ?, ?)"
+    " ON CONFLICT (key) DO UPDATE SET state = 'done', owner = NULL,"
+    " session_id = excluded.session_id, response = excluded.response,"
+    " updated_at = excluded.updated_at"
+)
+SQL_IDEM_CLAIM = (
+    f"INSERT INTO idempotency ({_IDEM}) VALUES (?, 'running', ?, ?, NULL, ?, ?)"
+    " ON CONFLICT (key) DO UPDATE SET state = 'running', owner = excluded.owner,"
+    " session_id = excluded.session_id, updated_at = excluded.updated_at"
+)
+SQL_IDEM_RELEASE = "DELETE FROM idempotency WHERE key = ? AND state = 'running' AND owner = ?"
+
+
+@functools.lru_cache(maxsize=16)
+def sql_insert_messages(n: int) -> str:
+    """One INSERT for a whole turn of ``n`` messages (turns are short: few shapes)."""
+    return (
+        "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
+        " display_metadata, dedupe_key) VALUES "
+        + ", ".join([_MSG_VALUES] * n)
+        + " ON CONFLICT (session_id, dedupe_key) DO NOTHING"
+    )

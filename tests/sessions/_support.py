@@ -1,0 +1,75 @@
+"""Helpers shared by the session-store tests: the backends, and a delivery row to fold."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from delivery.memory_sessions import MemorySessions
+from delivery.session_backend import SessionBackend
+from delivery.sqlite_sessions import SqliteSessions
+from gateway.session import SessionStore
+
+BACKENDS = ("sqlite", "memory")
+
+
+def make_backend(kind: str, directory: Path) -> SessionBackend:
+    if kind == "sqlite":
+        return SqliteSessions(directory / "sessions.db")
+    if kind == "memory":
+        return MemorySessions()
+    raise AssertionError(f"unknown backend {kind!r}")
+
+
+def delivery(store: SessionStore, sid: str, n: int) -> dict[str, Any]:
+    """A completion's delivery row (what ``gateway.wake`` appends), dedupe key ``deleg:<n>``."""
+    return store.append_message(
+        sid,
+        "system",
+        f"delivery {n}",
+        display_kind="async_delegation_complete",
+        display_metadata={"n": n},
+        dedupe_key=f"deleg:{n}",
+    )
+
+
+def writes(store: SessionStore) -> int:
+    """Committed write operations so far: reads must leave this alone."""
+    return store.backend.stats()["writes"]
+
+
+def race(stores: list[SessionStore], sid: str, total: int, threads: int) -> list[int]:
+    """One thread appends ``total`` delivery rows while the others fold; the ids taken."""
+    taken: list[int] = []
+    taken_lock = threading.Lock()
+    start = threading.Barrier(threads + 1)
+    done_writing = threading.Event()
+
+    def writer() -> None:
+        start.wait()
+        for n in range(total):
+            delivery(stores[0], sid, n)
+        done_writing.set()
+
+    def reader(s: SessionStore) -> None:
+        start.wait()
+        while True:
+            finished = done_writing.is_set()
+            got = s.take_unfolded_deliveries(sid)
+            with taken_lock:
+                taken.extend(m["id"] for m in got)
+            if finished and not got:
+                return
+
+    workers = [threading.Thread(target=writer)]
+    workers += [
+        threading.Thread(target=reader, args=(stores[i % len(stores)],)) for i in range(threads - 1)
+    ]
+    for w in workers:
+        w.start()
+    start.wait()
+    for w in workers:
+        w.join(timeout=60)
+    assert not any(w.is_alive() for w in workers)
+    return taken

@@ -1,0 +1,214 @@
+"""The SQLite session backend's own facts: the file (0600, WAL, pragmas), refusals of foreign,
+newer, locked or corrupt files, schema upgrade, and atomicity across connections."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sqlite3
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from delivery.session_sql import SCHEMA_VERSION
+from delivery.sqlite_sessions import SqliteSessions
+from gateway.session import SessionStore, SessionStoreError
+from tests.sessions._support import race
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SessionStore]:
+    s = SessionStore(tmp_path / "sessions.db")
+    yield s
+    s.close()
+
+
+def test_creates_parent_dir_and_private_files(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "state.db"
+    s = SessionStore(path)
+    try:
+        s.create_session("s1")
+        for p in [path, *path.parent.glob("state.db-*")]:
+            assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+        assert s.path == path
+    finally:
+        s.close()
+
+
+def test_pragmas(store: SessionStore, tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "sessions.db")
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        conn.close()
+    with store.backend._read() as c:  # type: ignore[attr-defined]  # the backend's own
+        assert c.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert c.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert c.execute("PRAGMA busy_timeout").fetchone()[0] >= 1000
+
+
+def test_not_a_database_is_refused_and_left_intact(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    payload = b"these are my notes, not a database\n" * 20
+    path.write_bytes(payload)
+    with pytest.raises(SessionStoreError, match="not a usable SQLite database"):
+        SessionStore(path)
+    assert path.read_bytes() == payload
+    assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(payload).digest()
+    assert not (tmp_path / "notes.txt-wal").exists()
+
+
+def test_foreign_sqlite_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, owner TEXT)")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(SessionStoreError, match="lacks columns"):
+        SessionStore(path)
+    assert path.read_bytes() == before  # not even switched to WAL
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(SessionStoreError, match="newer"):
+        SessionStore(path)
+
+
+def test_directory_path_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SessionStoreError):
+        SessionStore(tmp_path)
+
+
+def test_reopen_keeps_data(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with SessionStore(path) as s:
+        s.create_session("keep", title="t")
+        s.append_message("keep", "user", "hi")
+    with SessionStore(path) as s:
+        assert s.get_session("keep")["title"] == "t"
+        assert [m["content"] for m in s.messages("keep")] == ["hi"]
+
+
+def test_closed_store_raises(tmp_path: Path) -> None:
+    s = SessionStore(tmp_path / "s.db")
+    s.close()
+    s.close()  # idempotent
+    with pytest.raises(SessionStoreError, match="closed"):
+        s.get_session("x")
+
+
+def test_delete_cascades_messages(store: SessionStore, tmp_path: Path) -> None:
+    store.create_session("s")
+    store.append_message("s", "user", "hi")
+    store.delete_session("s")
+    conn = sqlite3.connect(tmp_path / "sessions.db")
+    try:
+        assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+    finally:
+        conn.close()
+
+
+def test_take_unfolded_races_across_connections(tmp_path: Path) -> None:
+    # Two stores on one file behave like two processes: atomicity comes from SQLite's
+    # IMMEDIATE transactions, not from the in-process lock.
+    a = SessionStore(tmp_path / "shared.db")
+    b = SessionStore(tmp_path / "shared.db")
+    try:
+        a.create_session("s")
+        taken = race([a, b], "s", total=150, threads=5)
+        assert len(taken) == len(set(taken)) == 150
+    finally:
+        a.close()
+        b.close()
+
+
+def test_path_means_sqlite(tmp_path: Path) -> None:
+    with SessionStore(tmp_path / "x.db") as s:
+        assert isinstance(s.backend, SqliteSessions)
+        assert s.url == f"sqlite://{tmp_path / 'x.db'}"
+    with pytest.raises(TypeError):
+        SessionStore()
+    with pytest.raises(TypeError):
+        SessionStore(tmp_path / "y.db", backend=SqliteSessions(tmp_path / "z.db"))
+
+
+def test_v1_file_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    with SessionStore(path) as s:
+        s.create_session("old")
+        s.append_message("old", "user", "kept")
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE tombstones")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    with SessionStore(path) as s:
+        assert [m["content"] for m in s.messages("old")] == ["kept"]
+        s.delete_session("old")
+        assert s.session_state("old") == "deleted"
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    finally:
+        conn.close()
+
+
+def test_tombstones_survive_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    with SessionStore(path) as s:
+        s.create_session("gone")
+        s.delete_session("gone")
+    with SessionStore(path) as s:
+        assert s.session_state("gone") == "deleted"
+
+
+def test_locked_database_is_unavailable_and_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "locked.db"
+    s = SessionStore.over(SqliteSessions(path, busy_timeout_ms=50))
+    try:
+        s.create_session("s")
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        try:
+            with pytest.raises(SessionStoreError, match="nothing was written"):
+                s.append_message("s", "user", "x")
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert s.messages("s") == []
+    finally:
+        s.close()
+
+
+def test_corrupt_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "corrupt.db"
+    with SessionStore(path) as s:
+        s.create_session("s")
+    data = bytearray(path.read_bytes())
+    data[:16] = b"garbage-header!!"  # the SQLite magic string is gone
+    path.write_bytes(bytes(data))
+    with pytest.raises(SessionStoreError, match="not a usable SQLite database"):
+        SessionStore(path)
+
+
+async def test_begin_turns_race_across_connections(tmp_path: Path) -> None:
+    # Two stores on one file behave like two processes: the fold is disjoint because the
+    # writer re-reads inside its IMMEDIATE transaction, not because of an in-process lock.
+    a = SessionStore(tmp_path / "shared.db")
+    b = SessionStore(tmp_path / "shared.db")
+    try:
+        a.create_session("s")
+        ids = {a.append_message("s", "system", str(n), display_kind="d")["id"] for n in range(30)}
+        starts = await asyncio.gather(*(s.astart_turn("s") for s in [a, b] * 6))
+        taken = [m.id for start in starts for m in start.taken]
+        assert sorted(taken) == sorted(ids)
+    finally:
+        a.close()
+        b.close()
