@@ -17,13 +17,25 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ToolContext:
-    """Where a tool call comes from, so background work can find its way back there."""
+    """Where a tool call comes from, so background work can find its way back there.
+
+    ``before_background`` is awaited by a tool right before it starts work that outlives
+    the turn (a detached delegation, a background process). A surface that writes a new
+    session only when its first turn is stored uses it to write the session first, so a
+    result can never arrive for an origin session its deliverer does not know.
+    """
 
     session_id: str | None = None
     session_key: str | None = None
     origin_ui_session_id: str | None = None
     platform: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    before_background: Callable[[], Awaitable[None]] | None = None
+
+    async def prepare_background(self) -> None:
+        """Make the origin session durable before background work starts (see above)."""
+        if self.before_background is not None:
+            await self.before_background()
 
 
 ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable["str | dict[str, Any]"]]

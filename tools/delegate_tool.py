@@ -63,6 +63,7 @@ def make_delegate_tool(provider: ModelProvider, *, max_async_children: int = 3) 
                 return str(outcome.get("summary", ""))
             return {"error": f"the sub-agent failed: {outcome.get('error', 'unknown error')}"}
 
+        await ctx.prepare_background()  # its origin session is written before any result
         # Lazy: the delivery machinery is only needed once something goes to the background.
         from tools.async_delegation import dispatch_async_delegation
 

@@ -131,6 +131,7 @@ def make_shell_tool(
             return {"error": "command must not be empty"}
         if not as_bool(args.get("background")):
             return await run_foreground(command, workdir=workdir, timeout=timeout_seconds)
+        await ctx.prepare_background()  # its origin session is written before any result
         # Resolved at call time: the process machinery loads only once a command goes to the
         # background, and a substituted contract module (an embedder's, a test's) is honoured.
         from tools.process_registry import process_registry

@@ -210,3 +210,28 @@ async def test_demo_turn_with_the_shell_disabled_runs_nothing(tmp_path):
     assert "REVEILLE_SHELL_ENABLED=1" in result.content
     time.sleep(0.2)
     assert not (tmp_path / "marker").exists()
+
+
+async def test_background_writes_the_origin_session_before_dispatching(real_runtime):
+    async_delegation, _registry = real_runtime
+    seen: list[int] = []
+
+    async def write_session() -> None:
+        seen.append(len(async_delegation.list_delegations()))
+
+    ctx = ToolContext(session_id="api-sess-9", before_background=write_session)
+    raw = await ToolRegistry([make_delegate_tool(DemoModel())]).call(
+        "delegate_task", json.dumps({"goal": "g", "background": True}), ctx
+    )
+    assert json.loads(raw)["status"] == "dispatched"
+    assert seen == [0]  # the hook ran while nothing was dispatched yet
+
+    async def storage_down() -> None:
+        raise RuntimeError("session store unavailable")
+
+    ctx = ToolContext(session_id="api-sess-9", before_background=storage_down)
+    raw = await ToolRegistry([make_delegate_tool(DemoModel())]).call(
+        "delegate_task", json.dumps({"goal": "g2", "background": True}), ctx
+    )
+    assert "session store unavailable" in raw
+    assert len(async_delegation.list_delegations()) == 1  # the refused one never started

@@ -126,3 +126,37 @@ async def test_background_spawns_a_real_process_that_reports_back(real_runtime, 
     assert evt["origin_session_id"] == "api-sess-1"
     assert evt["origin_ui_session_id"] == "ui-1"
     assert (tmp_path / "bg-done").exists()
+
+
+async def test_background_writes_the_origin_session_before_spawning(monkeypatch, tmp_path):
+    order: list[str] = []
+
+    class FakeRegistry:
+        def spawn(self, command, **kwargs):
+            order.append("spawn")
+            return {"process_id": "proc_feed", "pid": 123, "status": "running"}
+
+    fake_module = types.ModuleType("tools.process_registry")
+    fake_module.process_registry = FakeRegistry()
+    monkeypatch.setitem(sys.modules, "tools.process_registry", fake_module)
+
+    async def write_session() -> None:
+        order.append("session written")
+
+    ctx = ToolContext(session_id="api-sess-1", before_background=write_session)
+    tool = make_shell_tool(enabled=True, workdir=str(tmp_path))
+    await ToolRegistry([tool]).call(
+        "terminal", json.dumps({"command": "x", "background": True}), ctx
+    )
+    assert order == ["session written", "spawn"]
+
+    async def storage_down() -> None:
+        raise RuntimeError("session store unavailable")
+
+    order.clear()
+    ctx = ToolContext(session_id="api-sess-1", before_background=storage_down)
+    raw = await ToolRegistry([tool]).call(
+        "terminal", json.dumps({"command": "x", "background": True}), ctx
+    )
+    assert order == []  # nothing started whose result would have nowhere to go
+    assert "session store unavailable" in raw
