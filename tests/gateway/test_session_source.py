@@ -142,3 +142,45 @@ def test_session_key_is_injective(a: SessionSource, b: SessionSource, ag1: str, 
     same_key = build_session_key(a, agent=ag1) == build_session_key(b, agent=ag2)
     same_identity = _routing_identity(a) == _routing_identity(b) and ag1 == ag2
     assert same_key == same_identity
+
+
+def test_a_source_without_a_chat_id_is_anchored_on_its_user() -> None:
+    # One key for every user of a platform would be one shared conversation.
+    alice = SessionSource(Platform.TELEGRAM, chat_id="", user_id="1001")
+    bob = SessionSource(Platform.TELEGRAM, chat_id="", user_id="1002")
+    assert build_session_key(alice) == "agent:main:telegram:dm::user:1001"
+    assert build_session_key(alice) != build_session_key(bob)
+    assert SessionSource.from_dict(alice.to_dict()) == alice
+    with pytest.raises(ValueError, match="chat_id"):
+        SessionSource.from_dict({"platform": "telegram", "chat_id": ""})
+    with pytest.raises(ValueError, match="neither a chat_id nor a user_id"):
+        build_session_key(SessionSource(Platform.TELEGRAM, chat_id=""))
+
+
+def test_hermes_keywords_split_group_and_thread_sessions_per_user() -> None:
+    group = SessionSource(Platform.DISCORD, chat_id="c1", chat_type="group", user_id="u1")
+    other = SessionSource(Platform.DISCORD, chat_id="c1", chat_type="group", user_id="u2")
+    assert build_session_key(group) == build_session_key(other)  # a chat is one conversation
+    assert build_session_key(group, group_sessions_per_user=True) == (
+        "agent:main:discord:group:c1:user:u1"
+    )
+    assert build_session_key(group, group_sessions_per_user=True) != build_session_key(
+        other, group_sessions_per_user=True
+    )
+    threaded = SessionSource(
+        Platform.DISCORD, chat_id="c1", chat_type="group", user_id="u1", thread_id="t"
+    )
+    assert build_session_key(threaded, group_sessions_per_user=True) == (
+        "agent:main:discord:group:c1:thread:t"
+    )
+    assert build_session_key(threaded, thread_sessions_per_user=True) == (
+        "agent:main:discord:group:c1:thread:t:user:u1"
+    )
+    dm = SessionSource(Platform.DISCORD, chat_id="d1", user_id="u1")
+    assert build_session_key(dm, group_sessions_per_user=True) == "agent:main:discord:dm:d1"
+
+
+def test_chat_topic_and_alternate_user_id_round_trip() -> None:
+    src = SessionSource(Platform.SIGNAL, chat_id="+15550100", chat_topic="ops", user_id_alt=7)
+    assert src.user_id_alt == "7"
+    assert SessionSource.from_dict(src.to_dict()) == src
