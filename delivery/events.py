@@ -72,7 +72,6 @@ _PROCESS_ID_KEYS = ("process_id", "proc_id", "session_id", "pid")
 _DURATION_KEYS = ("duration_seconds", "duration")
 
 
-
 class MalformedEvent(ValueError):
     """The value is not a completion event at all (not a mapping)."""
 

@@ -11,6 +11,7 @@ under this one receive what they need from here.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,12 @@ from urllib.parse import unquote, urlsplit
 import tools.async_delegation as ad
 from agent import Agent, build_provider
 from agent.providers.base import ModelProvider
+from gateway.config import Platform
 from gateway.platforms.api_server import ApiServerAdapter
+from gateway.platforms.openai_wire import completion_object
 from gateway.run import GatewayRunner, RunnerParts
 from gateway.session import SessionStore
+from gateway.turns import TurnService, agent_turn_runner
 from reveille.settings import Settings, SettingsError
 from tools.completion_queue import CompletionQueue
 from tools.toolset import build_default_registry
@@ -89,14 +93,20 @@ def build_runner(
             workdir=settings.shell_workdir or None,
             max_async_children=settings.max_async_children,
         )
+        turns = TurnService(
+            store,
+            agent_turn_runner(Agent(model, registry)),
+            render=functools.partial(completion_object, model=model.name),
+            platform=Platform.API_SERVER,
+            max_concurrent_runs=settings.max_concurrent_runs,
+        )
         return ApiServerAdapter(
             store=store,
-            agent=Agent(model, registry),
+            turns=turns,
             host=settings.host,
             port=settings.port,
             api_key=settings.api_key,
             model_name=model.name,
-            max_concurrent_runs=settings.max_concurrent_runs,
             max_body_bytes=settings.max_body_bytes,
         )
 

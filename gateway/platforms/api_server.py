@@ -1,8 +1,7 @@
 """The OpenAI-compatible API server: the stateless platform adapter (``reveille serve``).
 
 Routes: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
-``GET /v1/models/{id}``, ``GET /health``, ``GET|POST /api/sessions``,
-``GET|DELETE /api/sessions/{id}``, ``GET /api/sessions/{id}/messages``.
+``GET /v1/models/{id}``, ``GET /health``, and the sessions routes of ``api_sessions``.
 
 Sessions. ``X-Hermes-Session-Id`` continues a stored session: refused with 403 when no API
 key is configured (anyone on the machine could otherwise resume anyone's conversation),
@@ -11,66 +10,54 @@ derived from the conversation (its system prompt and first user message), so a c
 resends the whole conversation every time keeps landing in the same session. Every
 response that belongs to a session echoes its id in ``X-Hermes-Session-Id``.
 
-A turn runs on the stored transcript plus the request's last user message. Delivery rows
-that background work left in the session since the last turn are folded into the model's
-context once, as one system message tagged ``[reveille:delivery]``. The user message and
-the reply are appended in one transaction together with the ``Idempotency-Key`` record, so
-a repeated key returns the first response and never starts a second turn, across a crash
-too. Turns run to completion and are stored even if the client goes away meanwhile.
+The turn itself (transcript, folding of delivered background results, the agent, storing
+the turn with its ``Idempotency-Key`` record, the run cap) is ``gateway.turns``; this module
+is HTTP only: authentication, body limits, validation, the OpenAI wire format and SSE.
+Turns run to completion and are stored even if the client goes away meanwhile.
 
 The adapter cannot push a turn itself (``supports_async_delivery = False``): wake-ups come
 in through ``gateway.wake.deliver_wake``'s self-POST, which reads ``_host``, ``_port``,
 ``_api_key`` and ``_model_name``. When no key is configured the adapter still has a random
 internal key (``_api_key``) that only its own wake-ups know, so background-process wakes
 work in the keyless default setup while outside clients keep the 403.
-
-The OpenAI error shape and the error middleware live in ``http_middleware``, the completion
-and chunk objects and SSE framing in ``openai_wire``; this module is the adapter and its
-routes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import json
 import logging
-import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from agent.loop import Agent
-from agent.markers import WAKE_MARKER
-from agent.providers.base import DeltaCallback, ProviderError
-from agent.tools import ToolContext
 from delivery.ids import new_token
 from gateway.config import Platform
+from gateway.platforms.api_sessions import MALFORMED_SESSION_ID, SessionRoutes
 from gateway.platforms.base import BasePlatformAdapter
 from gateway.platforms.http_middleware import (
-    RETRY_AFTER_SECONDS,
     SESSION_HEADER,
     SESSION_REQUEST_KEY,
     ApiError,
+    api_error_of,
     error_middleware,
     is_loopback,
 )
-from gateway.platforms.openai_wire import (
-    chunker,
-    completion_text,
-    delivery_context_text,
-    send_sse,
-)
-from gateway.session import (
-    SessionGone,
-    SessionSource,
-    SessionStore,
-    build_session_key,
-    is_valid_session_id,
+from gateway.platforms.openai_wire import chunker, completion_object, completion_text, send_sse
+from gateway.session import SessionSource, SessionStore, is_valid_session_id
+from gateway.turns import (
+    ReplayedTurn,
+    TurnError,
+    TurnRequest,
+    TurnRunner,
+    TurnService,
+    agent_turn_runner,
+    derive_session_id,
 )
 
 __all__ = [
@@ -88,64 +75,18 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 DEFAULT_KEEPALIVE_SECONDS = 15.0
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 _MAX_IDEMPOTENCY_KEY = 255
-_IDEMPOTENCY_POLL_SECONDS = 0.05
 # A body only somewhat over the cap is read (and thrown away) before the 413, so that
 # clients that write the whole request before reading the answer see the 413 rather than
 # a reset connection. Anything bigger is refused without reading it.
 _DRAIN_FACTOR = 8
 
 
-# Called with the model context, the tool context and a delta callback (None unless
-# streaming); returns an object with ``content`` and ``usage`` (an ``AgentResult``).
-TurnRunner = Callable[[list[dict[str, Any]], ToolContext, DeltaCallback | None], Awaitable[Any]]
-
-
-def agent_turn_runner(agent: Agent | Callable[[], Agent]) -> TurnRunner:
-    """A turn runner over an ``Agent``, or over a factory making one per turn."""
-
-    async def run(
-        messages: list[dict[str, Any]], ctx: ToolContext, on_delta: DeltaCallback | None
-    ) -> Any:
-        current = agent if isinstance(agent, Agent) else agent()
-        return await current.run(messages, ctx, on_delta=on_delta)
-
-    return run
-
-
-def derive_session_id(messages: list[dict[str, Any]]) -> str:
-    """A stable id for a conversation: its system prompt and first user message, hashed."""
-    system = [_text(m) for m in messages if m.get("role") == "system"]
-    first_user = next((_text(m) for m in messages if m.get("role") == "user"), "")
-    # JSON of a list keeps the parts apart: ("a", "bc") and ("ab", "c") differ.
-    material = json.dumps([system, first_user], ensure_ascii=False, separators=(",", ":"))
-    return "api_" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:24]
-
-
-def _text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(part.get("text", ""))
-            for part in content
-            if isinstance(part, dict) and part.get("type", "text") == "text"
-        )
-    return ""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class ApiServerAdapter(BasePlatformAdapter):
-    """OpenAI-compatible HTTP surface over the session store and an agent turn runner."""
+    """OpenAI-compatible HTTP surface over a turn service and the session store.
+
+    Give it ``turns`` (the composition root's ``TurnService``), or ``agent`` /
+    ``turn_runner`` and it builds its own over ``store``.
+    """
 
     platform = Platform.API_SERVER
     supports_async_delivery = False
@@ -154,6 +95,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         self,
         *,
         store: SessionStore,
+        turns: TurnService | None = None,
         agent: Agent | Callable[[], Agent] | None = None,
         turn_runner: TurnRunner | None = None,
         host: str = "127.0.0.1",
@@ -166,33 +108,45 @@ class ApiServerAdapter(BasePlatformAdapter):
         idempotency_wait_seconds: float = 300.0,
     ) -> None:
         super().__init__()
-        if (agent is None) == (turn_runner is None):
-            raise TypeError("ApiServerAdapter needs exactly one of agent= or turn_runner=")
-        if max_concurrent_runs < 1:
-            raise ValueError("max_concurrent_runs must be at least 1")
+        given = sum(x is not None for x in (turns, agent, turn_runner))
+        if given != 1:
+            raise TypeError("ApiServerAdapter needs exactly one of turns=, agent= or turn_runner=")
         if max_body_bytes < 1:
             raise ValueError("max_body_bytes must be at least 1")
         if keepalive_seconds <= 0:
             raise ValueError("keepalive_seconds must be positive")
         self.store = store
-        self._turn_runner: TurnRunner = turn_runner or agent_turn_runner(agent)  # type: ignore[arg-type]
+        self._model_name = model_name
+        if turns is None:
+            runner = turn_runner or agent_turn_runner(agent)  # type: ignore[arg-type]
+            turns = TurnService(
+                store,
+                runner,
+                render=self.render_completion,
+                platform=Platform.API_SERVER,
+                max_concurrent_runs=max_concurrent_runs,
+                idempotency_wait_seconds=idempotency_wait_seconds,
+            )
+        self.turns = turns
         self._host = host
         self._port = int(port)
         self._configured_key = api_key or ""
         # What the wake self-POST presents. Equal to the configured key when there is one;
         # otherwise a secret only this process knows (see the module docstring).
         self._api_key = self._configured_key or "internal-" + secrets.token_urlsafe(32)
-        self._model_name = model_name
-        self.max_concurrent_runs = max_concurrent_runs
         self.max_body_bytes = max_body_bytes
         self.keepalive_seconds = keepalive_seconds
-        self.idempotency_wait_seconds = idempotency_wait_seconds
-        self._boot = f"{os.getpid()}:{secrets.token_hex(8)}"
-        self._active_runs = 0
-        self._turn_tasks: set[asyncio.Task[Any]] = set()
         self._runner: web.AppRunner | None = None
         self._started_at = time.time()
         self.app = self._build_app()
+
+    def render_completion(self, result: Any) -> dict[str, Any]:
+        """The ``chat.completion`` this server answers (and stores) for an agent result."""
+        return completion_object(result, self._model_name)
+
+    @property
+    def max_concurrent_runs(self) -> int:
+        return self.turns.max_concurrent_runs
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -207,11 +161,9 @@ class ApiServerAdapter(BasePlatformAdapter):
         app.router.add_get("/v1/models", self._list_models)
         app.router.add_get("/v1/models/{model_id}", self._get_model)
         app.router.add_get("/health", self._health)
-        app.router.add_get("/api/sessions", self._list_sessions)
-        app.router.add_post("/api/sessions", self._create_session)
-        app.router.add_get("/api/sessions/{session_id}", self._get_session)
-        app.router.add_delete("/api/sessions/{session_id}", self._delete_session)
-        app.router.add_get("/api/sessions/{session_id}/messages", self._session_messages)
+        SessionRoutes(
+            self.store, authenticate=self._authenticate, read_json=self._read_json
+        ).add_to(app.router)
         return app
 
     @property
@@ -224,7 +176,7 @@ class ApiServerAdapter(BasePlatformAdapter):
 
     @property
     def active_runs(self) -> int:
-        return self._active_runs
+        return self.turns.active_runs
 
     async def start(self) -> None:
         if not self._configured_key and not is_loopback(self._host):
@@ -250,13 +202,7 @@ class ApiServerAdapter(BasePlatformAdapter):
 
     async def stop(self, *, grace_seconds: float = 10.0) -> None:
         # Turns in flight finish and store their results before the server goes away.
-        pending = [t for t in self._turn_tasks if not t.done()]
-        if pending:
-            _, still = await asyncio.wait(pending, timeout=grace_seconds)
-            for task in still:
-                task.cancel()
-            if still:
-                await asyncio.gather(*still, return_exceptions=True)
+        await self.turns.drain(grace_seconds)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -307,7 +253,10 @@ class ApiServerAdapter(BasePlatformAdapter):
                 code="session_continuation_requires_key",
                 param=SESSION_HEADER,
             )
-        self._check_session_id(session_id)
+        if not is_valid_session_id(session_id):
+            raise ApiError(
+                400, MALFORMED_SESSION_ID, code="invalid_session_id", param=SESSION_HEADER
+            )
         if await asyncio.to_thread(self.store.get_session, session_id) is None:
             raise ApiError(
                 404,
@@ -317,25 +266,6 @@ class ApiServerAdapter(BasePlatformAdapter):
             )
         request[SESSION_REQUEST_KEY] = session_id
         return session_id
-
-    @staticmethod
-    def _check_session_id(session_id: str) -> None:
-        if not is_valid_session_id(session_id):
-            raise ApiError(
-                400,
-                "malformed session id: use 1-128 characters of A-Z a-z 0-9 . _ : -",
-                code="invalid_session_id",
-                param=SESSION_HEADER,
-            )
-
-    async def _create_api_session(
-        self, session_id: str, title: str | None = None
-    ) -> dict[str, Any]:
-        source = SessionSource(platform=Platform.API_SERVER, chat_id=session_id)
-        return await self.store.acreate_session(session_id, source=source, title=title)
-
-    def _session_key(self, session_id: str) -> str:
-        return build_session_key(SessionSource(platform=Platform.API_SERVER, chat_id=session_id))
 
     # ----------------------------------------------------------------- request parsing
 
@@ -423,266 +353,35 @@ class ApiServerAdapter(BasePlatformAdapter):
         session_id = await self._session_from_header(request, keyed)
         body = await self._read_json(request)
         messages, options = self._validate_chat(body)
-        derived = session_id is None
+        create: SessionSource | None = None
         if session_id is None:
-            # Created by the turn itself (one store operation), not by a refused request.
+            # Written by the turn's own commit, not by a refused request.
             session_id = derive_session_id(messages)
             request[SESSION_REQUEST_KEY] = session_id
-
+            create = SessionSource(platform=Platform.API_SERVER, chat_id=session_id)
         idem_key = request.headers.get(IDEMPOTENCY_HEADER)
-        owner: str | None = None
-        if idem_key is not None:
-            if not idem_key or len(idem_key) > _MAX_IDEMPOTENCY_KEY:
-                raise ApiError(
-                    400,
-                    f"{IDEMPOTENCY_HEADER} must be 1-{_MAX_IDEMPOTENCY_KEY} characters",
-                    param=IDEMPOTENCY_HEADER,
-                    code="invalid_idempotency_key",
-                )
-            owner = f"{self._boot}:{secrets.token_hex(6)}"
-            replay = await self._claim_idempotency(idem_key, owner, session_id)
-            if replay is not None:
-                return await self._respond(request, replay, session_id, options, replayed=True)
-
-        if self._active_runs >= self.max_concurrent_runs:
-            if idem_key is not None and owner is not None:
-                await asyncio.to_thread(self.store.release_idempotent, idem_key, owner)
+        if idem_key is not None and not 0 < len(idem_key) <= _MAX_IDEMPOTENCY_KEY:
             raise ApiError(
-                429,
-                f"too many turns running (max_concurrent_runs = {self.max_concurrent_runs}); "
-                "retry shortly",
-                type_="rate_limit_error",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+                400,
+                f"{IDEMPOTENCY_HEADER} must be 1-{_MAX_IDEMPOTENCY_KEY} characters",
+                param=IDEMPOTENCY_HEADER,
+                code="invalid_idempotency_key",
             )
-        # Counted here, released by the turn itself: a client that hangs up does not free
-        # a slot while its turn still runs.
-        self._active_runs += 1
-        deltas: asyncio.Queue[str | None] | None = asyncio.Queue() if options["stream"] else None
-        try:
-            # Before any answer: once the client hears back, its session exists.
-            source = SessionSource(platform=Platform.API_SERVER, chat_id=session_id)
-            try:
-                history, taken = await self.store.abegin_turn(
-                    session_id, create_with=source if derived else None
-                )
-            except SessionGone:
-                raise ApiError(
-                    404, f"session {session_id!r} does not exist", code="session_not_found"
-                ) from None
-            task = asyncio.create_task(
-                self._run_turn(session_id, messages, history, taken, idem_key, owner, deltas)
+        turn = await self.turns.start(
+            TurnRequest(
+                session_id=session_id,
+                messages=messages,
+                create=create,
+                idempotency_key=idem_key,
+                stream=options["stream"],
             )
-        except BaseException:
-            self._active_runs -= 1
-            await self._forget_claim(idem_key, owner)
-            raise
-        self._turn_tasks.add(task)
-        task.add_done_callback(self._turn_tasks.discard)
-        # The client may be gone by the time the turn fails; the error is logged, not lost.
-        task.add_done_callback(_note_unawaited_failure)
-        if deltas is None:
-            completion = await asyncio.shield(task)
+        )
+        if isinstance(turn, ReplayedTurn):
+            return await self._respond(request, turn.response, session_id, options, replayed=True)
+        if turn.deltas is None:
+            completion = await asyncio.shield(turn.task)
             return web.json_response(completion, headers={SESSION_HEADER: session_id})
-        return await self._stream_turn(request, task, deltas, session_id, options)
-
-    async def _claim_idempotency(
-        self, key: str, owner: str, session_id: str
-    ) -> dict[str, Any] | None:
-        """None when this request runs the turn; the stored response when it was run before."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.idempotency_wait_seconds
-        while True:
-            row = await asyncio.to_thread(
-                self.store.claim_idempotent,
-                key,
-                owner,
-                session_id=session_id,
-                takeover=self._owner_gone,
-            )
-            if row["claimed"]:
-                return None
-            if row["state"] == "done" and isinstance(row["response"], dict):
-                return row["response"]
-            if loop.time() >= deadline:
-                raise ApiError(
-                    409,
-                    f"a request with this {IDEMPOTENCY_HEADER} is still running; retry later",
-                    code="idempotency_in_progress",
-                    param=IDEMPOTENCY_HEADER,
-                )
-            await asyncio.sleep(_IDEMPOTENCY_POLL_SECONDS)
-
-    def _owner_gone(self, owner: str) -> bool:
-        """A running idempotency claim from a previous incarnation of the server is void."""
-        pid_text, _, rest = owner.partition(":")
-        token = rest.partition(":")[0]
-        if f"{pid_text}:{token}" == self._boot:
-            return False  # ours: a request of this process is running it
-        try:
-            pid = int(pid_text)
-        except ValueError:
-            return True
-        # The same pid with another boot token is a restarted server (pid 1 in containers).
-        return pid == os.getpid() or not _pid_alive(pid)
-
-    async def _run_turn(
-        self,
-        session_id: str,
-        request_messages: list[dict[str, Any]],
-        history: list[dict[str, Any]],
-        taken: list[dict[str, Any]],
-        idem_key: str | None,
-        owner: str | None,
-        deltas: asyncio.Queue[str | None] | None,
-    ) -> dict[str, Any]:
-        try:
-            user_message = next(m for m in reversed(request_messages) if m["role"] == "user")
-            context = self._build_context(history, taken, request_messages, user_message)
-            ctx = ToolContext(
-                session_id=session_id,
-                session_key=self._session_key(session_id),
-                platform=Platform.API_SERVER.value,
-            )
-            on_delta: DeltaCallback | None = None
-            if deltas is not None:
-
-                async def on_delta(piece: str) -> None:
-                    deltas.put_nowait(piece)
-
-            result = await self._turn_runner(context, ctx, on_delta)
-            completion = self._completion_object(result)
-            user_text = _text(user_message)
-            user_row: dict[str, Any] = {"role": "user", "content": user_text}
-            if user_text.startswith(WAKE_MARKER):
-                user_row["display_metadata"] = {"wake": True}
-            reply_row: dict[str, Any] = {
-                "role": "assistant",
-                "content": completion_text(completion),
-            }
-            if idem_key is not None:
-                # The dedupe keys make a turn stored twice (never expected) show up once.
-                user_row["dedupe_key"] = f"idem:{idem_key}:user"
-                reply_row["dedupe_key"] = f"idem:{idem_key}:assistant"
-            try:
-                await self.store.aappend_turn(
-                    session_id,
-                    [user_row, reply_row],
-                    idempotency_key=idem_key,
-                    # stored only to answer a repeated Idempotency-Key
-                    response=completion if idem_key is not None else None,
-                )
-            except SessionGone:
-                raise ApiError(
-                    404,
-                    f"session {session_id!r} was deleted while the turn ran",
-                    code="session_not_found",
-                ) from None
-            return completion
-        except ProviderError as exc:
-            await self._forget_claim(idem_key, owner)
-            raise ApiError(
-                502,
-                f"the model provider failed: {exc}",
-                type_="api_error",
-                code="upstream_error",
-            ) from exc
-        except BaseException:
-            await self._forget_claim(idem_key, owner)
-            raise
-        finally:
-            self._active_runs -= 1
-            if deltas is not None:
-                deltas.put_nowait(None)
-
-    async def _forget_claim(self, key: str | None, owner: str | None) -> None:
-        if key is None or owner is None:
-            return
-        try:
-            await asyncio.to_thread(self.store.release_idempotent, key, owner)
-        except Exception:
-            logger.exception("could not release idempotency key %r", key)
-
-    @staticmethod
-    def _build_context(
-        history: list[dict[str, Any]],
-        taken: list[dict[str, Any]],
-        request_messages: list[dict[str, Any]],
-        user_message: dict[str, Any],
-    ) -> list[dict[str, Any]]:
-        """The model's context: request system prompt, stored transcript, the new message.
-
-        Delivery rows are folded here: the rows this turn took (``abegin_turn``) go into one
-        system message tagged ``[reveille:delivery]`` right before the new user message;
-        rows folded by earlier turns stay in the history at their place (each once,
-        consecutive ones merged). Rows that arrive after the take wait for the next turn.
-        """
-        taken_ids = {row["id"] for row in taken}
-        context: list[dict[str, Any]] = [
-            {"role": "system", "content": _text(m)}
-            for m in request_messages
-            if m["role"] in ("system", "developer") and _text(m)
-        ]
-        if history:
-            earlier: list[str] = []
-
-            def flush() -> None:
-                if earlier:
-                    context.append({"role": "system", "content": delivery_context_text(earlier)})
-                    earlier.clear()
-
-            for row in history:
-                if row["display_kind"] is not None:
-                    # Folded by an earlier turn: history, in its place. Taken just now
-                    # (or not yet foldable): not here.
-                    if row["folded"] and row["id"] not in taken_ids:
-                        earlier.append(row["content"])
-                    continue
-                flush()
-                context.append({"role": row["role"], "content": row["content"]})
-            flush()
-        else:
-            # A new session: the client's own earlier messages are the history.
-            last = max(i for i, m in enumerate(request_messages) if m is user_message)
-            context.extend(
-                {"role": m["role"], "content": _text(m)}
-                for m in request_messages[:last]
-                if m["role"] in ("user", "assistant")
-            )
-        if taken:
-            # What arrived since the last turn, right before the new message: this turn is
-            # the one that tells the model about it.
-            context.append(
-                {
-                    "role": "system",
-                    "content": delivery_context_text([row["content"] for row in taken]),
-                }
-            )
-        context.append({"role": "user", "content": _text(user_message)})
-        return context
-
-    def _completion_object(self, result: Any) -> dict[str, Any]:
-        usage = dict(getattr(result, "usage", None) or {})
-        usage = {
-            "prompt_tokens": int(usage.get("prompt_tokens", 0) or 0),
-            "completion_tokens": int(usage.get("completion_tokens", 0) or 0),
-            "total_tokens": int(usage.get("total_tokens", 0) or 0),
-        }
-        return {
-            "id": "chatcmpl-" + new_token()[:24],
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self._model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": str(result.content or "")},
-                    "finish_reason": "stop",
-                    "logprobs": None,
-                }
-            ],
-            "usage": usage,
-        }
+        return await self._stream_turn(request, turn.task, turn.deltas, session_id, options)
 
     async def _respond(
         self,
@@ -769,8 +468,8 @@ class ApiServerAdapter(BasePlatformAdapter):
                 await send_sse(response, chunk({"content": piece}))
             try:
                 completion = await asyncio.shield(task)
-            except ApiError as exc:
-                await send_sse(response, exc.body())
+            except TurnError as exc:
+                await send_sse(response, api_error_of(exc).body())
                 await response.write(b"data: [DONE]\n\n")
                 await response.write_eof()
                 return response
@@ -819,114 +518,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                 "status": "ok",
                 "platform": self.platform.value,
                 "model": self._model_name,
-                "active_runs": self._active_runs,
+                "active_runs": self.turns.active_runs,
                 "max_concurrent_runs": self.max_concurrent_runs,
             }
         )
-
-    # ----------------------------------------------------------------- sessions API
-
-    async def _path_session(self, request: web.Request) -> str:
-        self._authenticate(request)
-        session_id = request.match_info["session_id"]
-        if not is_valid_session_id(session_id):
-            raise ApiError(
-                400,
-                "malformed session id: use 1-128 characters of A-Z a-z 0-9 . _ : -",
-                code="invalid_session_id",
-            )
-        request[SESSION_REQUEST_KEY] = session_id
-        return session_id
-
-    @staticmethod
-    def _int_query(request: web.Request, name: str, default: int | None) -> int | None:
-        raw = request.query.get(name)
-        if raw is None:
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            value = -1
-        if value < 0:
-            raise ApiError(
-                400,
-                f"query parameter {name!r} must be a whole number >= 0",
-                param=name,
-                code="invalid_parameter",
-            )
-        return value
-
-    async def _list_sessions(self, request: web.Request) -> web.Response:
-        self._authenticate(request)
-        limit = self._int_query(request, "limit", 100) or 0
-        offset = self._int_query(request, "offset", 0) or 0
-        sessions = await asyncio.to_thread(self.store.list_sessions, min(limit, 1000), offset)
-        return web.json_response({"object": "list", "data": sessions})
-
-    async def _create_session(self, request: web.Request) -> web.Response:
-        self._authenticate(request)
-        body = await self._read_json(request)
-        if body is None:
-            body = {}
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-        session_id = body.get("id")
-        title = body.get("title")
-        if title is not None and not isinstance(title, str):
-            raise ApiError(400, "'title' must be a string", param="title", code="invalid_type")
-        if session_id is None:
-            session_id = "sess_" + secrets.token_hex(16)
-        elif not isinstance(session_id, str) or not is_valid_session_id(session_id):
-            raise ApiError(
-                400,
-                "malformed session id: use 1-128 characters of A-Z a-z 0-9 . _ : -",
-                param="id",
-                code="invalid_session_id",
-            )
-        existing = await asyncio.to_thread(self.store.get_session, session_id)
-        session = existing or await self._create_api_session(session_id, title)
-        request[SESSION_REQUEST_KEY] = session_id
-        return web.json_response(
-            session, status=200 if existing else 201, headers={SESSION_HEADER: session_id}
-        )
-
-    async def _get_session(self, request: web.Request) -> web.Response:
-        session_id = await self._path_session(request)
-        session = await asyncio.to_thread(self.store.get_session, session_id)
-        if session is None:
-            raise ApiError(404, f"session {session_id!r} does not exist", code="session_not_found")
-        return web.json_response(session, headers={SESSION_HEADER: session_id})
-
-    async def _delete_session(self, request: web.Request) -> web.Response:
-        session_id = await self._path_session(request)
-        if not await asyncio.to_thread(self.store.delete_session, session_id):
-            raise ApiError(404, f"session {session_id!r} does not exist", code="session_not_found")
-        return web.json_response(
-            {"id": session_id, "object": "session", "deleted": True},
-            headers={SESSION_HEADER: session_id},
-        )
-
-    async def _session_messages(self, request: web.Request) -> web.Response:
-        session_id = await self._path_session(request)
-        after_id = self._int_query(request, "after_id", 0) or 0
-        limit = self._int_query(request, "limit", None)
-        try:
-            rows = await asyncio.to_thread(
-                self.store.messages, session_id, after_id=after_id, limit=limit
-            )
-        except SessionGone:
-            raise ApiError(
-                404, f"session {session_id!r} does not exist", code="session_not_found"
-            ) from None
-        return web.json_response(
-            {"object": "list", "session_id": session_id, "data": rows},
-            headers={SESSION_HEADER: session_id},
-        )
-
-
-def _note_unawaited_failure(task: asyncio.Task[Any]) -> None:
-    if task.cancelled():
-        return
-    exc = task.exception()  # marks it retrieved
-    if exc is not None and not isinstance(exc, ApiError):
-        logger.debug("turn task failed: %r", exc)

@@ -1,5 +1,6 @@
 """HTTP concerns shared by Reveille's aiohttp surfaces: the OpenAI error shape, the error
-middleware that maps domain failures onto status codes, and small request helpers.
+middleware that maps domain failures (refused turns, an unavailable store) onto status
+codes, and small request helpers.
 
 Errors are answered as OpenAI error objects (``{"error": {message, type, param, code}}``)
 so that OpenAI clients raise their usual exceptions; a session store that is locked or gone
@@ -18,12 +19,14 @@ from typing import Any
 from aiohttp import web
 
 from gateway.session import SessionStoreError
+from gateway.turns import TurnError
 
 __all__ = [
     "RETRY_AFTER_SECONDS",
     "SESSION_HEADER",
     "SESSION_REQUEST_KEY",
     "ApiError",
+    "api_error_of",
     "error_middleware",
     "is_loopback",
 ]
@@ -99,6 +102,28 @@ _HTTP_ERROR_TYPES = {
 }
 
 
+def api_error_of(exc: TurnError) -> ApiError:
+    """The HTTP answer to a refused or failed turn."""
+    if exc.kind in ("session_not_found", "session_deleted"):
+        return ApiError(404, exc.message, code="session_not_found")
+    if exc.kind == "too_many_turns":
+        return ApiError(
+            429,
+            exc.message,
+            type_="rate_limit_error",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+    if exc.kind == "in_progress":
+        return ApiError(
+            409,
+            "a request with this Idempotency-Key is still running; retry later",
+            code="idempotency_in_progress",
+            param="Idempotency-Key",
+        )
+    return ApiError(502, exc.message, type_="api_error", code="upstream_error")
+
+
 @web.middleware
 async def error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -107,6 +132,8 @@ async def error_middleware(
         return await handler(request)
     except ApiError as exc:
         return exc.response(request.get(SESSION_REQUEST_KEY))
+    except TurnError as exc:
+        return api_error_of(exc).response(request.get(SESSION_REQUEST_KEY))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -1,18 +1,41 @@
-"""The OpenAI chat-completions wire format: completion and chunk objects, SSE framing, and
-the system message that carries delivered background results into a turn.
-"""
+"""The OpenAI chat-completions wire format: completion and chunk objects, SSE framing."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from agent.markers import DELIVERY_MARKER
+from delivery.ids import new_token
 
-__all__ = ["chunker", "completion_text", "delivery_context_text", "send_sse"]
+__all__ = ["chunker", "completion_object", "completion_text", "send_sse"]
+
+
+def completion_object(result: Any, model: str) -> dict[str, Any]:
+    """The ``chat.completion`` object of an agent result (``content`` and ``usage``)."""
+    usage = dict(getattr(result, "usage", None) or {})
+    return {
+        "id": "chatcmpl-" + new_token()[:24],
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": str(result.content or "")},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": int(usage.get("prompt_tokens", 0) or 0),
+            "completion_tokens": int(usage.get("completion_tokens", 0) or 0),
+            "total_tokens": int(usage.get("total_tokens", 0) or 0),
+        },
+    }
 
 
 def completion_text(completion: dict[str, Any]) -> str:
@@ -20,15 +43,6 @@ def completion_text(completion: dict[str, Any]) -> str:
         return str(completion["choices"][0]["message"]["content"] or "")
     except (KeyError, IndexError, TypeError):
         return ""
-
-
-def delivery_context_text(contents: list[str]) -> str:
-    """The system message that carries delivered background results into a turn."""
-    return (
-        f"{DELIVERY_MARKER} Background work started earlier in this conversation has "
-        "finished; its results were delivered here while you were not running:\n\n"
-        + "\n\n".join(c.rstrip() for c in contents)
-    )
 
 
 def chunker(completion: dict[str, Any]) -> Callable[..., dict[str, Any]]:

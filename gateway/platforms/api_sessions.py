@@ -1,0 +1,147 @@
+"""The sessions REST routes of the API server: list, create, read, delete, transcript.
+
+``GET|POST /api/sessions``, ``GET|DELETE /api/sessions/{id}``,
+``GET /api/sessions/{id}/messages`` (``after_id``, ``limit``). Every route needs the API
+key when one is configured (the server's ``authenticate``); answers that belong to a
+session echo its id in ``X-Hermes-Session-Id``. The session store does the work; this
+module is request parsing and answers only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from gateway.config import Platform
+from gateway.platforms.http_middleware import SESSION_HEADER, SESSION_REQUEST_KEY, ApiError
+from gateway.session import (
+    SessionGone,
+    SessionSource,
+    SessionStore,
+    is_valid_session_id,
+    new_session_id,
+)
+
+__all__ = ["MALFORMED_SESSION_ID", "SessionRoutes", "int_query"]
+
+MALFORMED_SESSION_ID = "malformed session id: use 1-128 characters of A-Z a-z 0-9 . _ : -"
+
+
+def int_query(request: web.Request, name: str, default: int | None) -> int | None:
+    """A whole-number query parameter >= 0; 400 for anything else."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ApiError(
+            400,
+            f"query parameter {name!r} must be a whole number >= 0",
+            param=name,
+            code="invalid_parameter",
+        )
+    return value
+
+
+def _not_found(session_id: str) -> ApiError:
+    return ApiError(404, f"session {session_id!r} does not exist", code="session_not_found")
+
+
+class SessionRoutes:
+    """The handlers, over a store; ``authenticate`` and ``read_json`` are the server's."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        *,
+        authenticate: Callable[[web.Request], bool],
+        read_json: Callable[[web.Request], Awaitable[Any]],
+    ) -> None:
+        self.store = store
+        self._authenticate = authenticate
+        self._read_json = read_json
+
+    def add_to(self, router: web.UrlDispatcher) -> None:
+        router.add_get("/api/sessions", self.list_sessions)
+        router.add_post("/api/sessions", self.create_session)
+        router.add_get("/api/sessions/{session_id}", self.get_session)
+        router.add_delete("/api/sessions/{session_id}", self.delete_session)
+        router.add_get("/api/sessions/{session_id}/messages", self.session_messages)
+
+    async def _path_session(self, request: web.Request) -> str:
+        self._authenticate(request)
+        session_id = request.match_info["session_id"]
+        if not is_valid_session_id(session_id):
+            raise ApiError(400, MALFORMED_SESSION_ID, code="invalid_session_id")
+        request[SESSION_REQUEST_KEY] = session_id
+        return session_id
+
+    async def list_sessions(self, request: web.Request) -> web.Response:
+        self._authenticate(request)
+        limit = int_query(request, "limit", 100) or 0
+        offset = int_query(request, "offset", 0) or 0
+        sessions = await asyncio.to_thread(self.store.list_sessions, min(limit, 1000), offset)
+        return web.json_response({"object": "list", "data": sessions})
+
+    async def create_session(self, request: web.Request) -> web.Response:
+        self._authenticate(request)
+        body = await self._read_json(request)
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+        session_id = body.get("id")
+        title = body.get("title")
+        if title is not None and not isinstance(title, str):
+            raise ApiError(400, "'title' must be a string", param="title", code="invalid_type")
+        if session_id is None:
+            session_id = new_session_id()
+        elif not isinstance(session_id, str) or not is_valid_session_id(session_id):
+            raise ApiError(400, MALFORMED_SESSION_ID, param="id", code="invalid_session_id")
+        existing = await asyncio.to_thread(self.store.get_session, session_id)
+        session = existing or await self.store.acreate_session(
+            session_id,
+            source=SessionSource(platform=Platform.API_SERVER, chat_id=session_id),
+            title=title,
+        )
+        request[SESSION_REQUEST_KEY] = session_id
+        return web.json_response(
+            session, status=200 if existing else 201, headers={SESSION_HEADER: session_id}
+        )
+
+    async def get_session(self, request: web.Request) -> web.Response:
+        session_id = await self._path_session(request)
+        session = await asyncio.to_thread(self.store.get_session, session_id)
+        if session is None:
+            raise _not_found(session_id)
+        return web.json_response(session, headers={SESSION_HEADER: session_id})
+
+    async def delete_session(self, request: web.Request) -> web.Response:
+        session_id = await self._path_session(request)
+        if not await asyncio.to_thread(self.store.delete_session, session_id):
+            raise _not_found(session_id)
+        return web.json_response(
+            {"id": session_id, "object": "session", "deleted": True},
+            headers={SESSION_HEADER: session_id},
+        )
+
+    async def session_messages(self, request: web.Request) -> web.Response:
+        session_id = await self._path_session(request)
+        after_id = int_query(request, "after_id", 0) or 0
+        limit = int_query(request, "limit", None)
+        try:
+            rows = await asyncio.to_thread(
+                self.store.messages, session_id, after_id=after_id, limit=limit
+            )
+        except SessionGone:
+            raise _not_found(session_id) from None
+        return web.json_response(
+            {"object": "list", "session_id": session_id, "data": rows},
+            headers={SESSION_HEADER: session_id},
+        )

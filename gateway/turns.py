@@ -1,0 +1,464 @@
+"""The turn service: one conversational turn on a stored session, whatever surface asked.
+
+A surface (the API server now, the web UI next) parses its request into a ``TurnRequest``
+and gets back either a ``ReplayedTurn`` (the stored answer to a repeated idempotency key)
+or a ``StartedTurn`` (a task that runs the agent, plus a queue of content deltas when it
+streams). The service owns what every surface needs the same way:
+
+* beginning the turn: the stored transcript, and the delivery rows background work left
+  since the last turn, taken exactly once (two racing turns never both fold a row);
+* the model context: the request's system prompt, the transcript (earlier deliveries in
+  their place), the new deliveries as one ``[reveille:delivery]`` system message, the new
+  user message;
+* running the agent, with a ``ToolContext`` that routes background work back here;
+* storing the turn: the user message, the reply and the idempotency record in one commit;
+* the idempotency protocol: claim, replay a finished answer, wait (then conflict) while the
+  first attempt runs, forget the claim when the turn fails, take over a dead owner's claim;
+* the cap on turns running at once.
+
+A session that does not exist yet is written by the commit that stores its first turn, so
+a new conversation costs one read before the model runs and one durable write after (a
+streamed turn writes it before the stream opens: its client hears of the session at
+once). If the agent starts background work first, ``ToolContext.prepare_background`` writes the
+session before the work starts: a result never arrives for a session its deliverer does
+not know. Refusals are ``TurnError`` with a ``kind``; the surface maps kinds to its status
+codes. Nothing here knows HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from agent.loop import Agent
+from agent.markers import DELIVERY_MARKER, WAKE_MARKER
+from agent.providers.base import DeltaCallback, ProviderError
+from agent.tools import ToolContext
+from gateway.config import Platform
+from gateway.session import SessionGone, SessionSource, SessionStore, build_session_key
+
+__all__ = [
+    "ReplayedTurn",
+    "StartedTurn",
+    "TurnError",
+    "TurnRequest",
+    "TurnRunner",
+    "TurnService",
+    "agent_turn_runner",
+    "build_context",
+    "delivery_context_text",
+    "derive_session_id",
+    "message_text",
+]
+
+logger = logging.getLogger(__name__)
+
+_IDEMPOTENCY_POLL_SECONDS = 0.05
+
+# Called with the model context, the tool context and a delta callback (None unless
+# streaming); returns an object with ``content`` and ``usage`` (an ``AgentResult``).
+TurnRunner = Callable[[list[dict[str, Any]], ToolContext, DeltaCallback | None], Awaitable[Any]]
+
+# The stored (and replayed) answer of a turn, in the surface's own shape.
+ResponseRenderer = Callable[[Any], dict[str, Any]]
+
+TurnErrorKind = Literal[
+    "session_not_found", "session_deleted", "too_many_turns", "in_progress", "upstream"
+]
+
+
+class TurnError(Exception):
+    """A turn that was refused or failed; ``kind`` says which (see ``TurnErrorKind``)."""
+
+    def __init__(self, kind: TurnErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def agent_turn_runner(agent: Agent | Callable[[], Agent]) -> TurnRunner:
+    """A turn runner over an ``Agent``, or over a factory making one per turn."""
+
+    async def run(
+        messages: list[dict[str, Any]], ctx: ToolContext, on_delta: DeltaCallback | None
+    ) -> Any:
+        current = agent if isinstance(agent, Agent) else agent()
+        return await current.run(messages, ctx, on_delta=on_delta)
+
+    return run
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """The text of a chat message whose content is a string or a list of text parts."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, dict) and part.get("type", "text") == "text"
+        )
+    return ""
+
+
+def derive_session_id(messages: list[dict[str, Any]]) -> str:
+    """A stable id for a conversation: its system prompt and first user message, hashed."""
+    system = [message_text(m) for m in messages if m.get("role") == "system"]
+    first_user = next((message_text(m) for m in messages if m.get("role") == "user"), "")
+    # JSON of a list keeps the parts apart: ("a", "bc") and ("ab", "c") differ.
+    material = json.dumps([system, first_user], ensure_ascii=False, separators=(",", ":"))
+    return "api_" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:24]
+
+
+def delivery_context_text(contents: list[str]) -> str:
+    """The system message that carries delivered background results into a turn."""
+    return (
+        f"{DELIVERY_MARKER} Background work started earlier in this conversation has "
+        "finished; its results were delivered here while you were not running:\n\n"
+        + "\n\n".join(c.rstrip() for c in contents)
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """One turn as a surface asks for it.
+
+    ``messages`` is the request's conversation (validated: it holds a user message; the
+    last one is the new turn). ``create`` is the source of a session this turn may create
+    (a conversation without an explicit session id); None means the session must exist.
+    """
+
+    session_id: str
+    messages: list[dict[str, Any]]
+    create: SessionSource | None = None
+    idempotency_key: str | None = None
+    stream: bool = False
+
+
+@dataclass(frozen=True)
+class ReplayedTurn:
+    """A repeated idempotency key whose first attempt finished: its stored answer."""
+
+    response: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StartedTurn:
+    """A running turn: ``task`` gives the rendered answer; ``deltas`` (streaming only) the
+    content pieces as the agent writes them, then None."""
+
+    task: asyncio.Task[dict[str, Any]]
+    deltas: asyncio.Queue[str | None] | None
+
+
+@dataclass
+class _Begun:
+    history: list[dict[str, Any]]
+    taken: list[dict[str, Any]]
+    # The session still has to be written (by the turn's commit or before background work).
+    unwritten: SessionSource | None
+
+
+class TurnService:
+    """Begins, runs and stores turns on a ``SessionStore`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        turn_runner: TurnRunner,
+        *,
+        render: ResponseRenderer,
+        platform: Platform = Platform.API_SERVER,
+        max_concurrent_runs: int = 10,
+        idempotency_wait_seconds: float = 300.0,
+    ) -> None:
+        if max_concurrent_runs < 1:
+            raise ValueError("max_concurrent_runs must be at least 1")
+        self.store = store
+        self.max_concurrent_runs = max_concurrent_runs
+        self.idempotency_wait_seconds = idempotency_wait_seconds
+        self._run_agent = turn_runner
+        self._render = render
+        self._platform = platform
+        # Owners of idempotency claims are "<pid>:<boot token>:<nonce>": a claim whose
+        # process is gone, or is this pid under another boot token, is void.
+        self._boot = f"{os.getpid()}:{secrets.token_hex(8)}"
+        self._active_runs = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def active_runs(self) -> int:
+        return self._active_runs
+
+    def session_key(self, session_id: str) -> str:
+        return build_session_key(SessionSource(platform=self._platform, chat_id=session_id))
+
+    # ----------------------------------------------------------------- starting a turn
+
+    async def start(self, request: TurnRequest) -> StartedTurn | ReplayedTurn:
+        """Replay a finished answer, or begin the turn and start it running."""
+        owner: str | None = None
+        key = request.idempotency_key
+        if key is not None:
+            owner = f"{self._boot}:{secrets.token_hex(6)}"
+            replay = await self._claim(key, owner, request.session_id)
+            if replay is not None:
+                return ReplayedTurn(replay)
+        if self._active_runs >= self.max_concurrent_runs:
+            await self._forget_claim(key, owner)
+            raise TurnError(
+                "too_many_turns",
+                f"too many turns running (max_concurrent_runs = {self.max_concurrent_runs}); "
+                "retry shortly",
+            )
+        # Counted here, released by the turn itself: a client that goes away does not free
+        # a slot while its turn still runs.
+        self._active_runs += 1
+        deltas: asyncio.Queue[str | None] | None = asyncio.Queue() if request.stream else None
+        try:
+            begun = await self._begin(request)
+            if request.stream:
+                # A stream answers before the turn is stored, and its client may continue
+                # the session at once: write it first.
+                await self._session_writer(request.session_id, begun)()
+            task = asyncio.create_task(self._run(request, begun, owner, deltas))
+        except BaseException:
+            self._active_runs -= 1
+            await self._forget_claim(key, owner)
+            raise
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        # The caller may be gone by the time the turn fails; the error is logged, not lost.
+        task.add_done_callback(_note_unawaited_failure)
+        return StartedTurn(task, deltas)
+
+    async def drain(self, grace_seconds: float) -> None:
+        """Let running turns finish and store their results; cancel what outlasts the grace."""
+        pending = [t for t in self._tasks if not t.done()]
+        if not pending:
+            return
+        _, still = await asyncio.wait(pending, timeout=grace_seconds)
+        for task in still:
+            task.cancel()
+        if still:
+            await asyncio.gather(*still, return_exceptions=True)
+
+    async def _begin(self, request: TurnRequest) -> _Begun:
+        session_id = request.session_id
+        turn = await self.store.astart_turn(session_id)
+        if turn.state == "live":
+            return _Begun(
+                [m.as_dict() for m in turn.history], [m.as_dict() for m in turn.taken], None
+            )
+        if request.create is None:
+            raise TurnError("session_not_found", f"session {session_id!r} does not exist")
+        if turn.state == "deleted":
+            # A conversation that comes back after its session was deleted starts it afresh,
+            # explicitly, before the turn runs (its late results must not be adopted).
+            history, taken = await self.store.abegin_turn(session_id, create_with=request.create)
+            return _Begun(history, taken, None)
+        return _Begun([], [], request.create)
+
+    async def _claim(self, key: str, owner: str, session_id: str) -> dict[str, Any] | None:
+        """None when this request runs the turn; the stored answer when it was run before."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.idempotency_wait_seconds
+        while True:
+            row = await asyncio.to_thread(
+                self.store.claim_idempotent,
+                key,
+                owner,
+                session_id=session_id,
+                takeover=self._owner_gone,
+            )
+            if row["claimed"]:
+                return None
+            if row["state"] == "done" and isinstance(row["response"], dict):
+                return row["response"]
+            if loop.time() >= deadline:
+                raise TurnError(
+                    "in_progress", "a request with this idempotency key is still running"
+                )
+            await asyncio.sleep(_IDEMPOTENCY_POLL_SECONDS)
+
+    def _owner_gone(self, owner: str) -> bool:
+        """A running idempotency claim from a previous incarnation of the server is void."""
+        pid_text, _, rest = owner.partition(":")
+        token = rest.partition(":")[0]
+        if f"{pid_text}:{token}" == self._boot:
+            return False  # ours: a request of this process is running it
+        try:
+            pid = int(pid_text)
+        except ValueError:
+            return True
+        # The same pid with another boot token is a restarted server (pid 1 in containers).
+        return pid == os.getpid() or not _pid_alive(pid)
+
+    async def _forget_claim(self, key: str | None, owner: str | None) -> None:
+        if key is None or owner is None:
+            return
+        try:
+            await asyncio.to_thread(self.store.release_idempotent, key, owner)
+        except Exception:
+            logger.exception("could not release idempotency key %r", key)
+
+    # ----------------------------------------------------------------- running it
+
+    async def _run(
+        self,
+        request: TurnRequest,
+        begun: _Begun,
+        owner: str | None,
+        deltas: asyncio.Queue[str | None] | None,
+    ) -> dict[str, Any]:
+        session_id, key = request.session_id, request.idempotency_key
+        try:
+            user_message = next(m for m in reversed(request.messages) if m["role"] == "user")
+            context = build_context(begun.history, begun.taken, request.messages, user_message)
+            ctx = ToolContext(
+                session_id=session_id,
+                session_key=self.session_key(session_id),
+                platform=self._platform.value,
+                before_background=self._session_writer(session_id, begun),
+            )
+            on_delta: DeltaCallback | None = None
+            if deltas is not None:
+
+                async def on_delta(piece: str) -> None:
+                    deltas.put_nowait(piece)
+
+            result = await self._run_agent(context, ctx, on_delta)
+            response = self._render(result)
+            await self._store(request, begun, user_message, result, response)
+            return response
+        except ProviderError as exc:
+            await self._forget_claim(key, owner)
+            raise TurnError("upstream", f"the model provider failed: {exc}") from exc
+        except BaseException:
+            await self._forget_claim(key, owner)
+            raise
+        finally:
+            self._active_runs -= 1
+            if deltas is not None:
+                deltas.put_nowait(None)
+
+    def _session_writer(self, session_id: str, begun: _Begun) -> Callable[[], Awaitable[None]]:
+        async def write_session() -> None:
+            if begun.unwritten is not None:
+                await self.store.acreate_session(session_id, source=begun.unwritten)
+                begun.unwritten = None
+
+        return write_session
+
+    async def _store(
+        self,
+        request: TurnRequest,
+        begun: _Begun,
+        user_message: dict[str, Any],
+        result: Any,
+        response: dict[str, Any],
+    ) -> None:
+        key = request.idempotency_key
+        user_text = message_text(user_message)
+        user_row: dict[str, Any] = {"role": "user", "content": user_text}
+        if user_text.startswith(WAKE_MARKER):
+            user_row["display_metadata"] = {"wake": True}
+        reply_row: dict[str, Any] = {"role": "assistant", "content": str(result.content or "")}
+        if key is not None:
+            # The dedupe keys make a turn stored twice (never expected) show up once.
+            user_row["dedupe_key"] = f"idem:{key}:user"
+            reply_row["dedupe_key"] = f"idem:{key}:assistant"
+        try:
+            await self.store.aappend_turn(
+                request.session_id,
+                [user_row, reply_row],
+                idempotency_key=key,
+                # stored only to answer a repeated idempotency key
+                response=response if key is not None else None,
+                create=begun.unwritten,
+            )
+        except SessionGone:
+            raise TurnError(
+                "session_deleted", f"session {request.session_id!r} was deleted while the turn ran"
+            ) from None
+
+
+def build_context(
+    history: list[dict[str, Any]],
+    taken: list[dict[str, Any]],
+    request_messages: list[dict[str, Any]],
+    user_message: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The model's context: request system prompt, stored transcript, the new message.
+
+    Delivery rows are folded here: the rows this turn took go into one system message
+    tagged ``[reveille:delivery]`` right before the new user message; rows folded by
+    earlier turns stay in the history at their place (each once, consecutive ones merged).
+    Rows that arrive after the take wait for the next turn.
+    """
+    taken_ids = {row["id"] for row in taken}
+    context: list[dict[str, Any]] = [
+        {"role": "system", "content": message_text(m)}
+        for m in request_messages
+        if m["role"] in ("system", "developer") and message_text(m)
+    ]
+    if history:
+        earlier: list[str] = []
+
+        def flush() -> None:
+            if earlier:
+                context.append({"role": "system", "content": delivery_context_text(earlier)})
+                earlier.clear()
+
+        for row in history:
+            if row["display_kind"] is not None:
+                # Folded by an earlier turn: history, in its place. Taken just now (or not
+                # yet foldable): not here.
+                if row["folded"] and row["id"] not in taken_ids:
+                    earlier.append(row["content"])
+                continue
+            flush()
+            context.append({"role": row["role"], "content": row["content"]})
+        flush()
+    else:
+        # A new session: the client's own earlier messages are the history.
+        last = max(i for i, m in enumerate(request_messages) if m is user_message)
+        context.extend(
+            {"role": m["role"], "content": message_text(m)}
+            for m in request_messages[:last]
+            if m["role"] in ("user", "assistant")
+        )
+    if taken:
+        # What arrived since the last turn, right before the new message: this turn is the
+        # one that tells the model about it.
+        context.append(
+            {"role": "system", "content": delivery_context_text([row["content"] for row in taken])}
+        )
+    context.append({"role": "user", "content": message_text(user_message)})
+    return context
+
+
+def _note_unawaited_failure(task: asyncio.Task[Any]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()  # marks it retrieved
+    if exc is not None and not isinstance(exc, TurnError):
+        logger.debug("turn task failed: %r", exc)
