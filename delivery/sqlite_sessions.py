@@ -9,8 +9,8 @@ file is refused unmodified (``delivery.sqlite_files``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import sqlite3
 import threading
 import time
@@ -58,6 +58,7 @@ from delivery.session_sql import (
     SQL_UNTOMBSTONE,
     sql_insert_messages,
 )
+from delivery.sqlite_reader import GroupReader
 from delivery.sqlite_writer import GroupCommitWriter
 
 T = TypeVar("T")
@@ -132,6 +133,17 @@ def _fold(conn: sqlite3.Connection, session_id: str, now: float) -> list[Message
     if rows:
         conn.executemany(SQL_FOLD, [(now, m.id) for m in rows])
     return [m.as_folded() for m in rows]
+
+
+def _peek_op(conn: sqlite3.Connection, session_id: str) -> TurnStart | None:
+    """A turn's start from a read alone, or None when the writer must fold."""
+    state = _state(conn, session_id)
+    if state != "live":
+        return TurnStart(state)
+    history = tuple(_message(r) for r in conn.execute(SQL_TRANSCRIPT, (session_id,)))
+    if any(m.is_delivery and not m.folded for m in history):
+        return None
+    return TurnStart("live", history)
 
 
 def _insert_message(
@@ -209,6 +221,14 @@ class SqliteSessions:
             unavailable=SessionStoreError,
             name="session-writer",
         )
+        # Coroutines read through one batching reader thread (delivery.sqlite_reader);
+        # threads read on the shared connection above, under the lock.
+        self._reader: GroupReader | None = GroupReader(
+            self._open_writer,
+            classify=lambda exc: sqlite_files.classify(exc, self._spec, "read"),
+            unavailable=lambda msg: SessionStoreError(f"session store {self._spec.path}: {msg}"),
+            name="session-reader",
+        )
 
     def _open_writer(self) -> sqlite3.Connection:
         conn = sqlite_files.connect(self._spec)
@@ -228,6 +248,9 @@ class SqliteSessions:
         return {"writes": w.operations, "commits": w.commits, "durable_commits": w.durable_commits}
 
     def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -253,6 +276,11 @@ class SqliteSessions:
                     conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 raise sqlite_files.classify(exc, self._spec, "read") from exc
+
+    def _require_reader(self) -> GroupReader:
+        if self._reader is None:
+            raise SessionStoreError(f"session store {self._spec.path} is closed")
+        return self._reader
 
     def _require_writer(self) -> GroupCommitWriter[sqlite3.Connection]:
         if self._writer is None:
@@ -346,15 +374,8 @@ class SqliteSessions:
     # -- turns
 
     def _peek_turn(self, session_id: str) -> TurnStart | None:
-        """The turn's start from the reader alone, or None when the writer must fold."""
         with self._read() as conn:
-            state = _state(conn, session_id)
-            if state != "live":
-                return TurnStart(state)
-            history = tuple(_message(r) for r in conn.execute(SQL_TRANSCRIPT, (session_id,)))
-        if any(m.is_delivery and not m.folded for m in history):
-            return None
-        return TurnStart("live", history)
+            return _peek_op(conn, session_id)
 
     def _begin_op(
         self, session_id: str, create: NewSession | None
@@ -381,7 +402,9 @@ class SqliteSessions:
         return self._write(self._begin_op(session_id, create))
 
     async def abegin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
-        peek = await asyncio.to_thread(self._peek_turn, session_id)
+        peek = await self._require_reader().submit_async(
+            functools.partial(_peek_op, session_id=session_id)
+        )
         if peek is not None and (peek.state == "live" or create is None):
             return peek
         return await self._awrite(self._begin_op(session_id, create))
