@@ -107,6 +107,7 @@ def build_runner(
             port=settings.port,
             api_key=settings.api_key,
             model_name=model.name,
+            allowed_origins=settings.allowed_origins,
             max_body_bytes=settings.max_body_bytes,
         )
 

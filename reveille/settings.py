@@ -8,6 +8,7 @@ reported with where it came from and what is allowed.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -32,6 +33,9 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8642
     api_key: str = ""
+    # Browser origins allowed to call the API (comma-separated, e.g. "https://app.example");
+    # requests from any other Origin are refused, so a web page cannot drive the agent.
+    cors_origins: str = ""
     # model provider: "demo" (built in, offline) or "openai" (any OpenAI-compatible endpoint)
     provider: str = "demo"
     model: str = "reveille-demo"
@@ -47,6 +51,10 @@ class Settings:
     lease_seconds: float = 300.0
     max_attempts: int = 8
     replay_cap_seconds: float = 48 * 3600.0
+
+    @property
+    def allowed_origins(self) -> frozenset[str]:
+        return frozenset(normalize_origin(o) for o in self.cors_origins.split(",") if o.strip())
 
     @property
     def ledger_path(self) -> Path:
@@ -70,6 +78,7 @@ ENV_NAMES: dict[str, str] = {
     "host": "REVEILLE_HOST",
     "port": "REVEILLE_PORT",
     "api_key": "API_SERVER_KEY",
+    "cors_origins": "REVEILLE_CORS_ORIGINS",
     "provider": "REVEILLE_PROVIDER",
     "model": "REVEILLE_MODEL",
     "openai_base_url": "OPENAI_BASE_URL",
@@ -91,6 +100,7 @@ _TOML_ALIASES = {
     ("server", "host"): "host",
     ("server", "port"): "port",
     ("server", "api_key"): "api_key",
+    ("server", "cors_origins"): "cors_origins",
     ("server", "max_concurrent_runs"): "max_concurrent_runs",
     ("server", "max_body_bytes"): "max_body_bytes",
     ("model", "provider"): "provider",
@@ -106,6 +116,14 @@ _TOML_ALIASES = {
     ("delivery", "max_attempts"): "max_attempts",
     ("delivery", "replay_cap_seconds"): "replay_cap_seconds",
 }
+
+_ORIGIN_RE = re.compile(r"https?://[a-z0-9.\-\[\]:]+")
+
+
+def normalize_origin(origin: str) -> str:
+    """An origin as browsers send it: lower-case scheme and host, no trailing slash."""
+    return origin.strip().rstrip("/").lower()
+
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -128,6 +146,10 @@ def _coerce(name: str, kind: type, value: Any, origin: str) -> Any:
             return int(value)
         if kind is float:
             return float(value)
+        if isinstance(value, list):  # a TOML array of strings, e.g. cors_origins
+            if not all(isinstance(v, str) for v in value):
+                raise ValueError("expected strings")
+            return ",".join(value)
         return str(value)
     except (TypeError, ValueError) as exc:
         raise SettingsError(f"{origin}: {name} = {value!r} is not valid ({exc})") from None
@@ -153,6 +175,9 @@ def _validate(s: Settings) -> None:
             raise bad(name, "must be positive")
     if s.demo_delay_seconds < 0:
         raise bad("demo_delay_seconds", "must not be negative")
+    for origin in s.cors_origins.split(","):
+        if origin.strip() and not _ORIGIN_RE.fullmatch(normalize_origin(origin)):
+            raise bad("cors_origins", f"{origin.strip()!r} is not an origin like https://host:port")
 
 
 def load_settings(

@@ -44,9 +44,11 @@ from gateway.platforms.http_middleware import (
     SESSION_HEADER,
     SESSION_REQUEST_KEY,
     ApiError,
+    BrowserGuard,
     api_error_of,
     error_middleware,
     is_loopback,
+    require_json,
 )
 from gateway.platforms.openai_wire import chunker, completion_object, completion_text, send_sse
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
@@ -106,6 +108,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS,
         idempotency_wait_seconds: float = 300.0,
+        allowed_origins: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__()
         given = sum(x is not None for x in (turns, agent, turn_runner))
@@ -138,6 +141,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         self.keepalive_seconds = keepalive_seconds
         self._runner: web.AppRunner | None = None
         self._started_at = time.time()
+        self._browsers = BrowserGuard(allowed_origins)
         self.app = self._build_app()
 
     def render_completion(self, result: Any) -> dict[str, Any]:
@@ -164,6 +168,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         SessionRoutes(
             self.store, authenticate=self._authenticate, read_json=self._read_json
         ).add_to(app.router)
+        self._browsers.install(app)
         return app
 
     @property
@@ -270,6 +275,7 @@ class ApiServerAdapter(BasePlatformAdapter):
     # ----------------------------------------------------------------- request parsing
 
     async def _read_json(self, request: web.Request) -> Any:
+        require_json(request)
         length = request.content_length
         if length is not None and length > self.max_body_bytes * _DRAIN_FACTOR:
             raise self._too_large()

@@ -26,9 +26,11 @@ __all__ = [
     "SESSION_HEADER",
     "SESSION_REQUEST_KEY",
     "ApiError",
+    "BrowserGuard",
     "api_error_of",
     "error_middleware",
     "is_loopback",
+    "require_json",
 ]
 
 logger = logging.getLogger(__name__)
@@ -161,3 +163,86 @@ async def error_middleware(
         return ApiError(
             500, "internal server error", type_="server_error", code="internal_error"
         ).response(request.get(SESSION_REQUEST_KEY))
+
+
+# -- browsers ------------------------------------------------------------------------------
+
+_CORS_ALLOW_HEADERS = "Authorization, Content-Type, Idempotency-Key, " + SESSION_HEADER
+_CORS_EXPOSE_HEADERS = SESSION_HEADER + ", Idempotent-Replayed, Retry-After"
+_HARDENING_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    # The API serves no HTML; should a browser render one of its answers, nothing loads.
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+}
+
+
+def require_json(request: web.Request) -> None:
+    """415 unless a request that has a body declares it ``application/json``."""
+    if request.body_exists and request.content_type != "application/json":
+        raise ApiError(
+            415,
+            "request bodies must be JSON: send Content-Type: application/json",
+            code="unsupported_media_type",
+        )
+
+
+class BrowserGuard:
+    """Keeps web pages the user happens to visit from driving the agent.
+
+    A request that carries an ``Origin`` (browsers send it on cross-site requests, and on
+    every POST) is refused with 403 unless the origin is allowed; CORS preflights are
+    answered only for allowed origins; every answer carries the usual hardening headers.
+    (Bodies are accepted only as ``application/json``, by ``require_json``: a "simple"
+    cross-site request with ``text/plain`` cannot be made into a turn.) Clients that are
+    not browsers send no ``Origin`` and are unaffected.
+    """
+
+    def __init__(self, allowed_origins: frozenset[str] = frozenset()) -> None:
+        self.allowed = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+
+    def install(self, app: web.Application) -> None:
+        app.middlewares.insert(0, self.middleware)
+        app.on_response_prepare.append(self._on_prepare)
+
+    def _origin_allowed(self, request: web.Request) -> bool:
+        origin = request.headers.get("Origin")
+        return origin is None or origin.rstrip("/").lower() in self.allowed
+
+    @web.middleware
+    async def middleware(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        if not self._origin_allowed(request):
+            return ApiError(
+                403,
+                f"requests from the web origin {request.headers['Origin']!r} are not allowed; "
+                "add it to [server] cors_origins to allow it",
+                code="origin_not_allowed",
+            ).response()
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            if "Origin" not in request.headers:
+                return ApiError(
+                    400, "a CORS preflight needs an Origin", code="bad_preflight"
+                ).response()
+            return web.Response(
+                status=204,
+                headers={
+                    "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+                    "Access-Control-Allow-Headers": _CORS_ALLOW_HEADERS,
+                    "Access-Control-Max-Age": "600",
+                },
+            )
+        return await handler(request)
+
+    async def _on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        for name, value in _HARDENING_HEADERS.items():
+            response.headers.setdefault(name, value)
+        origin = request.headers.get("Origin")
+        if origin is not None and self._origin_allowed(request):
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Access-Control-Expose-Headers"] = _CORS_EXPOSE_HEADERS
+            response.headers["Vary"] = "Origin"
