@@ -198,6 +198,10 @@ async def deliver_wake(
         # One key for all attempts of this call: that is what makes a retry safe.
         "Idempotency-Key": idempotency_key or f"wake_{uuid.uuid4().hex}",
     }
+    wake_token = getattr(adapter, "_wake_token", None)
+    if isinstance(wake_token, str) and wake_token:
+        # Puts the key in the server's own namespace, which no client can claim first.
+        headers["X-Reveille-Wake-Token"] = wake_token
     body = {
         "model": getattr(adapter, "_model_name", None) or "reveille",
         "messages": [{"role": "user", "content": text}],

@@ -17,9 +17,13 @@ Turns run to completion and are stored even if the client goes away meanwhile.
 
 The adapter cannot push a turn itself (``supports_async_delivery = False``): wake-ups come
 in through ``gateway.wake.deliver_wake``'s self-POST, which reads ``_host``, ``_port``,
-``_api_key`` and ``_model_name``. When no key is configured the adapter still has a random
-internal key (``_api_key``) that only its own wake-ups know, so background-process wakes
-work in the keyless default setup while outside clients keep the 403.
+``_api_key``, ``_wake_token`` and ``_model_name``. When no key is configured the adapter
+still has a random internal key (``_api_key``) that only its own wake-ups know, so
+background-process wakes work in the keyless default setup while outside clients keep the
+403. ``_wake_token`` puts a wake-up's ``Idempotency-Key`` in a namespace of its own.
+
+Idempotency records are scoped by session (``client:<session>:<key>``): a key reused in
+another conversation is another record and never answers with that conversation's reply.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+WAKE_TOKEN_HEADER = "X-Reveille-Wake-Token"
 DEFAULT_KEEPALIVE_SECONDS = 15.0
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 _MAX_IDEMPOTENCY_KEY = 255
@@ -137,6 +142,8 @@ class ApiServerAdapter(BasePlatformAdapter):
         # What the wake self-POST presents. Equal to the configured key when there is one;
         # otherwise a secret only this process knows (see the module docstring).
         self._api_key = self._configured_key or "internal-" + secrets.token_urlsafe(32)
+        # Proves a request is this process's own wake-up (``deliver_wake`` sends it).
+        self._wake_token = secrets.token_urlsafe(32)
         self.max_body_bytes = max_body_bytes
         self.keepalive_seconds = keepalive_seconds
         self._runner: web.AppRunner | None = None
@@ -220,6 +227,18 @@ class ApiServerAdapter(BasePlatformAdapter):
         )
 
     # ----------------------------------------------------------------- auth and sessions
+
+    def _scoped_key(self, request: web.Request, session_id: str, key: str) -> str:
+        """The key a request's idempotency record is stored under.
+
+        Scoped by who sends it and by session: the same key in another conversation is
+        another record (it never answers with that conversation's reply), and the keys of
+        this server's own wake-ups live apart from every client's, so no client can claim
+        one first. A wake-up proves itself with the token only this process knows.
+        """
+        proof = request.headers.get(WAKE_TOKEN_HEADER)
+        internal = proof is not None and self._same(proof, self._wake_token)
+        return f"{'wake' if internal else 'client'}:{session_id}:{key}"
 
     def _bearer(self, request: web.Request) -> str | None:
         header = request.headers.get("Authorization", "")
@@ -366,13 +385,15 @@ class ApiServerAdapter(BasePlatformAdapter):
             request[SESSION_REQUEST_KEY] = session_id
             create = SessionSource(platform=Platform.API_SERVER, chat_id=session_id)
         idem_key = request.headers.get(IDEMPOTENCY_HEADER)
-        if idem_key is not None and not 0 < len(idem_key) <= _MAX_IDEMPOTENCY_KEY:
-            raise ApiError(
-                400,
-                f"{IDEMPOTENCY_HEADER} must be 1-{_MAX_IDEMPOTENCY_KEY} characters",
-                param=IDEMPOTENCY_HEADER,
-                code="invalid_idempotency_key",
-            )
+        if idem_key is not None:
+            if not 0 < len(idem_key) <= _MAX_IDEMPOTENCY_KEY:
+                raise ApiError(
+                    400,
+                    f"{IDEMPOTENCY_HEADER} must be 1-{_MAX_IDEMPOTENCY_KEY} characters",
+                    param=IDEMPOTENCY_HEADER,
+                    code="invalid_idempotency_key",
+                )
+            idem_key = self._scoped_key(request, session_id, idem_key)
         turn = await self.turns.start(
             TurnRequest(
                 session_id=session_id,
