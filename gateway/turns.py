@@ -70,7 +70,12 @@ TurnRunner = Callable[[list[dict[str, Any]], ToolContext, DeltaCallback | None],
 ResponseRenderer = Callable[[Any], dict[str, Any]]
 
 TurnErrorKind = Literal[
-    "session_not_found", "session_deleted", "too_many_turns", "in_progress", "upstream"
+    "session_not_found",
+    "session_deleted",
+    "too_many_turns",
+    "in_progress",
+    "key_reused",
+    "upstream",
 ]
 
 
@@ -127,6 +132,31 @@ def delivery_context_text(contents: list[str]) -> str:
     )
 
 
+_ENVELOPE = frozenset({"fingerprint", "answer"})
+_ANY_REQUEST = "any"
+
+
+def request_fingerprint(request: TurnRequest) -> str:
+    """What makes two requests "the same request" for an idempotency key."""
+    if not request.bind_key_to_request:
+        return _ANY_REQUEST
+    # Not ``stream``: a replay can be told as a stream or as one answer alike.
+    material = json.dumps(
+        [request.session_id, request.messages],
+        sort_keys=True,
+        separators=(",", ":"),
+        default=str,
+    )
+    return hashlib.sha256(material.encode("ascii")).hexdigest()[:32]
+
+
+def _key_reused() -> TurnError:
+    return TurnError(
+        "key_reused",
+        "this idempotency key was already used with a different request; use a new key",
+    )
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -151,6 +181,9 @@ class TurnRequest:
     create: SessionSource | None = None
     idempotency_key: str | None = None
     stream: bool = False
+    bind_key_to_request: bool = True
+    """False for a key that names one piece of work whatever text comes with it (a wake-up
+    keyed by its delivery id is re-rendered when re-offered, yet is the same wake-up)."""
 
 
 @dataclass(frozen=True)
@@ -218,8 +251,10 @@ class TurnService:
         owner: str | None = None
         key = request.idempotency_key
         if key is not None:
-            owner = f"{self._boot}:{secrets.token_hex(6)}"
-            replay = await self._claim(key, owner, request.session_id)
+            # The claim carries the request's fingerprint, so that the same key sent with
+            # another request is told apart while the first one still runs.
+            owner = f"{self._boot}:{secrets.token_hex(6)}:{request_fingerprint(request)}"
+            replay = await self._claim(key, owner, request)
             if replay is not None:
                 return ReplayedTurn(replay)
         if self._active_runs >= self.max_concurrent_runs:
@@ -277,8 +312,14 @@ class TurnService:
             return _Begun(history, taken, None)
         return _Begun([], [], request.create)
 
-    async def _claim(self, key: str, owner: str, session_id: str) -> dict[str, Any] | None:
-        """None when this request runs the turn; the stored answer when it was run before."""
+    async def _claim(self, key: str, owner: str, request: TurnRequest) -> dict[str, Any] | None:
+        """None when this request runs the turn; the stored answer when it was run before.
+
+        The key is bound to the request it was first sent with: the same key with another
+        request (another conversation's messages, say) is refused, never answered with the
+        first request's reply.
+        """
+        fingerprint = owner.rsplit(":", 1)[1]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.idempotency_wait_seconds
         while True:
@@ -286,13 +327,28 @@ class TurnService:
                 self.store.claim_idempotent,
                 key,
                 owner,
-                session_id=session_id,
+                session_id=request.session_id,
                 takeover=self._owner_gone,
             )
             if row["claimed"]:
                 return None
-            if row["state"] == "done" and isinstance(row["response"], dict):
-                return row["response"]
+            stored = row["response"]
+            if row["state"] == "done" and isinstance(stored, dict):
+                if _ENVELOPE.issubset(stored):
+                    if _ANY_REQUEST not in (fingerprint, stored["fingerprint"]) and (
+                        stored["fingerprint"] != fingerprint
+                    ):
+                        raise _key_reused()
+                    answer = stored["answer"]
+                    return answer if isinstance(answer, dict) else {}
+                return stored  # written before answers carried their request's fingerprint
+            running_for = str(row.get("owner") or "").rsplit(":", 1)[-1]
+            if (
+                row["state"] == "running"
+                and _ANY_REQUEST not in (fingerprint, running_for)
+                and running_for != fingerprint
+            ):
+                raise _key_reused()
             if loop.time() >= deadline:
                 raise TurnError(
                     "in_progress", "a request with this idempotency key is still running"
@@ -391,8 +447,12 @@ class TurnService:
                 request.session_id,
                 [user_row, reply_row],
                 idempotency_key=key,
-                # stored only to answer a repeated idempotency key
-                response=response if key is not None else None,
+                # stored only to answer a repeated idempotency key (with the same request)
+                response=(
+                    {"fingerprint": request_fingerprint(request), "answer": response}
+                    if key is not None
+                    else None
+                ),
                 create=begun.unwritten,
             )
         except SessionGone:

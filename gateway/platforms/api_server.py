@@ -228,8 +228,9 @@ class ApiServerAdapter(BasePlatformAdapter):
 
     # ----------------------------------------------------------------- auth and sessions
 
-    def _scoped_key(self, request: web.Request, session_id: str, key: str) -> str:
-        """The key a request's idempotency record is stored under.
+    def _scoped_key(self, request: web.Request, session_id: str, key: str) -> tuple[str, bool]:
+        """The key a request's idempotency record is stored under, and whether the request
+        is this server's own wake-up.
 
         Scoped by who sends it and by session: the same key in another conversation is
         another record (it never answers with that conversation's reply), and the keys of
@@ -238,7 +239,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         """
         proof = request.headers.get(WAKE_TOKEN_HEADER)
         internal = proof is not None and self._same(proof, self._wake_token)
-        return f"{'wake' if internal else 'client'}:{session_id}:{key}"
+        return f"{'wake' if internal else 'client'}:{session_id}:{key}", internal
 
     def _bearer(self, request: web.Request) -> str | None:
         header = request.headers.get("Authorization", "")
@@ -385,6 +386,7 @@ class ApiServerAdapter(BasePlatformAdapter):
             request[SESSION_REQUEST_KEY] = session_id
             create = SessionSource(platform=Platform.API_SERVER, chat_id=session_id)
         idem_key = request.headers.get(IDEMPOTENCY_HEADER)
+        internal = False
         if idem_key is not None:
             if not 0 < len(idem_key) <= _MAX_IDEMPOTENCY_KEY:
                 raise ApiError(
@@ -393,7 +395,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                     param=IDEMPOTENCY_HEADER,
                     code="invalid_idempotency_key",
                 )
-            idem_key = self._scoped_key(request, session_id, idem_key)
+            idem_key, internal = self._scoped_key(request, session_id, idem_key)
         turn = await self.turns.start(
             TurnRequest(
                 session_id=session_id,
@@ -401,6 +403,8 @@ class ApiServerAdapter(BasePlatformAdapter):
                 create=create,
                 idempotency_key=idem_key,
                 stream=options["stream"],
+                # A client's key is bound to its request; a wake-up's names its delivery.
+                bind_key_to_request=not internal,
             )
         )
         if isinstance(turn, ReplayedTurn):

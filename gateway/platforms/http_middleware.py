@@ -116,6 +116,8 @@ def api_error_of(exc: TurnError) -> ApiError:
             code="rate_limit_exceeded",
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
         )
+    if exc.kind == "key_reused":
+        return ApiError(422, exc.message, code="idempotency_key_reused", param="Idempotency-Key")
     if exc.kind == "in_progress":
         return ApiError(
             409,

@@ -75,3 +75,35 @@ async def test_a_reused_key_never_answers_with_another_conversations_reply(store
         # The same request again in Alice's conversation is her replay, not a new turn.
         replay = await _turn(adapter.port, "my secret is 42", key="k-1")
         assert _reply(replay) == _reply(alice) and runner.calls == 2
+
+
+async def test_a_key_reused_with_another_request_is_refused(store) -> None:
+    async with running_adapter(store) as (adapter, _provider, runner):
+        session = store.create_session()["id"]
+        first = await _turn(adapter.port, "deploy to staging", key="k-2", session_id=session)
+        headers = {"Authorization": f"Bearer {KEY}", "Idempotency-Key": "k-2", HEADER: session}
+        body = {"model": "m", "messages": [{"role": "user", "content": "deploy to prod"}]}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"http://127.0.0.1:{adapter.port}/v1/chat/completions", json=body, headers=headers
+            ) as resp,
+        ):
+            assert resp.status == 422
+            error = (await resp.json())["error"]
+            assert error["code"] == "idempotency_key_reused"
+            assert _reply(first) not in error["message"]
+        assert runner.calls == 1
+        assert len(store.messages(session)) == 2  # nothing written for the refused request
+
+
+async def test_a_re_rendered_wake_up_is_still_the_same_wake_up(store) -> None:
+    async with running_adapter(store) as (adapter, _provider, runner):
+        session = store.create_session()["id"]
+        first = await deliver_wake(adapter, text="done", session_id=session, idempotency_key="d1")
+        # Re-offered after a restart, its text says so; the delivery id is the same.
+        again = await deliver_wake(
+            adapter, text="done (re-delivered)", session_id=session, idempotency_key="d1"
+        )
+        assert first is not None and again is not None
+        assert _reply(again) == _reply(first) and runner.calls == 1
