@@ -233,6 +233,22 @@ class MemorySessions:
 
         return self._read(op)
 
+    async def atranscripts_by_prefix(
+        self, prefix: str, limit: int
+    ) -> list[tuple[str, tuple[MessageRecord, ...]]]:
+        def op() -> list[tuple[str, tuple[MessageRecord, ...]]]:
+            hits = sorted(
+                (
+                    s
+                    for sid, s in self._sessions.items()
+                    if sid == prefix or sid.startswith(prefix + "_")
+                ),
+                key=lambda s: (s.created_at, s.id),
+            )[:limit]
+            return [(s.id, tuple(m.record() for m in s.messages)) for s in hits]
+
+        return self._read(op)
+
     def delete_session(self, session_id: str) -> bool:
         now = self._clock()
 

@@ -230,6 +230,13 @@ class SessionBackend(Protocol):
     def find_session_by_key(self, session_key: str) -> SessionRecord | None:
         """The most recently active session with this routing key."""
 
+    async def atranscripts_by_prefix(
+        self, prefix: str, limit: int
+    ) -> list[tuple[str, tuple[MessageRecord, ...]]]:
+        """Live sessions whose id is ``prefix`` or starts with ``prefix + "_"``, with their
+        transcripts, oldest session first (at most ``limit``): the candidates a headerless
+        API request may be continuing."""
+
     def delete_session(self, session_id: str) -> bool:
         """Delete the session and its transcript and tombstone the id (even when it was not
         live: a delete racing a session's first turn still wins). True when a live session

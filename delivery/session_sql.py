@@ -97,6 +97,11 @@ SQL_LIST_SESSIONS = f"SELECT {_SES} FROM sessions ORDER BY updated_at DESC, id A
 SQL_SESSION_BY_KEY = (
     f"SELECT {_SES} FROM sessions WHERE session_key = ? ORDER BY updated_at DESC, id ASC LIMIT 1"
 )
+# A range on the primary key: ids equal to the prefix or starting with prefix + "_"
+# ("_" < "`", so [prefix, prefix + "`") holds exactly those and the prefix itself).
+SQL_SESSIONS_BY_PREFIX = (
+    "SELECT id FROM sessions WHERE id = ? OR (id > ? AND id < ?) ORDER BY created_at, id LIMIT ?"
+)
 SQL_TOUCH_SESSION = "UPDATE sessions SET updated_at = ? WHERE id = ?"
 SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = ?"
 SQL_TOMBSTONE = (

@@ -50,6 +50,7 @@ from delivery.session_sql import (
     SQL_SESSION,
     SQL_SESSION_BY_KEY,
     SQL_SESSION_EXISTS,
+    SQL_SESSIONS_BY_PREFIX,
     SQL_TOMBSTONE,
     SQL_TOMBSTONED,
     SQL_TOUCH_SESSION,
@@ -331,6 +332,23 @@ class SqliteSessions:
         with self._read() as conn:
             row = conn.execute(SQL_SESSION_BY_KEY, (session_key,)).fetchone()
         return _session(row) if row is not None else None
+
+    async def atranscripts_by_prefix(
+        self, prefix: str, limit: int
+    ) -> list[tuple[str, tuple[MessageRecord, ...]]]:
+        def op(conn: sqlite3.Connection) -> list[tuple[str, tuple[MessageRecord, ...]]]:
+            ids = [
+                r["id"]
+                for r in conn.execute(
+                    SQL_SESSIONS_BY_PREFIX, (prefix, prefix + "_", prefix + "`", limit)
+                )
+            ]
+            return [
+                (sid, tuple(_message(r) for r in conn.execute(SQL_TRANSCRIPT, (sid,))))
+                for sid in ids
+            ]
+
+        return await self._require_reader().submit_async(op)
 
     def delete_session(self, session_id: str) -> bool:
         now = self._clock()

@@ -22,6 +22,7 @@ from typing import Any
 
 from delivery.memory_sessions import MemorySessions
 from delivery.session_backend import (
+    MessageRecord,
     NewMessage,
     NewSession,
     SessionBackend,
@@ -338,6 +339,14 @@ class SessionStore:
     def get_session(self, session_id: str) -> dict[str, Any] | None:
         found = self._backend.get_session(session_id)
         return found.as_dict() if found is not None else None
+
+    async def atranscripts_by_prefix(
+        self, prefix: str, limit: int = 32
+    ) -> list[tuple[str, tuple[MessageRecord, ...]]]:
+        """Live sessions named ``prefix`` or ``prefix_<suffix>`` with their transcripts,
+        oldest first (reads only)."""
+        _check_id(prefix)
+        return await self._backend.atranscripts_by_prefix(prefix, limit)
 
     def session_state(self, session_id: str) -> SessionState:
         """``"live"``, ``"deleted"`` (tombstoned, not created again since) or ``"unknown"``

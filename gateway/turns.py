@@ -132,6 +132,34 @@ def delivery_context_text(contents: list[str]) -> str:
     )
 
 
+def _last_user(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(m for m in reversed(messages) if m.get("role") == "user")
+
+
+def _sent_history(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The conversation a request says came before its new user message."""
+    last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+    return [
+        (str(m["role"]), message_text(m).strip())
+        for m in messages[:last]
+        if m.get("role") in ("user", "assistant")
+    ]
+
+
+def _stored_history(transcript: tuple[Any, ...]) -> list[tuple[str, str]]:
+    """A stored transcript as a client that never saw the server's own turns knows it."""
+    out: list[tuple[str, str]] = []
+    in_wake = False
+    for m in transcript:
+        if m.is_delivery:
+            continue
+        if m.role == "user":
+            in_wake = bool(m.display_metadata and m.display_metadata.get("wake"))
+        if not in_wake and m.role in ("user", "assistant"):
+            out.append((m.role, m.content.strip()))
+    return out
+
+
 _ENVELOPE = frozenset({"fingerprint", "answer"})
 _ANY_REQUEST = "any"
 
@@ -243,6 +271,46 @@ class TurnService:
 
     def session_key(self, session_id: str) -> str:
         return build_session_key(SessionSource(platform=self._platform, chat_id=session_id))
+
+    # ----------------------------------------------------------------- which session
+
+    async def resolve_conversation(
+        self, messages: list[dict[str, Any]], *, retry_key: bool = False
+    ) -> str:
+        """The session a request without a session id continues, or a new one's id.
+
+        Conversations are named by their opening (``derive_session_id``), but two different
+        conversations can open alike. A stored session is continued only when the history
+        the request sends (its user and assistant messages before the new one) is that
+        session's transcript, leaving out what the server added itself (delivery rows,
+        wake-up turns). No match, or more than one, starts a session of its own, named
+        ``<opening>_<random>``, which the same conversation's next request finds again.
+        A request that repeats a session's last turn lands in that session only when it
+        carries an idempotency key (``retry_key``): then it is a retry, answered from the
+        key's record. Without one, a second conversation that opens like the first cannot
+        be told from a retry, and a new session is the safe answer.
+        """
+        home = derive_session_id(messages)
+        sent = _sent_history(messages)
+        new_user = ("user", message_text(_last_user(messages)).strip())
+        matching = []
+        candidates = await self.store.atranscripts_by_prefix(home)
+        for sid, transcript in candidates:
+            stored = _stored_history(transcript)
+            # Either this request continues the session, or it repeats the session's last
+            # turn (a retry, which its idempotency key then answers from the record).
+            repeat = (
+                retry_key
+                and len(stored) == len(sent) + 2
+                and stored[: len(sent) + 1] == [*sent, new_user]
+            )
+            if stored == sent or repeat:
+                matching.append(sid)
+        if len(matching) == 1:
+            return matching[0]
+        if not matching and not sent and not any(sid == home for sid, _ in candidates):
+            return home  # the first conversation with this opening
+        return f"{home}_{secrets.token_hex(6)}"
 
     # ----------------------------------------------------------------- starting a turn
 

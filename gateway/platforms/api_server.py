@@ -382,7 +382,9 @@ class ApiServerAdapter(BasePlatformAdapter):
         create: SessionSource | None = None
         if session_id is None:
             # Written by the turn's own commit, not by a refused request.
-            session_id = derive_session_id(messages)
+            session_id = await self.turns.resolve_conversation(
+                messages, retry_key=IDEMPOTENCY_HEADER in request.headers
+            )
             request[SESSION_REQUEST_KEY] = session_id
             create = SessionSource(platform=Platform.API_SERVER, chat_id=session_id)
         idem_key = request.headers.get(IDEMPOTENCY_HEADER)

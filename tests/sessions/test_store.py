@@ -190,3 +190,14 @@ async def test_usable_from_async_via_to_thread(store: SessionStore) -> None:
         *(asyncio.to_thread(store.append_message, "s", "user", str(i)) for i in range(20))
     )
     assert len(await asyncio.to_thread(store.messages, "s")) == 20
+
+
+async def test_transcripts_by_prefix_are_the_opening_and_its_forks(store: SessionStore) -> None:
+    for sid in ("api_abc", "api_abc_1", "api_abcd", "api_ab", "api_abc_2"):
+        store.create_session(sid)
+    store.append_message("api_abc_1", "user", "hello")
+    store.delete_session("api_abc_2")
+    found = await store.atranscripts_by_prefix("api_abc")
+    assert [sid for sid, _ in found] == ["api_abc", "api_abc_1"]
+    assert [m.content for m in dict(found)["api_abc_1"]] == ["hello"]
+    assert await store.atranscripts_by_prefix("api_none") == []
