@@ -160,6 +160,30 @@ def _stored_history(transcript: tuple[Any, ...]) -> list[tuple[str, str]]:
     return out
 
 
+@dataclass(frozen=True)
+class _RepairedResult:
+    content: str
+    usage: Any
+
+
+def well_formed(text: str) -> str:
+    """``text`` with any lone UTF-16 surrogate replaced by U+FFFD: storable and sendable."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def _well_formed_result(result: Any) -> Any:
+    # A model may emit a lone surrogate; the turn is still stored and answered.
+    content = str(result.content or "")
+    repaired = well_formed(content)
+    if repaired == content:
+        return result
+    return _RepairedResult(repaired, getattr(result, "usage", None))
+
+
 _ENVELOPE = frozenset({"fingerprint", "answer"})
 _ANY_REQUEST = "any"
 
@@ -469,7 +493,7 @@ class TurnService:
                 async def on_delta(piece: str) -> None:
                     deltas.put_nowait(piece)
 
-            result = await self._run_agent(context, ctx, on_delta)
+            result = _well_formed_result(await self._run_agent(context, ctx, on_delta))
             response = self._render(result)
             await self._store(request, begun, user_message, result, response)
             return response

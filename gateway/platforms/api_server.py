@@ -32,6 +32,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -45,10 +46,12 @@ from gateway.config import Platform
 from gateway.platforms.api_sessions import MALFORMED_SESSION_ID, SessionRoutes
 from gateway.platforms.base import BasePlatformAdapter
 from gateway.platforms.http_middleware import (
+    OPEN_STREAM_KEY,
     SESSION_HEADER,
     SESSION_REQUEST_KEY,
     ApiError,
     BrowserGuard,
+    ProtocolErrorLogger,
     api_error_of,
     error_middleware,
     is_loopback,
@@ -86,6 +89,28 @@ _MAX_IDEMPOTENCY_KEY = 255
 # clients that write the whole request before reading the answer see the 413 rather than
 # a reset connection. Anything bigger is refused without reading it.
 _DRAIN_FACTOR = 8
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(body: Any) -> bool:
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _content_ok(content: Any) -> bool:
+    if content is None or isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(part, dict)
+        and isinstance(part.get("type", "text"), str)
+        and (part.get("type", "text") != "text" or isinstance(part.get("text"), str))
+        for part in content
+    )
 
 
 class ApiServerAdapter(BasePlatformAdapter):
@@ -197,7 +222,12 @@ class ApiServerAdapter(BasePlatformAdapter):
                 "reach it could use the agent. Set API_SERVER_KEY (or [server] api_key), "
                 "or bind to 127.0.0.1."
             )
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            logger=ProtocolErrorLogger(logging.getLogger("aiohttp.server"), {}),
+        )
         await runner.setup()
         site = web.TCPSite(runner, self._host, self._port)
         try:
@@ -306,11 +336,23 @@ class ApiServerAdapter(BasePlatformAdapter):
         if len(raw) > self.max_body_bytes:
             raise self._too_large()
         try:
-            return json.loads(raw) if raw else None
+            body = json.loads(raw) if raw else None
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(
                 400, f"request body is not valid JSON: {exc}", code="invalid_json"
             ) from None
+        except RecursionError:
+            raise ApiError(400, "request body is nested too deeply", code="invalid_json") from None
+        if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(body):
+            # JSON allows "\ud800" alone; it is not text, and nothing downstream (SQLite,
+            # the model provider, the wire) can encode it.
+            raise ApiError(
+                400,
+                "request body contains a lone UTF-16 surrogate escape (e.g. \\ud800), "
+                "which is not valid Unicode text",
+                code="invalid_json",
+            )
+        return body
 
     def _too_large(self) -> ApiError:
         return ApiError(
@@ -345,6 +387,14 @@ class ApiServerAdapter(BasePlatformAdapter):
                     400,
                     f"messages[{index}] must be an object with a 'role'",
                     param=f"messages[{index}]",
+                    code="invalid_message",
+                )
+            if not _content_ok(message.get("content")):
+                raise ApiError(
+                    400,
+                    f"messages[{index}].content must be a string, null, or an array of "
+                    "parts like {'type': 'text', 'text': '...'}",
+                    param=f"messages[{index}].content",
                     code="invalid_message",
                 )
         last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
@@ -452,6 +502,7 @@ class ApiServerAdapter(BasePlatformAdapter):
             },
         )
         await response.prepare(request)
+        request[OPEN_STREAM_KEY] = response
         return response
 
     async def _finish_stream(
@@ -546,6 +597,12 @@ class ApiServerAdapter(BasePlatformAdapter):
         return web.json_response(self._model_object())
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self._configured_key:
+            try:
+                self._authenticate(request)
+            except ApiError:
+                # Without the key: only that the server is up, nothing about what it runs.
+                return web.json_response({"status": "ok"})
         return web.json_response(
             {
                 "status": "ok",

@@ -25,8 +25,9 @@ from gateway.session import (
     new_session_id,
 )
 
-__all__ = ["MALFORMED_SESSION_ID", "SessionRoutes", "int_query"]
+__all__ = ["MALFORMED_SESSION_ID", "MAX_TITLE_CHARS", "SessionRoutes", "int_query"]
 
+MAX_TITLE_CHARS = 200
 MALFORMED_SESSION_ID = "malformed session id: use 1-128 characters of A-Z a-z 0-9 . _ : -"
 
 
@@ -36,13 +37,13 @@ def int_query(request: web.Request, name: str, default: int | None) -> int | Non
     if raw is None:
         return default
     try:
-        value = int(raw)
+        value = int(raw) if len(raw) <= 18 else -1  # beyond: no SQLite integer holds it
     except ValueError:
         value = -1
     if value < 0:
         raise ApiError(
             400,
-            f"query parameter {name!r} must be a whole number >= 0",
+            f"query parameter {name!r} must be a whole number from 0 to 10^18",
             param=name,
             code="invalid_parameter",
         )
@@ -98,8 +99,13 @@ class SessionRoutes:
             raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
         session_id = body.get("id")
         title = body.get("title")
-        if title is not None and not isinstance(title, str):
-            raise ApiError(400, "'title' must be a string", param="title", code="invalid_type")
+        if title is not None and (not isinstance(title, str) or len(title) > MAX_TITLE_CHARS):
+            raise ApiError(
+                400,
+                f"'title' must be a string of at most {MAX_TITLE_CHARS} characters",
+                param="title",
+                code="invalid_type",
+            )
         if session_id is None:
             session_id = new_session_id()
         elif not isinstance(session_id, str) or not is_valid_session_id(session_id):

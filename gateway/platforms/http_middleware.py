@@ -11,22 +11,27 @@ no internals. The effective session of a request is echoed on error responses to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.session import SessionStoreError
 from gateway.turns import TurnError
 
 __all__ = [
+    "OPEN_STREAM_KEY",
     "RETRY_AFTER_SECONDS",
     "SESSION_HEADER",
     "SESSION_REQUEST_KEY",
     "ApiError",
     "BrowserGuard",
+    "ProtocolErrorLogger",
     "api_error_of",
     "error_middleware",
     "is_loopback",
@@ -128,43 +133,74 @@ def api_error_of(exc: TurnError) -> ApiError:
     return ApiError(502, exc.message, type_="api_error", code="upstream_error")
 
 
+# The SSE response of a request once its headers are sent: an error after that point must
+# end the stream inside the protocol, not become a second HTTP response in the open body.
+OPEN_STREAM_KEY: Any = (
+    web.RequestKey("reveille_open_stream", web.StreamResponse)
+    if hasattr(web, "RequestKey")
+    else "reveille_open_stream"
+)
+
+
+async def _end_open_stream(response: web.StreamResponse, error: ApiError) -> web.StreamResponse:
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        data = json.dumps(error.body(), separators=(",", ":")).encode()
+        await response.write(b"data: " + data + b"\n\ndata: [DONE]\n\n")
+        await response.write_eof()
+    return response
+
+
 @web.middleware
 async def error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     try:
         return await handler(request)
-    except ApiError as exc:
-        return exc.response(request.get(SESSION_REQUEST_KEY))
-    except TurnError as exc:
-        return api_error_of(exc).response(request.get(SESSION_REQUEST_KEY))
+    except asyncio.CancelledError:
+        raise
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         type_, code = _HTTP_ERROR_TYPES.get(
             exc.status, ("invalid_request_error" if exc.status < 500 else "server_error", None)
         )
-        return ApiError(exc.status, exc.reason or "error", type_=type_, code=code).response(
-            request.get(SESSION_REQUEST_KEY)
-        )
-    except asyncio.CancelledError:
-        raise
+        error = ApiError(exc.status, exc.reason or "error", type_=type_, code=code)
+    except ApiError as exc:
+        error = exc
+    except TurnError as exc:
+        error = api_error_of(exc)
     except SessionStoreError as exc:
         # The store is locked by another process past its timeout, closed or gone: the
         # request changed nothing and may be retried.
         logger.error("session store unavailable for %s %s: %s", request.method, request.path, exc)
-        return ApiError(
+        error = ApiError(
             503,
             f"the session store is unavailable, nothing was changed: {exc}",
             type_="server_error",
             code="store_unavailable",
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-        ).response(request.get(SESSION_REQUEST_KEY))
+        )
     except Exception:
         logger.exception("unhandled error in %s %s", request.method, request.path)
-        return ApiError(
-            500, "internal server error", type_="server_error", code="internal_error"
-        ).response(request.get(SESSION_REQUEST_KEY))
+        error = ApiError(500, "internal server error", type_="server_error", code="internal_error")
+    stream = request.get(OPEN_STREAM_KEY)
+    if stream is not None:
+        # Headers are out: end the stream inside the protocol instead.
+        return await _end_open_stream(stream, error)
+    return error.response(request.get(SESSION_REQUEST_KEY))
+
+
+class ProtocolErrorLogger(logging.LoggerAdapter):
+    """aiohttp's server logger, with malformed requests (an oversized header, broken
+    framing) logged as one line: they are the client's fault, and a traceback for each
+    would let anyone flood the log."""
+
+    def exception(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            self.logger.info("refused a malformed HTTP request: %s", exc.message[:200])
+            return
+        self.logger.exception(msg, *args, **kwargs)
 
 
 # -- browsers ------------------------------------------------------------------------------

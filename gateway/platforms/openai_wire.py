@@ -60,4 +60,9 @@ def chunker(completion: dict[str, Any]) -> Callable[..., dict[str, Any]]:
 
 async def send_sse(response: web.StreamResponse, payload: dict[str, Any]) -> None:
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    await response.write(f"data: {data}\n\n".encode())
+    try:
+        encoded = data.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate from a provider: escaped, it is still valid JSON (and UTF-8).
+        encoded = json.dumps(payload, separators=(",", ":")).encode()
+    await response.write(b"data: " + encoded + b"\n\n")
