@@ -20,6 +20,7 @@ from urllib.parse import unquote, urlsplit
 import tools.async_delegation as ad
 from agent import Agent, build_provider
 from agent.providers.base import ModelProvider
+from delivery.sqlite_files import ensure_private_dir
 from gateway.config import Platform
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.platforms.openai_wire import completion_object
@@ -53,6 +54,10 @@ def open_storage(url: str) -> StorageLocation:
     if parts.netloc:
         raise SettingsError(f"storage url {url!r}: a sqlite url has no host (sqlite:///path)")
     home = Path(unquote(parts.path)).expanduser()
+    try:
+        ensure_private_dir(home)
+    except OSError as exc:
+        raise SettingsError(f"state directory {home}: {exc}") from None
     return StorageLocation(home / "ledger.db", home / "sessions.db")
 
 

@@ -22,3 +22,36 @@ def test_a_sqlite_url_names_the_state_directory(tmp_path: Path) -> None:
 def test_a_url_reveille_cannot_open_is_refused_with_its_reason(url: str) -> None:
     with pytest.raises(SettingsError, match="storage url"):
         open_storage(url)
+
+
+def test_a_loose_state_directory_and_its_files_are_tightened(tmp_path) -> None:
+    import stat as st
+
+    from delivery.sqlite_files import ensure_private_dir
+    from gateway.session import SessionStore
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    home.chmod(0o755)
+    (home / "sessions.db").touch()
+    (home / "sessions.db").chmod(0o644)
+    ensure_private_dir(home)
+    assert st.S_IMODE(home.stat().st_mode) == 0o700
+    with SessionStore(home / "sessions.db") as store:
+        store.create_session("s1")
+        for name in ("sessions.db", "sessions.db-wal", "sessions.db-shm"):
+            assert st.S_IMODE((home / name).stat().st_mode) == 0o600, name
+
+
+def test_a_shared_state_directory_is_refused_with_a_message(tmp_path) -> None:
+    import pytest
+
+    from reveille.app import open_storage
+    from reveille.settings import SettingsError
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: sticky, open to all; not ours to change
+    with pytest.raises(SettingsError, match="open to other users"):
+        open_storage(f"sqlite://{shared}")
+    assert shared.stat().st_mode & 0o1777 == 0o1777
