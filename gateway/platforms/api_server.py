@@ -44,7 +44,7 @@ from agent.loop import Agent
 from delivery.ids import new_token
 from gateway.config import Platform
 from gateway.platforms.api_sessions import MALFORMED_SESSION_ID, SessionRoutes
-from gateway.platforms.base import BasePlatformAdapter
+from gateway.platforms.base import BasePlatformAdapter, SendResult
 from gateway.platforms.http_middleware import (
     OPEN_STREAM_KEY,
     SESSION_HEADER,
@@ -249,11 +249,16 @@ class ApiServerAdapter(BasePlatformAdapter):
             await self._runner.cleanup()
             self._runner = None
 
-    async def send(self, chat_id: str, text: str, *, metadata: dict[str, Any] | None = None) -> Any:
-        raise NotImplementedError(
-            "the API server is stateless and cannot push messages; wake-ups go through "
-            "gateway.wake.deliver_wake (self-POST) and delegation results through "
-            "persist_delegation_delivery"
+    async def send(
+        self, chat_id: str, text: str, *, metadata: dict[str, Any] | None = None
+    ) -> SendResult:
+        """Always a failed result: the API server is stateless and cannot push a message;
+        wake-ups go through ``deliver_wake``'s self-POST, delegation results through
+        ``persist_delegation_delivery``."""
+        return SendResult(
+            success=False,
+            error="the API server cannot push messages; clients receive results on their "
+            "next turn (delivery rows) or as wake-up turns",
         )
 
     # ----------------------------------------------------------------- auth and sessions

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from gateway.config import Platform
 from gateway.session import SessionSource
 
-__all__ = ["BasePlatformAdapter", "MessageEvent", "MessageHandler", "MessageType"]
+__all__ = ["BasePlatformAdapter", "MessageEvent", "MessageHandler", "MessageType", "SendResult"]
 
 
 class MessageType(StrEnum):
@@ -52,6 +52,18 @@ class MessageEvent:
 
 
 MessageHandler = Callable[[MessageEvent], Awaitable[str | None]]
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What ``send`` reports: adapters return a failed result rather than raising, so a
+    caller that sends in a loop (or in a ``finally``) can log it and go on. ``retryable``
+    says whether the same send may succeed later (rate limit, network)."""
+
+    success: bool
+    message_id: str | None = None
+    error: str | None = None
+    retryable: bool = False
 
 
 class BasePlatformAdapter(ABC):
@@ -96,7 +108,8 @@ class BasePlatformAdapter(ABC):
 
     @abstractmethod
     async def send(self, chat_id: str, text: str, *, metadata: dict[str, Any] | None = None) -> Any:
-        """Send ``text`` to ``chat_id`` on this platform."""
+        """Send ``text`` to ``chat_id`` on this platform; a ``SendResult`` (or the platform's
+        message id) on success, a failed ``SendResult`` instead of an exception."""
 
     async def start(self) -> None:  # noqa: B027 - intentionally optional hook
         """Connect/listen; no-op by default."""
