@@ -20,6 +20,7 @@ from delivery.events import (
     DelegationEvent,
     ProcessCompletionEvent,
     delegation_counts,
+    is_ledger_mark,
     parse_event,
 )
 
@@ -178,7 +179,7 @@ def display_metadata(evt: Any) -> dict[str, Any]:
         meta["status"] = _text_preview(event.status, 64)
         meta["error"] = _text_preview(event.error, _TEXT_PREVIEW_CHARS)
         meta["fields"] = sorted(
-            _safe_str(k) for k in event.raw if k != "type" and not k.startswith("_")
+            _safe_str(k) for k, v in event.raw.items() if k != "type" and not is_ledger_mark(k, v)
         )[:50]
     if isinstance(event, AbandonedWork):
         meta["abandoned"] = True

@@ -48,6 +48,8 @@ __all__ = [
     "ProcessCompletionEvent",
     "delegation_counts",
     "delivery_id",
+    "is_ledger_mark",
+    "is_restored",
     "parse_event",
 ]
 
@@ -116,7 +118,8 @@ class CompletionEvent:
     completed_at: Any = None
     error: Any = None
     restored: bool = False
-    """The ledger offered it again (restart, orphan re-offer): ``_restored`` on the wire."""
+    """The ledger offered it again (restart, orphan re-offer): on the wire ``restored: True``
+    (the key hermes' consumers read) and the older ``_restored: True``; see ``is_restored``."""
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     kind: EventKind = field(default="generic", init=False)
@@ -151,9 +154,11 @@ class CompletionEvent:
 def _put(out: dict[str, Any], name: str, value: Any) -> None:
     if name == "restored":
         if value:
-            out["_restored"] = True
+            out["restored"] = out["_restored"] = True
         else:
             out.pop("_restored", None)
+            if out.get("restored") is True:
+                del out["restored"]
     elif name == "results":
         out["results"] = [r.to_dict() if isinstance(r, DelegationResult) else r for r in value]
     elif name == "work":
@@ -275,6 +280,19 @@ class GenericEvent(CompletionEvent):
     kind: EventKind = field(default="generic", init=False)
 
 
+def is_restored(raw: Mapping[str, Any]) -> bool:
+    """True when the ledger marked ``raw`` as offered again: ``restored`` exactly True (the
+    key hermes' consumers read), or the older ``_restored`` mark. Any other ``restored``
+    value (``1``, ``"yes"``, a count) is the event's own data, not the mark."""
+    return raw.get("restored") is True or bool(raw.get("_restored"))
+
+
+def is_ledger_mark(key: object, value: object) -> bool:
+    """True for the ledger's bookkeeping in an event dict, not the event's data: every
+    ``_``-prefixed key, and ``restored`` when it is exactly True (the re-offer mark)."""
+    return str(key).startswith("_") or (key == "restored" and value is True)
+
+
 # -- parsing -----------------------------------------------------------------------------------
 
 
@@ -290,7 +308,7 @@ def _common(raw: Mapping[str, Any]) -> dict[str, Any]:
         "dispatched_at": raw.get("dispatched_at"),
         "completed_at": raw.get("completed_at"),
         "error": raw.get("error") if _present(raw.get("error")) else None,
-        "restored": bool(raw.get("_restored")),
+        "restored": is_restored(raw),
         "raw": raw,
     }
 

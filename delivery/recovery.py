@@ -21,8 +21,12 @@ from delivery.states import DeliveryState, State
 
 
 def mark_reoffered(event: dict[str, Any], reason: str, at: float) -> dict[str, Any]:
-    """A copy of ``event`` marked as offered again, so no unrelated session adopts it."""
+    """A copy of ``event`` marked as offered again (``restored`` and ``_restored`` True, the
+    reason and the time), so no unrelated session adopts it. The stored event is unchanged."""
     marked = copy.deepcopy(event)
+    # Both spellings: hermes' and hermes-webui's consumers read ``restored``, older ones here
+    # ``_restored``; a consumer that misses the mark would let a new session adopt it.
+    marked["restored"] = True
     marked["_restored"] = True
     marked["_reoffer_reason"] = reason
     marked["_reoffered_at"] = at

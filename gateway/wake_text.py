@@ -28,6 +28,7 @@ from delivery.events import (
     DelegationResult,
     ProcessCompletionEvent,
     delegation_counts,
+    is_ledger_mark,
     parse_event,
 )
 
@@ -275,8 +276,8 @@ def _format_generic(evt: CompletionEvent) -> str:
         out.append(_RESTORED_NOTE)
     out.append("")
     for key, value in evt.raw.items():
-        # "_"-prefixed keys are the ledger's bookkeeping (re-offer marks), not event data.
-        if key == "type" or str(key).startswith("_") or value is None:
+        # The ledger's bookkeeping (re-offer marks) is not event data.
+        if key == "type" or is_ledger_mark(key, value) or value is None:
             continue
         out.append(_field(str(key), value))
     return "\n".join(out).rstrip() + "\n"

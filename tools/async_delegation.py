@@ -17,10 +17,12 @@ functions are re-exported here.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from delivery.errors import ClaimMismatchError
 from delivery.events import ASYNC_DELEGATION, delivery_id
 from delivery.ids import new_id
 from tools.completion_queue import CompletionEvent, EventQueue
@@ -44,6 +46,7 @@ from tools.delegation_runtime import (
 __all__ = [
     "DEFAULT_MAX_QUEUED",
     "EVENT_TYPE",
+    "NOT_HOLDER",
     "CompletionEvent",
     "DelegationRequest",
     "DelegationRuntime",
@@ -74,6 +77,8 @@ __all__ = [
     "restore_undelivered_completions",
     "runtime_is_open",
 ]
+
+log = logging.getLogger(__name__)
 
 EVENT_TYPE = ASYNC_DELEGATION  # the one literal lives in delivery.events
 
@@ -268,26 +273,52 @@ def claim_event_delivery(evt: CompletionEvent, consumer: str) -> str | None:
     return get_runtime().ledger.claim(row_id, consumer)
 
 
+NOT_HOLDER = ""
+"""What ``release_event_delivery`` returns when the claim is no longer the holder's: falsy."""
+
+
 def complete_event_delivery(evt: CompletionEvent, claim: str | None) -> bool:
-    """Acknowledge: the hand-off was accepted. Only the claim's holder can."""
+    """Acknowledge: the hand-off was accepted. Only the claim's holder can.
+
+    True when the row is delivered under ``claim`` (a repeated ack is True too); False,
+    logged and with the row untouched, when ``claim`` is no longer the holder's (its lease
+    lapsed and another consumer claimed the row, or it was re-offered). Raises for
+    programming errors: no claim token, a malformed event, an unknown id.
+    """
     row_id = _delivery_id(evt)
     if row_id is None:
         return True
     if not claim:
         raise ValueError("complete_event_delivery needs the claim token claim_event_delivery gave")
-    return get_runtime().ledger.complete(row_id, claim)
+    try:
+        return get_runtime().ledger.complete(row_id, claim)
+    except ClaimMismatchError as error:
+        log.warning("complete_event_delivery: %s; the ack is lost", error)
+        return False
 
 
 def release_event_delivery(
     evt: CompletionEvent, claim: str | None, *, retryable: bool = False
 ) -> str:
-    """Give the claim back; ``retryable=True`` refunds the attempt (transient refusal)."""
+    """Give the claim back; ``retryable=True`` refunds the attempt (transient refusal).
+
+    Returns the row's delivery state afterwards (``"pending"``, or ``"dropped"`` at the
+    budget, or ``"delivered"`` when it had been acknowledged under ``claim``; ``"pending"``
+    for event types that need no claim), or ``NOT_HOLDER`` (``""``, falsy), logged and with
+    the row untouched, when ``claim`` is no longer the holder's. Raises for programming
+    errors: no claim token, a malformed event, an unknown id.
+    """
     row_id = _delivery_id(evt)
     if row_id is None:
         return "pending"
     if not claim:
         raise ValueError("release_event_delivery needs the claim token claim_event_delivery gave")
-    return get_runtime().ledger.release(row_id, claim, retryable=retryable)
+    try:
+        return get_runtime().ledger.release(row_id, claim, retryable=retryable)
+    except ClaimMismatchError as error:
+        # Lost to a lapsed lease, a take-over or a re-offer: often a ``finally``.
+        log.info("release_event_delivery: %s; the row is unchanged", error)
+        return NOT_HOLDER
 
 
 def drop_event_delivery(evt: CompletionEvent, claim: str | None, reason: str) -> bool:
@@ -322,20 +353,32 @@ async def aclaim_event_delivery(evt: CompletionEvent, consumer: str) -> str | No
 
 
 async def acomplete_event_delivery(evt: CompletionEvent, claim: str | None) -> bool:
+    """``complete_event_delivery`` for asyncio consumers: the same returns and raises."""
     row_id = _delivery_id(evt)
     if row_id is None:
         return True
     if not claim:
         raise ValueError("complete_event_delivery needs the claim token claim_event_delivery gave")
-    return await get_runtime().ledger.acomplete(row_id, claim)
+    try:
+        return await get_runtime().ledger.acomplete(row_id, claim)
+    except ClaimMismatchError as error:
+        log.warning("acomplete_event_delivery: %s; the ack is lost", error)
+        return False
 
 
 async def arelease_event_delivery(
     evt: CompletionEvent, claim: str | None, *, retryable: bool = False
 ) -> str:
+    """``release_event_delivery`` for asyncio consumers: the same returns (``NOT_HOLDER``,
+    falsy, for a claim that is no longer the holder's) and raises."""
     row_id = _delivery_id(evt)
     if row_id is None:
         return "pending"
     if not claim:
         raise ValueError("release_event_delivery needs the claim token claim_event_delivery gave")
-    return await get_runtime().ledger.arelease(row_id, claim, retryable=retryable)
+    try:
+        return await get_runtime().ledger.arelease(row_id, claim, retryable=retryable)
+    except ClaimMismatchError as error:
+        # Lost to a lapsed lease, a take-over or a re-offer: often a ``finally``.
+        log.info("arelease_event_delivery: %s; the row is unchanged", error)
+        return NOT_HOLDER

@@ -26,7 +26,8 @@ def test_restored_note_follows_the_ledger_field() -> None:
     for evt in (DELEG, PROC, {"type": "watch_match", "pattern": "ERROR"}):
         assert "Re-delivered" not in format_wake_text(evt, now=0)
         assert "Re-delivered" in format_wake_text({**evt, "_restored": True}, now=0)
-    # The old spelling is not the ledger's field.
+        assert "Re-delivered" in format_wake_text({**evt, "restored": True}, now=0)
+    # Only ``restored`` exactly True is the ledger's mark; any other value is the event's.
     assert "Re-delivered" not in format_wake_text({**DELEG, "restored": 1}, now=0)
 
 
