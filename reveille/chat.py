@@ -275,10 +275,32 @@ class _LineReader:
         return None
 
 
+def server_unreachable(url: str) -> str | None:
+    """Why the server at ``url`` cannot be reached, or None when its /health answers."""
+    root = url.rstrip("/")
+    root = root[: -len("/v1")] if root.endswith("/v1") else root
+    try:
+        with urllib.request.urlopen(root + "/health", timeout=5):
+            return None
+    except urllib.error.HTTPError:
+        return None  # something answers; the chat reports what it says
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return str(reason) or type(exc).__name__
+
+
 def run_chat(args: argparse.Namespace) -> int:
     # The HTTP client logs every request at INFO: noise in a chat window.
     for name in ("httpx", "httpx2", "openai", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    problem = server_unreachable(args.url)
+    if problem is not None:
+        print(
+            f"reveille chat: cannot connect to {args.url} ({problem}). Is `reveille serve` "
+            "running? Start it with `bash scripts/serve`, or pass --url.",
+            file=sys.stderr,
+        )
+        return 1
     chat = ChatClient(url=args.url, key=args.key, session_id=args.session, model=args.model)
     try:
         chat.open_session()

@@ -134,3 +134,23 @@ def test_bad_settings_name_the_variable(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert "$REVEILLE_MAX_ATTEMPTS" in out.stderr
+
+
+def test_chat_against_a_dead_port_says_it_cannot_connect() -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again below: nobody listens there
+    out = subprocess.run(
+        [sys.executable, "-m", "reveille.cli", "chat", "--url", f"http://127.0.0.1:{port}/v1"],
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert "cannot connect" in out.stderr and "reveille serve" in out.stderr
+    assert "Traceback" not in out.stderr
