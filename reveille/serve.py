@@ -79,7 +79,9 @@ def startup_banner(settings: Settings, *, port: int, model: str, restored: int) 
     lines += [
         "",
         "Talk to it:",
-        f"  reveille chat --url {url}" + (" --key $API_SERVER_KEY" if key else ""),
+        f"  bash scripts/reveille chat --url {url}"
+        + (" --key $API_SERVER_KEY" if key else "")
+        + "   (from the checkout; `reveille chat` where the package is installed)",
         f"  curl -s {url}/chat/completions -H 'Content-Type: application/json' \\",
         *([f'    -H "Authorization: Bearer {shown_key}" \\'] if key else []),
         f'    -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "hello"}}]}}\'',
