@@ -7,9 +7,10 @@ import datetime as dt
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from delivery.errors import LedgerError
+from delivery.errors import LedgerError, NotALedgerError, UnknownDeliveryError
 from delivery.ledger import Ledger
 from delivery.sqlite_backend import SqliteBackend
 from delivery.states import DeliveryState, State
@@ -129,14 +130,42 @@ def run(args: argparse.Namespace) -> int:
     if not settings.ledger_path.exists():
         print(f"no ledger at {settings.ledger_path} yet (REVEILLE_HOME={settings.home})")
         return 0 if args.action == "list" else 1
-    ledger = Ledger(SqliteBackend(settings.ledger_path), settings.delivery_policy)
+    try:
+        ledger = Ledger(SqliteBackend(settings.ledger_path), settings.delivery_policy)
+    except (LedgerError, OSError) as exc:
+        print(explain(exc, settings.ledger_path), file=sys.stderr)
+        return 1
     try:
         return _act(ledger, args)
-    except LedgerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (LedgerError, OSError) as exc:
+        print(explain(exc, settings.ledger_path), file=sys.stderr)
         return 1
     finally:
         ledger.close()
+
+
+def explain(exc: BaseException, path: Path) -> str:
+    """One or two lines for an expected fault: what happened, that nothing was written,
+    what to do. A healthy ledger that is only locked or read-only is never called broken."""
+    text = str(exc)
+    if isinstance(exc, NotALedgerError):
+        return (
+            f"error: {path} is not a Reveille ledger; nothing was read or written.\n"
+            "Move it aside, or point REVEILLE_HOME at the state directory you meant."
+        )
+    if "locked" in text or "busy" in text:
+        return (
+            f"error: the ledger {path} is locked by another process; nothing was written.\n"
+            "Try again in a moment (a long transaction elsewhere holds it)."
+        )
+    if "readonly" in text or "read-only" in text or isinstance(exc, PermissionError):
+        return (
+            f"error: the ledger {path} cannot be written here (read-only); nothing was written.\n"
+            "Run as the user that owns it, or check the directory's permissions."
+        )
+    if isinstance(exc, UnknownDeliveryError):
+        return f"error: {text}"
+    return f"error: {text}\nNothing was written."
 
 
 def _act(ledger: Ledger, args: argparse.Namespace) -> int:

@@ -154,3 +154,28 @@ def test_chat_against_a_dead_port_says_it_cannot_connect() -> None:
     assert out.returncode == 1
     assert "cannot connect" in out.stderr and "reveille serve" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_file_that_is_not_a_ledger_gets_two_lines_not_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "ledger.db").write_bytes(b"my notes, not a database\n" * 100)
+    out = reveille(tmp_path, "deliveries", "list")
+    assert out.returncode == 1
+    assert "not a Reveille ledger" in out.stderr and "nothing was" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert (tmp_path / "ledger.db").read_bytes().startswith(b"my notes")  # left untouched
+
+
+def test_a_locked_ledger_is_called_locked_not_broken(home: Path) -> None:
+    import sqlite3
+
+    holder = sqlite3.connect(home / "ledger.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        out = reveille(home, "deliveries", "drop", "deleg_0001", "--reason", "r")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert out.returncode == 1
+    assert "locked by another process" in out.stderr and "nothing was written" in out.stderr
+    assert "not a" not in out.stderr and "Traceback" not in out.stderr
+    assert reveille(home, "deliveries", "show", "deleg_0001").returncode == 0  # still healthy
