@@ -24,7 +24,7 @@ import json
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 import aiohttp
 
@@ -153,7 +153,9 @@ async def deliver_wake(
 
     Push adapters: needs ``source``; awaits ``adapter.handle_message`` and returns None.
     Stateless adapters: needs the raw ``session_id``; self-POSTs ``/v1/chat/completions``
-    and returns the parsed JSON response. ``idempotency_key`` (use the delivery id) is sent
+    and returns the parsed JSON response, with ``requested_session_id``,
+    ``effective_session_id`` and ``completion`` (the response itself) added for callers that
+    read hermes-agent's newer shape. ``idempotency_key`` (use the delivery id) is sent
     as ``Idempotency-Key`` on every attempt, so a retry whose first attempt actually ran
     never starts a second turn. ``timeout`` bounds the whole self-post including retries.
 
@@ -237,7 +239,17 @@ async def deliver_wake(
                 ) as resp:
                     status = resp.status
                     if 200 <= status < 300:
-                        return await _read_json_object(resp)
+                        completion = await _read_json_object(resp)
+                        # The completion's own keys, plus the shape newer hermes front ends
+                        # read: which session was asked for, which one answered.
+                        return {
+                            **completion,
+                            "requested_session_id": session_id,
+                            "effective_session_id": resp.headers.get(
+                                "X-Hermes-Session-Id", session_id
+                            ),
+                            "completion": completion,
+                        }
                     detail = await _error_detail(resp)
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
                 last_problem = f"{type(exc).__name__}: {exc}".rstrip(": ")
@@ -274,7 +286,57 @@ async def deliver_wake(
 # --------------------------------------------------------------------------- persistence
 
 
+@overload
 def persist_delegation_delivery(
+    store: SessionStore,
+    session_id: str,
+    evt: Mapping[str, Any] | CompletionEvent,
+    text: str | None = None,
+) -> dict[str, Any]: ...
+
+
+@overload
+def persist_delegation_delivery(
+    store: Any,
+    session_id: str | None = None,
+    evt: Mapping[str, Any] | CompletionEvent | None = None,
+    text: str | None = None,
+    *,
+    profile: str = "",
+) -> Any: ...
+
+
+def persist_delegation_delivery(
+    store: Any,
+    session_id: str | None = None,
+    evt: Mapping[str, Any] | CompletionEvent | None = None,
+    text: str | None = None,
+    *,
+    profile: str = "",
+) -> Any:
+    """Append a delegation result to an API-server session transcript as a delivery row.
+
+    Two call shapes. This tree's: ``persist_delegation_delivery(store, session_id, evt,
+    text)``, synchronous, returns the row. hermes-agent's:
+    ``await persist_delegation_delivery(adapter, text=..., session_id=..., evt=...)`` with
+    an adapter that has a ``store``: returns an awaitable that writes the row off the event
+    loop (``profile`` is accepted and has no meaning here).
+    """
+    if not isinstance(store, SessionStore):
+        target = getattr(store, "store", None)
+        if not isinstance(target, SessionStore):
+            raise TypeError(
+                "persist_delegation_delivery needs a SessionStore or an adapter with a .store"
+            )
+        if not session_id or evt is None:
+            raise ValueError("persist_delegation_delivery needs session_id= and evt=")
+        return asyncio.to_thread(_persist_delegation_delivery, target, session_id, evt, text)
+    if session_id is None or evt is None:
+        raise ValueError("persist_delegation_delivery needs a session id and the event")
+    return _persist_delegation_delivery(store, session_id, evt, text)
+
+
+def _persist_delegation_delivery(
     store: SessionStore,
     session_id: str,
     evt: Mapping[str, Any] | CompletionEvent,

@@ -95,7 +95,10 @@ async def test_idempotency_key_identical_across_429_retries(serve) -> None:
     result = await deliver_wake(
         ApiAdapter(port=port), text="wake", session_id="sid", idempotency_key="deleg_abc"
     )
-    assert result == {"id": "chatcmpl-1", "choices": [{"message": {"content": "ok"}}]}
+    completion = {"id": "chatcmpl-1", "choices": [{"message": {"content": "ok"}}]}
+    assert result is not None and result["completion"] == completion
+    assert {k: result[k] for k in completion} == completion  # the old shape still reads
+    assert result["requested_session_id"] == result["effective_session_id"] == "sid"
     assert [s["headers"]["Idempotency-Key"] for s in seen] == ["deleg_abc"] * 3
 
 
@@ -170,12 +173,13 @@ async def test_redirect_is_not_followed(serve) -> None:
         await deliver_wake(ApiAdapter(port=port), text="x", session_id="sid")
 
 
-async def test_non_json_success_returns_empty_dict(serve) -> None:
+async def test_non_json_success_returns_an_empty_completion(serve) -> None:
     async def handler(request: web.Request) -> web.Response:
         return web.Response(text="fine")
 
     port = await serve(handler)
-    assert await deliver_wake(ApiAdapter(port=port), text="x", session_id="sid") == {}
+    result = await deliver_wake(ApiAdapter(port=port), text="x", session_id="sid")
+    assert result is not None and result["completion"] == {}
 
 
 async def test_connection_refused_gives_up_transient() -> None:
@@ -220,7 +224,8 @@ async def test_server_disconnect_is_retried_with_same_key(serve) -> None:
         return web.json_response({"ok": True})
 
     port = await serve(flaky)
-    assert await deliver_wake(ApiAdapter(port=port), text="x", session_id="sid") == {"ok": True}
+    result = await deliver_wake(ApiAdapter(port=port), text="x", session_id="sid")
+    assert result is not None and result["completion"] == {"ok": True}
     assert len(keys) == 2 and keys[0] == keys[1]
 
 
@@ -498,3 +503,26 @@ def test_persist_rejects_unknown_session_and_bad_events(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="not a delegation"):
             persist_delegation_delivery(store, "s", {"type": "completion", "delegation_id": "x"})
         assert store.messages("s") == []
+
+
+async def test_persist_takes_hermes_agents_call_shape_too(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    evt = {
+        "type": "async_delegation",
+        "delegation_id": "deleg_hermes",
+        "goal": "g",
+        "status": "completed",
+        "summary": "done",
+    }
+    with SessionStore(tmp_path / "s.db") as store:
+        sid = store.create_session()["id"]
+        adapter = SimpleNamespace(store=store)
+        for _ in range(2):  # a redelivery appends nothing
+            row = await persist_delegation_delivery(
+                adapter, text="the result", session_id=sid, evt=evt, profile=""
+            )
+            assert row["display_kind"] == "async_delegation_complete"
+        assert [m["content"] for m in store.messages(sid)] == ["the result"]
+        with pytest.raises(TypeError):
+            persist_delegation_delivery(object(), session_id=sid, evt=evt)
