@@ -148,8 +148,13 @@ def dispatch_async_delegation(
     origin_session_id: str | None = None,
     origin_ui_session_id: str | None = None,
     parent_session_id: str | None = None,
+    max_queued_delegations: int | None = None,
 ) -> DispatchOutcome:
-    """Start one background task; returns at once with dispatched | queued | rejected."""
+    """Start one background task; returns at once with dispatched | queued | rejected.
+
+    Beyond ``max_async_children`` running, the task waits in the FIFO unless that holds
+    ``max_queued_delegations`` (default: the runtime's bound) already: then it is rejected.
+    """
     if not isinstance(goal, str) or not goal.strip():
         raise ValueError("goal must be a non-empty string")
     if not callable(runner):
@@ -168,7 +173,13 @@ def dispatch_async_delegation(
     )
     request["goal"] = goal
     unit = Unit(delegation_id, request, runner, interrupt_fn)
-    return get_runtime().dispatch(unit, kind="delegation", goal=goal, cap=max_async_children)
+    return get_runtime().dispatch(
+        unit,
+        kind="delegation",
+        goal=goal,
+        cap=max_async_children,
+        max_queued=max_queued_delegations,
+    )
 
 
 def dispatch_async_delegation_batch(
@@ -186,6 +197,7 @@ def dispatch_async_delegation_batch(
     origin_session_id: str | None = None,
     origin_ui_session_id: str | None = None,
     parent_session_id: str | None = None,
+    max_queued_delegations: int | None = None,
 ) -> DispatchOutcome:
     """Start several goals as ONE unit holding one slot; one completion with ``results[]``.
 
@@ -238,7 +250,13 @@ def dispatch_async_delegation_batch(
 
     unit = Unit(delegation_id, request, run_batch, interrupt_fn)
     summary = f"batch of {len(goals)}: {goals[0]}"
-    return get_runtime().dispatch(unit, kind="delegation", goal=summary, cap=max_async_children)
+    return get_runtime().dispatch(
+        unit,
+        kind="delegation",
+        goal=summary,
+        cap=max_async_children,
+        max_queued=max_queued_delegations,
+    )
 
 
 def interrupt_delegation(delegation_id: str) -> bool:
@@ -330,8 +348,19 @@ def drop_event_delivery(evt: CompletionEvent, claim: str | None, reason: str) ->
 
 
 def get_durable_delegation(delegation_id: str) -> LedgerRow | None:
-    """The row as a dict (``delivery_state``, ``delivery_attempts``, the event ...), or None."""
-    return get_runtime().ledger.get(delegation_id)
+    """The row as a dict (``delivery_state``, ``delivery_attempts``, the event ...), or None.
+
+    Also under the names hermes-agent's consumers read: ``origin_session`` (the
+    ``origin_session_id``) and ``result`` (the completion's summary, or its ``results`` for a
+    batch; None until the work finished).
+    """
+    row = get_runtime().ledger.get(delegation_id)
+    if row is None:
+        return None
+    stored = row.get("event")
+    event: dict[str, Any] = stored if isinstance(stored, dict) else {}
+    result = event.get("summary") if event.get("summary") is not None else event.get("results")
+    return {**row, "origin_session": row.get("origin_session_id"), "result": result}
 
 
 def restore_undelivered_completions(completion_queue: EventQueue) -> int:

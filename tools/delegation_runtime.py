@@ -133,13 +133,22 @@ class DelegationRuntime:
 
     # -- dispatch -----------------------------------------------------------------------------
 
-    def dispatch(self, unit: Unit, *, kind: str, goal: str, cap: int) -> DispatchOutcome:
+    def dispatch(
+        self, unit: Unit, *, kind: str, goal: str, cap: int, max_queued: int | None = None
+    ) -> DispatchOutcome:
+        """Start ``unit`` now (under ``cap`` running), queue it in the FIFO, or reject it.
+
+        ``max_queued`` lowers the runtime's FIFO bound for this call (never raises it).
+        """
         if cap < 1:
             raise ValueError("max_async_children must be at least 1")
+        if max_queued is not None and max_queued < 0:
+            raise ValueError("max_queued_delegations must not be negative")
+        limit = self.max_queued if max_queued is None else min(self.max_queued, max_queued)
         with self._lock:
             start_now = len(self._slots.running) < cap
             waiting = len(self._slots.waiting) + self._slots.joining
-            if not start_now and waiting >= self.max_queued:
+            if not start_now and waiting >= limit:
                 return _rejected(
                     unit.delegation_id,
                     f"{len(self._slots.running)} background tasks are running and "

@@ -279,3 +279,40 @@ class TestRestoredParsing:
         assert "restored: 4" in format_wake_text(own, now=0)
         assert display_metadata(own)["fields"] == ["pattern", "restored"]
         assert is_ledger_mark("restored", True) and not is_ledger_mark("restored", 1)
+
+
+def test_dispatch_takes_max_queued_delegations_and_rows_name_origin_and_result(
+    tmp_path,
+) -> None:
+    import threading
+
+    from tools import async_delegation as ad
+    from tools.completion_queue import CompletionQueue
+
+    queue = CompletionQueue()
+    ad.reset_runtime()
+    ad.configure_runtime(str(tmp_path / "ledger.db"), completion_queue=queue)
+    gate = threading.Event()
+    try:
+
+        def slow() -> dict:
+            gate.wait(10)
+            return {"status": "completed", "summary": "the answer"}
+
+        first = ad.dispatch_async_delegation(
+            goal="a", runner=slow, max_async_children=1, origin_session_id="sess-1"
+        )
+        assert first["status"] == "dispatched"
+        beyond = ad.dispatch_async_delegation(
+            goal="b", runner=slow, max_async_children=1, max_queued_delegations=0
+        )
+        assert beyond["status"] == "rejected"
+        row = ad.get_durable_delegation(first["delegation_id"])
+        assert row is not None and row["origin_session"] == "sess-1" and row["result"] is None
+        gate.set()
+        evt = queue.get(timeout=10)
+        row = ad.get_durable_delegation(evt["delegation_id"])
+        assert row is not None and row["result"] == "the answer"
+    finally:
+        gate.set()
+        ad.reset_runtime()
