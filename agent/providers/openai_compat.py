@@ -16,6 +16,7 @@ into a `ModelReply` directly.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -32,6 +33,20 @@ _MAX_ERROR_TEXT = 500
 _PATH = "/chat/completions"
 # The bearer key is sent as `chat.completions.create` sends it.
 _OPTIONS: Any = {"security": {"bearer_auth": True}}
+
+
+def _quiet_transport_logs() -> None:
+    """The SDK's HTTP layer logs every request at INFO: one formatted line per model call.
+
+    Unless the operator asked for debug logs or configured these loggers, only warnings
+    and errors of theirs are kept.
+    """
+    if logging.getLogger().getEffectiveLevel() <= logging.DEBUG:
+        return
+    for name in ("httpx2", "httpx"):
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
 
 
 def _http_client(base_url: str | None, timeout: float) -> Any:
@@ -115,6 +130,7 @@ class OpenAICompatProvider:
                 del self._clients[stale]
             client = self._clients.get(loop)
             if client is None:
+                _quiet_transport_logs()
                 client = AsyncOpenAI(
                     base_url=self.base_url,
                     api_key=self._api_key or _NO_KEY_PLACEHOLDER,

@@ -543,3 +543,28 @@ def test_build_provider_kinds():
         build_provider(kind="openai")
     with pytest.raises(ValueError, match="unknown provider kind"):
         build_provider(kind="llama")
+
+
+async def test_per_request_transport_logs_are_quieted_unless_debugging(fake):
+    import logging
+
+    transport = logging.getLogger("httpx2")
+    root = logging.getLogger()
+    saved = (transport.level, root.level)
+    try:
+        transport.setLevel(logging.NOTSET)
+        root.setLevel(logging.INFO)
+        provider = provider_for(fake)
+        await provider.complete([])
+        assert transport.level == logging.WARNING
+        await provider.aclose()
+
+        transport.setLevel(logging.NOTSET)
+        root.setLevel(logging.DEBUG)
+        provider = provider_for(fake)
+        await provider.complete([])
+        assert transport.level == logging.NOTSET
+        await provider.aclose()
+    finally:
+        transport.setLevel(saved[0])
+        root.setLevel(saved[1])
