@@ -1,18 +1,28 @@
-"""API server benchmark: non-streaming chat completions with the demo model, 32 clients.
+"""API server benchmark: chat completions through `reveille serve`, 32 clients.
 
-Starts `reveille serve` (the real server: sessions, transcript writes, the agent loop with
-the offline demo model) and, as the baseline, a bare aiohttp handler that returns a canned
-completion; each runs in its own process on a loopback port. A closed-loop load of
-``--clients`` concurrent clients (aiohttp, one new conversation per request) runs against
-each for ``--seconds``. Prints requests/s and p50/p99 latency for both and their ratio.
+Demo mode (the default): starts `reveille serve` (the real server: sessions, transcript
+writes, the agent loop with the offline demo model) and, as the baseline, a bare aiohttp
+handler that returns a canned completion; each runs in its own process on a loopback port.
 
-Usage: python bench/api_server.py [--clients 32] [--seconds 10]
+Provider mode (``--provider``): starts a fake OpenAI-compatible upstream in its own process
+(canned ``chat.completion`` JSON, or SSE chunks then ``data: [DONE]`` when asked to stream),
+measures it alone, then measures `reveille serve` configured to use it as its model
+provider (``REVEILLE_PROVIDER=openai``, ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``,
+``REVEILLE_MODEL``) while it keeps running: every Reveille turn is one upstream call.
+
+A closed-loop load of ``--clients`` concurrent clients (aiohttp, one new conversation per
+request) runs against each for ``--seconds``. Prints requests/s and p50/p99 latency for both
+and their ratio. ``--stream`` makes the clients ask for (and read) SSE answers.
+
+Usage: python bench/api_server.py [--provider] [--stream] [--clients 32] [--seconds 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
 import socket
 import statistics
@@ -20,7 +30,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -42,6 +54,33 @@ CANNED = {
 }
 
 
+UPSTREAM_MODEL = "canned-upstream"
+UPSTREAM_KEY = "sk-bench-upstream"
+UPSTREAM_PIECES = ["Hello ", "from ", "a canned ", "upstream."]
+
+
+def _chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-canned",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": UPSTREAM_MODEL,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
+
+
+def _upstream_stream_body(include_usage: bool) -> bytes:
+    chunks = [_chunk({"role": "assistant", "content": ""})]
+    chunks += [_chunk({"content": piece}) for piece in UPSTREAM_PIECES]
+    chunks.append(_chunk({}, "stop"))
+    if include_usage:
+        usage = {**_chunk({}), "choices": [], "usage": CANNED["usage"]}
+        chunks.append(usage)
+    lines = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks]
+    lines.append("data: [DONE]\n\n")
+    return "".join(lines).encode()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -52,6 +91,44 @@ def serve_canned(port: int) -> None:
     async def complete(request: web.Request) -> web.Response:
         await request.json()
         return web.json_response(CANNED)
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", complete)
+    app.router.add_get("/health", health)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def serve_upstream(port: int) -> None:
+    """A fake OpenAI-compatible model endpoint: canned JSON, or canned SSE when streaming."""
+    answer = {
+        **CANNED,
+        "model": UPSTREAM_MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "".join(UPSTREAM_PIECES)},
+                "finish_reason": "stop",
+            }
+        ],
+    }
+    with_usage = _upstream_stream_body(include_usage=True)
+    without_usage = _upstream_stream_body(include_usage=False)
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            return web.json_response(answer)
+        options = body.get("stream_options") or {}
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        await response.write(with_usage if options.get("include_usage") else without_usage)
+        await response.write_eof()
+        return response
 
     async def health(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -78,7 +155,27 @@ async def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float =
     raise RuntimeError(f"{url} did not become healthy")
 
 
-async def load(url: str, clients: int, seconds: float) -> dict[str, float]:
+async def _read_stream(resp: aiohttp.ClientResponse) -> bool:
+    """Reads an SSE answer to its end; true when it carried content and ended with [DONE]."""
+    content = False
+    done = False
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            done = True
+            continue
+        choices = json.loads(data).get("choices") or []
+        if choices and (choices[0].get("delta") or {}).get("content"):
+            content = True
+    return content and done
+
+
+async def load(
+    url: str, clients: int, seconds: float, stream: bool = False, model: str = "reveille-demo"
+) -> dict[str, float]:
     latencies: list[float] = []
     errors = 0
     counter = 0
@@ -90,14 +187,18 @@ async def load(url: str, clients: int, seconds: float) -> dict[str, float]:
         while time.perf_counter() < stop_at:
             counter += 1
             body = {
-                "model": "reveille-demo",
+                "model": model,
                 "messages": [{"role": "user", "content": f"hello, request {index}-{counter}"}],
-                "stream": False,
+                "stream": stream,
             }
             start = time.perf_counter()
             async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
-                payload = await resp.json()
-                if resp.status != 200 or not payload["choices"][0]["message"]["content"]:
+                if stream:
+                    ok = resp.status == 200 and await _read_stream(resp)
+                else:
+                    payload = await resp.json()
+                    ok = resp.status == 200 and bool(payload["choices"][0]["message"]["content"])
+                if not ok:
                     errors += 1
                     continue
             latencies.append((time.perf_counter() - start) * 1000)
@@ -116,46 +217,100 @@ async def load(url: str, clients: int, seconds: float) -> dict[str, float]:
     }
 
 
-async def measure(cmd: list[str], env: dict[str, str], port: int, args: argparse.Namespace):
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        await wait_healthy(url, proc)
-        await load(url, args.clients, min(2.0, args.seconds / 4))  # warm-up
-        return await load(url, args.clients, args.seconds)
-    finally:
-        proc.terminate()
+@contextlib.asynccontextmanager
+async def running(cmd: list[str], env: dict[str, str], port: int) -> AsyncIterator[str]:
+    """Runs ``cmd`` (a server on ``port``) until the block ends; yields its url once healthy."""
+    # The server's log goes to a file, not a pipe nobody reads (a full pipe would stall it).
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        url = f"http://127.0.0.1:{port}"
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            try:
+                await wait_healthy(url, proc)
+            except RuntimeError:
+                log.seek(0)
+                sys.stderr.write(log.read()[-4000:].decode(errors="replace"))
+                raise
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def measure_url(url: str, args: argparse.Namespace, model: str = "reveille-demo"):
+    stream = args.stream
+    await load(url, args.clients, min(2.0, args.seconds / 4), stream, model)  # warm-up
+    return await load(url, args.clients, args.seconds, stream, model)
+
+
+async def measure(cmd: list[str], env: dict[str, str], port: int, args: argparse.Namespace):
+    async with running(cmd, env, port) as url:
+        return await measure_url(url, args)
+
+
+def line(name: str, r: dict[str, float], width: int = 22) -> str:
+    return (
+        f"{name:<{width}}: {r['rps']:8,.0f} requests/s   p50 {r['p50']:6.2f} ms   "
+        f"p99 {r['p99']:6.2f} ms   ({r['requests']} ok, {r['errors']} errors)"
+    )
+
+
+def header(args: argparse.Namespace) -> str:
+    kind = "streaming" if args.stream else "non-streaming"
+    return (
+        f"{args.clients} concurrent clients, {args.seconds:.0f} s each, {kind}, "
+        f"{os.cpu_count()} cores"
+    )
+
+
+def reveille_env(env: dict[str, str], home: str, port: int, clients: int) -> dict[str, str]:
+    return {
+        **env,
+        "REVEILLE_HOME": home,
+        "REVEILLE_PORT": str(port),
+        "REVEILLE_MAX_CONCURRENT_RUNS": str(clients * 2),
+    }
+
+
+async def provider_main_async(args: argparse.Namespace) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    upstream_port = free_port()
+    upstream_cmd = [sys.executable, __file__, "--serve-upstream", str(upstream_port)]
+    async with running(upstream_cmd, env, upstream_port) as upstream_url:
+        upstream = await measure_url(upstream_url, args, UPSTREAM_MODEL)
+        with tempfile.TemporaryDirectory() as home:
+            port = free_port()
+            ours_env = {
+                **reveille_env(env, home, port, args.clients),
+                "REVEILLE_PROVIDER": "openai",
+                "REVEILLE_MODEL": UPSTREAM_MODEL,
+                "OPENAI_BASE_URL": f"{upstream_url}/v1",
+                "OPENAI_API_KEY": UPSTREAM_KEY,
+            }
+            cmd = [sys.executable, "-m", "reveille.cli", "serve"]
+            async with running(cmd, ours_env, port) as url:
+                ours = await measure_url(url, args, UPSTREAM_MODEL)
+
+    print(header(args))
+    print(line("fake upstream (canned)", upstream, 23))
+    print(line("reveille serve (openai)", ours, 23))
+    print(f"{'ratio':<23}: {ours['rps'] / upstream['rps']:.2f} of the upstream's requests/s")
 
 
 async def main_async(args: argparse.Namespace) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory() as home:
         port = free_port()
-        reveille_env = {
-            **env,
-            "REVEILLE_HOME": home,
-            "REVEILLE_PORT": str(port),
-            "REVEILLE_MAX_CONCURRENT_RUNS": str(args.clients * 2),
-        }
         cmd = [sys.executable, "-m", "reveille.cli", "serve"]
-        ours = await measure(cmd, reveille_env, port, args)
+        ours = await measure(cmd, reveille_env(env, home, port, args.clients), port, args)
     port = free_port()
     base = await measure([sys.executable, __file__, "--serve-canned", str(port)], env, port, args)
 
-    def line(name: str, r: dict[str, float]) -> str:
-        return (
-            f"{name:<22}: {r['rps']:8,.0f} requests/s   p50 {r['p50']:6.2f} ms   "
-            f"p99 {r['p99']:6.2f} ms   ({r['requests']} ok, {r['errors']} errors)"
-        )
-
-    print(
-        f"{args.clients} concurrent clients, {args.seconds:.0f} s each, non-streaming, "
-        f"{os.cpu_count()} cores"
-    )
+    print(header(args))
     print(line("reveille serve (demo)", ours))
     print(line("bare aiohttp (canned)", base))
     print(f"ratio                 : {ours['rps'] / base['rps']:.2f} of the baseline's requests/s")
@@ -165,12 +320,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument(
+        "--provider",
+        action="store_true",
+        help="measure a fake OpenAI-compatible upstream, then reveille serve using it",
+    )
+    ap.add_argument("--stream", action="store_true", help="clients ask for SSE answers")
     ap.add_argument("--serve-canned", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_canned:
         serve_canned(args.serve_canned)
         return
-    asyncio.run(main_async(args))
+    if args.serve_upstream:
+        serve_upstream(args.serve_upstream)
+        return
+    asyncio.run(provider_main_async(args) if args.provider else main_async(args))
 
 
 if __name__ == "__main__":

@@ -3,17 +3,26 @@
 Works with OpenAI, OpenRouter, vLLM, the llama.cpp server and Ollama through the official
 `openai` client. Streaming assembles content and tool-call fragments into one `ModelReply`.
 Every failure surfaces as a `ProviderError` whose text never contains the API key.
+
+Per-call CPU is kept low, since every turn of the server pays it: one long-lived client per
+event loop (closed by `aclose`), on the SDK's aiohttp transport when it is available (the
+httpx pool scans every idle connection per request), and the request goes through the
+client's public ``post`` with ``cast_to=object``: our messages and tool schemas are already
+in wire format, so the SDK's per-call walk of its parameter types over them, and the
+pydantic models built from every response and chunk, buy nothing here. The JSON is read
+into a `ModelReply` directly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import openai
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, AsyncStream
 
 from agent.providers.base import DeltaCallback, ModelReply, ProviderError, empty_usage
 
@@ -21,6 +30,38 @@ from agent.providers.base import DeltaCallback, ModelReply, ProviderError, empty
 # accept any value, so a placeholder keeps those endpoints usable without configuration.
 _NO_KEY_PLACEHOLDER = "sk-no-key-configured"
 _MAX_ERROR_TEXT = 500
+_PATH = "/chat/completions"
+# The bearer key is sent as `chat.completions.create` sends it.
+_OPTIONS: Any = {"security": {"bearer_auth": True}}
+
+
+def _quiet_transport_logs() -> None:
+    """The SDK's HTTP layer logs every request at INFO: one formatted line per model call.
+
+    Unless the operator asked for debug logs or configured these loggers, only warnings
+    and errors of theirs are kept.
+    """
+    if logging.getLogger().getEffectiveLevel() <= logging.DEBUG:
+        return
+    for name in ("httpx2", "httpx"):
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+
+
+def _http_client(base_url: str | None, timeout: float) -> Any:
+    """The SDK's aiohttp transport when its extra is installed, else None (the httpx default).
+
+    aiohttp refuses a bearer header next to user:password in the url, so such an endpoint
+    keeps the httpx transport.
+    """
+    parts = urlsplit(base_url or "")
+    if parts.username is not None or parts.password is not None:
+        return None
+    try:
+        return openai.DefaultAioHttpClient(timeout=timeout)
+    except RuntimeError:
+        return None
 
 
 def _public_url(base_url: str | None) -> str:
@@ -36,10 +77,11 @@ def _public_url(base_url: str | None) -> str:
 
 def _usage_dict(usage: Any) -> dict[str, int]:
     result = empty_usage()
-    if usage is None:
+    if not isinstance(usage, dict):
         return result
     for key in result:
-        result[key] = int(getattr(usage, key, 0) or 0)
+        value = usage.get(key)
+        result[key] = value if type(value) is int else int(value or 0)
     if not result["total_tokens"]:
         result["total_tokens"] = result["prompt_tokens"] + result["completion_tokens"]
     return result
@@ -88,11 +130,13 @@ class OpenAICompatProvider:
                 del self._clients[stale]
             client = self._clients.get(loop)
             if client is None:
+                _quiet_transport_logs()
                 client = AsyncOpenAI(
                     base_url=self.base_url,
                     api_key=self._api_key or _NO_KEY_PLACEHOLDER,
                     timeout=self.timeout,
                     max_retries=self._max_retries,
+                    http_client=_http_client(self.base_url, self.timeout),
                 )
                 self._clients[loop] = client
             return client
@@ -121,34 +165,37 @@ class OpenAICompatProvider:
 
     async def _complete_once(self, request: dict[str, Any]) -> ModelReply:
         try:
-            response = await self._client().chat.completions.create(**request)
+            response: Any = await self._client().post(
+                _PATH, cast_to=object, body=request, options=_OPTIONS
+            )
         except openai.OpenAIError as exc:
             raise self._provider_error(exc) from None
-        choices = getattr(response, "choices", None)
-        if not choices:
+        if not isinstance(response, dict):
+            # A body that is not JSON comes back as text.
             raise ProviderError(f"{self._label()} returned no choices")
-        message = choices[0].message
+        choices = response.get("choices")
+        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+            raise ProviderError(f"{self._label()} returned no choices")
+        choice = choices[0]
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            raise ProviderError(f"{self._label()} returned a choice without a message")
         tool_calls = [
-            {
-                "id": call.id or f"call_{index}",
-                "type": "function",
-                "function": {
-                    "name": call.function.name,
-                    "arguments": call.function.arguments or "{}",
-                },
-            }
-            for index, call in enumerate(message.tool_calls or [])
+            _finished_call(index, call)
+            for index, call in enumerate(message.get("tool_calls") or [])
+            if isinstance(call, dict)
         ]
         return ModelReply(
-            content=message.content,
+            content=message.get("content"),
             tool_calls=tool_calls,
-            usage=_usage_dict(getattr(response, "usage", None)),
-            finish_reason=choices[0].finish_reason,
+            usage=_usage_dict(response.get("usage")),
+            finish_reason=choice.get("finish_reason"),
         )
 
     async def _complete_streaming(
         self, request: dict[str, Any], on_delta: DeltaCallback
     ) -> ModelReply:
+        request["stream"] = True
         if self._stream_usage:
             request["stream_options"] = {"include_usage": True}
         content_parts: list[str] = []
@@ -156,33 +203,45 @@ class OpenAICompatProvider:
         usage: Any = None
         finish_reason: str | None = None
         try:
-            stream = await self._client().chat.completions.create(**request, stream=True)
+            stream = await self._client().post(
+                _PATH,
+                cast_to=object,
+                body=request,
+                options=_OPTIONS,
+                stream=True,
+                stream_cls=AsyncStream[object],
+            )
             # The context manager releases the connection when we stop early (error, cancel).
             async with stream:
                 async for chunk in stream:
-                    if getattr(chunk, "usage", None) is not None:
-                        usage = chunk.usage
-                    if not chunk.choices:
+                    if not isinstance(chunk, dict):
+                        raise ValueError(f"a chunk is {type(chunk).__name__}, not an object")
+                    if chunk.get("usage") is not None:
+                        usage = chunk["usage"]
+                    choices = chunk.get("choices")
+                    if not choices:
                         continue
-                    choice = chunk.choices[0]
-                    if choice.finish_reason:
-                        finish_reason = choice.finish_reason
-                    delta = choice.delta
-                    if delta is None:
+                    choice = choices[0]
+                    if choice.get("finish_reason"):
+                        finish_reason = choice["finish_reason"]
+                    delta = choice.get("delta")
+                    if not delta:
                         continue
-                    for fragment in delta.tool_calls or []:
+                    for fragment in delta.get("tool_calls") or ():
                         _merge_tool_call_fragment(calls, fragment)
-                    if delta.content:
-                        content_parts.append(delta.content)
-                        await _deliver(on_delta, delta.content)
+                    text = delta.get("content")
+                    if text:
+                        content_parts.append(text)
+                        await _deliver(on_delta, text)
         except _ConsumerError as exc:
             # A consumer failure (say, the listening client went away) is not a provider
             # failure, so it keeps its own type.
             raise exc.original from None
         except openai.OpenAIError as exc:
             raise self._provider_error(exc) from None
-        except ValueError as exc:
-            # A chunk that is not JSON: the endpoint does not speak the streaming protocol.
+        except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+            # A chunk that is not JSON, or JSON not shaped like a chunk: the endpoint does
+            # not speak the streaming protocol.
             raise ProviderError(
                 self._redact(f"{self._label()} sent malformed stream data: {exc}")[:_MAX_ERROR_TEXT]
             ) from None
@@ -247,19 +306,33 @@ def _provider_message(exc: openai.APIStatusError) -> str:
     return exc.message
 
 
-def _merge_tool_call_fragment(calls: dict[int, dict[str, Any]], fragment: Any) -> None:
+def _finished_call(index: int, call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function") or {}
+    return {
+        "id": call.get("id") or f"call_{index}",
+        "type": "function",
+        "function": {
+            "name": function.get("name") or "",
+            "arguments": function.get("arguments") or "{}",
+        },
+    }
+
+
+def _merge_tool_call_fragment(calls: dict[int, dict[str, Any]], fragment: dict[str, Any]) -> None:
     # Tool calls stream as fragments keyed by index: the id and name usually arrive once,
     # the JSON arguments arrive in pieces that must be concatenated in order.
-    index = fragment.index if fragment.index is not None else max(calls, default=-1) + 1
+    index = fragment.get("index")
+    if index is None:
+        index = max(calls, default=-1) + 1
     entry = calls.setdefault(index, {"id": None, "name": "", "arguments": []})
-    if fragment.id and not entry["id"]:
-        entry["id"] = fragment.id
-    function = fragment.function
-    if function is not None:
-        if function.name and not entry["name"]:
-            entry["name"] = function.name
-        if function.arguments:
-            entry["arguments"].append(function.arguments)
+    if fragment.get("id") and not entry["id"]:
+        entry["id"] = fragment["id"]
+    function = fragment.get("function")
+    if function:
+        if function.get("name") and not entry["name"]:
+            entry["name"] = function["name"]
+        if function.get("arguments"):
+            entry["arguments"].append(function["arguments"])
 
 
 def _finish_tool_call(index: int, entry: dict[str, Any]) -> dict[str, Any]:

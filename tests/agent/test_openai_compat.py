@@ -48,7 +48,8 @@ class FakeOpenAI:
 
     async def _handle(self, request: web.Request):
         body = await request.json()
-        self.requests.append({"headers": dict(request.headers), "body": body})
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.requests.append({"headers": dict(request.headers), "body": body, "peer": peer})
         handler = self.script.pop(0) if self.script else completion("default reply")
         return await handler(request, body)
 
@@ -423,6 +424,116 @@ async def test_subagent_failure_on_a_worker_thread_is_reported(fake):
     assert "HTTP 500: nope" in outcome["error"]
 
 
+def raw(status, text, content_type="application/json"):
+    async def handler(request, body):
+        return web.Response(status=status, text=text, content_type=content_type)
+
+    return handler
+
+
+async def test_one_client_serves_every_turn_and_aclose_closes_it(fake):
+    # One long-lived client per loop: turns reuse its keep-alive connection instead of
+    # building a client (and a connection) per call; aclose releases it.
+    fake.script = [completion("one"), sse(_chunk({"content": "two"})), completion("three")]
+    provider = provider_for(fake)
+    pieces: list[str] = []
+
+    async def on_delta(piece):
+        pieces.append(piece)
+
+    assert (await provider.complete([{"role": "user", "content": "a"}])).content == "one"
+    streamed = await provider.complete([{"role": "user", "content": "b"}], on_delta=on_delta)
+    assert streamed.content == "two" and pieces == ["two"]
+    assert (await provider.complete([{"role": "user", "content": "c"}])).content == "three"
+    peers = {request["peer"] for request in fake.requests}
+    assert len(peers) == 1, peers
+    (client,) = provider._clients.values()
+    assert not client.is_closed()
+
+    await provider.aclose()
+    assert client.is_closed()
+    assert provider._clients == {}
+    # A provider stays usable after aclose: the next call opens a fresh client.
+    fake.script = [completion("four")]
+    assert (await provider.complete([])).content == "four"
+    assert fake.requests[-1]["peer"] not in peers
+    await provider.aclose()
+
+
+async def test_requests_carry_the_key_and_the_wire_format_untouched(fake):
+    fake.script = [completion("ok"), sse(_chunk({"content": "ok"}))]
+    provider = provider_for(fake)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "Looks a thing up.",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+            },
+        }
+    ]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [_call("c1", "lookup", "{}")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "found"},
+    ]
+    await provider.complete(messages, tools=tools)
+
+    async def ignore(piece):
+        pass
+
+    await provider.complete(messages, tools=tools, on_delta=ignore)
+    plain, streamed = (request["body"] for request in fake.requests)
+    assert plain == {"model": "fake-model", "messages": messages, "tools": tools}
+    assert streamed == {
+        "model": "fake-model",
+        "messages": messages,
+        "tools": tools,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    for request in fake.requests:
+        assert request["headers"]["Authorization"] == f"Bearer {API_KEY}"
+    await provider.aclose()
+
+
+def _call(call_id, name, arguments):
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+@pytest.mark.parametrize(
+    ("text", "content_type", "match"),
+    [
+        ('{"id": "x", "object": "chat.completion"}', "application/json", "no choices"),
+        ('{"choices": [{"index": 0}]}', "application/json", "without a message"),
+        ("<html>not an API</html>", "text/html", "no choices"),
+        ("[1, 2]", "application/json", "no choices"),
+    ],
+)
+async def test_a_reply_not_shaped_like_a_completion_is_a_provider_error(
+    fake, text, content_type, match
+):
+    fake.script = [raw(200, text, content_type)]
+    provider = provider_for(fake)
+    with pytest.raises(ProviderError, match=match):
+        await provider.complete([])
+    await provider.aclose()
+
+
+async def test_stream_chunks_not_shaped_like_chunks_are_a_provider_error(fake):
+    fake.script = [sse("[1, 2]")]
+    provider = provider_for(fake)
+
+    async def ignore(piece):
+        pass
+
+    with pytest.raises(ProviderError, match="malformed stream data"):
+        await provider.complete([], on_delta=ignore)
+    await provider.aclose()
+
+
 def test_build_provider_kinds():
     assert build_provider(kind="demo", demo_delay=0.5).delay_seconds == 0.5
     provider = build_provider(kind="OpenAI", base_url="http://x/v1", api_key="k", model="m")
@@ -432,3 +543,28 @@ def test_build_provider_kinds():
         build_provider(kind="openai")
     with pytest.raises(ValueError, match="unknown provider kind"):
         build_provider(kind="llama")
+
+
+async def test_per_request_transport_logs_are_quieted_unless_debugging(fake):
+    import logging
+
+    transport = logging.getLogger("httpx2")
+    root = logging.getLogger()
+    saved = (transport.level, root.level)
+    try:
+        transport.setLevel(logging.NOTSET)
+        root.setLevel(logging.INFO)
+        provider = provider_for(fake)
+        await provider.complete([])
+        assert transport.level == logging.WARNING
+        await provider.aclose()
+
+        transport.setLevel(logging.NOTSET)
+        root.setLevel(logging.DEBUG)
+        provider = provider_for(fake)
+        await provider.complete([])
+        assert transport.level == logging.NOTSET
+        await provider.aclose()
+    finally:
+        transport.setLevel(saved[0])
+        root.setLevel(saved[1])
