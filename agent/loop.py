@@ -39,23 +39,39 @@ def step_limit_message(max_steps: int) -> str:
     )
 
 
-class _StepBuffer:
-    """Holds one step's streamed text until we know the step is the final answer.
+class _LiveText:
+    """Passes every step's text to the caller as it arrives, and keeps what was shown.
 
-    Only the final answer is streamed: text a model emits alongside tool calls belongs to
-    an intermediate step, and streaming it would make the streamed answer differ from the
-    returned one.
+    Text a model writes before it calls a tool ("let me check that") is part of what the
+    user sees, live; the turn's answer is all of it, steps apart by a blank line, so the
+    streamed answer and the stored one are the same text.
     """
 
-    def __init__(self) -> None:
-        self.pieces: list[str] = []
+    def __init__(self, on_delta: DeltaCallback | None) -> None:
+        self._on_delta = on_delta
+        self._steps: list[str] = []
+        self._current: list[str] = []
 
     async def __call__(self, piece: str) -> None:
-        self.pieces.append(piece)
+        if not piece:
+            return
+        if not self._current and self._steps:
+            piece = "\n\n" + piece
+        self._current.append(piece)
+        if self._on_delta is not None:
+            await self._on_delta(piece)
 
-    async def flush_to(self, on_delta: DeltaCallback) -> None:
-        for piece in self.pieces:
-            await on_delta(piece)
+    async def end_step(self, content: str | None) -> None:
+        """Close a step; a provider that did not stream its text is shown it now."""
+        if not self._current and content:
+            await self(content)
+        if self._current:
+            self._steps.append("".join(self._current))
+            self._current = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self._steps)
 
 
 class Agent:
@@ -99,22 +115,22 @@ class Agent:
         usage = empty_usage()
         tools = self.registry.schemas() or None
 
+        live = _LiveText(on_delta)
         for step in range(1, self.max_steps + 1):
-            reply = await self._ask(conversation, tools, on_delta)
+            reply = await self._ask(conversation, tools, live if on_delta else None)
             add_usage(usage, reply.usage)
+            await live.end_step(reply.content)
             if not reply.tool_calls:
                 final = {"role": "assistant", "content": reply.content or ""}
                 new_messages.append(final)
-                return AgentResult(reply.content or "", new_messages, usage, step)
+                return AgentResult(live.text, new_messages, usage, step)
             step_messages = await self._run_tool_calls(reply, ctx)
             conversation.extend(step_messages)
             new_messages.extend(step_messages)
 
-        content = step_limit_message(self.max_steps)
-        if on_delta is not None:
-            await on_delta(content)
-        new_messages.append({"role": "assistant", "content": content})
-        return AgentResult(content, new_messages, usage, self.max_steps)
+        await live.end_step(step_limit_message(self.max_steps))
+        new_messages.append({"role": "assistant", "content": step_limit_message(self.max_steps)})
+        return AgentResult(live.text, new_messages, usage, self.max_steps)
 
     async def _ask(
         self,
@@ -122,16 +138,10 @@ class Agent:
         tools: list[dict[str, Any]] | None,
         on_delta: DeltaCallback | None,
     ) -> ModelReply:
+        # Every step streams live, the text before a tool call too (see _LiveText).
         if on_delta is None:
             return await self.provider.complete(conversation, tools=tools)
-        if tools is None:
-            # Without tools every answer is final, so it can stream live.
-            return await self.provider.complete(conversation, on_delta=on_delta)
-        buffer = _StepBuffer()
-        reply = await self.provider.complete(conversation, tools=tools, on_delta=buffer)
-        if not reply.tool_calls:
-            await buffer.flush_to(on_delta)
-        return reply
+        return await self.provider.complete(conversation, tools=tools, on_delta=on_delta)
 
     async def _run_tool_calls(self, reply: ModelReply, ctx: ToolContext) -> list[dict[str, Any]]:
         calls = [_normalised_call(index, call) for index, call in enumerate(reply.tool_calls)]

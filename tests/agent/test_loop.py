@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from agent.loop import Agent
@@ -153,7 +154,7 @@ async def test_tool_errors_are_fed_back_to_the_model():
     assert "missing required" in last_request[-1]["content"]
 
 
-async def test_on_delta_receives_only_the_final_answer():
+async def test_every_step_streams_live_and_the_answer_is_what_was_shown():
     provider = ScriptedProvider(
         [
             (
@@ -171,8 +172,9 @@ async def test_on_delta_receives_only_the_final_answer():
     result = await Agent(provider, _registry()).run(
         [{"role": "user", "content": "1+2"}], CTX, on_delta=on_delta
     )
-    assert deltas == ["It ", "is ", "3."]
-    assert "".join(deltas) == result.content
+    # The text before the tool call is shown as it arrives, not held until the step ends.
+    assert deltas == ["Let me ", "add that.", "\n\nIt ", "is ", "3."]
+    assert "".join(deltas) == result.content == "Let me add that.\n\nIt is 3."
     # The intermediate text stays in the transcript, attached to its tool calls.
     assert result.new_messages[0]["content"] == "Let me add that."
 
@@ -229,3 +231,32 @@ async def test_tool_calls_missing_ids_get_stable_ones():
         "function": {"name": "add", "arguments": '{"a": 1, "b": 1}'},
     }
     assert result.new_messages[1]["tool_call_id"] == "call_0"
+
+
+async def test_with_tools_the_first_piece_reaches_the_caller_before_the_step_ends():
+    seen = asyncio.Event()
+
+    class WaitsForItsReader:
+        """Sends one piece, then will not finish its step until the caller has it."""
+
+        name = "patient"
+
+        def __init__(self):
+            self.steps = 0
+
+        async def complete(self, messages, *, tools=None, on_delta=None):
+            self.steps += 1
+            if self.steps == 1:
+                await on_delta("Looking it up... ")
+                await asyncio.wait_for(seen.wait(), 5)  # a held-back piece would time out
+                return ModelReply("Looking it up... ", [_call("c1", "add", {"a": 2, "b": 2})])
+            await on_delta("4.")
+            return ModelReply("4.")
+
+    async def on_delta(piece):
+        seen.set()
+
+    result = await Agent(WaitsForItsReader(), _registry()).run(
+        [{"role": "user", "content": "2+2"}], CTX, on_delta=on_delta
+    )
+    assert result.content == "Looking it up... \n\n4."
