@@ -14,7 +14,13 @@ A closed-loop load of ``--clients`` concurrent clients (aiohttp, one new convers
 request) runs against each for ``--seconds``. Prints requests/s and p50/p99 latency for both
 and their ratio. ``--stream`` makes the clients ask for (and read) SSE answers.
 
+Time to first token (``--ttft``): a fake upstream that streams slowly (first piece after
+``--first-delay``, then one every ``--interval``); streamed requests one at a time, directly
+and through `reveille serve` (which has tools registered, the case that used to hold text
+back until a step ended). Prints p50/p99 of both and of what Reveille adds.
+
 Usage: python bench/api_server.py [--provider] [--stream] [--clients 32] [--seconds 10]
+       python bench/api_server.py --ttft [--requests 30] [--first-delay 0.3] [--interval 0.2]
 """
 
 from __future__ import annotations
@@ -137,6 +143,94 @@ def serve_upstream(port: int) -> None:
     app.router.add_post("/v1/chat/completions", complete)
     app.router.add_get("/health", health)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def serve_slow_upstream(port: int, first_delay: float, interval: float) -> None:
+    """A fake model that streams like a slow real one: its first piece after
+    ``first_delay`` seconds, then one piece every ``interval``."""
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        await request.json()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await asyncio.sleep(first_delay)
+        for index, piece in enumerate(UPSTREAM_PIECES):
+            if index:
+                await asyncio.sleep(interval)
+            data = json.dumps(_chunk({"content": piece}))
+            await response.write(f"data: {data}\n\n".encode())
+        await response.write(f"data: {json.dumps(_chunk({}, 'stop'))}\n\ndata: [DONE]\n\n".encode())
+        await response.write_eof()
+        return response
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", complete)
+    app.router.add_get("/health", health)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+async def first_token_ms(url: str, model: str, requests: int) -> list[float]:
+    """Time from sending a streamed request to its first content piece, one at a time."""
+    out: list[float] = []
+    async with aiohttp.ClientSession() as http:
+        for index in range(requests):
+            body = {
+                "model": model,
+                "stream": True,
+                "messages": [{"role": "user", "content": f"tell me something {index}"}],
+            }
+            start = time.perf_counter()
+            async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
+                async for raw in resp.content:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: {"):
+                        continue
+                    choices = json.loads(line[6:]).get("choices") or [{}]
+                    if choices[0].get("delta", {}).get("content"):
+                        out.append((time.perf_counter() - start) * 1000)
+                        break
+                await resp.read()
+    return out
+
+
+async def ttft_main_async(args: argparse.Namespace) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    upstream_port = free_port()
+    upstream_cmd = [
+        sys.executable, __file__, "--serve-slow-upstream", str(upstream_port),
+        "--first-delay", str(args.first_delay), "--interval", str(args.interval),
+    ]  # fmt: skip
+    async with running(upstream_cmd, env, upstream_port) as upstream_url:
+        direct = await first_token_ms(upstream_url, UPSTREAM_MODEL, args.requests)
+        with tempfile.TemporaryDirectory() as home:
+            port = free_port()
+            ours_env = {
+                **reveille_env(env, home, port, 4),
+                "REVEILLE_PROVIDER": "openai",
+                "REVEILLE_MODEL": UPSTREAM_MODEL,
+                "OPENAI_BASE_URL": f"{upstream_url}/v1",
+                "OPENAI_API_KEY": UPSTREAM_KEY,
+            }
+            cmd = [sys.executable, "-m", "reveille.cli", "serve"]
+            async with running(cmd, ours_env, port) as url:
+                await first_token_ms(url, UPSTREAM_MODEL, 2)  # warm-up: the client, imports
+                ours = await first_token_ms(url, UPSTREAM_MODEL, args.requests)
+    pieces = len(UPSTREAM_PIECES)
+    total = args.first_delay + (pieces - 1) * args.interval
+    print(
+        f"time to first token, {args.requests} streamed requests one at a time; the upstream "
+        f"sends its first piece after {args.first_delay * 1000:.0f} ms, then one every "
+        f"{args.interval * 1000:.0f} ms ({pieces} pieces, {total * 1000:.0f} ms in all)"
+    )
+    for name, figures in (("fake upstream directly", direct), ("through reveille serve", ours)):
+        q = statistics.quantiles(figures, n=100)
+        print(f"{name:<23}: p50 {q[49]:7.1f} ms   p99 {q[98]:7.1f} ms")
+    added = [b - a for a, b in zip(sorted(direct), sorted(ours), strict=True)]
+    q = statistics.quantiles(added, n=100)
+    print(f"{'added by reveille':<23}: p50 {q[49]:7.1f} ms   p99 {q[98]:7.1f} ms")
 
 
 async def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
@@ -326,6 +420,15 @@ def main() -> None:
         help="measure a fake OpenAI-compatible upstream, then reveille serve using it",
     )
     ap.add_argument("--stream", action="store_true", help="clients ask for SSE answers")
+    ap.add_argument(
+        "--ttft",
+        action="store_true",
+        help="time to first token through reveille serve against a slowly streaming upstream",
+    )
+    ap.add_argument("--requests", type=int, default=30, help="--ttft: streamed requests")
+    ap.add_argument("--first-delay", type=float, default=0.3, help="--ttft: upstream's wait")
+    ap.add_argument("--interval", type=float, default=0.2, help="--ttft: between pieces")
+    ap.add_argument("--serve-slow-upstream", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-canned", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -334,6 +437,12 @@ def main() -> None:
         return
     if args.serve_upstream:
         serve_upstream(args.serve_upstream)
+        return
+    if args.serve_slow_upstream:
+        serve_slow_upstream(args.serve_slow_upstream, args.first_delay, args.interval)
+        return
+    if args.ttft:
+        asyncio.run(ttft_main_async(args))
         return
     asyncio.run(provider_main_async(args) if args.provider else main_async(args))
 
