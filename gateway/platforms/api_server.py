@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
-import re
 import secrets
 import time
 from collections.abc import Callable
@@ -55,9 +53,9 @@ from gateway.platforms.http_middleware import (
     api_error_of,
     error_middleware,
     is_loopback,
-    require_json,
 )
 from gateway.platforms.openai_wire import chunker, completion_object, completion_text, send_sse
+from gateway.platforms.request_body import DRAIN_FACTOR, parse_chat_body, read_json_body
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
 from gateway.turns import (
     ReplayedTurn,
@@ -85,32 +83,6 @@ WAKE_TOKEN_HEADER = "X-Reveille-Wake-Token"
 DEFAULT_KEEPALIVE_SECONDS = 15.0
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 _MAX_IDEMPOTENCY_KEY = 255
-# A body only somewhat over the cap is read (and thrown away) before the 413, so that
-# clients that write the whole request before reading the answer see the 413 rather than
-# a reset connection. Anything bigger is refused without reading it.
-_DRAIN_FACTOR = 8
-
-
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def _has_lone_surrogate(body: Any) -> bool:
-    try:
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def _content_ok(content: Any) -> bool:
-    if content is None or isinstance(content, str):
-        return True
-    return isinstance(content, list) and all(
-        isinstance(part, dict)
-        and isinstance(part.get("type", "text"), str)
-        and (part.get("type", "text") != "text" or isinstance(part.get("text"), str))
-        for part in content
-    )
 
 
 class ApiServerAdapter(BasePlatformAdapter):
@@ -191,7 +163,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         # answer 413 politely, then enforces max_body_bytes.
         app = web.Application(
             middlewares=[error_middleware],
-            client_max_size=self.max_body_bytes * _DRAIN_FACTOR,
+            client_max_size=self.max_body_bytes * DRAIN_FACTOR,
         )
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._list_models)
@@ -330,101 +302,7 @@ class ApiServerAdapter(BasePlatformAdapter):
     # ----------------------------------------------------------------- request parsing
 
     async def _read_json(self, request: web.Request) -> Any:
-        require_json(request)
-        length = request.content_length
-        if length is not None and length > self.max_body_bytes * _DRAIN_FACTOR:
-            raise self._too_large()
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise self._too_large() from None
-        if len(raw) > self.max_body_bytes:
-            raise self._too_large()
-        try:
-            body = json.loads(raw) if raw else None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(
-                400, f"request body is not valid JSON: {exc}", code="invalid_json"
-            ) from None
-        except RecursionError:
-            raise ApiError(400, "request body is nested too deeply", code="invalid_json") from None
-        if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(body):
-            # JSON allows "\ud800" alone; it is not text, and nothing downstream (SQLite,
-            # the model provider, the wire) can encode it.
-            raise ApiError(
-                400,
-                "request body contains a lone UTF-16 surrogate escape (e.g. \\ud800), "
-                "which is not valid Unicode text",
-                code="invalid_json",
-            )
-        return body
-
-    def _too_large(self) -> ApiError:
-        return ApiError(
-            413,
-            f"request body exceeds the limit of {self.max_body_bytes} bytes",
-            code="request_too_large",
-        )
-
-    @staticmethod
-    def _validate_chat(body: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-        model = body.get("model")
-        if not isinstance(model, str) or not model.strip():
-            raise ApiError(
-                400,
-                "'model' is required (a non-empty string)",
-                param="model",
-                code="missing_required_parameter",
-            )
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(
-                400,
-                "'messages' is required (a non-empty array)",
-                param="messages",
-                code="missing_required_parameter",
-            )
-        for index, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise ApiError(
-                    400,
-                    f"messages[{index}] must be an object with a 'role'",
-                    param=f"messages[{index}]",
-                    code="invalid_message",
-                )
-            if not _content_ok(message.get("content")):
-                raise ApiError(
-                    400,
-                    f"messages[{index}].content must be a string, null, or an array of "
-                    "parts like {'type': 'text', 'text': '...'}",
-                    param=f"messages[{index}].content",
-                    code="invalid_message",
-                )
-        last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
-        if last_user is None:
-            raise ApiError(
-                400,
-                "'messages' must contain a user message",
-                param="messages",
-                code="invalid_message",
-            )
-        stream = body.get("stream", False)
-        if stream is not None and not isinstance(stream, bool):
-            raise ApiError(400, "'stream' must be a boolean", param="stream", code="invalid_type")
-        options = body.get("stream_options") or {}
-        if not isinstance(options, dict):
-            raise ApiError(
-                400,
-                "'stream_options' must be an object",
-                param="stream_options",
-                code="invalid_type",
-            )
-        return messages, {
-            "stream": bool(stream),
-            "include_usage": bool(options.get("include_usage")),
-        }
+        return await read_json_body(request, self.max_body_bytes)
 
     # ----------------------------------------------------------------- chat completions
 
@@ -433,7 +311,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         # The header is checked before the body is read: a refused request costs nothing.
         session_id = await self._session_from_header(request, keyed)
         body = await self._read_json(request)
-        messages, options = self._validate_chat(body)
+        messages, options = parse_chat_body(body)
         create: SessionSource | None = None
         if session_id is None:
             # Written by the turn's own commit, not by a refused request.

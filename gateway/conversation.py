@@ -1,0 +1,179 @@
+"""Which stored conversation a request belongs to, and what the model is shown of it.
+
+Clients of an OpenAI-compatible API resend the whole conversation with every request and
+often no session id. ``derive_session_id`` names a conversation by its opening; because
+two conversations can open alike, ``pick_session`` continues a stored session only when the
+history the request sends is that session's transcript (less what the server added itself:
+delivery rows and wake-up turns), and gives anything else a session of its own.
+``build_context`` is the model's context for a turn: the request's system prompt, the stored
+transcript with earlier deliveries in place, this turn's new deliveries, the new message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agent.markers import DELIVERY_MARKER
+
+__all__ = [
+    "build_context",
+    "delivery_context_text",
+    "derive_session_id",
+    "message_text",
+    "pick_session",
+]
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """The text of a chat message whose content is a string or a list of text parts."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, dict) and part.get("type", "text") == "text"
+        )
+    return ""
+
+
+def derive_session_id(messages: list[dict[str, Any]]) -> str:
+    """A stable id for a conversation: its system prompt and first user message, hashed."""
+    system = [message_text(m) for m in messages if m.get("role") == "system"]
+    first_user = next((message_text(m) for m in messages if m.get("role") == "user"), "")
+    # JSON of a list keeps the parts apart: ("a", "bc") and ("ab", "c") differ.
+    material = json.dumps([system, first_user], ensure_ascii=False, separators=(",", ":"))
+    return "api_" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:24]
+
+
+def delivery_context_text(contents: list[str]) -> str:
+    """The system message that carries delivered background results into a turn."""
+    return (
+        f"{DELIVERY_MARKER} Background work started earlier in this conversation has "
+        "finished; its results were delivered here while you were not running:\n\n"
+        + "\n\n".join(c.rstrip() for c in contents)
+    )
+
+
+def _last_user(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(m for m in reversed(messages) if m.get("role") == "user")
+
+
+def _sent_history(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The conversation a request says came before its new user message."""
+    last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+    return [
+        (str(m["role"]), message_text(m).strip())
+        for m in messages[:last]
+        if m.get("role") in ("user", "assistant")
+    ]
+
+
+def _stored_history(transcript: tuple[Any, ...]) -> list[tuple[str, str]]:
+    """A stored transcript as a client that never saw the server's own turns knows it."""
+    out: list[tuple[str, str]] = []
+    in_wake = False
+    for m in transcript:
+        if m.is_delivery:
+            continue
+        if m.role == "user":
+            in_wake = bool(m.display_metadata and m.display_metadata.get("wake"))
+        if not in_wake and m.role in ("user", "assistant"):
+            out.append((m.role, m.content.strip()))
+    return out
+
+
+def pick_session(
+    messages: list[dict[str, Any]],
+    candidates: Sequence[tuple[str, tuple[Any, ...]]],
+    *,
+    retry_key: bool = False,
+) -> str:
+    """The session among ``candidates`` (the opening's sessions and their transcripts) that
+    this request continues, or the id of a new one.
+
+    No match, or more than one, starts a session of its own, ``<opening>_<random>``, which
+    the same conversation's next request finds again. A request that repeats a session's
+    last turn lands in that session only when it carries an idempotency key
+    (``retry_key``): then it is a retry, answered from the key's record. Without one, a
+    second conversation that opens like the first cannot be told from a retry, and a new
+    session is the safe answer.
+    """
+    home = derive_session_id(messages)
+    sent = _sent_history(messages)
+    new_user = ("user", message_text(_last_user(messages)).strip())
+    matching = []
+    for sid, transcript in candidates:
+        stored = _stored_history(transcript)
+        repeat = (
+            retry_key
+            and len(stored) == len(sent) + 2
+            and stored[: len(sent) + 1] == [*sent, new_user]
+        )
+        if stored == sent or repeat:
+            matching.append(sid)
+    if len(matching) == 1:
+        return matching[0]
+    if not matching and not sent and not any(sid == home for sid, _ in candidates):
+        return home  # the first conversation with this opening
+    return f"{home}_{secrets.token_hex(6)}"
+
+
+def build_context(
+    history: list[dict[str, Any]],
+    taken: list[dict[str, Any]],
+    request_messages: list[dict[str, Any]],
+    user_message: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The model's context: request system prompt, stored transcript, the new message.
+
+    Delivery rows are folded here: the rows this turn took go into one system message
+    tagged ``[reveille:delivery]`` right before the new user message; rows folded by
+    earlier turns stay in the history at their place (each once, consecutive ones merged).
+    Rows that arrive after the take wait for the next turn.
+    """
+    taken_ids = {row["id"] for row in taken}
+    context: list[dict[str, Any]] = [
+        {"role": "system", "content": message_text(m)}
+        for m in request_messages
+        if m["role"] in ("system", "developer") and message_text(m)
+    ]
+    if history:
+        earlier: list[str] = []
+
+        def flush() -> None:
+            if earlier:
+                context.append({"role": "system", "content": delivery_context_text(earlier)})
+                earlier.clear()
+
+        for row in history:
+            if row["display_kind"] is not None:
+                # Folded by an earlier turn: history, in its place. Taken just now (or not
+                # yet foldable): not here.
+                if row["folded"] and row["id"] not in taken_ids:
+                    earlier.append(row["content"])
+                continue
+            flush()
+            context.append({"role": row["role"], "content": row["content"]})
+        flush()
+    else:
+        # A new session: the client's own earlier messages are the history.
+        last = max(i for i, m in enumerate(request_messages) if m is user_message)
+        context.extend(
+            {"role": m["role"], "content": message_text(m)}
+            for m in request_messages[:last]
+            if m["role"] in ("user", "assistant")
+        )
+    if taken:
+        # What arrived since the last turn, right before the new message: this turn is the
+        # one that tells the model about it.
+        context.append(
+            {"role": "system", "content": delivery_context_text([row["content"] for row in taken])}
+        )
+    context.append({"role": "user", "content": message_text(user_message)})
+    return context

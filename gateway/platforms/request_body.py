@@ -1,0 +1,149 @@
+"""Reading a request body for the API server: its media type, its size and what JSON allows
+but text cannot hold.
+
+A body must be ``application/json`` (415), at most the configured size (413; a body only
+somewhat over is read before the answer, so clients that write the whole request first see
+the 413 rather than a reset connection), and valid JSON (400). JSON also allows what no
+text can hold and Python chokes on: a lone UTF-16 surrogate escape, nesting deep enough to
+exhaust the parser; each is a 400 here, before anything runs. ``parse_chat_body`` checks a
+chat-completions body: model, messages (each with a role and text content), stream options.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from aiohttp import web
+
+from gateway.platforms.http_middleware import ApiError, require_json
+
+__all__ = ["DRAIN_FACTOR", "parse_chat_body", "read_json_body"]
+
+# A body only somewhat over the cap is read (and thrown away) before the 413, so that
+# clients that write the whole request before reading the answer see the 413 rather than
+# a reset connection. Anything bigger is refused without reading it.
+DRAIN_FACTOR = 8
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(body: Any) -> bool:
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _content_ok(content: Any) -> bool:
+    if content is None or isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(part, dict)
+        and isinstance(part.get("type", "text"), str)
+        and (part.get("type", "text") != "text" or isinstance(part.get("text"), str))
+        for part in content
+    )
+
+
+def _too_large(max_body_bytes: int) -> ApiError:
+    return ApiError(
+        413,
+        f"request body exceeds the limit of {max_body_bytes} bytes",
+        code="request_too_large",
+    )
+
+
+async def read_json_body(request: web.Request, max_body_bytes: int) -> Any:
+    """The JSON body of ``request``: 415 unless it is JSON, 413 beyond ``max_body_bytes``,
+    400 for anything JSON allows but text cannot hold (see the module docstring)."""
+    require_json(request)
+    length = request.content_length
+    if length is not None and length > max_body_bytes * DRAIN_FACTOR:
+        raise _too_large(max_body_bytes)
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(max_body_bytes) from None
+    if len(raw) > max_body_bytes:
+        raise _too_large(max_body_bytes)
+    try:
+        body = json.loads(raw) if raw else None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply", code="invalid_json") from None
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(body):
+        # JSON allows "\ud800" alone; it is not text, and nothing downstream (SQLite,
+        # the model provider, the wire) can encode it.
+        raise ApiError(
+            400,
+            "request body contains a lone UTF-16 surrogate escape (e.g. \\ud800), "
+            "which is not valid Unicode text",
+            code="invalid_json",
+        )
+    return body
+
+
+def parse_chat_body(body: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The messages of a chat-completions body and its options (stream, include_usage);
+    400 for anything malformed."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise ApiError(
+            400,
+            "'model' is required (a non-empty string)",
+            param="model",
+            code="missing_required_parameter",
+        )
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(
+            400,
+            "'messages' is required (a non-empty array)",
+            param="messages",
+            code="missing_required_parameter",
+        )
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ApiError(
+                400,
+                f"messages[{index}] must be an object with a 'role'",
+                param=f"messages[{index}]",
+                code="invalid_message",
+            )
+        if not _content_ok(message.get("content")):
+            raise ApiError(
+                400,
+                f"messages[{index}].content must be a string, null, or an array of "
+                "parts like {'type': 'text', 'text': '...'}",
+                param=f"messages[{index}].content",
+                code="invalid_message",
+            )
+    last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
+    if last_user is None:
+        raise ApiError(
+            400,
+            "'messages' must contain a user message",
+            param="messages",
+            code="invalid_message",
+        )
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be a boolean", param="stream", code="invalid_type")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(
+            400,
+            "'stream_options' must be an object",
+            param="stream_options",
+            code="invalid_type",
+        )
+    return messages, {
+        "stream": bool(stream),
+        "include_usage": bool(options.get("include_usage")),
+    }
