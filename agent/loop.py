@@ -151,7 +151,9 @@ class Agent:
         # One after another, in the model's order: a later call may depend on an earlier one.
         for call in calls:
             function = call["function"]
-            result = await self.registry.call(function["name"], function["arguments"], ctx)
+            result = await self.registry.call(
+                function["name"], function["arguments"], ctx, call["id"]
+            )
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
         return messages
 

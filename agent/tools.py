@@ -8,11 +8,27 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ToolProgress:
+    """One tool step as it happens: ``phase`` "started" (with its arguments text) or
+    "finished" (with ``ok`` and how long it took)."""
+
+    call_id: str
+    name: str
+    phase: str
+    ok: bool = True
+    seconds: float = 0.0
+
+
+ProgressCallback = Callable[[ToolProgress], Awaitable[None]]
 
 
 @dataclass
@@ -31,6 +47,8 @@ class ToolContext:
     platform: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     before_background: Callable[[], Awaitable[None]] | None = None
+    on_progress: ProgressCallback | None = None
+    """Told when each tool call starts and ends, so a surface can show tool steps live."""
 
     async def prepare_background(self) -> None:
         """Make the origin session durable before background work starts (see above)."""
@@ -104,7 +122,24 @@ class ToolRegistry:
             self._schemas = [tool.schema() for tool in self._tools.values()]
         return list(self._schemas)
 
-    async def call(self, name: str, arguments_json: str, ctx: ToolContext) -> str:
+    async def call(
+        self, name: str, arguments_json: str, ctx: ToolContext, call_id: str = ""
+    ) -> str:
+        """Run one tool call; the result text for the model, an error text on any failure.
+
+        ``ctx.on_progress`` hears of the call when it starts and when it ends.
+        """
+        if ctx.on_progress is None:
+            return await self._call(name, arguments_json, ctx)
+        started = time.monotonic()
+        await _tell(ctx.on_progress, ToolProgress(call_id, name, "started"))
+        result = await self._call(name, arguments_json, ctx)
+        ok = not result.startswith('{"error"')
+        seconds = round(time.monotonic() - started, 3)
+        await _tell(ctx.on_progress, ToolProgress(call_id, name, "finished", ok, seconds))
+        return result
+
+    async def _call(self, name: str, arguments_json: str, ctx: ToolContext) -> str:
         tool = self._tools.get(name)
         if tool is None:
             known = ", ".join(sorted(self._tools)) or "none"
@@ -129,3 +164,11 @@ class ToolRegistry:
         if isinstance(result, str):
             return result
         return json.dumps(result, ensure_ascii=False, default=str)
+
+
+async def _tell(callback: ProgressCallback, progress: ToolProgress) -> None:
+    # Progress is for show: a failing listener must not fail the tool call.
+    try:
+        await callback(progress)
+    except Exception:
+        logger.exception("tool progress listener failed")

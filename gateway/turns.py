@@ -40,7 +40,7 @@ from typing import Any, Literal
 from agent.loop import Agent
 from agent.markers import WAKE_MARKER
 from agent.providers.base import DeltaCallback, ProviderError
-from agent.tools import ToolContext
+from agent.tools import ToolContext, ToolProgress
 from gateway.config import Platform
 from gateway.conversation import (
     build_context,
@@ -195,10 +195,10 @@ class ReplayedTurn:
 @dataclass(frozen=True)
 class StartedTurn:
     """A running turn: ``task`` gives the rendered answer; ``deltas`` (streaming only) the
-    content pieces as the agent writes them, then None."""
+    content pieces as the agent writes them and its tool steps as they happen, then None."""
 
     task: asyncio.Task[dict[str, Any]]
-    deltas: asyncio.Queue[str | None] | None
+    deltas: asyncio.Queue[str | ToolProgress | None] | None
 
 
 @dataclass
@@ -278,7 +278,9 @@ class TurnService:
         # Counted here, released by the turn itself: a client that goes away does not free
         # a slot while its turn still runs.
         self._active_runs += 1
-        deltas: asyncio.Queue[str | None] | None = asyncio.Queue() if request.stream else None
+        deltas: asyncio.Queue[str | ToolProgress | None] | None = (
+            asyncio.Queue() if request.stream else None
+        )
         try:
             begun = await self._begin(request)
             if request.stream:
@@ -394,7 +396,7 @@ class TurnService:
         request: TurnRequest,
         begun: _Begun,
         owner: str | None,
-        deltas: asyncio.Queue[str | None] | None,
+        deltas: asyncio.Queue[str | ToolProgress | None] | None,
     ) -> dict[str, Any]:
         session_id, key = request.session_id, request.idempotency_key
         try:
@@ -411,6 +413,11 @@ class TurnService:
 
                 async def on_delta(piece: str) -> None:
                     deltas.put_nowait(piece)
+
+                async def on_progress(step: ToolProgress) -> None:
+                    deltas.put_nowait(step)
+
+                ctx.on_progress = on_progress
 
             result = _well_formed_result(await self._run_agent(context, ctx, on_delta))
             response = self._render(result)

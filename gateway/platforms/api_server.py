@@ -1,5 +1,8 @@
 """The OpenAI-compatible API server: the stateless platform adapter (``reveille serve``).
 
+Streams carry content deltas as the model writes them and, as ``event: reveille.tool``
+(a chunk with no choices plus ``reveille_tool``), each tool step when it starts and ends.
+
 Routes: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
 ``GET /v1/models/{id}``, ``GET /health``, and the sessions routes of ``api_sessions``.
 
@@ -34,11 +37,13 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
 
 from agent.loop import Agent
+from agent.tools import ToolProgress
 from delivery.ids import new_token
 from gateway.config import Platform
 from gateway.platforms.api_sessions import MALFORMED_SESSION_ID, SessionRoutes
@@ -79,6 +84,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+TOOL_EVENT = "reveille.tool"
 WAKE_TOKEN_HEADER = "X-Reveille-Wake-Token"
 DEFAULT_KEEPALIVE_SECONDS = 15.0
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -405,7 +411,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         self,
         request: web.Request,
         task: asyncio.Task[dict[str, Any]],
-        deltas: asyncio.Queue[str | None],
+        deltas: asyncio.Queue[str | ToolProgress | None],
         session_id: str,
         options: dict[str, Any],
     ) -> web.StreamResponse:
@@ -432,6 +438,12 @@ class ApiServerAdapter(BasePlatformAdapter):
                     continue
                 if piece is None:
                     break
+                if isinstance(piece, ToolProgress):
+                    # A named event: JavaScript clients skip it, and to Python ones it reads
+                    # as a chunk without choices, like the usage chunk.
+                    tool_step = {**chunk({}), "choices": [], "reveille_tool": asdict(piece)}
+                    await send_sse(response, tool_step, event=TOOL_EVENT)
+                    continue
                 await send_sse(response, chunk({"content": piece}))
             try:
                 completion = await asyncio.shield(task)

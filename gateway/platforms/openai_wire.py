@@ -58,11 +58,15 @@ def chunker(completion: dict[str, Any]) -> Callable[..., dict[str, Any]]:
     return chunk
 
 
-async def send_sse(response: web.StreamResponse, payload: dict[str, Any]) -> None:
+async def send_sse(
+    response: web.StreamResponse, payload: dict[str, Any], *, event: str | None = None
+) -> None:
+    """One SSE message; ``event`` names it (plain OpenAI clients read unnamed ones)."""
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     try:
         encoded = data.encode()
     except UnicodeEncodeError:
         # A lone surrogate from a provider: escaped, it is still valid JSON (and UTF-8).
         encoded = json.dumps(payload, separators=(",", ":")).encode()
-    await response.write(b"data: " + encoded + b"\n\n")
+    prefix = f"event: {event}\n".encode() if event else b""
+    await response.write(prefix + b"data: " + encoded + b"\n\n")

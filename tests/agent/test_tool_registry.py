@@ -114,3 +114,25 @@ async def test_the_default_toolset_comes_from_the_tools_floor():
     assert registry.names() == ["delegate_task", "terminal"]
     refused = json.loads(await registry.call("terminal", '{"command": "true"}', CTX))
     assert "disabled" in refused["error"]
+
+
+async def test_progress_is_told_around_each_call_and_a_failing_listener_is_harmless():
+    from agent.tools import ToolProgress
+
+    heard: list[ToolProgress] = []
+
+    async def listen(step: ToolProgress) -> None:
+        heard.append(step)
+        raise RuntimeError("the listener broke")  # must not fail the call
+
+    registry = ToolRegistry([_tool("text", _text, required=())])
+    ctx = ToolContext(on_progress=listen)
+    result = await registry.call("text", "{}", ctx, "call-7")
+    assert "error" not in result
+    assert [(s.call_id, s.name, s.phase, s.ok) for s in heard] == [
+        ("call-7", "text", "started", True),
+        ("call-7", "text", "finished", True),
+    ]
+    heard.clear()
+    await registry.call("nope", "{}", ctx, "call-8")
+    assert [(s.phase, s.ok) for s in heard] == [("started", True), ("finished", False)]

@@ -159,3 +159,29 @@ async def test_a_failure_after_the_stream_began_ends_it_with_an_error_chunk(stor
     assert b"HTTP/1.1" not in body
     assert b'"error"' in body and body.rstrip().endswith(b"data: [DONE]")
     assert b"the model fell over" not in body  # internals stay in the log
+
+
+async def test_tool_steps_stream_as_named_events_that_openai_clients_survive(store) -> None:
+    from tests.api_server._support import client_for
+
+    async with running_adapter(store) as (adapter, _provider, _runner):
+        raw = (
+            b'{"model":"m","stream":true,"messages":[{"role":"user",'
+            b'"content":"in the background: count the stars"}]}'
+        )
+        _, _, body = await _post(adapter.port, raw)
+        text = body.decode()
+        assert text.count("event: reveille.tool\n") == 2
+        started = text.index('"phase":"started"')
+        finished = text.index('"phase":"finished"')
+        assert started < finished < text.rindex('"content"')
+        assert '"name":"delegate_task"' in text
+
+        client = client_for(adapter.port)
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "in the background: count the moons"}],
+            stream=True,
+        )
+        content = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert "count the moons" in content
