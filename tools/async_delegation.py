@@ -340,11 +340,19 @@ def release_event_delivery(
 
 
 def drop_event_delivery(evt: CompletionEvent, claim: str | None, reason: str) -> bool:
-    """The target is gone for good (session deleted, user reset): dropped, never delivered."""
+    """The target is gone for good (session deleted, user reset): dropped, never delivered.
+
+    False, logged and with the row untouched, when ``claim`` is no longer the holder's
+    (like a lost complete or release: a consumer dropping in a ``finally`` never crashes).
+    """
     row_id = _delivery_id(evt)
     if row_id is None:
         return False
-    return get_runtime().ledger.drop(row_id, reason, token=claim or None)
+    try:
+        return get_runtime().ledger.drop(row_id, reason, token=claim or None)
+    except ClaimMismatchError as error:
+        log.info("drop_event_delivery: %s; the row is left as it is", error)
+        return False
 
 
 def get_durable_delegation(delegation_id: str) -> LedgerRow | None:

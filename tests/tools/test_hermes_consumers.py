@@ -136,6 +136,18 @@ class TestStaleClaims:
         assert not release_event_delivery(evt, stale)
         assert row_of(evt) == delivered and delivered["claim_token"] == current
 
+    def test_drop_with_a_stale_claim_is_false_and_leaves_the_row(
+        self, evt: dict[str, Any], clock: FakeClock
+    ) -> None:
+        from tools.async_delegation import drop_event_delivery
+
+        stale, current = taken_over(evt, clock)
+        before = row_of(evt)
+        assert drop_event_delivery(evt, stale, "session gone") is False
+        assert row_of(evt) == before  # B still holds it, nothing dropped
+        assert drop_event_delivery(evt, current, "session gone") is True
+        assert row_of(evt)["delivery_state"] == "dropped"
+
     def test_the_holder_still_gets_the_state(self, evt: dict[str, Any]) -> None:
         claim = claim_event_delivery(evt, "hermes-gateway")
         assert claim
