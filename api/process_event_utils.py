@@ -1,4 +1,4 @@
-"""The web UI's side of the delivery contract: claim, acknowledge, release, drop.
+"""The web UI's side of the delivery contract: claim, acknowledge, release.
 
 Every call resolves ``tools.async_delegation`` when it runs, not when this module is
 imported, so that whichever core stands behind that name (this tree's ledger, an
@@ -61,12 +61,3 @@ def release_async_delegation_delivery(evt: dict[str, Any], claim: str, *, retrya
         release(evt, claim, retryable=retryable)
     else:
         release(evt, claim)
-
-
-def drop_async_delegation_delivery(evt: dict[str, Any], claim: str, reason: str) -> bool:
-    """The session is gone for good: dropped, the result stays in the ledger."""
-    drop = getattr(_core(), "drop_event_delivery", None)
-    if drop is None:  # an older core without drops: a plain release keeps the budget bounded
-        release_async_delegation_delivery(evt, claim, retryable=False)
-        return False
-    return bool(drop(evt, claim, reason))

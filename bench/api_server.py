@@ -205,19 +205,9 @@ async def ttft_main_async(args: argparse.Namespace) -> None:
     ]  # fmt: skip
     async with running(upstream_cmd, env, upstream_port) as upstream_url:
         direct = await first_token_ms(upstream_url, UPSTREAM_MODEL, args.requests)
-        with tempfile.TemporaryDirectory() as home:
-            port = free_port()
-            ours_env = {
-                **reveille_env(env, home, port, 4),
-                "REVEILLE_PROVIDER": "openai",
-                "REVEILLE_MODEL": UPSTREAM_MODEL,
-                "OPENAI_BASE_URL": f"{upstream_url}/v1",
-                "OPENAI_API_KEY": UPSTREAM_KEY,
-            }
-            cmd = [sys.executable, "-m", "reveille.cli", "serve"]
-            async with running(cmd, ours_env, port) as url:
-                await first_token_ms(url, UPSTREAM_MODEL, 2)  # warm-up: the client, imports
-                ours = await first_token_ms(url, UPSTREAM_MODEL, args.requests)
+        async with reveille_on(upstream_url, env, clients=4) as url:
+            await first_token_ms(url, UPSTREAM_MODEL, 2)  # warm-up: the client, imports
+            ours = await first_token_ms(url, UPSTREAM_MODEL, args.requests)
     pieces = len(UPSTREAM_PIECES)
     total = args.first_delay + (pieces - 1) * args.interval
     print(
@@ -370,24 +360,32 @@ def reveille_env(env: dict[str, str], home: str, port: int, clients: int) -> dic
     }
 
 
+@contextlib.asynccontextmanager
+async def reveille_on(
+    upstream_url: str, env: dict[str, str], *, clients: int
+) -> AsyncIterator[str]:
+    """`reveille serve` on a fresh state directory, using the fake upstream as its model."""
+    with tempfile.TemporaryDirectory() as home:
+        port = free_port()
+        ours_env = {
+            **reveille_env(env, home, port, clients),
+            "REVEILLE_PROVIDER": "openai",
+            "REVEILLE_MODEL": UPSTREAM_MODEL,
+            "OPENAI_BASE_URL": f"{upstream_url}/v1",
+            "OPENAI_API_KEY": UPSTREAM_KEY,
+        }
+        async with running([sys.executable, "-m", "reveille.cli", "serve"], ours_env, port) as url:
+            yield url
+
+
 async def provider_main_async(args: argparse.Namespace) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     upstream_port = free_port()
     upstream_cmd = [sys.executable, __file__, "--serve-upstream", str(upstream_port)]
     async with running(upstream_cmd, env, upstream_port) as upstream_url:
         upstream = await measure_url(upstream_url, args, UPSTREAM_MODEL)
-        with tempfile.TemporaryDirectory() as home:
-            port = free_port()
-            ours_env = {
-                **reveille_env(env, home, port, args.clients),
-                "REVEILLE_PROVIDER": "openai",
-                "REVEILLE_MODEL": UPSTREAM_MODEL,
-                "OPENAI_BASE_URL": f"{upstream_url}/v1",
-                "OPENAI_API_KEY": UPSTREAM_KEY,
-            }
-            cmd = [sys.executable, "-m", "reveille.cli", "serve"]
-            async with running(cmd, ours_env, port) as url:
-                ours = await measure_url(url, args, UPSTREAM_MODEL)
+        async with reveille_on(upstream_url, env, clients=args.clients) as url:
+            ours = await measure_url(url, args, UPSTREAM_MODEL)
 
     print(header(args))
     print(line("fake upstream (canned)", upstream, 23))

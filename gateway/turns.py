@@ -149,6 +149,11 @@ def request_fingerprint(request: TurnRequest) -> str:
     return hashlib.sha256(material.encode("ascii")).hexdigest()[:32]
 
 
+def _fingerprint_of(owner: str) -> str:
+    """The request fingerprint an idempotency owner carries (computed once, in ``start``)."""
+    return owner.rsplit(":", 1)[1]
+
+
 def _key_reused() -> TurnError:
     return TurnError(
         "key_reused",
@@ -332,7 +337,7 @@ class TurnService:
         request (another conversation's messages, say) is refused, never answered with the
         first request's reply.
         """
-        fingerprint = owner.rsplit(":", 1)[1]
+        fingerprint = _fingerprint_of(owner)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.idempotency_wait_seconds
         while True:
@@ -421,7 +426,7 @@ class TurnService:
 
             result = _well_formed_result(await self._run_agent(context, ctx, on_delta))
             response = self._render(result)
-            await self._store(request, begun, user_message, result, response)
+            await self._store(request, begun, user_message, result, response, owner)
             return response
         except ProviderError as exc:
             await self._forget_claim(key, owner)
@@ -449,6 +454,7 @@ class TurnService:
         user_message: dict[str, Any],
         result: Any,
         response: dict[str, Any],
+        owner: str | None,
     ) -> None:
         key = request.idempotency_key
         user_text = message_text(user_message)
@@ -467,8 +473,8 @@ class TurnService:
                 idempotency_key=key,
                 # stored only to answer a repeated idempotency key (with the same request)
                 response=(
-                    {"fingerprint": request_fingerprint(request), "answer": response}
-                    if key is not None
+                    {"fingerprint": _fingerprint_of(owner), "answer": response}
+                    if key is not None and owner is not None
                     else None
                 ),
                 create=begun.unwritten,

@@ -439,8 +439,8 @@ class ApiServerAdapter(BasePlatformAdapter):
                 if piece is None:
                     break
                 if isinstance(piece, ToolProgress):
-                    # A named event: JavaScript clients skip it, and to Python ones it reads
-                    # as a chunk without choices, like the usage chunk.
+                    # A named event whose data is a chunk without choices, like the usage
+                    # chunk: clients that check choices pass over it.
                     tool_step = {**chunk({}), "choices": [], "reveille_tool": asdict(piece)}
                     await send_sse(response, tool_step, event=TOOL_EVENT)
                     continue

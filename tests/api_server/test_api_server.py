@@ -26,13 +26,6 @@ def _prose(text: str) -> str:
 HEADER = "X-Hermes-Session-Id"
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
-    with SessionStore(tmp_path / "sessions.db") as s:
-        yield s
-
-
 def user(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 

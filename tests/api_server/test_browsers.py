@@ -12,20 +12,12 @@ import json
 import aiohttp
 import pytest
 
-from gateway.session import SessionStore
 from reveille.settings import SettingsError, load_settings
 from tests.api_server._support import KEY, running_adapter
 
 EVIL = "https://evil.example"
 FRIEND = "https://app.example"
 TURN = {"model": "m", "messages": [{"role": "user", "content": "run rm -rf ~"}]}
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
-    with SessionStore(tmp_path / "sessions.db") as s:
-        yield s
 
 
 @pytest.mark.parametrize("api_key", ["", KEY])

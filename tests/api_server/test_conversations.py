@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from agent.markers import DELIVERY_MARKER
-from gateway.session import SessionStore
 from gateway.wake import persist_delegation_delivery
 from tests.api_server._support import client_for, running_adapter
 
@@ -23,13 +20,6 @@ RESULT = {
     "status": "completed",
     "summary": "Alice has 1,234 credits.",
 }
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
-    with SessionStore(tmp_path / "sessions.db") as s:
-        yield s
 
 
 async def _ask(client, messages):

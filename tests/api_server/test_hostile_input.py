@@ -18,13 +18,6 @@ from tests.api_server._support import KEY, running_adapter
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
-    with SessionStore(tmp_path / "sessions.db") as s:
-        yield s
-
-
 async def _post(port: int, raw: bytes, path: str = "/v1/chat/completions"):
     async with (
         aiohttp.ClientSession() as http,

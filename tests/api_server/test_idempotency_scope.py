@@ -5,20 +5,11 @@ only this process can write to."""
 from __future__ import annotations
 
 import aiohttp
-import pytest
 
-from gateway.session import SessionStore
 from gateway.wake import deliver_wake
 from tests.api_server._support import KEY, running_adapter
 
 HEADER = "X-Hermes-Session-Id"
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
-    with SessionStore(tmp_path / "sessions.db") as s:
-        yield s
 
 
 async def _turn(port: int, text: str, *, key: str, session_id: str | None = None) -> dict:
