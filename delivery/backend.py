@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from delivery.notifier import Notifier
+from delivery.peers import ServerRecord
 from delivery.write_future import WriteFuture
 
 T = TypeVar("T")
@@ -69,6 +70,12 @@ class LedgerTx(Protocol):
         """
 
     def audit(self, row_id: str, action: str, detail: str, at: float) -> None: ...
+
+    def put_server(self, record: ServerRecord) -> None:
+        """Record (or renew) a server sharing this store."""
+
+    def delete_server(self, identity: str) -> bool:
+        """Forget a server; False when it was not recorded."""
 
 
 class LedgerBackend(Protocol):
@@ -133,6 +140,9 @@ class LedgerBackend(Protocol):
     def rows_owned_by(self, owner: str, state: str, limit: int) -> list[dict[str, Any]]: ...
 
     def audit_log(self, row_id: str) -> list[dict[str, Any]]: ...
+
+    def servers(self) -> list[ServerRecord]:
+        """Every server recorded as sharing this store, earliest start first."""
 
     def stats(self) -> dict[str, int]:
         """Counters: commits (each one fsync of the log at synchronous=FULL), operations."""

@@ -23,6 +23,7 @@ from delivery.errors import (
 from delivery.identity import current_identity, holder_is_dead
 from delivery.ids import new_token
 from delivery.notifier import Subscription
+from delivery.peers import ServerRecord
 from delivery.policy import DeliveryPolicy
 from delivery.recovery import abandoned_event, reoffer_op
 from delivery.recovery import settle_changes as _settle
@@ -500,6 +501,38 @@ class Ledger:
             wanted.update(self.backend.active_owners(state))
         wanted.discard(self.identity)
         return wanted
+
+    # -- the servers sharing this store ---------------------------------------------------------
+
+    def register_server(self, label: str = "") -> list[ServerRecord]:
+        """Record this process as a server of the store, tell the others, and return the
+        live peers it shares the store with (dead ones found on the way are pruned)."""
+        now = self.clock()
+        record = ServerRecord(self.identity, label, now, now)
+        self.backend.write(lambda tx: tx.put_server(record), durable=False)
+        self.notify_others()  # their schedulers start watching this process now
+        return self.peer_servers()
+
+    def unregister_server(self) -> None:
+        self.backend.write(lambda tx: tx.delete_server(self.identity), durable=False)
+
+    def peer_servers(self) -> list[ServerRecord]:
+        """The other servers of this store that are not known to be dead; records of dead
+        ones are removed (their work is recovered through its rows, not through these)."""
+        peers: list[ServerRecord] = []
+        dead: list[ServerRecord] = []
+        for record in self.backend.servers():
+            if record.identity == self.identity:
+                continue
+            (dead if record.is_known_dead() else peers).append(record)
+        if dead:
+
+            def prune(tx: LedgerTx) -> None:
+                for record in dead:
+                    tx.delete_server(record.identity)
+
+            self.backend.write(prune, durable=False)
+        return peers
 
     # -- the store ------------------------------------------------------------------------------
 

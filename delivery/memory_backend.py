@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import itertools
 import json
 import threading
@@ -30,6 +31,7 @@ from delivery.backend import (
 )
 from delivery.errors import DuplicateDeliveryError, LedgerUnavailable
 from delivery.notifier import LocalNotifier
+from delivery.peers import ServerRecord
 from delivery.write_future import WriteFuture
 
 T = TypeVar("T")
@@ -75,6 +77,7 @@ class _MemoryTx:
     def __init__(self, store: MemoryBackend) -> None:
         self._store = store
         self._undo: dict[str, dict[str, Any] | None] = {}
+        self._server_undo: dict[str, ServerRecord | None] = {}
         self._audit_len = len(store._audit)
 
     def _touch(self, row_id: str) -> None:
@@ -90,6 +93,11 @@ class _MemoryTx:
             else:
                 rows[row_id] = before
         del self._store._audit[self._audit_len :]
+        for identity, record in self._server_undo.items():
+            if record is None:
+                self._store._servers.pop(identity, None)
+            else:
+                self._store._servers[identity] = record
 
     def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
         if columns is not None:
@@ -132,6 +140,21 @@ class _MemoryTx:
     def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
         self._store._audit.append((row_id, at, action, detail))
 
+    def put_server(self, record: ServerRecord) -> None:
+        servers = self._store._servers
+        self._server_undo.setdefault(record.identity, servers.get(record.identity))
+        before = servers.get(record.identity)
+        started = before.started_at if before is not None else record.started_at
+        servers[record.identity] = dataclasses.replace(record, started_at=started)
+
+    def delete_server(self, identity: str) -> bool:
+        servers = self._store._servers
+        if identity not in servers:
+            return False
+        self._server_undo.setdefault(identity, servers[identity])
+        del servers[identity]
+        return True
+
 
 def _copy_out(row: dict[str, Any], columns: Iterable[str]) -> dict[str, Any]:
     out = {c: row[c] for c in columns}
@@ -147,6 +170,7 @@ class MemoryBackend:
         self._name = name
         self._rows: dict[str, dict[str, Any]] = {}
         self._audit: list[tuple[str, float, str, str]] = []
+        self._servers: dict[str, ServerRecord] = {}
         self._lock = threading.RLock()
         self._notifier = LocalNotifier()
         self._closed = False
@@ -309,6 +333,10 @@ class MemoryBackend:
                 for rid, at, action, detail in self._audit
                 if rid == row_id
             ]
+
+    def servers(self) -> list[ServerRecord]:
+        with self._lock:
+            return sorted(self._servers.values(), key=lambda r: (r.started_at, r.identity))
 
     def stats(self) -> dict[str, int]:
         # Each operation is its own "commit"; nothing is ever fsynced.

@@ -7,6 +7,11 @@ a pidfd for each), or until this process writes an earlier due time, or until an
 process sharing the store pokes it through the store's notifier. An idle process thus
 delivers on time and never sits on due rows, and a row whose owner died while we run is
 re-offered at once instead of at the next restart.
+
+A scheduler is what makes its process a server of the store: ``start`` records the process
+among the store's servers (``delivery.peers``) and the scheduler watches every live local
+peer as well, so that when a peer is killed its queued and running work and its claims are
+recovered by the survivors at once, without waiting for the peer to restart.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from delivery.errors import LedgerError
 from delivery.identity import ProcessIdentity
 from delivery.ledger import Ledger
 from delivery.notifier import Subscription
+from delivery.peers import ServerRecord
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +44,12 @@ class ReofferScheduler:
         *,
         max_sleep_seconds: float = 60.0,
         error_backoff_seconds: float = 1.0,
+        label: str = "",
     ) -> None:
         self.ledger = ledger
+        self._label = label
+        self.peers_at_start: list[ServerRecord] = []
+        self._peer_names: dict[str, str] = {}
         self._offer = offer
         # Only a guard against what no pidfd can see (an owner on another host); the
         # scheduler never relies on it for rows of this host.
@@ -63,6 +73,11 @@ class ReofferScheduler:
 
     def start(self) -> None:
         self._inbox = self.ledger.subscribe()
+        try:
+            self.peers_at_start = self.ledger.register_server(self._label)
+        except LedgerError as exc:
+            # Not fatal: rows still name their owners and holders, which are watched too.
+            log.warning("could not record this server among the store's servers: %s", exc)
         if self._inbox is not None:
             self._selector.register(self._inbox.fileno(), selectors.EVENT_READ, self._inbox)
         self.ledger.add_due_listener(self._on_due)
@@ -75,6 +90,8 @@ class ReofferScheduler:
         self._poke()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        with contextlib.suppress(LedgerError):
+            self.ledger.unregister_server()
         for fd in self._pidfds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -135,8 +152,12 @@ class ReofferScheduler:
             log.exception("offering a re-offered completion failed")
 
     def _watch_processes(self) -> None:
-        """Hold a pidfd for every other local process that holds or owns live rows."""
+        """Hold a pidfd for every peer server and every other local process that holds or
+        owns live rows."""
         wanted = self.ledger.live_identities()
+        for peer in self.ledger.peer_servers():
+            wanted.add(peer.identity)
+            self._peer_names[peer.identity] = peer.describe()
         for ident in list(self._pidfds):
             if ident not in wanted:
                 self._unwatch(ident)
@@ -173,5 +194,9 @@ class ReofferScheduler:
             elif key.data is self._inbox and self._inbox is not None:
                 self._inbox.drain()
             else:
-                log.info("process %s exited; re-offering what it held", key.data)
+                peer = self._peer_names.pop(key.data, None)
+                if peer is not None:
+                    log.warning("server %s exited; taking over its work", peer)
+                else:
+                    log.info("process %s exited; re-offering what it held", key.data)
                 self._unwatch(key.data)

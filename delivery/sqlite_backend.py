@@ -41,6 +41,7 @@ from delivery.errors import (
     NotALedgerError,
 )
 from delivery.notifier import SocketDirNotifier, wake_dir_for
+from delivery.peers import ServerRecord
 from delivery.sqlite_writer import GroupCommitWriter
 from delivery.write_future import WriteFuture
 
@@ -99,6 +100,12 @@ CREATE TABLE IF NOT EXISTS delivery_audit (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ix_audit_delivery ON delivery_audit(delivery_id, seq);
+CREATE TABLE IF NOT EXISTS servers (
+    identity TEXT PRIMARY KEY,
+    label TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    heartbeat_at REAL NOT NULL
+);
 """
 
 # SQL of the predicates ``LedgerTx.update`` accepts in ``expect`` (equality otherwise)
@@ -232,6 +239,18 @@ class _SqliteTx:
             "INSERT INTO delivery_audit (delivery_id, at, action, detail) VALUES (?, ?, ?, ?)",
             (row_id, at, action, detail),
         )
+
+    def put_server(self, record: ServerRecord) -> None:
+        self._conn.execute(
+            "INSERT INTO servers (identity, label, started_at, heartbeat_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (identity) DO UPDATE SET label = excluded.label, "
+            "heartbeat_at = excluded.heartbeat_at",
+            (record.identity, record.label, record.started_at, record.heartbeat_at),
+        )
+
+    def delete_server(self, identity: str) -> bool:
+        cur = self._conn.execute("DELETE FROM servers WHERE identity = ?", (identity,))
+        return cur.rowcount == 1
 
 
 class SqliteBackend:
@@ -416,6 +435,16 @@ class SqliteBackend:
                 (row_id,),
             )
             return [{"at": at, "action": a, "detail": d} for at, a, d in cur.fetchall()]
+        except sqlite3.Error as exc:
+            raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
+
+    def servers(self) -> list[ServerRecord]:
+        try:
+            cur = self._reader().execute(
+                "SELECT identity, label, started_at, heartbeat_at FROM servers "
+                "ORDER BY started_at, identity"
+            )
+            return [ServerRecord(*row) for row in cur.fetchall()]
         except sqlite3.Error as exc:
             raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
 

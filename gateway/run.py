@@ -34,6 +34,7 @@ from typing import Any
 import tools.async_delegation as ad
 from agent.providers.base import ModelProvider
 from delivery.events import CompletionEvent, delivery_id, parse_event
+from delivery.peers import ServerRecord
 from gateway.config import Platform
 from gateway.delivery_targets import ApiServerTarget, DeliveryTarget, session_platform
 from gateway.platforms.api_server import ApiServerAdapter
@@ -108,8 +109,10 @@ class GatewayRunner:
             if self.restored:
                 logger.info("re-offering %d undelivered completion(s)", self.restored)
             if getattr(self.runtime, "scheduler", None) is None:
-                await asyncio.to_thread(self.runtime.start_scheduler)
+                label = f"api {self.adapter.host}:{self.adapter.port}"
+                scheduler = await asyncio.to_thread(self.runtime.start_scheduler, label)
                 self._started_scheduler = True
+                _log_peers(scheduler.peers_at_start)
             self._watcher = asyncio.create_task(self._watch(), name="completion-watcher")
         except BaseException:
             await self.stop()
@@ -338,6 +341,17 @@ class GatewayRunner:
             await asyncio.to_thread(ad.drop_event_delivery, evt, claim or None, reason)
         except Exception:
             logger.exception("could not drop %s", _event_id(evt))
+
+
+def _log_peers(peers: list[ServerRecord]) -> None:
+    if not peers:
+        logger.info("no other server shares this state")
+        return
+    logger.info(
+        "%d other server(s) share this state; each takes over the other's work if it dies: %s",
+        len(peers),
+        "; ".join(peer.describe() for peer in peers),
+    )
 
 
 def _safe_id(evt: Any) -> Any:

@@ -312,9 +312,11 @@ class DelegationRuntime:
 
     # -- background re-offers -------------------------------------------------------------
 
-    def start_scheduler(self) -> ReofferScheduler:
+    def start_scheduler(self, label: str = "") -> ReofferScheduler:
+        """Start re-offering this store's due rows; ``label`` names this server to its
+        peers (e.g. its listening address)."""
         if self.scheduler is None:
-            self.scheduler = ReofferScheduler(self.ledger, self.queue.put)
+            self.scheduler = ReofferScheduler(self.ledger, self.queue.put, label=label)
             self.scheduler.start()
         return self.scheduler
 

@@ -3,17 +3,11 @@ delivery and its acknowledgement."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
-import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -23,114 +17,15 @@ from reveille.chat import ChatClient
 from reveille.cli import build_parser
 from reveille.serve import startup_banner
 from reveille.settings import Settings
-
-ROOT = Path(__file__).resolve().parents[2]
-KEY = "serve-test-key"
-LISTEN = re.compile(r"Reveille is listening on http://127\.0\.0\.1:(\d+)/v1")
-
-
-class Server:
-    """A `reveille serve` subprocess with its output collected line by line."""
-
-    def __init__(self, home: Path, *, hold_ack: bool = False, key: str | None = KEY) -> None:
-        env = {
-            **os.environ,
-            "REVEILLE_HOME": str(home),
-            "REVEILLE_DEMO_DELAY_SECONDS": "0.05",
-            "REVEILLE_SHELL_ENABLED": "1",
-            "REVEILLE_SHELL_WORKDIR": str(home),
-            "PYTHONUNBUFFERED": "1",
-            # The checkout first, whatever an (editable) install in the venv maps.
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        }
-        env.pop("API_SERVER_KEY", None)
-        env.pop("REVEILLE_CONFIG", None)
-        if key:
-            env["API_SERVER_KEY"] = key
-        if hold_ack:
-            env["REVEILLE_TEST_HOLD_ACK"] = "1"
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(Path(__file__).with_name("_serve_proc.py")),
-                "serve",
-                "--port",
-                "0",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-        match = self.wait_for(LISTEN)
-        self.port = int(match.group(1))
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def wait_for(self, pattern: re.Pattern[str], count: int = 1, timeout: float = 30):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = [m for line in list(self.lines) if (m := pattern.search(line))]
-            if len(found) >= count:
-                return found[count - 1]
-            if self.proc.poll() is not None and len(found) < count:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"{pattern.pattern!r} not seen; output:\n{''.join(self.lines)}")
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout=30)
-
-
-def call(port: int, method: str, path: str, body=None, headers=None) -> tuple[int, dict, dict]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}",
-        data=json.dumps(body).encode() if body is not None else None,
-        method=method,
-        headers={
-            "Authorization": f"Bearer {KEY}",
-            "Content-Type": "application/json",
-            **(headers or {}),
-        },
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            return resp.status, dict(resp.headers), json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), json.loads(exc.read())
-
-
-def chat(port: int, message: str, session_id: str | None = None) -> tuple[str, str]:
-    headers = {"X-Hermes-Session-Id": session_id} if session_id else {}
-    body = {"model": "m", "messages": [{"role": "user", "content": message}]}
-    status, resp_headers, data = call(port, "POST", "/v1/chat/completions", body, headers)
-    assert status == 200, data
-    return resp_headers["X-Hermes-Session-Id"], data["choices"][0]["message"]["content"]
-
-
-def transcript(port: int, session_id: str) -> list[dict]:
-    status, _, data = call(port, "GET", f"/api/sessions/{session_id}/messages")
-    assert status == 200
-    return data["data"]
-
-
-def wait_until(check, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
+from tests.api_server.serve_support import (
+    KEY,
+    ROOT,
+    Server,
+    chat,
+    ledger_rows,
+    transcript,
+    wait_until,
+)
 
 
 def test_cli_registers_serve_and_chat() -> None:
@@ -213,14 +108,7 @@ def test_sigkill_between_delivery_and_ack_delivers_exactly_once(tmp_path) -> Non
         second.wait_for(re.compile(r"re-offering 2 undelivered completion\(s\)"))
 
         def settled() -> bool:
-            from delivery.ledger import Ledger
-            from delivery.sqlite_backend import SqliteBackend
-
-            backend = SqliteBackend(tmp_path / "ledger.db")
-            try:
-                rows = Ledger(backend).query(limit=10)
-            finally:
-                backend.close()
+            rows = ledger_rows(tmp_path)
             return bool(rows) and all(r["delivery_state"] == "delivered" for r in rows)
 
         wait_until(settled)

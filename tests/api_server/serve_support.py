@@ -1,0 +1,148 @@
+"""Real `reveille serve` processes for tests: start one on a free port, call it, wait.
+
+``Server`` runs `tests/api_server/_serve_proc.py` (the CLI, optionally holding every
+acknowledgement) with a tmp ``REVEILLE_HOME``, the demo model and the web UI off, and
+collects its output line by line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "serve-test-key"
+LISTEN = re.compile(r"Reveille is listening on http://127\.0\.0\.1:(\d+)/v1")
+
+
+class Server:
+    """A `reveille serve` subprocess with its output collected line by line."""
+
+    def __init__(
+        self,
+        home: Path,
+        *,
+        hold_ack: bool = False,
+        key: str | None = KEY,
+        demo_delay: float = 0.05,
+    ) -> None:
+        env = {
+            **os.environ,
+            "REVEILLE_HOME": str(home),
+            "REVEILLE_DEMO_DELAY_SECONDS": str(demo_delay),
+            "REVEILLE_WEBUI_PORT": "0",
+            "REVEILLE_SHELL_ENABLED": "1",
+            "REVEILLE_SHELL_WORKDIR": str(home),
+            "PYTHONUNBUFFERED": "1",
+            # The checkout first, whatever an (editable) install in the venv maps.
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        env.pop("API_SERVER_KEY", None)
+        env.pop("REVEILLE_CONFIG", None)
+        if key:
+            env["API_SERVER_KEY"] = key
+        if hold_ack:
+            env["REVEILLE_TEST_HOLD_ACK"] = "1"
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("_serve_proc.py")),
+                "serve",
+                "--port",
+                "0",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+        match = self.wait_for(LISTEN)
+        self.port = int(match.group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, pattern: re.Pattern[str], count: int = 1, timeout: float = 30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [m for line in list(self.lines) if (m := pattern.search(line))]
+            if len(found) >= count:
+                return found[count - 1]
+            if self.proc.poll() is not None and len(found) < count:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"{pattern.pattern!r} not seen; output:\n{''.join(self.lines)}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=30)
+
+
+def call(port: int, method: str, path: str, body=None, headers=None) -> tuple[int, dict, dict]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode() if body is not None else None,
+        method=method,
+        headers={
+            "Authorization": f"Bearer {KEY}",
+            "Content-Type": "application/json",
+            **(headers or {}),
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read())
+
+
+def chat(port: int, message: str, session_id: str | None = None) -> tuple[str, str]:
+    headers = {"X-Hermes-Session-Id": session_id} if session_id else {}
+    body = {"model": "m", "messages": [{"role": "user", "content": message}]}
+    status, resp_headers, data = call(port, "POST", "/v1/chat/completions", body, headers)
+    assert status == 200, data
+    return resp_headers["X-Hermes-Session-Id"], data["choices"][0]["message"]["content"]
+
+
+def transcript(port: int, session_id: str) -> list[dict]:
+    status, _, data = call(port, "GET", f"/api/sessions/{session_id}/messages")
+    assert status == 200
+    return data["data"]
+
+
+def wait_until(check, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def ledger_rows(home: Path) -> list[dict]:
+    """Every ledger row under ``home``, read through a ledger of this test process."""
+    from delivery.ledger import Ledger
+    from delivery.sqlite_backend import SqliteBackend
+
+    backend = SqliteBackend(home / "ledger.db")
+    try:
+        return Ledger(backend).query(limit=100)
+    finally:
+        backend.close()

@@ -1,0 +1,68 @@
+"""Two `reveille serve` processes on one state directory; one is SIGKILLed mid-work.
+
+The survivor notices at once (it watches its peer's pidfd) and recovers the dead server's
+work as a restart would, without that server ever coming back: a completion the dead one
+had delivered but not acknowledged is settled exactly once, and work it was running ends
+``unknown`` with a completion that says so, delivered into the session that started it.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+from gateway.wake import DELEGATION_DISPLAY_KIND
+from tests.api_server.serve_support import Server, chat, ledger_rows, transcript, wait_until
+
+PEERS = re.compile(r"(\d+) other server\(s\) share this state")
+
+
+def _results(port: int, session_id: str) -> list[dict]:
+    return [m for m in transcript(port, session_id) if m["display_kind"] == DELEGATION_DISPLAY_KIND]
+
+
+def test_the_survivor_takes_over_a_killed_peers_work_within_seconds(tmp_path) -> None:
+    # The doomed server: its sub-agents take 2 s, and it never acknowledges a delivery.
+    doomed = Server(tmp_path, hold_ack=True, demo_delay=2.0)
+    survivor = None
+    try:
+        doomed.wait_for(re.compile("no other server shares this state"))
+        survivor = Server(tmp_path)
+        assert survivor.wait_for(PEERS).group(1) == "1"
+        assert f"pid {doomed.proc.pid}" in "".join(survivor.lines)
+
+        held_session, _ = chat(doomed.port, "in the background: count the stars")
+        doomed.wait_for(re.compile(r"HOLDING-ACK deleg_\w+"))  # delivered, not acknowledged
+        running_session, _ = chat(doomed.port, "in the background: map the coast")
+        wait_until(lambda: any(r["state"] == "running" for r in ledger_rows(tmp_path)))
+
+        doomed.stop(signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        def settled() -> bool:
+            rows = ledger_rows(tmp_path)
+            return len(rows) == 2 and all(r["delivery_state"] == "delivered" for r in rows)
+
+        wait_until(settled, timeout=5)
+        took = time.monotonic() - killed_at
+        assert took < 5, took
+
+        held = _results(survivor.port, held_session)
+        assert len(held) == 1 and "count the stars" in held[0]["content"]
+        running = _results(survivor.port, running_session)
+        assert len(running) == 1
+        assert "map the coast" in running[0]["content"]
+        assert "unknown" in running[0]["content"].lower()
+        by_state = {r["state"] for r in ledger_rows(tmp_path)}
+        assert by_state == {"completed", "unknown"}
+        assert "taking over its work" in "".join(survivor.lines)
+        # Nothing is offered again later: still exactly one result each.
+        time.sleep(0.5)
+        assert len(_results(survivor.port, held_session)) == 1
+        assert len(_results(survivor.port, running_session)) == 1
+        assert survivor.stop() == 0
+    finally:
+        for server in (doomed, survivor):
+            if server is not None and server.proc.poll() is None:
+                server.proc.kill()
