@@ -46,6 +46,8 @@ def add_parser(subparsers: Any) -> None:
     drop.add_argument("id")
     drop.add_argument("--reason", default="dropped by an operator")
 
+    sub.add_parser("servers", help="the running servers that share this ledger")
+
     parser.set_defaults(func=run)
 
 
@@ -184,6 +186,13 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
             print(format_table(rows, time.time()))
         else:
             print("no rows match")
+        return 0
+    if args.action == "servers":
+        servers = ledger.peer_servers()  # this command is not a server: all of them
+        if not servers:
+            print("no server is running on this state directory")
+        for record in servers:
+            print(record.describe())
         return 0
     found = ledger.get(args.id)
     if found is None:

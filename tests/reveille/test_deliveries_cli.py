@@ -179,3 +179,24 @@ def test_a_locked_ledger_is_called_locked_not_broken(home: Path) -> None:
     assert "locked by another process" in out.stderr and "nothing was written" in out.stderr
     assert "not a" not in out.stderr and "Traceback" not in out.stderr
     assert reveille(home, "deliveries", "show", "deleg_0001").returncode == 0  # still healthy
+
+
+def test_servers_lists_the_live_servers_of_the_state_directory(home: Path) -> None:
+    from tests.delivery._support import identity_of, start_idle_child, stop_child
+
+    assert reveille(home, "deliveries", "servers").stdout.strip() == (
+        "no server is running on this state directory"
+    )
+    child = start_idle_child()
+    try:
+        backend = SqliteBackend(home / "ledger.db")
+        Ledger(backend, identity=str(identity_of(child.pid))).register_server("api 127.0.0.1:9")
+        backend.close()
+        out = reveille(home, "deliveries", "servers")
+        assert out.returncode == 0, out.stderr
+        assert f"pid {child.pid}" in out.stdout and "(api 127.0.0.1:9)" in out.stdout
+    finally:
+        stop_child(child)
+    # A dead server is not listed, and its record is pruned.
+    out = reveille(home, "deliveries", "servers")
+    assert "no server is running" in out.stdout
