@@ -78,10 +78,15 @@ if sys.stdin.buffer.readline() != b"go\\n":
     sys.exit(125)
 child = 0
 got = []
+def send(signum):
+    try:
+        os.kill(child, signum)
+    except OSError:
+        pass  # it has ended (and may be reaped): nothing to pass on
 def on_signal(signum, frame):
     got.append(signum)
     if child:
-        os.kill(child, signum)
+        send(signum)
 sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 for s in sigs:
     signal.signal(s, on_signal)
@@ -92,7 +97,7 @@ child = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], os.environ, file_a
     (os.POSIX_SPAWN_DUP2, 1, 2),
 ], setsigdef=sigs)
 if got:
-    os.kill(child, got[0])
+    send(got[0])
 code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
 tmp = os.path.join(d, "exit.tmp")
 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
