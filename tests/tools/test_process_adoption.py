@@ -24,7 +24,7 @@ import pytest
 from delivery.ledger import Ledger
 from delivery.sqlite_backend import SqliteBackend
 from gateway.wake_text import format_wake_text
-from tests.delivery._support import exited_identity
+from tests.delivery._support import exited_identity, identity_of, start_idle_child, stop_child
 from tools.background_processes import (
     EXIT_FILE,
     NOT_FOUND_ERROR,
@@ -276,3 +276,23 @@ def test_two_survivors_adopt_a_process_once(path: Path, servers: list[Server]) -
     time.sleep(0.3)
     got = [q for s in survivors for q in s.registry.completion_queue.drain()]
     assert [e["output_tail"] for e in got] == ["once\n"]
+
+
+def test_a_survivor_adopts_at_once_when_its_peer_dies(path: Path, servers: list[Server]) -> None:
+    """No restart: the survivor's re-offer scheduler sees the peer exit (pidfd) and adopts."""
+    peer_proc = start_idle_child()
+    try:
+        peer = Server(path, str(identity_of(peer_proc.pid)), follow=False)
+        servers.append(peer)
+        info = peer.registry.spawn("sleep 0.5; echo after; exit 5")
+        survivor = live_server(path, servers)
+        survivor.runtime.start_scheduler()
+        time.sleep(0.2)  # the scheduler is watching the peer, which still lives
+        assert survivor.registry.list_running() == []
+    finally:
+        stop_child(peer_proc)  # the peer server dies
+    threading.Thread(target=os.waitpid, args=(info["pid"], 0), daemon=True).start()
+    evt = survivor.events()
+    assert (evt["exit_code"], evt["output_tail"], evt["adopted"]) == (5, "after\n", True)
+    row = survivor.ledger.get(info["process_id"])
+    assert row is not None and row["owner"] == survivor.ledger.identity
