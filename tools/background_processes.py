@@ -69,7 +69,8 @@ VANISHED_ERROR = (
 # nothing running that no one could find). It survives a TERM (kill() signals the whole
 # group) to record the command's status, and passes on one that came before the command
 # started; the command gets the default dispositions from its first instruction
-# (posix_spawn's setsigdef), /dev/null as stdin and the caller's umask. The status is
+# (posix_spawn's setsigdef; SIGPIPE and SIGXFSZ too, which Python ignores, as Popen
+# restores them), /dev/null as stdin and the caller's umask. The status is
 # Popen's: the exit code, or minus the signal that killed the command.
 WRAPPER_SCRIPT = """\
 import os, signal, sys
@@ -95,7 +96,7 @@ child = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], os.environ, file_a
     (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
     (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600),
     (os.POSIX_SPAWN_DUP2, 1, 2),
-], setsigdef=sigs)
+], setsigdef=sigs + (signal.SIGPIPE, signal.SIGXFSZ))
 if got:
     send(got[0])
 code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])

@@ -125,6 +125,16 @@ def test_the_files_are_private_and_go_once_the_result_is_in_the_ledger(
     assert row is not None and row["event"]["output_tail"] == "started\ndone\n"
 
 
+def test_the_command_gets_default_signal_dispositions(path: Path, servers: list[Server]) -> None:
+    server = live_server(path, servers)
+    server.registry.spawn("grep -E '^Sig(Ign|Blk)' /proc/self/status")
+    evt = server.events()
+    masks = dict(line.split(":\t") for line in evt["output_tail"].splitlines())
+    # none of the standard signals blocked or ignored (SIGPIPE included, unlike the wrapper)
+    assert masks.keys() == {"SigBlk", "SigIgn"}
+    assert all(int(mask, 16) & 0x7FFFFFFF == 0 for mask in masks.values()), masks
+
+
 def test_the_wrapper_records_the_exit_status_atomically_and_survives_a_group_term(
     path: Path, servers: list[Server]
 ) -> None:
