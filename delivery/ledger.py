@@ -96,6 +96,7 @@ class Ledger:
         self.clock = clock
         self.identity = identity or str(current_identity())
         self._due_listeners: list[Callable[[float], None]] = []
+        self._adopters: dict[str, Callable[[dict[str, Any]], None]] = {}
 
     # -- notification of due times (the re-offer scheduler listens) -------------------------
 
@@ -553,11 +554,43 @@ class Ledger:
 
     # -- recovery -------------------------------------------------------------------------------
 
+    def set_adopter(self, kind: str, adopt: Callable[[dict[str, Any]], None] | None) -> None:
+        """Say who takes over the running rows of ``kind`` whose owner process died.
+
+        Work of such a kind can outlive its owner (a background process keeps running after
+        its server is killed). Instead of settling the row as ``unknown``, recovery makes
+        this process its owner (a compare-and-set, so one survivor only) and hands the row
+        to ``adopt``, which must finish it (``finish(expected="running")``) once its real
+        outcome is known. ``adopt`` must not block; ``None`` removes the adopter.
+        """
+        if adopt is None:
+            self._adopters.pop(kind, None)
+        else:
+            self._adopters[kind] = adopt
+
+    def take_over(self, row_id: str, owner: str) -> bool:
+        """Running row of the dead ``owner`` -> owned by this process; False if it was not
+        (another survivor took it first, or it finished meanwhile)."""
+        _check_id(row_id)
+        now = self.clock()
+        expect = {"state": State.RUNNING.value, "owner": owner}
+        changes = {"owner": self.identity, "updated_at": now}
+
+        def op(tx: LedgerTx) -> bool:
+            if not tx.update(row_id, expect, changes):
+                return False
+            tx.audit(row_id, "adopt", f"taken over from {owner}", now)
+            return True
+
+        return self.backend.write(op)
+
     def recover_abandoned(self) -> list[dict[str, Any]]:
         """Queued/running rows whose owner process is gone get a completion that says so.
 
         queued -> interrupted (the work never started: safe to run again);
-        running -> unknown (it may have had effects: the user must decide).
+        running -> unknown (it may have had effects: the user must decide), unless its kind
+        has an adopter (``set_adopter``): then this process takes the row over and the
+        adopter reports its real outcome.
         """
         recovered: list[dict[str, Any]] = []
         for state, new_state in ((State.QUEUED, State.INTERRUPTED), (State.RUNNING, State.UNKNOWN)):
@@ -565,6 +598,16 @@ class Ledger:
                 if owner == self.identity or not holder_is_dead(owner):
                     continue
                 for row in self.backend.rows_owned_by(owner, state, _SCAN_LIMIT):
+                    adopt = self._adopters.get(row["kind"]) if state == State.RUNNING else None
+                    if adopt is not None:
+                        if self.take_over(row["id"], owner):
+                            try:
+                                adopt({**row, "owner": self.identity})
+                                continue
+                            except Exception:
+                                log.exception("adopting %s failed", row["id"])
+                        else:
+                            continue  # another survivor took it over, or it finished
                     event = abandoned_event(row, new_state, self.clock())
                     if self.finish(row["id"], expected=state, state=new_state, event=event):
                         recovered.append(event)

@@ -231,10 +231,15 @@ def _format_delegation(evt: DelegationEvent | DelegationBatchEvent, now: float) 
 
 def _format_process_completion(evt: ProcessCompletionEvent, now: float) -> str:
     code_text = "unknown" if evt.exit_code is None else _render_value(evt.exit_code)
+    lost = evt.exit_code is None and (evt.status or "").lower() == "unknown"
     out = [
         f"[Background process finished] exit code {code_text}.",
         "This is an automatic wake-up, not a user message: a background command you started "
-        "earlier has exited.",
+        + (
+            "earlier can no longer be followed; whether and how it ended is unknown."
+            if lost
+            else "earlier has exited."
+        ),
     ]
     if evt.restored:
         out.append(_RESTORED_NOTE)

@@ -29,6 +29,7 @@ from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
 from reveille.settings import Settings, SettingsError
 from tools.completion_queue import CompletionQueue
+from tools.process_registry import process_registry
 from tools.toolset import build_default_registry
 
 __all__ = ["StorageLocation", "build_runner", "open_storage"]
@@ -84,12 +85,16 @@ def build_runner(
     )
 
     def open_runtime(queue: CompletionQueue) -> Any:
-        return ad.configure_runtime(
+        runtime = ad.configure_runtime(
             str(storage.ledger_path),
             policy=settings.delivery_policy,
             completion_queue=queue,
             max_queued=settings.max_queued_delegations,
         )
+        # Before the first recovery: background commands of a dead server are adopted
+        # (their real exit status reported), not settled as unknown.
+        process_registry.attach(runtime.ledger)
+        return runtime
 
     def build_adapter(store: SessionStore, model: ModelProvider) -> ApiServerAdapter:
         registry = build_default_registry(

@@ -6,6 +6,17 @@ of the output) is written to the ledger before it is queued, so it survives a re
 ledger is the one of the process-wide delegation runtime (``get_runtime``, or whatever
 getter the registry was given).
 
+A command outlives the server that started it (a SIGKILL, a restart), so it is run in a way
+that a later server can adopt: a small wrapper (``python -I -S -c``, its own session
+leader) runs the command with ``/bin/sh -c``, its output going to a file, and writes the
+command's exit status to a file (temp + rename) once it ends. Both live in
+``<state dir>/processes/<process_id>/`` (0700, files 0600) beside ``wrapper``, the wrapper's
+process identity (pid and start time, safe against pid reuse). ``attach(ledger)`` makes the
+registry the ledger's adopter of process rows whose owner died: it delivers the recorded
+exit status and output tail, waits (on a pidfd, no polling) for a wrapper still running, or,
+when neither can be found, says so. The ledger's compare-and-sets make that one completion
+per process, whichever server reports it.
+
 ``process_registry`` is this process's registry; it queues on the shared completion queue.
 """
 
@@ -13,21 +24,89 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import io
+import logging
 import os
+import select
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from pathlib import Path
+from typing import Any
 
 from delivery.events import PROCESS_COMPLETION
+from delivery.identity import ProcessIdentity, current_identity, process_start_ticks
 from delivery.ids import new_id
+from delivery.ledger import Ledger
+from delivery.sqlite_files import ensure_private_dir
+from delivery.states import State
 from tools.completion_queue import CompletionEvent, CompletionQueue, shared_completion_queue
-from tools.delegation_runtime import DelegationRuntime, get_runtime
+from tools.delegation_runtime import DelegationRuntime, default_state_dir, get_runtime
+
+log = logging.getLogger(__name__)
 
 OUTPUT_TAIL_BYTES = 16 * 1024
+PROCESS_KIND = "process"
+PROCESSES_DIR = "processes"
+OUTPUT_FILE = "output"
+EXIT_FILE = "exit"
+WRAPPER_FILE = "wrapper"
+
+NOT_FOUND_ERROR = (
+    "The command could not be found after the restart; its exit status was never recorded. "
+    "Whether it finished, and how, is unknown."
+)
+VANISHED_ERROR = (
+    "The command's wrapper ended without recording its exit status (it was killed); "
+    "how the command ended is unknown."
+)
+
+# argv[1]: the process directory, argv[2]: the command. The wrapper starts the command only
+# once the server has written its identity and says "go" (a server killed before that leaves
+# nothing running that no one could find). It survives a TERM (kill() signals the whole
+# group) to record the command's status, and passes on one that came before the command
+# started; the command gets the default dispositions from its first instruction
+# (posix_spawn's setsigdef; SIGPIPE and SIGXFSZ too, which Python ignores, as Popen
+# restores them), /dev/null as stdin and the caller's umask. The status is
+# Popen's: the exit code, or minus the signal that killed the command.
+WRAPPER_SCRIPT = """\
+import os, signal, sys
+d, command = sys.argv[1], sys.argv[2]
+if sys.stdin.buffer.readline() != b"go\\n":
+    sys.exit(125)
+child = 0
+got = []
+def send(signum):
+    try:
+        os.kill(child, signum)
+    except OSError:
+        pass  # it has ended (and may be reaped): nothing to pass on
+def on_signal(signum, frame):
+    got.append(signum)
+    if child:
+        send(signum)
+sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+for s in sigs:
+    signal.signal(s, on_signal)
+out = os.path.join(d, "output")
+child = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], os.environ, file_actions=[
+    (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+    (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600),
+    (os.POSIX_SPAWN_DUP2, 1, 2),
+], setsigdef=sigs + (signal.SIGPIPE, signal.SIGXFSZ))
+if got:
+    send(got[0])
+code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+tmp = os.path.join(d, "exit.tmp")
+fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+os.write(fd, b"%d\\n" % code)
+os.close(fd)
+os.replace(tmp, os.path.join(d, "exit"))
+sys.exit(code if code >= 0 else 128 - code)
+"""
 
 ProcessRequest = dict[str, Any]
 """A process's completion event as far as it is known at spawn (stored with its row)."""
@@ -56,14 +135,74 @@ class _Tail:
         return data.decode("utf-8", errors="replace")
 
 
+def read_output_tail(path: Path, limit: int = OUTPUT_TAIL_BYTES) -> tuple[str, int]:
+    """The last ``limit`` bytes of an output file, decoded, and the file's size."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(max(size - limit, 0))
+            data = fh.read(limit)
+    except FileNotFoundError:
+        return "", 0
+    return data.decode("utf-8", errors="replace"), size
+
+
+def read_exit_status(directory: Path) -> tuple[int, float] | None:
+    """The exit code the wrapper recorded and when (the file's mtime), or None."""
+    path = directory / EXIT_FILE
+    try:
+        text = path.read_text()
+        ended = path.stat().st_mtime
+        return int(text.split()[0]), ended
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` 0600, atomically (temp + rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def read_wrapper_identity(directory: Path) -> ProcessIdentity | None:
+    try:
+        return ProcessIdentity.parse((directory / WRAPPER_FILE).read_text().strip())
+    except OSError:
+        return None
+
+
+def _alive(ident: ProcessIdentity | None) -> bool:
+    return ident is not None and ident.is_local() and not ident.is_known_dead()
+
+
 class _Running:
-    def __init__(self, process_id: str, proc: subprocess.Popen[bytes], command: str) -> None:
+    """A background process this registry follows: one it started, or one it adopted."""
+
+    def __init__(
+        self,
+        process_id: str,
+        pid: int,
+        command: str,
+        directory: Path,
+        *,
+        started: float | None = None,
+        proc: subprocess.Popen[bytes] | None = None,
+        adopted: bool = False,
+    ) -> None:
         self.process_id = process_id
+        self.pid = pid
         self.proc = proc
         self.command = command
-        self.tail = _Tail()
-        self.started = time.time()
+        self.directory = directory
+        self.started = time.time() if started is None else started
+        self.adopted = adopted
         self.kill_requested = False
+
+    def output(self) -> tuple[str, int]:
+        return read_output_tail(self.directory / OUTPUT_FILE)
 
 
 class ProcessRegistry:
@@ -79,6 +218,20 @@ class ProcessRegistry:
         self._runtime = runtime
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
+
+    # -- where a process's files live -------------------------------------------------------
+
+    @staticmethod
+    def processes_dir(ledger: Ledger) -> Path:
+        """``<state dir>/processes``: beside the ledger file (the state directory)."""
+        path = getattr(ledger.backend, "path", None)
+        base = Path(path).parent if path else default_state_dir()
+        return base / PROCESSES_DIR
+
+    def _directory(self, process_id: str) -> Path:
+        return self.processes_dir(self._runtime().ledger) / process_id
+
+    # -- starting -----------------------------------------------------------------------------
 
     def spawn(
         self,
@@ -111,7 +264,7 @@ class ProcessRegistry:
         }
         ledger.create(
             process_id,
-            kind="process",
+            kind=PROCESS_KIND,
             state="running",
             session_key=session_key,
             origin_session_id=origin_session_id,
@@ -122,17 +275,10 @@ class ProcessRegistry:
         if not notify_on_complete:
             # Nobody is to be told: the row records the run and its result, nothing more.
             ledger.drop(process_id, "notify_on_complete was off; result kept")
+        directory = self.processes_dir(ledger) / process_id
+        started = time.time()
         try:
-            proc = subprocess.Popen(
-                command,
-                shell=True,
-                cwd=cwd,
-                env={**os.environ, **env} if env else None,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own group, so kill() reaches its children
-            )
+            proc = self._start_wrapper(directory, command, cwd=cwd, env=env)
         except OSError as exc:
             self._finish(
                 process_id,
@@ -140,11 +286,12 @@ class ProcessRegistry:
                 exit_code=None,
                 output="",
                 error=str(exc),
-                started=time.time(),
+                started=started,
                 killed=False,
+                directory=directory,
             )
             raise
-        running = _Running(process_id, proc, command)
+        running = _Running(process_id, proc.pid, command, directory, started=started, proc=proc)
         with self._lock:
             self._running[process_id] = running
         threading.Thread(
@@ -160,33 +307,151 @@ class ProcessRegistry:
             "notify_on_complete": notify_on_complete,
         }
 
+    @staticmethod
+    def _start_wrapper(
+        directory: Path, command: str, *, cwd: str | None, env: dict[str, str] | None
+    ) -> subprocess.Popen[bytes]:
+        """The wrapper, running ``command`` once its identity is on disk."""
+        ensure_private_dir(directory.parent)
+        ensure_private_dir(directory)
+        os.close(os.open(directory / OUTPUT_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", WRAPPER_SCRIPT, str(directory), command],
+            cwd=cwd,
+            env={**os.environ, **env} if env else None,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            # Its own session: neither a signal to the server's group nor the server's death
+            # reaches it, and kill() reaches the command's children through its group.
+            start_new_session=True,
+        )
+        assert proc.stdin is not None
+        try:
+            me = current_identity()
+            # Not reaped yet, so the pid is still this child's.
+            ticks = process_start_ticks(proc.pid) or 0
+            ident = ProcessIdentity(me.host, me.boot_id, proc.pid, ticks)
+            _write_private(directory / WRAPPER_FILE, f"{ident}\n")
+            proc.stdin.write(b"go\n")
+        except OSError:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        return proc
+
     def _watch(self, running: _Running, request: ProcessRequest, timeout: float | None) -> None:
-        proc = running.proc
+        assert running.proc is not None
         timer = None
         if timeout:
             timer = threading.Timer(timeout, self.kill, args=(running.process_id,))
             timer.daemon = True
             timer.start()
-        # Popen's default buffering makes stdout a BufferedReader, whose read1 returns what
-        # is there instead of waiting for a full buffer.
-        assert proc.stdout is not None
-        stdout = cast(io.BufferedReader, proc.stdout)
-        for chunk in iter(lambda: stdout.read1(65536), b""):
-            running.tail.feed(chunk)
-        code = proc.wait()
+        code = running.proc.wait()
         if timer:
             timer.cancel()
+        self._conclude(running, request, wrapper_code=code)
+
+    # -- adopting the processes of a server that died ------------------------------------------
+
+    def attach(self, ledger: Ledger) -> None:
+        """Adopt, through ``ledger``'s recovery, the running process rows of dead owners."""
+        ledger.set_adopter(PROCESS_KIND, self.adopt)
+
+    def adopt(self, row: dict[str, Any]) -> None:
+        """Follow the process of ``row`` (now owned by this process) to its real outcome.
+
+        Recorded exit status: delivered now. Wrapper still running: waited for on a pidfd in
+        a thread, then delivered. Neither: reported unknown, in words that say so.
+        """
+        process_id = row["id"]
+        with self._lock:
+            if process_id in self._running:
+                return
+        request: ProcessRequest = dict(row.get("request") or {})
+        request.setdefault("type", PROCESS_COMPLETION)
+        request["delivery_id"] = request["process_id"] = process_id
+        command = str(request.get("command") or row.get("goal") or "")
+        directory = self._directory(process_id)
+        started = row.get("started_at") or row.get("created_at") or time.time()
+        ident = read_wrapper_identity(directory)
+        pid = ident.pid if ident is not None else 0
+        running = _Running(process_id, pid, command, directory, started=started, adopted=True)
+        if read_exit_status(directory) is None and _alive(ident):
+            assert ident is not None
+            try:
+                fd: int | None = os.pidfd_open(ident.pid)
+            except (OSError, AttributeError):
+                fd = None  # no pidfd support: a slow check of the identity instead
+            if _alive(ident):  # the pid may have been reused before it was opened
+                with self._lock:
+                    self._running[process_id] = running
+                log.info("adopted background process %s (pid %s): waiting", process_id, pid)
+                threading.Thread(
+                    target=self._wait_adopted,
+                    args=(running, request, ident, fd),
+                    name=f"proc-{process_id}",
+                    daemon=True,
+                ).start()
+                return
+            if fd is not None:
+                os.close(fd)
+        log.info("adopted background process %s: it has ended", process_id)
+        self._conclude(running, request, wrapper_code=None)
+
+    def _wait_adopted(
+        self, running: _Running, request: ProcessRequest, ident: ProcessIdentity, fd: int | None
+    ) -> None:
+        try:
+            if fd is not None:
+                select.select([fd], [], [])
+            else:  # pragma: no cover - kernels without pidfd_open
+                while _alive(ident):
+                    time.sleep(1.0)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        self._conclude(running, request, wrapper_code=None)
+
+    # -- finishing ----------------------------------------------------------------------------
+
+    def _conclude(
+        self, running: _Running, request: ProcessRequest, *, wrapper_code: int | None
+    ) -> None:
+        """Record what the process's files say: the exit status the wrapper wrote, else the
+        wrapper's own (a child of this process), else unknown."""
         with self._lock:
             self._running.pop(running.process_id, None)
+        output, size = running.output()
+        recorded = read_exit_status(running.directory)
+        error = None
+        ended = None
+        if recorded is not None:
+            code: int | None = recorded[0]
+            ended = recorded[1]
+        elif wrapper_code is not None:
+            code = wrapper_code
+        else:
+            code = None
+            error = VANISHED_ERROR if running.pid and running.adopted else NOT_FOUND_ERROR
+            if not os.path.exists(running.directory / WRAPPER_FILE):
+                error = NOT_FOUND_ERROR
+        extra: dict[str, Any] = {"adopted": True} if running.adopted else {}
         self._finish(
             running.process_id,
-            request,
+            {**request, **extra},
             exit_code=code,
-            output=running.tail.text(),
-            error=None,
+            output=output,
+            error=error,
             started=running.started,
             killed=running.kill_requested,
-            output_bytes=running.tail.total,
+            output_bytes=size,
+            ended=ended,
+            unknown=code is None and error is not None,
+            directory=running.directory,
         )
 
     def _finish(
@@ -200,26 +465,44 @@ class ProcessRegistry:
         started: float,
         killed: bool,
         output_bytes: int = 0,
+        ended: float | None = None,
+        unknown: bool = False,
+        directory: Path | None = None,
     ) -> None:
         now = time.time()
-        if error is not None:
+        if unknown:
+            status = State.UNKNOWN.value
+        elif error is not None:
             status = "error"
         elif killed:
             status = "cancelled"
         else:
             status = "completed" if exit_code == 0 else "failed"
+        end = now if ended is None else min(ended, now)
         event: CompletionEvent = {
             **request,
             "status": status,
             "exit_code": exit_code,
             "output_tail": output,
             "output_bytes": output_bytes,
-            "duration_seconds": round(now - started, 3),
+            "duration_seconds": round(max(end - started, 0.0), 3),
             "completed_at": now,
         }
         if error is not None:
             event["error"] = error
-        self._runtime().record_completion(process_id, event, deliver_to=self.completion_queue)
+        if unknown:
+            event["abandoned"] = True
+
+        def cleanup() -> None:
+            # The ledger holds the result now; the files were only its way there.
+            if directory is not None:
+                shutil.rmtree(directory, ignore_errors=True)
+
+        self._runtime().record_completion(
+            process_id, event, deliver_to=self.completion_queue, on_recorded=cleanup
+        )
+
+    # -- control ------------------------------------------------------------------------------
 
     def poll(self, process_id: str) -> ProcessInfo | None:
         with self._lock:
@@ -228,8 +511,8 @@ class ProcessRegistry:
             return {
                 "process_id": process_id,
                 "status": "running",
-                "pid": running.proc.pid,
-                "output_tail": running.tail.text(),
+                "pid": running.pid,
+                "output_tail": running.output()[0],
                 "elapsed_seconds": round(time.time() - running.started, 3),
             }
         row = self._runtime().ledger.get(process_id)
@@ -247,9 +530,13 @@ class ProcessRegistry:
             running = self._running.get(process_id)
         if running is None:
             return False
+        if running.proc is None:
+            ident = read_wrapper_identity(running.directory)
+            if ident is None or ident.pid != running.pid or not _alive(ident):
+                return False  # ended (or its pid is no longer its): nothing to signal
         running.kill_requested = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(running.proc.pid, signal.SIGTERM)
+            os.killpg(running.pid, signal.SIGTERM)
         return True
 
     def list_running(self) -> list[ProcessInfo]:
@@ -258,7 +545,7 @@ class ProcessRegistry:
         return [
             {
                 "process_id": r.process_id,
-                "pid": r.proc.pid,
+                "pid": r.pid,
                 "command": r.command,
                 "elapsed_seconds": round(time.time() - r.started, 3),
             }

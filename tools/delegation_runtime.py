@@ -245,6 +245,7 @@ class DelegationRuntime:
         *,
         deliver_to: EventQueue | None = None,
         attempt: int = 0,
+        on_recorded: Callable[[], None] | None = None,
     ) -> None:
         """Write the terminal row, then (from the writer's commit callback) queue the event.
 
@@ -252,6 +253,7 @@ class DelegationRuntime:
         want of the database is retried, since the event may be the only copy of the result.
         The event goes to ``deliver_to`` (default: this runtime's queue) only when the row
         still waits for delivery; a row dropped while its work ran keeps the result only.
+        ``on_recorded`` runs once the terminal row is committed (or was already terminal).
         """
         target = self.queue if deliver_to is None else deliver_to
         fut = self.ledger.submit_finish(
@@ -263,6 +265,11 @@ class DelegationRuntime:
             if exc is None:
                 if done.result():
                     target.put(event)
+                if on_recorded is not None:
+                    try:
+                        on_recorded()
+                    except Exception:
+                        log.exception("after recording %s", row_id)
                 return
             if isinstance(exc, LedgerUnavailable) and attempt < len(_FINALIZE_RETRY_SECONDS):
                 delay = _FINALIZE_RETRY_SECONDS[attempt]
@@ -271,7 +278,11 @@ class DelegationRuntime:
                     delay,
                     self.record_completion,
                     args=(row_id, event),
-                    kwargs={"deliver_to": target, "attempt": attempt + 1},
+                    kwargs={
+                        "deliver_to": target,
+                        "attempt": attempt + 1,
+                        "on_recorded": on_recorded,
+                    },
                 )
                 timer.daemon = True
                 timer.start()

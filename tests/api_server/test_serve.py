@@ -128,6 +128,59 @@ def test_sigkill_between_delivery_and_ack_delivers_exactly_once(tmp_path) -> Non
             second.proc.kill()
 
 
+@pytest.mark.parametrize("ended_before_restart", [False, True], ids=["running", "ended"])
+def test_a_background_command_across_a_sigkill_and_restart_reports_its_real_outcome(
+    tmp_path, ended_before_restart: bool
+) -> None:
+    command = "sleep 2; echo done; exit 7"
+    first = Server(tmp_path)
+    try:
+        session, reply = chat(first.port, f"run in the background: {command}")
+        assert f"Started `{command}`" in reply
+        pid = int(re.search(r"pid (\d+)", reply).group(1))  # type: ignore[union-attr]
+    finally:
+        first.stop(signal.SIGKILL)
+    # The command outlives its server: its wrapper is an orphan now, still running.
+    assert Path(f"/proc/{pid}").exists()
+    if ended_before_restart:
+        wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=10)
+
+    second = Server(tmp_path)
+    try:
+
+        def wakes() -> list[dict]:
+            rows = transcript(second.port, session)
+            return [m for m in rows if m["role"] == "user" and m["content"].startswith(WAKE_MARKER)]
+
+        (wake,) = wait_until(wakes, timeout=15)
+        text = wake["content"]
+        assert "[Background process finished] exit code 7." in text
+        assert "Exit code: 7" in text and "done" in text and command in text
+        assert "unknown" not in text.lower()
+
+        def settled() -> dict | None:
+            from delivery.ledger import Ledger
+            from delivery.sqlite_backend import SqliteBackend
+
+            backend = SqliteBackend(tmp_path / "ledger.db")
+            try:
+                (row,) = Ledger(backend).query(kind="process", limit=10)
+            finally:
+                backend.close()
+            return row if row["delivery_state"] == "delivered" else None
+
+        row = wait_until(settled)
+        assert row["state"] == "failed" and row["event"]["exit_code"] == 7
+        assert row["event"]["output_tail"] == "done\n" and row["event"]["adopted"] is True
+        time.sleep(0.5)
+        assert len(wakes()) == 1  # exactly once
+        assert not (tmp_path / "processes" / row["id"]).exists()
+        assert second.stop() == 0
+    finally:
+        if second.proc.poll() is None:
+            second.proc.kill()
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0"])
 def test_serve_refuses_public_bind_without_key(tmp_path, host) -> None:
     env = {**os.environ, "REVEILLE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
