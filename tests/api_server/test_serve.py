@@ -8,6 +8,8 @@ import re
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
