@@ -414,8 +414,8 @@ class _Reply:
         self.text = ""
         self.shown = ""
         self.last_edit = 0.0
-        self.paused_until = 0.0
         self.streaming = True
+        self.rate_limited: TelegramError | None = None
 
     async def load(self) -> None:
         if self.key is not None:
@@ -438,8 +438,6 @@ class _Reply:
             return
         loop = asyncio.get_running_loop()
         now = loop.time()
-        if now < self.paused_until:
-            return
         if self.parts and now - self.last_edit < self.adapter.edit_interval:
             return
         head = split_message(self.text)[0]
@@ -448,15 +446,18 @@ class _Reply:
         try:
             await self._put(0, head)
         except TelegramError as exc:
-            if exc.retry_after is not None:
-                self.paused_until = now + exc.retry_after
-            else:
-                self.streaming = False  # the final send reports what is wrong
+            # The final send reports what is wrong; a 429 is reported as such (the caller
+            # waits retry_after and tries again later) instead of sending into it.
+            self.streaming = False
+            if exc.error_code == 429:
+                self.rate_limited = exc
             return
         self.shown = head
         self.last_edit = loop.time()
 
     async def finish(self, final: str) -> None:
+        if self.rate_limited is not None:
+            raise self.rate_limited
         pieces = split_message(final or "(no reply)")
         for index, piece in enumerate(pieces):
             if index == 0 and piece == self.shown:

@@ -34,6 +34,7 @@ class Server:
         hold_ack: bool = False,
         key: str | None = KEY,
         demo_delay: float = 0.05,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         env = {
             **os.environ,
@@ -52,6 +53,7 @@ class Server:
             env["API_SERVER_KEY"] = key
         if hold_ack:
             env["REVEILLE_TEST_HOLD_ACK"] = "1"
+        env.update(extra_env or {})
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [
