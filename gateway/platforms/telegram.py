@@ -415,7 +415,7 @@ class _Reply:
         self.shown = ""
         self.last_edit = 0.0
         self.streaming = True
-        self.rate_limited: TelegramError | None = None
+        self.stopped_by: TelegramError | None = None
 
     async def load(self) -> None:
         if self.key is not None:
@@ -446,18 +446,19 @@ class _Reply:
         try:
             await self._put(0, head)
         except TelegramError as exc:
-            # The final send reports what is wrong; a 429 is reported as such (the caller
-            # waits retry_after and tries again later) instead of sending into it.
+            # The final send reports what is wrong. A 429 or a chat that is gone is
+            # reported as such at once: the caller waits retry_after and tries later, or
+            # drops, instead of sending into it again.
             self.streaming = False
-            if exc.error_code == 429:
-                self.rate_limited = exc
+            if exc.error_code == 429 or exc.gone:
+                self.stopped_by = exc
             return
         self.shown = head
         self.last_edit = loop.time()
 
     async def finish(self, final: str) -> None:
-        if self.rate_limited is not None:
-            raise self.rate_limited
+        if self.stopped_by is not None:
+            raise self.stopped_by
         pieces = split_message(final or "(no reply)")
         for index, piece in enumerate(pieces):
             if index == 0 and piece == self.shown:

@@ -42,8 +42,9 @@ class FakeBotApi:
         self.calls: list[tuple[str, dict[str, Any], float]] = []
         self.actions: list[tuple[str, str]] = []
         self.handed_out: list[int] = []
-        # method -> list of (error_code, description, retry_after) answered in turn
-        self.failures: dict[str, list[tuple[int, str, float | None]]] = {}
+        # method -> list of (error_code, description, retry_after, when_text) answered in
+        # turn by the next call (whose text contains when_text, when that is given)
+        self.failures: dict[str, list[tuple[int, str, float | None, str | None]]] = {}
         self.failed: list[tuple[str, int, float]] = []
         self.blocked: set[str] = set()
         self.webhook: dict[str, Any] | None = None
@@ -86,10 +87,16 @@ class FakeBotApi:
         return update_id
 
     def fail(
-        self, method: str, code: int, description: str, retry_after: float | None = None
+        self,
+        method: str,
+        code: int,
+        description: str,
+        retry_after: float | None = None,
+        *,
+        when_text: str | None = None,
     ) -> None:
         with self._lock:
-            self.failures.setdefault(method, []).append((code, description, retry_after))
+            self.failures.setdefault(method, []).append((code, description, retry_after, when_text))
 
     def messages_to(self, chat_id: int | str) -> list[Sent]:
         with self._lock:
@@ -104,9 +111,7 @@ class FakeBotApi:
 
     # ----------------------------------------------------------------- server side
 
-    def _error(
-        self, code: int, description: str, retry_after: float | None = None
-    ) -> web.Response:
+    def _error(self, code: int, description: str, retry_after: float | None = None) -> web.Response:
         body: dict[str, Any] = {"ok": False, "error_code": code, "description": description}
         if retry_after is not None:
             body["parameters"] = {"retry_after": retry_after}
@@ -123,11 +128,13 @@ class FakeBotApi:
         with self._lock:
             self.calls.append((method, params, time.time()))
             queued = self.failures.get(method)
-            failure = queued.pop(0) if queued else None
-        if failure is not None:
-            with self._lock:
+            failure = None
+            if queued and (queued[0][3] is None or queued[0][3] in str(params.get("text"))):
+                failure = queued.pop(0)
+            if failure is not None:
                 self.failed.append((method, failure[0], time.time()))
-            return self._error(*failure)
+        if failure is not None:
+            return self._error(*failure[:3])
         handler = getattr(self, f"_m_{method}", None)
         if handler is None:
             return self._error(404, "Not Found: method not found")
@@ -141,7 +148,8 @@ class FakeBotApi:
 
     async def _m_getUpdates(self, params: dict[str, Any]) -> Any:
         offset = params.get("offset")
-        deadline = time.monotonic() + min(float(params.get("timeout") or 0), 30.0)
+        # Capped short, so that stopping the fake never waits for a long poll.
+        deadline = time.monotonic() + min(float(params.get("timeout") or 0), 1.0)
         while True:
             with self._lock:
                 if isinstance(offset, int):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -30,5 +31,108 @@ def test_background_delegation_wakes_the_chat_exactly_once(tmp_path: Path, bot: 
         assert row["delivery_state"] == "delivered"
         assert row["delivery_attempts"] == 1
         assert ("42", "typing") in bot.actions
+    finally:
+        server.stop()
+
+
+def test_background_shell_command_wakes_the_chat_with_its_output(tmp_path: Path, bot: FakeBotApi):
+    server = serve(tmp_path, bot)
+    try:
+        bot.message("run in the background: echo hi-from-shell")
+        wait_until(lambda: len(bot.texts_to(42)) >= 1)
+        wait_until(lambda: _settled(tmp_path))
+        time.sleep(1.0)
+        texts = bot.texts_to(42)
+        assert len(texts) == 2, texts
+        assert "in the background" in texts[0]
+        assert "hi-from-shell" in texts[1]
+        assert [r["delivery_state"] for r in ledger_rows(tmp_path)] == ["delivered"]
+    finally:
+        server.stop()
+
+
+def test_a_user_not_allowed_gets_no_turn_and_nothing_is_sent(tmp_path: Path, bot: FakeBotApi):
+    server = serve(tmp_path, bot)
+    try:
+        bot.message("hello, who are you?", user_id=7)
+        bot.message("hello", user_id=43)  # allowed: answered, so the first was processed
+        wait_until(lambda: bot.texts_to(43))
+        time.sleep(0.5)
+        assert bot.messages_to(7) == []
+        assert all(chat != "7" for chat, _ in bot.actions)
+        assert [p for p in bot.calls_of("sendMessage") if str(p["chat_id"]) == "7"] == []
+        server.wait_for(re.compile(r"ignoring a message from user 7"))
+    finally:
+        server.stop()
+    from gateway.session import SessionStore
+
+    with SessionStore(tmp_path / "sessions.db") as store:
+        assert store.get_session("agent:main:telegram:dm:7") is None
+        assert store.get_session("agent:main:telegram:dm:43") is not None
+
+
+def test_nobody_allowed_means_the_bot_answers_nobody(tmp_path: Path, bot: FakeBotApi):
+    server = serve(tmp_path, bot, TELEGRAM_ALLOWED_USERS="")
+    try:
+        server.wait_for(re.compile(r"no allowed users configured"))
+        bot.message("hello")
+        wait_until(lambda: bot.handed_out)
+        time.sleep(0.5)
+        assert bot.sent == []
+    finally:
+        server.stop()
+
+
+def test_429_on_the_wake_up_is_waited_out_and_spends_no_attempt(tmp_path: Path, bot: FakeBotApi):
+    server = serve(tmp_path, bot)
+    try:
+        # The reply to the message itself goes out; the wake-up's first send meets a 429.
+        bot.fail(
+            "sendMessage",
+            429,
+            "Too Many Requests: retry after 1",
+            retry_after=1,
+            when_text="Background",
+        )
+        bot.message("in the background: slow down")
+        wait_until(lambda: _settled(tmp_path), timeout=30)
+        texts = bot.texts_to(42)
+        assert len(texts) == 2, texts
+        assert "slow down" in texts[1]
+        [row] = ledger_rows(tmp_path)
+        assert row["delivery_state"] == "delivered"
+        assert row["delivery_attempts"] == 1  # the 429's attempt was refunded
+        [(_, code, refused_at)] = bot.failed
+        assert code == 429
+        wake = bot.messages_to(42)[1]
+        assert wake.at - refused_at >= 1.0  # retry_after was honoured
+    finally:
+        server.stop()
+
+
+def test_a_blocked_bot_drops_the_wake_up_and_keeps_the_result(tmp_path: Path, bot: FakeBotApi):
+    server = serve(tmp_path, bot)
+    try:
+        bot.fail("sendMessage", 403, "Forbidden: bot was blocked by the user", when_text="Back")
+        bot.message("in the background: unwanted")
+        wait_until(lambda: _settled(tmp_path), timeout=30)
+        [row] = ledger_rows(tmp_path)
+        assert row["delivery_state"] == "dropped"
+        assert row["state"] == "completed"
+        assert "unwanted" in str(row["event"])  # the result stays in the ledger
+        assert len(bot.texts_to(42)) == 1
+    finally:
+        server.stop()
+
+
+def test_409_from_get_updates_is_logged_and_retried(tmp_path: Path, bot: FakeBotApi):
+    for _ in range(2):
+        bot.fail("getUpdates", 409, "Conflict: terminated by other getUpdates request")
+    server = serve(tmp_path, bot)
+    try:
+        bot.message("hello")
+        wait_until(lambda: bot.texts_to(42), timeout=30)
+        server.wait_for(re.compile(r"409 Conflict.*another process polls this bot token"))
+        assert server.proc.poll() is None
     finally:
         server.stop()
