@@ -69,7 +69,7 @@ def test_counters_move_with_deliveries(tmp_path: Path, bot: FakeBotApi):
         )
         # A Telegram wake-up, and an API-server one (a background process wakes the session).
         bot.message("in the background: measure me")
-        session_id, _ = chat(server.port, "run in the background: echo metered")
+        chat(server.port, "run in the background: echo metered")
         wait_until(
             lambda: [r["delivery_state"] for r in ledger_rows(tmp_path)].count("delivered") == 2,
             timeout=30,
