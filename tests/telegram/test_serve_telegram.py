@@ -136,3 +136,72 @@ def test_409_from_get_updates_is_logged_and_retried(tmp_path: Path, bot: FakeBot
         assert server.proc.poll() is None
     finally:
         server.stop()
+
+
+def test_webhook_mode_answers_updates_posted_with_the_secret(tmp_path: Path, bot: FakeBotApi):
+    import json
+    import urllib.error
+    import urllib.request
+
+    server = serve(
+        tmp_path,
+        bot,
+        TELEGRAM_WEBHOOK_URL="https://bot.example/telegram/hook",
+        TELEGRAM_SECRET_TOKEN="hook-secret",
+    )
+    try:
+        wait_until(lambda: bot.webhook is not None)
+        assert bot.webhook["secret_token"] == "hook-secret"
+        assert bot.webhook["url"] == "https://bot.example/telegram/hook"
+        bot.message("via the webhook")
+        update = bot.updates[0]
+
+        def post(secret: str) -> int:
+            request = urllib.request.Request(
+                f"{server.url}/telegram/hook",
+                data=json.dumps(update).encode(),
+                method="POST",
+                headers={
+                    "Content-Type": "application/json",
+                    "X-Telegram-Bot-Api-Secret-Token": secret,
+                },
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=10) as resp:
+                    return resp.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        assert post("wrong") == 401
+        assert post("hook-secret") == 200
+        assert post("hook-secret") == 200  # Telegram retrying: answered once
+        wait_until(lambda: bot.texts_to(42))
+        time.sleep(0.5)
+        assert len(bot.texts_to(42)) == 1
+        assert bot.calls_of("getUpdates") == []
+    finally:
+        server.stop()
+
+
+def test_a_wake_up_waits_for_the_chats_running_turn_then_runs_once(tmp_path: Path, bot: FakeBotApi):
+    server = serve(tmp_path, bot)
+    try:
+        bot.hold_sends.set()  # the turn that starts the work cannot finish its reply yet
+        bot.message("in the background: wait your turn")
+        wait_until(lambda: bot.held >= 1)
+        time.sleep(1.5)  # the sub-agent is done long since; its wake-up waits for the chat
+        [row] = ledger_rows(tmp_path)
+        assert row["state"] == "completed"
+        assert row["delivery_state"] == "pending"
+        bot.hold_sends.clear()
+        wait_until(lambda: _settled(tmp_path))
+        time.sleep(0.5)
+        texts = bot.texts_to(42)
+        assert len(texts) == 2, texts
+        assert texts[0].startswith("Started in the background")
+        assert "wait your turn" in texts[1] and "finished" in texts[1]
+        [row] = ledger_rows(tmp_path)
+        assert row["delivery_state"] == "delivered"
+        assert row["delivery_attempts"] == 1
+    finally:
+        server.stop()
