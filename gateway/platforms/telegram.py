@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -59,8 +61,6 @@ def telegram_session_id(source: SessionSource) -> str:
     """The session of a chat (or forum topic): its routing key, which is a valid id."""
     key = build_session_key(source)
     if not is_valid_session_id(key):  # numeric Telegram ids never trip this; be safe anyway
-        import hashlib
-
         key = "telegram_" + hashlib.sha256(key.encode()).hexdigest()[:32]
     return key
 
@@ -70,8 +70,8 @@ def source_of_message(message: dict[str, Any]) -> SessionSource | None:
     chat = message.get("chat")
     if not isinstance(chat, dict) or chat.get("id") is None:
         return None
-    sender = message.get("from") if isinstance(message.get("from"), dict) else {}
-    assert isinstance(sender, dict)
+    raw_sender = message.get("from")
+    sender: dict[str, Any] = raw_sender if isinstance(raw_sender, dict) else {}
     kind = str(chat.get("type") or "private")
     thread = message.get("message_thread_id") if message.get("is_topic_message") else None
     return SessionSource(
@@ -137,8 +137,6 @@ class TelegramAdapter(BasePlatformAdapter):
 
     def webhook_route(self) -> tuple[str, Callable[[web.Request], Awaitable[web.Response]]]:
         """The path (from ``webhook_url``) and handler to mount on the API server's app."""
-        from urllib.parse import urlsplit
-
         path = urlsplit(self.webhook_url).path or "/telegram/webhook"
         return path, webhook_handler(self.state, self.bot, self.secret_token, self._dispatch)
 
@@ -206,6 +204,10 @@ class TelegramAdapter(BasePlatformAdapter):
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._chat_locks.get(session_id)
         if lock is None:
+            if len(self._chat_locks) > 1024:
+                # Forget the locks of idle chats (nobody holds or waits for them).
+                for idle in [k for k, v in self._chat_locks.items() if not v.locked()]:
+                    del self._chat_locks[idle]
             lock = self._chat_locks[session_id] = asyncio.Lock()
         return lock
 
@@ -241,6 +243,12 @@ class TelegramAdapter(BasePlatformAdapter):
                 try:
                     await self._answer(source, session_id, text, key, create=True)
                     return
+                except TurnError as exc:
+                    if exc.kind not in ("too_many_turns", "in_progress"):
+                        raise
+                    logger.info("Telegram update %s waits: %s", update_id, exc.message)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _MAX_UPDATE_RETRY_SECONDS)
                 except TelegramError as exc:
                     if exc.gone:
                         logger.info("Telegram chat %s is gone: %s", source.chat_id, exc)
@@ -269,7 +277,8 @@ class TelegramAdapter(BasePlatformAdapter):
         lock = self._lock(session_id)
         try:
             # The chat's running turn first; holding the claim meanwhile is no attempt lost.
-            await asyncio.wait_for(lock.acquire(), self.wake_wait_seconds)
+            async with asyncio.timeout(self.wake_wait_seconds):
+                await lock.acquire()
         except TimeoutError:
             raise WakeDeliveryError(
                 f"chat {source.chat_id} stayed busy for {self.wake_wait_seconds:g}s",
