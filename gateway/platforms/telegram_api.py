@@ -130,7 +130,9 @@ class TelegramApi:
                 status = resp.status
                 raw = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise TelegramError(method, None, f"{type(exc).__name__}: {exc}".rstrip(": ")) from None
+            # Some client errors quote the URL, which holds the token.
+            detail = f"{type(exc).__name__}: {exc}".rstrip(": ").replace(self._token, "<token>")
+            raise TelegramError(method, None, detail) from None
         try:
             data = json.loads(raw) if raw else None
         except ValueError:
@@ -153,5 +155,5 @@ class TelegramApi:
             value = parameters.get("retry_after")
             if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
                 retry_after = float(value)
-        return_description = str(data.get("description") or f"HTTP {status}")
-        raise TelegramError(method, code, return_description, retry_after=retry_after)
+        description = str(data.get("description") or f"HTTP {status}")
+        raise TelegramError(method, code, description, retry_after=retry_after)

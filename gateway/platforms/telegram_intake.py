@@ -92,7 +92,15 @@ class LongPoller:
             backoff = self.backoff_seconds
             if not isinstance(updates, list) or not updates:
                 continue
-            fresh = await asyncio.to_thread(self.state.take_updates, bot, updates)
+            try:
+                fresh = await asyncio.to_thread(self.state.take_updates, bot, updates)
+            except Exception:
+                # Not taken: the offset did not move, so the same updates come again.
+                self.failures += 1
+                logger.exception("Telegram: could not store updates; retrying in %.0f s", backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
+                continue
             ids = [u["update_id"] for u in updates if isinstance(u, dict) and "update_id" in u]
             if ids:
                 offset = max(int(i) for i in ids) + 1

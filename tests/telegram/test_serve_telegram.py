@@ -106,6 +106,13 @@ def test_429_on_the_wake_up_is_waited_out_and_spends_no_attempt(tmp_path: Path, 
         assert code == 429
         wake = bot.messages_to(42)[1]
         assert wake.at - refused_at >= 1.0  # retry_after was honoured
+        from tests.telegram.test_metrics import scrape, value
+
+        samples = scrape(server.port)
+        for outcome, count in (("retryable", 1), ("delivered", 1), ("released", 0)):
+            got = value(samples, "reveille_deliveries_total", platform="telegram", outcome=outcome)
+            assert got == count, outcome
+        assert value(samples, "reveille_delivery_attempts_total", platform="telegram") == 2
     finally:
         server.stop()
 
