@@ -77,7 +77,10 @@ class FakeBotApi:
                     "message": {
                         "message_id": update_id,
                         "date": int(time.time()),
-                        "chat": {"id": chat, "type": "private" if chat == user_id else "group"},
+                        "chat": {
+                            "id": chat,
+                            "type": "private" if chat == user_id else "supergroup",
+                        },
                         "from": {"id": user_id, "is_bot": False, "first_name": f"user{user_id}"},
                         "text": text,
                         **extra,

@@ -183,3 +183,20 @@ async def test_a_wake_up_for_a_deleted_session_is_gone(setup):
             idempotency_key="d",
         )
     assert bot.messages_to(99) == []
+
+
+async def test_each_forum_topic_is_a_session_of_its_own(setup):
+    adapter, bot, _ = setup
+    for thread in (5, 6):
+        bot.message(
+            f"topic {thread}", chat_id=-100123, message_thread_id=thread, is_topic_message=True
+        )
+    await until(lambda: len(bot.messages_to(-100123)) == 2)
+    assert sorted(m.thread_id for m in bot.messages_to(-100123)) == [5, 6]
+    store = adapter.turns.store
+    await until(lambda: adapter.turns.turns_stored == 2)
+    for thread in (5, 6):
+        session = store.get_session(f"agent:main:telegram:supergroup:-100123:thread:{thread}")
+        assert session is not None
+        first = store.messages(session["id"])[0]
+        assert first["role"] == "user" and first["content"] == f"topic {thread}"
