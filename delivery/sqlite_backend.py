@@ -448,6 +448,22 @@ class SqliteBackend:
         except sqlite3.Error as exc:
             raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
 
+    def delivery_counts(self) -> dict[str, int]:
+        """Rows waiting for delivery (``pending``), and those of them under a claim now
+        (``claimed``; a lapsed claim counts until the row is claimed again). Reads only."""
+        try:
+            pending, claimed = (
+                self._reader()
+                .execute(
+                    "SELECT COUNT(*), COUNT(claim_token) FROM deliveries "
+                    "WHERE delivery_state = 'pending'"
+                )
+                .fetchone()
+            )
+        except sqlite3.Error as exc:
+            raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
+        return {"pending": int(pending or 0), "claimed": int(claimed or 0)}
+
     def stats(self) -> dict[str, int]:
         return {
             "commits": self._writer.commits,

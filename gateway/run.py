@@ -36,8 +36,10 @@ from agent.providers.base import ModelProvider
 from delivery.events import CompletionEvent, delivery_id, parse_event
 from delivery.peers import ServerRecord
 from gateway.config import Platform
-from gateway.delivery_targets import ApiServerTarget, DeliveryTarget, session_platform
+from gateway.delivery_targets import ApiServerTarget, DeliveryTarget, PushTarget, session_platform
+from gateway.outcomes import DeliveryOutcome, OutcomeObserver
 from gateway.platforms.api_server import ApiServerAdapter
+from gateway.platforms.base import BasePlatformAdapter
 from gateway.session import SessionGone, SessionStore
 from gateway.wake import WakeDeliveryError
 from tools.completion_queue import CompletionQueue
@@ -72,6 +74,13 @@ class RunnerParts:
     provider: ModelProvider
     build_adapter: Callable[[SessionStore, ModelProvider], ApiServerAdapter]
     owns_provider: bool = True
+    # Push-capable chat surfaces (Telegram), built once the API server exists; each gets a
+    # PushTarget for its platform and is started after the API server, stopped before it.
+    build_surfaces: Callable[
+        [SessionStore, ModelProvider, ApiServerAdapter], list[BasePlatformAdapter]
+    ] = lambda *_: []
+    # Told of every handled completion (the metrics hook); must not block.
+    on_outcome: OutcomeObserver | None = None
 
 
 class GatewayRunner:
@@ -83,6 +92,7 @@ class GatewayRunner:
         self.store: SessionStore | None = None
         self.adapter: ApiServerAdapter | None = None
         self.targets: dict[Platform, DeliveryTarget] = {}
+        self.surfaces: list[BasePlatformAdapter] = []
         self.runtime: Any = None
         self.queue = process_registry.completion_queue
         self.consumer = f"gateway-runner:{os.getpid()}"
@@ -103,7 +113,12 @@ class GatewayRunner:
             self.provider = self.parts.provider
             self.adapter = self.parts.build_adapter(self.store, self.provider)
             self.register_target(Platform.API_SERVER, ApiServerTarget(self.store, self.adapter))
+            self.surfaces = self.parts.build_surfaces(self.store, self.provider, self.adapter)
+            for surface in self.surfaces:
+                self.register_target(surface.platform, PushTarget(surface))
             await self.adapter.start()
+            for surface in self.surfaces:
+                await surface.start()
             # The server listens first: restored wake-ups self-POST to it.
             self.restored = await asyncio.to_thread(ad.restore_undelivered_completions, self.queue)
             if self.restored:
@@ -140,6 +155,10 @@ class GatewayRunner:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        for surface in reversed(self.surfaces):
+            with contextlib.suppress(Exception):
+                await surface.stop()
+        self.surfaces = []
         if self.adapter is not None:
             await self.adapter.stop(grace_seconds=self._grace)
             self.adapter = None
@@ -209,6 +228,28 @@ class GatewayRunner:
             logger.exception("could not handle completion event %r", _safe_id(evt))
 
     async def handle_event(self, evt: dict[str, Any]) -> str:
+        """Route, claim, deliver and settle one completion; returns what happened (and
+        tells ``parts.on_outcome``: the one place delivery metrics hook in)."""
+        seen: dict[str, Any] = {}
+        outcome = await self._handle_event(evt, seen)
+        observer = self.parts.on_outcome
+        if observer is not None:
+            try:
+                completed = evt.get("completed_at") if isinstance(evt, dict) else None
+                observer(
+                    DeliveryOutcome(
+                        outcome="retryable" if seen.get("retryable") else outcome,
+                        platform=seen.get("platform"),
+                        claimed=bool(seen.get("claimed")),
+                        completed_at=completed if isinstance(completed, int | float) else None,
+                        event=evt if isinstance(evt, dict) else {},
+                    )
+                )
+            except Exception:
+                logger.exception("the delivery outcome observer failed")
+        return outcome
+
+    async def _handle_event(self, evt: dict[str, Any], seen: dict[str, Any]) -> str:
         """Route, claim, deliver and settle one completion; returns what happened.
 
         The wire dict is parsed once, here: routing and the delivery target read the typed
@@ -224,9 +265,12 @@ class GatewayRunner:
             logger.debug("completion %s belongs to another surface", _event_id(evt))
             return "foreign"
 
+        if session is not None:
+            seen["platform"] = session_platform(session)
         claim = await self._claim(evt)
         if claim is None:
             return "held"  # someone else holds it, or it is settled already
+        seen["claimed"] = True
         if route == "gone":
             await self._drop(evt, claim, f"session {session_id} no longer exists")
             return "dropped"
@@ -248,6 +292,7 @@ class GatewayRunner:
                 await self._drop(evt, claim, f"session {session_id} was deleted")
                 return "dropped"
             logger.warning("wake for %s not delivered: %s", _event_id(evt), exc)
+            seen["retryable"] = exc.transient
             await self._release(evt, claim, retryable=exc.transient)
             return "released"
         except asyncio.CancelledError:

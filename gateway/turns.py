@@ -226,6 +226,7 @@ class TurnService:
         platform: Platform = Platform.API_SERVER,
         max_concurrent_runs: int = 10,
         idempotency_wait_seconds: float = 300.0,
+        session_key_of: Callable[[str], str] | None = None,
     ) -> None:
         if max_concurrent_runs < 1:
             raise ValueError("max_concurrent_runs must be at least 1")
@@ -240,12 +241,19 @@ class TurnService:
         self._boot = f"{os.getpid()}:{secrets.token_hex(8)}"
         self._active_runs = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        # A surface whose session ids are not chat ids says how to key its sessions.
+        self._session_key_of = session_key_of
+        # Turns stored, and how many of them were wake-ups (read by the metrics).
+        self.turns_stored = 0
+        self.wake_turns = 0
 
     @property
     def active_runs(self) -> int:
         return self._active_runs
 
     def session_key(self, session_id: str) -> str:
+        if self._session_key_of is not None:
+            return self._session_key_of(session_id)
         return build_session_key(SessionSource(platform=self._platform, chat_id=session_id))
 
     # ----------------------------------------------------------------- which session
@@ -483,6 +491,9 @@ class TurnService:
             raise TurnError(
                 "session_deleted", f"session {request.session_id!r} was deleted while the turn ran"
             ) from None
+        self.turns_stored += 1
+        if user_text.startswith(WAKE_MARKER):
+            self.wake_turns += 1
 
 
 def _note_unawaited_failure(task: asyncio.Task[Any]) -> None:

@@ -27,7 +27,9 @@ from gateway.platforms.openai_wire import completion_object
 from gateway.run import GatewayRunner, RunnerParts
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
+from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
+from reveille.telegram_app import telegram_surfaces
 from tools.completion_queue import CompletionQueue
 from tools.process_registry import process_registry
 from tools.toolset import build_default_registry
@@ -84,6 +86,11 @@ def build_runner(
         demo_delay=settings.demo_delay_seconds,
     )
 
+    metrics = Metrics()
+    # Read at scrape time: the runtime may be one the embedding program configured.
+    metrics.ledger_counts = lambda: _ledger_backend().delivery_counts()
+    metrics.watch_writer("ledger", lambda: _ledger_backend().stats())
+
     def open_runtime(queue: CompletionQueue) -> Any:
         runtime = ad.configure_runtime(
             str(storage.ledger_path),
@@ -110,7 +117,7 @@ def build_runner(
             platform=Platform.API_SERVER,
             max_concurrent_runs=settings.max_concurrent_runs,
         )
-        return ApiServerAdapter(
+        adapter = ApiServerAdapter(
             store=store,
             turns=turns,
             host=settings.host,
@@ -120,6 +127,10 @@ def build_runner(
             allowed_origins=settings.allowed_origins,
             max_body_bytes=settings.max_body_bytes,
         )
+        metrics.install(adapter.app, settings.api_key)
+        metrics.watch_turns(Platform.API_SERVER.value, turns)
+        metrics.watch_writer("sessions", getattr(store.backend, "stats", lambda: None))
+        return adapter
 
     parts = RunnerParts(
         open_store=lambda: SessionStore(storage.sessions_path),
@@ -127,5 +138,13 @@ def build_runner(
         provider=model,
         build_adapter=build_adapter,
         owns_provider=owns_provider,
+        build_surfaces=lambda store, model, api: telegram_surfaces(
+            settings, store, model, api, metrics
+        ),
+        on_outcome=metrics.observe,
     )
     return GatewayRunner(parts, shutdown_grace_seconds=shutdown_grace_seconds)
+
+
+def _ledger_backend() -> Any:
+    return ad.get_runtime().ledger.backend if ad.runtime_is_open() else None

@@ -65,6 +65,11 @@ def startup_banner(settings: Settings, *, port: int, model: str, restored: int) 
         endpoint = settings.openai_base_url or "https://api.openai.com/v1"
         lines.append(f"  model: {model} via {endpoint}")
     lines.append(f"  shell tool: {'ENABLED' if settings.shell_enabled else 'off'}")
+    lines.append(f"  telegram: {telegram_summary(settings)}")
+    lines.append(
+        f"  metrics: http://{url_host(settings.host)}:{port}/metrics (Prometheus"
+        + (", bearer key required)" if key else ")")
+    )
     if key:
         lines.append("  API key: required (Authorization: Bearer $API_SERVER_KEY)")
     else:
@@ -91,6 +96,20 @@ def startup_banner(settings: Settings, *, port: int, model: str, restored: int) 
         'messages=[{"role": "user", "content": "hello"}]).choices[0].message.content)\'',
     ]
     return "\n".join(lines)
+
+
+def telegram_summary(settings: Settings) -> str:
+    """The banner's Telegram line: off, or how updates arrive and who may talk to the bot."""
+    if not settings.telegram_bot_token:
+        return "off (set TELEGRAM_BOT_TOKEN to start the bot)"
+    mode = (
+        f"webhook at {settings.telegram_webhook_url}"
+        if settings.telegram_webhook_url
+        else "long polling"
+    )
+    users = sorted(settings.telegram_allowed_user_ids)
+    who = f"allowed users {', '.join(users)}" if users else "NO allowed users: it answers nobody"
+    return f"{mode} via {settings.telegram_base_url}; {who}"
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -51,6 +51,17 @@ class Settings:
     lease_seconds: float = 300.0
     max_attempts: int = 8
     replay_cap_seconds: float = 48 * 3600.0
+    # Telegram (gateway/platforms/telegram.py): started when a bot token is set.
+    telegram_bot_token: str = ""
+    telegram_base_url: str = "https://api.telegram.org"
+    telegram_allowed_users: str = ""  # comma-separated user ids; none = nobody
+    telegram_webhook_url: str = ""  # webhook mode instead of long polling
+    telegram_secret_token: str = ""  # required in webhook mode
+    telegram_edit_interval: float = 1.5  # seconds between edits of a streamed reply
+
+    @property
+    def telegram_allowed_user_ids(self) -> frozenset[str]:
+        return frozenset(u.strip() for u in self.telegram_allowed_users.split(",") if u.strip())
 
     @property
     def allowed_origins(self) -> frozenset[str]:
@@ -93,6 +104,12 @@ ENV_NAMES: dict[str, str] = {
     "lease_seconds": "REVEILLE_LEASE_SECONDS",
     "max_attempts": "REVEILLE_MAX_ATTEMPTS",
     "replay_cap_seconds": "REVEILLE_REPLAY_CAP_SECONDS",
+    "telegram_bot_token": "TELEGRAM_BOT_TOKEN",
+    "telegram_base_url": "TELEGRAM_BASE_URL",
+    "telegram_allowed_users": "TELEGRAM_ALLOWED_USERS",
+    "telegram_webhook_url": "TELEGRAM_WEBHOOK_URL",
+    "telegram_secret_token": "TELEGRAM_SECRET_TOKEN",
+    "telegram_edit_interval": "TELEGRAM_EDIT_INTERVAL",
 }
 
 # TOML sections map onto flat names: [server] host -> host, [shell] enabled -> shell_enabled ...
@@ -115,6 +132,12 @@ _TOML_ALIASES = {
     ("delivery", "lease_seconds"): "lease_seconds",
     ("delivery", "max_attempts"): "max_attempts",
     ("delivery", "replay_cap_seconds"): "replay_cap_seconds",
+    ("telegram", "bot_token"): "telegram_bot_token",
+    ("telegram", "base_url"): "telegram_base_url",
+    ("telegram", "allowed_users"): "telegram_allowed_users",
+    ("telegram", "webhook_url"): "telegram_webhook_url",
+    ("telegram", "secret_token"): "telegram_secret_token",
+    ("telegram", "edit_interval"): "telegram_edit_interval",
 }
 
 _ORIGIN_RE = re.compile(r"https?://[a-z0-9.\-\[\]:]+")
@@ -146,10 +169,10 @@ def _coerce(name: str, kind: type, value: Any, origin: str) -> Any:
             return int(value)
         if kind is float:
             return float(value)
-        if isinstance(value, list):  # a TOML array of strings, e.g. cors_origins
-            if not all(isinstance(v, str) for v in value):
+        if isinstance(value, list):  # a TOML array, e.g. cors_origins or allowed_users
+            if not all(isinstance(v, str | int) and not isinstance(v, bool) for v in value):
                 raise ValueError("expected strings")
-            return ",".join(value)
+            return ",".join(str(v) for v in value)
         return str(value)
     except (TypeError, ValueError) as exc:
         raise SettingsError(f"{origin}: {name} = {value!r} is not valid ({exc})") from None
@@ -175,6 +198,10 @@ def _validate(s: Settings) -> None:
             raise bad(name, "must be positive")
     if s.demo_delay_seconds < 0:
         raise bad("demo_delay_seconds", "must not be negative")
+    if s.telegram_webhook_url and not s.telegram_secret_token:
+        raise bad("telegram_webhook_url", "webhook mode needs [telegram] secret_token")
+    if s.telegram_edit_interval < 0:
+        raise bad("telegram_edit_interval", "must not be negative")
     for origin in s.cors_origins.split(","):
         if origin.strip() and not _ORIGIN_RE.fullmatch(normalize_origin(origin)):
             raise bad("cors_origins", f"{origin.strip()!r} is not an origin like https://host:port")

@@ -34,6 +34,7 @@ class Server:
         hold_ack: bool = False,
         key: str | None = KEY,
         demo_delay: float = 0.05,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         env = {
             **os.environ,
@@ -48,10 +49,13 @@ class Server:
         }
         env.pop("API_SERVER_KEY", None)
         env.pop("REVEILLE_CONFIG", None)
+        for name in [n for n in env if n.startswith("TELEGRAM_")]:
+            env.pop(name)  # a bot of the developer's own must not start in tests
         if key:
             env["API_SERVER_KEY"] = key
         if hold_ack:
             env["REVEILLE_TEST_HOLD_ACK"] = "1"
+        env.update(extra_env or {})
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [

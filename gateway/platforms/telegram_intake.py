@@ -1,0 +1,145 @@
+"""How updates reach the Telegram adapter: long polling (default) or a webhook.
+
+Polling: ``getUpdates`` with ``offset`` (from the durable state) and ``timeout``; what it
+returns is stored in the inbox and the offset moved in one transaction
+(``TelegramState.take_updates``), then handed to the adapter. A failure is logged and retried
+with a growing backoff, never a crash loop; a 409 (another poller on the same token, or a
+webhook set) is logged plainly as what it is.
+
+Webhook: Telegram POSTs each update to ``webhook_url`` with the ``secret_token`` given to
+``setWebhook`` in ``X-Telegram-Bot-Api-Secret-Token``; the handler compares it in constant
+time on every request (401 otherwise), stores the update in the inbox and only then answers
+200, so an update Telegram saw accepted is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from gateway.platforms.telegram_api import TelegramApi, TelegramError
+from gateway.platforms.telegram_state import TelegramState
+
+__all__ = ["SECRET_HEADER", "LongPoller", "webhook_handler"]
+
+logger = logging.getLogger(__name__)
+
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+_MAX_BACKOFF_SECONDS = 60.0
+_ALLOWED_UPDATES = ["message"]
+
+Dispatch = Callable[[int, dict[str, Any]], None]
+
+
+class LongPoller:
+    """The ``getUpdates`` loop of one bot; ``run()`` until cancelled."""
+
+    def __init__(
+        self,
+        api: TelegramApi,
+        state: TelegramState,
+        dispatch: Dispatch,
+        *,
+        timeout: int = 25,
+        backoff_seconds: float = 1.0,
+    ) -> None:
+        self.api = api
+        self.state = state
+        self.dispatch = dispatch
+        self.timeout = timeout
+        self.backoff_seconds = backoff_seconds
+        self.conflicts = 0
+        self.failures = 0
+
+    async def run(self) -> None:
+        bot = self.api.bot_id
+        backoff = self.backoff_seconds
+        offset = await asyncio.to_thread(self.state.next_offset, bot)
+        while True:
+            try:
+                updates = await self._get_updates(offset)
+            except asyncio.CancelledError:
+                raise
+            except TelegramError as exc:
+                self.failures += 1
+                if exc.error_code == 409:
+                    self.conflicts += 1
+                    logger.error(
+                        "Telegram getUpdates: 409 Conflict (%s): another process polls this "
+                        "bot token, or a webhook is set. Retrying in %.0f s; stop the other "
+                        "poller (or unset its webhook) to fix it.",
+                        exc.description,
+                        backoff,
+                    )
+                elif exc.error_code == 401:
+                    logger.error(
+                        "Telegram getUpdates: 401 Unauthorized: TELEGRAM_BOT_TOKEN is not "
+                        "valid; retrying in %.0f s",
+                        backoff,
+                    )
+                else:
+                    logger.warning(
+                        "Telegram getUpdates failed (%s); retrying in %.0f s", exc, backoff
+                    )
+                await asyncio.sleep(exc.retry_after if exc.retry_after else backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
+                continue
+            backoff = self.backoff_seconds
+            if not isinstance(updates, list) or not updates:
+                continue
+            try:
+                fresh = await asyncio.to_thread(self.state.take_updates, bot, updates)
+            except Exception:
+                # Not taken: the offset did not move, so the same updates come again.
+                self.failures += 1
+                logger.exception("Telegram: could not store updates; retrying in %.0f s", backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
+                continue
+            ids = [u["update_id"] for u in updates if isinstance(u, dict) and "update_id" in u]
+            if ids:
+                offset = max(int(i) for i in ids) + 1
+            for update_id, update in fresh:
+                self.dispatch(update_id, update)
+
+    async def _get_updates(self, offset: int | None) -> Any:
+        return await self.api.call(
+            "getUpdates",
+            {"offset": offset, "timeout": self.timeout, "allowed_updates": _ALLOWED_UPDATES},
+            # The request outlives the long poll it asks for.
+            http_timeout=self.timeout + 15.0,
+        )
+
+
+def webhook_handler(
+    state: TelegramState,
+    bot: str,
+    secret_token: str,
+    dispatch: Dispatch,
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The aiohttp handler Telegram POSTs updates to."""
+    if not secret_token:
+        raise ValueError("webhook mode needs a secret_token")
+    expected = secret_token.encode("utf-8")
+
+    async def handle(request: web.Request) -> web.Response:
+        given = request.headers.get(SECRET_HEADER, "").encode("utf-8")
+        if not hmac.compare_digest(given, expected):
+            return web.json_response({"ok": False, "description": "unauthorized"}, status=401)
+        try:
+            update = await request.json()
+        except ValueError:
+            return web.json_response({"ok": False, "description": "not JSON"}, status=400)
+        if not isinstance(update, dict) or not isinstance(update.get("update_id"), int):
+            return web.json_response({"ok": False, "description": "not an update"}, status=400)
+        fresh = await asyncio.to_thread(state.take_updates, bot, [update], move_offset=False)
+        for update_id, payload in fresh:
+            dispatch(update_id, payload)
+        return web.json_response({"ok": True})
+
+    return handle

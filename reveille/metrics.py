@@ -1,0 +1,237 @@
+"""Prometheus metrics: ``GET /metrics`` on the API server's port (``prometheus-client``).
+
+The only module that imports the metrics library. The core exposes plain numbers and hooks;
+this module reads them:
+
+* the runner's outcome hook (``RunnerParts.on_outcome``, the one place deliveries are
+  settled): deliveries by platform and outcome, attempts (claims), wake-up deliveries,
+  completion-to-delivered latency;
+* the turn services' counters (``TurnService.wake_turns``, ``active_runs``): wake-up turns by
+  platform, active runs;
+* the ledger and the session store writers' ``stats()`` (commits, operations) and the
+  ledger's ``delivery_counts()`` (pending and claimed rows), read at scrape time;
+* an aiohttp middleware on the API server: requests by route and status, with latency.
+
+``/metrics`` answers 401 without the bearer key when one is configured.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from gateway.outcomes import DeliveryOutcome
+
+__all__ = ["Metrics"]
+
+logger = logging.getLogger(__name__)
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, 6 * 3600)
+_REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class _Snapshot(Collector):
+    """Families read at scrape time from what the core exposes."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        m = self.metrics
+        runs = GaugeMetricFamily(
+            "reveille_active_runs", "Agent turns running now", labels=["platform"]
+        )
+        wakes = CounterMetricFamily(
+            "reveille_wake_turns", "Wake-up turns run, by platform", labels=["platform"]
+        )
+        for platform, turns in m.turn_services.items():
+            runs.add_metric([platform], float(getattr(turns, "active_runs", 0)))
+            wakes.add_metric([platform], float(getattr(turns, "wake_turns", 0)))
+        yield runs
+        yield wakes
+
+        rows = GaugeMetricFamily(
+            "reveille_delivery_rows", "Ledger rows waiting for delivery", labels=["state"]
+        )
+        counts = _safe(m.ledger_counts)
+        if counts:
+            for state in ("pending", "claimed"):
+                rows.add_metric([state], float(counts.get(state, 0)))
+        yield rows
+
+        commits = CounterMetricFamily(
+            "reveille_writer_commits", "SQLite writer commits", labels=["store"]
+        )
+        durable = CounterMetricFamily(
+            "reveille_writer_durable_commits",
+            "SQLite writer commits with an fsync",
+            labels=["store"],
+        )
+        ops = CounterMetricFamily(
+            "reveille_writer_operations",
+            "Operations committed by the SQLite writer",
+            labels=["store"],
+        )
+        per = GaugeMetricFamily(
+            "reveille_writer_operations_per_commit",
+            "Operations per commit since start (group commit batching)",
+            labels=["store"],
+        )
+        for store, read in m.writers.items():
+            stats = _safe(read)
+            if not stats:
+                continue
+            n_ops = float(stats.get("operations", stats.get("writes", 0)))
+            n_commits = float(stats.get("commits", 0))
+            commits.add_metric([store], n_commits)
+            durable.add_metric([store], float(stats.get("durable_commits", 0)))
+            ops.add_metric([store], n_ops)
+            per.add_metric([store], n_ops / n_commits if n_commits else 0.0)
+        yield commits
+        yield durable
+        yield ops
+        yield per
+
+
+def _safe(read: Callable[[], dict[str, Any] | None] | None) -> dict[str, Any] | None:
+    if read is None:
+        return None
+    try:
+        return read()
+    except Exception:  # a closed store while shutting down, say
+        logger.debug("metrics source failed", exc_info=True)
+        return None
+
+
+class Metrics:
+    """The registry of one ``reveille serve`` process (not the library's global one)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.turn_services: dict[str, Any] = {}
+        self.writers: dict[str, Callable[[], dict[str, Any] | None]] = {}
+        self.ledger_counts: Callable[[], dict[str, Any] | None] | None = None
+        self.deliveries = Counter(
+            "reveille_deliveries",
+            "Completions handled by the runner, by the platform of their session and outcome "
+            "(delivered, released, retryable, dropped, held, foreign, ignored)",
+            ["platform", "outcome"],
+            registry=self.registry,
+        )
+        self.attempts = Counter(
+            "reveille_delivery_attempts",
+            "Delivery claims made (each counts one attempt; retryable releases refund theirs)",
+            ["platform"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "reveille_delivery_latency_seconds",
+            "From the work's completion to its delivery",
+            ["platform"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "reveille_api_requests",
+            "API server requests by route and status",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.request_latency = Histogram(
+            "reveille_api_request_duration_seconds",
+            "API server request latency by route",
+            ["route", "method"],
+            buckets=_REQUEST_BUCKETS,
+            registry=self.registry,
+        )
+        self.scrapes = Gauge(
+            "reveille_metrics_scrape_timestamp_seconds",
+            "When /metrics was last read",
+            registry=self.registry,
+        )
+        self.registry.register(_Snapshot(self))
+
+    # ----------------------------------------------------------------- sources
+
+    def observe(self, outcome: DeliveryOutcome) -> None:
+        """The runner's outcome hook."""
+        platform = outcome.platform.value if outcome.platform is not None else "none"
+        self.deliveries.labels(platform, outcome.outcome).inc()
+        if outcome.claimed:
+            self.attempts.labels(platform).inc()
+        if outcome.outcome == "delivered" and outcome.completed_at is not None:
+            self.latency.labels(platform).observe(max(time.time() - outcome.completed_at, 0.0))
+
+    def watch_turns(self, platform: str, turns: Any) -> None:
+        self.turn_services[platform] = turns
+
+    def watch_writer(self, store: str, read: Callable[[], dict[str, Any] | None]) -> None:
+        self.writers[store] = read
+
+    # ----------------------------------------------------------------- HTTP
+
+    def install(self, app: web.Application, api_key: str) -> None:
+        """Add ``GET /metrics`` and the request middleware to the API server's app."""
+
+        @web.middleware
+        async def count_requests(
+            request: web.Request,
+            handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+        ) -> web.StreamResponse:
+            started = time.perf_counter()
+            status = 500
+            try:
+                response = await handler(request)
+                status = response.status
+                return response
+            except web.HTTPException as exc:
+                status = exc.status
+                raise
+            except Exception as exc:
+                status = int(getattr(exc, "status", 500) or 500)
+                raise
+            finally:
+                route = _route_of(request)
+                self.requests.labels(route, request.method, str(status)).inc()
+                self.request_latency.labels(route, request.method).observe(
+                    time.perf_counter() - started
+                )
+
+        async def metrics(request: web.Request) -> web.Response:
+            if api_key:
+                header = request.headers.get("Authorization", "")
+                scheme, _, token = header.partition(" ")
+                if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    token.strip().encode(), api_key.encode()
+                ):
+                    return web.json_response(
+                        {"error": {"message": "invalid API key", "code": "invalid_api_key"}},
+                        status=401,
+                    )
+            self.scrapes.set(time.time())
+            body = generate_latest(self.registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        # Outermost, so that it sees the status the error middleware answers with.
+        app.middlewares.insert(0, count_requests)
+        app.router.add_get("/metrics", metrics)
+
+
+def _route_of(request: web.Request) -> str:
+    """The route's pattern (``/api/sessions/{session_id}``), never the raw path."""
+    try:
+        info = request.match_info.route.resource
+    except AttributeError:
+        return "unmatched"
+    if info is None:
+        return "unmatched"
+    return str(info.canonical)

@@ -1,0 +1,73 @@
+"""Wiring of the Telegram surface, called from the composition root (``reveille.app``).
+
+Kept apart from ``reveille.app`` so that the root only says *that* Telegram is wired, and
+this module *how*: its own ``TurnService`` of ``Platform.TELEGRAM`` (the same turn code as
+the API server), an agent over the same model and toolset, the Bot API client, the durable
+state file ``telegram.db`` under the state directory, and (webhook mode) the webhook route on
+the API server's port.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent import Agent
+from agent.providers.base import ModelProvider
+from gateway.config import Platform
+from gateway.platforms.api_server import ApiServerAdapter
+from gateway.platforms.base import BasePlatformAdapter
+from gateway.platforms.telegram import TelegramAdapter
+from gateway.platforms.telegram_api import TelegramApi
+from gateway.platforms.telegram_state import TelegramState
+from gateway.session import SessionStore
+from gateway.turns import TurnService, agent_turn_runner
+from reveille.settings import Settings
+from tools.toolset import build_default_registry
+
+__all__ = ["telegram_surfaces"]
+
+
+def _render(result: Any) -> dict[str, Any]:
+    return {"content": str(result.content or "")}
+
+
+def telegram_surfaces(
+    settings: Settings,
+    store: SessionStore,
+    model: ModelProvider,
+    api_server: ApiServerAdapter,
+    metrics: Any = None,
+) -> list[BasePlatformAdapter]:
+    """The Telegram adapter when a bot token is configured, else nothing."""
+    if not settings.telegram_bot_token:
+        return []
+    registry = build_default_registry(
+        model,
+        shell_enabled=settings.shell_enabled,
+        workdir=settings.shell_workdir or None,
+        max_async_children=settings.max_async_children,
+    )
+    turns = TurnService(
+        store,
+        agent_turn_runner(Agent(model, registry)),
+        render=_render,
+        platform=Platform.TELEGRAM,
+        max_concurrent_runs=settings.max_concurrent_runs,
+        # A Telegram session's id is its routing key (telegram_session_id).
+        session_key_of=lambda session_id: session_id,
+    )
+    adapter = TelegramAdapter(
+        api=TelegramApi(settings.telegram_bot_token, base_url=settings.telegram_base_url),
+        turns=turns,
+        state=TelegramState(settings.home / "telegram.db"),
+        allowed_users=settings.telegram_allowed_user_ids,
+        webhook_url=settings.telegram_webhook_url,
+        secret_token=settings.telegram_secret_token,
+        edit_interval=settings.telegram_edit_interval,
+    )
+    if settings.telegram_webhook_url:
+        path, handler = adapter.webhook_route()
+        api_server.app.router.add_post(path, handler)
+    if metrics is not None:
+        metrics.watch_turns(Platform.TELEGRAM.value, turns)
+    return [adapter]

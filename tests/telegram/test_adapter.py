@@ -1,0 +1,202 @@
+"""The Telegram adapter in this process, over a real TurnService and the fake Bot API:
+streamed replies, long replies, the typing action, wake-ups and the error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config import Platform
+from gateway.platforms.base import MessageEvent
+from gateway.platforms.telegram import TelegramAdapter, telegram_session_id
+from gateway.platforms.telegram_api import TelegramApi
+from gateway.platforms.telegram_state import TelegramState
+from gateway.session import MemorySessions, SessionGone, SessionSource, SessionStore
+from gateway.turns import TurnService
+from gateway.wake import WakeDeliveryError, deliver_wake
+from tests.api_server.serve_support import wait_until
+from tests.telegram.fake_bot_api import FakeBotApi
+
+
+@dataclass
+class _Result:
+    content: str
+    usage: Any = None
+
+
+class ScriptedModel:
+    """Answers every turn with ``reply``, streamed in ``pieces`` with a pause between."""
+
+    def __init__(self, reply: str = "one two three four", pause: float = 0.05) -> None:
+        self.reply = reply
+        self.pause = pause
+        self.turns: list[str] = []
+
+    async def __call__(self, messages, ctx, on_delta):
+        self.turns.append(messages[-1]["content"])
+        if on_delta is not None:
+            for word in self.reply.split(" "):
+                await on_delta(word + " ")
+                await asyncio.sleep(self.pause)
+        return _Result(self.reply)
+
+
+@pytest.fixture
+async def setup(tmp_path: Path) -> AsyncIterator[tuple[TelegramAdapter, FakeBotApi, ScriptedModel]]:
+    bot = FakeBotApi().start()
+    model = ScriptedModel()
+    store = SessionStore.over(MemorySessions())
+    turns = TurnService(
+        store,
+        model,
+        render=lambda r: {"content": r.content},
+        platform=Platform.TELEGRAM,
+        session_key_of=lambda s: s,
+    )
+    adapter = TelegramAdapter(
+        api=TelegramApi(bot.token, base_url=bot.base_url),
+        turns=turns,
+        state=TelegramState(tmp_path / "telegram.db"),
+        allowed_users=frozenset({"42"}),
+        edit_interval=0.01,
+        poll_timeout=1,
+    )
+    await adapter.start()
+    try:
+        yield adapter, bot, model
+    finally:
+        await adapter.stop(grace_seconds=1)
+        adapter.state.close()
+        store.close()
+        bot.stop()
+
+
+async def until(check, timeout: float = 10.0) -> None:
+    await asyncio.to_thread(wait_until, check, timeout)
+
+
+SOURCE = SessionSource(platform=Platform.TELEGRAM, chat_id="42", user_id="42")
+
+
+async def test_a_reply_streams_by_editing_one_message(setup):
+    _, bot, model = setup
+    bot.message("hi")
+    await until(lambda: bot.texts_to(42) == ["one two three four"])
+    [sent] = bot.messages_to(42)
+    assert sent.edits >= 1  # streamed: sent once, then edited
+    assert ("42", "typing") in bot.actions
+    assert model.turns == ["hi"]
+
+
+async def test_a_long_reply_is_split_on_paragraphs_and_escaped(setup):
+    _, bot, model = setup
+    paragraph = ("<b>word</b> & " * 120).strip()  # ~1,700 characters, ~2,900 escaped
+    model.reply = "\n\n".join([paragraph] * 4)
+    model.pause = 0
+    bot.message("a long one")
+    await until(lambda: len(bot.texts_to(42)) >= 4)
+    await asyncio.sleep(0.3)
+    texts = bot.texts_to(42)
+    assert all(len(t) <= 4096 for t in texts)
+    assert "<b>" not in "".join(texts)
+    assert texts[0].startswith("&lt;b&gt;word&lt;/b&gt; &amp;")
+    assert len(texts) == 4
+
+
+async def test_a_wake_up_is_a_turn_sent_to_the_chat_once(setup):
+    adapter, bot, model = setup
+    bot.message("hi")
+    await until(lambda: bot.texts_to(42))
+    session_id = telegram_session_id(SOURCE)
+    for _ in range(2):  # the same delivery offered twice
+        await deliver_wake(
+            adapter,
+            text="[reveille:wake] done",
+            source=SOURCE,
+            session_id=session_id,
+            idempotency_key="deleg_abc",
+        )
+    assert model.turns == ["hi", "[reveille:wake] done"]
+    assert len(bot.texts_to(42)) == 2
+    assert adapter.turns.wake_turns == 1
+
+
+async def test_platform_errors_map_onto_the_ledger_rules(setup):
+    adapter, bot, model = setup
+    bot.message("hi")
+    await until(lambda: bot.texts_to(42))
+    session_id = telegram_session_id(SOURCE)
+
+    async def wake(key: str) -> None:
+        await adapter.handle_message(
+            MessageEvent(
+                text="[reveille:wake] x",
+                source=SOURCE,
+                internal=True,
+                session_id=session_id,
+                metadata={"idempotency_key": key},
+            )
+        )
+
+    # A failure while streaming only stops the streaming; the final send decides.
+    for _ in range(2):
+        bot.fail("sendMessage", 502, "Bad Gateway")
+    with pytest.raises(WakeDeliveryError) as info:
+        await wake("k1")
+    assert info.value.transient
+    for _ in range(2):
+        bot.fail("sendMessage", 400, "Bad Request: can't parse entities")
+    with pytest.raises(WakeDeliveryError) as info:
+        await wake("k2")
+    assert not info.value.transient
+    bot.fail("sendMessage", 400, "Bad Request: chat not found")
+    with pytest.raises(SessionGone):
+        await wake("k3")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    bot.fail("sendMessage", 429, "Too Many Requests: retry after 1", retry_after=1)
+    with pytest.raises(WakeDeliveryError) as info:
+        await wake("k4")
+    assert info.value.transient and info.value.status == 429
+    assert loop.time() - started >= 1.0
+    # Each refused wake-up ran its turn once; a retry replays it and sends the reply.
+    turns_before = len(model.turns)
+    await wake("k4")
+    assert len(model.turns) == turns_before
+    assert bot.texts_to(42)[-1] == "one two three four"
+
+
+async def test_a_wake_up_for_a_deleted_session_is_gone(setup):
+    adapter, bot, _ = setup
+    other = SessionSource(platform=Platform.TELEGRAM, chat_id="99", user_id="99")
+    with pytest.raises(SessionGone):
+        await deliver_wake(
+            adapter,
+            text="[reveille:wake] x",
+            source=other,
+            session_id=telegram_session_id(other),
+            idempotency_key="d",
+        )
+    assert bot.messages_to(99) == []
+
+
+async def test_each_forum_topic_is_a_session_of_its_own(setup):
+    adapter, bot, _ = setup
+    for thread in (5, 6):
+        bot.message(
+            f"topic {thread}", chat_id=-100123, message_thread_id=thread, is_topic_message=True
+        )
+    await until(lambda: len(bot.messages_to(-100123)) == 2)
+    assert sorted(m.thread_id for m in bot.messages_to(-100123)) == [5, 6]
+    store = adapter.turns.store
+    await until(lambda: adapter.turns.turns_stored == 2)
+    for thread in (5, 6):
+        session = store.get_session(f"agent:main:telegram:supergroup:-100123:thread:{thread}")
+        assert session is not None
+        first = store.messages(session["id"])[0]
+        assert first["role"] == "user" and first["content"] == f"topic {thread}"

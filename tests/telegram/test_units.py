@@ -1,0 +1,173 @@
+"""The Telegram pieces on their own: formatting, error classes, state, webhook, settings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.platforms.telegram_api import TelegramApi, TelegramError
+from gateway.platforms.telegram_format import escape, split_message, utf16_len
+from gateway.platforms.telegram_intake import SECRET_HEADER, webhook_handler
+from gateway.platforms.telegram_state import TelegramState
+from reveille.settings import SettingsError, load_settings
+from tests.telegram.fake_bot_api import FakeBotApi
+
+# ----------------------------------------------------------------- formatting
+
+
+def test_escape_makes_markup_literal():
+    assert escape("<b>x</b> & <i") == "&lt;b&gt;x&lt;/b&gt; &amp; &lt;i"
+
+
+def test_short_text_is_one_piece():
+    assert split_message("hello") == ["hello"]
+
+
+def test_long_text_splits_on_paragraphs_and_every_piece_fits():
+    paragraphs = [("word " * 150).strip() for _ in range(12)]  # ~750 chars each
+    text = "\n\n".join(paragraphs)
+    pieces = split_message(text)
+    assert len(pieces) > 1
+    assert all(utf16_len(escape(p)) <= 4096 for p in pieces)
+    assert "\n\n".join(pieces) == text  # cut only at paragraph breaks
+    assert all(p in paragraphs or "\n\n" in p or p == paragraphs[0] for p in pieces)
+
+
+def test_escaping_is_counted_before_splitting():
+    text = "<" * 5000  # 20,000 characters once escaped
+    pieces = split_message(text)
+    assert all(len(escape(p)) <= 4096 for p in pieces)
+    assert "".join(pieces) == text
+
+
+def test_utf16_length_counts_astral_characters_twice():
+    text = "😀" * 3000  # 6,000 UTF-16 units
+    pieces = split_message(text)
+    assert len(pieces) == 2
+    assert all(utf16_len(p) <= 4096 for p in pieces)
+    assert "".join(pieces) == text
+
+
+def test_a_word_longer_than_a_message_is_cut_hard():
+    text = "x" * 9000
+    assert [len(p) for p in split_message(text)] == [4096, 4096, 808]
+
+
+# ----------------------------------------------------------------- error classes
+
+
+@pytest.mark.parametrize(
+    ("code", "description", "transient", "gone"),
+    [
+        (429, "Too Many Requests: retry after 3", True, False),
+        (500, "Internal Server Error", True, False),
+        (502, "Bad Gateway", True, False),
+        (None, "ClientConnectorError", True, False),
+        (403, "Forbidden: bot was blocked by the user", False, True),
+        (400, "Bad Request: chat not found", False, True),
+        (400, "Bad Request: can't parse entities", False, False),
+    ],
+)
+def test_error_classes(code, description, transient, gone):
+    exc = TelegramError("sendMessage", code, description)
+    assert exc.transient is transient
+    assert exc.gone is gone
+
+
+async def test_client_reads_the_bot_api_error_shape():
+    bot = FakeBotApi().start()
+    api = TelegramApi(bot.token, base_url=bot.base_url)
+    try:
+        assert (await api.call("getMe"))["is_bot"] is True
+        bot.fail("sendMessage", 429, "Too Many Requests: retry after 7", retry_after=7)
+        with pytest.raises(TelegramError) as info:
+            await api.call("sendMessage", {"chat_id": 1, "text": "x"})
+        assert info.value.error_code == 429
+        assert info.value.retry_after == 7
+        assert bot.token not in str(info.value)
+        sent = await api.call("sendMessage", {"chat_id": 1, "text": "x"})
+        with pytest.raises(TelegramError) as info:
+            await api.call(
+                "editMessageText", {"chat_id": 1, "message_id": sent["message_id"], "text": "x"}
+            )
+        assert info.value.not_modified
+    finally:
+        await api.close()
+        bot.stop()
+    with pytest.raises(TelegramError) as info:  # nobody listens any more
+        await TelegramApi(bot.token, base_url=bot.base_url).call("getMe")
+    assert info.value.error_code is None and info.value.transient
+
+
+# ----------------------------------------------------------------- state
+
+
+def test_updates_and_offset_move_together(tmp_path: Path):
+    state = TelegramState(tmp_path / "telegram.db")
+    updates = [{"update_id": 7, "message": {}}, {"update_id": 5, "message": {}}]
+    assert [u for u, _ in state.take_updates("b", updates)] == [5, 7]
+    assert state.next_offset("b") == 8
+    assert state.take_updates("b", updates) == []  # handed out twice: taken once
+    state.mark_answered("b", 5)
+    state.close()
+    again = TelegramState(tmp_path / "telegram.db")
+    assert [u for u, _ in again.unanswered("b")] == [7]
+    again.record_part("k", 0, "1", 99)
+    assert again.reply_parts("k") == {0: 99}
+    assert not again.reply_finished("k")
+    again.finish_reply("k")
+    assert again.reply_finished("k")
+    again.close()
+
+
+# ----------------------------------------------------------------- webhook
+
+
+async def test_webhook_checks_the_secret_and_stores_the_update(tmp_path: Path):
+    state = TelegramState(tmp_path / "telegram.db")
+    seen: list[int] = []
+    app = web.Application()
+    app.router.add_post("/hook", webhook_handler(state, "b", "s3cret", lambda u, _: seen.append(u)))
+    async with TestClient(TestServer(app)) as client:
+        update = {"update_id": 11, "message": {"text": "hi"}}
+        resp = await client.post("/hook", data=json.dumps(update))
+        assert resp.status == 401
+        resp = await client.post("/hook", data=json.dumps(update), headers={SECRET_HEADER: "nope"})
+        assert resp.status == 401
+        for _ in range(2):  # Telegram retrying the same update: taken once
+            resp = await client.post(
+                "/hook", data=json.dumps(update), headers={SECRET_HEADER: "s3cret"}
+            )
+            assert resp.status == 200
+    assert seen == [11]
+    assert [u for u, _ in state.unanswered("b")] == [11]
+    state.close()
+
+
+def test_webhook_mode_refuses_to_start_without_a_secret(tmp_path: Path):
+    with pytest.raises(ValueError):
+        webhook_handler(TelegramState(tmp_path / "t.db"), "b", "", lambda u, _: None)
+    env = {
+        "REVEILLE_HOME": str(tmp_path),
+        "TELEGRAM_BOT_TOKEN": "1:x",
+        "TELEGRAM_WEBHOOK_URL": "https://bot.example/telegram",
+    }
+    with pytest.raises(SettingsError, match="secret_token"):
+        load_settings(env)
+    assert load_settings({**env, "TELEGRAM_SECRET_TOKEN": "s"}).telegram_secret_token == "s"
+
+
+def test_telegram_settings_from_toml(tmp_path: Path):
+    (tmp_path / "config.toml").write_text(
+        '[telegram]\nbot_token = "1:x"\nbase_url = "http://127.0.0.1:9"\nallowed_users = [42, 43]\n'
+    )
+    settings = load_settings({"REVEILLE_HOME": str(tmp_path)})
+    assert settings.telegram_bot_token == "1:x"
+    assert settings.telegram_base_url == "http://127.0.0.1:9"
+    assert settings.telegram_allowed_user_ids == frozenset({"42", "43"})
+    env = {"REVEILLE_HOME": str(tmp_path), "TELEGRAM_ALLOWED_USERS": "7, 8"}
+    assert load_settings(env).telegram_allowed_user_ids == frozenset({"7", "8"})
