@@ -119,6 +119,29 @@ class Web:
         return dict(await r.json())
 
 
+class SlowDemo(DemoModel):
+    """The demo model, streaming one word per ``step`` seconds; ``gate`` (when set) holds
+    every streamed reply before its first word until it is set."""
+
+    def __init__(self, step: float = 0.05) -> None:
+        super().__init__(delay_seconds=0.0)
+        self.step = step
+        self.gate: asyncio.Event | None = None
+
+    async def complete(self, messages: Any, *, tools: Any = None, on_delta: Any = None) -> Any:
+        if on_delta is None:
+            return await super().complete(messages, tools=tools)
+        gate = self.gate
+
+        async def slow(piece: str) -> None:
+            if gate is not None:
+                await gate.wait()
+            await asyncio.sleep(self.step)
+            await on_delta(piece)
+
+        return await super().complete(messages, tools=tools, on_delta=slow)
+
+
 def settings_for(tmp_path: Any, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "home": tmp_path / "home",
@@ -131,8 +154,12 @@ def settings_for(tmp_path: Any, **overrides: Any) -> Settings:
     return Settings(**values)
 
 
-async def start_web(settings: Settings, *, delay: float = 0.0) -> Web:
-    runner = build_runner(settings, provider=DemoModel(delay_seconds=delay))
+async def start_web(settings: Settings, *, provider: DemoModel | None = None) -> Web:
+    runner = build_runner(
+        settings,
+        provider=provider or DemoModel(delay_seconds=0.0),
+        shutdown_grace_seconds=0.5,
+    )
     await runner.start()
     server = next(s for s in runner.surfaces if isinstance(s, WebUIServer))
     http = aiohttp.ClientSession()
