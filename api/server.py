@@ -145,8 +145,7 @@ class WebUIServer:
         self.target.stop()
         await self.turns.drain(grace_seconds)
         if self._runner is not None:
-            for sub in list(self.log._subscribers):
-                self.log._end(sub)
+            self.log.end_streams()
             await self._runner.cleanup()
             self._runner = None
         self.turns.loop = None
@@ -348,8 +347,7 @@ class WebUIServer:
         session_id = self._session_id(request)
         if await self.turns.session_dict(session_id) is None:
             raise ApiError(404, "Session not found", code="session_not_found")
-        await self.log.set_unread(session_id, False)
-        await self.turns.announce_session(session_id)
+        await self.turns.mark_read(session_id)
         return web.Response(status=204)
 
     async def post_message(self, request: web.Request) -> web.Response:
