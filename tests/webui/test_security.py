@@ -174,3 +174,10 @@ async def test_api_sessions_are_listed_with_their_source(web: Web) -> None:
     assert r.status == 409
     found = (await (await web.get("/api/sessions?q=min")).json())["sessions"]
     assert [s["title"] for s in found] == ["mine"]
+
+
+async def test_rebound_host_names_are_refused_without_a_password(web: Web) -> None:
+    r = await web.get("/api/bootstrap", headers={"Host": f"evil.example:{web.server.port}"})
+    assert r.status == 403 and (await r.json())["error"]["code"] == "host_refused"
+    r = await web.get("/api/bootstrap", headers={"Host": f"localhost:{web.server.port}"})
+    assert r.status == 200
