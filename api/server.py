@@ -143,6 +143,7 @@ class WebUIServer:
             if sockets:
                 self.port = int(sockets[0].getsockname()[1])
             routes.bind(self.turns)
+            logger.info("web UI listening on %s", self.url)
         except BaseException:
             await self.stop(0)
             raise
