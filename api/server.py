@@ -37,6 +37,7 @@ from gateway.platforms.request_body import read_json_body
 from gateway.session import (
     SessionGone,
     SessionSource,
+    SessionStore,
     SessionStoreError,
     is_valid_session_id,
     new_session_id,
@@ -81,7 +82,7 @@ class WebUIServer:
     def __init__(
         self,
         *,
-        store: Any,
+        store: SessionStore,
         turns: WebTurns,
         log: EventLog,
         approvals: Approvals,

@@ -24,7 +24,9 @@ from api import background_process as bp
 from api import config as cfg
 from api import deliveries
 from api.event_log import EventLog
+from api.views import session_source
 from api.web_turns import WebTurns
+from gateway.config import Platform
 from gateway.wake import format_wake_text
 
 __all__ = ["WebUIDeliveryTarget"]
@@ -61,8 +63,8 @@ class WebUIDeliveryTarget:
         except Exception:
             logger.exception("cannot format a wake-up for %r", evt.get("delegation_id"))
             return "ignored"
-        session_id = bp.route_session(evt)
         delivery_id = bp.work_id(evt)
+        session_id = bp.route_session(evt) or await self._index_origin(evt, delivery_id)
         # One offer per session at a time, until its wake-up turn was accepted or refused:
         # a sibling completion then finds the session busy and waits without a claim,
         # instead of claiming, being refused and backing off.
@@ -84,6 +86,22 @@ class WebUIDeliveryTarget:
             await self.fire_deferred(session_id)
         await self.announce_delivery(delivery_id)
         return outcome
+
+    async def _index_origin(self, evt: dict[str, Any], delivery_id: str) -> str | None:
+        """Work that names its web UI session only as ``origin_session_id`` (older turns):
+        indexed in ``PROCESS_SESSION_INDEX`` when that session is a web UI one."""
+        origin = evt.get("origin_session_id")
+        if not isinstance(origin, str) or not origin or not delivery_id:
+            return None
+        try:
+            record = await asyncio.to_thread(self.turns.store.get_session, origin)
+        except Exception:
+            return None
+        if record is None or session_source(record) != Platform.WEBUI.value:
+            return None
+        with cfg.MAPS_LOCK:
+            cfg.PROCESS_SESSION_INDEX[delivery_id] = origin
+        return origin
 
     async def fire_deferred(self, session_id: str) -> None:
         with cfg.MAPS_LOCK:

@@ -171,3 +171,17 @@ async def test_stop_while_an_approval_waits_denies_it(tmp_path) -> None:
         await sse.close()
     finally:
         await stop_web(web)
+
+
+async def test_work_naming_only_its_origin_session_still_comes_home(web: Web) -> None:
+    sse = await web.stream()
+    sid = await web.new_session()
+    await asyncio.to_thread(
+        ad.dispatch_async_delegation,
+        goal="legacy work",
+        runner=lambda: {"status": "completed", "summary": "s"},
+        origin_session_id=sid,
+    )
+    _, _, wake = await sse.wait_for(lambda e: e[1] == "wakeup")
+    assert wake["session_id"] == sid and wake["card"]["goal"] == "legacy work"
+    await sse.close()
