@@ -22,6 +22,7 @@ import importlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,27 @@ its own (no ``runtime_is_open``) to offer its pending rows again. This tree's le
 re-offers released rows itself when their backoff ends, so no timer is armed for it."""
 
 CONSUMER = "webui-background"
+
+_settle_listeners: list[Callable[[str], None]] = []
+
+
+def add_settle_listener(listener: Callable[[str], None]) -> None:
+    """``listener(delivery_id)`` is called (on the wake-up's thread) once its claim was
+    settled: acknowledged or released. The web UI announces the ledger row's change."""
+    _settle_listeners.append(listener)
+
+
+def remove_settle_listener(listener: Callable[[str], None]) -> None:
+    if listener in _settle_listeners:
+        _settle_listeners.remove(listener)
+
+
+def _settled(delivery_id: str) -> None:
+    for listener in list(_settle_listeners):
+        try:
+            listener(delivery_id)
+        except Exception:
+            logger.exception("settle listener failed for %s", delivery_id)
 
 
 @dataclass(frozen=True)
@@ -74,16 +96,17 @@ def route_session(evt: dict[str, Any]) -> str | None:
     if isinstance(origin, str) and origin:
         return origin
     for field in ("delegation_id", "process_id", "delivery_id"):
-        work_id = evt.get(field)
-        if isinstance(work_id, str) and work_id:
+        found = evt.get(field)
+        if isinstance(found, str) and found:
             with cfg.MAPS_LOCK:
-                session_id = cfg.PROCESS_SESSION_INDEX.get(work_id)
+                session_id = cfg.PROCESS_SESSION_INDEX.get(found)
             if session_id:
                 return session_id
     return None
 
 
-def _work_id(evt: dict[str, Any]) -> str:
+def work_id(evt: dict[str, Any]) -> str:
+    """The ledger id a completion is delivered by (its delegation's, else its delivery's)."""
     for field in ("delegation_id", "delivery_id", "process_id"):
         value = evt.get(field)
         if isinstance(value, str) and value:
@@ -93,7 +116,7 @@ def _work_id(evt: dict[str, Any]) -> str:
 
 def _defer(session_id: str, evt: dict[str, Any]) -> None:
     with cfg.MAPS_LOCK:
-        cfg.DEFERRED_PROCESS_WAKEUPS.setdefault(session_id, {})[_work_id(evt)] = evt
+        cfg.DEFERRED_PROCESS_WAKEUPS.setdefault(session_id, {})[work_id(evt)] = evt
 
 
 def _routes() -> Any:
@@ -116,7 +139,7 @@ def handle_completion(
     _start_async_delegation_wakeup_turn(
         session_id,
         text,
-        delegation_id=_work_id(evt),
+        delegation_id=work_id(evt),
         evt=evt,
         claim=claim,
         process_registry=process_registry,
@@ -164,11 +187,13 @@ def _run_wakeup(
                 cfg.BG_TASK_COMPLETE_EVENTS_SEEN[delegation_id] = time.time()
             if not peu.complete_async_delegation_delivery(evt, claim):
                 logger.warning("wake-up %s ran but its claim had lapsed", delegation_id)
+            _settled(delegation_id)
             return
         logger.info("wake-up %s refused (%s)", delegation_id, verdict.reason)
         if verdict.busy:
             _defer(session_id, evt)
         peu.release_async_delegation_delivery(evt, claim, retryable=verdict.retryable)
+        _settled(delegation_id)
     except Exception:
         # The claim lapses by itself and the row is offered again: nothing is lost.
         logger.exception("could not settle the claim on %s", delegation_id)

@@ -24,28 +24,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import tools.async_delegation as ad
 from agent.providers.base import ModelProvider
 from delivery.events import CompletionEvent, delivery_id, parse_event
 from delivery.peers import ServerRecord
 from gateway.config import Platform
-from gateway.delivery_targets import ApiServerTarget, DeliveryTarget, PushTarget, session_platform
+from gateway.delivery_targets import (
+    ApiServerTarget,
+    ClaimingTarget,
+    DeliveryTarget,
+    session_platform,
+)
 from gateway.outcomes import DeliveryOutcome, OutcomeObserver
 from gateway.platforms.api_server import ApiServerAdapter
-from gateway.platforms.base import BasePlatformAdapter
 from gateway.session import SessionGone, SessionStore
 from gateway.wake import WakeDeliveryError
 from tools.completion_queue import CompletionQueue
 from tools.process_registry import process_registry
 
-__all__ = ["GatewayRunner", "RunnerParts"]
+__all__ = ["GatewayRunner", "RunnerParts", "Surface"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +65,17 @@ def _event_id(evt: Any) -> str | None:
     return delivery_id(evt, strict=False)
 
 
+class Surface(Protocol):
+    """Another front end served by this process (the web UI, a push chat platform): built
+    before the API server starts (it may add a route to it), started once it listens and
+    before undelivered completions are re-offered, stopped before it. Its builder registers
+    the delivery target of its platform with the runner."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self, *, grace_seconds: float) -> None: ...
+
+
 @dataclass(frozen=True)
 class RunnerParts:
     """What the composition root hands the runner; each callable runs once, in ``start()``.
@@ -67,6 +83,8 @@ class RunnerParts:
     ``open_runtime`` opens the process-wide delegation runtime over the given completion
     queue; it is called only when the embedding program has not configured one already.
     ``owns_provider`` says whether the runner closes the provider when it stops.
+    ``build_surfaces`` builds the other front ends of this process over the same store and
+    provider (it may register their delivery targets on the runner it is given).
     """
 
     open_store: Callable[[], SessionStore]
@@ -74,11 +92,9 @@ class RunnerParts:
     provider: ModelProvider
     build_adapter: Callable[[SessionStore, ModelProvider], ApiServerAdapter]
     owns_provider: bool = True
-    # Push-capable chat surfaces (Telegram), built once the API server exists; each gets a
-    # PushTarget for its platform and is started after the API server, stopped before it.
-    build_surfaces: Callable[
-        [SessionStore, ModelProvider, ApiServerAdapter], list[BasePlatformAdapter]
-    ] = lambda *_: []
+    build_surfaces: Callable[[SessionStore, ModelProvider, GatewayRunner], Sequence[Surface]] = (
+        dataclasses.field(default=lambda store, provider, runner: ())
+    )
     # Told of every handled completion (the metrics hook); must not block.
     on_outcome: OutcomeObserver | None = None
 
@@ -92,7 +108,8 @@ class GatewayRunner:
         self.store: SessionStore | None = None
         self.adapter: ApiServerAdapter | None = None
         self.targets: dict[Platform, DeliveryTarget] = {}
-        self.surfaces: list[BasePlatformAdapter] = []
+        self.claiming_targets: dict[Platform, ClaimingTarget] = {}
+        self.surfaces: list[Surface] = []
         self.runtime: Any = None
         self.queue = process_registry.completion_queue
         self.consumer = f"gateway-runner:{os.getpid()}"
@@ -113,13 +130,14 @@ class GatewayRunner:
             self.provider = self.parts.provider
             self.adapter = self.parts.build_adapter(self.store, self.provider)
             self.register_target(Platform.API_SERVER, ApiServerTarget(self.store, self.adapter))
-            self.surfaces = self.parts.build_surfaces(self.store, self.provider, self.adapter)
-            for surface in self.surfaces:
-                self.register_target(surface.platform, PushTarget(surface))
+            # Surfaces are built before the API server starts (one may add a route to it,
+            # a Telegram webhook) and started once it listens.
+            surfaces = list(self.parts.build_surfaces(self.store, self.provider, self))
             await self.adapter.start()
-            for surface in self.surfaces:
+            for surface in surfaces:
                 await surface.start()
-            # The server listens first: restored wake-ups self-POST to it.
+                self.surfaces.append(surface)
+            # The servers listen first: restored wake-ups self-POST to it.
             self.restored = await asyncio.to_thread(ad.restore_undelivered_completions, self.queue)
             if self.restored:
                 logger.info("re-offering %d undelivered completion(s)", self.restored)
@@ -155,10 +173,12 @@ class GatewayRunner:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        for surface in reversed(self.surfaces):
-            with contextlib.suppress(Exception):
-                await surface.stop()
-        self.surfaces = []
+        while self.surfaces:
+            surface = self.surfaces.pop()
+            try:
+                await surface.stop(grace_seconds=self._grace)
+            except Exception:
+                logger.exception("stopping %s failed", type(surface).__name__)
         if self.adapter is not None:
             await self.adapter.stop(grace_seconds=self._grace)
             self.adapter = None
@@ -259,9 +279,17 @@ class GatewayRunner:
             logger.error("ignoring a completion that is not a dict: %r", type(evt).__name__)
             return "ignored"
         event = parse_event(evt)  # a mapping always parses (unknown types are generic)
+        if event.origin_ui_session_id:
+            # The web UI's: ``origin_ui_session_id`` is final, and its consumer claims.
+            seen["platform"] = Platform.WEBUI
+            return await self._offer(Platform.WEBUI, evt)
         route, session_id, session = await asyncio.to_thread(self._route, event)
+        if route == "session" and session is not None:
+            claiming = session_platform(session)
+            if claiming in self.claiming_targets:
+                seen["platform"] = claiming
+                return await self._offer(claiming, evt)
         if route == "foreign":
-            # Another surface's session (web UI): its own consumer delivers it.
             logger.debug("completion %s belongs to another surface", _event_id(evt))
             return "foreign"
 
@@ -349,9 +377,21 @@ class GatewayRunner:
             return False
         return float(session["created_at"]) > float(dispatched) + _ADOPTION_SLACK_SECONDS
 
-    def register_target(self, platform: Platform, target: DeliveryTarget) -> None:
-        """Deliver completions of ``platform``'s sessions through ``target``."""
-        self.targets[platform] = target
+    def register_target(self, platform: Platform, target: DeliveryTarget | ClaimingTarget) -> None:
+        """Deliver completions of ``platform``'s sessions through ``target``; a
+        ``ClaimingTarget`` is offered them unclaimed (it claims and settles by itself)."""
+        if isinstance(target, ClaimingTarget):
+            self.claiming_targets[platform] = target
+        else:
+            self.targets[platform] = target
+
+    async def _offer(self, platform: Platform, evt: dict[str, Any]) -> str:
+        target = self.claiming_targets.get(platform)
+        if target is None:
+            # Not this process's surface: the process that serves it takes the offer.
+            logger.debug("completion %s belongs to another surface", _event_id(evt))
+            return "foreign"
+        return await target.offer(evt)
 
     async def _deliver(self, event: CompletionEvent, session: dict[str, Any]) -> None:
         # The record _route read: a session deleted since then is noticed by the target

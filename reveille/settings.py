@@ -63,6 +63,10 @@ class Settings:
     def telegram_allowed_user_ids(self) -> frozenset[str]:
         return frozenset(u.strip() for u in self.telegram_allowed_users.split(",") if u.strip())
 
+    # the web UI: its own port in the same process (0 = off); a password for beyond loopback
+    webui_port: int = 8787
+    webui_password: str = ""
+
     @property
     def allowed_origins(self) -> frozenset[str]:
         return frozenset(normalize_origin(o) for o in self.cors_origins.split(",") if o.strip())
@@ -110,6 +114,8 @@ ENV_NAMES: dict[str, str] = {
     "telegram_webhook_url": "TELEGRAM_WEBHOOK_URL",
     "telegram_secret_token": "TELEGRAM_SECRET_TOKEN",
     "telegram_edit_interval": "TELEGRAM_EDIT_INTERVAL",
+    "webui_port": "REVEILLE_WEBUI_PORT",
+    "webui_password": "REVEILLE_WEBUI_PASSWORD",
 }
 
 # TOML sections map onto flat names: [server] host -> host, [shell] enabled -> shell_enabled ...
@@ -138,6 +144,8 @@ _TOML_ALIASES = {
     ("telegram", "webhook_url"): "telegram_webhook_url",
     ("telegram", "secret_token"): "telegram_secret_token",
     ("telegram", "edit_interval"): "telegram_edit_interval",
+    ("webui", "port"): "webui_port",
+    ("webui", "password"): "webui_password",
 }
 
 _ORIGIN_RE = re.compile(r"https?://[a-z0-9.\-\[\]:]+")
@@ -182,8 +190,9 @@ def _validate(s: Settings) -> None:
     def bad(name: str, why: str) -> SettingsError:
         return SettingsError(f"{name} = {getattr(s, name)!r}: {why}")
 
-    if not 0 <= s.port <= 65535:
-        raise bad("port", "must be 0-65535")
+    for name in ("port", "webui_port"):
+        if not 0 <= getattr(s, name) <= 65535:
+            raise bad(name, "must be 0-65535")
     if s.provider not in {"demo", "openai"}:
         raise bad("provider", 'must be "demo" or "openai"')
     if s.provider == "openai" and not s.openai_base_url and not s.openai_api_key:

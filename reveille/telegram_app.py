@@ -15,7 +15,6 @@ from agent import Agent
 from agent.providers.base import ModelProvider
 from gateway.config import Platform
 from gateway.platforms.api_server import ApiServerAdapter
-from gateway.platforms.base import BasePlatformAdapter
 from gateway.platforms.telegram import TelegramAdapter
 from gateway.platforms.telegram_api import TelegramApi
 from gateway.platforms.telegram_state import TelegramState
@@ -37,7 +36,7 @@ def telegram_surfaces(
     model: ModelProvider,
     api_server: ApiServerAdapter,
     metrics: Any = None,
-) -> list[BasePlatformAdapter]:
+) -> list[TelegramAdapter]:
     """The Telegram adapter when a bot token is configured, else nothing."""
     if not settings.telegram_bot_token:
         return []
