@@ -92,7 +92,10 @@ def reoffer_op(
 
     def op(tx: LedgerTx) -> list[dict[str, Any]]:
         offered = []
+        free = tx.lock_free([row["id"] for row in candidates])
         for row in candidates:
+            if row["id"] not in free:
+                continue  # another process is offering or settling it right now
             expect = {
                 "delivery_state": _PENDING,
                 "holder": row["holder"],
