@@ -85,7 +85,7 @@ class _PgTx:
         self._update_sql: dict[tuple, str] = {}
 
     def _exec(self, query: str, params: Iterable[Any] = ()) -> psycopg.Cursor[Any]:
-        return self._cur.execute(query, list(params), prepare=True)  # type: ignore[arg-type]
+        return self._cur.execute(query, list(params), prepare=True)
 
     def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
         cols = columns or COLUMNS
@@ -395,7 +395,7 @@ class PostgresBackend:
             raise LedgerUnavailable(f"the ledger {self.url} is closed")
         try:
             with self._pool.connection() as conn:
-                return conn.execute(query, list(params), prepare=True).fetchall()  # type: ignore[arg-type]
+                return conn.execute(query, list(params), prepare=True).fetchall()
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise LedgerUnavailable(f"ledger read failed: {explain(exc, self._url)}") from exc
 

@@ -51,6 +51,10 @@ class Settings:
     lease_seconds: float = 300.0
     max_attempts: int = 8
     replay_cap_seconds: float = 48 * 3600.0
+    # "" = SQLite under home; postgresql://... = ledger, sessions, idempotency in PostgreSQL
+    database_url: str = ""
+    # a server whose heartbeat is older than this is dead (its work is recovered)
+    peer_timeout_seconds: float = 15.0
 
     @property
     def allowed_origins(self) -> frozenset[str]:
@@ -70,6 +74,7 @@ class Settings:
             lease_seconds=self.lease_seconds,
             max_attempts=self.max_attempts,
             replay_cap_seconds=self.replay_cap_seconds,
+            peer_timeout_seconds=self.peer_timeout_seconds,
         )
 
 
@@ -93,6 +98,8 @@ ENV_NAMES: dict[str, str] = {
     "lease_seconds": "REVEILLE_LEASE_SECONDS",
     "max_attempts": "REVEILLE_MAX_ATTEMPTS",
     "replay_cap_seconds": "REVEILLE_REPLAY_CAP_SECONDS",
+    "database_url": "REVEILLE_DATABASE_URL",
+    "peer_timeout_seconds": "REVEILLE_PEER_TIMEOUT_SECONDS",
 }
 
 # TOML sections map onto flat names: [server] host -> host, [shell] enabled -> shell_enabled ...
@@ -115,6 +122,8 @@ _TOML_ALIASES = {
     ("delivery", "lease_seconds"): "lease_seconds",
     ("delivery", "max_attempts"): "max_attempts",
     ("delivery", "replay_cap_seconds"): "replay_cap_seconds",
+    ("storage", "url"): "database_url",
+    ("storage", "peer_timeout_seconds"): "peer_timeout_seconds",
 }
 
 _ORIGIN_RE = re.compile(r"https?://[a-z0-9.\-\[\]:]+")
@@ -170,7 +179,9 @@ def _validate(s: Settings) -> None:
             raise bad(name, "must be at least 1")
     if s.max_queued_delegations < 0:
         raise bad("max_queued_delegations", "must not be negative")
-    for name in ("lease_seconds", "replay_cap_seconds"):
+    if s.database_url and not s.database_url.startswith(("postgresql://", "postgres://")):
+        raise bad("database_url", "expected postgresql://user:password@host/dbname (or unset)")
+    for name in ("lease_seconds", "replay_cap_seconds", "peer_timeout_seconds"):
         if getattr(s, name) <= 0:
             raise bad(name, "must be positive")
     if s.demo_delay_seconds < 0:
