@@ -1,12 +1,14 @@
 """The composition root: the one place that turns settings into a running Reveille.
 
 It builds, in this order, settings -> storage (the ledger file and the session store under
-``REVEILLE_HOME``) -> the delegation runtime of the contract module ``tools.async_delegation``
--> the model provider and the agent with its toolset -> the API server -> the gateway
-runner, and hands each piece down. Nothing below ``reveille/`` reads settings: the floors
+``REVEILLE_HOME``, or both in PostgreSQL when ``REVEILLE_DATABASE_URL`` is set) -> the
+delegation runtime of the contract module ``tools.async_delegation`` -> the model provider
+and the agent with its toolset -> the API server -> the gateway runner, and hands each
+piece down. Nothing below ``reveille/`` reads settings: the floors
 under this one receive what they need from here.
 
-``open_storage(url)`` is the only code that names a concrete storage backend.
+``open_storage(url)`` (and the ``StorageLocation`` it returns) is the only code that names a
+concrete storage backend.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from urllib.parse import unquote, urlsplit
 import tools.async_delegation as ad
 from agent import Agent, build_provider
 from agent.providers.base import ModelProvider
+from delivery.backend import LedgerBackend
+from delivery.sqlite_backend import SqliteBackend
 from delivery.sqlite_files import ensure_private_dir
 from gateway.config import Platform
 from gateway.platforms.api_server import ApiServerAdapter
@@ -36,21 +40,51 @@ __all__ = ["StorageLocation", "build_runner", "open_storage"]
 
 @dataclass(frozen=True)
 class StorageLocation:
-    """Where the ledger and the session store live, parsed from a storage url."""
+    """Where the ledger and the session store live, parsed from a storage url: two SQLite
+    files in a state directory, or one PostgreSQL database (``database_url``)."""
 
-    ledger_path: Path
-    sessions_path: Path
+    ledger_path: Path | None
+    sessions_path: Path | None
+    database_url: str | None = None
+
+    def open_ledger_backend(self) -> LedgerBackend:
+        if self.database_url is not None:
+            from delivery.postgres_backend import PostgresBackend
+
+            return PostgresBackend(self.database_url)
+        assert self.ledger_path is not None
+        return SqliteBackend(self.ledger_path)
+
+    def open_session_store(self) -> SessionStore:
+        if self.database_url is not None:
+            from delivery.postgres_sessions import PostgresSessions
+
+            return SessionStore.over(PostgresSessions(self.database_url, migrate=False))
+        assert self.sessions_path is not None
+        return SessionStore(self.sessions_path)
 
 
 def open_storage(url: str) -> StorageLocation:
-    """Resolve a storage url: ``sqlite:///abs/dir`` (the state directory) is the one known today.
+    """Resolve a storage url: ``sqlite:///abs/dir`` (the state directory) or
+    ``postgresql://user:password@host/dbname``.
 
     An unknown scheme is refused with a message that names the accepted ones, so that a
     typo in ``[storage] url`` stops the server at start instead of writing somewhere else.
+    A PostgreSQL url is checked at once: the server is reached and the schema migrated (or
+    refused when newer than this code), so a bad url, a refused connection or wrong
+    credentials stop the start with one clear message (``LedgerUnavailable``).
     """
     parts = urlsplit(url)
+    if parts.scheme in ("postgresql", "postgres"):
+        from delivery.postgres_backend import prepare_database
+
+        prepare_database(url)
+        return StorageLocation(None, None, url)
     if parts.scheme != "sqlite":
-        raise SettingsError(f"storage url {url!r}: unknown scheme; expected sqlite:///<directory>")
+        raise SettingsError(
+            f"storage url {url!r}: unknown scheme; expected sqlite:///<directory> "
+            "or postgresql://user:password@host/dbname"
+        )
     if parts.netloc:
         raise SettingsError(f"storage url {url!r}: a sqlite url has no host (sqlite:///path)")
     home = Path(unquote(parts.path)).expanduser()
@@ -62,6 +96,8 @@ def open_storage(url: str) -> StorageLocation:
 
 
 def storage_url(settings: Settings) -> str:
+    if settings.database_url:
+        return settings.database_url
     return f"sqlite://{settings.home.expanduser().resolve().as_posix()}"
 
 
@@ -85,7 +121,7 @@ def build_runner(
 
     def open_runtime(queue: CompletionQueue) -> Any:
         return ad.configure_runtime(
-            str(storage.ledger_path),
+            backend=storage.open_ledger_backend(),
             policy=settings.delivery_policy,
             completion_queue=queue,
             max_queued=settings.max_queued_delegations,
@@ -117,7 +153,7 @@ def build_runner(
         )
 
     parts = RunnerParts(
-        open_store=lambda: SessionStore(storage.sessions_path),
+        open_store=storage.open_session_store,
         open_runtime=open_runtime,
         provider=model,
         build_adapter=build_adapter,
