@@ -36,7 +36,10 @@ def redact(url: str) -> str:
 
 
 def check_url(url: str) -> None:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise PostgresUnavailable(f"storage url {redact(url)!r} is not valid: {exc}") from None
     if parts.scheme not in ("postgresql", "postgres"):
         raise PostgresUnavailable(
             f"storage url {redact(url)!r}: expected postgresql://user:password@host/dbname"
