@@ -6,7 +6,9 @@ the expected values: a stale claim's token matches 0 rows), so every rule of
 its own connection; a writer takes every operation waiting and runs them in one
 transaction (group commit), so concurrent operations share one WAL flush. An operation that
 raises fails alone: the batch is rolled back and run again with a savepoint around each
-operation. Operations whose loss can only cause a redelivery (``durable=False``) commit
+operation. With one writer (the default) operations commit in the order they were submitted,
+as with SQLite, so a caller may queue a creation and its finish without waiting between;
+more writers trade that order for parallel batches. Operations whose loss can only cause a redelivery (``durable=False``) commit
 with ``synchronous_commit = off`` when a batch holds nothing else. Coroutines await their
 write on the loop without any I/O on the loop thread. Reads come from a connection pool.
 
@@ -202,7 +204,7 @@ class PostgresBackend:
         self,
         url: str,
         *,
-        writers: int = 4,
+        writers: int = 1,
         max_batch: int = 512,
         pool_size: int = 4,
         migrate: bool = True,

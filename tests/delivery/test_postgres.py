@@ -27,7 +27,7 @@ def url() -> str:
     return fresh_url()
 
 
-def _connect(url: str):  # noqa: ANN202
+def _connect(url: str):
     import psycopg
 
     return psycopg.connect(url, autocommit=True)
