@@ -10,7 +10,8 @@ operation. With one writer (the default) operations commit in the order they wer
 as with SQLite, so a caller may queue a creation and its finish without waiting between;
 more writers trade that order for parallel batches. Operations whose loss can only cause a
 redelivery (``durable=False``) commit with ``synchronous_commit = off`` when a batch holds
-nothing else. Coroutines await their write on the loop without any I/O on the loop thread. Reads come from a connection pool.
+nothing else. Coroutines await their write on the loop without any I/O on the loop thread.
+Reads come from a connection pool.
 
 Wake-ups go through ``LISTEN/NOTIFY`` (``delivery.postgres_notifier``); the schema is built
 by versioned migrations (``delivery.postgres_migrations``) applied under an advisory lock.
