@@ -34,6 +34,7 @@ class Server:
         hold_ack: bool = False,
         key: str | None = KEY,
         demo_delay: float = 0.05,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         env = {
             **os.environ,
@@ -52,6 +53,7 @@ class Server:
             env["API_SERVER_KEY"] = key
         if hold_ack:
             env["REVEILLE_TEST_HOLD_ACK"] = "1"
+        env.update(extra_env or {})
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [
@@ -136,12 +138,20 @@ def wait_until(check, timeout: float = 20.0):
     raise AssertionError("condition not met in time")
 
 
-def ledger_rows(home: Path) -> list[dict]:
-    """Every ledger row under ``home``, read through a ledger of this test process."""
+def ledger_rows(home: Path | str) -> list[dict]:
+    """Every ledger row under ``home`` (or in the PostgreSQL database at that url), read
+    through a ledger of this test process."""
+    from delivery.backend import LedgerBackend
     from delivery.ledger import Ledger
     from delivery.sqlite_backend import SqliteBackend
 
-    backend = SqliteBackend(home / "ledger.db")
+    backend: LedgerBackend
+    if isinstance(home, str) and home.startswith("postgresql://"):
+        from delivery.postgres_backend import PostgresBackend
+
+        backend = PostgresBackend(home, migrate=False)
+    else:
+        backend = SqliteBackend(Path(home) / "ledger.db")
     try:
         return Ledger(backend).query(limit=100)
     finally:
