@@ -18,7 +18,7 @@ if os.environ.get("REVEILLE_TEST_HOSTNAME"):
     _host = os.environ["REVEILLE_TEST_HOSTNAME"]
     socket.gethostname = lambda: _host
 
-import tools.async_delegation as ad  # noqa: E402
+import tools.async_delegation as ad
 
 if os.environ.get("REVEILLE_TEST_HOLD_ACK"):
 
@@ -30,7 +30,7 @@ if os.environ.get("REVEILLE_TEST_HOLD_ACK"):
 
     ad.acomplete_event_delivery = _hold
 
-from reveille.cli import main  # noqa: E402
+from reveille.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
