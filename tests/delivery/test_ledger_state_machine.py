@@ -530,10 +530,10 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert self.me.complete(row_id, token)
 
 
-def _settings(default_examples: int = 150) -> settings:
+def _settings() -> settings:
     explore = os.environ.get("REVEILLE_LEDGER_EXPLORE") == "1"
     return settings(
-        max_examples=int(os.environ.get("REVEILLE_LEDGER_EXAMPLES", str(default_examples))),
+        max_examples=int(os.environ.get("REVEILLE_LEDGER_EXAMPLES", "150")),
         stateful_step_count=50,
         deadline=None,
         derandomize=not explore,
@@ -545,10 +545,7 @@ def _settings(default_examples: int = 150) -> settings:
 
 def test_ledger_state_machine(backend_kind: str) -> None:
     """The machine over every backend (``backend_kind`` is the conformance fixture)."""
-    # Over a network round trip per write PostgreSQL runs the same machine ~5x slower:
-    # fewer examples by default keep the suite near its two minutes (the env var decides).
-    examples = 40 if backend_kind == "postgres" else 150
-    run_state_machine_as_test(lambda: LedgerMachine(backend_kind), settings=_settings(examples))
+    run_state_machine_as_test(lambda: LedgerMachine(backend_kind), settings=_settings())
 
 
 def test_model_helpers_are_consistent() -> None:
