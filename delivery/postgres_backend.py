@@ -233,10 +233,10 @@ class PostgresBackend:
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise explain(exc, url) from None
         self._notifier = PostgresNotifier(url, channel_for(schema), self._pool)
-        self._conns = [connect(url) for _ in range(max(writers, 1))]
+        self._slots = [_Slot(connect(url)) for _ in range(max(writers, 1))]
         self._threads = [
-            threading.Thread(target=self._writer, args=(c,), name=f"pg-writer-{i}", daemon=True)
-            for i, c in enumerate(self._conns)
+            threading.Thread(target=self._writer, args=(slot,), name=f"pg-writer-{i}", daemon=True)
+            for i, slot in enumerate(self._slots)
         ]
         for t in self._threads:
             t.start()
@@ -265,12 +265,40 @@ class PostgresBackend:
             if self._closed:
                 raise LedgerUnavailable(f"the ledger {self.url} is closed")
             self._pending.append(item)
-            self._cv.notify()
+            self._cv.notify_all()
 
     def submit(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> WriteFuture[T]:
+        """Queue ``op``; a thread (never an event loop) that finds nothing waiting and a
+        writer idle commits it itself, at once: a lone writer pays no hand-off to the writer
+        thread and back. Nothing queued is ever overtaken."""
         fut: WriteFuture[T] = WriteFuture()
-        self._enqueue((op, fut, durable))
+        item = (op, fut, durable)
+        slot = self._take_inline() if asyncio._get_running_loop() is None else None
+        if slot is None:
+            self._enqueue(item)
+            return fut
+        try:
+            self._commit(slot, [item])
+        except Exception:
+            log.exception("ledger write failed")
+            if slot.conn.closed or slot.conn.broken:
+                self._reconnect(slot)
+        finally:
+            with self._cv:
+                slot.busy = False
+                if self._pending or self._closed:
+                    self._cv.notify_all()
         return fut
+
+    def _take_inline(self) -> _Slot | None:
+        with self._cv:
+            if self._pending or self._closed:
+                return None
+            for slot in self._slots:
+                if not slot.busy:
+                    slot.busy = True
+                    return slot
+        return None
 
     def submit_async(
         self, op: Callable[[LedgerTx], T], *, durable: bool = True
@@ -283,41 +311,45 @@ class PostgresBackend:
     def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> T:
         return self.submit(op, durable=durable).result()
 
-    def _writer(self, conn: psycopg.Connection[Any]) -> None:
-        tx = _PgTx(conn)
+    def _writer(self, slot: _Slot) -> None:
         while True:
             with self._cv:
-                while not self._pending and not self._closed:
+                while slot.busy or (not self._pending and not self._closed):
                     self._cv.wait()
                 if not self._pending:
                     break
                 n = min(len(self._pending), self._max_batch)
                 batch = [self._pending.popleft() for _ in range(n)]
+                slot.busy = True
             try:
-                self._commit(conn, tx, batch)
+                self._commit(slot, batch)
             except Exception:
                 log.exception("ledger writer failed")
-                if conn.closed or conn.broken:
-                    conn, tx = self._reconnect(conn)
+                if slot.conn.closed or slot.conn.broken:
+                    self._reconnect(slot)
+            finally:
+                with self._cv:
+                    slot.busy = False
+                    if self._pending:
+                        self._cv.notify_all()
         with contextlib.suppress(Exception):
-            conn.close()
+            slot.conn.close()
 
-    def _reconnect(self, old: psycopg.Connection[Any]) -> tuple[psycopg.Connection[Any], _PgTx]:
+    def _reconnect(self, slot: _Slot) -> None:
         with contextlib.suppress(Exception):
-            old.close()
+            slot.conn.close()
         while True:
             try:
-                conn = connect(self._url)
-                return conn, _PgTx(conn)
+                slot.reset(connect(self._url))
+                return
             except PostgresUnavailable as exc:
                 if self._closed:
                     raise
                 log.warning("ledger writer reconnecting: %s", exc)
                 threading.Event().wait(1.0)
 
-    def _commit(
-        self, conn: psycopg.Connection[Any], tx: _PgTx, batch: list[tuple[Any, Waiter, bool]]
-    ) -> None:
+    def _commit(self, slot: _Slot, batch: list[tuple[Any, Waiter, bool]]) -> None:
+        conn, tx = slot.conn, slot.tx
         live = [(op, waiter) for op, waiter, _ in batch if _still_wanted(waiter)]
         if not live:
             return
@@ -488,6 +520,18 @@ class PostgresBackend:
             t.join(timeout=10)
         self._notifier.close()
         self._pool.close()
+
+
+class _Slot:
+    """A writer's connection, its ``LedgerTx`` and whether a batch is running on it."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.busy = False
+        self.reset(conn)
+
+    def reset(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.tx = _PgTx(conn)
 
 
 def _run_in_savepoint(conn: psycopg.Connection[Any], tx: _PgTx, op: Any, waiter: Waiter) -> Outcome:
