@@ -428,11 +428,21 @@ class PostgresBackend:
     def _fetch(self, query: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
         if self._closed:
             raise LedgerUnavailable(f"the ledger {self.url} is closed")
-        try:
-            with self._pool.connection() as conn:
-                return conn.execute(query, list(params), prepare=True).fetchall()
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-            raise LedgerUnavailable(f"ledger read failed: {explain(exc, self._url)}") from exc
+        params = list(params)
+        for attempt in (1, 2):
+            try:
+                with self._pool.connection() as conn:
+                    return conn.execute(query, params, prepare=True).fetchall()
+            except psycopg.OperationalError as exc:
+                # A pooled connection the server dropped (a restart, a failover): the pool
+                # discards it; a read is safe to run once more on a fresh one.
+                if attempt == 2:
+                    raise LedgerUnavailable(
+                        f"ledger read failed: {explain(exc, self._url)}"
+                    ) from exc
+            except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+                raise LedgerUnavailable(f"ledger read failed: {explain(exc, self._url)}") from exc
+        raise AssertionError("unreachable")
 
     def _rows(self, query: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         return [_decode(r) for r in self._fetch(query, params)]

@@ -188,6 +188,14 @@ class PostgresSessions:
             return op(conn)
 
     def _read(self, op: Callable[[Conn], T]) -> T:
+        try:
+            with self._conn(write=False) as conn:
+                return op(conn)
+        except PostgresSessionsUnavailable as exc:
+            # A pooled connection the server dropped (restart, failover) is discarded by
+            # the pool; a read is safe to run once more on a fresh one.
+            if not isinstance(exc.__cause__, psycopg.OperationalError):
+                raise
         with self._conn(write=False) as conn:
             return op(conn)
 

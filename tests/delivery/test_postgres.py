@@ -241,3 +241,37 @@ async def test_submit_async_does_no_io_on_the_loop(url: str) -> None:
         assert await fut
     finally:
         backend.close()
+
+
+def test_reads_survive_the_server_dropping_pooled_connections(url: str) -> None:
+    from delivery.postgres_backend import PostgresBackend
+    from delivery.postgres_sessions import PostgresSessions
+    from delivery.session_backend import NewSession
+
+    backend = PostgresBackend(url)
+    sessions = PostgresSessions(url)
+    try:
+        ledger = Ledger(backend)
+        finished_row(ledger, "r1")
+        sessions.create_session("s1", NewSession())
+        assert backend.get("r1") is not None and sessions.get_session("s1") is not None
+        with _connect(url) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND application_name = '' AND query NOT LIKE 'LISTEN%%'"
+            )
+        time.sleep(0.2)
+        assert backend.get("r1") is not None
+        assert sessions.get_session("s1") is not None
+        # The writer reconnects too: the next write fails at most once, then succeeds.
+        for _ in range(2):
+            try:
+                token = ledger.claim("r1", "after")
+                break
+            except Exception:
+                continue
+        assert token and ledger.complete("r1", token)
+    finally:
+        sessions.close()
+        backend.close()
