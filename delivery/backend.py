@@ -69,6 +69,11 @@ class LedgerTx(Protocol):
         a ``changes`` value may be ``Increment``.
         """
 
+    def lock_free(self, row_ids: list[str]) -> set[str]:
+        """Of ``row_ids``, those no other transaction is working on now, locked for this one
+        (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; a store with one writer: all of them). A
+        scan that picks rows skips the others instead of queueing behind their writers."""
+
     def audit(self, row_id: str, action: str, detail: str, at: float) -> None: ...
 
     def put_server(self, record: ServerRecord) -> None:

@@ -2,7 +2,9 @@
 
 An identity is ``host|boot_id|pid|start_ticks``. On the same host and boot, a process is
 alive only if ``/proc/<pid>/stat`` still shows the same start time, so a recycled pid never
-keeps a dead owner's claim alive. For another host nothing can be known and the lease decides.
+keeps a dead owner's claim alive. For another host the pid says nothing: a server there
+renews a heartbeat in the store, and one whose heartbeat lapsed counts as dead
+(``holder_is_dead(..., lapsed)``); for any other process of another host the lease decides.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+from collections.abc import Collection
 from dataclasses import dataclass
 
 
@@ -76,8 +79,13 @@ def current_identity() -> ProcessIdentity:
     return _identity_for(os.getpid())
 
 
-def holder_is_dead(holder: str | None) -> bool:
+def holder_is_dead(holder: str | None, lapsed: Collection[str] = ()) -> bool:
+    """True when ``holder`` is provably gone: a process of this host that exited, or one of
+    ``lapsed``, the servers of other hosts whose heartbeat lapsed (``Ledger`` keeps that set
+    from the store's server records)."""
     if not holder:
         return False
+    if holder in lapsed:
+        return True
     ident = ProcessIdentity.parse(holder)
     return ident is not None and ident.is_known_dead()

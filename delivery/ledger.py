@@ -97,6 +97,11 @@ class Ledger:
         self.identity = identity or str(current_identity())
         self._due_listeners: list[Callable[[float], None]] = []
         self._adopters: dict[str, Callable[[dict[str, Any]], None]] = {}
+        # Servers of other hosts whose heartbeat lapsed: dead, like an exited local pid.
+        # Refreshed from the store's server records at every recovery pass.
+        self._lapsed: frozenset[str] = frozenset()
+        self.next_lapse_at: float | None = None  # the earliest a live remote peer lapses
+        self._label = ""
 
     # -- notification of due times (the re-offer scheduler listens) -------------------------
 
@@ -286,7 +291,7 @@ class Ledger:
                 return None
             if row["next_attempt_at"] > now:
                 return None  # backing off after a release: a wait, not an attempt
-            if row["claim_expires_at"] > now and not holder_is_dead(row["holder"]):
+            if row["claim_expires_at"] > now and not holder_is_dead(row["holder"], self._lapsed):
                 return None
             expect = {
                 "delivery_state": PENDING,
@@ -509,10 +514,48 @@ class Ledger:
         """Record this process as a server of the store, tell the others, and return the
         live peers it shares the store with (dead ones found on the way are pruned)."""
         now = self.clock()
+        self._label = label
         record = ServerRecord(self.identity, label, now, now)
         self.backend.write(lambda tx: tx.put_server(record), durable=False)
         self.notify_others()  # their schedulers start watching this process now
         return self.peer_servers()
+
+    def heartbeat(self) -> float:
+        """Renew this server's heartbeat (servers of other hosts judge it alive by it);
+        returns when the next renewal is due (a third of the peer timeout)."""
+        now = self.clock()
+        record = ServerRecord(self.identity, self._label, now, now)
+        self.backend.write(lambda tx: tx.put_server(record), durable=False)
+        return now + self.policy.peer_timeout_seconds / 3
+
+    def refresh_liveness(self) -> float | None:
+        """Re-read the servers' heartbeats: those of other hosts that lapsed count as dead
+        from now on. Returns the earliest time a live remote peer's heartbeat will lapse
+        (when to look again), or None when there is none."""
+        now, timeout = self.clock(), self.policy.peer_timeout_seconds
+        lapsed: set[str] = set()
+        next_lapse: float | None = None
+        for record in self.backend.servers():
+            if record.identity == self.identity:
+                continue
+            if record.heartbeat_lapsed(now, timeout):
+                lapsed.add(record.identity)
+            elif not (record.process and record.process.is_local()):
+                at = record.heartbeat_at + timeout
+                next_lapse = at if next_lapse is None else min(next_lapse, at)
+        newly = lapsed - self._lapsed
+        self._lapsed = frozenset(lapsed)
+        for ident in sorted(newly):
+            log.warning(
+                "server %s stopped renewing its heartbeat (%.0f s); taking over its work",
+                ident,
+                timeout,
+            )
+        return next_lapse
+
+    def is_dead(self, identity: str | None) -> bool:
+        """Provably gone: an exited process of this host, or a lapsed server of another."""
+        return holder_is_dead(identity, self._lapsed)
 
     def unregister_server(self) -> None:
         self.backend.write(lambda tx: tx.delete_server(self.identity), durable=False)
@@ -525,7 +568,14 @@ class Ledger:
         for record in self.backend.servers():
             if record.identity == self.identity:
                 continue
-            (dead if record.is_known_dead() else peers).append(record)
+            if record.is_known_dead():
+                dead.append(record)
+            elif record.identity in self._lapsed:
+                # Kept (it is how its rows are known to be orphaned) until none is left.
+                if record.identity not in self.live_identities():
+                    dead.append(record)
+            else:
+                peers.append(record)
         if dead:
 
             def prune(tx: LedgerTx) -> None:
@@ -592,10 +642,11 @@ class Ledger:
         has an adopter (``set_adopter``): then this process takes the row over and the
         adopter reports its real outcome.
         """
+        self.next_lapse_at = self.refresh_liveness()
         recovered: list[dict[str, Any]] = []
         for state, new_state in ((State.QUEUED, State.INTERRUPTED), (State.RUNNING, State.UNKNOWN)):
             for owner in self.backend.active_owners(state):
-                if owner == self.identity or not holder_is_dead(owner):
+                if owner == self.identity or not self.is_dead(owner):
                     continue
                 for row in self.backend.rows_owned_by(owner, state, _SCAN_LIMIT):
                     adopt = self._adopters.get(row["kind"]) if state == State.RUNNING else None
@@ -628,7 +679,7 @@ class Ledger:
         now = self.clock() if now is None else now
         rows = self.backend.due(now, _SCAN_LIMIT)
         for holder in self.backend.pending_holders():
-            if holder != self.identity and holder_is_dead(holder):
+            if holder != self.identity and self.is_dead(holder):
                 rows.extend(self.backend.rows_held_by(holder, _SCAN_LIMIT))
         return self._take(rows, now, "orphan")
 
@@ -644,4 +695,6 @@ class Ledger:
 
         if not candidates:
             return []
-        return self.backend.write(reoffer_op(candidates, now, reason, policy, identity))
+        return self.backend.write(
+            reoffer_op(candidates, now, reason, policy, identity, self._lapsed)
+        )

@@ -28,9 +28,22 @@ class ServerRecord:
     def process(self) -> ProcessIdentity | None:
         return ProcessIdentity.parse(self.identity)
 
-    def is_known_dead(self) -> bool:
+    def heartbeat_lapsed(self, now: float, timeout: float) -> bool:
+        """True when this server is on another host and has not renewed its heartbeat for
+        ``timeout`` seconds. A server on this host is judged by its pid alone (it can be
+        proved alive or dead here), never by its heartbeat."""
         proc = self.process
-        return proc is not None and proc.is_known_dead()
+        if proc is not None and proc.is_local():
+            return False
+        return self.heartbeat_at + timeout < now
+
+    def is_known_dead(self, now: float | None = None, timeout: float | None = None) -> bool:
+        """Dead by its pid (same host), or, given ``now`` and ``timeout``, by a lapsed
+        heartbeat (another host)."""
+        proc = self.process
+        if proc is not None and proc.is_known_dead():
+            return True
+        return now is not None and timeout is not None and self.heartbeat_lapsed(now, timeout)
 
     def describe(self, now: float | None = None) -> str:
         """``pid 123 on host (api 127.0.0.1:8642), up 5 s`` — for the operator's log."""

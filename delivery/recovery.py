@@ -10,7 +10,7 @@ settles a row.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from delivery.backend import LedgerTx
@@ -83,6 +83,7 @@ def reoffer_op(
     reason: str,
     policy: DeliveryPolicy,
     identity: str,
+    lapsed: Collection[str] = (),
 ) -> Callable[[LedgerTx], list[dict[str, Any]]]:
     """The operation of a restore or orphan re-offer (``reason``) of ``candidates``.
 
@@ -92,14 +93,17 @@ def reoffer_op(
 
     def op(tx: LedgerTx) -> list[dict[str, Any]]:
         offered = []
+        free = tx.lock_free([row["id"] for row in candidates])
         for row in candidates:
+            if row["id"] not in free:
+                continue  # another process is offering or settling it right now
             expect = {
                 "delivery_state": _PENDING,
                 "holder": row["holder"],
                 "due_at": row["due_at"],
                 "claim_token": row["claim_token"],
             }
-            if row["claim_expires_at"] > now and not holder_is_dead(row["holder"]):
+            if row["claim_expires_at"] > now and not holder_is_dead(row["holder"], lapsed):
                 continue  # a live process holds a live claim: it is in flight
             if row["next_attempt_at"] > now:
                 continue  # backing off: offered when its due time comes, not before

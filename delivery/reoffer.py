@@ -70,11 +70,13 @@ class ReofferScheduler:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self.offered = 0
+        self._next_beat: float | None = None  # when to renew this server's heartbeat
 
     def start(self) -> None:
         self._inbox = self.ledger.subscribe()
         try:
             self.peers_at_start = self.ledger.register_server(self._label)
+            self._next_beat = self.ledger.clock() + self.ledger.policy.peer_timeout_seconds / 3
         except LedgerError as exc:
             # Not fatal: rows still name their owners and holders, which are watched too.
             log.warning("could not record this server among the store's servers: %s", exc)
@@ -136,9 +138,17 @@ class ReofferScheduler:
         for event in self.ledger.take_due():
             self._emit(event)
         self._watch_processes()
+        now = self.ledger.clock()
+        if self._next_beat is not None and now >= self._next_beat:
+            self._next_beat = self.ledger.heartbeat()
         next_due = self.ledger.next_due_at()
         now = self.ledger.clock()
         sleep = self._max_sleep if next_due is None else max(next_due - now, 0.0)
+        # Deadlines of liveness, not polls: renew our heartbeat in time, and look again
+        # the moment a remote peer's heartbeat would lapse.
+        for deadline in (self._next_beat, self.ledger.next_lapse_at):
+            if deadline is not None:
+                sleep = min(sleep, max(deadline - now, 0.0) + 0.01)
         sleep = min(sleep, self._max_sleep)
         with self._lock:
             self._target = min(self._target, now + sleep)

@@ -234,6 +234,9 @@ class _SqliteTx:
             values.append(checks[i].value if unwrap else checks[i])
         return self._conn.execute(sql, values).rowcount == 1
 
+    def lock_free(self, row_ids: list[str]) -> set[str]:
+        return set(row_ids)  # BEGIN IMMEDIATE: this transaction is the file's only writer
+
     def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
         self._conn.execute(
             "INSERT INTO delivery_audit (delivery_id, at, action, detail) VALUES (?, ?, ?, ?)",

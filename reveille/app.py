@@ -1,14 +1,15 @@
 """The composition root: the one place that turns settings into a running Reveille.
 
 It builds, in this order, settings -> storage (the ledger file and the session store under
-``REVEILLE_HOME``) -> the delegation runtime of the contract module ``tools.async_delegation``
--> the model provider and the agent with its toolset -> the API server -> the web UI (its own
-turn service for ``Platform.WEBUI``, event log, approvals and delivery target, registered on
-the runner and started with it) -> the gateway runner, and hands each piece down. Nothing
-below ``reveille/`` reads settings: the floors under this one receive what they need from
-here.
+``REVEILLE_HOME``, or both in PostgreSQL when ``REVEILLE_DATABASE_URL`` is set) -> the
+delegation runtime of the contract module ``tools.async_delegation`` -> the model provider
+and the agent with its toolset -> the API server -> the web UI (its own turn service for
+``Platform.WEBUI``, event log, approvals and delivery target, registered on the runner and
+started with it) and Telegram -> the gateway runner, and hands each piece down. Nothing below
+``reveille/`` reads settings: the floors under this one receive what they need from here.
 
-``open_storage(url)`` is the only code that names a concrete storage backend.
+``open_storage(url)`` (and the ``StorageLocation`` it returns) is the only code that names a
+concrete storage backend.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from api.event_log import EventLog
 from api.server import WebUIServer
 from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
+from delivery.backend import LedgerBackend
+from delivery.sqlite_backend import SqliteBackend
 from delivery.sqlite_files import ensure_private_dir
 from gateway.config import Platform
 from gateway.delivery_targets import PushTarget
@@ -49,21 +52,51 @@ __all__ = ["StorageLocation", "build_runner", "build_webui", "check_webui_bind",
 
 @dataclass(frozen=True)
 class StorageLocation:
-    """Where the ledger and the session store live, parsed from a storage url."""
+    """Where the ledger and the session store live, parsed from a storage url: two SQLite
+    files in a state directory, or one PostgreSQL database (``database_url``)."""
 
-    ledger_path: Path
-    sessions_path: Path
+    ledger_path: Path | None
+    sessions_path: Path | None
+    database_url: str | None = None
+
+    def open_ledger_backend(self) -> LedgerBackend:
+        if self.database_url is not None:
+            from delivery.postgres_backend import PostgresBackend
+
+            return PostgresBackend(self.database_url)
+        assert self.ledger_path is not None
+        return SqliteBackend(self.ledger_path)
+
+    def open_session_store(self) -> SessionStore:
+        if self.database_url is not None:
+            from delivery.postgres_sessions import PostgresSessions
+
+            return SessionStore.over(PostgresSessions(self.database_url, migrate=False))
+        assert self.sessions_path is not None
+        return SessionStore(self.sessions_path)
 
 
 def open_storage(url: str) -> StorageLocation:
-    """Resolve a storage url: ``sqlite:///abs/dir`` (the state directory) is the one known today.
+    """Resolve a storage url: ``sqlite:///abs/dir`` (the state directory) or
+    ``postgresql://user:password@host/dbname``.
 
     An unknown scheme is refused with a message that names the accepted ones, so that a
     typo in ``[storage] url`` stops the server at start instead of writing somewhere else.
+    A PostgreSQL url is checked at once: the server is reached and the schema migrated (or
+    refused when newer than this code), so a bad url, a refused connection or wrong
+    credentials stop the start with one clear message (``LedgerUnavailable``).
     """
     parts = urlsplit(url)
+    if parts.scheme in ("postgresql", "postgres"):
+        from delivery.postgres_backend import prepare_database
+
+        prepare_database(url)
+        return StorageLocation(None, None, url)
     if parts.scheme != "sqlite":
-        raise SettingsError(f"storage url {url!r}: unknown scheme; expected sqlite:///<directory>")
+        raise SettingsError(
+            f"storage url {url!r}: unknown scheme; expected sqlite:///<directory> "
+            "or postgresql://user:password@host/dbname"
+        )
     if parts.netloc:
         raise SettingsError(f"storage url {url!r}: a sqlite url has no host (sqlite:///path)")
     home = Path(unquote(parts.path)).expanduser()
@@ -75,6 +108,8 @@ def open_storage(url: str) -> StorageLocation:
 
 
 def storage_url(settings: Settings) -> str:
+    if settings.database_url:
+        return settings.database_url
     return f"sqlite://{settings.home.expanduser().resolve().as_posix()}"
 
 
@@ -103,7 +138,7 @@ def build_runner(
 
     def open_runtime(queue: CompletionQueue) -> Any:
         runtime = ad.configure_runtime(
-            str(storage.ledger_path),
+            backend=storage.open_ledger_backend(),
             policy=settings.delivery_policy,
             completion_queue=queue,
             max_queued=settings.max_queued_delegations,
@@ -147,7 +182,8 @@ def build_runner(
     ) -> list[Surface]:
         surfaces: list[Surface] = []
         if settings.webui_port:
-            server = build_webui(settings, store, model, home=storage.ledger_path.parent)
+            ensure_private_dir(settings.home)  # its event log is local, even with PostgreSQL
+            server = build_webui(settings, store, model, home=settings.home)
             runner.register_target(Platform.WEBUI, server.target)
             surfaces.append(server)
         assert runner.adapter is not None  # built before the surfaces
@@ -159,7 +195,7 @@ def build_runner(
     if settings.webui_port:
         check_webui_bind(settings)
     parts = RunnerParts(
-        open_store=lambda: SessionStore(storage.sessions_path),
+        open_store=storage.open_session_store,
         open_runtime=open_runtime,
         provider=model,
         build_adapter=build_adapter,

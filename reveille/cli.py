@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from reveille import deliveries
+from reveille import db, deliveries
 from reveille.chat import add_chat_parser
 from reveille.serve import add_serve_parser
 from reveille.settings import SettingsError
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_chat_parser(sub)
     deliveries.add_parser(sub)
+    db.add_parser(sub)
     return parser
 
 

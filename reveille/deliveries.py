@@ -129,6 +129,8 @@ def format_row(row: dict[str, Any], history: list[dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     settings = load_settings()
+    if settings.database_url:
+        return _run_postgres(args, settings.database_url, settings.delivery_policy)
     if not settings.ledger_path.exists():
         print(f"no ledger at {settings.ledger_path} yet (REVEILLE_HOME={settings.home})")
         return 0 if args.action == "list" else 1
@@ -141,6 +143,25 @@ def run(args: argparse.Namespace) -> int:
         return _act(ledger, args)
     except (LedgerError, OSError) as exc:
         print(explain(exc, settings.ledger_path), file=sys.stderr)
+        return 1
+    finally:
+        ledger.close()
+
+
+def _run_postgres(args: argparse.Namespace, url: str, policy: Any) -> int:
+    from delivery.postgres_backend import PostgresBackend
+
+    try:
+        # An operator's tool never migrates: a schema it does not know is refused.
+        backend = PostgresBackend(url, writers=1, pool_size=1, migrate=False)
+    except LedgerError as exc:
+        print(f"reveille deliveries: {exc}", file=sys.stderr)
+        return 1
+    ledger = Ledger(backend, policy)
+    try:
+        return _act(ledger, args)
+    except LedgerError as exc:
+        print(f"reveille deliveries: {exc}; nothing was written", file=sys.stderr)
         return 1
     finally:
         ledger.close()

@@ -129,11 +129,16 @@ def run_serve(args: argparse.Namespace) -> int:
         host=getattr(args, "host", None),
         port=getattr(args, "port", None),
     )
+    from delivery.errors import LedgerError
+
     try:
         runner = build_runner(settings)
     except ValueError as exc:
         print(f"reveille serve: {exc}", file=sys.stderr)
         return 2
+    except LedgerError as exc:  # the store cannot be reached or used: one line, no traceback
+        print(f"reveille serve: {exc}", file=sys.stderr)
+        return 1
 
     def announce(started: GatewayRunner) -> None:
         assert started.adapter is not None and started.provider is not None

@@ -66,6 +66,10 @@ class Settings:
     # the web UI: its own port in the same process (0 = off); a password for beyond loopback
     webui_port: int = 8787
     webui_password: str = ""
+    # "" = SQLite under home; postgresql://... = ledger, sessions, idempotency in PostgreSQL
+    database_url: str = ""
+    # a server whose heartbeat is older than this is dead (its work is recovered)
+    peer_timeout_seconds: float = 15.0
 
     @property
     def allowed_origins(self) -> frozenset[str]:
@@ -85,6 +89,7 @@ class Settings:
             lease_seconds=self.lease_seconds,
             max_attempts=self.max_attempts,
             replay_cap_seconds=self.replay_cap_seconds,
+            peer_timeout_seconds=self.peer_timeout_seconds,
         )
 
 
@@ -116,6 +121,8 @@ ENV_NAMES: dict[str, str] = {
     "telegram_edit_interval": "TELEGRAM_EDIT_INTERVAL",
     "webui_port": "REVEILLE_WEBUI_PORT",
     "webui_password": "REVEILLE_WEBUI_PASSWORD",
+    "database_url": "REVEILLE_DATABASE_URL",
+    "peer_timeout_seconds": "REVEILLE_PEER_TIMEOUT_SECONDS",
 }
 
 # TOML sections map onto flat names: [server] host -> host, [shell] enabled -> shell_enabled ...
@@ -146,6 +153,8 @@ _TOML_ALIASES = {
     ("telegram", "edit_interval"): "telegram_edit_interval",
     ("webui", "port"): "webui_port",
     ("webui", "password"): "webui_password",
+    ("storage", "url"): "database_url",
+    ("storage", "peer_timeout_seconds"): "peer_timeout_seconds",
 }
 
 _ORIGIN_RE = re.compile(r"https?://[a-z0-9.\-\[\]:]+")
@@ -202,7 +211,9 @@ def _validate(s: Settings) -> None:
             raise bad(name, "must be at least 1")
     if s.max_queued_delegations < 0:
         raise bad("max_queued_delegations", "must not be negative")
-    for name in ("lease_seconds", "replay_cap_seconds"):
+    if s.database_url and not s.database_url.startswith(("postgresql://", "postgres://")):
+        raise bad("database_url", "expected postgresql://user:password@host/dbname (or unset)")
+    for name in ("lease_seconds", "replay_cap_seconds", "peer_timeout_seconds"):
         if getattr(s, name) <= 0:
             raise bad(name, "must be positive")
     if s.demo_delay_seconds < 0:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from delivery.backend import LedgerBackend
 from delivery.errors import LedgerError, LedgerUnavailable
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
@@ -376,20 +377,26 @@ _runtime_lock = threading.Lock()
 
 
 def open_runtime(
-    path: str,
+    path: str | None = None,
     *,
     policy: DeliveryPolicy | None = None,
     completion_queue: EventQueue | None = None,
     max_queued: int = DEFAULT_MAX_QUEUED,
     clock: Clock = time.time,
+    backend: LedgerBackend | None = None,
 ) -> DelegationRuntime:
-    """A runtime on the SQLite ledger at ``path``, putting on the shared queue by default.
+    """A runtime on the SQLite ledger at ``path`` (or on an opened ``backend``, e.g.
+    PostgreSQL, which the runtime then owns), putting on the shared queue by default.
 
     A building block for runtime factories; it does not make the result the process's one.
     """
+    if (path is None) == (backend is None):
+        raise TypeError("open_runtime needs exactly one of path or backend=")
     if completion_queue is None:
         completion_queue = shared_completion_queue
-    ledger = Ledger(SqliteBackend(path), policy, clock=clock)
+    ledger = Ledger(
+        backend if backend is not None else SqliteBackend(str(path)), policy, clock=clock
+    )
     return DelegationRuntime(ledger, completion_queue, max_queued=max_queued)
 
 
@@ -431,14 +438,16 @@ def runtime_is_open() -> bool:
 
 
 def configure_runtime(
-    path: str,
+    path: str | None = None,
     *,
     policy: DeliveryPolicy | None = None,
     completion_queue: EventQueue | None = None,
     max_queued: int = DEFAULT_MAX_QUEUED,
     clock: Clock = time.time,
+    backend: LedgerBackend | None = None,
 ) -> DelegationRuntime:
-    """Open the runtime on an explicit ledger file (tests, benchmarks, embedding)."""
+    """Open the runtime on an explicit ledger file, or on an opened ``backend`` (tests,
+    benchmarks, embedding, the composition root with PostgreSQL)."""
     global _runtime
     with _runtime_lock:
         if _runtime is not None:
@@ -449,6 +458,7 @@ def configure_runtime(
             completion_queue=completion_queue,
             max_queued=max_queued,
             clock=clock,
+            backend=backend,
         )
         return _runtime
 

@@ -140,12 +140,20 @@ def wait_until(check, timeout: float = 20.0):
     raise AssertionError("condition not met in time")
 
 
-def ledger_rows(home: Path) -> list[dict]:
-    """Every ledger row under ``home``, read through a ledger of this test process."""
+def ledger_rows(home: Path | str) -> list[dict]:
+    """Every ledger row under ``home`` (or in the PostgreSQL database at that url), read
+    through a ledger of this test process."""
+    from delivery.backend import LedgerBackend
     from delivery.ledger import Ledger
     from delivery.sqlite_backend import SqliteBackend
 
-    backend = SqliteBackend(home / "ledger.db")
+    backend: LedgerBackend
+    if isinstance(home, str) and home.startswith("postgresql://"):
+        from delivery.postgres_backend import PostgresBackend
+
+        backend = PostgresBackend(home, migrate=False)
+    else:
+        backend = SqliteBackend(Path(home) / "ledger.db")
     try:
         return Ledger(backend).query(limit=100)
     finally:

@@ -14,10 +14,11 @@ from delivery.identity import ProcessIdentity, current_identity, process_start_t
 from delivery.ledger import Ledger
 from delivery.memory_backend import MemoryBackend
 from delivery.sqlite_backend import SqliteBackend
+from tests.pg_support import fresh_url
 
 T0 = 1_700_000_000.0
 
-BACKENDS = ("sqlite", "memory")
+BACKENDS = ("sqlite", "memory", "postgres")
 
 
 def make_backend(kind: str, directory: Path) -> LedgerBackend:
@@ -25,6 +26,10 @@ def make_backend(kind: str, directory: Path) -> LedgerBackend:
         return SqliteBackend(directory / "ledger.db")
     if kind == "memory":
         return MemoryBackend()
+    if kind == "postgres":
+        from delivery.postgres_backend import PostgresBackend
+
+        return PostgresBackend(fresh_url())
     raise AssertionError(f"unknown backend {kind!r}")
 
 

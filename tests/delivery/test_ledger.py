@@ -739,7 +739,7 @@ class TestLedgerTx:
             await backend.submit_async(lambda tx: tx.insert(_row("a")))
 
     def test_url_and_wakeups_through_the_notifier(self, backend: LedgerBackend) -> None:
-        assert backend.url.startswith(("sqlite:///", "memory://"))
+        assert backend.url.startswith(("sqlite:///", "memory://", "postgresql://"))
         sub = backend.notifier.subscribe()
         assert sub is not None
         try:

@@ -17,7 +17,7 @@ def test_a_sqlite_url_names_the_state_directory(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["postgres://db/reveille", "sqlite://host/var/lib/reveille", "/var/lib", ""]
+    "url", ["mysql://db/reveille", "sqlite://host/var/lib/reveille", "/var/lib", ""]
 )
 def test_a_url_reveille_cannot_open_is_refused_with_its_reason(url: str) -> None:
     with pytest.raises(SettingsError, match="storage url"):

@@ -10,8 +10,9 @@ from delivery.memory_sessions import MemorySessions
 from delivery.session_backend import SessionBackend
 from delivery.sqlite_sessions import SqliteSessions
 from gateway.session import SessionStore
+from tests.pg_support import fresh_url
 
-BACKENDS = ("sqlite", "memory")
+BACKENDS = ("sqlite", "memory", "postgres")
 
 
 def make_backend(kind: str, directory: Path) -> SessionBackend:
@@ -19,6 +20,10 @@ def make_backend(kind: str, directory: Path) -> SessionBackend:
         return SqliteSessions(directory / "sessions.db")
     if kind == "memory":
         return MemorySessions()
+    if kind == "postgres":
+        from delivery.postgres_sessions import PostgresSessions
+
+        return PostgresSessions(fresh_url())
     raise AssertionError(f"unknown backend {kind!r}")
 
 

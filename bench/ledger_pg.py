@@ -1,0 +1,215 @@
+"""PostgreSQL ledger benchmark: several processes on one database at synchronous_commit=on.
+
+Each item goes through the ledger's pipeline: the row written before the work (durable),
+the terminal row with its event (durable), a claim and its acknowledgement (each a
+compare-and-set; not durable: at most a redelivery the sinks absorb). Prints, for one run:
+
+  * throughput: items/s with P processes x T threads issuing items back to back;
+  * latency: p50/p99 enqueue-to-ack at a steady offered rate (open loop: a late item's
+    wait counts), also over P processes;
+  * baseline: the same four writes per item from the same P processes x T threads, each
+    its own autocommit statement and so its own commit (one WAL flush each), no batching.
+
+Usage: python bench/ledger_pg.py [--url postgresql://...] [--procs 4] [--threads 16]
+                                 [--seconds 5] [--rate 1000]
+The url defaults to REVEILLE_TEST_PG_URL; the run gets a fresh schema, dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import secrets
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psycopg
+
+from delivery.ledger import Ledger
+from delivery.postgres_backend import PostgresBackend, prepare_database
+
+EVENT = {"type": "async_delegation", "status": "completed", "summary": "x" * 200}
+
+
+def _schema_url(base: str, schema: str) -> str:
+    sep = "&" if "?" in base else "?"
+    options = f"-csearch_path={schema} -csynchronous_commit=on"
+    return f"{base}{sep}options={quote(options)}"
+
+
+def _item(ledger: Ledger, row_id: str) -> None:
+    ledger.create(row_id, kind="delegation", state="running", session_key="bench")
+    ledger.finish(row_id, expected="running", state="completed", event=EVENT)
+    token = ledger.claim(row_id, "bench")
+    assert token is not None
+    assert ledger.complete(row_id, token)
+
+
+def _baseline_item(conn: psycopg.Connection[Any], row_id: str) -> None:
+    now = time.time()
+    conn.execute(
+        "INSERT INTO deliveries (id, kind, state, delivery_state, session_key, request, owner,"
+        " created_at, updated_at, started_at) VALUES (%s, 'delegation', 'running', 'pending',"
+        " 'bench', '{}', 'me', %s, %s, %s)",
+        (row_id, now, now, now),
+    )
+    conn.execute(
+        "UPDATE deliveries SET state = 'completed', event = %s, request = NULL, updated_at = %s,"
+        " completed_at = %s, replay_from = %s, holder = 'me', due_at = %s"
+        " WHERE id = %s AND state = 'running' AND delivery_state = 'pending'",
+        (json.dumps(EVENT), now, now, now, now + 300, row_id),
+    )
+    token = secrets.token_hex(16)
+    cur = conn.execute(
+        "UPDATE deliveries SET claim_token = %s, claim_consumer = 'bench', claimed_at = %s,"
+        " claim_expires_at = %s, delivery_attempts = delivery_attempts + 1"
+        " WHERE id = %s AND delivery_state = 'pending' AND claim_expires_at <= %s",
+        (token, now, now + 300, row_id, now),
+    )
+    assert cur.rowcount == 1
+    cur = conn.execute(
+        "UPDATE deliveries SET delivery_state = 'delivered', settled_at = %s, due_at = NULL"
+        " WHERE id = %s AND claim_token = %s AND delivery_state = 'pending'",
+        (now, row_id, token),
+    )
+    assert cur.rowcount == 1
+
+
+def _worker(args: tuple[str, str, int, int, float, float, Any]) -> dict[str, Any]:
+    mode, url, proc, threads, seconds, rate, start_at = args
+    lat: list[float] = []
+    done = [0]
+    lock = threading.Lock()
+    writers = int(os.environ.get("BENCH_WRITERS", "1"))
+    ledger = None if mode == "baseline" else Ledger(PostgresBackend(url, writers=writers))
+    conns = (
+        [psycopg.connect(url, autocommit=True) for _ in range(threads)]
+        if mode == "baseline"
+        else []
+    )
+    while time.time() < start_at:
+        time.sleep(0.001)
+    end = start_at + seconds
+
+    def run(t: int) -> None:
+        n = 0
+        interval = threads / rate if mode == "latency" else 0.0
+        next_at = start_at + (t / threads) * interval
+        mine: list[float] = []
+        while True:
+            if mode == "latency":
+                if next_at >= end:
+                    break
+                delay = next_at - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+                t0 = next_at
+                next_at += interval
+            else:
+                t0 = time.time()
+                if t0 >= end:
+                    break
+            row_id = f"{mode[0]}{proc}-t{t}-{n}"
+            n += 1
+            if mode == "baseline":
+                _baseline_item(conns[t], row_id)
+            else:
+                assert ledger is not None
+                _item(ledger, row_id)
+            mine.append(time.time() - t0)
+        with lock:
+            lat.extend(mine)
+            done[0] += n
+
+    ts = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    finished = time.time()
+    stats = ledger.backend.stats() if ledger is not None else {}
+    if ledger is not None:
+        ledger.close()
+    for c in conns:
+        c.close()
+    return {"items": done[0], "lat": lat, "elapsed": finished - start_at, "stats": stats}
+
+
+def _run(mode: str, url: str, procs: int, threads: int, seconds: float, rate: float) -> dict:
+    start_at = time.time() + 1.5  # every process connected before the clock starts
+    per_proc_rate = rate / procs
+    with mp.get_context("spawn").Pool(procs) as pool:
+        results = pool.map(
+            _worker,
+            [(mode, url, p, threads, seconds, per_proc_rate, start_at) for p in range(procs)],
+        )
+    items = sum(r["items"] for r in results)
+    elapsed = max(r["elapsed"] for r in results)
+    lat = sorted(x for r in results for x in r["lat"])
+    commits = sum(r["stats"].get("commits", 0) for r in results)
+    return {
+        "items_per_s": items / elapsed,
+        "items": items,
+        "p50_ms": statistics.median(lat) * 1000 if lat else float("nan"),
+        "p99_ms": lat[int(len(lat) * 0.99) - 1] * 1000 if lat else float("nan"),
+        "ops_per_commit": (items * 4 / commits) if commits else 1.0,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--url", default=os.environ.get("REVEILLE_TEST_PG_URL", ""))
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rate", type=float, default=1000.0)
+    args = ap.parse_args()
+    if not args.url:
+        print("bench/ledger_pg.py: give --url or set REVEILLE_TEST_PG_URL", file=sys.stderr)
+        return 2
+    schema = f"bench_{secrets.token_hex(4)}"
+    with psycopg.connect(args.url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        sc = conn.execute("SHOW synchronous_commit").fetchone()
+    url = _schema_url(args.url, schema)
+    try:
+        prepare_database(url)
+        print(
+            f"PostgreSQL ledger, {args.procs} processes x {args.threads} threads, "
+            f"synchronous_commit=on (server default {sc[0] if sc else '?'}), "
+            f"{args.seconds:.0f} s per mode"
+        )
+        tp = _run("throughput", url, args.procs, args.threads, args.seconds, args.rate)
+        print(
+            f"  pipeline   {tp['items_per_s']:8.0f} items/s  (4 writes each, "
+            f"{tp['ops_per_commit']:.1f} ops per commit)  p50 {tp['p50_ms']:.1f} ms  "
+            f"p99 {tp['p99_ms']:.1f} ms"
+        )
+        lt = _run("latency", url, args.procs, args.threads, args.seconds, args.rate)
+        print(
+            f"  offered {args.rate:.0f}/s  {lt['items_per_s']:8.0f} items/s  "
+            f"enqueue-to-ack p50 {lt['p50_ms']:.1f} ms  p99 {lt['p99_ms']:.1f} ms"
+        )
+        bl = _run("baseline", url, args.procs, args.threads, args.seconds, args.rate)
+        print(
+            f"  baseline   {bl['items_per_s']:8.0f} items/s  (one commit per write)  "
+            f"p50 {bl['p50_ms']:.1f} ms  p99 {bl['p99_ms']:.1f} ms"
+        )
+        print(f"  ratio      {tp['items_per_s'] / bl['items_per_s']:.1f}x")
+    finally:
+        with psycopg.connect(args.url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

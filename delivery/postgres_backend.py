@@ -1,0 +1,562 @@
+"""The PostgreSQL ledger: one store for several ``reveille serve`` processes on several hosts.
+
+The same ``LedgerTx`` primitives as SQLite (compare-and-set updates whose ``WHERE`` carries
+the expected values: a stale claim's token matches 0 rows), so every rule of
+``delivery.ledger`` holds unchanged. Writes are queued to a few writer threads, each with
+its own connection; a writer takes every operation waiting and runs them in one
+transaction (group commit), so concurrent operations share one WAL flush. An operation that
+raises fails alone: the batch is rolled back and run again with a savepoint around each
+operation. With one writer (the default) operations commit in the order they were submitted,
+as with SQLite, so a caller may queue a creation and its finish without waiting between;
+more writers trade that order for parallel batches. Operations whose loss can only cause a
+redelivery (``durable=False``) commit with ``synchronous_commit = off`` when a batch holds
+nothing else. Coroutines await their write on the loop without any I/O on the loop thread.
+Reads come from a connection pool.
+
+Wake-ups go through ``LISTEN/NOTIFY`` (``delivery.postgres_notifier``); the schema is built
+by versioned migrations (``delivery.postgres_migrations``) applied under an advisory lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+
+from delivery import postgres_sql as sql
+from delivery.backend import (
+    COLUMNS,
+    JSON_COLUMNS,
+    AtMost,
+    Below,
+    Increment,
+    IsSet,
+    LedgerTx,
+    check_columns,
+)
+from delivery.errors import DuplicateDeliveryError, LedgerUnavailable
+from delivery.peers import ServerRecord
+from delivery.postgres_conn import PostgresUnavailable, check_url, connect, explain, redact
+from delivery.postgres_migrations import migrate
+from delivery.postgres_notifier import PostgresNotifier, channel_for
+from delivery.sqlite_writer import Outcome, Waiter, _LoopWaiter, _resolve, _still_wanted
+from delivery.write_future import WriteFuture
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+_PREDICATES: dict[type, str] = {
+    type(None): "IS NULL",
+    AtMost: "<= %s",
+    Below: "< %s",
+    IsSet: "IS NOT NULL",
+}
+_BEGIN_RELAXED = "BEGIN; SET LOCAL synchronous_commit = off"
+_RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def _decode(row: tuple[Any, ...] | None, columns: tuple[str, ...] = COLUMNS) -> dict[str, Any]:
+    assert row is not None
+    out = dict(zip(columns, row, strict=True))
+    for col in JSON_COLUMNS.intersection(out):
+        if out[col] is not None:
+            out[col] = json.loads(out[col])
+    return out
+
+
+class _PgTx:
+    """The ``LedgerTx`` of the operations of one batch, on a writer's connection."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+        self._cur = conn.cursor()
+        self.dirty = False  # changed something since the last ``mark``
+        self._select_sql: dict[tuple[str, ...], str] = {}
+        self._insert_sql: dict[tuple[str, ...], str] = {}
+        self._update_sql: dict[tuple, str] = {}
+
+    def _exec(self, query: str, params: Iterable[Any] = ()) -> psycopg.Cursor[Any]:
+        return self._cur.execute(query, list(params), prepare=True)
+
+    def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
+        cols = columns or COLUMNS
+        query = self._select_sql.get(cols)
+        if query is None:
+            check_columns(cols)
+            query = self._select_sql[cols] = (
+                f"SELECT {', '.join(cols)} FROM deliveries WHERE id = %s"
+            )
+        found = self._exec(query, (row_id,)).fetchone()
+        return None if found is None else _decode(found, cols)
+
+    def insert(self, row: dict[str, Any]) -> None:
+        cols = tuple(row)
+        query = self._insert_sql.get(cols)
+        if query is None:
+            check_columns(cols)
+            query = self._insert_sql[cols] = (
+                f"INSERT INTO deliveries ({', '.join(cols)}) "
+                f"VALUES ({', '.join(['%s'] * len(cols))}) ON CONFLICT (id) DO NOTHING"
+            )
+        params = [
+            _dump(row[c]) if c in JSON_COLUMNS and row[c] is not None else row[c] for c in cols
+        ]
+        if self._exec(query, params).rowcount != 1:
+            raise DuplicateDeliveryError(f"a ledger row with id {row['id']!r} exists")
+        self.dirty = True
+
+    def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
+        key = (
+            tuple(changes),
+            tuple(type(v) for v in changes.values()),
+            tuple(expect),
+            tuple(type(v) for v in expect.values()),
+        )
+        query = self._update_sql.get(key)
+        if query is None:
+            check_columns(changes)
+            check_columns(expect)
+            sets = [
+                f"{c} = {c} + %s" if type(v) is Increment else f"{c} = %s"
+                for c, v in changes.items()
+            ]
+            query = f"UPDATE deliveries SET {', '.join(sets)} WHERE id = %s"
+            for c, v in expect.items():
+                query += f" AND {c} {_PREDICATES.get(type(v), '= %s')}"
+            self._update_sql[key] = query
+        params: list[Any] = []
+        for c, v in changes.items():
+            if type(v) is Increment:
+                params.append(v.by)
+            elif c in JSON_COLUMNS and v is not None:
+                params.append(_dump(v))
+            else:
+                params.append(v)
+        params.append(row_id)
+        for v in expect.values():
+            kind = type(v)
+            if kind is AtMost or kind is Below:
+                params.append(v.value)
+            elif v is not None and kind is not IsSet:
+                params.append(v)
+        changed = self._exec(query, params).rowcount == 1
+        self.dirty = self.dirty or changed
+        return changed
+
+    def lock_free(self, row_ids: list[str]) -> set[str]:
+        if not row_ids:
+            return set()
+        return {r[0] for r in self._exec(sql.LEDGER_LOCK_SKIP_LOCKED, (row_ids,)).fetchall()}
+
+    def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
+        self._exec(sql.LEDGER_INSERT_AUDIT, (row_id, at, action, detail))
+        self.dirty = True
+
+    def put_server(self, record: ServerRecord) -> None:
+        self._exec(
+            sql.SERVERS_PUT,
+            (record.identity, record.label, record.started_at, record.heartbeat_at),
+        )
+        self.dirty = True
+
+    def delete_server(self, identity: str) -> bool:
+        gone = self._exec(sql.SERVERS_DELETE, (identity,)).rowcount == 1
+        self.dirty = self.dirty or gone
+        return gone
+
+
+def _schema_of(conn: psycopg.Connection[Any]) -> str:
+    row = conn.execute("SELECT current_schema()").fetchone()
+    if row is None or row[0] is None:
+        raise PostgresUnavailable(
+            "the PostgreSQL search_path names no schema this role can use; set one"
+        )
+    return str(row[0])
+
+
+def prepare_database(url: str) -> str:
+    """Apply pending migrations (under the advisory lock); returns the store's schema."""
+    conn = connect(url)
+    try:
+        migrate(conn)
+        return _schema_of(conn)
+    except psycopg.Error as exc:
+        raise explain(exc, url) from None
+    finally:
+        conn.close()
+
+
+class PostgresBackend:
+    """``LedgerBackend`` on a PostgreSQL database (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        writers: int = 1,
+        max_batch: int = 512,
+        pool_size: int = 4,
+        migrate: bool = True,
+    ) -> None:
+        check_url(url)
+        self._url = url
+        schema = prepare_database(url) if migrate else self._schema_only(url)
+        self.schema = schema
+        self._max_batch = max_batch
+        self._closed = False
+        self.commits = self.durable_commits = self.operations = 0
+        self._pending: collections.deque[tuple[Any, Waiter, bool]] = collections.deque()
+        self._cv = threading.Condition()
+        try:
+            self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+                url,
+                min_size=1,
+                max_size=max(pool_size, 1),
+                kwargs={"autocommit": True},
+                open=True,
+                timeout=30,
+                name="reveille-ledger",
+            )
+            self._pool.wait(timeout=15)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise explain(exc, url) from None
+        self._notifier = PostgresNotifier(url, channel_for(schema), self._pool)
+        self._slots = [_Slot(connect(url)) for _ in range(max(writers, 1))]
+        self._threads = [
+            threading.Thread(target=self._writer, args=(slot,), name=f"pg-writer-{i}", daemon=True)
+            for i, slot in enumerate(self._slots)
+        ]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _schema_only(url: str) -> str:
+        conn = connect(url)
+        try:
+            migrate(conn, check_only=True)
+            return _schema_of(conn)
+        finally:
+            conn.close()
+
+    @property
+    def url(self) -> str:
+        return redact(self._url)
+
+    @property
+    def notifier(self) -> PostgresNotifier:
+        return self._notifier
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def _enqueue(self, item: tuple[Any, Waiter, bool]) -> None:
+        with self._cv:
+            if self._closed:
+                raise LedgerUnavailable(f"the ledger {self.url} is closed")
+            self._pending.append(item)
+            self._cv.notify_all()
+
+    def submit(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> WriteFuture[T]:
+        """Queue ``op``; a thread (never an event loop) that finds nothing waiting and a
+        writer idle commits it itself, at once: a lone writer pays no hand-off to the writer
+        thread and back. Nothing queued is ever overtaken."""
+        fut: WriteFuture[T] = WriteFuture()
+        item = (op, fut, durable)
+        slot = self._take_inline() if asyncio._get_running_loop() is None else None
+        if slot is None:
+            self._enqueue(item)
+            return fut
+        try:
+            self._commit(slot, [item])
+        except Exception:
+            log.exception("ledger write failed")
+            if slot.conn.closed or slot.conn.broken:
+                self._reconnect(slot)
+        finally:
+            with self._cv:
+                slot.busy = False
+                if self._pending or self._closed:
+                    self._cv.notify_all()
+        return fut
+
+    def _take_inline(self) -> _Slot | None:
+        with self._cv:
+            if self._pending or self._closed:
+                return None
+            for slot in self._slots:
+                if not slot.busy:
+                    slot.busy = True
+                    return slot
+        return None
+
+    def submit_async(
+        self, op: Callable[[LedgerTx], T], *, durable: bool = True
+    ) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._enqueue((op, _LoopWaiter(loop, fut), durable))
+        return fut
+
+    def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> T:
+        return self.submit(op, durable=durable).result()
+
+    def _writer(self, slot: _Slot) -> None:
+        while True:
+            with self._cv:
+                while slot.busy or (not self._pending and not self._closed):
+                    self._cv.wait()
+                if not self._pending:
+                    break
+                n = min(len(self._pending), self._max_batch)
+                batch = [self._pending.popleft() for _ in range(n)]
+                slot.busy = True
+            try:
+                self._commit(slot, batch)
+            except Exception:
+                log.exception("ledger writer failed")
+                if slot.conn.closed or slot.conn.broken:
+                    self._reconnect(slot)
+            finally:
+                with self._cv:
+                    slot.busy = False
+                    if self._pending:
+                        self._cv.notify_all()
+        with contextlib.suppress(Exception):
+            slot.conn.close()
+
+    def _reconnect(self, slot: _Slot) -> None:
+        with contextlib.suppress(Exception):
+            slot.conn.close()
+        while True:
+            try:
+                slot.reset(connect(self._url))
+                return
+            except PostgresUnavailable as exc:
+                if self._closed:
+                    raise
+                log.warning("ledger writer reconnecting: %s", exc)
+                threading.Event().wait(1.0)
+
+    def _commit(self, slot: _Slot, batch: list[tuple[Any, Waiter, bool]]) -> None:
+        conn, tx = slot.conn, slot.tx
+        live = [(op, waiter) for op, waiter, _ in batch if _still_wanted(waiter)]
+        if not live:
+            return
+        durable = any(d for _, w, d in batch if _still_wanted(w))
+        outcomes: list[Outcome] | None = None
+        err: Exception | None = None
+        isolate = False
+        for attempt in range(6):
+            try:
+                outcomes = self._run(conn, tx, live, durable, isolate=isolate)
+                if outcomes is None:  # an operation raised after writing: isolate each
+                    isolate = True
+                    continue
+                break
+            except _RETRYABLE as exc:  # two processes' batches crossed: run again
+                err = exc
+                log.info("ledger batch retried after %s (attempt %d)", type(exc).__name__, attempt)
+            except psycopg.Error as exc:
+                err = exc
+                if conn.broken or conn.closed:
+                    break
+                isolate = True  # a statement failed: find the operation it belongs to
+        if outcomes is None:
+            unavailable = LedgerUnavailable(
+                f"write to the ledger {self.url} failed, nothing was written: "
+                f"{' '.join(str(err).split())}"
+            )
+            _resolve([(waiter, False, unavailable) for _, waiter in live])
+            if conn.broken or conn.closed:
+                raise PostgresUnavailable("the writer's connection broke")
+            return
+        self.commits += 1
+        self.durable_commits += durable
+        self.operations += len(live)
+        _resolve(outcomes)
+
+    @staticmethod
+    def _run(
+        conn: psycopg.Connection[Any],
+        tx: _PgTx,
+        live: list[tuple[Any, Waiter]],
+        durable: bool,
+        *,
+        isolate: bool,
+    ) -> list[Outcome] | None:
+        outcomes: list[Outcome] = []
+        # One round trip opens the transaction (and relaxes the commit when it may).
+        conn.execute(_BEGIN_RELAXED if not durable else "BEGIN")
+        try:
+            for op, waiter in live:
+                tx.dirty = False
+                if isolate:
+                    outcomes.append(_run_in_savepoint(conn, tx, op, waiter))
+                    continue
+                try:
+                    result = op(tx)
+                except psycopg.Error:
+                    raise
+                except Exception as exc:  # the operation fails alone
+                    if tx.dirty:
+                        conn.execute("ROLLBACK")
+                        return None
+                    outcomes.append((waiter, False, exc))
+                else:
+                    outcomes.append((waiter, True, result))
+            conn.execute("COMMIT")
+        except BaseException:
+            if not (conn.broken or conn.closed):
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        return outcomes
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def _fetch(self, query: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        if self._closed:
+            raise LedgerUnavailable(f"the ledger {self.url} is closed")
+        params = list(params)
+        for attempt in (1, 2):
+            try:
+                with self._pool.connection() as conn:
+                    return conn.execute(query, params, prepare=True).fetchall()
+            except psycopg.OperationalError as exc:
+                # A pooled connection the server dropped (a restart, a failover): the pool
+                # discards it; a read is safe to run once more on a fresh one.
+                if attempt == 2:
+                    raise LedgerUnavailable(
+                        f"ledger read failed: {explain(exc, self._url)}"
+                    ) from exc
+            except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+                raise LedgerUnavailable(f"ledger read failed: {explain(exc, self._url)}") from exc
+        raise AssertionError("unreachable")
+
+    def _rows(self, query: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        return [_decode(r) for r in self._fetch(query, params)]
+
+    def _scalars(self, query: str, params: Iterable[Any] = ()) -> list[Any]:
+        return [r[0] for r in self._fetch(query, params)]
+
+    def get(self, row_id: str) -> dict[str, Any] | None:
+        rows = self._rows(sql.LEDGER_GET, (row_id,))
+        return rows[0] if rows else None
+
+    def query(
+        self,
+        *,
+        state: str | None = None,
+        delivery_state: str | None = None,
+        session: str | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        oldest_first: bool = False,
+    ) -> list[dict[str, Any]]:
+        where: list[str] = []
+        params: list[Any] = []
+        for col, value in (("state", state), ("delivery_state", delivery_state), ("kind", kind)):
+            if value is not None:
+                where.append(f"{col} = %s")
+                params.append(value)
+        if session is not None:
+            where.append(
+                "(session_key = %s OR origin_session_id = %s OR origin_ui_session_id = %s)"
+            )
+            params.extend([session] * 3)
+        query = sql.LEDGER_SELECT
+        if where:
+            query += " WHERE " + " AND ".join(where)
+        query += f" ORDER BY seq {'ASC' if oldest_first else 'DESC'} LIMIT %s"
+        params.append(max(int(limit), 0))
+        return self._rows(query, params)
+
+    def pending_with_event(self, limit: int) -> list[dict[str, Any]]:
+        return self._rows(sql.LEDGER_PENDING_WITH_EVENT, (int(limit),))
+
+    def due(self, now: float, limit: int) -> list[dict[str, Any]]:
+        return self._rows(sql.LEDGER_DUE, (now, int(limit)))
+
+    def next_due_at(self) -> float | None:
+        found = self._scalars(sql.LEDGER_NEXT_DUE)
+        return found[0] if found else None
+
+    def pending_holders(self) -> list[str]:
+        return self._scalars(sql.LEDGER_PENDING_HOLDERS)
+
+    def active_owners(self, state: str) -> list[str]:
+        return self._scalars(sql.LEDGER_ACTIVE_OWNERS, (state,))
+
+    def rows_held_by(self, holder: str, limit: int) -> list[dict[str, Any]]:
+        return self._rows(sql.LEDGER_HELD_BY, (holder, int(limit)))
+
+    def rows_owned_by(self, owner: str, state: str, limit: int) -> list[dict[str, Any]]:
+        return self._rows(sql.LEDGER_OWNED_BY, (state, owner, int(limit)))
+
+    def audit_log(self, row_id: str) -> list[dict[str, Any]]:
+        return [
+            {"at": at, "action": a, "detail": d}
+            for at, a, d in self._fetch(sql.LEDGER_AUDIT, (row_id,))
+        ]
+
+    def servers(self) -> list[ServerRecord]:
+        return [ServerRecord(*row) for row in self._fetch(sql.SERVERS_SELECT)]
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "commits": self.commits,
+            "durable_commits": self.durable_commits,
+            "operations": self.operations,
+        }
+
+    def close(self) -> None:
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join(timeout=10)
+        self._notifier.close()
+        self._pool.close()
+
+
+class _Slot:
+    """A writer's connection, its ``LedgerTx`` and whether a batch is running on it."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.busy = False
+        self.reset(conn)
+
+    def reset(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.tx = _PgTx(conn)
+
+
+def _run_in_savepoint(conn: psycopg.Connection[Any], tx: _PgTx, op: Any, waiter: Waiter) -> Outcome:
+    conn.execute("SAVEPOINT op")
+    try:
+        result = op(tx)
+    except _RETRYABLE:
+        raise
+    except Exception as exc:
+        if isinstance(exc, psycopg.Error) and (conn.broken or conn.closed):
+            raise
+        conn.execute("ROLLBACK TO SAVEPOINT op")
+        conn.execute("RELEASE SAVEPOINT op")
+        if isinstance(exc, psycopg.Error):
+            exc = LedgerUnavailable(f"ledger write failed: {exc}")
+        return waiter, False, exc
+    conn.execute("RELEASE SAVEPOINT op")
+    return waiter, True, result

@@ -1,0 +1,217 @@
+"""Versioned schema migrations of the PostgreSQL store, applied at start under an advisory lock.
+
+``MIGRATIONS`` is the ordered list of (version, description, SQL). ``migrate(conn)`` takes
+``pg_advisory_lock`` on a key derived from the schema the connection writes to, so several
+processes starting at once apply each migration once: the first applies, the others wait
+and then find nothing to do. A database whose recorded version is newer than the newest one
+this code knows is refused (``SchemaTooNew``) without being touched: an older build must not
+write into a schema it does not understand.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from delivery.errors import LedgerError
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SchemaTooNew", "migrate", "status"]
+
+
+class SchemaTooNew(LedgerError):
+    """The database was migrated by a newer Reveille than this one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    description: str
+    sql: str
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "ledger: deliveries, audit, servers",
+        """
+CREATE TABLE deliveries (
+    seq BIGSERIAL NOT NULL UNIQUE,
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    state TEXT NOT NULL,
+    delivery_state TEXT NOT NULL,
+    session_key TEXT,
+    origin_session_id TEXT,
+    origin_ui_session_id TEXT,
+    goal TEXT,
+    request TEXT,
+    event TEXT,
+    owner TEXT,
+    holder TEXT,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    started_at DOUBLE PRECISION,
+    completed_at DOUBLE PRECISION,
+    claim_token TEXT,
+    claim_consumer TEXT,
+    claimed_at DOUBLE PRECISION,
+    claim_expires_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    delivery_attempts INTEGER NOT NULL DEFAULT 0,
+    refunds INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    due_at DOUBLE PRECISION,
+    settled_at DOUBLE PRECISION,
+    settled_reason TEXT,
+    replay_from DOUBLE PRECISION,
+    restored INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX ix_pending_due ON deliveries (due_at) WHERE delivery_state = 'pending';
+CREATE INDEX ix_pending_completed ON deliveries (completed_at) WHERE delivery_state = 'pending';
+CREATE INDEX ix_pending_holder ON deliveries (holder) WHERE delivery_state = 'pending';
+CREATE INDEX ix_state_owner ON deliveries (state, owner);
+CREATE INDEX ix_session_key ON deliveries (session_key);
+CREATE INDEX ix_origin_session ON deliveries (origin_session_id);
+CREATE INDEX ix_origin_ui_session ON deliveries (origin_ui_session_id);
+CREATE TABLE delivery_audit (
+    seq BIGSERIAL PRIMARY KEY,
+    delivery_id TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    action TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX ix_audit_delivery ON delivery_audit (delivery_id, seq);
+CREATE TABLE servers (
+    identity TEXT PRIMARY KEY,
+    label TEXT NOT NULL,
+    started_at DOUBLE PRECISION NOT NULL,
+    heartbeat_at DOUBLE PRECISION NOT NULL
+);
+""",
+    ),
+    Migration(
+        2,
+        "sessions: sessions, messages, idempotency, tombstones",
+        """
+CREATE TABLE sessions (
+    id TEXT PRIMARY KEY,
+    source TEXT,
+    session_key TEXT,
+    title TEXT,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+-- a sequence never hands out an id twice: clients page transcripts with after_id
+CREATE TABLE messages (
+    id BIGSERIAL PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    display_kind TEXT,
+    display_metadata TEXT,
+    dedupe_key TEXT,
+    folded_at DOUBLE PRECISION,
+    UNIQUE (session_id, dedupe_key)
+);
+CREATE INDEX idx_messages_session ON messages (session_id, id);
+CREATE INDEX idx_messages_unfolded ON messages (session_id)
+    WHERE display_kind IS NOT NULL AND folded_at IS NULL;
+CREATE INDEX idx_sessions_updated ON sessions (updated_at);
+CREATE INDEX idx_sessions_key ON sessions (session_key);
+CREATE TABLE idempotency (
+    key TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    owner TEXT,
+    session_id TEXT,
+    response TEXT,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE tombstones (
+    id TEXT PRIMARY KEY,
+    deleted_at DOUBLE PRECISION NOT NULL
+);
+""",
+    ),
+)
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+_VERSIONS = """
+CREATE TABLE IF NOT EXISTS reveille_schema (
+    version INTEGER PRIMARY KEY,
+    description TEXT NOT NULL,
+    applied_at DOUBLE PRECISION NOT NULL
+)
+"""
+# One lock per schema: stores in different schemas of one database migrate independently.
+_LOCK = "SELECT pg_advisory_lock(hashtext('reveille.migrate.' || current_schema()))"
+_UNLOCK = "SELECT pg_advisory_unlock(hashtext('reveille.migrate.' || current_schema()))"
+
+
+def _current(conn: Any) -> int:
+    found = conn.execute(
+        "SELECT to_regclass(current_schema() || '.reveille_schema') IS NOT NULL"
+    ).fetchone()
+    if not found or not found[0]:
+        return 0
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM reveille_schema").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _too_new(version: int) -> SchemaTooNew:
+    return SchemaTooNew(
+        f"the database schema is at version {version}, newer than this Reveille knows "
+        f"(version {SCHEMA_VERSION}); upgrade Reveille before pointing it at this database. "
+        "Nothing was written."
+    )
+
+
+def status(conn: Any) -> dict[str, Any]:
+    """``current``, ``latest`` and the ``pending`` migrations (version, description)."""
+    current = _current(conn)
+    return {
+        "current": current,
+        "latest": SCHEMA_VERSION,
+        "pending": [(m.version, m.description) for m in MIGRATIONS if m.version > current],
+        "too_new": current > SCHEMA_VERSION,
+    }
+
+
+def migrate(conn: Any, *, check_only: bool = False) -> list[int]:
+    """Bring the schema up to date on ``conn`` (an autocommit connection); returns the
+    versions applied here (empty when another process had applied them already).
+
+    ``check_only`` refuses a schema that is too new or not yet migrated without writing.
+    """
+    if check_only:
+        current = _current(conn)
+        if current > SCHEMA_VERSION:
+            raise _too_new(current)
+        if current < SCHEMA_VERSION:
+            raise LedgerError(
+                f"the database schema is at version {current}, this Reveille needs "
+                f"{SCHEMA_VERSION}: run `reveille db migrate`"
+            )
+        return []
+    applied: list[int] = []
+    conn.execute(_LOCK)
+    try:
+        current = _current(conn)
+        if current > SCHEMA_VERSION:
+            raise _too_new(current)
+        for migration in MIGRATIONS:
+            if migration.version <= current:
+                continue
+            with conn.transaction():
+                conn.execute(_VERSIONS)
+                conn.execute(migration.sql)
+                conn.execute(
+                    "INSERT INTO reveille_schema (version, description, applied_at)"
+                    " VALUES (%s, %s, %s)",
+                    (migration.version, migration.description, time.time()),
+                )
+            applied.append(migration.version)
+    finally:
+        conn.execute(_UNLOCK)
+    return applied

@@ -1,0 +1,115 @@
+"""The SQL of the PostgreSQL backends (ledger and session store), named.
+
+Kept apart from the backends so the statements read as one list. Names are unqualified:
+every table lives in the connection's ``search_path`` schema (``public`` by default; the
+tests give each store a schema of its own). The schema itself is built by the versioned
+migrations in ``delivery.postgres_migrations``.
+"""
+
+from __future__ import annotations
+
+from delivery.backend import COLUMNS
+
+# -- the ledger ------------------------------------------------------------------------------
+
+LEDGER_SELECT = f"SELECT {', '.join(COLUMNS)} FROM deliveries"
+LEDGER_GET = f"{LEDGER_SELECT} WHERE id = %s"
+LEDGER_PENDING_WITH_EVENT = (
+    f"{LEDGER_SELECT} WHERE delivery_state = 'pending' AND completed_at IS NOT NULL"
+    " AND event IS NOT NULL ORDER BY completed_at, id LIMIT %s"
+)
+LEDGER_DUE = (
+    f"{LEDGER_SELECT} WHERE delivery_state = 'pending' AND due_at <= %s ORDER BY due_at LIMIT %s"
+)
+LEDGER_NEXT_DUE = "SELECT min(due_at) FROM deliveries WHERE delivery_state = 'pending'"
+LEDGER_PENDING_HOLDERS = (
+    "SELECT DISTINCT holder FROM deliveries WHERE delivery_state = 'pending' AND holder IS NOT NULL"
+)
+LEDGER_ACTIVE_OWNERS = (
+    "SELECT DISTINCT owner FROM deliveries WHERE state = %s AND owner IS NOT NULL"
+)
+LEDGER_HELD_BY = f"{LEDGER_SELECT} WHERE delivery_state = 'pending' AND holder = %s LIMIT %s"
+LEDGER_OWNED_BY = f"{LEDGER_SELECT} WHERE state = %s AND owner = %s LIMIT %s"
+LEDGER_AUDIT = "SELECT at, action, detail FROM delivery_audit WHERE delivery_id = %s ORDER BY seq"
+LEDGER_INSERT_AUDIT = (
+    "INSERT INTO delivery_audit (delivery_id, at, action, detail) VALUES (%s, %s, %s, %s)"
+)
+# Rows a re-offer scan picks: rows another process is offering right now are skipped, not
+# waited for (their compare-and-set would fail anyway once that process commits).
+LEDGER_LOCK_SKIP_LOCKED = (
+    "SELECT id FROM deliveries WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED"
+)
+SERVERS_SELECT = (
+    "SELECT identity, label, started_at, heartbeat_at FROM servers ORDER BY started_at, identity"
+)
+SERVERS_PUT = (
+    "INSERT INTO servers (identity, label, started_at, heartbeat_at) VALUES (%s, %s, %s, %s)"
+    " ON CONFLICT (identity) DO UPDATE SET label = excluded.label,"
+    " heartbeat_at = excluded.heartbeat_at"
+)
+SERVERS_DELETE = "DELETE FROM servers WHERE identity = %s"
+
+# -- the session store --------------------------------------------------------------------------
+
+_MSG = "id, role, content, created_at, display_kind, display_metadata, folded_at"
+_SES = "id, source, session_key, title, created_at, updated_at"
+_IDEM = "key, state, owner, session_id, response, created_at, updated_at"
+_MSG_VALUES = "(%s, %s, %s, %s, %s, %s, %s)"
+
+# Every write of one session (or one idempotency key) first takes this transaction lock, so
+# a delete, a creation and a fold of the same id never interleave, across processes too.
+SQL_LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtext(%s))"
+SQL_SESSION = f"SELECT {_SES} FROM sessions WHERE id = %s"
+SQL_SESSION_EXISTS = "SELECT 1 FROM sessions WHERE id = %s"
+SQL_TOMBSTONED = "SELECT 1 FROM tombstones WHERE id = %s"
+SQL_INSERT_SESSION = (
+    f"INSERT INTO sessions ({_SES}) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING"
+)
+SQL_LIST_SESSIONS = (
+    f"SELECT {_SES} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT %s OFFSET %s"
+)
+SQL_SESSION_BY_KEY = (
+    f"SELECT {_SES} FROM sessions WHERE session_key = %s ORDER BY updated_at DESC, id ASC LIMIT 1"
+)
+SQL_SESSIONS_BY_PREFIX = (
+    "SELECT id FROM sessions WHERE id = %s OR (id > %s AND id < %s)"
+    " ORDER BY created_at, id LIMIT %s"
+)
+SQL_TOUCH_SESSION = "UPDATE sessions SET updated_at = %s WHERE id = %s"
+SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = %s"
+SQL_TOMBSTONE = (
+    "INSERT INTO tombstones (id, deleted_at) VALUES (%s, %s)"
+    " ON CONFLICT (id) DO UPDATE SET deleted_at = excluded.deleted_at"
+)
+SQL_UNTOMBSTONE = "DELETE FROM tombstones WHERE id = %s"
+SQL_INSERT_MESSAGE = (
+    "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
+    f" display_metadata, dedupe_key) VALUES {_MSG_VALUES}"
+    f" ON CONFLICT (session_id, dedupe_key) DO NOTHING RETURNING {_MSG}"
+)
+SQL_MESSAGE_BY_DEDUPE = f"SELECT {_MSG} FROM messages WHERE session_id = %s AND dedupe_key = %s"
+SQL_MESSAGES_AFTER = (
+    f"SELECT {_MSG} FROM messages WHERE session_id = %s AND id > %s ORDER BY id LIMIT %s"
+)
+SQL_TRANSCRIPT = f"SELECT {_MSG} FROM messages WHERE session_id = %s ORDER BY id"
+SQL_FOLD = (
+    "UPDATE messages SET folded_at = %s WHERE session_id = %s AND display_kind IS NOT NULL"
+    f" AND folded_at IS NULL AND id <= %s RETURNING {_MSG}"
+)
+SQL_FOLD_ALL = (
+    "UPDATE messages SET folded_at = %s WHERE session_id = %s AND display_kind IS NOT NULL"
+    f" AND folded_at IS NULL RETURNING {_MSG}"
+)
+SQL_IDEM = f"SELECT {_IDEM} FROM idempotency WHERE key = %s"
+SQL_IDEM_DONE = (
+    f"INSERT INTO idempotency ({_IDEM}) VALUES (%s, 'done', NULL, %s, %s, %s, %s)"
+    " ON CONFLICT (key) DO UPDATE SET state = 'done', owner = NULL,"
+    " session_id = excluded.session_id, response = excluded.response,"
+    " updated_at = excluded.updated_at"
+)
+SQL_IDEM_CLAIM = (
+    f"INSERT INTO idempotency ({_IDEM}) VALUES (%s, 'running', %s, %s, NULL, %s, %s)"
+    " ON CONFLICT (key) DO UPDATE SET state = 'running', owner = excluded.owner,"
+    " session_id = excluded.session_id, updated_at = excluded.updated_at"
+)
+SQL_IDEM_RELEASE = "DELETE FROM idempotency WHERE key = %s AND state = 'running' AND owner = %s"

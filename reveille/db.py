@@ -1,0 +1,64 @@
+"""`reveille db`: the PostgreSQL schema for operators — its version, and migrating it.
+
+``reveille db status`` prints the schema version the database is at, the newest this build
+knows and what would be applied; ``reveille db migrate`` applies it (under the same
+advisory lock the servers take at start, so it is safe while servers start). Both read
+``REVEILLE_DATABASE_URL`` / ``[storage] url``; with SQLite there is nothing to migrate by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from reveille.settings import load_settings
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("db", help="the PostgreSQL schema: status, migrate")
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sub.add_parser("status", help="schema version of the database and pending migrations")
+    sub.add_parser("migrate", help="apply pending migrations")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    url = settings.database_url
+    if not url:
+        print(
+            "reveille db: no PostgreSQL store configured (REVEILLE_DATABASE_URL or "
+            "[storage] url); the SQLite files under REVEILLE_HOME migrate themselves on open"
+        )
+        return 1
+    from delivery.errors import LedgerError
+    from delivery.postgres_conn import connect, redact
+    from delivery.postgres_migrations import migrate, status
+
+    try:
+        conn = connect(url)
+    except LedgerError as exc:
+        print(f"reveille db: {exc}", file=sys.stderr)
+        return 1
+    try:
+        if args.action == "migrate":
+            applied = migrate(conn)
+            if applied:
+                print(f"applied migration(s) {', '.join(map(str, applied))} to {redact(url)}")
+            else:
+                print(f"{redact(url)} is up to date")
+        st = status(conn)
+    except LedgerError as exc:
+        print(f"reveille db: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        conn.close()
+    print(f"database: {redact(url)}")
+    print(f"schema version: {st['current']} (this Reveille knows up to {st['latest']})")
+    if st["too_new"]:
+        print("the schema is NEWER than this Reveille: upgrade Reveille before serving")
+        return 1
+    for version, description in st["pending"]:
+        print(f"pending: {version} {description}  (run `reveille db migrate`)")
+    return 0

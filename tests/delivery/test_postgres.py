@@ -1,0 +1,277 @@
+"""What only the PostgreSQL store has: migrations, LISTEN/NOTIFY between processes, clear
+refusals. (Its ledger and session rules are proved by the conformance suites.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from delivery.ledger import Ledger
+from delivery.reoffer import ReofferScheduler
+from tests.delivery._support import finished_row
+from tests.pg_support import fresh_url, require_pg
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def url() -> str:
+    require_pg()
+    return fresh_url()
+
+
+def _connect(url: str):
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
+
+
+def test_concurrent_starts_migrate_once(url: str) -> None:
+    from delivery.postgres_migrations import SCHEMA_VERSION, migrate
+
+    applied: list[list[int]] = []
+    barrier = threading.Barrier(8)
+
+    def start() -> None:
+        with _connect(url) as conn:
+            barrier.wait()
+            applied.append(migrate(conn))
+
+    threads = [threading.Thread(target=start) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(applied, key=len) == [[]] * 7 + [list(range(1, SCHEMA_VERSION + 1))]
+    with _connect(url) as conn:
+        rows = conn.execute("SELECT version FROM reveille_schema ORDER BY version").fetchall()
+    assert [r[0] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_concurrent_processes_migrate_once(url: str) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from delivery.postgres_backend import PostgresBackend
+        from delivery.postgres_sessions import PostgresSessions
+        PostgresBackend(sys.argv[1]).close()
+        PostgresSessions(sys.argv[1]).close()
+        print("ok")
+        """
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, url], stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert outs == ["ok"] * 4
+    with _connect(url) as conn:
+        count = conn.execute("SELECT count(*) FROM reveille_schema").fetchone()
+    assert count is not None and count[0] == 2
+
+
+def test_a_newer_schema_is_refused_untouched(url: str) -> None:
+    from delivery.postgres_backend import PostgresBackend
+    from delivery.postgres_migrations import SchemaTooNew
+    from delivery.postgres_sessions import PostgresSessions
+
+    PostgresBackend(url).close()
+    with _connect(url) as conn:
+        conn.execute("INSERT INTO reveille_schema VALUES (99, 'from the future', 0)")
+    with pytest.raises(SchemaTooNew, match=r"version 99, newer than this Reveille"):
+        PostgresBackend(url)
+    with pytest.raises(SchemaTooNew, match="upgrade Reveille"):
+        PostgresSessions(url)
+    with _connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM reveille_schema").fetchone() == (3,)
+
+
+@pytest.mark.parametrize(
+    ("mangle", "says"),
+    [
+        (lambda u: u.replace("postgres@", "nobody:secret@", 1), "refused the credentials"),
+        (lambda u: u.rsplit(":", 1)[0] + ":1/postgres", "nothing accepts connections"),
+        (lambda u: u.replace("/postgres?", "/no_such_db?", 1), "database does not exist"),
+        (lambda u: "postgresql://[bad", "not valid"),
+    ],
+)
+def test_bad_urls_and_credentials_say_so_in_one_line(url: str, mangle, says: str) -> None:
+    from delivery.postgres_backend import PostgresBackend
+    from delivery.postgres_conn import PostgresUnavailable
+
+    bad = mangle(url)
+    with pytest.raises(PostgresUnavailable, match=says) as info:
+        PostgresBackend(bad)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "secret" not in message
+
+
+def test_reveille_serve_with_wrong_credentials_prints_one_line_and_exits(
+    url: str, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "REVEILLE_HOME": str(tmp_path),
+        "REVEILLE_DATABASE_URL": url.replace("postgres@", "nobody:secret@", 1),
+        "REVEILLE_PORT": "0",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "reveille.cli", "serve"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "refused the credentials" in lines[0] and "secret" not in lines[0]
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {root!r})
+    from delivery.ledger import Ledger
+    from delivery.postgres_backend import PostgresBackend
+    ledger = Ledger(PostgresBackend(sys.argv[1]))
+    ledger.redeliver(sys.argv[2], actor="a test's other process")
+    print(ledger.notify_others(), flush=True)
+    sys.stdin.read()  # stay alive: the wake-up, not this process's exit, must do it
+    ledger.close()
+    """
+)
+
+
+def test_a_write_in_another_process_wakes_a_sleeping_scheduler(url: str) -> None:
+    from delivery.postgres_backend import PostgresBackend
+
+    backend = PostgresBackend(url)
+    ledger = Ledger(backend)
+    finished_row(ledger, "d1")
+    assert ledger.drop("d1", "the test drops it")
+    offers: list[tuple[float, dict]] = []
+    sched = ReofferScheduler(
+        ledger, lambda e: offers.append((time.time(), e)), max_sleep_seconds=60
+    )
+    sched.start()
+    child = None
+    try:
+        time.sleep(0.3)  # the scheduler sleeps now: nothing is due for 60 s
+        assert offers == []
+        child = subprocess.Popen(
+            [sys.executable, "-c", _WRITER.format(root=str(ROOT)), url, "d1"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "1"
+        notified = time.time()
+        deadline = notified + 10
+        while not offers and time.time() < deadline:
+            time.sleep(0.01)
+        assert [e["delegation_id"] for _, e in offers] == ["d1"]
+        assert offers[0][0] - notified < 2.0
+        assert child.poll() is None  # woken by NOTIFY, not by the writer's exit
+        assert backend.notifier.received >= 1
+    finally:
+        if child is not None:
+            assert child.stdin is not None
+            child.stdin.close()
+            child.wait(10)
+        sched.stop()
+        backend.close()
+
+
+def test_the_listening_connection_reconnects_by_itself(url: str) -> None:
+    import select
+
+    from delivery.postgres_backend import PostgresBackend
+
+    backend = PostgresBackend(url)
+    sub = backend.notifier.subscribe()
+    assert sub is not None
+    try:
+        with _connect(url) as conn:
+            killed = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE query LIKE 'LISTEN%%' AND datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            ).fetchall()
+        assert killed
+        deadline = time.time() + 10
+        while backend.notifier.reconnects == 0 and time.time() < deadline:
+            time.sleep(0.05)
+        assert backend.notifier.reconnects >= 1
+        assert backend.notifier.wait_listening(10)
+        # The reconnection pokes (something may have been missed) ...
+        assert select.select([sub.fileno()], [], [], 5)[0]
+        sub.drain()
+        time.sleep(0.3)
+        sub.drain()
+        # ... and notifications arrive again on the new connection.
+        assert backend.notifier.notify() == 1
+        assert select.select([sub.fileno()], [], [], 5)[0]
+    finally:
+        sub.close()
+        backend.close()
+
+
+async def test_submit_async_does_no_io_on_the_loop(url: str) -> None:
+    from delivery.postgres_backend import PostgresBackend
+
+    backend = PostgresBackend(url)
+    try:
+        ledger = Ledger(backend)
+        finished_row(ledger, "a1")
+        fut = backend.submit_async(ledger._claim_op("a1", "loop"))
+        assert not fut.done()  # queued to a writer thread; the loop awaits it
+        assert await fut
+    finally:
+        backend.close()
+
+
+def test_reads_survive_the_server_dropping_pooled_connections(url: str) -> None:
+    from delivery.postgres_backend import PostgresBackend
+    from delivery.postgres_sessions import PostgresSessions
+    from delivery.session_backend import NewSession
+
+    backend = PostgresBackend(url)
+    sessions = PostgresSessions(url)
+    try:
+        ledger = Ledger(backend)
+        finished_row(ledger, "r1")
+        sessions.create_session("s1", NewSession())
+        assert backend.get("r1") is not None and sessions.get_session("s1") is not None
+        with _connect(url) as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND application_name = '' AND query NOT LIKE 'LISTEN%%'"
+            )
+        time.sleep(0.2)
+        assert backend.get("r1") is not None
+        assert sessions.get_session("s1") is not None
+        # The writer reconnects too: the next write fails at most once, then succeeds.
+        for _ in range(2):
+            try:
+                token = ledger.claim("r1", "after")
+                break
+            except Exception:
+                continue
+        assert token and ledger.complete("r1", token)
+    finally:
+        sessions.close()
+        backend.close()
