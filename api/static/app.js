@@ -384,6 +384,7 @@ async function login(event) {
 function wire() {
   initTheme();
   $("[data-testid=new-session]").addEventListener("click", () => newSession());
+  $("#new-session-top").addEventListener("click", () => newSession());
   $("#composer-form").addEventListener("submit", (event) => {
     event.preventDefault();
     send();
