@@ -29,6 +29,7 @@ class ToolProgress:
 
 
 ProgressCallback = Callable[[ToolProgress], Awaitable[None]]
+ConfirmCallback = Callable[[str], Awaitable[bool]]
 
 
 @dataclass
@@ -49,6 +50,9 @@ class ToolContext:
     before_background: Callable[[], Awaitable[None]] | None = None
     on_progress: ProgressCallback | None = None
     """Told when each tool call starts and ends, so a surface can show tool steps live."""
+    confirm: ConfirmCallback | None = None
+    """Asked before a tool does something a human must approve (a shell command); answers
+    True to go ahead. None (every surface but the web UI today): no confirmation asked."""
 
     async def prepare_background(self) -> None:
         """Make the origin session durable before background work starts (see above)."""

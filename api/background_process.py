@@ -22,6 +22,7 @@ import importlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,27 @@ its own (no ``runtime_is_open``) to offer its pending rows again. This tree's le
 re-offers released rows itself when their backoff ends, so no timer is armed for it."""
 
 CONSUMER = "webui-background"
+
+_settle_listeners: list[Callable[[str], None]] = []
+
+
+def add_settle_listener(listener: Callable[[str], None]) -> None:
+    """``listener(delivery_id)`` is called (on the wake-up's thread) once its claim was
+    settled: acknowledged or released. The web UI announces the ledger row's change."""
+    _settle_listeners.append(listener)
+
+
+def remove_settle_listener(listener: Callable[[str], None]) -> None:
+    if listener in _settle_listeners:
+        _settle_listeners.remove(listener)
+
+
+def _settled(delivery_id: str) -> None:
+    for listener in list(_settle_listeners):
+        try:
+            listener(delivery_id)
+        except Exception:
+            logger.exception("settle listener failed for %s", delivery_id)
 
 
 @dataclass(frozen=True)
@@ -164,11 +186,13 @@ def _run_wakeup(
                 cfg.BG_TASK_COMPLETE_EVENTS_SEEN[delegation_id] = time.time()
             if not peu.complete_async_delegation_delivery(evt, claim):
                 logger.warning("wake-up %s ran but its claim had lapsed", delegation_id)
+            _settled(delegation_id)
             return
         logger.info("wake-up %s refused (%s)", delegation_id, verdict.reason)
         if verdict.busy:
             _defer(session_id, evt)
         peu.release_async_delegation_delivery(evt, claim, retryable=verdict.retryable)
+        _settled(delegation_id)
     except Exception:
         # The claim lapses by itself and the row is offered again: nothing is lost.
         logger.exception("could not settle the claim on %s", delegation_id)

@@ -10,6 +10,12 @@ event to the target registered for the platform that session came through:
 * ``PushTarget`` (chat platforms): ``deliver_wake``'s push path, an internal
   ``MessageEvent`` handed to the adapter's ``handle_message``.
 
+* A ``ClaimingTarget`` (the web UI, ``Platform.WEBUI``, registered by the composition
+  root) is offered the wire event as it is, unclaimed: it checks its session's busy state
+  BEFORE claiming, claims, delivers and settles by itself, so a busy session is a wait and
+  never an attempt. The runner hands it every completion that names
+  ``origin_ui_session_id`` (that field is final) and every one routed to one of its sessions.
+
 A target raises ``SessionGone`` when the session is gone for good (the runner drops the
 delivery, the result stays in the ledger) and ``WakeDeliveryError`` when the hand-off was
 refused (the runner releases the claim, with ``retryable`` when it was transient). Any other
@@ -20,19 +26,33 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from delivery.events import ASYNC_DELEGATION, CompletionEvent, delivery_id
 from gateway.config import Platform
 from gateway.session import SessionSource, SessionStore
 from gateway.wake import deliver_wake, format_wake_text, persist_delegation_delivery
 
-__all__ = ["ApiServerTarget", "DeliveryTarget", "PushTarget", "session_platform"]
+__all__ = [
+    "ApiServerTarget",
+    "ClaimingTarget",
+    "DeliveryTarget",
+    "PushTarget",
+    "session_platform",
+]
 
 
 class DeliveryTarget(Protocol):
     async def deliver(self, event: CompletionEvent, session: Mapping[str, Any]) -> None:
         """Hand ``event`` to ``session`` (a session-store record); return once it was accepted."""
+        ...
+
+
+@runtime_checkable
+class ClaimingTarget(Protocol):
+    async def offer(self, evt: dict[str, Any]) -> str:
+        """Take an unclaimed completion (the wire dict) and settle it; returns what happened
+        ("started", "deferred", "held", ...)."""
         ...
 
 

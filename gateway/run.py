@@ -24,25 +24,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import tools.async_delegation as ad
 from agent.providers.base import ModelProvider
 from delivery.events import CompletionEvent, delivery_id, parse_event
 from gateway.config import Platform
-from gateway.delivery_targets import ApiServerTarget, DeliveryTarget, session_platform
+from gateway.delivery_targets import (
+    ApiServerTarget,
+    ClaimingTarget,
+    DeliveryTarget,
+    session_platform,
+)
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.session import SessionGone, SessionStore
 from gateway.wake import WakeDeliveryError
 from tools.completion_queue import CompletionQueue
 from tools.process_registry import process_registry
 
-__all__ = ["GatewayRunner", "RunnerParts"]
+__all__ = ["GatewayRunner", "RunnerParts", "Surface"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,15 @@ def _event_id(evt: Any) -> str | None:
     return delivery_id(evt, strict=False)
 
 
+class Surface(Protocol):
+    """Another front end served by this process (the web UI): started after the API
+    server and before undelivered completions are re-offered, stopped before it."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace_seconds: float) -> None: ...
+
+
 @dataclass(frozen=True)
 class RunnerParts:
     """What the composition root hands the runner; each callable runs once, in ``start()``.
@@ -64,6 +79,8 @@ class RunnerParts:
     ``open_runtime`` opens the process-wide delegation runtime over the given completion
     queue; it is called only when the embedding program has not configured one already.
     ``owns_provider`` says whether the runner closes the provider when it stops.
+    ``build_surfaces`` builds the other front ends of this process over the same store and
+    provider (it may register their delivery targets on the runner it is given).
     """
 
     open_store: Callable[[], SessionStore]
@@ -71,6 +88,9 @@ class RunnerParts:
     provider: ModelProvider
     build_adapter: Callable[[SessionStore, ModelProvider], ApiServerAdapter]
     owns_provider: bool = True
+    build_surfaces: Callable[[SessionStore, ModelProvider, GatewayRunner], Sequence[Surface]] = (
+        dataclasses.field(default=lambda store, provider, runner: ())
+    )
 
 
 class GatewayRunner:
@@ -82,6 +102,8 @@ class GatewayRunner:
         self.store: SessionStore | None = None
         self.adapter: ApiServerAdapter | None = None
         self.targets: dict[Platform, DeliveryTarget] = {}
+        self.claiming_targets: dict[Platform, ClaimingTarget] = {}
+        self.surfaces: list[Surface] = []
         self.runtime: Any = None
         self.queue = process_registry.completion_queue
         self.consumer = f"gateway-runner:{os.getpid()}"
@@ -103,7 +125,10 @@ class GatewayRunner:
             self.adapter = self.parts.build_adapter(self.store, self.provider)
             self.register_target(Platform.API_SERVER, ApiServerTarget(self.store, self.adapter))
             await self.adapter.start()
-            # The server listens first: restored wake-ups self-POST to it.
+            for surface in self.parts.build_surfaces(self.store, self.provider, self):
+                await surface.start()
+                self.surfaces.append(surface)
+            # The servers listen first: restored wake-ups self-POST to it.
             self.restored = await asyncio.to_thread(ad.restore_undelivered_completions, self.queue)
             if self.restored:
                 logger.info("re-offering %d undelivered completion(s)", self.restored)
@@ -137,6 +162,8 @@ class GatewayRunner:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        while self.surfaces:
+            await self.surfaces.pop().stop(self._grace)
         if self.adapter is not None:
             await self.adapter.stop(grace_seconds=self._grace)
             self.adapter = None
@@ -215,9 +242,15 @@ class GatewayRunner:
             logger.error("ignoring a completion that is not a dict: %r", type(evt).__name__)
             return "ignored"
         event = parse_event(evt)  # a mapping always parses (unknown types are generic)
+        if event.origin_ui_session_id:
+            # The web UI's: ``origin_ui_session_id`` is final, and its consumer claims.
+            return await self._offer(Platform.WEBUI, evt)
         route, session_id, session = await asyncio.to_thread(self._route, event)
+        if route == "session" and session is not None:
+            claiming = session_platform(session)
+            if claiming in self.claiming_targets:
+                return await self._offer(claiming, evt)
         if route == "foreign":
-            # Another surface's session (web UI): its own consumer delivers it.
             logger.debug("completion %s belongs to another surface", _event_id(evt))
             return "foreign"
 
@@ -301,9 +334,21 @@ class GatewayRunner:
             return False
         return float(session["created_at"]) > float(dispatched) + _ADOPTION_SLACK_SECONDS
 
-    def register_target(self, platform: Platform, target: DeliveryTarget) -> None:
-        """Deliver completions of ``platform``'s sessions through ``target``."""
-        self.targets[platform] = target
+    def register_target(self, platform: Platform, target: DeliveryTarget | ClaimingTarget) -> None:
+        """Deliver completions of ``platform``'s sessions through ``target``; a
+        ``ClaimingTarget`` is offered them unclaimed (it claims and settles by itself)."""
+        if isinstance(target, ClaimingTarget):
+            self.claiming_targets[platform] = target
+        else:
+            self.targets[platform] = target
+
+    async def _offer(self, platform: Platform, evt: dict[str, Any]) -> str:
+        target = self.claiming_targets.get(platform)
+        if target is None:
+            # Not this process's surface: the process that serves it takes the offer.
+            logger.debug("completion %s belongs to another surface", _event_id(evt))
+            return "foreign"
+        return await target.offer(evt)
 
     async def _deliver(self, event: CompletionEvent, session: dict[str, Any]) -> None:
         # The record _route read: a session deleted since then is noticed by the target

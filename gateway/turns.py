@@ -40,7 +40,7 @@ from typing import Any, Literal
 from agent.loop import Agent
 from agent.markers import WAKE_MARKER
 from agent.providers.base import DeltaCallback, ProviderError
-from agent.tools import ToolContext, ToolProgress
+from agent.tools import ConfirmCallback, ToolContext, ToolProgress
 from gateway.config import Platform
 from gateway.conversation import (
     build_context,
@@ -226,7 +226,11 @@ class TurnService:
         platform: Platform = Platform.API_SERVER,
         max_concurrent_runs: int = 10,
         idempotency_wait_seconds: float = 300.0,
+        confirm_for: Callable[[str], ConfirmCallback] | None = None,
     ) -> None:
+        """``confirm_for(session_id)``, when given, is the approval hook of that session's
+        tool calls (``ToolContext.confirm``). Turns of ``Platform.WEBUI`` mark the
+        background work they start with their session (``origin_ui_session_id``)."""
         if max_concurrent_runs < 1:
             raise ValueError("max_concurrent_runs must be at least 1")
         self.store = store
@@ -235,6 +239,7 @@ class TurnService:
         self._run_agent = turn_runner
         self._render = render
         self._platform = platform
+        self._confirm_for = confirm_for
         # Owners of idempotency claims are "<pid>:<boot token>:<nonce>": a claim whose
         # process is gone, or is this pid under another boot token, is void.
         self._boot = f"{os.getpid()}:{secrets.token_hex(8)}"
@@ -412,6 +417,8 @@ class TurnService:
                 session_key=self.session_key(session_id),
                 platform=self._platform.value,
                 before_background=self._session_writer(session_id, begun),
+                origin_ui_session_id=session_id if self._platform is Platform.WEBUI else None,
+                confirm=self._confirm_for(session_id) if self._confirm_for else None,
             )
             on_delta: DeltaCallback | None = None
             if deltas is not None:

@@ -20,18 +20,25 @@ from urllib.parse import unquote, urlsplit
 import tools.async_delegation as ad
 from agent import Agent, build_provider
 from agent.providers.base import ModelProvider
+from api.approvals import Approval, Approvals
+from api.event_log import EventLog
+from api.server import WebUIServer
+from api.wakeups import WebUIDeliveryTarget
+from api.web_turns import WebTurns
 from delivery.sqlite_files import ensure_private_dir
 from gateway.config import Platform
 from gateway.platforms.api_server import ApiServerAdapter
+from gateway.platforms.http_middleware import is_loopback
 from gateway.platforms.openai_wire import completion_object
-from gateway.run import GatewayRunner, RunnerParts
+from gateway.run import GatewayRunner, RunnerParts, Surface
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
 from reveille.settings import Settings, SettingsError
 from tools.completion_queue import CompletionQueue
+from tools.process_registry import process_registry
 from tools.toolset import build_default_registry
 
-__all__ = ["StorageLocation", "build_runner", "open_storage"]
+__all__ = ["StorageLocation", "build_runner", "build_webui", "check_webui_bind", "open_storage"]
 
 
 @dataclass(frozen=True)
@@ -116,11 +123,91 @@ def build_runner(
             max_body_bytes=settings.max_body_bytes,
         )
 
+    def build_surfaces(
+        store: SessionStore, model: ModelProvider, runner: GatewayRunner
+    ) -> list[Surface]:
+        if settings.webui_port == 0:
+            return []
+        server = build_webui(settings, store, model, home=storage.ledger_path.parent)
+        runner.register_target(Platform.WEBUI, server.target)
+        return [server]
+
+    if settings.webui_port:
+        check_webui_bind(settings)
     parts = RunnerParts(
         open_store=lambda: SessionStore(storage.sessions_path),
         open_runtime=open_runtime,
         provider=model,
         build_adapter=build_adapter,
         owns_provider=owns_provider,
+        build_surfaces=build_surfaces,
     )
     return GatewayRunner(parts, shutdown_grace_seconds=shutdown_grace_seconds)
+
+
+def check_webui_bind(settings: Settings) -> None:
+    """A web UI beyond loopback needs a password: refuse to start without one."""
+    if not is_loopback(settings.host) and not settings.webui_password:
+        raise SettingsError(
+            f"the web UI would listen on {settings.host}, beyond loopback, without a password; "
+            "set REVEILLE_WEBUI_PASSWORD ([webui] password), bind 127.0.0.1, or turn the web "
+            "UI off with REVEILLE_WEBUI_PORT=0"
+        )
+
+
+def build_webui(
+    settings: Settings, store: SessionStore, model: ModelProvider, *, home: Path
+) -> WebUIServer:
+    """The web UI: its own turn service (``Platform.WEBUI``) over the same store and model,
+    its event log, approvals when the shell tool is on, and its delivery target."""
+    log = EventLog(home / "webui.db")
+    turns_box: list[WebTurns] = []
+
+    async def approval_changed(approval: Approval) -> None:
+        await log.append(
+            "approval", {"session_id": approval.session_id, "approval": approval.as_dict()}
+        )
+        if turns_box:
+            await turns_box[0].announce_session(approval.session_id)
+
+    approvals = Approvals(approval_changed)
+    registry = build_default_registry(
+        model,
+        shell_enabled=settings.shell_enabled,
+        workdir=settings.shell_workdir or None,
+        max_async_children=settings.max_async_children,
+    )
+    service = TurnService(
+        store,
+        agent_turn_runner(Agent(model, registry)),
+        render=lambda result: {"content": str(result.content or "")},
+        platform=Platform.WEBUI,
+        max_concurrent_runs=settings.max_concurrent_runs,
+        confirm_for=approvals.confirm_for if settings.shell_enabled else None,
+    )
+    turns = WebTurns(store, service, log, approvals)
+    turns_box.append(turns)
+    target = WebUIDeliveryTarget(turns, log, process_registry=process_registry)
+    return WebUIServer(
+        store=store,
+        turns=turns,
+        log=log,
+        approvals=approvals,
+        target=target,
+        host=settings.host,
+        port=settings.webui_port,
+        password=settings.webui_password,
+        model_name=model.name,
+        shell_enabled=settings.shell_enabled,
+        version=_version(),
+        max_body_bytes=settings.max_body_bytes,
+    )
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("reveille")
+    except Exception:
+        return "0.1.0"

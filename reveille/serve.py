@@ -1,6 +1,7 @@
 """`reveille serve`: the API server and the completion watcher, until SIGINT/SIGTERM.
 
-`reveille serve [--host H] [--port P] [--config FILE]` runs the OpenAI-compatible API server
+`reveille serve [--host H] [--port P] [--config FILE]` runs the OpenAI-compatible API server,
+the web UI on its own port (``http://127.0.0.1:8787/`` by default, ``REVEILLE_WEBUI_PORT``)
 with the embedded SQLite state under ``$REVEILLE_HOME`` (``~/.reveille``), the delivery
 ledger's re-offer scheduler and the completion watcher, until SIGINT/SIGTERM. It logs where
 it listens, which model answers (saying plainly when that is the offline demo model) and a
@@ -40,11 +41,18 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def startup_banner(settings: Settings, *, port: int, model: str, restored: int) -> str:
+def startup_banner(
+    settings: Settings, *, port: int, model: str, restored: int, webui_url: str | None = None
+) -> str:
     """What `reveille serve` tells its user once it listens."""
     url = f"http://{url_host(settings.host)}:{port}/v1"
     key = settings.api_key
     lines = [f"Reveille is listening on http://{settings.host}:{port}/v1"]
+    if webui_url:
+        login = " (password: $REVEILLE_WEBUI_PASSWORD)" if settings.webui_password else ""
+        lines.append(f"  web UI: {webui_url}{login}  <- open this in a browser")
+    else:
+        lines.append("  web UI: off (REVEILLE_WEBUI_PORT=0)")
     lines.append(f"  state directory: {settings.home}")
     if settings.provider == "demo":
         lines.append(
@@ -117,6 +125,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 port=started.adapter.port,
                 model=started.provider.name,
                 restored=started.restored,
+                webui_url=next((str(s.url) for s in started.surfaces if hasattr(s, "url")), None),
             ),
         )
 

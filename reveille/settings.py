@@ -51,6 +51,9 @@ class Settings:
     lease_seconds: float = 300.0
     max_attempts: int = 8
     replay_cap_seconds: float = 48 * 3600.0
+    # the web UI: its own port in the same process (0 = off); a password for beyond loopback
+    webui_port: int = 8787
+    webui_password: str = ""
 
     @property
     def allowed_origins(self) -> frozenset[str]:
@@ -93,6 +96,8 @@ ENV_NAMES: dict[str, str] = {
     "lease_seconds": "REVEILLE_LEASE_SECONDS",
     "max_attempts": "REVEILLE_MAX_ATTEMPTS",
     "replay_cap_seconds": "REVEILLE_REPLAY_CAP_SECONDS",
+    "webui_port": "REVEILLE_WEBUI_PORT",
+    "webui_password": "REVEILLE_WEBUI_PASSWORD",
 }
 
 # TOML sections map onto flat names: [server] host -> host, [shell] enabled -> shell_enabled ...
@@ -115,6 +120,8 @@ _TOML_ALIASES = {
     ("delivery", "lease_seconds"): "lease_seconds",
     ("delivery", "max_attempts"): "max_attempts",
     ("delivery", "replay_cap_seconds"): "replay_cap_seconds",
+    ("webui", "port"): "webui_port",
+    ("webui", "password"): "webui_password",
 }
 
 _ORIGIN_RE = re.compile(r"https?://[a-z0-9.\-\[\]:]+")
@@ -159,8 +166,9 @@ def _validate(s: Settings) -> None:
     def bad(name: str, why: str) -> SettingsError:
         return SettingsError(f"{name} = {getattr(s, name)!r}: {why}")
 
-    if not 0 <= s.port <= 65535:
-        raise bad("port", "must be 0-65535")
+    for name in ("port", "webui_port"):
+        if not 0 <= getattr(s, name) <= 65535:
+            raise bad(name, "must be 0-65535")
     if s.provider not in {"demo", "openai"}:
         raise bad("provider", 'must be "demo" or "openai"')
     if s.provider == "openai" and not s.openai_base_url and not s.openai_api_key:

@@ -1,8 +1,9 @@
 """The `terminal` tool: runs a shell command, in the foreground or as a background process.
 
 It is off unless the operator enables it, and when off it runs nothing and says how to turn
-it on. Background processes go through `tools.process_registry`, which can notify the
-originating session when they exit.
+it on. A surface that wants a human to approve each command (the web UI) sets
+``ToolContext.confirm``: the command runs only when it answers True. Background processes
+go through `tools.process_registry`, which can notify the originating session when they exit.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ SHELL_DISABLED_ERROR = (
     "the shell tool is disabled; enable it with REVEILLE_SHELL_ENABLED=1 "
     "(or shell.enabled in the settings file)"
 )
+DENIED_ERROR = "the user denied running this command; it was not run"
 OUTPUT_TAIL_BYTES = 16 * 1024
 _READ_CHUNK = 4096
 _DRAIN_SECONDS = 2.0
@@ -129,6 +131,8 @@ def make_shell_tool(
         command = str(args.get("command") or "")
         if not command.strip():
             return {"error": "command must not be empty"}
+        if ctx.confirm is not None and not await ctx.confirm(command):
+            return {"error": DENIED_ERROR, "denied": True}
         if not as_bool(args.get("background")):
             return await run_foreground(command, workdir=workdir, timeout=timeout_seconds)
         await ctx.prepare_background()  # its origin session is written before any result

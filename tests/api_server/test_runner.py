@@ -42,6 +42,7 @@ async def gateway(tmp_path, runtime):
     settings = Settings(
         home=tmp_path,
         port=0,
+        webui_port=0,
         api_key=KEY,
         demo_delay_seconds=DEMO_DELAY,
         shell_enabled=True,
@@ -200,7 +201,12 @@ async def test_keyless_server_still_wakes_its_sessions(tmp_path, runtime) -> Non
     # No API key configured: outside clients cannot continue sessions by header, but the
     # server's own wake self-POST (with its internal key) can.
     settings = Settings(
-        home=tmp_path, port=0, api_key="", shell_enabled=True, shell_workdir=str(tmp_path)
+        home=tmp_path,
+        port=0,
+        webui_port=0,
+        api_key="",
+        shell_enabled=True,
+        shell_workdir=str(tmp_path),
     )
     runner = build_runner(settings, provider=DemoModel(delay_seconds=DEMO_DELAY))
     await runner.start()

@@ -1,0 +1,83 @@
+"""The Deliveries page's operations over the ledger: list, redeliver, drop.
+
+The same ledger calls as the operator's CLI (``reveille deliveries``): ``Ledger.query``,
+``Ledger.redeliver`` (a dropped row goes back to pending with a fresh budget) and
+``Ledger.drop`` (a pending row stops being delivered; its result stays). The ledger is the
+one of the process's delegation runtime, looked up when called. Blocking: run them off the
+event loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tools.async_delegation as ad
+from api.views import delivery_view
+from delivery.errors import InvalidTransitionError, UnknownDeliveryError
+from delivery.ledger import Ledger
+
+__all__ = ["DeliveryConflict", "UnknownDelivery", "drop", "get", "list_deliveries", "redeliver"]
+
+STATES = frozenset({"pending", "delivered", "dropped", "superseded"})
+DROP_REASON = "dropped from the web UI"
+
+
+class UnknownDelivery(LookupError):
+    """No ledger row has that id."""
+
+
+class DeliveryConflict(Exception):
+    """The row's state does not allow the operation."""
+
+
+def _ledger() -> Ledger:
+    ledger: Ledger = ad.get_runtime().ledger
+    return ledger
+
+
+def _view(ledger: Ledger, row: dict[str, Any]) -> dict[str, Any]:
+    return delivery_view(row, max_attempts=ledger.policy.max_attempts)
+
+
+def list_deliveries(state: str | None, q: str, limit: int = 200) -> list[dict[str, Any]]:
+    ledger = _ledger()
+    rows = ledger.query(delivery_state=state, limit=limit)
+    needle = q.strip().lower()
+    views = [_view(ledger, row) for row in rows]
+    if needle:
+        views = [
+            v
+            for v in views
+            if any(needle in str(v.get(k) or "").lower() for k in ("id", "summary", "session_id"))
+        ]
+    return views
+
+
+def get(delivery_id: str) -> dict[str, Any]:
+    ledger = _ledger()
+    try:
+        row = ledger.get(delivery_id)
+    except (ValueError, UnknownDeliveryError):
+        row = None
+    if row is None:
+        raise UnknownDelivery(delivery_id)
+    return _view(ledger, row)
+
+
+def redeliver(delivery_id: str) -> dict[str, Any]:
+    ledger = _ledger()
+    get(delivery_id)
+    try:
+        ledger.redeliver(delivery_id, actor="web UI")
+    except InvalidTransitionError as exc:
+        raise DeliveryConflict(str(exc)) from None
+    ledger.notify_others()
+    return get(delivery_id)
+
+
+def drop(delivery_id: str) -> dict[str, Any]:
+    ledger = _ledger()
+    row = get(delivery_id)
+    if not ledger.drop(delivery_id, DROP_REASON):
+        raise DeliveryConflict(f"{delivery_id} is {row['state']}, not pending")
+    return get(delivery_id)

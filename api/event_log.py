@@ -1,0 +1,228 @@
+"""The web UI's durable event log: every event of the browser's stream, with an increasing id.
+
+The log is one SQLite file (``webui.db`` under ``REVEILLE_HOME``; WAL, 0600, opened through
+``delivery.sqlite_files``). Writes run on one worker thread of their own, in order, never on
+the event loop; an appended event is then published to the live subscribers (one bounded
+queue per open stream). ``since(id)`` replays from storage; an id older than what is kept
+(the log is pruned to its newest ``keep`` events) or newer than any written answers None,
+and the stream sends ``reset``. The same file keeps the durable unread marks of sessions
+and the secret the login cookie is signed with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from delivery.sqlite_files import FileErrors, SqliteFile, connect, create_private, stamp_schema
+
+__all__ = ["EventLog", "EventLogError", "LoggedEvent", "Subscription"]
+
+T = TypeVar("T")
+
+_APPLICATION_ID = 0x52574C47  # "RWLG"
+_SCHEMA_VERSION = 1
+_DDL = """
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at REAL NOT NULL,
+    type TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS unread (
+    session_id TEXT PRIMARY KEY,
+    unread INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+)
+"""
+_PRUNE_EVERY = 500
+_QUEUE_BOUND = 2000
+
+
+class EventLogError(Exception):
+    """The event log file cannot be used (not ours, locked, unwritable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    """One event as the stream sends it."""
+
+    id: int
+    type: str
+    data: dict[str, Any]
+
+    def sse(self) -> bytes:
+        """The event in Server-Sent-Events framing (JSON data: never live HTML)."""
+        payload = json.dumps(self.data, ensure_ascii=False, separators=(",", ":"))
+        return f"id: {self.id}\nevent: {self.type}\ndata: {payload}\n\n".encode()
+
+
+@dataclass(eq=False)
+class Subscription:
+    """A live stream's queue; ``None`` in it means "end now" (overflow or shutdown)."""
+
+    queue: asyncio.Queue[LoggedEvent | None] = field(
+        default_factory=lambda: asyncio.Queue(_QUEUE_BOUND)
+    )
+
+
+class EventLog:
+    """Append, replay and publish web UI events; keep unread marks (see the module docstring)."""
+
+    def __init__(self, path: str | Path, *, keep: int = 20000) -> None:
+        self.spec = SqliteFile(
+            str(path),
+            "web UI event log",
+            _APPLICATION_ID,
+            _SCHEMA_VERSION,
+            FileErrors(EventLogError, EventLogError),
+            synchronous="NORMAL",
+        )
+        self.keep = keep
+        self._conn: sqlite3.Connection | None = None
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="webui-event-log")
+        self._subscribers: set[Subscription] = set()
+        self._appended = 0
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def open(self) -> None:
+        """Create or open the file (blocking: call it off the event loop)."""
+        create_private(self.spec)
+        conn = connect(self.spec, check_owner=True)
+        stamp_schema(conn, self.spec, _DDL)
+        self._conn = conn
+
+    async def aopen(self) -> None:
+        await self._run(self.open)
+
+    def close(self) -> None:
+        for sub in list(self._subscribers):
+            self._end(sub)
+        self._writer.shutdown(wait=True)
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._writer, fn)
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise EventLogError("the web UI event log is not open")
+        return self._conn
+
+    # ----------------------------------------------------------------- events
+
+    async def append(self, type_: str, data: dict[str, Any]) -> LoggedEvent:
+        """Write the event, then publish it to every live stream; returns it with its id."""
+        text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+        event_id = await self._run(lambda: self._insert(type_, text))
+        event = LoggedEvent(event_id, type_, json.loads(text))
+        for sub in list(self._subscribers):
+            try:
+                sub.queue.put_nowait(event)
+            except asyncio.QueueFull:
+                # A stream that cannot keep up ends; its tab reconnects and replays.
+                self._end(sub)
+        return event
+
+    def _insert(self, type_: str, text: str) -> int:
+        db = self._db()
+        cur = db.execute(
+            "INSERT INTO events (created_at, type, data) VALUES (?, ?, ?)",
+            (time.time(), type_, text),
+        )
+        event_id = int(cur.lastrowid or 0)
+        self._appended += 1
+        if self._appended % _PRUNE_EVERY == 0:
+            db.execute("DELETE FROM events WHERE id <= ?", (event_id - self.keep,))
+        return event_id
+
+    async def since(self, after_id: int, limit: int = 5000) -> list[LoggedEvent] | None:
+        """Events after ``after_id`` in order; None when that id cannot be replayed."""
+        return await self._run(lambda: self._since(after_id, limit))
+
+    def _since(self, after_id: int, limit: int) -> list[LoggedEvent] | None:
+        db = self._db()
+        newest = self._latest(db)
+        if after_id > newest or after_id < 0:
+            return None
+        oldest = db.execute("SELECT min(id) FROM events").fetchone()[0]
+        if after_id < newest and (oldest is None or after_id < int(oldest) - 1):
+            return None  # pruned past it
+        rows = db.execute(
+            "SELECT id, type, data FROM events WHERE id > ? ORDER BY id LIMIT ?",
+            (after_id, limit + 1),
+        ).fetchall()
+        if len(rows) > limit:
+            return None  # too much missed: refetching is cheaper
+        return [LoggedEvent(int(r[0]), str(r[1]), json.loads(r[2])) for r in rows]
+
+    @staticmethod
+    def _latest(db: sqlite3.Connection) -> int:
+        row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+        return int(row[0]) if row else 0
+
+    async def latest_id(self) -> int:
+        return await self._run(lambda: self._latest(self._db()))
+
+    def subscribe(self) -> Subscription:
+        sub = Subscription()
+        self._subscribers.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self._subscribers.discard(sub)
+
+    def _end(self, sub: Subscription) -> None:
+        self._subscribers.discard(sub)
+        while True:
+            try:
+                sub.queue.put_nowait(None)
+                return
+            except asyncio.QueueFull:
+                sub.queue.get_nowait()
+
+    # ----------------------------------------------------------------- unread marks
+
+    async def set_unread(self, session_id: str, unread: bool) -> None:
+        await self._run(
+            lambda: self._db().execute(
+                "INSERT INTO unread (session_id, unread) VALUES (?, ?) "
+                "ON CONFLICT(session_id) DO UPDATE SET unread = excluded.unread",
+                (session_id, int(unread)),
+            )
+        )
+
+    async def unread_ids(self) -> set[str]:
+        rows = await self._run(
+            lambda: self._db().execute("SELECT session_id FROM unread WHERE unread = 1").fetchall()
+        )
+        return {str(r[0]) for r in rows}
+
+    # ----------------------------------------------------------------- the cookie secret
+
+    async def secret(self) -> bytes:
+        """This state directory's signing secret, made once (a restart keeps logins)."""
+        return await self._run(self._secret)
+
+    def _secret(self) -> bytes:
+        db = self._db()
+        db.execute(
+            "INSERT OR IGNORE INTO meta (name, value) VALUES ('cookie_secret', ?)",
+            (secrets.token_hex(32),),
+        )
+        row = db.execute("SELECT value FROM meta WHERE name = 'cookie_secret'").fetchone()
+        return bytes.fromhex(str(row[0]))

@@ -1,0 +1,469 @@
+"""The web UI's HTTP server: pages, the JSON routes and the one event stream of
+``docs/webui-protocol.md``, on its own port in the ``reveille serve`` process.
+
+It serves ``api/static/index.html`` for ``/``, ``/deliveries`` and ``/login`` and the files
+under ``/static/`` from the package (a clean 404 while the front end is not there), with a
+strict Content-Security-Policy and the hardening headers on every answer. Every ``/api/*``
+route but ``bootstrap`` and ``login`` needs the login cookie when a password is set; every
+state-changing request needs ``X-CSRF-Token``, and one that sends an ``Origin`` must come
+from the web UI's own origin. Bodies are JSON only, size-capped, and checked for what JSON
+allows but text cannot hold (``gateway.platforms.request_body``). Errors are
+``{"error": {"message", "code", ...}}``. The server binds ``api.routes`` to its turns when it
+starts and unbinds them when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from api import deliveries, routes
+from api.approvals import AlreadyDecided, Approvals
+from api.auth import COOKIE_MAX_AGE_SECONDS, COOKIE_NAME, Auth
+from api.event_log import EventLog, LoggedEvent
+from api.views import session_view, transcript_items
+from api.wakeups import WebUIDeliveryTarget
+from api.web_turns import WebTurns
+from gateway.config import Platform
+from gateway.platforms.http_middleware import ApiError, error_middleware, is_loopback
+from gateway.platforms.request_body import read_json_body
+from gateway.session import (
+    SessionGone,
+    SessionSource,
+    SessionStoreError,
+    is_valid_session_id,
+    new_session_id,
+)
+
+__all__ = ["STATIC_DIR", "WebUIServer"]
+
+logger = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
+_HARDENING = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+_JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
+_OPEN_ROUTES = frozenset({"/api/bootstrap", "/api/login"})
+_PING_SECONDS = 15.0
+_MAX_TITLE = 200
+_MAX_QUERY = 200
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str, code: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": code, **extra}}, status=status)
+
+
+class WebUIServer:
+    """The web UI's aiohttp application and its lifecycle (a ``gateway.run.Surface``)."""
+
+    def __init__(
+        self,
+        *,
+        store: Any,
+        turns: WebTurns,
+        log: EventLog,
+        approvals: Approvals,
+        target: WebUIDeliveryTarget,
+        host: str,
+        port: int,
+        password: str = "",
+        model_name: str = "",
+        shell_enabled: bool = False,
+        version: str = "",
+        max_body_bytes: int = 1024 * 1024,
+        static_dir: Path = STATIC_DIR,
+    ) -> None:
+        if not is_loopback(host) and not password:
+            raise ValueError(
+                f"the web UI would listen on {host} beyond loopback without a password: set "
+                "REVEILLE_WEBUI_PASSWORD ([webui] password), bind 127.0.0.1, or turn the web "
+                "UI off with REVEILLE_WEBUI_PORT=0"
+            )
+        self.store = store
+        self.turns = turns
+        self.log = log
+        self.approvals = approvals
+        self.target = target
+        self.host = host
+        self.port = port
+        self.password = password
+        self.model_name = model_name
+        self.shell_enabled = shell_enabled
+        self.version = version
+        self.max_body_bytes = max_body_bytes
+        self.static_dir = static_dir
+        self.auth: Auth | None = None
+        self._runner: web.AppRunner | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def url(self) -> str:
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        if host in ("0.0.0.0", "[::]"):
+            host = "127.0.0.1"
+        return f"http://{host}:{self.port}/"
+
+    async def start(self) -> None:
+        await self.log.aopen()
+        try:
+            self.auth = Auth(self.password, await self.log.secret())
+            loop = asyncio.get_running_loop()
+            self.turns.loop = loop
+            self.target.start(loop)
+            app = self.build_app()
+            self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self.host, self.port)
+            await site.start()
+            server = getattr(site, "_server", None)
+            sockets = getattr(server, "sockets", None) or []
+            if sockets:
+                self.port = int(sockets[0].getsockname()[1])
+            routes.bind(self.turns)
+        except BaseException:
+            await self.stop(0)
+            raise
+
+    async def stop(self, grace_seconds: float = 5.0) -> None:
+        routes.unbind(self.turns)
+        self.target.stop()
+        await self.turns.drain(grace_seconds)
+        if self._runner is not None:
+            for sub in list(self.log._subscribers):
+                self.log._end(sub)
+            await self._runner.cleanup()
+            self._runner = None
+        self.turns.loop = None
+        await asyncio.to_thread(self.log.close)
+
+    def build_app(self) -> web.Application:
+        app = web.Application(
+            middlewares=[error_middleware, self._guard], client_max_size=self.max_body_bytes * 8
+        )
+        app.on_response_prepare.append(self._headers)
+        r = app.router
+        for path in ("/", "/deliveries", "/login"):
+            r.add_get(path, self.page)
+        r.add_get("/static/{path:.+}", self.static)
+        r.add_get("/api/bootstrap", self.bootstrap)
+        r.add_post("/api/login", self.login)
+        r.add_post("/api/logout", self.logout)
+        r.add_get("/api/sessions", self.list_sessions)
+        r.add_post("/api/sessions", self.create_session)
+        r.add_get("/api/sessions/{id}", self.get_session)
+        r.add_post("/api/sessions/{id}/read", self.mark_read)
+        r.add_post("/api/sessions/{id}/messages", self.post_message)
+        r.add_post("/api/sessions/{id}/stop", self.stop_turn)
+        r.add_post("/api/approvals/{id}", self.decide)
+        r.add_get("/api/deliveries", self.list_deliveries)
+        r.add_post("/api/deliveries/{id}/{action}", self.delivery_action)
+        r.add_get("/api/events", self.events)
+        return app
+
+    # ----------------------------------------------------------------- guard and headers
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        assert self.auth is not None
+        cookie = request.cookies.get(COOKIE_NAME)
+        changing = request.method not in ("GET", "HEAD", "OPTIONS")
+        origin = request.headers.get("Origin")
+        foreign = origin is not None and origin.rstrip("/").lower() != self._own_origin(request)
+        if foreign and (changing or request.path.startswith("/api/")):
+            return _error(403, "requests from another web origin are refused", "origin_refused")
+        needs_login = request.path.startswith("/api/") and request.path not in _OPEN_ROUTES
+        if needs_login and not self.auth.logged_in(cookie):
+            return _error(401, "log in first", "login_required")
+        if changing and not self.auth.csrf_ok(request.headers.get("X-CSRF-Token"), cookie):
+            return _error(403, "missing or wrong X-CSRF-Token", "csrf_failed")
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return _error(exc.status, exc.message, exc.code or "invalid_request")
+        except SessionStoreError as exc:
+            return _error(
+                503, f"storage is unavailable: {exc}", "store_unavailable", retryable=True
+            )
+
+    @staticmethod
+    def _own_origin(request: web.Request) -> str:
+        return f"{request.scheme}://{request.host}".lower()
+
+    async def _headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        for name, value in _HARDENING.items():
+            response.headers.setdefault(name, value)
+        content_type = response.headers.get("Content-Type", "")
+        response.headers.setdefault(
+            "Content-Security-Policy", CSP if content_type.startswith("text/html") else _JSON_CSP
+        )
+        if request.path.startswith("/api/"):
+            response.headers.setdefault("Cache-Control", "no-store")
+
+    # ----------------------------------------------------------------- pages
+
+    async def page(self, request: web.Request) -> web.StreamResponse:
+        index = self.static_dir / "index.html"
+        if not index.is_file():
+            return web.Response(status=404, text="the web UI's front end is not installed\n")
+        return web.FileResponse(
+            index, headers={"Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-cache"}
+        )
+
+    async def static(self, request: web.Request) -> web.StreamResponse:
+        root = self.static_dir.resolve()
+        try:
+            path = (root / request.match_info["path"]).resolve()
+        except (OSError, ValueError):
+            raise web.HTTPNotFound() from None
+        if root not in path.parents or not path.is_file():
+            raise web.HTTPNotFound()
+        return web.FileResponse(path)
+
+    # ----------------------------------------------------------------- auth
+
+    async def bootstrap(self, request: web.Request) -> web.Response:
+        assert self.auth is not None
+        cookie = request.cookies.get(COOKIE_NAME)
+        return web.json_response(
+            {
+                "csrf_token": self.auth.csrf_token(cookie),
+                "auth_required": self.auth.auth_required,
+                "logged_in": self.auth.logged_in(cookie),
+                "model": self.model_name,
+                "shell_enabled": self.shell_enabled,
+                "version": self.version,
+            }
+        )
+
+    async def login(self, request: web.Request) -> web.Response:
+        assert self.auth is not None
+        client = request.remote or "?"
+        if self.auth.rate_limited(client):
+            return _error(429, "too many wrong passwords; wait a minute", "rate_limited")
+        body = await self._body(request)
+        if not self.auth.check_password(client, body.get("password")):
+            return _error(401, "wrong password", "wrong_password")
+        cookie = self.auth.new_cookie()
+        response = web.json_response(
+            {"logged_in": True, "csrf_token": self.auth.csrf_token(cookie)}
+        )
+        response.set_cookie(
+            COOKIE_NAME,
+            cookie,
+            max_age=COOKIE_MAX_AGE_SECONDS,
+            httponly=True,
+            samesite="Strict",
+            path="/",
+            secure=request.secure,
+        )
+        return response
+
+    async def logout(self, request: web.Request) -> web.Response:
+        response = web.json_response({"logged_in": False})
+        response.del_cookie(COOKIE_NAME, path="/")
+        return response
+
+    # ----------------------------------------------------------------- sessions
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        body = await read_json_body(request, self.max_body_bytes)
+        if body is None:
+            return {}
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+        return body
+
+    def _session_id(self, request: web.Request) -> str:
+        session_id = request.match_info["id"]
+        if not is_valid_session_id(session_id):
+            raise ApiError(404, "Session not found", code="session_not_found")
+        return session_id
+
+    async def list_sessions(self, request: web.Request) -> web.Response:
+        needle = request.query.get("q", "")[:_MAX_QUERY].strip().lower()
+        records = await asyncio.to_thread(self.store.list_sessions, 500)
+        unread = await self.log.unread_ids()
+        views = [
+            session_view(r, unread=r["id"] in unread, busy=self.turns.is_busy(r["id"]))
+            for r in records
+        ]
+        if needle:
+            views = [v for v in views if needle in f"{v['title']} {v['id']} {v['source']}".lower()]
+        return web.json_response({"sessions": views})
+
+    async def create_session(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        title = body.get("title")
+        if title is not None and (not isinstance(title, str) or len(title) > _MAX_TITLE):
+            raise ApiError(400, f"title must be text of at most {_MAX_TITLE} characters")
+        session_id = new_session_id()
+        source = SessionSource(platform=Platform.WEBUI, chat_id=session_id)
+        await self.store.acreate_session(session_id, source=source, title=title or None)
+        view = await self.turns.session_dict(session_id)
+        assert view is not None
+        await self.log.append("session", {"session": view})
+        return web.json_response({"session": view}, status=201)
+
+    async def get_session(self, request: web.Request) -> web.Response:
+        session_id = self._session_id(request)
+        # The log position first: an event after it may already be in the answer, but none
+        # before it is missing (the tab replays after ``last_event_id``).
+        last_event_id = await self.log.latest_id()
+        view = await self.turns.session_dict(session_id)
+        if view is None:
+            raise ApiError(404, "Session not found", code="session_not_found")
+        try:
+            messages = await asyncio.to_thread(self.store.messages, session_id)
+        except SessionGone:
+            raise ApiError(404, "Session not found", code="session_not_found") from None
+        stream = self.turns.active(session_id)
+        approval = self.approvals.pending_for(session_id)
+        return web.json_response(
+            {
+                "session": view,
+                "items": transcript_items(messages),
+                "active_stream": stream.as_dict() if stream is not None else None,
+                "pending_approval": approval.as_dict() if approval is not None else None,
+                "last_event_id": str(last_event_id),
+            }
+        )
+
+    async def mark_read(self, request: web.Request) -> web.Response:
+        session_id = self._session_id(request)
+        if await self.turns.session_dict(session_id) is None:
+            raise ApiError(404, "Session not found", code="session_not_found")
+        await self.log.set_unread(session_id, False)
+        await self.turns.announce_session(session_id)
+        return web.Response(status=204)
+
+    async def post_message(self, request: web.Request) -> web.Response:
+        session_id = self._session_id(request)
+        body = await self._body(request)
+        text = body.get("text")
+        if not isinstance(text, str) or len(text) > self.max_body_bytes:
+            text = ""
+        answer = await asyncio.to_thread(
+            routes.start_session_turn, session_id, text, source="webui"
+        )
+        status = answer.get("_status")
+        if status is None:
+            return web.json_response(answer, status=202)
+        error = str(answer.get("error") or "refused")
+        extra = {k: v for k, v in answer.items() if k not in ("_status", "error", "type")}
+        code = str(
+            answer.get("type")
+            or {400: "message_required", 404: "session_not_found"}.get(int(status), "refused")
+        )
+        return _error(int(status), error, code, **extra)
+
+    async def stop_turn(self, request: web.Request) -> web.Response:
+        session_id = self._session_id(request)
+        return web.json_response({"stopped": await self.turns.stop(session_id)})
+
+    async def decide(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        decision = body.get("decision")
+        if decision not in ("approve", "deny"):
+            raise ApiError(400, 'decision must be "approve" or "deny"', code="invalid_decision")
+        try:
+            approval = await self.approvals.decide(request.match_info["id"], decision == "approve")
+        except KeyError:
+            return _error(404, "no such approval", "approval_not_found")
+        except AlreadyDecided:
+            return _error(409, "this approval was already decided", "already_decided")
+        return web.json_response({"approval": approval.as_dict()})
+
+    # ----------------------------------------------------------------- deliveries
+
+    async def list_deliveries(self, request: web.Request) -> web.Response:
+        state = request.query.get("state") or None
+        if state is not None and state not in deliveries.STATES:
+            raise ApiError(400, "state must be pending, delivered or dropped", code="invalid_state")
+        q = request.query.get("q", "")[:_MAX_QUERY]
+        rows = await asyncio.to_thread(deliveries.list_deliveries, state, q)
+        return web.json_response({"deliveries": rows})
+
+    async def delivery_action(self, request: web.Request) -> web.Response:
+        action = request.match_info["action"]
+        operation = {"redeliver": deliveries.redeliver, "drop": deliveries.drop}.get(action)
+        if operation is None:
+            raise web.HTTPNotFound()
+        delivery_id = request.match_info["id"]
+        try:
+            view = await asyncio.to_thread(operation, delivery_id)
+        except deliveries.UnknownDelivery:
+            return _error(404, "no such delivery", "delivery_not_found")
+        except deliveries.DeliveryConflict as exc:
+            return _error(409, str(exc), "delivery_conflict")
+        await self.log.append("delivery", {"delivery": view})
+        return web.json_response({"delivery": view})
+
+    # ----------------------------------------------------------------- the event stream
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        raw_last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
+        last: int | None = None
+        if raw_last:
+            try:
+                last = int(raw_last)
+            except ValueError:
+                last = -1  # unreadable: reset
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache, no-store",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        sub = self.log.subscribe()
+        try:
+            await response.prepare(request)
+            sent = last if last is not None and last >= 0 else 0
+            if last is not None:
+                missed = await self.log.since(last)
+                if missed is None:
+                    sent = await self.log.latest_id()
+                    await response.write(f"id: {sent}\nevent: reset\ndata: {{}}\n\n".encode())
+                else:
+                    for event in missed:
+                        await response.write(event.sse())
+                        sent = event.id
+            else:
+                await response.write(b": connected\n\n")
+            while True:
+                try:
+                    item: LoggedEvent | None = await asyncio.wait_for(
+                        sub.queue.get(), _PING_SECONDS
+                    )
+                except TimeoutError:
+                    await response.write(b": ping\n\n")
+                    continue
+                if item is None:
+                    break
+                if item.id <= sent:
+                    continue
+                await response.write(item.sse())
+                sent = item.id
+        except ConnectionError:
+            pass
+        finally:
+            self.log.unsubscribe(sub)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await response.write_eof()
+        return response

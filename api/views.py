@@ -1,0 +1,170 @@
+"""What the browser is sent: session-store records and ledger rows in the protocol's shapes.
+
+``docs/webui-protocol.md`` names them: ``Session``, the transcript's ``Item``s (messages,
+wake-up cards, tool steps), ``WakeupCard`` and ``Delivery``. A wake-up turn is stored as a
+user message that opens with ``WAKE_MARKER`` and ends with the completion's summary
+(``WAKE_DATA_MARKER``); it is shown as its card, and the reply after it is marked as the
+wake-up's. Every string is passed as data; the browser shows it as text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from agent.markers import WAKE_MARKER, read_wake_data
+from gateway.config import Platform
+
+__all__ = [
+    "WakeupCard",
+    "card_from_metadata",
+    "delivery_view",
+    "session_source",
+    "session_view",
+    "transcript_items",
+]
+
+_DEFAULT_TITLE = "New chat"
+
+
+@dataclass(frozen=True)
+class WakeupCard:
+    """A completion as the compact card of the transcript shows it."""
+
+    delivery_id: str
+    work_kind: str
+    goal: str
+    status: str
+    result: str
+    duration_seconds: float | None
+    command: str | None
+    exit_code: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def card_from_metadata(meta: Mapping[str, Any]) -> WakeupCard:
+    """The card of a completion's ``display_metadata`` (``delivery.event_display``)."""
+    work_kind = "process" if meta.get("kind") == "process" or meta.get("command") else "delegation"
+    goals = meta.get("goals")
+    goal = _text(meta.get("goal"))
+    if not goal and isinstance(goals, list):
+        goal = "; ".join(_text(g) for g in goals)
+    result = ""
+    for name in ("summary", "result", "error", "output_tail"):
+        if meta.get(name):
+            result = _text(meta[name])
+            break
+    results = meta.get("results")
+    if not result and isinstance(results, list):
+        result = "\n".join(
+            _text(r.get("summary") or r.get("error") or r.get("result"))
+            for r in results
+            if isinstance(r, Mapping)
+        )
+    exit_code = _number(meta.get("exit_code"))
+    return WakeupCard(
+        delivery_id=_text(meta.get("delegation_id") or meta.get("delivery_id")),
+        work_kind=work_kind,
+        goal=goal or _text(meta.get("command")),
+        status=_text(meta.get("status")) or "unknown",
+        result=result,
+        duration_seconds=_number(meta.get("duration_seconds")),
+        command=_text(meta["command"]) if meta.get("command") else None,
+        exit_code=int(exit_code) if exit_code is not None else None,
+    )
+
+
+def card_of_wake_text(text: str) -> WakeupCard | None:
+    """The card of a wake-up text, from its machine-readable line; None if it has none."""
+    found = read_wake_data(text)
+    return card_from_metadata(found[-1]) if found else None
+
+
+def session_source(record: Mapping[str, Any]) -> str:
+    source = record.get("source")
+    if isinstance(source, Mapping) and source.get("platform"):
+        return str(source["platform"])
+    return Platform.API_SERVER.value
+
+
+def session_view(record: Mapping[str, Any], *, unread: bool, busy: bool) -> dict[str, Any]:
+    source = session_source(record)
+    return {
+        "id": record["id"],
+        "title": record.get("title") or _DEFAULT_TITLE,
+        "source": source,
+        "created_at": record.get("created_at"),
+        "updated_at": record.get("updated_at"),
+        "unread": unread,
+        "busy": busy,
+        "chat": source == Platform.WEBUI.value,
+    }
+
+
+def transcript_items(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A stored transcript as the protocol's items, in order."""
+    items: list[dict[str, Any]] = []
+    after_wake = False
+    for row in messages:
+        row_id = f"m{row['id']}"
+        content = _text(row.get("content"))
+        meta = row.get("display_metadata") or {}
+        if row.get("display_kind") is not None:
+            # A delivery row (API-server sessions): the result, as its card.
+            items.append(
+                {"kind": "wakeup", "id": row_id, "card": card_from_metadata(meta).as_dict()}
+            )
+            continue
+        if row.get("role") == "user" and content.startswith(WAKE_MARKER):
+            card = card_of_wake_text(content)
+            if card is not None:
+                items.append({"kind": "wakeup", "id": row_id, "card": card.as_dict()})
+                after_wake = True
+                continue
+        role = "assistant" if row.get("role") == "assistant" else "user"
+        item: dict[str, Any] = {
+            "kind": "message",
+            "id": row_id,
+            "role": role,
+            "content": content,
+            "wakeup": role == "assistant" and after_wake,
+        }
+        if isinstance(meta, Mapping) and meta.get("stopped"):
+            item["stopped"] = True
+        items.append(item)
+        after_wake = False
+    return items
+
+
+def delivery_view(row: Mapping[str, Any], *, max_attempts: int) -> dict[str, Any]:
+    """A ledger row as the Deliveries page shows it."""
+    session = (
+        row.get("origin_ui_session_id") or row.get("origin_session_id") or row.get("session_key")
+    )
+    last_error = row.get("settled_reason") if row.get("delivery_state") == "dropped" else None
+    return {
+        "id": row["id"],
+        "kind": row.get("kind"),
+        "state": row.get("delivery_state"),
+        "work_state": row.get("state"),
+        "session_id": session,
+        "attempts": row.get("delivery_attempts", 0),
+        "max_attempts": max_attempts,
+        "last_error": last_error,
+        "created_at": row.get("created_at"),
+        "updated_at": row.get("updated_at"),
+        "summary": _text(row.get("goal"))[:300],
+    }

@@ -1,0 +1,317 @@
+"""Turns in web UI sessions: what ``api.routes`` binds as its ``SessionTurns``.
+
+``start_turn`` (callable from any thread: the wake-up consumer's, a request handler's
+``to_thread``) hops onto the event loop and starts a turn of the web UI's ``TurnService``
+(``platform=Platform.WEBUI``) in the background; the turn's content deltas and tool steps
+become ``turn.*`` events of the durable event log while ``ActiveStream`` keeps the reply so
+far for a tab that reloads mid-turn. ``stop`` cancels the turn's task: the text shown so far
+is stored, marked stopped. A wake-up turn (``source="process_wakeup"``) first announces its
+card (``wakeup``), a ``toast`` and the session's unread mark; it is keyed by its delivery id
+so a re-offer of a wake-up that already ran never runs it twice. When a session becomes
+free (its turn ended), ``on_free`` is awaited: deferred wake-ups fire right then.
+
+Refusals are ``api.routes`` answers: 404 unknown session, 409 for a session that is not a
+web UI one, an active stream (``active_stream_id``), ``agent_runtime_stale`` or
+``process_wakeup_paused``, 503 ``retryable`` when storage is unavailable or too many turns run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.markers import WAKE_MARKER
+from agent.tools import ToolProgress
+from api.approvals import Approvals
+from api.event_log import EventLog
+from api.routes import refusal
+from api.views import card_of_wake_text, session_source, session_view
+from gateway.config import Platform
+from gateway.session import SessionStore, SessionStoreError
+from gateway.turns import ReplayedTurn, StartedTurn, TurnError, TurnRequest, TurnService
+
+__all__ = ["ActiveStream", "WebTurns"]
+
+logger = logging.getLogger(__name__)
+
+WAKEUP_SOURCE = "process_wakeup"
+_START_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass
+class ActiveStream:
+    """A running turn of a session: the reply so far and the id of its last event."""
+
+    stream_id: str
+    turn_id: str
+    session_id: str
+    user_text: str
+    wakeup: bool
+    text: str = ""
+    last_event_id: int = 0
+    started: StartedTurn | None = field(default=None, repr=False)
+    follower: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "stream_id": self.stream_id,
+            "turn_id": self.turn_id,
+            "text": self.text,
+            "last_event_id": str(self.last_event_id),
+        }
+
+
+class WebTurns:
+    """Starts, follows and stops web UI turns (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        service: TurnService,
+        log: EventLog,
+        approvals: Approvals,
+        *,
+        runtime_stale: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.store = store
+        self.service = service
+        self.log = log
+        self.approvals = approvals
+        self.runtime_stale = runtime_stale
+        self.on_free: Callable[[str], Awaitable[None]] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self._active: dict[str, ActiveStream] = {}
+        self._paused: set[str] = set()
+
+    # ----------------------------------------------------------------- api.routes.SessionTurns
+
+    def start_turn(self, session_id: str, text: str, *, source: str) -> dict[str, Any]:
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return refusal(503, "the web UI is not running", retryable=True)
+        with contextlib.suppress(RuntimeError):
+            if asyncio.get_running_loop() is loop:
+                return refusal(503, "start_turn was called on the event loop", retryable=True)
+        future = asyncio.run_coroutine_threadsafe(self.astart(session_id, text, source), loop)
+        try:
+            return future.result(timeout=_START_TIMEOUT_SECONDS)
+        except Exception as exc:
+            future.cancel()
+            logger.warning("starting a turn in %s failed: %r", session_id, exc)
+            return refusal(503, "the web UI did not answer in time", retryable=True)
+
+    def is_busy(self, session_id: str) -> bool:
+        with self._lock:
+            if session_id in self._active:
+                return True
+        return self.approvals.is_pending(session_id)
+
+    # ----------------------------------------------------------------- reads
+
+    def active(self, session_id: str) -> ActiveStream | None:
+        with self._lock:
+            return self._active.get(session_id)
+
+    async def session_dict(self, session_id: str) -> dict[str, Any] | None:
+        record = await asyncio.to_thread(self.store.get_session, session_id)
+        if record is None:
+            return None
+        unread = session_id in await self.log.unread_ids()
+        return session_view(record, unread=unread, busy=self.is_busy(session_id))
+
+    async def announce_session(self, session_id: str) -> None:
+        try:
+            view = await self.session_dict(session_id)
+        except Exception:
+            logger.exception("could not read session %s to announce it", session_id)
+            return
+        if view is not None:
+            await self.log.append("session", {"session": view})
+
+    # ----------------------------------------------------------------- starting
+
+    async def astart(self, session_id: str, text: str, source: str) -> dict[str, Any]:
+        try:
+            record = await asyncio.to_thread(self.store.get_session, session_id)
+        except SessionStoreError as exc:
+            return refusal(503, f"the session store is unavailable: {exc}", retryable=True)
+        if record is None:
+            return refusal(404, "Session not found")
+        if session_source(record) != Platform.WEBUI.value:
+            return refusal(
+                409, "only web UI sessions can be chatted in", type="not_a_webui_session"
+            )
+        if self.runtime_stale():
+            return refusal(409, "agent_runtime_stale", type="agent_runtime_stale", retryable=True)
+        wakeup = source == WAKEUP_SOURCE
+        card = card_of_wake_text(text) if wakeup else None
+        stream = ActiveStream(
+            stream_id=f"st_{secrets.token_hex(8)}",
+            turn_id=f"turn_{secrets.token_hex(8)}",
+            session_id=session_id,
+            user_text=text,
+            wakeup=wakeup,
+        )
+        with self._lock:
+            if wakeup and session_id in self._paused:
+                return refusal(409, "process_wakeup_paused", type="process_wakeup_paused")
+            if not wakeup:
+                self._paused.discard(session_id)  # the user is back: wake-ups may run again
+            running = self._active.get(session_id)
+            if running is not None:
+                return refusal(
+                    409,
+                    "this session already has an active stream",
+                    type="active_stream",
+                    active_stream_id=running.stream_id,
+                )
+            self._active[session_id] = stream
+        try:
+            answer = await self.service.start(
+                TurnRequest(
+                    session_id=session_id,
+                    messages=[{"role": "user", "content": text}],
+                    stream=True,
+                    idempotency_key=(
+                        f"webui-wake:{card.delivery_id}" if card and card.delivery_id else None
+                    ),
+                    bind_key_to_request=False,
+                )
+            )
+        except BaseException as exc:
+            with self._lock:
+                self._active.pop(session_id, None)
+            if isinstance(exc, TurnError) and exc.kind in ("session_not_found", "session_deleted"):
+                return refusal(404, "Session not found")
+            if isinstance(exc, TurnError | SessionStoreError):
+                return refusal(503, str(exc), retryable=True)
+            raise
+        accepted = {
+            "stream_id": stream.stream_id,
+            "session_id": session_id,
+            "turn_id": stream.turn_id,
+        }
+        if isinstance(answer, ReplayedTurn):
+            with self._lock:
+                self._active.pop(session_id, None)
+            return accepted  # this wake-up ran before (another offer, another process)
+        stream.started = answer
+        if card is not None:
+            await self.log.append("wakeup", {"session_id": session_id, "card": card.as_dict()})
+            await self.log.set_unread(session_id, True)
+            title = record.get("title") or "New chat"
+            await self.log.append(
+                "toast",
+                {
+                    "session_id": session_id,
+                    "title": title,
+                    "goal": card.goal,
+                    "status": card.status,
+                },
+            )
+        event = await self.log.append(
+            "turn.start",
+            {
+                "session_id": session_id,
+                "stream_id": stream.stream_id,
+                "turn_id": stream.turn_id,
+                "wakeup": wakeup,
+                "user_text": None if wakeup else text,
+            },
+        )
+        stream.last_event_id = event.id
+        await self.announce_session(session_id)
+        stream.follower = asyncio.create_task(self._follow(stream, answer))
+        return accepted
+
+    # ----------------------------------------------------------------- following
+
+    async def _follow(self, stream: ActiveStream, started: StartedTurn) -> None:
+        base = {"session_id": stream.session_id, "stream_id": stream.stream_id}
+        end: dict[str, Any] = {**base, "status": "done"}
+        try:
+            assert started.deltas is not None
+            while (piece := await started.deltas.get()) is not None:
+                if isinstance(piece, str):
+                    event = await self.log.append("turn.delta", {**base, "text": piece})
+                    stream.text += piece
+                    stream.last_event_id = event.id
+                elif isinstance(piece, ToolProgress):
+                    status = (
+                        piece.phase
+                        if piece.phase == "started"
+                        else ("done" if piece.ok else "failed")
+                    )
+                    summary = f"{piece.name} {status}" + (
+                        f" in {piece.seconds:g} s" if piece.phase != "started" else ""
+                    )
+                    event = await self.log.append(
+                        "turn.tool",
+                        {**base, "name": piece.name, "status": status, "summary": summary},
+                    )
+                    stream.last_event_id = event.id
+            try:
+                response = await asyncio.shield(started.task)
+                end["content"] = str(response.get("content") or stream.text)
+            except asyncio.CancelledError:
+                if not started.task.cancelled():
+                    raise
+                end.update(status="stopped", content=stream.text)
+                await self._store_stopped(stream)
+            except TurnError as exc:
+                end.update(status="error", error=exc.message, content=stream.text)
+                if stream.wakeup and exc.kind == "upstream":
+                    with self._lock:
+                        self._paused.add(stream.session_id)
+            except Exception as exc:
+                logger.exception("turn %s failed", stream.turn_id)
+                end.update(status="error", error=type(exc).__name__, content=stream.text)
+        finally:
+            with self._lock:
+                if self._active.get(stream.session_id) is stream:
+                    del self._active[stream.session_id]
+            with contextlib.suppress(Exception):
+                await self.log.append("turn.end", end)
+            await self.announce_session(stream.session_id)
+            if self.on_free is not None:
+                try:
+                    await self.on_free(stream.session_id)
+                except Exception:
+                    logger.exception("deferred wake-ups of %s failed", stream.session_id)
+
+    async def _store_stopped(self, stream: ActiveStream) -> None:
+        user: dict[str, Any] = {"role": "user", "content": stream.user_text}
+        if stream.user_text.startswith(WAKE_MARKER):
+            user["display_metadata"] = {"wake": True}
+        reply = {"role": "assistant", "content": stream.text, "display_metadata": {"stopped": True}}
+        try:
+            await self.store.aappend_turn(stream.session_id, [user, reply])
+        except Exception:
+            logger.exception("could not store the stopped turn %s", stream.turn_id)
+
+    # ----------------------------------------------------------------- stopping
+
+    async def stop(self, session_id: str) -> bool:
+        """Cancel the session's running turn; False when none runs."""
+        stream = self.active(session_id)
+        if stream is None or stream.started is None or stream.started.task.done():
+            return False
+        stream.started.task.cancel()
+        if stream.follower is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(stream.follower)
+        return True
+
+    async def drain(self, grace_seconds: float) -> None:
+        await self.service.drain(grace_seconds)
+        with self._lock:
+            followers = [s.follower for s in self._active.values() if s.follower is not None]
+        if followers:
+            await asyncio.wait(followers, timeout=grace_seconds)

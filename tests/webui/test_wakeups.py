@@ -1,0 +1,77 @@
+"""Background work started in a web UI session comes home as a wake-up turn, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import tools.async_delegation as ad
+from tests.webui.conftest import Web, settings_for, start_web, stop_web
+
+
+async def _wakeup_done(web: Web, sse, sid: str) -> None:
+    await sse.wait_for(lambda e: e[1] == "wakeup" and e[2]["session_id"] == sid)
+    await sse.wait_for(
+        lambda e: (
+            e[1] == "turn.end"
+            and e[2]["session_id"] == sid
+            and any(
+                s["stream_id"] == e[2]["stream_id"] and s["wakeup"] for s in sse.of("turn.start")
+            )
+        )
+    )
+
+
+async def test_delegation_result_arrives_as_card_and_reply_once(web: Web) -> None:
+    sse = await web.stream()
+    sid = await web.new_session("work")
+    await web.say(sid, "in the background: count the stars")
+    await _wakeup_done(web, sse, sid)
+    await asyncio.sleep(0.3)  # anything duplicated would show by now
+    cards = sse.of("wakeup")
+    assert len(cards) == 1
+    card = cards[0]["card"]
+    assert card["goal"] == "count the stars" and card["status"] == "completed"
+    assert card["work_kind"] == "delegation" and card["delivery_id"].startswith("deleg_")
+    toasts = sse.of("toast")
+    assert [t["goal"] for t in toasts] == ["count the stars"]
+    assert any(s["session"]["id"] == sid and s["session"]["unread"] for s in sse.of("session"))
+    body = await web.session(sid)
+    kinds = [(i["kind"], i.get("role"), i.get("wakeup")) for i in body["items"]]
+    assert kinds == [
+        ("message", "user", False),
+        ("message", "assistant", False),
+        ("wakeup", None, None),
+        ("message", "assistant", True),
+    ]
+    assert body["session"]["unread"] is True
+    r = await web.post(f"/api/sessions/{sid}/read")
+    assert r.status == 204
+    assert (await web.session(sid))["session"]["unread"] is False
+    row = ad.get_durable_delegation(card["delivery_id"])
+    assert row is not None and row["delivery_state"] == "delivered"
+    assert row["delivery_attempts"] == 1
+    deliveries = (await (await web.get("/api/deliveries?state=delivered")).json())["deliveries"]
+    assert [d["id"] for d in deliveries] == [card["delivery_id"]]
+    assert any(d["delivery"]["id"] == card["delivery_id"] for d in sse.of("delivery"))
+    await sse.close()
+
+
+async def test_wakeup_runs_with_no_tab_open(tmp_path) -> None:
+    web = await start_web(settings_for(tmp_path))
+    try:
+        sid = await web.new_session()
+        await web.say(sid, "in the background: water the plants")
+        for _ in range(200):
+            items = (await web.session(sid))["items"]
+            if any(i.get("wakeup") for i in items):
+                break
+            await asyncio.sleep(0.05)
+        items = (await web.session(sid))["items"]
+        assert [i["kind"] for i in items].count("wakeup") == 1
+        assert items[-1]["wakeup"] is True and items[-1]["content"]
+        # A tab opened afterwards replays the card from the log.
+        sse = await web.stream(last_event_id="0")
+        await sse.wait_for(lambda e: e[1] == "wakeup")
+        await sse.close()
+    finally:
+        await stop_web(web)
