@@ -151,13 +151,16 @@ function markRead(id) {
   api.markRead(id).catch(() => {});
 }
 
-async function openSession(id, { push = true } = {}) {
+async function openSession(id, { push = true, quiet = false } = {}) {
   if (push) navigate(`/?session=${encodeURIComponent(id)}`);
   state.currentId = id;
-  showView("chat");
+  if (state.view !== "chat") showView("chat");
+  else closeSidebar();
   const known = state.sessions.get(id);
   setTitle(known ? sessionTitle(known) : "Loading…", known ? sourceLabel(known.source) : "");
-  chat.begin(id);
+  // quiet: the same session again (a refetch); what is shown stays until the answer.
+  if (quiet) chat.beginQuiet(id);
+  else chat.begin(id);
   chatEmpty.hidden = true;
   renderSidebar();
   updateComposer();
@@ -398,6 +401,9 @@ function wire() {
   composer.addEventListener("input", autosize);
   stopButton.addEventListener("click", stop);
   transcript.addEventListener("busychange", updateComposer);
+  transcript.addEventListener("refetch", () => {
+    if (state.currentId && state.view === "chat") openSession(state.currentId, { push: false, quiet: true });
+  });
   let searchTimer = 0;
   $("#search").addEventListener("input", (event) => {
     clearTimeout(searchTimer);

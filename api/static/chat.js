@@ -127,6 +127,13 @@ export class ChatView {
     this.reset();
   }
 
+  /** Like `begin`, but what is shown stays until `load` replaces it. */
+  beginQuiet(sessionId) {
+    this.sessionId = sessionId;
+    this.loading = true;
+    this.buffer = [];
+  }
+
   reset() {
     for (const stream of this.streams.values()) cancelAnimationFrame(stream.frame);
     this.streams.clear();
@@ -144,7 +151,16 @@ export class ChatView {
     for (const item of detail.items || []) this.renderItem(item);
     const active = detail.active_stream;
     if (active && active.stream_id) {
-      this.startStream(active.stream_id, { wakeup: false, text: active.text || "" });
+      if (typeof active.user_text === "string" && active.user_text && !active.wakeup) {
+        this.root.append(this.message("user", active.user_text));
+      }
+      const stream = this.startStream(active.stream_id, {
+        wakeup: Boolean(active.wakeup),
+        text: active.text || "",
+      });
+      // An older server's active stream lacks user_text / wakeup: refetch once it ends, so
+      // the question and the wake-up mark come from the stored transcript.
+      stream.refetchAtEnd = !("user_text" in active) || !("wakeup" in active);
       if (active.last_event_id && compareIds(active.last_event_id, this.lastEventId) > 0) {
         this.lastEventId = String(active.last_event_id);
       }
@@ -238,6 +254,14 @@ export class ChatView {
   }
 
   onTurnStart(data) {
+    if (this.streams.has(data.stream_id)) {
+      // Loaded as the active stream already; its question may not be among the items yet.
+      const stream = this.streams.get(data.stream_id);
+      if (data.user_text && stream.refetchAtEnd && !data.wakeup) {
+        this.root.insertBefore(this.message("user", data.user_text), stream.node);
+      }
+      return;
+    }
     if (data.user_text) {
       const index = this.pendingUser.findIndex((p) => p.text === data.user_text);
       if (index >= 0) {
@@ -264,13 +288,17 @@ export class ChatView {
     return stream;
   }
 
+  /**
+   * The stream an event belongs to, or null: a turn this view never saw start ended before
+   * the view loaded, so its reply is already among the stored items (not shown twice).
+   */
   streamFor(data) {
-    return this.streams.get(data.stream_id) || this.startStream(data.stream_id, { wakeup: false, text: "" });
+    return this.streams.get(data.stream_id) || null;
   }
 
   onDelta(data) {
     const stream = this.streamFor(data);
-    if (stream.done) return;
+    if (!stream || stream.done) return;
     stream.text += String(data.text ?? "");
     if (!stream.frame) {
       stream.frame = requestAnimationFrame(() => {
@@ -283,6 +311,7 @@ export class ChatView {
 
   onTool(data) {
     const stream = this.streamFor(data);
+    if (!stream || stream.done) return;
     const steps = [...this.root.querySelectorAll(`.tool-step[data-stream-id="${CSS.escape(data.stream_id)}"]`)];
     const open = steps.reverse().find((n) => n.dataset.name === String(data.name || "") && n.classList.contains("running"));
     if (open) {
@@ -296,6 +325,7 @@ export class ChatView {
 
   onTurnEnd(data) {
     const stream = this.streamFor(data);
+    if (!stream || stream.done) return;
     cancelAnimationFrame(stream.frame);
     stream.frame = 0;
     stream.done = true;
@@ -318,6 +348,7 @@ export class ChatView {
     }
     if (this.activeStreamId === data.stream_id) this.activeStreamId = null;
     this.root.dispatchEvent(new CustomEvent("busychange"));
+    if (stream.refetchAtEnd) this.root.dispatchEvent(new CustomEvent("refetch"));
   }
 
   addCard(card) {

@@ -125,9 +125,12 @@ export class DeliveriesView {
 
   async act(delivery, action, button) {
     button.disabled = true;
+    const before = this.rows.get(delivery.id);
     try {
       const data = action === "drop" ? await api.drop(delivery.id) : await api.redeliver(delivery.id);
-      if (data && data.delivery) this.upsert(data.delivery);
+      // The event stream may already have brought a newer state (a redelivered row can be
+      // delivered before this answer arrives): the answer only counts if nothing came since.
+      if (data && data.delivery && this.rows.get(delivery.id) === before) this.upsert(data.delivery);
       notice(action === "drop" ? "Delivery dropped" : "Delivery queued again", "info");
     } catch (err) {
       button.disabled = false;

@@ -49,7 +49,14 @@ def test_deliveries_page_drop_and_redeliver(start_server, new_tab, shots) -> Non
         button.click()
         page.wait_for_timeout(1000)
     # live from the event stream: pending again, then delivered by the wake-up
-    expect(row).to_have_attribute("data-delivery-state", "delivered", timeout=30000)
+    server.wait_for(
+        lambda: any(
+            GOAL in str(r.get("summary"))
+            for r in server.get("/api/deliveries?state=delivered")["deliveries"]
+        ),
+        "the redelivered row's delivery (server side)",
+    )
+    expect(row).to_have_attribute("data-delivery-state", "delivered")
     shots(page, "deliveries-redelivered")
 
     page.goto(f"{server.url}/?session={session_id}")
