@@ -29,10 +29,13 @@ def current_session_id(page: Any) -> str:
 
 def create_session(page: Any) -> str:
     before = page.locator("[data-testid=session-item]").count()
+    before_url = page.url
     page.get_by_test_id("new-session").click()
     expect(page.locator("[data-testid=session-item]")).to_have_count(before + 1)
-    page.wait_for_url(re.compile(r"[?&]session="))
-    return current_session_id(page)
+    page.wait_for_url(lambda url: "session=" in url and url != before_url)
+    session_id = current_session_id(page)
+    expect(session_item(page, session_id)).to_have_attribute("aria-current", "page")
+    return session_id
 
 
 def send(page: Any, text: str) -> None:
