@@ -18,8 +18,10 @@ from tests.webui.browser._support import (
 )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    # Module scope, not session: the sync Playwright API keeps an event loop running in this
+    # thread while it is started, which the suite's asyncio tests after these could not use.
     require_browser()
     from playwright.sync_api import sync_playwright
 
