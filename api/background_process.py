@@ -96,16 +96,17 @@ def route_session(evt: dict[str, Any]) -> str | None:
     if isinstance(origin, str) and origin:
         return origin
     for field in ("delegation_id", "process_id", "delivery_id"):
-        work_id = evt.get(field)
-        if isinstance(work_id, str) and work_id:
+        found = evt.get(field)
+        if isinstance(found, str) and found:
             with cfg.MAPS_LOCK:
-                session_id = cfg.PROCESS_SESSION_INDEX.get(work_id)
+                session_id = cfg.PROCESS_SESSION_INDEX.get(found)
             if session_id:
                 return session_id
     return None
 
 
-def _work_id(evt: dict[str, Any]) -> str:
+def work_id(evt: dict[str, Any]) -> str:
+    """The ledger id a completion is delivered by (its delegation's, else its delivery's)."""
     for field in ("delegation_id", "delivery_id", "process_id"):
         value = evt.get(field)
         if isinstance(value, str) and value:
@@ -115,7 +116,7 @@ def _work_id(evt: dict[str, Any]) -> str:
 
 def _defer(session_id: str, evt: dict[str, Any]) -> None:
     with cfg.MAPS_LOCK:
-        cfg.DEFERRED_PROCESS_WAKEUPS.setdefault(session_id, {})[_work_id(evt)] = evt
+        cfg.DEFERRED_PROCESS_WAKEUPS.setdefault(session_id, {})[work_id(evt)] = evt
 
 
 def _routes() -> Any:
@@ -138,7 +139,7 @@ def handle_completion(
     _start_async_delegation_wakeup_turn(
         session_id,
         text,
-        delegation_id=_work_id(evt),
+        delegation_id=work_id(evt),
         evt=evt,
         claim=claim,
         process_registry=process_registry,

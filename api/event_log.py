@@ -108,8 +108,7 @@ class EventLog:
         await self._run(self.open)
 
     def close(self) -> None:
-        for sub in list(self._subscribers):
-            self._end(sub)
+        self.end_streams()
         self._writer.shutdown(wait=True)
         if self._conn is not None:
             self._conn.close()
@@ -185,6 +184,11 @@ class EventLog:
 
     def unsubscribe(self, sub: Subscription) -> None:
         self._subscribers.discard(sub)
+
+    def end_streams(self) -> None:
+        """End every live stream (shutdown): each tab reconnects and replays."""
+        for sub in list(self._subscribers):
+            self._end(sub)
 
     def _end(self, sub: Subscription) -> None:
         self._subscribers.discard(sub)

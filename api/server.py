@@ -6,7 +6,8 @@ under ``/static/`` from the package (a clean 404 while the front end is not ther
 strict Content-Security-Policy and the hardening headers on every answer. Every ``/api/*``
 route but ``bootstrap`` and ``login`` needs the login cookie when a password is set; every
 state-changing request needs ``X-CSRF-Token``, and one that sends an ``Origin`` must come
-from the web UI's own origin. Bodies are JSON only, size-capped, and checked for what JSON
+from the web UI's own origin; without a password, only a loopback ``Host`` is answered (a
+rebound DNS name is refused). Bodies are JSON only, size-capped, and checked for what JSON
 allows but text cannot hold (``gateway.platforms.request_body``). Errors are
 ``{"error": {"message", "code", ...}}``. The server binds ``api.routes`` to its turns when it
 starts and unbinds them when it stops.
@@ -15,7 +16,6 @@ starts and unbinds them when it stops.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -26,7 +26,8 @@ from aiohttp import web
 from api import deliveries, routes
 from api.approvals import AlreadyDecided, Approvals
 from api.auth import COOKIE_MAX_AGE_SECONDS, COOKIE_NAME, Auth
-from api.event_log import EventLog, LoggedEvent
+from api.event_log import EventLog
+from api.event_stream import stream_events
 from api.views import session_view, transcript_items
 from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
@@ -36,6 +37,7 @@ from gateway.platforms.request_body import read_json_body
 from gateway.session import (
     SessionGone,
     SessionSource,
+    SessionStore,
     SessionStoreError,
     is_valid_session_id,
     new_session_id,
@@ -57,11 +59,17 @@ _HARDENING = {
 }
 _JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
 _OPEN_ROUTES = frozenset({"/api/bootstrap", "/api/login"})
-_PING_SECONDS = 15.0
 _MAX_TITLE = 200
 _MAX_QUERY = 200
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _host_name(host: str) -> str:
+    """The name part of a Host header (``[::1]:8787`` -> ``::1``, ``a:1`` -> ``a``)."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
 def _error(status: int, message: str, code: str, **extra: Any) -> web.Response:
@@ -74,7 +82,7 @@ class WebUIServer:
     def __init__(
         self,
         *,
-        store: Any,
+        store: SessionStore,
         turns: WebTurns,
         log: EventLog,
         approvals: Approvals,
@@ -136,6 +144,7 @@ class WebUIServer:
             if sockets:
                 self.port = int(sockets[0].getsockname()[1])
             routes.bind(self.turns)
+            logger.info("web UI listening on %s", self.url)
         except BaseException:
             await self.stop(0)
             raise
@@ -145,8 +154,7 @@ class WebUIServer:
         self.target.stop()
         await self.turns.drain(grace_seconds)
         if self._runner is not None:
-            for sub in list(self.log._subscribers):
-                self.log._end(sub)
+            self.log.end_streams()
             await self._runner.cleanup()
             self._runner = None
         self.turns.loop = None
@@ -184,6 +192,10 @@ class WebUIServer:
         cookie = request.cookies.get(COOKIE_NAME)
         changing = request.method not in ("GET", "HEAD", "OPTIONS")
         origin = request.headers.get("Origin")
+        if not self.auth.auth_required and not is_loopback(_host_name(request.host)):
+            # Without a password only loopback names may address it: a web page whose name
+            # was rebound to 127.0.0.1 would otherwise be "same-origin".
+            return _error(403, "address the web UI as 127.0.0.1 or localhost", "host_refused")
         foreign = origin is not None and origin.rstrip("/").lower() != self._own_origin(request)
         if foreign and (changing or request.path.startswith("/api/")):
             return _error(403, "requests from another web origin are refused", "origin_refused")
@@ -348,8 +360,7 @@ class WebUIServer:
         session_id = self._session_id(request)
         if await self.turns.session_dict(session_id) is None:
             raise ApiError(404, "Session not found", code="session_not_found")
-        await self.log.set_unread(session_id, False)
-        await self.turns.announce_session(session_id)
+        await self.turns.mark_read(session_id)
         return web.Response(status=204)
 
     async def post_message(self, request: web.Request) -> web.Response:
@@ -417,53 +428,4 @@ class WebUIServer:
     # ----------------------------------------------------------------- the event stream
 
     async def events(self, request: web.Request) -> web.StreamResponse:
-        raw_last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
-        last: int | None = None
-        if raw_last:
-            try:
-                last = int(raw_last)
-            except ValueError:
-                last = -1  # unreadable: reset
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache, no-store",
-                "X-Accel-Buffering": "no",
-            }
-        )
-        sub = self.log.subscribe()
-        try:
-            await response.prepare(request)
-            sent = last if last is not None and last >= 0 else 0
-            if last is not None:
-                missed = await self.log.since(last)
-                if missed is None:
-                    sent = await self.log.latest_id()
-                    await response.write(f"id: {sent}\nevent: reset\ndata: {{}}\n\n".encode())
-                else:
-                    for event in missed:
-                        await response.write(event.sse())
-                        sent = event.id
-            else:
-                await response.write(b": connected\n\n")
-            while True:
-                try:
-                    item: LoggedEvent | None = await asyncio.wait_for(
-                        sub.queue.get(), _PING_SECONDS
-                    )
-                except TimeoutError:
-                    await response.write(b": ping\n\n")
-                    continue
-                if item is None:
-                    break
-                if item.id <= sent:
-                    continue
-                await response.write(item.sse())
-                sent = item.id
-        except ConnectionError:
-            pass
-        finally:
-            self.log.unsubscribe(sub)
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await response.write_eof()
-        return response
+        return await stream_events(request, self.log)

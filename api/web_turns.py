@@ -28,6 +28,7 @@ from typing import Any
 
 from agent.markers import WAKE_MARKER
 from agent.tools import ToolProgress
+from api import config as cfg
 from api.approvals import Approvals
 from api.event_log import EventLog
 from api.routes import refusal
@@ -65,6 +66,12 @@ class ActiveStream:
             "text": self.text,
             "last_event_id": str(self.last_event_id),
         }
+
+
+def _tool_step(step: ToolProgress) -> dict[str, str]:
+    status = "started" if step.phase == "started" else ("done" if step.ok else "failed")
+    took = f" in {step.seconds:g} s" if step.phase != "started" else ""
+    return {"name": step.name, "status": status, "summary": f"{step.name} {status}{took}"}
 
 
 class WebTurns:
@@ -126,6 +133,13 @@ class WebTurns:
         unread = session_id in await self.log.unread_ids()
         return session_view(record, unread=unread, busy=self.is_busy(session_id))
 
+    async def mark_read(self, session_id: str) -> None:
+        """The session was opened: its unread mark and its unseen completions clear."""
+        with cfg.MAPS_LOCK:
+            cfg.PENDING_BG_TASK_COMPLETIONS.pop(session_id, None)
+        await self.log.set_unread(session_id, False)
+        await self.announce_session(session_id)
+
     async def announce_session(self, session_id: str) -> None:
         try:
             view = await self.session_dict(session_id)
@@ -148,7 +162,7 @@ class WebTurns:
             return refusal(
                 409, "only web UI sessions can be chatted in", type="not_a_webui_session"
             )
-        if self.runtime_stale():
+        if await asyncio.to_thread(self.runtime_stale):
             return refusal(409, "agent_runtime_stale", type="agent_runtime_stale", retryable=True)
         wakeup = source == WAKEUP_SOURCE
         card = card_of_wake_text(text) if wakeup else None
@@ -204,6 +218,8 @@ class WebTurns:
             return accepted  # this wake-up ran before (another offer, another process)
         stream.started = answer
         if card is not None:
+            with cfg.MAPS_LOCK:
+                cfg.PENDING_BG_TASK_COMPLETIONS.setdefault(session_id, []).append(card.as_dict())
             await self.log.append("wakeup", {"session_id": session_id, "card": card.as_dict()})
             await self.log.set_unread(session_id, True)
             title = record.get("title") or "New chat"
@@ -238,24 +254,23 @@ class WebTurns:
         end: dict[str, Any] = {**base, "status": "done"}
         try:
             assert started.deltas is not None
-            while (piece := await started.deltas.get()) is not None:
+            queue = started.deltas
+            carry: list[str | ToolProgress | None] = []
+            while (piece := carry.pop() if carry else await queue.get()) is not None:
                 if isinstance(piece, str):
+                    # Pieces that arrived while the last event was written go out as one
+                    # event: the log stays small and a fast model is not slowed down.
+                    while not queue.empty():
+                        more = queue.get_nowait()
+                        if not isinstance(more, str):
+                            carry.append(more)
+                            break
+                        piece += more
                     event = await self.log.append("turn.delta", {**base, "text": piece})
                     stream.text += piece
                     stream.last_event_id = event.id
-                elif isinstance(piece, ToolProgress):
-                    status = (
-                        piece.phase
-                        if piece.phase == "started"
-                        else ("done" if piece.ok else "failed")
-                    )
-                    summary = f"{piece.name} {status}" + (
-                        f" in {piece.seconds:g} s" if piece.phase != "started" else ""
-                    )
-                    event = await self.log.append(
-                        "turn.tool",
-                        {**base, "name": piece.name, "status": status, "summary": summary},
-                    )
+                else:
+                    event = await self.log.append("turn.tool", {**base, **_tool_step(piece)})
                     stream.last_event_id = event.id
             try:
                 response = await asyncio.shield(started.task)

@@ -12,6 +12,7 @@ under this one receive what they need from here.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,7 +186,9 @@ def build_webui(
         max_concurrent_runs=settings.max_concurrent_runs,
         confirm_for=approvals.confirm_for if settings.shell_enabled else None,
     )
-    turns = WebTurns(store, service, log, approvals)
+    turns = WebTurns(
+        store, service, log, approvals, runtime_stale=runtime_watch(settings_files(settings))
+    )
     turns_box.append(turns)
     target = WebUIDeliveryTarget(turns, log, process_registry=process_registry)
     return WebUIServer(
@@ -202,6 +205,35 @@ def build_webui(
         version=_version(),
         max_body_bytes=settings.max_body_bytes,
     )
+
+
+def settings_files(settings: Settings) -> list[Path]:
+    """The files whose change makes a running agent stale: its code and its settings file."""
+    import os
+
+    import agent
+
+    code = sorted(Path(agent.__file__).resolve().parent.rglob("*.py"))
+    config = Path(os.environ.get("REVEILLE_CONFIG") or settings.home / "config.toml")
+    return [*code, config.expanduser()]
+
+
+def runtime_watch(paths: list[Path]) -> Callable[[], bool]:
+    """True once any of ``paths`` changed (or appeared, or went) since the server started:
+    the agent code or model configuration under it is no longer what it runs (``409
+    agent_runtime_stale``, retryable: a restart picks the change up)."""
+
+    def snapshot() -> tuple[int, ...]:
+        marks = []
+        for path in paths:
+            try:
+                marks.append(path.stat().st_mtime_ns)
+            except OSError:
+                marks.append(-1)
+        return tuple(marks)
+
+    first = snapshot()
+    return lambda: snapshot() != first
 
 
 def _version() -> str:

@@ -162,7 +162,7 @@ async def start_web(settings: Settings, *, provider: DemoModel | None = None) ->
     )
     await runner.start()
     server = next(s for s in runner.surfaces if isinstance(s, WebUIServer))
-    http = aiohttp.ClientSession()
+    http = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
     web = Web(runner, server, http)
     boot = await (await web.get("/api/bootstrap")).json()
     web.csrf = boot["csrf_token"]

@@ -75,3 +75,30 @@ async def test_wakeup_runs_with_no_tab_open(tmp_path) -> None:
         await sse.close()
     finally:
         await stop_web(web)
+
+
+async def test_unread_mark_and_event_log_survive_a_restart(tmp_path) -> None:
+    import os
+    import stat
+
+    settings = settings_for(tmp_path)
+    web = await start_web(settings)
+    sid = await web.new_session()
+    await web.say(sid, "in the background: sort the mail")
+    for _ in range(200):
+        if (await web.session(sid))["session"]["unread"]:
+            break
+        await asyncio.sleep(0.05)
+    last = (await web.session(sid))["last_event_id"]
+    await stop_web(web)
+    db = settings.home / "webui.db"
+    assert stat.S_IMODE(os.stat(db).st_mode) == 0o600
+    web = await start_web(settings)
+    try:
+        assert (await web.session(sid))["session"]["unread"] is True
+        sse = await web.stream(last_event_id="0")
+        await sse.wait_for(lambda e: e[0] == last)
+        assert not any(e[1] == "reset" for e in sse.events)
+        await sse.close()
+    finally:
+        await stop_web(web)

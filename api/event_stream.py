@@ -1,0 +1,74 @@
+"""The one Server-Sent-Events stream of a tab (``GET /api/events``).
+
+Every event goes out as ``id:`` (the event log's id), ``event:`` (its type) and ``data:``
+(JSON). A reconnect with ``Last-Event-ID`` (or ``?last_event_id=`` on a first connect) gets
+every event after that id replayed from the durable log, then the live ones, each once (the
+stream subscribes before it replays and skips ids it already sent); an id the log cannot
+replay gets ``event: reset`` carrying the newest id, and the tab refetches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from aiohttp import web
+
+from api.event_log import EventLog, LoggedEvent
+
+__all__ = ["PING_SECONDS", "stream_events"]
+
+PING_SECONDS = 15.0
+
+
+async def stream_events(request: web.Request, log: EventLog) -> web.StreamResponse:
+    """Replay after ``Last-Event-ID`` (or ``reset``), then live events until the client
+    goes or the server stops; a comment line every 15 s keeps proxies from closing it."""
+    raw_last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
+    last: int | None = None
+    if raw_last:
+        try:
+            last = int(raw_last)
+        except ValueError:
+            last = -1  # unreadable: reset
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache, no-store",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    sub = log.subscribe()
+    try:
+        await response.prepare(request)
+        sent = last if last is not None and last >= 0 else 0
+        if last is not None:
+            missed = await log.since(last)
+            if missed is None:
+                sent = await log.latest_id()
+                await response.write(f"id: {sent}\nevent: reset\ndata: {{}}\n\n".encode())
+            else:
+                for event in missed:
+                    await response.write(event.sse())
+                    sent = event.id
+        else:
+            await response.write(b": connected\n\n")
+        while True:
+            try:
+                item: LoggedEvent | None = await asyncio.wait_for(sub.queue.get(), PING_SECONDS)
+            except TimeoutError:
+                await response.write(b": ping\n\n")
+                continue
+            if item is None:
+                break
+            if item.id <= sent:
+                continue
+            await response.write(item.sse())
+            sent = item.id
+    except ConnectionError:
+        pass
+    finally:
+        log.unsubscribe(sub)
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await response.write_eof()
+    return response

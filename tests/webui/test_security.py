@@ -1,0 +1,183 @@
+"""Pages and their headers, login, CSRF, Origin, and hostile input refused before anything
+is written; what the model prints travels as JSON data, never as HTML."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import pytest
+
+from reveille.app import build_runner
+from reveille.settings import SettingsError
+from tests.webui.conftest import Web, settings_for, start_web, stop_web
+
+
+async def test_pages_404_cleanly_without_the_front_end(web: Web, tmp_path) -> None:
+    web.server.static_dir = tmp_path / "absent"
+    r = await web.get("/")
+    assert r.status == 404
+    assert (await web.get("/static/app.js")).status == 404
+
+
+async def test_pages_carry_a_strict_csp(web: Web, tmp_path) -> None:
+    static = tmp_path / "static"
+    static.mkdir()
+    (static / "index.html").write_text("<!doctype html><title>x</title>")
+    (static / "app.js").write_text("export {};")
+    (tmp_path / "secret.txt").write_text("no")
+    web.server.static_dir = static
+    for path in ("/", "/deliveries", "/login"):
+        r = await web.get(path)
+        assert r.status == 200 and r.content_type == "text/html"
+        csp = r.headers["Content-Security-Policy"]
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+        assert "unsafe-inline" not in csp
+        assert r.headers["X-Content-Type-Options"] == "nosniff"
+        assert r.headers["X-Frame-Options"] == "DENY"
+        assert r.headers["Referrer-Policy"] == "no-referrer"
+    assert (await web.get("/static/app.js")).status == 200
+    assert (await web.get("/static/../secret.txt")).status == 404
+    assert (await web.get("/static/%2e%2e/secret.txt")).status == 404
+
+
+async def test_state_changes_need_the_csrf_token(web: Web) -> None:
+    r = await web.http.post(web.base + "/api/sessions", json={})
+    assert r.status == 403 and (await r.json())["error"]["code"] == "csrf_failed"
+    r = await web.post("/api/sessions", {}, headers={"X-CSRF-Token": "wrong"})
+    assert r.status == 403
+    assert (await (await web.get("/api/sessions")).json())["sessions"] == []
+
+
+async def test_foreign_origins_are_refused(web: Web) -> None:
+    r = await web.post("/api/sessions", {}, headers={"Origin": "https://evil.example"})
+    assert r.status == 403 and (await r.json())["error"]["code"] == "origin_refused"
+    r = await web.post("/api/sessions", {}, headers={"Origin": web.base})
+    assert r.status == 201
+
+
+async def test_password_login_cookie_and_rate_limit(tmp_path) -> None:
+    web = await start_web(settings_for(tmp_path, webui_password="hunter2"))
+    try:
+        boot = await (await web.get("/api/bootstrap")).json()
+        assert boot["auth_required"] is True and boot["logged_in"] is False
+        r = await web.get("/api/sessions")
+        assert r.status == 401 and (await r.json())["error"]["code"] == "login_required"
+        assert (await web.get("/api/events")).status == 401
+        r = await web.post("/api/login", {"password": "nope"})
+        assert r.status == 401
+        r = await web.post("/api/login", {"password": "hunter2"})
+        assert r.status == 200
+        cookie = r.headers["Set-Cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+        web.csrf = (await r.json())["csrf_token"]
+        assert (await web.get("/api/sessions")).status == 200
+        assert (await web.post("/api/sessions", {})).status == 201
+        # a forged cookie is not a login
+        forged = aiohttp.ClientSession(cookies={"reveille_webui": "1.abc.def"})
+        try:
+            r = await forged.get(web.base + "/api/sessions")
+            assert r.status == 401
+        finally:
+            await forged.close()
+        for _ in range(5):
+            await web.post("/api/login", {"password": "wrong"})
+        r = await web.post("/api/login", {"password": "hunter2"})
+        assert r.status == 429
+    finally:
+        await stop_web(web)
+
+
+def test_public_bind_without_password_refuses_to_start(tmp_path) -> None:
+    settings = settings_for(tmp_path, host="0.0.0.0")
+    with pytest.raises(SettingsError, match="REVEILLE_WEBUI_PASSWORD"):
+        build_runner(settings)
+    build_runner(settings_for(tmp_path, host="0.0.0.0", webui_password="pw"))
+    build_runner(settings_for(tmp_path, host="0.0.0.0", webui_port=0))
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b'{"text": "\\ud800"}', 400),
+        (b'{"text": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400),
+        (b'{"text": ' + b"9" * 5000 + b"}", 400),
+        (b'{"text": "' + b"a" * (2 * 1024 * 1024) + b'"}', 413),
+        (b"not json", 400),
+        (b'["a list"]', 400),
+        (b'{"text": 5}', 400),
+        (b'{"text": "   "}', 400),
+    ],
+)
+async def test_hostile_bodies_are_refused_and_nothing_is_written(
+    web: Web, raw: bytes, status: int
+) -> None:
+    sid = await web.new_session()
+    r = await web.http.post(
+        f"{web.base}/api/sessions/{sid}/messages",
+        data=raw,
+        headers={"X-CSRF-Token": web.csrf, "Content-Type": "application/json"},
+    )
+    assert r.status == status, await r.text()
+    assert "message" in (await r.json())["error"]
+    assert (await web.session(sid))["items"] == []
+
+
+async def test_wrong_media_type_and_bad_ids(web: Web) -> None:
+    sid = await web.new_session()
+    r = await web.http.post(
+        f"{web.base}/api/sessions/{sid}/messages",
+        data=b"text=hi",
+        headers={"X-CSRF-Token": web.csrf, "Content-Type": "text/plain"},
+    )
+    assert r.status == 415
+    assert (await web.get("/api/sessions/no%20such")).status == 404
+    assert (await web.get("/api/sessions/unknown-id")).status == 404
+    r = await web.post("/api/sessions/unknown-id/messages", {"text": "hi"})
+    assert r.status == 404
+    assert (await web.get("/api/deliveries?state=bogus")).status == 400
+    assert (await web.post("/api/deliveries/deleg_nope/redeliver")).status == 404
+
+
+async def test_markup_travels_as_data(web: Web) -> None:
+    sse = await web.stream()
+    sid = await web.new_session("<img src=x onerror=alert(1)>")
+    hostile = "in the background: <script>alert(1)</script> <img src=x onerror=alert(2)>"
+    await web.say(sid, hostile)
+    _, _, wake = await sse.wait_for(lambda e: e[1] == "wakeup")
+    assert wake["card"]["goal"] == "<script>alert(1)</script> <img src=x onerror=alert(2)>"
+    r = await web.get(f"/api/sessions/{sid}")
+    assert r.content_type == "application/json"
+    assert r.headers["Content-Security-Policy"].startswith("default-src 'none'")
+    body = json.loads(await r.text())
+    assert body["session"]["title"] == "<img src=x onerror=alert(1)>"
+    assert body["items"][0]["content"] == hostile
+    assert sse.response.content_type == "text/event-stream"
+    await sse.close()
+
+
+async def test_api_sessions_are_listed_with_their_source(web: Web) -> None:
+    from gateway.config import Platform
+    from gateway.session import SessionSource
+
+    store = web.runner.store
+    assert store is not None
+    store.create_session("api-sess", title="api")
+    store.create_session("tg-sess", source=SessionSource(platform=Platform.TELEGRAM, chat_id="42"))
+    await web.new_session("mine")
+    sessions = (await (await web.get("/api/sessions")).json())["sessions"]
+    sources = {s["title"]: (s["source"], s["chat"]) for s in sessions}
+    assert sources["api"] == ("api_server", False)
+    assert sources["mine"] == ("webui", True)
+    assert ("telegram", False) in sources.values()
+    r = await web.post("/api/sessions/api-sess/messages", {"text": "hi"})
+    assert r.status == 409
+    found = (await (await web.get("/api/sessions?q=min")).json())["sessions"]
+    assert [s["title"] for s in found] == ["mine"]
+
+
+async def test_rebound_host_names_are_refused_without_a_password(web: Web) -> None:
+    r = await web.get("/api/bootstrap", headers={"Host": f"evil.example:{web.server.port}"})
+    assert r.status == 403 and (await r.json())["error"]["code"] == "host_refused"
+    r = await web.get("/api/bootstrap", headers={"Host": f"localhost:{web.server.port}"})
+    assert r.status == 200

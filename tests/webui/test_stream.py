@@ -1,0 +1,113 @@
+"""The event stream: increasing ids, Last-Event-ID replay, reset, reload mid-turn, stop."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.webui.conftest import SlowDemo, Web, settings_for, start_web, stop_web
+
+
+async def test_last_event_id_replays_what_was_missed(web: Web) -> None:
+    first = await web.stream()
+    sid = await web.new_session()
+    await web.say(sid, "hello")
+    await first.wait_for(lambda e: e[1] == "turn.end")
+    seen = [e for e in first.events if e[0]]
+    await first.close()
+    middle = seen[len(seen) // 2]
+    again = await web.stream(last_event_id=middle[0])
+    await again.wait_for(lambda e: e[1] == "turn.end")
+    assert [e[0] for e in again.events] == [e[0] for e in seen if int(e[0]) > int(middle[0])]
+    await again.close()
+
+
+async def test_unknown_or_pruned_id_gets_reset(web: Web) -> None:
+    sse = await web.stream(last_event_id="999999")
+    _, kind, _ = await sse.wait_for(lambda e: True)
+    assert kind == "reset"
+    await sse.close()
+    sse = await web.stream(last_event_id="not-a-number")
+    _, kind, _ = await sse.wait_for(lambda e: True)
+    assert kind == "reset"
+    await sse.close()
+
+
+async def test_pruned_log_resets(tmp_path) -> None:
+    web = await start_web(settings_for(tmp_path))
+    try:
+        web.server.log.keep = 5
+        sid = await web.new_session()
+        for i in range(600):
+            await web.server.log.append("session", {"n": i, "session_id": sid})
+        sse = await web.stream(last_event_id="1")
+        _, kind, _ = await sse.wait_for(lambda e: True)
+        assert kind == "reset"
+        await sse.close()
+    finally:
+        await stop_web(web)
+
+
+async def test_reload_mid_turn_shows_the_reply_once(tmp_path) -> None:
+    web = await start_web(settings_for(tmp_path), provider=SlowDemo(step=0.03))
+    try:
+        sid = await web.new_session()
+        sse = await web.stream()
+        await web.say(sid, "tell me something long")
+        await sse.wait_for(lambda e: e[1] == "turn.delta")
+        await asyncio.sleep(0.1)
+        body = await web.session(sid)  # the reload
+        active = body["active_stream"]
+        assert active is not None and active["text"]
+        resumed = await web.stream(last_event_id=active["last_event_id"])
+        end = await resumed.wait_for(lambda e: e[1] == "turn.end", timeout=20)
+        shown = active["text"] + "".join(
+            d["text"] for d in resumed.of("turn.delta") if d["stream_id"] == active["stream_id"]
+        )
+        assert shown == end[2]["content"]
+        await sse.close()
+        await resumed.close()
+    finally:
+        await stop_web(web)
+
+
+async def test_stop_cancels_the_turn_and_keeps_what_was_shown(tmp_path) -> None:
+    web = await start_web(settings_for(tmp_path), provider=SlowDemo(step=0.05))
+    try:
+        sid = await web.new_session()
+        sse = await web.stream()
+        await web.say(sid, "hello, say a lot")
+        await sse.wait_for(lambda e: e[1] == "turn.delta")
+        r = await web.post(f"/api/sessions/{sid}/stop")
+        assert (await r.json()) == {"stopped": True}
+        end = await sse.wait_for(lambda e: e[1] == "turn.end")
+        assert end[2]["status"] == "stopped"
+        shown = "".join(d["text"] for d in sse.of("turn.delta"))
+        assert end[2]["content"] == shown
+        count = len(sse.of("turn.delta"))
+        await asyncio.sleep(0.3)
+        assert len(sse.of("turn.delta")) == count  # really stopped
+        items = (await web.session(sid))["items"]
+        assert items[-1]["content"] == shown and items[-1]["stopped"] is True
+        again = await web.post(f"/api/sessions/{sid}/stop")
+        assert (await again.json()) == {"stopped": False}
+        # the session is free again
+        await web.say(sid, "hello again")
+        await sse.close()
+    finally:
+        await stop_web(web)
+
+
+async def test_second_message_while_streaming_is_409(tmp_path) -> None:
+    model = SlowDemo(step=0.01)
+    model.gate = asyncio.Event()
+    web = await start_web(settings_for(tmp_path), provider=model)
+    try:
+        sid = await web.new_session()
+        started = await web.say(sid, "one")
+        r = await web.post(f"/api/sessions/{sid}/messages", {"text": "two"})
+        assert r.status == 409
+        body = await r.json()
+        assert body["error"]["active_stream_id"] == started["stream_id"]
+        model.gate.set()
+    finally:
+        await stop_web(web)
