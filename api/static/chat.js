@@ -180,6 +180,10 @@ export class ChatView {
   renderItem(item) {
     if (item.kind === "message") {
       const node = this.message(item.role, item.content, { wakeup: item.wakeup, id: item.id });
+      if (item.stopped) {
+        node.dataset.status = "stopped";
+        node.append(el("p", { class: "message-note", text: "Stopped" }));
+      }
       this.root.append(node);
     } else if (item.kind === "wakeup" && item.card) {
       this.addCard(item.card);
