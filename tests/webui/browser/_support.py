@@ -84,9 +84,10 @@ class WebUIServer:
         *,
         demo_delay: float = 2.0,
         env: dict[str, str] | None = None,
+        webui_port: int | None = None,
     ) -> None:
         self.home = home
-        self.webui_port = free_port()
+        self.webui_port = webui_port or free_port()
         full_env = {
             **os.environ,
             "REVEILLE_HOME": str(home),

@@ -35,8 +35,8 @@ def browser() -> Iterator[Any]:
 def start_server(tmp_path: Path) -> Iterator[Callable[..., WebUIServer]]:
     servers: list[WebUIServer] = []
 
-    def start(**kwargs: Any) -> WebUIServer:
-        server = WebUIServer(tmp_path / f"home{len(servers)}", **kwargs)
+    def start(*, home: Path | None = None, **kwargs: Any) -> WebUIServer:
+        server = WebUIServer(home or tmp_path / f"home{len(servers)}", **kwargs)
         servers.append(server)
         return server
 
