@@ -96,6 +96,9 @@ class WebTurns:
         self._lock = threading.Lock()
         self._active: dict[str, ActiveStream] = {}
         self._paused: set[str] = set()
+        self._closing = False
+        self._starting: set[asyncio.Task[Any]] = set()
+        self._followers: set[asyncio.Task[None]] = set()
 
     # ----------------------------------------------------------------- api.routes.SessionTurns
 
@@ -147,11 +150,26 @@ class WebTurns:
             logger.exception("could not read session %s to announce it", session_id)
             return
         if view is not None:
-            await self.log.append("session", {"session": view})
+            try:
+                await self.log.append("session", {"session": view})
+            except Exception:
+                logger.warning("could not announce session %s (shutting down?)", session_id)
 
     # ----------------------------------------------------------------- starting
 
     async def astart(self, session_id: str, text: str, source: str) -> dict[str, Any]:
+        if self._closing:
+            return refusal(503, "the web UI is shutting down", retryable=True)
+        task = asyncio.current_task()
+        if task is not None:
+            self._starting.add(task)
+        try:
+            return await self._astart(session_id, text, source)
+        finally:
+            if task is not None:
+                self._starting.discard(task)
+
+    async def _astart(self, session_id: str, text: str, source: str) -> dict[str, Any]:
         try:
             record = await asyncio.to_thread(self.store.get_session, session_id)
         except SessionStoreError as exc:
@@ -245,6 +263,8 @@ class WebTurns:
         stream.last_event_id = event.id
         await self.announce_session(session_id)
         stream.follower = asyncio.create_task(self._follow(stream, answer))
+        self._followers.add(stream.follower)
+        stream.follower.add_done_callback(self._followers.discard)
         return accepted
 
     # ----------------------------------------------------------------- following
@@ -325,8 +345,17 @@ class WebTurns:
         return True
 
     async def drain(self, grace_seconds: float) -> None:
+        """Refuse new turns (retryable), let running ones end, then stop the stragglers."""
+        self._closing = True
+        if self._starting:
+            await asyncio.wait(set(self._starting), timeout=grace_seconds)
         await self.service.drain(grace_seconds)
-        with self._lock:
-            followers = [s.follower for s in self._active.values() if s.follower is not None]
-        if followers:
-            await asyncio.wait(followers, timeout=grace_seconds)
+        followers = set(self._followers)
+        if not followers:
+            return
+        _, late = await asyncio.wait(followers, timeout=grace_seconds)
+        # Followers finish by writing the turn's end; one still busy when the log is
+        # about to close is cancelled and awaited, so that nothing writes after it.
+        for follower in late:
+            follower.cancel()
+        await asyncio.gather(*followers, return_exceptions=True)

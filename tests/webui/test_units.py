@@ -1,0 +1,102 @@
+"""The web UI's small parts on their own: cookie signing, CSRF, rate limit, the event log."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from api.auth import Auth
+from api.event_log import EventLog, EventLogError
+from api.views import card_from_metadata, transcript_items
+
+
+def test_cookies_are_signed_and_expire(monkeypatch: pytest.MonkeyPatch) -> None:
+    auth = Auth("pw", b"s" * 32)
+    cookie = auth.new_cookie()
+    assert auth.logged_in(cookie)
+    issued, nonce, sig = cookie.split(".")
+    assert not auth.logged_in(f"{issued}.{nonce}.{'0' * len(sig)}")
+    assert not auth.logged_in(f"{int(issued) + 1}.{nonce}.{sig}")
+    assert not Auth("pw", b"t" * 32).logged_in(cookie)
+    assert not auth.logged_in(None) and not auth.logged_in("garbage")
+    later = time.time() + 31 * 24 * 3600
+    monkeypatch.setattr(time, "time", lambda: later)
+    assert not auth.logged_in(cookie)
+
+
+def test_csrf_token_is_bound_to_the_login() -> None:
+    auth = Auth("pw", b"s" * 32)
+    a, b = auth.new_cookie(), auth.new_cookie()
+    assert auth.csrf_ok(auth.csrf_token(a), a)
+    assert not auth.csrf_ok(auth.csrf_token(a), b)
+    assert not auth.csrf_ok(None, a) and not auth.csrf_ok("", a)
+    open_ui = Auth("", b"s" * 32)
+    assert open_ui.logged_in(None) and open_ui.csrf_ok(open_ui.csrf_token(None), None)
+
+
+def test_login_rate_limit_is_per_client_and_forgets() -> None:
+    now = [0.0]
+    auth = Auth("pw", b"s" * 32, max_failures=3, window_seconds=10, clock=lambda: now[0])
+    for _ in range(3):
+        assert not auth.check_password("a", "wrong")
+    assert auth.rate_limited("a") and not auth.rate_limited("b")
+    now[0] = 11
+    assert not auth.rate_limited("a")
+    assert auth.check_password("a", "pw")
+    assert not auth.check_password("a", ["pw"])
+
+
+async def test_event_log_replays_and_refuses_what_it_cannot(tmp_path) -> None:
+    log = EventLog(tmp_path / "webui.db", keep=3)
+    await log.aopen()
+    try:
+        ids = [(await log.append("x", {"n": i})).id for i in range(5)]
+        replay = await log.since(ids[1])
+        assert replay is not None and [e.data["n"] for e in replay] == [2, 3, 4]
+        assert await log.since(ids[-1]) == []
+        assert await log.since(ids[-1] + 1) is None
+        assert await log.since(-5) is None
+        sub = log.subscribe()
+        event = await log.append("y", {"text": "<script>"})
+        assert sub.queue.get_nowait() == event
+        assert b'"text":"<script>"' in event.sse()
+        log.end_streams()
+        assert sub.queue.get_nowait() is None
+        await log.set_unread("s1", True)
+        assert await log.unread_ids() == {"s1"}
+        assert await log.secret() == await log.secret()
+    finally:
+        log.close()
+
+
+def test_event_log_refuses_another_programs_file(tmp_path) -> None:
+    import sqlite3
+
+    path = tmp_path / "webui.db"
+    other = sqlite3.connect(path)
+    other.execute("PRAGMA application_id = 12345")
+    other.execute("CREATE TABLE t (x)")
+    other.commit()
+    other.close()
+    with pytest.raises(EventLogError):
+        EventLog(path).open()
+
+
+def test_views_keep_markup_as_text() -> None:
+    card = card_from_metadata(
+        {"kind": "process", "command": "<img src=x>", "exit_code": 1, "output_tail": "<b>"}
+    )
+    assert (card.work_kind, card.goal, card.exit_code, card.result) == (
+        "process",
+        "<img src=x>",
+        1,
+        "<b>",
+    )
+    items = transcript_items(
+        [
+            {"id": 1, "role": "user", "content": "<script>", "display_kind": None},
+            {"id": 2, "role": "assistant", "content": "ok", "display_kind": None},
+        ]
+    )
+    assert items[0]["content"] == "<script>" and items[1]["wakeup"] is False
