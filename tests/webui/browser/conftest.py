@@ -56,6 +56,12 @@ class Tab:
         self.errors: list[str] = []
         self.page.on("dialog", self._dialog)
         self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        # a Content-Security-Policy violation (an inline script or style) is an error too
+        self.page.on("console", self._console)
+
+    def _console(self, message: Any) -> None:
+        if message.type == "error" and "Content Security Policy" in message.text:
+            self.errors.append(message.text)
 
     def _dialog(self, dialog: Any) -> None:
         self.dialogs.append(dialog.message)
