@@ -93,6 +93,7 @@ export class DeliveriesView {
         "div",
         { class: "delivery-meta" },
         el("span", { class: "delivery-attempts", dataset: { field: "attempts" }, text: `Attempts ${attempts}` }),
+        d.work_state ? el("span", { dataset: { field: "work-state" }, text: `Work ${d.work_state}` }) : null,
         session,
         el("span", { class: "muted", title: String(d.updated_at ?? ""), text: relativeTime(d.updated_at || d.created_at) }),
         el("code", { class: "delivery-id", text: String(d.id ?? "") }),
