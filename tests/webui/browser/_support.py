@@ -142,6 +142,26 @@ class WebUIServer:
         self.stop()
         raise AssertionError(f"the web UI never answered; output:\n{self.output()}")
 
+    def api_port(self) -> int:
+        """The OpenAI-compatible API server's port, from the banner."""
+        found = self.wait_for(
+            lambda: re.search(r"listening on http://127\.0\.0\.1:(\d+)/v1", self.output()),
+            "the API server's address in the banner",
+        )
+        return int(found.group(1))
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        """A state-changing web UI request, with the CSRF token as the browser sends it."""
+        token = self.get("/api/bootstrap")["csrf_token"]
+        request = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", "X-CSRF-Token": token},
+        )
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return json.loads(resp.read() or b"null")
+
     def get(self, path: str) -> Any:
         with urllib.request.urlopen(self.url + path, timeout=10) as resp:
             return json.loads(resp.read())
