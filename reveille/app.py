@@ -2,9 +2,11 @@
 
 It builds, in this order, settings -> storage (the ledger file and the session store under
 ``REVEILLE_HOME``) -> the delegation runtime of the contract module ``tools.async_delegation``
--> the model provider and the agent with its toolset -> the API server -> the gateway
-runner, and hands each piece down. Nothing below ``reveille/`` reads settings: the floors
-under this one receive what they need from here.
+-> the model provider and the agent with its toolset -> the API server -> the web UI (its own
+turn service for ``Platform.WEBUI``, event log, approvals and delivery target, registered on
+the runner and started with it) -> the gateway runner, and hands each piece down. Nothing
+below ``reveille/`` reads settings: the floors under this one receive what they need from
+here.
 
 ``open_storage(url)`` is the only code that names a concrete storage backend.
 """
