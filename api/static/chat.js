@@ -282,6 +282,7 @@ export class ChatView {
     if (this.streams.has(streamId)) return this.streams.get(streamId);
     const node = this.message("assistant", text, { wakeup, streaming: true });
     node.dataset.streamId = streamId;
+    node.setAttribute("aria-busy", "true"); // read out once it ends, not word by word
     const body = node.querySelector(".message-body");
     if (!text) body.append(typingDots());
     this.root.append(node);
@@ -336,6 +337,7 @@ export class ChatView {
     const content = typeof data.content === "string" ? data.content : stream.text;
     stream.text = content;
     stream.node.classList.remove("streaming");
+    stream.node.removeAttribute("aria-busy");
     stream.node.dataset.status = data.status || "done";
     if (content) setMarkdown(stream.body, content);
     else stream.body.replaceChildren();

@@ -22,7 +22,6 @@ let source = null;
 export function connect({ onEvent, onReset, onState }, { recreated = false } = {}) {
   if (source) return Promise.resolve();
   source = new EventSource("/api/events", { withCredentials: true });
-  window.__reveilleEventSources = (window.__reveilleEventSources || 0) + 1;
   let firstOpen;
   const opened = new Promise((resolve) => {
     firstOpen = resolve;
