@@ -29,7 +29,8 @@ def test_stream_resumes_across_a_server_restart(start_server, new_tab, shots, tm
     expect(page.locator("#conn")).not_to_have_attribute("data-state", "live")
     shots(page, "server-down")
 
-    again = start_server(home=home, demo_delay=0.2, webui_port=server.webui_port)
+    # the work takes long enough to switch sessions before it comes home
+    again = start_server(home=home, demo_delay=2.5, webui_port=server.webui_port)
     expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=30000)
     send(page, "in the background: survive the restart")
     finished_reply(page, 1)
