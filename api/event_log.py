@@ -6,7 +6,8 @@ the event loop; an appended event is then published to the live subscribers (one
 queue per open stream). ``since(id)`` replays from storage; an id older than what is kept
 (the log is pruned to its newest ``keep`` events) or newer than any written answers None,
 and the stream sends ``reset``. The same file keeps the durable unread marks of sessions
-and the secret the login cookie is signed with.
+the finished tool steps of turns (shown in their place in the transcript) and the secret
+the login cookie is signed with.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 
 from delivery.sqlite_files import FileErrors, SqliteFile, connect, create_private, stamp_schema
 
-__all__ = ["EventLog", "EventLogError", "LoggedEvent", "Subscription"]
+__all__ = ["EventLog", "EventLogError", "LoggedEvent", "Subscription", "ToolStep"]
 
 T = TypeVar("T")
 
@@ -41,6 +42,17 @@ CREATE TABLE IF NOT EXISTS unread (
     session_id TEXT PRIMARY KEY,
     unread INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS tool_steps (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL,
+    turn_id TEXT NOT NULL,
+    message_id INTEGER,
+    created_at REAL NOT NULL,
+    name TEXT NOT NULL,
+    status TEXT NOT NULL,
+    summary TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_tool_steps_session ON tool_steps(session_id, id);
 CREATE TABLE IF NOT EXISTS meta (
     name TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -66,6 +78,18 @@ class LoggedEvent:
         """The event in Server-Sent-Events framing (JSON data: never live HTML)."""
         payload = json.dumps(self.data, ensure_ascii=False, separators=(",", ":"))
         return f"id: {self.id}\nevent: {self.type}\ndata: {payload}\n\n".encode()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStep:
+    """A finished tool step of a session's turn (the transcript stores only the text)."""
+
+    id: int
+    message_id: int | None
+    """The reply of its turn (the step is shown right before it); None while it runs."""
+    name: str
+    status: str
+    summary: str
 
 
 @dataclass(eq=False)
@@ -215,6 +239,54 @@ class EventLog:
             lambda: self._db().execute("SELECT session_id FROM unread WHERE unread = 1").fetchall()
         )
         return {str(r[0]) for r in rows}
+
+    # ----------------------------------------------------------------- tool steps
+
+    async def add_tool_step(
+        self, session_id: str, turn_id: str, *, name: str, status: str, summary: str
+    ) -> None:
+        await self._run(
+            lambda: self._db().execute(
+                "INSERT INTO tool_steps (session_id, turn_id, created_at, name, status, summary)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (session_id, turn_id, time.time(), name, status, summary),
+            )
+        )
+
+    async def place_tool_steps(self, turn_id: str, message_id: int | None) -> None:
+        """Pin a finished turn's steps before its stored reply; None (the turn stored
+        nothing) forgets them."""
+
+        def place() -> None:
+            db = self._db()
+            if message_id is None:
+                db.execute("DELETE FROM tool_steps WHERE turn_id = ?", (turn_id,))
+            else:
+                db.execute(
+                    "UPDATE tool_steps SET message_id = ? WHERE turn_id = ?", (message_id, turn_id)
+                )
+
+        await self._run(place)
+
+    async def tool_steps(self, session_id: str, limit: int = 2000) -> list[ToolStep]:
+        rows = await self._run(
+            lambda: (
+                self._db()
+                .execute(
+                    "SELECT id, message_id, name, status, summary FROM tool_steps "
+                    "WHERE session_id = ? ORDER BY id DESC LIMIT ?",
+                    (session_id, limit),
+                )
+                .fetchall()
+            )
+        )
+        steps = [
+            ToolStep(
+                int(r[0]), None if r[1] is None else int(r[1]), str(r[2]), str(r[3]), str(r[4])
+            )
+            for r in rows
+        ]
+        return steps[::-1]
 
     # ----------------------------------------------------------------- the cookie secret
 

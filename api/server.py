@@ -349,7 +349,7 @@ class WebUIServer:
         return web.json_response(
             {
                 "session": view,
-                "items": transcript_items(messages),
+                "items": transcript_items(messages, await self.log.tool_steps(session_id)),
                 "active_stream": stream.as_dict() if stream is not None else None,
                 "pending_approval": approval.as_dict() if approval is not None else None,
                 "last_event_id": str(last_event_id),

@@ -9,11 +9,12 @@ wake-up's. Every string is passed as data; the browser shows it as text.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from agent.markers import WAKE_MARKER, read_wake_data
+from api.event_log import ToolStep
 from gateway.config import Platform
 
 __all__ = [
@@ -114,14 +115,35 @@ def session_view(record: Mapping[str, Any], *, unread: bool, busy: bool) -> dict
     }
 
 
-def transcript_items(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """A stored transcript as the protocol's items, in order."""
+def _tool_item(step: ToolStep) -> dict[str, Any]:
+    return {
+        "kind": "tool",
+        "id": f"t{step.id}",
+        "name": step.name,
+        "status": step.status,
+        "summary": step.summary,
+    }
+
+
+def transcript_items(
+    messages: Iterable[Mapping[str, Any]], tool_steps: Sequence[ToolStep] = ()
+) -> list[dict[str, Any]]:
+    """A stored transcript as the protocol's items, in order. A turn's tool steps go right
+    before its reply; steps of the turn running now come last."""
     items: list[dict[str, Any]] = []
     after_wake = False
+    pinned: dict[int, list[ToolStep]] = {}
+    running: list[ToolStep] = []
+    for step in tool_steps:
+        if step.message_id is None:
+            running.append(step)
+        else:
+            pinned.setdefault(step.message_id, []).append(step)
     for row in messages:
         row_id = f"m{row['id']}"
         content = _text(row.get("content"))
         meta = row.get("display_metadata") or {}
+        items.extend(_tool_item(step) for step in pinned.get(int(row["id"]), ()))
         if row.get("display_kind") is not None:
             # A delivery row (API-server sessions): the result, as its card.
             items.append(
@@ -146,6 +168,7 @@ def transcript_items(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, An
             item["stopped"] = True
         items.append(item)
         after_wake = False
+    items.extend(_tool_item(step) for step in running)
     return items
 
 

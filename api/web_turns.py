@@ -56,6 +56,7 @@ class ActiveStream:
     wakeup: bool
     text: str = ""
     last_event_id: int = 0
+    tool_steps: int = 0
     started: StartedTurn | None = field(default=None, repr=False)
     follower: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -290,7 +291,11 @@ class WebTurns:
                     stream.text += piece
                     stream.last_event_id = event.id
                 else:
-                    event = await self.log.append("turn.tool", {**base, **_tool_step(piece)})
+                    step = _tool_step(piece)
+                    if step["status"] != "started":
+                        await self.log.add_tool_step(stream.session_id, stream.turn_id, **step)
+                        stream.tool_steps += 1
+                    event = await self.log.append("turn.tool", {**base, **step})
                     stream.last_event_id = event.id
             try:
                 response = await asyncio.shield(started.task)
@@ -309,6 +314,9 @@ class WebTurns:
                 logger.exception("turn %s failed", stream.turn_id)
                 end.update(status="error", error=type(exc).__name__, content=stream.text)
         finally:
+            if stream.tool_steps:
+                # Still the session's active turn: no other turn's reply is stored yet.
+                await self._pin_tool_steps(stream, stored=end["status"] in ("done", "stopped"))
             with self._lock:
                 if self._active.get(stream.session_id) is stream:
                     del self._active[stream.session_id]
@@ -320,6 +328,20 @@ class WebTurns:
                     await self.on_free(stream.session_id)
                 except Exception:
                     logger.exception("deferred wake-ups of %s failed", stream.session_id)
+
+    async def _pin_tool_steps(self, stream: ActiveStream, *, stored: bool) -> None:
+        """Show the turn's tool steps before its stored reply (the newest assistant message
+        now); a turn that stored nothing leaves no steps behind."""
+        try:
+            reply_id: int | None = None
+            if stored:
+                rows = await asyncio.to_thread(self.store.messages, stream.session_id)
+                reply_id = next(
+                    (int(m["id"]) for m in reversed(rows) if m["role"] == "assistant"), None
+                )
+            await self.log.place_tool_steps(stream.turn_id, reply_id)
+        except Exception:
+            logger.exception("could not place the tool steps of %s", stream.turn_id)
 
     async def _store_stopped(self, stream: ActiveStream) -> None:
         user: dict[str, Any] = {"role": "user", "content": stream.user_text}

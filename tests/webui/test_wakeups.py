@@ -39,10 +39,15 @@ async def test_delegation_result_arrives_as_card_and_reply_once(web: Web) -> Non
     kinds = [(i["kind"], i.get("role"), i.get("wakeup")) for i in body["items"]]
     assert kinds == [
         ("message", "user", False),
+        ("tool", None, None),
         ("message", "assistant", False),
         ("wakeup", None, None),
         ("message", "assistant", True),
     ]
+    tool = body["items"][1]
+    assert (tool["name"], tool["status"]) == ("delegate_task", "done")
+    steps = [(t["name"], t["status"]) for t in sse.of("turn.tool")]
+    assert steps == [("delegate_task", "started"), ("delegate_task", "done")]
     assert body["session"]["unread"] is True
     r = await web.post(f"/api/sessions/{sid}/read")
     assert r.status == 204
