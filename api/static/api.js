@@ -1,0 +1,80 @@
+// The web UI's HTTP client: JSON in and out, the CSRF header on every state-changing request.
+
+let csrfToken = "";
+const listeners = new Set();
+
+export class ApiError extends Error {
+  constructor(status, body) {
+    const error = (body && body.error) || {};
+    super(error.message || `HTTP ${status}`);
+    this.status = status;
+    this.code = error.code || "";
+    this.body = body || {};
+  }
+}
+
+export function setCsrfToken(token) {
+  csrfToken = token || "";
+}
+
+/** Called with the ApiError whenever the server answers 401 login_required. */
+export function onLoginRequired(fn) {
+  listeners.add(fn);
+}
+
+export async function request(method, path, body) {
+  const headers = { Accept: "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (method !== "GET" && method !== "HEAD") headers["X-CSRF-Token"] = csrfToken;
+  const response = await fetch(path, {
+    method,
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
+    credentials: "same-origin",
+    cache: "no-store",
+  });
+  let data = null;
+  if (response.status !== 204) {
+    const text = await response.text();
+    if (text) {
+      try {
+        data = JSON.parse(text);
+      } catch {
+        data = { error: { message: text.slice(0, 200) } };
+      }
+    }
+  }
+  if (!response.ok) {
+    const err = new ApiError(response.status, data);
+    if (response.status === 401 && !path.startsWith("/api/login")) {
+      for (const fn of listeners) fn(err);
+    }
+    throw err;
+  }
+  return data;
+}
+
+const enc = encodeURIComponent;
+
+export const api = {
+  bootstrap: () => request("GET", "/api/bootstrap"),
+  login: (password) => request("POST", "/api/login", { password }),
+  logout: () => request("POST", "/api/logout", {}),
+  sessions: (q) => request("GET", q ? `/api/sessions?q=${enc(q)}` : "/api/sessions"),
+  createSession: (title) => request("POST", "/api/sessions", title ? { title } : {}),
+  session: (id) => request("GET", `/api/sessions/${enc(id)}`),
+  markRead: (id) => request("POST", `/api/sessions/${enc(id)}/read`, {}),
+  send: (id, text) => request("POST", `/api/sessions/${enc(id)}/messages`, { text }),
+  stop: (id) => request("POST", `/api/sessions/${enc(id)}/stop`, {}),
+  decide: (approvalId, decision) =>
+    request("POST", `/api/approvals/${enc(approvalId)}`, { decision }),
+  deliveries: ({ state, q } = {}) => {
+    const params = new URLSearchParams();
+    if (state) params.set("state", state);
+    if (q) params.set("q", q);
+    const query = params.toString();
+    return request("GET", query ? `/api/deliveries?${query}` : "/api/deliveries");
+  },
+  redeliver: (id) => request("POST", `/api/deliveries/${enc(id)}/redeliver`, {}),
+  drop: (id) => request("POST", `/api/deliveries/${enc(id)}/drop`, {}),
+};

@@ -1,0 +1,493 @@
+// Reveille's web UI: bootstrap, routing (/ and /deliveries), the tab's one event stream, and
+// the glue between the sidebar, the chat, the Deliveries page and the toasts.
+import { api, onLoginRequired, setCsrfToken } from "/static/api.js";
+import { ChatView } from "/static/chat.js";
+import { DeliveriesView } from "/static/deliveries.js";
+import { $, sourceLabel } from "/static/dom.js";
+import { connect } from "/static/events.js";
+import { Sidebar, sessionTitle } from "/static/sidebar.js";
+import { initTheme } from "/static/theme.js";
+import { completionToast, notice } from "/static/toasts.js";
+
+const state = {
+  boot: null,
+  sessions: new Map(),
+  currentId: null,
+  view: "loading",
+  query: "",
+  started: false,
+};
+
+const app = $("#app");
+const transcript = $("#transcript");
+const composer = $("#composer");
+const sendButton = $("#send");
+const stopButton = $("#stop");
+const chatEmpty = $("#chat-empty");
+const composerNote = $("#composer-note");
+
+const sidebar = new Sidebar($("#session-list"), { onOpen: (id) => openSession(id) });
+const chat = new ChatView(transcript, { onDecide: decide });
+const deliveries = new DeliveriesView($("#deliveries"), $("#deliveries-empty"), {
+  sessionTitle: (id) => (state.sessions.has(id) ? sessionTitle(state.sessions.get(id)) : String(id)),
+  onOpenSession: (id) => openSession(id),
+});
+
+// ---------------------------------------------------------------- views and routing
+
+function showView(name) {
+  state.view = name;
+  app.dataset.view = name;
+  for (const view of ["chat", "deliveries", "login", "loading"]) {
+    $(`#view-${view}`).hidden = view !== name;
+  }
+  $("#nav-deliveries").toggleAttribute("aria-current", name === "deliveries");
+  closeSidebar();
+}
+
+function setTitle(title, badge) {
+  $("#view-title").textContent = title;
+  const node = $("#view-badge");
+  node.hidden = !badge;
+  node.textContent = badge || "";
+  document.title = title === "Reveille" ? "Reveille" : `${title} · Reveille`;
+}
+
+function sessionFromUrl() {
+  return new URLSearchParams(location.search).get("session");
+}
+
+function navigate(url, { replace = false } = {}) {
+  const target = new URL(url, location.origin);
+  if (target.pathname + target.search === location.pathname + location.search) return;
+  if (replace) history.replaceState(null, "", target);
+  else history.pushState(null, "", target);
+}
+
+async function route() {
+  if (location.pathname.replace(/\/+$/, "") === "/deliveries") {
+    await showDeliveries();
+    return;
+  }
+  const id = sessionFromUrl();
+  if (id) await openSession(id, { push: false });
+  else showNoSession();
+}
+
+function showNoSession() {
+  state.currentId = null;
+  chat.begin(null);
+  chat.loading = false;
+  showView("chat");
+  setTitle("New chat", "");
+  renderSidebar();
+  updateComposer();
+}
+
+async function showDeliveries() {
+  showView("deliveries");
+  setTitle("Deliveries", "");
+  state.currentId = null;
+  chat.begin(null);
+  chat.loading = false;
+  renderSidebar();
+  try {
+    await deliveries.load();
+  } catch (err) {
+    notice(err.message);
+  }
+}
+
+// ---------------------------------------------------------------- sessions
+
+function orderedSessions() {
+  const list = [...state.sessions.values()];
+  list.sort((a, b) => timeOf(b.updated_at || b.created_at) - timeOf(a.updated_at || a.created_at));
+  if (!state.query) return list;
+  const q = state.query.toLowerCase();
+  return list.filter((s) => sessionTitle(s).toLowerCase().includes(q) || String(s.id).includes(q) || s._match);
+}
+
+function timeOf(value) {
+  if (typeof value === "number") return value < 1e12 ? value * 1000 : value;
+  const n = Date.parse(value);
+  return Number.isNaN(n) ? Number(value) || 0 : n;
+}
+
+function renderSidebar() {
+  sidebar.render(orderedSessions(), state.currentId);
+}
+
+async function refreshSessions() {
+  const data = await api.sessions(state.query);
+  if (!state.query) state.sessions.clear();
+  for (const session of data.sessions || []) {
+    state.sessions.set(session.id, state.query ? { ...session, _match: true } : session);
+  }
+  renderSidebar();
+}
+
+function upsertSession(session) {
+  const previous = state.sessions.get(session.id);
+  state.sessions.set(session.id, previous?._match ? { ...session, _match: true } : session);
+  if (session.id === state.currentId) {
+    if (session.unread && inView(session.id)) markRead(session.id);
+    setTitle(sessionTitle(session), sourceLabel(session.source));
+    updateComposer();
+  }
+  renderSidebar();
+}
+
+function inView(sessionId) {
+  return state.view === "chat" && state.currentId === sessionId && document.visibilityState === "visible";
+}
+
+function markRead(id) {
+  const session = state.sessions.get(id);
+  if (session) {
+    session.unread = false;
+    renderSidebar();
+  }
+  api.markRead(id).catch(() => {});
+}
+
+async function openSession(id, { push = true, quiet = false } = {}) {
+  if (push) navigate(`/?session=${encodeURIComponent(id)}`);
+  state.currentId = id;
+  if (state.view !== "chat") showView("chat");
+  else closeSidebar();
+  const known = state.sessions.get(id);
+  setTitle(known ? sessionTitle(known) : "Loading…", known ? sourceLabel(known.source) : "");
+  // quiet: the same session again (a refetch); what is shown stays until the answer.
+  if (quiet) chat.beginQuiet(id);
+  else chat.begin(id);
+  chatEmpty.hidden = true;
+  renderSidebar();
+  updateComposer();
+  let detail;
+  try {
+    detail = await api.session(id);
+  } catch (err) {
+    if (state.currentId !== id) return;
+    chat.loading = false;
+    if (err.status === 404) {
+      notice("That session does not exist (any more).");
+      navigate("/", { replace: true });
+      showNoSession();
+    } else {
+      notice(err.message);
+    }
+    return;
+  }
+  if (state.currentId !== id) return;
+  state.sessions.set(id, detail.session);
+  setTitle(sessionTitle(detail.session), sourceLabel(detail.session.source));
+  chat.load(detail);
+  if (detail.session.unread && document.visibilityState === "visible") markRead(id);
+  renderSidebar();
+  updateComposer();
+  if (window.matchMedia("(min-width: 721px)").matches) composer.focus({ preventScroll: true });
+}
+
+async function newSession() {
+  try {
+    const data = await api.createSession();
+    state.sessions.set(data.session.id, data.session);
+    await openSession(data.session.id);
+    composer.focus();
+    return data.session.id;
+  } catch (err) {
+    notice(err.message || "Could not create a session");
+    return null;
+  }
+}
+
+// ---------------------------------------------------------------- composer
+
+function currentSession() {
+  return state.currentId ? state.sessions.get(state.currentId) : null;
+}
+
+function isBusy() {
+  const session = currentSession();
+  return Boolean(chat.activeStreamId || session?.busy);
+}
+
+function updateComposer() {
+  const session = currentSession();
+  const readOnly = Boolean(session && session.chat === false);
+  const busy = isBusy();
+  composer.disabled = readOnly;
+  sendButton.disabled = readOnly || busy;
+  stopButton.hidden = !busy || readOnly;
+  sendButton.hidden = busy && !readOnly;
+  composerNote.hidden = !readOnly;
+  composerNote.textContent = readOnly
+    ? `This ${sourceLabel(session.source)} session is shown read-only; chat in it from where it started.`
+    : "";
+  chatEmpty.hidden = !(state.view === "chat" && chat.isEmpty() && !chat.loading);
+  autosize();
+}
+
+function autosize() {
+  composer.style.height = "auto";
+  composer.style.height = `${Math.min(composer.scrollHeight, 220)}px`;
+}
+
+async function send() {
+  const text = composer.value;
+  if (!text.trim()) return;
+  if (isBusy()) {
+    notice("Wait for the reply, or stop it, before sending the next message.", "info");
+    return;
+  }
+  let id = state.currentId;
+  if (!id) {
+    id = await newSession();
+    if (!id) return;
+  }
+  composer.value = "";
+  autosize();
+  const pending = chat.addPendingUser(text);
+  chatEmpty.hidden = true;
+  try {
+    await api.send(id, text);
+  } catch (err) {
+    chat.dropPendingUser(pending);
+    if (!composer.value) composer.value = text;
+    autosize();
+    if (err.code === "active_stream" || err.body?.error?.active_stream_id) {
+      notice("The agent is still answering in this session.", "info");
+    } else {
+      notice(err.message || "Could not send the message");
+    }
+    updateComposer();
+  }
+}
+
+async function stop() {
+  if (!state.currentId) return;
+  stopButton.disabled = true;
+  try {
+    await api.stop(state.currentId);
+  } catch (err) {
+    notice(err.message || "Could not stop the turn");
+  } finally {
+    stopButton.disabled = false;
+  }
+}
+
+async function decide(approvalId, decision) {
+  try {
+    await api.decide(approvalId, decision);
+    return true;
+  } catch (err) {
+    notice(err.message || "Could not record the decision");
+    return false;
+  }
+}
+
+// ---------------------------------------------------------------- the event stream
+
+function onEvent(type, data, id) {
+  switch (type) {
+    case "session":
+      if (data.session) upsertSession(data.session);
+      return;
+    case "toast":
+      if (!inView(data.session_id)) {
+        completionToast(
+          {
+            sessionId: data.session_id,
+            title: data.title || sessionTitle(state.sessions.get(data.session_id)),
+            goal: data.goal,
+            status: data.status,
+          },
+          (sid) => openSession(sid),
+        );
+      }
+      return;
+    case "delivery":
+      if (state.view === "deliveries" && data.delivery) deliveries.upsert(data.delivery);
+      return;
+    default:
+      break;
+  }
+  if (data.session_id && data.session_id === state.currentId && state.view === "chat") {
+    chat.handle(type, data, id);
+    if (type === "turn.start" || type === "turn.end" || type === "wakeup") updateComposer();
+  }
+  if (type === "turn.start" || type === "turn.end") {
+    const session = state.sessions.get(data.session_id);
+    if (session) {
+      session.busy = type === "turn.start";
+      renderSidebar();
+      if (data.session_id === state.currentId) updateComposer();
+    }
+  }
+}
+
+async function onReset() {
+  try {
+    await refreshSessions();
+    if (state.view === "deliveries") await deliveries.load();
+    else if (state.currentId) await openSession(state.currentId, { push: false });
+  } catch (err) {
+    notice(err.message);
+  }
+}
+
+function onConnectionState(value) {
+  const node = $("#conn");
+  node.dataset.state = value;
+  const label = { live: "Live", reconnecting: "Reconnecting…", closed: "Offline", connecting: "Connecting…" }[value] || value;
+  node.title = label;
+  node.firstChild.textContent = label;
+}
+
+// ---------------------------------------------------------------- sidebar on small screens
+
+function openSidebar() {
+  app.classList.add("sidebar-open");
+  $("#scrim").hidden = false;
+  $("#menu-btn").setAttribute("aria-expanded", "true");
+}
+
+function closeSidebar() {
+  app.classList.remove("sidebar-open");
+  $("#scrim").hidden = true;
+  $("#menu-btn").setAttribute("aria-expanded", "false");
+}
+
+// ---------------------------------------------------------------- login
+
+function showLogin() {
+  showView("login");
+  setTitle("Sign in", "");
+  $("#password").focus();
+}
+
+async function login(event) {
+  event.preventDefault();
+  const error = $("#login-error");
+  error.hidden = true;
+  try {
+    await api.login($("#password").value);
+    $("#password").value = "";
+    await boot();
+  } catch (err) {
+    error.hidden = false;
+    error.textContent =
+      err.status === 429 ? "Too many attempts. Wait a moment and try again." : err.status === 401 ? "Wrong password." : err.message;
+  }
+}
+
+// ---------------------------------------------------------------- start
+
+function wire() {
+  initTheme();
+  $("[data-testid=new-session]").addEventListener("click", () => newSession());
+  $("#new-session-top").addEventListener("click", () => newSession());
+  $("#composer-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    send();
+  });
+  composer.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      send();
+    }
+  });
+  composer.addEventListener("input", autosize);
+  stopButton.addEventListener("click", stop);
+  transcript.addEventListener("busychange", updateComposer);
+  transcript.addEventListener("refetch", () => {
+    if (state.currentId && state.view === "chat") openSession(state.currentId, { push: false, quiet: true });
+  });
+  let searchTimer = 0;
+  $("#search").addEventListener("input", (event) => {
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(async () => {
+      state.query = event.target.value.trim();
+      if (!state.query) {
+        for (const s of state.sessions.values()) delete s._match;
+      }
+      try {
+        await refreshSessions();
+      } catch (err) {
+        notice(err.message);
+      }
+    }, 200);
+  });
+  for (const button of document.querySelectorAll("#delivery-filters button")) {
+    button.addEventListener("click", () => {
+      for (const b of document.querySelectorAll("#delivery-filters button")) {
+        b.setAttribute("aria-pressed", String(b === button));
+      }
+      deliveries.filter.state = button.dataset.state;
+      deliveries.load().catch((err) => notice(err.message));
+    });
+  }
+  let deliveryTimer = 0;
+  $("#delivery-search").addEventListener("input", (event) => {
+    clearTimeout(deliveryTimer);
+    deliveryTimer = setTimeout(() => {
+      deliveries.filter.q = event.target.value.trim();
+      deliveries.load().catch((err) => notice(err.message));
+    }, 200);
+  });
+  document.addEventListener("click", (event) => {
+    const link = event.target.closest("a[data-nav]");
+    if (!link || event.metaKey || event.ctrlKey || event.shiftKey || event.button !== 0) return;
+    event.preventDefault();
+    navigate(link.getAttribute("data-nav"));
+    route();
+  });
+  window.addEventListener("popstate", () => route());
+  $("#menu-btn").addEventListener("click", () =>
+    app.classList.contains("sidebar-open") ? closeSidebar() : openSidebar(),
+  );
+  $("#scrim").addEventListener("click", closeSidebar);
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") closeSidebar();
+  });
+  document.addEventListener("visibilitychange", () => {
+    const session = currentSession();
+    if (session?.unread && inView(session.id)) markRead(session.id);
+  });
+  $("#login-form").addEventListener("submit", login);
+  onLoginRequired(() => showLogin());
+}
+
+async function boot() {
+  let data;
+  try {
+    data = await api.bootstrap();
+  } catch (err) {
+    showView("loading");
+    $("#view-loading").firstElementChild.textContent = `Cannot reach Reveille: ${err.message}`;
+    setTimeout(boot, 3000);
+    return;
+  }
+  state.boot = data;
+  setCsrfToken(data.csrf_token);
+  $("#model-name").textContent = data.model ? `Model: ${data.model}` : "";
+  if (data.auth_required && !data.logged_in) {
+    showLogin();
+    return;
+  }
+  if (!state.started) {
+    state.started = true;
+    await connect({ onEvent, onReset, onState: onConnectionState });
+  }
+  try {
+    await refreshSessions();
+  } catch (err) {
+    notice(err.message);
+  }
+  await route();
+  app.dataset.ready = "true";
+}
+
+wire();
+boot();

@@ -1,0 +1,433 @@
+// The transcript of the session in view: messages, tool steps, wake-up cards, approval cards,
+// and the live stream of a running turn. Only the agent's replies go through the markdown
+// sanitizer; everything else is text.
+import { compareIds, el, formatDuration } from "/static/dom.js";
+import { setMarkdown } from "/static/markdown.js";
+
+const OK = new Set(["done", "completed", "complete", "success", "succeeded", "ok", "finished"]);
+const BAD = new Set(["failed", "error", "errored", "timeout", "timed_out", "cancelled", "killed", "lost"]);
+
+export function statusTone(status) {
+  const s = String(status || "").toLowerCase();
+  if (OK.has(s)) return "ok";
+  if (BAD.has(s)) return "err";
+  return "neutral";
+}
+
+/** The compact, expandable card of a completion that came home. Every field is text. */
+export function wakeupCard(card) {
+  const status = String(card.status ?? "");
+  const isProcess = card.work_kind === "process";
+  const duration = formatDuration(card.duration_seconds);
+  const result = String(card.result ?? "");
+  const hasExit = card.exit_code !== undefined && card.exit_code !== null;
+
+  const head = el(
+    "div",
+    { class: "wakeup-head" },
+    el("span", { class: "wakeup-icon", "aria-hidden": "true" }),
+    el("span", { class: "wakeup-kind", text: isProcess ? "Process finished" : "Background task finished" }),
+    el("span", { class: `pill ${statusTone(status)}`, dataset: { field: "status" }, text: status || "unknown" }),
+    duration ? el("span", { class: "wakeup-duration", dataset: { field: "duration" }, text: duration }) : null,
+  );
+  const goal = el("p", { class: "wakeup-goal", dataset: { field: "goal" }, text: String(card.goal ?? "") });
+  const command =
+    isProcess && card.command
+      ? el(
+          "p",
+          { class: "wakeup-command" },
+          el("code", { dataset: { field: "command" }, text: String(card.command) }),
+          hasExit
+            ? el("span", {
+                class: `pill ${Number(card.exit_code) === 0 ? "ok" : "err"}`,
+                dataset: { field: "exit-code" },
+                text: `exit ${card.exit_code}`,
+              })
+            : null,
+        )
+      : null;
+  const preview = el("p", { class: "wakeup-result", dataset: { field: "result" }, text: result || "(no output)" });
+  const details = el(
+    "details",
+    { class: "wakeup-details" },
+    el("summary", { text: "Details" }),
+    el(
+      "dl",
+      {},
+      el("dt", { text: "Result" }),
+      el("dd", {}, el("pre", { text: result || "(no output)" })),
+      isProcess && card.command ? [el("dt", { text: "Command" }), el("dd", {}, el("pre", { text: String(card.command) }))] : null,
+      hasExit ? [el("dt", { text: "Exit code" }), el("dd", { text: String(card.exit_code) })] : null,
+      duration ? [el("dt", { text: "Duration" }), el("dd", { text: duration })] : null,
+      card.delivery_id ? [el("dt", { text: "Delivery" }), el("dd", {}, el("code", { text: String(card.delivery_id) }))] : null,
+    ),
+  );
+  return el(
+    "article",
+    {
+      class: `wakeup-card tone-${statusTone(status)}`,
+      dataset: { testid: "wakeup-card", status, deliveryId: card.delivery_id, workKind: card.work_kind },
+      "aria-label": `${isProcess ? "Process" : "Background task"} ${status}`,
+    },
+    head,
+    goal,
+    command,
+    preview,
+    details,
+  );
+}
+
+function toolStep({ name, status, summary }) {
+  const node = el(
+    "div",
+    { class: "tool-step", dataset: { testid: "tool-step", status: status || "" } },
+    el("span", { class: "tool-icon", "aria-hidden": "true" }),
+    el("code", { class: "tool-name" }),
+    el("span", { class: "tool-summary" }),
+  );
+  updateToolStep(node, { name, status, summary });
+  return node;
+}
+
+function updateToolStep(node, { name, status, summary }) {
+  node.dataset.status = status || "";
+  node.dataset.name = name || "";
+  node.classList.toggle("running", isRunning(status));
+  node.querySelector(".tool-name").textContent = String(name || "tool");
+  node.querySelector(".tool-summary").textContent = String(summary || status || "");
+}
+
+function isRunning(status) {
+  return ["running", "started", "start", "pending", "in_progress", "waiting"].includes(
+    String(status || "").toLowerCase(),
+  );
+}
+
+export class ChatView {
+  constructor(root, { onDecide }) {
+    this.root = root;
+    this.onDecide = onDecide;
+    this.sessionId = null;
+    this.lastEventId = "";
+    this.loading = false;
+    this.buffer = [];
+    this.streams = new Map(); // stream_id → {node, body, text, frame}
+    this.cards = new Set(); // delivery ids shown
+    this.approvals = new Map();
+    this.pendingUser = []; // optimistic user messages awaiting their turn.start
+    this.activeStreamId = null;
+  }
+
+  /** Forget the shown session; events for `sessionId` are buffered until `load`. */
+  begin(sessionId) {
+    this.sessionId = sessionId;
+    this.loading = true;
+    this.buffer = [];
+    this.lastEventId = "";
+    this.reset();
+  }
+
+  /** Like `begin`, but what is shown stays until `load` replaces it. */
+  beginQuiet(sessionId) {
+    this.sessionId = sessionId;
+    this.loading = true;
+    this.buffer = [];
+  }
+
+  reset() {
+    for (const stream of this.streams.values()) cancelAnimationFrame(stream.frame);
+    this.streams.clear();
+    this.cards.clear();
+    this.approvals.clear();
+    this.pendingUser = [];
+    this.activeStreamId = null;
+    this.root.replaceChildren();
+  }
+
+  /** Render a session's detail (`GET /api/sessions/{id}`), then the events that came meanwhile. */
+  load(detail) {
+    this.reset();
+    this.lastEventId = String(detail.last_event_id ?? "");
+    for (const item of detail.items || []) this.renderItem(item);
+    const active = detail.active_stream;
+    if (active && active.stream_id) {
+      if (typeof active.user_text === "string" && active.user_text && !active.wakeup) {
+        this.root.append(this.message("user", active.user_text));
+      }
+      const stream = this.startStream(active.stream_id, {
+        wakeup: Boolean(active.wakeup),
+        text: active.text || "",
+      });
+      // An older server's active stream lacks user_text / wakeup: refetch once it ends, so
+      // the question and the wake-up mark come from the stored transcript.
+      stream.refetchAtEnd = !("user_text" in active) || !("wakeup" in active);
+      if (active.last_event_id && compareIds(active.last_event_id, this.lastEventId) > 0) {
+        this.lastEventId = String(active.last_event_id);
+      }
+    }
+    if (detail.pending_approval) this.upsertApproval(detail.pending_approval);
+    this.loading = false;
+    const buffered = this.buffer;
+    this.buffer = [];
+    for (const [type, data, id] of buffered) this.handle(type, data, id);
+    this.scrollToEnd(true);
+  }
+
+  isEmpty() {
+    return !this.root.firstChild;
+  }
+
+  renderItem(item) {
+    if (item.kind === "message") {
+      const node = this.message(item.role, item.content, { wakeup: item.wakeup, id: item.id });
+      if (item.stopped) {
+        node.dataset.status = "stopped";
+        node.append(el("p", { class: "message-note", text: "Stopped" }));
+      }
+      this.root.append(node);
+    } else if (item.kind === "wakeup" && item.card) {
+      this.addCard(item.card);
+    } else if (item.kind === "tool") {
+      this.root.append(toolStep(item));
+    }
+  }
+
+  message(role, content, { wakeup = false, id = null, streaming = false } = {}) {
+    const body = el("div", { class: "message-body" });
+    const node = el(
+      "div",
+      {
+        class: `message ${role}${wakeup ? " wakeup-reply" : ""}${streaming ? " streaming" : ""}`,
+        dataset: { testid: "message", role, messageId: id, wakeup: wakeup ? "true" : null },
+      },
+      role === "assistant" ? el("span", { class: "avatar", "aria-hidden": "true" }) : null,
+      body,
+    );
+    if (role === "assistant") setMarkdown(body, content || "");
+    else body.textContent = String(content ?? "");
+    return node;
+  }
+
+  /** An optimistic user message, shown at once and confirmed by its turn.start. */
+  addPendingUser(text) {
+    const node = this.message("user", text);
+    node.classList.add("pending");
+    this.root.append(node);
+    this.pendingUser.push({ text, node });
+    this.scrollToEnd(true);
+    return node;
+  }
+
+  dropPendingUser(node) {
+    this.pendingUser = this.pendingUser.filter((p) => p.node !== node);
+    node.remove();
+  }
+
+  /** Apply one event of the tab's stream that belongs to the session in view. */
+  handle(type, data, id) {
+    if (this.loading) {
+      this.buffer.push([type, data, id]);
+      return;
+    }
+    if (id && this.lastEventId && compareIds(id, this.lastEventId) <= 0) return;
+    if (id) this.lastEventId = String(id);
+    const stick = this.nearEnd();
+    switch (type) {
+      case "turn.start":
+        this.onTurnStart(data);
+        break;
+      case "turn.delta":
+        this.onDelta(data);
+        break;
+      case "turn.tool":
+        this.onTool(data);
+        break;
+      case "turn.end":
+        this.onTurnEnd(data);
+        break;
+      case "wakeup":
+        if (data.card) this.addCard(data.card);
+        break;
+      case "approval":
+        if (data.approval) this.upsertApproval(data.approval);
+        break;
+      default:
+        return;
+    }
+    if (stick) this.scrollToEnd();
+  }
+
+  onTurnStart(data) {
+    if (this.streams.has(data.stream_id)) {
+      // Loaded as the active stream already; its question may not be among the items yet.
+      const stream = this.streams.get(data.stream_id);
+      if (data.user_text && stream.refetchAtEnd && !data.wakeup) {
+        this.root.insertBefore(this.message("user", data.user_text), stream.node);
+      }
+      return;
+    }
+    if (data.user_text) {
+      const index = this.pendingUser.findIndex((p) => p.text === data.user_text);
+      if (index >= 0) {
+        const [pending] = this.pendingUser.splice(index, 1);
+        pending.node.classList.remove("pending");
+      } else if (!data.wakeup) {
+        this.root.append(this.message("user", data.user_text));
+      }
+    }
+    this.startStream(data.stream_id, { wakeup: Boolean(data.wakeup), text: "" });
+  }
+
+  startStream(streamId, { wakeup, text }) {
+    if (this.streams.has(streamId)) return this.streams.get(streamId);
+    const node = this.message("assistant", text, { wakeup, streaming: true });
+    node.dataset.streamId = streamId;
+    node.setAttribute("aria-busy", "true"); // read out once it ends, not word by word
+    const body = node.querySelector(".message-body");
+    if (!text) body.append(typingDots());
+    this.root.append(node);
+    const stream = { node, body, text, frame: 0, done: false };
+    this.streams.set(streamId, stream);
+    this.activeStreamId = streamId;
+    this.root.dispatchEvent(new CustomEvent("busychange"));
+    return stream;
+  }
+
+  /**
+   * The stream an event belongs to, or null: a turn this view never saw start ended before
+   * the view loaded, so its reply is already among the stored items (not shown twice).
+   */
+  streamFor(data) {
+    return this.streams.get(data.stream_id) || null;
+  }
+
+  onDelta(data) {
+    const stream = this.streamFor(data);
+    if (!stream || stream.done) return;
+    stream.text += String(data.text ?? "");
+    if (!stream.frame) {
+      stream.frame = requestAnimationFrame(() => {
+        stream.frame = 0;
+        setMarkdown(stream.body, stream.text);
+        if (this.nearEnd(160)) this.scrollToEnd();
+      });
+    }
+  }
+
+  onTool(data) {
+    const stream = this.streamFor(data);
+    if (!stream || stream.done) return;
+    const steps = [...this.root.querySelectorAll(`.tool-step[data-stream-id="${CSS.escape(data.stream_id)}"]`)];
+    const open = steps.reverse().find((n) => n.dataset.name === String(data.name || "") && n.classList.contains("running"));
+    if (open) {
+      updateToolStep(open, data);
+      return;
+    }
+    const node = toolStep(data);
+    node.dataset.streamId = data.stream_id;
+    this.root.insertBefore(node, stream.node);
+  }
+
+  onTurnEnd(data) {
+    const stream = this.streamFor(data);
+    if (!stream || stream.done) return;
+    cancelAnimationFrame(stream.frame);
+    stream.frame = 0;
+    stream.done = true;
+    const content = typeof data.content === "string" ? data.content : stream.text;
+    stream.text = content;
+    stream.node.classList.remove("streaming");
+    stream.node.removeAttribute("aria-busy");
+    stream.node.dataset.status = data.status || "done";
+    if (content) setMarkdown(stream.body, content);
+    else stream.body.replaceChildren();
+    for (const step of this.root.querySelectorAll(`.tool-step.running[data-stream-id="${CSS.escape(data.stream_id)}"]`)) {
+      step.classList.remove("running");
+    }
+    if (data.status === "stopped") {
+      stream.node.append(el("p", { class: "message-note", text: "Stopped" }));
+    } else if (data.status === "error") {
+      stream.node.classList.add("error");
+      stream.node.append(el("p", { class: "message-note error", text: `Error: ${data.error || "the turn failed"}` }));
+    } else if (!content) {
+      stream.node.remove();
+    }
+    if (this.activeStreamId === data.stream_id) this.activeStreamId = null;
+    this.root.dispatchEvent(new CustomEvent("busychange"));
+    if (stream.refetchAtEnd) this.root.dispatchEvent(new CustomEvent("refetch"));
+  }
+
+  addCard(card) {
+    const key = card.delivery_id ? String(card.delivery_id) : null;
+    if (key && this.cards.has(key)) return;
+    if (key) this.cards.add(key);
+    this.root.append(wakeupCard(card));
+  }
+
+  upsertApproval(approval) {
+    const existing = this.approvals.get(approval.id);
+    const node = this.approvalCard(approval);
+    if (existing) existing.replaceWith(node);
+    else {
+      // Before the running reply, so the question sits where the agent stopped.
+      const stream = this.activeStreamId && this.streams.get(this.activeStreamId);
+      if (stream && !stream.text) this.root.insertBefore(node, stream.node);
+      else this.root.append(node);
+    }
+    this.approvals.set(approval.id, node);
+  }
+
+  approvalCard(approval) {
+    const status = approval.status || "pending";
+    const pending = status === "pending";
+    const buttons = pending
+      ? el(
+          "div",
+          { class: "approval-actions" },
+          el("button", {
+            type: "button",
+            class: "btn btn-primary",
+            dataset: { testid: "approve" },
+            text: "Approve once",
+            on: { click: (e) => this.decide(approval, "approve", e.currentTarget) },
+          }),
+          el("button", {
+            type: "button",
+            class: "btn",
+            dataset: { testid: "deny" },
+            text: "Deny",
+            on: { click: (e) => this.decide(approval, "deny", e.currentTarget) },
+          }),
+        )
+      : el("p", { class: `approval-outcome ${status}`, text: status === "approved" ? "Approved" : status === "denied" ? "Denied" : status });
+    return el(
+      "article",
+      { class: `approval-card ${status}`, dataset: { testid: "approval-card", status, approvalId: approval.id } },
+      el("p", { class: "approval-title", text: pending ? "The agent wants to run a command" : "Command approval" }),
+      el("pre", { class: "approval-command" }, el("code", { text: String(approval.command ?? "") })),
+      buttons,
+    );
+  }
+
+  async decide(approval, decision, button) {
+    const card = this.approvals.get(approval.id);
+    for (const b of card?.querySelectorAll("button") || []) b.disabled = true;
+    const ok = await this.onDecide(approval.id, decision);
+    if (ok) this.upsertApproval({ ...approval, status: decision === "approve" ? "approved" : "denied" });
+    else for (const b of card?.querySelectorAll("button") || []) b.disabled = false;
+    return button;
+  }
+
+  nearEnd(slack = 80) {
+    const scroller = this.root;
+    return scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < slack;
+  }
+
+  scrollToEnd(force = false) {
+    if (force || this.nearEnd(400)) this.root.scrollTop = this.root.scrollHeight;
+  }
+}
+
+function typingDots() {
+  return el("span", { class: "typing", "aria-label": "Thinking" }, el("span"), el("span"), el("span"));
+}

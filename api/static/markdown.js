@@ -1,0 +1,94 @@
+// The agent's markdown replies: marked → DOMPurify → DOM. Nothing else goes through here;
+// every other string the UI shows is set with textContent.
+import { marked } from "/static/vendor/marked/marked.esm.js";
+import DOMPurify from "/static/vendor/dompurify/purify.es.mjs";
+
+marked.setOptions({ gfm: true, breaks: true });
+
+const SAFE_URL = /^(?:https?:|mailto:|#|\/(?!\/))/i;
+
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  if (node.tagName === "A") {
+    const href = node.getAttribute("href") || "";
+    // Only http(s), mailto and same-site links survive; javascript:, data:, vbscript: … go.
+    if (!SAFE_URL.test(href.trim())) node.removeAttribute("href");
+    node.setAttribute("target", "_blank");
+    node.setAttribute("rel", "noopener noreferrer nofollow");
+  }
+  if (node.tagName === "IMG") {
+    const src = node.getAttribute("src") || "";
+    if (!/^(?:\/(?!\/)|data:image\/(?:png|gif|jpeg|webp);)/i.test(src)) node.removeAttribute("src");
+  }
+});
+
+const PURIFY = {
+  ALLOWED_TAGS: [
+    "a", "b", "blockquote", "br", "code", "del", "em", "h1", "h2", "h3", "h4", "h5", "h6",
+    "hr", "i", "img", "input", "li", "ol", "p", "pre", "s", "span", "strong", "sub", "sup",
+    "table", "tbody", "td", "th", "thead", "tr", "ul",
+  ],
+  ALLOWED_ATTR: ["href", "title", "alt", "src", "class", "type", "checked", "disabled", "align"],
+  ALLOW_DATA_ATTR: false,
+  RETURN_DOM_FRAGMENT: true,
+};
+
+let hljs = null;
+let hljsPromise = null;
+function highlighter() {
+  hljsPromise ||= import("/static/vendor/highlight/highlight.min.js").then((m) => {
+    hljs = m.default;
+    hljs.configure({ ignoreUnescapedHTML: true });
+    return hljs;
+  });
+  return hljsPromise;
+}
+
+/** Sanitised DOM fragment of a markdown string. */
+export function renderMarkdown(text) {
+  const html = marked.parse(String(text ?? ""), { async: false });
+  return DOMPurify.sanitize(html, PURIFY);
+}
+
+function highlightAll(target) {
+  for (const block of target.querySelectorAll("pre code")) {
+    if (block.dataset.highlighted) continue;
+    const lang = /language-([\w-]+)/.exec(block.className)?.[1];
+    if (lang && !hljs.getLanguage(lang)) block.className = "";
+    // highlight.js reads textContent and writes escaped spans.
+    hljs.highlightElement(block);
+  }
+}
+
+/** Replace `target`'s content with the rendered markdown; code blocks highlighted lazily. */
+export function setMarkdown(target, text) {
+  target.replaceChildren(renderMarkdown(text));
+  const blocks = target.querySelectorAll("pre code");
+  if (!blocks.length) return;
+  for (const block of blocks) decorateCodeBlock(block);
+  if (hljs) {
+    highlightAll(target);
+    return;
+  }
+  highlighter()
+    .then(() => target.isConnected && highlightAll(target))
+    .catch(() => {});
+}
+
+function decorateCodeBlock(block) {
+  const pre = block.parentElement;
+  if (!pre || pre.querySelector(".copy")) return;
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = "copy";
+  button.textContent = "Copy";
+  button.addEventListener("click", () => {
+    navigator.clipboard?.writeText(block.textContent || "").then(
+      () => {
+        button.textContent = "Copied";
+        setTimeout(() => (button.textContent = "Copy"), 1500);
+      },
+      () => {},
+    );
+  });
+  pre.append(button);
+}

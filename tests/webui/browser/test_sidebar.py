@@ -1,0 +1,53 @@
+"""The sidebar lists every session of the store with its source: web UI sessions chat,
+API sessions are shown read-only; the search narrows the list."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from playwright.sync_api import expect
+
+from tests.webui.browser._support import API_KEY
+from tests.webui.browser.test_wakeup_flow import session_item
+
+
+def test_sidebar_sources_readonly_and_search(start_server, new_tab, shots) -> None:
+    server = start_server(demo_delay=0.2)
+    report = server.post("/api/sessions", {"title": "Quarterly <b>report</b>"})["session"]
+    server.post("/api/sessions", {"title": "Holiday plans"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.api_port()}/v1/chat/completions",
+        data=json.dumps(
+            {"model": "reveille-demo", "messages": [{"role": "user", "content": "from the API"}]}
+        ).encode(),
+        headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        api_session = resp.headers["X-Hermes-Session-Id"]
+
+    tab = new_tab(server.url)
+    page = tab.open("/")
+    items = page.get_by_test_id("session-item")
+    expect(items).to_have_count(3)
+    expect(session_item(page, report["id"])).to_contain_text("Quarterly <b>report</b>")
+    expect(session_item(page, report["id"]).locator(".badge")).to_have_text("Web")
+    api_item = page.locator("[data-testid=session-item][data-chat=false]")
+    expect(api_item).to_have_count(1)
+    expect(api_item.locator(".badge")).to_have_text("API")
+    shots(page, "sidebar-sources")
+
+    api_item.click()
+    expect(page.locator("[data-testid=message][data-role=user]")).to_contain_text("from the API")
+    expect(page.get_by_test_id("composer")).to_be_disabled()
+    expect(page.locator("#composer-note")).to_contain_text("read-only")
+    shots(page, "api-session-read-only")
+    assert api_session
+
+    page.get_by_test_id("search").fill("quarterly")
+    expect(items).to_have_count(1)
+    expect(items.first).to_have_attribute("data-session-id", report["id"])
+    shots(page, "search")
+    page.get_by_test_id("search").fill("")
+    expect(items).to_have_count(3)
+    assert not tab.errors, tab.errors
