@@ -66,6 +66,10 @@ class ActiveStream:
             "turn_id": self.turn_id,
             "text": self.text,
             "last_event_id": str(self.last_event_id),
+            # A reload mid-turn shows the running turn's question (the stored items hold
+            # finished turns only); a wake-up turn has no user question to show.
+            "user_text": None if self.wakeup else self.user_text,
+            "wakeup": self.wakeup,
         }
 
 

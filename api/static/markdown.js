@@ -5,6 +5,19 @@ import DOMPurify from "/static/vendor/dompurify/purify.es.mjs";
 
 marked.setOptions({ gfm: true, breaks: true });
 
+const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+const escapeHtml = (text) => String(text).replace(/[&<>"']/g, (c) => ESCAPES[c]);
+
+// Raw HTML a model writes (``<img src=x onerror=…>`` quoted from a goal, say) is shown as the
+// characters it is, not dropped silently by the sanitizer: the reader sees what was said.
+marked.use({
+  renderer: {
+    html(token) {
+      return escapeHtml(typeof token === "string" ? token : token.text);
+    },
+  },
+});
+
 const SAFE_URL = /^(?:https?:|mailto:|#|\/(?!\/))/i;
 
 DOMPurify.addHook("afterSanitizeAttributes", (node) => {

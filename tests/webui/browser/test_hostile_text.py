@@ -33,6 +33,8 @@ def test_hostile_completion_renders_as_text(start_server, new_tab, shots) -> Non
     wake = page.locator("[data-testid=message][data-wakeup=true]")
     expect(wake).to_have_count(1, timeout=20000)
     expect(wake).not_to_have_class(re.compile(r"\bstreaming\b"))
+    # the agent's markdown reply quotes the goal: its raw HTML shows as characters too
+    expect(wake).to_contain_text("<img src=x onerror=")
     card.locator("summary").click()
     shots(page, "hostile-rendered")
 
