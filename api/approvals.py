@@ -68,9 +68,11 @@ class Approvals:
         )
         with self._lock:
             self._pending[approval.id] = approval
-        await self._on_change(approval)
         assert approval.decided is not None
         try:
+            # Inside the try: a stop that lands while the approval is still being announced
+            # must deny it too, or it would stay pending and keep the session busy.
+            await self._on_change(approval)
             return await approval.decided
         except asyncio.CancelledError:
             if approval.status == "pending":

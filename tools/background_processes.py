@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from delivery.errors import LedgerUnavailable
 from delivery.events import PROCESS_COMPLETION
 from delivery.identity import ProcessIdentity, current_identity, process_start_ticks
 from delivery.ids import new_id
@@ -498,9 +499,14 @@ class ProcessRegistry:
             if directory is not None:
                 shutil.rmtree(directory, ignore_errors=True)
 
-        self._runtime().record_completion(
-            process_id, event, deliver_to=self.completion_queue, on_recorded=cleanup
-        )
+        try:
+            self._runtime().record_completion(
+                process_id, event, deliver_to=self.completion_queue, on_recorded=cleanup
+            )
+        except LedgerUnavailable as exc:
+            # The server is stopping (or its store is gone): the exit status stays in the
+            # process's directory, and the next server adopts it from there.
+            log.warning("process %s ended but could not be recorded (%s)", process_id, exc)
 
     # -- control ------------------------------------------------------------------------------
 

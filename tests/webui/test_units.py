@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
+from api.approvals import Approval, Approvals
 from api.auth import Auth
 from api.event_log import EventLog, EventLogError
 from api.views import card_from_metadata, transcript_items
@@ -100,3 +102,25 @@ def test_views_keep_markup_as_text() -> None:
         ]
     )
     assert items[0]["content"] == "<script>" and items[1]["wakeup"] is False
+
+
+async def test_a_stop_while_the_approval_is_announced_denies_it() -> None:
+    """The turn is cancelled while the pending approval is still being announced (the
+    listener is slow): the approval ends denied and the session is free again."""
+    announced = asyncio.Event()
+    seen: list[str] = []
+
+    async def slow_listener(approval: Approval) -> None:
+        seen.append(approval.status)
+        announced.set()
+        await asyncio.sleep(0.05)
+
+    approvals = Approvals(slow_listener)
+    ask = asyncio.create_task(approvals.confirm_for("s1")("rm -rf /"))
+    await announced.wait()
+    ask.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await ask
+    await asyncio.sleep(0.1)
+    assert not approvals.is_pending("s1")
+    assert seen == ["pending", "denied"]
