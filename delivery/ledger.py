@@ -20,12 +20,12 @@ from delivery.errors import (
     InvalidTransitionError,
     UnknownDeliveryError,
 )
-from delivery.identity import current_identity, holder_is_dead
+from delivery.identity import current_identity
 from delivery.ids import new_token
 from delivery.notifier import Subscription
-from delivery.peers import ServerRecord
+from delivery.peers import ServerRoster
 from delivery.policy import DeliveryPolicy
-from delivery.recovery import abandoned_event, reoffer_op
+from delivery.recovery import abandoned_event, redeliver_op, reoffer_op
 from delivery.recovery import settle_changes as _settle
 from delivery.states import ACTIVE_STATES, DeliveryState, State, can_transition
 from delivery.write_future import WriteFuture
@@ -97,11 +97,14 @@ class Ledger:
         self.identity = identity or str(current_identity())
         self._due_listeners: list[Callable[[float], None]] = []
         self._adopters: dict[str, Callable[[dict[str, Any]], None]] = {}
-        # Servers of other hosts whose heartbeat lapsed: dead, like an exited local pid.
-        # Refreshed from the store's server records at every recovery pass.
-        self._lapsed: frozenset[str] = frozenset()
-        self.next_lapse_at: float | None = None  # the earliest a live remote peer lapses
-        self._label = ""
+        self.servers = ServerRoster(
+            backend,
+            self.identity,
+            clock=clock,
+            peer_timeout_seconds=self.policy.peer_timeout_seconds,
+            holding_work=self.live_identities,
+            notify_others=self.notify_others,
+        )
 
     # -- notification of due times (the re-offer scheduler listens) -------------------------
 
@@ -291,7 +294,7 @@ class Ledger:
                 return None
             if row["next_attempt_at"] > now:
                 return None  # backing off after a release: a wait, not an attempt
-            if row["claim_expires_at"] > now and not holder_is_dead(row["holder"], self._lapsed):
+            if row["claim_expires_at"] > now and not self.is_dead(row["holder"]):
                 return None
             expect = {
                 "delivery_state": PENDING,
@@ -433,36 +436,7 @@ class Ledger:
         """Operator action: a dropped row goes back to pending with a fresh budget."""
         _check_id(row_id)
         now = self.clock()
-        identity = self.identity
-
-        def op(tx: LedgerTx) -> dict[str, Any]:
-            row = _load(tx, row_id)
-            if row["delivery_state"] != DROPPED:
-                raise InvalidTransitionError(
-                    f"{row_id} is {row['delivery_state']}; only a dropped row can be redelivered"
-                )
-            if row["event"] is None:
-                raise InvalidTransitionError(f"{row_id} has no completion event to deliver")
-            changes = {
-                "delivery_state": PENDING,
-                "delivery_attempts": 0,
-                "refunds": 0,
-                "next_attempt_at": 0,
-                "claim_token": None,
-                "claim_consumer": None,
-                "claim_expires_at": 0,
-                "settled_at": None,
-                "settled_reason": None,
-                "replay_from": now,
-                "holder": identity,
-                "due_at": now,
-                "updated_at": now,
-            }
-            tx.update(row_id, {"delivery_state": DROPPED}, changes)
-            tx.audit(row_id, "redeliver", f"by {actor}; fresh budget", now)
-            return {**row, **changes}
-
-        row = self.backend.write(op)
+        row = self.backend.write(redeliver_op(row_id, now, self.identity, actor))
         self._notify_due(now)
         return row
 
@@ -499,6 +473,10 @@ class Ledger:
         """The earliest due time of a pending row, or None when nothing is pending."""
         return self.backend.next_due_at()
 
+    def is_dead(self, identity: str | None) -> bool:
+        """Provably gone: an exited process of this host, or a lapsed server of another."""
+        return self.servers.is_dead(identity)
+
     def live_identities(self) -> set[str]:
         """Processes other than this one that hold pending rows or own unfinished work
         (the re-offer scheduler watches each local one for its exit)."""
@@ -507,83 +485,6 @@ class Ledger:
             wanted.update(self.backend.active_owners(state))
         wanted.discard(self.identity)
         return wanted
-
-    # -- the servers sharing this store ---------------------------------------------------------
-
-    def register_server(self, label: str = "") -> list[ServerRecord]:
-        """Record this process as a server of the store, tell the others, and return the
-        live peers it shares the store with (dead ones found on the way are pruned)."""
-        now = self.clock()
-        self._label = label
-        record = ServerRecord(self.identity, label, now, now)
-        self.backend.write(lambda tx: tx.put_server(record), durable=False)
-        self.notify_others()  # their schedulers start watching this process now
-        return self.peer_servers()
-
-    def heartbeat(self) -> float:
-        """Renew this server's heartbeat (servers of other hosts judge it alive by it);
-        returns when the next renewal is due (a third of the peer timeout)."""
-        now = self.clock()
-        record = ServerRecord(self.identity, self._label, now, now)
-        self.backend.write(lambda tx: tx.put_server(record), durable=False)
-        return now + self.policy.peer_timeout_seconds / 3
-
-    def refresh_liveness(self) -> float | None:
-        """Re-read the servers' heartbeats: those of other hosts that lapsed count as dead
-        from now on. Returns the earliest time a live remote peer's heartbeat will lapse
-        (when to look again), or None when there is none."""
-        now, timeout = self.clock(), self.policy.peer_timeout_seconds
-        lapsed: set[str] = set()
-        next_lapse: float | None = None
-        for record in self.backend.servers():
-            if record.identity == self.identity:
-                continue
-            if record.heartbeat_lapsed(now, timeout):
-                lapsed.add(record.identity)
-            elif not (record.process and record.process.is_local()):
-                at = record.heartbeat_at + timeout
-                next_lapse = at if next_lapse is None else min(next_lapse, at)
-        newly = lapsed - self._lapsed
-        self._lapsed = frozenset(lapsed)
-        for ident in sorted(newly):
-            log.warning(
-                "server %s stopped renewing its heartbeat (%.0f s); taking over its work",
-                ident,
-                timeout,
-            )
-        return next_lapse
-
-    def is_dead(self, identity: str | None) -> bool:
-        """Provably gone: an exited process of this host, or a lapsed server of another."""
-        return holder_is_dead(identity, self._lapsed)
-
-    def unregister_server(self) -> None:
-        self.backend.write(lambda tx: tx.delete_server(self.identity), durable=False)
-
-    def peer_servers(self) -> list[ServerRecord]:
-        """The other servers of this store that are not known to be dead; records of dead
-        ones are removed (their work is recovered through its rows, not through these)."""
-        peers: list[ServerRecord] = []
-        dead: list[ServerRecord] = []
-        for record in self.backend.servers():
-            if record.identity == self.identity:
-                continue
-            if record.is_known_dead():
-                dead.append(record)
-            elif record.identity in self._lapsed:
-                # Kept (it is how its rows are known to be orphaned) until none is left.
-                if record.identity not in self.live_identities():
-                    dead.append(record)
-            else:
-                peers.append(record)
-        if dead:
-
-            def prune(tx: LedgerTx) -> None:
-                for record in dead:
-                    tx.delete_server(record.identity)
-
-            self.backend.write(prune, durable=False)
-        return peers
 
     # -- the store ------------------------------------------------------------------------------
 
@@ -642,7 +543,7 @@ class Ledger:
         has an adopter (``set_adopter``): then this process takes the row over and the
         adopter reports its real outcome.
         """
-        self.next_lapse_at = self.refresh_liveness()
+        self.servers.refresh_liveness()
         recovered: list[dict[str, Any]] = []
         for state, new_state in ((State.QUEUED, State.INTERRUPTED), (State.RUNNING, State.UNKNOWN)):
             for owner in self.backend.active_owners(state):
@@ -696,5 +597,5 @@ class Ledger:
         if not candidates:
             return []
         return self.backend.write(
-            reoffer_op(candidates, now, reason, policy, identity, self._lapsed)
+            reoffer_op(candidates, now, reason, policy, identity, self.servers.lapsed)
         )

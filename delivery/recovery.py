@@ -3,8 +3,8 @@
 ``abandoned_event``: the completion of work whose owner process died before it finished
 (recovery of abandoned work). ``mark_reoffered``: a copy of a stored event marked as offered
 again (restore, orphan re-offer), so that no new, unrelated session adopts it.
-``reoffer_op``: the one write of a restore or orphan re-offer. ``settle_changes``: what
-settles a row.
+``reoffer_op``: the one write of a restore or orphan re-offer; ``redeliver_op``: that of an
+operator's redeliver. ``settle_changes``: what settles a row.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from delivery.backend import LedgerTx
+from delivery.errors import InvalidTransitionError, UnknownDeliveryError
 from delivery.events import ASYNC_DELEGATION, PROCESS_COMPLETION
 from delivery.identity import holder_is_dead
 from delivery.policy import DeliveryPolicy
@@ -125,5 +126,43 @@ def reoffer_op(
             if tx.update(row["id"], expect, changes):
                 offered.append(mark_reoffered(row["event"], reason, now))
         return offered
+
+    return op
+
+
+def redeliver_op(
+    row_id: str, now: float, identity: str, actor: str
+) -> Callable[[LedgerTx], dict[str, Any]]:
+    """The operation of an operator's redeliver: a dropped row goes back to pending with a
+    fresh budget, held by ``identity``; the row as it is afterwards."""
+
+    def op(tx: LedgerTx) -> dict[str, Any]:
+        row = tx.get(row_id)
+        if row is None:
+            raise UnknownDeliveryError(f"no ledger row {row_id!r}")
+        if row["delivery_state"] != _DROPPED:
+            raise InvalidTransitionError(
+                f"{row_id} is {row['delivery_state']}; only a dropped row can be redelivered"
+            )
+        if row["event"] is None:
+            raise InvalidTransitionError(f"{row_id} has no completion event to deliver")
+        changes = {
+            "delivery_state": _PENDING,
+            "delivery_attempts": 0,
+            "refunds": 0,
+            "next_attempt_at": 0,
+            "claim_token": None,
+            "claim_consumer": None,
+            "claim_expires_at": 0,
+            "settled_at": None,
+            "settled_reason": None,
+            "replay_from": now,
+            "holder": identity,
+            "due_at": now,
+            "updated_at": now,
+        }
+        tx.update(row_id, {"delivery_state": _DROPPED}, changes)
+        tx.audit(row_id, "redeliver", f"by {actor}; fresh budget", now)
+        return {**row, **changes}
 
     return op

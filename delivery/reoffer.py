@@ -75,7 +75,7 @@ class ReofferScheduler:
     def start(self) -> None:
         self._inbox = self.ledger.subscribe()
         try:
-            self.peers_at_start = self.ledger.register_server(self._label)
+            self.peers_at_start = self.ledger.servers.register(self._label)
             self._next_beat = self.ledger.clock() + self.ledger.policy.peer_timeout_seconds / 3
         except LedgerError as exc:
             # Not fatal: rows still name their owners and holders, which are watched too.
@@ -93,7 +93,7 @@ class ReofferScheduler:
         if self._thread is not None:
             self._thread.join(timeout=5)
         with contextlib.suppress(LedgerError):
-            self.ledger.unregister_server()
+            self.ledger.servers.unregister()
         for fd in self._pidfds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -140,13 +140,13 @@ class ReofferScheduler:
         self._watch_processes()
         now = self.ledger.clock()
         if self._next_beat is not None and now >= self._next_beat:
-            self._next_beat = self.ledger.heartbeat()
+            self._next_beat = self.ledger.servers.heartbeat()
         next_due = self.ledger.next_due_at()
         now = self.ledger.clock()
         sleep = self._max_sleep if next_due is None else max(next_due - now, 0.0)
         # Deadlines of liveness, not polls: renew our heartbeat in time, and look again
         # the moment a remote peer's heartbeat would lapse.
-        for deadline in (self._next_beat, self.ledger.next_lapse_at):
+        for deadline in (self._next_beat, self.ledger.servers.next_lapse_at):
             if deadline is not None:
                 sleep = min(sleep, max(deadline - now, 0.0) + 0.01)
         sleep = min(sleep, self._max_sleep)
@@ -165,7 +165,7 @@ class ReofferScheduler:
         """Hold a pidfd for every peer server and every other local process that holds or
         owns live rows."""
         wanted = self.ledger.live_identities()
-        for peer in self.ledger.peer_servers():
+        for peer in self.ledger.servers.peers():
             wanted.add(peer.identity)
             self._peer_names[peer.identity] = peer.describe()
         for ident in list(self._pidfds):

@@ -209,7 +209,7 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
             print("no rows match")
         return 0
     if args.action == "servers":
-        servers = ledger.peer_servers()  # this command is not a server: all of them
+        servers = ledger.servers.peers()  # this command is not a server: all of them
         if not servers:
             print("no server is running on this state directory")
         for record in servers:

@@ -27,22 +27,22 @@ def test_a_remote_server_whose_heartbeat_lapses_has_its_work_recovered(
     backend: LedgerBackend, clock: FakeClock
 ) -> None:
     remote = Ledger(backend, POLICY, clock=clock, identity=REMOTE_IDENTITY)
-    remote.register_server("api elsewhere:8642")
+    remote.servers.register("api elsewhere:8642")
     remote.create("queued-1", kind="delegation", session_key="s")
     remote.create("running-1", kind="delegation", state="running", session_key="s")
     finished_row(remote, "held-1")
     token = remote.claim("held-1", "remote-consumer")
     assert token
     survivor = Ledger(backend, POLICY, clock=clock)
-    survivor.register_server("api here:8642")
+    survivor.servers.register("api here:8642")
 
     clock.advance(10)
-    remote.heartbeat()  # alive: renewed in time
+    remote.servers.heartbeat()  # alive: renewed in time
     clock.advance(10)  # 10 s since its last heartbeat: not lapsed
     assert survivor.recover_abandoned() == []
     assert survivor.take_due() == []
-    assert survivor.next_lapse_at == pytest.approx(clock() + 5)
-    assert [p.identity for p in survivor.peer_servers()] == [REMOTE_IDENTITY]
+    assert survivor.servers.next_lapse_at == pytest.approx(clock() + 5)
+    assert [p.identity for p in survivor.servers.peers()] == [REMOTE_IDENTITY]
 
     clock.advance(6)  # 16 s: lapsed
     recovered = survivor.recover_abandoned()
@@ -65,7 +65,7 @@ def test_a_remote_server_whose_heartbeat_lapses_has_its_work_recovered(
     for row_id in ("queued-1", "running-1"):
         t = survivor.claim(row_id, "c")
         assert t and survivor.complete(row_id, t)
-    survivor.peer_servers()
+    survivor.servers.peers()
     assert REMOTE_IDENTITY not in {r.identity for r in backend.servers()}
 
 
@@ -73,7 +73,7 @@ def test_a_lapsed_server_that_comes_back_is_fenced_out(
     backend: LedgerBackend, clock: FakeClock
 ) -> None:
     remote = Ledger(backend, POLICY, clock=clock, identity=REMOTE_IDENTITY)
-    remote.register_server()
+    remote.servers.register()
     remote.create("r", kind="delegation", state="running", session_key="s")
     survivor = Ledger(backend, POLICY, clock=clock)
     clock.advance(20)
@@ -110,7 +110,7 @@ def test_the_scheduler_wakes_when_a_remote_heartbeat_lapses_without_polling(
 ) -> None:
     policy = DeliveryPolicy(peer_timeout_seconds=1.0)
     remote = Ledger(backend, policy, identity=REMOTE_IDENTITY)
-    remote.register_server()
+    remote.servers.register()
     finished_row(remote, "orphan")
     assert remote.claim("orphan", "remote")  # held under a 300 s lease by a remote server
     survivor = Ledger(backend, policy)

@@ -33,12 +33,12 @@ def test_a_server_sees_its_live_peers_and_prunes_dead_ones(
     try:
         peer = Ledger(backend, clock=clock, identity=str(identity_of(child.pid)))
         ghost = Ledger(backend, clock=clock, identity=_dead_identity())
-        assert peer.register_server("api 127.0.0.1:1") == []
-        ghost.register_server("api 127.0.0.1:2")
+        assert peer.servers.register("api 127.0.0.1:1") == []
+        ghost.servers.register("api 127.0.0.1:2")
         clock.advance(5)
         me = Ledger(backend, clock=clock)
 
-        peers = me.register_server("api 127.0.0.1:3")
+        peers = me.servers.register("api 127.0.0.1:3")
 
         assert [p.identity for p in peers] == [peer.identity]
         assert peers[0].label == "api 127.0.0.1:1"
@@ -46,9 +46,9 @@ def test_a_server_sees_its_live_peers_and_prunes_dead_ones(
         assert "up 5 s" in peers[0].describe(now=clock())
         # The dead one's record is gone for everybody; the live ones stay.
         assert {r.identity for r in backend.servers()} == {peer.identity, me.identity}
-        assert [p.identity for p in peer.peer_servers()] == [me.identity]
+        assert [p.identity for p in peer.servers.peers()] == [me.identity]
 
-        me.unregister_server()
+        me.servers.unregister()
         assert [r.identity for r in backend.servers()] == [peer.identity]
     finally:
         stop_child(child)
@@ -58,10 +58,10 @@ def test_registering_again_renews_the_record_and_keeps_its_start(
     backend: LedgerBackend, clock: FakeClock
 ) -> None:
     me = Ledger(backend, clock=clock)
-    me.register_server("first")
+    me.servers.register("first")
     started = backend.servers()[0].started_at
     clock.advance(10)
-    me.register_server("second")
+    me.servers.register("second")
     (record,) = backend.servers()
     assert (record.label, record.started_at, record.heartbeat_at) == (
         "second",
@@ -82,7 +82,7 @@ def test_a_peer_killed_after_the_survivor_looked_has_its_work_recovered_at_once(
     child = start_idle_child()
     try:
         peer = Ledger(backend, identity=str(identity_of(child.pid)))
-        peer.register_server("peer")  # pokes the survivor, which starts watching it
+        peer.servers.register("peer")  # pokes the survivor, which starts watching it
         time.sleep(0.3)
         peer.create("queued-on-peer", kind="delegation", state="queued", session_key="s")
         peer.create("running-on-peer", kind="delegation", state="running", session_key="s")
@@ -99,7 +99,7 @@ def test_a_peer_killed_after_the_survivor_looked_has_its_work_recovered_at_once(
         statuses = {e["delegation_id"]: e["status"] for _, e in offers}
         assert statuses == {"queued-on-peer": "interrupted", "running-on-peer": "unknown"}
         assert max(t for t, _ in offers) - killed_at < 1.0
-        assert [r.identity for r in survivor.peer_servers()] == []
+        assert [r.identity for r in survivor.servers.peers()] == []
     finally:
         sched.stop()
         if child.poll() is None:

@@ -190,7 +190,7 @@ def test_servers_lists_the_live_servers_of_the_state_directory(home: Path) -> No
     child = start_idle_child()
     try:
         backend = SqliteBackend(home / "ledger.db")
-        Ledger(backend, identity=str(identity_of(child.pid))).register_server("api 127.0.0.1:9")
+        Ledger(backend, identity=str(identity_of(child.pid))).servers.register("api 127.0.0.1:9")
         backend.close()
         out = reveille(home, "deliveries", "servers")
         assert out.returncode == 0, out.stderr
