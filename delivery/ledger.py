@@ -23,10 +23,10 @@ from delivery.errors import (
 from delivery.identity import current_identity
 from delivery.ids import new_token
 from delivery.notifier import Subscription
-from delivery.peers import ServerRoster
 from delivery.policy import DeliveryPolicy
 from delivery.recovery import abandoned_event, redeliver_op, reoffer_op
 from delivery.recovery import settle_changes as _settle
+from delivery.roster import ServerRoster
 from delivery.states import ACTIVE_STATES, DeliveryState, State, can_transition
 from delivery.write_future import WriteFuture
 
