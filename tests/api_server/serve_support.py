@@ -36,6 +36,7 @@ class Server:
         demo_delay: float = 0.05,
         extra_env: dict[str, str] | None = None,
     ) -> None:
+        self.home = home
         env = {
             **os.environ,
             "REVEILLE_HOME": str(home),
