@@ -35,6 +35,7 @@ from gateway.config import Platform
 from gateway.platforms.http_middleware import ApiError, error_middleware, is_loopback
 from gateway.platforms.request_body import read_json_body
 from gateway.session import (
+    MAX_TITLE_CHARS,
     SessionGone,
     SessionSource,
     SessionStore,
@@ -59,7 +60,6 @@ _HARDENING = {
 }
 _JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
 _OPEN_ROUTES = frozenset({"/api/bootstrap", "/api/login"})
-_MAX_TITLE = 200
 _MAX_QUERY = 200
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -322,8 +322,8 @@ class WebUIServer:
     async def create_session(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         title = body.get("title")
-        if title is not None and (not isinstance(title, str) or len(title) > _MAX_TITLE):
-            raise ApiError(400, f"title must be text of at most {_MAX_TITLE} characters")
+        if title is not None and (not isinstance(title, str) or len(title) > MAX_TITLE_CHARS):
+            raise ApiError(400, f"title must be text of at most {MAX_TITLE_CHARS} characters")
         session_id = new_session_id()
         source = SessionSource(platform=Platform.WEBUI, chat_id=session_id)
         await self.store.acreate_session(session_id, source=source, title=title or None)

@@ -23,10 +23,24 @@ __all__ = [
     "delivery_view",
     "session_source",
     "session_view",
+    "title_from_text",
     "transcript_items",
 ]
 
 _DEFAULT_TITLE = "New chat"
+_TITLE_FROM_TEXT_CHARS = 60
+
+
+def title_from_text(text: str) -> str | None:
+    """A session's title from its first message: the first line that has words, spaces
+    folded, cut at a word near ``_TITLE_FROM_TEXT_CHARS`` characters; None for blank text."""
+    line = next((" ".join(ln.split()) for ln in text.splitlines() if ln.strip()), "")
+    if len(line) <= _TITLE_FROM_TEXT_CHARS:
+        return line or None
+    cut = line[: _TITLE_FROM_TEXT_CHARS - 1]
+    if " " in cut[_TITLE_FROM_TEXT_CHARS // 2 :]:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip() + "\u2026"
 
 
 @dataclass(frozen=True)

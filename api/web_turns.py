@@ -32,7 +32,7 @@ from api import config as cfg
 from api.approvals import Approvals
 from api.event_log import EventLog
 from api.routes import refusal
-from api.views import card_of_wake_text, session_source, session_view
+from api.views import card_of_wake_text, session_source, session_view, title_from_text
 from gateway.config import Platform
 from gateway.session import SessionStore, SessionStoreError
 from gateway.turns import ReplayedTurn, StartedTurn, TurnError, TurnRequest, TurnService
@@ -160,6 +160,14 @@ class WebTurns:
             except Exception:
                 logger.warning("could not announce session %s (shutting down?)", session_id)
 
+    async def _title_session(self, session_id: str, title: str) -> None:
+        """An untitled session is named after its first message (a title set meanwhile,
+        by the user or another server, stays)."""
+        try:
+            await self.store.aset_title(session_id, title, if_untitled=True)
+        except (SessionStoreError, ValueError) as exc:
+            logger.warning("could not title session %s: %s", session_id, exc)
+
     # ----------------------------------------------------------------- starting
 
     async def astart(self, session_id: str, text: str, source: str) -> dict[str, Any]:
@@ -255,6 +263,8 @@ class WebTurns:
                     "status": card.status,
                 },
             )
+        elif not wakeup and not record.get("title") and (title := title_from_text(text)):
+            await self._title_session(session_id, title)
         event = await self.log.append(
             "turn.start",
             {

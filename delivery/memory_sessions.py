@@ -249,6 +249,16 @@ class MemorySessions:
 
         return self._read(op)
 
+    async def aset_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
+        def op() -> bool:
+            s = self._sessions.get(session_id)
+            if s is None or (if_untitled and s.title is not None):
+                return False
+            s.title = title
+            return True
+
+        return self._write(op)
+
     def delete_session(self, session_id: str) -> bool:
         now = self._clock()
 

@@ -250,6 +250,14 @@ class PostgresSessions:
     ) -> list[tuple[str, tuple[MessageRecord, ...]]]:
         return await asyncio.to_thread(self._transcripts_by_prefix, prefix, limit)
 
+    async def aset_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
+        sql = q.SQL_SET_TITLE_IF_UNTITLED if if_untitled else q.SQL_SET_TITLE
+
+        def op(conn: Conn) -> bool:
+            return conn.execute(sql, (title, session_id)).rowcount > 0
+
+        return await asyncio.to_thread(self._write, session_id, op)
+
     def delete_session(self, session_id: str) -> bool:
         now = self._clock()
 

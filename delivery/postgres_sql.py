@@ -77,6 +77,8 @@ SQL_SESSIONS_BY_PREFIX = (
 )
 SQL_TOUCH_SESSION = "UPDATE sessions SET updated_at = %s WHERE id = %s"
 SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = %s"
+SQL_SET_TITLE = "UPDATE sessions SET title = %s WHERE id = %s"
+SQL_SET_TITLE_IF_UNTITLED = "UPDATE sessions SET title = %s WHERE id = %s AND title IS NULL"
 SQL_TOMBSTONE = (
     "INSERT INTO tombstones (id, deleted_at) VALUES (%s, %s)"
     " ON CONFLICT (id) DO UPDATE SET deleted_at = excluded.deleted_at"

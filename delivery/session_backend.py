@@ -237,6 +237,10 @@ class SessionBackend(Protocol):
         transcripts, oldest session first (at most ``limit``): the candidates a headerless
         API request may be continuing."""
 
+    async def aset_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
+        """Give a live session its title (only when it has none, with ``if_untitled``);
+        True when the title was set."""
+
     def delete_session(self, session_id: str) -> bool:
         """Delete the session and its transcript and tombstone the id (even when it was not
         live: a delete racing a session's first turn still wins). True when a live session

@@ -104,6 +104,8 @@ SQL_SESSIONS_BY_PREFIX = (
 )
 SQL_TOUCH_SESSION = "UPDATE sessions SET updated_at = ? WHERE id = ?"
 SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = ?"
+SQL_SET_TITLE = "UPDATE sessions SET title = ? WHERE id = ?"
+SQL_SET_TITLE_IF_UNTITLED = "UPDATE sessions SET title = ? WHERE id = ? AND title IS NULL"
 SQL_TOMBSTONE = (
     "INSERT INTO tombstones (id, deleted_at) VALUES (?, ?)"
     " ON CONFLICT (id) DO UPDATE SET deleted_at = excluded.deleted_at"

@@ -51,6 +51,8 @@ from delivery.session_sql import (
     SQL_SESSION_BY_KEY,
     SQL_SESSION_EXISTS,
     SQL_SESSIONS_BY_PREFIX,
+    SQL_SET_TITLE,
+    SQL_SET_TITLE_IF_UNTITLED,
     SQL_TOMBSTONE,
     SQL_TOMBSTONED,
     SQL_TOUCH_SESSION,
@@ -349,6 +351,14 @@ class SqliteSessions:
             ]
 
         return await self._require_reader().submit_async(op)
+
+    async def aset_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
+        sql = SQL_SET_TITLE_IF_UNTITLED if if_untitled else SQL_SET_TITLE
+
+        def op(conn: sqlite3.Connection) -> bool:
+            return bool(conn.execute(sql, (title, session_id)).rowcount > 0)
+
+        return await self._awrite(op)
 
     def delete_session(self, session_id: str) -> bool:
         now = self._clock()

@@ -204,6 +204,8 @@ def build_session_key(
 
 # --------------------------------------------------------------------------- ids
 
+MAX_TITLE_CHARS = 200  # a session's title, in characters
+
 
 def is_valid_session_id(s: object) -> bool:
     """True for 1..128 characters of ``[A-Za-z0-9._:-]`` (safe in headers, URLs and logs)."""
@@ -358,6 +360,15 @@ class SessionStore:
         if limit < 0 or offset < 0:
             raise ValueError("limit and offset must be >= 0")
         return [s.as_dict() for s in self._backend.list_sessions(limit, offset)]
+
+    async def aset_title(self, session_id: str, title: str, *, if_untitled: bool = False) -> bool:
+        """Title a live session (with ``if_untitled``, only one that has none yet); False
+        when it is not live or already titled. The title is text of at most
+        ``MAX_TITLE_CHARS`` characters."""
+        _check_id(session_id)
+        if not isinstance(title, str) or not title.strip() or len(title) > MAX_TITLE_CHARS:
+            raise ValueError(f"a title is text of 1 to {MAX_TITLE_CHARS} characters")
+        return await self._backend.aset_title(session_id, title, if_untitled=if_untitled)
 
     def delete_session(self, session_id: str) -> bool:
         """Delete a session and its transcript and leave a tombstone. False when it did not

@@ -18,6 +18,7 @@ from aiohttp import web
 from gateway.config import Platform
 from gateway.platforms.http_middleware import SESSION_HEADER, SESSION_REQUEST_KEY, ApiError
 from gateway.session import (
+    MAX_TITLE_CHARS,
     SessionGone,
     SessionSource,
     SessionStore,
@@ -27,7 +28,6 @@ from gateway.session import (
 
 __all__ = ["MALFORMED_SESSION_ID", "MAX_TITLE_CHARS", "SessionRoutes", "int_query"]
 
-MAX_TITLE_CHARS = 200
 MALFORMED_SESSION_ID = "malformed session id: use 1-128 characters of A-Z a-z 0-9 . _ : -"
 
 

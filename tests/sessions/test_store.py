@@ -201,3 +201,26 @@ async def test_transcripts_by_prefix_are_the_opening_and_its_forks(store: Sessio
     assert [sid for sid, _ in found] == ["api_abc", "api_abc_1"]
     assert [m.content for m in dict(found)["api_abc_1"]] == ["hello"]
     assert await store.atranscripts_by_prefix("api_none") == []
+
+
+# ----------------------------------------------------------------- titles
+
+
+async def test_a_session_is_titled_once_unless_renamed(store: SessionStore) -> None:
+    sid = store.create_session()["id"]
+    assert await store.aset_title(sid, "first words", if_untitled=True) is True
+    assert await store.aset_title(sid, "second words", if_untitled=True) is False
+    assert store.get_session(sid)["title"] == "first words"
+    assert await store.aset_title(sid, "renamed") is True
+    assert store.get_session(sid)["title"] == "renamed"
+    store.delete_session(sid)
+    assert await store.aset_title(sid, "ghost") is False  # a deleted session stays deleted
+    assert store.get_session(sid) is None
+
+
+@pytest.mark.parametrize("title", ["", "   ", "x" * 201])
+async def test_a_title_is_text_of_bounded_length(store: SessionStore, title: str) -> None:
+    sid = store.create_session()["id"]
+    with pytest.raises(ValueError):
+        await store.aset_title(sid, title)
+    assert store.get_session(sid)["title"] is None

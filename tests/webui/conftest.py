@@ -95,7 +95,7 @@ class Web:
         headers = {"X-CSRF-Token": self.csrf, **kw.pop("headers", {})}
         return await self.http.post(self.base + path, json=body, headers=headers, **kw)
 
-    async def new_session(self, title: str = "t") -> str:
+    async def new_session(self, title: str | None = "t") -> str:
         r = await self.post("/api/sessions", {"title": title})
         assert r.status == 201, await r.text()
         return str((await r.json())["session"]["id"])

@@ -23,3 +23,26 @@ async def test_chat_reply_streams_and_is_stored(web: Web) -> None:
     sessions = (await (await web.get("/api/sessions")).json())["sessions"]
     assert [s["source"] for s in sessions if s["id"] == sid] == ["webui"]
     await sse.close()
+
+
+async def test_an_untitled_session_is_named_after_its_first_message(web: Web) -> None:
+    sse = await web.stream()
+
+    async def say_and_wait(sid: str, text: str) -> None:
+        stream_id = (await web.say(sid, text))["stream_id"]
+        await sse.wait_for(lambda e: e[1] == "turn.end" and e[2].get("stream_id") == stream_id)
+
+    async def title(sid: str) -> str:
+        return str((await web.session(sid))["session"]["title"])
+
+    sid = await web.new_session(None)
+    assert await title(sid) == "New chat"
+    await say_and_wait(sid, "\n  Plan the <b>release</b>   of version 2\nwith details")
+    expected = "Plan the <b>release</b> of version 2"
+    await sse.wait_for(lambda e: e[1] == "session" and e[2]["session"]["title"] == expected)
+    await say_and_wait(sid, "a second message renames nothing")
+    assert await title(sid) == expected
+    chosen = await web.new_session("chosen")
+    await say_and_wait(chosen, "my first words")
+    assert await title(chosen) == "chosen"
+    await sse.close()

@@ -10,7 +10,7 @@ import pytest
 from api.approvals import Approval, Approvals
 from api.auth import Auth
 from api.event_log import EventLog, EventLogError
-from api.views import card_from_metadata, transcript_items
+from api.views import card_from_metadata, title_from_text, transcript_items
 
 
 def test_cookies_are_signed_and_expire(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,3 +124,13 @@ async def test_a_stop_while_the_approval_is_announced_denies_it() -> None:
     await asyncio.sleep(0.1)
     assert not approvals.is_pending("s1")
     assert seen == ["pending", "denied"]
+
+
+def test_a_title_from_the_first_message() -> None:
+    assert title_from_text("  \n hello   world \nmore") == "hello world"
+    assert title_from_text(" \n\t") is None
+    long = "word " * 30
+    title = title_from_text(long)
+    assert title is not None and title.endswith("\u2026") and len(title) <= 60
+    assert not title[:-1].endswith(" ")
+    assert title_from_text("x" * 100) == "x" * 59 + "\u2026"
