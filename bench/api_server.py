@@ -356,6 +356,7 @@ def reveille_env(env: dict[str, str], home: str, port: int, clients: int) -> dic
         **env,
         "REVEILLE_HOME": home,
         "REVEILLE_PORT": str(port),
+        "REVEILLE_WEBUI_PORT": "0",  # the API server alone: no second listener to collide
         "REVEILLE_MAX_CONCURRENT_RUNS": str(clients * 2),
     }
 

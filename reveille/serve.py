@@ -156,8 +156,13 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         asyncio.run(runner.run_forever(on_started=announce))
     except OSError as exc:
+        ports = f"API server port {settings.port}"
+        if settings.webui_port:
+            ports += f", web UI port {settings.webui_port}"
         print(
-            f"reveille serve: cannot listen on {settings.host}:{settings.port}: {exc}",
+            f"reveille serve: cannot listen on {settings.host} ({ports}): {exc}\n"
+            "  Is another reveille serve running? Choose other ports with REVEILLE_PORT and "
+            "REVEILLE_WEBUI_PORT (0 turns the web UI off).",
             file=sys.stderr,
         )
         return 1

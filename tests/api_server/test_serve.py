@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -197,3 +198,28 @@ def test_serve_refuses_public_bind_without_key(tmp_path, host) -> None:
     )
     assert out.returncode == 1
     assert "API_SERVER_KEY" in out.stderr
+
+
+def test_a_taken_port_is_named_in_one_message_without_a_traceback(tmp_path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        webui_port = taken.getsockname()[1]
+        env = {
+            **os.environ,
+            "REVEILLE_HOME": str(tmp_path),
+            "PYTHONPATH": str(ROOT),
+            "REVEILLE_WEBUI_PORT": str(webui_port),
+        }
+        env.pop("API_SERVER_KEY", None)
+        out = subprocess.run(
+            [sys.executable, "-m", "reveille.cli", "serve", "--port", "0"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 1
+    assert f"web UI port {webui_port}" in out.stderr and "REVEILLE_WEBUI_PORT" in out.stderr
+    assert "Traceback" not in out.stderr
