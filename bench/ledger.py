@@ -9,7 +9,9 @@ Prints, for one run on this machine:
     the writer, each of which is one fsync of the log at synchronous=FULL);
   * p50/p99 enqueue-to-ack latency at a steady offered load;
   * the sequential pattern of a gateway watcher (dispatch, wait for the completion, claim,
-    acknowledge; one item at a time), and the same with every write waiting for the disk.
+    acknowledge; one item at a time), and the same with every write waiting for the disk;
+  * what the disk allows that pattern: the median durable commit, and the ceiling of two
+    such commits per item.
 
 Usage: python bench/ledger.py [--items 20000] [--sequential-items 5000] [--rate 500]
                               [--seconds 6]
@@ -166,6 +168,27 @@ def sequential(path: str, items: int, *, all_durable: bool = False) -> dict:
         "commits": stats["commits"],
         "durable_commits": stats.get("durable_commits", stats["commits"]),
     }
+
+
+def durable_commit_floor(path: str, commits: int = 1_000) -> dict:
+    """What the disk allows: the median time of one durable commit (a small row, WAL,
+    synchronous=FULL, raw sqlite3, nothing else running). The sequential pattern needs two
+    per item (the row before the work, the terminal row), so 1 / (2 x median) is its
+    ceiling on this disk, however little else an item costs."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+    times = []
+    for i in range(commits):
+        start = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO t (v) VALUES (?)", (f"row {i}",))
+        conn.execute("COMMIT")
+        times.append(time.perf_counter() - start)
+    conn.close()
+    median = statistics.median(times)
+    return {"median_ms": median * 1000, "ceiling_per_s": 1 / (2 * median)}
 
 
 def latency(path: str, rate: float, seconds: float) -> dict:
@@ -338,6 +361,7 @@ def main() -> None:
         seq_full = sequential(f"{tmp}/seq-full.db", args.sequential_items, all_durable=True)
         seq = sequential(f"{tmp}/seq.db", args.sequential_items)
         lat = latency(f"{tmp}/latency.db", args.rate, args.seconds)
+        floor = durable_commit_floor(f"{tmp}/floor.db")
     fsync = count_fsyncs(args.items, args.producers)
 
     print(f"sqlite {sqlite3.sqlite_version}, synchronous=FULL, WAL, {os.cpu_count()} cores")
@@ -360,6 +384,11 @@ def main() -> None:
     print(
         f"seq ratio  : {seq['items_per_s'] / seq_full['items_per_s']:.1f}x with claims and "
         "acknowledgements at synchronous=NORMAL"
+    )
+    print(
+        f"disk       : one durable commit takes {floor['median_ms']:.3f} ms (median, raw "
+        f"sqlite3): two per item cap the sequential pattern at {floor['ceiling_per_s']:,.0f} "
+        f"items/s here; it reaches {seq['items_per_s'] / floor['ceiling_per_s']:.0%} of that"
     )
     print(
         f"commits    : {pipe['commits']} for {pipe['operations']} operations = "
