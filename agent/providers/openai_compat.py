@@ -267,6 +267,12 @@ class OpenAICompatProvider:
             text = f"{self._label()} returned HTTP {exc.status_code}: {detail}"
             return ProviderError(self._redact(text)[:_MAX_ERROR_TEXT], status_code=exc.status_code)
         if isinstance(exc, openai.APITimeoutError):
+            # The SDK reports a refused connection as a timeout through its aiohttp transport
+            # (the connect failure arrives as the HTTP library's ConnectTimeout): say what
+            # happened. Matched by name: the SDK's HTTP package has been httpx and httpx2.
+            if _is_connect_failure(exc.__cause__):
+                cause = self._redact(str(exc.__cause__))
+                return ProviderError(f"{self._label()} could not be reached: {cause}")
             return ProviderError(f"{self._label()} timed out after {self.timeout:g} s")
         if isinstance(exc, openai.APIConnectionError):
             return ProviderError(f"{self._label()} could not be reached: {self._redact(str(exc))}")
@@ -276,6 +282,12 @@ class OpenAICompatProvider:
         else:
             text = f"{self._label()} failed: {type(exc).__name__}: {exc}"
         return ProviderError(self._redact(text)[:_MAX_ERROR_TEXT])
+
+
+def _is_connect_failure(exc: BaseException | None) -> bool:
+    return exc is not None and any(
+        cls.__name__ in ("ConnectTimeout", "ConnectError") for cls in type(exc).__mro__
+    )
 
 
 class _ConsumerError(Exception):

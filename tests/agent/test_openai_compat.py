@@ -337,6 +337,19 @@ async def test_unreachable_endpoint_becomes_a_provider_error():
     assert API_KEY not in repr(provider)
 
 
+async def test_a_refused_connection_is_not_reported_as_a_timeout():
+    # Through the SDK's aiohttp transport (no credentials in the url), a refused connection
+    # surfaces as APITimeoutError; the message must still say it could not be reached.
+    server = FakeOpenAI()
+    await server.start()
+    base_url = server.base_url
+    await server.stop()
+    provider = OpenAICompatProvider(base_url, API_KEY, "m", 120.0, max_retries=0)
+    with pytest.raises(ProviderError, match="could not be reached") as caught:
+        await provider.complete([])
+    assert "timed out" not in str(caught.value)
+
+
 async def test_a_failing_consumer_is_not_reported_as_a_provider_failure(fake):
     fake.script = [sse(_chunk({"content": "a"}), _chunk({"content": "b"}))]
 
