@@ -185,3 +185,28 @@ def check_columns(changes: Iterable[str]) -> None:
     unknown = set(changes) - set(COLUMNS)
     if unknown:
         raise ValueError(f"unknown ledger column(s): {', '.join(sorted(unknown))}")
+
+
+def query_filter(
+    mark: str,
+    *,
+    state: str | None,
+    delivery_state: str | None,
+    session: str | None,
+    kind: str | None,
+) -> tuple[str, list[Any]]:
+    """The ``WHERE`` clause (empty when nothing filters) and its parameters of a
+    ``LedgerBackend.query`` in SQL whose placeholder is ``mark`` (``?`` or ``%s``); a session
+    matches its routing key and either origin id."""
+    where: list[str] = []
+    params: list[Any] = []
+    for col, value in (("state", state), ("delivery_state", delivery_state), ("kind", kind)):
+        if value is not None:
+            where.append(f"{col} = {mark}")
+            params.append(value)
+    if session is not None:
+        where.append(
+            f"(session_key = {mark} OR origin_session_id = {mark} OR origin_ui_session_id = {mark})"
+        )
+        params.extend([session] * 3)
+    return (" WHERE " + " AND ".join(where) if where else ""), params

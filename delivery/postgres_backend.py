@@ -41,6 +41,7 @@ from delivery.backend import (
     IsSet,
     LedgerTx,
     check_columns,
+    query_filter,
 )
 from delivery.errors import DuplicateDeliveryError, LedgerUnavailable
 from delivery.peers import ServerRecord
@@ -464,20 +465,10 @@ class PostgresBackend:
         limit: int = 100,
         oldest_first: bool = False,
     ) -> list[dict[str, Any]]:
-        where: list[str] = []
-        params: list[Any] = []
-        for col, value in (("state", state), ("delivery_state", delivery_state), ("kind", kind)):
-            if value is not None:
-                where.append(f"{col} = %s")
-                params.append(value)
-        if session is not None:
-            where.append(
-                "(session_key = %s OR origin_session_id = %s OR origin_ui_session_id = %s)"
-            )
-            params.extend([session] * 3)
-        query = sql.LEDGER_SELECT
-        if where:
-            query += " WHERE " + " AND ".join(where)
+        where, params = query_filter(
+            "%s", state=state, delivery_state=delivery_state, session=session, kind=kind
+        )
+        query = sql.LEDGER_SELECT + where
         query += f" ORDER BY seq {'ASC' if oldest_first else 'DESC'} LIMIT %s"
         params.append(max(int(limit), 0))
         return self._rows(query, params)

@@ -33,6 +33,7 @@ from delivery.backend import (
     IsSet,
     LedgerTx,
     check_columns,
+    query_filter,
 )
 from delivery.errors import (
     DuplicateDeliveryError,
@@ -374,18 +375,10 @@ class SqliteBackend:
         limit: int = 100,
         oldest_first: bool = False,
     ) -> list[dict[str, Any]]:
-        where: list[str] = []
-        params: list[Any] = []
-        for col, value in (("state", state), ("delivery_state", delivery_state), ("kind", kind)):
-            if value is not None:
-                where.append(f"{col} = ?")
-                params.append(value)
-        if session is not None:
-            where.append("(session_key = ? OR origin_session_id = ? OR origin_ui_session_id = ?)")
-            params.extend([session] * 3)
-        sql = _SELECT
-        if where:
-            sql += " WHERE " + " AND ".join(where)
+        where, params = query_filter(
+            "?", state=state, delivery_state=delivery_state, session=session, kind=kind
+        )
+        sql = _SELECT + where
         # rowid is the order rows were written in: no index on created_at needed
         sql += f" ORDER BY rowid {'ASC' if oldest_first else 'DESC'} LIMIT ?"
         params.append(int(limit))
