@@ -1,4 +1,5 @@
-"""The Deliveries page's operations over the ledger: list, redeliver, drop.
+"""The Deliveries page's operations over the ledger: list, redeliver, drop; and a session's
+unfinished background work (the chat's progress strip).
 
 The same ledger calls as the operator's CLI (``reveille deliveries``): ``Ledger.query``,
 ``Ledger.redeliver`` (a dropped row goes back to pending with a fresh budget) and
@@ -12,11 +13,19 @@ from __future__ import annotations
 from typing import Any
 
 import tools.async_delegation as ad
-from api.views import delivery_view
+from api.views import background_view, delivery_view
 from delivery.errors import InvalidTransitionError, UnknownDeliveryError
 from delivery.ledger import Ledger
 
-__all__ = ["DeliveryConflict", "UnknownDelivery", "drop", "get", "list_deliveries", "redeliver"]
+__all__ = [
+    "DeliveryConflict",
+    "UnknownDelivery",
+    "drop",
+    "get",
+    "list_deliveries",
+    "redeliver",
+    "unfinished_work",
+]
 
 STATES = frozenset({"pending", "delivered", "dropped", "superseded"})
 DROP_REASON = "dropped from the web UI"
@@ -51,6 +60,19 @@ def list_deliveries(state: str | None, q: str, limit: int = 200) -> list[dict[st
             if any(needle in str(v.get(k) or "").lower() for k in ("id", "summary", "session_id"))
         ]
     return views
+
+
+def unfinished_work(session_id: str, limit: int = 20) -> list[dict[str, Any]]:
+    """The session's background work that has not finished yet (queued or running), oldest
+    first."""
+    ledger = _ledger()
+    rows = [
+        row
+        for state in ("running", "queued")
+        for row in ledger.query(session=session_id, state=state, limit=limit)
+    ]
+    rows.sort(key=lambda row: (row.get("created_at") or 0, row["id"]))
+    return [background_view(row) for row in rows[:limit]]
 
 
 def get(delivery_id: str) -> dict[str, Any]:

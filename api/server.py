@@ -31,6 +31,7 @@ from api.event_stream import stream_events
 from api.views import session_view, transcript_items
 from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
+from delivery.errors import LedgerError
 from gateway.config import Platform
 from gateway.platforms.http_middleware import ApiError, error_middleware, is_loopback
 from gateway.platforms.request_body import read_json_body
@@ -175,6 +176,7 @@ class WebUIServer:
         r.add_get("/api/sessions", self.list_sessions)
         r.add_post("/api/sessions", self.create_session)
         r.add_get("/api/sessions/{id}", self.get_session)
+        r.add_get("/api/sessions/{id}/background", self.session_background)
         r.add_post("/api/sessions/{id}/read", self.mark_read)
         r.add_post("/api/sessions/{id}/messages", self.post_message)
         r.add_post("/api/sessions/{id}/stop", self.stop_turn)
@@ -349,12 +351,26 @@ class WebUIServer:
         return web.json_response(
             {
                 "session": view,
+                "background": await self._unfinished_work(session_id),
                 "items": transcript_items(messages, await self.log.tool_steps(session_id)),
                 "active_stream": stream.as_dict() if stream is not None else None,
                 "pending_approval": approval.as_dict() if approval is not None else None,
                 "last_event_id": str(last_event_id),
             }
         )
+
+    async def session_background(self, request: web.Request) -> web.Response:
+        session_id = self._session_id(request)
+        if await self.turns.session_dict(session_id) is None:
+            raise ApiError(404, "Session not found", code="session_not_found")
+        return web.json_response({"background": await self._unfinished_work(session_id)})
+
+    async def _unfinished_work(self, session_id: str) -> list[dict[str, Any]]:
+        try:
+            return await asyncio.to_thread(deliveries.unfinished_work, session_id)
+        except LedgerError as exc:  # the strip is a courtesy: the transcript still loads
+            logger.warning("could not read the background work of %s: %s", session_id, exc)
+            return []
 
     async def mark_read(self, request: web.Request) -> web.Response:
         session_id = self._session_id(request)

@@ -19,6 +19,7 @@ from gateway.config import Platform
 
 __all__ = [
     "WakeupCard",
+    "background_view",
     "card_from_metadata",
     "delivery_view",
     "session_source",
@@ -184,6 +185,17 @@ def transcript_items(
         after_wake = False
     items.extend(_tool_item(step) for step in running)
     return items
+
+
+def background_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Unfinished background work of a session, as the chat's progress strip shows it."""
+    return {
+        "id": row["id"],
+        "kind": row.get("kind"),
+        "goal": _text(row.get("goal"))[:300],
+        "state": row.get("state"),
+        "started_at": row.get("started_at") or row.get("created_at"),
+    }
 
 
 def delivery_view(row: Mapping[str, Any], *, max_attempts: int) -> dict[str, Any]:

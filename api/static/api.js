@@ -63,6 +63,7 @@ export const api = {
   sessions: (q) => request("GET", q ? `/api/sessions?q=${enc(q)}` : "/api/sessions"),
   createSession: (title) => request("POST", "/api/sessions", title ? { title } : {}),
   session: (id) => request("GET", `/api/sessions/${enc(id)}`),
+  background: (id) => request("GET", `/api/sessions/${enc(id)}/background`),
   markRead: (id) => request("POST", `/api/sessions/${enc(id)}/read`, {}),
   send: (id, text) => request("POST", `/api/sessions/${enc(id)}/messages`, { text }),
   stop: (id) => request("POST", `/api/sessions/${enc(id)}/stop`, {}),

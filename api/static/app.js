@@ -1,6 +1,7 @@
 // Reveille's web UI: bootstrap, routing (/ and /deliveries), the tab's one event stream, and
 // the glue between the sidebar, the chat, the Deliveries page and the toasts.
 import { api, onLoginRequired, setCsrfToken } from "/static/api.js";
+import { BackgroundStrip } from "/static/background.js";
 import { ChatView } from "/static/chat.js";
 import { DeliveriesView } from "/static/deliveries.js";
 import { $, sourceLabel } from "/static/dom.js";
@@ -28,6 +29,7 @@ const composerNote = $("#composer-note");
 
 const sidebar = new Sidebar($("#session-list"), { onOpen: (id) => openSession(id) });
 const chat = new ChatView(transcript, { onDecide: decide });
+const backgroundStrip = new BackgroundStrip($("#background-strip"));
 const deliveries = new DeliveriesView($("#deliveries"), $("#deliveries-empty"), {
   sessionTitle: (id) => (state.sessions.has(id) ? sessionTitle(state.sessions.get(id)) : String(id)),
   onOpenSession: (id) => openSession(id),
@@ -42,6 +44,7 @@ function showView(name) {
     $(`#view-${view}`).hidden = view !== name;
   }
   $("#nav-deliveries").toggleAttribute("aria-current", name === "deliveries");
+  if (name !== "chat") backgroundStrip.clear();
   closeSidebar();
 }
 
@@ -160,7 +163,10 @@ async function openSession(id, { push = true, quiet = false } = {}) {
   setTitle(known ? sessionTitle(known) : "Loading…", known ? sourceLabel(known.source) : "");
   // quiet: the same session again (a refetch); what is shown stays until the answer.
   if (quiet) chat.beginQuiet(id);
-  else chat.begin(id);
+  else {
+    chat.begin(id);
+    backgroundStrip.clear();
+  }
   chatEmpty.hidden = true;
   renderSidebar();
   updateComposer();
@@ -183,6 +189,7 @@ async function openSession(id, { push = true, quiet = false } = {}) {
   state.sessions.set(id, detail.session);
   setTitle(sessionTitle(detail.session), sourceLabel(detail.session.source));
   chat.load(detail);
+  backgroundStrip.show(detail.background);
   if (detail.session.unread && document.visibilityState === "visible") markRead(id);
   renderSidebar();
   updateComposer();
@@ -316,6 +323,8 @@ function onEvent(type, data, id) {
   if (data.session_id && data.session_id === state.currentId && state.view === "chat") {
     chat.handle(type, data, id);
     if (type === "turn.start" || type === "turn.end" || type === "wakeup") updateComposer();
+    // A turn may have started background work; a wake-up means some of it came home.
+    if (type === "turn.end" || type === "wakeup") refreshBackground(data.session_id);
   }
   if (type === "turn.start" || type === "turn.end") {
     const session = state.sessions.get(data.session_id);
@@ -324,6 +333,15 @@ function onEvent(type, data, id) {
       renderSidebar();
       if (data.session_id === state.currentId) updateComposer();
     }
+  }
+}
+
+async function refreshBackground(sessionId) {
+  try {
+    const { background } = await api.background(sessionId);
+    if (state.currentId === sessionId && state.view === "chat") backgroundStrip.show(background);
+  } catch {
+    // The strip is a courtesy; the next turn or wake-up refreshes it.
   }
 }
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import tools.async_delegation as ad
+from agent.providers.demo import DemoModel
 from tests.webui.conftest import Web, settings_for, start_web, stop_web
 
 
@@ -104,6 +106,36 @@ async def test_unread_mark_and_event_log_survive_a_restart(tmp_path) -> None:
         sse = await web.stream(last_event_id="0")
         await sse.wait_for(lambda e: e[0] == last)
         assert not any(e[1] == "reset" for e in sse.events)
+        await sse.close()
+    finally:
+        await stop_web(web)
+
+
+async def test_unfinished_work_is_listed_until_it_comes_home(tmp_path) -> None:
+    web = await start_web(settings_for(tmp_path), provider=DemoModel(delay_seconds=1.0))
+    try:
+        sse = await web.stream()
+        sid = await web.new_session()
+        other = await web.new_session()
+        stream_id = (await web.say(sid, "in the background: <b>chart</b> the stars"))["stream_id"]
+        await sse.wait_for(lambda e: e[1] == "turn.end" and e[2].get("stream_id") == stream_id)
+        work = (await web.session(sid))["background"]
+        assert [(w["kind"], w["state"], w["goal"]) for w in work] == [
+            ("delegation", "running", "<b>chart</b> the stars")
+        ]
+        assert work[0]["id"].startswith("deleg_") and work[0]["started_at"]
+
+        async def background(session_id: str) -> tuple[int, Any]:
+            r = await web.get(f"/api/sessions/{session_id}/background")
+            return r.status, await r.json()
+
+        assert await background(other) == (200, {"background": []})  # never another's work
+        await _wakeup_done(web, sse, sid)
+        assert await background(sid) == (200, {"background": []})
+        status, body = await background("sess_unknown")
+        assert status == 404 and body["error"]["code"] == "session_not_found"
+        status, _ = await background("bad id!")
+        assert status in (400, 404)
         await sse.close()
     finally:
         await stop_web(web)

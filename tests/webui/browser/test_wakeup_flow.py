@@ -102,8 +102,16 @@ def test_background_work_comes_home_live(start_server, new_tab, shots) -> None:
     first = create_session(page)
     shots(page, "session-created")
     start_background_work(page, shots)
+    # Long work shows progress: the strip names it and counts the seconds until it is home.
+    work = page.get_by_test_id("background-work")
+    expect(work).to_have_count(1)
+    expect(work).to_have_attribute("data-state", "running")
+    expect(work).to_contain_text(GOAL)
+    expect(work.locator("[data-field=elapsed]")).to_have_text(re.compile(r"^\d+ s$"))
+    shots(page, "background-progress")
 
     second = create_session(page)
+    expect(page.get_by_test_id("background-work")).to_have_count(0)  # not this session's
     assert second != first
     expect(session_item(page, second)).to_have_attribute("aria-current", "page")
     shots(page, "switched-away")
@@ -117,6 +125,7 @@ def test_background_work_comes_home_live(start_server, new_tab, shots) -> None:
     session_item(page, first).click()
     page.wait_for_url(re.compile(f"session={first}"))
     assert_home_once(page, shots)
+    expect(page.get_by_test_id("background-work")).to_have_count(0)  # home: nothing pending
     expect(session_item(page, first)).not_to_have_attribute("data-unread", "true")
     assert tab.event_sources() == 1, "one EventSource per tab"
     assert not tab.dialogs and not tab.errors, (tab.dialogs, tab.errors)
