@@ -149,15 +149,9 @@ def build_runner(
         return runtime
 
     def build_adapter(store: SessionStore, model: ModelProvider) -> ApiServerAdapter:
-        registry = build_default_registry(
-            model,
-            shell_enabled=settings.shell_enabled,
-            workdir=settings.shell_workdir or None,
-            max_async_children=settings.max_async_children,
-        )
         turns = TurnService(
             store,
-            agent_turn_runner(Agent(model, registry)),
+            agent_turn_runner(build_agent(settings, model)),
             render=functools.partial(completion_object, model=model.name),
             platform=Platform.API_SERVER,
             max_concurrent_runs=settings.max_concurrent_runs,
@@ -187,9 +181,11 @@ def build_runner(
             runner.register_target(Platform.WEBUI, server.target)
             surfaces.append(server)
         assert runner.adapter is not None  # built before the surfaces
-        for chat in telegram_surfaces(settings, store, model, runner.adapter, metrics):
-            runner.register_target(chat.platform, PushTarget(chat))
-            surfaces.append(chat)
+        if settings.telegram_bot_token:
+            agent = build_agent(settings, model)
+            for chat in telegram_surfaces(settings, store, agent, runner.adapter, metrics):
+                runner.register_target(chat.platform, PushTarget(chat))
+                surfaces.append(chat)
         return surfaces
 
     if settings.webui_port:
@@ -236,15 +232,9 @@ def build_webui(
             await turns_box[0].announce_session(approval.session_id)
 
     approvals = Approvals(approval_changed)
-    registry = build_default_registry(
-        model,
-        shell_enabled=settings.shell_enabled,
-        workdir=settings.shell_workdir or None,
-        max_async_children=settings.max_async_children,
-    )
     service = TurnService(
         store,
-        agent_turn_runner(Agent(model, registry)),
+        agent_turn_runner(build_agent(settings, model)),
         render=lambda result: {"content": str(result.content or "")},
         platform=Platform.WEBUI,
         max_concurrent_runs=settings.max_concurrent_runs,
@@ -269,6 +259,18 @@ def build_webui(
         version=_version(),
         max_body_bytes=settings.max_body_bytes,
     )
+
+
+def build_agent(settings: Settings, model: ModelProvider) -> Agent:
+    """An agent over ``model`` with the default toolset as the settings shape it (the shell
+    tool only when enabled); every surface's turn service gets one of its own."""
+    registry = build_default_registry(
+        model,
+        shell_enabled=settings.shell_enabled,
+        workdir=settings.shell_workdir or None,
+        max_async_children=settings.max_async_children,
+    )
+    return Agent(model, registry)
 
 
 def settings_files(settings: Settings) -> list[Path]:

@@ -2,7 +2,7 @@
 
 Kept apart from ``reveille.app`` so that the root only says *that* Telegram is wired, and
 this module *how*: its own ``TurnService`` of ``Platform.TELEGRAM`` (the same turn code as
-the API server), an agent over the same model and toolset, the Bot API client, the durable
+the API server) over the agent the root built for it, the Bot API client, the durable
 state file ``telegram.db`` under the state directory, and (webhook mode) the webhook route on
 the API server's port.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from agent import Agent
-from agent.providers.base import ModelProvider
 from gateway.config import Platform
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.platforms.telegram import TelegramAdapter
@@ -21,7 +20,6 @@ from gateway.platforms.telegram_state import TelegramState
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
 from reveille.settings import Settings
-from tools.toolset import build_default_registry
 
 __all__ = ["telegram_surfaces"]
 
@@ -33,22 +31,16 @@ def _render(result: Any) -> dict[str, Any]:
 def telegram_surfaces(
     settings: Settings,
     store: SessionStore,
-    model: ModelProvider,
+    agent: Agent,
     api_server: ApiServerAdapter,
     metrics: Any = None,
 ) -> list[TelegramAdapter]:
     """The Telegram adapter when a bot token is configured, else nothing."""
     if not settings.telegram_bot_token:
         return []
-    registry = build_default_registry(
-        model,
-        shell_enabled=settings.shell_enabled,
-        workdir=settings.shell_workdir or None,
-        max_async_children=settings.max_async_children,
-    )
     turns = TurnService(
         store,
-        agent_turn_runner(Agent(model, registry)),
+        agent_turn_runner(agent),
         render=_render,
         platform=Platform.TELEGRAM,
         max_concurrent_runs=settings.max_concurrent_runs,
