@@ -69,7 +69,7 @@ def unfinished_work(session_id: str, limit: int = 20) -> list[dict[str, Any]]:
     rows = [
         row
         for state in ("running", "queued")
-        for row in ledger.query(session=session_id, state=state, limit=limit)
+        for row in ledger.query(session=session_id, state=state, limit=limit, oldest_first=True)
     ]
     rows.sort(key=lambda row: (row.get("created_at") or 0, row["id"]))
     return [background_view(row) for row in rows[:limit]]

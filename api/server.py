@@ -361,7 +361,7 @@ class WebUIServer:
 
     async def session_background(self, request: web.Request) -> web.Response:
         session_id = self._session_id(request)
-        if await self.turns.session_dict(session_id) is None:
+        if await asyncio.to_thread(self.store.get_session, session_id) is None:
             raise ApiError(404, "Session not found", code="session_not_found")
         return web.json_response({"background": await self._unfinished_work(session_id)})
 

@@ -70,6 +70,15 @@ def authed(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {"Authorization": f"Bearer {KEY}", "Content-Type": JSON, **(extra or {})}
 
 
+def post_chat(
+    server: Server, body: dict, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """A keyed chat completion with ``headers`` added."""
+    return raw_call(
+        server.port, "POST", "/v1/chat/completions", json.dumps(body).encode(), authed(headers)
+    )
+
+
 def error_of(body: bytes) -> dict:
     """The OpenAI error object of an answer (asserting its shape)."""
     error = json.loads(body)["error"]
@@ -141,19 +150,7 @@ def test_forged_session_ids_are_refused_and_create_nothing(
 ) -> None:
     before = footprint(server)
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
-    try:
-        forged.encode("latin-1")
-    except UnicodeEncodeError:
-        forged_header = forged.encode().decode("latin-1")  # what reaches the wire
-    else:
-        forged_header = forged
-    status, _, answer = raw_call(
-        server.port,
-        "POST",
-        "/v1/chat/completions",
-        json.dumps(body).encode(),
-        authed({HEADER: forged_header}),
-    )
+    status, _, answer = post_chat(server, body, {HEADER: forged})
     assert status in (400, 404), (forged, status, answer)
     error_of(answer)
     assert footprint(server) == before
@@ -162,13 +159,7 @@ def test_forged_session_ids_are_refused_and_create_nothing(
 def test_an_unknown_session_id_is_404_not_a_new_session(server: Server) -> None:
     before = footprint(server)
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
-    status, _, answer = raw_call(
-        server.port,
-        "POST",
-        "/v1/chat/completions",
-        json.dumps(body).encode(),
-        authed({HEADER: "api_0123456789abcdef"}),
-    )
+    status, _, answer = post_chat(server, body, {HEADER: "api_0123456789abcdef"})
     assert status == 404 and error_of(answer)
     assert footprint(server) == before
 
@@ -185,13 +176,7 @@ def test_a_copied_opening_never_reaches_the_victims_session(
         {"role": "assistant", "content": "a reply the victim never got"},
         {"role": "user", "content": "what did I tell you?"},
     ]
-    status, headers, answer = raw_call(
-        server.port,
-        "POST",
-        "/v1/chat/completions",
-        json.dumps({"model": "m", "messages": messages}).encode(),
-        authed(),
-    )
+    status, headers, answer = post_chat(server, {"model": "m", "messages": messages})
     assert status == 200
     assert headers[HEADER] != session
     assert victim_reply.encode() not in answer
@@ -203,36 +188,22 @@ def test_a_reused_idempotency_key_is_refused_or_scoped_never_leaks(
 ) -> None:
     session, secret = victim
     first = {"model": "m", "messages": [{"role": "user", "content": "count to three"}]}
-    status, headers, answer = raw_call(
-        server.port,
-        "POST",
-        "/v1/chat/completions",
-        json.dumps(first).encode(),
-        authed({"Idempotency-Key": "shared-key", HEADER: session}),
+    status, headers, answer = post_chat(
+        server, first, {"Idempotency-Key": "shared-key", HEADER: session}
     )
     assert status == 200
     # Same key, same session, another request: refused, with nothing of the first answer.
     other = {"model": "m", "messages": [{"role": "user", "content": "print the secret"}]}
     before = footprint(server)
-    status, _, refused = raw_call(
-        server.port,
-        "POST",
-        "/v1/chat/completions",
-        json.dumps(other).encode(),
-        authed({"Idempotency-Key": "shared-key", HEADER: session}),
+    status, _, refused = post_chat(
+        server, other, {"Idempotency-Key": "shared-key", HEADER: session}
     )
     assert status == 422 and error_of(refused)["code"] == "idempotency_key_reused"
     assert footprint(server) == before
     reply = json.loads(answer)["choices"][0]["message"]["content"]
     assert reply.encode() not in refused and secret.encode() not in refused
     # Same key in another conversation: a record of its own, a turn of its own.
-    status, headers, elsewhere = raw_call(
-        server.port,
-        "POST",
-        "/v1/chat/completions",
-        json.dumps(other).encode(),
-        authed({"Idempotency-Key": "shared-key"}),
-    )
+    status, headers, elsewhere = post_chat(server, other, {"Idempotency-Key": "shared-key"})
     assert status == 200 and headers[HEADER] != session
     assert reply.encode() not in elsewhere and secret.encode() not in elsewhere
 
@@ -246,18 +217,14 @@ def test_a_client_cannot_pre_claim_or_forge_a_process_wake_up(server: Server) ->
     assert proc_id, reply
     body = {"model": "m", "messages": [{"role": "user", "content": "squat"}]}
     for token in ("guess", "x" * 43):
-        status, _, answer = raw_call(
-            server.port,
-            "POST",
-            "/v1/chat/completions",
-            json.dumps(body).encode(),
-            authed(
-                {
-                    "X-Reveille-Wake-Token": token,
-                    "Idempotency-Key": proc_id.group(),
-                    HEADER: session,
-                }
-            ),
+        status, _, answer = post_chat(
+            server,
+            body,
+            {
+                "X-Reveille-Wake-Token": token,
+                "Idempotency-Key": proc_id.group(),
+                HEADER: session,
+            },
         )
         assert status == 200, answer  # an ordinary client request, replayed the second time
 
@@ -340,8 +307,8 @@ def test_hostile_query_integers_are_a_400(server: Server, query: str) -> None:
     error_of(answer)
 
 
-def test_no_answer_was_a_500(server: Server) -> None:
-    """After every probe of this module, the server logged no traceback and answered no 500."""
+def test_no_probe_left_a_traceback(server: Server) -> None:
+    """After every probe of this module (each asserted its own status), the server logged no
+    traceback."""
     log = "".join(server.lines)
     assert "Traceback" not in log, log[-3000:]
-    assert " 500 " not in log

@@ -184,18 +184,23 @@ def test_a_background_command_across_a_sigkill_and_restart_reports_its_real_outc
             second.proc.kill()
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0"])
-def test_serve_refuses_public_bind_without_key(tmp_path, host) -> None:
-    env = {**os.environ, "REVEILLE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+def serve_refused(home: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    """`reveille serve` without a key, expected to refuse to start: its exit and output."""
+    env = {**os.environ, "REVEILLE_HOME": str(home), "PYTHONPATH": str(ROOT), **env_extra}
     env.pop("API_SERVER_KEY", None)
-    out = subprocess.run(
-        [sys.executable, "-m", "reveille.cli", "serve", "--host", host, "--port", "0"],
+    return subprocess.run(
+        [sys.executable, "-m", "reveille.cli", "serve", "--port", "0", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0"])
+def test_serve_refuses_public_bind_without_key(tmp_path, host) -> None:
+    out = serve_refused(tmp_path, "--host", host)
     assert out.returncode == 1
     assert "API_SERVER_KEY" in out.stderr
 
@@ -205,21 +210,7 @@ def test_a_taken_port_is_named_in_one_message_without_a_traceback(tmp_path) -> N
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         webui_port = taken.getsockname()[1]
-        env = {
-            **os.environ,
-            "REVEILLE_HOME": str(tmp_path),
-            "PYTHONPATH": str(ROOT),
-            "REVEILLE_WEBUI_PORT": str(webui_port),
-        }
-        env.pop("API_SERVER_KEY", None)
-        out = subprocess.run(
-            [sys.executable, "-m", "reveille.cli", "serve", "--port", "0"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        out = serve_refused(tmp_path, REVEILLE_WEBUI_PORT=str(webui_port))
     assert out.returncode == 1
     assert f"web UI port {webui_port}" in out.stderr and "REVEILLE_WEBUI_PORT" in out.stderr
     assert "Traceback" not in out.stderr
