@@ -22,6 +22,7 @@ from delivery.session_backend import (
     MessageRecord,
     NewMessage,
     NewSession,
+    PrefixSessions,
     SessionBackend,
     SessionGone,
     SessionRecord,
@@ -233,10 +234,8 @@ class MemorySessions:
 
         return self._read(op)
 
-    async def atranscripts_by_prefix(
-        self, prefix: str, limit: int
-    ) -> list[tuple[str, tuple[MessageRecord, ...]]]:
-        def op() -> list[tuple[str, tuple[MessageRecord, ...]]]:
+    async def asessions_by_prefix(self, prefix: str, limit: int) -> PrefixSessions:
+        def op() -> PrefixSessions:
             hits = sorted(
                 (
                     s
@@ -245,7 +244,10 @@ class MemorySessions:
                 ),
                 key=lambda s: (s.created_at, s.id),
             )[:limit]
-            return [(s.id, tuple(m.record() for m in s.messages)) for s in hits]
+            return PrefixSessions(
+                tuple((s.id, tuple(m.record() for m in s.messages)) for s in hits),
+                prefix not in self._sessions and prefix in self._tombstones,
+            )
 
         return self._read(op)
 

@@ -29,6 +29,7 @@ from delivery.session_backend import (
     MessageRecord,
     NewMessage,
     NewSession,
+    PrefixSessions,
     SessionBackend,
     SessionGone,
     SessionRecord,
@@ -231,24 +232,22 @@ class PostgresSessions:
         row = self._read(lambda c: _one(c, q.SQL_SESSION_BY_KEY, (session_key,)))
         return _session(row) if row is not None else None
 
-    def _transcripts_by_prefix(
-        self, prefix: str, limit: int
-    ) -> list[tuple[str, tuple[MessageRecord, ...]]]:
-        def op(conn: Conn) -> list[tuple[str, tuple[MessageRecord, ...]]]:
+    def _sessions_by_prefix(self, prefix: str, limit: int) -> PrefixSessions:
+        def op(conn: Conn) -> PrefixSessions:
             ids = [
                 r[0]
                 for r in conn.execute(
                     q.SQL_SESSIONS_BY_PREFIX, (prefix, prefix + "_", prefix + "`", limit)
                 ).fetchall()
             ]
-            return [(sid, _transcript(conn, sid)) for sid in ids]
+            transcripts = tuple((sid, _transcript(conn, sid)) for sid in ids)
+            deleted = prefix not in ids and _one(conn, q.SQL_TOMBSTONED, (prefix,)) is not None
+            return PrefixSessions(transcripts, deleted)
 
         return self._read(op)
 
-    async def atranscripts_by_prefix(
-        self, prefix: str, limit: int
-    ) -> list[tuple[str, tuple[MessageRecord, ...]]]:
-        return await asyncio.to_thread(self._transcripts_by_prefix, prefix, limit)
+    async def asessions_by_prefix(self, prefix: str, limit: int) -> PrefixSessions:
+        return await asyncio.to_thread(self._sessions_by_prefix, prefix, limit)
 
     async def aset_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
         sql = q.SQL_SET_TITLE_IF_UNTITLED if if_untitled else q.SQL_SET_TITLE

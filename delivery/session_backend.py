@@ -33,6 +33,7 @@ __all__ = [
     "MessageRecord",
     "NewMessage",
     "NewSession",
+    "PrefixSessions",
     "SessionBackend",
     "SessionGone",
     "SessionRecord",
@@ -199,6 +200,21 @@ class TurnStart:
     taken: tuple[MessageRecord, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class PrefixSessions:
+    """The sessions an opening names, read in one snapshot: what a headerless API request
+    may be continuing.
+
+    ``transcripts`` are the live sessions whose id is the prefix or ``prefix_<suffix>``,
+    oldest first, each with its transcript. ``prefix_deleted`` says the id ``prefix``
+    itself is tombstoned (deleted and not created again), so that a caller can tell a
+    never-written id from a deleted one without reading again.
+    """
+
+    transcripts: tuple[tuple[str, tuple[MessageRecord, ...]], ...]
+    prefix_deleted: bool = False
+
+
 # --------------------------------------------------------------------------- protocol
 
 
@@ -230,12 +246,10 @@ class SessionBackend(Protocol):
     def find_session_by_key(self, session_key: str) -> SessionRecord | None:
         """The most recently active session with this routing key."""
 
-    async def atranscripts_by_prefix(
-        self, prefix: str, limit: int
-    ) -> list[tuple[str, tuple[MessageRecord, ...]]]:
+    async def asessions_by_prefix(self, prefix: str, limit: int) -> PrefixSessions:
         """Live sessions whose id is ``prefix`` or starts with ``prefix + "_"``, with their
-        transcripts, oldest session first (at most ``limit``): the candidates a headerless
-        API request may be continuing."""
+        transcripts, oldest session first (at most ``limit``), and whether ``prefix`` itself
+        is tombstoned: the candidates a headerless API request may be continuing."""
 
     async def aset_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
         """Give a live session its title (only when it has none, with ``if_untitled``);

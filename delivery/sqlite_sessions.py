@@ -24,6 +24,7 @@ from delivery.session_backend import (
     MessageRecord,
     NewMessage,
     NewSession,
+    PrefixSessions,
     SessionBackend,
     SessionGone,
     SessionRecord,
@@ -335,20 +336,22 @@ class SqliteSessions:
             row = conn.execute(SQL_SESSION_BY_KEY, (session_key,)).fetchone()
         return _session(row) if row is not None else None
 
-    async def atranscripts_by_prefix(
-        self, prefix: str, limit: int
-    ) -> list[tuple[str, tuple[MessageRecord, ...]]]:
-        def op(conn: sqlite3.Connection) -> list[tuple[str, tuple[MessageRecord, ...]]]:
+    async def asessions_by_prefix(self, prefix: str, limit: int) -> PrefixSessions:
+        def op(conn: sqlite3.Connection) -> PrefixSessions:
             ids = [
                 r["id"]
                 for r in conn.execute(
                     SQL_SESSIONS_BY_PREFIX, (prefix, prefix + "_", prefix + "`", limit)
                 )
             ]
-            return [
+            transcripts = tuple(
                 (sid, tuple(_message(r) for r in conn.execute(SQL_TRANSCRIPT, (sid,))))
                 for sid in ids
-            ]
+            )
+            deleted = prefix not in ids and (
+                conn.execute(SQL_TOMBSTONED, (prefix,)).fetchone() is not None
+            )
+            return PrefixSessions(transcripts, deleted)
 
         return await self._require_reader().submit_async(op)
 

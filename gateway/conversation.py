@@ -121,6 +121,11 @@ def pick_session(
         return matching[0]
     if not matching and not sent and not any(sid == home for sid, _ in candidates):
         return home  # the first conversation with this opening
+    return fork_of(home)
+
+
+def fork_of(home: str) -> str:
+    """A new session id of its own for a conversation that opens like ``home``'s."""
     return f"{home}_{secrets.token_hex(6)}"
 
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from delivery.memory_sessions import MemorySessions
 from delivery.session_backend import (
-    MessageRecord,
     NewMessage,
     NewSession,
+    PrefixSessions,
     SessionBackend,
     SessionGone,
     SessionState,
@@ -342,13 +342,11 @@ class SessionStore:
         found = self._backend.get_session(session_id)
         return found.as_dict() if found is not None else None
 
-    async def atranscripts_by_prefix(
-        self, prefix: str, limit: int = 32
-    ) -> list[tuple[str, tuple[MessageRecord, ...]]]:
+    async def asessions_by_prefix(self, prefix: str, limit: int = 32) -> PrefixSessions:
         """Live sessions named ``prefix`` or ``prefix_<suffix>`` with their transcripts,
-        oldest first (reads only)."""
+        oldest first, and whether ``prefix`` itself is deleted (reads only, one snapshot)."""
         _check_id(prefix)
-        return await self._backend.atranscripts_by_prefix(prefix, limit)
+        return await self._backend.asessions_by_prefix(prefix, limit)
 
     def session_state(self, session_id: str) -> SessionState:
         """``"live"``, ``"deleted"`` (tombstoned, not created again since) or ``"unknown"``

@@ -46,6 +46,7 @@ from gateway.conversation import (
     build_context,
     delivery_context_text,
     derive_session_id,
+    fork_of,
     message_text,
     pick_session,
 )
@@ -188,6 +189,19 @@ class TurnRequest:
     bind_key_to_request: bool = True
     """False for a key that names one piece of work whatever text comes with it (a wake-up
     keyed by its delivery id is re-rendered when re-offered, yet is the same wake-up)."""
+    unwritten: bool = False
+    """The surface has just read that no session, live or deleted, has this id (see
+    ``Conversation``): the turn starts empty without reading the store again. Its first
+    write creates the session and refuses an id deleted meanwhile, as after any read."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """The session a headerless request continues, and whether that id was unwritten
+    (neither live nor tombstoned) in the snapshot it was picked from."""
+
+    session_id: str
+    unwritten: bool
 
 
 @dataclass(frozen=True)
@@ -204,6 +218,12 @@ class StartedTurn:
 
     task: asyncio.Task[dict[str, Any]]
     deltas: asyncio.Queue[str | ToolProgress | None] | None
+
+
+@dataclass
+class _FirstTurn:
+    key: str | None  # the idempotency key the first request came with
+    holders: int = 0  # requests resolved to this id whose turn has not ended
 
 
 @dataclass
@@ -246,6 +266,11 @@ class TurnService:
         self._boot = f"{os.getpid()}:{secrets.token_hex(8)}"
         self._active_runs = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Ids whose first turn runs here and is not stored yet. The store cannot see them
+        # until that turn's commit, so a second conversation that opens the same way
+        # meanwhile is told apart here (see ``resolve_conversation``), not merged into the
+        # session the first is creating.
+        self._first_turns: dict[str, _FirstTurn] = {}
         # A surface whose session ids are not chat ids says how to key its sessions.
         self._session_key_of = session_key_of
         # Turns stored, and how many of them were wake-ups (read by the metrics).
@@ -264,19 +289,60 @@ class TurnService:
     # ----------------------------------------------------------------- which session
 
     async def resolve_conversation(
-        self, messages: list[dict[str, Any]], *, retry_key: bool = False
-    ) -> str:
+        self, messages: list[dict[str, Any]], *, idempotency_key: str | None = None
+    ) -> Conversation:
         """The session a request without a session id continues, or a new one's id (see
-        ``gateway.conversation.pick_session``; ``retry_key``: it carries an idempotency
-        key, so a repeat of a session's last turn is a retry)."""
+        ``gateway.conversation.pick_session``). With an ``idempotency_key`` a repeat of a
+        session's last turn is a retry.
+
+        A new id stays reserved for this request until the turn started with it
+        (``start`` with ``unwritten``, called next whatever happens) ends.
+        """
         home = derive_session_id(messages)
-        candidates = await self.store.atranscripts_by_prefix(home)
-        return pick_session(messages, candidates, retry_key=retry_key)
+        found = await self.store.asessions_by_prefix(home)
+        session_id = pick_session(
+            messages, found.transcripts, retry_key=idempotency_key is not None
+        )
+        # One read answers both questions, so a new conversation's turn costs one trip to
+        # the store's reader, not two.
+        live = any(sid == session_id for sid, _ in found.transcripts)
+        deleted = session_id == home and found.prefix_deleted
+        if live or deleted:
+            return Conversation(session_id, unwritten=False)
+        first = self._first_turns.get(session_id)
+        if first is not None and (idempotency_key is None or first.key != idempotency_key):
+            # Another conversation's first turn is creating this id right now. Only a
+            # retry of that very request (its key) joins it; anyone else gets a fork.
+            session_id, first = fork_of(home), None
+        if first is None:
+            first = self._first_turns[session_id] = _FirstTurn(idempotency_key)
+        first.holders += 1
+        return Conversation(session_id, unwritten=True)
 
     # ----------------------------------------------------------------- starting a turn
 
     async def start(self, request: TurnRequest) -> StartedTurn | ReplayedTurn:
         """Replay a finished answer, or begin the turn and start it running."""
+        try:
+            started = await self._start(request)
+        except BaseException:
+            self._end_first_turn(request)
+            raise
+        if isinstance(started, StartedTurn):
+            started.task.add_done_callback(lambda _: self._end_first_turn(request))
+        else:
+            self._end_first_turn(request)
+        return started
+
+    def _end_first_turn(self, request: TurnRequest) -> None:
+        """Release the reservation ``resolve_conversation`` made for this request."""
+        first = self._first_turns.get(request.session_id) if request.unwritten else None
+        if first is not None:
+            first.holders -= 1
+            if first.holders <= 0:
+                del self._first_turns[request.session_id]
+
+    async def _start(self, request: TurnRequest) -> StartedTurn | ReplayedTurn:
         owner: str | None = None
         key = request.idempotency_key
         if key is not None:
@@ -329,6 +395,8 @@ class TurnService:
 
     async def _begin(self, request: TurnRequest) -> _Begun:
         session_id = request.session_id
+        if request.unwritten and request.create is not None:
+            return _Begun([], [], request.create)
         turn = await self.store.astart_turn(session_id)
         if turn.state == "live":
             return _Begun(

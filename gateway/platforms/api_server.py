@@ -318,24 +318,26 @@ class ApiServerAdapter(BasePlatformAdapter):
         session_id = await self._session_from_header(request, keyed)
         body = await self._read_json(request)
         messages, options = parse_chat_body(body)
+        idem_key = request.headers.get(IDEMPOTENCY_HEADER)
+        if idem_key is not None and not 0 < len(idem_key) <= _MAX_IDEMPOTENCY_KEY:
+            raise ApiError(
+                400,
+                f"{IDEMPOTENCY_HEADER} must be 1-{_MAX_IDEMPOTENCY_KEY} characters",
+                param=IDEMPOTENCY_HEADER,
+                code="invalid_idempotency_key",
+            )
         create: SessionSource | None = None
+        unwritten = False
         if session_id is None:
             # Written by the turn's own commit, not by a refused request.
-            session_id = await self.turns.resolve_conversation(
-                messages, retry_key=IDEMPOTENCY_HEADER in request.headers
-            )
+            # Nothing can fail between here and ``start``, which releases the new id the
+            # resolution reserves.
+            conversation = await self.turns.resolve_conversation(messages, idempotency_key=idem_key)
+            session_id, unwritten = conversation.session_id, conversation.unwritten
             request[SESSION_REQUEST_KEY] = session_id
             create = SessionSource(platform=Platform.API_SERVER, chat_id=session_id)
-        idem_key = request.headers.get(IDEMPOTENCY_HEADER)
         internal = False
         if idem_key is not None:
-            if not 0 < len(idem_key) <= _MAX_IDEMPOTENCY_KEY:
-                raise ApiError(
-                    400,
-                    f"{IDEMPOTENCY_HEADER} must be 1-{_MAX_IDEMPOTENCY_KEY} characters",
-                    param=IDEMPOTENCY_HEADER,
-                    code="invalid_idempotency_key",
-                )
             idem_key, internal = self._scoped_key(request, session_id, idem_key)
         turn = await self.turns.start(
             TurnRequest(
@@ -346,6 +348,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                 stream=options["stream"],
                 # A client's key is bound to its request; a wake-up's names its delivery.
                 bind_key_to_request=not internal,
+                unwritten=unwritten,
             )
         )
         if isinstance(turn, ReplayedTurn):

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
+import openai
+import pytest
+
 from agent.markers import DELIVERY_MARKER
+from agent.providers.demo import DemoModel
+from gateway.conversation import derive_session_id
+from gateway.platforms.api_server import ApiServerAdapter, agent_turn_runner
+from gateway.session import SessionGone
 from gateway.wake import persist_delegation_delivery
-from tests.api_server._support import client_for, running_adapter
+from tests.api_server._support import client_for, demo_agent, running_adapter
 
 HEADER = "X-Hermes-Session-Id"
 OPENING = [
@@ -74,3 +81,89 @@ async def test_a_history_that_matches_no_session_gets_its_own(store) -> None:
         other, _ = await _ask(client, forged)
         assert other != first and other.startswith(first + "_")
         assert [m["role"] for m in store.messages(first)] == ["user", "assistant"]
+
+
+async def test_a_deleted_conversation_that_comes_back_starts_afresh(store) -> None:
+    """The one read that picks a new conversation's session also sees the opening's
+    tombstone: the comeback is created again explicitly and adopts no late result."""
+    async with running_adapter(store, api_key="") as (adapter, provider, _runner):
+        client = client_for(adapter.port, key=None)
+        first, _ = await _ask(client, OPENING)
+        assert store.delete_session(first)
+        # A result of the deleted conversation arrives after the delete: refused.
+        with pytest.raises(SessionGone):
+            await asyncio.to_thread(persist_delegation_delivery, store, first, RESULT)
+        again, _ = await _ask(client, OPENING)
+        assert again == first and store.session_state(first) == "live"
+        assert [m["role"] for m in store.messages(first)] == ["user", "assistant"]
+        assert "1,234" not in _context(provider)
+        # A brand-new opening still gets its home id at once.
+        fresh, _ = await _ask(client, [{"role": "user", "content": "a new opening"}])
+        assert fresh.startswith("api_") and "_" not in fresh.removeprefix("api_")
+
+
+async def _ask_keyed(client, messages, key):
+    raw = await client.chat.completions.with_raw_response.create(
+        model="m", messages=messages, extra_headers={"Idempotency-Key": key}
+    )
+    return raw.headers[HEADER], raw.parse().choices[0].message.content
+
+
+async def test_two_first_turns_that_open_alike_at_once_get_sessions_of_their_own(store) -> None:
+    """Neither session exists in the store until its first turn is stored, so the second
+    conversation is told apart while the first still runs, never merged into it."""
+    async with running_adapter(store, api_key="", delay=0.3) as (adapter, _provider, runner):
+        client = client_for(adapter.port, key=None)
+        opening = [{"role": "user", "content": "same start"}]
+        (a, _), (b, _) = await asyncio.gather(_ask(client, opening), _ask(client, opening))
+        assert a != b and {a, b} & {derive_session_id(opening)}
+        assert runner.max_running == 2
+        for sid in (a, b):
+            assert [m["role"] for m in store.messages(sid)] == ["user", "assistant"]
+        # Keyed: a retry of the same request joins its first attempt (run once, answered
+        # twice); another request's key is another conversation.
+        opening = [{"role": "user", "content": "keyed start"}]
+        calls = runner.calls
+        (k1, r1), (k2, r2), (k3, _) = await asyncio.gather(
+            _ask_keyed(client, opening, "key-1"),
+            _ask_keyed(client, opening, "key-1"),
+            _ask_keyed(client, opening, "key-2"),
+        )
+        assert k1 == k2 and r1 == r2 and k3 != k1
+        assert runner.calls == calls + 2
+        assert [m["role"] for m in store.messages(k1)] == ["user", "assistant"]
+        assert [m["role"] for m in store.messages(k3)] == ["user", "assistant"]
+
+
+async def test_a_first_turn_that_fails_leaves_its_id_to_the_next_conversation(store) -> None:
+    demo = agent_turn_runner(demo_agent(DemoModel()))
+    calls = []
+
+    async def fails_first(messages, ctx, on_delta):
+        calls.append(messages)
+        if len(calls) == 1:
+            raise RuntimeError("the model fell over")
+        await asyncio.sleep(0.3)
+        return await demo(messages, ctx, on_delta)
+
+    adapter = ApiServerAdapter(
+        store=store, turn_runner=fails_first, port=0, api_key="", max_concurrent_runs=1
+    )
+    await adapter.start()
+    try:
+        client = client_for(adapter.port, key=None)
+        doomed = [{"role": "user", "content": "doomed start"}]
+        with pytest.raises(openai.InternalServerError):  # failed while it ran
+            await _ask(client, doomed)
+        busy = [{"role": "user", "content": "busy start"}]
+        slow = asyncio.create_task(_ask(client, [{"role": "user", "content": "slow"}]))
+        await asyncio.sleep(0.1)
+        with pytest.raises(openai.RateLimitError):  # refused before it ran
+            await _ask(client, busy)
+        await slow
+        # Each opening still gets its own id: nothing was written, nothing stays reserved.
+        for opening in (doomed, busy):
+            sid, _ = await _ask(client, opening)
+            assert sid == derive_session_id(opening)
+    finally:
+        await adapter.stop()

@@ -192,15 +192,35 @@ async def test_usable_from_async_via_to_thread(store: SessionStore) -> None:
     assert len(await asyncio.to_thread(store.messages, "s")) == 20
 
 
-async def test_transcripts_by_prefix_are_the_opening_and_its_forks(store: SessionStore) -> None:
+async def test_sessions_by_prefix_are_the_opening_and_its_forks(store: SessionStore) -> None:
     for sid in ("api_abc", "api_abc_1", "api_abcd", "api_ab", "api_abc_2"):
         store.create_session(sid)
     store.append_message("api_abc_1", "user", "hello")
     store.delete_session("api_abc_2")
-    found = await store.atranscripts_by_prefix("api_abc")
-    assert [sid for sid, _ in found] == ["api_abc", "api_abc_1"]
-    assert [m.content for m in dict(found)["api_abc_1"]] == ["hello"]
-    assert await store.atranscripts_by_prefix("api_none") == []
+    found = await store.asessions_by_prefix("api_abc")
+    assert [sid for sid, _ in found.transcripts] == ["api_abc", "api_abc_1"]
+    assert [m.content for m in dict(found.transcripts)["api_abc_1"]] == ["hello"]
+    assert not found.prefix_deleted
+    none = await store.asessions_by_prefix("api_none")
+    assert none.transcripts == () and not none.prefix_deleted
+
+
+async def test_sessions_by_prefix_tell_a_deleted_opening_from_a_new_one(
+    store: SessionStore,
+) -> None:
+    store.create_session("api_gone")
+    store.create_session("api_gone_1")
+    store.delete_session("api_gone")
+    found = await store.asessions_by_prefix("api_gone")
+    assert [sid for sid, _ in found.transcripts] == ["api_gone_1"]
+    assert found.prefix_deleted
+    # Deleted before its first write ever landed: still a tombstone, not a new id.
+    store.delete_session("api_never")
+    assert (await store.asessions_by_prefix("api_never")).prefix_deleted
+    store.create_session("api_gone")  # created again: live, no longer deleted
+    again = await store.asessions_by_prefix("api_gone")
+    assert sorted(sid for sid, _ in again.transcripts) == ["api_gone", "api_gone_1"]
+    assert not again.prefix_deleted
 
 
 # ----------------------------------------------------------------- titles
