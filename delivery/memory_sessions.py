@@ -28,6 +28,7 @@ from delivery.session_backend import (
     SessionRecord,
     SessionState,
     SessionStoreError,
+    SessionTaken,
     TurnStart,
     decode_json,
 )
@@ -164,6 +165,8 @@ class MemorySessions:
         self, session_id: str, new: NewSession, now: float, *, revive: bool
     ) -> _Session:
         if session_id in self._sessions:
+            if new.exclusive:
+                raise SessionTaken(session_id)
             return self._sessions[session_id]
         if not revive and session_id in self._tombstones:
             raise SessionGone(session_id)

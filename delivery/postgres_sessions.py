@@ -35,6 +35,7 @@ from delivery.session_backend import (
     SessionRecord,
     SessionState,
     SessionStoreError,
+    SessionTaken,
     TurnStart,
     decode_json,
 )
@@ -90,7 +91,11 @@ def _insert_session(conn: Conn, sid: str, new: NewSession, now: float, *, revive
         conn.execute(q.SQL_UNTOMBSTONE, (sid,))
     elif _one(conn, q.SQL_TOMBSTONED, (sid,)) is not None:
         raise SessionGone(sid)
-    conn.execute(q.SQL_INSERT_SESSION, (sid, new.source_json, new.session_key, new.title, now, now))
+    inserted = conn.execute(
+        q.SQL_INSERT_SESSION, (sid, new.source_json, new.session_key, new.title, now, now)
+    ).rowcount
+    if new.exclusive and not inserted:
+        raise SessionTaken(sid)
 
 
 def _insert_message(conn: Conn, sid: str, m: NewMessage, now: float) -> MessageRecord:
@@ -208,6 +213,8 @@ class PostgresSessions:
         def op(conn: Conn) -> SessionRecord:
             if _one(conn, q.SQL_SESSION_EXISTS, (session_id,)) is None:
                 _insert_session(conn, session_id, new, now, revive=True)
+            elif new.exclusive:
+                raise SessionTaken(session_id)
             row = _one(conn, q.SQL_SESSION, (session_id,))
             assert row is not None
             return _session(row)

@@ -39,6 +39,7 @@ __all__ = [
     "SessionRecord",
     "SessionState",
     "SessionStoreError",
+    "SessionTaken",
     "TurnStart",
     "encode_json",
 ]
@@ -55,6 +56,15 @@ class SessionGone(LookupError):
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"session {session_id!r} does not exist")
+        self.session_id = session_id
+
+
+class SessionTaken(Exception):
+    """A session meant to be created afresh (``NewSession.exclusive``) exists already:
+    another conversation created it first, and this one must not write into it."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} was created by another conversation")
         self.session_id = session_id
 
 
@@ -76,11 +86,16 @@ def decode_json(text: str | None) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class NewSession:
-    """What a session is created with; ``source_json`` is ``SessionSource.to_dict`` as JSON."""
+    """What a session is created with; ``source_json`` is ``SessionSource.to_dict`` as JSON.
+
+    ``exclusive``: the id must be new; a live session with it raises ``SessionTaken``
+    instead of being joined (another conversation created it since it was read).
+    """
 
     source_json: str | None = None
     session_key: str | None = None
     title: str | None = None
+    exclusive: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from delivery.session_backend import (
     SessionRecord,
     SessionState,
     SessionStoreError,
+    SessionTaken,
     TurnStart,
     decode_json,
 )
@@ -127,9 +128,11 @@ def _insert_session(
         conn.execute(SQL_UNTOMBSTONE, (session_id,))
     elif conn.execute(SQL_TOMBSTONED, (session_id,)).fetchone() is not None:
         raise SessionGone(session_id)
-    conn.execute(
+    inserted = conn.execute(
         SQL_INSERT_SESSION, (session_id, new.source_json, new.session_key, new.title, now, now)
-    )
+    ).rowcount
+    if new.exclusive and not inserted:
+        raise SessionTaken(session_id)
 
 
 def _fold(conn: sqlite3.Connection, session_id: str, now: float) -> list[MessageRecord]:
@@ -307,6 +310,8 @@ class SqliteSessions:
         def op(conn: sqlite3.Connection) -> SessionRecord:
             if conn.execute(SQL_SESSION_EXISTS, (session_id,)).fetchone() is None:
                 _insert_session(conn, session_id, new, now, revive=True)
+            elif new.exclusive:
+                raise SessionTaken(session_id)
             return _session(conn.execute(SQL_SESSION, (session_id,)).fetchone())
 
         return op

@@ -29,6 +29,7 @@ from delivery.session_backend import (
     SessionGone,
     SessionState,
     SessionStoreError,
+    SessionTaken,
     TurnStart,
     encode_json,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "SessionState",
     "SessionStore",
     "SessionStoreError",
+    "SessionTaken",
     "SqliteSessions",
     "TurnStart",
     "build_session_key",
@@ -220,15 +222,18 @@ def new_session_id() -> str:
 # --------------------------------------------------------------------------- store
 
 
-def _new_session(source: SessionSource | None, title: str | None) -> NewSession:
+def _new_session(
+    source: SessionSource | None, title: str | None, exclusive: bool = False
+) -> NewSession:
     if source is not None and not isinstance(source, SessionSource):
         raise TypeError(f"source must be a SessionSource, got {type(source).__name__}")
     if source is None:
-        return NewSession(title=title)
+        return NewSession(title=title, exclusive=exclusive)
     return NewSession(
         source_json=json.dumps(source.to_dict(), sort_keys=True),
         session_key=build_session_key(source),
         title=title,
+        exclusive=exclusive,
     )
 
 
@@ -311,12 +316,14 @@ class SessionStore:
         *,
         source: SessionSource | None = None,
         title: str | None = None,
+        exclusive: bool = False,
     ) -> dict[str, Any]:
-        """Create a session, or return the existing one with that id unchanged.
+        """Create a session, or return the existing one with that id unchanged (with
+        ``exclusive``: raise SessionTaken instead).
 
         An explicit creation: a deleted (tombstoned) id is created afresh.
         """
-        session_id, new = self._creation(session_id, source, title)
+        session_id, new = self._creation(session_id, source, title, exclusive)
         return self._backend.create_session(session_id, new).as_dict()
 
     async def acreate_session(
@@ -325,18 +332,19 @@ class SessionStore:
         *,
         source: SessionSource | None = None,
         title: str | None = None,
+        exclusive: bool = False,
     ) -> dict[str, Any]:
-        session_id, new = self._creation(session_id, source, title)
+        session_id, new = self._creation(session_id, source, title, exclusive)
         return (await self._backend.acreate_session(session_id, new)).as_dict()
 
     @staticmethod
     def _creation(
-        session_id: str | None, source: SessionSource | None, title: str | None
+        session_id: str | None, source: SessionSource | None, title: str | None, exclusive: bool
     ) -> tuple[str, NewSession]:
         if session_id is None:
             session_id = new_session_id()
         _check_id(session_id)
-        return session_id, _new_session(source, title)
+        return session_id, _new_session(source, title, exclusive)
 
     def get_session(self, session_id: str) -> dict[str, Any] | None:
         found = self._backend.get_session(session_id)
@@ -489,6 +497,7 @@ class SessionStore:
         response: Mapping[str, Any] | None = None,
         create: SessionSource | None = None,
         title: str | None = None,
+        exclusive: bool = False,
     ) -> list[dict[str, Any]]:
         """Append a turn's messages and, with ``idempotency_key``, record its response.
 
@@ -500,9 +509,12 @@ class SessionStore:
         ``create`` (with an optional ``title``) creates the session in the same commit when
         it does not exist yet, so a first turn makes one durable trip. Raises SessionGone
         for an unknown session without ``create`` and for a deleted (tombstoned) one
-        always; nothing is written then.
+        always, and SessionTaken for an existing one with ``exclusive`` (the session must be
+        this turn's own); nothing is written then.
         """
-        args = self._turn_args(session_id, messages, idempotency_key, response, create, title)
+        args = self._turn_args(
+            session_id, messages, idempotency_key, response, create, title, exclusive
+        )
         return [m.as_dict() for m in self._backend.append_turn(session_id, args[0], **args[1])]
 
     async def aappend_turn(
@@ -514,12 +526,15 @@ class SessionStore:
         response: Mapping[str, Any] | None = None,
         create: SessionSource | None = None,
         title: str | None = None,
+        exclusive: bool = False,
     ) -> None:
         """Like ``append_turn``, awaited without a thread hop; returns nothing.
 
         The turn goes in as one statement, and the rows are not read back.
         """
-        args = self._turn_args(session_id, messages, idempotency_key, response, create, title)
+        args = self._turn_args(
+            session_id, messages, idempotency_key, response, create, title, exclusive
+        )
         await self._backend.aappend_turn(session_id, args[0], **args[1])
 
     @staticmethod
@@ -530,13 +545,14 @@ class SessionStore:
         response: Mapping[str, Any] | None,
         create: SessionSource | None,
         title: str | None,
+        exclusive: bool = False,
     ) -> tuple[list[NewMessage], dict[str, Any]]:
         # Everything is validated and encoded here, before any write.
         built = [NewMessage.build(m) for m in messages]
         new = None
         if create is not None:
             _check_id(session_id)
-            new = _new_session(create, title)
+            new = _new_session(create, title, exclusive)
         return built, {
             "create": new,
             "idempotency_key": idempotency_key,

@@ -50,7 +50,13 @@ from gateway.conversation import (
     message_text,
     pick_session,
 )
-from gateway.session import SessionGone, SessionSource, SessionStore, build_session_key
+from gateway.session import (
+    SessionGone,
+    SessionSource,
+    SessionStore,
+    SessionTaken,
+    build_session_key,
+)
 
 __all__ = [
     "ReplayedTurn",
@@ -83,6 +89,7 @@ TurnErrorKind = Literal[
     "too_many_turns",
     "in_progress",
     "key_reused",
+    "session_taken",
     "upstream",
 ]
 
@@ -232,6 +239,8 @@ class _Begun:
     taken: list[dict[str, Any]]
     # The session still has to be written (by the turn's commit or before background work).
     unwritten: SessionSource | None
+    # ... and must be this turn's own: a new id that another server may have created since.
+    exclusive: bool = False
 
 
 class TurnService:
@@ -396,7 +405,7 @@ class TurnService:
     async def _begin(self, request: TurnRequest) -> _Begun:
         session_id = request.session_id
         if request.unwritten and request.create is not None:
-            return _Begun([], [], request.create)
+            return _Begun([], [], request.create, exclusive=True)
         turn = await self.store.astart_turn(session_id)
         if turn.state == "live":
             return _Begun(
@@ -525,7 +534,12 @@ class TurnService:
     def _session_writer(self, session_id: str, begun: _Begun) -> Callable[[], Awaitable[None]]:
         async def write_session() -> None:
             if begun.unwritten is not None:
-                await self.store.acreate_session(session_id, source=begun.unwritten)
+                try:
+                    await self.store.acreate_session(
+                        session_id, source=begun.unwritten, exclusive=begun.exclusive
+                    )
+                except SessionTaken:
+                    raise _taken(session_id) from None
                 begun.unwritten = None
 
         return write_session
@@ -561,7 +575,10 @@ class TurnService:
                     else None
                 ),
                 create=begun.unwritten,
+                exclusive=begun.exclusive,
             )
+        except SessionTaken:
+            raise _taken(request.session_id) from None
         except SessionGone:
             raise TurnError(
                 "session_deleted", f"session {request.session_id!r} was deleted while the turn ran"
@@ -569,6 +586,16 @@ class TurnService:
         self.turns_stored += 1
         if user_text.startswith(WAKE_MARKER):
             self.wake_turns += 1
+
+
+def _taken(session_id: str) -> TurnError:
+    # Only another server's first turn of an alike conversation can get there first (this
+    # server's own are told apart before they run); nothing of this turn was stored.
+    return TurnError(
+        "session_taken",
+        f"another conversation that opens the same way created session {session_id!r} at "
+        "the same moment; nothing of this request was stored: send it again",
+    )
 
 
 def _note_unawaited_failure(task: asyncio.Task[Any]) -> None:

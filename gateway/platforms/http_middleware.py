@@ -123,6 +123,8 @@ def api_error_of(exc: TurnError) -> ApiError:
         )
     if exc.kind == "key_reused":
         return ApiError(422, exc.message, code="idempotency_key_reused", param="Idempotency-Key")
+    if exc.kind == "session_taken":
+        return ApiError(409, exc.message, code="conversation_conflict")
     if exc.kind == "in_progress":
         return ApiError(
             409,

@@ -11,9 +11,10 @@ from agent.markers import DELIVERY_MARKER
 from agent.providers.demo import DemoModel
 from gateway.conversation import derive_session_id
 from gateway.platforms.api_server import ApiServerAdapter, agent_turn_runner
-from gateway.session import SessionGone
+from gateway.session import SessionGone, SessionStore
 from gateway.wake import persist_delegation_delivery
 from tests.api_server._support import client_for, demo_agent, running_adapter
+from tools.async_delegation import get_runtime
 
 HEADER = "X-Hermes-Session-Id"
 OPENING = [
@@ -167,3 +168,46 @@ async def test_a_first_turn_that_fails_leaves_its_id_to_the_next_conversation(st
             assert sid == derive_session_id(opening)
     finally:
         await adapter.stop()
+
+
+@pytest.mark.parametrize(
+    ("stream", "text"),
+    [
+        (False, "same start, two servers"),
+        (True, "same start, two servers"),
+        (False, "in the background: count the stars"),  # the work's origin is written first
+    ],
+)
+async def test_two_servers_never_merge_alike_first_turns(store, tmp_path, stream, text) -> None:
+    """Two servers on one store cannot see each other's first turns while they run: the
+    store refuses the second creation of the id, so the later turn is refused whole (409,
+    nothing stored, no work started) and sent again it gets a session of its own."""
+    with SessionStore(tmp_path / "sessions.db") as other_store:
+        async with (
+            running_adapter(store, api_key="", delay=0.3) as (one, _p1, _r1),
+            running_adapter(other_store, api_key="", delay=0.3) as (two, _p2, _r2),
+        ):
+            opening = [{"role": "user", "content": text}]
+            clients = [client_for(a.port, key=None) for a in (one, two)]
+
+            async def ask(client):
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="m", messages=opening, stream=stream
+                )
+                if stream:
+                    async for _ in raw.parse():
+                        pass
+                return raw.headers[HEADER]
+
+            outcomes = await asyncio.gather(*(ask(c) for c in clients), return_exceptions=True)
+            won = [o for o in outcomes if isinstance(o, str)]
+            lost = [o for o in outcomes if not isinstance(o, str)]
+            assert won == [derive_session_id(opening)] and len(lost) == 1
+            assert isinstance(lost[0], openai.ConflictError)
+            assert lost[0].code == "conversation_conflict"
+            assert [m["role"] for m in store.messages(won[0])] == ["user", "assistant"]
+            started = len(get_runtime().ledger.query(session=won[0]))
+            assert started == (1 if text.startswith("in the background") else 0)
+            again = await ask(clients[outcomes.index(lost[0])])
+            assert again != won[0] and again.startswith(won[0] + "_")
+            assert [m["role"] for m in store.messages(again)] == ["user", "assistant"]

@@ -15,6 +15,7 @@ from gateway.session import (
     SessionSource,
     SessionStore,
     SessionStoreError,
+    SessionTaken,
     build_session_key,
     is_valid_session_id,
 )
@@ -221,6 +222,33 @@ async def test_sessions_by_prefix_tell_a_deleted_opening_from_a_new_one(
     again = await store.asessions_by_prefix("api_gone")
     assert sorted(sid for sid, _ in again.transcripts) == ["api_gone", "api_gone_1"]
     assert not again.prefix_deleted
+
+
+async def test_an_exclusive_creation_never_joins_a_session_that_exists(
+    store: SessionStore,
+) -> None:
+    source = SessionSource(platform=Platform.API_SERVER, chat_id="api_x")
+    turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    store.append_turn("api_x", turn, create=source, exclusive=True)  # new: created
+    with pytest.raises(SessionTaken):
+        store.create_session("api_x", source=source, exclusive=True)
+    with pytest.raises(SessionTaken):
+        await store.acreate_session("api_x", source=source, exclusive=True)
+    other = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "other"}]
+    with pytest.raises(SessionTaken):
+        store.append_turn("api_x", other, create=source, exclusive=True)
+    with pytest.raises(SessionTaken):
+        await store.aappend_turn("api_x", other, create=source, exclusive=True)
+    assert [m["content"] for m in store.messages("api_x")] == ["hi", "hello"]
+    # Not exclusive: the existing session is the one to write into.
+    assert store.create_session("api_x", source=source)["id"] == "api_x"
+    await store.aappend_turn("api_x", other, create=source)
+    assert len(store.messages("api_x")) == 4
+    # An exclusive creation of an id that is new, or deleted, still creates it.
+    await store.acreate_session("api_y", source=source, exclusive=True)
+    assert store.delete_session("api_y")
+    store.create_session("api_y", source=source, exclusive=True)
+    assert store.session_state("api_y") == "live"
 
 
 # ----------------------------------------------------------------- titles
