@@ -3,12 +3,18 @@
 Demo mode (the default): starts `reveille serve` (the real server: sessions, transcript
 writes, the agent loop with the offline demo model) and, as the baseline, a bare aiohttp
 handler that returns a canned completion; each runs in its own process on a loopback port.
+A third server, the store floor, is the bare handler plus the two trips to the real session
+store that a new conversation's turn cannot do without (the read that resolves it, in the
+reader thread; the durable commit of its first turn, by the writer thread): how close to
+the baseline any turn that stores itself can come in one process.
 
 Provider mode (``--provider``): starts a fake OpenAI-compatible upstream in its own process
 (canned ``chat.completion`` JSON, or SSE chunks then ``data: [DONE]`` when asked to stream),
 measures it alone, then measures `reveille serve` configured to use it as its model
 provider (``REVEILLE_PROVIDER=openai``, ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``,
-``REVEILLE_MODEL``) while it keeps running: every Reveille turn is one upstream call.
+``REVEILLE_MODEL``) while it keeps running: every Reveille turn is one upstream call. Then
+the model-call floor: a bare handler that makes only that upstream call, as Reveille makes
+it, and nothing else.
 
 A closed-loop load of ``--clients`` concurrent clients (aiohttp, one new conversation per
 request) runs against each for ``--seconds``. Prints requests/s and p50/p99 latency for both
@@ -97,6 +103,73 @@ def serve_canned(port: int) -> None:
     async def complete(request: web.Request) -> web.Response:
         await request.json()
         return web.json_response(CANNED)
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", complete)
+    app.router.add_get("/health", health)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def serve_store_floor(port: int, home: str) -> None:
+    """A bare aiohttp handler that makes a new conversation's two trips to the real session
+    store and nothing else: the read that resolves the conversation (in the reader thread)
+    and the durable commit of its first turn (group-committed by the writer thread). What
+    every demo turn pays at least, whatever the turn service, agent and middleware cost."""
+    from gateway.config import Platform
+    from gateway.conversation import derive_session_id
+    from gateway.session import SessionSource, SessionStore
+
+    store = SessionStore(Path(home) / "sessions.db")
+
+    async def complete(request: web.Request) -> web.Response:
+        body = await request.json()
+        session_id = derive_session_id(body["messages"])
+        await store.asessions_by_prefix(session_id)
+        await store.aappend_turn(
+            session_id,
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+            create=SessionSource(platform=Platform.API_SERVER, chat_id=session_id),
+        )
+        return web.json_response(CANNED)
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", complete)
+    app.router.add_get("/health", health)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def serve_model_call_floor(port: int, upstream_url: str, *, raw: bool) -> None:
+    """A bare aiohttp handler that makes one call to the upstream the way Reveille makes it
+    (``OpenAICompatProvider``: the official client on its aiohttp transport, the raw JSON
+    path) and nothing else: what every provider turn pays at least. ``raw`` makes the same
+    call with a plain aiohttp client instead, to show what the official client costs."""
+    from agent.providers.openai_compat import OpenAICompatProvider
+
+    provider = OpenAICompatProvider(f"{upstream_url}/v1", UPSTREAM_KEY, UPSTREAM_MODEL)
+    http: list[aiohttp.ClientSession] = []
+
+    async def call(messages: list[dict[str, Any]]) -> Any:
+        if not raw:
+            return (await provider.complete(messages)).content
+        if not http:
+            http.append(aiohttp.ClientSession())
+        async with http[0].post(
+            f"{upstream_url}/v1/chat/completions",
+            json={"model": UPSTREAM_MODEL, "messages": messages},
+            headers={"Authorization": f"Bearer {UPSTREAM_KEY}"},
+        ) as resp:
+            return (await resp.json())["choices"][0]["message"]["content"]
+
+    async def complete(request: web.Request) -> web.Response:
+        body = await request.json()
+        content = await call(body["messages"])
+        return web.json_response({**CANNED, "model": UPSTREAM_MODEL, "x": content})
 
     async def health(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -387,11 +460,29 @@ async def provider_main_async(args: argparse.Namespace) -> None:
         upstream = await measure_url(upstream_url, args, UPSTREAM_MODEL)
         async with reveille_on(upstream_url, env, clients=args.clients) as url:
             ours = await measure_url(url, args, UPSTREAM_MODEL)
+        floors = []
+        for flag in ("--serve-model-call-floor", "--serve-raw-call-floor"):
+            floor_port = free_port()
+            cmd = [sys.executable, __file__, flag, str(floor_port), "--upstream", upstream_url]
+            async with running(cmd, env, floor_port) as floor_url:
+                floors.append(await measure_url(floor_url, args, UPSTREAM_MODEL))
+        floor, raw_floor = floors
 
     print(header(args))
     print(line("fake upstream (canned)", upstream, 23))
     print(line("reveille serve (openai)", ours, 23))
+    print(line("aiohttp + 1 model call", floor, 23))
+    print(line("aiohttp + 1 raw call", raw_floor, 23))
     print(f"{'ratio':<23}: {ours['rps'] / upstream['rps']:.2f} of the upstream's requests/s")
+    print(
+        f"{'model-call floor':<23}: {floor['rps'] / upstream['rps']:.2f} of the upstream (a "
+        "handler making only the upstream call, as Reveille makes it); reveille reaches "
+        f"{ours['rps'] / floor['rps']:.2f} of it"
+    )
+    print(
+        f"{'raw-call floor':<23}: {raw_floor['rps'] / upstream['rps']:.2f} of the upstream (the "
+        "same call with a plain aiohttp client: the official client costs the difference)"
+    )
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -402,11 +493,21 @@ async def main_async(args: argparse.Namespace) -> None:
         ours = await measure(cmd, reveille_env(env, home, port, args.clients), port, args)
     port = free_port()
     base = await measure([sys.executable, __file__, "--serve-canned", str(port)], env, port, args)
+    with tempfile.TemporaryDirectory() as home:
+        port = free_port()
+        cmd = [sys.executable, __file__, "--serve-store-floor", str(port), "--home", home]
+        floor = await measure(cmd, env, port, args)
 
     print(header(args))
     print(line("reveille serve (demo)", ours))
     print(line("bare aiohttp (canned)", base))
+    print(line("aiohttp + 2 store trips", floor))
     print(f"ratio                 : {ours['rps'] / base['rps']:.2f} of the baseline's requests/s")
+    print(
+        f"store floor           : {floor['rps'] / base['rps']:.2f} of the baseline (a handler "
+        "making only a new turn's read and durable write); reveille reaches "
+        f"{ours['rps'] / floor['rps']:.2f} of it"
+    )
 
 
 def main() -> None:
@@ -430,7 +531,21 @@ def main() -> None:
     ap.add_argument("--serve-slow-upstream", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-canned", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--serve-store-floor", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--home", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-model-call-floor", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--serve-raw-call-floor", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--upstream", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve_model_call_floor or args.serve_raw_call_floor:
+        raw = bool(args.serve_raw_call_floor)
+        serve_model_call_floor(
+            args.serve_raw_call_floor or args.serve_model_call_floor, args.upstream, raw=raw
+        )
+        return
+    if args.serve_store_floor:
+        serve_store_floor(args.serve_store_floor, args.home)
+        return
     if args.serve_canned:
         serve_canned(args.serve_canned)
         return
