@@ -11,9 +11,17 @@ from __future__ import annotations
 import re
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from gateway.wake import DELEGATION_DISPLAY_KIND
-from tests.api_server.serve_support import Server, chat, ledger_rows, transcript, wait_until
+from tests.api_server.serve_support import (
+    Server,
+    call,
+    chat,
+    ledger_rows,
+    transcript,
+    wait_until,
+)
 
 PEERS = re.compile(r"(\d+) other server\(s\) share this state")
 
@@ -66,3 +74,29 @@ def test_the_survivor_takes_over_a_killed_peers_work_within_seconds(tmp_path) ->
         for server in (doomed, survivor):
             if server is not None and server.proc.poll() is None:
                 server.proc.kill()
+
+
+def test_alike_first_turns_through_two_servers_never_share_a_session(tmp_path) -> None:
+    """Each server reserves the ids of its own running first turns; between servers the
+    store refuses the second creation: one conversation gets the opening's id, the other a
+    409 with nothing stored, and sent again a session of its own."""
+    servers = [Server(tmp_path, demo_delay=1.0), Server(tmp_path, demo_delay=1.0)]
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hello, both of you"}]}
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(
+                pool.map(lambda s: call(s.port, "POST", "/v1/chat/completions", body), servers)
+            )
+        statuses = sorted(status for status, _, _ in answers)
+        assert statuses == [200, 409], answers
+        won = next(h for status, h, _ in answers if status == 200)["X-Hermes-Session-Id"]
+        lost_at = servers[[status for status, _, _ in answers].index(409)]
+        refused = next(data for status, _, data in answers if status == 409)
+        assert refused["error"]["code"] == "conversation_conflict"
+        assert [m["role"] for m in transcript(servers[0].port, won)] == ["user", "assistant"]
+        again, _ = chat(lost_at.port, "hello, both of you")
+        assert again.startswith(won + "_")
+        assert [m["role"] for m in transcript(servers[1].port, again)] == ["user", "assistant"]
+    finally:
+        for server in servers:
+            server.stop()
