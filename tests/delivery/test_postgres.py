@@ -3,6 +3,7 @@ refusals. (Its ledger and session rules are proved by the conformance suites.)""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -274,4 +275,60 @@ def test_reads_survive_the_server_dropping_pooled_connections(url: str) -> None:
         assert token and ledger.complete("r1", token)
     finally:
         sessions.close()
+        backend.close()
+
+
+async def test_one_statement_batches_go_in_one_pipeline_and_others_run_plainly(url: str) -> None:
+    """Same answers either way: a batch of compare-and-sets is sent as one pipeline; a batch
+    in which one operation needs a second statement is rolled back and run plainly; an
+    operation whose only statement fails (a duplicate id) fails alone in its pipeline."""
+    from delivery.errors import DuplicateDeliveryError
+    from delivery.postgres_backend import PostgresBackend
+
+    backend = PostgresBackend(url)
+    try:
+        ledger = Ledger(backend)
+        ids = [f"p{i}" for i in range(8)]
+        for row_id in ids:
+            finished_row(ledger, row_id)
+
+        async def batch(*ops):
+            """Run ``ops`` as one batch (the writer is held until all are queued); their
+            outcomes, and how many batches went as a pipeline."""
+            running, go = threading.Event(), threading.Event()
+
+            def hold(tx):
+                running.set()
+                go.wait(10)
+
+            held = backend.submit_async(hold)
+            await asyncio.to_thread(running.wait, 10)
+            before = backend.stats()["pipelined_commits"]
+            futures = [backend.submit_async(op) for op in ops]
+            go.set()
+            await held
+            outcomes = await asyncio.gather(*futures, return_exceptions=True)
+            return outcomes, backend.stats()["pipelined_commits"] - before
+
+        tokens, counts = await batch(*(ledger._claim_op(row_id, "c") for row_id in ids))
+        assert all(isinstance(t, str) for t in tokens) and counts == 1
+
+        # p0 is claimed: claiming it again misses, and looks at the row (a second statement).
+        again, counts = await batch(
+            ledger._claim_op("p0", "other"),
+            *(ledger._complete_op(i, t) for i, t in zip(ids[1:], tokens[1:], strict=True)),
+        )
+        assert again[0] is None and all(done is True for done in again[1:])
+        assert counts == 0
+        assert [r["delivery_state"] for r in map(ledger.get, ids[1:])] == ["delivered"] * 7
+
+        dup_row = {**ledger.get("p1"), "id": "p0"}
+        fresh_row = {**ledger.get("p1"), "id": "p9"}
+        made, counts = await batch(
+            lambda tx: tx.insert(dup_row), lambda tx: tx.insert(fresh_row) or "made"
+        )
+        assert isinstance(made[0], DuplicateDeliveryError) and made[1] == "made"
+        assert counts == 1
+        assert ledger.get("p9") is not None and ledger.get("p0")["delivery_state"] == "pending"
+    finally:
         backend.close()

@@ -1,0 +1,320 @@
+"""The ``LedgerTx`` of a PostgreSQL writer, and its batches sent in one round trip.
+
+``PgTx`` runs each primitive as one prepared statement and waits for its result: a batch of
+n operations costs n + 2 round trips (BEGIN, one statement each, COMMIT). Nearly every
+ledger operation is one compare-and-set whose row count is its answer, so
+``run_pipelined`` runs a batch in two instead: it asks each operation for its first
+statement without running anything (the operation stops at its first primitive), sends
+BEGIN and all of those statements in one pipeline, hands each operation its statement's
+result, and commits. Statements go in the order the operations were submitted, so when
+every operation stops after its first statement, the outcome is exactly what running
+them one by one gives. An operation that wants a second statement (a compare-and-set
+that missed and looks at the row, say) makes the batch roll back and run the ordinary
+way: ``None`` tells the caller so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+
+from delivery import postgres_sql as sql
+from delivery.backend import (
+    COLUMNS,
+    JSON_COLUMNS,
+    AtMost,
+    Below,
+    Increment,
+    IsSet,
+    check_columns,
+)
+from delivery.errors import DuplicateDeliveryError
+from delivery.peers import ServerRecord
+from delivery.sqlite_writer import Outcome, Waiter
+
+_PREDICATES: dict[type, str] = {
+    type(None): "IS NULL",
+    AtMost: "<= %s",
+    Below: "< %s",
+    IsSet: "IS NOT NULL",
+}
+
+Statement = tuple[str, list[Any]]
+
+
+def dump_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def decode_row(row: tuple[Any, ...] | None, columns: tuple[str, ...] = COLUMNS) -> dict[str, Any]:
+    assert row is not None
+    out = dict(zip(columns, row, strict=True))
+    for col in JSON_COLUMNS.intersection(out):
+        if out[col] is not None:
+            out[col] = json.loads(out[col])
+    return out
+
+
+class PgTx:
+    """The ``LedgerTx`` of the operations of one batch, on a writer's connection."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+        self._cur = conn.cursor()
+        self.dirty = False  # changed something since the last ``mark``
+        self._select_sql: dict[tuple[str, ...], str] = {}
+        self._insert_sql: dict[tuple[str, ...], str] = {}
+        self._update_sql: dict[tuple, str] = {}
+
+    def _exec(self, query: str, params: Iterable[Any] = ()) -> psycopg.Cursor[Any]:
+        return self._cur.execute(query, list(params), prepare=True)
+
+    # Each primitive below is a statement builder and a reading of its result, so that a
+    # pipelined batch builds and reads exactly what a primitive run on its own would.
+
+    def get_statement(self, row_id: str, columns: tuple[str, ...] | None) -> Statement:
+        cols = columns or COLUMNS
+        query = self._select_sql.get(cols)
+        if query is None:
+            check_columns(cols)
+            query = self._select_sql[cols] = (
+                f"SELECT {', '.join(cols)} FROM deliveries WHERE id = %s"
+            )
+        return query, [row_id]
+
+    def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
+        found = self._exec(*self.get_statement(row_id, columns)).fetchone()
+        return None if found is None else decode_row(found, columns or COLUMNS)
+
+    def insert_statement(self, row: dict[str, Any]) -> Statement:
+        cols = tuple(row)
+        query = self._insert_sql.get(cols)
+        if query is None:
+            check_columns(cols)
+            query = self._insert_sql[cols] = (
+                f"INSERT INTO deliveries ({', '.join(cols)}) "
+                f"VALUES ({', '.join(['%s'] * len(cols))}) ON CONFLICT (id) DO NOTHING"
+            )
+        params = [
+            dump_json(row[c]) if c in JSON_COLUMNS and row[c] is not None else row[c] for c in cols
+        ]
+        return query, params
+
+    def inserted(self, row: dict[str, Any], rowcount: int) -> None:
+        if rowcount != 1:
+            raise DuplicateDeliveryError(f"a ledger row with id {row['id']!r} exists")
+        self.dirty = True
+
+    def insert(self, row: dict[str, Any]) -> None:
+        self.inserted(row, self._exec(*self.insert_statement(row)).rowcount)
+
+    def update_statement(
+        self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]
+    ) -> Statement:
+        key = (
+            tuple(changes),
+            tuple(type(v) for v in changes.values()),
+            tuple(expect),
+            tuple(type(v) for v in expect.values()),
+        )
+        query = self._update_sql.get(key)
+        if query is None:
+            check_columns(changes)
+            check_columns(expect)
+            sets = [
+                f"{c} = {c} + %s" if type(v) is Increment else f"{c} = %s"
+                for c, v in changes.items()
+            ]
+            query = f"UPDATE deliveries SET {', '.join(sets)} WHERE id = %s"
+            for c, v in expect.items():
+                query += f" AND {c} {_PREDICATES.get(type(v), '= %s')}"
+            self._update_sql[key] = query
+        params: list[Any] = []
+        for c, v in changes.items():
+            if type(v) is Increment:
+                params.append(v.by)
+            elif c in JSON_COLUMNS and v is not None:
+                params.append(dump_json(v))
+            else:
+                params.append(v)
+        params.append(row_id)
+        for v in expect.values():
+            kind = type(v)
+            if kind is AtMost or kind is Below:
+                params.append(v.value)
+            elif v is not None and kind is not IsSet:
+                params.append(v)
+        return query, params
+
+    def updated(self, rowcount: int) -> bool:
+        changed = rowcount == 1
+        self.dirty = self.dirty or changed
+        return changed
+
+    def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
+        return self.updated(self._exec(*self.update_statement(row_id, expect, changes)).rowcount)
+
+    def lock_free(self, row_ids: list[str]) -> set[str]:
+        if not row_ids:
+            return set()
+        return {r[0] for r in self._exec(sql.LEDGER_LOCK_SKIP_LOCKED, (row_ids,)).fetchall()}
+
+    def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
+        self._exec(sql.LEDGER_INSERT_AUDIT, (row_id, at, action, detail))
+        self.dirty = True
+
+    def put_server(self, record: ServerRecord) -> None:
+        self._exec(
+            sql.SERVERS_PUT,
+            (record.identity, record.label, record.started_at, record.heartbeat_at),
+        )
+        self.dirty = True
+
+    def delete_server(self, identity: str) -> bool:
+        gone = self._exec(sql.SERVERS_DELETE, (identity,)).rowcount == 1
+        self.dirty = self.dirty or gone
+        return gone
+
+
+# --------------------------------------------------------------------------- pipelined
+
+
+class _Stop(BaseException):
+    """Ends an operation's run early. A BaseException, so that no ``except Exception`` in
+    an operation can take it for a failure of its own."""
+
+
+class _FirstStatement:
+    """A ``LedgerTx`` that records an operation's first primitive instead of running it."""
+
+    def __init__(self, tx: PgTx) -> None:
+        self._tx = tx
+        self.kind: str | None = None  # None: the first primitive is one not sent ahead
+        self.statement: Statement | None = None
+        self.arg: Any = None
+
+    def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
+        self.kind, self.arg = "get", columns or COLUMNS
+        self.statement = self._tx.get_statement(row_id, columns)
+        raise _Stop
+
+    def insert(self, row: dict[str, Any]) -> None:
+        self.kind, self.arg = "insert", row
+        self.statement = self._tx.insert_statement(row)
+        raise _Stop
+
+    def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
+        self.kind = "update"
+        self.statement = self._tx.update_statement(row_id, expect, changes)
+        raise _Stop
+
+    def lock_free(self, row_ids: list[str]) -> set[str]:
+        raise _Stop
+
+    def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
+        raise _Stop
+
+    def put_server(self, record: ServerRecord) -> None:
+        raise _Stop
+
+    def delete_server(self, identity: str) -> bool:
+        raise _Stop
+
+
+class _Answered:
+    """A ``LedgerTx`` that answers an operation's first primitive from its pipelined
+    result, and stops the operation if it asks for anything more."""
+
+    def __init__(self, tx: PgTx, first: _FirstStatement, cur: psycopg.Cursor[Any]) -> None:
+        self._tx = tx
+        self._first: _FirstStatement | None = first
+        self._cur = cur
+
+    def _take(self, kind: str) -> _FirstStatement:
+        first, self._first = self._first, None
+        if first is None or first.kind != kind:
+            raise _Stop  # a second statement: this batch runs the ordinary way
+        return first
+
+    def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
+        first = self._take("get")
+        found = self._cur.fetchone()
+        return None if found is None else decode_row(found, first.arg)
+
+    def insert(self, row: dict[str, Any]) -> None:
+        first = self._take("insert")
+        self._tx.inserted(first.arg, self._cur.rowcount)
+
+    def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
+        self._take("update")
+        return self._tx.updated(self._cur.rowcount)
+
+    def lock_free(self, row_ids: list[str]) -> set[str]:
+        raise _Stop
+
+    def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
+        raise _Stop
+
+    def put_server(self, record: ServerRecord) -> None:
+        raise _Stop
+
+    def delete_server(self, identity: str) -> bool:
+        raise _Stop
+
+
+def run_pipelined(
+    conn: psycopg.Connection[Any], tx: PgTx, live: list[tuple[Any, Waiter]], durable: bool
+) -> list[Outcome] | None:
+    """Run and commit the batch in two round trips (see the module docstring), or return
+    None, with nothing written, when it must run the ordinary way."""
+    firsts: list[_FirstStatement] = []
+    for op, _waiter in live:
+        first = _FirstStatement(tx)
+        try:
+            op(first)
+        except _Stop:
+            pass
+        except Exception:
+            return None  # it fails before its first statement: the ordinary way says how
+        if first.statement is None:
+            return None  # no statement, or one this path does not send ahead
+        firsts.append(first)
+    try:
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            if not durable:
+                conn.execute("SET LOCAL synchronous_commit = off")
+            cursors = []
+            for first in firsts:
+                assert first.statement is not None
+                query, params = first.statement
+                cursors.append(conn.cursor().execute(query, params, prepare=True))
+        outcomes: list[Outcome] = []
+        for (op, waiter), first, cur in zip(live, firsts, cursors, strict=True):
+            tx.dirty = False
+            try:
+                result = op(_Answered(tx, first, cur))
+            except _Stop:
+                conn.execute("ROLLBACK")
+                return None
+            except psycopg.Error:
+                raise
+            except Exception as exc:  # its only statement changed nothing: it fails alone
+                if tx.dirty:
+                    conn.execute("ROLLBACK")
+                    return None
+                outcomes.append((waiter, False, exc))
+            else:
+                outcomes.append((waiter, True, result))
+        conn.execute("COMMIT")
+    except BaseException:
+        idle = psycopg.pq.TransactionStatus.IDLE
+        if not (conn.broken or conn.closed) and conn.info.transaction_status != idle:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+        raise
+    return outcomes
