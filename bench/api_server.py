@@ -99,18 +99,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+async def _health(_: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def serve_completions(port: int, complete: Any) -> None:
+    """Serve ``complete`` as ``POST /v1/chat/completions`` (and ``GET /health``) on loopback."""
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", complete)
+    app.router.add_get("/health", _health)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
 def serve_canned(port: int) -> None:
     async def complete(request: web.Request) -> web.Response:
         await request.json()
         return web.json_response(CANNED)
 
-    async def health(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", complete)
-    app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    serve_completions(port, complete)
 
 
 def serve_store_floor(port: int, home: str) -> None:
@@ -135,13 +141,7 @@ def serve_store_floor(port: int, home: str) -> None:
         )
         return web.json_response(CANNED)
 
-    async def health(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", complete)
-    app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    serve_completions(port, complete)
 
 
 def serve_model_call_floor(port: int, upstream_url: str, *, raw: bool) -> None:
@@ -171,13 +171,7 @@ def serve_model_call_floor(port: int, upstream_url: str, *, raw: bool) -> None:
         content = await call(body["messages"])
         return web.json_response({**CANNED, "model": UPSTREAM_MODEL, "x": content})
 
-    async def health(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", complete)
-    app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    serve_completions(port, complete)
 
 
 def serve_upstream(port: int) -> None:
@@ -209,13 +203,7 @@ def serve_upstream(port: int) -> None:
         await response.write_eof()
         return response
 
-    async def health(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", complete)
-    app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    serve_completions(port, complete)
 
 
 def serve_slow_upstream(port: int, first_delay: float, interval: float) -> None:
@@ -236,13 +224,7 @@ def serve_slow_upstream(port: int, first_delay: float, interval: float) -> None:
         await response.write_eof()
         return response
 
-    async def health(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", complete)
-    app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    serve_completions(port, complete)
 
 
 async def first_token_ms(url: str, model: str, requests: int) -> list[float]:

@@ -188,7 +188,23 @@ class _Stop(BaseException):
     an operation can take it for a failure of its own."""
 
 
-class _FirstStatement:
+class _OneStatementOnly:
+    """The primitives a pipelined batch never sends ahead: each stops the operation."""
+
+    def lock_free(self, row_ids: list[str]) -> set[str]:
+        raise _Stop
+
+    def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
+        raise _Stop
+
+    def put_server(self, record: ServerRecord) -> None:
+        raise _Stop
+
+    def delete_server(self, identity: str) -> bool:
+        raise _Stop
+
+
+class _FirstStatement(_OneStatementOnly):
     """A ``LedgerTx`` that records an operation's first primitive instead of running it."""
 
     def __init__(self, tx: PgTx) -> None:
@@ -212,20 +228,8 @@ class _FirstStatement:
         self.statement = self._tx.update_statement(row_id, expect, changes)
         raise _Stop
 
-    def lock_free(self, row_ids: list[str]) -> set[str]:
-        raise _Stop
 
-    def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
-        raise _Stop
-
-    def put_server(self, record: ServerRecord) -> None:
-        raise _Stop
-
-    def delete_server(self, identity: str) -> bool:
-        raise _Stop
-
-
-class _Answered:
+class _Answered(_OneStatementOnly):
     """A ``LedgerTx`` that answers an operation's first primitive from its pipelined
     result, and stops the operation if it asks for anything more."""
 
@@ -252,18 +256,6 @@ class _Answered:
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
         self._take("update")
         return self._tx.updated(self._cur.rowcount)
-
-    def lock_free(self, row_ids: list[str]) -> set[str]:
-        raise _Stop
-
-    def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
-        raise _Stop
-
-    def put_server(self, record: ServerRecord) -> None:
-        raise _Stop
-
-    def delete_server(self, identity: str) -> bool:
-        raise _Stop
 
 
 def run_pipelined(
