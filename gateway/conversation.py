@@ -7,6 +7,7 @@ history the request sends is that session's transcript (less what the server add
 delivery rows and wake-up turns), and gives anything else a session of its own.
 ``build_context`` is the model's context for a turn: the request's system prompt, the stored
 transcript with earlier deliveries in place, this turn's new deliveries, the new message.
+``well_formed`` keeps the model's text storable and sendable (no lone surrogates).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import json
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agent.markers import DELIVERY_MARKER
@@ -182,3 +184,28 @@ def build_context(
         )
     context.append({"role": "user", "content": message_text(user_message)})
     return context
+
+
+@dataclass(frozen=True)
+class _RepairedResult:
+    content: str
+    usage: Any
+
+
+def well_formed(text: str) -> str:
+    """``text`` with any lone UTF-16 surrogate replaced by U+FFFD: storable and sendable."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def well_formed_result(result: Any) -> Any:
+    """An agent's result whose text can be stored and sent (see ``well_formed``): a model
+    may emit a lone surrogate, and the turn is still stored and answered."""
+    content = str(result.content or "")
+    repaired = well_formed(content)
+    if repaired == content:
+        return result
+    return _RepairedResult(repaired, getattr(result, "usage", None))

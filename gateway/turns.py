@@ -49,6 +49,7 @@ from gateway.conversation import (
     fork_of,
     message_text,
     pick_session,
+    well_formed_result,
 )
 from gateway.session import (
     SessionGone,
@@ -113,30 +114,6 @@ def agent_turn_runner(agent: Agent | Callable[[], Agent]) -> TurnRunner:
         return await current.run(messages, ctx, on_delta=on_delta)
 
     return run
-
-
-@dataclass(frozen=True)
-class _RepairedResult:
-    content: str
-    usage: Any
-
-
-def well_formed(text: str) -> str:
-    """``text`` with any lone UTF-16 surrogate replaced by U+FFFD: storable and sendable."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
-
-
-def _well_formed_result(result: Any) -> Any:
-    # A model may emit a lone surrogate; the turn is still stored and answered.
-    content = str(result.content or "")
-    repaired = well_formed(content)
-    if repaired == content:
-        return result
-    return _RepairedResult(repaired, getattr(result, "usage", None))
 
 
 _ENVELOPE = frozenset({"fingerprint", "answer"})
@@ -516,7 +493,7 @@ class TurnService:
 
                 ctx.on_progress = on_progress
 
-            result = _well_formed_result(await self._run_agent(context, ctx, on_delta))
+            result = well_formed_result(await self._run_agent(context, ctx, on_delta))
             response = self._render(result)
             await self._store(request, begun, user_message, result, response, owner)
             return response
