@@ -2,7 +2,7 @@
 
 ``PgTx`` runs each primitive as one prepared statement and waits for its result: a batch of
 n operations costs n + 2 round trips (BEGIN, one statement each, COMMIT). Nearly every
-ledger operation is one compare-and-set whose row count is its answer, so
+ledger write is one compare-and-set (or insert) whose row count is its answer, so
 ``run_pipelined`` runs a batch in two instead: it asks each operation for its first
 statement without running anything (the operation stops at its first primitive), sends
 BEGIN and all of those statements in one pipeline, hands each operation its statement's
@@ -76,7 +76,7 @@ class PgTx:
     # Each primitive below is a statement builder and a reading of its result, so that a
     # pipelined batch builds and reads exactly what a primitive run on its own would.
 
-    def get_statement(self, row_id: str, columns: tuple[str, ...] | None) -> Statement:
+    def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
         cols = columns or COLUMNS
         query = self._select_sql.get(cols)
         if query is None:
@@ -84,11 +84,8 @@ class PgTx:
             query = self._select_sql[cols] = (
                 f"SELECT {', '.join(cols)} FROM deliveries WHERE id = %s"
             )
-        return query, [row_id]
-
-    def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
-        found = self._exec(*self.get_statement(row_id, columns)).fetchone()
-        return None if found is None else decode_row(found, columns or COLUMNS)
+        found = self._exec(query, (row_id,)).fetchone()
+        return None if found is None else decode_row(found, cols)
 
     def insert_statement(self, row: dict[str, Any]) -> Statement:
         cols = tuple(row)
@@ -189,7 +186,12 @@ class _Stop(BaseException):
 
 
 class _OneStatementOnly:
-    """The primitives a pipelined batch never sends ahead: each stops the operation."""
+    """The primitives a pipelined batch never sends ahead: each stops the operation. An
+    operation that starts by reading the row (a release, a drop) goes on to write it, so
+    sending its read ahead would only cost a rollback."""
+
+    def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
+        raise _Stop
 
     def lock_free(self, row_ids: list[str]) -> set[str]:
         raise _Stop
@@ -212,11 +214,6 @@ class _FirstStatement(_OneStatementOnly):
         self.kind: str | None = None  # None: the first primitive is one not sent ahead
         self.statement: Statement | None = None
         self.arg: Any = None
-
-    def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
-        self.kind, self.arg = "get", columns or COLUMNS
-        self.statement = self._tx.get_statement(row_id, columns)
-        raise _Stop
 
     def insert(self, row: dict[str, Any]) -> None:
         self.kind, self.arg = "insert", row
@@ -243,11 +240,6 @@ class _Answered(_OneStatementOnly):
         if first is None or first.kind != kind:
             raise _Stop  # a second statement: this batch runs the ordinary way
         return first
-
-    def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
-        first = self._take("get")
-        found = self._cur.fetchone()
-        return None if found is None else decode_row(found, first.arg)
 
     def insert(self, row: dict[str, Any]) -> None:
         first = self._take("insert")
