@@ -9,6 +9,7 @@ A backend runs each operation atomically and may commit several operations toget
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -179,6 +180,21 @@ class Increment:
     """In ``changes``: add ``by`` to the column, in the same statement."""
 
     by: int = 1
+
+
+def dump_json(value: Any) -> str:
+    """The stored text of a JSON column (``request``, ``event``), in every SQL backend."""
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def decode_row(row: Iterable[Any], columns: tuple[str, ...] = COLUMNS) -> dict[str, Any]:
+    """A stored row (its ``columns``, in order) as the dict ledger rules read."""
+    out = dict(zip(columns, row, strict=True))
+    for col in JSON_COLUMNS:
+        text = out.get(col)
+        if text is not None:
+            out[col] = json.loads(text)
+    return out
 
 
 def check_columns(changes: Iterable[str]) -> None:

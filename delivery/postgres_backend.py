@@ -33,13 +33,13 @@ import psycopg
 import psycopg_pool
 
 from delivery import postgres_sql as sql
-from delivery.backend import LedgerTx, query_filter
+from delivery.backend import LedgerTx, decode_row, query_filter
 from delivery.errors import LedgerUnavailable
 from delivery.peers import ServerRecord
 from delivery.postgres_conn import PostgresUnavailable, check_url, connect, explain, redact
 from delivery.postgres_migrations import migrate
 from delivery.postgres_notifier import PostgresNotifier, channel_for
-from delivery.postgres_tx import PgTx, decode_row, run_pipelined
+from delivery.postgres_tx import PgTx, rollback_quietly, run_each, run_pipelined
 from delivery.sqlite_writer import Outcome, Waiter, _LoopWaiter, _resolve, _still_wanted
 from delivery.write_future import WriteFuture
 
@@ -282,31 +282,19 @@ class PostgresBackend:
         *,
         isolate: bool,
     ) -> list[Outcome] | None:
-        outcomes: list[Outcome] = []
         # One round trip opens the transaction (and relaxes the commit when it may).
         conn.execute(_BEGIN_RELAXED if not durable else "BEGIN")
         try:
-            for op, waiter in live:
-                tx.dirty = False
-                if isolate:
-                    outcomes.append(_run_in_savepoint(conn, tx, op, waiter))
-                    continue
-                try:
-                    result = op(tx)
-                except psycopg.Error:
-                    raise
-                except Exception as exc:  # the operation fails alone
-                    if tx.dirty:
-                        conn.execute("ROLLBACK")
-                        return None
-                    outcomes.append((waiter, False, exc))
-                else:
-                    outcomes.append((waiter, True, result))
-            conn.execute("COMMIT")
+            if isolate:
+                outcomes: list[Outcome] | None = [
+                    _run_in_savepoint(conn, tx, op, waiter) for op, waiter in live
+                ]
+            else:
+                outcomes = run_each(conn, tx, live)
+            if outcomes is not None:
+                conn.execute("COMMIT")
         except BaseException:
-            if not (conn.broken or conn.closed):
-                with contextlib.suppress(psycopg.Error):
-                    conn.execute("ROLLBACK")
+            rollback_quietly(conn)
             raise
         return outcomes
 

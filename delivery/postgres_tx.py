@@ -16,7 +16,6 @@ way: ``None`` tells the caller so.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,6 +30,8 @@ from delivery.backend import (
     Increment,
     IsSet,
     check_columns,
+    decode_row,
+    dump_json,
 )
 from delivery.errors import DuplicateDeliveryError
 from delivery.peers import ServerRecord
@@ -44,19 +45,6 @@ _PREDICATES: dict[type, str] = {
 }
 
 Statement = tuple[str, list[Any]]
-
-
-def dump_json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), default=str)
-
-
-def decode_row(row: tuple[Any, ...] | None, columns: tuple[str, ...] = COLUMNS) -> dict[str, Any]:
-    assert row is not None
-    out = dict(zip(columns, row, strict=True))
-    for col in JSON_COLUMNS.intersection(out):
-        if out[col] is not None:
-            out[col] = json.loads(out[col])
-    return out
 
 
 class PgTx:
@@ -277,28 +265,51 @@ def run_pipelined(
                 assert first.statement is not None
                 query, params = first.statement
                 cursors.append(conn.cursor().execute(query, params, prepare=True))
-        outcomes: list[Outcome] = []
-        for (op, waiter), first, cur in zip(live, firsts, cursors, strict=True):
-            tx.dirty = False
-            try:
-                result = op(_Answered(tx, first, cur))
-            except _Stop:
-                conn.execute("ROLLBACK")
-                return None
-            except psycopg.Error:
-                raise
-            except Exception as exc:  # its only statement changed nothing: it fails alone
-                if tx.dirty:
-                    conn.execute("ROLLBACK")
-                    return None
-                outcomes.append((waiter, False, exc))
-            else:
-                outcomes.append((waiter, True, result))
-        conn.execute("COMMIT")
+        answered = [_Answered(tx, f, cur) for f, cur in zip(firsts, cursors, strict=True)]
+        try:
+            outcomes = run_each(conn, tx, live, views=answered)
+        except _Stop:
+            conn.execute("ROLLBACK")
+            return None
+        if outcomes is not None:
+            conn.execute("COMMIT")
     except BaseException:
-        idle = psycopg.pq.TransactionStatus.IDLE
-        if not (conn.broken or conn.closed) and conn.info.transaction_status != idle:
-            with contextlib.suppress(psycopg.Error):
-                conn.execute("ROLLBACK")
+        rollback_quietly(conn)
         raise
     return outcomes
+
+
+def run_each(
+    conn: psycopg.Connection[Any],
+    tx: PgTx,
+    live: list[tuple[Any, Waiter]],
+    *,
+    views: list[Any] | None = None,
+) -> list[Outcome] | None:
+    """Run each operation in order, in the open transaction, on ``tx`` (or on its view in
+    ``views``). An operation that raises without having written fails alone; one that
+    raised after writing rolls the transaction back, and None says to run them again, one
+    savepoint each."""
+    outcomes: list[Outcome] = []
+    for i, (op, waiter) in enumerate(live):
+        tx.dirty = False
+        try:
+            result = op(tx if views is None else views[i])
+        except psycopg.Error:
+            raise
+        except Exception as exc:
+            if tx.dirty:
+                conn.execute("ROLLBACK")
+                return None
+            outcomes.append((waiter, False, exc))
+        else:
+            outcomes.append((waiter, True, result))
+    return outcomes
+
+
+def rollback_quietly(conn: psycopg.Connection[Any]) -> None:
+    """End whatever transaction a failure left open, when the connection still can."""
+    idle = psycopg.pq.TransactionStatus.IDLE
+    if not (conn.broken or conn.closed) and conn.info.transaction_status != idle:
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("ROLLBACK")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import sqlite3
@@ -33,6 +32,8 @@ from delivery.backend import (
     IsSet,
     LedgerTx,
     check_columns,
+    decode_row,
+    dump_json,
     query_filter,
 )
 from delivery.errors import (
@@ -121,24 +122,14 @@ _SELECT = f"SELECT {', '.join(COLUMNS)} FROM deliveries"
 
 
 def _decode(row: sqlite3.Row | tuple | None) -> dict[str, Any] | None:
-    if row is None:
-        return None
-    out = dict(zip(COLUMNS, row, strict=True))
-    for col in JSON_COLUMNS:
-        if out[col] is not None:
-            out[col] = json.loads(out[col])
-    return out
-
-
-def _dump(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), default=str)
+    return None if row is None else decode_row(row)
 
 
 def _params(values: dict[str, Any], cols: tuple[str, ...]) -> list[Any]:
     params = [values[c] for c in cols]
     for i, col in enumerate(cols):
         if col in JSON_COLUMNS and params[i] is not None:
-            params[i] = _dump(params[i])
+            params[i] = dump_json(params[i])
     return params
 
 
@@ -195,13 +186,7 @@ class _SqliteTx:
                 f"SELECT {', '.join(columns)} FROM deliveries WHERE id = ?"
             )
         found = self._conn.execute(sql, (row_id,)).fetchone()
-        if found is None:
-            return None
-        out = dict(zip(columns, found, strict=True))
-        for col in JSON_COLUMNS.intersection(columns):
-            if out[col] is not None:
-                out[col] = json.loads(out[col])
-        return out
+        return None if found is None else decode_row(found, columns)
 
     def insert(self, row: dict[str, Any]) -> None:
         cols = tuple(row)
@@ -227,7 +212,7 @@ class _SqliteTx:
             plan = self._update_plans[key] = _plan_update(changes, expect)
         sql, json_at, increment_at, bind_checks = plan
         for i in json_at:
-            values[i] = _dump(values[i])
+            values[i] = dump_json(values[i])
         for i in increment_at:
             values[i] = values[i].by
         values.append(row_id)
