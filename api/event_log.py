@@ -1,7 +1,7 @@
 """The web UI's durable event log: every event of the browser's stream, with an increasing id.
 
 The log is one SQLite file (``webui.db`` under ``REVEILLE_HOME``; WAL, 0600, opened through
-``delivery.sqlite_files``). Writes run on one worker thread of their own, in order, never on
+``storage.sqlite.files``). Writes run on one worker thread of their own, in order, never on
 the event loop; an appended event is then published to the live subscribers (one bounded
 queue per open stream). ``since(id)`` replays from storage; an id older than what is kept
 (the log is pruned to its newest ``keep`` events) or newer than any written answers None,
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from delivery.sqlite_files import FileErrors, SqliteFile, connect, create_private, stamp_schema
+from storage.sqlite.files import FileErrors, SqliteFile, connect, create_private, stamp_schema
 
 __all__ = ["EventLog", "EventLogError", "LoggedEvent", "Subscription", "ToolStep"]
 

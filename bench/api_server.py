@@ -49,6 +49,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+import storage
+
 ROOT = Path(__file__).resolve().parent.parent
 CANNED = {
     "id": "chatcmpl-canned",
@@ -128,7 +130,7 @@ def serve_store_floor(port: int, home: str) -> None:
     from gateway.conversation import derive_session_id
     from gateway.session import SessionSource, SessionStore
 
-    store = SessionStore(Path(home) / "sessions.db")
+    store = SessionStore(storage.sqlite_files(sessions=Path(home) / "sessions.db").open_sessions())
 
     async def complete(request: web.Request) -> web.Response:
         body = await request.json()

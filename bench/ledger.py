@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from delivery.sqlite_backend import _SCHEMA as LEDGER_SCHEMA
+from storage.sqlite.ledger import _SCHEMA as LEDGER_SCHEMA
 from tools import async_delegation as ad
 from tools.process_registry import CompletionQueue
 

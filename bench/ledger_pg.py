@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
 
+import storage
 from delivery.ledger import Ledger
-from delivery.postgres_backend import PostgresBackend, prepare_database
 
 EVENT = {"type": "async_delegation", "status": "completed", "summary": "x" * 200}
 
@@ -93,7 +93,11 @@ def _worker(args: tuple[str, str, int, int, float, float, Any]) -> dict[str, Any
     done = [0]
     lock = threading.Lock()
     writers = int(os.environ.get("BENCH_WRITERS", "1"))
-    ledger = None if mode == "baseline" else Ledger(PostgresBackend(url, writers=writers))
+    ledger = (
+        None
+        if mode == "baseline"
+        else Ledger(storage.open_storage(url).open_ledger(writers=writers))
+    )
     conns = (
         [psycopg.connect(url, autocommit=True) for _ in range(threads)]
         if mode == "baseline"
@@ -153,7 +157,7 @@ def _run(mode: str, base_url: str, procs: int, threads: int, seconds: float, rat
         conn.execute(f"CREATE SCHEMA {schema}")
     url = _schema_url(base_url, schema)
     try:
-        prepare_database(url)
+        storage.open_storage(url)  # migrates the fresh schema
         return _run_on(mode, url, procs, threads, seconds, rate)
     finally:
         with psycopg.connect(base_url, autocommit=True) as conn:

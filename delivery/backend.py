@@ -1,4 +1,5 @@
-"""The storage interface the ledger logic runs on; SQLite, memory (and PostgreSQL) implement it.
+"""The storage interface the ledger logic runs on; ``storage.sqlite``, ``storage.postgres`` and
+``storage.memory`` implement it.
 
 The ledger's rules (claims, budgets, restore) live once, in ``delivery.ledger``, written
 against ``LedgerTx``: a handful of primitives that any transactional store can provide.
@@ -9,7 +10,6 @@ A backend runs each operation atomically and may commit several operations toget
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -182,47 +182,7 @@ class Increment:
     by: int = 1
 
 
-def dump_json(value: Any) -> str:
-    """The stored text of a JSON column (``request``, ``event``), in every SQL backend."""
-    return json.dumps(value, separators=(",", ":"), default=str)
-
-
-def decode_row(row: Iterable[Any], columns: tuple[str, ...] = COLUMNS) -> dict[str, Any]:
-    """A stored row (its ``columns``, in order) as the dict ledger rules read."""
-    out = dict(zip(columns, row, strict=True))
-    for col in JSON_COLUMNS:
-        text = out.get(col)
-        if text is not None:
-            out[col] = json.loads(text)
-    return out
-
-
 def check_columns(changes: Iterable[str]) -> None:
     unknown = set(changes) - set(COLUMNS)
     if unknown:
         raise ValueError(f"unknown ledger column(s): {', '.join(sorted(unknown))}")
-
-
-def query_filter(
-    mark: str,
-    *,
-    state: str | None,
-    delivery_state: str | None,
-    session: str | None,
-    kind: str | None,
-) -> tuple[str, list[Any]]:
-    """The ``WHERE`` clause (empty when nothing filters) and its parameters of a
-    ``LedgerBackend.query`` in SQL whose placeholder is ``mark`` (``?`` or ``%s``); a session
-    matches its routing key and either origin id."""
-    where: list[str] = []
-    params: list[Any] = []
-    for col, value in (("state", state), ("delivery_state", delivery_state), ("kind", kind)):
-        if value is not None:
-            where.append(f"{col} = {mark}")
-            params.append(value)
-    if session is not None:
-        where.append(
-            f"(session_key = {mark} OR origin_session_id = {mark} OR origin_ui_session_id = {mark})"
-        )
-        params.extend([session] * 3)
-    return (" WHERE " + " AND ".join(where) if where else ""), params

@@ -1,7 +1,7 @@
 """The storage seam of the session store: what a transcript backend provides, in typed records.
 
 ``gateway.session.SessionStore`` is the face callers use; it speaks this protocol to a
-backend (``delivery.sqlite_sessions`` by default, ``delivery.memory_sessions`` for tests,
+backend (``storage.sqlite.sessions`` by default, ``storage.memory.sessions`` for tests,
 PostgreSQL later). The rules every backend keeps, proved by ``tests/sessions/``:
 
 * Each operation is atomic; a write that raises has written nothing.

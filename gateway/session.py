@@ -6,8 +6,8 @@
 * ``SessionStore`` is the face callers use for sessions and their transcripts, including
   the delivery rows that background completions leave in API-server sessions and that the
   next client turn folds into its context exactly once. It validates and encodes, then
-  hands typed records to a ``delivery.session_backend.SessionBackend``: SQLite by default
-  (``SessionStore(path)``), any other backend through ``SessionStore.over(backend)``.
+  hands typed records to the ``delivery.session_backend.SessionBackend`` it is given
+  (``SessionStore(backend)``; the composition root opens one through ``storage``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from delivery.memory_sessions import MemorySessions
 from delivery.session_backend import (
     NewMessage,
     NewSession,
@@ -33,18 +32,15 @@ from delivery.session_backend import (
     TurnStart,
     encode_json,
 )
-from delivery.sqlite_sessions import SqliteSessions
 from gateway.config import Platform
 
 __all__ = [
-    "MemorySessions",
     "SessionGone",
     "SessionSource",
     "SessionState",
     "SessionStore",
     "SessionStoreError",
     "SessionTaken",
-    "SqliteSessions",
     "TurnStart",
     "build_session_key",
     "is_valid_session_id",
@@ -247,11 +243,10 @@ def _dicts(turn: TurnStart) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
 
 
 class SessionStore:
-    """Sessions and transcript messages over a ``SessionBackend`` (SQLite by default).
+    """Sessions and transcript messages over a ``SessionBackend``.
 
-    ``SessionStore(path)`` opens (or creates) the SQLite file at ``path``;
-    ``SessionStore.over(backend)`` wraps any backend, e.g. ``MemorySessions()`` in tests.
-    Methods are synchronous; the hot paths also have ``a``-prefixed coroutine twins that
+    ``SessionStore(backend)`` is the face over an opened backend (closing the store closes
+    it). Methods are synchronous; the hot paths also have ``a``-prefixed coroutine twins that
     never block the event loop (the writer is awaited, reads run in a thread). Other async
     callers use ``asyncio.to_thread``.
 
@@ -262,21 +257,8 @@ class SessionStore:
     ``create_with`` are explicit creations made before a turn runs: they revive the id.
     """
 
-    def __init__(
-        self, path: str | Path | None = None, *, backend: SessionBackend | None = None
-    ) -> None:
-        if (path is None) == (backend is None):
-            raise TypeError("SessionStore needs exactly one of path or backend=")
-        self._path = Path(path) if path is not None else None
-        if backend is None:
-            assert path is not None  # checked above; narrows the type
-            backend = SqliteSessions(path)
-        self._backend: SessionBackend = backend
-
-    @classmethod
-    def over(cls, backend: SessionBackend) -> SessionStore:
-        """The face over an already opened backend (closing the store closes it)."""
-        return cls(backend=backend)
+    def __init__(self, backend: SessionBackend) -> None:
+        self._backend = backend
 
     @property
     def backend(self) -> SessionBackend:
@@ -284,9 +266,7 @@ class SessionStore:
 
     @property
     def path(self) -> Path:
-        """The SQLite file; only stores opened by path (or over a file backend) have one."""
-        if self._path is not None:
-            return self._path
+        """The file of a backend that keeps one (SQLite)."""
         path = getattr(self._backend, "path", None)
         if not isinstance(path, Path):
             raise AttributeError(f"the session store {self._backend.url} has no file")

@@ -8,19 +8,18 @@ and the agent with its toolset -> the API server -> the web UI (its own turn ser
 started with it) and Telegram -> the gateway runner, and hands each piece down. Nothing below
 ``reveille/`` reads settings: the floors under this one receive what they need from here.
 
-``open_storage(url)`` (and the ``StorageLocation`` it returns) is the only code that names a
-concrete storage backend.
+Storage is opened through ``storage.open_storage(url)``, the only code that names a storage
+dialect.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
+import storage
 import tools.async_delegation as ad
 from agent import Agent, build_provider
 from agent.providers.base import ModelProvider
@@ -29,9 +28,7 @@ from api.event_log import EventLog
 from api.server import WebUIServer
 from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
-from delivery.backend import LedgerBackend
-from delivery.sqlite_backend import SqliteBackend
-from delivery.sqlite_files import ensure_private_dir
+from delivery.state_dir import ensure_private_dir
 from gateway.config import Platform
 from gateway.delivery_targets import PushTarget
 from gateway.platforms.api_server import ApiServerAdapter
@@ -43,68 +40,22 @@ from gateway.turns import TurnService, agent_turn_runner
 from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
 from reveille.telegram_app import telegram_surfaces
+from storage import Storage
+from storage.opener import StorageUrlError
 from tools.completion_queue import CompletionQueue
 from tools.process_registry import process_registry
 from tools.toolset import build_default_registry
 
-__all__ = ["StorageLocation", "build_runner", "build_webui", "check_webui_bind", "open_storage"]
+__all__ = ["build_runner", "build_webui", "check_webui_bind", "open_storage"]
 
 
-@dataclass(frozen=True)
-class StorageLocation:
-    """Where the ledger and the session store live, parsed from a storage url: two SQLite
-    files in a state directory, or one PostgreSQL database (``database_url``)."""
-
-    ledger_path: Path | None
-    sessions_path: Path | None
-    database_url: str | None = None
-
-    def open_ledger_backend(self) -> LedgerBackend:
-        if self.database_url is not None:
-            from delivery.postgres_backend import PostgresBackend
-
-            return PostgresBackend(self.database_url)
-        assert self.ledger_path is not None
-        return SqliteBackend(self.ledger_path)
-
-    def open_session_store(self) -> SessionStore:
-        if self.database_url is not None:
-            from delivery.postgres_sessions import PostgresSessions
-
-            return SessionStore.over(PostgresSessions(self.database_url, migrate=False))
-        assert self.sessions_path is not None
-        return SessionStore(self.sessions_path)
-
-
-def open_storage(url: str) -> StorageLocation:
-    """Resolve a storage url: ``sqlite:///abs/dir`` (the state directory) or
-    ``postgresql://user:password@host/dbname``.
-
-    An unknown scheme is refused with a message that names the accepted ones, so that a
-    typo in ``[storage] url`` stops the server at start instead of writing somewhere else.
-    A PostgreSQL url is checked at once: the server is reached and the schema migrated (or
-    refused when newer than this code), so a bad url, a refused connection or wrong
-    credentials stop the start with one clear message (``LedgerUnavailable``).
-    """
-    parts = urlsplit(url)
-    if parts.scheme in ("postgresql", "postgres"):
-        from delivery.postgres_backend import prepare_database
-
-        prepare_database(url)
-        return StorageLocation(None, None, url)
-    if parts.scheme != "sqlite":
-        raise SettingsError(
-            f"storage url {url!r}: unknown scheme; expected sqlite:///<directory> "
-            "or postgresql://user:password@host/dbname"
-        )
-    if parts.netloc:
-        raise SettingsError(f"storage url {url!r}: a sqlite url has no host (sqlite:///path)")
-    home = Path(unquote(parts.path)).expanduser()
+def open_storage(url: str) -> Storage:
+    """The storage a url names, prepared (``storage.open_storage``); a url it cannot open
+    stops the start as a settings error naming it."""
     try:
-        ensure_private_dir(home)
-    except OSError as exc:
-        raise SettingsError(f"state directory {home}: {exc}") from None
-    return StorageLocation(home / "ledger.db", home / "sessions.db")
+        return storage.open_storage(url)
+    except StorageUrlError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def storage_url(settings: Settings) -> str:
@@ -121,7 +72,7 @@ def build_runner(
 ) -> GatewayRunner:
     """A gateway runner wired from ``settings``; ``provider`` overrides the configured one
     (tests, benchmarks) and is then left open when the runner stops."""
-    storage = open_storage(storage_url(settings))
+    location = open_storage(storage_url(settings))
     owns_provider = provider is None
     model = provider or build_provider(
         kind=settings.provider,
@@ -138,7 +89,7 @@ def build_runner(
 
     def open_runtime(queue: CompletionQueue) -> Any:
         runtime = ad.configure_runtime(
-            backend=storage.open_ledger_backend(),
+            backend=location.open_ledger(),
             policy=settings.delivery_policy,
             completion_queue=queue,
             max_queued=settings.max_queued_delegations,
@@ -191,7 +142,7 @@ def build_runner(
     if settings.webui_port:
         check_webui_bind(settings)
     parts = RunnerParts(
-        open_store=storage.open_session_store,
+        open_store=lambda: SessionStore(location.open_sessions()),
         open_runtime=open_runtime,
         provider=model,
         build_adapter=build_adapter,

@@ -33,32 +33,26 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     from delivery.errors import LedgerError
-    from delivery.postgres_conn import connect, redact
-    from delivery.postgres_migrations import migrate, status
+    from storage.opener import migrate_database
 
     try:
-        conn = connect(url)
+        report = migrate_database(url, apply=args.action == "migrate")
     except LedgerError as exc:
         print(f"reveille db: {exc}", file=sys.stderr)
         return 1
-    try:
-        if args.action == "migrate":
-            applied = migrate(conn)
-            if applied:
-                print(f"applied migration(s) {', '.join(map(str, applied))} to {redact(url)}")
-            else:
-                print(f"{redact(url)} is up to date")
-        st = status(conn)
-    except LedgerError as exc:
-        print(f"reveille db: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        conn.close()
-    print(f"database: {redact(url)}")
-    print(f"schema version: {st['current']} (this Reveille knows up to {st['latest']})")
-    if st["too_new"]:
+    if args.action == "migrate":
+        if report.applied:
+            print(
+                f"applied migration(s) {', '.join(map(str, report.applied))} "
+                f"to {report.redacted_url}"
+            )
+        else:
+            print(f"{report.redacted_url} is up to date")
+    print(f"database: {report.redacted_url}")
+    print(f"schema version: {report.current} (this Reveille knows up to {report.latest})")
+    if report.too_new:
         print("the schema is NEWER than this Reveille: upgrade Reveille before serving")
         return 1
-    for version, description in st["pending"]:
+    for version, description in report.pending:
         print(f"pending: {version} {description}  (run `reveille db migrate`)")
     return 0

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import storage
 from delivery.errors import LedgerError, NotALedgerError, UnknownDeliveryError
 from delivery.ledger import Ledger
-from delivery.sqlite_backend import SqliteBackend
 from delivery.states import DeliveryState, State
 from reveille.settings import load_settings
 
@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"no ledger at {settings.ledger_path} yet (REVEILLE_HOME={settings.home})")
         return 0 if args.action == "list" else 1
     try:
-        ledger = Ledger(SqliteBackend(settings.ledger_path), settings.delivery_policy)
+        backend = storage.sqlite_files(ledger=settings.ledger_path).open_ledger()
+        ledger = Ledger(backend, settings.delivery_policy)
     except (LedgerError, OSError) as exc:
         print(explain(exc, settings.ledger_path), file=sys.stderr)
         return 1
@@ -149,11 +150,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_postgres(args: argparse.Namespace, url: str, policy: Any) -> int:
-    from delivery.postgres_backend import PostgresBackend
-
     try:
         # An operator's tool never migrates: a schema it does not know is refused.
-        backend = PostgresBackend(url, writers=1, pool_size=1, migrate=False)
+        backend = storage.open_storage(url, migrate=False).open_ledger(writers=1, pool_size=1)
     except LedgerError as exc:
         print(f"reveille deliveries: {exc}", file=sys.stderr)
         return 1

@@ -42,7 +42,7 @@ from delivery.events import PROCESS_COMPLETION
 from delivery.identity import ProcessIdentity, current_identity, process_start_ticks
 from delivery.ids import new_id
 from delivery.ledger import Ledger
-from delivery.sqlite_files import ensure_private_dir
+from delivery.state_dir import ensure_private_dir
 from delivery.states import State
 from tools.completion_queue import CompletionEvent, CompletionQueue, shared_completion_queue
 from tools.delegation_runtime import DelegationRuntime, default_state_dir, get_runtime

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,6 @@ from delivery.errors import LedgerError, LedgerUnavailable
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
 from delivery.reoffer import ReofferScheduler
-from delivery.sqlite_backend import SqliteBackend
 from delivery.states import State
 from delivery.write_future import WriteFuture
 from tools.completion_queue import CompletionEvent, EventQueue, shared_completion_queue
@@ -395,9 +395,22 @@ def open_runtime(
     if completion_queue is None:
         completion_queue = shared_completion_queue
     ledger = Ledger(
-        backend if backend is not None else SqliteBackend(str(path)), policy, clock=clock
+        backend if backend is not None else open_ledger_file(str(path)), policy, clock=clock
     )
     return DelegationRuntime(ledger, completion_queue, max_queued=max_queued)
+
+
+def open_ledger_file(path: str) -> LedgerBackend:
+    """The ledger in the file at ``path``, opened by the storage opener that the
+    ``reveille.storage`` entry point names: this floor never names a storage dialect."""
+    found = entry_points(group="reveille.storage", name="ledger_file")
+    if not found:
+        raise RuntimeError(
+            "no ledger storage is installed (entry point reveille.storage:ledger_file); "
+            "install reveille, or configure the runtime with an opened backend="
+        )
+    opener: Callable[[str], LedgerBackend] = next(iter(found)).load()
+    return opener(path)
 
 
 def default_state_dir() -> Path:

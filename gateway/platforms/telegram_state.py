@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from delivery import sqlite_files
+from storage.sqlite import files as sqlite_files
 
 __all__ = ["TelegramState", "TelegramStateError"]
 

@@ -19,6 +19,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tests.stores import pg_ledger, sqlite_ledger
+
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "serve-test-key"
 LISTEN = re.compile(r"Reveille is listening on http://127\.0\.0\.1:(\d+)/v1")
@@ -146,15 +148,12 @@ def ledger_rows(home: Path | str) -> list[dict]:
     through a ledger of this test process."""
     from delivery.backend import LedgerBackend
     from delivery.ledger import Ledger
-    from delivery.sqlite_backend import SqliteBackend
 
     backend: LedgerBackend
     if isinstance(home, str) and home.startswith("postgresql://"):
-        from delivery.postgres_backend import PostgresBackend
-
-        backend = PostgresBackend(home, migrate=False)
+        backend = pg_ledger(home, migrate=False)
     else:
-        backend = SqliteBackend(Path(home) / "ledger.db")
+        backend = sqlite_ledger(Path(home) / "ledger.db")
     try:
         return Ledger(backend).query(limit=100)
     finally:

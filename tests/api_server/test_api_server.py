@@ -12,8 +12,8 @@ import pytest
 from agent.markers import DELIVERY_MARKER, WAKE_DATA_MARKER
 from agent.providers.base import ProviderError
 from gateway.platforms.api_server import ApiServerAdapter, derive_session_id
-from gateway.session import SessionStore
 from gateway.wake import persist_delegation_delivery
+from tests.stores import session_file_store
 
 from ._support import KEY, client_for, poll, running_adapter
 
@@ -383,7 +383,7 @@ async def test_provider_error_is_502(store) -> None:
 
 
 async def test_an_unavailable_store_is_a_retryable_503(tmp_path) -> None:
-    store = SessionStore(tmp_path / "sessions.db")
+    store = session_file_store(tmp_path / "sessions.db")
     async with running_adapter(store) as (adapter, _provider, runner):
         store.close()  # the store is gone (closed, locked past its timeout, removed)
         client = client_for(adapter.port).with_options(max_retries=0)

@@ -11,9 +11,10 @@ from agent.markers import DELIVERY_MARKER
 from agent.providers.demo import DemoModel
 from gateway.conversation import derive_session_id
 from gateway.platforms.api_server import ApiServerAdapter, agent_turn_runner
-from gateway.session import SessionGone, SessionStore
+from gateway.session import SessionGone
 from gateway.wake import persist_delegation_delivery
 from tests.api_server._support import client_for, demo_agent, running_adapter
+from tests.stores import session_file_store
 from tools.async_delegation import get_runtime
 
 HEADER = "X-Hermes-Session-Id"
@@ -182,7 +183,7 @@ async def test_two_servers_never_merge_alike_first_turns(store, tmp_path, stream
     """Two servers on one store cannot see each other's first turns while they run: the
     store refuses the second creation of the id, so the later turn is refused whole (409,
     nothing stored, no work started) and sent again it gets a session of its own."""
-    with SessionStore(tmp_path / "sessions.db") as other_store:
+    with session_file_store(tmp_path / "sessions.db") as other_store:
         async with (
             running_adapter(store, api_key="", delay=0.3) as (one, _p1, _r1),
             running_adapter(other_store, api_key="", delay=0.3) as (two, _p2, _r2),

@@ -29,6 +29,7 @@ from tests.api_server.serve_support import (
     transcript,
     wait_until,
 )
+from tests.stores import sqlite_ledger
 
 
 def test_cli_registers_serve_and_chat() -> None:
@@ -163,9 +164,8 @@ def test_a_background_command_across_a_sigkill_and_restart_reports_its_real_outc
 
         def settled() -> dict | None:
             from delivery.ledger import Ledger
-            from delivery.sqlite_backend import SqliteBackend
 
-            backend = SqliteBackend(tmp_path / "ledger.db")
+            backend = sqlite_ledger(tmp_path / "ledger.db")
             try:
                 (row,) = Ledger(backend).query(kind="process", limit=10)
             finally:

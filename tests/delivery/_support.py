@@ -12,9 +12,8 @@ from typing import Any
 from delivery.backend import LedgerBackend
 from delivery.identity import ProcessIdentity, current_identity, process_start_ticks
 from delivery.ledger import Ledger
-from delivery.memory_backend import MemoryBackend
-from delivery.sqlite_backend import SqliteBackend
 from tests.pg_support import fresh_url
+from tests.stores import memory_ledger, pg_ledger, sqlite_ledger
 
 T0 = 1_700_000_000.0
 
@@ -23,13 +22,11 @@ BACKENDS = ("sqlite", "memory", "postgres")
 
 def make_backend(kind: str, directory: Path) -> LedgerBackend:
     if kind == "sqlite":
-        return SqliteBackend(directory / "ledger.db")
+        return sqlite_ledger(directory / "ledger.db")
     if kind == "memory":
-        return MemoryBackend()
+        return memory_ledger()
     if kind == "postgres":
-        from delivery.postgres_backend import PostgresBackend
-
-        return PostgresBackend(fresh_url())
+        return pg_ledger(fresh_url())
     raise AssertionError(f"unknown backend {kind!r}")
 
 

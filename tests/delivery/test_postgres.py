@@ -18,6 +18,7 @@ from delivery.ledger import Ledger
 from delivery.reoffer import ReofferScheduler
 from tests.delivery._support import finished_row
 from tests.pg_support import fresh_url, require_pg
+from tests.stores import pg_ledger, pg_sessions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +36,7 @@ def _connect(url: str):
 
 
 def test_concurrent_starts_migrate_once(url: str) -> None:
-    from delivery.postgres_migrations import SCHEMA_VERSION, migrate
+    from storage.postgres.migrations import SCHEMA_VERSION, migrate
 
     applied: list[list[int]] = []
     barrier = threading.Barrier(8)
@@ -61,10 +62,10 @@ def test_concurrent_processes_migrate_once(url: str) -> None:
         f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
-        from delivery.postgres_backend import PostgresBackend
-        from delivery.postgres_sessions import PostgresSessions
-        PostgresBackend(sys.argv[1]).close()
-        PostgresSessions(sys.argv[1]).close()
+        import storage
+        location = storage.open_storage(sys.argv[1])
+        location.open_ledger().close()
+        location.open_sessions().close()
         print("ok")
         """
     )
@@ -80,17 +81,15 @@ def test_concurrent_processes_migrate_once(url: str) -> None:
 
 
 def test_a_newer_schema_is_refused_untouched(url: str) -> None:
-    from delivery.postgres_backend import PostgresBackend
-    from delivery.postgres_migrations import SchemaTooNew
-    from delivery.postgres_sessions import PostgresSessions
+    from storage.postgres.migrations import SchemaTooNew
 
-    PostgresBackend(url).close()
+    pg_ledger(url).close()
     with _connect(url) as conn:
         conn.execute("INSERT INTO reveille_schema VALUES (99, 'from the future', 0)")
     with pytest.raises(SchemaTooNew, match=r"version 99, newer than this Reveille"):
-        PostgresBackend(url)
+        pg_ledger(url)
     with pytest.raises(SchemaTooNew, match="upgrade Reveille"):
-        PostgresSessions(url)
+        pg_sessions(url)
     with _connect(url) as conn:
         assert conn.execute("SELECT count(*) FROM reveille_schema").fetchone() == (3,)
 
@@ -105,12 +104,11 @@ def test_a_newer_schema_is_refused_untouched(url: str) -> None:
     ],
 )
 def test_bad_urls_and_credentials_say_so_in_one_line(url: str, mangle, says: str) -> None:
-    from delivery.postgres_backend import PostgresBackend
-    from delivery.postgres_conn import PostgresUnavailable
+    from storage.postgres.conn import PostgresUnavailable
 
     bad = mangle(url)
     with pytest.raises(PostgresUnavailable, match=says) as info:
-        PostgresBackend(bad)
+        pg_ledger(bad)
     message = str(info.value)
     assert "\n" not in message
     assert "secret" not in message
@@ -145,8 +143,8 @@ _WRITER = textwrap.dedent(
     import sys
     sys.path.insert(0, {root!r})
     from delivery.ledger import Ledger
-    from delivery.postgres_backend import PostgresBackend
-    ledger = Ledger(PostgresBackend(sys.argv[1]))
+    import storage
+    ledger = Ledger(storage.open_storage(sys.argv[1]).open_ledger())
     ledger.redeliver(sys.argv[2], actor="a test's other process")
     print(ledger.notify_others(), flush=True)
     sys.stdin.read()  # stay alive: the wake-up, not this process's exit, must do it
@@ -156,9 +154,8 @@ _WRITER = textwrap.dedent(
 
 
 def test_a_write_in_another_process_wakes_a_sleeping_scheduler(url: str) -> None:
-    from delivery.postgres_backend import PostgresBackend
 
-    backend = PostgresBackend(url)
+    backend = pg_ledger(url)
     ledger = Ledger(backend)
     finished_row(ledger, "d1")
     assert ledger.drop("d1", "the test drops it")
@@ -199,9 +196,7 @@ def test_a_write_in_another_process_wakes_a_sleeping_scheduler(url: str) -> None
 def test_the_listening_connection_reconnects_by_itself(url: str) -> None:
     import select
 
-    from delivery.postgres_backend import PostgresBackend
-
-    backend = PostgresBackend(url)
+    backend = pg_ledger(url)
     sub = backend.notifier.subscribe()
     assert sub is not None
     try:
@@ -231,9 +226,8 @@ def test_the_listening_connection_reconnects_by_itself(url: str) -> None:
 
 
 async def test_submit_async_does_no_io_on_the_loop(url: str) -> None:
-    from delivery.postgres_backend import PostgresBackend
 
-    backend = PostgresBackend(url)
+    backend = pg_ledger(url)
     try:
         ledger = Ledger(backend)
         finished_row(ledger, "a1")
@@ -245,12 +239,10 @@ async def test_submit_async_does_no_io_on_the_loop(url: str) -> None:
 
 
 def test_reads_survive_the_server_dropping_pooled_connections(url: str) -> None:
-    from delivery.postgres_backend import PostgresBackend
-    from delivery.postgres_sessions import PostgresSessions
     from delivery.session_backend import NewSession
 
-    backend = PostgresBackend(url)
-    sessions = PostgresSessions(url)
+    backend = pg_ledger(url)
+    sessions = pg_sessions(url)
     try:
         ledger = Ledger(backend)
         finished_row(ledger, "r1")
@@ -283,9 +275,8 @@ async def test_one_statement_batches_go_in_one_pipeline_and_others_run_plainly(u
     in which one operation needs a second statement is rolled back and run plainly; an
     operation whose only statement fails (a duplicate id) fails alone in its pipeline."""
     from delivery.errors import DuplicateDeliveryError
-    from delivery.postgres_backend import PostgresBackend
 
-    backend = PostgresBackend(url)
+    backend = pg_ledger(url)
     try:
         ledger = Ledger(backend)
         ids = [f"p{i}" for i in range(8)]

@@ -26,14 +26,15 @@ from delivery.errors import (
 from delivery.ledger import Ledger
 from delivery.notifier import poke_dir, wake_dir_for
 from delivery.reoffer import ReofferScheduler
-from delivery.sqlite_backend import SqliteBackend
+from storage.sqlite.ledger import SqliteBackend
 from tests.delivery._support import REMOTE_IDENTITY, FakeClock, delegation_event, finished_row
 from tests.delivery.test_ledger import _count_passes, _Offers
+from tests.stores import sqlite_ledger
 
 
 @pytest.fixture
 def backend(db_path: Path) -> Iterator[SqliteBackend]:
-    b = SqliteBackend(db_path)
+    b = sqlite_ledger(db_path)
     yield b
     b.close()
 
@@ -53,7 +54,7 @@ def _mode(path: Path) -> int:
 class TestSqliteFile:
     def test_missing_directory_is_created_and_files_are_0600(self, tmp_path: Path) -> None:
         path = tmp_path / "a" / "b" / "c" / "ledger.db"
-        backend = SqliteBackend(path)
+        backend = sqlite_ledger(path)
         try:
             Ledger(backend).create("r1", kind="delegation")
             assert path.parent.is_dir() and _mode(path.parent) == 0o700
@@ -91,7 +92,7 @@ class TestSqliteFile:
         path = tmp_path / "ledger.db"
         path.write_bytes(content)
         with pytest.raises(NotALedgerError, match="not a SQLite database") as info:
-            SqliteBackend(path)
+            sqlite_ledger(path)
         assert str(path) in str(info.value)
         assert path.read_bytes() == content
         assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.db"]
@@ -99,7 +100,7 @@ class TestSqliteFile:
     def test_a_directory_is_refused(self, tmp_path: Path) -> None:
         (tmp_path / "ledger.db").mkdir()
         with pytest.raises(NotALedgerError, match="directory"):
-            SqliteBackend(tmp_path / "ledger.db")
+            sqlite_ledger(tmp_path / "ledger.db")
 
     def test_another_apps_sqlite_database_is_refused(self, tmp_path: Path) -> None:
         path = tmp_path / "other.db"
@@ -109,7 +110,7 @@ class TestSqliteFile:
         conn.commit()
         conn.close()
         with pytest.raises(NotALedgerError, match="something else"):
-            SqliteBackend(path)
+            sqlite_ledger(path)
         conn = sqlite3.connect(path)
         try:
             assert conn.execute("SELECT body FROM notes").fetchall() == [("keep me",)]
@@ -126,23 +127,23 @@ class TestSqliteFile:
         conn.close()
         before = path.read_bytes()
         with pytest.raises(NotALedgerError, match="left untouched"):
-            SqliteBackend(path)
+            sqlite_ledger(path)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
         assert path.read_bytes() == before
 
     def test_a_newer_schema_is_refused(self, db_path: Path) -> None:
-        SqliteBackend(db_path).close()
+        sqlite_ledger(db_path).close()
         conn = sqlite3.connect(db_path)
         conn.execute("PRAGMA user_version = 99")
         conn.close()
         with pytest.raises(LedgerError, match="newer"):
-            SqliteBackend(db_path)
+            sqlite_ledger(db_path)
 
     def test_reopening_keeps_rows(self, db_path: Path, clock: FakeClock) -> None:
-        first = SqliteBackend(db_path)
+        first = sqlite_ledger(db_path)
         finished_row(Ledger(first, clock=clock), "r1")
         first.close()
-        second = SqliteBackend(db_path)
+        second = sqlite_ledger(db_path)
         try:
             row = Ledger(second, clock=clock).get("r1")
             assert row is not None and row["event"]["summary"] == "result of r1"
@@ -170,7 +171,7 @@ class TestSqliteFile:
     def test_a_database_locked_past_the_timeout_fails_clearly_and_writes_nothing(
         self, db_path: Path, clock: FakeClock
     ) -> None:
-        backend = SqliteBackend(db_path, busy_timeout_ms=100)
+        backend = sqlite_ledger(db_path, busy_timeout_ms=100)
         ledger = Ledger(backend, clock=clock)
         finished_row(ledger, "r1")
         blocker = sqlite3.connect(db_path, isolation_level=None)
@@ -192,7 +193,7 @@ class TestSqliteFile:
             backend.close()
 
     def test_a_closed_backend_refuses_writes(self, db_path: Path) -> None:
-        backend = SqliteBackend(db_path)
+        backend = sqlite_ledger(db_path)
         backend.close()
         with pytest.raises(LedgerUnavailable, match="closed"):
             Ledger(backend).create("r1", kind="delegation")
@@ -298,8 +299,8 @@ class TestConcurrency:
         self, db_path: Path, clock: FakeClock
     ) -> None:
         n = 16
-        shared = SqliteBackend(db_path)
-        own = [SqliteBackend(db_path) for _ in range(n)]
+        shared = sqlite_ledger(db_path)
+        own = [sqlite_ledger(db_path) for _ in range(n)]
         try:
             ledgers = [Ledger(own[i] if own else shared, clock=clock) for i in range(n)]
             for round_ in range(20):

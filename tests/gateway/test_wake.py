@@ -15,7 +15,7 @@ from aiohttp import web
 
 import gateway.wake as wake_mod
 from gateway.config import Platform
-from gateway.session import SessionGone, SessionSource, SessionStore
+from gateway.session import SessionGone, SessionSource
 from gateway.wake import (
     DELEGATION_DISPLAY_KIND,
     WakeDeliveryError,
@@ -24,6 +24,7 @@ from gateway.wake import (
     format_wake_text,
     persist_delegation_delivery,
 )
+from tests.stores import session_file_store
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SECRET = "sk-very-secret-key-123"
@@ -454,7 +455,7 @@ def test_delegation_counts() -> None:
 
 
 def test_persist_delegation_delivery_once(tmp_path: Path) -> None:
-    with SessionStore(tmp_path / "s.db") as store:
+    with session_file_store(tmp_path / "s.db") as store:
         store.create_session("api-sess")
         evt = _single()
         row = persist_delegation_delivery(store, "api-sess", evt)
@@ -476,7 +477,7 @@ def test_persist_delegation_delivery_once(tmp_path: Path) -> None:
 
 
 def test_persist_batch_metadata_and_custom_text(tmp_path: Path) -> None:
-    with SessionStore(tmp_path / "s.db") as store:
+    with session_file_store(tmp_path / "s.db") as store:
         store.create_session("s")
         evt = {
             "type": "async_delegation",
@@ -494,7 +495,7 @@ def test_persist_batch_metadata_and_custom_text(tmp_path: Path) -> None:
 
 
 def test_persist_rejects_unknown_session_and_bad_events(tmp_path: Path) -> None:
-    with SessionStore(tmp_path / "s.db") as store:
+    with session_file_store(tmp_path / "s.db") as store:
         with pytest.raises(SessionGone):
             persist_delegation_delivery(store, "gone", _single())
         store.create_session("s")
@@ -515,7 +516,7 @@ async def test_persist_takes_hermes_agents_call_shape_too(tmp_path: Path) -> Non
         "status": "completed",
         "summary": "done",
     }
-    with SessionStore(tmp_path / "s.db") as store:
+    with session_file_store(tmp_path / "s.db") as store:
         sid = store.create_session()["id"]
         adapter = SimpleNamespace(store=store)
         for _ in range(2):  # a redelivery appends nothing

@@ -8,6 +8,7 @@ import pytest
 
 from reveille.app import open_storage
 from reveille.settings import SettingsError
+from tests.stores import session_file_store
 
 
 def test_a_sqlite_url_names_the_state_directory(tmp_path: Path) -> None:
@@ -27,8 +28,7 @@ def test_a_url_reveille_cannot_open_is_refused_with_its_reason(url: str) -> None
 def test_a_loose_state_directory_and_its_files_are_tightened(tmp_path) -> None:
     import stat as st
 
-    from delivery.sqlite_files import ensure_private_dir
-    from gateway.session import SessionStore
+    from delivery.state_dir import ensure_private_dir
 
     home = tmp_path / "home"
     home.mkdir(mode=0o755)
@@ -37,7 +37,7 @@ def test_a_loose_state_directory_and_its_files_are_tightened(tmp_path) -> None:
     (home / "sessions.db").chmod(0o644)
     ensure_private_dir(home)
     assert st.S_IMODE(home.stat().st_mode) == 0o700
-    with SessionStore(home / "sessions.db") as store:
+    with session_file_store(home / "sessions.db") as store:
         store.create_session("s1")
         for name in ("sessions.db", "sessions.db-wal", "sessions.db-shm"):
             assert st.S_IMODE((home / name).stat().st_mode) == 0o600, name

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from delivery.ledger import Ledger
-from delivery.sqlite_backend import SqliteBackend
+from tests.stores import sqlite_ledger
 
 
 def reveille(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -28,7 +28,7 @@ def reveille(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     """A state directory with three finished delegations: delivered, pending, pending."""
-    ledger = Ledger(SqliteBackend(tmp_path / "ledger.db"))
+    ledger = Ledger(sqlite_ledger(tmp_path / "ledger.db"))
     for i, goal in enumerate(["write the report", "check the <b>links</b>", "tidy up"]):
         row_id = f"deleg_{i:04d}"
         ledger.create(
@@ -83,7 +83,7 @@ def test_drop_then_redeliver_gives_a_fresh_budget_and_is_recorded(home: Path) ->
     assert dropped.returncode == 0, dropped.stderr
     again = reveille(home, "deliveries", "redeliver", "deleg_0001")
     assert again.returncode == 0, again.stderr
-    ledger = Ledger(SqliteBackend(home / "ledger.db"))
+    ledger = Ledger(sqlite_ledger(home / "ledger.db"))
     row = ledger.get("deleg_0001")
     assert row is not None
     assert (row["delivery_state"], row["delivery_attempts"]) == ("pending", 0)
@@ -95,7 +95,7 @@ def test_drop_then_redeliver_gives_a_fresh_budget_and_is_recorded(home: Path) ->
 
 
 def _snapshot(home: Path) -> list[tuple[dict, list]]:
-    ledger = Ledger(SqliteBackend(home / "ledger.db"))
+    ledger = Ledger(sqlite_ledger(home / "ledger.db"))
     try:
         return [(row, ledger.history(row["id"])) for row in ledger.query(limit=100)]
     finally:
@@ -189,7 +189,7 @@ def test_servers_lists_the_live_servers_of_the_state_directory(home: Path) -> No
     )
     child = start_idle_child()
     try:
-        backend = SqliteBackend(home / "ledger.db")
+        backend = sqlite_ledger(home / "ledger.db")
         Ledger(backend, identity=str(identity_of(child.pid))).servers.register("api 127.0.0.1:9")
         backend.close()
         out = reveille(home, "deliveries", "servers")

@@ -6,24 +6,21 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from delivery.memory_sessions import MemorySessions
 from delivery.session_backend import SessionBackend
-from delivery.sqlite_sessions import SqliteSessions
 from gateway.session import SessionStore
 from tests.pg_support import fresh_url
+from tests.stores import memory_sessions, pg_sessions, sqlite_sessions
 
 BACKENDS = ("sqlite", "memory", "postgres")
 
 
 def make_backend(kind: str, directory: Path) -> SessionBackend:
     if kind == "sqlite":
-        return SqliteSessions(directory / "sessions.db")
+        return sqlite_sessions(directory / "sessions.db")
     if kind == "memory":
-        return MemorySessions()
+        return memory_sessions()
     if kind == "postgres":
-        from delivery.postgres_sessions import PostgresSessions
-
-        return PostgresSessions(fresh_url())
+        return pg_sessions(fresh_url())
     raise AssertionError(f"unknown backend {kind!r}")
 
 

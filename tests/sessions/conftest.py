@@ -32,4 +32,4 @@ def backend(backend_kind: str, tmp_path: Path) -> Iterator[SessionBackend]:
 
 @pytest.fixture
 def store(backend: SessionBackend) -> SessionStore:
-    return SessionStore.over(backend)
+    return SessionStore(backend)

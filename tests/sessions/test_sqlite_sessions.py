@@ -12,22 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from delivery.session_sql import SCHEMA_VERSION
-from delivery.sqlite_sessions import SqliteSessions
 from gateway.session import SessionStore, SessionStoreError
+from storage.sqlite.sessions_sql import SCHEMA_VERSION
 from tests.sessions._support import race
+from tests.stores import session_file_store, sqlite_sessions
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[SessionStore]:
-    s = SessionStore(tmp_path / "sessions.db")
+    s = session_file_store(tmp_path / "sessions.db")
     yield s
     s.close()
 
 
 def test_creates_parent_dir_and_private_files(tmp_path: Path) -> None:
     path = tmp_path / "deep" / "er" / "state.db"
-    s = SessionStore(path)
+    s = session_file_store(path)
     try:
         s.create_session("s1")
         for p in [path, *path.parent.glob("state.db-*")]:
@@ -54,7 +54,7 @@ def test_not_a_database_is_refused_and_left_intact(tmp_path: Path) -> None:
     payload = b"these are my notes, not a database\n" * 20
     path.write_bytes(payload)
     with pytest.raises(SessionStoreError, match="not a usable SQLite database"):
-        SessionStore(path)
+        session_file_store(path)
     assert path.read_bytes() == payload
     assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(payload).digest()
     assert not (tmp_path / "notes.txt-wal").exists()
@@ -68,7 +68,7 @@ def test_foreign_sqlite_schema_is_refused(tmp_path: Path) -> None:
     conn.close()
     before = path.read_bytes()
     with pytest.raises(SessionStoreError, match="lacks columns"):
-        SessionStore(path)
+        session_file_store(path)
     assert path.read_bytes() == before  # not even switched to WAL
 
 
@@ -78,26 +78,26 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     conn.execute("PRAGMA user_version = 99")
     conn.close()
     with pytest.raises(SessionStoreError, match="newer"):
-        SessionStore(path)
+        session_file_store(path)
 
 
 def test_directory_path_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SessionStoreError):
-        SessionStore(tmp_path)
+        session_file_store(tmp_path)
 
 
 def test_reopen_keeps_data(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
-    with SessionStore(path) as s:
+    with session_file_store(path) as s:
         s.create_session("keep", title="t")
         s.append_message("keep", "user", "hi")
-    with SessionStore(path) as s:
+    with session_file_store(path) as s:
         assert s.get_session("keep")["title"] == "t"
         assert [m["content"] for m in s.messages("keep")] == ["hi"]
 
 
 def test_closed_store_raises(tmp_path: Path) -> None:
-    s = SessionStore(tmp_path / "s.db")
+    s = session_file_store(tmp_path / "s.db")
     s.close()
     s.close()  # idempotent
     with pytest.raises(SessionStoreError, match="closed"):
@@ -118,8 +118,8 @@ def test_delete_cascades_messages(store: SessionStore, tmp_path: Path) -> None:
 def test_take_unfolded_races_across_connections(tmp_path: Path) -> None:
     # Two stores on one file behave like two processes: atomicity comes from SQLite's
     # IMMEDIATE transactions, not from the in-process lock.
-    a = SessionStore(tmp_path / "shared.db")
-    b = SessionStore(tmp_path / "shared.db")
+    a = session_file_store(tmp_path / "shared.db")
+    b = session_file_store(tmp_path / "shared.db")
     try:
         a.create_session("s")
         taken = race([a, b], "s", total=150, threads=5)
@@ -129,19 +129,15 @@ def test_take_unfolded_races_across_connections(tmp_path: Path) -> None:
         b.close()
 
 
-def test_path_means_sqlite(tmp_path: Path) -> None:
-    with SessionStore(tmp_path / "x.db") as s:
-        assert isinstance(s.backend, SqliteSessions)
+def test_the_opener_names_the_sqlite_file(tmp_path: Path) -> None:
+    with session_file_store(tmp_path / "x.db") as s:
         assert s.url == f"sqlite://{tmp_path / 'x.db'}"
-    with pytest.raises(TypeError):
-        SessionStore()
-    with pytest.raises(TypeError):
-        SessionStore(tmp_path / "y.db", backend=SqliteSessions(tmp_path / "z.db"))
+        assert s.path == tmp_path / "x.db"
 
 
 def test_v1_file_is_upgraded_in_place(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
-    with SessionStore(path) as s:
+    with session_file_store(path) as s:
         s.create_session("old")
         s.append_message("old", "user", "kept")
     conn = sqlite3.connect(path)
@@ -149,7 +145,7 @@ def test_v1_file_is_upgraded_in_place(tmp_path: Path) -> None:
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     conn.close()
-    with SessionStore(path) as s:
+    with session_file_store(path) as s:
         assert [m["content"] for m in s.messages("old")] == ["kept"]
         s.delete_session("old")
         assert s.session_state("old") == "deleted"
@@ -162,16 +158,16 @@ def test_v1_file_is_upgraded_in_place(tmp_path: Path) -> None:
 
 def test_tombstones_survive_reopen(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
-    with SessionStore(path) as s:
+    with session_file_store(path) as s:
         s.create_session("gone")
         s.delete_session("gone")
-    with SessionStore(path) as s:
+    with session_file_store(path) as s:
         assert s.session_state("gone") == "deleted"
 
 
 def test_locked_database_is_unavailable_and_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "locked.db"
-    s = SessionStore.over(SqliteSessions(path, busy_timeout_ms=50))
+    s = SessionStore(sqlite_sessions(path, busy_timeout_ms=50))
     try:
         s.create_session("s")
         other = sqlite3.connect(path, isolation_level=None)
@@ -189,20 +185,20 @@ def test_locked_database_is_unavailable_and_writes_nothing(tmp_path: Path) -> No
 
 def test_corrupt_database_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "corrupt.db"
-    with SessionStore(path) as s:
+    with session_file_store(path) as s:
         s.create_session("s")
     data = bytearray(path.read_bytes())
     data[:16] = b"garbage-header!!"  # the SQLite magic string is gone
     path.write_bytes(bytes(data))
     with pytest.raises(SessionStoreError, match="not a usable SQLite database"):
-        SessionStore(path)
+        session_file_store(path)
 
 
 async def test_begin_turns_race_across_connections(tmp_path: Path) -> None:
     # Two stores on one file behave like two processes: the fold is disjoint because the
     # writer re-reads inside its IMMEDIATE transaction, not because of an in-process lock.
-    a = SessionStore(tmp_path / "shared.db")
-    b = SessionStore(tmp_path / "shared.db")
+    a = session_file_store(tmp_path / "shared.db")
+    b = session_file_store(tmp_path / "shared.db")
     try:
         a.create_session("s")
         ids = {a.append_message("s", "system", str(n), display_kind="d")["id"] for n in range(30)}

@@ -16,10 +16,11 @@ from gateway.platforms.base import MessageEvent
 from gateway.platforms.telegram import TelegramAdapter, telegram_session_id
 from gateway.platforms.telegram_api import TelegramApi
 from gateway.platforms.telegram_state import TelegramState
-from gateway.session import MemorySessions, SessionGone, SessionSource, SessionStore
+from gateway.session import SessionGone, SessionSource, SessionStore
 from gateway.turns import TurnService
 from gateway.wake import WakeDeliveryError, deliver_wake
 from tests.api_server.serve_support import wait_until
+from tests.stores import memory_sessions
 from tests.telegram.fake_bot_api import FakeBotApi
 
 
@@ -50,7 +51,7 @@ class ScriptedModel:
 async def setup(tmp_path: Path) -> AsyncIterator[tuple[TelegramAdapter, FakeBotApi, ScriptedModel]]:
     bot = FakeBotApi().start()
     model = ScriptedModel()
-    store = SessionStore.over(MemorySessions())
+    store = SessionStore(memory_sessions())
     turns = TurnService(
         store,
         model,

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from tests.api_server.serve_support import ledger_rows, wait_until
+from tests.stores import session_file_store
 from tests.telegram.conftest import serve
 from tests.telegram.fake_bot_api import FakeBotApi
 
@@ -64,9 +65,8 @@ def test_a_user_not_allowed_gets_no_turn_and_nothing_is_sent(tmp_path: Path, bot
         server.wait_for(re.compile(r"ignoring a message from user 7"))
     finally:
         server.stop()
-    from gateway.session import SessionStore
 
-    with SessionStore(tmp_path / "sessions.db") as store:
+    with session_file_store(tmp_path / "sessions.db") as store:
         assert store.get_session("agent:main:telegram:dm:7") is None
         assert store.get_session("agent:main:telegram:dm:43") is not None
 

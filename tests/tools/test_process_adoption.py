@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from delivery.ledger import Ledger
-from delivery.sqlite_backend import SqliteBackend
 from gateway.wake_text import format_wake_text
 from tests.delivery._support import exited_identity, identity_of, start_idle_child, stop_child
+from tests.stores import sqlite_ledger
 from tools.background_processes import (
     EXIT_FILE,
     NOT_FOUND_ERROR,
@@ -46,7 +46,7 @@ class Server:
 
     def __init__(self, path: Path, identity: str | None = None, *, follow: bool = True) -> None:
         self.runtime = DelegationRuntime(
-            Ledger(SqliteBackend(str(path)), identity=identity), CompletionQueue()
+            Ledger(sqlite_ledger(str(path)), identity=identity), CompletionQueue()
         )
         self.registry = ProcessRegistry(CompletionQueue(), runtime=lambda: self.runtime)
         if not follow:

@@ -9,6 +9,7 @@ from typing import Any
 
 import tools.async_delegation as ad
 from api import config as cfg
+from tests.stores import sqlite_ledger
 from tests.webui.conftest import SlowDemo, Web, settings_for, start_web, stop_web
 
 
@@ -161,9 +162,8 @@ async def test_deferred_wakeup_survives_a_restart(tmp_path) -> None:
 
 def _row_after_restart(settings: Any, delegation_id: str) -> dict[str, Any]:
     from delivery.ledger import Ledger
-    from delivery.sqlite_backend import SqliteBackend
 
-    ledger = Ledger(SqliteBackend(settings.home / "ledger.db"))
+    ledger = Ledger(sqlite_ledger(settings.home / "ledger.db"))
     try:
         row = ledger.get(delegation_id)
         assert row is not None

@@ -14,7 +14,8 @@ from pathlib import Path
 import tools.async_delegation as ad
 from agent.markers import WAKE_MARKER, read_wake_data
 from gateway.config import Platform
-from gateway.session import SessionSource, SessionStore
+from gateway.session import SessionSource
+from tests.stores import session_file_store, sqlite_ledger
 from tests.webui.conftest import free_port
 from tools.completion_queue import CompletionQueue
 
@@ -95,7 +96,7 @@ def _pending_completions(home: Path, sid: str, count: int) -> list[str]:
 def test_two_serve_processes_start_each_wakeup_once(tmp_path: Path) -> None:
     home = tmp_path / "home"
     sid = "webui-shared"
-    with SessionStore(home / "sessions.db") as store:
+    with session_file_store(home / "sessions.db") as store:
         store.create_session(sid, source=SessionSource(platform=Platform.WEBUI, chat_id=sid))
     ids = _pending_completions(home, sid, 6)
 
@@ -105,9 +106,8 @@ def test_two_serve_processes_start_each_wakeup_once(tmp_path: Path) -> None:
         second.wait_listening()
         ad.reset_runtime()
         from delivery.ledger import Ledger
-        from delivery.sqlite_backend import SqliteBackend
 
-        ledger = Ledger(SqliteBackend(home / "ledger.db"))
+        ledger = Ledger(sqlite_ledger(home / "ledger.db"))
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
@@ -124,7 +124,7 @@ def test_two_serve_processes_start_each_wakeup_once(tmp_path: Path) -> None:
         assert first.stop() == 0, "".join(first.lines)
         assert second.stop() == 0, "".join(second.lines)
 
-    with SessionStore(home / "sessions.db") as store:
+    with session_file_store(home / "sessions.db") as store:
         messages = store.messages(sid)
     woken = [
         read_wake_data(m["content"])[-1]["delegation_id"]

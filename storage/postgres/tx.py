@@ -21,30 +21,12 @@ from typing import Any
 
 import psycopg
 
-from delivery import postgres_sql as sql
-from delivery.backend import (
-    COLUMNS,
-    JSON_COLUMNS,
-    AtMost,
-    Below,
-    Increment,
-    IsSet,
-    check_columns,
-    decode_row,
-    dump_json,
-)
+from delivery.backend import COLUMNS, JSON_COLUMNS, check_columns
 from delivery.errors import DuplicateDeliveryError
 from delivery.peers import ServerRecord
-from delivery.sqlite_writer import Outcome, Waiter
-
-_PREDICATES: dict[type, str] = {
-    type(None): "IS NULL",
-    AtMost: "<= %s",
-    Below: "< %s",
-    IsSet: "IS NOT NULL",
-}
-
-Statement = tuple[str, list[Any]]
+from storage.postgres import sql as sql
+from storage.sql import Statement, UpdateCompiler, decode_row, dump_json
+from storage.waiters import Outcome, Waiter
 
 
 class PgTx:
@@ -56,7 +38,7 @@ class PgTx:
         self.dirty = False  # changed something since the last ``mark``
         self._select_sql: dict[tuple[str, ...], str] = {}
         self._insert_sql: dict[tuple[str, ...], str] = {}
-        self._update_sql: dict[tuple, str] = {}
+        self._updates = UpdateCompiler("%s")
 
     def _exec(self, query: str, params: Iterable[Any] = ()) -> psycopg.Cursor[Any]:
         return self._cur.execute(query, list(params), prepare=True)
@@ -100,40 +82,7 @@ class PgTx:
     def update_statement(
         self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]
     ) -> Statement:
-        key = (
-            tuple(changes),
-            tuple(type(v) for v in changes.values()),
-            tuple(expect),
-            tuple(type(v) for v in expect.values()),
-        )
-        query = self._update_sql.get(key)
-        if query is None:
-            check_columns(changes)
-            check_columns(expect)
-            sets = [
-                f"{c} = {c} + %s" if type(v) is Increment else f"{c} = %s"
-                for c, v in changes.items()
-            ]
-            query = f"UPDATE deliveries SET {', '.join(sets)} WHERE id = %s"
-            for c, v in expect.items():
-                query += f" AND {c} {_PREDICATES.get(type(v), '= %s')}"
-            self._update_sql[key] = query
-        params: list[Any] = []
-        for c, v in changes.items():
-            if type(v) is Increment:
-                params.append(v.by)
-            elif c in JSON_COLUMNS and v is not None:
-                params.append(dump_json(v))
-            else:
-                params.append(v)
-        params.append(row_id)
-        for v in expect.values():
-            kind = type(v)
-            if kind is AtMost or kind is Below:
-                params.append(v.value)
-            elif v is not None and kind is not IsSet:
-                params.append(v)
-        return query, params
+        return self._updates.statement(row_id, expect, changes)
 
     def updated(self, rowcount: int) -> bool:
         changed = rowcount == 1

@@ -11,12 +11,12 @@ as with SQLite, so a caller may queue a creation and its finish without waiting 
 more writers trade that order for parallel batches. Operations whose loss can only cause a
 redelivery (``durable=False``) commit with ``synchronous_commit = off`` when a batch holds
 nothing else. A batch whose operations are one statement each goes to the server in one
-pipeline (``delivery.postgres_tx``): two round trips instead of one per statement. Coroutines
+pipeline (``storage.postgres.tx``): two round trips instead of one per statement. Coroutines
 await their write on the loop without any I/O on the loop thread. Reads come from a
 connection pool.
 
-Wake-ups go through ``LISTEN/NOTIFY`` (``delivery.postgres_notifier``); the schema is built
-by versioned migrations (``delivery.postgres_migrations``) applied under an advisory lock.
+Wake-ups go through ``LISTEN/NOTIFY`` (``storage.postgres.notifier``); the schema is built
+by versioned migrations (``storage.postgres.migrations``) applied under an advisory lock.
 """
 
 from __future__ import annotations
@@ -32,16 +32,16 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg_pool
 
-from delivery import postgres_sql as sql
-from delivery.backend import LedgerTx, decode_row, query_filter
+from delivery.backend import LedgerTx
 from delivery.errors import LedgerUnavailable
 from delivery.peers import ServerRecord
-from delivery.postgres_conn import PostgresUnavailable, check_url, connect, explain, redact
-from delivery.postgres_migrations import migrate
-from delivery.postgres_notifier import PostgresNotifier, channel_for
-from delivery.postgres_tx import PgTx, rollback_quietly, run_each, run_pipelined
-from delivery.sqlite_writer import Outcome, Waiter, _LoopWaiter, _resolve, _still_wanted
 from delivery.write_future import WriteFuture
+from storage.postgres import sql as sql
+from storage.postgres.conn import PostgresUnavailable, check_url, connect, explain, redact
+from storage.postgres.notifier import PostgresNotifier, channel_for
+from storage.postgres.tx import PgTx, rollback_quietly, run_each, run_pipelined
+from storage.sql import decode_row, query_filter
+from storage.waiters import LoopWaiter, Outcome, Waiter, resolve, still_wanted
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -51,27 +51,6 @@ _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailu
 # A batch of one operation saves only its BEGIN's round trip by a pipeline, and measured
 # slower under concurrency (psycopg's pipeline mode waits differently): it runs plainly.
 _PIPELINE_MIN = 2
-
-
-def _schema_of(conn: psycopg.Connection[Any]) -> str:
-    row = conn.execute("SELECT current_schema()").fetchone()
-    if row is None or row[0] is None:
-        raise PostgresUnavailable(
-            "the PostgreSQL search_path names no schema this role can use; set one"
-        )
-    return str(row[0])
-
-
-def prepare_database(url: str) -> str:
-    """Apply pending migrations (under the advisory lock); returns the store's schema."""
-    conn = connect(url)
-    try:
-        migrate(conn)
-        return _schema_of(conn)
-    except psycopg.Error as exc:
-        raise explain(exc, url) from None
-    finally:
-        conn.close()
 
 
 class PostgresBackend:
@@ -84,17 +63,16 @@ class PostgresBackend:
         writers: int = 1,
         max_batch: int = 512,
         pool_size: int = 4,
-        migrate: bool = True,
+        schema: str,
         pipelined: bool = True,
     ) -> None:
         check_url(url)
         self._url = url
-        schema = prepare_database(url) if migrate else self._schema_only(url)
         self.schema = schema
         self._max_batch = max_batch
         self._closed = False
         self.commits = self.durable_commits = self.operations = 0
-        # Batches sent as one pipeline (``delivery.postgres_tx``); off only to measure it.
+        # Batches sent as one pipeline (``storage.postgres.tx``); off only to measure it.
         self.pipelined = pipelined
         self.pipelined_commits = 0
         self._pending: collections.deque[tuple[Any, Waiter, bool]] = collections.deque()
@@ -120,15 +98,6 @@ class PostgresBackend:
         ]
         for t in self._threads:
             t.start()
-
-    @staticmethod
-    def _schema_only(url: str) -> str:
-        conn = connect(url)
-        try:
-            migrate(conn, check_only=True)
-            return _schema_of(conn)
-        finally:
-            conn.close()
 
     @property
     def url(self) -> str:
@@ -185,7 +154,7 @@ class PostgresBackend:
     ) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        self._enqueue((op, _LoopWaiter(loop, fut), durable))
+        self._enqueue((op, LoopWaiter(loop, fut), durable))
         return fut
 
     def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> T:
@@ -230,10 +199,10 @@ class PostgresBackend:
 
     def _commit(self, slot: _Slot, batch: list[tuple[Any, Waiter, bool]]) -> None:
         conn, tx = slot.conn, slot.tx
-        live = [(op, waiter) for op, waiter, _ in batch if _still_wanted(waiter)]
+        live = [(op, waiter) for op, waiter, _ in batch if still_wanted(waiter)]
         if not live:
             return
-        durable = any(d for _, w, d in batch if _still_wanted(w))
+        durable = any(d for _, w, d in batch if still_wanted(w))
         outcomes: list[Outcome] | None = None
         err: Exception | None = None
         isolate = False
@@ -264,14 +233,14 @@ class PostgresBackend:
                 f"write to the ledger {self.url} failed, nothing was written: "
                 f"{' '.join(str(err).split())}"
             )
-            _resolve([(waiter, False, unavailable) for _, waiter in live])
+            resolve([(waiter, False, unavailable) for _, waiter in live])
             if conn.broken or conn.closed:
                 raise PostgresUnavailable("the writer's connection broke")
             return
         self.commits += 1
         self.durable_commits += durable
         self.operations += len(live)
-        _resolve(outcomes)
+        resolve(outcomes)
 
     @staticmethod
     def _run(

@@ -48,10 +48,11 @@ import contextlib
 import logging
 import os
 import sqlite3
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from delivery.state_dir import tighten
 
 log = logging.getLogger(__name__)
 
@@ -101,48 +102,9 @@ def create_private(spec: SqliteFile) -> None:
             # Born 0600 (private conversations, results): SQLite would use the umask.
             os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
         for name in (path, path + "-wal", path + "-shm"):
-            _tighten(name, 0o600)
+            tighten(name, 0o600)
     except OSError as exc:
         raise spec.errors.unavailable(f"cannot create the {spec.name} {path}: {exc}") from exc
-
-
-def _tighten(path: str, mode: int) -> bool:
-    """chmod ``path`` to ``mode`` when others may read it and this user owns it."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    if not st.st_mode & 0o077 or st.st_uid != os.geteuid():
-        return False
-    os.chmod(path, mode)
-    log.warning(
-        "tightened %s from %o to %o: it holds private conversations",
-        path,
-        stat.S_IMODE(st.st_mode),
-        mode,
-    )
-    return True
-
-
-def ensure_private_dir(path: str | Path) -> None:
-    """Create the state directory 0700, or tighten an existing one that others may read.
-
-    Raises PermissionError (with a message that says what to do) for a directory that is
-    open to others and cannot be tightened: another user's, or a shared one such as /tmp
-    (sticky), whose permissions are not ours to change.
-    """
-    path = str(Path(path).expanduser())
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.stat(path)
-    if not st.st_mode & 0o077:
-        return
-    if st.st_uid != os.geteuid() or st.st_mode & stat.S_ISVTX:
-        raise PermissionError(
-            f"the state directory {path} is open to other users (mode "
-            f"{stat.S_IMODE(st.st_mode):o}) and is not one to tighten; point REVEILLE_HOME "
-            "at a private directory"
-        )
-    _tighten(path, 0o700)
 
 
 def is_not_a_database(exc: BaseException) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from delivery.notifier import LocalNotifier, Subscription
-from delivery.postgres_conn import connect, redact
+from storage.postgres.conn import connect, redact
 
 log = logging.getLogger(__name__)
 

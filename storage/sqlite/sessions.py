@@ -4,7 +4,7 @@ Writes go to one ``GroupCommitWriter`` thread that runs every waiting write in o
 ``BEGIN IMMEDIATE`` transaction and commits once, so concurrent turns share fsyncs and
 several stores (or processes) on one file stay atomic. Reads share one connection under a
 lock; WAL lets them run beside the writer. The file is born 0600 and a foreign or newer
-file is refused unmodified (``delivery.sqlite_files``).
+file is refused unmodified (``storage.sqlite.files``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from delivery import sqlite_files
 from delivery.session_backend import (
     IdempotencyRecord,
     MessageRecord,
@@ -34,7 +33,9 @@ from delivery.session_backend import (
     TurnStart,
     decode_json,
 )
-from delivery.session_sql import (
+from storage.sqlite import files as sqlite_files
+from storage.sqlite.reader import GroupReader
+from storage.sqlite.sessions_sql import (
     DDL,
     REQUIRED_COLUMNS,
     SCHEMA_VERSION,
@@ -63,8 +64,7 @@ from delivery.session_sql import (
     SQL_UNTOMBSTONE,
     sql_insert_messages,
 )
-from delivery.sqlite_reader import GroupReader
-from delivery.sqlite_writer import GroupCommitWriter
+from storage.sqlite.writer import GroupCommitWriter
 
 T = TypeVar("T")
 
@@ -228,7 +228,7 @@ class SqliteSessions:
             unavailable=SessionStoreError,
             name="session-writer",
         )
-        # Coroutines read through one batching reader thread (delivery.sqlite_reader);
+        # Coroutines read through one batching reader thread (storage.sqlite.reader);
         # threads read on the shared connection above, under the lock.
         self._reader: GroupReader | None = GroupReader(
             self._open_writer,

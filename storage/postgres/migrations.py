@@ -14,7 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+
 from delivery.errors import LedgerError
+from storage.postgres.conn import PostgresUnavailable, connect, explain
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SchemaTooNew", "migrate", "status"]
 
@@ -215,3 +218,25 @@ def migrate(conn: Any, *, check_only: bool = False) -> list[int]:
     finally:
         conn.execute(_UNLOCK)
     return applied
+
+
+def _schema_of(conn: psycopg.Connection[Any]) -> str:
+    row = conn.execute("SELECT current_schema()").fetchone()
+    if row is None or row[0] is None:
+        raise PostgresUnavailable(
+            "the PostgreSQL search_path names no schema this role can use; set one"
+        )
+    return str(row[0])
+
+
+def prepare_database(url: str, *, check_only: bool = False) -> str:
+    """Apply pending migrations (under the advisory lock), or with ``check_only`` refuse a
+    schema that is too new or not migrated yet without writing; returns the store's schema."""
+    conn = connect(url)
+    try:
+        migrate(conn, check_only=check_only)
+        return _schema_of(conn)
+    except psycopg.Error as exc:
+        raise explain(exc, url) from None
+    finally:
+        conn.close()

@@ -21,9 +21,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 import psycopg_pool
 
-from delivery import postgres_sql as q
-from delivery.postgres_backend import prepare_database
-from delivery.postgres_conn import PostgresUnavailable, check_url, explain, redact
 from delivery.session_backend import (
     IdempotencyRecord,
     MessageRecord,
@@ -39,6 +36,8 @@ from delivery.session_backend import (
     TurnStart,
     decode_json,
 )
+from storage.postgres import sql as q
+from storage.postgres.conn import PostgresUnavailable, check_url, explain, redact
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -127,14 +126,11 @@ class PostgresSessions:
         *,
         pool_size: int = 8,
         clock: Callable[[], float] = time.time,
-        migrate: bool = True,
     ) -> None:
         check_url(url)
         self._url = url
         self._clock = clock
         self._writes = 0
-        if migrate:
-            prepare_database(url)
         try:
             self._pool: psycopg_pool.ConnectionPool[Any] | None = psycopg_pool.ConnectionPool(
                 url,

@@ -3,7 +3,7 @@
 Kept apart from the backends so the statements read as one list. Names are unqualified:
 every table lives in the connection's ``search_path`` schema (``public`` by default; the
 tests give each store a schema of its own). The schema itself is built by the versioned
-migrations in ``delivery.postgres_migrations``.
+migrations in ``storage.postgres.migrations``.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import os
 import sqlite3
@@ -30,51 +29,11 @@ from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
 from delivery.write_future import WriteFuture
+from storage.waiters import LoopWaiter, Outcome, Waiter, resolve, still_wanted
 
 T = TypeVar("T")
 C = TypeVar("C")
 log = logging.getLogger(__name__)
-
-
-class _LoopWaiter:
-    """An operation awaited by a coroutine on ``loop``."""
-
-    __slots__ = ("fut", "loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> None:
-        self.loop = loop
-        self.fut = fut
-
-
-Waiter = WriteFuture[Any] | _LoopWaiter
-Outcome = tuple[Waiter, bool, Any]
-
-
-def _still_wanted(waiter: Waiter) -> bool:
-    # A thread's write cannot be cancelled; a coroutine's can, before it is run.
-    return not isinstance(waiter, _LoopWaiter) or not waiter.fut.cancelled()
-
-
-def _settle_on_loop(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
-    for fut, ok, value in items:
-        if fut.done():
-            continue  # cancelled meanwhile; the write itself stands
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
-
-
-def _resolve(outcomes: list[Outcome]) -> None:
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
-    for waiter, ok, value in outcomes:
-        if isinstance(waiter, _LoopWaiter):
-            by_loop.setdefault(waiter.loop, []).append((waiter.fut, ok, value))
-        else:
-            waiter._settle(ok, value)
-    for loop, items in by_loop.items():
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits any more
-            loop.call_soon_threadsafe(_settle_on_loop, items)
 
 
 class GroupCommitWriter(Generic[C]):
@@ -154,7 +113,7 @@ class GroupCommitWriter(Generic[C]):
             raise self._unavailable(f"{self.path} is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        self._enqueue((op, _LoopWaiter(loop, fut), durable))
+        self._enqueue((op, LoopWaiter(loop, fut), durable))
         return fut
 
     def write(self, op: Callable[[C], T], *, durable: bool = True) -> T:
@@ -228,16 +187,16 @@ class GroupCommitWriter(Generic[C]):
     def _commit(
         self, conn: sqlite3.Connection, context: C, batch: list[tuple[Any, Waiter, bool]]
     ) -> None:
-        live = [(op, waiter) for op, waiter, _ in batch if _still_wanted(waiter)]
+        live = [(op, waiter) for op, waiter, _ in batch if still_wanted(waiter)]
         if not live:
             return
-        durable = any(d for _, waiter, d in batch if _still_wanted(waiter))
+        durable = any(d for _, waiter, d in batch if still_wanted(waiter))
         if not self._file_is_ours():
             err = self._unavailable(
                 f"{self.path} was removed or replaced; refusing to write into a file nobody "
                 "can read again"
             )
-            _resolve([(waiter, False, err) for _, waiter in live])
+            resolve([(waiter, False, err) for _, waiter in live])
             return
         try:
             self._set_synchronous(conn, "FULL" if durable else "NORMAL")
@@ -253,12 +212,12 @@ class GroupCommitWriter(Generic[C]):
                 except sqlite3.Error:
                     log.exception("rollback after a failed commit of %s failed", self.path)
             err = self._unavailable(f"write to {self.path} failed, nothing was written: {exc}")
-            _resolve([(waiter, False, err) for _, waiter in live])
+            resolve([(waiter, False, err) for _, waiter in live])
             return
         self.commits += 1
         self.durable_commits += durable
         self.operations += len(live)
-        _resolve(outcomes)
+        resolve(outcomes)
 
     @staticmethod
     def _run(

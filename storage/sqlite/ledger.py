@@ -22,20 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from delivery import sqlite_files
-from delivery.backend import (
-    COLUMNS,
-    JSON_COLUMNS,
-    AtMost,
-    Below,
-    Increment,
-    IsSet,
-    LedgerTx,
-    check_columns,
-    decode_row,
-    dump_json,
-    query_filter,
-)
+from delivery.backend import COLUMNS, JSON_COLUMNS, LedgerTx, check_columns
 from delivery.errors import (
     DuplicateDeliveryError,
     LedgerError,
@@ -44,8 +31,10 @@ from delivery.errors import (
 )
 from delivery.notifier import SocketDirNotifier, wake_dir_for
 from delivery.peers import ServerRecord
-from delivery.sqlite_writer import GroupCommitWriter
 from delivery.write_future import WriteFuture
+from storage.sql import UpdateCompiler, decode_row, dump_json, query_filter
+from storage.sqlite import files as sqlite_files
+from storage.sqlite.writer import GroupCommitWriter
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -110,14 +99,6 @@ CREATE TABLE IF NOT EXISTS servers (
 );
 """
 
-# SQL of the predicates ``LedgerTx.update`` accepts in ``expect`` (equality otherwise)
-_PREDICATES: dict[type, str] = {
-    type(None): "IS NULL",
-    AtMost: "<= ?",
-    Below: "< ?",
-    IsSet: "IS NOT NULL",
-}
-
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM deliveries"
 
 
@@ -133,34 +114,6 @@ def _params(values: dict[str, Any], cols: tuple[str, ...]) -> list[Any]:
     return params
 
 
-# (sql, indexes of JSON values, indexes of Increment values, (expect index, unwrap) to bind)
-_UpdatePlan = tuple[str, tuple[int, ...], tuple[int, ...], tuple[tuple[int, bool], ...]]
-
-
-def _plan_update(changes: dict[str, Any], expect: dict[str, Any]) -> _UpdatePlan:
-    check_columns(changes)
-    check_columns(expect)
-    sets, json_at, increment_at = [], [], []
-    for i, (col, value) in enumerate(changes.items()):
-        if type(value) is Increment:
-            sets.append(f"{col} = {col} + ?")
-            increment_at.append(i)
-        else:
-            sets.append(f"{col} = ?")
-            if col in JSON_COLUMNS and value is not None:
-                json_at.append(i)
-    sql = f"UPDATE deliveries SET {', '.join(sets)} WHERE id = ?"
-    bind: list[tuple[int, bool]] = []
-    for i, (col, value) in enumerate(expect.items()):
-        kind = type(value)
-        sql += f" AND {col} {_PREDICATES.get(kind, '= ?')}"
-        if kind is AtMost or kind is Below:
-            bind.append((i, True))
-        elif value is not None and kind is not IsSet:
-            bind.append((i, False))
-    return sql, tuple(json_at), tuple(increment_at), tuple(bind)
-
-
 _FILE_ERRORS = sqlite_files.FileErrors(
     not_ours=NotALedgerError, unavailable=LedgerUnavailable, too_new=LedgerError
 )
@@ -171,8 +124,7 @@ class _SqliteTx:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
-        # UPDATE statements by shape, so the hot path formats no SQL.
-        self._update_plans: dict[tuple, _UpdatePlan] = {}
+        self._updates = UpdateCompiler("?")
         self._select_sql: dict[tuple[str, ...], str] = {}
         self._insert_sql: dict[tuple[str, ...], str] = {}
 
@@ -202,23 +154,7 @@ class _SqliteTx:
             raise DuplicateDeliveryError(f"a ledger row with id {row['id']!r} exists") from exc
 
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
-        values = list(changes.values())
-        checks = tuple(expect.values())
-        # The statement and how to bind it depend only on the columns and the value types:
-        # planned once per shape, so the hot path does no SQL formatting.
-        key = (tuple(changes), tuple(map(type, values)), tuple(expect), tuple(map(type, checks)))
-        plan = self._update_plans.get(key)
-        if plan is None:
-            plan = self._update_plans[key] = _plan_update(changes, expect)
-        sql, json_at, increment_at, bind_checks = plan
-        for i in json_at:
-            values[i] = dump_json(values[i])
-        for i in increment_at:
-            values[i] = values[i].by
-        values.append(row_id)
-        for i, unwrap in bind_checks:
-            values.append(checks[i].value if unwrap else checks[i])
-        return self._conn.execute(sql, values).rowcount == 1
+        return self._conn.execute(*self._updates.statement(row_id, expect, changes)).rowcount == 1
 
     def lock_free(self, row_ids: list[str]) -> set[str]:
         return set(row_ids)  # BEGIN IMMEDIATE: this transaction is the file's only writer

@@ -1,6 +1,6 @@
 """The SQL of the SQLite session backend: its schema and every statement, named.
 
-Kept apart from ``delivery.sqlite_sessions`` so the statements read as one list (and the
+Kept apart from ``storage.sqlite.sessions`` so the statements read as one list (and the
 backend as logic). Column lists are spelled once; nothing here formats SQL at run time
 except ``sql_insert_messages``, whose few shapes are cached.
 """

@@ -6,7 +6,7 @@ few dozen concurrent turns those hand-offs, not the queries, were the session st
 cost. The reader thread instead takes every read that is waiting, runs them one after the
 other in a single read transaction (so each sees a consistent snapshot, no older than the
 moment the batch began) and wakes each event loop once per batch, the way the group-commit
-writer (``delivery.sqlite_writer``) wakes it once per commit. Reads never wait for an
+writer (``storage.sqlite.writer``) wakes it once per commit. Reads never wait for an
 fsync and never take the write lock.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from delivery.sqlite_writer import Outcome, _LoopWaiter, _resolve
+from storage.waiters import LoopWaiter, Outcome, resolve
 
 __all__ = ["GroupReader"]
 
@@ -71,7 +71,7 @@ class GroupReader:
         with self._mu:
             if self._closed:
                 raise self._unavailable("the reader is closed")
-            self._pending.append((op, _LoopWaiter(loop, fut)))
+            self._pending.append((op, LoopWaiter(loop, fut)))
             self._wake.notify()
         return fut
 
@@ -99,7 +99,7 @@ class GroupReader:
                         break  # closed, and every read submitted before was answered
                     n = min(len(self._pending), self._max_batch)
                     batch = [self._pending.popleft() for _ in range(n)]
-                _resolve(self._run(conn, batch))
+                resolve(self._run(conn, batch))
         finally:
             conn.close()
 

@@ -1,0 +1,179 @@
+"""The one place that turns a storage url into opened stores, and so the only code that names
+a storage dialect.
+
+``open_storage(url)`` resolves where the state lives and prepares it once:
+
+- ``sqlite:///abs/dir``: the state directory (created 0700, or tightened); the ledger is
+  ``ledger.db`` and the session store ``sessions.db`` in it.
+- ``postgresql://user:password@host/dbname``: one database for every table. The server is
+  reached and the schema migrated here, once, under the advisory lock (``migrate=False``,
+  for operators' tools, only checks it), so a bad url, a refused connection or wrong
+  credentials fail the start with one clear message. The backends opened from it never
+  migrate again.
+- ``memory://name``: in-process stores (tests, embedding); each ``open_*`` is a new one.
+
+The returned ``Storage`` opens the backends: ``open_ledger()`` (a ``LedgerBackend``) and
+``open_sessions()`` (a ``SessionBackend``); keyword options tune one dialect's backend
+(pool sizes, batch limits, a test clock) and are passed through as given.
+``sqlite_files(ledger=..., sessions=...)`` describes SQLite files at paths of the caller's
+choosing (tests, benchmarks, the operator's ledger file).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+from delivery.backend import LedgerBackend
+from delivery.session_backend import SessionBackend
+from delivery.state_dir import ensure_private_dir
+
+__all__ = [
+    "SchemaReport",
+    "Storage",
+    "StorageUrlError",
+    "migrate_database",
+    "open_ledger_file",
+    "open_storage",
+    "sqlite_files",
+]
+
+Dialect = Literal["sqlite", "postgres", "memory"]
+
+LEDGER_FILE = "ledger.db"
+SESSIONS_FILE = "sessions.db"
+
+
+class StorageUrlError(ValueError):
+    """A storage url that names no store this build can open (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Where the ledger and the session store live, ready to open."""
+
+    dialect: Dialect
+    ledger_path: Path | None = None
+    sessions_path: Path | None = None
+    database_url: str | None = None
+    # PostgreSQL: the schema the migrations were applied to (or checked in).
+    schema: str | None = None
+    memory_name: str = "memory"
+
+    def open_ledger(self, **options: Any) -> LedgerBackend:
+        if self.dialect == "postgres":
+            from storage.postgres.ledger import PostgresBackend
+
+            assert self.database_url is not None and self.schema is not None
+            return PostgresBackend(self.database_url, schema=self.schema, **options)
+        if self.dialect == "memory":
+            from storage.memory.ledger import MemoryBackend
+
+            return MemoryBackend(self.memory_name, **options)
+        from storage.sqlite.ledger import SqliteBackend
+
+        if self.ledger_path is None:
+            raise StorageUrlError("this storage names no ledger file")
+        return SqliteBackend(self.ledger_path, **options)
+
+    def open_sessions(self, **options: Any) -> SessionBackend:
+        if self.dialect == "postgres":
+            from storage.postgres.sessions import PostgresSessions
+
+            assert self.database_url is not None
+            return PostgresSessions(self.database_url, **options)
+        if self.dialect == "memory":
+            from storage.memory.sessions import MemorySessions
+
+            return MemorySessions(**options)
+        from storage.sqlite.sessions import SqliteSessions
+
+        if self.sessions_path is None:
+            raise StorageUrlError("this storage names no session store file")
+        return SqliteSessions(self.sessions_path, **options)
+
+
+def open_storage(url: str, *, migrate: bool = True) -> Storage:
+    """Resolve and prepare a storage url (see the module docstring).
+
+    An unknown scheme is refused with a message that names the accepted ones, so that a
+    typo in ``[storage] url`` stops the server at start instead of writing somewhere else.
+    """
+    scheme = url.partition(":")[0].lower()
+    if scheme in ("postgresql", "postgres"):
+        from storage.postgres.conn import check_url
+        from storage.postgres.migrations import prepare_database
+
+        check_url(url)  # a malformed url is refused in one line, never half-parsed
+        schema = prepare_database(url, check_only=not migrate)
+        return Storage("postgres", database_url=url, schema=schema)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise StorageUrlError(f"storage url {url!r}: {exc}") from None
+    if parts.scheme == "memory":
+        return Storage("memory", memory_name=parts.netloc or "memory")
+    if parts.scheme != "sqlite":
+        raise StorageUrlError(
+            f"storage url {url!r}: unknown scheme; expected sqlite:///<directory> "
+            "or postgresql://user:password@host/dbname"
+        )
+    if parts.netloc:
+        raise StorageUrlError(f"storage url {url!r}: a sqlite url has no host (sqlite:///path)")
+    home = Path(unquote(parts.path)).expanduser()
+    try:
+        ensure_private_dir(home)
+    except OSError as exc:
+        raise StorageUrlError(f"state directory {home}: {exc}") from None
+    return Storage("sqlite", ledger_path=home / LEDGER_FILE, sessions_path=home / SESSIONS_FILE)
+
+
+def sqlite_files(
+    *, ledger: str | os.PathLike[str] | None = None, sessions: str | os.PathLike[str] | None = None
+) -> Storage:
+    """SQLite stores in files the caller names (created on open, parents 0700)."""
+    return Storage(
+        "sqlite",
+        ledger_path=Path(ledger) if ledger is not None else None,
+        sessions_path=Path(sessions) if sessions is not None else None,
+    )
+
+
+def open_ledger_file(path: str | os.PathLike[str]) -> LedgerBackend:
+    """The ledger in the SQLite file at ``path``: what the contract module opens for an
+    embedder that hands it a bare path (found through the ``reveille.storage`` entry point,
+    so that the tools floor never names a dialect)."""
+    return sqlite_files(ledger=path).open_ledger()
+
+
+@dataclass(frozen=True)
+class SchemaReport:
+    """A database's schema as ``reveille db`` shows it (``redacted_url`` has no password)."""
+
+    redacted_url: str
+    applied: list[int]
+    current: int
+    latest: int
+    too_new: bool
+    pending: list[tuple[int, str]]
+
+
+def migrate_database(url: str, *, apply: bool) -> SchemaReport:
+    """Where a PostgreSQL database's schema stands, after applying what is pending when
+    ``apply`` (under the advisory lock the servers take at start). Raises ``LedgerError``
+    (one line, never the password) when it cannot be reached or is newer than this build."""
+    from storage.postgres.conn import connect, redact
+    from storage.postgres.migrations import migrate, status
+
+    conn = connect(url)
+    try:
+        applied = migrate(conn) if apply else []
+        st = status(conn)
+    finally:
+        conn.close()
+    return SchemaReport(
+        redact(url), applied, st["current"], st["latest"], st["too_new"], list(st["pending"])
+    )

@@ -1,0 +1,130 @@
+"""SQL shared by the SQL dialects (SQLite, PostgreSQL): written once, parameterized by the
+placeholder mark (``?`` or ``%s``).
+
+- ``UpdateCompiler``: the compare-and-set ``UPDATE`` of ``LedgerTx.update``; its statement
+  depends only on the columns and the value types, so it is compiled once per shape and the
+  hot path only binds values.
+- ``query_filter``: the ``WHERE`` clause of the operators' ledger queries.
+- ``dump_json`` / ``decode_row``: a stored row's JSON columns, both ways.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from delivery.backend import (
+    COLUMNS,
+    JSON_COLUMNS,
+    AtMost,
+    Below,
+    Increment,
+    IsSet,
+    check_columns,
+)
+
+__all__ = ["Statement", "UpdateCompiler", "decode_row", "dump_json", "query_filter"]
+
+Statement = tuple[str, list[Any]]
+
+# (sql, indexes of JSON values, indexes of Increment values, (expect index, unwrap) to bind)
+_Plan = tuple[str, tuple[int, ...], tuple[int, ...], tuple[tuple[int, bool], ...]]
+
+
+def dump_json(value: Any) -> str:
+    """The stored text of a JSON column (``request``, ``event``), in every SQL backend."""
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def decode_row(row: Iterable[Any], columns: tuple[str, ...] = COLUMNS) -> dict[str, Any]:
+    """A stored row (its ``columns``, in order) as the dict ledger rules read."""
+    out = dict(zip(columns, row, strict=True))
+    for col in JSON_COLUMNS:
+        text = out.get(col)
+        if text is not None:
+            out[col] = json.loads(text)
+    return out
+
+
+class UpdateCompiler:
+    """Compiles ``LedgerTx.update(row_id, expect, changes)`` into one ``UPDATE deliveries``
+    whose ``WHERE`` carries every expectation, so the store applies it only where they all
+    still hold (the compare-and-set every ledger transition is)."""
+
+    def __init__(self, mark: str) -> None:
+        self._mark = mark
+        # SQL of the predicates ``expect`` accepts (equality otherwise)
+        self._predicates: dict[type, str] = {
+            type(None): "IS NULL",
+            AtMost: f"<= {mark}",
+            Below: f"< {mark}",
+            IsSet: "IS NOT NULL",
+        }
+        self._plans: dict[tuple[Any, ...], _Plan] = {}
+
+    def statement(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> Statement:
+        values = list(changes.values())
+        checks = tuple(expect.values())
+        key = (tuple(changes), tuple(map(type, values)), tuple(expect), tuple(map(type, checks)))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan(changes, expect)
+        sql, json_at, increment_at, bind_checks = plan
+        for i in json_at:
+            values[i] = dump_json(values[i])
+        for i in increment_at:
+            values[i] = values[i].by
+        values.append(row_id)
+        for i, unwrap in bind_checks:
+            values.append(checks[i].value if unwrap else checks[i])
+        return sql, values
+
+    def _plan(self, changes: dict[str, Any], expect: dict[str, Any]) -> _Plan:
+        check_columns(changes)
+        check_columns(expect)
+        mark = self._mark
+        sets, json_at, increment_at = [], [], []
+        for i, (col, value) in enumerate(changes.items()):
+            if type(value) is Increment:
+                sets.append(f"{col} = {col} + {mark}")
+                increment_at.append(i)
+            else:
+                sets.append(f"{col} = {mark}")
+                if col in JSON_COLUMNS and value is not None:
+                    json_at.append(i)
+        sql = f"UPDATE deliveries SET {', '.join(sets)} WHERE id = {mark}"
+        bind: list[tuple[int, bool]] = []
+        for i, (col, value) in enumerate(expect.items()):
+            kind = type(value)
+            sql += f" AND {col} {self._predicates.get(kind, f'= {mark}')}"
+            if kind is AtMost or kind is Below:
+                bind.append((i, True))
+            elif value is not None and kind is not IsSet:
+                bind.append((i, False))
+        return sql, tuple(json_at), tuple(increment_at), tuple(bind)
+
+
+def query_filter(
+    mark: str,
+    *,
+    state: str | None,
+    delivery_state: str | None,
+    session: str | None,
+    kind: str | None,
+) -> tuple[str, list[Any]]:
+    """The ``WHERE`` clause (empty when nothing filters) and its parameters of a
+    ``LedgerBackend.query`` in SQL whose placeholder is ``mark`` (``?`` or ``%s``); a session
+    matches its routing key and either origin id."""
+    where: list[str] = []
+    params: list[Any] = []
+    for col, value in (("state", state), ("delivery_state", delivery_state), ("kind", kind)):
+        if value is not None:
+            where.append(f"{col} = {mark}")
+            params.append(value)
+    if session is not None:
+        where.append(
+            f"(session_key = {mark} OR origin_session_id = {mark} OR origin_ui_session_id = {mark})"
+        )
+        params.extend([session] * 3)
+    return (" WHERE " + " AND ".join(where) if where else ""), params

@@ -1,0 +1,46 @@
+"""Tests open their stores as the program does: through the storage opener, by url or file.
+
+Short names for the shapes tests need; every one goes through ``storage.open_storage`` or
+``storage.sqlite_files``, so no test constructs a dialect's backend class itself.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import storage
+from delivery.backend import LedgerBackend
+from delivery.session_backend import SessionBackend
+from gateway.session import SessionStore
+
+PathLike = str | os.PathLike[str]
+
+
+def sqlite_ledger(path: PathLike, **options: Any) -> LedgerBackend:
+    return storage.sqlite_files(ledger=path).open_ledger(**options)
+
+
+def sqlite_sessions(path: PathLike, **options: Any) -> SessionBackend:
+    return storage.sqlite_files(sessions=path).open_sessions(**options)
+
+
+def session_file_store(path: PathLike, **options: Any) -> SessionStore:
+    """A session store in the SQLite file at ``path``."""
+    return SessionStore(sqlite_sessions(path, **options))
+
+
+def memory_ledger(**options: Any) -> LedgerBackend:
+    return storage.open_storage("memory://").open_ledger(**options)
+
+
+def memory_sessions(**options: Any) -> SessionBackend:
+    return storage.open_storage("memory://").open_sessions(**options)
+
+
+def pg_ledger(url: str, *, migrate: bool = True, **options: Any) -> LedgerBackend:
+    return storage.open_storage(url, migrate=migrate).open_ledger(**options)
+
+
+def pg_sessions(url: str, *, migrate: bool = True, **options: Any) -> SessionBackend:
+    return storage.open_storage(url, migrate=migrate).open_sessions(**options)
