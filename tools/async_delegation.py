@@ -25,7 +25,7 @@ from typing import Any
 from delivery.errors import ClaimMismatchError
 from delivery.events import ASYNC_DELEGATION, delivery_id
 from delivery.ids import new_id
-from tools.completion_queue import CompletionEvent, EventQueue
+from tools.completion_queue import EventQueue, WireEvent
 from tools.delegation_runtime import (
     DEFAULT_MAX_QUEUED,
     DelegationRequest,
@@ -47,7 +47,6 @@ __all__ = [
     "DEFAULT_MAX_QUEUED",
     "EVENT_TYPE",
     "NOT_HOLDER",
-    "CompletionEvent",
     "DelegationRequest",
     "DelegationRuntime",
     "DispatchOutcome",
@@ -56,6 +55,7 @@ __all__ = [
     "Runner",
     "RunnerResult",
     "RuntimeFactory",
+    "WireEvent",
     "aclaim_event_delivery",
     "acomplete_event_delivery",
     "arelease_event_delivery",
@@ -283,7 +283,7 @@ def _delivery_id(evt: object) -> str | None:
     return delivery_id(evt)
 
 
-def claim_event_delivery(evt: CompletionEvent, consumer: str) -> str | None:
+def claim_event_delivery(evt: WireEvent, consumer: str) -> str | None:
     """A claim token; "" for event types that need none; None when held or settled."""
     row_id = _delivery_id(evt)
     if row_id is None:
@@ -295,7 +295,7 @@ NOT_HOLDER = ""
 """What ``release_event_delivery`` returns when the claim is no longer the holder's: falsy."""
 
 
-def complete_event_delivery(evt: CompletionEvent, claim: str | None) -> bool:
+def complete_event_delivery(evt: WireEvent, claim: str | None) -> bool:
     """Acknowledge: the hand-off was accepted. Only the claim's holder can.
 
     True when the row is delivered under ``claim`` (a repeated ack is True too); False,
@@ -315,9 +315,7 @@ def complete_event_delivery(evt: CompletionEvent, claim: str | None) -> bool:
         return False
 
 
-def release_event_delivery(
-    evt: CompletionEvent, claim: str | None, *, retryable: bool = False
-) -> str:
+def release_event_delivery(evt: WireEvent, claim: str | None, *, retryable: bool = False) -> str:
     """Give the claim back; ``retryable=True`` refunds the attempt (transient refusal).
 
     Returns the row's delivery state afterwards (``"pending"``, or ``"dropped"`` at the
@@ -339,7 +337,7 @@ def release_event_delivery(
         return NOT_HOLDER
 
 
-def drop_event_delivery(evt: CompletionEvent, claim: str | None, reason: str) -> bool:
+def drop_event_delivery(evt: WireEvent, claim: str | None, reason: str) -> bool:
     """The target is gone for good (session deleted, user reset): dropped, never delivered.
 
     False, logged and with the row untouched, when ``claim`` is no longer the holder's
@@ -373,7 +371,7 @@ def get_durable_delegation(delegation_id: str) -> LedgerRow | None:
 
 def restore_undelivered_completions(completion_queue: EventQueue) -> int:
     """After a restart: re-offer every pending completion (oldest first) on the queue."""
-    events: list[CompletionEvent] = get_runtime().ledger.restore()
+    events: list[WireEvent] = get_runtime().ledger.restore()
     for event in events:
         completion_queue.put(event)
     return len(events)
@@ -382,14 +380,14 @@ def restore_undelivered_completions(completion_queue: EventQueue) -> int:
 # -- the same contract for asyncio consumers: no thread hop, the writer's future is awaited --
 
 
-async def aclaim_event_delivery(evt: CompletionEvent, consumer: str) -> str | None:
+async def aclaim_event_delivery(evt: WireEvent, consumer: str) -> str | None:
     row_id = _delivery_id(evt)
     if row_id is None:
         return ""
     return await get_runtime().ledger.aclaim(row_id, consumer)
 
 
-async def acomplete_event_delivery(evt: CompletionEvent, claim: str | None) -> bool:
+async def acomplete_event_delivery(evt: WireEvent, claim: str | None) -> bool:
     """``complete_event_delivery`` for asyncio consumers: the same returns and raises."""
     row_id = _delivery_id(evt)
     if row_id is None:
@@ -404,7 +402,7 @@ async def acomplete_event_delivery(evt: CompletionEvent, claim: str | None) -> b
 
 
 async def arelease_event_delivery(
-    evt: CompletionEvent, claim: str | None, *, retryable: bool = False
+    evt: WireEvent, claim: str | None, *, retryable: bool = False
 ) -> str:
     """``release_event_delivery`` for asyncio consumers: the same returns (``NOT_HOLDER``,
     falsy, for a claim that is no longer the holder's) and raises."""

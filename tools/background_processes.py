@@ -44,7 +44,7 @@ from delivery.ids import new_id
 from delivery.ledger import Ledger
 from delivery.state_dir import ensure_private_dir
 from delivery.states import State
-from tools.completion_queue import CompletionEvent, CompletionQueue, shared_completion_queue
+from tools.completion_queue import CompletionQueue, WireEvent, shared_completion_queue
 from tools.delegation_runtime import DelegationRuntime, default_state_dir, get_runtime
 
 log = logging.getLogger(__name__)
@@ -480,7 +480,7 @@ class ProcessRegistry:
         else:
             status = "completed" if exit_code == 0 else "failed"
         end = now if ended is None else min(ended, now)
-        event: CompletionEvent = {
+        event: WireEvent = {
             **request,
             "status": status,
             "exit_code": exit_code,

@@ -18,27 +18,29 @@ import queue
 import threading
 from typing import Any, Protocol
 
-CompletionEvent = dict[str, Any]
-"""A completion event: ``type`` plus the fields SPEC.md lists for that type."""
+WireEvent = dict[str, Any]
+"""A completion event as it travels (the queue, the ledger's ``event`` column, plugins): a
+plain dict, ``type`` plus the fields SPEC.md lists for that type. ``delivery.events`` parses
+it once into the typed ``CompletionEvent`` that the rules and the deliverers read."""
 
 
 class EventQueue(Protocol):
     """What a runtime needs of a completion queue: ``queue.Queue``'s ``put`` and ``get``."""
 
-    def put(self, item: CompletionEvent, /) -> None: ...
+    def put(self, item: WireEvent, /) -> None: ...
 
-    def get(self, block: bool = True, timeout: float | None = None) -> CompletionEvent: ...
+    def get(self, block: bool = True, timeout: float | None = None) -> WireEvent: ...
 
 
 class CompletionQueue:
     """A FIFO like ``queue.Queue`` that asyncio code can also await without polling."""
 
     def __init__(self) -> None:
-        self._items: collections.deque[CompletionEvent] = collections.deque()
+        self._items: collections.deque[WireEvent] = collections.deque()
         self._cond = threading.Condition()
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
-    def put(self, item: CompletionEvent, block: bool = True, timeout: float | None = None) -> None:
+    def put(self, item: WireEvent, block: bool = True, timeout: float | None = None) -> None:
         with self._cond:
             self._items.append(item)
             self._cond.notify()
@@ -51,7 +53,7 @@ class CompletionQueue:
 
     put_nowait = put
 
-    def get(self, block: bool = True, timeout: float | None = None) -> CompletionEvent:
+    def get(self, block: bool = True, timeout: float | None = None) -> WireEvent:
         with self._cond:
             if not block:
                 if not self._items:
@@ -61,10 +63,10 @@ class CompletionQueue:
                 raise queue.Empty
             return self._items.popleft()
 
-    def get_nowait(self) -> CompletionEvent:
+    def get_nowait(self) -> WireEvent:
         return self.get(block=False)
 
-    async def get_async(self) -> CompletionEvent:
+    async def get_async(self) -> WireEvent:
         loop = asyncio.get_running_loop()
         while True:
             with self._cond:
@@ -80,7 +82,7 @@ class CompletionQueue:
     def empty(self) -> bool:
         return not self._items
 
-    def drain(self) -> list[CompletionEvent]:
+    def drain(self) -> list[WireEvent]:
         with self._cond:
             items = list(self._items)
             self._items.clear()

@@ -34,7 +34,7 @@ from delivery.policy import DeliveryPolicy
 from delivery.reoffer import ReofferScheduler
 from delivery.states import State
 from delivery.write_future import WriteFuture
-from tools.completion_queue import CompletionEvent, EventQueue, shared_completion_queue
+from tools.completion_queue import EventQueue, WireEvent, shared_completion_queue
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ class DelegationRuntime:
     def record_completion(
         self,
         row_id: str,
-        event: CompletionEvent,
+        event: WireEvent,
         *,
         deliver_to: EventQueue | None = None,
         attempt: int = 0,
@@ -345,7 +345,7 @@ def _rejected(delegation_id: str, error: str) -> DispatchOutcome:
 
 def _completion_event(
     request: DelegationRequest, result: RunnerResult, started: float
-) -> CompletionEvent:
+) -> WireEvent:
     """The self-contained completion event of a unit that ran from ``started`` until now."""
     now = time.time()
     event = {**request, **{k: v for k, v in result.items() if k not in request}}

@@ -21,20 +21,20 @@ from tools.background_processes import (
 from tools.background_processes import _Running as _Running
 from tools.background_processes import _Tail as _Tail
 from tools.completion_queue import (
-    CompletionEvent,
     CompletionQueue,
     EventQueue,
+    WireEvent,
     shared_completion_queue,
 )
 
 __all__ = [
     "OUTPUT_TAIL_BYTES",
-    "CompletionEvent",
     "CompletionQueue",
     "EventQueue",
     "ProcessInfo",
     "ProcessRegistry",
     "ProcessRequest",
+    "WireEvent",
     "process_registry",
     "shared_completion_queue",
 ]
