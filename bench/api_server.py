@@ -14,7 +14,8 @@ measures it alone, then measures `reveille serve` configured to use it as its mo
 provider (``REVEILLE_PROVIDER=openai``, ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``,
 ``REVEILLE_MODEL``) while it keeps running: every Reveille turn is one upstream call. Then
 the model-call floor: a bare handler that makes only that upstream call, as Reveille makes
-it, and nothing else.
+it, and nothing else; then the stored-turn floor: the same handler plus the store floor's two
+trips (what any provider turn that stores itself pays at least).
 
 A closed-loop load of ``--clients`` concurrent clients (aiohttp, one new conversation per
 request) runs against each for ``--seconds``. Prints requests/s and p50/p99 latency for both
@@ -121,36 +122,52 @@ def serve_canned(port: int) -> None:
     serve_completions(port, complete)
 
 
-def serve_store_floor(port: int, home: str) -> None:
-    """A bare aiohttp handler that makes a new conversation's two trips to the real session
-    store and nothing else: the read that resolves the conversation (in the reader thread)
-    and the durable commit of its first turn (group-committed by the writer thread). What
-    every demo turn pays at least, whatever the turn service, agent and middleware cost."""
+def store_trips(home: str) -> Any:
+    """A coroutine function making a new conversation's two trips to the real session store
+    and nothing else: the read that resolves the conversation (in the reader thread) and the
+    durable commit of its first turn (group-committed by the writer thread)."""
     from gateway.config import Platform
     from gateway.conversation import derive_session_id
     from gateway.session import SessionSource, SessionStore
 
     store = SessionStore(storage.sqlite_files(sessions=Path(home) / "sessions.db").open_sessions())
 
-    async def complete(request: web.Request) -> web.Response:
-        body = await request.json()
-        session_id = derive_session_id(body["messages"])
+    async def trips(messages: list[dict[str, Any]]) -> None:
+        session_id = derive_session_id(messages)
         await store.asessions_by_prefix(session_id)
         await store.aappend_turn(
             session_id,
             [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
             create=SessionSource(platform=Platform.API_SERVER, chat_id=session_id),
         )
+
+    return trips
+
+
+def serve_store_floor(port: int, home: str) -> None:
+    """A bare aiohttp handler that makes a new conversation's two store trips and nothing
+    else: what every demo turn pays at least, whatever the turn service, agent and
+    middleware cost."""
+    trips = store_trips(home)
+
+    async def complete(request: web.Request) -> web.Response:
+        body = await request.json()
+        await trips(body["messages"])
         return web.json_response(CANNED)
 
     serve_completions(port, complete)
 
 
-def serve_model_call_floor(port: int, upstream_url: str, *, raw: bool) -> None:
+def serve_model_call_floor(
+    port: int, upstream_url: str, *, raw: bool, home: str | None = None
+) -> None:
     """A bare aiohttp handler that makes one call to the upstream the way Reveille makes it
     (``OpenAICompatProvider``: the official client on its aiohttp transport, the raw JSON
     path) and nothing else: what every provider turn pays at least. ``raw`` makes the same
-    call with a plain aiohttp client instead, to show what the official client costs."""
+    call with a plain aiohttp client instead, to show what the official client costs.
+    ``home`` adds a new conversation's two store trips (``store_trips``): what a provider
+    turn that stores itself pays at least."""
+    trips = store_trips(home) if home is not None else None
     from agent.providers.openai_compat import OpenAICompatProvider
 
     provider = OpenAICompatProvider(f"{upstream_url}/v1", UPSTREAM_KEY, UPSTREAM_MODEL)
@@ -170,6 +187,8 @@ def serve_model_call_floor(port: int, upstream_url: str, *, raw: bool) -> None:
 
     async def complete(request: web.Request) -> web.Response:
         body = await request.json()
+        if trips is not None:
+            await trips(body["messages"])
         content = await call(body["messages"])
         return web.json_response({**CANNED, "model": UPSTREAM_MODEL, "x": content})
 
@@ -445,23 +464,36 @@ async def provider_main_async(args: argparse.Namespace) -> None:
         async with reveille_on(upstream_url, env, clients=args.clients) as url:
             ours = await measure_url(url, args, UPSTREAM_MODEL)
         floors = []
-        for flag in ("--serve-model-call-floor", "--serve-raw-call-floor"):
-            floor_port = free_port()
-            cmd = [sys.executable, __file__, flag, str(floor_port), "--upstream", upstream_url]
-            async with running(cmd, env, floor_port) as floor_url:
-                floors.append(await measure_url(floor_url, args, UPSTREAM_MODEL))
-        floor, raw_floor = floors
+        for flag, stores in (
+            ("--serve-model-call-floor", False),
+            ("--serve-model-call-floor", True),
+            ("--serve-raw-call-floor", False),
+        ):
+            with tempfile.TemporaryDirectory() as home:
+                floor_port = free_port()
+                cmd = [sys.executable, __file__, flag, str(floor_port), "--upstream", upstream_url]
+                if stores:
+                    cmd += ["--home", home]
+                async with running(cmd, env, floor_port) as floor_url:
+                    floors.append(await measure_url(floor_url, args, UPSTREAM_MODEL))
+        floor, stored_floor, raw_floor = floors
 
     print(header(args))
     print(line("fake upstream (canned)", upstream, 23))
     print(line("reveille serve (openai)", ours, 23))
     print(line("aiohttp + 1 model call", floor, 23))
+    print(line("... + 2 store trips", stored_floor, 23))
     print(line("aiohttp + 1 raw call", raw_floor, 23))
     print(f"{'ratio':<23}: {ours['rps'] / upstream['rps']:.2f} of the upstream's requests/s")
     print(
         f"{'model-call floor':<23}: {floor['rps'] / upstream['rps']:.2f} of the upstream (a "
         "handler making only the upstream call, as Reveille makes it); reveille reaches "
         f"{ours['rps'] / floor['rps']:.2f} of it"
+    )
+    print(
+        f"{'stored-turn floor':<23}: {stored_floor['rps'] / floor['rps']:.2f} of the model-call "
+        "floor (the same call plus a new conversation's read and durable write); reveille "
+        f"reaches {ours['rps'] / stored_floor['rps']:.2f} of it"
     )
     print(
         f"{'raw-call floor':<23}: {raw_floor['rps'] / upstream['rps']:.2f} of the upstream (the "
@@ -524,7 +556,10 @@ def main() -> None:
     if args.serve_model_call_floor or args.serve_raw_call_floor:
         raw = bool(args.serve_raw_call_floor)
         serve_model_call_floor(
-            args.serve_raw_call_floor or args.serve_model_call_floor, args.upstream, raw=raw
+            args.serve_raw_call_floor or args.serve_model_call_floor,
+            args.upstream,
+            raw=raw,
+            home=args.home,
         )
         return
     if args.serve_store_floor:
