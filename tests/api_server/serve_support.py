@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from delivery.rows import LedgerRow, RowQuery
 from tests.stores import pg_ledger, sqlite_ledger
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,7 +144,7 @@ def wait_until(check, timeout: float = 20.0):
     raise AssertionError("condition not met in time")
 
 
-def ledger_rows(home: Path | str) -> list[dict]:
+def ledger_rows(home: Path | str) -> list[LedgerRow]:
     """Every ledger row under ``home`` (or in the PostgreSQL database at that url), read
     through a ledger of this test process."""
     from delivery.backend import LedgerBackend
@@ -155,6 +156,6 @@ def ledger_rows(home: Path | str) -> list[dict]:
     else:
         backend = sqlite_ledger(Path(home) / "ledger.db")
     try:
-        return Ledger(backend).query(limit=100)
+        return Ledger(backend).query(RowQuery(limit=100))
     finally:
         backend.close()

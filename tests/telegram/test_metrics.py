@@ -71,7 +71,7 @@ def test_counters_move_with_deliveries(tmp_path: Path, bot: FakeBotApi):
         bot.message("in the background: measure me")
         chat(server.port, "run in the background: echo metered")
         wait_until(
-            lambda: [r["delivery_state"] for r in ledger_rows(tmp_path)].count("delivered") == 2,
+            lambda: [r.delivery_state for r in ledger_rows(tmp_path)].count("delivered") == 2,
             timeout=30,
         )
         after = scrape(server.port)
