@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from delivery.backend import AtMost, Below, Increment, IsSet, LedgerStore, LedgerTx
+from delivery.backend import AtMost, Below, Increment, IsSet, LedgerStore, LedgerTx, LedgerViews
 from delivery.errors import (
     ClaimMismatchError,
     InvalidTransitionError,
@@ -95,6 +95,9 @@ class Ledger:
         identity: str | None = None,
     ) -> None:
         self.backend = backend
+        # What operators and pages read goes through the read-only side, so that nothing
+        # written for them can reach a write.
+        self.views: LedgerViews = backend
         self.policy = policy or DeliveryPolicy()
         self.clock = clock
         self.identity = identity or str(current_identity())
@@ -450,10 +453,10 @@ class Ledger:
 
     def query(self, query: RowQuery) -> list[LedgerRow]:
         """Rows matching ``query`` (every filter given; newest first unless asked)."""
-        return self.backend.query(query)
+        return self.views.query(query)
 
     def history(self, row_id: str) -> list[dict[str, Any]]:
-        return self.backend.audit_log(_check_id(row_id))
+        return self.views.audit_log(_check_id(row_id))
 
     def next_due_at(self) -> float | None:
         """The earliest due time of a pending row, or None when nothing is pending."""
