@@ -16,6 +16,7 @@ import tools.async_delegation as ad
 from api.views import background_view, delivery_view
 from delivery.errors import InvalidTransitionError, UnknownDeliveryError
 from delivery.ledger import Ledger
+from delivery.rows import LedgerRow, RowQuery
 
 __all__ = [
     "DeliveryConflict",
@@ -44,13 +45,13 @@ def _ledger() -> Ledger:
     return ledger
 
 
-def _view(ledger: Ledger, row: dict[str, Any]) -> dict[str, Any]:
+def _view(ledger: Ledger, row: LedgerRow) -> dict[str, Any]:
     return delivery_view(row, max_attempts=ledger.policy.max_attempts)
 
 
 def list_deliveries(state: str | None, q: str, limit: int = 200) -> list[dict[str, Any]]:
     ledger = _ledger()
-    rows = ledger.query(delivery_state=state, limit=limit)
+    rows = ledger.query(RowQuery(delivery_state=state, limit=limit))
     needle = q.strip().lower()
     views = [_view(ledger, row) for row in rows]
     if needle:
@@ -69,9 +70,11 @@ def unfinished_work(session_id: str, limit: int = 20) -> list[dict[str, Any]]:
     rows = [
         row
         for state in ("running", "queued")
-        for row in ledger.query(session=session_id, state=state, limit=limit, oldest_first=True)
+        for row in ledger.query(
+            RowQuery(session=session_id, state=state, limit=limit, oldest_first=True)
+        )
     ]
-    rows.sort(key=lambda row: (row.get("created_at") or 0, row["id"]))
+    rows.sort(key=lambda row: (row.created_at or 0, row.id))
     return [background_view(row) for row in rows[:limit]]
 
 

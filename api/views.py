@@ -15,6 +15,7 @@ from typing import Any
 
 from agent.markers import WAKE_MARKER, read_wake_data
 from api.event_log import ToolStep
+from delivery.rows import LedgerRow
 from gateway.config import Platform
 
 __all__ = [
@@ -187,33 +188,31 @@ def transcript_items(
     return items
 
 
-def background_view(row: Mapping[str, Any]) -> dict[str, Any]:
+def background_view(row: LedgerRow) -> dict[str, Any]:
     """Unfinished background work of a session, as the chat's progress strip shows it."""
     return {
-        "id": row["id"],
-        "kind": row.get("kind"),
-        "goal": _text(row.get("goal"))[:300],
-        "state": row.get("state"),
-        "started_at": row.get("started_at") or row.get("created_at"),
+        "id": row.id,
+        "kind": row.kind,
+        "goal": _text(row.goal)[:300],
+        "state": row.state,
+        "started_at": row.started_at or row.created_at,
     }
 
 
-def delivery_view(row: Mapping[str, Any], *, max_attempts: int) -> dict[str, Any]:
+def delivery_view(row: LedgerRow, *, max_attempts: int) -> dict[str, Any]:
     """A ledger row as the Deliveries page shows it."""
-    session = (
-        row.get("origin_ui_session_id") or row.get("origin_session_id") or row.get("session_key")
-    )
-    last_error = row.get("settled_reason") if row.get("delivery_state") == "dropped" else None
+    session = row.origin_ui_session_id or row.origin_session_id or row.session_key
+    last_error = row.settled_reason if row.delivery_state == "dropped" else None
     return {
-        "id": row["id"],
-        "kind": row.get("kind"),
-        "state": row.get("delivery_state"),
-        "work_state": row.get("state"),
+        "id": row.id,
+        "kind": row.kind,
+        "state": row.delivery_state,
+        "work_state": row.state,
         "session_id": session,
-        "attempts": row.get("delivery_attempts", 0),
+        "attempts": row.delivery_attempts,
         "max_attempts": max_attempts,
         "last_error": last_error,
-        "created_at": row.get("created_at"),
-        "updated_at": row.get("updated_at"),
-        "summary": _text(row.get("goal"))[:300],
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "summary": _text(row.goal)[:300],
     }

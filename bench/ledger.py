@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from delivery.rows import RowQuery
 from storage.sqlite.ledger import _SCHEMA as LEDGER_SCHEMA
 from tools import async_delegation as ad
 from tools.process_registry import CompletionQueue
@@ -118,7 +119,7 @@ def pipeline(path: str, items: int, producers: int) -> dict:
     elapsed = time.perf_counter() - start
     consumer.stop()
     stats = rt.ledger.backend.stats()
-    delivered = len(rt.ledger.query(delivery_state="delivered", limit=items * 2))
+    delivered = len(rt.ledger.query(RowQuery(delivery_state="delivered", limit=items * 2)))
     ad.reset_runtime()
     return {
         "items": per * producers,

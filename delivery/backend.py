@@ -1,10 +1,15 @@
-"""The storage interface the ledger logic runs on; ``storage.sqlite``, ``storage.postgres`` and
-``storage.memory`` implement it.
+"""The storage interfaces of the ledger; ``storage.sqlite``, ``storage.postgres`` and
+``storage.memory`` implement both.
 
-The ledger's rules (claims, budgets, restore) live once, in ``delivery.ledger``, written
-against ``LedgerTx``: a handful of primitives that any transactional store can provide.
-A backend runs each operation atomically and may commit several operations together
-(group commit); callers never see which.
+- ``LedgerBackend``: the work the rules need. The ledger's rules (claims, budgets, restore)
+  live once, in ``delivery.ledger``, written against ``LedgerTx``: a handful of primitives
+  that any transactional store can provide. A backend runs each operation atomically and
+  may commit several operations together (group commit); callers never see which. Its
+  reads are the scans recovery and re-offers make.
+- ``LedgerViews``: what operators, metrics and pages read (queries, the audit log, counts,
+  writer counters), never a write: a page cannot change the ledger through it.
+
+Rows leave a backend as ``LedgerRow`` records, decoded once where they were read.
 """
 
 from __future__ import annotations
@@ -12,45 +17,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from delivery.notifier import Notifier
 from delivery.peers import ServerRecord
+from delivery.rows import FIELDS, LedgerRow, RowQuery
 from delivery.write_future import WriteFuture
 
 T = TypeVar("T")
 
-# Columns of a ledger row, in storage order. JSON columns hold dicts.
-COLUMNS: tuple[str, ...] = (
-    "id",
-    "kind",
-    "state",
-    "delivery_state",
-    "session_key",
-    "origin_session_id",
-    "origin_ui_session_id",
-    "goal",
-    "request",
-    "event",
-    "owner",
-    "holder",
-    "created_at",
-    "updated_at",
-    "started_at",
-    "completed_at",
-    "claim_token",
-    "claim_consumer",
-    "claimed_at",
-    "claim_expires_at",
-    "delivery_attempts",
-    "refunds",
-    "next_attempt_at",
-    "due_at",
-    "settled_at",
-    "settled_reason",
-    "replay_from",
-    "restored",
-)
+# Columns of a ledger row, in storage order: the fields of ``LedgerRow``. JSON columns hold
+# dicts.
+COLUMNS: tuple[str, ...] = FIELDS
 JSON_COLUMNS = frozenset({"request", "event"})
 
 
@@ -58,7 +36,8 @@ class LedgerTx(Protocol):
     """One atomic operation's view of the store."""
 
     def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
-        """The row, or only ``columns`` of it (the hot paths need a few, not the event)."""
+        """The row, or only ``columns`` of it (the hot paths need a few, not the event), as
+        a dict: it never leaves the operation, and a partial row is no ``LedgerRow``."""
 
     def insert(self, row: dict[str, Any]) -> None:
         """Insert a new row; raises DuplicateDeliveryError when the id exists."""
@@ -84,8 +63,10 @@ class LedgerTx(Protocol):
         """Forget a server; False when it was not recorded."""
 
 
+@runtime_checkable
 class LedgerBackend(Protocol):
-    """A store of ledger rows. It describes itself by ``url`` and owns its wake-ups.
+    """A store of ledger rows, as the rules use it. It describes itself by ``url`` and owns
+    its wake-ups.
 
     ``durable`` (writes): True means the operation's commit must survive a power loss
     before its future resolves (the row before the work starts, the terminal row with its
@@ -114,23 +95,12 @@ class LedgerBackend(Protocol):
     ) -> asyncio.Future[T]:
         """Queue ``op`` and return a future of the running event loop."""
 
-    def get(self, row_id: str) -> dict[str, Any] | None: ...
+    def get(self, row_id: str) -> LedgerRow | None: ...
 
-    def query(
-        self,
-        *,
-        state: str | None = None,
-        delivery_state: str | None = None,
-        session: str | None = None,
-        kind: str | None = None,
-        limit: int = 100,
-        oldest_first: bool = False,
-    ) -> list[dict[str, Any]]: ...
-
-    def pending_with_event(self, limit: int) -> list[dict[str, Any]]:
+    def pending_with_event(self, limit: int) -> list[LedgerRow]:
         """Pending rows that carry an event, oldest completion first."""
 
-    def due(self, now: float, limit: int) -> list[dict[str, Any]]:
+    def due(self, now: float, limit: int) -> list[LedgerRow]:
         """Pending rows whose ``due_at`` has come, earliest first."""
 
     def next_due_at(self) -> float | None: ...
@@ -141,11 +111,26 @@ class LedgerBackend(Protocol):
     def active_owners(self, state: str) -> list[str]:
         """Distinct owners of rows in one active lifecycle state."""
 
-    def rows_held_by(self, holder: str, limit: int) -> list[dict[str, Any]]: ...
+    def rows_held_by(self, holder: str, limit: int) -> list[LedgerRow]: ...
 
-    def rows_owned_by(self, owner: str, state: str, limit: int) -> list[dict[str, Any]]: ...
+    def rows_owned_by(self, owner: str, state: str, limit: int) -> list[LedgerRow]: ...
 
-    def audit_log(self, row_id: str) -> list[dict[str, Any]]: ...
+    def servers(self) -> list[ServerRecord]:
+        """Every server recorded as sharing this store, earliest start first (the roster
+        decides from them which holders are dead)."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class LedgerViews(Protocol):
+    """The ledger as operators, metrics and pages read it: no writes, no claims."""
+
+    def query(self, query: RowQuery) -> list[LedgerRow]:
+        """Rows matching ``query`` (see ``RowQuery``)."""
+
+    def audit_log(self, row_id: str) -> list[dict[str, Any]]:
+        """The row's audit entries (``at``, ``action``, ``detail``), oldest first."""
 
     def servers(self) -> list[ServerRecord]:
         """Every server recorded as sharing this store, earliest start first."""
@@ -153,7 +138,15 @@ class LedgerBackend(Protocol):
     def stats(self) -> dict[str, int]:
         """Counters: commits (each one fsync of the log at synchronous=FULL), operations."""
 
-    def close(self) -> None: ...
+    def delivery_counts(self) -> dict[str, int]:
+        """Rows waiting for delivery (``pending``), and those of them under a claim now
+        (``claimed``: a claim token is set; a lapsed claim counts until the row is claimed
+        again or settled). The ``reveille_delivery_rows`` metric."""
+
+
+@runtime_checkable
+class LedgerStore(LedgerBackend, LedgerViews, Protocol):
+    """A backend as the opener hands it out: the rules' work and the operators' views."""
 
 
 @dataclass(frozen=True, slots=True)

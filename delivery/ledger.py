@@ -9,12 +9,13 @@ written once against ``LedgerTx`` and so holds for every backend.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from delivery.backend import AtMost, Below, Increment, IsSet, LedgerBackend, LedgerTx
+from delivery.backend import AtMost, Below, Increment, IsSet, LedgerStore, LedgerTx, LedgerViews
 from delivery.errors import (
     ClaimMismatchError,
     InvalidTransitionError,
@@ -27,6 +28,7 @@ from delivery.policy import DeliveryPolicy
 from delivery.recovery import abandoned_event, redeliver_op, reoffer_op
 from delivery.recovery import settle_changes as _settle
 from delivery.roster import ServerRoster
+from delivery.rows import LedgerRow, RowQuery
 from delivery.states import ACTIVE_STATES, DeliveryState, State, can_transition
 from delivery.write_future import WriteFuture
 
@@ -81,22 +83,26 @@ def _load_held(tx: LedgerTx, row_id: str, token: str | None) -> dict[str, Any]:
 
 
 class Ledger:
-    """The delivery ledger of one process, over a shared backend."""
+    """The delivery ledger of one process, over a shared backend (its rules use the
+    ``LedgerBackend`` side, its reads for operators the ``LedgerViews`` side)."""
 
     def __init__(
         self,
-        backend: LedgerBackend,
+        backend: LedgerStore,
         policy: DeliveryPolicy | None = None,
         *,
         clock: Callable[[], float] = time.time,
         identity: str | None = None,
     ) -> None:
         self.backend = backend
+        # What operators and pages read goes through the read-only side, so that nothing
+        # written for them can reach a write.
+        self.views: LedgerViews = backend
         self.policy = policy or DeliveryPolicy()
         self.clock = clock
         self.identity = identity or str(current_identity())
         self._due_listeners: list[Callable[[float], None]] = []
-        self._adopters: dict[str, Callable[[dict[str, Any]], None]] = {}
+        self._adopters: dict[str, Callable[[LedgerRow], None]] = {}
         self.servers = ServerRoster(
             backend,
             self.identity,
@@ -432,7 +438,7 @@ class Ledger:
 
         return self.backend.write(op)
 
-    def redeliver(self, row_id: str, *, actor: str = "operator") -> dict[str, Any]:
+    def redeliver(self, row_id: str, *, actor: str = "operator") -> LedgerRow:
         """Operator action: a dropped row goes back to pending with a fresh budget."""
         _check_id(row_id)
         now = self.clock()
@@ -442,32 +448,15 @@ class Ledger:
 
     # -- reads --------------------------------------------------------------------------------
 
-    def get(self, row_id: str) -> dict[str, Any] | None:
+    def get(self, row_id: str) -> LedgerRow | None:
         return self.backend.get(_check_id(row_id))
 
-    def query(
-        self,
-        *,
-        state: str | None = None,
-        delivery_state: str | None = None,
-        session: str | None = None,
-        kind: str | None = None,
-        limit: int = 100,
-        oldest_first: bool = False,
-    ) -> list[dict[str, Any]]:
-        """Rows matching every filter given, newest first (``session`` matches any of the
-        three session columns)."""
-        return self.backend.query(
-            state=state,
-            delivery_state=delivery_state,
-            session=session,
-            kind=kind,
-            limit=limit,
-            oldest_first=oldest_first,
-        )
+    def query(self, query: RowQuery) -> list[LedgerRow]:
+        """Rows matching ``query`` (every filter given; newest first unless asked)."""
+        return self.views.query(query)
 
     def history(self, row_id: str) -> list[dict[str, Any]]:
-        return self.backend.audit_log(_check_id(row_id))
+        return self.views.audit_log(_check_id(row_id))
 
     def next_due_at(self) -> float | None:
         """The earliest due time of a pending row, or None when nothing is pending."""
@@ -505,7 +494,7 @@ class Ledger:
 
     # -- recovery -------------------------------------------------------------------------------
 
-    def set_adopter(self, kind: str, adopt: Callable[[dict[str, Any]], None] | None) -> None:
+    def set_adopter(self, kind: str, adopt: Callable[[LedgerRow], None] | None) -> None:
         """Say who takes over the running rows of ``kind`` whose owner process died.
 
         Work of such a kind can outlive its owner (a background process keeps running after
@@ -550,18 +539,18 @@ class Ledger:
                 if owner == self.identity or not self.is_dead(owner):
                     continue
                 for row in self.backend.rows_owned_by(owner, state, _SCAN_LIMIT):
-                    adopt = self._adopters.get(row["kind"]) if state == State.RUNNING else None
+                    adopt = self._adopters.get(row.kind) if state == State.RUNNING else None
                     if adopt is not None:
-                        if self.take_over(row["id"], owner):
+                        if self.take_over(row.id, owner):
                             try:
-                                adopt({**row, "owner": self.identity})
+                                adopt(dataclasses.replace(row, owner=self.identity))
                                 continue
                             except Exception:
-                                log.exception("adopting %s failed", row["id"])
+                                log.exception("adopting %s failed", row.id)
                         else:
                             continue  # another survivor took it over, or it finished
                     event = abandoned_event(row, new_state, self.clock())
-                    if self.finish(row["id"], expected=state, state=new_state, event=event):
+                    if self.finish(row.id, expected=state, state=new_state, event=event):
                         recovered.append(event)
         return recovered
 
@@ -584,14 +573,14 @@ class Ledger:
                 rows.extend(self.backend.rows_held_by(holder, _SCAN_LIMIT))
         return self._take(rows, now, "orphan")
 
-    def _take(self, rows: list[dict[str, Any]], now: float, reason: str) -> list[dict[str, Any]]:
+    def _take(self, rows: list[LedgerRow], now: float, reason: str) -> list[dict[str, Any]]:
         policy, identity = self.policy, self.identity
         seen: set[str] = set()
         candidates = []
-        for row in sorted(rows, key=lambda r: (r["completed_at"] or 0, r["id"])):
-            if row["id"] in seen or row["event"] is None:
+        for row in sorted(rows, key=lambda r: (r.completed_at or 0, r.id)):
+            if row.id in seen or row.event is None:
                 continue
-            seen.add(row["id"])
+            seen.add(row.id)
             candidates.append(row)
 
         if not candidates:

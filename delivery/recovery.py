@@ -18,6 +18,7 @@ from delivery.errors import InvalidTransitionError, UnknownDeliveryError
 from delivery.events import ASYNC_DELEGATION, PROCESS_COMPLETION
 from delivery.identity import holder_is_dead
 from delivery.policy import DeliveryPolicy
+from delivery.rows import LedgerRow
 from delivery.states import DeliveryState, State
 
 
@@ -34,14 +35,14 @@ def mark_reoffered(event: dict[str, Any], reason: str, at: float) -> dict[str, A
     return marked
 
 
-def abandoned_event(row: dict[str, Any], state: str, now: float) -> dict[str, Any]:
+def abandoned_event(row: LedgerRow, state: str, now: float) -> dict[str, Any]:
     """The completion event of work whose owner process died before it finished."""
-    request = dict(row.get("request") or {})
+    request = dict(row.request or {})
     never_started = state == State.INTERRUPTED
     event = {
         **request,
         # the claim goes by these ids: never trust the stored request to carry them
-        "delegation_id" if row["kind"] == "delegation" else "delivery_id": row["id"],
+        "delegation_id" if row.kind == "delegation" else "delivery_id": row.id,
         "status": str(state),
         "error": (
             "Reveille restarted before this work started; it never ran and can be dispatched again."
@@ -52,10 +53,8 @@ def abandoned_event(row: dict[str, Any], state: str, now: float) -> dict[str, An
         "completed_at": now,
         "abandoned": True,
     }
-    event.setdefault(
-        "type", ASYNC_DELEGATION if row["kind"] == "delegation" else PROCESS_COMPLETION
-    )
-    started = row.get("started_at") or row.get("created_at")
+    event.setdefault("type", ASYNC_DELEGATION if row.kind == "delegation" else PROCESS_COMPLETION)
+    started = row.started_at or row.created_at
     if started:
         event["duration_seconds"] = round(max(now - started, 0.0), 3)
     return event
@@ -79,7 +78,7 @@ def settle_changes(state: str, now: float, reason: str) -> dict[str, Any]:
 
 
 def reoffer_op(
-    candidates: list[dict[str, Any]],
+    candidates: list[LedgerRow],
     now: float,
     reason: str,
     policy: DeliveryPolicy,
@@ -94,37 +93,37 @@ def reoffer_op(
 
     def op(tx: LedgerTx) -> list[dict[str, Any]]:
         offered = []
-        free = tx.lock_free([row["id"] for row in candidates])
+        free = tx.lock_free([row.id for row in candidates])
         for row in candidates:
-            if row["id"] not in free:
+            if row.id not in free or row.event is None:
                 continue  # another process is offering or settling it right now
             expect = {
                 "delivery_state": _PENDING,
-                "holder": row["holder"],
-                "due_at": row["due_at"],
-                "claim_token": row["claim_token"],
+                "holder": row.holder,
+                "due_at": row.due_at,
+                "claim_token": row.claim_token,
             }
-            if row["claim_expires_at"] > now and not holder_is_dead(row["holder"], lapsed):
+            if row.claim_expires_at > now and not holder_is_dead(row.holder, lapsed):
                 continue  # a live process holds a live claim: it is in flight
-            if row["next_attempt_at"] > now:
+            if row.next_attempt_at > now:
                 continue  # backing off: offered when its due time comes, not before
-            age = now - (row["replay_from"] or row["completed_at"] or row["created_at"])
+            age = now - (row.replay_from or row.completed_at or row.created_at)
             if age > policy.replay_cap_seconds:
                 too_old = settle_changes(_DROPPED, now, "older than the replay age cap")
-                if tx.update(row["id"], expect, too_old):
-                    tx.audit(row["id"], "drop", f"not replayed on {reason}: too old", now)
+                if tx.update(row.id, expect, too_old):
+                    tx.audit(row.id, "drop", f"not replayed on {reason}: too old", now)
                 continue
             changes = {
                 "holder": identity,
                 "due_at": now + policy.lease_seconds,
-                "restored": row["restored"] + 1,
+                "restored": row.restored + 1,
                 "updated_at": now,
             }
-            if row["claim_expires_at"]:
+            if row.claim_expires_at:
                 # The lease ran out, or its holder died: the claim is void now.
                 changes.update(claim_token=None, claim_consumer=None, claim_expires_at=0)
-            if tx.update(row["id"], expect, changes):
-                offered.append(mark_reoffered(row["event"], reason, now))
+            if tx.update(row.id, expect, changes):
+                offered.append(mark_reoffered(row.event, reason, now))
         return offered
 
     return op
@@ -132,11 +131,11 @@ def reoffer_op(
 
 def redeliver_op(
     row_id: str, now: float, identity: str, actor: str
-) -> Callable[[LedgerTx], dict[str, Any]]:
+) -> Callable[[LedgerTx], LedgerRow]:
     """The operation of an operator's redeliver: a dropped row goes back to pending with a
     fresh budget, held by ``identity``; the row as it is afterwards."""
 
-    def op(tx: LedgerTx) -> dict[str, Any]:
+    def op(tx: LedgerTx) -> LedgerRow:
         row = tx.get(row_id)
         if row is None:
             raise UnknownDeliveryError(f"no ledger row {row_id!r}")
@@ -163,6 +162,6 @@ def redeliver_op(
         }
         tx.update(row_id, {"delivery_state": _DROPPED}, changes)
         tx.audit(row_id, "redeliver", f"by {actor}; fresh budget", now)
-        return {**row, **changes}
+        return LedgerRow(**{**row, **changes})
 
     return op

@@ -13,6 +13,7 @@ from typing import Any
 import storage
 from delivery.errors import LedgerError, NotALedgerError, UnknownDeliveryError
 from delivery.ledger import Ledger
+from delivery.rows import LedgerRow, RowQuery
 from delivery.states import DeliveryState, State
 from reveille.settings import load_settings
 
@@ -72,22 +73,22 @@ def _clip(text: str | None, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _session_of(row: dict[str, Any]) -> str:
-    return row["origin_ui_session_id"] or row["origin_session_id"] or row["session_key"] or "-"
+def _session_of(row: LedgerRow) -> str:
+    return row.origin_ui_session_id or row.origin_session_id or row.session_key or "-"
 
 
-def format_table(rows: list[dict[str, Any]], now: float) -> str:
+def format_table(rows: list[LedgerRow], now: float) -> str:
     headers = ("ID", "KIND", "STATE", "DELIVERY", "TRIES", "AGE", "SESSION", "GOAL")
     table = [
         (
-            row["id"],
-            row["kind"],
-            row["state"],
-            row["delivery_state"] if row["completed_at"] else "-",
-            str(row["delivery_attempts"]),
-            _age(row["created_at"], now),
+            row.id,
+            row.kind,
+            row.state,
+            row.delivery_state if row.completed_at else "-",
+            str(row.delivery_attempts),
+            _age(row.created_at, now),
             _clip(_session_of(row), 28),
-            _clip(row["goal"], 48),
+            _clip(row.goal, 48),
         )
         for row in rows
     ]
@@ -98,29 +99,29 @@ def format_table(rows: list[dict[str, Any]], now: float) -> str:
     return "\n".join(lines)
 
 
-def format_row(row: dict[str, Any], history: list[dict[str, Any]]) -> str:
+def format_row(row: LedgerRow, history: list[dict[str, Any]]) -> str:
     fields = [
-        ("id", row["id"]),
-        ("kind", row["kind"]),
-        ("goal", row["goal"]),
-        ("state", row["state"]),
-        ("delivery", row["delivery_state"]),
-        ("attempts", f"{row['delivery_attempts']} counted, {row['refunds']} refunded"),
-        ("session key", row["session_key"]),
-        ("API session", row["origin_session_id"]),
-        ("web UI session", row["origin_ui_session_id"]),
-        ("created", _iso(row["created_at"])),
-        ("started", _iso(row["started_at"])),
-        ("completed", _iso(row["completed_at"])),
-        ("settled", f"{_iso(row['settled_at'])}  {row['settled_reason'] or ''}".rstrip()),
-        ("claimed by", row["claim_consumer"] or "-"),
-        ("next attempt", _iso(row["next_attempt_at"])),
-        ("re-offered", f"{row['restored']} time(s)"),
+        ("id", row.id),
+        ("kind", row.kind),
+        ("goal", row.goal),
+        ("state", row.state),
+        ("delivery", row.delivery_state),
+        ("attempts", f"{row.delivery_attempts} counted, {row.refunds} refunded"),
+        ("session key", row.session_key),
+        ("API session", row.origin_session_id),
+        ("web UI session", row.origin_ui_session_id),
+        ("created", _iso(row.created_at)),
+        ("started", _iso(row.started_at)),
+        ("completed", _iso(row.completed_at)),
+        ("settled", f"{_iso(row.settled_at)}  {row.settled_reason or ''}".rstrip()),
+        ("claimed by", row.claim_consumer or "-"),
+        ("next attempt", _iso(row.next_attempt_at)),
+        ("re-offered", f"{row.restored} time(s)"),
     ]
     width = max(len(k) for k, _ in fields)
     out = [f"{k.ljust(width)}  {v if v not in (None, '') else '-'}" for k, v in fields]
-    if row["event"] is not None:
-        out += ["", "event:", json.dumps(row["event"], indent=2, ensure_ascii=False)]
+    if row.event is not None:
+        out += ["", "event:", json.dumps(row.event, indent=2, ensure_ascii=False)]
     if history:
         out += ["", "history:"]
         out += [f"  {_iso(h['at'])}  {h['action']}: {h['detail']}" for h in history]
@@ -193,15 +194,17 @@ def explain(exc: BaseException, path: Path) -> str:
 def _act(ledger: Ledger, args: argparse.Namespace) -> int:
     if args.action == "list":
         rows = ledger.query(
-            state=args.state,
-            delivery_state=args.delivery_state,
-            session=args.session,
-            kind=args.kind,
-            limit=args.limit,
+            RowQuery(
+                state=args.state,
+                delivery_state=args.delivery_state,
+                session=args.session,
+                kind=args.kind,
+                limit=args.limit,
+            )
         )
         if args.json:
             for row in rows:
-                print(json.dumps(row, default=str))
+                print(json.dumps(row.as_dict(), default=str))
         elif rows:
             print(format_table(rows, time.time()))
         else:
@@ -221,7 +224,11 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
     row = found
     if args.action == "show":
         if args.json:
-            print(json.dumps({**row, "history": ledger.history(args.id)}, default=str, indent=2))
+            print(
+                json.dumps(
+                    {**row.as_dict(), "history": ledger.history(args.id)}, default=str, indent=2
+                )
+            )
         else:
             print(format_row(row, ledger.history(args.id)))
         return 0
@@ -235,6 +242,6 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
         if ledger.drop(args.id, args.reason):
             print(f"{args.id}: dropped ({args.reason}); its result stays queryable")
             return 0
-        print(f"error: {args.id} is {row['delivery_state']}, not pending", file=sys.stderr)
+        print(f"error: {args.id} is {row.delivery_state}, not pending", file=sys.stderr)
         return 1
     raise AssertionError(args.action)

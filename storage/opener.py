@@ -12,9 +12,10 @@ a storage dialect.
   migrate again.
 - ``memory://name``: in-process stores (tests, embedding); each ``open_*`` is a new one.
 
-The returned ``Storage`` opens the backends: ``open_ledger()`` (a ``LedgerBackend``) and
-``open_sessions()`` (a ``SessionBackend``); keyword options tune one dialect's backend
-(pool sizes, batch limits, a test clock) and are passed through as given.
+The returned ``Storage`` opens the backends: ``open_ledger()`` (a ``LedgerStore``: the
+ledger's work and views) and ``open_sessions()`` (a ``SessionBackend``); keyword options
+tune one dialect's backend (pool sizes, batch limits, a test clock) and are passed through
+as given.
 ``sqlite_files(ledger=..., sessions=...)`` describes SQLite files at paths of the caller's
 choosing (tests, benchmarks, the operator's ledger file).
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from delivery.backend import LedgerBackend
+from delivery.backend import LedgerStore
 from delivery.session_backend import SessionBackend
 from delivery.state_dir import ensure_private_dir
 
@@ -63,7 +64,7 @@ class Storage:
     schema: str | None = None
     memory_name: str = "memory"
 
-    def open_ledger(self, **options: Any) -> LedgerBackend:
+    def open_ledger(self, **options: Any) -> LedgerStore:
         if self.dialect == "postgres":
             from storage.postgres.ledger import PostgresBackend
 
@@ -142,7 +143,7 @@ def sqlite_files(
     )
 
 
-def open_ledger_file(path: str | os.PathLike[str]) -> LedgerBackend:
+def open_ledger_file(path: str | os.PathLike[str]) -> LedgerStore:
     """The ledger in the SQLite file at ``path``: what the contract module opens for an
     embedder that hands it a bare path (found through the ``reveille.storage`` entry point,
     so that the tools floor never names a dialect)."""

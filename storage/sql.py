@@ -4,8 +4,9 @@ placeholder mark (``?`` or ``%s``).
 - ``UpdateCompiler``: the compare-and-set ``UPDATE`` of ``LedgerTx.update``; its statement
   depends only on the columns and the value types, so it is compiled once per shape and the
   hot path only binds values.
-- ``query_filter``: the ``WHERE`` clause of the operators' ledger queries.
-- ``dump_json`` / ``decode_row``: a stored row's JSON columns, both ways.
+- ``query_filter``: the ``WHERE`` clause of the operators' ledger queries (a ``RowQuery``).
+- ``dump_json`` / ``decode_row`` / ``decode_columns``: a stored row's JSON columns, both
+  ways; a whole row becomes a ``LedgerRow``, a few columns (inside an operation) a dict.
 """
 
 from __future__ import annotations
@@ -23,8 +24,16 @@ from delivery.backend import (
     IsSet,
     check_columns,
 )
+from delivery.rows import LedgerRow, RowQuery
 
-__all__ = ["Statement", "UpdateCompiler", "decode_row", "dump_json", "query_filter"]
+__all__ = [
+    "Statement",
+    "UpdateCompiler",
+    "decode_columns",
+    "decode_row",
+    "dump_json",
+    "query_filter",
+]
 
 Statement = tuple[str, list[Any]]
 
@@ -37,8 +46,25 @@ def dump_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), default=str)
 
 
-def decode_row(row: Iterable[Any], columns: tuple[str, ...] = COLUMNS) -> dict[str, Any]:
-    """A stored row (its ``columns``, in order) as the dict ledger rules read."""
+# The positions of the JSON columns in a whole row: decoding binds them, never looks them up.
+_REQUEST, _EVENT = COLUMNS.index("request"), COLUMNS.index("event")
+assert {"request", "event"} == JSON_COLUMNS, "decode_row knows these two JSON columns"
+
+
+def decode_row(row: Iterable[Any]) -> LedgerRow:
+    """A stored row (every column, in storage order) as a ``LedgerRow``: decoded once, here,
+    for every reader of the SQL dialects."""
+    values = list(row)
+    request, event = values[_REQUEST], values[_EVENT]
+    if request is not None:
+        values[_REQUEST] = json.loads(request)
+    if event is not None:
+        values[_EVENT] = json.loads(event)
+    return LedgerRow(*values)
+
+
+def decode_columns(row: Iterable[Any], columns: tuple[str, ...]) -> dict[str, Any]:
+    """A few stored ``columns`` of a row, in order, as the dict ``LedgerTx.get`` returns."""
     out = dict(zip(columns, row, strict=True))
     for col in JSON_COLUMNS:
         text = out.get(col)
@@ -105,26 +131,24 @@ class UpdateCompiler:
         return sql, tuple(json_at), tuple(increment_at), tuple(bind)
 
 
-def query_filter(
-    mark: str,
-    *,
-    state: str | None,
-    delivery_state: str | None,
-    session: str | None,
-    kind: str | None,
-) -> tuple[str, list[Any]]:
+def query_filter(mark: str, query: RowQuery) -> tuple[str, list[Any]]:
     """The ``WHERE`` clause (empty when nothing filters) and its parameters of a
-    ``LedgerBackend.query`` in SQL whose placeholder is ``mark`` (``?`` or ``%s``); a session
+    ``LedgerViews.query`` in SQL whose placeholder is ``mark`` (``?`` or ``%s``); a session
     matches its routing key and either origin id."""
     where: list[str] = []
     params: list[Any] = []
-    for col, value in (("state", state), ("delivery_state", delivery_state), ("kind", kind)):
+    filters = (
+        ("state", query.state),
+        ("delivery_state", query.delivery_state),
+        ("kind", query.kind),
+    )
+    for col, value in filters:
         if value is not None:
             where.append(f"{col} = {mark}")
             params.append(value)
-    if session is not None:
+    if query.session is not None:
         where.append(
             f"(session_key = {mark} OR origin_session_id = {mark} OR origin_ui_session_id = {mark})"
         )
-        params.extend([session] * 3)
+        params.extend([query.session] * 3)
     return (" WHERE " + " AND ".join(where) if where else ""), params

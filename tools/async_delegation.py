@@ -25,6 +25,7 @@ from typing import Any
 from delivery.errors import ClaimMismatchError
 from delivery.events import ASYNC_DELEGATION, delivery_id
 from delivery.ids import new_id
+from delivery.rows import RowQuery
 from tools.completion_queue import EventQueue, WireEvent
 from tools.delegation_runtime import (
     DEFAULT_MAX_QUEUED,
@@ -83,7 +84,9 @@ log = logging.getLogger(__name__)
 EVENT_TYPE = ASYNC_DELEGATION  # the one literal lives in delivery.events
 
 LedgerRow = dict[str, Any]
-"""A ledger row as a dict: ``state``, ``delivery_state``, ``delivery_attempts``, ``event`` ..."""
+"""A ledger row as this contract hands it out: a dict (``state``, ``delivery_state``,
+``delivery_attempts``, ``event`` ...), the ``as_dict()`` of the ``delivery.rows.LedgerRow``
+record the ledger reads; plugins index it, so it stays a dict."""
 
 
 # -- dispatch API ------------------------------------------------------------------------------
@@ -272,7 +275,10 @@ def cancel_delegation(delegation_id: str) -> bool:
 def list_delegations(
     *, session: str | None = None, state: str | None = None, limit: int = 100
 ) -> list[LedgerRow]:
-    return get_runtime().ledger.query(kind="delegation", session=session, state=state, limit=limit)
+    rows = get_runtime().ledger.query(
+        RowQuery(kind="delegation", session=session, state=state, limit=limit)
+    )
+    return [row.as_dict() for row in rows]
 
 
 # -- the delivery contract ---------------------------------------------------------------------
@@ -363,10 +369,9 @@ def get_durable_delegation(delegation_id: str) -> LedgerRow | None:
     row = get_runtime().ledger.get(delegation_id)
     if row is None:
         return None
-    stored = row.get("event")
-    event: dict[str, Any] = stored if isinstance(stored, dict) else {}
+    event: dict[str, Any] = row.event if isinstance(row.event, dict) else {}
     result = event.get("summary") if event.get("summary") is not None else event.get("results")
-    return {**row, "origin_session": row.get("origin_session_id"), "result": result}
+    return {**row.as_dict(), "origin_session": row.origin_session_id, "result": result}
 
 
 def restore_undelivered_completions(completion_queue: EventQueue) -> int:

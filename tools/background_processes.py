@@ -42,6 +42,7 @@ from delivery.events import PROCESS_COMPLETION
 from delivery.identity import ProcessIdentity, current_identity, process_start_ticks
 from delivery.ids import new_id
 from delivery.ledger import Ledger
+from delivery.rows import LedgerRow
 from delivery.state_dir import ensure_private_dir
 from delivery.states import State
 from tools.completion_queue import CompletionQueue, WireEvent, shared_completion_queue
@@ -362,22 +363,22 @@ class ProcessRegistry:
         """Adopt, through ``ledger``'s recovery, the running process rows of dead owners."""
         ledger.set_adopter(PROCESS_KIND, self.adopt)
 
-    def adopt(self, row: dict[str, Any]) -> None:
+    def adopt(self, row: LedgerRow) -> None:
         """Follow the process of ``row`` (now owned by this process) to its real outcome.
 
         Recorded exit status: delivered now. Wrapper still running: waited for on a pidfd in
         a thread, then delivered. Neither: reported unknown, in words that say so.
         """
-        process_id = row["id"]
+        process_id = row.id
         with self._lock:
             if process_id in self._running:
                 return
-        request: ProcessRequest = dict(row.get("request") or {})
+        request: ProcessRequest = dict(row.request or {})
         request.setdefault("type", PROCESS_COMPLETION)
         request["delivery_id"] = request["process_id"] = process_id
-        command = str(request.get("command") or row.get("goal") or "")
+        command = str(request.get("command") or row.goal or "")
         directory = self._directory(process_id)
-        started = row.get("started_at") or row.get("created_at") or time.time()
+        started = row.started_at or row.created_at or time.time()
         ident = read_wrapper_identity(directory)
         pid = ident.pid if ident is not None else 0
         running = _Running(process_id, pid, command, directory, started=started, adopted=True)
@@ -526,9 +527,9 @@ class ProcessRegistry:
             return None
         return {
             "process_id": process_id,
-            "status": row["state"],
-            "delivery_state": row["delivery_state"],
-            **(row["event"] or {}),
+            "status": row.state,
+            "delivery_state": row.delivery_state,
+            **(row.event or {}),
         }
 
     def kill(self, process_id: str) -> bool:

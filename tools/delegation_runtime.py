@@ -27,7 +27,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from delivery.backend import LedgerBackend
+from delivery.backend import LedgerStore
 from delivery.errors import LedgerError, LedgerUnavailable
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
@@ -383,7 +383,7 @@ def open_runtime(
     completion_queue: EventQueue | None = None,
     max_queued: int = DEFAULT_MAX_QUEUED,
     clock: Clock = time.time,
-    backend: LedgerBackend | None = None,
+    backend: LedgerStore | None = None,
 ) -> DelegationRuntime:
     """A runtime on the SQLite ledger at ``path`` (or on an opened ``backend``, e.g.
     PostgreSQL, which the runtime then owns), putting on the shared queue by default.
@@ -400,7 +400,7 @@ def open_runtime(
     return DelegationRuntime(ledger, completion_queue, max_queued=max_queued)
 
 
-def open_ledger_file(path: str) -> LedgerBackend:
+def open_ledger_file(path: str) -> LedgerStore:
     """The ledger in the file at ``path``, opened by the storage opener that the
     ``reveille.storage`` entry point names: this floor never names a storage dialect."""
     found = entry_points(group="reveille.storage", name="ledger_file")
@@ -409,7 +409,7 @@ def open_ledger_file(path: str) -> LedgerBackend:
             "no ledger storage is installed (entry point reveille.storage:ledger_file); "
             "install reveille, or configure the runtime with an opened backend="
         )
-    opener: Callable[[str], LedgerBackend] = next(iter(found)).load()
+    opener: Callable[[str], LedgerStore] = next(iter(found)).load()
     return opener(path)
 
 
@@ -457,7 +457,7 @@ def configure_runtime(
     completion_queue: EventQueue | None = None,
     max_queued: int = DEFAULT_MAX_QUEUED,
     clock: Clock = time.time,
-    backend: LedgerBackend | None = None,
+    backend: LedgerStore | None = None,
 ) -> DelegationRuntime:
     """Open the runtime on an explicit ledger file, or on an opened ``backend`` (tests,
     benchmarks, embedding, the composition root with PostgreSQL)."""

@@ -32,6 +32,7 @@ from delivery.backend import (
 from delivery.errors import DuplicateDeliveryError, LedgerUnavailable
 from delivery.notifier import LocalNotifier
 from delivery.peers import ServerRecord
+from delivery.rows import LedgerRow, RowQuery
 from delivery.write_future import WriteFuture
 
 T = TypeVar("T")
@@ -105,7 +106,7 @@ class _MemoryTx:
         row = self._store._rows.get(row_id)
         if row is None:
             return None
-        return _copy_out(row, columns or COLUMNS)
+        return _copy_columns(row, columns or COLUMNS)
 
     def insert(self, row: dict[str, Any]) -> None:
         check_columns(row)
@@ -159,15 +160,22 @@ class _MemoryTx:
         return True
 
 
-def _copy_out(row: dict[str, Any], columns: Iterable[str]) -> dict[str, Any]:
+def _copy_columns(row: dict[str, Any], columns: Iterable[str]) -> dict[str, Any]:
     out = {c: row[c] for c in columns}
     for col in JSON_COLUMNS.intersection(out):
         out[col] = copy.deepcopy(out[col])
     return out
 
 
+def _copy_out(row: dict[str, Any]) -> LedgerRow:
+    """A stored row as the record readers get; its JSON columns are copies, so no reader
+    ever shares a dict with the store."""
+    return LedgerRow(**_copy_columns(row, COLUMNS))
+
+
 class MemoryBackend:
-    """``LedgerBackend`` in this process's memory; ``url`` is ``memory://<name>``."""
+    """``LedgerBackend`` and ``LedgerViews`` in this process's memory; ``url`` is
+    ``memory://<name>``."""
 
     def __init__(self, name: str = "ledger") -> None:
         self._name = name
@@ -237,7 +245,7 @@ class MemoryBackend:
         key: Callable[[dict[str, Any]], Any] | None = None,
         limit: int | None = None,
         reverse: bool = False,
-    ) -> list[dict[str, Any]]:
+    ) -> list[LedgerRow]:
         with self._lock:
             if self._closed:
                 raise LedgerUnavailable(f"the ledger {self.url} is closed")
@@ -245,27 +253,23 @@ class MemoryBackend:
         found.sort(key=key or (lambda r: r["_seq"]), reverse=reverse)
         if limit is not None:
             found = found[: max(int(limit), 0)]
-        return [_copy_out(r, COLUMNS) for r in found]
+        return [_copy_out(r) for r in found]
 
-    def get(self, row_id: str) -> dict[str, Any] | None:
+    def get(self, row_id: str) -> LedgerRow | None:
         rows = self._select(lambda r: r["id"] == row_id)
         return rows[0] if rows else None
 
-    def query(
-        self,
-        *,
-        state: str | None = None,
-        delivery_state: str | None = None,
-        session: str | None = None,
-        kind: str | None = None,
-        limit: int = 100,
-        oldest_first: bool = False,
-    ) -> list[dict[str, Any]]:
+    def query(self, query: RowQuery) -> list[LedgerRow]:
         filters = [
             (c, v)
-            for c, v in (("state", state), ("delivery_state", delivery_state), ("kind", kind))
+            for c, v in (
+                ("state", query.state),
+                ("delivery_state", query.delivery_state),
+                ("kind", query.kind),
+            )
             if v is not None
         ]
+        session = query.session
 
         def where(r: dict[str, Any]) -> bool:
             if any(r[c] != v for c, v in filters):
@@ -276,9 +280,9 @@ class MemoryBackend:
                 r["origin_ui_session_id"],
             )
 
-        return self._select(where, limit=limit, reverse=not oldest_first)
+        return self._select(where, limit=query.limit, reverse=not query.oldest_first)
 
-    def pending_with_event(self, limit: int) -> list[dict[str, Any]]:
+    def pending_with_event(self, limit: int) -> list[LedgerRow]:
         return self._select(
             lambda r: (
                 r["delivery_state"] == "pending"
@@ -289,7 +293,7 @@ class MemoryBackend:
             limit=limit,
         )
 
-    def due(self, now: float, limit: int) -> list[dict[str, Any]]:
+    def due(self, now: float, limit: int) -> list[LedgerRow]:
         return self._select(
             lambda r: (
                 r["delivery_state"] == "pending" and r["due_at"] is not None and r["due_at"] <= now
@@ -321,12 +325,12 @@ class MemoryBackend:
     def active_owners(self, state: str) -> list[str]:
         return self._distinct("owner", lambda r: r["state"] == state)
 
-    def rows_held_by(self, holder: str, limit: int) -> list[dict[str, Any]]:
+    def rows_held_by(self, holder: str, limit: int) -> list[LedgerRow]:
         return self._select(
             lambda r: r["delivery_state"] == "pending" and r["holder"] == holder, limit=limit
         )
 
-    def rows_owned_by(self, owner: str, state: str, limit: int) -> list[dict[str, Any]]:
+    def rows_owned_by(self, owner: str, state: str, limit: int) -> list[LedgerRow]:
         return self._select(lambda r: r["state"] == state and r["owner"] == owner, limit=limit)
 
     def audit_log(self, row_id: str) -> list[dict[str, Any]]:
@@ -340,6 +344,13 @@ class MemoryBackend:
     def servers(self) -> list[ServerRecord]:
         with self._lock:
             return sorted(self._servers.values(), key=lambda r: (r.started_at, r.identity))
+
+    def delivery_counts(self) -> dict[str, int]:
+        """Rows waiting for delivery, and those of them under a claim (``LedgerViews``)."""
+        with self._lock:
+            pending = [r for r in self._rows.values() if r["delivery_state"] == "pending"]
+            claimed = sum(r["claim_token"] is not None for r in pending)
+        return {"pending": len(pending), "claimed": claimed}
 
     def stats(self) -> dict[str, int]:
         # Each operation is its own "commit"; nothing is ever fsynced.

@@ -35,6 +35,7 @@ import psycopg_pool
 from delivery.backend import LedgerTx
 from delivery.errors import LedgerUnavailable
 from delivery.peers import ServerRecord
+from delivery.rows import LedgerRow, RowQuery
 from delivery.write_future import WriteFuture
 from storage.postgres import sql as sql
 from storage.postgres.conn import PostgresUnavailable, check_url, connect, explain, redact
@@ -54,7 +55,8 @@ _PIPELINE_MIN = 2
 
 
 class PostgresBackend:
-    """``LedgerBackend`` on a PostgreSQL database (see the module docstring)."""
+    """``LedgerBackend`` and ``LedgerViews`` on a PostgreSQL database (see the module
+    docstring)."""
 
     def __init__(
         self,
@@ -288,38 +290,27 @@ class PostgresBackend:
                 raise LedgerUnavailable(f"ledger read failed: {explain(exc, self._url)}") from exc
         raise AssertionError("unreachable")
 
-    def _rows(self, query: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+    def _rows(self, query: str, params: Iterable[Any] = ()) -> list[LedgerRow]:
         return [decode_row(r) for r in self._fetch(query, params)]
 
     def _scalars(self, query: str, params: Iterable[Any] = ()) -> list[Any]:
         return [r[0] for r in self._fetch(query, params)]
 
-    def get(self, row_id: str) -> dict[str, Any] | None:
+    def get(self, row_id: str) -> LedgerRow | None:
         rows = self._rows(sql.LEDGER_GET, (row_id,))
         return rows[0] if rows else None
 
-    def query(
-        self,
-        *,
-        state: str | None = None,
-        delivery_state: str | None = None,
-        session: str | None = None,
-        kind: str | None = None,
-        limit: int = 100,
-        oldest_first: bool = False,
-    ) -> list[dict[str, Any]]:
-        where, params = query_filter(
-            "%s", state=state, delivery_state=delivery_state, session=session, kind=kind
-        )
-        query = sql.LEDGER_SELECT + where
-        query += f" ORDER BY seq {'ASC' if oldest_first else 'DESC'} LIMIT %s"
-        params.append(max(int(limit), 0))
-        return self._rows(query, params)
+    def query(self, query: RowQuery) -> list[LedgerRow]:
+        where, params = query_filter("%s", query)
+        text = sql.LEDGER_SELECT + where
+        text += f" ORDER BY seq {'ASC' if query.oldest_first else 'DESC'} LIMIT %s"
+        params.append(max(int(query.limit), 0))
+        return self._rows(text, params)
 
-    def pending_with_event(self, limit: int) -> list[dict[str, Any]]:
+    def pending_with_event(self, limit: int) -> list[LedgerRow]:
         return self._rows(sql.LEDGER_PENDING_WITH_EVENT, (int(limit),))
 
-    def due(self, now: float, limit: int) -> list[dict[str, Any]]:
+    def due(self, now: float, limit: int) -> list[LedgerRow]:
         return self._rows(sql.LEDGER_DUE, (now, int(limit)))
 
     def next_due_at(self) -> float | None:
@@ -332,10 +323,10 @@ class PostgresBackend:
     def active_owners(self, state: str) -> list[str]:
         return self._scalars(sql.LEDGER_ACTIVE_OWNERS, (state,))
 
-    def rows_held_by(self, holder: str, limit: int) -> list[dict[str, Any]]:
+    def rows_held_by(self, holder: str, limit: int) -> list[LedgerRow]:
         return self._rows(sql.LEDGER_HELD_BY, (holder, int(limit)))
 
-    def rows_owned_by(self, owner: str, state: str, limit: int) -> list[dict[str, Any]]:
+    def rows_owned_by(self, owner: str, state: str, limit: int) -> list[LedgerRow]:
         return self._rows(sql.LEDGER_OWNED_BY, (state, owner, int(limit)))
 
     def audit_log(self, row_id: str) -> list[dict[str, Any]]:
@@ -346,6 +337,12 @@ class PostgresBackend:
 
     def servers(self) -> list[ServerRecord]:
         return [ServerRecord(*row) for row in self._fetch(sql.SERVERS_SELECT)]
+
+    def delivery_counts(self) -> dict[str, int]:
+        """Rows waiting for delivery, and those of them under a claim (``LedgerViews``)."""
+        found = self._fetch(sql.LEDGER_DELIVERY_COUNTS)
+        pending, claimed = found[0] if found else (0, 0)
+        return {"pending": int(pending or 0), "claimed": int(claimed or 0)}
 
     def stats(self) -> dict[str, int]:
         return {

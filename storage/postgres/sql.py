@@ -30,6 +30,9 @@ LEDGER_ACTIVE_OWNERS = (
 )
 LEDGER_HELD_BY = f"{LEDGER_SELECT} WHERE delivery_state = 'pending' AND holder = %s LIMIT %s"
 LEDGER_OWNED_BY = f"{LEDGER_SELECT} WHERE state = %s AND owner = %s LIMIT %s"
+LEDGER_DELIVERY_COUNTS = (
+    "SELECT COUNT(*), COUNT(claim_token) FROM deliveries WHERE delivery_state = 'pending'"
+)
 LEDGER_AUDIT = "SELECT at, action, detail FROM delivery_audit WHERE delivery_id = %s ORDER BY seq"
 LEDGER_INSERT_AUDIT = (
     "INSERT INTO delivery_audit (delivery_id, at, action, detail) VALUES (%s, %s, %s, %s)"

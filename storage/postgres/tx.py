@@ -25,7 +25,7 @@ from delivery.backend import COLUMNS, JSON_COLUMNS, check_columns
 from delivery.errors import DuplicateDeliveryError
 from delivery.peers import ServerRecord
 from storage.postgres import sql as sql
-from storage.sql import Statement, UpdateCompiler, decode_row, dump_json
+from storage.sql import Statement, UpdateCompiler, decode_columns, dump_json
 from storage.waiters import Outcome, Waiter
 
 
@@ -55,7 +55,7 @@ class PgTx:
                 f"SELECT {', '.join(cols)} FROM deliveries WHERE id = %s"
             )
         found = self._exec(query, (row_id,)).fetchone()
-        return None if found is None else decode_row(found, cols)
+        return None if found is None else decode_columns(found, cols)
 
     def insert_statement(self, row: dict[str, Any]) -> Statement:
         cols = tuple(row)

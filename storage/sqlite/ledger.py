@@ -31,8 +31,9 @@ from delivery.errors import (
 )
 from delivery.notifier import SocketDirNotifier, wake_dir_for
 from delivery.peers import ServerRecord
+from delivery.rows import LedgerRow, RowQuery
 from delivery.write_future import WriteFuture
-from storage.sql import UpdateCompiler, decode_row, dump_json, query_filter
+from storage.sql import UpdateCompiler, decode_columns, decode_row, dump_json, query_filter
 from storage.sqlite import files as sqlite_files
 from storage.sqlite.writer import GroupCommitWriter
 
@@ -102,10 +103,6 @@ CREATE TABLE IF NOT EXISTS servers (
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM deliveries"
 
 
-def _decode(row: sqlite3.Row | tuple | None) -> dict[str, Any] | None:
-    return None if row is None else decode_row(row)
-
-
 def _params(values: dict[str, Any], cols: tuple[str, ...]) -> list[Any]:
     params = [values[c] for c in cols]
     for i, col in enumerate(cols):
@@ -129,8 +126,7 @@ class _SqliteTx:
         self._insert_sql: dict[tuple[str, ...], str] = {}
 
     def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
-        if columns is None:
-            return _decode(self._conn.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone())
+        columns = columns or COLUMNS
         sql = self._select_sql.get(columns)
         if sql is None:
             check_columns(columns)
@@ -138,7 +134,7 @@ class _SqliteTx:
                 f"SELECT {', '.join(columns)} FROM deliveries WHERE id = ?"
             )
         found = self._conn.execute(sql, (row_id,)).fetchone()
-        return None if found is None else decode_row(found, columns)
+        return None if found is None else decode_columns(found, columns)
 
     def insert(self, row: dict[str, Any]) -> None:
         cols = tuple(row)
@@ -179,7 +175,7 @@ class _SqliteTx:
 
 
 class SqliteBackend:
-    """``LedgerBackend`` on one SQLite file."""
+    """``LedgerBackend`` and ``LedgerViews`` on one SQLite file."""
 
     def __init__(
         self,
@@ -269,10 +265,10 @@ class SqliteBackend:
                 self._readers.append(conn)
         return conn
 
-    def _rows(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
+    def _rows(self, sql: str, params: tuple | list = ()) -> list[LedgerRow]:
         try:
             cur = self._reader().execute(sql, params)
-            return [_decode(r) for r in cur.fetchall()]  # type: ignore[misc]
+            return [decode_row(r) for r in cur.fetchall()]
         except sqlite3.Error as exc:
             raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
 
@@ -282,37 +278,25 @@ class SqliteBackend:
         except sqlite3.Error as exc:
             raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
 
-    def get(self, row_id: str) -> dict[str, Any] | None:
+    def get(self, row_id: str) -> LedgerRow | None:
         rows = self._rows(f"{_SELECT} WHERE id = ?", (row_id,))
         return rows[0] if rows else None
 
-    def query(
-        self,
-        *,
-        state: str | None = None,
-        delivery_state: str | None = None,
-        session: str | None = None,
-        kind: str | None = None,
-        limit: int = 100,
-        oldest_first: bool = False,
-    ) -> list[dict[str, Any]]:
-        where, params = query_filter(
-            "?", state=state, delivery_state=delivery_state, session=session, kind=kind
-        )
-        sql = _SELECT + where
+    def query(self, query: RowQuery) -> list[LedgerRow]:
+        where, params = query_filter("?", query)
         # rowid is the order rows were written in: no index on created_at needed
-        sql += f" ORDER BY rowid {'ASC' if oldest_first else 'DESC'} LIMIT ?"
-        params.append(int(limit))
+        sql = f"{_SELECT}{where} ORDER BY rowid {'ASC' if query.oldest_first else 'DESC'} LIMIT ?"
+        params.append(int(query.limit))
         return self._rows(sql, params)
 
-    def pending_with_event(self, limit: int) -> list[dict[str, Any]]:
+    def pending_with_event(self, limit: int) -> list[LedgerRow]:
         return self._rows(
             f"{_SELECT} WHERE delivery_state = 'pending' AND completed_at IS NOT NULL "
             "AND event IS NOT NULL ORDER BY completed_at, id LIMIT ?",
             (int(limit),),
         )
 
-    def due(self, now: float, limit: int) -> list[dict[str, Any]]:
+    def due(self, now: float, limit: int) -> list[LedgerRow]:
         return self._rows(
             f"{_SELECT} WHERE delivery_state = 'pending' AND due_at <= ? ORDER BY due_at LIMIT ?",
             (now, int(limit)),
@@ -334,13 +318,13 @@ class SqliteBackend:
             (state,),
         )
 
-    def rows_held_by(self, holder: str, limit: int) -> list[dict[str, Any]]:
+    def rows_held_by(self, holder: str, limit: int) -> list[LedgerRow]:
         return self._rows(
             f"{_SELECT} WHERE delivery_state = 'pending' AND holder = ? LIMIT ?",
             (holder, int(limit)),
         )
 
-    def rows_owned_by(self, owner: str, state: str, limit: int) -> list[dict[str, Any]]:
+    def rows_owned_by(self, owner: str, state: str, limit: int) -> list[LedgerRow]:
         return self._rows(
             f"{_SELECT} WHERE state = ? AND owner = ? LIMIT ?", (state, owner, int(limit))
         )
@@ -366,8 +350,7 @@ class SqliteBackend:
             raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
 
     def delivery_counts(self) -> dict[str, int]:
-        """Rows waiting for delivery (``pending``), and those of them under a claim now
-        (``claimed``; a lapsed claim counts until the row is claimed again). Reads only."""
+        """Rows waiting for delivery, and those of them under a claim (``LedgerViews``)."""
         try:
             pending, claimed = (
                 self._reader()

@@ -19,6 +19,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from delivery.rows import LedgerRow, RowQuery
 from tests.stores import pg_ledger, sqlite_ledger
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,7 +146,7 @@ def wait_until(check, timeout: float = 20.0):
     raise AssertionError("condition not met in time")
 
 
-def ledger_rows(home: Path | str) -> list[dict]:
+def ledger_rows(home: Path | str) -> list[LedgerRow]:
     """Every ledger row under ``home`` (or in the PostgreSQL database at that url), read
     through a ledger of this test process."""
     from delivery.backend import LedgerBackend
@@ -155,6 +158,27 @@ def ledger_rows(home: Path | str) -> list[dict]:
     else:
         backend = sqlite_ledger(Path(home) / "ledger.db")
     try:
-        return Ledger(backend).query(limit=100)
+        return Ledger(backend).query(RowQuery(limit=100))
     finally:
         backend.close()
+
+
+def scrape(port: int, key: str | None = KEY) -> dict[tuple[str, tuple], float]:
+    """``GET /metrics`` of the server on ``port``: every sample by name and labels."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = resp.read().decode()
+    samples: dict[tuple[str, tuple], float] = {}
+    for family in text_string_to_metric_families(text):
+        assert family.name.startswith("reveille_"), family.name
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    """A sample of ``scrape``'s, 0 when absent (``in`` tells the two apart)."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)

@@ -238,8 +238,8 @@ def test_a_client_cannot_pre_claim_or_forge_a_process_wake_up(server: Server) ->
     wait_until(lambda: woke() and "came-home" in transcript(server.port, session)[-1]["content"])
     time.sleep(0.5)
     assert len(woke()) == 1  # the wake-up turn ran, exactly once
-    rows = [r for r in ledger_rows(server.home) if r["id"] == proc_id.group()]
-    assert [r["delivery_state"] for r in rows] == ["delivered"]
+    rows = [r for r in ledger_rows(server.home) if r.id == proc_id.group()]
+    assert [r.delivery_state for r in rows] == ["delivered"]
 
 
 @pytest.mark.parametrize("method,path,body", ROUTES[:1] + ROUTES[4:5])

@@ -9,6 +9,7 @@ import pytest
 
 from agent.markers import DELIVERY_MARKER
 from agent.providers.demo import DemoModel
+from delivery.rows import RowQuery
 from gateway.conversation import derive_session_id
 from gateway.platforms.api_server import ApiServerAdapter, agent_turn_runner
 from gateway.session import SessionGone
@@ -217,4 +218,4 @@ async def test_two_servers_never_merge_alike_first_turns(store, tmp_path, stream
 
 
 def _work_of(session_id: str) -> set[str]:
-    return {row["id"] for row in get_runtime().ledger.query(session=session_id)}
+    return {row.id for row in get_runtime().ledger.query(RowQuery(session=session_id))}

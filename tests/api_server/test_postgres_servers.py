@@ -66,14 +66,14 @@ def test_a_remote_server_killed_mid_delivery_is_recovered_by_heartbeat(tmp_path:
         held_session, _ = chat(doomed.port, "in the background: count the stars")
         doomed.wait_for(re.compile(r"HOLDING-ACK deleg_\w+"))  # delivered, not acknowledged
         running_session, _ = chat(doomed.port, "in the background: map the coast")
-        wait_until(lambda: any(r["state"] == "running" for r in ledger_rows(url)))
+        wait_until(lambda: any(r.state == "running" for r in ledger_rows(url)))
 
         doomed.stop(signal.SIGKILL)
         killed_at = time.monotonic()
 
         def settled() -> bool:
             rows = ledger_rows(url)
-            return len(rows) == 2 and all(r["delivery_state"] == "delivered" for r in rows)
+            return len(rows) == 2 and all(r.delivery_state == "delivered" for r in rows)
 
         wait_until(settled, timeout=PEER_TIMEOUT + 10)
         took = time.monotonic() - killed_at
@@ -83,7 +83,7 @@ def test_a_remote_server_killed_mid_delivery_is_recovered_by_heartbeat(tmp_path:
         assert len(held) == 1 and "count the stars" in held[0]["content"]
         running = _results(survivor.port, running_session)
         assert len(running) == 1 and "unknown" in running[0]["content"].lower()
-        assert {r["state"] for r in ledger_rows(url)} == {"completed", "unknown"}
+        assert {r.state for r in ledger_rows(url)} == {"completed", "unknown"}
         logs = "".join(survivor.lines) + "".join(other.lines)
         assert "stopped renewing its heartbeat" in logs
         time.sleep(0.5)

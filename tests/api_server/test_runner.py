@@ -11,6 +11,7 @@ import pytest
 
 from agent.markers import DELIVERY_MARKER, WAKE_DATA_MARKER, WAKE_MARKER
 from agent.providers.demo import DemoModel
+from delivery.rows import RowQuery
 from gateway.wake import DELEGATION_DISPLAY_KIND, WakeDeliveryError
 from reveille.app import build_runner
 from reveille.settings import Settings
@@ -144,7 +145,7 @@ async def test_background_process_wakes_its_session_once(gateway) -> None:
     assert "echo hi" in wake["content"] and "Exit code: 0" in wake["content"]
     rows = await messages(port, session_id)
     assert "Background work finished" in rows[-1]["content"]
-    proc_id = next(r for r in get_runtime().ledger.query(kind="process", limit=5))["id"]
+    proc_id = next(r for r in get_runtime().ledger.query(RowQuery(kind="process", limit=5))).id
     await poll(lambda: get_durable_delegation(proc_id)["delivery_state"] == "delivered")
     await asyncio.sleep(0.3)
     rows = await messages(port, session_id)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.markers import WAKE_MARKER
+from delivery.rows import LedgerRow, RowQuery
 from gateway.wake import DELEGATION_DISPLAY_KIND
 from reveille.chat import ChatClient
 from reveille.cli import build_parser
@@ -113,7 +114,7 @@ def test_sigkill_between_delivery_and_ack_delivers_exactly_once(tmp_path) -> Non
 
         def settled() -> bool:
             rows = ledger_rows(tmp_path)
-            return bool(rows) and all(r["delivery_state"] == "delivered" for r in rows)
+            return bool(rows) and all(r.delivery_state == "delivered" for r in rows)
 
         wait_until(settled)
         rows = transcript(second.port, deleg_session)
@@ -162,22 +163,22 @@ def test_a_background_command_across_a_sigkill_and_restart_reports_its_real_outc
         assert "Exit code: 7" in text and "done" in text and command in text
         assert "unknown" not in text.lower()
 
-        def settled() -> dict | None:
+        def settled() -> LedgerRow | None:
             from delivery.ledger import Ledger
 
             backend = sqlite_ledger(tmp_path / "ledger.db")
             try:
-                (row,) = Ledger(backend).query(kind="process", limit=10)
+                (row,) = Ledger(backend).query(RowQuery(kind="process", limit=10))
             finally:
                 backend.close()
-            return row if row["delivery_state"] == "delivered" else None
+            return row if row.delivery_state == "delivered" else None
 
         row = wait_until(settled)
-        assert row["state"] == "failed" and row["event"]["exit_code"] == 7
-        assert row["event"]["output_tail"] == "done\n" and row["event"]["adopted"] is True
+        assert row.state == "failed" and row.event["exit_code"] == 7
+        assert row.event["output_tail"] == "done\n" and row.event["adopted"] is True
         time.sleep(0.5)
         assert len(wakes()) == 1  # exactly once
-        assert not (tmp_path / "processes" / row["id"]).exists()
+        assert not (tmp_path / "processes" / row.id).exists()
         assert second.stop() == 0
     finally:
         if second.proc.poll() is None:

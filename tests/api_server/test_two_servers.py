@@ -43,14 +43,14 @@ def test_the_survivor_takes_over_a_killed_peers_work_within_seconds(tmp_path) ->
         held_session, _ = chat(doomed.port, "in the background: count the stars")
         doomed.wait_for(re.compile(r"HOLDING-ACK deleg_\w+"))  # delivered, not acknowledged
         running_session, _ = chat(doomed.port, "in the background: map the coast")
-        wait_until(lambda: any(r["state"] == "running" for r in ledger_rows(tmp_path)))
+        wait_until(lambda: any(r.state == "running" for r in ledger_rows(tmp_path)))
 
         doomed.stop(signal.SIGKILL)
         killed_at = time.monotonic()
 
         def settled() -> bool:
             rows = ledger_rows(tmp_path)
-            return len(rows) == 2 and all(r["delivery_state"] == "delivered" for r in rows)
+            return len(rows) == 2 and all(r.delivery_state == "delivered" for r in rows)
 
         wait_until(settled, timeout=5)
         took = time.monotonic() - killed_at
@@ -62,7 +62,7 @@ def test_the_survivor_takes_over_a_killed_peers_work_within_seconds(tmp_path) ->
         assert len(running) == 1
         assert "map the coast" in running[0]["content"]
         assert "unknown" in running[0]["content"].lower()
-        by_state = {r["state"] for r in ledger_rows(tmp_path)}
+        by_state = {r.state for r in ledger_rows(tmp_path)}
         assert by_state == {"completed", "unknown"}
         assert "taking over its work" in "".join(survivor.lines)
         # Nothing is offered again later: still exactly one result each.

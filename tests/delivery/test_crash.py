@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from delivery.errors import ClaimMismatchError
+from delivery.rows import RowQuery
 from tools.async_delegation import (
     claim_event_delivery,
     complete_event_delivery,
@@ -146,13 +147,13 @@ def restart_and_check(tmp_path: Path, run: Run) -> tuple[int, bool, int]:
                 restart_handoffs[row_id] = claim
                 restart_events[row_id] = evt
                 assert complete_event_delivery(evt, claim) is True, (seed, row_id)
-            if not rt.ledger.query(delivery_state="pending", limit=10_000):
+            if not rt.ledger.query(RowQuery(delivery_state="pending", limit=10_000)):
                 break
-        rows = {r["id"]: r for r in rt.ledger.query(limit=10_000)}
-        assert not [i for i, r in rows.items() if r["delivery_state"] != "delivered"], (
+        rows = {r.id: r for r in rt.ledger.query(RowQuery(limit=10_000))}
+        assert not [i for i, r in rows.items() if r.delivery_state != "delivered"], (
             seed,
             "left undelivered",
-            {i: (r["state"], r["delivery_state"]) for i, r in rows.items()},
+            {i: (r.state, r.delivery_state) for i, r in rows.items()},
         )
 
         # None lost: every dispatch that returned has a row, and every row was delivered.
@@ -167,23 +168,23 @@ def restart_and_check(tmp_path: Path, run: Run) -> tuple[int, bool, int]:
             ]
             assert tokens, (seed, row_id, "delivered without any hand-off")
             # The ledger acknowledged exactly one claim: the one whose complete succeeded.
-            assert row["claim_token"] in tokens, (seed, row_id)
+            assert row.claim_token in tokens, (seed, row_id)
             if run.child_acks.get(row_id) == "True":
                 assert row_id not in restart_handoffs, (seed, row_id, "acked, yet re-offered")
-                assert row["claim_token"] == run.child_handoffs[row_id]
+                assert row.claim_token == run.child_handoffs[row_id]
             if row_id in restart_handoffs:
-                assert row["claim_token"] == restart_handoffs[row_id]
+                assert row.claim_token == restart_handoffs[row_id]
                 if row_id in run.child_handoffs:
                     repeats.append(row_id)
                     # The dead child's claim can no longer acknowledge anything.
                     with pytest.raises(ClaimMismatchError):
                         rt.ledger.complete(row_id, run.child_handoffs[row_id])
-            if row["state"] in ("interrupted", "unknown"):
+            if row.state in ("interrupted", "unknown"):
                 evt = restart_events[row_id]  # only a restart can deliver abandoned work
-                assert evt["status"] == row["state"] and evt["abandoned"] is True, (seed, evt)
+                assert evt["status"] == row.state and evt["abandoned"] is True, (seed, evt)
                 abandoned += 1
             else:
-                assert row["state"] == "completed", (seed, row_id, row["state"])
+                assert row.state == "completed", (seed, row_id, row.state)
         # At most one repeat: the hand-off the child made right before it died, unacked.
         assert len(repeats) <= 1, (seed, repeats)
         for row_id in repeats:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import pytest
 
+from delivery.backend import COLUMNS
 from delivery.event_display import display_metadata
 from delivery.events import (
     ASYNC_DELEGATION,
@@ -23,6 +25,7 @@ from delivery.events import (
     parse_event,
 )
 from delivery.recovery import abandoned_event, mark_reoffered
+from delivery.rows import LedgerRow
 
 SINGLE = {
     "type": "async_delegation",
@@ -119,21 +122,26 @@ def test_process_completion_and_every_legacy_spelling() -> None:
     assert (parse_event(legacy).exit_code, parse_event(legacy).output_tail) == (3, "t")
 
 
+def _row(**columns: Any) -> LedgerRow:
+    """A ledger row of the given columns, every other one None."""
+    return LedgerRow(**{**dict.fromkeys(COLUMNS), **columns})
+
+
 def test_abandoned_work_as_the_ledger_writes_it() -> None:
-    row = {
-        "id": "deleg_dead",
-        "kind": "delegation",
-        "request": {"type": "async_delegation", "goal": "g", "delegation_id": "deleg_dead"},
-        "started_at": 100.0,
-        "created_at": 90.0,
-    }
+    row = _row(
+        id="deleg_dead",
+        kind="delegation",
+        request={"type": "async_delegation", "goal": "g", "delegation_id": "deleg_dead"},
+        started_at=100.0,
+        created_at=90.0,
+    )
     for state in ("interrupted", "unknown"):
         evt = parse_event(abandoned_event(row, state, 160.0))
         assert isinstance(evt, AbandonedWork) and evt.kind == "abandoned"
         assert evt.status == state and evt.never_started is (state == "interrupted")
         assert isinstance(evt.work, DelegationEvent) and evt.work.goal == "g"
         assert delivery_id(evt) == "deleg_dead"
-    proc = {"id": "proc_x", "kind": "process", "request": {"command": "sleep 9"}, "created_at": 1}
+    proc = _row(id="proc_x", kind="process", request={"command": "sleep 9"}, created_at=1)
     evt = parse_event(abandoned_event(proc, "unknown", 5.0))
     assert isinstance(evt, AbandonedWork) and isinstance(evt.work, ProcessCompletionEvent)
     assert evt.work.command == "sleep 9" and delivery_id(evt) == "proc_x"

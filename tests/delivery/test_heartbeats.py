@@ -60,7 +60,7 @@ def test_a_remote_server_whose_heartbeat_lapses_has_its_work_recovered(
         remote.complete("held-1", token)
     new_token = survivor.claim("held-1", "survivor-consumer")
     assert new_token and survivor.complete("held-1", new_token)
-    assert backend.get("held-1")["delivery_state"] == "delivered"  # type: ignore[index]
+    assert backend.get("held-1").delivery_state == "delivered"  # type: ignore[union-attr]
     # Its work done elsewhere, the lapsed record is pruned.
     for row_id in ("queued-1", "running-1"):
         t = survivor.claim(row_id, "c")
@@ -82,7 +82,7 @@ def test_a_lapsed_server_that_comes_back_is_fenced_out(
     assert not remote.finish(
         "r", expected="running", state="completed", event={"type": "async_delegation"}
     )
-    assert backend.get("r")["state"] == "unknown"  # type: ignore[index]
+    assert backend.get("r").state == "unknown"  # type: ignore[union-attr]
 
 
 def test_a_claim_taken_over_after_its_lease_cannot_be_completed_by_the_old_holder(
@@ -101,7 +101,7 @@ def test_a_claim_taken_over_after_its_lease_cannot_be_completed_by_the_old_holde
     with pytest.raises(ClaimMismatchError):
         a.release("x", old)
     row = backend.get("x")
-    assert row is not None and row["delivery_state"] == "pending" and row["claim_token"] == new
+    assert row is not None and row.delivery_state == "pending" and row.claim_token == new
     assert b.complete("x", new)
 
 

@@ -33,6 +33,7 @@ from delivery.identity import (
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
 from delivery.reoffer import ReofferScheduler
+from delivery.rows import RowQuery
 from delivery.states import TERMINAL_STATES, State, can_transition
 from tests.delivery._support import (
     REMOTE_IDENTITY,
@@ -62,7 +63,7 @@ def release_to(ledger: Ledger, clock: FakeClock, row_id: str, *, retryable: bool
     """Wait out any backoff, claim, release; returns the state after the release."""
     row = ledger.get(row_id)
     assert row is not None
-    clock.set(max(clock(), row["next_attempt_at"]))
+    clock.set(max(clock(), row.next_attempt_at))
     token = ledger.claim(row_id, "consumer")
     assert token, f"{row_id} should be claimable at {clock()}: {row}"
     return ledger.release(row_id, token, retryable=retryable)
@@ -77,9 +78,9 @@ class TestClaimCompleteRelease:
         assert row["state"] == "queued" and row["delivery_state"] == "pending"
         stored = ledger.get("r1")
         assert stored is not None
-        assert stored["event"] is None and stored["owner"] == ledger.identity
+        assert stored.event is None and stored.owner == ledger.identity
         assert ledger.claim("r1", "c") is None  # nothing to deliver yet
-        assert ledger.get("r1")["delivery_attempts"] == 0  # type: ignore[index]
+        assert ledger.get("r1").delivery_attempts == 0  # type: ignore[union-attr]
 
     def test_claim_counts_an_attempt_and_takes_a_300s_lease(
         self, ledger: Ledger, clock: FakeClock
@@ -89,11 +90,11 @@ class TestClaimCompleteRelease:
         assert isinstance(token, str) and token
         row = ledger.get("r1")
         assert row is not None
-        assert row["delivery_attempts"] == 1
-        assert row["claim_token"] == token and row["claim_consumer"] == "webui"
-        assert row["claimed_at"] == clock()
-        assert row["claim_expires_at"] == clock() + LEASE
-        assert row["holder"] == ledger.identity
+        assert row.delivery_attempts == 1
+        assert row.claim_token == token and row.claim_consumer == "webui"
+        assert row.claimed_at == clock()
+        assert row.claim_expires_at == clock() + LEASE
+        assert row.holder == ledger.identity
 
     def test_second_claim_during_live_lease_gets_none_and_counts_nothing(
         self, ledger: Ledger, backend: LedgerBackend, clock: FakeClock
@@ -120,7 +121,7 @@ class TestClaimCompleteRelease:
         assert ledger.complete("r1", token) is True
         row = ledger.get("r1")
         assert row is not None
-        assert row["delivery_state"] == "delivered" and row["settled_at"] == clock()
+        assert row.delivery_state == "delivered" and row.settled_at == clock()
         # A repeated ack of the same claim is a no-op, not a second delivery.
         clock.advance(1)
         assert ledger.complete("r1", token) is True
@@ -130,7 +131,7 @@ class TestClaimCompleteRelease:
         assert ledger.claim("r1", "b") is None
         assert ledger.restore() == []
         assert ledger.take_due() == []
-        assert ledger.get("r1")["delivery_state"] == "delivered"  # type: ignore[index]
+        assert ledger.get("r1").delivery_state == "delivered"  # type: ignore[union-attr]
 
     def test_release_returns_row_to_pending_with_backoff(
         self, ledger: Ledger, clock: FakeClock
@@ -141,15 +142,15 @@ class TestClaimCompleteRelease:
         assert ledger.release("r1", token) == "pending"
         row = ledger.get("r1")
         assert row is not None
-        assert row["claim_token"] is None and row["claim_expires_at"] == 0
-        assert row["delivery_attempts"] == 1  # an ordinary release keeps the attempt
-        assert row["next_attempt_at"] == clock() + 2.0
+        assert row.claim_token is None and row.claim_expires_at == 0
+        assert row.delivery_attempts == 1  # an ordinary release keeps the attempt
+        assert row.next_attempt_at == clock() + 2.0
         # During the backoff a claim is a wait, not an attempt.
         assert ledger.claim("r1", "b") is None
-        assert ledger.get("r1")["delivery_attempts"] == 1  # type: ignore[index]
+        assert ledger.get("r1").delivery_attempts == 1  # type: ignore[union-attr]
         clock.advance(2.0)
         assert ledger.claim("r1", "b")
-        assert ledger.get("r1")["delivery_attempts"] == 2  # type: ignore[index]
+        assert ledger.get("r1").delivery_attempts == 2  # type: ignore[union-attr]
         # The released claim's token is void.
         with pytest.raises(ClaimMismatchError):
             ledger.complete("r1", token)
@@ -166,7 +167,7 @@ class TestClaimCompleteRelease:
         clock.advance(0.001)
         fresh = ledger.claim("r1", "fast")
         assert fresh and fresh != stale
-        assert ledger.get("r1")["delivery_attempts"] == 2  # type: ignore[index]
+        assert ledger.get("r1").delivery_attempts == 2  # type: ignore[union-attr]
         # The expired holder can no longer acknowledge or release.
         before = snapshot(ledger, "r1")
         with pytest.raises(ClaimMismatchError):
@@ -187,7 +188,7 @@ class TestClaimCompleteRelease:
             holder = Ledger(backend, clock=clock, identity=str(ident))
             token = holder.claim("r1", "child")
             assert token
-            assert ledger.get("r1")["holder"] == str(ident)  # type: ignore[index]
+            assert ledger.get("r1").holder == str(ident)  # type: ignore[union-attr]
             # While the holder lives, its lease protects the claim.
             assert ledger.claim("r1", "me") is None
             assert child.stdin is not None
@@ -204,7 +205,7 @@ class TestClaimCompleteRelease:
             assert mine
             row = ledger.get("r1")
             assert row is not None
-            assert row["claim_token"] == mine and row["delivery_attempts"] == 2
+            assert row.claim_token == mine and row.delivery_attempts == 2
             with pytest.raises(ClaimMismatchError):
                 holder.complete("r1", token)
         finally:
@@ -233,41 +234,41 @@ class TestBudget:
         finished_row(ledger, "r1")
         delays = []
         for i in range(20):
-            before_attempts = ledger.get("r1")["delivery_attempts"]  # type: ignore[index]
+            before_attempts = ledger.get("r1").delivery_attempts  # type: ignore[union-attr]
             assert release_to(ledger, clock, "r1", retryable=True) == "pending"
             row = ledger.get("r1")
             assert row is not None
-            assert row["delivery_attempts"] == before_attempts == 0
-            assert row["refunds"] == i + 1
-            delays.append(row["next_attempt_at"] - clock())
+            assert row.delivery_attempts == before_attempts == 0
+            assert row.refunds == i + 1
+            delays.append(row.next_attempt_at - clock())
             # Never hot: claiming before the next-eligible time gets nothing and counts nothing.
             assert ledger.claim("r1", "eager") is None
-            assert ledger.get("r1")["delivery_attempts"] == 0  # type: ignore[index]
+            assert ledger.get("r1").delivery_attempts == 0  # type: ignore[union-attr]
         assert all(d > 0 for d in delays)
         assert delays == sorted(delays), delays  # the wait grows ...
         assert delays[-1] > delays[0]
         assert max(delays) <= DeliveryPolicy().retry_max_seconds  # ... up to its cap
         assert delays[:4] == [2.0, 4.0, 8.0, 16.0]
-        assert ledger.get("r1")["delivery_state"] == "pending"  # type: ignore[index]
+        assert ledger.get("r1").delivery_state == "pending"  # type: ignore[union-attr]
         assert release_to(ledger, clock, "r1", retryable=False) == "pending"
-        assert ledger.get("r1")["delivery_attempts"] == 1  # type: ignore[index]
+        assert ledger.get("r1").delivery_attempts == 1  # type: ignore[union-attr]
 
     def test_eight_ordinary_releases_drop_the_row(self, ledger: Ledger, clock: FakeClock) -> None:
         event = finished_row(ledger, "r1")
         for i in range(1, 8):
             assert release_to(ledger, clock, "r1", retryable=False) == "pending"
-            assert ledger.get("r1")["delivery_attempts"] == i  # type: ignore[index]
+            assert ledger.get("r1").delivery_attempts == i  # type: ignore[union-attr]
         assert release_to(ledger, clock, "r1", retryable=False) == "dropped"
         row = ledger.get("r1")
         assert row is not None
-        assert row["delivery_state"] == "dropped" and row["delivery_attempts"] == 8
-        assert "budget" in row["settled_reason"]
-        assert row["event"] == event  # the result of a dropped row stays queryable
+        assert row.delivery_state == "dropped" and row.delivery_attempts == 8
+        assert "budget" in row.settled_reason
+        assert row.event == event  # the result of a dropped row stays queryable
         assert [h["action"] for h in ledger.history("r1")] == ["drop"]
         clock.advance(HOURS_48 / 2)
         assert ledger.claim("r1", "late") is None
         assert ledger.restore() == [] and ledger.take_due() == []
-        assert ledger.get("r1")["delivery_state"] == "dropped"  # type: ignore[index]
+        assert ledger.get("r1").delivery_state == "dropped"  # type: ignore[union-attr]
 
     def test_expired_leases_spend_the_budget_too_and_never_exceed_it(
         self, ledger: Ledger, clock: FakeClock
@@ -275,12 +276,12 @@ class TestBudget:
         finished_row(ledger, "r1")
         for i in range(1, 9):
             assert ledger.claim("r1", f"c{i}")
-            assert ledger.get("r1")["delivery_attempts"] == i  # type: ignore[index]
+            assert ledger.get("r1").delivery_attempts == i  # type: ignore[union-attr]
             clock.advance(LEASE)
         assert ledger.claim("r1", "c9") is None
         row = ledger.get("r1")
         assert row is not None
-        assert row["delivery_state"] == "dropped" and row["delivery_attempts"] == 8
+        assert row.delivery_state == "dropped" and row.delivery_attempts == 8
 
     def test_refunded_retries_are_still_dropped_past_the_replay_cap(
         self, ledger: Ledger, clock: FakeClock
@@ -292,7 +293,7 @@ class TestBudget:
         assert ledger.release("r1", token, retryable=True) == "dropped"
         row = ledger.get("r1")
         assert row is not None
-        assert row["delivery_state"] == "dropped" and "replay age cap" in row["settled_reason"]
+        assert row.delivery_state == "dropped" and "replay age cap" in row.settled_reason
 
     def test_ordinary_release_is_not_refunded(self, ledger: Ledger, clock: FakeClock) -> None:
         finished_row(ledger, "r1")
@@ -300,7 +301,7 @@ class TestBudget:
         assert release_to(ledger, clock, "r1", retryable=True) == "pending"
         row = ledger.get("r1")
         assert row is not None
-        assert (row["delivery_attempts"], row["refunds"]) == (1, 1)
+        assert (row.delivery_attempts, row.refunds) == (1, 1)
 
     def test_policy_validation_and_growing_delay(self) -> None:
         for bad in (
@@ -336,11 +337,11 @@ class TestSettleAndRestore:
         assert ledger.drop("r1", "again") is False
         row = ledger.get("r1")
         assert row is not None
-        assert row["delivery_state"] == "dropped" and row["settled_reason"] == "session deleted"
-        assert row["event"] == event
+        assert row.delivery_state == "dropped" and row.settled_reason == "session deleted"
+        assert row.event == event
         # The holder's claim cannot deliver a dropped row.
         assert ledger.complete("r1", token) is False
-        assert ledger.get("r1")["delivery_state"] == "dropped"  # type: ignore[index]
+        assert ledger.get("r1").delivery_state == "dropped"  # type: ignore[union-attr]
         clock.advance(LEASE * 3)
         assert ledger.claim("r1", "c") is None and ledger.restore() == []
 
@@ -350,14 +351,14 @@ class TestSettleAndRestore:
         finished_row(ledger, "r1")
         for _ in range(8):
             release_to(ledger, clock, "r1", retryable=False)
-        assert ledger.get("r1")["delivery_state"] == "dropped"  # type: ignore[index]
+        assert ledger.get("r1").delivery_state == "dropped"  # type: ignore[union-attr]
         clock.advance(HOURS_48 * 3)  # even long after: the operator asked for it
         row = ledger.redeliver("r1", actor="alice")
-        assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 0
+        assert row.delivery_state == "pending" and row.delivery_attempts == 0
         stored = ledger.get("r1")
         assert stored is not None
-        assert stored["delivery_state"] == "pending" and stored["delivery_attempts"] == 0
-        assert stored["refunds"] == 0 and stored["settled_reason"] is None
+        assert stored.delivery_state == "pending" and stored.delivery_attempts == 0
+        assert stored.refunds == 0 and stored.settled_reason is None
         history = ledger.history("r1")
         assert [h["action"] for h in history] == ["drop", "redeliver"]
         assert "alice" in history[-1]["detail"] and history[-1]["at"] == clock()
@@ -399,8 +400,8 @@ class TestSettleAndRestore:
             assert event["_reoffered_at"] == clock()
             assert event["summary"] == f"result of {event['delegation_id']}"
             row = ledger.get(event["delegation_id"])
-            assert row is not None and row["restored"] == 1
-            assert "_restored" not in row["event"]  # the stored event stays as written
+            assert row is not None and row.restored == 1
+            assert "_restored" not in row.event  # the stored event stays as written
             assert ledger.claim(event["delegation_id"], "after-restart")
 
     def test_restore_drops_rows_older_than_48h_instead_of_replaying(
@@ -414,9 +415,9 @@ class TestSettleAndRestore:
         assert [e["delegation_id"] for e in offered] == ["recent"]
         row = ledger.get("ancient")
         assert row is not None
-        assert row["delivery_state"] == "dropped"
-        assert row["settled_reason"] == "older than the replay age cap"
-        assert row["event"]["summary"] == "result of ancient"
+        assert row.delivery_state == "dropped"
+        assert row.settled_reason == "older than the replay age cap"
+        assert row.event["summary"] == "result of ancient"
         assert any("restore" in h["detail"] for h in ledger.history("ancient"))
         assert ledger.claim("ancient", "c") is None
 
@@ -435,7 +436,7 @@ class TestSettleAndRestore:
         assert sorted(e["delegation_id"] for e in offered) == ["mine", "remote"]
         for row_id, token, who in (("mine", mine, ledger), ("remote", theirs, remote_ledger)):
             row = ledger.get(row_id)
-            assert row is not None and row["claim_token"] is None
+            assert row is not None and row.claim_token is None
             with pytest.raises(ClaimMismatchError):
                 who.complete(row_id, token)
 
@@ -458,7 +459,7 @@ class TestSettleAndRestore:
         token = ledger.claim("r1", "c")
         assert token
         ledger.release("r1", token)
-        assert seen == [ledger.get("r1")["next_attempt_at"]]  # type: ignore[index]
+        assert seen == [ledger.get("r1").next_attempt_at]  # type: ignore[union-attr]
         ledger.remove_due_listener(seen.append)
 
     def test_abandoned_owner_queued_becomes_interrupted_running_becomes_unknown(
@@ -491,18 +492,18 @@ class TestSettleAndRestore:
         assert recovered["p1"]["type"] == "completion" and recovered["p1"]["status"] == "unknown"
         q, r = ledger.get("q1"), ledger.get("r1")
         assert q is not None and r is not None
-        assert q["state"] == "interrupted" and r["state"] == "unknown"
-        assert ledger.get("p1")["state"] == "unknown"  # type: ignore[index]
+        assert q.state == "interrupted" and r.state == "unknown"
+        assert ledger.get("p1").state == "unknown"  # type: ignore[union-attr]
         for row in (q, r):
-            assert row["delivery_state"] == "pending" and row["event"]["abandoned"] is True
-        assert q["event"]["status"] == "interrupted" and "never ran" in q["event"]["error"]
-        assert q["event"]["goal"] == "never ran" and q["event"]["x"] == 1
-        assert r["event"]["status"] == "unknown" and "unknown" in r["event"]["error"]
-        assert r["event"]["duration_seconds"] == 42.0
+            assert row.delivery_state == "pending" and row.event["abandoned"] is True
+        assert q.event["status"] == "interrupted" and "never ran" in q.event["error"]
+        assert q.event["goal"] == "never ran" and q.event["x"] == 1
+        assert r.event["status"] == "unknown" and "unknown" in r.event["error"]
+        assert r.event["duration_seconds"] == 42.0
         # Live owners (this process, another host) and finished rows are left alone.
-        assert ledger.get("remote-q")["state"] == "queued"  # type: ignore[index]
-        assert ledger.get("own-r")["state"] == "running"  # type: ignore[index]
-        assert ledger.get("done")["state"] == "completed"  # type: ignore[index]
+        assert ledger.get("remote-q").state == "queued"  # type: ignore[union-attr]
+        assert ledger.get("own-r").state == "running"  # type: ignore[union-attr]
+        assert ledger.get("done").state == "completed"  # type: ignore[union-attr]
         assert ledger.recover_abandoned() == []  # once only
         # The completions that say so are delivered like any other.
         offered = {e["delegation_id"] for e in ledger.restore() if "delegation_id" in e}
@@ -540,7 +541,7 @@ class TestSettleAndRestore:
         event = delegation_event("r1")
         assert ledger.finish("r1", expected="running", state="completed", event=event)
         assert not ledger.finish("r1", expected="running", state="failed", event=event)
-        assert ledger.get("r1")["state"] == "completed"  # type: ignore[index]
+        assert ledger.get("r1").state == "completed"  # type: ignore[union-attr]
         with pytest.raises(InvalidTransitionError):
             ledger.finish("r1", expected="completed", state="failed", event=event)
         with pytest.raises(InvalidTransitionError):
@@ -554,16 +555,16 @@ class TestSettleAndRestore:
         assert not ledger.finish("r1", expected="running", state="completed", event=event)
         row = ledger.get("r1")
         assert row is not None
-        assert row["delivery_state"] == "dropped"  # not resurrected ...
-        assert row["state"] == "completed"  # ... but the work's result is recorded
-        assert row["event"] == event
-        assert row["holder"] is None and row["due_at"] is None  # nobody re-offers it
+        assert row.delivery_state == "dropped"  # not resurrected ...
+        assert row.state == "completed"  # ... but the work's result is recorded
+        assert row.event == event
+        assert row.holder is None and row.due_at is None  # nobody re-offers it
         assert ledger.restore() == [] and ledger.take_due(now=ledger.clock() + 10**6) == []
         # A second finish finds no running row.
         assert not ledger.finish("r1", expected="running", state="failed", event=event)
-        assert ledger.get("r1")["state"] == "completed"  # type: ignore[index]
+        assert ledger.get("r1").state == "completed"  # type: ignore[union-attr]
         # The operator can still deliver it deliberately.
-        assert ledger.redeliver("r1")["delivery_state"] == "pending"
+        assert ledger.redeliver("r1").delivery_state == "pending"
         assert ledger.claim("r1", "c")
 
 
@@ -588,7 +589,7 @@ class TestBadInput:
         for call in calls:
             with pytest.raises(TypeError, match="must be a string"):
                 call()
-        assert ledger.query() == []
+        assert ledger.query(RowQuery()) == []
 
     @pytest.mark.parametrize("bad_id", ["", "x" * 201])
     def test_ids_of_the_wrong_length(self, ledger: Ledger, bad_id: str) -> None:
@@ -596,7 +597,7 @@ class TestBadInput:
             ledger.create(bad_id, kind="delegation")
         with pytest.raises(ValueError):
             ledger.claim(bad_id, "c")
-        assert ledger.query() == []
+        assert ledger.query(RowQuery()) == []
 
     def test_unknown_ids(self, ledger: Ledger) -> None:
         event = delegation_event("nope")
@@ -616,7 +617,7 @@ class TestBadInput:
             assert isinstance(info.value, KeyError)  # callers may treat it as a missing key
             assert str(info.value) == "no ledger row 'nope'"
         assert ledger.get("nope") is None and ledger.history("nope") == []
-        assert ledger.query() == []
+        assert ledger.query(RowQuery()) == []
 
     def test_bad_tokens_consumers_events_and_requests(self, ledger: Ledger) -> None:
         finished_row(ledger, "r1")
@@ -641,8 +642,8 @@ class TestBadInput:
         with pytest.raises(DuplicateDeliveryError):
             ledger.create("r1", kind="delegation")
         assert snapshot(ledger, "r1") == before
-        assert {r["id"] for r in ledger.query()} == {"r1", "r3"}
-        assert ledger.get("r3")["state"] == "running"  # type: ignore[index]
+        assert {r.id for r in ledger.query(RowQuery())} == {"r1", "r3"}
+        assert ledger.get("r3").state == "running"  # type: ignore[union-attr]
 
     @pytest.mark.parametrize("op", ["complete", "release", "release-retryable", "drop"])
     def test_a_claim_token_that_is_not_the_holders_writes_nothing(
@@ -703,8 +704,8 @@ class TestLedgerTx:
         assert cas({"delivery_attempts": 0}, {"delivery_attempts": Increment(2)})
         assert cas({"delivery_attempts": 2}, {"delivery_attempts": Increment(1)})
         row = backend.get("r")
-        assert row is not None and row["delivery_attempts"] == 3 and row["claim_expires_at"] == 0
-        assert row["request"] == {"a": [1, 2]}  # JSON columns come back as JSON
+        assert row is not None and row.delivery_attempts == 3 and row.claim_expires_at == 0
+        assert row.request == {"a": [1, 2]}  # JSON columns come back as JSON
         assert backend.write(lambda tx: tx.get("r", ("id", "request"))) == {
             "id": "r",
             "request": {"a": [1, 2]},
@@ -727,7 +728,7 @@ class TestLedgerTx:
         with pytest.raises(RuntimeError, match="boom"):
             fut.result()
         row = backend.get("r")
-        assert row is not None and row["state"] == "running" and row["delivery_attempts"] == 0
+        assert row is not None and row.state == "running" and row.delivery_attempts == 0
         assert backend.get("other") is None and backend.audit_log("r") == []
         with pytest.raises(DuplicateDeliveryError):
             backend.write(lambda tx: tx.insert(_row("r")))
@@ -788,7 +789,7 @@ class TestConcurrency:
             assert len(winners) == 1, (round_, tokens)
             row = ledgers[0].get(row_id)
             assert row is not None
-            assert row["claim_token"] == winners[0] and row["delivery_attempts"] == 1
+            assert row.claim_token == winners[0] and row.delivery_attempts == 1
 
 
 # -- the re-offer scheduler (real time) --------------------------------------------------------
@@ -837,7 +838,7 @@ class TestReofferScheduler:
             token = ledger.claim("r1", "busy-session")
             assert token
             ledger.release("r1", token, retryable=True)
-            eligible = ledger.get("r1")["next_attempt_at"]  # type: ignore[index]
+            eligible = ledger.get("r1").next_attempt_at  # type: ignore[union-attr]
             assert offers.event.wait(5), "the row was never re-offered"
             offered_at, event = offers.items[0]
             assert event["delegation_id"] == "r1" and event["_reoffer_reason"] == "orphan"
@@ -874,7 +875,7 @@ class TestReofferScheduler:
             assert by_id["held"][0] - killed_at < 1.0
             # The running row the dead process owned comes back as "unknown".
             owned = ledger.get("owned")
-            assert owned is not None and owned["state"] == "unknown"
+            assert owned is not None and owned.state == "unknown"
             assert any(e.get("status") == "unknown" for _, e in offers.items)
             assert ledger.claim("held", "me")
             with pytest.raises(ClaimMismatchError):

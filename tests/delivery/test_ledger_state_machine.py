@@ -453,17 +453,17 @@ class LedgerMachine(RuleBasedStateMachine):
             row = self.backend.get(row_id)
             assert row is not None, f"{row_id} vanished"
             got = {
-                "state": row["state"],
-                "delivery_state": row["delivery_state"],
-                "has_event": row["event"] is not None,
-                "attempts": row["delivery_attempts"],
-                "refunds": row["refunds"],
-                "next_at": row["next_attempt_at"],
-                "expires": row["claim_expires_at"],
-                "holder": row["holder"],
-                "due_at": row["due_at"],
-                "restored": row["restored"],
-                "token": row["claim_token"] if row["delivery_state"] == "pending" else m.token,
+                "state": row.state,
+                "delivery_state": row.delivery_state,
+                "has_event": row.event is not None,
+                "attempts": row.delivery_attempts,
+                "refunds": row.refunds,
+                "next_at": row.next_attempt_at,
+                "expires": row.claim_expires_at,
+                "holder": row.holder,
+                "due_at": row.due_at,
+                "restored": row.restored,
+                "token": row.claim_token if row.delivery_state == "pending" else m.token,
             }
             want = {
                 "state": m.state,
@@ -486,13 +486,13 @@ class LedgerMachine(RuleBasedStateMachine):
             row = self.backend.get(row_id)
             assert row is not None
             assert m.acks <= 1, f"{row_id} was acknowledged {m.acks} times"
-            assert row["delivery_attempts"] <= POLICY.max_attempts
-            if row["delivery_state"] != "pending":
+            assert row.delivery_attempts <= POLICY.max_attempts
+            if row.delivery_state != "pending":
                 self.settled_once.add(row_id)
             elif row_id in self.settled_once:
                 raise AssertionError(f"settled row {row_id} went back to pending")
             if m.acks:
-                assert row["delivery_state"] == "delivered"
+                assert row.delivery_state == "delivered"
 
     # -- the end: nothing pending is lost ----------------------------------------------------
 
@@ -513,9 +513,9 @@ class LedgerMachine(RuleBasedStateMachine):
         for row_id, m in self.rows.items():
             row = self.backend.get(row_id)
             assert row is not None
-            if row["delivery_state"] != "pending":
+            if row.delivery_state != "pending":
                 continue
-            if row["event"] is None:
+            if row.event is None:
                 # Work still running in a live process: not lost, it will finish.
                 assert m.owner != self.ident["dead"] and m.state in ("queued", "running")
                 continue
@@ -524,8 +524,8 @@ class LedgerMachine(RuleBasedStateMachine):
             assert after is not None
             if token is None:
                 # The only reason left: the budget was spent (dropped at this claim).
-                assert after["delivery_state"] == "dropped", (row_id, row)
-                assert row["delivery_attempts"] >= POLICY.max_attempts
+                assert after.delivery_state == "dropped", (row_id, row)
+                assert row.delivery_attempts >= POLICY.max_attempts
             else:
                 assert self.me.complete(row_id, token)
 

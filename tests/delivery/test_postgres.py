@@ -311,15 +311,15 @@ async def test_one_statement_batches_go_in_one_pipeline_and_others_run_plainly(u
         )
         assert again[0] is None and all(done is True for done in again[1:])
         assert counts == 0
-        assert [r["delivery_state"] for r in map(ledger.get, ids[1:])] == ["delivered"] * 7
+        assert [r.delivery_state for r in map(ledger.get, ids[1:])] == ["delivered"] * 7
 
-        dup_row = {**ledger.get("p1"), "id": "p0"}
-        fresh_row = {**ledger.get("p1"), "id": "p9"}
+        dup_row = {**ledger.get("p1").as_dict(), "id": "p0"}  # type: ignore[union-attr]
+        fresh_row = {**ledger.get("p1").as_dict(), "id": "p9"}  # type: ignore[union-attr]
         made, counts = await batch(
             lambda tx: tx.insert(dup_row), lambda tx: tx.insert(fresh_row) or "made"
         )
         assert isinstance(made[0], DuplicateDeliveryError) and made[1] == "made"
         assert counts == 1
-        assert ledger.get("p9") is not None and ledger.get("p0")["delivery_state"] == "pending"
+        assert ledger.get("p9") is not None and ledger.get("p0").delivery_state == "pending"
     finally:
         backend.close()

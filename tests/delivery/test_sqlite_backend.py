@@ -26,6 +26,7 @@ from delivery.errors import (
 from delivery.ledger import Ledger
 from delivery.notifier import poke_dir, wake_dir_for
 from delivery.reoffer import ReofferScheduler
+from delivery.rows import RowQuery
 from storage.sqlite.ledger import SqliteBackend
 from tests.delivery._support import REMOTE_IDENTITY, FakeClock, delegation_event, finished_row
 from tests.delivery.test_ledger import _count_passes, _Offers
@@ -146,7 +147,7 @@ class TestSqliteFile:
         second = sqlite_ledger(db_path)
         try:
             row = Ledger(second, clock=clock).get("r1")
-            assert row is not None and row["event"]["summary"] == "result of r1"
+            assert row is not None and row.event["summary"] == "result of r1"
         finally:
             second.close()
 
@@ -184,7 +185,7 @@ class TestSqliteFile:
             blocker.execute("ROLLBACK")
             assert ledger.get("r2") is None
             row = ledger.get("r1")
-            assert row is not None and row["delivery_attempts"] == 0
+            assert row is not None and row.delivery_attempts == 0
             # Once the lock is gone the same operations go through.
             ledger.create("r2", kind="delegation")
             assert ledger.claim("r1", "c")
@@ -277,7 +278,7 @@ class TestConcurrency:
         commits = after["commits"] - before["commits"]
         assert ops == threads_n * per_thread * 4
         assert commits < ops, (commits, ops)
-        delivered = ledger.query(delivery_state="delivered", limit=10_000)
+        delivered = ledger.query(RowQuery(delivery_state="delivered", limit=10_000))
         assert len(delivered) == threads_n * per_thread
 
     def test_submitted_operations_share_one_commit_and_fail_alone(
@@ -292,7 +293,7 @@ class TestConcurrency:
         results = [f.result() for f in futures if f is not None]
         with pytest.raises(DuplicateDeliveryError):
             bad.result()
-        assert len(results) == 49 and len(ledger.query(limit=1000)) == 50
+        assert len(results) == 49 and len(ledger.query(RowQuery(limit=1000))) == 50
         assert backend.stats()["commits"] - before < 51
 
     def test_sixteen_backends_racing_to_claim_one_row_exactly_one_wins(
@@ -324,7 +325,7 @@ class TestConcurrency:
                 assert len(winners) == 1, (round_, tokens)
                 row = ledgers[0].get(row_id)
                 assert row is not None
-                assert row["claim_token"] == winners[0] and row["delivery_attempts"] == 1
+                assert row.claim_token == winners[0] and row.delivery_attempts == 1
         finally:
             for b in [shared, *own]:
                 b.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from delivery.ledger import Ledger
+from delivery.rows import LedgerRow, RowQuery
 from tests.stores import sqlite_ledger
 
 
@@ -86,7 +87,7 @@ def test_drop_then_redeliver_gives_a_fresh_budget_and_is_recorded(home: Path) ->
     ledger = Ledger(sqlite_ledger(home / "ledger.db"))
     row = ledger.get("deleg_0001")
     assert row is not None
-    assert (row["delivery_state"], row["delivery_attempts"]) == ("pending", 0)
+    assert (row.delivery_state, row.delivery_attempts) == ("pending", 0)
     actions = [h["action"] for h in ledger.history("deleg_0001")]
     assert actions == ["drop", "redeliver"]
     ledger.backend.close()
@@ -94,10 +95,10 @@ def test_drop_then_redeliver_gives_a_fresh_budget_and_is_recorded(home: Path) ->
     assert "user reset" in shown.stdout and "redeliver" in shown.stdout
 
 
-def _snapshot(home: Path) -> list[tuple[dict, list]]:
+def _snapshot(home: Path) -> list[tuple[LedgerRow, list]]:
     ledger = Ledger(sqlite_ledger(home / "ledger.db"))
     try:
-        return [(row, ledger.history(row["id"])) for row in ledger.query(limit=100)]
+        return [(row, ledger.history(row.id)) for row in ledger.query(RowQuery(limit=100))]
     finally:
         ledger.backend.close()
 

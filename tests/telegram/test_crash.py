@@ -74,11 +74,11 @@ def test_killed_after_the_wake_up_was_sent_before_its_ack_repeats_at_most_once(
     first.wait_for(re.compile(r"HOLDING-ACK deleg_"))
     wait_until(lambda: len(bot.texts_to(42)) >= 2)
     first.stop(signal.SIGKILL)
-    assert ledger_rows(tmp_path)[0]["delivery_state"] == "pending"
+    assert ledger_rows(tmp_path)[0].delivery_state == "pending"
 
     second = serve(tmp_path, bot)
     try:
-        wait_until(lambda: ledger_rows(tmp_path)[0]["delivery_state"] == "delivered", timeout=30)
+        wait_until(lambda: ledger_rows(tmp_path)[0].delivery_state == "delivered", timeout=30)
         time.sleep(0.5)
         wakes = [t for t in bot.texts_to(42) if "survive a crash" in t and "finished" in t]
         assert 1 <= len(wakes) <= 2  # at most one repeat (README); here none at all

@@ -3,33 +3,11 @@
 from __future__ import annotations
 
 import urllib.error
-import urllib.request
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from tests.api_server.serve_support import KEY, Server, chat, ledger_rows, wait_until
+from tests.api_server.serve_support import Server, chat, ledger_rows, scrape, value, wait_until
 from tests.telegram.conftest import serve
 from tests.telegram.fake_bot_api import FakeBotApi
-
-
-def scrape(port: int, key: str | None = KEY) -> dict[tuple[str, tuple], float]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        assert resp.headers["Content-Type"].startswith("text/plain")
-        text = resp.read().decode()
-    samples: dict[tuple[str, tuple], float] = {}
-    for family in text_string_to_metric_families(text):
-        assert family.name.startswith("reveille_"), family.name
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def value(samples: dict, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def test_metrics_need_the_key(tmp_path: Path):
@@ -71,7 +49,7 @@ def test_counters_move_with_deliveries(tmp_path: Path, bot: FakeBotApi):
         bot.message("in the background: measure me")
         chat(server.port, "run in the background: echo metered")
         wait_until(
-            lambda: [r["delivery_state"] for r in ledger_rows(tmp_path)].count("delivered") == 2,
+            lambda: [r.delivery_state for r in ledger_rows(tmp_path)].count("delivered") == 2,
             timeout=30,
         )
         after = scrape(server.port)

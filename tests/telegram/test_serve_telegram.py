@@ -6,15 +6,16 @@ import re
 import time
 from pathlib import Path
 
+from delivery.rows import LedgerRow
 from tests.api_server.serve_support import ledger_rows, wait_until
 from tests.stores import session_file_store
 from tests.telegram.conftest import serve
 from tests.telegram.fake_bot_api import FakeBotApi
 
 
-def _settled(home: Path) -> list[dict]:
+def _settled(home: Path) -> list[LedgerRow]:
     rows = ledger_rows(home)
-    return [r for r in rows if r["delivery_state"] != "pending"]
+    return [r for r in rows if r.delivery_state != "pending"]
 
 
 def test_background_delegation_wakes_the_chat_exactly_once(tmp_path: Path, bot: FakeBotApi):
@@ -29,8 +30,8 @@ def test_background_delegation_wakes_the_chat_exactly_once(tmp_path: Path, bot: 
         assert len(texts) == 2, texts
         assert "moons of Mars" in texts[1]
         [row] = ledger_rows(tmp_path)
-        assert row["delivery_state"] == "delivered"
-        assert row["delivery_attempts"] == 1
+        assert row.delivery_state == "delivered"
+        assert row.delivery_attempts == 1
         assert ("42", "typing") in bot.actions
     finally:
         server.stop()
@@ -47,7 +48,7 @@ def test_background_shell_command_wakes_the_chat_with_its_output(tmp_path: Path,
         assert len(texts) == 2, texts
         assert "in the background" in texts[0]
         assert "hi-from-shell" in texts[1]
-        assert [r["delivery_state"] for r in ledger_rows(tmp_path)] == ["delivered"]
+        assert [r.delivery_state for r in ledger_rows(tmp_path)] == ["delivered"]
     finally:
         server.stop()
 
@@ -100,8 +101,8 @@ def test_429_on_the_wake_up_is_waited_out_and_spends_no_attempt(tmp_path: Path, 
         assert len(texts) == 2, texts
         assert "slow down" in texts[1]
         [row] = ledger_rows(tmp_path)
-        assert row["delivery_state"] == "delivered"
-        assert row["delivery_attempts"] == 1  # the 429's attempt was refunded
+        assert row.delivery_state == "delivered"
+        assert row.delivery_attempts == 1  # the 429's attempt was refunded
         [(_, code, refused_at)] = bot.failed
         assert code == 429
         wake = bot.messages_to(42)[1]
@@ -124,9 +125,9 @@ def test_a_blocked_bot_drops_the_wake_up_and_keeps_the_result(tmp_path: Path, bo
         bot.message("in the background: unwanted")
         wait_until(lambda: _settled(tmp_path), timeout=30)
         [row] = ledger_rows(tmp_path)
-        assert row["delivery_state"] == "dropped"
-        assert row["state"] == "completed"
-        assert "unwanted" in str(row["event"])  # the result stays in the ledger
+        assert row.delivery_state == "dropped"
+        assert row.state == "completed"
+        assert "unwanted" in str(row.event)  # the result stays in the ledger
         assert len(bot.texts_to(42)) == 1
     finally:
         server.stop()
@@ -198,8 +199,8 @@ def test_a_wake_up_waits_for_the_chats_running_turn_then_runs_once(tmp_path: Pat
         wait_until(lambda: bot.held >= 1)
         time.sleep(1.5)  # the sub-agent is done long since; its wake-up waits for the chat
         [row] = ledger_rows(tmp_path)
-        assert row["state"] == "completed"
-        assert row["delivery_state"] == "pending"
+        assert row.state == "completed"
+        assert row.delivery_state == "pending"
         bot.hold_sends.clear()
         wait_until(lambda: _settled(tmp_path))
         time.sleep(0.5)
@@ -208,7 +209,7 @@ def test_a_wake_up_waits_for_the_chats_running_turn_then_runs_once(tmp_path: Pat
         assert texts[0].startswith("Started in the background")
         assert "wait your turn" in texts[1] and "finished" in texts[1]
         [row] = ledger_rows(tmp_path)
-        assert row["delivery_state"] == "delivered"
-        assert row["delivery_attempts"] == 1
+        assert row.delivery_state == "delivered"
+        assert row.delivery_attempts == 1
     finally:
         server.stop()

@@ -21,6 +21,7 @@ import pytest
 
 from delivery.errors import LedgerUnavailable, UnknownDeliveryError
 from delivery.policy import DeliveryPolicy
+from delivery.rows import RowQuery
 from reveille.settings import Settings, load_settings, state_dir
 from tools.async_delegation import (
     NOT_HOLDER,
@@ -870,7 +871,9 @@ class TestProcessRegistry:
         for bad in ("", "   ", None, 3):
             with pytest.raises(ValueError, match="command"):
                 registry.spawn(bad)  # type: ignore[arg-type]
-        assert list_delegations() == [] and get_runtime().ledger.query(kind="process") == []
+        assert (
+            list_delegations() == [] and get_runtime().ledger.query(RowQuery(kind="process")) == []
+        )
 
 
 def test_ledger_unavailable_is_a_clear_error_for_the_contract(ledger_path: str) -> None:

@@ -122,7 +122,7 @@ def test_the_files_are_private_and_go_once_the_result_is_in_the_ledger(
     assert "adopted" not in evt
     wait_for(lambda: not directory.exists())
     row = server.ledger.get(info["process_id"])
-    assert row is not None and row["event"]["output_tail"] == "started\ndone\n"
+    assert row is not None and row.event["output_tail"] == "started\ndone\n"
 
 
 def test_the_command_gets_default_signal_dispositions(path: Path, servers: list[Server]) -> None:
@@ -166,7 +166,7 @@ def test_a_command_that_ended_while_its_server_was_dead_reports_its_real_outcome
     assert (evt["exit_code"], evt["output_tail"], evt["status"]) == (7, "done\n", "failed")
     assert evt["adopted"] is True and "error" not in evt
     row = survivor.ledger.get(info["process_id"])
-    assert row is not None and row["state"] == "failed" and row["owner"] == survivor.ledger.identity
+    assert row is not None and row.state == "failed" and row.owner == survivor.ledger.identity
     assert [h["action"] for h in survivor.ledger.history(info["process_id"])] == ["adopt"]
     # once only, whatever recovers next
     assert survivor.ledger.recover_abandoned() == []
@@ -249,7 +249,7 @@ def test_a_command_that_cannot_be_found_is_reported_unknown_in_words(
     assert "can no longer be followed" in text and "has exited" not in text
     assert NOT_FOUND_ERROR in text and "make -j8" in text
     row = survivor.ledger.get("proc_gone")
-    assert row is not None and row["state"] == "unknown"
+    assert row is not None and row.state == "unknown"
 
 
 def test_without_an_adopter_a_dead_owners_process_is_settled_as_before(
@@ -305,4 +305,4 @@ def test_a_survivor_adopts_at_once_when_its_peer_dies(path: Path, servers: list[
     evt = survivor.events()
     assert (evt["exit_code"], evt["output_tail"], evt["adopted"]) == (5, "after\n", True)
     row = survivor.ledger.get(info["process_id"])
-    assert row is not None and row["owner"] == survivor.ledger.identity
+    assert row is not None and row.owner == survivor.ledger.identity

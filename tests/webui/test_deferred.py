@@ -167,6 +167,6 @@ def _row_after_restart(settings: Any, delegation_id: str) -> dict[str, Any]:
     try:
         row = ledger.get(delegation_id)
         assert row is not None
-        return dict(row)
+        return row.as_dict()
     finally:
         ledger.close()

@@ -112,11 +112,11 @@ def test_two_serve_processes_start_each_wakeup_once(tmp_path: Path) -> None:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 rows = [ledger.get(i) for i in ids]
-                if all(r and r["delivery_state"] == "delivered" for r in rows):
+                if all(r and r.delivery_state == "delivered" for r in rows):
                     break
                 time.sleep(0.1)
             rows = [ledger.get(i) for i in ids]
-            assert all(r and r["delivery_state"] == "delivered" for r in rows), rows
+            assert all(r and r.delivery_state == "delivered" for r in rows), rows
         finally:
             ledger.close()
         time.sleep(0.5)  # a second turn, had one started, would be stored by now
