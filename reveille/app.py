@@ -42,6 +42,7 @@ from reveille.settings import Settings, SettingsError
 from reveille.telegram_app import telegram_surfaces
 from storage import Storage
 from storage.opener import StorageUrlError
+from tools.background_processes import PROCESSES_DIR
 from tools.completion_queue import CompletionQueue
 from tools.process_registry import process_registry
 from tools.toolset import build_default_registry
@@ -96,7 +97,7 @@ def build_runner(
         )
         # Before the first recovery: background commands of a dead server are adopted
         # (their real exit status reported), not settled as unknown.
-        process_registry.attach(runtime.ledger)
+        process_registry.attach(runtime.ledger, directory=settings.home / PROCESSES_DIR)
         return runtime
 
     def build_adapter(store: SessionStore, model: ModelProvider) -> ApiServerAdapter:

@@ -215,23 +215,28 @@ class ProcessRegistry:
         completion_queue: CompletionQueue | None = None,
         *,
         runtime: Callable[[], DelegationRuntime] = get_runtime,
+        directory: Path | None = None,
     ) -> None:
         self.completion_queue = CompletionQueue() if completion_queue is None else completion_queue
         self._runtime = runtime
+        self._directory_given = directory
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
 
     # -- where a process's files live -------------------------------------------------------
 
-    @staticmethod
-    def processes_dir(ledger: Ledger) -> Path:
-        """``<state dir>/processes``: beside the ledger file (the state directory)."""
-        path = getattr(ledger.backend, "path", None)
-        base = Path(path).parent if path else default_state_dir()
-        return base / PROCESSES_DIR
+    @property
+    def processes_dir(self) -> Path:
+        """Where each process keeps its files (a directory per process id): the one the
+        composition root handed over (``attach``), else ``<state dir>/processes`` of
+        ``REVEILLE_HOME`` for embedders that wire nothing. Never derived from where the
+        ledger lives: with PostgreSQL it lives nowhere on this disk."""
+        if self._directory_given is not None:
+            return self._directory_given
+        return default_state_dir() / PROCESSES_DIR
 
     def _directory(self, process_id: str) -> Path:
-        return self.processes_dir(self._runtime().ledger) / process_id
+        return self.processes_dir / process_id
 
     # -- starting -----------------------------------------------------------------------------
 
@@ -277,7 +282,7 @@ class ProcessRegistry:
         if not notify_on_complete:
             # Nobody is to be told: the row records the run and its result, nothing more.
             ledger.drop(process_id, "notify_on_complete was off; result kept")
-        directory = self.processes_dir(ledger) / process_id
+        directory = self._directory(process_id)
         started = time.time()
         try:
             proc = self._start_wrapper(directory, command, cwd=cwd, env=env)
@@ -359,8 +364,11 @@ class ProcessRegistry:
 
     # -- adopting the processes of a server that died ------------------------------------------
 
-    def attach(self, ledger: Ledger) -> None:
-        """Adopt, through ``ledger``'s recovery, the running process rows of dead owners."""
+    def attach(self, ledger: Ledger, *, directory: Path | None = None) -> None:
+        """Keep process files in ``directory`` (when given), and adopt, through ``ledger``'s
+        recovery, the running process rows of dead owners (whose files are there too)."""
+        if directory is not None:
+            self._directory_given = directory
         ledger.set_adopter(PROCESS_KIND, self.adopt)
 
     def adopt(self, row: LedgerRow) -> None:

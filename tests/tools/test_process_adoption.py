@@ -52,7 +52,8 @@ class Server:
         if not follow:
             # Killed right after the spawn: nothing of this server follows the command.
             self.registry._watch = lambda *args: None  # type: ignore[method-assign]
-        self.registry.attach(self.runtime.ledger)
+        # Servers sharing a state directory share its process files (where adoption looks).
+        self.registry.attach(self.runtime.ledger, directory=path.parent / "processes")
 
     @property
     def ledger(self) -> Ledger:
@@ -123,6 +124,24 @@ def test_the_files_are_private_and_go_once_the_result_is_in_the_ledger(
     wait_for(lambda: not directory.exists())
     row = server.ledger.get(info["process_id"])
     assert row is not None and row.event["output_tail"] == "started\ndone\n"
+
+
+def test_the_registry_keeps_files_where_it_is_told_not_where_the_ledger_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A ledger in PostgreSQL lives on no local path: the composition root hands the
+    # registry its directory; an embedder that wires nothing gets REVEILLE_HOME's.
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path / "home"))
+    registry = ProcessRegistry(CompletionQueue())
+    assert registry.processes_dir == tmp_path / "home" / "processes"
+    runtime = DelegationRuntime(
+        Ledger(sqlite_ledger(tmp_path / "l" / "ledger.db")), CompletionQueue()
+    )
+    try:
+        registry.attach(runtime.ledger, directory=tmp_path / "state" / "processes")
+        assert registry.processes_dir == tmp_path / "state" / "processes"
+    finally:
+        runtime.close()
 
 
 def test_the_command_gets_default_signal_dispositions(path: Path, servers: list[Server]) -> None:
