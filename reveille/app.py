@@ -118,7 +118,7 @@ def build_runner(
             allowed_origins=settings.allowed_origins,
             max_body_bytes=settings.max_body_bytes,
         )
-        metrics.install(adapter.app, settings.api_key)
+        metrics.install(adapter.app)
         metrics.watch_turns(Platform.API_SERVER.value, turns)
         metrics.watch_writer("sessions", getattr(store.backend, "stats", lambda: None))
         return adapter

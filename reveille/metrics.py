@@ -17,7 +17,6 @@ this module reads them:
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -179,8 +178,9 @@ class Metrics:
 
     # ----------------------------------------------------------------- HTTP
 
-    def install(self, app: web.Application, api_key: str) -> None:
-        """Add ``GET /metrics`` and the request middleware to the API server's app."""
+    def install(self, app: web.Application) -> None:
+        """Add ``GET /metrics`` and the request middleware to the API server's app (whose
+        key middleware guards ``/metrics`` like every other route of the port)."""
 
         @web.middleware
         async def count_requests(
@@ -207,16 +207,6 @@ class Metrics:
                 )
 
         async def metrics(request: web.Request) -> web.Response:
-            if api_key:
-                header = request.headers.get("Authorization", "")
-                scheme, _, token = header.partition(" ")
-                if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    token.strip().encode(), api_key.encode()
-                ):
-                    return web.json_response(
-                        {"error": {"message": "invalid API key", "code": "invalid_api_key"}},
-                        status=401,
-                    )
             self.scrapes.set(time.time())
             body = generate_latest(self.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

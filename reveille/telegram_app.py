@@ -58,7 +58,7 @@ def telegram_surfaces(
     )
     if settings.telegram_webhook_url:
         path, handler = adapter.webhook_route()
-        api_server.app.router.add_post(path, handler)
+        api_server.add_public_route(path, handler)  # its secret token is its key
     if metrics is not None:
         metrics.watch_turns(Platform.TELEGRAM.value, turns)
     return [adapter]

@@ -32,11 +32,10 @@ another conversation is another record and never answers with that conversation'
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -46,6 +45,7 @@ from agent.loop import Agent
 from agent.tools import ToolProgress
 from delivery.ids import new_token
 from gateway.config import Platform
+from gateway.platforms.api_auth import ApiKeyAuth, is_keyed, same_secret
 from gateway.platforms.api_sessions import MALFORMED_SESSION_ID, SessionRoutes
 from gateway.platforms.base import BasePlatformAdapter, SendResult
 from gateway.platforms.http_middleware import (
@@ -141,10 +141,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         self.turns = turns
         self._host = host
         self._port = int(port)
-        self._configured_key = api_key or ""
-        # What the wake self-POST presents. Equal to the configured key when there is one;
-        # otherwise a secret only this process knows (see the module docstring).
-        self._api_key = self._configured_key or "internal-" + secrets.token_urlsafe(32)
+        self.auth = ApiKeyAuth(api_key or "")
         # Proves a request is this process's own wake-up (``deliver_wake`` sends it).
         self._wake_token = secrets.token_urlsafe(32)
         self.max_body_bytes = max_body_bytes
@@ -168,18 +165,32 @@ class ApiServerAdapter(BasePlatformAdapter):
         # The cap plus headroom: the handler reads up to _DRAIN_FACTOR x the cap itself to
         # answer 413 politely, then enforces max_body_bytes.
         app = web.Application(
-            middlewares=[error_middleware],
+            # The key check runs inside the error middleware, so a refusal has the
+            # OpenAI error shape, and before any handler reads a body.
+            middlewares=[error_middleware, self.auth.middleware],
             client_max_size=self.max_body_bytes * DRAIN_FACTOR,
         )
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._list_models)
         app.router.add_get("/v1/models/{model_id}", self._get_model)
         app.router.add_get("/health", self._health)
-        SessionRoutes(
-            self.store, authenticate=self._authenticate, read_json=self._read_json
-        ).add_to(app.router)
+        SessionRoutes(self.store, read_json=self._read_json).add_to(app.router)
         self._browsers.install(app)
         return app
+
+    def add_public_route(
+        self, path: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> None:
+        """A ``POST`` route that authenticates itself (a webhook with a secret of its own):
+        served on this port without the API key."""
+        self.auth.public(path)
+        self.app.router.add_post(path, handler)
+
+    @property
+    def _api_key(self) -> str:
+        """What the wake self-POST presents (``gateway.wake`` reads it): the configured key,
+        or the internal one only this process knows."""
+        return self.auth.internal_key
 
     @property
     def port(self) -> int:
@@ -194,7 +205,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         return self.turns.active_runs
 
     async def start(self) -> None:
-        if not self._configured_key and not is_loopback(self._host):
+        if not self.auth.configured_key and not is_loopback(self._host):
             raise RuntimeError(
                 f"refusing to listen on {self._host!r} without an API key: anyone who can "
                 "reach it could use the agent. Set API_SERVER_KEY (or [server] api_key), "
@@ -251,32 +262,8 @@ class ApiServerAdapter(BasePlatformAdapter):
         one first. A wake-up proves itself with the token only this process knows.
         """
         proof = request.headers.get(WAKE_TOKEN_HEADER)
-        internal = proof is not None and self._same(proof, self._wake_token)
+        internal = proof is not None and same_secret(proof, self._wake_token)
         return f"{'wake' if internal else 'client'}:{session_id}:{key}", internal
-
-    def _bearer(self, request: web.Request) -> str | None:
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return None
-        return token.strip()
-
-    @staticmethod
-    def _same(a: str, b: str) -> bool:
-        return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
-
-    def _authenticate(self, request: web.Request) -> bool:
-        """Raise 401 unless authorised; True when the caller holds a key (own or internal)."""
-        token = self._bearer(request)
-        if self._configured_key:
-            if token is None or not self._same(token, self._configured_key):
-                raise ApiError(
-                    401,
-                    "Invalid API key. Send it as 'Authorization: Bearer <API_SERVER_KEY>'.",
-                    code="invalid_api_key",
-                )
-            return True
-        return token is not None and self._same(token, self._api_key)
 
     async def _session_from_header(self, request: web.Request, keyed: bool) -> str | None:
         session_id = request.headers.get(SESSION_HEADER)
@@ -313,9 +300,8 @@ class ApiServerAdapter(BasePlatformAdapter):
     # ----------------------------------------------------------------- chat completions
 
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
-        keyed = self._authenticate(request)
         # The header is checked before the body is read: a refused request costs nothing.
-        session_id = await self._session_from_header(request, keyed)
+        session_id = await self._session_from_header(request, is_keyed(request))
         body = await self._read_json(request)
         messages, options = parse_chat_body(body)
         idem_key = request.headers.get(IDEMPOTENCY_HEADER)
@@ -482,11 +468,9 @@ class ApiServerAdapter(BasePlatformAdapter):
         }
 
     async def _list_models(self, request: web.Request) -> web.Response:
-        self._authenticate(request)
         return web.json_response({"object": "list", "data": [self._model_object()]})
 
     async def _get_model(self, request: web.Request) -> web.Response:
-        self._authenticate(request)
         model_id = request.match_info["model_id"]
         if model_id != self._model_name:
             raise ApiError(
@@ -495,12 +479,9 @@ class ApiServerAdapter(BasePlatformAdapter):
         return web.json_response(self._model_object())
 
     async def _health(self, request: web.Request) -> web.Response:
-        if self._configured_key:
-            try:
-                self._authenticate(request)
-            except ApiError:
-                # Without the key: only that the server is up, nothing about what it runs.
-                return web.json_response({"status": "ok"})
+        if self.auth.configured_key and not is_keyed(request):
+            # Without the key: only that the server is up, nothing about what it runs.
+            return web.json_response({"status": "ok"})
         return web.json_response(
             {
                 "status": "ok",

@@ -2,7 +2,7 @@
 
 ``GET|POST /api/sessions``, ``GET|DELETE /api/sessions/{id}``,
 ``GET /api/sessions/{id}/messages`` (``after_id``, ``limit``). Every route needs the API
-key when one is configured (the server's ``authenticate``); answers that belong to a
+key when one is configured (the port's middleware checks it); answers that belong to a
 session echo its id in ``X-Hermes-Session-Id``. The session store does the work; this
 module is request parsing and answers only.
 """
@@ -55,17 +55,16 @@ def _not_found(session_id: str) -> ApiError:
 
 
 class SessionRoutes:
-    """The handlers, over a store; ``authenticate`` and ``read_json`` are the server's."""
+    """The handlers, over a store; ``read_json`` is the server's (its key check is the
+    port's middleware, ``gateway.platforms.api_auth``)."""
 
     def __init__(
         self,
         store: SessionStore,
         *,
-        authenticate: Callable[[web.Request], bool],
         read_json: Callable[[web.Request], Awaitable[Any]],
     ) -> None:
         self.store = store
-        self._authenticate = authenticate
         self._read_json = read_json
 
     def add_to(self, router: web.UrlDispatcher) -> None:
@@ -76,7 +75,6 @@ class SessionRoutes:
         router.add_get("/api/sessions/{session_id}/messages", self.session_messages)
 
     async def _path_session(self, request: web.Request) -> str:
-        self._authenticate(request)
         session_id = request.match_info["session_id"]
         if not is_valid_session_id(session_id):
             raise ApiError(400, MALFORMED_SESSION_ID, code="invalid_session_id")
@@ -84,14 +82,12 @@ class SessionRoutes:
         return session_id
 
     async def list_sessions(self, request: web.Request) -> web.Response:
-        self._authenticate(request)
         limit = int_query(request, "limit", 100) or 0
         offset = int_query(request, "offset", 0) or 0
         sessions = await asyncio.to_thread(self.store.list_sessions, min(limit, 1000), offset)
         return web.json_response({"object": "list", "data": sessions})
 
     async def create_session(self, request: web.Request) -> web.Response:
-        self._authenticate(request)
         body = await self._read_json(request)
         if body is None:
             body = {}

@@ -8,6 +8,7 @@ import json
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
 
 from agent.markers import DELIVERY_MARKER, WAKE_DATA_MARKER
 from agent.providers.base import ProviderError
@@ -452,3 +453,43 @@ async def test_turn_survives_a_client_that_hangs_up(store) -> None:
 
         await poll(stored)
         assert runner.calls == 1 and adapter.active_runs == 0
+
+
+async def test_the_key_guards_every_route_of_the_port_even_one_added_later(store) -> None:
+    # The check is the port's middleware, not a call each handler must remember: a route
+    # added after the server was built (as /metrics and plugins add theirs) is guarded too,
+    # and its handler never runs for a caller without the key. A route registered as public
+    # (a webhook with a secret of its own) is let through.
+    calls: list[str] = []
+
+    async def added(request: web.Request) -> web.Response:
+        calls.append("added")
+        return web.json_response({"ok": True})
+
+    async def webhook(request: web.Request) -> web.Response:
+        calls.append("webhook")
+        return web.json_response({"ok": True})
+
+    adapter = ApiServerAdapter(
+        store=store, turn_runner=lambda *a: None, host="127.0.0.1", port=0, api_key=KEY
+    )
+    adapter.app.router.add_get("/added", added)
+    adapter.add_public_route("/hook", webhook)
+    await adapter.start()
+    base = f"http://127.0.0.1:{adapter.port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+                async with http.get(f"{base}/added", headers=headers) as resp:
+                    assert resp.status == 401
+                    assert (await resp.json())["error"]["code"] == "invalid_api_key"
+            assert calls == []
+            async with http.get(
+                f"{base}/added", headers={"Authorization": f"Bearer {KEY}"}
+            ) as resp:
+                assert resp.status == 200
+            async with http.post(f"{base}/hook", json={}) as resp:
+                assert resp.status == 200
+        assert calls == ["added", "webhook"]
+    finally:
+        await adapter.stop()

@@ -1,0 +1,91 @@
+"""Bearer-key authentication of the API server's port, as aiohttp middleware.
+
+Every route of the port goes through ``ApiKeyAuth.middleware`` before its handler runs, so
+no handler can forget the check and a refused request reads no body:
+
+- With a configured key (``API_SERVER_KEY``), a request without ``Authorization: Bearer
+  <key>`` (compared in constant time) is answered 401 ``invalid_api_key`` in the OpenAI
+  error shape. ``/health`` is the one exception: anyone may learn that the server is up,
+  and only a key holder learns what it runs.
+- Without one, nothing is refused here (the server binds loopback only), but the request
+  is *keyed* only when it presents the internal key: a secret only this process knows,
+  which its own wake-ups (``gateway.wake``'s self-POST) send. Continuing a session by id
+  needs a keyed request.
+
+Handlers read the outcome with ``is_keyed(request)``. Routes that authenticate themselves
+in their own way (a Telegram webhook's secret token) are registered as ``public``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from gateway.platforms.http_middleware import ApiError
+
+__all__ = ["ApiKeyAuth", "is_keyed", "same_secret"]
+
+# (web.RequestKey from aiohttp 3.11 on; a plain string key before.)
+_KEYED: Any = (
+    web.RequestKey("reveille_keyed", bool) if hasattr(web, "RequestKey") else "reveille_keyed"
+)
+_HEALTH = "/health"
+
+
+def same_secret(a: str, b: str) -> bool:
+    """Constant-time comparison of two secrets (their lengths may differ)."""
+    return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
+
+
+def bearer_token(request: web.Request) -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def is_keyed(request: web.Request) -> bool:
+    """Whether the request presented the configured key (or, without one, the internal)."""
+    return bool(request.get(_KEYED, False))
+
+
+class ApiKeyAuth:
+    """The API port's key check (see the module docstring)."""
+
+    def __init__(self, configured_key: str = "") -> None:
+        self.configured_key = configured_key
+        # What this process's own wake-ups present: the configured key when there is one,
+        # otherwise a secret nobody else can know.
+        self.internal_key = configured_key or "internal-" + secrets.token_urlsafe(32)
+        self._public: set[str] = set()
+
+    def public(self, path: str) -> None:
+        """Let ``path`` through unauthenticated: its handler checks a secret of its own."""
+        self._public.add(path)
+
+    @web.middleware
+    async def middleware(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        path = request.path
+        if path in self._public:
+            return await handler(request)
+        token = bearer_token(request)
+        if self.configured_key:
+            keyed = token is not None and same_secret(token, self.configured_key)
+            if not keyed and path != _HEALTH:
+                raise ApiError(
+                    401,
+                    "Invalid API key. Send it as 'Authorization: Bearer <API_SERVER_KEY>'.",
+                    code="invalid_api_key",
+                )
+        else:
+            keyed = token is not None and same_secret(token, self.internal_key)
+        request[_KEYED] = keyed
+        return await handler(request)
