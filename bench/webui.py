@@ -32,8 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import tools.async_delegation as ad  # noqa: E402
 from agent.providers.demo import DemoModel  # noqa: E402
-from api.server import WebUIServer  # noqa: E402
-from reveille.app import build_runner  # noqa: E402
+from reveille.app import serve  # noqa: E402
 from reveille.settings import Settings  # noqa: E402
 
 
@@ -61,10 +60,9 @@ async def _pump(response: aiohttp.ClientResponse, arrived: dict[str, float]) -> 
 async def run(completions: int) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(home=Path(tmp), port=0, webui_port=_free_port(), api_key="bench")
-        runner = build_runner(settings, provider=DemoModel(delay_seconds=0.0))
-        await runner.start()
-        try:
-            server = next(s for s in runner.surfaces if isinstance(s, WebUIServer))
+        async with serve(settings, provider=DemoModel(delay_seconds=0.0)) as app:
+            server = app.webui
+            assert server is not None
             base = f"http://127.0.0.1:{server.port}"
             async with aiohttp.ClientSession() as http:
                 csrf = (await (await http.get(base + "/api/bootstrap")).json())["csrf_token"]
@@ -100,8 +98,6 @@ async def run(completions: int) -> list[float]:
                 pump.cancel()
                 stream.close()
                 return latencies
-        finally:
-            await runner.stop()
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """What the runner reports about each completion it handled, for observers (metrics).
 
-``GatewayRunner`` calls ``RunnerParts.on_outcome`` once per handled completion with a
+``GatewayRunner`` calls its ``on_outcome`` observer once per handled completion with a
 ``DeliveryOutcome``; the observer must not raise (what it raises is logged and ignored) and
 must not block. This module imports nothing of any metrics library: the composition root
 turns outcomes into whatever it exports.

@@ -1,12 +1,10 @@
 """The gateway runner: the API server, the delivery ledger and the completion watcher.
 
-``GatewayRunner(parts)`` gets its collaborators from the composition root
-(``reveille.app.build_runner``) as ``RunnerParts`` — how to open the session store and the
-ledger runtime, the model provider, how to build the API server — so that this floor never
-reads settings. ``start()`` opens them, starts the API server, re-offers every completion a previous
-run left undelivered, starts the ledger's re-offer scheduler and then watches
-``process_registry.completion_queue`` (event-driven: it awaits the queue, no poll
-interval).
+``GatewayRunner`` is the watcher and router only: the composition root
+(``reveille.app.serve``) opens the session store, the ledger runtime, the provider and the
+surfaces, registers each surface's delivery target here, and closes them all; this floor
+never reads settings. ``start()`` watches ``process_registry.completion_queue``
+(event-driven: it awaits the queue, no poll interval) until ``stop()``.
 
 Each completion is routed to the session it came from — its ``origin_session_id``, else its
 ``parent_session_id``, else the API session its ``session_key`` names; never to a session
@@ -24,33 +22,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
-import signal
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import tools.async_delegation as ad
-from agent.providers.base import ModelProvider
 from delivery.events import CompletionEvent, delivery_id, parse_event
-from delivery.peers import ServerRecord
 from gateway.config import Platform
 from gateway.delivery_targets import (
-    ApiServerTarget,
     ClaimingTarget,
     DeliveryTarget,
     session_platform,
 )
 from gateway.outcomes import DeliveryOutcome, OutcomeObserver
-from gateway.platforms.api_server import ApiServerAdapter
 from gateway.session import SessionGone, SessionStore
 from gateway.wake import WakeDeliveryError
 from tools.completion_queue import CompletionQueue
 from tools.process_registry import process_registry
 
-__all__ = ["GatewayRunner", "RunnerParts", "Surface"]
+__all__ = ["GatewayRunner", "Surface"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,89 +66,39 @@ class Surface(Protocol):
     async def stop(self, *, grace_seconds: float) -> None: ...
 
 
-@dataclass(frozen=True)
-class RunnerParts:
-    """What the composition root hands the runner; each callable runs once, in ``start()``.
+class GatewayRunner:
+    """The completion watcher and router of ``reveille serve``.
 
-    ``open_runtime`` opens the process-wide delegation runtime over the given completion
-    queue; it is called only when the embedding program has not configured one already.
-    ``owns_provider`` says whether the runner closes the provider when it stops.
-    ``build_surfaces`` builds the other front ends of this process over the same store and
-    provider (it may register their delivery targets on the runner it is given).
+    It is handed the opened session store (the composition root opens and closes it, the
+    ledger runtime and every surface) and the delivery targets of the surfaces
+    (``register_target``); ``start`` begins watching the completion queue, ``stop`` ends
+    the watch and gives deliveries in flight ``shutdown_grace_seconds`` to settle.
+    ``on_outcome`` is told of every handled completion (the metrics hook); it must not block.
     """
 
-    open_store: Callable[[], SessionStore]
-    open_runtime: Callable[[CompletionQueue], Any]
-    provider: ModelProvider
-    build_adapter: Callable[[SessionStore, ModelProvider], ApiServerAdapter]
-    owns_provider: bool = True
-    build_surfaces: Callable[[SessionStore, ModelProvider, GatewayRunner], Sequence[Surface]] = (
-        dataclasses.field(default=lambda store, provider, runner: ())
-    )
-    # Told of every handled completion (the metrics hook); must not block.
-    on_outcome: OutcomeObserver | None = None
-
-
-class GatewayRunner:
-    """Runs ``reveille serve``: adapters, ledger runtime and the completion watcher."""
-
-    def __init__(self, parts: RunnerParts, *, shutdown_grace_seconds: float = 10.0) -> None:
-        self.parts = parts
-        self.provider: ModelProvider | None = None
-        self.store: SessionStore | None = None
-        self.adapter: ApiServerAdapter | None = None
+    def __init__(
+        self,
+        store: SessionStore,
+        *,
+        queue: CompletionQueue | None = None,
+        on_outcome: OutcomeObserver | None = None,
+        shutdown_grace_seconds: float = 10.0,
+    ) -> None:
+        self.store = store
+        self.queue = process_registry.completion_queue if queue is None else queue
         self.targets: dict[Platform, DeliveryTarget] = {}
         self.claiming_targets: dict[Platform, ClaimingTarget] = {}
-        self.surfaces: list[Surface] = []
-        self.runtime: Any = None
-        self.queue = process_registry.completion_queue
         self.consumer = f"gateway-runner:{os.getpid()}"
-        self.restored = 0
-        self._owns_runtime = False
-        self._started_scheduler = False
+        self._on_outcome = on_outcome
         self._watcher: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._grace = shutdown_grace_seconds
-        self._stopping: asyncio.Event | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        self.store = await asyncio.to_thread(self.parts.open_store)
-        try:
-            await self._open_runtime()
-            self.provider = self.parts.provider
-            self.adapter = self.parts.build_adapter(self.store, self.provider)
-            self.register_target(Platform.API_SERVER, ApiServerTarget(self.store, self.adapter))
-            # Surfaces are built before the API server starts (one may add a route to it,
-            # a Telegram webhook) and started once it listens.
-            surfaces = list(self.parts.build_surfaces(self.store, self.provider, self))
-            await self.adapter.start()
-            for surface in surfaces:
-                await surface.start()
-                self.surfaces.append(surface)
-            # The servers listen first: restored wake-ups self-POST to it.
-            self.restored = await asyncio.to_thread(ad.restore_undelivered_completions, self.queue)
-            if self.restored:
-                logger.info("re-offering %d undelivered completion(s)", self.restored)
-            if getattr(self.runtime, "scheduler", None) is None:
-                label = f"api {self.adapter.host}:{self.adapter.port}"
-                scheduler = await asyncio.to_thread(self.runtime.start_scheduler, label)
-                self._started_scheduler = True
-                _log_peers(scheduler.peers_at_start)
+        if self._watcher is None:
             self._watcher = asyncio.create_task(self._watch(), name="completion-watcher")
-        except BaseException:
-            await self.stop()
-            raise
-
-    async def _open_runtime(self) -> None:
-        # A runtime configured by the embedding program (tests, benchmarks) is used as is;
-        # otherwise this runner opens the one the composition root describes.
-        if not ad.runtime_is_open():
-            self.runtime = await asyncio.to_thread(self.parts.open_runtime, self.queue)
-            self._owns_runtime = True
-        else:
-            self.runtime = ad.get_runtime()
 
     async def stop(self) -> None:
         if self._watcher is not None:
@@ -173,54 +113,6 @@ class GatewayRunner:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        while self.surfaces:
-            surface = self.surfaces.pop()
-            try:
-                await surface.stop(grace_seconds=self._grace)
-            except Exception:
-                logger.exception("stopping %s failed", type(surface).__name__)
-        if self.adapter is not None:
-            await self.adapter.stop(grace_seconds=self._grace)
-            self.adapter = None
-        if self.runtime is not None:
-            if self._owns_runtime:
-                await asyncio.to_thread(ad.reset_runtime)
-            elif self._started_scheduler and self.runtime.scheduler is not None:
-                scheduler, self.runtime.scheduler = self.runtime.scheduler, None
-                await asyncio.to_thread(scheduler.stop)
-            self.runtime = None
-        aclose = getattr(self.provider, "aclose", None)
-        if aclose is not None and self.parts.owns_provider:
-            with contextlib.suppress(Exception):
-                await aclose()
-        if self.store is not None:
-            self.store.close()
-            self.store = None
-
-    async def run_forever(
-        self, *, on_started: Callable[[GatewayRunner], None] | None = None
-    ) -> None:
-        """Start, run until SIGINT/SIGTERM (or ``request_stop``), then stop cleanly."""
-        self._stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        installed = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self._stopping.set)
-                installed.append(sig)
-        try:
-            await self.start()
-            if on_started is not None:
-                on_started(self)
-            await self._stopping.wait()
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
-            await self.stop()
-
-    def request_stop(self) -> None:
-        if self._stopping is not None:
-            self._stopping.set()
 
     # ----------------------------------------------------------------- the watcher
 
@@ -252,7 +144,7 @@ class GatewayRunner:
         tells ``parts.on_outcome``: the one place delivery metrics hook in)."""
         seen: dict[str, Any] = {}
         outcome = await self._handle_event(evt, seen)
-        observer = self.parts.on_outcome
+        observer = self._on_outcome
         if observer is not None:
             try:
                 completed = evt.get("completed_at") if isinstance(evt, dict) else None
@@ -338,7 +230,6 @@ class GatewayRunner:
 
     def _route(self, event: CompletionEvent) -> tuple[str, str | None, dict[str, Any] | None]:
         """("session", id, record) | ("gone", id, None) | ("foreign" | "unknown", None, None)."""
-        assert self.store is not None
         # An abandoned unit's routing fields are its work's (the wrapper repeats them).
         work = getattr(event, "work", None) or event
         candidates = (
@@ -426,17 +317,6 @@ class GatewayRunner:
             await asyncio.to_thread(ad.drop_event_delivery, evt, claim or None, reason)
         except Exception:
             logger.exception("could not drop %s", _event_id(evt))
-
-
-def _log_peers(peers: list[ServerRecord]) -> None:
-    if not peers:
-        logger.info("no other server shares this state")
-        return
-    logger.info(
-        "%d other server(s) share this state; each takes over the other's work if it dies: %s",
-        len(peers),
-        "; ".join(peer.describe() for peer in peers),
-    )
 
 
 def _safe_id(evt: Any) -> Any:

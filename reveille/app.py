@@ -1,12 +1,13 @@
 """The composition root: the one place that turns settings into a running Reveille.
 
-It builds, in this order, settings -> storage (the ledger file and the session store under
-``REVEILLE_HOME``, or both in PostgreSQL when ``REVEILLE_DATABASE_URL`` is set) -> the
+``serve(settings)`` opens, in this order, storage (the ledger file and the session store
+under ``REVEILLE_HOME``, or both in PostgreSQL when ``REVEILLE_DATABASE_URL`` is set) -> the
 delegation runtime of the contract module ``tools.async_delegation`` -> the model provider
 and the agent with its toolset -> the API server -> the web UI (its own turn service for
-``Platform.WEBUI``, event log, approvals and delivery target, registered on the runner and
-started with it) and Telegram -> the gateway runner, and hands each piece down. Nothing below
-``reveille/`` reads settings: the floors under this one receive what they need from here.
+``Platform.WEBUI``, event log, approvals and delivery target) and Telegram -> the re-offer
+scheduler -> the gateway runner's watcher, on one ``AsyncExitStack`` that closes them in
+reverse. Nothing below ``reveille/`` reads settings: the floors under this one receive what
+they need from here.
 
 Storage is opened through ``storage.open_storage(url)``, the only code that names a storage
 dialect.
@@ -14,8 +15,12 @@ dialect.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
-from collections.abc import Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +33,14 @@ from api.event_log import EventLog
 from api.server import WebUIServer
 from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
+from delivery.peers import ServerRecord
 from delivery.state_dir import ensure_private_dir
 from gateway.config import Platform
-from gateway.delivery_targets import PushTarget
+from gateway.delivery_targets import ApiServerTarget, PushTarget
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.platforms.http_middleware import is_loopback
 from gateway.platforms.openai_wire import completion_object
-from gateway.run import GatewayRunner, RunnerParts, Surface
+from gateway.run import GatewayRunner, Surface
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
 from reveille.metrics import Metrics
@@ -44,10 +50,13 @@ from storage import Storage
 from storage.opener import StorageUrlError
 from tools.background_processes import PROCESSES_DIR
 from tools.completion_queue import CompletionQueue
+from tools.delegation_runtime import DelegationRuntime
 from tools.process_registry import process_registry
 from tools.toolset import build_default_registry
 
-__all__ = ["build_runner", "build_webui", "check_webui_bind", "open_storage"]
+__all__ = ["App", "build_webui", "check_webui_bind", "open_storage", "serve"]
+
+logger = logging.getLogger("reveille.app")
 
 
 def open_storage(url: str) -> Storage:
@@ -65,97 +74,181 @@ def storage_url(settings: Settings) -> str:
     return f"sqlite://{settings.home.expanduser().resolve().as_posix()}"
 
 
-def build_runner(
+@dataclass
+class App:
+    """A running Reveille, as ``serve`` yields it: the pieces it opened, for the CLI's banner,
+    tests and benchmarks."""
+
+    settings: Settings
+    store: SessionStore
+    runtime: DelegationRuntime
+    provider: ModelProvider
+    adapter: ApiServerAdapter
+    runner: GatewayRunner
+    surfaces: list[Surface] = field(default_factory=list)
+    restored: int = 0
+
+    @property
+    def webui(self) -> WebUIServer | None:
+        return next((s for s in self.surfaces if isinstance(s, WebUIServer)), None)
+
+
+@contextlib.asynccontextmanager
+async def serve(
     settings: Settings,
     *,
     provider: ModelProvider | None = None,
     shutdown_grace_seconds: float = 10.0,
-) -> GatewayRunner:
-    """A gateway runner wired from ``settings``; ``provider`` overrides the configured one
-    (tests, benchmarks) and is then left open when the runner stops."""
-    location = open_storage(storage_url(settings))
-    owns_provider = provider is None
-    model = provider or build_provider(
-        kind=settings.provider,
-        base_url=settings.openai_base_url or None,
-        api_key=settings.openai_api_key or None,
-        model=settings.model,
-        demo_delay=settings.demo_delay_seconds,
-    )
+) -> AsyncIterator[App]:
+    """Open everything ``settings`` describe, in order, and close it in reverse on exit.
 
-    metrics = Metrics()
-    # Read at scrape time: the runtime may be one the embedding program configured.
-    metrics.ledger_counts = lambda: _ledger_backend().delivery_counts()
-    metrics.watch_writer("ledger", lambda: _ledger_backend().stats())
-
-    def open_runtime(queue: CompletionQueue) -> Any:
-        runtime = ad.configure_runtime(
-            backend=location.open_ledger(),
-            policy=settings.delivery_policy,
-            completion_queue=queue,
-            max_queued=settings.max_queued_delegations,
-        )
-        # Before the first recovery: background commands of a dead server are adopted
-        # (their real exit status reported), not settled as unknown.
-        process_registry.attach(runtime.ledger, directory=settings.home / PROCESSES_DIR)
-        return runtime
-
-    def build_adapter(store: SessionStore, model: ModelProvider) -> ApiServerAdapter:
-        turns = TurnService(
-            store,
-            agent_turn_runner(build_agent(settings, model)),
-            render=functools.partial(completion_object, model=model.name),
-            platform=Platform.API_SERVER,
-            max_concurrent_runs=settings.max_concurrent_runs,
-        )
-        adapter = ApiServerAdapter(
-            store=store,
-            turns=turns,
-            host=settings.host,
-            port=settings.port,
-            api_key=settings.api_key,
-            model_name=model.name,
-            allowed_origins=settings.allowed_origins,
-            max_body_bytes=settings.max_body_bytes,
-        )
-        metrics.install(adapter.app)
-        metrics.watch_turns(Platform.API_SERVER.value, turns)
-        metrics.watch_writer("sessions", getattr(store.backend, "stats", lambda: None))
-        return adapter
-
-    def build_surfaces(
-        store: SessionStore, model: ModelProvider, runner: GatewayRunner
-    ) -> list[Surface]:
-        surfaces: list[Surface] = []
-        if settings.webui_port:
-            ensure_private_dir(settings.home)  # its event log is local, even with PostgreSQL
-            server = build_webui(settings, store, model, home=settings.home)
-            runner.register_target(Platform.WEBUI, server.target)
-            surfaces.append(server)
-        assert runner.adapter is not None  # built before the surfaces
-        if settings.telegram_bot_token:
-            agent = build_agent(settings, model)
-            for chat in telegram_surfaces(settings, store, agent, runner.adapter, metrics):
-                runner.register_target(chat.platform, PushTarget(chat))
-                surfaces.append(chat)
-        return surfaces
-
+    Storage (the session store; the ledger under the delegation runtime of the contract
+    module), the model provider, the API server, the other surfaces (web UI, Telegram), the
+    re-offer of what a previous run left undelivered, the ledger's re-offer scheduler, and
+    the gateway runner's completion watcher last, once every delivery target is listening.
+    ``provider`` overrides the configured one (tests, benchmarks) and is then left open.
+    """
     if settings.webui_port:
         check_webui_bind(settings)
-    parts = RunnerParts(
-        open_store=lambda: SessionStore(location.open_sessions()),
-        open_runtime=open_runtime,
-        provider=model,
-        build_adapter=build_adapter,
-        owns_provider=owns_provider,
-        build_surfaces=build_surfaces,
-        on_outcome=metrics.observe,
+    grace = shutdown_grace_seconds
+    async with contextlib.AsyncExitStack() as stack:
+        location = await asyncio.to_thread(open_storage, storage_url(settings))
+        store = SessionStore(await asyncio.to_thread(location.open_sessions))
+        stack.push_async_callback(asyncio.to_thread, store.close)
+
+        queue = process_registry.completion_queue
+        runtime = await asyncio.to_thread(_open_runtime, settings, location, queue)
+        stack.push_async_callback(asyncio.to_thread, ad.reset_runtime)
+
+        model = provider or build_provider(
+            kind=settings.provider,
+            base_url=settings.openai_base_url or None,
+            api_key=settings.openai_api_key or None,
+            model=settings.model,
+            demo_delay=settings.demo_delay_seconds,
+        )
+        aclose = getattr(model, "aclose", None)
+        if provider is None and aclose is not None:
+            stack.push_async_callback(_quietly, aclose)
+
+        metrics = Metrics()
+        backend = runtime.ledger.backend
+        metrics.ledger_counts = backend.delivery_counts
+        metrics.watch_writer("ledger", backend.stats)
+        runner = GatewayRunner(
+            store, queue=queue, on_outcome=metrics.observe, shutdown_grace_seconds=grace
+        )
+        adapter = build_adapter(settings, store, model, metrics)
+        runner.register_target(Platform.API_SERVER, ApiServerTarget(store, adapter))
+        # Built before the API server starts (Telegram's webhook adds a route to it),
+        # started once it listens.
+        surfaces = build_surfaces(settings, store, model, adapter, runner, metrics)
+        await adapter.start()
+        stack.push_async_callback(adapter.stop, grace_seconds=grace)
+        for surface in surfaces:
+            await surface.start()
+            stack.push_async_callback(_stop_surface, surface, grace)
+
+        # The servers listen first: restored wake-ups self-POST to them.
+        restored = await asyncio.to_thread(ad.restore_undelivered_completions, queue)
+        if restored:
+            logger.info("re-offering %d undelivered completion(s)", restored)
+        scheduler = await asyncio.to_thread(
+            runtime.start_scheduler, f"api {adapter.host}:{adapter.port}"
+        )
+        log_peers(scheduler.peers_at_start)
+        await runner.start()
+        stack.push_async_callback(runner.stop)
+        yield App(settings, store, runtime, model, adapter, runner, surfaces, restored)
+
+
+def _open_runtime(
+    settings: Settings, location: Storage, queue: CompletionQueue
+) -> DelegationRuntime:
+    runtime = ad.configure_runtime(
+        backend=location.open_ledger(),
+        policy=settings.delivery_policy,
+        completion_queue=queue,
+        max_queued=settings.max_queued_delegations,
     )
-    return GatewayRunner(parts, shutdown_grace_seconds=shutdown_grace_seconds)
+    # Before the first recovery: background commands of a dead server are adopted (their
+    # real exit status reported), not settled as unknown.
+    process_registry.attach(runtime.ledger, directory=settings.home / PROCESSES_DIR)
+    return runtime
 
 
-def _ledger_backend() -> Any:
-    return ad.get_runtime().ledger.backend if ad.runtime_is_open() else None
+async def _stop_surface(surface: Surface, grace: float) -> None:
+    try:
+        await surface.stop(grace_seconds=grace)
+    except Exception:
+        logger.exception("stopping %s failed", type(surface).__name__)
+
+
+async def _quietly(aclose: Callable[[], Awaitable[Any]]) -> None:
+    with contextlib.suppress(Exception):
+        await aclose()
+
+
+def build_adapter(
+    settings: Settings, store: SessionStore, model: ModelProvider, metrics: Metrics
+) -> ApiServerAdapter:
+    """The API server over its own turn service (``Platform.API_SERVER``)."""
+    turns = TurnService(
+        store,
+        agent_turn_runner(build_agent(settings, model)),
+        render=functools.partial(completion_object, model=model.name),
+        platform=Platform.API_SERVER,
+        max_concurrent_runs=settings.max_concurrent_runs,
+    )
+    adapter = ApiServerAdapter(
+        store=store,
+        turns=turns,
+        host=settings.host,
+        port=settings.port,
+        api_key=settings.api_key,
+        model_name=model.name,
+        allowed_origins=settings.allowed_origins,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    metrics.install(adapter.app)
+    metrics.watch_turns(Platform.API_SERVER.value, turns)
+    metrics.watch_writer("sessions", getattr(store.backend, "stats", lambda: None))
+    return adapter
+
+
+def build_surfaces(
+    settings: Settings,
+    store: SessionStore,
+    model: ModelProvider,
+    adapter: ApiServerAdapter,
+    runner: GatewayRunner,
+    metrics: Metrics,
+) -> list[Surface]:
+    """The other front ends of this process (web UI, Telegram), each with its delivery
+    target registered on the runner."""
+    surfaces: list[Surface] = []
+    if settings.webui_port:
+        ensure_private_dir(settings.home)  # its event log is local, even with PostgreSQL
+        server = build_webui(settings, store, model, home=settings.home)
+        runner.register_target(Platform.WEBUI, server.target)
+        surfaces.append(server)
+    if settings.telegram_bot_token:
+        agent = build_agent(settings, model)
+        for chat in telegram_surfaces(settings, store, agent, adapter, metrics):
+            runner.register_target(chat.platform, PushTarget(chat))
+            surfaces.append(chat)
+    return surfaces
+
+
+def log_peers(peers: list[ServerRecord]) -> None:
+    if not peers:
+        logger.info("no other server shares this state")
+        return
+    logger.info(
+        "%d other server(s) share this state; each takes over the other's work if it dies: %s",
+        len(peers),
+        "; ".join(peer.describe() for peer in peers),
+    )
 
 
 def check_webui_bind(settings: Settings) -> None:

@@ -3,7 +3,7 @@
 The only module that imports the metrics library. The core exposes plain numbers and hooks;
 this module reads them:
 
-* the runner's outcome hook (``RunnerParts.on_outcome``, the one place deliveries are
+* the runner's outcome hook (``GatewayRunner(on_outcome=...)``, the one place deliveries are
   settled): deliveries by platform and outcome, attempts (claims), wake-up deliveries,
   completion-to-delivered latency;
 * the turn services' counters (``TurnService.wake_turns``, ``active_runs``): wake-up turns by

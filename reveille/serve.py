@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import signal
 import sys
 from typing import Any
 
@@ -121,40 +123,21 @@ def telegram_summary(settings: Settings) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from gateway.run import GatewayRunner
-    from reveille.app import build_runner
+    from delivery.errors import LedgerError
 
     settings = load_settings(
         config_file=getattr(args, "config", None),
         host=getattr(args, "host", None),
         port=getattr(args, "port", None),
     )
-    from delivery.errors import LedgerError
-
     try:
-        runner = build_runner(settings)
-    except ValueError as exc:
+        asyncio.run(serve_until_signalled(settings))
+    except ValueError as exc:  # a setting the start refused (SettingsError)
         print(f"reveille serve: {exc}", file=sys.stderr)
         return 2
     except LedgerError as exc:  # the store cannot be reached or used: one line, no traceback
         print(f"reveille serve: {exc}", file=sys.stderr)
         return 1
-
-    def announce(started: GatewayRunner) -> None:
-        assert started.adapter is not None and started.provider is not None
-        logger.info(
-            "%s",
-            startup_banner(
-                settings,
-                port=started.adapter.port,
-                model=started.provider.name,
-                restored=started.restored,
-                webui_url=next((str(s.url) for s in started.surfaces if hasattr(s, "url")), None),
-            ),
-        )
-
-    try:
-        asyncio.run(runner.run_forever(on_started=announce))
     except OSError as exc:
         ports = f"API server port {settings.port}"
         if settings.webui_port:
@@ -170,3 +153,33 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"reveille serve: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+async def serve_until_signalled(settings: Settings) -> None:
+    """``reveille.app.serve`` until SIGINT or SIGTERM; then everything closes in reverse."""
+    from reveille.app import serve
+
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stopping.set)
+            installed.append(sig)
+    try:
+        async with serve(settings) as app:
+            webui = app.webui
+            logger.info(
+                "%s",
+                startup_banner(
+                    settings,
+                    port=app.adapter.port,
+                    model=app.provider.name,
+                    restored=app.restored,
+                    webui_url=str(webui.url) if webui is not None else None,
+                ),
+            )
+            await stopping.wait()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)

@@ -13,10 +13,9 @@ from agent.markers import DELIVERY_MARKER, WAKE_DATA_MARKER, WAKE_MARKER
 from agent.providers.demo import DemoModel
 from delivery.rows import RowQuery
 from gateway.wake import DELEGATION_DISPLAY_KIND, WakeDeliveryError
-from reveille.app import build_runner
+from reveille.app import serve
 from reveille.settings import Settings
 from tools.async_delegation import (
-    configure_runtime,
     get_durable_delegation,
     get_runtime,
     reset_runtime,
@@ -29,17 +28,16 @@ HEADER = "X-Hermes-Session-Id"
 
 
 @pytest.fixture
-def runtime(tmp_path, monkeypatch):
+def clean_state(tmp_path, monkeypatch):
     monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
     process_registry.completion_queue.drain()
-    rt = configure_runtime(str(tmp_path / "ledger.db"))
-    yield rt
+    yield
     reset_runtime()
     process_registry.completion_queue.drain()
 
 
 @pytest.fixture
-async def gateway(tmp_path, runtime):
+async def gateway(tmp_path, clean_state):
     settings = Settings(
         home=tmp_path,
         port=0,
@@ -50,12 +48,14 @@ async def gateway(tmp_path, runtime):
         shell_workdir=str(tmp_path),
     )
     provider = RecordingProvider(DemoModel(delay_seconds=DEMO_DELAY))
-    runner = build_runner(settings, provider=provider)
-    await runner.start()
-    try:
-        yield runner, provider
-    finally:
-        await runner.stop()
+    async with serve(settings, provider=provider) as app:
+        yield app, provider
+
+
+@pytest.fixture
+def runtime(gateway):
+    """The ledger runtime the server opened (the process's contract runtime)."""
+    return gateway[0].runtime
 
 
 def finished_process(ledger, row_id: str, **event) -> dict:
@@ -83,8 +83,8 @@ def user(text: str) -> list[dict[str, str]]:
 
 
 async def test_background_delegation_comes_back_as_a_delivery_row(gateway) -> None:
-    runner, provider = gateway
-    port = runner.adapter.port
+    app, provider = gateway
+    port = app.adapter.port
     client = client_for(port)
     started = time.monotonic()
     raw = await client.chat.completions.with_raw_response.create(
@@ -127,8 +127,8 @@ async def test_background_delegation_comes_back_as_a_delivery_row(gateway) -> No
 
 
 async def test_background_process_wakes_its_session_once(gateway) -> None:
-    runner, _provider = gateway
-    port = runner.adapter.port
+    app, _provider = gateway
+    port = app.adapter.port
     client = client_for(port)
     raw = await client.chat.completions.with_raw_response.create(
         model="reveille-demo", messages=user("run in the background: echo hi")
@@ -154,8 +154,8 @@ async def test_background_process_wakes_its_session_once(gateway) -> None:
 
 
 async def test_routing_rules(gateway, runtime) -> None:
-    runner, _provider = gateway
-    store = runner.store
+    app, _provider = gateway
+    store = app.store
     store.create_session("sess_live")
     ledger = runtime.ledger
 
@@ -164,41 +164,41 @@ async def test_routing_rules(gateway, runtime) -> None:
 
     # No origin at all: released (an attempt spent), not delivered anywhere.
     evt = pending("proc_noorigin")
-    assert await runner.handle_event(evt) == "released"
+    assert await app.runner.handle_event(evt) == "released"
     row = get_durable_delegation("proc_noorigin")
     assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 1
 
     # The origin session is gone: dropped.
     evt = pending("proc_gone", origin_session_id="sess_deleted")
-    assert await runner.handle_event(evt) == "dropped"
+    assert await app.runner.handle_event(evt) == "dropped"
     assert get_durable_delegation("proc_gone")["delivery_state"] == "dropped"
 
     # A session created after the work started (same id reused) does not adopt it.
     evt = pending("proc_adopt", origin_session_id="sess_late", dispatched_at=time.time() - 60)
     store.create_session("sess_late")
-    assert await runner.handle_event(evt) == "dropped"
+    assert await app.runner.handle_event(evt) == "dropped"
 
     # Another surface's session: not claimed at all.
     evt = pending("proc_ui", origin_ui_session_id="ui_1")
-    assert await runner.handle_event(evt) == "foreign"
+    assert await app.runner.handle_event(evt) == "foreign"
     assert get_durable_delegation("proc_ui")["delivery_attempts"] == 0
 
 
 async def test_transient_refusal_releases_retryable(gateway, runtime, monkeypatch) -> None:
-    runner, _provider = gateway
-    runner.store.create_session("sess_busy")
+    app, _provider = gateway
+    app.store.create_session("sess_busy")
     evt = finished_process(runtime.ledger, "proc_busy", origin_session_id="sess_busy")
 
     async def busy(*args, **kwargs):
         raise WakeDeliveryError("gave up: HTTP 429", transient=True, status=429)
 
     monkeypatch.setattr("gateway.delivery_targets.deliver_wake", busy)
-    assert await runner.handle_event(evt) == "released"
+    assert await app.runner.handle_event(evt) == "released"
     row = get_durable_delegation("proc_busy")
     assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 0
 
 
-async def test_keyless_server_still_wakes_its_sessions(tmp_path, runtime) -> None:
+async def test_keyless_server_still_wakes_its_sessions(tmp_path, clean_state) -> None:
     # No API key configured: outside clients cannot continue sessions by header, but the
     # server's own wake self-POST (with its internal key) can.
     settings = Settings(
@@ -209,10 +209,8 @@ async def test_keyless_server_still_wakes_its_sessions(tmp_path, runtime) -> Non
         shell_enabled=True,
         shell_workdir=str(tmp_path),
     )
-    runner = build_runner(settings, provider=DemoModel(delay_seconds=DEMO_DELAY))
-    await runner.start()
-    try:
-        port = runner.adapter.port
+    async with serve(settings, provider=DemoModel(delay_seconds=DEMO_DELAY)) as app:
+        port = app.adapter.port
         client = client_for(port, key=None)
         raw = await client.chat.completions.with_raw_response.create(
             model="m", messages=user("run in the background: echo keyless")
@@ -230,22 +228,20 @@ async def test_keyless_server_still_wakes_its_sessions(tmp_path, runtime) -> Non
             await client.chat.completions.create(
                 model="m", messages=user("x"), extra_headers={HEADER: session_id}
             )
-    finally:
-        await runner.stop()
 
 
 async def test_a_stray_key_error_releases_and_never_drops(gateway, runtime, monkeypatch) -> None:
     # Only the domain error SessionGone means "the session is gone"; a KeyError from a bug
     # in a delivery target must keep the result in the ledger for another attempt.
-    runner, _provider = gateway
-    runner.store.create_session("sess_bug")
+    app, _provider = gateway
+    app.store.create_session("sess_bug")
     evt = finished_process(runtime.ledger, "proc_bug", origin_session_id="sess_bug")
 
     async def buggy(*args, **kwargs):
         raise KeyError("session_id")
 
     monkeypatch.setattr("gateway.delivery_targets.deliver_wake", buggy)
-    assert await runner.handle_event(evt) == "released"
+    assert await app.runner.handle_event(evt) == "released"
     row = get_durable_delegation("proc_bug")
     assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 1
 
@@ -269,9 +265,9 @@ async def test_completions_route_through_the_target_of_the_sessions_platform(
     from gateway.delivery_targets import PushTarget
     from gateway.session import SessionSource
 
-    runner, _provider = gateway
+    app, _provider = gateway
     source = SessionSource(platform=Platform.TELEGRAM, chat_id="4242", user_id="7")
-    runner.store.create_session("sess_tg", source=source)
+    app.store.create_session("sess_tg", source=source)
 
     def pending(row_id: str) -> dict:
         return finished_process(
@@ -280,14 +276,14 @@ async def test_completions_route_through_the_target_of_the_sessions_platform(
 
     # No Telegram target in this process: released without spending an attempt.
     evt = pending("proc_tg_wait")
-    assert await runner.handle_event(evt) == "released"
+    assert await app.runner.handle_event(evt) == "released"
     row = get_durable_delegation("proc_tg_wait")
     assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 0
 
     push = _FakePushAdapter()
-    runner.register_target(Platform.TELEGRAM, PushTarget(push))
+    app.runner.register_target(Platform.TELEGRAM, PushTarget(push))
     evt = pending("proc_tg")
-    assert await runner.handle_event(evt) == "delivered"
+    assert await app.runner.handle_event(evt) == "delivered"
     assert get_durable_delegation("proc_tg")["delivery_state"] == "delivered"
     [event] = push.events
     assert event.internal and event.source.chat_id == "4242"

@@ -4,6 +4,7 @@ loopback ports, real SQLite files in a temporary state directory, the demo model
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -16,8 +17,7 @@ import pytest
 from agent.providers.demo import DemoModel
 from api import config as cfg
 from api.server import WebUIServer
-from gateway.run import GatewayRunner
-from reveille.app import build_runner
+from reveille.app import App, serve
 from reveille.settings import Settings
 from tools.async_delegation import reset_runtime
 from tools.process_registry import process_registry
@@ -79,9 +79,10 @@ class Sse:
 class Web:
     """A running stack and a client of its web UI (CSRF header included)."""
 
-    runner: GatewayRunner
+    app: App
     server: WebUIServer
     http: aiohttp.ClientSession
+    stack: contextlib.AsyncExitStack
     csrf: str = ""
 
     @property
@@ -155,15 +156,17 @@ def settings_for(tmp_path: Any, **overrides: Any) -> Settings:
 
 
 async def start_web(settings: Settings, *, provider: DemoModel | None = None) -> Web:
-    runner = build_runner(
-        settings,
-        provider=provider or DemoModel(delay_seconds=0.0),
-        shutdown_grace_seconds=0.5,
+    stack = contextlib.AsyncExitStack()
+    app = await stack.enter_async_context(
+        serve(
+            settings,
+            provider=provider or DemoModel(delay_seconds=0.0),
+            shutdown_grace_seconds=0.5,
+        )
     )
-    await runner.start()
-    server = next(s for s in runner.surfaces if isinstance(s, WebUIServer))
+    assert app.webui is not None
     http = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
-    web = Web(runner, server, http)
+    web = Web(app, app.webui, http, stack)
     boot = await (await web.get("/api/bootstrap")).json()
     web.csrf = boot["csrf_token"]
     return web
@@ -171,7 +174,7 @@ async def start_web(settings: Settings, *, provider: DemoModel | None = None) ->
 
 async def stop_web(web: Web) -> None:
     await web.http.close()
-    await web.runner.stop()
+    await web.stack.aclose()
 
 
 @pytest.fixture(autouse=True)

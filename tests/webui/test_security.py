@@ -3,13 +3,14 @@ is written; what the model prints travels as JSON data, never as HTML."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
 import pytest
 
-from reveille.app import build_runner
-from reveille.settings import SettingsError
+from reveille.app import check_webui_bind, serve
+from reveille.settings import Settings, SettingsError
 from tests.webui.conftest import Web, settings_for, start_web, stop_web
 
 
@@ -91,9 +92,11 @@ async def test_password_login_cookie_and_rate_limit(tmp_path) -> None:
 def test_public_bind_without_password_refuses_to_start(tmp_path) -> None:
     settings = settings_for(tmp_path, host="0.0.0.0")
     with pytest.raises(SettingsError, match="REVEILLE_WEBUI_PASSWORD"):
-        build_runner(settings)
-    build_runner(settings_for(tmp_path, host="0.0.0.0", webui_password="pw"))
-    build_runner(settings_for(tmp_path, host="0.0.0.0", webui_port=0))
+        check_webui_bind(settings)
+    check_webui_bind(settings_for(tmp_path, host="0.0.0.0", webui_password="pw"))
+    with pytest.raises(SettingsError, match="REVEILLE_WEBUI_PASSWORD"):
+        asyncio.run(_enter(settings))  # serve refuses it before it opens anything
+    assert not (tmp_path / "home").exists()
 
 
 @pytest.mark.parametrize(
@@ -160,8 +163,7 @@ async def test_api_sessions_are_listed_with_their_source(web: Web) -> None:
     from gateway.config import Platform
     from gateway.session import SessionSource
 
-    store = web.runner.store
-    assert store is not None
+    store = web.app.store
     store.create_session("api-sess", title="api")
     store.create_session("tg-sess", source=SessionSource(platform=Platform.TELEGRAM, chat_id="42"))
     await web.new_session("mine")
@@ -181,3 +183,8 @@ async def test_rebound_host_names_are_refused_without_a_password(web: Web) -> No
     assert r.status == 403 and (await r.json())["error"]["code"] == "host_refused"
     r = await web.get("/api/bootstrap", headers={"Host": f"localhost:{web.server.port}"})
     assert r.status == 200
+
+
+async def _enter(settings: Settings) -> None:
+    async with serve(settings):
+        pass

@@ -13,7 +13,7 @@ import tools.async_delegation as ad
 from agent.providers.demo import DemoModel
 from api import routes
 from gateway.config import Platform
-from reveille.app import build_runner, runtime_watch
+from reveille.app import runtime_watch, serve
 from reveille.serve import startup_banner
 from reveille.settings import Settings, SettingsError, load_settings
 from tests.webui.conftest import SlowDemo, Web, settings_for, start_web, stop_web
@@ -54,14 +54,12 @@ class FakeClaiming:
 
 
 async def test_runner_offers_web_ui_completions_unclaimed(tmp_path) -> None:
-    runner = build_runner(
+    async with serve(
         Settings(home=tmp_path / "home", port=0, webui_port=0, api_key="k"),
         provider=DemoModel(delay_seconds=0),
-    )
-    await runner.start()
-    try:
+    ) as app:
         target = FakeClaiming()
-        runner.register_target(Platform.WEBUI, target)
+        app.runner.register_target(Platform.WEBUI, target)
         res = await asyncio.to_thread(
             ad.dispatch_async_delegation,
             goal="g",
@@ -77,8 +75,6 @@ async def test_runner_offers_web_ui_completions_unclaimed(tmp_path) -> None:
         row = ad.get_durable_delegation(deleg)
         assert row is not None and row["delivery_attempts"] == 0  # the runner claimed nothing
         assert row["delivery_state"] == "pending"
-    finally:
-        await runner.stop()
 
 
 async def test_deliveries_api_drop_and_redeliver(web: Web) -> None:
