@@ -47,8 +47,8 @@ ApprovalListener = Callable[[Approval], Awaitable[None]]
 class Approvals:
     """Pending and recently decided approvals of this process."""
 
-    def __init__(self, on_change: ApprovalListener) -> None:
-        self._on_change = on_change
+    def __init__(self, on_change: ApprovalListener | None = None) -> None:
+        self._listener = on_change
         self._lock = threading.Lock()  # is_pending is asked from the consumer's threads
         self._pending: dict[str, Approval] = {}
         self._decided: OrderedDict[str, Approval] = OrderedDict()
@@ -79,6 +79,14 @@ class Approvals:
                 self._settle(approval, "denied")
                 await asyncio.shield(self._on_change(approval))
             raise
+
+    def listen(self, on_change: ApprovalListener) -> None:
+        """Be told of every change (the web UI's turns announce it to the open tabs)."""
+        self._listener = on_change
+
+    async def _on_change(self, approval: Approval) -> None:
+        if self._listener is not None:
+            await self._listener(approval)
 
     def _settle(self, approval: Approval, status: str) -> None:
         with self._lock:

@@ -28,6 +28,7 @@ from typing import Any
 
 from api import config as cfg
 from api import process_event_utils as peu
+from api.turn_answers import TurnRefused
 
 logger = logging.getLogger(__name__)
 
@@ -71,23 +72,17 @@ class Verdict:
 
 
 def classify_turn_answer(answer: Any) -> Verdict:
-    """Accepted, a transient refusal (refund) or a hard one (spend an attempt)."""
+    """Accepted, a transient refusal (refund) or a hard one (spend an attempt): the rule of
+    ``api.turn_answers.TurnRefused.refund``, read from the dict answer."""
     if not isinstance(answer, dict):
         return Verdict(accepted=False, reason="no answer from the web UI")
-    status = answer.get("_status")
-    if status is None and answer.get("stream_id"):
+    if answer.get("_status") is None and answer.get("stream_id"):
         return Verdict(accepted=True)
+    refused = TurnRefused.from_dict(answer)
+    status = answer.get("_status")
     error = str(answer.get("error") or "")
     reason = f"{status}: {error}" if status is not None else error or "refused"
-    if answer.get("retryable") is True:
-        return Verdict(accepted=False, retryable=True, reason=reason)
-    if status == 409 and (
-        answer.get("type") == "process_wakeup_paused" or error == "process_wakeup_paused"
-    ):
-        return Verdict(accepted=False, retryable=True, reason=reason)
-    if status == 409 and answer.get("active_stream_id"):
-        return Verdict(accepted=False, retryable=True, busy=True, reason=reason)
-    return Verdict(accepted=False, reason=reason)
+    return Verdict(accepted=False, retryable=refused.refund, busy=refused.busy, reason=reason)
 
 
 def route_session(evt: dict[str, Any]) -> str | None:
@@ -114,7 +109,8 @@ def work_id(evt: dict[str, Any]) -> str:
     return ""
 
 
-def _defer(session_id: str, evt: dict[str, Any]) -> None:
+def defer(session_id: str, evt: dict[str, Any]) -> None:
+    """Park a wake-up until its session is free; its ledger row stays pending (unclaimed)."""
     with cfg.MAPS_LOCK:
         cfg.DEFERRED_PROCESS_WAKEUPS.setdefault(session_id, {})[work_id(evt)] = evt
 
@@ -131,7 +127,7 @@ def handle_completion(
     if session_id is None:
         return "foreign"
     if _routes().session_is_busy(session_id):
-        _defer(session_id, evt)  # no claim taken, so no attempt spent
+        defer(session_id, evt)  # no claim taken, so no attempt spent
         return "deferred"
     claim = peu.claim_async_delegation_delivery(evt, consumer)
     if claim is None:
@@ -191,7 +187,7 @@ def _run_wakeup(
             return
         logger.info("wake-up %s refused (%s)", delegation_id, verdict.reason)
         if verdict.busy:
-            _defer(session_id, evt)
+            defer(session_id, evt)
         peu.release_async_delegation_delivery(evt, claim, retryable=verdict.retryable)
         _settled(delegation_id)
     except Exception:

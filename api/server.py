@@ -28,6 +28,7 @@ from api.approvals import AlreadyDecided, Approvals
 from api.auth import COOKIE_MAX_AGE_SECONDS, COOKIE_NAME, Auth
 from api.event_log import EventLog
 from api.event_stream import stream_events
+from api.turn_answers import TurnAccepted
 from api.views import session_view, transcript_items
 from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
@@ -385,19 +386,15 @@ class WebUIServer:
         text = body.get("text")
         if not isinstance(text, str) or len(text) > self.max_body_bytes:
             text = ""
-        answer = await asyncio.to_thread(
-            routes.start_session_turn, session_id, text, source="webui"
-        )
-        status = answer.get("_status")
-        if status is None:
-            return web.json_response(answer, status=202)
-        error = str(answer.get("error") or "refused")
-        extra = {k: v for k, v in answer.items() if k not in ("_status", "error", "type")}
-        code = str(
-            answer.get("type")
-            or {400: "message_required", 404: "session_not_found"}.get(int(status), "refused")
-        )
-        return _error(int(status), error, code, **extra)
+        answer = await self.turns.astart(session_id, text, "webui")
+        if isinstance(answer, TurnAccepted):
+            return web.json_response(answer.as_dict(), status=202)
+        extra: dict[str, Any] = {}
+        if answer.retryable:
+            extra["retryable"] = True
+        if answer.active_stream_id is not None:
+            extra["active_stream_id"] = answer.active_stream_id
+        return _error(answer.status, answer.error, answer.kind or "refused", **extra)
 
     async def stop_turn(self, request: web.Request) -> web.Response:
         session_id = self._session_id(request)

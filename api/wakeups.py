@@ -1,39 +1,46 @@
 """The web UI's delivery target: completions of web UI work become wake-up turns.
 
 The gateway runner offers this ``ClaimingTarget`` every completion that names
-``origin_ui_session_id`` without claiming it first. ``offer`` formats the self-contained
-wake-up text and runs ``api.background_process.handle_completion`` off the event loop: it
-routes, checks busy BEFORE claiming (a busy session parks the wake-up in
-``DEFERRED_PROCESS_WAKEUPS`` with its ledger row still pending), claims, starts the turn and
-settles the claim by the answer; offers for one session go one at a time, each until its
-claim was settled. ``fire_deferred(session_id)`` is awaited when a session
-becomes free (its turn ended; an approval is decided inside a turn, so after it): the parked
-wake-ups are offered again at once, no polling. A restart loses only the in-memory parking;
-the ledger's restore re-offers the pending rows. Ledger rows that change are announced as
-``delivery`` events.
+``origin_ui_session_id`` without claiming it first. ``offer`` runs on the event loop, where
+the web UI's turns live, and calls them directly: it formats the self-contained wake-up
+text, routes (``api.background_process.route_session``), checks busy BEFORE claiming (a busy
+session parks the wake-up in ``DEFERRED_PROCESS_WAKEUPS`` with its ledger row still
+pending), claims, starts the turn (``WebTurns.astart``) and settles the claim by the typed
+answer: acknowledged once the turn was accepted, released otherwise (refunded when
+``TurnRefused.refund`` says the refusal was transient). Offers for one session go one at a
+time. The only waits off the loop are the store's: the claim and its settlement are ledger
+writes awaited on the writer, and a session's record is read in a thread.
+
+``fire_deferred(session_id)`` is awaited when a session becomes free (its turn ended; an
+approval is decided inside a turn, so after it): the parked wake-ups are offered again at
+once, no polling. A restart loses only the in-memory parking; the ledger's restore
+re-offers the pending rows. Ledger rows that change are announced as ``delivery`` events.
+
+The seed-pinned thread path (``api.background_process.handle_completion`` and
+``api.routes.start_session_turn``) follows the same rules for callers outside the web UI.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import time
 from typing import Any
 
+import tools.async_delegation as ad
 from api import background_process as bp
 from api import config as cfg
 from api import deliveries
 from api.event_log import EventLog
+from api.turn_answers import TurnAccepted, TurnRefused
 from api.views import session_source
-from api.web_turns import WebTurns
+from api.web_turns import WAKEUP_SOURCE, WebTurns
 from gateway.config import Platform
 from gateway.wake import format_wake_text
 
 __all__ = ["WebUIDeliveryTarget"]
 
 logger = logging.getLogger(__name__)
-
-_SETTLE_WAIT_SECONDS = 40.0  # start_session_turn answers within 30 s
 
 
 class WebUIDeliveryTarget:
@@ -45,7 +52,6 @@ class WebUIDeliveryTarget:
         self.process_registry = process_registry
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session_locks: dict[str, asyncio.Lock] = {}
-        self._settled: dict[str, asyncio.Event] = {}
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -65,27 +71,50 @@ class WebUIDeliveryTarget:
             return "ignored"
         delivery_id = bp.work_id(evt)
         session_id = bp.route_session(evt) or await self._index_origin(evt, delivery_id)
+        if session_id is None:
+            return "foreign"
         # One offer per session at a time, until its wake-up turn was accepted or refused:
         # a sibling completion then finds the session busy and waits without a claim,
         # instead of claiming, being refused and backing off.
-        lock = self._session_locks.setdefault(session_id or "", asyncio.Lock())
-        async with lock:
-            settled = asyncio.Event()
-            self._settled[delivery_id] = settled
-            try:
-                outcome = await asyncio.to_thread(
-                    bp.handle_completion, evt, text, process_registry=self.process_registry
-                )
-                if outcome == "started":
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(settled.wait(), _SETTLE_WAIT_SECONDS)
-            finally:
-                self._settled.pop(delivery_id, None)
-        if outcome == "deferred" and session_id and not self.turns.is_busy(session_id):
+        async with self._session_locks.setdefault(session_id, asyncio.Lock()):
+            outcome = await self._wake(session_id, evt, text, delivery_id)
+        if outcome == "deferred" and not self.turns.is_busy(session_id):
             # The session became free between the busy check and the parking.
             await self.fire_deferred(session_id)
         await self.announce_delivery(delivery_id)
         return outcome
+
+    async def _wake(self, session_id: str, evt: dict[str, Any], text: str, delivery_id: str) -> str:
+        if self.turns.is_busy(session_id):
+            bp.defer(session_id, evt)  # no claim taken, so no attempt spent
+            return "deferred"
+        try:
+            claim = await ad.aclaim_event_delivery(evt, bp.CONSUMER)
+        except Exception:
+            logger.exception("could not claim %s", delivery_id)
+            return "held"
+        if claim is None:
+            return "held"  # another consumer holds it, or it is settled
+        try:
+            answer = await self.turns.astart(session_id, text, WAKEUP_SOURCE)
+        except Exception:
+            logger.exception("wake-up turn for %s raised", delivery_id)
+            answer = TurnRefused(500, "the wake-up turn raised")
+        try:
+            if isinstance(answer, TurnAccepted):
+                with cfg.MAPS_LOCK:
+                    cfg.BG_TASK_COMPLETE_EVENTS_SEEN[delivery_id] = time.time()
+                if not await ad.acomplete_event_delivery(evt, claim):
+                    logger.warning("wake-up %s ran but its claim had lapsed", delivery_id)
+                return "started"
+            logger.info("wake-up %s refused (%s: %s)", delivery_id, answer.status, answer.error)
+            if answer.busy:
+                bp.defer(session_id, evt)
+            await ad.arelease_event_delivery(evt, claim, retryable=answer.refund)
+        except Exception:
+            # The claim lapses by itself and the row is offered again: nothing is lost.
+            logger.exception("could not settle the claim on %s", delivery_id)
+        return "refused"
 
     async def _index_origin(self, evt: dict[str, Any], delivery_id: str) -> str | None:
         """Work that names its web UI session only as ``origin_session_id`` (older turns):
@@ -119,14 +148,8 @@ class WebUIDeliveryTarget:
         await self.log.append("delivery", {"delivery": view})
 
     def _on_settled(self, delivery_id: str) -> None:
+        """A wake-up of the seed-pinned thread path settled its claim: announce the row."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-
-        def schedule() -> None:
-            settled = self._settled.get(delivery_id)
-            if settled is not None:
-                settled.set()
-            loop.create_task(self.announce_delivery(delivery_id))
-
-        loop.call_soon_threadsafe(schedule)
+        loop.call_soon_threadsafe(lambda: loop.create_task(self.announce_delivery(delivery_id)))

@@ -1,18 +1,21 @@
 """Turns in web UI sessions: what ``api.routes`` binds as its ``SessionTurns``.
 
-``start_turn`` (callable from any thread: the wake-up consumer's, a request handler's
-``to_thread``) hops onto the event loop and starts a turn of the web UI's ``TurnService``
-(``platform=Platform.WEBUI``) in the background; the turn's content deltas and tool steps
-become ``turn.*`` events of the durable event log while ``ActiveStream`` keeps the reply so
-far for a tab that reloads mid-turn. ``stop`` cancels the turn's task: the text shown so far
-is stored, marked stopped. A wake-up turn (``source="process_wakeup"``) first announces its
-card (``wakeup``), a ``toast`` and the session's unread mark; it is keyed by its delivery id
-so a re-offer of a wake-up that already ran never runs it twice. When a session becomes
-free (its turn ended), ``on_free`` is awaited: deferred wake-ups fire right then.
+``astart`` (on the event loop: the web UI's handlers and its wake-up delivery target call it
+directly) starts a turn of the web UI's ``TurnService`` (``platform=Platform.WEBUI``) in the
+background and answers a typed ``TurnAccepted`` or ``TurnRefused``; ``start_turn`` is the
+same for a caller on another thread (the seed-pinned ``api.routes``), in the dict shape. The
+turn's content deltas and tool steps become ``turn.*`` events of the durable event log while
+``ActiveStream`` keeps the reply so far for a tab that reloads mid-turn. ``stop`` cancels
+the turn's task: the text shown so far is stored, marked stopped. A wake-up turn
+(``source="process_wakeup"``) first announces its card (``wakeup``), a ``toast`` and the
+session's unread mark; it is keyed by its delivery id so a re-offer of a wake-up that
+already ran never runs it twice. When a session becomes free (its turn ended), ``on_free``
+is awaited: deferred wake-ups fire right then.
 
-Refusals are ``api.routes`` answers: 404 unknown session, 409 for a session that is not a
-web UI one, an active stream (``active_stream_id``), ``agent_runtime_stale`` or
-``process_wakeup_paused``, 503 ``retryable`` when storage is unavailable or too many turns run.
+Refusals (``api.turn_answers.TurnRefused``): 400 no message, 404 unknown session, 409 for a
+session that is not a web UI one, an active stream (``active_stream_id``),
+``agent_runtime_stale`` or ``process_wakeup_paused``, 503 ``retryable`` when storage is
+unavailable or too many turns run.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from typing import Any
 from agent.markers import WAKE_MARKER
 from agent.tools import ToolProgress
 from api import config as cfg
-from api.approvals import Approvals
+from api.approvals import Approval, Approvals
 from api.event_log import EventLog
 from api.routes import refusal
+from api.turn_answers import TurnAccepted, TurnAnswer, TurnRefused
 from api.views import card_of_wake_text, session_source, session_view, title_from_text
 from gateway.config import Platform
 from gateway.session import SessionStore, SessionStoreError
@@ -104,10 +108,13 @@ class WebTurns:
         self._closing = False
         self._starting: set[asyncio.Task[Any]] = set()
         self._followers: set[asyncio.Task[None]] = set()
+        approvals.listen(self._approval_changed)
 
     # ----------------------------------------------------------------- api.routes.SessionTurns
 
     def start_turn(self, session_id: str, text: str, *, source: str) -> dict[str, Any]:
+        """``astart`` for a caller on another thread (the seed-pinned ``api.routes`` entry),
+        answered in its dict shape; the web UI's own callers await ``astart``."""
         loop = self.loop
         if loop is None or loop.is_closed():
             return refusal(503, "the web UI is not running", retryable=True)
@@ -116,7 +123,7 @@ class WebTurns:
                 return refusal(503, "start_turn was called on the event loop", retryable=True)
         future = asyncio.run_coroutine_threadsafe(self.astart(session_id, text, source), loop)
         try:
-            return future.result(timeout=_START_TIMEOUT_SECONDS)
+            return future.result(timeout=_START_TIMEOUT_SECONDS).as_dict()
         except Exception as exc:
             future.cancel()
             logger.warning("starting a turn in %s failed: %r", session_id, exc)
@@ -160,6 +167,13 @@ class WebTurns:
             except Exception:
                 logger.warning("could not announce session %s (shutting down?)", session_id)
 
+    async def _approval_changed(self, approval: Approval) -> None:
+        """An approval was asked or decided: its card and its session's busy mark change."""
+        await self.log.append(
+            "approval", {"session_id": approval.session_id, "approval": approval.as_dict()}
+        )
+        await self.announce_session(approval.session_id)
+
     async def _title_session(self, session_id: str, title: str) -> None:
         """An untitled session is named after its first message (a title set meanwhile,
         by the user or another server, stays)."""
@@ -170,9 +184,10 @@ class WebTurns:
 
     # ----------------------------------------------------------------- starting
 
-    async def astart(self, session_id: str, text: str, source: str) -> dict[str, Any]:
+    async def astart(self, session_id: str, text: str, source: str) -> TurnAnswer:
+        """Start a turn in a web UI session, on the event loop; a refusal is typed."""
         if self._closing:
-            return refusal(503, "the web UI is shutting down", retryable=True)
+            return TurnRefused(503, "the web UI is shutting down", retryable=True)
         task = asyncio.current_task()
         if task is not None:
             self._starting.add(task)
@@ -182,19 +197,20 @@ class WebTurns:
             if task is not None:
                 self._starting.discard(task)
 
-    async def _astart(self, session_id: str, text: str, source: str) -> dict[str, Any]:
+    async def _astart(self, session_id: str, text: str, source: str) -> TurnAnswer:
+        if not isinstance(text, str) or not text.strip():
+            return TurnRefused(400, "message is required", "message_required")
         try:
             record = await asyncio.to_thread(self.store.get_session, session_id)
         except SessionStoreError as exc:
-            return refusal(503, f"the session store is unavailable: {exc}", retryable=True)
+            return TurnRefused(503, f"the session store is unavailable: {exc}", retryable=True)
         if record is None:
-            return refusal(404, "Session not found")
+            return TurnRefused(404, "Session not found", "session_not_found")
         if session_source(record) != Platform.WEBUI.value:
-            return refusal(
-                409, "only web UI sessions can be chatted in", type="not_a_webui_session"
-            )
+            return TurnRefused(409, "only web UI sessions can be chatted in", "not_a_webui_session")
+        # A stat of every agent source file: off the event loop.
         if await asyncio.to_thread(self.runtime_stale):
-            return refusal(409, "agent_runtime_stale", type="agent_runtime_stale", retryable=True)
+            return TurnRefused(409, "agent_runtime_stale", "agent_runtime_stale", retryable=True)
         wakeup = source == WAKEUP_SOURCE
         card = card_of_wake_text(text) if wakeup else None
         stream = ActiveStream(
@@ -206,15 +222,15 @@ class WebTurns:
         )
         with self._lock:
             if wakeup and session_id in self._paused:
-                return refusal(409, "process_wakeup_paused", type="process_wakeup_paused")
+                return TurnRefused(409, "process_wakeup_paused", "process_wakeup_paused")
             if not wakeup:
                 self._paused.discard(session_id)  # the user is back: wake-ups may run again
             running = self._active.get(session_id)
             if running is not None:
-                return refusal(
+                return TurnRefused(
                     409,
                     "this session already has an active stream",
-                    type="active_stream",
+                    "active_stream",
                     active_stream_id=running.stream_id,
                 )
             self._active[session_id] = stream
@@ -234,15 +250,11 @@ class WebTurns:
             with self._lock:
                 self._active.pop(session_id, None)
             if isinstance(exc, TurnError) and exc.kind in ("session_not_found", "session_deleted"):
-                return refusal(404, "Session not found")
+                return TurnRefused(404, "Session not found", "session_not_found")
             if isinstance(exc, TurnError | SessionStoreError):
-                return refusal(503, str(exc), retryable=True)
+                return TurnRefused(503, str(exc), retryable=True)
             raise
-        accepted = {
-            "stream_id": stream.stream_id,
-            "session_id": session_id,
-            "turn_id": stream.turn_id,
-        }
+        accepted = TurnAccepted(stream.stream_id, session_id, stream.turn_id)
         if isinstance(answer, ReplayedTurn):
             with self._lock:
                 self._active.pop(session_id, None)

@@ -28,7 +28,7 @@ import storage
 import tools.async_delegation as ad
 from agent import Agent, build_provider
 from agent.providers.base import ModelProvider
-from api.approvals import Approval, Approvals
+from api.approvals import Approvals
 from api.event_log import EventLog
 from api.server import WebUIServer
 from api.wakeups import WebUIDeliveryTarget
@@ -267,16 +267,7 @@ def build_webui(
     """The web UI: its own turn service (``Platform.WEBUI``) over the same store and model,
     its event log, approvals when the shell tool is on, and its delivery target."""
     log = EventLog(home / "webui.db")
-    turns_box: list[WebTurns] = []
-
-    async def approval_changed(approval: Approval) -> None:
-        await log.append(
-            "approval", {"session_id": approval.session_id, "approval": approval.as_dict()}
-        )
-        if turns_box:
-            await turns_box[0].announce_session(approval.session_id)
-
-    approvals = Approvals(approval_changed)
+    approvals = Approvals()  # the web UI's turns listen to it (they announce its changes)
     service = TurnService(
         store,
         agent_turn_runner(build_agent(settings, model)),
@@ -288,7 +279,6 @@ def build_webui(
     turns = WebTurns(
         store, service, log, approvals, runtime_stale=runtime_watch(settings_files(settings))
     )
-    turns_box.append(turns)
     target = WebUIDeliveryTarget(turns, log, process_registry=process_registry)
     return WebUIServer(
         store=store,
