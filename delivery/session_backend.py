@@ -10,11 +10,11 @@ PostgreSQL later). The rules every backend keeps, proved by ``tests/sessions/``:
 * Folding is exactly once: a delivery row (``display_kind`` set) is handed to one turn only,
   however many turns or processes race for it.
 * Tombstones: deleting a session id records a tombstone. The id's state is then "deleted"
-  (``session_state``), and writes that only *continue* a session (``append_message``,
-  ``append_turn``, ``take_unfolded``, and ``append_turn`` with ``create``) raise SessionGone
-  for it: a turn that started before the delete can never silently bring the session back.
-  Only an explicit creation (``create_session``, or ``begin_turn`` with ``create``, both
-  made before a turn runs) revives the id and clears its tombstone.
+  (as ``abegin_turn`` reports it), and writes that only *continue* a session
+  (``append_message``, ``append_turn``, and ``append_turn`` with ``create``) raise
+  SessionGone for it: a turn that started before the delete can never silently bring the
+  session back. Only an explicit creation (``create_session``, or ``abegin_turn`` with
+  ``create``, both made before a turn runs) revives the id and clears its tombstone.
 * A begin-turn with nothing to fold only reads; it reaches the writer only to fold or create.
 
 Backends receive validated, pre-encoded values (``NewMessage``, ``NewSession`` and JSON
@@ -253,8 +253,6 @@ class SessionBackend(Protocol):
 
     def get_session(self, session_id: str) -> SessionRecord | None: ...
 
-    def session_state(self, session_id: str) -> SessionState: ...
-
     def list_sessions(self, limit: int, offset: int) -> list[SessionRecord]:
         """Most recently active first (``updated_at`` descending, then id)."""
 
@@ -282,15 +280,7 @@ class SessionBackend(Protocol):
     def messages(self, session_id: str, after_id: int, limit: int | None) -> list[MessageRecord]:
         """Transcript in order, ids > ``after_id``; SessionGone unless live."""
 
-    def take_unfolded(self, session_id: str) -> list[MessageRecord]:
-        """Fold every unfolded delivery row, oldest first (a writer operation)."""
-
     # -- turns
-    def begin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
-        """Read the transcript and fold what waits. With ``create`` an absent or tombstoned
-        session is created first; without it a session that is not live yields an empty
-        ``TurnStart`` with its state. Reads only when there is nothing to fold or create."""
-
     async def abegin_turn(self, session_id: str, create: NewSession | None) -> TurnStart: ...
 
     def append_turn(
@@ -318,8 +308,6 @@ class SessionBackend(Protocol):
         """Like ``append_turn``; the rows are not read back."""
 
     # -- idempotency
-    def get_idempotent(self, key: str) -> IdempotencyRecord | None: ...
-
     def claim_idempotent(
         self,
         key: str,
@@ -328,8 +316,6 @@ class SessionBackend(Protocol):
         takeover: Callable[[str], bool] | None,
     ) -> tuple[IdempotencyRecord, bool]:
         """The record and whether ``owner`` holds the claim now (see ``SessionStore``)."""
-
-    def put_idempotent(self, key: str, response_json: str, session_id: str | None) -> None: ...
 
     def release_idempotent(self, key: str, owner: str) -> bool: ...
 

@@ -238,10 +238,6 @@ def _check_id(session_id: str) -> None:
         raise ValueError(f"invalid session id {session_id!r}")
 
 
-def _dicts(turn: TurnStart) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    return [m.as_dict() for m in turn.history], [m.as_dict() for m in turn.taken]
-
-
 class SessionStore:
     """Sessions and transcript messages over a ``SessionBackend``.
 
@@ -251,10 +247,10 @@ class SessionStore:
     callers use ``asyncio.to_thread``.
 
     Tombstones: ``delete_session`` records the id as deleted. Writes that continue a
-    session (``append_message``, ``append_turn`` with or without ``create``,
-    ``take_unfolded_deliveries``) raise SessionGone for it, so a turn that began before the
-    delete cannot bring the session back. ``create_session`` and ``abegin_turn`` with
-    ``create_with`` are explicit creations made before a turn runs: they revive the id.
+    session (``append_message``, ``append_turn`` with or without ``create``) raise
+    SessionGone for it, so a turn that began before the delete cannot bring the session
+    back; ``abegin_turn`` reports it ``"deleted"``. ``create_session`` and ``abegin_turn``
+    with ``create_with`` are explicit creations made before a turn runs: they revive the id.
     """
 
     def __init__(self, backend: SessionBackend) -> None:
@@ -336,11 +332,6 @@ class SessionStore:
         _check_id(prefix)
         return await self._backend.asessions_by_prefix(prefix, limit)
 
-    def session_state(self, session_id: str) -> SessionState:
-        """``"live"``, ``"deleted"`` (tombstoned, not created again since) or ``"unknown"``
-        (never written yet). Reads only."""
-        return self._backend.session_state(session_id)
-
     def list_sessions(self, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
         """Most recently active first."""
         if limit < 0 or offset < 0:
@@ -406,67 +397,25 @@ class SessionStore:
             raise ValueError("limit must be >= 0")
         return [m.as_dict() for m in self._backend.messages(session_id, after_id, limit)]
 
-    def take_unfolded_deliveries(self, session_id: str) -> list[dict[str, Any]]:
-        """Mark every not-yet-folded delivery row as folded and return them, oldest first.
-
-        Atomic in the backend, so concurrent callers (threads, stores or processes) each
-        get a disjoint set: every delivery row is folded into exactly one client turn.
-        Raises SessionGone for unknown sessions.
-        """
-        return [m.as_dict() for m in self._backend.take_unfolded(session_id)]
-
     # ----------------------------------------------------------------- turns
 
-    def begin_turn(
-        self, session_id: str, *, create_with: SessionSource | None = None
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The synchronous twin of ``abegin_turn``."""
-        _check_id(session_id)
-        create = _new_session(create_with, None) if create_with is not None else None
-        turn = self._backend.begin_turn(session_id, create)
-        if turn.state != "live" and create is None:
-            raise SessionGone(session_id)
-        return _dicts(turn)
-
     async def abegin_turn(
-        self,
-        session_id: str,
-        *,
-        create_with: SessionSource | None = None,
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Everything a turn needs from the store before it runs.
+        self, session_id: str, *, create_with: SessionSource | None = None
+    ) -> TurnStart:
+        """Everything a turn needs from the store before it runs: the one begin-turn API.
 
-        Creates the session first when ``create_with`` is given (an existing one is kept, a
-        deleted one created afresh), then returns ``(transcript, taken)``: the transcript
-        in order, and the delivery rows this turn folds (marked folded now, so each is
-        folded into exactly one turn). Raises SessionGone for an unknown session. With
-        nothing to fold or create it only reads (in a thread); no writer trip, no fsync.
+        The ``TurnStart`` says what the turn found: ``"live"`` (``history`` is the
+        transcript in order, ``taken`` the delivery rows this turn folds, marked folded now
+        so each is folded into exactly one turn, even when turns on one session race across
+        processes), ``"unknown"`` (never written: a first turn stores itself with
+        ``aappend_turn(..., create=)``) or ``"deleted"`` (tombstoned). With ``create_with``
+        a session that is not live is created first (a deleted one afresh) and its history
+        returned; the state still says what was found. Never raises SessionGone. With
+        nothing to fold or create it only reads (the reader thread): no writer trip.
         """
         _check_id(session_id)
         create = _new_session(create_with, None) if create_with is not None else None
-        turn = await self._backend.abegin_turn(session_id, create)
-        if turn.state != "live" and create is None:
-            raise SessionGone(session_id)
-        return _dicts(turn)
-
-    def start_turn(self, session_id: str) -> TurnStart:
-        """Like ``astart_turn``, for threads."""
-        _check_id(session_id)
-        return self._backend.begin_turn(session_id, None)
-
-    async def astart_turn(self, session_id: str) -> TurnStart:
-        """The start of a turn that creates its session only when it stores its result.
-
-        Never creates and never raises SessionGone: the ``TurnStart`` says whether the
-        session is ``"live"`` (then ``history`` and ``taken`` are filled, ``taken`` folded
-        now), ``"unknown"`` (a first turn: store it with ``aappend_turn(..., create=)``) or
-        ``"deleted"`` (refuse, or revive with ``acreate_session`` first). Reads only, in a
-        thread, unless delivery rows wait to be folded; those are folded exactly once even
-        when turns on one session race. Records are typed: ``m.as_dict()`` gives the dict
-        shape of ``abegin_turn``.
-        """
-        _check_id(session_id)
-        return await self._backend.abegin_turn(session_id, None)
+        return await self._backend.abegin_turn(session_id, create)
 
     def append_turn(
         self,
@@ -541,11 +490,6 @@ class SessionStore:
 
     # ----------------------------------------------------------------- idempotency
 
-    def get_idempotent(self, key: str) -> dict[str, Any] | None:
-        """``{"state": "running" | "done", "response", "session_id", "owner", ...}`` or None."""
-        found = self._backend.get_idempotent(key)
-        return found.as_dict() if found is not None else None
-
     def claim_idempotent(
         self,
         key: str,
@@ -565,12 +509,6 @@ class SessionStore:
             raise ValueError("an idempotency key must be a non-empty string")
         record, claimed = self._backend.claim_idempotent(key, owner, session_id, takeover)
         return {**record.as_dict(), "claimed": claimed}
-
-    def put_idempotent(
-        self, key: str, response: Mapping[str, Any], *, session_id: str | None = None
-    ) -> None:
-        """Record the response of ``key``: every repeat gets it from now on."""
-        self._backend.put_idempotent(key, encode_json(response), session_id)
 
     def release_idempotent(self, key: str, owner: str) -> bool:
         """Forget a running claim (the request failed), so a repeat may run it again."""

@@ -383,7 +383,7 @@ class TurnService:
         session_id = request.session_id
         if request.unwritten and request.create is not None:
             return _Begun([], [], request.create, exclusive=True)
-        turn = await self.store.astart_turn(session_id)
+        turn = await self.store.abegin_turn(session_id)
         if turn.state == "live":
             return _Begun(
                 [m.as_dict() for m in turn.history], [m.as_dict() for m in turn.taken], None
@@ -393,8 +393,10 @@ class TurnService:
         if turn.state == "deleted":
             # A conversation that comes back after its session was deleted starts it afresh,
             # explicitly, before the turn runs (its late results must not be adopted).
-            history, taken = await self.store.abegin_turn(session_id, create_with=request.create)
-            return _Begun(history, taken, None)
+            turn = await self.store.abegin_turn(session_id, create_with=request.create)
+            return _Begun(
+                [m.as_dict() for m in turn.history], [m.as_dict() for m in turn.taken], None
+            )
         return _Begun([], [], request.create)
 
     async def _claim(self, key: str, owner: str, request: TurnRequest) -> dict[str, Any] | None:

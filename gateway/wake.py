@@ -346,7 +346,7 @@ def _persist_delegation_delivery(
 
     The row (role "system", ``display_kind="async_delegation_complete"``) is shown by
     ``GET /api/sessions/{id}/messages`` and folded into the next client turn by
-    ``SessionStore.take_unfolded_deliveries``. Its dedupe key is ``deleg:<delegation_id>``,
+    ``SessionStore.abegin_turn`` (exactly once). Its dedupe key is ``deleg:<delegation_id>``,
     so a redelivered event returns the existing row instead of appending twice. Raises
     SessionGone for an unknown session (the caller drops or releases its claim).
     """

@@ -220,9 +220,6 @@ class MemorySessions:
 
         return self._read(op)
 
-    def session_state(self, session_id: str) -> SessionState:
-        return self._read(lambda: self._state(session_id))
-
     def list_sessions(self, limit: int, offset: int) -> list[SessionRecord]:
         def op() -> list[SessionRecord]:
             ordered = sorted(self._sessions.values(), key=_recency)
@@ -293,13 +290,9 @@ class MemorySessions:
 
         return self._read(op)
 
-    def take_unfolded(self, session_id: str) -> list[MessageRecord]:
-        now = self._clock()
-        return self._write(lambda: list(self._fold(self._live(session_id), now)))
-
     # -- turns
 
-    def begin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
+    async def abegin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
         now = self._clock()
         with self._lock:
             self._check_open()
@@ -323,9 +316,6 @@ class MemorySessions:
                 return TurnStart(state, history, self._fold(live, now))
 
             return self._write(op)
-
-    async def abegin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
-        return self.begin_turn(session_id, create)
 
     def append_turn(
         self,
@@ -370,13 +360,6 @@ class MemorySessions:
 
     # -- idempotency
 
-    def get_idempotent(self, key: str) -> IdempotencyRecord | None:
-        def op() -> IdempotencyRecord | None:
-            row = self._idem.get(key)
-            return row.record() if row is not None else None
-
-        return self._read(op)
-
     def claim_idempotent(
         self,
         key: str,
@@ -411,10 +394,6 @@ class MemorySessions:
         else:
             row.state, row.owner, row.session_id = "done", None, session_id
             row.response_json, row.updated_at = response_json, now
-
-    def put_idempotent(self, key: str, response_json: str, session_id: str | None) -> None:
-        now = self._clock()
-        self._write(lambda: self._put(key, response_json, session_id, now))
 
     def release_idempotent(self, key: str, owner: str) -> bool:
         def op() -> bool:

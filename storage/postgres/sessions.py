@@ -224,9 +224,6 @@ class PostgresSessions:
         row = self._read(lambda c: _one(c, q.SQL_SESSION, (session_id,)))
         return _session(row) if row is not None else None
 
-    def session_state(self, session_id: str) -> SessionState:
-        return self._read(lambda c: _state(c, session_id))
-
     def list_sessions(self, limit: int, offset: int) -> list[SessionRecord]:
         rows = self._read(lambda c: c.execute(q.SQL_LIST_SESSIONS, (limit, offset)).fetchall())
         return [_session(r) for r in rows]
@@ -292,18 +289,9 @@ class PostgresSessions:
 
         return self._read(op)
 
-    def take_unfolded(self, session_id: str) -> list[MessageRecord]:
-        now = self._clock()
-
-        def op(conn: Conn) -> list[MessageRecord]:
-            _require_live(conn, session_id)
-            return [m.as_folded() for m in _fold(conn, session_id, now, None)]
-
-        return self._write(session_id, op)
-
     # -- turns
 
-    def begin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
+    def _begin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
         def peek(conn: Conn) -> TurnStart | None:
             state = _state(conn, session_id)
             if state != "live":
@@ -332,7 +320,7 @@ class PostgresSessions:
         return self._write(session_id, op)
 
     async def abegin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
-        return await asyncio.to_thread(self.begin_turn, session_id, create)
+        return await asyncio.to_thread(self._begin_turn, session_id, create)
 
     def append_turn(
         self,
@@ -380,10 +368,6 @@ class PostgresSessions:
 
     # -- idempotency
 
-    def get_idempotent(self, key: str) -> IdempotencyRecord | None:
-        row = self._read(lambda c: _one(c, q.SQL_IDEM, (key,)))
-        return _idem(row) if row is not None else None
-
     def claim_idempotent(
         self,
         key: str,
@@ -410,13 +394,6 @@ class PostgresSessions:
             return _idem(again), True
 
         return self._write("idem:" + key, op)
-
-    def put_idempotent(self, key: str, response_json: str, session_id: str | None) -> None:
-        now = self._clock()
-        self._write(
-            "idem:" + key,
-            lambda c: c.execute(q.SQL_IDEM_DONE, (key, session_id, response_json, now, now)),
-        )
 
     def release_idempotent(self, key: str, owner: str) -> bool:
         return self._write(

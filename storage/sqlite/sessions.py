@@ -327,10 +327,6 @@ class SqliteSessions:
             row = conn.execute(SQL_SESSION, (session_id,)).fetchone()
         return _session(row) if row is not None else None
 
-    def session_state(self, session_id: str) -> SessionState:
-        with self._read() as conn:
-            return _state(conn, session_id)
-
     def list_sessions(self, limit: int, offset: int) -> list[SessionRecord]:
         with self._read() as conn:
             rows = conn.execute(SQL_LIST_SESSIONS, (limit, offset)).fetchall()
@@ -398,20 +394,7 @@ class SqliteSessions:
             ).fetchall()
         return [_message(r) for r in rows]
 
-    def take_unfolded(self, session_id: str) -> list[MessageRecord]:
-        now = self._clock()
-
-        def op(conn: sqlite3.Connection) -> list[MessageRecord]:
-            _require_live(conn, session_id)
-            return _fold(conn, session_id, now)
-
-        return self._write(op)
-
     # -- turns
-
-    def _peek_turn(self, session_id: str) -> TurnStart | None:
-        with self._read() as conn:
-            return _peek_op(conn, session_id)
 
     def _begin_op(
         self, session_id: str, create: NewSession | None
@@ -430,12 +413,6 @@ class SqliteSessions:
             return TurnStart(state, history, tuple(_fold(conn, session_id, now)))
 
         return op
-
-    def begin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
-        peek = self._peek_turn(session_id)
-        if peek is not None and (peek.state == "live" or create is None):
-            return peek
-        return self._write(self._begin_op(session_id, create))
 
     async def abegin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
         peek = await self._require_reader().submit_async(
@@ -514,11 +491,6 @@ class SqliteSessions:
 
     # -- idempotency
 
-    def get_idempotent(self, key: str) -> IdempotencyRecord | None:
-        with self._read() as conn:
-            row = conn.execute(SQL_IDEM, (key,)).fetchone()
-        return _idem(row) if row is not None else None
-
     def claim_idempotent(
         self,
         key: str,
@@ -541,12 +513,6 @@ class SqliteSessions:
             return _idem(conn.execute(SQL_IDEM, (key,)).fetchone()), True
 
         return self._write(op)
-
-    def put_idempotent(self, key: str, response_json: str, session_id: str | None) -> None:
-        now = self._clock()
-        self._write(
-            lambda conn: conn.execute(SQL_IDEM_DONE, (key, session_id, response_json, now, now))
-        )
 
     def release_idempotent(self, key: str, owner: str) -> bool:
         return self._write(lambda conn: conn.execute(SQL_IDEM_RELEASE, (key, owner)).rowcount > 0)

@@ -358,7 +358,7 @@ async def test_delivery_rows_are_folded_once(store) -> None:
         await client.chat.completions.create(model="m", messages=user("ok"), extra_headers=headers)
         system = "\n".join(m["content"] for m in provider.contexts[-1] if m["role"] == "system")
         assert _prose(system).count("There are 42 sheep.") == 1  # kept in history, not folded again
-        assert store.take_unfolded_deliveries(session_id) == []
+        assert (await store.abegin_turn(session_id)).taken == ()
 
 
 async def test_provider_error_is_502(store) -> None:
@@ -376,8 +376,13 @@ async def test_provider_error_is_502(store) -> None:
             )
         assert err.value.status_code == 502
         assert err.value.body["type"] == "api_error"
-        # The failed request did not burn its idempotency key.
-        assert store.get_idempotent("p") is None
+        # The failed request did not burn its idempotency key: a retry runs the turn
+        # again (and fails again), instead of waiting for or replaying the first.
+        with pytest.raises(openai.APIStatusError) as again:
+            await client_for(adapter.port).chat.completions.create(
+                model="m", messages=user("x"), extra_headers={"Idempotency-Key": "p"}
+            )
+        assert again.value.status_code == 502
         assert adapter.active_runs == 0
     finally:
         await adapter.stop()

@@ -24,6 +24,7 @@ from gateway.wake import (
     format_wake_text,
     persist_delegation_delivery,
 )
+from tests.sessions._support import take_unfolded
 from tests.stores import session_file_store
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -472,8 +473,8 @@ def test_persist_delegation_delivery_once(tmp_path: Path) -> None:
         again = persist_delegation_delivery(store, "api-sess", evt, text="other text")
         assert again == row
         assert len(store.messages("api-sess")) == 1
-        assert [m["id"] for m in store.take_unfolded_deliveries("api-sess")] == [row["id"]]
-        assert store.take_unfolded_deliveries("api-sess") == []
+        assert [m["id"] for m in take_unfolded(store, "api-sess")] == [row["id"]]
+        assert take_unfolded(store, "api-sess") == []
 
 
 def test_persist_batch_metadata_and_custom_text(tmp_path: Path) -> None:

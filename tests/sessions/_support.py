@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from delivery.session_backend import SessionBackend
-from gateway.session import SessionStore
+from delivery.session_backend import SessionBackend, SessionState, TurnStart
+from gateway.session import SessionGone, SessionStore
 from tests.pg_support import fresh_url
 from tests.stores import memory_sessions, pg_sessions, sqlite_sessions
 
@@ -36,6 +39,35 @@ def delivery(store: SessionStore, sid: str, n: int) -> dict[str, Any]:
     )
 
 
+T = TypeVar("T")
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a store coroutine to its end from synchronous test code (on a loop of its own in
+    another thread, so a caller already inside an event loop may use it too)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def begin(store: SessionStore, sid: str) -> TurnStart:
+    """What a turn that starts now finds (``abegin_turn``: it folds what waits)."""
+    return run_sync(store.abegin_turn(sid))
+
+
+def take_unfolded(store: SessionStore, sid: str) -> list[dict[str, Any]]:
+    """The delivery rows a turn starting now folds, as dicts: each row reaches exactly one
+    turn. SessionGone when the session is not live, as a turn of it would be refused."""
+    start = begin(store, sid)
+    if start.state != "live":
+        raise SessionGone(sid)
+    return [m.as_dict() for m in start.taken]
+
+
+def state_of(store: SessionStore, sid: str) -> SessionState:
+    """The session's state as a turn starting now finds it (live, unknown or deleted)."""
+    return begin(store, sid).state
+
+
 def writes(store: SessionStore) -> int:
     """Committed write operations so far: reads must leave this alone."""
     return store.backend.stats()["writes"]
@@ -58,7 +90,7 @@ def race(stores: list[SessionStore], sid: str, total: int, threads: int) -> list
         start.wait()
         while True:
             finished = done_writing.is_set()
-            got = s.take_unfolded_deliveries(sid)
+            got = take_unfolded(s, sid)
             with taken_lock:
                 taken.extend(m["id"] for m in got)
             if finished and not got:

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.session import SessionStore, SessionStoreError
 from storage.sqlite.sessions_sql import SCHEMA_VERSION
-from tests.sessions._support import race
+from tests.sessions._support import race, state_of
 from tests.stores import session_file_store, sqlite_sessions
 
 
@@ -148,7 +148,7 @@ def test_v1_file_is_upgraded_in_place(tmp_path: Path) -> None:
     with session_file_store(path) as s:
         assert [m["content"] for m in s.messages("old")] == ["kept"]
         s.delete_session("old")
-        assert s.session_state("old") == "deleted"
+        assert state_of(s, "old") == "deleted"
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
@@ -162,7 +162,7 @@ def test_tombstones_survive_reopen(tmp_path: Path) -> None:
         s.create_session("gone")
         s.delete_session("gone")
     with session_file_store(path) as s:
-        assert s.session_state("gone") == "deleted"
+        assert state_of(s, "gone") == "deleted"
 
 
 def test_locked_database_is_unavailable_and_writes_nothing(tmp_path: Path) -> None:
@@ -202,7 +202,7 @@ async def test_begin_turns_race_across_connections(tmp_path: Path) -> None:
     try:
         a.create_session("s")
         ids = {a.append_message("s", "system", str(n), display_kind="d")["id"] for n in range(30)}
-        starts = await asyncio.gather(*(s.astart_turn("s") for s in [a, b] * 6))
+        starts = await asyncio.gather(*(s.abegin_turn("s") for s in [a, b] * 6))
         taken = [m.id for start in starts for m in start.taken]
         assert sorted(taken) == sorted(ids)
     finally:

@@ -19,7 +19,7 @@ from gateway.session import (
     build_session_key,
     is_valid_session_id,
 )
-from tests.sessions._support import delivery, race
+from tests.sessions._support import delivery, race, state_of, take_unfolded
 
 # ----------------------------------------------------------------- sessions
 
@@ -76,7 +76,7 @@ def test_delete_takes_the_transcript(store: SessionStore) -> None:
     assert store.delete_session("s") is True
     store.create_session("s")  # an explicit creation starts afresh
     assert store.messages("s") == []
-    assert store.take_unfolded_deliveries("s") == []
+    assert take_unfolded(store, "s") == []
 
 
 def test_closed_store_raises(store: SessionStore) -> None:
@@ -119,7 +119,7 @@ def test_unknown_session_raises_key_error(store: SessionStore) -> None:
     with pytest.raises(SessionGone):
         store.messages("ghost")
     with pytest.raises(SessionGone):
-        store.take_unfolded_deliveries("ghost")
+        take_unfolded(store, "ghost")
 
 
 def test_append_validates_arguments(store: SessionStore) -> None:
@@ -165,18 +165,18 @@ def test_take_unfolded_deliveries_exactly_once(store: SessionStore) -> None:
     store.append_message("s", "user", "plain message is not a delivery")
     d1 = delivery(store, "s", 1)
     d2 = delivery(store, "s", 2)
-    taken = store.take_unfolded_deliveries("s")
+    taken = take_unfolded(store, "s")
     assert [m["id"] for m in taken] == [d1["id"], d2["id"]]
     assert all(m["folded"] for m in taken)
-    assert store.take_unfolded_deliveries("s") == []
+    assert take_unfolded(store, "s") == []
     d3 = delivery(store, "s", 3)
-    assert [m["id"] for m in store.take_unfolded_deliveries("s")] == [d3["id"]]
+    assert [m["id"] for m in take_unfolded(store, "s")] == [d3["id"]]
     # The transcript still shows them, now marked folded.
     folded = {m["id"]: m["folded"] for m in store.messages("s")}
     assert folded[d1["id"]] and folded[d3["id"]]
     # A redelivery of an already folded completion does not resurrect it.
     delivery(store, "s", 1)
-    assert store.take_unfolded_deliveries("s") == []
+    assert take_unfolded(store, "s") == []
 
 
 def test_take_unfolded_races_on_one_store(store: SessionStore) -> None:
@@ -248,7 +248,7 @@ async def test_an_exclusive_creation_never_joins_a_session_that_exists(
     await store.acreate_session("api_y", source=source, exclusive=True)
     assert store.delete_session("api_y")
     store.create_session("api_y", source=source, exclusive=True)
-    assert store.session_state("api_y") == "live"
+    assert state_of(store, "api_y") == "live"
 
 
 # ----------------------------------------------------------------- titles

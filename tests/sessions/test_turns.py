@@ -16,9 +16,23 @@ from gateway.session import (
     TurnStart,
     build_session_key,
 )
-from tests.sessions._support import delivery, writes
+from tests.sessions._support import begin, delivery, run_sync, state_of, writes
 
 API = SessionSource(platform=Platform.API_SERVER, chat_id="sess_new")
+PROBE = "probe:0:z"
+
+
+def idempotency_record(store: SessionStore, key: str) -> dict | None:
+    """The record a repeat of ``key`` finds, as the turn service asks for it (a claim):
+    None when there is none, so that a repeat runs the request (the probe's claim is
+    released again)."""
+    row = store.claim_idempotent(key, PROBE)
+    if row["claimed"]:
+        assert store.release_idempotent(key, PROBE)
+        return None
+    return row
+
+
 TURN = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 
 
@@ -34,7 +48,7 @@ def store_a(store: SessionStore) -> SessionStore:
 def test_append_turn_records_messages_and_response_together(store_a: SessionStore) -> None:
     rows = store_a.append_turn("sess_a", TURN, idempotency_key="k1", response={"id": "c-1"})
     assert [r["role"] for r in rows] == ["user", "assistant"]
-    row = store_a.get_idempotent("k1")
+    row = idempotency_record(store_a, "k1")
     assert row is not None
     assert row["state"] == "done" and row["response"] == {"id": "c-1"}
     assert row["session_id"] == "sess_a"
@@ -45,7 +59,7 @@ def test_append_turn_to_unknown_session_writes_nothing(store_a: SessionStore) ->
         store_a.append_turn(
             "sess_gone", [{"role": "user", "content": "x"}], idempotency_key="k", response={}
         )
-    assert store_a.get_idempotent("k") is None
+    assert idempotency_record(store_a, "k") is None
 
 
 def test_append_turn_dedupes_by_key(store_a: SessionStore) -> None:
@@ -67,7 +81,7 @@ def test_append_turn_validates_before_writing(store_a: SessionStore) -> None:
         store_a.append_turn("sess_a", [{"role": "user", "content": "ok"}, {"role": "user"}])
     with pytest.raises(TypeError):
         store_a.append_turn("sess_a", TURN, idempotency_key="k", response={"x": object()})
-    assert store_a.messages("sess_a") == [] and store_a.get_idempotent("k") is None
+    assert store_a.messages("sess_a") == [] and idempotency_record(store_a, "k") is None
 
 
 def test_claim_wait_takeover_and_release(store_a: SessionStore) -> None:
@@ -82,9 +96,10 @@ def test_claim_wait_takeover_and_release(store_a: SessionStore) -> None:
     assert taken["claimed"] and taken["owner"] == "q:2:c"
     assert not store.release_idempotent("k", "p:1:a")  # not the holder any more
     assert store.release_idempotent("k", "q:2:c")
-    assert store.get_idempotent("k") is None
+    assert idempotency_record(store, "k") is None
     store.claim_idempotent("k", "r:3:d")
-    store.put_idempotent("k", {"id": "done"}, session_id="sess_a")
+    # The holder stores its turn with the response: the key is done from then on.
+    store.append_turn("sess_a", TURN, idempotency_key="k", response={"id": "done"})
     done = store.claim_idempotent("k", "s:4:e", takeover=lambda owner: True)
     assert not done["claimed"] and done["response"] == {"id": "done"}
     assert not store.release_idempotent("k", "s:4:e")  # a done row is never released
@@ -95,7 +110,7 @@ def test_claim_wait_takeover_and_release(store_a: SessionStore) -> None:
 def test_idempotency_record_survives_session_delete(store_a: SessionStore) -> None:
     store_a.append_turn("sess_a", TURN, idempotency_key="k", response={"id": "c"})
     store_a.delete_session("sess_a")
-    row = store_a.get_idempotent("k")
+    row = idempotency_record(store_a, "k")
     assert row is not None and row["response"] == {"id": "c"}
 
 
@@ -110,21 +125,21 @@ def test_find_session_by_key(store: SessionStore) -> None:
 # ----------------------------------------------------------------- tombstones
 
 
-def test_session_state_tells_unknown_from_deleted(store: SessionStore) -> None:
-    assert store.session_state("sess_x") == "unknown"
+def test_a_turn_tells_unknown_from_deleted(store: SessionStore) -> None:
+    assert state_of(store, "sess_x") == "unknown"
     store.create_session("sess_x")
-    assert store.session_state("sess_x") == "live"
+    assert state_of(store, "sess_x") == "live"
     assert store.delete_session("sess_x") is True
-    assert store.session_state("sess_x") == "deleted"
+    assert state_of(store, "sess_x") == "deleted"
     assert store.get_session("sess_x") is None
     store.create_session("sess_x")  # explicit creation revives the id
-    assert store.session_state("sess_x") == "live"
+    assert state_of(store, "sess_x") == "live"
 
 
 def test_delete_of_an_unwritten_id_still_tombstones(store: SessionStore) -> None:
     # A DELETE that races a session's first turn (not stored yet) must still win.
     assert store.delete_session("sess_early") is False
-    assert store.session_state("sess_early") == "deleted"
+    assert state_of(store, "sess_early") == "deleted"
     with pytest.raises(SessionGone):
         store.append_turn("sess_early", TURN, create=API)
 
@@ -139,28 +154,25 @@ async def test_late_writes_into_a_deleted_session_raise(store_a: SessionStore) -
         store_a.append_turn("sess_a", TURN, create=API, idempotency_key="k", response={})
     with pytest.raises(SessionGone):
         await store_a.aappend_turn("sess_a", TURN, create=API)
-    with pytest.raises(SessionGone):
-        store_a.take_unfolded_deliveries("sess_a")
-    with pytest.raises(SessionGone):
-        await store_a.abegin_turn("sess_a")
-    assert store_a.session_state("sess_a") == "deleted"
-    assert store_a.get_idempotent("k") is None
+    start = await store_a.abegin_turn("sess_a")
+    assert start == TurnStart("deleted")  # a turn finds it gone, and folds nothing
+    assert idempotency_record(store_a, "k") is None
 
 
 async def test_begin_turn_with_create_revives_a_deleted_id(store_a: SessionStore) -> None:
     # Today's rule for derived API ids: a new conversation after a delete starts afresh.
     store_a.append_message("sess_a", "user", "old")
     store_a.delete_session("sess_a")
-    history, taken = await store_a.abegin_turn("sess_a", create_with=API)
-    assert history == [] and taken == []
-    assert store_a.session_state("sess_a") == "live"
+    start = await store_a.abegin_turn("sess_a", create_with=API)
+    assert start == TurnStart("deleted")  # found deleted, created afresh: nothing of old
+    assert (await store_a.abegin_turn("sess_a")) == TurnStart("live")
 
 
 # ----------------------------------------------------------------- create with the first turn
 
 
 async def test_first_turn_creates_its_session_in_one_write(store: SessionStore) -> None:
-    start = await store.astart_turn("sess_new")
+    start = await store.abegin_turn("sess_new")
     assert start == TurnStart("unknown")
     before = writes(store)
     await store.aappend_turn(
@@ -172,7 +184,7 @@ async def test_first_turn_creates_its_session_in_one_write(store: SessionStore) 
     assert session["source"] == API.to_dict()
     assert session["session_key"] == build_session_key(API)
     assert [m["content"] for m in store.messages("sess_new")] == ["hi", "hello"]
-    record = store.get_idempotent("k")
+    record = idempotency_record(store, "k")
     assert record is not None and record["session_id"] == "sess_new"
 
 
@@ -199,15 +211,14 @@ async def test_begin_turn_with_nothing_to_fold_only_reads(store_a: SessionStore)
     store = store_a
     store.append_turn("sess_a", TURN)
     folded = delivery(store, "sess_a", 1)
-    store.take_unfolded_deliveries("sess_a")
+    await store.abegin_turn("sess_a")  # folds it
     before = writes(store)
-    history, taken = await store.abegin_turn("sess_a")
-    assert [m["id"] for m in history][-1] == folded["id"] and taken == []
+    start = await store.abegin_turn("sess_a")
+    assert start.history[-1].id == folded["id"] and start.taken == ()
     await store.abegin_turn("sess_a", create_with=API)  # exists: nothing to create either
-    start = await store.astart_turn("sess_a")
-    assert start.state == "live" and len(start.history) == 3 and start.taken == ()
-    assert store.start_turn("ghost") == TurnStart("unknown")
-    assert store.begin_turn("sess_a") == (history, [])
+    assert start.state == "live" and len(start.history) == 3
+    assert await store.abegin_turn("ghost") == TurnStart("unknown")
+    assert await store.abegin_turn("sess_a") == start
     assert writes(store) == before
 
 
@@ -215,12 +226,12 @@ async def test_begin_turn_folds_what_waits_once(store_a: SessionStore) -> None:
     store = store_a
     d1 = delivery(store, "sess_a", 1)
     before = writes(store)
-    start = await store.astart_turn("sess_a")
+    start = await store.abegin_turn("sess_a")
     assert writes(store) == before + 1  # the fold is a write
     assert [m.id for m in start.taken] == [d1["id"]] and start.taken[0].folded
     assert [m.id for m in start.history] == [d1["id"]] and not start.history[0].folded
     assert start.taken[0].as_dict()["display_metadata"] == {"n": 1}
-    again = await store.astart_turn("sess_a")
+    again = await store.abegin_turn("sess_a")
     assert again.taken == () and again.history[0].folded
     assert writes(store) == before + 1
 
@@ -229,11 +240,11 @@ async def test_racing_async_turns_fold_each_row_once(store_a: SessionStore) -> N
     store = store_a
     for round_ in range(5):
         ids = {delivery(store, "sess_a", round_ * 10 + i)["id"] for i in range(3)}
-        starts = await asyncio.gather(*(store.astart_turn("sess_a") for _ in range(8)))
+        starts = await asyncio.gather(*(store.abegin_turn("sess_a") for _ in range(8)))
         taken = [m.id for s in starts for m in s.taken]
         assert sorted(taken) == sorted(ids)  # every row once, none twice
         olds = await asyncio.gather(*(store.abegin_turn("sess_a") for _ in range(4)))
-        assert all(t == [] for _, t in olds)
+        assert all(s.taken == () for s in olds)
 
 
 def test_racing_threads_fold_each_row_once(store_a: SessionStore) -> None:
@@ -244,10 +255,11 @@ def test_racing_threads_fold_each_row_once(store_a: SessionStore) -> None:
     gate = threading.Barrier(8)
 
     def turn() -> None:
+        # Each thread its own event loop, as each server process has.
         gate.wait()
-        _history, got = store.begin_turn("sess_a")
+        got = begin(store, "sess_a").taken
         with lock:
-            taken.extend(m["id"] for m in got)
+            taken.extend(m.id for m in got)
 
     threads = [threading.Thread(target=turn) for _ in range(8)]
     for t in threads:
@@ -259,4 +271,6 @@ def test_racing_threads_fold_each_row_once(store_a: SessionStore) -> None:
 
 def test_delete_of_a_malformed_id_records_nothing(store: SessionStore) -> None:
     assert store.delete_session("not an id") is False
-    assert store.session_state("not an id") == "unknown"
+    assert store.get_session("not an id") is None
+    with pytest.raises(ValueError):
+        run_sync(store.abegin_turn("not an id"))  # no turn, so no record, can have it
