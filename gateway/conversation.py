@@ -112,6 +112,11 @@ def pick_session(
     matching = []
     for sid, transcript in candidates:
         stored = _stored_history(transcript)
+        if not stored and not sent and not retry_key:
+            # An empty session is a first turn still running, perhaps on another server
+            # sharing the store (a stream creates its session before it stores the turn):
+            # only a retry of that very request (its key) may join it.
+            continue
         repeat = (
             retry_key
             and len(stored) == len(sent) + 2

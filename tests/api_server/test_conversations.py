@@ -10,7 +10,8 @@ import pytest
 from agent.markers import DELIVERY_MARKER
 from agent.providers.demo import DemoModel
 from delivery.rows import RowQuery
-from gateway.conversation import derive_session_id
+from delivery.session_backend import MessageRecord
+from gateway.conversation import derive_session_id, pick_session
 from gateway.platforms.api_server import ApiServerAdapter, agent_turn_runner
 from gateway.session import SessionGone
 from gateway.wake import persist_delegation_delivery
@@ -219,3 +220,22 @@ async def test_two_servers_never_merge_alike_first_turns(store, tmp_path, stream
 
 def _work_of(session_id: str) -> set[str]:
     return {row.id for row in get_runtime().ledger.query(RowQuery(session=session_id))}
+
+
+def test_an_empty_session_is_joined_only_by_a_retry() -> None:
+    # A streamed first turn creates its session before it stores anything; another server
+    # sharing the store then sees it live and empty. A new conversation that opens alike
+    # must not join it (their turns would merge); a retry of that request (its key) does.
+    opening = [{"role": "user", "content": "hello there"}]
+    home = derive_session_id(opening)
+    running = [(home, ())]
+    forked = pick_session(opening, running)
+    assert forked != home and forked.startswith(home + "_")
+    assert pick_session(opening, running, retry_key=True) == home
+    # A stored first turn is matched by its conversation's next request as before.
+    reply = (
+        MessageRecord(1, "user", "hello there", 0.0, None, None, False),
+        MessageRecord(2, "assistant", "hi", 0.0, None, None, False),
+    )
+    follow_up = [*opening, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "?"}]
+    assert pick_session(follow_up, [(home, reply)]) == home
