@@ -315,8 +315,7 @@ class WebUIServer:
         records = await asyncio.to_thread(self.store.list_sessions, 500)
         unread = await self.log.unread_ids()
         views = [
-            session_view(r, unread=r["id"] in unread, busy=self.turns.is_busy(r["id"]))
-            for r in records
+            session_view(r, unread=r.id in unread, busy=self.turns.is_busy(r.id)) for r in records
         ]
         if needle:
             views = [v for v in views if needle in f"{v['title']} {v['id']} {v['source']}".lower()]

@@ -17,6 +17,7 @@ from agent.markers import WAKE_MARKER, read_wake_data
 from api.event_log import ToolStep
 from delivery.rows import LedgerRow
 from gateway.config import Platform
+from gateway.session import SessionRecord
 
 __all__ = [
     "WakeupCard",
@@ -110,21 +111,21 @@ def card_of_wake_text(text: str) -> WakeupCard | None:
     return card_from_metadata(found[-1]) if found else None
 
 
-def session_source(record: Mapping[str, Any]) -> str:
-    source = record.get("source")
+def session_source(record: SessionRecord) -> str:
+    source = record.source
     if isinstance(source, Mapping) and source.get("platform"):
         return str(source["platform"])
     return Platform.API_SERVER.value
 
 
-def session_view(record: Mapping[str, Any], *, unread: bool, busy: bool) -> dict[str, Any]:
+def session_view(record: SessionRecord, *, unread: bool, busy: bool) -> dict[str, Any]:
     source = session_source(record)
     return {
-        "id": record["id"],
-        "title": record.get("title") or _DEFAULT_TITLE,
+        "id": record.id,
+        "title": record.title or _DEFAULT_TITLE,
         "source": source,
-        "created_at": record.get("created_at"),
-        "updated_at": record.get("updated_at"),
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
         "unread": unread,
         "busy": busy,
         "chat": source == Platform.WEBUI.value,

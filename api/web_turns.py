@@ -265,18 +265,17 @@ class WebTurns:
                 cfg.PENDING_BG_TASK_COMPLETIONS.setdefault(session_id, []).append(card.as_dict())
             await self.log.append("wakeup", {"session_id": session_id, "card": card.as_dict()})
             await self.log.set_unread(session_id, True)
-            title = record.get("title") or "New chat"
             await self.log.append(
                 "toast",
                 {
                     "session_id": session_id,
-                    "title": title,
+                    "title": record.title or "New chat",
                     "goal": card.goal,
                     "status": card.status,
                 },
             )
-        elif not wakeup and not record.get("title") and (title := title_from_text(text)):
-            await self._title_session(session_id, title)
+        elif not wakeup and not record.title and (first := title_from_text(text)):
+            await self._title_session(session_id, first)
         event = await self.log.append(
             "turn.start",
             {

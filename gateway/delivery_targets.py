@@ -30,7 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from delivery.events import ASYNC_DELEGATION, CompletionEvent, delivery_id
 from gateway.config import Platform
-from gateway.session import SessionSource, SessionStore
+from gateway.session import SessionRecord, SessionSource, SessionStore
 from gateway.wake import deliver_wake, format_wake_text, persist_delegation_delivery
 
 __all__ = [
@@ -43,7 +43,7 @@ __all__ = [
 
 
 class DeliveryTarget(Protocol):
-    async def deliver(self, event: CompletionEvent, session: Mapping[str, Any]) -> None:
+    async def deliver(self, event: CompletionEvent, session: SessionRecord) -> None:
         """Hand ``event`` to ``session`` (a session-store record); return once it was accepted."""
         ...
 
@@ -63,8 +63,8 @@ class ApiServerTarget:
         self.store = store
         self.adapter = adapter
 
-    async def deliver(self, event: CompletionEvent, session: Mapping[str, Any]) -> None:
-        session_id = str(session["id"])
+    async def deliver(self, event: CompletionEvent, session: SessionRecord) -> None:
+        session_id = session.id
         text = format_wake_text(event)
         if event.type == ASYNC_DELEGATION:
             await asyncio.to_thread(
@@ -85,22 +85,22 @@ class PushTarget:
     def __init__(self, adapter: Any) -> None:
         self.adapter = adapter
 
-    async def deliver(self, event: CompletionEvent, session: Mapping[str, Any]) -> None:
-        raw_source = session.get("source")
+    async def deliver(self, event: CompletionEvent, session: SessionRecord) -> None:
+        raw_source = session.source
         if not isinstance(raw_source, Mapping):
-            raise ValueError(f"session {session.get('id')!r} has no source to push to")
+            raise ValueError(f"session {session.id!r} has no source to push to")
         await deliver_wake(
             self.adapter,
             text=format_wake_text(event),
             source=SessionSource.from_dict(raw_source),
-            session_id=str(session["id"]),
+            session_id=session.id,
             idempotency_key=delivery_id(event, strict=False),
         )
 
 
-def session_platform(session: Mapping[str, Any]) -> Platform:
+def session_platform(session: SessionRecord) -> Platform:
     """The surface a session came through; sessions stored without a source are API ones."""
-    source = session.get("source")
+    source = session.source
     if isinstance(source, Mapping):
         try:
             return Platform(str(source.get("platform")))

@@ -35,7 +35,7 @@ from gateway.delivery_targets import (
     session_platform,
 )
 from gateway.outcomes import DeliveryOutcome, OutcomeObserver
-from gateway.session import SessionGone, SessionStore
+from gateway.session import SessionGone, SessionRecord, SessionStore
 from gateway.wake import WakeDeliveryError
 from tools.completion_queue import CompletionQueue
 from tools.process_registry import process_registry
@@ -228,7 +228,7 @@ class GatewayRunner:
             logger.warning("completion %s was delivered but its claim had lapsed", _event_id(evt))
         return "delivered"
 
-    def _route(self, event: CompletionEvent) -> tuple[str, str | None, dict[str, Any] | None]:
+    def _route(self, event: CompletionEvent) -> tuple[str, str | None, SessionRecord | None]:
         """("session", id, record) | ("gone", id, None) | ("foreign" | "unknown", None, None)."""
         # An abandoned unit's routing fields are its work's (the wrapper repeats them).
         work = getattr(event, "work", None) or event
@@ -252,7 +252,7 @@ class GatewayRunner:
         if isinstance(key, str) and key and not event.restored:
             session = self.store.find_session_by_key(key)
             if session is not None and not self._adopted(session, event):
-                return "session", session["id"], session
+                return "session", session.id, session
             if key.startswith(_API_SESSION_KEY_PREFIX):
                 return "gone", key[len(_API_SESSION_KEY_PREFIX) :], None
         if event.origin_ui_session_id:
@@ -260,13 +260,13 @@ class GatewayRunner:
         return "unknown", None, None
 
     @staticmethod
-    def _adopted(session: dict[str, Any], event: CompletionEvent) -> bool:
+    def _adopted(session: SessionRecord, event: CompletionEvent) -> bool:
         """True when ``session`` was created after the work started: a new session that
         reuses a dead one's id (derived ids repeat) must not adopt its results."""
         dispatched = event.dispatched_at
         if not isinstance(dispatched, int | float) or isinstance(dispatched, bool):
             return False
-        return float(session["created_at"]) > float(dispatched) + _ADOPTION_SLACK_SECONDS
+        return session.created_at > float(dispatched) + _ADOPTION_SLACK_SECONDS
 
     def register_target(self, platform: Platform, target: DeliveryTarget | ClaimingTarget) -> None:
         """Deliver completions of ``platform``'s sessions through ``target``; a
@@ -284,7 +284,7 @@ class GatewayRunner:
             return "foreign"
         return await target.offer(evt)
 
-    async def _deliver(self, event: CompletionEvent, session: dict[str, Any]) -> None:
+    async def _deliver(self, event: CompletionEvent, session: SessionRecord) -> None:
         # The record _route read: a session deleted since then is noticed by the target
         # (SessionGone from the transcript write, 404 from the wake self-POST).
         platform = session_platform(session)

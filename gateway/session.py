@@ -26,6 +26,7 @@ from delivery.session_backend import (
     PrefixSessions,
     SessionBackend,
     SessionGone,
+    SessionRecord,
     SessionState,
     SessionStoreError,
     SessionTaken,
@@ -36,6 +37,7 @@ from gateway.config import Platform
 
 __all__ = [
     "SessionGone",
+    "SessionRecord",
     "SessionSource",
     "SessionState",
     "SessionStore",
@@ -293,14 +295,14 @@ class SessionStore:
         source: SessionSource | None = None,
         title: str | None = None,
         exclusive: bool = False,
-    ) -> dict[str, Any]:
+    ) -> SessionRecord:
         """Create a session, or return the existing one with that id unchanged (with
         ``exclusive``: raise SessionTaken instead).
 
         An explicit creation: a deleted (tombstoned) id is created afresh.
         """
         session_id, new = self._creation(session_id, source, title, exclusive)
-        return self._backend.create_session(session_id, new).as_dict()
+        return self._backend.create_session(session_id, new)
 
     async def acreate_session(
         self,
@@ -309,9 +311,9 @@ class SessionStore:
         source: SessionSource | None = None,
         title: str | None = None,
         exclusive: bool = False,
-    ) -> dict[str, Any]:
+    ) -> SessionRecord:
         session_id, new = self._creation(session_id, source, title, exclusive)
-        return (await self._backend.acreate_session(session_id, new)).as_dict()
+        return await self._backend.acreate_session(session_id, new)
 
     @staticmethod
     def _creation(
@@ -322,9 +324,8 @@ class SessionStore:
         _check_id(session_id)
         return session_id, _new_session(source, title, exclusive)
 
-    def get_session(self, session_id: str) -> dict[str, Any] | None:
-        found = self._backend.get_session(session_id)
-        return found.as_dict() if found is not None else None
+    def get_session(self, session_id: str) -> SessionRecord | None:
+        return self._backend.get_session(session_id)
 
     async def asessions_by_prefix(self, prefix: str, limit: int = 32) -> PrefixSessions:
         """Live sessions named ``prefix`` or ``prefix_<suffix>`` with their transcripts,
@@ -332,11 +333,11 @@ class SessionStore:
         _check_id(prefix)
         return await self._backend.asessions_by_prefix(prefix, limit)
 
-    def list_sessions(self, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+    def list_sessions(self, limit: int = 100, offset: int = 0) -> list[SessionRecord]:
         """Most recently active first."""
         if limit < 0 or offset < 0:
             raise ValueError("limit and offset must be >= 0")
-        return [s.as_dict() for s in self._backend.list_sessions(limit, offset)]
+        return self._backend.list_sessions(limit, offset)
 
     async def aset_title(self, session_id: str, title: str, *, if_untitled: bool = False) -> bool:
         """Title a live session (with ``if_untitled``, only one that has none yet); False
@@ -355,10 +356,9 @@ class SessionStore:
             return False  # no session can have it (creation checks), so nothing to record
         return self._backend.delete_session(session_id)
 
-    def find_session_by_key(self, session_key: str) -> dict[str, Any] | None:
+    def find_session_by_key(self, session_key: str) -> SessionRecord | None:
         """The most recently active session with this routing key, or None."""
-        found = self._backend.find_session_by_key(session_key)
-        return found.as_dict() if found is not None else None
+        return self._backend.find_session_by_key(session_key)
 
     # ----------------------------------------------------------------- messages
 

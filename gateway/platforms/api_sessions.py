@@ -85,7 +85,7 @@ class SessionRoutes:
         limit = int_query(request, "limit", 100) or 0
         offset = int_query(request, "offset", 0) or 0
         sessions = await asyncio.to_thread(self.store.list_sessions, min(limit, 1000), offset)
-        return web.json_response({"object": "list", "data": sessions})
+        return web.json_response({"object": "list", "data": [s.as_dict() for s in sessions]})
 
     async def create_session(self, request: web.Request) -> web.Response:
         body = await self._read_json(request)
@@ -114,7 +114,9 @@ class SessionRoutes:
         )
         request[SESSION_REQUEST_KEY] = session_id
         return web.json_response(
-            session, status=200 if existing else 201, headers={SESSION_HEADER: session_id}
+            session.as_dict(),
+            status=200 if existing else 201,
+            headers={SESSION_HEADER: session_id},
         )
 
     async def get_session(self, request: web.Request) -> web.Response:
@@ -122,7 +124,7 @@ class SessionRoutes:
         session = await asyncio.to_thread(self.store.get_session, session_id)
         if session is None:
             raise _not_found(session_id)
-        return web.json_response(session, headers={SESSION_HEADER: session_id})
+        return web.json_response(session.as_dict(), headers={SESSION_HEADER: session_id})
 
     async def delete_session(self, request: web.Request) -> web.Response:
         session_id = await self._path_session(request)

@@ -518,7 +518,7 @@ async def test_persist_takes_hermes_agents_call_shape_too(tmp_path: Path) -> Non
         "summary": "done",
     }
     with session_file_store(tmp_path / "s.db") as store:
-        sid = store.create_session()["id"]
+        sid = store.create_session().id
         adapter = SimpleNamespace(store=store)
         for _ in range(2):  # a redelivery appends nothing
             row = await persist_delegation_delivery(

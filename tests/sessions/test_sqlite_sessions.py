@@ -92,7 +92,7 @@ def test_reopen_keeps_data(tmp_path: Path) -> None:
         s.create_session("keep", title="t")
         s.append_message("keep", "user", "hi")
     with session_file_store(path) as s:
-        assert s.get_session("keep")["title"] == "t"
+        assert s.get_session("keep").title == "t"
         assert [m["content"] for m in s.messages("keep")] == ["hi"]
 
 

@@ -35,20 +35,20 @@ def test_session_id_validation() -> None:
 def test_create_get_list_delete(store: SessionStore) -> None:
     src = SessionSource(Platform.TELEGRAM, chat_id="c1", chat_type="group")
     a = store.create_session(source=src, title="first")
-    assert a["id"].startswith("sess_") and is_valid_session_id(a["id"])
-    assert a["source"] == src.to_dict()
-    assert a["session_key"] == build_session_key(src)
-    assert store.get_session(a["id"]) == a
+    assert a.id.startswith("sess_") and is_valid_session_id(a.id)
+    assert a.source == src.to_dict()
+    assert a.session_key == build_session_key(src)
+    assert store.get_session(a.id) == a
 
     b = store.create_session("api-123")
-    assert b["source"] is None and b["session_key"] is None and b["title"] is None
+    assert b.source is None and b.session_key is None and b.title is None
     store.append_message("api-123", "user", "bump")  # most recently active first
-    assert [s["id"] for s in store.list_sessions()] == ["api-123", a["id"]]
-    assert [s["id"] for s in store.list_sessions(limit=1, offset=1)] == [a["id"]]
+    assert [s.id for s in store.list_sessions()] == ["api-123", a.id]
+    assert [s.id for s in store.list_sessions(limit=1, offset=1)] == [a.id]
 
-    assert store.delete_session(a["id"]) is True
-    assert store.delete_session(a["id"]) is False
-    assert store.get_session(a["id"]) is None
+    assert store.delete_session(a.id) is True
+    assert store.delete_session(a.id) is False
+    assert store.get_session(a.id) is None
 
 
 def test_create_existing_returns_existing_unchanged(store: SessionStore) -> None:
@@ -241,7 +241,7 @@ async def test_an_exclusive_creation_never_joins_a_session_that_exists(
         await store.aappend_turn("api_x", other, create=source, exclusive=True)
     assert [m["content"] for m in store.messages("api_x")] == ["hi", "hello"]
     # Not exclusive: the existing session is the one to write into.
-    assert store.create_session("api_x", source=source)["id"] == "api_x"
+    assert store.create_session("api_x", source=source).id == "api_x"
     await store.aappend_turn("api_x", other, create=source)
     assert len(store.messages("api_x")) == 4
     # An exclusive creation of an id that is new, or deleted, still creates it.
@@ -255,12 +255,12 @@ async def test_an_exclusive_creation_never_joins_a_session_that_exists(
 
 
 async def test_a_session_is_titled_once_unless_renamed(store: SessionStore) -> None:
-    sid = store.create_session()["id"]
+    sid = store.create_session().id
     assert await store.aset_title(sid, "first words", if_untitled=True) is True
     assert await store.aset_title(sid, "second words", if_untitled=True) is False
-    assert store.get_session(sid)["title"] == "first words"
+    assert store.get_session(sid).title == "first words"
     assert await store.aset_title(sid, "renamed") is True
-    assert store.get_session(sid)["title"] == "renamed"
+    assert store.get_session(sid).title == "renamed"
     store.delete_session(sid)
     assert await store.aset_title(sid, "ghost") is False  # a deleted session stays deleted
     assert store.get_session(sid) is None
@@ -268,7 +268,7 @@ async def test_a_session_is_titled_once_unless_renamed(store: SessionStore) -> N
 
 @pytest.mark.parametrize("title", ["", "   ", "x" * 201])
 async def test_a_title_is_text_of_bounded_length(store: SessionStore, title: str) -> None:
-    sid = store.create_session()["id"]
+    sid = store.create_session().id
     with pytest.raises(ValueError):
         await store.aset_title(sid, title)
-    assert store.get_session(sid)["title"] is None
+    assert store.get_session(sid).title is None

@@ -118,7 +118,7 @@ def test_find_session_by_key(store: SessionStore) -> None:
     source = SessionSource(platform=Platform.API_SERVER, chat_id="sess_k")
     store.create_session("sess_k", source=source)
     found = store.find_session_by_key(build_session_key(source))
-    assert found is not None and found["id"] == "sess_k"
+    assert found is not None and found.id == "sess_k"
     assert store.find_session_by_key("agent:main:nothing") is None
 
 
@@ -180,9 +180,9 @@ async def test_first_turn_creates_its_session_in_one_write(store: SessionStore) 
     )
     assert writes(store) == before + 1
     session = store.get_session("sess_new")
-    assert session is not None and session["title"] == "t"
-    assert session["source"] == API.to_dict()
-    assert session["session_key"] == build_session_key(API)
+    assert session is not None and session.title == "t"
+    assert session.source == API.to_dict()
+    assert session.session_key == build_session_key(API)
     assert [m["content"] for m in store.messages("sess_new")] == ["hi", "hello"]
     record = idempotency_record(store, "k")
     assert record is not None and record["session_id"] == "sess_new"
@@ -193,7 +193,7 @@ def test_create_keeps_an_existing_session(store_a: SessionStore) -> None:
     rows = store_a.append_turn("sess_a", TURN, create=API, title="ignored")
     assert [r["content"] for r in rows] == ["hi", "hello"]
     session = store_a.get_session("sess_a")
-    assert session is not None and session["title"] is None and session["source"] is None
+    assert session is not None and session.title is None and session.source is None
     assert len(store_a.messages("sess_a")) == 3
 
 
