@@ -119,6 +119,7 @@ async def serve(
         queue = process_registry.completion_queue
         runtime = await asyncio.to_thread(_open_runtime, settings, location, queue)
         stack.push_async_callback(asyncio.to_thread, ad.reset_runtime)
+        stack.callback(process_registry.detach)
 
         model = provider or build_provider(
             kind=settings.provider,

@@ -371,6 +371,10 @@ class ProcessRegistry:
             self._directory_given = directory
         ledger.set_adopter(PROCESS_KIND, self.adopt)
 
+    def detach(self) -> None:
+        """Forget the directory ``attach`` was handed (its server closed)."""
+        self._directory_given = None
+
     def adopt(self, row: LedgerRow) -> None:
         """Follow the process of ``row`` (now owned by this process) to its real outcome.
 
