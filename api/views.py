@@ -17,7 +17,7 @@ from agent.markers import WAKE_MARKER, read_wake_data
 from api.event_log import ToolStep
 from delivery.rows import LedgerRow
 from gateway.config import Platform
-from gateway.session import SessionRecord
+from gateway.session import MessageRecord, SessionRecord
 
 __all__ = [
     "WakeupCard",
@@ -143,7 +143,7 @@ def _tool_item(step: ToolStep) -> dict[str, Any]:
 
 
 def transcript_items(
-    messages: Iterable[Mapping[str, Any]], tool_steps: Sequence[ToolStep] = ()
+    messages: Iterable[MessageRecord], tool_steps: Sequence[ToolStep] = ()
 ) -> list[dict[str, Any]]:
     """A stored transcript as the protocol's items, in order. A turn's tool steps go right
     before its reply; steps of the turn running now come last."""
@@ -157,23 +157,23 @@ def transcript_items(
         else:
             pinned.setdefault(step.message_id, []).append(step)
     for row in messages:
-        row_id = f"m{row['id']}"
-        content = _text(row.get("content"))
-        meta = row.get("display_metadata") or {}
-        items.extend(_tool_item(step) for step in pinned.get(int(row["id"]), ()))
-        if row.get("display_kind") is not None:
+        row_id = f"m{row.id}"
+        content = row.content
+        meta = row.display_metadata or {}
+        items.extend(_tool_item(step) for step in pinned.get(row.id, ()))
+        if row.is_delivery:
             # A delivery row (API-server sessions): the result, as its card.
             items.append(
                 {"kind": "wakeup", "id": row_id, "card": card_from_metadata(meta).as_dict()}
             )
             continue
-        if row.get("role") == "user" and content.startswith(WAKE_MARKER):
+        if row.role == "user" and content.startswith(WAKE_MARKER):
             card = card_of_wake_text(content)
             if card is not None:
                 items.append({"kind": "wakeup", "id": row_id, "card": card.as_dict()})
                 after_wake = True
                 continue
-        role = "assistant" if row.get("role") == "assistant" else "user"
+        role = "assistant" if row.role == "assistant" else "user"
         item: dict[str, Any] = {
             "kind": "message",
             "id": row_id,

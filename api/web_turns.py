@@ -361,9 +361,7 @@ class WebTurns:
             reply_id: int | None = None
             if stored:
                 rows = await asyncio.to_thread(self.store.messages, stream.session_id)
-                reply_id = next(
-                    (int(m["id"]) for m in reversed(rows) if m["role"] == "assistant"), None
-                )
+                reply_id = next((m.id for m in reversed(rows) if m.role == "assistant"), None)
             await self.log.place_tool_steps(stream.turn_id, reply_id)
         except Exception:
             logger.exception("could not place the tool steps of %s", stream.turn_id)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from delivery.session_backend import (
+    MessageRecord,
     NewMessage,
     NewSession,
     PrefixSessions,
@@ -36,6 +37,7 @@ from delivery.session_backend import (
 from gateway.config import Platform
 
 __all__ = [
+    "MessageRecord",
     "SessionGone",
     "SessionRecord",
     "SessionSource",
@@ -371,7 +373,7 @@ class SessionStore:
         display_kind: str | None = None,
         display_metadata: Mapping[str, Any] | None = None,
         dedupe_key: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> MessageRecord:
         """Append a transcript message and return it.
 
         With a ``dedupe_key`` already used in this session, nothing is inserted and the
@@ -387,15 +389,15 @@ class SessionStore:
                 "dedupe_key": dedupe_key,
             }
         )
-        return self._backend.append_message(session_id, message).as_dict()
+        return self._backend.append_message(session_id, message)
 
     def messages(
         self, session_id: str, *, after_id: int = 0, limit: int | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[MessageRecord]:
         """Transcript in order, only ids > ``after_id``. Raises SessionGone for unknown sessions."""
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
-        return [m.as_dict() for m in self._backend.messages(session_id, after_id, limit)]
+        return self._backend.messages(session_id, after_id, limit)
 
     # ----------------------------------------------------------------- turns
 
@@ -427,7 +429,7 @@ class SessionStore:
         create: SessionSource | None = None,
         title: str | None = None,
         exclusive: bool = False,
-    ) -> list[dict[str, Any]]:
+    ) -> list[MessageRecord]:
         """Append a turn's messages and, with ``idempotency_key``, record its response.
 
         One transaction: after a crash either the whole turn and its idempotency record are
@@ -444,7 +446,7 @@ class SessionStore:
         args = self._turn_args(
             session_id, messages, idempotency_key, response, create, title, exclusive
         )
-        return [m.as_dict() for m in self._backend.append_turn(session_id, args[0], **args[1])]
+        return self._backend.append_turn(session_id, args[0], **args[1])
 
     async def aappend_turn(
         self,

@@ -36,7 +36,7 @@ from delivery.events import (
     parse_event,
 )
 from gateway.platforms.base import MessageEvent, MessageType
-from gateway.session import SessionSource, SessionStore, is_valid_session_id
+from gateway.session import MessageRecord, SessionSource, SessionStore, is_valid_session_id
 
 # The rendering lives in gateway.wake_text; these names stay importable from here.
 from gateway.wake_text import delegation_counts, format_wake_text
@@ -292,7 +292,7 @@ def persist_delegation_delivery(
     session_id: str,
     evt: Mapping[str, Any] | CompletionEvent,
     text: str | None = None,
-) -> dict[str, Any]: ...
+) -> MessageRecord: ...
 
 
 @overload
@@ -341,7 +341,7 @@ def _persist_delegation_delivery(
     session_id: str,
     evt: Mapping[str, Any] | CompletionEvent,
     text: str | None = None,
-) -> dict[str, Any]:
+) -> MessageRecord:
     """Append a delegation result to an API-server session transcript as a delivery row.
 
     The row (role "system", ``display_kind="async_delegation_complete"``) is shown by

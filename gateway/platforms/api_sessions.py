@@ -146,6 +146,6 @@ class SessionRoutes:
         except SessionGone:
             raise _not_found(session_id) from None
         return web.json_response(
-            {"object": "list", "session_id": session_id, "data": rows},
+            {"object": "list", "session_id": session_id, "data": [m.as_dict() for m in rows]},
             headers={SESSION_HEADER: session_id},
         )

@@ -61,7 +61,7 @@ async def test_same_opening_different_conversations(store) -> None:
         )
         assert same_b == bob
         assert "1,234" not in _context(provider)
-        assert "1,234" not in " ".join(m["content"] for m in store.messages(bob))
+        assert "1,234" not in " ".join(m.content for m in store.messages(bob))
 
         # Alice comes back with the history she was shown: her session, her result.
         same_a, _ = await _ask(client, [*alice_history, {"role": "user", "content": "and?"}])
@@ -84,7 +84,7 @@ async def test_a_history_that_matches_no_session_gets_its_own(store) -> None:
         ]
         other, _ = await _ask(client, forged)
         assert other != first and other.startswith(first + "_")
-        assert [m["role"] for m in store.messages(first)] == ["user", "assistant"]
+        assert [m.role for m in store.messages(first)] == ["user", "assistant"]
 
 
 async def test_a_deleted_conversation_that_comes_back_starts_afresh(store) -> None:
@@ -99,7 +99,7 @@ async def test_a_deleted_conversation_that_comes_back_starts_afresh(store) -> No
             await asyncio.to_thread(persist_delegation_delivery, store, first, RESULT)
         again, _ = await _ask(client, OPENING)
         assert again == first and store.get_session(first) is not None
-        assert [m["role"] for m in store.messages(first)] == ["user", "assistant"]
+        assert [m.role for m in store.messages(first)] == ["user", "assistant"]
         assert "1,234" not in _context(provider)
         # A brand-new opening still gets its home id at once.
         fresh, _ = await _ask(client, [{"role": "user", "content": "a new opening"}])
@@ -123,7 +123,7 @@ async def test_two_first_turns_that_open_alike_at_once_get_sessions_of_their_own
         assert a != b and {a, b} & {derive_session_id(opening)}
         assert runner.max_running == 2
         for sid in (a, b):
-            assert [m["role"] for m in store.messages(sid)] == ["user", "assistant"]
+            assert [m.role for m in store.messages(sid)] == ["user", "assistant"]
         # Keyed: a retry of the same request joins its first attempt (run once, answered
         # twice); another request's key is another conversation.
         opening = [{"role": "user", "content": "keyed start"}]
@@ -135,8 +135,8 @@ async def test_two_first_turns_that_open_alike_at_once_get_sessions_of_their_own
         )
         assert k1 == k2 and r1 == r2 and k3 != k1
         assert runner.calls == calls + 2
-        assert [m["role"] for m in store.messages(k1)] == ["user", "assistant"]
-        assert [m["role"] for m in store.messages(k3)] == ["user", "assistant"]
+        assert [m.role for m in store.messages(k1)] == ["user", "assistant"]
+        assert [m.role for m in store.messages(k3)] == ["user", "assistant"]
 
 
 async def test_a_first_turn_that_fails_leaves_its_id_to_the_next_conversation(store) -> None:
@@ -210,12 +210,12 @@ async def test_two_servers_never_merge_alike_first_turns(store, tmp_path, stream
             assert won == [derive_session_id(opening)] and len(lost) == 1
             assert isinstance(lost[0], openai.ConflictError)
             assert lost[0].code == "conversation_conflict"
-            assert [m["role"] for m in store.messages(won[0])] == ["user", "assistant"]
+            assert [m.role for m in store.messages(won[0])] == ["user", "assistant"]
             started = len(_work_of(won[0]) - earlier)
             assert started == (1 if text.startswith("in the background") else 0)
             again = await ask(clients[outcomes.index(lost[0])])
             assert again != won[0] and again.startswith(won[0] + "_")
-            assert [m["role"] for m in store.messages(again)] == ["user", "assistant"]
+            assert [m.role for m in store.messages(again)] == ["user", "assistant"]
 
 
 def _work_of(session_id: str) -> set[str]:

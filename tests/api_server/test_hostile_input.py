@@ -133,7 +133,7 @@ async def test_a_provider_surrogate_mid_stream_stays_inside_the_protocol(store) 
     assert b"HTTP/1.1" not in body
     assert body.rstrip().endswith(b"data: [DONE]")
     (session,) = store.list_sessions()
-    reply = store.messages(session.id)[-1]["content"]
+    reply = store.messages(session.id)[-1].content
     assert reply == "broken \ufffd piece"  # stored, repaired
 
 

@@ -52,7 +52,7 @@ async def test_a_client_cannot_pre_claim_a_wake_up(store) -> None:
         )
         assert again is not None and _reply(again) == _reply(woke)  # and only once
         assert runner.calls == 2
-        roles = [m["role"] for m in store.messages(session)]
+        roles = [m.role for m in store.messages(session)]
         assert roles == ["user", "assistant", "user", "assistant"]
 
 

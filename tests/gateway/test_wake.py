@@ -460,10 +460,10 @@ def test_persist_delegation_delivery_once(tmp_path: Path) -> None:
         store.create_session("api-sess")
         evt = _single()
         row = persist_delegation_delivery(store, "api-sess", evt)
-        assert row["role"] == "system"
-        assert row["display_kind"] == DELEGATION_DISPLAY_KIND == "async_delegation_complete"
-        assert LONG in row["content"]
-        meta = row["display_metadata"]
+        assert row.role == "system"
+        assert row.display_kind == DELEGATION_DISPLAY_KIND == "async_delegation_complete"
+        assert LONG in row.content
+        meta = row.display_metadata
         assert meta["delegation_id"] == "deleg_0123abcd"
         assert (meta["tasks"], meta["completed"], meta["failed"]) == (1, 1, 0)
         assert meta["goal"] == evt["goal"] and meta["status"] == "completed"
@@ -473,7 +473,7 @@ def test_persist_delegation_delivery_once(tmp_path: Path) -> None:
         again = persist_delegation_delivery(store, "api-sess", evt, text="other text")
         assert again == row
         assert len(store.messages("api-sess")) == 1
-        assert [m["id"] for m in take_unfolded(store, "api-sess")] == [row["id"]]
+        assert [m["id"] for m in take_unfolded(store, "api-sess")] == [row.id]
         assert take_unfolded(store, "api-sess") == []
 
 
@@ -488,8 +488,8 @@ def test_persist_batch_metadata_and_custom_text(tmp_path: Path) -> None:
             "results": [{"status": "completed"}, {"status": "failed"}],
         }
         row = persist_delegation_delivery(store, "s", evt, text="custom")
-        assert row["content"] == "custom"
-        meta = row["display_metadata"]
+        assert row.content == "custom"
+        meta = row.display_metadata
         assert meta["goals"] == ["a", "b"] and meta["is_batch"] is True
         assert (meta["tasks"], meta["completed"], meta["failed"]) == (2, 1, 1)
         assert meta["status"] == "failed"  # derived when the event has none
@@ -524,7 +524,7 @@ async def test_persist_takes_hermes_agents_call_shape_too(tmp_path: Path) -> Non
             row = await persist_delegation_delivery(
                 adapter, text="the result", session_id=sid, evt=evt, profile=""
             )
-            assert row["display_kind"] == "async_delegation_complete"
-        assert [m["content"] for m in store.messages(sid)] == ["the result"]
+            assert row.display_kind == "async_delegation_complete"
+        assert [m.content for m in store.messages(sid)] == ["the result"]
         with pytest.raises(TypeError):
             persist_delegation_delivery(object(), session_id=sid, evt=evt)

@@ -93,7 +93,7 @@ def test_reopen_keeps_data(tmp_path: Path) -> None:
         s.append_message("keep", "user", "hi")
     with session_file_store(path) as s:
         assert s.get_session("keep").title == "t"
-        assert [m["content"] for m in s.messages("keep")] == ["hi"]
+        assert [m.content for m in s.messages("keep")] == ["hi"]
 
 
 def test_closed_store_raises(tmp_path: Path) -> None:
@@ -146,7 +146,7 @@ def test_v1_file_is_upgraded_in_place(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with session_file_store(path) as s:
-        assert [m["content"] for m in s.messages("old")] == ["kept"]
+        assert [m.content for m in s.messages("old")] == ["kept"]
         s.delete_session("old")
         assert state_of(s, "old") == "deleted"
     conn = sqlite3.connect(path)
@@ -201,7 +201,7 @@ async def test_begin_turns_race_across_connections(tmp_path: Path) -> None:
     b = session_file_store(tmp_path / "shared.db")
     try:
         a.create_session("s")
-        ids = {a.append_message("s", "system", str(n), display_kind="d")["id"] for n in range(30)}
+        ids = {a.append_message("s", "system", str(n), display_kind="d").id for n in range(30)}
         starts = await asyncio.gather(*(s.abegin_turn("s") for s in [a, b] * 6))
         taken = [m.id for start in starts for m in start.taken]
         assert sorted(taken) == sorted(ids)

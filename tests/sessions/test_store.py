@@ -96,7 +96,7 @@ def test_append_and_read_messages(store: SessionStore) -> None:
     m1 = store.append_message("s", "user", "hello")
     m2 = store.append_message("s", "assistant", "hi there")
     m3 = delivery(store, "s", 1)
-    assert set(m1) == {
+    assert set(m1.as_dict()) == {
         "id",
         "role",
         "content",
@@ -105,12 +105,12 @@ def test_append_and_read_messages(store: SessionStore) -> None:
         "display_metadata",
         "folded",
     }
-    assert m1["display_kind"] is None and m1["display_metadata"] is None
-    assert m3["display_metadata"] == {"n": 1} and m3["folded"] is False
-    assert [m["id"] for m in store.messages("s")] == [m1["id"], m2["id"], m3["id"]]
-    assert [m["id"] for m in store.messages("s", after_id=m1["id"])] == [m2["id"], m3["id"]]
-    assert [m["id"] for m in store.messages("s", limit=1)] == [m1["id"]]
-    assert store.messages("s", after_id=m3["id"]) == []
+    assert m1.display_kind is None and m1.display_metadata is None
+    assert m3.display_metadata == {"n": 1} and m3.folded is False
+    assert [m.id for m in store.messages("s")] == [m1.id, m2.id, m3.id]
+    assert [m.id for m in store.messages("s", after_id=m1.id)] == [m2.id, m3.id]
+    assert [m.id for m in store.messages("s", limit=1)] == [m1.id]
+    assert store.messages("s", after_id=m3.id) == []
 
 
 def test_unknown_session_raises_key_error(store: SessionStore) -> None:
@@ -142,7 +142,7 @@ def test_dedupe_key_never_appends_twice(store: SessionStore) -> None:
     assert len(store.messages("s")) == 1
     # The key is unique per session, not globally.
     other = delivery(store, "t", 7)
-    assert other["id"] != first["id"]
+    assert other.id != first.id
     # No key means no dedupe.
     store.append_message("s", "user", "same")
     store.append_message("s", "user", "same")
@@ -154,7 +154,7 @@ def test_message_ids_not_reused_after_delete(store: SessionStore) -> None:
     last = store.append_message("s", "user", "x")
     store.delete_session("s")
     store.create_session("s")
-    assert store.append_message("s", "user", "y")["id"] > last["id"]
+    assert store.append_message("s", "user", "y").id > last.id
 
 
 # ----------------------------------------------------------------- folding
@@ -166,14 +166,14 @@ def test_take_unfolded_deliveries_exactly_once(store: SessionStore) -> None:
     d1 = delivery(store, "s", 1)
     d2 = delivery(store, "s", 2)
     taken = take_unfolded(store, "s")
-    assert [m["id"] for m in taken] == [d1["id"], d2["id"]]
+    assert [m["id"] for m in taken] == [d1.id, d2.id]
     assert all(m["folded"] for m in taken)
     assert take_unfolded(store, "s") == []
     d3 = delivery(store, "s", 3)
-    assert [m["id"] for m in take_unfolded(store, "s")] == [d3["id"]]
+    assert [m["id"] for m in take_unfolded(store, "s")] == [d3.id]
     # The transcript still shows them, now marked folded.
-    folded = {m["id"]: m["folded"] for m in store.messages("s")}
-    assert folded[d1["id"]] and folded[d3["id"]]
+    folded = {m.id: m.folded for m in store.messages("s")}
+    assert folded[d1.id] and folded[d3.id]
     # A redelivery of an already folded completion does not resurrect it.
     delivery(store, "s", 1)
     assert take_unfolded(store, "s") == []
@@ -239,7 +239,7 @@ async def test_an_exclusive_creation_never_joins_a_session_that_exists(
         store.append_turn("api_x", other, create=source, exclusive=True)
     with pytest.raises(SessionTaken):
         await store.aappend_turn("api_x", other, create=source, exclusive=True)
-    assert [m["content"] for m in store.messages("api_x")] == ["hi", "hello"]
+    assert [m.content for m in store.messages("api_x")] == ["hi", "hello"]
     # Not exclusive: the existing session is the one to write into.
     assert store.create_session("api_x", source=source).id == "api_x"
     await store.aappend_turn("api_x", other, create=source)

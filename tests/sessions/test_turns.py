@@ -47,7 +47,7 @@ def store_a(store: SessionStore) -> SessionStore:
 
 def test_append_turn_records_messages_and_response_together(store_a: SessionStore) -> None:
     rows = store_a.append_turn("sess_a", TURN, idempotency_key="k1", response={"id": "c-1"})
-    assert [r["role"] for r in rows] == ["user", "assistant"]
+    assert [r.role for r in rows] == ["user", "assistant"]
     row = idempotency_record(store_a, "k1")
     assert row is not None
     assert row["state"] == "done" and row["response"] == {"id": "c-1"}
@@ -71,7 +71,7 @@ def test_append_turn_dedupes_by_key(store_a: SessionStore) -> None:
 
 async def test_aappend_turn_matches_append_turn(store_a: SessionStore) -> None:
     assert await store_a.aappend_turn("sess_a", TURN, idempotency_key="k", response={}) is None
-    assert [m["content"] for m in store_a.messages("sess_a")] == ["hi", "hello"]
+    assert [m.content for m in store_a.messages("sess_a")] == ["hi", "hello"]
     with pytest.raises(SessionGone):
         await store_a.aappend_turn("nope", TURN)
 
@@ -183,7 +183,7 @@ async def test_first_turn_creates_its_session_in_one_write(store: SessionStore) 
     assert session is not None and session.title == "t"
     assert session.source == API.to_dict()
     assert session.session_key == build_session_key(API)
-    assert [m["content"] for m in store.messages("sess_new")] == ["hi", "hello"]
+    assert [m.content for m in store.messages("sess_new")] == ["hi", "hello"]
     record = idempotency_record(store, "k")
     assert record is not None and record["session_id"] == "sess_new"
 
@@ -191,7 +191,7 @@ async def test_first_turn_creates_its_session_in_one_write(store: SessionStore) 
 def test_create_keeps_an_existing_session(store_a: SessionStore) -> None:
     store_a.append_message("sess_a", "user", "first")
     rows = store_a.append_turn("sess_a", TURN, create=API, title="ignored")
-    assert [r["content"] for r in rows] == ["hi", "hello"]
+    assert [r.content for r in rows] == ["hi", "hello"]
     session = store_a.get_session("sess_a")
     assert session is not None and session.title is None and session.source is None
     assert len(store_a.messages("sess_a")) == 3
@@ -214,7 +214,7 @@ async def test_begin_turn_with_nothing_to_fold_only_reads(store_a: SessionStore)
     await store.abegin_turn("sess_a")  # folds it
     before = writes(store)
     start = await store.abegin_turn("sess_a")
-    assert start.history[-1].id == folded["id"] and start.taken == ()
+    assert start.history[-1].id == folded.id and start.taken == ()
     await store.abegin_turn("sess_a", create_with=API)  # exists: nothing to create either
     assert start.state == "live" and len(start.history) == 3
     assert await store.abegin_turn("ghost") == TurnStart("unknown")
@@ -228,8 +228,8 @@ async def test_begin_turn_folds_what_waits_once(store_a: SessionStore) -> None:
     before = writes(store)
     start = await store.abegin_turn("sess_a")
     assert writes(store) == before + 1  # the fold is a write
-    assert [m.id for m in start.taken] == [d1["id"]] and start.taken[0].folded
-    assert [m.id for m in start.history] == [d1["id"]] and not start.history[0].folded
+    assert [m.id for m in start.taken] == [d1.id] and start.taken[0].folded
+    assert [m.id for m in start.history] == [d1.id] and not start.history[0].folded
     assert start.taken[0].as_dict()["display_metadata"] == {"n": 1}
     again = await store.abegin_turn("sess_a")
     assert again.taken == () and again.history[0].folded
@@ -239,7 +239,7 @@ async def test_begin_turn_folds_what_waits_once(store_a: SessionStore) -> None:
 async def test_racing_async_turns_fold_each_row_once(store_a: SessionStore) -> None:
     store = store_a
     for round_ in range(5):
-        ids = {delivery(store, "sess_a", round_ * 10 + i)["id"] for i in range(3)}
+        ids = {delivery(store, "sess_a", round_ * 10 + i).id for i in range(3)}
         starts = await asyncio.gather(*(store.abegin_turn("sess_a") for _ in range(8)))
         taken = [m.id for s in starts for m in s.taken]
         assert sorted(taken) == sorted(ids)  # every row once, none twice
@@ -249,7 +249,7 @@ async def test_racing_async_turns_fold_each_row_once(store_a: SessionStore) -> N
 
 def test_racing_threads_fold_each_row_once(store_a: SessionStore) -> None:
     store = store_a
-    ids = {delivery(store, "sess_a", n)["id"] for n in range(40)}
+    ids = {delivery(store, "sess_a", n).id for n in range(40)}
     taken: list[int] = []
     lock = threading.Lock()
     gate = threading.Barrier(8)

@@ -200,4 +200,4 @@ async def test_each_forum_topic_is_a_session_of_its_own(setup):
         session = store.get_session(f"agent:main:telegram:supergroup:-100123:thread:{thread}")
         assert session is not None
         first = store.messages(session.id)[0]
-        assert first["role"] == "user" and first["content"] == f"topic {thread}"
+        assert first.role == "user" and first.content == f"topic {thread}"

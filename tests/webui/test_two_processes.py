@@ -127,8 +127,8 @@ def test_two_serve_processes_start_each_wakeup_once(tmp_path: Path) -> None:
     with session_file_store(home / "sessions.db") as store:
         messages = store.messages(sid)
     woken = [
-        read_wake_data(m["content"])[-1]["delegation_id"]
+        read_wake_data(m.content)[-1]["delegation_id"]
         for m in messages
-        if m["role"] == "user" and m["content"].startswith(WAKE_MARKER)
+        if m.role == "user" and m.content.startswith(WAKE_MARKER)
     ]
     assert sorted(woken) == sorted(ids), woken

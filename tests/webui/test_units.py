@@ -11,6 +11,7 @@ from api.approvals import Approval, Approvals
 from api.auth import Auth
 from api.event_log import EventLog, EventLogError
 from api.views import card_from_metadata, title_from_text, transcript_items
+from delivery.session_backend import MessageRecord
 
 
 def test_cookies_are_signed_and_expire(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,8 +98,8 @@ def test_views_keep_markup_as_text() -> None:
     )
     items = transcript_items(
         [
-            {"id": 1, "role": "user", "content": "<script>", "display_kind": None},
-            {"id": 2, "role": "assistant", "content": "ok", "display_kind": None},
+            MessageRecord(1, "user", "<script>", 0.0, None, None, False),
+            MessageRecord(2, "assistant", "ok", 0.0, None, None, False),
         ]
     )
     assert items[0]["content"] == "<script>" and items[1]["wakeup"] is False
