@@ -155,6 +155,7 @@ class WebUIServer:
         routes.unbind(self.turns)
         self.target.stop()
         await self.turns.drain(grace_seconds)
+        await self.target.settle(grace_seconds)
         if self._runner is not None:
             self.log.end_streams()
             await self._runner.cleanup()

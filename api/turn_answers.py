@@ -13,7 +13,8 @@ stream) gives the attempt back; every other refusal spends it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["TurnAccepted", "TurnAnswer", "TurnRefused"]
@@ -23,11 +24,15 @@ PAUSED = "process_wakeup_paused"
 
 @dataclass(frozen=True, slots=True)
 class TurnAccepted:
-    """The turn runs: its events carry ``stream_id``."""
+    """The turn runs: its events carry ``stream_id``. ``stored`` resolves once the turn
+    ended: True when it is in the transcript (done, or stopped with what it had), False
+    when it failed before storing anything; None for a turn that ran and was stored before
+    (a replay of the same wake-up)."""
 
     stream_id: str
     session_id: str
     turn_id: str
+    stored: Awaitable[bool] | None = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {"stream_id": self.stream_id, "session_id": self.session_id, "turn_id": self.turn_id}

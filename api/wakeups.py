@@ -52,6 +52,7 @@ class WebUIDeliveryTarget:
         self.process_registry = process_registry
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session_locks: dict[str, asyncio.Lock] = {}
+        self._settling: set[asyncio.Task[None]] = set()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -100,13 +101,18 @@ class WebUIDeliveryTarget:
         except Exception:
             logger.exception("wake-up turn for %s raised", delivery_id)
             answer = TurnRefused(500, "the wake-up turn raised")
+        if isinstance(answer, TurnAccepted):
+            with cfg.MAPS_LOCK:
+                cfg.BG_TASK_COMPLETE_EVENTS_SEEN[delivery_id] = time.time()
+            # Settled once the turn is stored, not when it starts: a server that dies during
+            # the wake-up turn leaves the row pending, and its re-offer runs the turn (keyed by
+            # the delivery id) once. The session's lock is not held meanwhile: a sibling finds
+            # the session busy and waits without a claim.
+            task = asyncio.create_task(self._settle_when_stored(evt, claim, answer, delivery_id))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+            return "started"
         try:
-            if isinstance(answer, TurnAccepted):
-                with cfg.MAPS_LOCK:
-                    cfg.BG_TASK_COMPLETE_EVENTS_SEEN[delivery_id] = time.time()
-                if not await ad.acomplete_event_delivery(evt, claim):
-                    logger.warning("wake-up %s ran but its claim had lapsed", delivery_id)
-                return "started"
             logger.info("wake-up %s refused (%s: %s)", delivery_id, answer.status, answer.error)
             if answer.busy:
                 bp.defer(session_id, evt)
@@ -115,6 +121,35 @@ class WebUIDeliveryTarget:
             # The claim lapses by itself and the row is offered again: nothing is lost.
             logger.exception("could not settle the claim on %s", delivery_id)
         return "refused"
+
+    async def _settle_when_stored(
+        self, evt: dict[str, Any], claim: str, answer: TurnAccepted, delivery_id: str
+    ) -> None:
+        stored = True if answer.stored is None else await answer.stored
+        try:
+            if stored:
+                if not await ad.acomplete_event_delivery(evt, claim):
+                    logger.warning("wake-up %s ran but its claim had lapsed", delivery_id)
+            else:
+                # The turn failed before storing anything (the model failed: the session's
+                # wake-ups pause until the user is back). The attempt was not the delivery's
+                # fault: it is refunded, and the row is offered again.
+                logger.info("wake-up turn %s stored nothing; offered again later", delivery_id)
+                await ad.arelease_event_delivery(evt, claim, retryable=True)
+        except Exception:
+            # The claim lapses by itself and the row is offered again: nothing is lost.
+            logger.exception("could not settle the claim on %s", delivery_id)
+        await self.announce_delivery(delivery_id)
+
+    async def settle(self, grace_seconds: float) -> None:
+        """Let the wake-ups whose turns are ending settle their claims (at shutdown, after
+        the turns drained); what is still open then lapses and is offered again."""
+        if not self._settling:
+            return
+        _, late = await asyncio.wait(set(self._settling), timeout=grace_seconds)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
 
     async def _index_origin(self, evt: dict[str, Any], delivery_id: str) -> str | None:
         """Work that names its web UI session only as ``origin_session_id`` (older turns):

@@ -63,6 +63,8 @@ class ActiveStream:
     tool_steps: int = 0
     started: StartedTurn | None = field(default=None, repr=False)
     follower: asyncio.Task[None] | None = field(default=None, repr=False)
+    # Resolved when the turn ends: whether it is in the transcript.
+    stored: asyncio.Future[bool] | None = field(default=None, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -254,12 +256,14 @@ class WebTurns:
             if isinstance(exc, TurnError | SessionStoreError):
                 return TurnRefused(503, str(exc), retryable=True)
             raise
-        accepted = TurnAccepted(stream.stream_id, session_id, stream.turn_id)
         if isinstance(answer, ReplayedTurn):
             with self._lock:
                 self._active.pop(session_id, None)
-            return accepted  # this wake-up ran before (another offer, another process)
+            # This wake-up ran and was stored before (another offer, another process).
+            return TurnAccepted(stream.stream_id, session_id, stream.turn_id)
         stream.started = answer
+        stream.stored = asyncio.get_running_loop().create_future()
+        accepted = TurnAccepted(stream.stream_id, session_id, stream.turn_id, stream.stored)
         if card is not None:
             with cfg.MAPS_LOCK:
                 cfg.PENDING_BG_TASK_COMPLETIONS.setdefault(session_id, []).append(card.as_dict())
@@ -298,6 +302,7 @@ class WebTurns:
     async def _follow(self, stream: ActiveStream, started: StartedTurn) -> None:
         base = {"session_id": stream.session_id, "stream_id": stream.stream_id}
         end: dict[str, Any] = {**base, "status": "done"}
+        stored = False  # set only once the turn is in the transcript
         try:
             assert started.deltas is not None
             queue = started.deltas
@@ -324,12 +329,13 @@ class WebTurns:
                     stream.last_event_id = event.id
             try:
                 response = await asyncio.shield(started.task)
+                stored = True  # the turn service answers only once it stored the turn
                 end["content"] = str(response.get("content") or stream.text)
             except asyncio.CancelledError:
                 if not started.task.cancelled():
                     raise
                 end.update(status="stopped", content=stream.text)
-                await self._store_stopped(stream)
+                stored = await self._store_stopped(stream)
             except TurnError as exc:
                 end.update(status="error", error=exc.message, content=stream.text)
                 if stream.wakeup and exc.kind == "upstream":
@@ -339,9 +345,11 @@ class WebTurns:
                 logger.exception("turn %s failed", stream.turn_id)
                 end.update(status="error", error=type(exc).__name__, content=stream.text)
         finally:
+            if stream.stored is not None and not stream.stored.done():
+                stream.stored.set_result(stored)
             if stream.tool_steps:
                 # Still the session's active turn: no other turn's reply is stored yet.
-                await self._pin_tool_steps(stream, stored=end["status"] in ("done", "stopped"))
+                await self._pin_tool_steps(stream, stored=stored)
             with self._lock:
                 if self._active.get(stream.session_id) is stream:
                     del self._active[stream.session_id]
@@ -366,7 +374,7 @@ class WebTurns:
         except Exception:
             logger.exception("could not place the tool steps of %s", stream.turn_id)
 
-    async def _store_stopped(self, stream: ActiveStream) -> None:
+    async def _store_stopped(self, stream: ActiveStream) -> bool:
         user: dict[str, Any] = {"role": "user", "content": stream.user_text}
         if stream.user_text.startswith(WAKE_MARKER):
             user["display_metadata"] = {"wake": True}
@@ -375,6 +383,8 @@ class WebTurns:
             await self.store.aappend_turn(stream.session_id, [user, reply])
         except Exception:
             logger.exception("could not store the stopped turn %s", stream.turn_id)
+            return False
+        return True
 
     # ----------------------------------------------------------------- stopping
 

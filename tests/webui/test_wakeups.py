@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import tools.async_delegation as ad
+from agent.markers import WAKE_MARKER
 from agent.providers.demo import DemoModel
 from tests.webui.conftest import Web, settings_for, start_web, stop_web
 
@@ -136,6 +137,77 @@ async def test_unfinished_work_is_listed_until_it_comes_home(tmp_path) -> None:
         assert status == 404 and body["error"]["code"] == "session_not_found"
         status, _ = await background("bad id!")
         assert status in (400, 404)
+        await sse.close()
+    finally:
+        await stop_web(web)
+
+
+class HoldsWake(DemoModel):
+    """The demo model, except that a wake-up turn's answer waits for ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__(delay_seconds=0.0)
+        self.release = asyncio.Event()
+
+    async def complete(self, messages: Any, **kw: Any) -> Any:
+        last = messages[-1]
+        if last.get("role") == "user" and str(last.get("content", "")).startswith(WAKE_MARKER):
+            await self.release.wait()
+        return await super().complete(messages, **kw)
+
+
+async def test_a_wakeup_is_acknowledged_only_once_its_turn_is_stored(tmp_path) -> None:
+    # Acknowledged when the turn merely started, a wake-up whose server dies mid-turn would
+    # be "delivered" with nothing in the transcript. The row stays pending (claimed) while
+    # the wake-up turn runs, and is delivered once the turn is stored.
+    model = HoldsWake()
+    web = await start_web(settings_for(tmp_path), provider=model)
+    try:
+        sse = await web.stream()
+        sid = await web.new_session("work")
+        await web.say(sid, "in the background: weigh the moon")
+        card = (await sse.wait_for(lambda e: e[1] == "wakeup"))[2]["card"]
+        row = ad.get_durable_delegation(card["delivery_id"])
+        assert row is not None and row["delivery_state"] == "pending"
+        assert row["delivery_attempts"] == 1  # claimed: nobody else runs it meanwhile
+        model.release.set()
+        await _wakeup_done(web, sse, sid)
+        for _ in range(200):
+            row = ad.get_durable_delegation(card["delivery_id"])
+            if row is not None and row["delivery_state"] == "delivered":
+                break
+            await asyncio.sleep(0.02)
+        assert row is not None and row["delivery_state"] == "delivered"
+        await sse.close()
+    finally:
+        model.release.set()
+        await stop_web(web)
+
+
+async def test_a_wakeup_turn_that_stores_nothing_is_offered_again_not_delivered(
+    tmp_path,
+) -> None:
+    from tests.webui.test_process_and_pause import FailsOnWake
+
+    web = await start_web(settings_for(tmp_path), provider=FailsOnWake(delay_seconds=0))
+    try:
+        sse = await web.stream()
+        sid = await web.new_session("work")
+        await web.say(sid, "in the background: weigh the sun")
+        card = (await sse.wait_for(lambda e: e[1] == "wakeup"))[2]["card"]
+        end = await sse.wait_for(
+            lambda e: e[1] == "turn.end" and e[2]["status"] == "error", timeout=10
+        )
+        assert end[2]["session_id"] == sid
+        for _ in range(200):
+            row = ad.get_durable_delegation(card["delivery_id"])
+            if row is not None and row["delivery_attempts"] == 0:
+                break
+            await asyncio.sleep(0.02)
+        # Released with its attempt refunded: pending, to be offered again once the user is
+        # back (the session's wake-ups pause after a failed one), never marked delivered.
+        assert row is not None and row["delivery_state"] == "pending"
+        assert row["delivery_attempts"] == 0
         await sse.close()
     finally:
         await stop_web(web)
