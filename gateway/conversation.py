@@ -95,6 +95,7 @@ def pick_session(
     candidates: Sequence[tuple[str, tuple[Any, ...]]],
     *,
     retry_key: bool = False,
+    home: str | None = None,
 ) -> str:
     """The session among ``candidates`` (the opening's sessions and their transcripts) that
     this request continues, or the id of a new one.
@@ -106,7 +107,8 @@ def pick_session(
     second conversation that opens like the first cannot be told from a retry, and a new
     session is the safe answer.
     """
-    home = derive_session_id(messages)
+    if home is None:  # the caller may have derived it already (a hash of the opening)
+        home = derive_session_id(messages)
     sent = _sent_history(messages)
     new_user = ("user", message_text(_last_user(messages)).strip())
     matching = []

@@ -287,7 +287,7 @@ class TurnService:
         home = derive_session_id(messages)
         found = await self.store.asessions_by_prefix(home)
         session_id = pick_session(
-            messages, found.transcripts, retry_key=idempotency_key is not None
+            messages, found.transcripts, retry_key=idempotency_key is not None, home=home
         )
         # One read answers both questions, so a new conversation's turn costs one trip to
         # the store's reader, not two.
