@@ -34,7 +34,12 @@ from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
 from delivery.errors import LedgerError
 from gateway.config import Platform
-from gateway.platforms.http_middleware import ApiError, error_middleware, is_loopback
+from gateway.platforms.http_middleware import (
+    ApiError,
+    error_middleware,
+    host_name,
+    is_loopback,
+)
 from gateway.platforms.request_body import read_json_body
 from gateway.session import (
     MAX_TITLE_CHARS,
@@ -65,13 +70,6 @@ _OPEN_ROUTES = frozenset({"/api/bootstrap", "/api/login"})
 _MAX_QUERY = 200
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _host_name(host: str) -> str:
-    """The name part of a Host header (``[::1]:8787`` -> ``::1``, ``a:1`` -> ``a``)."""
-    if host.startswith("["):
-        return host[1:].partition("]")[0]
-    return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
 def _error(status: int, message: str, code: str, **extra: Any) -> web.Response:
@@ -196,7 +194,7 @@ class WebUIServer:
         cookie = request.cookies.get(COOKIE_NAME)
         changing = request.method not in ("GET", "HEAD", "OPTIONS")
         origin = request.headers.get("Origin")
-        if not self.auth.auth_required and not is_loopback(_host_name(request.host)):
+        if not self.auth.auth_required and not is_loopback(host_name(request.host)):
             # Without a password only loopback names may address it: a web page whose name
             # was rebound to 127.0.0.1 would otherwise be "same-origin".
             return _error(403, "address the web UI as 127.0.0.1 or localhost", "host_refused")

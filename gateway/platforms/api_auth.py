@@ -7,10 +7,11 @@ no handler can forget the check and a refused request reads no body:
   <key>`` (compared in constant time) is answered 401 ``invalid_api_key`` in the OpenAI
   error shape. ``/health`` is the one exception: anyone may learn that the server is up,
   and only a key holder learns what it runs.
-- Without one, nothing is refused here (the server binds loopback only), but the request
-  is *keyed* only when it presents the internal key: a secret only this process knows,
-  which its own wake-ups (``gateway.wake``'s self-POST) send. Continuing a session by id
-  needs a keyed request.
+- Without one, the server binds loopback only, and it answers loopback ``Host`` names only
+  (403 ``host_refused`` otherwise): a web page whose name was rebound to 127.0.0.1 would
+  otherwise read every transcript. A request is *keyed* only when it presents the
+  internal key: a secret only this process knows, which its own wake-ups
+  (``gateway.wake``'s self-POST) send. Continuing a session by id needs a keyed request.
 
 Handlers read the outcome with ``is_keyed(request)``. Routes that authenticate themselves
 in their own way (a Telegram webhook's secret token) are registered as ``public``.
@@ -25,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.platforms.http_middleware import ApiError
+from gateway.platforms.http_middleware import ApiError, host_name, is_loopback
 
 __all__ = ["ApiKeyAuth", "is_keyed", "same_secret"]
 
@@ -86,6 +87,13 @@ class ApiKeyAuth:
                     code="invalid_api_key",
                 )
         else:
+            if not is_loopback(host_name(request.host)):
+                raise ApiError(
+                    403,
+                    "address this server as 127.0.0.1 or localhost (it has no API key, so it "
+                    "answers loopback names only)",
+                    code="host_refused",
+                )
             keyed = token is not None and same_secret(token, self.internal_key)
         request[_KEYED] = keyed
         return await handler(request)

@@ -34,6 +34,7 @@ __all__ = [
     "ProtocolErrorLogger",
     "api_error_of",
     "error_middleware",
+    "host_name",
     "is_loopback",
     "require_json",
 ]
@@ -49,6 +50,13 @@ SESSION_REQUEST_KEY: Any = (
     if hasattr(web, "RequestKey")
     else "reveille_session_id"
 )
+
+
+def host_name(host: str) -> str:
+    """The name part of a Host header (``[::1]:8787`` -> ``::1``, ``a:1`` -> ``a``)."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
 def is_loopback(host: str) -> bool:

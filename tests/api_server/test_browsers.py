@@ -120,3 +120,36 @@ def test_cors_origins_are_validated(tmp_path) -> None:
     assert load_settings(env).allowed_origins == {"https://app.example", "http://x:8"}
     with pytest.raises(SettingsError, match="cors_origins"):
         load_settings({**env, "REVEILLE_CORS_ORIGINS": "javascript:alert(1)"})
+
+
+async def test_a_rebound_host_name_reads_nothing_from_a_keyless_server(store) -> None:
+    # DNS rebinding: a page at evil.example rebinds its name to 127.0.0.1 and reads the API
+    # "same-origin". Without a key the server binds loopback only and answers loopback names
+    # only; with a key, the page could not present it anyway.
+    store.create_session("secret-talk")
+    async with running_adapter(store, api_key="") as (adapter, _provider, runner):
+        base = f"http://127.0.0.1:{adapter.port}"
+        async with aiohttp.ClientSession() as http:
+            for path in ("/api/sessions", "/api/sessions/secret-talk/messages", "/health"):
+                headers = {"Host": f"evil.example:{adapter.port}"}
+                async with http.get(base + path, headers=headers) as resp:
+                    assert resp.status == 403
+                    body = await resp.json()
+                    assert body["error"]["code"] == "host_refused"
+                    assert "secret-talk" not in json.dumps(body)
+            async with http.post(
+                base + "/v1/chat/completions",
+                json=TURN,
+                headers={"Host": "evil.example"},
+            ) as resp:
+                assert resp.status == 403
+            for name in ("localhost", "127.0.0.1", "[::1]"):
+                headers = {"Host": f"{name}:{adapter.port}"}
+                async with http.get(base + "/api/sessions", headers=headers) as resp:
+                    assert resp.status == 200
+        assert runner.calls == 0
+    async with running_adapter(store) as (adapter, _provider, _runner):
+        headers = {"Host": "api.example", "Authorization": f"Bearer {KEY}"}
+        url = f"http://127.0.0.1:{adapter.port}/api/sessions"
+        async with aiohttp.ClientSession() as http, http.get(url, headers=headers) as resp:
+            assert resp.status == 200  # a key holder may use any name
