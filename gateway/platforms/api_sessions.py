@@ -29,6 +29,8 @@ from gateway.session import (
 __all__ = ["MALFORMED_SESSION_ID", "MAX_TITLE_CHARS", "SessionRoutes", "int_query"]
 
 MALFORMED_SESSION_ID = "malformed session id: use 1-128 characters of A-Z a-z 0-9 . _ : -"
+# Routing keys (``build_session_key``) start so; a chat platform's session id is its key.
+ROUTING_KEY_PREFIX = "agent:"
 
 
 def int_query(request: web.Request, name: str, default: int | None) -> int | None:
@@ -106,6 +108,17 @@ class SessionRoutes:
             session_id = new_session_id()
         elif not isinstance(session_id, str) or not is_valid_session_id(session_id):
             raise ApiError(400, MALFORMED_SESSION_ID, param="id", code="invalid_session_id")
+        elif session_id.lower().startswith(ROUTING_KEY_PREFIX):
+            # The routing-key namespace is the platforms' (a Telegram chat's session id is
+            # its key): created here first, a chat's session would be an API transcript,
+            # and that chat's background results would never reach it.
+            raise ApiError(
+                403,
+                f"session ids starting with {ROUTING_KEY_PREFIX!r} belong to the chat "
+                "platforms and are created only by them",
+                param="id",
+                code="session_id_reserved",
+            )
         existing = await asyncio.to_thread(self.store.get_session, session_id)
         session = existing or await self.store.acreate_session(
             session_id,

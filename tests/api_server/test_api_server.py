@@ -498,3 +498,20 @@ async def test_the_key_guards_every_route_of_the_port_even_one_added_later(store
         assert calls == ["added", "webhook"]
     finally:
         await adapter.stop()
+
+
+async def test_a_chat_platforms_session_cannot_be_created_through_the_api(store) -> None:
+    # A Telegram chat's session id is its routing key. Created first through the API, that
+    # chat's session would be an API transcript, and its background results would go there
+    # instead of the chat.
+    async with running_adapter(store) as (adapter, _provider, _runner):
+        url = f"http://127.0.0.1:{adapter.port}/api/sessions"
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with aiohttp.ClientSession() as http:
+            for sid in ("agent:main:telegram:dm:111111111", "AGENT:main:telegram:dm:1"):
+                async with http.post(url, json={"id": sid}, headers=headers) as resp:
+                    assert resp.status == 403
+                    assert (await resp.json())["error"]["code"] == "session_id_reserved"
+            async with http.post(url, json={"id": "my-own"}, headers=headers) as resp:
+                assert resp.status == 201
+        assert [s.id for s in store.list_sessions()] == ["my-own"]
