@@ -3,10 +3,16 @@
 Without a password (loopback only) nobody logs in and ``auth_required`` is false. With one,
 ``POST /api/login`` compares it in constant time, is limited to ``max_failures`` wrong
 passwords per client per ``window_seconds`` (then 429), and sets ``reveille_webui``: an
-issue time and a nonce, signed with HMAC-SHA256 under the state directory's secret,
-``HttpOnly; SameSite=Strict``. A CSRF token is an HMAC of the cookie's nonce (or of
-"anonymous" without login): a state-changing request must send it as ``X-CSRF-Token``, which
-no other web page can read or set.
+issue time, the login epoch and a nonce, signed with HMAC-SHA256, ``HttpOnly;
+SameSite=Strict``, for ``COOKIE_MAX_AGE_SECONDS`` (renewed when the page loads).
+
+A login ends when it should: the signing key is derived from the state directory's secret
+AND the password, so changing the password ends every login; ``POST /api/logout`` moves the
+login epoch on (kept in the state directory), which ends every login made before it.
+
+A CSRF token is an HMAC of the cookie's nonce (or of "anonymous" without login): a
+state-changing request must send it as ``X-CSRF-Token``, which no other web page can read
+or set.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ import secrets
 import time
 from collections.abc import Callable
 
-__all__ = ["COOKIE_NAME", "Auth"]
+__all__ = ["COOKIE_MAX_AGE_SECONDS", "COOKIE_NAME", "COOKIE_RENEW_AFTER_SECONDS", "Auth"]
 
 COOKIE_NAME = "reveille_webui"
-COOKIE_MAX_AGE_SECONDS = 30 * 24 * 3600
+COOKIE_MAX_AGE_SECONDS = 7 * 24 * 3600
+# A login in use is renewed (a fresh cookie) once it is this old, so it lapses only when idle.
+COOKIE_RENEW_AFTER_SECONDS = 24 * 3600
 
 
 class Auth:
@@ -31,12 +39,17 @@ class Auth:
         password: str,
         secret: bytes,
         *,
+        epoch: int = 0,
         max_failures: int = 5,
         window_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._password = hashlib.sha256(password.encode()).digest() if password else None
-        self._secret = secret
+        # Bound to the password: a new password makes every cookie signed before it invalid.
+        self._secret = hmac.new(
+            secret, b"login:" + (self._password or b""), hashlib.sha256
+        ).digest()
+        self.epoch = epoch
         self.max_failures = max_failures
         self.window_seconds = window_seconds
         self._clock = clock
@@ -52,21 +65,32 @@ class Auth:
     # ----------------------------------------------------------------- the cookie
 
     def new_cookie(self) -> str:
-        body = f"{int(time.time())}.{secrets.token_hex(16)}"
+        body = f"{int(time.time())}.{self.epoch}.{secrets.token_hex(16)}"
         return f"{body}.{self._sign(body)}"
 
-    def _nonce(self, cookie: str | None) -> str | None:
-        """The nonce of a valid, unexpired cookie, else None."""
-        if not cookie or cookie.count(".") != 2:
+    def _parts(self, cookie: str | None) -> tuple[float, str] | None:
+        """The age and the nonce of a valid, unexpired cookie of this epoch, else None."""
+        if not cookie or cookie.count(".") != 3:
             return None
-        issued, nonce, signature = cookie.split(".")
-        if not hmac.compare_digest(self._sign(f"{issued}.{nonce}"), signature):
+        issued, epoch, nonce, signature = cookie.split(".")
+        if not hmac.compare_digest(self._sign(f"{issued}.{epoch}.{nonce}"), signature):
             return None
+        if epoch != str(self.epoch):
+            return None  # logged out since (every login before the logout ended)
         try:
             age = time.time() - int(issued)
         except ValueError:
             return None
-        return nonce if 0 <= age <= COOKIE_MAX_AGE_SECONDS else None
+        return (age, nonce) if 0 <= age <= COOKIE_MAX_AGE_SECONDS else None
+
+    def _nonce(self, cookie: str | None) -> str | None:
+        parts = self._parts(cookie)
+        return parts[1] if parts is not None else None
+
+    def needs_renewal(self, cookie: str | None) -> bool:
+        """A valid login old enough to be handed a fresh cookie."""
+        parts = self._parts(cookie) if self.auth_required else None
+        return parts is not None and parts[0] >= COOKIE_RENEW_AFTER_SECONDS
 
     def logged_in(self, cookie: str | None) -> bool:
         return not self.auth_required or self._nonce(cookie) is not None

@@ -294,6 +294,28 @@ class EventLog:
         """This state directory's signing secret, made once (a restart keeps logins)."""
         return await self._run(self._secret)
 
+    async def login_epoch(self) -> int:
+        """The web UI's login epoch: cookies of another epoch are logged out."""
+        return await self._run(self._login_epoch)
+
+    async def next_login_epoch(self) -> int:
+        """Move the login epoch on (a logout), durably; returns the new one."""
+        return await self._run(self._next_login_epoch)
+
+    def _login_epoch(self) -> int:
+        row = self._db().execute("SELECT value FROM meta WHERE name = 'login_epoch'").fetchone()
+        return int(row[0]) if row is not None else 0
+
+    def _next_login_epoch(self) -> int:
+        db = self._db()
+        epoch = self._login_epoch() + 1
+        db.execute(
+            "INSERT INTO meta (name, value) VALUES ('login_epoch', ?) "
+            "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            (str(epoch),),
+        )
+        return epoch
+
     def _secret(self) -> bytes:
         db = self._db()
         db.execute(

@@ -72,6 +72,18 @@ _MAX_QUERY = 200
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def _set_login_cookie(response: web.StreamResponse, cookie: str, request: web.Request) -> None:
+    response.set_cookie(
+        COOKIE_NAME,
+        cookie,
+        max_age=COOKIE_MAX_AGE_SECONDS,
+        httponly=True,
+        samesite="Strict",
+        path="/",
+        secure=request.secure,
+    )
+
+
 def _error(status: int, message: str, code: str, **extra: Any) -> web.Response:
     return web.json_response({"error": {"message": message, "code": code, **extra}}, status=status)
 
@@ -130,7 +142,9 @@ class WebUIServer:
     async def start(self) -> None:
         await self.log.aopen()
         try:
-            self.auth = Auth(self.password, await self.log.secret())
+            self.auth = Auth(
+                self.password, await self.log.secret(), epoch=await self.log.login_epoch()
+            )
             loop = asyncio.get_running_loop()
             self.turns.loop = loop
             self.target.start(loop)
@@ -254,7 +268,11 @@ class WebUIServer:
     async def bootstrap(self, request: web.Request) -> web.Response:
         assert self.auth is not None
         cookie = request.cookies.get(COOKIE_NAME)
-        return web.json_response(
+        # The page loads: a login in use gets a fresh cookie, so only an idle one lapses.
+        renewed = self.auth.new_cookie() if self.auth.needs_renewal(cookie) else None
+        if renewed is not None:
+            cookie = renewed
+        response = web.json_response(
             {
                 "csrf_token": self.auth.csrf_token(cookie),
                 "auth_required": self.auth.auth_required,
@@ -264,6 +282,9 @@ class WebUIServer:
                 "version": self.version,
             }
         )
+        if renewed is not None:
+            _set_login_cookie(response, renewed, request)
+        return response
 
     async def login(self, request: web.Request) -> web.Response:
         assert self.auth is not None
@@ -277,18 +298,15 @@ class WebUIServer:
         response = web.json_response(
             {"logged_in": True, "csrf_token": self.auth.csrf_token(cookie)}
         )
-        response.set_cookie(
-            COOKIE_NAME,
-            cookie,
-            max_age=COOKIE_MAX_AGE_SECONDS,
-            httponly=True,
-            samesite="Strict",
-            path="/",
-            secure=request.secure,
-        )
+        _set_login_cookie(response, cookie, request)
         return response
 
     async def logout(self, request: web.Request) -> web.Response:
+        assert self.auth is not None
+        if self.auth.auth_required and self.auth.logged_in(request.cookies.get(COOKIE_NAME)):
+            # Every login made before now ends, not only this browser's cookie: a copied
+            # cookie must not outlive the logout.
+            self.auth.epoch = await self.log.next_login_epoch()
         response = web.json_response({"logged_in": False})
         response.del_cookie(COOKIE_NAME, path="/")
         return response

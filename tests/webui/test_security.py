@@ -89,6 +89,34 @@ async def test_password_login_cookie_and_rate_limit(tmp_path) -> None:
         await stop_web(web)
 
 
+async def test_a_logout_ends_a_copied_cookie_too_and_a_restart_keeps_it_ended(tmp_path) -> None:
+    settings = settings_for(tmp_path, webui_password="hunter2")
+    web = await start_web(settings)
+    try:
+        r = await web.post("/api/login", {"password": "hunter2"})
+        web.csrf = (await r.json())["csrf_token"]
+        stolen = r.cookies["reveille_webui"].value  # what a copied cookie would carry
+        copy = aiohttp.ClientSession(cookies={"reveille_webui": stolen})
+        try:
+            assert (await copy.get(web.base + "/api/sessions")).status == 200
+            assert (await web.post("/api/logout", {})).status == 200
+            r = await copy.get(web.base + "/api/sessions")
+            assert r.status == 401  # the copy ended with the logout
+        finally:
+            await copy.close()
+    finally:
+        await stop_web(web)
+    web = await start_web(settings)  # the same state directory
+    try:
+        again = aiohttp.ClientSession(cookies={"reveille_webui": stolen})
+        try:
+            assert (await again.get(web.base + "/api/sessions")).status == 401
+        finally:
+            await again.close()
+    finally:
+        await stop_web(web)
+
+
 def test_public_bind_without_password_refuses_to_start(tmp_path) -> None:
     settings = settings_for(tmp_path, host="0.0.0.0")
     with pytest.raises(SettingsError, match="REVEILLE_WEBUI_PASSWORD"):

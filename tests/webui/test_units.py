@@ -18,14 +18,28 @@ def test_cookies_are_signed_and_expire(monkeypatch: pytest.MonkeyPatch) -> None:
     auth = Auth("pw", b"s" * 32)
     cookie = auth.new_cookie()
     assert auth.logged_in(cookie)
-    issued, nonce, sig = cookie.split(".")
-    assert not auth.logged_in(f"{issued}.{nonce}.{'0' * len(sig)}")
-    assert not auth.logged_in(f"{int(issued) + 1}.{nonce}.{sig}")
+    issued, epoch, nonce, sig = cookie.split(".")
+    assert not auth.logged_in(f"{issued}.{epoch}.{nonce}.{'0' * len(sig)}")
+    assert not auth.logged_in(f"{int(issued) + 1}.{epoch}.{nonce}.{sig}")
+    assert not auth.logged_in(f"{issued}.{int(epoch) + 1}.{nonce}.{sig}")
     assert not Auth("pw", b"t" * 32).logged_in(cookie)
     assert not auth.logged_in(None) and not auth.logged_in("garbage")
-    later = time.time() + 31 * 24 * 3600
-    monkeypatch.setattr(time, "time", lambda: later)
+    assert not auth.needs_renewal(cookie)
+    monkeypatch.setattr(time, "time", lambda: int(issued) + 2 * 24 * 3600)
+    assert auth.logged_in(cookie) and auth.needs_renewal(cookie)  # in use: renewed
+    monkeypatch.setattr(time, "time", lambda: int(issued) + 8 * 24 * 3600)
+    assert not auth.logged_in(cookie)  # idle for a week: gone
+
+
+def test_a_new_password_or_a_logout_ends_every_login() -> None:
+    auth = Auth("pw", b"s" * 32)
+    cookie = auth.new_cookie()
+    assert not Auth("new password", b"s" * 32).logged_in(cookie)
+    assert Auth("pw", b"s" * 32).logged_in(cookie)  # a restart keeps it
+    auth.epoch += 1  # a logout
     assert not auth.logged_in(cookie)
+    assert not Auth("pw", b"s" * 32, epoch=1).logged_in(cookie)  # also after a restart
+    assert auth.logged_in(auth.new_cookie())
 
 
 def test_csrf_token_is_bound_to_the_login() -> None:
