@@ -115,13 +115,23 @@ class Auth:
             self._failures.pop(client, None)
         return len(recent) >= self.max_failures
 
+    def start_attempt(self, client: str) -> bool:
+        """Count a login attempt of ``client`` as it starts, before its body is read; False
+        (refuse it) once the window's attempts are spent. Counting only the wrong answers
+        let a client start many attempts at once, headers first and bodies later, and have
+        every one of them checked."""
+        if self.rate_limited(client):
+            return False
+        self._failures.setdefault(client, []).append(self._clock())
+        return True
+
     def check_password(self, client: str, given: object) -> bool:
-        """Constant-time comparison; a wrong password counts against ``client``."""
+        """Constant-time comparison. The attempt was counted when it started
+        (``start_attempt``); the right password forgives the client's attempts."""
         if self._password is None:
             return True
         candidate = hashlib.sha256(str(given).encode("utf-8", "replace")).digest()
         if hmac.compare_digest(candidate, self._password) and isinstance(given, str):
             self._failures.pop(client, None)
             return True
-        self._failures.setdefault(client, []).append(self._clock())
         return False

@@ -289,8 +289,8 @@ class WebUIServer:
     async def login(self, request: web.Request) -> web.Response:
         assert self.auth is not None
         client = request.remote or "?"
-        if self.auth.rate_limited(client):
-            return _error(429, "too many wrong passwords; wait a minute", "rate_limited")
+        if not self.auth.start_attempt(client):
+            return _error(429, "too many login attempts; wait a minute", "rate_limited")
         body = await self._body(request)
         if not self.auth.check_password(client, body.get("password")):
             return _error(401, "wrong password", "wrong_password")

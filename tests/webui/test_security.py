@@ -117,6 +117,37 @@ async def test_a_logout_ends_a_copied_cookie_too_and_a_restart_keeps_it_ended(tm
         await stop_web(web)
 
 
+async def test_logins_sent_headers_first_and_bodies_later_are_still_limited(tmp_path) -> None:
+    # Attempts are counted as they start: 20 logins whose headers all arrive before any
+    # body get 5 answers checked and 15 refused, instead of 20 guesses.
+    web = await start_web(settings_for(tmp_path, webui_password="hunter2"))
+    try:
+        body = b'{"password": "wrong"}'
+        head = (
+            f"POST /api/login HTTP/1.1\r\nHost: 127.0.0.1:{web.server.port}\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nX-CSRF-Token: {web.csrf}\r\n\r\n"
+        ).encode()
+        streams = []
+        for _ in range(20):
+            reader, writer = await asyncio.open_connection("127.0.0.1", web.server.port)
+            writer.write(head)
+            await writer.drain()
+            streams.append((reader, writer))
+        await asyncio.sleep(0.3)  # every request has started, none has a body yet
+        for _, writer in streams:
+            writer.write(body)
+            await writer.drain()
+        statuses = []
+        for reader, writer in streams:
+            status_line = await asyncio.wait_for(reader.readline(), 10)
+            statuses.append(int(status_line.split()[1]))
+            writer.close()
+        assert statuses.count(401) <= 5 and statuses.count(429) >= 15, statuses
+    finally:
+        await stop_web(web)
+
+
 def test_public_bind_without_password_refuses_to_start(tmp_path) -> None:
     settings = settings_for(tmp_path, host="0.0.0.0")
     with pytest.raises(SettingsError, match="REVEILLE_WEBUI_PASSWORD"):

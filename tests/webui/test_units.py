@@ -55,12 +55,14 @@ def test_csrf_token_is_bound_to_the_login() -> None:
 def test_login_rate_limit_is_per_client_and_forgets() -> None:
     now = [0.0]
     auth = Auth("pw", b"s" * 32, max_failures=3, window_seconds=10, clock=lambda: now[0])
-    for _ in range(3):
-        assert not auth.check_password("a", "wrong")
+    # Attempts count as they start, whatever their answer turns out to be.
+    assert all(auth.start_attempt("a") for _ in range(3))
+    assert not auth.start_attempt("a") and auth.start_attempt("b")
     assert auth.rate_limited("a") and not auth.rate_limited("b")
     now[0] = 11
     assert not auth.rate_limited("a")
-    assert auth.check_password("a", "pw")
+    assert auth.start_attempt("a") and auth.check_password("a", "pw")
+    assert not auth.rate_limited("a")  # the right password forgives the attempts
     assert not auth.check_password("a", ["pw"])
 
 
