@@ -92,6 +92,10 @@ class Auth:
         parts = self._parts(cookie) if self.auth_required else None
         return parts is not None and parts[0] >= COOKIE_RENEW_AFTER_SECONDS
 
+    def login_id(self, cookie: str | None) -> str | None:
+        """Which login a cookie is (its nonce), or None when it is none."""
+        return self._nonce(cookie) if self.auth_required else None
+
     def logged_in(self, cookie: str | None) -> bool:
         return not self.auth_required or self._nonce(cookie) is not None
 

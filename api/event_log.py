@@ -94,17 +94,30 @@ class ToolStep:
 
 @dataclass(eq=False)
 class Subscription:
-    """A live stream's queue; ``None`` in it means "end now" (overflow or shutdown)."""
+    """A live stream's queue; ``None`` in it means "end now" (overflow, too many tabs of its
+    owner, or shutdown). ``owner`` is who opened it (a login, or a client address)."""
 
+    owner: str = ""
     queue: asyncio.Queue[LoggedEvent | None] = field(
         default_factory=lambda: asyncio.Queue(_QUEUE_BOUND)
     )
 
 
+class TooManyStreams(Exception):
+    """Every stream the server allows is open: the caller answers 429 with Retry-After."""
+
+
 class EventLog:
     """Append, replay and publish web UI events; keep unread marks (see the module docstring)."""
 
-    def __init__(self, path: str | Path, *, keep: int = 20000) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        keep: int = 20000,
+        max_streams: int = 256,
+        max_streams_per_owner: int = 32,
+    ) -> None:
         self.spec = SqliteFile(
             str(path),
             "web UI event log",
@@ -116,7 +129,12 @@ class EventLog:
         self.keep = keep
         self._conn: sqlite3.Connection | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="webui-event-log")
-        self._subscribers: set[Subscription] = set()
+        # Bounds on open streams: each holds a connection and a queue, so an unbounded number
+        # would let one client exhaust the server's descriptors.
+        self.max_streams = max_streams
+        self.max_streams_per_owner = max_streams_per_owner
+        # Insertion-ordered (a dict as an ordered set): the oldest stream comes first.
+        self._subscribers: dict[Subscription, None] = {}
         self._appended = 0
 
     # ----------------------------------------------------------------- lifecycle
@@ -201,13 +219,21 @@ class EventLog:
     async def latest_id(self) -> int:
         return await self._run(lambda: self._latest(self._db()))
 
-    def subscribe(self) -> Subscription:
-        sub = Subscription()
-        self._subscribers.add(sub)
+    def subscribe(self, owner: str = "") -> Subscription:
+        """A new live stream of ``owner``. An owner at its limit of open streams (a login
+        with too many tabs) has its oldest stream ended to make room; with every stream of
+        the server open, TooManyStreams."""
+        mine = [s for s in self._subscribers if s.owner == owner]
+        if len(mine) >= self.max_streams_per_owner:
+            self._end(mine[0])
+        elif len(self._subscribers) >= self.max_streams:
+            raise TooManyStreams(f"{len(self._subscribers)} event streams are open")
+        sub = Subscription(owner)
+        self._subscribers[sub] = None
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
-        self._subscribers.discard(sub)
+        self._subscribers.pop(sub, None)
 
     def end_streams(self) -> None:
         """End every live stream (shutdown): each tab reconnects and replays."""
@@ -215,7 +241,7 @@ class EventLog:
             self._end(sub)
 
     def _end(self, sub: Subscription) -> None:
-        self._subscribers.discard(sub)
+        self._subscribers.pop(sub, None)
         while True:
             try:
                 sub.queue.put_nowait(None)

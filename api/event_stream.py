@@ -14,16 +14,19 @@ import contextlib
 
 from aiohttp import web
 
-from api.event_log import EventLog, LoggedEvent
+from api.event_log import EventLog, LoggedEvent, TooManyStreams
 
 __all__ = ["PING_SECONDS", "stream_events"]
 
 PING_SECONDS = 15.0
+RETRY_AFTER_SECONDS = 5
 
 
-async def stream_events(request: web.Request, log: EventLog) -> web.StreamResponse:
+async def stream_events(request: web.Request, log: EventLog, owner: str = "") -> web.StreamResponse:
     """Replay after ``Last-Event-ID`` (or ``reset``), then live events until the client
-    goes or the server stops; a comment line every 15 s keeps proxies from closing it."""
+    goes, the server stops, or ``owner`` opens too many streams (its oldest ends); a comment
+    line every 15 s keeps proxies from closing it. With every stream of the server open:
+    429 with ``Retry-After``."""
     raw_last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
     last: int | None = None
     if raw_last:
@@ -38,7 +41,19 @@ async def stream_events(request: web.Request, log: EventLog) -> web.StreamRespon
             "X-Accel-Buffering": "no",
         }
     )
-    sub = log.subscribe()
+    try:
+        sub = log.subscribe(owner)
+    except TooManyStreams:
+        return web.json_response(
+            {
+                "error": {
+                    "message": "too many event streams are open; retry shortly",
+                    "code": "too_many_streams",
+                }
+            },
+            status=429,
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
     try:
         await response.prepare(request)
         sent = last if last is not None and last >= 0 else 0

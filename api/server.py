@@ -457,4 +457,8 @@ class WebUIServer:
     # ----------------------------------------------------------------- the event stream
 
     async def events(self, request: web.Request) -> web.StreamResponse:
-        return await stream_events(request, self.log)
+        assert self.auth is not None
+        # Whose streams these are: the login, or (no password: loopback) the client address.
+        login = self.auth.login_id(request.cookies.get(COOKIE_NAME))
+        owner = f"login:{login}" if login else f"addr:{request.remote}"
+        return await stream_events(request, self.log, owner)

@@ -111,3 +111,23 @@ async def test_second_message_while_streaming_is_409(tmp_path) -> None:
         model.gate.set()
     finally:
         await stop_web(web)
+
+
+async def test_event_streams_are_bounded_per_owner_and_in_total(web: Web) -> None:
+    # Each open stream holds a connection: one client must not be able to open them without
+    # bound. An owner (here: the loopback address, no password) that opens too many has its
+    # oldest stream ended; with every stream of the server open, a new one gets 429.
+    web.server.log.max_streams_per_owner = 2
+    first = await web.stream()
+    second = await web.stream()
+    third = await web.stream()
+    assert first.task is not None
+    await asyncio.wait_for(first.task, 5)  # the oldest one ended (its tab reconnects)
+    assert second.task is not None and not second.task.done()
+    web.server.log.max_streams_per_owner = 32
+    web.server.log.max_streams = 2
+    r = await web.get("/api/events")
+    assert r.status == 429 and r.headers["Retry-After"].isdigit()
+    assert (await r.json())["error"]["code"] == "too_many_streams"
+    for sse in (second, third):
+        await sse.close()
