@@ -128,7 +128,10 @@ def webhook_handler(
     expected = secret_token.encode("utf-8")
 
     async def handle(request: web.Request) -> web.Response:
-        given = request.headers.get(SECRET_HEADER, "").encode("utf-8")
+        # Compared as the bytes that came (a header that is not UTF-8 decodes with surrogate
+        # escapes); none, or several, is no secret. A malformed header is a 401, never a 500.
+        sent = request.headers.getall(SECRET_HEADER, [])
+        given = sent[0].encode("utf-8", "surrogateescape") if len(sent) == 1 else b""
         if not hmac.compare_digest(given, expected):
             return web.json_response({"ok": False, "description": "unauthorized"}, status=401)
         try:

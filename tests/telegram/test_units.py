@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -146,6 +147,40 @@ async def test_webhook_checks_the_secret_and_stores_the_update(tmp_path: Path):
     assert seen == [11]
     assert [u for u, _ in state.unanswered("b")] == [11]
     state.close()
+
+
+async def test_a_malformed_secret_header_is_a_401_never_a_500(tmp_path: Path):
+    state = TelegramState(tmp_path / "telegram.db")
+    app = web.Application()
+    app.router.add_post("/hook", webhook_handler(state, "b", "s3cret", lambda u, _: None))
+    server = TestServer(app)
+    await server.start_server()
+    body = json.dumps({"update_id": 12}).encode()
+    malformed = [
+        b"X-Telegram-Bot-Api-Secret-Token: \xff\xfe\xfd\r\n",  # not UTF-8
+        b"X-Telegram-Bot-Api-Secret-Token: s3cr\xc3t\r\n",  # broken UTF-8
+        b"X-Telegram-Bot-Api-Secret-Token: \xc3\xa9\r\n",  # UTF-8, not ASCII
+        b"X-Telegram-Bot-Api-Secret-Token: s3cret\r\nX-Telegram-Bot-Api-Secret-Token: s3cret\r\n",
+        b"X-Telegram-Bot-Api-Secret-Token: \r\n",  # empty
+        b"X-Telegram-Bot-Api-Secret-Token: " + b"s" * 6000 + b"\r\n",  # long
+    ]
+    try:
+        for header in malformed:
+            reader, writer = await asyncio.open_connection(server.host, server.port)
+            writer.write(
+                b"POST /hook HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                + header
+                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+            status_line = await asyncio.wait_for(reader.readline(), 5)
+            writer.close()
+            assert int(status_line.split()[1]) in (400, 401), (header, status_line)
+        assert state.unanswered("b") == []
+    finally:
+        await server.close()
+        state.close()
 
 
 def test_webhook_mode_refuses_to_start_without_a_secret(tmp_path: Path):
