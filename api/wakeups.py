@@ -114,6 +114,14 @@ class WebUIDeliveryTarget:
             return "started"
         try:
             logger.info("wake-up %s refused (%s: %s)", delivery_id, answer.status, answer.error)
+            if answer.status == 404:
+                # The session is gone for good (deleted): nothing will ever take this
+                # wake-up, so it is dropped at once, with the reason, instead of spending the
+                # attempt budget over minutes. Its result stays queryable in the ledger.
+                await asyncio.to_thread(
+                    ad.drop_event_delivery, evt, claim, f"session {session_id} was deleted"
+                )
+                return "dropped"
             if answer.busy:
                 bp.defer(session_id, evt)
             await ad.arelease_event_delivery(evt, claim, retryable=answer.refund)

@@ -211,3 +211,26 @@ async def test_a_wakeup_turn_that_stores_nothing_is_offered_again_not_delivered(
         await sse.close()
     finally:
         await stop_web(web)
+
+
+async def test_a_wakeup_for_a_deleted_session_is_dropped_at_once_with_the_reason(
+    web: Web,
+) -> None:
+    # The session is gone for good: retrying as an ordinary release would spend the whole
+    # budget over minutes and call it "budget spent".
+    sid = await web.new_session("soon gone")
+    assert web.app.store.delete_session(sid)
+    res = await asyncio.to_thread(
+        ad.dispatch_async_delegation,
+        goal="count the grains",
+        runner=lambda: {"status": "completed", "summary": "many"},
+        origin_ui_session_id=sid,
+    )
+    for _ in range(200):
+        row = ad.get_durable_delegation(res["delegation_id"])
+        if row is not None and row["delivery_state"] != "pending":
+            break
+        await asyncio.sleep(0.02)
+    assert row is not None and row["delivery_state"] == "dropped"
+    assert "deleted" in row["settled_reason"] and row["delivery_attempts"] == 1
+    assert row["event"]["summary"] == "many"  # the result stays queryable
