@@ -179,8 +179,7 @@ def _run_wakeup(
     verdict = classify_turn_answer(answer)
     try:
         if verdict.accepted:
-            with cfg.MAPS_LOCK:
-                cfg.BG_TASK_COMPLETE_EVENTS_SEEN[delegation_id] = time.time()
+            cfg.remember(delegation_id, time.time())
             if not peu.complete_async_delegation_delivery(evt, claim):
                 logger.warning("wake-up %s ran but its claim had lapsed", delegation_id)
             _settled(delegation_id)

@@ -102,8 +102,7 @@ class WebUIDeliveryTarget:
             logger.exception("wake-up turn for %s raised", delivery_id)
             answer = TurnRefused(500, "the wake-up turn raised")
         if isinstance(answer, TurnAccepted):
-            with cfg.MAPS_LOCK:
-                cfg.BG_TASK_COMPLETE_EVENTS_SEEN[delivery_id] = time.time()
+            cfg.remember(delivery_id, time.time())
             # Settled once the turn is stored, not when it starts: a server that dies during
             # the wake-up turn leaves the row pending, and its re-offer runs the turn (keyed by
             # the delivery id) once. The session's lock is not held meanwhile: a sibling finds
@@ -171,8 +170,7 @@ class WebUIDeliveryTarget:
             return None
         if record is None or session_source(record) != Platform.WEBUI.value:
             return None
-        with cfg.MAPS_LOCK:
-            cfg.PROCESS_SESSION_INDEX[delivery_id] = origin
+        cfg.index_session(delivery_id, origin)
         return origin
 
     async def fire_deferred(self, session_id: str) -> None:

@@ -265,8 +265,7 @@ class WebTurns:
         stream.stored = asyncio.get_running_loop().create_future()
         accepted = TurnAccepted(stream.stream_id, session_id, stream.turn_id, stream.stored)
         if card is not None:
-            with cfg.MAPS_LOCK:
-                cfg.PENDING_BG_TASK_COMPLETIONS.setdefault(session_id, []).append(card.as_dict())
+            cfg.add_card(session_id, card.as_dict())
             await self.log.append("wakeup", {"session_id": session_id, "card": card.as_dict()})
             await self.log.set_unread(session_id, True)
             await self.log.append(

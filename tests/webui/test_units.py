@@ -151,3 +151,24 @@ def test_a_title_from_the_first_message() -> None:
     assert title is not None and title.endswith("\u2026") and len(title) <= 60
     assert not title[:-1].endswith(" ")
     assert title_from_text("x" * 100) == "x" * 59 + "\u2026"
+
+
+def test_the_per_process_maps_stay_bounded() -> None:
+    from api import config as cfg
+
+    try:
+        for n in range(cfg.MAX_ENTRIES + 100):
+            cfg.remember(f"deleg_{n}", float(n))
+            cfg.index_session(f"proc_{n}", "s")
+        for n in range(cfg.MAX_CARDS + 10):
+            cfg.add_card("s", {"n": n})
+        assert len(cfg.BG_TASK_COMPLETE_EVENTS_SEEN) == cfg.MAX_ENTRIES
+        assert "deleg_0" not in cfg.BG_TASK_COMPLETE_EVENTS_SEEN  # the oldest went first
+        assert len(cfg.PROCESS_SESSION_INDEX) == cfg.MAX_ENTRIES
+        cards = cfg.PENDING_BG_TASK_COMPLETIONS["s"]
+        assert len(cards) == cfg.MAX_CARDS and cards[-1] == {"n": cfg.MAX_CARDS + 9}
+    finally:
+        with cfg.MAPS_LOCK:
+            cfg.BG_TASK_COMPLETE_EVENTS_SEEN.clear()
+            cfg.PROCESS_SESSION_INDEX.clear()
+            cfg.PENDING_BG_TASK_COMPLETIONS.clear()
