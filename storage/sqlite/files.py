@@ -48,6 +48,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,7 +167,7 @@ def connect(
             _check_owner(conn, spec)
             if extra_check is not None:
                 extra_check(conn)
-        conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        _set_wal(conn, spec.busy_timeout_ms / 1000)
         conn.execute(f"PRAGMA synchronous = {spec.synchronous.upper()}")
         if spec.foreign_keys:
             conn.execute("PRAGMA foreign_keys = ON")
@@ -177,6 +178,21 @@ def connect(
         conn.close()
         raise
     return conn
+
+
+def _set_wal(conn: sqlite3.Connection, timeout: float) -> None:
+    """``journal_mode = WAL``, waiting out a process that is creating the same file: the
+    switch needs the file to itself, and SQLite answers "locked" at once instead of calling
+    the busy handler (two servers starting together on a fresh state directory)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 # ``connect``'s keyword shadows the function inside it

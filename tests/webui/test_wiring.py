@@ -79,11 +79,13 @@ async def test_runner_offers_web_ui_completions_unclaimed(tmp_path) -> None:
 
 async def test_deliveries_api_drop_and_redeliver(web: Web) -> None:
     sse = await web.stream()
+    # Work whose routing key names no session of any surface: released, and pending (a
+    # web UI session that does not exist would be dropped at once).
     res = await asyncio.to_thread(
         ad.dispatch_async_delegation,
         goal="orphan work",
         runner=lambda: {"status": "completed", "summary": "s"},
-        origin_ui_session_id="no-such-session",
+        session_key="agent:main:nowhere:dm:0",
     )
     deleg = res["delegation_id"]
     for _ in range(200):
