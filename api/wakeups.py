@@ -6,10 +6,11 @@ the web UI's turns live, and calls them directly: it formats the self-contained 
 text, routes (``api.background_process.route_session``), checks busy BEFORE claiming (a busy
 session parks the wake-up in ``DEFERRED_PROCESS_WAKEUPS`` with its ledger row still
 pending), claims, starts the turn (``WebTurns.astart``) and settles the claim by the typed
-answer: acknowledged once the turn was accepted, released otherwise (refunded when
-``TurnRefused.refund`` says the refusal was transient). Offers for one session go one at a
-time. The only waits off the loop are the store's: the claim and its settlement are ledger
-writes awaited on the writer, and a session's record is read in a thread.
+answer: acknowledged once the accepted turn is stored (a server that dies mid-turn leaves
+the row pending), released otherwise (refunded when ``TurnRefused.refund`` says the refusal
+was transient), dropped when the session is gone. Offers for one session go one at a time.
+The only waits off the loop are the store's: the claim and its settlement are ledger writes
+awaited on the writer, and a session's record is read in a thread.
 
 ``fire_deferred(session_id)`` is awaited when a session becomes free (its turn ended; an
 approval is decided inside a turn, so after it): the parked wake-ups are offered again at
@@ -36,6 +37,7 @@ from api.turn_answers import TurnAccepted, TurnRefused
 from api.views import session_source
 from api.web_turns import WAKEUP_SOURCE, WebTurns
 from gateway.config import Platform
+from gateway.tasks import finish_or_cancel
 from gateway.wake import format_wake_text
 
 __all__ = ["WebUIDeliveryTarget"]
@@ -151,12 +153,7 @@ class WebUIDeliveryTarget:
     async def settle(self, grace_seconds: float) -> None:
         """Let the wake-ups whose turns are ending settle their claims (at shutdown, after
         the turns drained); what is still open then lapses and is offered again."""
-        if not self._settling:
-            return
-        _, late = await asyncio.wait(set(self._settling), timeout=grace_seconds)
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
+        await finish_or_cancel(self._settling, grace_seconds)
 
     async def _index_origin(self, evt: dict[str, Any], delivery_id: str) -> str | None:
         """Work that names its web UI session only as ``origin_session_id`` (older turns):

@@ -39,6 +39,7 @@ from api.turn_answers import TurnAccepted, TurnAnswer, TurnRefused
 from api.views import card_of_wake_text, session_source, session_view, title_from_text
 from gateway.config import Platform
 from gateway.session import SessionStore, SessionStoreError
+from gateway.tasks import finish_or_cancel
 from gateway.turns import ReplayedTurn, StartedTurn, TurnError, TurnRequest, TurnService
 
 __all__ = ["ActiveStream", "WebTurns"]
@@ -404,12 +405,6 @@ class WebTurns:
         if self._starting:
             await asyncio.wait(set(self._starting), timeout=grace_seconds)
         await self.service.drain(grace_seconds)
-        followers = set(self._followers)
-        if not followers:
-            return
-        _, late = await asyncio.wait(followers, timeout=grace_seconds)
         # Followers finish by writing the turn's end; one still busy when the log is
         # about to close is cancelled and awaited, so that nothing writes after it.
-        for follower in late:
-            follower.cancel()
-        await asyncio.gather(*followers, return_exceptions=True)
+        await finish_or_cancel(self._followers, grace_seconds)

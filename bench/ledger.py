@@ -295,17 +295,17 @@ def sequential_floor(path: str, items: int) -> dict:
     acknowledgement NORMAL), the terminal write on a second thread handed the item through
     a queue and back (the work runs on a worker). Raw sqlite3; no rules, no events."""
     conn = _raw_ledger(path)
-    lock = threading.Lock()
-    level = ["FULL"]
+    level = "FULL"
 
     def commit(sql: str, params: tuple[Any, ...], durability: str) -> None:
-        with lock:
-            if level[0] != durability:
-                conn.execute(f"PRAGMA synchronous = {durability}")
-                level[0] = durability
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(sql, params)
-            conn.execute("COMMIT")
+        # One thread at a time uses the connection: the main thread waits for the worker.
+        nonlocal level
+        if durability != level:  # switched only when it changes, as the ledger's writer does
+            conn.execute(f"PRAGMA synchronous = {durability}")
+            level = durability
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(sql, params)
+        conn.execute("COMMIT")
 
     to_worker: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
     done: queue.SimpleQueue[bool] = queue.SimpleQueue()

@@ -36,6 +36,7 @@ from gateway.delivery_targets import (
 )
 from gateway.outcomes import DeliveryOutcome, OutcomeObserver
 from gateway.session import SessionGone, SessionRecord, SessionStore
+from gateway.tasks import finish_or_cancel
 from gateway.wake import WakeDeliveryError
 from tools.completion_queue import CompletionQueue
 from tools.process_registry import process_registry
@@ -109,10 +110,7 @@ class GatewayRunner:
         if self._handlers:
             # Deliveries in flight get a moment; a cancelled one keeps its ledger row
             # pending (its claim lapses and it is offered again).
-            _, pending = await asyncio.wait(set(self._handlers), timeout=self._grace)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            await finish_or_cancel(self._handlers, self._grace)
 
     # ----------------------------------------------------------------- the watcher
 

@@ -58,6 +58,7 @@ from gateway.session import (
     SessionTaken,
     build_session_key,
 )
+from gateway.tasks import finish_or_cancel
 
 __all__ = [
     "ReplayedTurn",
@@ -370,14 +371,7 @@ class TurnService:
 
     async def drain(self, grace_seconds: float) -> None:
         """Let running turns finish and store their results; cancel what outlasts the grace."""
-        pending = [t for t in self._tasks if not t.done()]
-        if not pending:
-            return
-        _, still = await asyncio.wait(pending, timeout=grace_seconds)
-        for task in still:
-            task.cancel()
-        if still:
-            await asyncio.gather(*still, return_exceptions=True)
+        await finish_or_cancel(self._tasks, grace_seconds)
 
     async def _begin(self, request: TurnRequest) -> _Begun:
         session_id = request.session_id

@@ -46,6 +46,7 @@ from gateway.platforms.telegram_format import escape, split_message
 from gateway.platforms.telegram_intake import LongPoller, webhook_handler
 from gateway.platforms.telegram_state import TelegramState
 from gateway.session import SessionGone, SessionSource, build_session_key, is_valid_session_id
+from gateway.tasks import finish_or_cancel
 from gateway.turns import ReplayedTurn, TurnError, TurnRequest, TurnService
 from gateway.wake import WakeDeliveryError
 
@@ -186,11 +187,7 @@ class TelegramAdapter(BasePlatformAdapter):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._poll_task
             self._poll_task = None
-        if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=grace_seconds)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        await finish_or_cancel(self._tasks, grace_seconds)
         await self.turns.drain(grace_seconds)
         await self.api.close()
 
