@@ -16,6 +16,10 @@ PostgreSQL later). The rules every backend keeps, proved by ``tests/sessions/``:
   session back. Only an explicit creation (``create_session``, or ``abegin_turn`` with
   ``create``, both made before a turn runs) revives the id and clears its tombstone.
 * A begin-turn with nothing to fold only reads; it reaches the writer only to fold or create.
+* A session's running turn is a lease (``take_turn``): one holder at a time across every
+  process sharing the store; a holder whose lease lapsed, or that ``is_dead`` declares gone,
+  loses it to the next taker. An approval belongs to the turn that asked it and is pending
+  only while that turn holds its session; it is decided once.
 
 Backends receive validated, pre-encoded values (``NewMessage``, ``NewSession`` and JSON
 text), so each encodes and validates nothing itself and all of them agree on what is legal.
@@ -29,6 +33,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 __all__ = [
+    "ApprovalRecord",
+    "ApprovalStatus",
     "IdempotencyRecord",
     "MessageRecord",
     "NewMessage",
@@ -40,11 +46,13 @@ __all__ = [
     "SessionState",
     "SessionStoreError",
     "SessionTaken",
+    "TurnLease",
     "TurnStart",
     "encode_json",
 ]
 
 SessionState = Literal["live", "deleted", "unknown"]
+ApprovalStatus = Literal["pending", "approved", "denied"]
 
 
 class SessionGone(LookupError):
@@ -201,6 +209,38 @@ class IdempotencyRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnLease:
+    """A session's running turn: while its lease is live the session is busy on every server.
+
+    ``owner`` is the holding process's identity (``delivery.identity``): on its own host a
+    dead holder is known at once; elsewhere its lease lapses at ``expires_at`` unless the
+    holder renews it.
+    """
+
+    session_id: str
+    stream_id: str
+    owner: str
+    wakeup: bool
+    started_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    """A human confirmation asked by the turn ``stream_id`` of ``session_id``."""
+
+    id: str
+    session_id: str
+    stream_id: str
+    command: str
+    status: ApprovalStatus
+    created_at: float
+
+    def as_dict(self) -> dict[str, str]:
+        return {"id": self.id, "command": self.command, "status": self.status}
+
+
+@dataclass(frozen=True, slots=True)
 class TurnStart:
     """What a turn reads before it runs.
 
@@ -318,6 +358,43 @@ class SessionBackend(Protocol):
         """The record and whether ``owner`` holds the claim now (see ``SessionStore``)."""
 
     def release_idempotent(self, key: str, owner: str) -> bool: ...
+
+    # -- running turns and their approvals
+    def take_turn(
+        self,
+        session_id: str,
+        stream_id: str,
+        owner: str,
+        *,
+        wakeup: bool,
+        ttl_seconds: float,
+        is_dead: Callable[[str], bool],
+    ) -> TurnLease:
+        """Hold ``session_id`` for the turn ``stream_id``: the lease holding it afterwards,
+        this one when taken, else the live holder's. A lapsed lease, or one whose owner
+        ``is_dead``, is broken (its pending approvals are denied)."""
+
+    def renew_turn(self, session_id: str, stream_id: str, ttl_seconds: float) -> bool:
+        """Extend the turn's lease; False when it no longer holds the session."""
+
+    def end_turn(self, session_id: str, stream_id: str) -> bool:
+        """Free the session if the turn holds it and deny what it still asks."""
+
+    def running_turns(self) -> list[TurnLease]:
+        """The leases not lapsed (a dead holder's included: the caller judges it)."""
+
+    def ask_approval(self, approval: ApprovalRecord) -> bool:
+        """Record a pending approval; False (nothing written) when its turn no longer holds
+        the session."""
+
+    def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
+        """Decide a pending approval: the record afterwards and whether this call decided
+        it (False: decided before). KeyError for an unknown id."""
+
+    def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
+
+    def pending_approval(self, session_id: str) -> ApprovalRecord | None:
+        """The approval the session's running turn waits for, if any."""
 
     # -- housekeeping
     def stats(self) -> dict[str, int]:

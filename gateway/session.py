@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from delivery.identity import current_identity, holder_is_dead
 from delivery.session_backend import (
+    ApprovalRecord,
     MessageRecord,
     NewMessage,
     NewSession,
@@ -31,6 +33,7 @@ from delivery.session_backend import (
     SessionState,
     SessionStoreError,
     SessionTaken,
+    TurnLease,
     TurnStart,
     encode_json,
 )
@@ -235,6 +238,11 @@ def _new_session(
         title=title,
         exclusive=exclusive,
     )
+
+
+# How long a running turn holds its session without renewing: a server renews every third
+# of it, so a holder that dies on another host frees the session within this.
+TURN_LEASE_SECONDS = 15.0
 
 
 def _check_id(session_id: str) -> None:
@@ -515,3 +523,56 @@ class SessionStore:
     def release_idempotent(self, key: str, owner: str) -> bool:
         """Forget a running claim (the request failed), so a repeat may run it again."""
         return self._backend.release_idempotent(key, owner)
+
+    # ----------------------------------------------------------------- running turns
+
+    def take_turn(
+        self,
+        session_id: str,
+        stream_id: str,
+        *,
+        wakeup: bool = False,
+        ttl_seconds: float = TURN_LEASE_SECONDS,
+    ) -> TurnLease:
+        """Hold the session for the turn ``stream_id`` on every server sharing the store:
+        the lease holding it afterwards (this process's when taken). A lease whose holder
+        died on this host is broken at once; one from another host lapses unless renewed."""
+        return self._backend.take_turn(
+            session_id,
+            stream_id,
+            str(current_identity()),
+            wakeup=wakeup,
+            ttl_seconds=ttl_seconds,
+            is_dead=holder_is_dead,
+        )
+
+    def renew_turn(
+        self, session_id: str, stream_id: str, ttl_seconds: float = TURN_LEASE_SECONDS
+    ) -> bool:
+        return self._backend.renew_turn(session_id, stream_id, ttl_seconds)
+
+    def end_turn(self, session_id: str, stream_id: str) -> bool:
+        return self._backend.end_turn(session_id, stream_id)
+
+    def running_turns(self) -> dict[str, TurnLease]:
+        """The sessions busy with a turn now, on any server (dead holders left out)."""
+        return {
+            t.session_id: t for t in self._backend.running_turns() if not holder_is_dead(t.owner)
+        }
+
+    def orphaned_turns(self) -> list[TurnLease]:
+        """Running turns whose holder died on this host (killed mid-turn): their streams
+        never ended, and nobody else will end them."""
+        return [t for t in self._backend.running_turns() if holder_is_dead(t.owner)]
+
+    def ask_approval(self, approval: ApprovalRecord) -> bool:
+        return self._backend.ask_approval(approval)
+
+    def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
+        return self._backend.decide_approval(approval_id, approve)
+
+    def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        return self._backend.get_approval(approval_id)
+
+    def pending_approval(self, session_id: str) -> ApprovalRecord | None:
+        return self._backend.pending_approval(session_id)

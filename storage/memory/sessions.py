@@ -14,10 +14,11 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar
 
 from delivery.session_backend import (
+    ApprovalRecord,
     IdempotencyRecord,
     MessageRecord,
     NewMessage,
@@ -29,12 +30,14 @@ from delivery.session_backend import (
     SessionState,
     SessionStoreError,
     SessionTaken,
+    TurnLease,
     TurnStart,
     decode_json,
 )
 
 T = TypeVar("T")
 _stores = itertools.count(1)
+_KEEP_DECIDED_SECONDS = 86400.0  # as long as the SQL backends keep a decided approval
 
 
 @dataclass(slots=True)
@@ -118,6 +121,8 @@ class MemorySessions:
         self._sessions: dict[str, _Session] = {}
         self._tombstones: dict[str, float] = {}
         self._idem: dict[str, _Idem] = {}
+        self._turns: dict[str, TurnLease] = {}
+        self._approvals: dict[str, ApprovalRecord] = {}
         self._next_id = itertools.count(1)  # store-wide, never reused (like AUTOINCREMENT)
         self._writes = 0
         self._url = f"memory://sessions-{next(_stores)}"
@@ -404,6 +409,113 @@ class MemorySessions:
             return True
 
         return self._write(op)
+
+    # -- running turns and their approvals
+
+    def _deny_pending(self, session_id: str, stream_id: str) -> None:
+        for a in list(self._approvals.values()):
+            if a.session_id == session_id and a.stream_id == stream_id and a.status == "pending":
+                self._approvals[a.id] = replace(a, status="denied")
+
+    def take_turn(
+        self,
+        session_id: str,
+        stream_id: str,
+        owner: str,
+        *,
+        wakeup: bool,
+        ttl_seconds: float,
+        is_dead: Callable[[str], bool],
+    ) -> TurnLease:
+        now = self._clock()
+
+        def op() -> TurnLease:
+            held = self._turns.get(session_id)
+            if held is not None and held.expires_at > now and not is_dead(held.owner):
+                return held
+            if held is not None:
+                self._deny_pending(session_id, held.stream_id)
+            lease = TurnLease(session_id, stream_id, owner, wakeup, now, now + ttl_seconds)
+            self._turns[session_id] = lease
+            return lease
+
+        return self._write(op)
+
+    def renew_turn(self, session_id: str, stream_id: str, ttl_seconds: float) -> bool:
+        now = self._clock()
+
+        def op() -> bool:
+            held = self._turns.get(session_id)
+            if held is None or held.stream_id != stream_id:
+                return False
+            self._turns[session_id] = replace(held, expires_at=now + ttl_seconds)
+            return True
+
+        return self._write(op)
+
+    def end_turn(self, session_id: str, stream_id: str) -> bool:
+        def op() -> bool:
+            self._deny_pending(session_id, stream_id)
+            held = self._turns.get(session_id)
+            if held is None or held.stream_id != stream_id:
+                return False
+            del self._turns[session_id]
+            return True
+
+        return self._write(op)
+
+    def running_turns(self) -> list[TurnLease]:
+        now = self._clock()
+        return self._read(lambda: [t for t in self._turns.values() if t.expires_at > now])
+
+    def ask_approval(self, approval: ApprovalRecord) -> bool:
+        now = self._clock()
+
+        def op() -> bool:
+            held = self._turns.get(approval.session_id)
+            if held is None or held.stream_id != approval.stream_id or held.expires_at <= now:
+                return False
+            for old in [a for a in self._approvals.values() if a.status != "pending"]:
+                if old.created_at < approval.created_at - _KEEP_DECIDED_SECONDS:
+                    del self._approvals[old.id]
+            self._approvals[approval.id] = approval
+            return True
+
+        return self._write(op)
+
+    def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
+        def op() -> tuple[ApprovalRecord, bool]:
+            approval = self._approvals[approval_id]  # KeyError: unknown
+            if approval.status != "pending":
+                return approval, False
+            decided = replace(approval, status="approved" if approve else "denied")
+            self._approvals[approval_id] = decided
+            return decided, True
+
+        return self._write(op)
+
+    def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        return self._read(lambda: self._approvals.get(approval_id))
+
+    def pending_approval(self, session_id: str) -> ApprovalRecord | None:
+        now = self._clock()
+
+        def op() -> ApprovalRecord | None:
+            held = self._turns.get(session_id)
+            if held is None or held.expires_at <= now:
+                return None
+            return next(
+                (
+                    a
+                    for a in self._approvals.values()
+                    if a.session_id == session_id
+                    and a.stream_id == held.stream_id
+                    and a.status == "pending"
+                ),
+                None,
+            )
+
+        return self._read(op)
 
 
 # mypy proves the backend keeps the protocol, without importing it at run time.

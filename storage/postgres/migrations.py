@@ -137,6 +137,29 @@ CREATE TABLE tombstones (
 );
 """,
     ),
+    Migration(
+        3,
+        "sessions: running turns (leases) and their approvals",
+        """
+CREATE TABLE running_turns (
+    session_id TEXT PRIMARY KEY,
+    stream_id TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    wakeup INTEGER NOT NULL,
+    started_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE approvals (
+    id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    stream_id TEXT NOT NULL,
+    command TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX idx_approvals_session ON approvals (session_id, stream_id);
+""",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

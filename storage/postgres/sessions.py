@@ -22,6 +22,7 @@ import psycopg
 import psycopg_pool
 
 from delivery.session_backend import (
+    ApprovalRecord,
     IdempotencyRecord,
     MessageRecord,
     NewMessage,
@@ -33,9 +34,11 @@ from delivery.session_backend import (
     SessionState,
     SessionStoreError,
     SessionTaken,
+    TurnLease,
     TurnStart,
     decode_json,
 )
+from storage import running_turns as turns
 from storage.postgres import sql as q
 from storage.postgres.conn import PostgresUnavailable, check_url, explain, redact
 
@@ -399,6 +402,56 @@ class PostgresSessions:
         return self._write(
             "idem:" + key, lambda c: c.execute(q.SQL_IDEM_RELEASE, (key, owner)).rowcount > 0
         )
+
+    # -- running turns and their approvals (each write holds its session's advisory lock)
+
+    def take_turn(
+        self,
+        session_id: str,
+        stream_id: str,
+        owner: str,
+        *,
+        wakeup: bool,
+        ttl_seconds: float,
+        is_dead: Callable[[str], bool],
+    ) -> TurnLease:
+        now = self._clock()
+        lease = TurnLease(session_id, stream_id, owner, wakeup, now, now + ttl_seconds)
+        return self._write("turn:" + session_id, lambda c: turns.take_turn(c, "%s", lease, is_dead))
+
+    def renew_turn(self, session_id: str, stream_id: str, ttl_seconds: float) -> bool:
+        until = self._clock() + ttl_seconds
+        return self._write(
+            "turn:" + session_id,
+            lambda c: turns.renew_turn(c, "%s", session_id, stream_id, until),
+        )
+
+    def end_turn(self, session_id: str, stream_id: str) -> bool:
+        return self._write(
+            "turn:" + session_id, lambda c: turns.end_turn(c, "%s", session_id, stream_id)
+        )
+
+    def running_turns(self) -> list[TurnLease]:
+        now = self._clock()
+        return self._read(lambda c: turns.running_turns(c, "%s", now))
+
+    def ask_approval(self, approval: ApprovalRecord) -> bool:
+        return self._write(
+            "turn:" + approval.session_id, lambda c: turns.ask_approval(c, "%s", approval)
+        )
+
+    def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
+        return self._write(
+            "approval:" + approval_id,
+            lambda c: turns.decide_approval(c, "%s", approval_id, approve),
+        )
+
+    def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        return self._read(lambda c: turns.get_approval(c, "%s", approval_id))
+
+    def pending_approval(self, session_id: str) -> ApprovalRecord | None:
+        now = self._clock()
+        return self._read(lambda c: turns.pending_approval(c, "%s", session_id, now))
 
 
 # mypy proves the backend keeps the protocol, without importing it at run time.

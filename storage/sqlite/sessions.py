@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from delivery.session_backend import (
+    ApprovalRecord,
     IdempotencyRecord,
     MessageRecord,
     NewMessage,
@@ -30,9 +31,11 @@ from delivery.session_backend import (
     SessionState,
     SessionStoreError,
     SessionTaken,
+    TurnLease,
     TurnStart,
     decode_json,
 )
+from storage import running_turns as turns
 from storage.sqlite import files as sqlite_files
 from storage.sqlite.reader import GroupReader
 from storage.sqlite.sessions_sql import (
@@ -516,6 +519,49 @@ class SqliteSessions:
 
     def release_idempotent(self, key: str, owner: str) -> bool:
         return self._write(lambda conn: conn.execute(SQL_IDEM_RELEASE, (key, owner)).rowcount > 0)
+
+    # -- running turns and their approvals
+
+    def take_turn(
+        self,
+        session_id: str,
+        stream_id: str,
+        owner: str,
+        *,
+        wakeup: bool,
+        ttl_seconds: float,
+        is_dead: Callable[[str], bool],
+    ) -> TurnLease:
+        now = self._clock()
+        lease = TurnLease(session_id, stream_id, owner, wakeup, now, now + ttl_seconds)
+        return self._write(lambda conn: turns.take_turn(conn, "?", lease, is_dead))
+
+    def renew_turn(self, session_id: str, stream_id: str, ttl_seconds: float) -> bool:
+        until = self._clock() + ttl_seconds
+        return self._write(lambda conn: turns.renew_turn(conn, "?", session_id, stream_id, until))
+
+    def end_turn(self, session_id: str, stream_id: str) -> bool:
+        return self._write(lambda conn: turns.end_turn(conn, "?", session_id, stream_id))
+
+    def running_turns(self) -> list[TurnLease]:
+        now = self._clock()
+        with self._read() as conn:
+            return turns.running_turns(conn, "?", now)
+
+    def ask_approval(self, approval: ApprovalRecord) -> bool:
+        return self._write(lambda conn: turns.ask_approval(conn, "?", approval))
+
+    def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
+        return self._write(lambda conn: turns.decide_approval(conn, "?", approval_id, approve))
+
+    def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        with self._read() as conn:
+            return turns.get_approval(conn, "?", approval_id)
+
+    def pending_approval(self, session_id: str) -> ApprovalRecord | None:
+        now = self._clock()
+        with self._read() as conn:
+            return turns.pending_approval(conn, "?", session_id, now)
 
 
 # mypy proves the backend keeps the protocol, without importing it at run time.

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import functools
 
-# v2 added the tombstones table. A file written by a newer build is refused rather than
-# silently misread; a v1 file gains the table on open.
-SCHEMA_VERSION = 2
+# v2 added the tombstones table, v3 running_turns and approvals. A file written by a newer
+# build is refused rather than silently misread; an older file gains the tables on open.
+SCHEMA_VERSION = 3
 
 DDL = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -57,7 +57,26 @@ CREATE TABLE IF NOT EXISTS idempotency (
 CREATE TABLE IF NOT EXISTS tombstones (
     id         TEXT PRIMARY KEY,
     deleted_at REAL NOT NULL
-)
+);
+-- A session's running turn, as a lease: the session is busy on every server while it lives.
+CREATE TABLE IF NOT EXISTS running_turns (
+    session_id TEXT PRIMARY KEY,
+    stream_id  TEXT NOT NULL,
+    owner      TEXT NOT NULL,
+    wakeup     INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+-- Human confirmations asked by running turns; pending only while the asking turn runs.
+CREATE TABLE IF NOT EXISTS approvals (
+    id         TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    stream_id  TEXT NOT NULL,
+    command    TEXT NOT NULL,
+    status     TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idx_approvals_session ON approvals (session_id, stream_id)
 """
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
@@ -79,6 +98,10 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
         {"key", "state", "owner", "session_id", "response", "created_at", "updated_at"}
     ),
     "tombstones": frozenset({"id", "deleted_at"}),
+    "running_turns": frozenset(
+        {"session_id", "stream_id", "owner", "wakeup", "started_at", "expires_at"}
+    ),
+    "approvals": frozenset({"id", "session_id", "stream_id", "command", "status", "created_at"}),
 }
 
 _MSG = "id, role, content, created_at, display_kind, display_metadata, folded_at"
