@@ -1,57 +1,57 @@
-"""Human confirmation of shell commands asked from web UI sessions.
+"""Human confirmation of shell commands asked from web UI sessions, kept in the store.
 
 ``confirm_for(session_id)`` is the ``ToolContext.confirm`` hook of that session's turns: it
-records a pending ``Approval``, announces it (``approval`` event), and waits for
-``decide(approval_id, approve)`` (``POST /api/approvals/{id}``). While one is pending the
-session counts as busy, so wake-ups wait for the decision and never cross it. A turn
-stopped while it waits denies the command. Decided approvals are remembered (a bounded
-number) so that deciding twice is told apart from an unknown id.
+records a pending ``ApprovalRecord`` for the turn holding the session (its running-turn
+lease), announces it (``approval`` event), and waits for a decision. ``decide(approval_id,
+approve)`` (``POST /api/approvals/{id}``) decides it once, in the store, from whichever
+server the tab talks to: the asking server learns it at once when the decision is its own,
+else by reading the record (every ``poll_seconds``). The session is busy while its turn runs,
+so wake-ups and other turns wait for the decision on every server and never cross it. A turn
+stopped while it waits, or one that lost its session, denies the command.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import secrets
-import threading
-from collections import OrderedDict
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 from agent.tools import ConfirmCallback
+from delivery.session_backend import ApprovalRecord
+from gateway.session import SessionStore
 
-__all__ = ["AlreadyDecided", "Approval", "Approvals"]
+__all__ = ["AlreadyDecided", "ApprovalRecord", "Approvals"]
 
-_REMEMBERED = 1000
+logger = logging.getLogger(__name__)
 
 
 class AlreadyDecided(Exception):
     """The approval was decided before."""
 
 
-@dataclass
-class Approval:
-    id: str
-    session_id: str
-    command: str
-    status: str = "pending"
-    decided: asyncio.Future[bool] | None = field(default=None, repr=False)
-
-    def as_dict(self) -> dict[str, str]:
-        return {"id": self.id, "command": self.command, "status": self.status}
-
-
 # Told of every change: the approval (pending, then decided).
-ApprovalListener = Callable[[Approval], Awaitable[None]]
+ApprovalListener = Callable[[ApprovalRecord], Awaitable[None]]
 
 
 class Approvals:
-    """Pending and recently decided approvals of this process."""
+    """Asks and decides approvals in the store (see the module docstring)."""
 
-    def __init__(self, on_change: ApprovalListener | None = None) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        on_change: ApprovalListener | None = None,
+        *,
+        poll_seconds: float = 0.25,
+    ) -> None:
+        self.store = store
         self._listener = on_change
-        self._lock = threading.Lock()  # is_pending is asked from the consumer's threads
-        self._pending: dict[str, Approval] = {}
-        self._decided: OrderedDict[str, Approval] = OrderedDict()
+        self._poll_seconds = poll_seconds
+        # The decisions this process waits for, by approval id: a local decision wakes the
+        # asking turn without waiting for the next read.
+        self._waiting: dict[str, asyncio.Future[bool]] = {}
 
     def confirm_for(self, session_id: str) -> ConfirmCallback:
         async def confirm(command: str) -> bool:
@@ -59,60 +59,72 @@ class Approvals:
 
         return confirm
 
-    async def _ask(self, session_id: str, command: str) -> bool:
-        approval = Approval(
-            id=f"appr_{secrets.token_hex(8)}",
-            session_id=session_id,
-            command=command,
-            decided=asyncio.get_running_loop().create_future(),
-        )
-        with self._lock:
-            self._pending[approval.id] = approval
-        assert approval.decided is not None
-        try:
-            # Inside the try: a stop that lands while the approval is still being announced
-            # must deny it too, or it would stay pending and keep the session busy.
-            await self._on_change(approval)
-            return await approval.decided
-        except asyncio.CancelledError:
-            if approval.status == "pending":
-                self._settle(approval, "denied")
-                await asyncio.shield(self._on_change(approval))
-            raise
-
     def listen(self, on_change: ApprovalListener) -> None:
         """Be told of every change (the web UI's turns announce it to the open tabs)."""
         self._listener = on_change
 
-    async def _on_change(self, approval: Approval) -> None:
+    async def _on_change(self, approval: ApprovalRecord) -> None:
         if self._listener is not None:
             await self._listener(approval)
 
-    def _settle(self, approval: Approval, status: str) -> None:
-        with self._lock:
-            approval.status = status
-            self._pending.pop(approval.id, None)
-            self._decided[approval.id] = approval
-            while len(self._decided) > _REMEMBERED:
-                self._decided.popitem(last=False)
+    async def _ask(self, session_id: str, command: str) -> bool:
+        turns = await asyncio.to_thread(self.store.running_turns)
+        lease = turns.get(session_id)
+        if lease is None:
+            logger.warning("a command in %s asked for approval outside a turn: denied", session_id)
+            return False
+        approval = ApprovalRecord(
+            id=f"appr_{secrets.token_hex(8)}",
+            session_id=session_id,
+            stream_id=lease.stream_id,
+            command=command,
+            status="pending",
+            created_at=time.time(),
+        )
+        if not await asyncio.to_thread(self.store.ask_approval, approval):
+            return False  # the turn no longer holds its session
+        decided = asyncio.get_running_loop().create_future()
+        self._waiting[approval.id] = decided
+        try:
+            # Inside the try: a stop that lands while the approval is still being announced
+            # must deny it too, or it would stay pending and keep the session busy.
+            await self._on_change(approval)
+            return await self._decision(approval.id, decided)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._deny_on_stop(approval.id))
+            raise
+        finally:
+            self._waiting.pop(approval.id, None)
 
-    async def decide(self, approval_id: str, approve: bool) -> Approval:
+    async def _decision(self, approval_id: str, decided: asyncio.Future[bool]) -> bool:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(asyncio.shield(decided), self._poll_seconds)
+            record = await asyncio.to_thread(self.store.get_approval, approval_id)
+            if record is None:
+                return False
+            if record.status != "pending":
+                if record.status == "approved":
+                    return True
+                await self._on_change(record)  # denied elsewhere, or its turn lost its lease
+                return False
+
+    async def _deny_on_stop(self, approval_id: str) -> None:
+        record, changed = await asyncio.to_thread(self.store.decide_approval, approval_id, False)
+        if changed:
+            await self._on_change(record)
+
+    async def decide(self, approval_id: str, approve: bool) -> ApprovalRecord:
         """KeyError for an unknown id, AlreadyDecided for a decided one."""
-        with self._lock:
-            approval = self._pending.get(approval_id)
-            if approval is None:
-                if approval_id in self._decided:
-                    raise AlreadyDecided(approval_id)
-                raise KeyError(approval_id)
-        self._settle(approval, "approved" if approve else "denied")
-        if approval.decided is not None and not approval.decided.done():
-            approval.decided.set_result(approve)
-        await self._on_change(approval)
-        return approval
+        record, changed = await asyncio.to_thread(self.store.decide_approval, approval_id, approve)
+        if not changed:
+            raise AlreadyDecided(approval_id)
+        waiting = self._waiting.get(approval_id)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(approve)
+        await self._on_change(record)
+        return record
 
-    def pending_for(self, session_id: str) -> Approval | None:
-        with self._lock:
-            return next((a for a in self._pending.values() if a.session_id == session_id), None)
-
-    def is_pending(self, session_id: str) -> bool:
-        return self.pending_for(session_id) is not None
+    async def pending_for(self, session_id: str) -> ApprovalRecord | None:
+        return await asyncio.to_thread(self.store.pending_approval, session_id)

@@ -1,19 +1,23 @@
 """The web UI's durable event log: every event of the browser's stream, with an increasing id.
 
 The log is one SQLite file (``webui.db`` under ``REVEILLE_HOME``; WAL, 0600, opened through
-``storage.sqlite.files``). Writes run on one worker thread of their own, in order, never on
-the event loop; an appended event is then published to the live subscribers (one bounded
-queue per open stream). ``since(id)`` replays from storage; an id older than what is kept
-(the log is pruned to its newest ``keep`` events) or newer than any written answers None,
-and the stream sends ``reset``. The same file keeps the durable unread marks of sessions
-the finished tool steps of turns (shown in their place in the transcript) and the secret
-the login cookie is signed with.
+``storage.sqlite.files``), shared by every server on that state directory. Writes run on one
+worker thread of their own, in order, never on the event loop. Events reach the live
+subscribers (one bounded queue per open stream) in id order, whichever server appended
+them: an append pokes the other servers (``delivery.notifier``'s socket directory beside
+the file), and each server's tail reads what it has not published yet. SQLite hands out ids
+in commit order, so a tail never skips one. ``since(id)`` replays from storage; an id older
+than what is kept (the log is pruned to its newest ``keep`` events) or newer than any
+written answers None, and the stream sends ``reset``. The same file keeps the durable
+unread marks of sessions, the finished tool steps of turns (shown in their place in the
+transcript) and the secret the login cookie is signed with.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import sqlite3
 import time
@@ -23,11 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from delivery.notifier import SocketDirNotifier, wake_dir_for
+from delivery.notifier import Subscription as Pokes
 from storage.sqlite.files import FileErrors, SqliteFile, connect, create_private, stamp_schema
 
 __all__ = ["EventLog", "EventLogError", "LoggedEvent", "Subscription", "ToolStep"]
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 _APPLICATION_ID = 0x52574C47  # "RWLG"
 _SCHEMA_VERSION = 1
@@ -60,6 +67,7 @@ CREATE TABLE IF NOT EXISTS meta (
 """
 _PRUNE_EVERY = 500
 _QUEUE_BOUND = 2000
+_TAIL_BATCH = 1000
 
 
 class EventLogError(Exception):
@@ -136,6 +144,13 @@ class EventLog:
         # Insertion-ordered (a dict as an ordered set): the oldest stream comes first.
         self._subscribers: dict[Subscription, None] = {}
         self._appended = 0
+        self._notifier = SocketDirNotifier(wake_dir_for(str(path)))
+        self._pokes: Pokes | None = None
+        # The tail: the newest id published to this server's streams, and what wakes it.
+        self._published = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._more = asyncio.Event()
+        self._tail: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -147,14 +162,37 @@ class EventLog:
         self._conn = conn
 
     async def aopen(self) -> None:
+        """Open, and start publishing every server's events to this server's streams."""
         await self._run(self.open)
+        self._published = await self.latest_id()
+        self._loop = asyncio.get_running_loop()
+        self._pokes = await self._run(self._notifier.subscribe)
+        if self._pokes is not None:
+            self._loop.add_reader(self._pokes.fileno(), self._poked)
+        self._tail = asyncio.create_task(self._follow_tail())
+
+    async def aclose(self) -> None:
+        self._detach()
+        await asyncio.to_thread(self.close)
 
     def close(self) -> None:
+        self._detach()
         self.end_streams()
         self._writer.shutdown(wait=True)
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def _detach(self) -> None:
+        """Stop the tail (on the loop's thread: ``aclose``, or ``close`` called there)."""
+        if self._tail is not None:
+            self._tail.cancel()
+            self._tail = None
+        if self._pokes is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._pokes.fileno())
+            self._pokes.close()
+            self._pokes = None
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._writer, fn)
@@ -167,16 +205,15 @@ class EventLog:
     # ----------------------------------------------------------------- events
 
     async def append(self, type_: str, data: dict[str, Any]) -> LoggedEvent:
-        """Write the event, then publish it to every live stream; returns it with its id."""
+        """Write the event and publish it to every live stream of every server; returns it
+        with its id."""
         text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
         event_id = await self._run(lambda: self._insert(type_, text))
         event = LoggedEvent(event_id, type_, json.loads(text))
-        for sub in list(self._subscribers):
-            try:
-                sub.queue.put_nowait(event)
-            except asyncio.QueueFull:
-                # A stream that cannot keep up ends; its tab reconnects and replays.
-                self._end(sub)
+        if event_id == self._published + 1:
+            self._publish(event)  # nothing between: no read needed
+        else:
+            self._more.set()  # another server's events come first: the tail reads them
         return event
 
     def _insert(self, type_: str, text: str) -> int:
@@ -189,7 +226,48 @@ class EventLog:
         self._appended += 1
         if self._appended % _PRUNE_EVERY == 0:
             db.execute("DELETE FROM events WHERE id <= ?", (event_id - self.keep,))
+        self._notifier.notify()  # committed (autocommit): the other servers may read it
         return event_id
+
+    def _publish(self, event: LoggedEvent) -> None:
+        self._published = event.id
+        for sub in list(self._subscribers):
+            try:
+                sub.queue.put_nowait(event)
+            except asyncio.QueueFull:
+                # A stream that cannot keep up ends; its tab reconnects and replays.
+                self._end(sub)
+
+    def _poked(self) -> None:
+        if self._pokes is not None:
+            self._pokes.drain()
+        self._more.set()
+
+    async def _follow_tail(self) -> None:
+        """Publish, in id order, the events this server has not published yet (another
+        server's, or ones that overtook a local append)."""
+        while True:
+            await self._more.wait()
+            self._more.clear()
+            try:
+                events = await self._run(lambda: self._after(self._published))
+            except Exception as exc:
+                logger.warning("could not read the web UI event log: %s", exc)
+                await asyncio.sleep(0.5)
+                self._more.set()
+                continue
+            for event in events:
+                if event.id > self._published:
+                    self._publish(event)
+            if len(events) == _TAIL_BATCH:
+                self._more.set()  # more behind these
+
+    def _after(self, after_id: int) -> list[LoggedEvent]:
+        rows = self._db().execute(
+            "SELECT id, type, data FROM events WHERE id > ? ORDER BY id LIMIT ?",
+            (after_id, _TAIL_BATCH),
+        )
+        return [LoggedEvent(int(r[0]), str(r[1]), json.loads(r[2])) for r in rows]
 
     async def since(self, after_id: int, limit: int = 5000) -> list[LoggedEvent] | None:
         """Events after ``after_id`` in order; None when that id cannot be replayed."""

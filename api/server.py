@@ -147,6 +147,8 @@ class WebUIServer:
             )
             loop = asyncio.get_running_loop()
             self.turns.loop = loop
+            if ended := await self.turns.close_orphans():
+                logger.info("ended %d turn(s) of a server that died mid-turn", ended)
             self.target.start(loop)
             app = self.build_app()
             self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
@@ -173,7 +175,7 @@ class WebUIServer:
             await self._runner.cleanup()
             self._runner = None
         self.turns.loop = None
-        await asyncio.to_thread(self.log.close)
+        await self.log.aclose()
 
     def build_app(self) -> web.Application:
         app = web.Application(
@@ -331,9 +333,8 @@ class WebUIServer:
         needle = request.query.get("q", "")[:_MAX_QUERY].strip().lower()
         records = await asyncio.to_thread(self.store.list_sessions, 500)
         unread = await self.log.unread_ids()
-        views = [
-            session_view(r, unread=r.id in unread, busy=self.turns.is_busy(r.id)) for r in records
-        ]
+        busy = await asyncio.to_thread(self.store.running_turns)
+        views = [session_view(r, unread=r.id in unread, busy=r.id in busy) for r in records]
         if needle:
             views = [v for v in views if needle in f"{v['title']} {v['id']} {v['source']}".lower()]
         return web.json_response({"sessions": views})
@@ -364,7 +365,7 @@ class WebUIServer:
         except SessionGone:
             raise ApiError(404, "Session not found", code="session_not_found") from None
         stream = self.turns.active(session_id)
-        approval = self.approvals.pending_for(session_id)
+        approval = await self.approvals.pending_for(session_id)
         return web.json_response(
             {
                 "session": view,

@@ -81,14 +81,14 @@ class WebUIDeliveryTarget:
         # instead of claiming, being refused and backing off.
         async with self._session_locks.setdefault(session_id, asyncio.Lock()):
             outcome = await self._wake(session_id, evt, text, delivery_id)
-        if outcome == "deferred" and not self.turns.is_busy(session_id):
+        if outcome == "deferred" and not await self.turns.ais_busy(session_id):
             # The session became free between the busy check and the parking.
             await self.fire_deferred(session_id)
         await self.announce_delivery(delivery_id)
         return outcome
 
     async def _wake(self, session_id: str, evt: dict[str, Any], text: str, delivery_id: str) -> str:
-        if self.turns.is_busy(session_id):
+        if await self.turns.ais_busy(session_id):
             bp.defer(session_id, evt)  # no claim taken, so no attempt spent
             return "deferred"
         try:

@@ -32,13 +32,13 @@ from typing import Any
 from agent.markers import WAKE_MARKER
 from agent.tools import ToolProgress
 from api import config as cfg
-from api.approvals import Approval, Approvals
+from api.approvals import ApprovalRecord, Approvals
 from api.event_log import EventLog
 from api.routes import refusal
 from api.turn_answers import TurnAccepted, TurnAnswer, TurnRefused
 from api.views import card_of_wake_text, session_source, session_view, title_from_text
 from gateway.config import Platform
-from gateway.session import SessionStore, SessionStoreError
+from gateway.session import TURN_LEASE_SECONDS, SessionStore, SessionStoreError
 from gateway.tasks import finish_or_cancel
 from gateway.turns import ReplayedTurn, StartedTurn, TurnError, TurnRequest, TurnService
 
@@ -64,6 +64,7 @@ class ActiveStream:
     tool_steps: int = 0
     started: StartedTurn | None = field(default=None, repr=False)
     follower: asyncio.Task[None] | None = field(default=None, repr=False)
+    holder: asyncio.Task[None] | None = field(default=None, repr=False)  # renews the lease
     # Resolved when the turn ends: whether it is in the transcript.
     stored: asyncio.Future[bool] | None = field(default=None, repr=False)
 
@@ -133,10 +134,12 @@ class WebTurns:
             return refusal(503, "the web UI did not answer in time", retryable=True)
 
     def is_busy(self, session_id: str) -> bool:
-        with self._lock:
-            if session_id in self._active:
-                return True
-        return self.approvals.is_pending(session_id)
+        """Whether a turn runs in the session on any server (a store read: call it from a
+        thread; the event loop awaits ``ais_busy``)."""
+        return session_id in self.store.running_turns()
+
+    async def ais_busy(self, session_id: str) -> bool:
+        return await asyncio.to_thread(self.is_busy, session_id)
 
     # ----------------------------------------------------------------- reads
 
@@ -149,7 +152,7 @@ class WebTurns:
         if record is None:
             return None
         unread = session_id in await self.log.unread_ids()
-        return session_view(record, unread=unread, busy=self.is_busy(session_id))
+        return session_view(record, unread=unread, busy=await self.ais_busy(session_id))
 
     async def mark_read(self, session_id: str) -> None:
         """The session was opened: its unread mark and its unseen completions clear."""
@@ -170,7 +173,7 @@ class WebTurns:
             except Exception:
                 logger.warning("could not announce session %s (shutting down?)", session_id)
 
-    async def _approval_changed(self, approval: Approval) -> None:
+    async def _approval_changed(self, approval: ApprovalRecord) -> None:
         """An approval was asked or decided: its card and its session's busy mark change."""
         await self.log.append(
             "approval", {"session_id": approval.session_id, "approval": approval.as_dict()}
@@ -184,6 +187,28 @@ class WebTurns:
             await self.store.aset_title(session_id, title, if_untitled=True)
         except (SessionStoreError, ValueError) as exc:
             logger.warning("could not title session %s: %s", session_id, exc)
+
+    async def close_orphans(self) -> int:
+        """End the streams of turns whose server died mid-turn (a tab open through the crash
+        still shows them running) and free their sessions. Their work is not lost: a wake-up
+        is offered again, a user's message was never stored and shows as failed."""
+        ended = 0
+        for lease in await asyncio.to_thread(self.store.orphaned_turns):
+            if not await asyncio.to_thread(self.store.end_turn, lease.session_id, lease.stream_id):
+                continue  # another server ended it first
+            ended += 1
+            await self.log.append(
+                "turn.end",
+                {
+                    "session_id": lease.session_id,
+                    "stream_id": lease.stream_id,
+                    "status": "error",
+                    "error": "interrupted: the server running this turn stopped",
+                    "content": "",
+                },
+            )
+            await self.announce_session(lease.session_id)
+        return ended
 
     # ----------------------------------------------------------------- starting
 
@@ -228,15 +253,24 @@ class WebTurns:
                 return TurnRefused(409, "process_wakeup_paused", "process_wakeup_paused")
             if not wakeup:
                 self._paused.discard(session_id)  # the user is back: wake-ups may run again
-            running = self._active.get(session_id)
-            if running is not None:
-                return TurnRefused(
-                    409,
-                    "this session already has an active stream",
-                    "active_stream",
-                    active_stream_id=running.stream_id,
-                )
+        # The session is held in the store, not in this process: a turn, a wake-up or a
+        # pending approval on any server sharing it keeps every other turn out.
+        try:
+            lease = await asyncio.to_thread(
+                self.store.take_turn, session_id, stream.stream_id, wakeup=wakeup
+            )
+        except SessionStoreError as exc:
+            return TurnRefused(503, f"the session store is unavailable: {exc}", retryable=True)
+        if lease.stream_id != stream.stream_id:
+            return TurnRefused(
+                409,
+                "this session already has an active stream",
+                "active_stream",
+                active_stream_id=lease.stream_id,
+            )
+        with self._lock:
             self._active[session_id] = stream
+        stream.holder = asyncio.create_task(self._hold(stream))
         try:
             answer = await self.service.start(
                 TurnRequest(
@@ -250,52 +284,93 @@ class WebTurns:
                 )
             )
         except BaseException as exc:
-            with self._lock:
-                self._active.pop(session_id, None)
+            await asyncio.shield(self._free(stream))
             if isinstance(exc, TurnError) and exc.kind in ("session_not_found", "session_deleted"):
                 return TurnRefused(404, "Session not found", "session_not_found")
             if isinstance(exc, TurnError | SessionStoreError):
                 return TurnRefused(503, str(exc), retryable=True)
             raise
         if isinstance(answer, ReplayedTurn):
-            with self._lock:
-                self._active.pop(session_id, None)
+            await self._free(stream)
             # This wake-up ran and was stored before (another offer, another process).
             return TurnAccepted(stream.stream_id, session_id, stream.turn_id)
         stream.started = answer
         stream.stored = asyncio.get_running_loop().create_future()
         accepted = TurnAccepted(stream.stream_id, session_id, stream.turn_id, stream.stored)
-        if card is not None:
-            cfg.add_card(session_id, card.as_dict())
-            await self.log.append("wakeup", {"session_id": session_id, "card": card.as_dict()})
-            await self.log.set_unread(session_id, True)
-            await self.log.append(
-                "toast",
+        try:
+            if card is not None:
+                cfg.add_card(session_id, card.as_dict())
+                await self.log.append("wakeup", {"session_id": session_id, "card": card.as_dict()})
+                await self.log.set_unread(session_id, True)
+                await self.log.append(
+                    "toast",
+                    {
+                        "session_id": session_id,
+                        "title": record.title or "New chat",
+                        "goal": card.goal,
+                        "status": card.status,
+                    },
+                )
+            elif not wakeup and not record.title and (first := title_from_text(text)):
+                await self._title_session(session_id, first)
+            event = await self.log.append(
+                "turn.start",
                 {
                     "session_id": session_id,
-                    "title": record.title or "New chat",
-                    "goal": card.goal,
-                    "status": card.status,
+                    "stream_id": stream.stream_id,
+                    "turn_id": stream.turn_id,
+                    "wakeup": wakeup,
+                    "user_text": None if wakeup else text,
                 },
             )
-        elif not wakeup and not record.title and (first := title_from_text(text)):
-            await self._title_session(session_id, first)
-        event = await self.log.append(
-            "turn.start",
-            {
-                "session_id": session_id,
-                "stream_id": stream.stream_id,
-                "turn_id": stream.turn_id,
-                "wakeup": wakeup,
-                "user_text": None if wakeup else text,
-            },
-        )
-        stream.last_event_id = event.id
-        await self.announce_session(session_id)
+            stream.last_event_id = event.id
+            await self.announce_session(session_id)
+        except Exception:
+            # The turn runs and is followed all the same: its events and its end still
+            # reach the log once it is writable again, and the session is freed at the end.
+            logger.exception("could not announce turn %s of %s", stream.turn_id, session_id)
         stream.follower = asyncio.create_task(self._follow(stream, answer))
         self._followers.add(stream.follower)
         stream.follower.add_done_callback(self._followers.discard)
         return accepted
+
+    async def _hold(self, stream: ActiveStream) -> None:
+        """Renew the turn's lease while it runs. A turn that lost its session (this server
+        stalled past the lease and another took the session over) is stopped, so that two
+        turns never run in one session."""
+        while True:
+            await asyncio.sleep(TURN_LEASE_SECONDS / 3)
+            try:
+                held = await asyncio.to_thread(
+                    self.store.renew_turn, stream.session_id, stream.stream_id
+                )
+            except SessionStoreError as exc:
+                logger.warning("could not renew turn %s: %s", stream.turn_id, exc)
+                continue
+            if not held:
+                logger.warning(
+                    "turn %s lost session %s to another server; stopping it",
+                    stream.turn_id,
+                    stream.session_id,
+                )
+                if stream.started is not None:
+                    stream.started.task.cancel()
+                return
+
+    async def _free(self, stream: ActiveStream) -> None:
+        """The turn ended: the session is free here and in the store. A lease that cannot be
+        ended now (the store is failing) lapses by itself within ``TURN_LEASE_SECONDS``."""
+        if stream.holder is not None:
+            stream.holder.cancel()
+        with self._lock:
+            if self._active.get(stream.session_id) is stream:
+                del self._active[stream.session_id]
+        try:
+            await asyncio.to_thread(self.store.end_turn, stream.session_id, stream.stream_id)
+        except SessionStoreError as exc:
+            logger.warning(
+                "could not free session %s now (%s); its lease lapses", stream.session_id, exc
+            )
 
     # ----------------------------------------------------------------- following
 
@@ -317,16 +392,15 @@ class WebTurns:
                             carry.append(more)
                             break
                         piece += more
-                    event = await self.log.append("turn.delta", {**base, "text": piece})
                     stream.text += piece
-                    stream.last_event_id = event.id
+                    await self._tell(stream, "turn.delta", {**base, "text": piece})
                 else:
                     step = _tool_step(piece)
                     if step["status"] != "started":
-                        await self.log.add_tool_step(stream.session_id, stream.turn_id, **step)
-                        stream.tool_steps += 1
-                    event = await self.log.append("turn.tool", {**base, **step})
-                    stream.last_event_id = event.id
+                        with contextlib.suppress(Exception):
+                            await self.log.add_tool_step(stream.session_id, stream.turn_id, **step)
+                            stream.tool_steps += 1
+                    await self._tell(stream, "turn.tool", {**base, **step})
             try:
                 response = await asyncio.shield(started.task)
                 stored = True  # the turn service answers only once it stored the turn
@@ -350,9 +424,7 @@ class WebTurns:
             if stream.tool_steps:
                 # Still the session's active turn: no other turn's reply is stored yet.
                 await self._pin_tool_steps(stream, stored=stored)
-            with self._lock:
-                if self._active.get(stream.session_id) is stream:
-                    del self._active[stream.session_id]
+            await self._free(stream)
             with contextlib.suppress(Exception):
                 await self.log.append("turn.end", end)
             await self.announce_session(stream.session_id)
@@ -361,6 +433,14 @@ class WebTurns:
                     await self.on_free(stream.session_id)
                 except Exception:
                     logger.exception("deferred wake-ups of %s failed", stream.session_id)
+
+    async def _tell(self, stream: ActiveStream, kind: str, data: dict[str, Any]) -> None:
+        """Log a running turn's event. One that cannot be written (the log is failing) is
+        skipped: the turn goes on, and its stored reply is what the transcript shows."""
+        try:
+            stream.last_event_id = (await self.log.append(kind, data)).id
+        except Exception as exc:
+            logger.warning("could not log %s of turn %s: %s", kind, stream.turn_id, exc)
 
     async def _pin_tool_steps(self, stream: ActiveStream, *, stored: bool) -> None:
         """Show the turn's tool steps before its stored reply (the newest assistant message

@@ -9,16 +9,22 @@ the claim, the wake-up turn's start and the event log write) and stops when the 
 delivers the ``wakeup`` card. One completion at a time, each in its own session. Prints
 p50 / p99 / max in milliseconds.
 
-Usage: python bench/webui.py [--completions 200]
+``--other-server`` opens the tab on a second `reveille serve` (a subprocess on the same state
+directory) instead: the event crosses processes through the shared log and its pokes.
+
+Usage: python bench/webui.py [--completions 200] [--other-server]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,13 +63,46 @@ async def _pump(response: aiohttp.ClientResponse, arrived: dict[str, float]) -> 
             kind, data = "", ""
 
 
-async def run(completions: int) -> list[float]:
+@contextlib.asynccontextmanager
+async def _other_server(home: str) -> Any:
+    """A second `reveille serve` on ``home``; yields its web UI's url once it answers."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "REVEILLE_HOME": home,
+        "REVEILLE_WEBUI_PORT": str(port),
+        "API_SERVER_KEY": "bench",
+        "PYTHONPATH": str(ROOT),
+    }
+    cmd = [sys.executable, "-m", "reveille.cli", "serve", "--port", "0"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(300):
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(base + "/api/bootstrap") as r:
+                        if r.status == 200:
+                            break
+                await asyncio.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def run(completions: int, other_server: bool) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(home=Path(tmp), port=0, webui_port=_free_port(), api_key="bench")
-        async with serve(settings, provider=DemoModel(delay_seconds=0.0)) as app:
+        async with contextlib.AsyncExitStack() as stack:
+            app = await stack.enter_async_context(
+                serve(settings, provider=DemoModel(delay_seconds=0.0))
+            )
             server = app.webui
             assert server is not None
             base = f"http://127.0.0.1:{server.port}"
+            if other_server:
+                base = await stack.enter_async_context(_other_server(tmp))
             async with aiohttp.ClientSession() as http:
                 csrf = (await (await http.get(base + "/api/bootstrap")).json())["csrf_token"]
                 stream = await http.get(base + "/api/events")
@@ -103,15 +142,17 @@ async def run(completions: int) -> list[float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--completions", type=int, default=200)
+    parser.add_argument("--other-server", action="store_true", help="the tab on another server")
     args = parser.parse_args()
     ad.reset_runtime()
     started = time.perf_counter()
-    latencies = asyncio.run(run(args.completions))
+    latencies = asyncio.run(run(args.completions, args.other_server))
     ordered = sorted(latencies)
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
     print(f"completions: {len(latencies)} in {time.perf_counter() - started:.1f} s")
+    where = "another server's tab" if args.other_server else "same server's tab"
     print(
-        f"commit -> wakeup event: p50 {statistics.median(latencies):.1f} ms, "
+        f"commit -> wakeup event ({where}): p50 {statistics.median(latencies):.1f} ms, "
         f"p99 {p99:.1f} ms, max {ordered[-1]:.1f} ms"
     )
     return 0

@@ -268,7 +268,7 @@ def build_webui(
     """The web UI: its own turn service (``Platform.WEBUI``) over the same store and model,
     its event log, approvals when the shell tool is on, and its delivery target."""
     log = EventLog(home / "webui.db")
-    approvals = Approvals()  # the web UI's turns listen to it (they announce its changes)
+    approvals = Approvals(store)  # the web UI's turns listen to it (they announce its changes)
     service = TurnService(
         store,
         agent_turn_runner(build_agent(settings, model)),

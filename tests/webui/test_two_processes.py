@@ -25,7 +25,10 @@ WEBUI_LINE = re.compile(r"web UI: http://127\.0\.0\.1:(\d+)/")
 
 
 class Serve:
-    def __init__(self, home: Path) -> None:
+    """A `reveille serve` subprocess on ``home`` (the API on any free port, the web UI on a
+    free port of its own), with ``env`` added to its environment."""
+
+    def __init__(self, home: Path, **env_extra: str) -> None:
         env = {
             **os.environ,
             "REVEILLE_HOME": str(home),
@@ -34,6 +37,7 @@ class Serve:
             "API_SERVER_KEY": "two-procs",
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            **env_extra,
         }
         env.pop("REVEILLE_CONFIG", None)
         self.lines: list[str] = []
@@ -60,6 +64,11 @@ class Serve:
             assert self.proc.poll() is None, "".join(self.lines)
             time.sleep(0.05)
         raise AssertionError("".join(self.lines))
+
+    @property
+    def webui_port(self) -> int:
+        found = next(m for line in list(self.lines) if (m := WEBUI_LINE.search(line)))
+        return int(found.group(1))
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
-from api.approvals import Approval, Approvals
+from api.approvals import AlreadyDecided, ApprovalRecord, Approvals
 from api.auth import Auth
 from api.event_log import EventLog, EventLogError
 from api.views import card_from_metadata, title_from_text, transcript_items
 from delivery.session_backend import MessageRecord
+from gateway.session import SessionStore
+from storage.memory.sessions import MemorySessions
 
 
 def test_cookies_are_signed_and_expire(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,26 +124,44 @@ def test_views_keep_markup_as_text() -> None:
     assert items[0]["content"] == "<script>" and items[1]["wakeup"] is False
 
 
-async def test_a_stop_while_the_approval_is_announced_denies_it() -> None:
+async def test_a_stop_while_the_approval_is_announced_denies_it(tmp_path: Any) -> None:
     """The turn is cancelled while the pending approval is still being announced (the
     listener is slow): the approval ends denied and the session is free again."""
     announced = asyncio.Event()
     seen: list[str] = []
 
-    async def slow_listener(approval: Approval) -> None:
+    async def slow_listener(approval: ApprovalRecord) -> None:
         seen.append(approval.status)
         announced.set()
         await asyncio.sleep(0.05)
 
-    approvals = Approvals(slow_listener)
+    store = SessionStore(MemorySessions())
+    store.take_turn("s1", "st_1")
+    approvals = Approvals(store, slow_listener)
     ask = asyncio.create_task(approvals.confirm_for("s1")("rm -rf /"))
     await announced.wait()
     ask.cancel()
     with pytest.raises(asyncio.CancelledError):
         await ask
     await asyncio.sleep(0.1)
-    assert not approvals.is_pending("s1")
+    assert await approvals.pending_for("s1") is None
     assert seen == ["pending", "denied"]
+
+
+async def test_an_approval_decided_by_another_server_reaches_the_asking_turn() -> None:
+    """Two ``Approvals`` over one store stand for two servers: the turn asks on one, the
+    tab decides on the other, and the asking turn learns it from the store."""
+    store = SessionStore(MemorySessions())
+    store.take_turn("s1", "st_1")
+    asking, deciding = Approvals(store, poll_seconds=0.02), Approvals(store)
+    ask = asyncio.create_task(asking.confirm_for("s1")("make deploy"))
+    while (pending := await deciding.pending_for("s1")) is None:
+        await asyncio.sleep(0.01)
+    decided = await deciding.decide(pending.id, True)
+    assert decided.status == "approved"
+    assert await asyncio.wait_for(ask, 5) is True
+    with pytest.raises(AlreadyDecided):
+        await asking.decide(pending.id, False)
 
 
 def test_a_title_from_the_first_message() -> None:

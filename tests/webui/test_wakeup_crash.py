@@ -144,8 +144,9 @@ class WebUI:
             assert r.status == 200, await r.text()
             return dict(await r.json())
 
-    async def stream(self) -> Sse:
-        response = await self.http.get(self.base + "/api/events")
+    async def stream(self, last_event_id: str | None = None) -> Sse:
+        headers = {"Last-Event-ID": last_event_id} if last_event_id is not None else {}
+        response = await self.http.get(self.base + "/api/events", headers=headers)
         assert response.status == 200
         sse = Sse(response)
         sse.task = asyncio.create_task(sse.pump())
@@ -259,6 +260,8 @@ async def test_a_wakeup_turn_killed_mid_way_is_delivered_once_after_a_restart(
         assert await asyncio.to_thread(first.proc.wait, 30) == -signal.SIGKILL
         if kill_point == "mid_stream":
             assert wake_stream_deltas(sse) != "".join(SLOW_REPLY)  # killed mid-way indeed
+        killed_streams = [s["stream_id"] for s in sse.of("turn.start") if s["wakeup"]]
+        last_seen = sse.events[-1][0]
         await sse.close()
         await web_ui.close()
         assert upstream.wake_requests == 1
@@ -272,6 +275,15 @@ async def test_a_wakeup_turn_killed_mid_way_is_delivered_once_after_a_restart(
         second, web_ui = await start_server(home, upstream)
         servers.append(second)
         await asyncio.to_thread(second.wait_for, re.compile("re-offering 1 undelivered"))
+        if kill_point != "stored" and killed_streams:
+            # A tab open through the crash reconnects: the killed turn's stream ends (it
+            # would otherwise show its partial reply as running for good).
+            resumed = await web_ui.stream(last_seen)
+            _, _, end = await resumed.wait_for(
+                lambda e: e[1] == "turn.end" and e[2]["stream_id"] == killed_streams[0]
+            )
+            assert end["status"] == "error" and "interrupted" in end["error"]
+            await resumed.close()
 
         def delivered() -> bool:
             rows = [r for r in ledger_rows(home) if r.id == row.id]

@@ -1,0 +1,157 @@
+"""The web UI's state is shared by every server on one state directory: a tab on one server
+sees, live, the turns another server runs; a pending approval on one server keeps turns out
+through another, and deciding it there runs the command once. A store that fails while a
+turn starts gets a clear error and leaves the session usable once the fault is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.webui.conftest import Sse, settings_for, start_web, stop_web
+from tests.webui.test_two_processes import Serve
+
+
+class Tab:
+    """A browser tab's calls to one server's web UI (cookie and CSRF header included)."""
+
+    def __init__(self, http: aiohttp.ClientSession, port: int) -> None:
+        self.http = http
+        self.base = f"http://127.0.0.1:{port}"
+        self.csrf = ""
+
+    async def post(self, path: str, body: Any) -> aiohttp.ClientResponse:
+        headers = {"X-CSRF-Token": self.csrf}
+        return await self.http.post(self.base + path, json=body, headers=headers)
+
+    async def get(self, path: str) -> dict[str, Any]:
+        r = await self.http.get(self.base + path)
+        assert r.status == 200, await r.text()
+        return dict(await r.json())
+
+    async def stream(self) -> Sse:
+        response = await self.http.get(self.base + "/api/events")
+        assert response.status == 200
+        sse = Sse(response)
+        sse.task = asyncio.create_task(sse.pump())
+        return sse
+
+
+@asynccontextmanager
+async def servers(home: Path, count: int, **env: str) -> AsyncIterator[list[Tab]]:
+    """``count`` `reveille serve` processes on ``home``, a tab on each."""
+    procs = [Serve(home, **env) for _ in range(count)]
+    jar = aiohttp.CookieJar(unsafe=True)
+    try:
+        for proc in procs:
+            await asyncio.to_thread(proc.wait_listening)
+        async with aiohttp.ClientSession(cookie_jar=jar) as http:
+            tabs = [Tab(http, proc.webui_port) for proc in procs]
+            for tab in tabs:
+                tab.csrf = (await tab.get("/api/bootstrap"))["csrf_token"]
+            yield tabs
+    finally:
+        for proc in procs:
+            assert await asyncio.to_thread(proc.stop) == 0, "".join(proc.lines)
+
+
+async def _new_session(tab: Tab) -> str:
+    r = await tab.post("/api/sessions", {"title": "shared"})
+    assert r.status == 201, await r.text()
+    return str((await r.json())["session"]["id"])
+
+
+async def test_a_tab_on_one_server_sees_the_turns_of_another(tmp_path: Path) -> None:
+    async with servers(tmp_path / "home", 2) as (on_a, on_b):
+        seen_by_b = await on_b.stream()
+        sid = await _new_session(on_a)
+        r = await on_a.post(f"/api/sessions/{sid}/messages", {"text": "hello from A"})
+        assert r.status == 202, await r.text()
+        await seen_by_b.wait_for(lambda e: e[1] == "turn.end" and e[2]["session_id"] == sid)
+        kinds = [k for _, k, d in seen_by_b.events if d.get("session_id") == sid]
+        assert kinds.index("turn.start") < kinds.index("turn.delta") < kinds.index("turn.end")
+        ids = [int(i) for i, _, _ in seen_by_b.events]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids)
+        # Replayable from the other server by Last-Event-ID.
+        first = seen_by_b.events[0][0]
+        replay = await on_a.http.get(on_a.base + "/api/events", headers={"Last-Event-ID": first})
+        assert replay.status == 200
+        replay.close()
+        await seen_by_b.close()
+
+
+async def test_a_pending_approval_on_one_server_keeps_turns_out_through_another(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "ran.txt"
+    env = {"REVEILLE_SHELL_ENABLED": "1", "REVEILLE_SHELL_WORKDIR": str(tmp_path)}
+    async with servers(tmp_path / "home", 2, **env) as (on_a, on_b):
+        seen_by_b = await on_b.stream()
+        sid = await _new_session(on_a)
+        command = f"run in the background: echo once >> {marker}"
+        assert (await on_a.post(f"/api/sessions/{sid}/messages", {"text": command})).status == 202
+        _, _, asked = await seen_by_b.wait_for(lambda e: e[1] == "approval", timeout=20)
+        approval = asked["approval"]
+        assert approval["status"] == "pending"
+
+        # B sees the session busy with the approval, and keeps a second turn out.
+        view = await on_b.get(f"/api/sessions/{sid}")
+        assert view["session"]["busy"] is True
+        assert view["pending_approval"]["id"] == approval["id"]
+        refused = await on_b.post(f"/api/sessions/{sid}/messages", {"text": "me too"})
+        assert refused.status == 409
+        assert (await refused.json())["error"]["code"] == "active_stream"
+
+        decided = await on_b.post(f"/api/approvals/{approval['id']}", {"decision": "approve"})
+        assert decided.status == 200, await decided.text()
+        again = await on_a.post(f"/api/approvals/{approval['id']}", {"decision": "deny"})
+        assert again.status == 409  # decided once, whichever server is asked
+        # The command runs once, and its result comes home as a wake-up after the turn.
+        _, _, woke = await seen_by_b.wait_for(lambda e: e[1] == "wakeup", timeout=30)
+        assert woke["session_id"] == sid
+        await seen_by_b.wait_for(
+            lambda e: (
+                e[1] == "turn.end"
+                and any(
+                    s["wakeup"] and s["stream_id"] == e[2]["stream_id"]
+                    for s in seen_by_b.of("turn.start")
+                )
+            ),
+            timeout=30,
+        )
+        assert marker.read_text() == "once\n"
+        await seen_by_b.close()
+
+
+async def test_a_locked_store_at_turn_start_is_a_clear_error_and_wedges_nothing(
+    tmp_path: Path,
+) -> None:
+    web = await start_web(settings_for(tmp_path))
+    try:
+        sid = await web.new_session()
+        holder = sqlite3.connect(tmp_path / "home" / "sessions.db", isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
+        try:
+            r = await web.post(f"/api/sessions/{sid}/messages", {"text": "hello"})
+            assert r.status == 503, await r.text()
+            body = await r.json()
+            assert "unavailable" in body["error"]["message"]
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert (await web.session(sid))["session"]["busy"] is False
+        sse = await web.stream()
+        await web.say(sid, "hello again")
+        await sse.wait_for(lambda e: e[1] == "turn.end" and e[2]["session_id"] == sid)
+        view = await web.session(sid)
+        assert view["session"]["busy"] is False
+        assert [i["role"] for i in view["items"]] == ["user", "assistant"]
+        await sse.close()
+    finally:
+        await stop_web(web)
