@@ -151,6 +151,7 @@ class EventLog:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._more = asyncio.Event()
         self._tail: asyncio.Task[None] | None = None
+        self._watchers: list[Callable[[LoggedEvent], None]] = []
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -229,8 +230,18 @@ class EventLog:
         self._notifier.notify()  # committed (autocommit): the other servers may read it
         return event_id
 
+    def watch(self, watcher: Callable[[LoggedEvent], None]) -> None:
+        """Be told of every event this server publishes, its own and other servers' (on the
+        event loop, in id order): how a server acts on what a tab asked another server."""
+        self._watchers.append(watcher)
+
     def _publish(self, event: LoggedEvent) -> None:
         self._published = event.id
+        for watcher in self._watchers:
+            try:
+                watcher(event)
+            except Exception:
+                logger.exception("a watcher of the event log failed on %s", event.type)
         for sub in list(self._subscribers):
             try:
                 sub.queue.put_nowait(event)

@@ -33,7 +33,7 @@ from agent.markers import WAKE_MARKER
 from agent.tools import ToolProgress
 from api import config as cfg
 from api.approvals import ApprovalRecord, Approvals
-from api.event_log import EventLog
+from api.event_log import EventLog, LoggedEvent
 from api.routes import refusal
 from api.turn_answers import TurnAccepted, TurnAnswer, TurnRefused
 from api.views import card_of_wake_text, session_source, session_view, title_from_text
@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 WAKEUP_SOURCE = "process_wakeup"
 _START_TIMEOUT_SECONDS = 30.0
+_STOP_WAIT_SECONDS = 5.0  # how long a Stop waits for another server's turn to end
 
 
 @dataclass
@@ -113,6 +114,7 @@ class WebTurns:
         self._starting: set[asyncio.Task[Any]] = set()
         self._followers: set[asyncio.Task[None]] = set()
         approvals.listen(self._approval_changed)
+        log.watch(self._stop_requested)
 
     # ----------------------------------------------------------------- api.routes.SessionTurns
 
@@ -469,15 +471,43 @@ class WebTurns:
     # ----------------------------------------------------------------- stopping
 
     async def stop(self, session_id: str) -> bool:
-        """Cancel the session's running turn; False when none runs."""
+        """Cancel the session's running turn, on whichever server runs it; False when none
+        runs. Another server's turn is asked to stop through the shared event log
+        (``turn.stop``, which tabs ignore) and awaited until its session is free."""
         stream = self.active(session_id)
-        if stream is None or stream.started is None or stream.started.task.done():
+        if stream is None:
+            return await self._stop_elsewhere(session_id)
+        if stream.started is None or stream.started.task.done():
             return False
         stream.started.task.cancel()
         if stream.follower is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(stream.follower)
         return True
+
+    async def _stop_elsewhere(self, session_id: str) -> bool:
+        lease = (await asyncio.to_thread(self.store.running_turns)).get(session_id)
+        if lease is None:
+            return False
+        await self.log.append("turn.stop", {"session_id": session_id, "stream_id": lease.stream_id})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _STOP_WAIT_SECONDS
+        while loop.time() < deadline:
+            await asyncio.sleep(0.05)
+            current = (await asyncio.to_thread(self.store.running_turns)).get(session_id)
+            if current is None or current.stream_id != lease.stream_id:
+                break
+        return True
+
+    def _stop_requested(self, event: LoggedEvent) -> None:
+        """A tab asked another server to stop a turn that runs here."""
+        if event.type != "turn.stop":
+            return
+        stream = self.active(str(event.data.get("session_id")))
+        if stream is None or stream.stream_id != event.data.get("stream_id"):
+            return
+        if stream.started is not None and not stream.started.task.done():
+            stream.started.task.cancel()
 
     async def drain(self, grace_seconds: float) -> None:
         """Refuse new turns (retryable), let running ones end, then stop the stragglers."""

@@ -6,6 +6,7 @@ turn starts gets a clear error and leaves the session usable once the fault is g
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
+from tests.agent.test_openai_compat import FakeOpenAI, _chunk, _completion_body
 from tests.webui.conftest import Sse, settings_for, start_web, stop_web
 from tests.webui.test_two_processes import Serve
 
@@ -155,3 +158,49 @@ async def test_a_locked_store_at_turn_start_is_a_clear_error_and_wedges_nothing(
         await sse.close()
     finally:
         await stop_web(web)
+
+
+class SlowModel(FakeOpenAI):
+    """A model that streams its reply slowly (one word every 0.1 s, for about 6 s)."""
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            return web.json_response(_completion_body("quick", None, "stop"))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(60):
+            chunk = _chunk({"content": f"word{i} "})
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await asyncio.sleep(0.1)
+        await response.write(f"data: {json.dumps(_chunk({}, finish_reason='stop'))}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+
+async def test_stop_through_another_server_stops_the_turn(tmp_path: Path) -> None:
+    model = SlowModel()
+    await model.start()
+    env = {
+        "REVEILLE_PROVIDER": "openai",
+        "REVEILLE_MODEL": "slow",
+        "OPENAI_BASE_URL": model.base_url,
+        "OPENAI_API_KEY": "sk-fake",
+    }
+    try:
+        async with servers(tmp_path / "home", 2, **env) as (on_a, on_b):
+            seen_by_b = await on_b.stream()
+            sid = await _new_session(on_a)
+            assert (await on_a.post(f"/api/sessions/{sid}/messages", {"text": "go"})).status == 202
+            await seen_by_b.wait_for(lambda e: e[1] == "turn.delta", timeout=20)
+            r = await on_b.post(f"/api/sessions/{sid}/stop", {})
+            assert (await r.json())["stopped"] is True
+            _, _, end = await seen_by_b.wait_for(lambda e: e[1] == "turn.end", timeout=5)
+            assert end["status"] == "stopped"
+            view = await on_b.get(f"/api/sessions/{sid}")
+            assert view["session"]["busy"] is False
+            assert view["items"][-1]["stopped"] is True
+            assert "word59" not in view["items"][-1]["content"]
+            await seen_by_b.close()
+    finally:
+        await model.stop()
