@@ -107,6 +107,7 @@ class WebUIServer:
         version: str = "",
         max_body_bytes: int = 1024 * 1024,
         static_dir: Path = STATIC_DIR,
+        reuse_port: bool = False,
     ) -> None:
         if not is_loopback(host) and not password:
             raise ValueError(
@@ -127,6 +128,7 @@ class WebUIServer:
         self.version = version
         self.max_body_bytes = max_body_bytes
         self.static_dir = static_dir
+        self.reuse_port = reuse_port  # SO_REUSEPORT: one port shared by worker processes
         self.auth: Auth | None = None
         self._runner: web.AppRunner | None = None
 
@@ -153,7 +155,9 @@ class WebUIServer:
             app = self.build_app()
             self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self.host, self.port)
+            site = web.TCPSite(
+                self._runner, self.host, self.port, reuse_port=self.reuse_port or None
+            )
             await site.start()
             server = getattr(site, "_server", None)
             sockets = getattr(server, "sockets", None) or []

@@ -21,12 +21,18 @@ A closed-loop load of ``--clients`` concurrent clients (aiohttp, one new convers
 request) runs against each for ``--seconds``. Prints requests/s and p50/p99 latency for both
 and their ratio. ``--stream`` makes the clients ask for (and read) SSE answers.
 
+Workers (``--workers 1,2``): demo mode measures `reveille serve --workers N` for each N
+listed (a supervisor and N worker processes on one port, SO_REUSEPORT, one state
+directory), each on a fresh state directory under the same load, and prints the demo turns/s
+of each beside the baseline lines; the load generator is one more process on the same cores.
+
 Time to first token (``--ttft``): a fake upstream that streams slowly (first piece after
 ``--first-delay``, then one every ``--interval``); streamed requests one at a time, directly
 and through `reveille serve` (which has tools registered, the case that used to hold text
 back until a step ended). Prints p50/p99 of both and of what Reveille adds.
 
 Usage: python bench/api_server.py [--provider] [--stream] [--clients 32] [--seconds 10]
+       python bench/api_server.py --workers 1,2 [--seconds 6]
        python bench/api_server.py --ttft [--requests 30] [--first-delay 0.3] [--interval 0.2]
 """
 
@@ -407,8 +413,26 @@ async def measure_url(url: str, args: argparse.Namespace, model: str = "reveille
     return await load(url, args.clients, args.seconds, stream, model)
 
 
-async def measure(cmd: list[str], env: dict[str, str], port: int, args: argparse.Namespace):
+async def wait_workers(url: str, workers: int, timeout: float = 60) -> None:
+    """Until ``workers`` different pids answered `/health` (each over a new connection, which
+    the kernel may give any worker): every worker listens before the load starts."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        while len(seen) < workers:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(seen)} of {workers} workers answered")
+            async with http.get(f"{url}/health") as resp:
+                seen.add((await resp.json())["pid"])
+
+
+async def measure(
+    cmd: list[str], env: dict[str, str], port: int, args: argparse.Namespace, workers: int = 1
+):
     async with running(cmd, env, port) as url:
+        if workers > 1:
+            await wait_workers(url, workers)
         return await measure_url(url, args)
 
 
@@ -503,10 +527,14 @@ async def provider_main_async(args: argparse.Namespace) -> None:
 
 async def main_async(args: argparse.Namespace) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with tempfile.TemporaryDirectory() as home:
-        port = free_port()
-        cmd = [sys.executable, "-m", "reveille.cli", "serve"]
-        ours = await measure(cmd, reveille_env(env, home, port, args.clients), port, args)
+    by_workers: dict[int, dict[str, float]] = {}
+    for workers in args.workers or [1]:
+        with tempfile.TemporaryDirectory() as home:
+            port = free_port()
+            cmd = [sys.executable, "-m", "reveille.cli", "serve", "--workers", str(workers)]
+            ours_env = reveille_env(env, home, port, args.clients)
+            by_workers[workers] = await measure(cmd, ours_env, port, args, workers)
+    ours = next(iter(by_workers.values()))
     port = free_port()
     base = await measure([sys.executable, __file__, "--serve-canned", str(port)], env, port, args)
     with tempfile.TemporaryDirectory() as home:
@@ -515,15 +543,43 @@ async def main_async(args: argparse.Namespace) -> None:
         floor = await measure(cmd, env, port, args)
 
     print(header(args))
-    print(line("reveille serve (demo)", ours))
-    print(line("bare aiohttp (canned)", base))
-    print(line("aiohttp + 2 store trips", floor))
-    print(f"ratio                 : {ours['rps'] / base['rps']:.2f} of the baseline's requests/s")
+    width = 32 if args.workers else 22
+    first = next(iter(by_workers))
+    for workers, figures in by_workers.items():
+        name = "reveille serve (demo)" + (f", {_workers(workers)}" if args.workers else "")
+        print(line(name, figures, width))
+    print(line("bare aiohttp (canned)", base, width))
+    print(line("aiohttp + 2 store trips", floor, width))
+    for workers, figures in by_workers.items():
+        name = f"ratio, {_workers(workers)}" if args.workers else "ratio"
+        scaling = (
+            f"; {figures['rps'] / ours['rps']:.2f}x {_workers(first)}" if workers != first else ""
+        )
+        print(
+            f"{name:<{width}}: {figures['rps'] / base['rps']:.2f} of the baseline's "
+            f"requests/s{scaling}"
+        )
     print(
-        f"store floor           : {floor['rps'] / base['rps']:.2f} of the baseline (a handler "
-        "making only a new turn's read and durable write); reveille reaches "
-        f"{ours['rps'] / floor['rps']:.2f} of it"
+        f"{'store floor':<{width}}: {floor['rps'] / base['rps']:.2f} of the baseline (a handler "
+        "making only a new turn's read and durable write); reveille"
+        + (f" with {_workers(first)}" if args.workers else "")
+        + f" reaches {ours['rps'] / floor['rps']:.2f} of it"
     )
+
+
+def _workers(count: int) -> str:
+    return f"{count} worker{'s' if count > 1 else ''}"
+
+
+def worker_counts(text: str) -> list[int]:
+    """``1,2,4`` -> [1, 2, 4]: the worker counts to measure, each at least 1."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected counts like 1,2") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected counts of at least 1, like 1,2")
+    return list(dict.fromkeys(counts))
 
 
 def main() -> None:
@@ -536,6 +592,11 @@ def main() -> None:
         help="measure a fake OpenAI-compatible upstream, then reveille serve using it",
     )
     ap.add_argument("--stream", action="store_true", help="clients ask for SSE answers")
+    ap.add_argument(
+        "--workers",
+        type=worker_counts,
+        help="demo mode: measure `reveille serve --workers N` for each N of a list, e.g. 1,2",
+    )
     ap.add_argument(
         "--ttft",
         action="store_true",

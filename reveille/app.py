@@ -99,6 +99,7 @@ async def serve(
     *,
     provider: ModelProvider | None = None,
     shutdown_grace_seconds: float = 10.0,
+    reuse_port: bool = False,
 ) -> AsyncIterator[App]:
     """Open everything ``settings`` describe, in order, and close it in reverse on exit.
 
@@ -107,6 +108,8 @@ async def serve(
     re-offer of what a previous run left undelivered, the ledger's re-offer scheduler, and
     the gateway runner's completion watcher last, once every delivery target is listening.
     ``provider`` overrides the configured one (tests, benchmarks) and is then left open.
+    ``reuse_port`` binds both ports with SO_REUSEPORT: this process is one of the workers
+    of ``reveille serve --workers N`` (``reveille.workers``), all listening on them.
     """
     if settings.webui_port:
         check_webui_bind(settings)
@@ -139,11 +142,13 @@ async def serve(
         runner = GatewayRunner(
             store, queue=queue, on_outcome=metrics.observe, shutdown_grace_seconds=grace
         )
-        adapter = build_adapter(settings, store, model, metrics)
+        adapter = build_adapter(settings, store, model, metrics, reuse_port=reuse_port)
         runner.register_target(Platform.API_SERVER, ApiServerTarget(store, adapter))
         # Built before the API server starts (Telegram's webhook adds a route to it),
         # started once it listens.
-        surfaces = build_surfaces(settings, store, model, adapter, runner, metrics)
+        surfaces = build_surfaces(
+            settings, store, model, adapter, runner, metrics, reuse_port=reuse_port
+        )
         await adapter.start()
         stack.push_async_callback(adapter.stop, grace_seconds=grace)
         for surface in surfaces:
@@ -191,7 +196,12 @@ async def _quietly(aclose: Callable[[], Awaitable[Any]]) -> None:
 
 
 def build_adapter(
-    settings: Settings, store: SessionStore, model: ModelProvider, metrics: Metrics
+    settings: Settings,
+    store: SessionStore,
+    model: ModelProvider,
+    metrics: Metrics,
+    *,
+    reuse_port: bool = False,
 ) -> ApiServerAdapter:
     """The API server over its own turn service (``Platform.API_SERVER``)."""
     turns = TurnService(
@@ -210,6 +220,7 @@ def build_adapter(
         model_name=model.name,
         allowed_origins=settings.allowed_origins,
         max_body_bytes=settings.max_body_bytes,
+        reuse_port=reuse_port,
     )
     metrics.install(adapter.app)
     metrics.watch_turns(Platform.API_SERVER.value, turns)
@@ -224,13 +235,15 @@ def build_surfaces(
     adapter: ApiServerAdapter,
     runner: GatewayRunner,
     metrics: Metrics,
+    *,
+    reuse_port: bool = False,
 ) -> list[Surface]:
     """The other front ends of this process (web UI, Telegram), each with its delivery
     target registered on the runner."""
     surfaces: list[Surface] = []
     if settings.webui_port:
         ensure_private_dir(settings.home)  # its event log is local, even with PostgreSQL
-        server = build_webui(settings, store, model, home=settings.home)
+        server = build_webui(settings, store, model, home=settings.home, reuse_port=reuse_port)
         runner.register_target(Platform.WEBUI, server.target)
         surfaces.append(server)
     if settings.telegram_bot_token:
@@ -263,7 +276,12 @@ def check_webui_bind(settings: Settings) -> None:
 
 
 def build_webui(
-    settings: Settings, store: SessionStore, model: ModelProvider, *, home: Path
+    settings: Settings,
+    store: SessionStore,
+    model: ModelProvider,
+    *,
+    home: Path,
+    reuse_port: bool = False,
 ) -> WebUIServer:
     """The web UI: its own turn service (``Platform.WEBUI``) over the same store and model,
     its event log, approvals when the shell tool is on, and its delivery target."""
@@ -294,6 +312,7 @@ def build_webui(
         shell_enabled=settings.shell_enabled,
         version=_version(),
         max_body_bytes=settings.max_body_bytes,
+        reuse_port=reuse_port,
     )
 
 

@@ -1,11 +1,12 @@
 """`reveille serve`: the API server and the completion watcher, until SIGINT/SIGTERM.
 
-`reveille serve [--host H] [--port P] [--config FILE]` runs the OpenAI-compatible API server,
-the web UI on its own port (``http://127.0.0.1:8787/`` by default, ``REVEILLE_WEBUI_PORT``)
-with the embedded SQLite state under ``$REVEILLE_HOME`` (``~/.reveille``), the delivery
-ledger's re-offer scheduler and the completion watcher, until SIGINT/SIGTERM. It logs where
-it listens, which model answers (saying plainly when that is the offline demo model) and a
-copy-paste example.
+`reveille serve [--host H] [--port P] [--workers N] [--config FILE]` runs the
+OpenAI-compatible API server, the web UI on its own port (``http://127.0.0.1:8787/`` by
+default, ``REVEILLE_WEBUI_PORT``) with the embedded SQLite state under ``$REVEILLE_HOME``
+(``~/.reveille``), the delivery ledger's re-offer scheduler and the completion watcher,
+until SIGINT/SIGTERM. It logs where it listens, which model answers (saying plainly when
+that is the offline demo model) and a copy-paste example. With ``--workers N`` (N > 1)
+this process supervises N such servers on the same ports instead (``reveille.workers``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import contextlib
 import logging
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.wake import url_host
 from reveille.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from reveille.workers import WorkerRole
 
 __all__ = ["add_serve_parser", "run_serve", "startup_banner"]
 
@@ -38,18 +42,38 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8642; 0: any free)")
+    parser.add_argument(
+        "--workers",
+        metavar="N",
+        help="processes serving the same ports over one store (default 1; auto: one per core)",
+    )
     parser.add_argument("--config", metavar="FILE", help="settings file (TOML)")
+    from reveille.workers import add_worker_arguments
+
+    add_worker_arguments(parser)
     parser.set_defaults(func=run_serve)
     return parser
 
 
 def startup_banner(
-    settings: Settings, *, port: int, model: str, restored: int, webui_url: str | None = None
+    settings: Settings,
+    *,
+    port: int,
+    model: str,
+    restored: int,
+    webui_url: str | None = None,
+    workers: int = 1,
 ) -> str:
     """What `reveille serve` tells its user once it listens."""
     url = f"http://{url_host(settings.host)}:{port}/v1"
     key = settings.api_key
     lines = [f"Reveille is listening on http://{settings.host}:{port}/v1"]
+    if workers > 1:
+        lines[0] += f" with {workers} workers"
+        lines.append(
+            f"  workers: {workers} processes share these ports and the state directory; "
+            "limits such as REVEILLE_MAX_CONCURRENT_RUNS apply to each"
+        )
     if webui_url:
         login = " (password: $REVEILLE_WEBUI_PASSWORD)" if settings.webui_password else ""
         lines.append(f"  web UI: {webui_url}{login}  <- open this in a browser")
@@ -124,14 +148,26 @@ def telegram_summary(settings: Settings) -> str:
 
 def run_serve(args: argparse.Namespace) -> int:
     from delivery.errors import LedgerError
+    from reveille.workers import WorkerRole, supervise
 
+    role = WorkerRole.from_args(args)
     settings = load_settings(
         config_file=getattr(args, "config", None),
         host=getattr(args, "host", None),
         port=getattr(args, "port", None),
+        # a worker serves; it never starts workers of its own
+        workers=1 if role is not None else getattr(args, "workers", None),
     )
     try:
-        asyncio.run(serve_until_signalled(settings))
+        if settings.workers > 1:
+            return supervise(
+                settings,
+                config=getattr(args, "config", None),
+                verbose=bool(getattr(args, "verbose", False)),
+            )
+        if role is not None:
+            role.enter()
+        asyncio.run(serve_until_signalled(settings, role=role))
     except ValueError as exc:  # a setting the start refused (SettingsError)
         print(f"reveille serve: {exc}", file=sys.stderr)
         return 2
@@ -155,8 +191,10 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def serve_until_signalled(settings: Settings) -> None:
-    """``reveille.app.serve`` until SIGINT or SIGTERM; then everything closes in reverse."""
+async def serve_until_signalled(settings: Settings, *, role: WorkerRole | None = None) -> None:
+    """``reveille.app.serve`` until SIGINT or SIGTERM; then everything closes in reverse.
+    As a worker (``role``) it shares its ports and reports to its supervisor, which prints
+    the banner, instead of printing it."""
     from reveille.app import serve
 
     stopping = asyncio.Event()
@@ -167,7 +205,11 @@ async def serve_until_signalled(settings: Settings) -> None:
             loop.add_signal_handler(sig, stopping.set)
             installed.append(sig)
     try:
-        async with serve(settings) as app:
+        async with serve(settings, reuse_port=role is not None) as app:
+            if role is not None:
+                role.report_ready(app)
+                await stopping.wait()
+                return
             webui = app.webui
             logger.info(
                 "%s",

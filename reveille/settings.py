@@ -45,6 +45,8 @@ class Settings:
     shell_enabled: bool = False
     shell_workdir: str = ""
     max_concurrent_runs: int = 10
+    # processes serving the same ports (SO_REUSEPORT) over one store; "auto" = os.cpu_count()
+    workers: int = 1
     max_body_bytes: int = 1024 * 1024
     max_async_children: int = 3
     max_queued_delegations: int = 32
@@ -107,6 +109,7 @@ ENV_NAMES: dict[str, str] = {
     "shell_enabled": "REVEILLE_SHELL_ENABLED",
     "shell_workdir": "REVEILLE_SHELL_WORKDIR",
     "max_concurrent_runs": "REVEILLE_MAX_CONCURRENT_RUNS",
+    "workers": "REVEILLE_WORKERS",
     "max_body_bytes": "REVEILLE_MAX_BODY_BYTES",
     "max_async_children": "REVEILLE_MAX_ASYNC_CHILDREN",
     "max_queued_delegations": "REVEILLE_MAX_QUEUED_DELEGATIONS",
@@ -132,6 +135,7 @@ _TOML_ALIASES = {
     ("server", "api_key"): "api_key",
     ("server", "cors_origins"): "cors_origins",
     ("server", "max_concurrent_runs"): "max_concurrent_runs",
+    ("server", "workers"): "workers",
     ("server", "max_body_bytes"): "max_body_bytes",
     ("model", "provider"): "provider",
     ("model", "name"): "model",
@@ -171,6 +175,8 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 def _coerce(name: str, kind: type, value: Any, origin: str) -> Any:
     try:
+        if name == "workers":
+            return _workers(value)
         if kind is bool:
             if isinstance(value, bool):
                 return value
@@ -195,6 +201,21 @@ def _coerce(name: str, kind: type, value: Any, origin: str) -> Any:
         raise SettingsError(f"{origin}: {name} = {value!r} is not valid ({exc})") from None
 
 
+def _workers(value: Any) -> int:
+    """A worker count: a whole number of at least 1, or ``auto`` (one per core)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return os.cpu_count() or 1
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError("expected a whole number of at least 1, or auto")
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError("expected a whole number of at least 1, or auto") from None
+    if count < 1:
+        raise ValueError("must be at least 1, or auto")
+    return count
+
+
 def _validate(s: Settings) -> None:
     def bad(name: str, why: str) -> SettingsError:
         return SettingsError(f"{name} = {getattr(s, name)!r}: {why}")
@@ -206,7 +227,13 @@ def _validate(s: Settings) -> None:
         raise bad("provider", 'must be "demo" or "openai"')
     if s.provider == "openai" and not s.openai_base_url and not s.openai_api_key:
         raise bad("provider", "openai needs OPENAI_API_KEY (and OPENAI_BASE_URL for non-OpenAI)")
-    for name in ("max_concurrent_runs", "max_body_bytes", "max_async_children", "max_attempts"):
+    for name in (
+        "max_concurrent_runs",
+        "workers",
+        "max_body_bytes",
+        "max_async_children",
+        "max_attempts",
+    ):
         if getattr(s, name) < 1:
             raise bad(name, "must be at least 1")
     if s.max_queued_delegations < 0:
@@ -220,6 +247,12 @@ def _validate(s: Settings) -> None:
         raise bad("demo_delay_seconds", "must not be negative")
     if s.telegram_webhook_url and not s.telegram_secret_token:
         raise bad("telegram_webhook_url", "webhook mode needs [telegram] secret_token")
+    if s.workers > 1 and s.telegram_bot_token and not s.telegram_webhook_url:
+        raise bad(
+            "workers",
+            "Telegram long polling allows one poller per bot token; with several workers "
+            "use webhook mode ([telegram] webhook_url) or REVEILLE_WORKERS=1",
+        )
     if s.telegram_edit_interval < 0:
         raise bad("telegram_edit_interval", "must not be negative")
     for origin in s.cors_origins.split(","):

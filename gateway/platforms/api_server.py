@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -117,6 +118,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS,
         idempotency_wait_seconds: float = 300.0,
         allowed_origins: frozenset[str] = frozenset(),
+        reuse_port: bool = False,
     ) -> None:
         super().__init__()
         given = sum(x is not None for x in (turns, agent, turn_runner))
@@ -141,6 +143,9 @@ class ApiServerAdapter(BasePlatformAdapter):
         self.turns = turns
         self._host = host
         self._port = int(port)
+        # SO_REUSEPORT: several worker processes listen on one port, the kernel spreads
+        # connections between them (``reveille serve --workers N``).
+        self._reuse_port = reuse_port
         self.auth = ApiKeyAuth(api_key or "")
         # Proves a request is this process's own wake-up (``deliver_wake`` sends it).
         self._wake_token = secrets.token_urlsafe(32)
@@ -218,7 +223,7 @@ class ApiServerAdapter(BasePlatformAdapter):
             logger=ProtocolErrorLogger(logging.getLogger("aiohttp.server"), {}),
         )
         await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port)
+        site = web.TCPSite(runner, self._host, self._port, reuse_port=self._reuse_port or None)
         try:
             await site.start()
         except BaseException:
@@ -482,9 +487,12 @@ class ApiServerAdapter(BasePlatformAdapter):
         if self.auth.configured_key and not is_keyed(request):
             # Without the key: only that the server is up, nothing about what it runs.
             return web.json_response({"status": "ok"})
+        # The process that answered: active_runs and the cap are its own, and behind
+        # ``reveille serve --workers N`` each connection may reach another worker.
         return web.json_response(
             {
                 "status": "ok",
+                "pid": os.getpid(),
                 "platform": self.platform.value,
                 "model": self._model_name,
                 "active_runs": self.turns.active_runs,

@@ -40,6 +40,7 @@ class Server:
         key: str | None = KEY,
         demo_delay: float = 0.05,
         extra_env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.home = home
         env = {
@@ -70,6 +71,7 @@ class Server:
                 "serve",
                 "--port",
                 "0",
+                *args,
             ],
             cwd=ROOT,
             env=env,
