@@ -20,6 +20,15 @@ DELIVERY_MARKER = "[reveille:delivery]"
 SUBAGENT_MARKER = "[reveille:subagent]"
 
 
+def defang(text: str) -> str:
+    """Text a person wrote, as the model is given it: the markers above lose their meaning
+    (a word joiner after the opening bracket), so no user can pass a message off as a
+    wake-up, a delivery or a sub-agent run. What is stored and shown stays as written."""
+    if "[reveille:" not in text:
+        return text
+    return text.replace("[reveille:", "[\u2060reveille:")
+
+
 def wake_data_line(metadata: Mapping[str, Any]) -> str:
     """The machine-readable line of a wake text (ASCII JSON: safe for any transport)."""
     return f"{WAKE_DATA_MARKER} " + json.dumps(

@@ -2,9 +2,10 @@
 
 ``docs/webui-protocol.md`` names them: ``Session``, the transcript's ``Item``s (messages,
 wake-up cards, tool steps), ``WakeupCard`` and ``Delivery``. A wake-up turn is stored as a
-user message that opens with ``WAKE_MARKER`` and ends with the completion's summary
-(``WAKE_DATA_MARKER``); it is shown as its card, and the reply after it is marked as the
-wake-up's. Every string is passed as data; the browser shows it as text.
+user message marked ``wake`` by the server that ran it (its text opens with ``WAKE_MARKER``
+and ends with the completion's summary, ``WAKE_DATA_MARKER``); it is shown as its card, and
+the reply after it is marked as the wake-up's. Text that only looks like one is a message.
+Every string is passed as data; the browser shows it as text.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agent.markers import WAKE_MARKER, read_wake_data
+from agent.markers import read_wake_data
 from api.event_log import ToolStep
 from delivery.rows import LedgerRow
 from gateway.config import Platform
@@ -167,7 +168,9 @@ def transcript_items(
                 {"kind": "wakeup", "id": row_id, "card": card_from_metadata(meta).as_dict()}
             )
             continue
-        if row.role == "user" and content.startswith(WAKE_MARKER):
+        # A wake-up is what the server marked as one when it ran it, never text that merely
+        # starts like one (anyone can type the marker).
+        if row.role == "user" and meta.get("wake"):
             card = card_of_wake_text(content)
             if card is not None:
                 items.append({"kind": "wakeup", "id": row_id, "card": card.as_dict()})

@@ -29,7 +29,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.markers import WAKE_MARKER
 from agent.tools import ToolProgress
 from api import config as cfg
 from api.approvals import ApprovalRecord, Approvals
@@ -283,6 +282,7 @@ class WebTurns:
                         f"webui-wake:{card.delivery_id}" if card and card.delivery_id else None
                     ),
                     bind_key_to_request=False,
+                    wakeup=wakeup,
                 )
             )
         except BaseException as exc:
@@ -458,7 +458,7 @@ class WebTurns:
 
     async def _store_stopped(self, stream: ActiveStream) -> bool:
         user: dict[str, Any] = {"role": "user", "content": stream.user_text}
-        if stream.user_text.startswith(WAKE_MARKER):
+        if stream.wakeup:
             user["display_metadata"] = {"wake": True}
         reply = {"role": "assistant", "content": stream.text, "display_metadata": {"stopped": True}}
         try:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.markers import DELIVERY_MARKER
+from agent.markers import DELIVERY_MARKER, defang
 
 __all__ = [
     "build_context",
@@ -143,8 +143,14 @@ def build_context(
     taken: list[dict[str, Any]],
     request_messages: list[dict[str, Any]],
     user_message: dict[str, Any],
+    *,
+    wakeup: bool = False,
 ) -> list[dict[str, Any]]:
     """The model's context: request system prompt, stored transcript, the new message.
+
+    Only the server's own wake-ups (``wakeup`` for the new message; the ``wake`` mark the
+    server stored on earlier ones) reach the model with their markers; in text a person
+    wrote they are defanged (``agent.markers.defang``), whatever it looks like.
 
     Delivery rows are folded here: the rows this turn took go into one system message
     tagged ``[reveille:delivery]`` right before the new user message; rows folded by
@@ -173,13 +179,20 @@ def build_context(
                     earlier.append(row["content"])
                 continue
             flush()
-            context.append({"role": row["role"], "content": row["content"]})
+            meta = row.get("display_metadata") or {}
+            content = row["content"]
+            if row["role"] == "user" and not meta.get("wake"):
+                content = defang(content)
+            context.append({"role": row["role"], "content": content})
         flush()
     else:
         # A new session: the client's own earlier messages are the history.
         last = max(i for i, m in enumerate(request_messages) if m is user_message)
         context.extend(
-            {"role": m["role"], "content": message_text(m)}
+            {
+                "role": m["role"],
+                "content": defang(message_text(m)) if m["role"] == "user" else message_text(m),
+            }
             for m in request_messages[:last]
             if m["role"] in ("user", "assistant")
         )
@@ -189,7 +202,8 @@ def build_context(
         context.append(
             {"role": "system", "content": delivery_context_text([row["content"] for row in taken])}
         )
-    context.append({"role": "user", "content": message_text(user_message)})
+    text = message_text(user_message)
+    context.append({"role": "user", "content": text if wakeup else defang(text)})
     return context
 
 

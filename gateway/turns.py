@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agent.loop import Agent
-from agent.markers import WAKE_MARKER
 from agent.providers.base import DeltaCallback, ProviderError
 from agent.tools import ConfirmCallback, ToolContext, ToolProgress
 from gateway.config import Platform
@@ -174,6 +173,10 @@ class TurnRequest:
     bind_key_to_request: bool = True
     """False for a key that names one piece of work whatever text comes with it (a wake-up
     keyed by its delivery id is re-rendered when re-offered, yet is the same wake-up)."""
+    wakeup: bool = False
+    """Set by the server, never by a client: the turn delivers background work (a wake-up).
+    Its user message is stored with the ``wake`` mark the transcript and later contexts go
+    by; text that merely looks like a wake-up is a person's text."""
     unwritten: bool = False
     """The surface has just read that no session, live or deleted, has this id (see
     ``Conversation``): the turn starts empty without reading the store again. Its first
@@ -469,7 +472,13 @@ class TurnService:
         session_id, key = request.session_id, request.idempotency_key
         try:
             user_message = next(m for m in reversed(request.messages) if m["role"] == "user")
-            context = build_context(begun.history, begun.taken, request.messages, user_message)
+            context = build_context(
+                begun.history,
+                begun.taken,
+                request.messages,
+                user_message,
+                wakeup=request.wakeup,
+            )
             ctx = ToolContext(
                 session_id=session_id,
                 session_key=self.session_key(session_id),
@@ -529,7 +538,7 @@ class TurnService:
         key = request.idempotency_key
         user_text = message_text(user_message)
         user_row: dict[str, Any] = {"role": "user", "content": user_text}
-        if user_text.startswith(WAKE_MARKER):
+        if request.wakeup:
             user_row["display_metadata"] = {"wake": True}
         reply_row: dict[str, Any] = {"role": "assistant", "content": str(result.content or "")}
         if key is not None:
@@ -557,7 +566,7 @@ class TurnService:
                 "session_deleted", f"session {request.session_id!r} was deleted while the turn ran"
             ) from None
         self.turns_stored += 1
-        if user_text.startswith(WAKE_MARKER):
+        if request.wakeup:
             self.wake_turns += 1
 
 

@@ -100,6 +100,7 @@ async def serve(
     provider: ModelProvider | None = None,
     shutdown_grace_seconds: float = 10.0,
     reuse_port: bool = False,
+    server_secret: str | None = None,
 ) -> AsyncIterator[App]:
     """Open everything ``settings`` describe, in order, and close it in reverse on exit.
 
@@ -109,7 +110,8 @@ async def serve(
     the gateway runner's completion watcher last, once every delivery target is listening.
     ``provider`` overrides the configured one (tests, benchmarks) and is then left open.
     ``reuse_port`` binds both ports with SO_REUSEPORT: this process is one of the workers
-    of ``reveille serve --workers N`` (``reveille.workers``), all listening on them.
+    of ``reveille serve --workers N`` (``reveille.workers``), all listening on them, and
+    ``server_secret`` is what they share to take each other's wake-up self-POSTs as their own.
     """
     if settings.webui_port:
         check_webui_bind(settings)
@@ -142,7 +144,9 @@ async def serve(
         runner = GatewayRunner(
             store, queue=queue, on_outcome=metrics.observe, shutdown_grace_seconds=grace
         )
-        adapter = build_adapter(settings, store, model, metrics, reuse_port=reuse_port)
+        adapter = build_adapter(
+            settings, store, model, metrics, reuse_port=reuse_port, server_secret=server_secret
+        )
         runner.register_target(Platform.API_SERVER, ApiServerTarget(store, adapter))
         # Built before the API server starts (Telegram's webhook adds a route to it),
         # started once it listens.
@@ -202,6 +206,7 @@ def build_adapter(
     metrics: Metrics,
     *,
     reuse_port: bool = False,
+    server_secret: str | None = None,
 ) -> ApiServerAdapter:
     """The API server over its own turn service (``Platform.API_SERVER``)."""
     turns = TurnService(
@@ -221,6 +226,7 @@ def build_adapter(
         allowed_origins=settings.allowed_origins,
         max_body_bytes=settings.max_body_bytes,
         reuse_port=reuse_port,
+        server_secret=server_secret,
     )
     metrics.install(adapter.app)
     metrics.watch_turns(Platform.API_SERVER.value, turns)

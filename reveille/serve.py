@@ -205,7 +205,11 @@ async def serve_until_signalled(settings: Settings, *, role: WorkerRole | None =
             loop.add_signal_handler(sig, stopping.set)
             installed.append(sig)
     try:
-        async with serve(settings, reuse_port=role is not None) as app:
+        async with serve(
+            settings,
+            reuse_port=role is not None,
+            server_secret=role.secret if role is not None else None,
+        ) as app:
             if role is not None:
                 role.report_ready(app)
                 await stopping.wait()

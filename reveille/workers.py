@@ -26,6 +26,7 @@ import functools
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -46,6 +47,7 @@ WORKER_LOG_FORMAT = (
     "%(asctime)s %(levelname)s worker {index} (pid %(process)d) %(name)s: %(message)s"
 )
 _PR_SET_PDEATHSIG = 1
+SERVER_SECRET_ENV = "REVEILLE_WORKER_SECRET"
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,13 +65,20 @@ class WorkerRole:
     index: int
     ready_fd: int
     supervisor_pid: int
+    secret: str | None = None
+    """What every worker presents to the others: its self-POSTs (wake-ups) land on any
+    worker of the shared port, which must take them as its own (``SERVER_SECRET_ENV``)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WorkerRole | None:
         fd = getattr(args, "worker_ready_fd", None)
         if fd is None:
             return None
-        return cls(int(getattr(args, "worker_index", 0) or 0), fd, int(args.supervisor_pid or 0))
+        # From the environment, never argv (which every user of the host can read).
+        secret = os.environ.pop(SERVER_SECRET_ENV, None)
+        return cls(
+            int(getattr(args, "worker_index", 0) or 0), fd, int(args.supervisor_pid or 0), secret
+        )
 
     def argv(self) -> list[str]:
         return [
@@ -181,6 +190,7 @@ class Supervisor:
         self.max_backoff_seconds = max_backoff_seconds
         self.stable_seconds = stable_seconds
         self.procs: dict[int, asyncio.subprocess.Process] = {}
+        self.secret = secrets.token_urlsafe(32)
         self._stopping: asyncio.Event | None = None
 
     @property
@@ -262,7 +272,11 @@ class Supervisor:
         argv += ["--host", self.settings.host, "--port", str(self.api_port), *role.argv()]
         if self.config:
             argv += ["--config", self.config]
-        env = {**os.environ, "REVEILLE_WEBUI_PORT": str(self.webui_port)}
+        env = {
+            **os.environ,
+            "REVEILLE_WEBUI_PORT": str(self.webui_port),
+            SERVER_SECRET_ENV: self.secret,
+        }
         try:
             proc = await asyncio.create_subprocess_exec(*argv, env=env, pass_fds=(write_fd,))
         except BaseException:

@@ -57,11 +57,13 @@ def is_keyed(request: web.Request) -> bool:
 class ApiKeyAuth:
     """The API port's key check (see the module docstring)."""
 
-    def __init__(self, configured_key: str = "") -> None:
+    def __init__(self, configured_key: str = "", *, internal_key: str | None = None) -> None:
         self.configured_key = configured_key
         # What this process's own wake-ups present: the configured key when there is one,
         # otherwise a secret nobody else can know.
-        self.internal_key = configured_key or "internal-" + secrets.token_urlsafe(32)
+        self.internal_key = (
+            configured_key or internal_key or "internal-" + secrets.token_urlsafe(32)
+        )
         self._public: set[str] = set()
 
     def public(self, path: str) -> None:

@@ -32,6 +32,7 @@ another conversation is another record and never answers with that conversation'
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import secrets
@@ -119,6 +120,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         idempotency_wait_seconds: float = 300.0,
         allowed_origins: frozenset[str] = frozenset(),
         reuse_port: bool = False,
+        server_secret: str | None = None,
     ) -> None:
         super().__init__()
         given = sum(x is not None for x in (turns, agent, turn_runner))
@@ -146,9 +148,12 @@ class ApiServerAdapter(BasePlatformAdapter):
         # SO_REUSEPORT: several worker processes listen on one port, the kernel spreads
         # connections between them (``reveille serve --workers N``).
         self._reuse_port = reuse_port
-        self.auth = ApiKeyAuth(api_key or "")
-        # Proves a request is this process's own wake-up (``deliver_wake`` sends it).
-        self._wake_token = secrets.token_urlsafe(32)
+        # ``server_secret``: shared by the workers of one port, whose wake-up self-POSTs land
+        # on any of them; otherwise a secret of this process alone.
+        secret = server_secret or secrets.token_urlsafe(32)
+        self.auth = ApiKeyAuth(api_key or "", internal_key="internal-" + secret)
+        # Proves a request is this server's own wake-up (``deliver_wake`` sends it).
+        self._wake_token = hashlib.sha256(f"wake:{secret}".encode()).hexdigest()
         self.max_body_bytes = max_body_bytes
         self.keepalive_seconds = keepalive_seconds
         self._runner: web.AppRunner | None = None
@@ -339,6 +344,8 @@ class ApiServerAdapter(BasePlatformAdapter):
                 stream=options["stream"],
                 # A client's key is bound to its request; a wake-up's names its delivery.
                 bind_key_to_request=not internal,
+                # Only this server's own wake-up proves itself (the wake token).
+                wakeup=internal,
                 unwritten=unwritten,
             )
         )

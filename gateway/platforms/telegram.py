@@ -282,7 +282,9 @@ class TelegramAdapter(BasePlatformAdapter):
                 transient=True,
             ) from None
         try:
-            return await self._answer(source, session_id, event.text, key, create=False)
+            return await self._answer(
+                source, session_id, event.text, key, create=False, wakeup=True
+            )
         except TelegramError as exc:
             if exc.gone:
                 raise SessionGone(session_id) from exc
@@ -311,6 +313,7 @@ class TelegramAdapter(BasePlatformAdapter):
         key: str | None,
         *,
         create: bool,
+        wakeup: bool = False,
     ) -> str:
         """Run (or replay) the turn and send its reply; raises ``TelegramError``."""
         if key is not None and await asyncio.to_thread(self.state.reply_finished, key):
@@ -325,6 +328,7 @@ class TelegramAdapter(BasePlatformAdapter):
                     idempotency_key=key,
                     stream=True,
                     bind_key_to_request=False,
+                    wakeup=wakeup,
                 )
             )
             reply = _Reply(self, source, key)

@@ -8,10 +8,15 @@ had delivered but not acknowledged is settled exactly once, and work it was runn
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import signal
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from gateway.wake import DELEGATION_DISPLAY_KIND
 from tests.api_server.serve_support import (
@@ -24,6 +29,55 @@ from tests.api_server.serve_support import (
 )
 
 PEERS = re.compile(r"(\d+) other server\(s\) share this state")
+
+
+class _SlowModel(BaseHTTPRequestHandler):
+    """An OpenAI-compatible model that takes a second to answer: turns that start together
+    are still running together when they store."""
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        time.sleep(1.0)
+        message = {"role": "assistant", "content": "hello"}
+        if body.get("stream"):
+            chunks = [
+                {"choices": [{"index": 0, "delta": message, "finish_reason": None}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            ]
+            payload = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            kind = "text/event-stream"
+        else:
+            payload = json.dumps(
+                {"id": "c", "object": "chat.completion", "created": 0, "model": "slow",
+                 "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+            )  # fmt: skip
+            kind = "application/json"
+        data = payload.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def slow_model() -> Iterator[dict[str, str]]:
+    """The slow model on a loopback port; yields the environment that points a server at it."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _SlowModel)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield {
+            "REVEILLE_PROVIDER": "openai",
+            "REVEILLE_MODEL": "slow",
+            "OPENAI_BASE_URL": f"http://127.0.0.1:{httpd.server_port}/v1",
+            "OPENAI_API_KEY": "sk-fake",
+        }
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def _results(port: int, session_id: str) -> list[dict]:
@@ -80,23 +134,24 @@ def test_alike_first_turns_through_two_servers_never_share_a_session(tmp_path) -
     """Each server reserves the ids of its own running first turns; between servers the
     store refuses the second creation: one conversation gets the opening's id, the other a
     409 with nothing stored, and sent again a session of its own."""
-    servers = [Server(tmp_path, demo_delay=1.0), Server(tmp_path, demo_delay=1.0)]
-    try:
-        body = {"model": "m", "messages": [{"role": "user", "content": "hello, both of you"}]}
-        with ThreadPoolExecutor(2) as pool:
-            answers = list(
-                pool.map(lambda s: call(s.port, "POST", "/v1/chat/completions", body), servers)
-            )
-        statuses = sorted(status for status, _, _ in answers)
-        assert statuses == [200, 409], answers
-        won = next(h for status, h, _ in answers if status == 200)["X-Hermes-Session-Id"]
-        lost_at = servers[[status for status, _, _ in answers].index(409)]
-        refused = next(data for status, _, data in answers if status == 409)
-        assert refused["error"]["code"] == "conversation_conflict"
-        assert [m["role"] for m in transcript(servers[0].port, won)] == ["user", "assistant"]
-        again, _ = chat(lost_at.port, "hello, both of you")
-        assert again.startswith(won + "_")
-        assert [m["role"] for m in transcript(servers[1].port, again)] == ["user", "assistant"]
-    finally:
-        for server in servers:
-            server.stop()
+    with slow_model() as env:
+        servers = [Server(tmp_path, extra_env=env), Server(tmp_path, extra_env=env)]
+        try:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hello, both of you"}]}
+            with ThreadPoolExecutor(2) as pool:
+                answers = list(
+                    pool.map(lambda s: call(s.port, "POST", "/v1/chat/completions", body), servers)
+                )
+            statuses = sorted(status for status, _, _ in answers)
+            assert statuses == [200, 409], answers
+            won = next(h for status, h, _ in answers if status == 200)["X-Hermes-Session-Id"]
+            lost_at = servers[[status for status, _, _ in answers].index(409)]
+            refused = next(data for status, _, data in answers if status == 409)
+            assert refused["error"]["code"] == "conversation_conflict"
+            assert [m["role"] for m in transcript(servers[0].port, won)] == ["user", "assistant"]
+            again, _ = chat(lost_at.port, "hello, both of you")
+            assert again.startswith(won + "_")
+            assert [m["role"] for m in transcript(servers[1].port, again)] == ["user", "assistant"]
+        finally:
+            for server in servers:
+                server.stop()

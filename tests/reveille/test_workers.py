@@ -12,11 +12,12 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reveille.settings import SettingsError, load_settings
-from tests.api_server.serve_support import ROOT, Server, call, chat, wait_until
+from tests.api_server.serve_support import ROOT, Server, call, chat, ledger_rows, wait_until
 
 WORKERS = ("--workers", "2")
 
@@ -187,3 +188,37 @@ def test_telegram_long_polling_needs_one_worker(tmp_path: Path) -> None:
     )
     assert hooked.workers == 2
     assert load_settings({**env, "REVEILLE_WORKERS": "1"}).workers == 1
+
+
+def test_wake_ups_come_home_through_any_worker_without_a_key(tmp_path: Path) -> None:
+    """A wake-up is a self-POST to the shared port, so it lands on any worker: every worker
+    takes it as the server's own (the secret the supervisor gives them all), so it runs at
+    the first attempt and is stored as a wake-up (its card), whichever worker takes it."""
+    workers = Server(
+        tmp_path,
+        key=None,
+        args=WORKERS,
+        extra_env={
+            "REVEILLE_WEBUI_PORT": str(free_port()),
+            "REVEILLE_SHELL_ENABLED": "1",
+            "REVEILLE_SHELL_WORKDIR": str(tmp_path),
+        },
+    )
+    try:
+        workers.wait_for(re.compile(r"with 2 workers"))
+        sessions = [chat(workers.port, f"run in the background: echo {i}")[0] for i in range(8)]
+
+        def delivered() -> list[Any] | None:
+            rows = [r for r in ledger_rows(tmp_path) if r.kind == "process"]
+            done = len(rows) == 8 and all(r.delivery_state == "delivered" for r in rows)
+            return rows if done else None
+
+        rows = wait_until(delivered, timeout=60)
+        assert [r.delivery_attempts for r in rows] == [1] * 8
+        for session_id in sessions:
+            status, _, data = call(workers.port, "GET", f"/api/sessions/{session_id}/messages")
+            assert status == 200
+            wakes = [m for m in data["data"] if (m["display_metadata"] or {}).get("wake")]
+            assert len(wakes) == 1, data["data"]
+    finally:
+        workers.stop()
