@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -57,9 +58,14 @@ logger = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src {images}; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 )
+# Images come only from the page's own /static/ folder and inline data: never from an API
+# path (an <img src=/api/events> would hold one of the tab's connections for good) or a
+# remote host. 'self' cannot name a path, so the origin is spelled out, when it is one a
+# header may carry.
+_HOST = re.compile(r"[A-Za-z0-9.\-]+(?::\d{1,5})?|\[[0-9A-Fa-f:.]+\](?::\d{1,5})?")
 _HARDENING = {
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
@@ -236,6 +242,13 @@ class WebUIServer:
             )
 
     @staticmethod
+    def _page_csp(request: web.Request) -> str:
+        images = "data:"
+        if _HOST.fullmatch(request.host or ""):
+            images = f"{request.scheme}://{request.host}/static/ data:"
+        return CSP.format(images=images)
+
+    @staticmethod
     def _own_origin(request: web.Request) -> str:
         return f"{request.scheme}://{request.host}".lower()
 
@@ -244,7 +257,8 @@ class WebUIServer:
             response.headers.setdefault(name, value)
         content_type = response.headers.get("Content-Type", "")
         response.headers.setdefault(
-            "Content-Security-Policy", CSP if content_type.startswith("text/html") else _JSON_CSP
+            "Content-Security-Policy",
+            self._page_csp(request) if content_type.startswith("text/html") else _JSON_CSP,
         )
         if request.path.startswith("/api/"):
             response.headers.setdefault("Cache-Control", "no-store")

@@ -29,10 +29,23 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
     node.setAttribute("rel", "noopener noreferrer nofollow");
   }
   if (node.tagName === "IMG") {
+    // Inline images only: a same-origin path could be an API route (an image pointed at
+    // /api/events holds one of the tab's connections for good), a remote one a tracker.
     const src = node.getAttribute("src") || "";
-    if (!/^(?:\/(?!\/)|data:image\/(?:png|gif|jpeg|webp);)/i.test(src)) node.removeAttribute("src");
+    if (!INLINE_IMAGE.test(src.trim())) node.removeAttribute("src");
   }
 });
+
+const INLINE_IMAGE = /^data:image\/(?:png|gif|jpeg|webp);base64,[a-z0-9+/=\s]*$/i;
+
+/** An image that may not load is shown as its description, in text. */
+function describeBlockedImages(fragment) {
+  for (const img of fragment.querySelectorAll("img:not([src])")) {
+    const alt = img.getAttribute("alt") || "";
+    img.replaceWith(document.createTextNode(`[image${alt ? `: ${alt}` : ""}]`));
+  }
+  return fragment;
+}
 
 const PURIFY = {
   ALLOWED_TAGS: [
@@ -59,7 +72,7 @@ function highlighter() {
 /** Sanitised DOM fragment of a markdown string. */
 export function renderMarkdown(text) {
   const html = marked.parse(String(text ?? ""), { async: false });
-  return DOMPurify.sanitize(html, PURIFY);
+  return describeBlockedImages(DOMPurify.sanitize(html, PURIFY));
 }
 
 function highlightAll(target) {

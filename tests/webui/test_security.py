@@ -37,6 +37,8 @@ async def test_pages_carry_a_strict_csp(web: Web, tmp_path) -> None:
         csp = r.headers["Content-Security-Policy"]
         assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
         assert "unsafe-inline" not in csp
+        # images from /static/ and inline data only: never an API path, never afar
+        assert "img-src http://127.0.0.1:" in csp and "/static/ data:;" in csp
         assert r.headers["X-Content-Type-Options"] == "nosniff"
         assert r.headers["X-Frame-Options"] == "DENY"
         assert r.headers["Referrer-Policy"] == "no-referrer"

@@ -57,3 +57,24 @@ def test_hostile_completion_renders_as_text(start_server, new_tab, shots) -> Non
     assert made == {"pwned": None, "imgs": 0, "scripts": 0, "jsLinks": 0}, made
     assert not tab.dialogs, tab.dialogs
     assert not tab.errors, tab.errors
+
+
+def test_images_in_a_reply_never_load_from_the_api_or_afar(start_server, new_tab, shots) -> None:
+    """A reply quoting markdown images pointed at the page's own event stream (which would
+    hold a connection of the tab for good) and at a remote host loads neither: each shows as
+    its description, in text; the icon from /static/ still loads under the CSP."""
+    server = start_server(demo_delay=0.0)
+    tab = new_tab(server.url)
+    page = tab.open("/")
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    create_session(page)
+    send(page, "look: ![tap](/api/events) ![tracker](https://tracker.invalid/p.png)")
+    reply = finished_reply(page, 0)
+    expect(reply).to_contain_text("[image: tap]")
+    expect(reply).to_contain_text("[image: tracker]")
+    assert reply.locator("img").count() == 0
+    assert not any("tracker.invalid" in url for url in requested)
+    assert sum("/api/events" in url for url in requested) <= 1  # the page's own stream only
+    assert tab.errors == []
+    shots(page, "images-described")
