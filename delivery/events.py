@@ -34,6 +34,7 @@ from typing import Any, Final, Literal
 
 __all__ = [
     "ASYNC_DELEGATION",
+    "DELIVERABLE_TYPES",
     "EVENT_TYPES",
     "PROCESS_COMPLETION",
     "SUCCESS_STATUSES",
@@ -61,6 +62,9 @@ PROCESS_COMPLETION: Final = "completion"
 """A background process exited; claimed under its ``delivery_id`` (= ``process_id``)."""
 EVENT_TYPES: Final = frozenset({ASYNC_DELEGATION, PROCESS_COMPLETION})
 """The types the ledger writes; anything else (``watch_match`` ...) parses as generic."""
+DELIVERABLE_TYPES: Final = EVENT_TYPES | frozenset({"watch_match", "watch_disabled"})
+"""The types a wake-up is made of: the ledger's and a process watch's (SPEC.md's
+``watch_match`` and friends). Any other type, or none, is refused at the router's edge."""
 
 EventKind = Literal["delegation", "delegation_batch", "process", "abandoned", "generic"]
 

@@ -27,7 +27,7 @@ import os
 from typing import Any, Protocol
 
 import tools.async_delegation as ad
-from delivery.events import CompletionEvent, delivery_id, parse_event
+from delivery.events import DELIVERABLE_TYPES, CompletionEvent, delivery_id, parse_event
 from gateway.config import Platform
 from gateway.delivery_targets import (
     ClaimingTarget,
@@ -168,6 +168,8 @@ class GatewayRunner:
         if not isinstance(evt, dict):
             logger.error("ignoring a completion that is not a dict: %r", type(evt).__name__)
             return "ignored"
+        if evt.get("type") not in DELIVERABLE_TYPES:
+            return await self._refuse_unknown_type(evt)
         event = parse_event(evt)  # a mapping always parses (unknown types are generic)
         if event.origin_ui_session_id:
             # The web UI's: ``origin_ui_session_id`` is final, and its consumer claims.
@@ -294,6 +296,21 @@ class GatewayRunner:
                 transient=True,
             )
         await target.deliver(event, session)
+
+    async def _refuse_unknown_type(self, evt: dict[str, Any]) -> str:
+        """A completion of an unknown or missing ``type`` would become a wake-up of generic
+        text that says nothing: it is refused here. A ledger row is dropped with the reason
+        (``reveille deliveries`` shows it), anything else is logged and ignored."""
+        kind = evt.get("type")
+        reason = f"unknown completion event type {str(kind)[:80]!r}: not delivered"
+        if _event_id(evt) is None:
+            logger.warning("ignoring a completion without an id: %s", reason)
+            return "ignored"
+        claim = await self._claim(evt)
+        if claim is None:
+            return "held"
+        await self._drop(evt, claim, reason)
+        return "ignored"
 
     # ----------------------------------------------------------------- the contract
 

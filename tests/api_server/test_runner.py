@@ -184,6 +184,23 @@ async def test_routing_rules(gateway, runtime) -> None:
     assert get_durable_delegation("proc_ui")["delivery_attempts"] == 0
 
 
+@pytest.mark.parametrize("kind", ["", None, "weather_report", 7])
+async def test_an_unknown_event_type_is_refused_at_the_edge(gateway, runtime, kind) -> None:
+    """A completion of an unknown or missing type would become a wake-up of generic text:
+    its ledger row is dropped with the reason (what `reveille deliveries` shows) and
+    nothing reaches the session; without a ledger id it is ignored."""
+    app, _provider = gateway
+    app.store.create_session("sess_live")
+    evt = finished_process(runtime.ledger, "proc_odd", origin_session_id="sess_live")
+    evt["type"] = kind
+    assert await app.runner.handle_event(evt) == "ignored"
+    row = get_durable_delegation("proc_odd")
+    assert row["delivery_state"] == "dropped"
+    assert "unknown completion event type" in row["settled_reason"]
+    assert app.store.messages("sess_live") == []
+    assert await app.runner.handle_event({"type": kind, "summary": "x"}) == "ignored"
+
+
 async def test_transient_refusal_releases_retryable(gateway, runtime, monkeypatch) -> None:
     app, _provider = gateway
     app.store.create_session("sess_busy")
