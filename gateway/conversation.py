@@ -207,6 +207,48 @@ def build_context(
     return context
 
 
+def bound_context(context: list[dict[str, Any]], budget_chars: int) -> list[dict[str, Any]]:
+    """``context`` within ``budget_chars`` characters of content: never an unbounded history.
+
+    The request's leading system messages, the results this turn folds and the new message
+    stay; the oldest history goes first, replaced by one note that says how much was left
+    out. A new message too long by itself keeps its head and its tail. (Summarising what is
+    left out is compaction's job; this bound only keeps every request sendable.)
+    """
+
+    def size(messages: list[dict[str, Any]]) -> int:
+        return sum(len(str(m.get("content") or "")) for m in messages)
+
+    if size(context) <= budget_chars:
+        return context
+    lead = 0
+    while lead < len(context) - 1 and context[lead]["role"] == "system":
+        lead += 1
+    tail = 1
+    if len(context) - tail > lead and DELIVERY_MARKER in str(context[-2].get("content") or ""):
+        tail = 2  # the results this turn folds: it is the turn that tells the model
+    head, history, end = context[:lead], context[lead:-tail], context[-tail:]
+    dropped = 0
+    while history and size(head) + size(history) + size(end) > budget_chars:
+        history.pop(0)
+        dropped += 1
+    if dropped:
+        note = (
+            f"[{dropped} earlier message(s) of this conversation are left out: it is longer "
+            f"than the context budget of {budget_chars} characters]"
+        )
+        head = [*head, {"role": "system", "content": note}]
+    room = budget_chars - size(head) - size(history) - size(end[:-1])
+    last = end[-1]
+    text = str(last.get("content") or "")
+    if len(text) > max(room, 0):
+        keep = max(room, 200) // 2
+        cut = len(text) - 2 * keep
+        text = f"{text[:keep]}\n[... {cut} characters left out ...]\n{text[-keep:]}"
+        end = [*end[:-1], {**last, "content": text}]
+    return [*head, *history, *end]
+
+
 @dataclass(frozen=True)
 class _RepairedResult:
     content: str

@@ -42,6 +42,7 @@ from agent.providers.base import DeltaCallback, ProviderError
 from agent.tools import ConfirmCallback, ToolContext, ToolProgress
 from gateway.config import Platform
 from gateway.conversation import (
+    bound_context,
     build_context,
     delivery_context_text,
     derive_session_id,
@@ -238,6 +239,7 @@ class TurnService:
         idempotency_wait_seconds: float = 300.0,
         session_key_of: Callable[[str], str] | None = None,
         confirm_for: Callable[[str], ConfirmCallback] | None = None,
+        context_chars: int = 400_000,
     ) -> None:
         """``confirm_for(session_id)``, when given, is the approval hook of that session's
         tool calls (``ToolContext.confirm``). Turns of ``Platform.WEBUI`` mark the
@@ -251,6 +253,7 @@ class TurnService:
         self._render = render
         self._platform = platform
         self._confirm_for = confirm_for
+        self.context_chars = context_chars  # what one turn sends the model, at most
         # Owners of idempotency claims are "<pid>:<boot token>:<nonce>": a claim whose
         # process is gone, or is this pid under another boot token, is void.
         self._boot = f"{os.getpid()}:{secrets.token_hex(8)}"
@@ -472,12 +475,15 @@ class TurnService:
         session_id, key = request.session_id, request.idempotency_key
         try:
             user_message = next(m for m in reversed(request.messages) if m["role"] == "user")
-            context = build_context(
-                begun.history,
-                begun.taken,
-                request.messages,
-                user_message,
-                wakeup=request.wakeup,
+            context = bound_context(
+                build_context(
+                    begun.history,
+                    begun.taken,
+                    request.messages,
+                    user_message,
+                    wakeup=request.wakeup,
+                ),
+                self.context_chars,
             )
             ctx = ToolContext(
                 session_id=session_id,

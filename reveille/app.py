@@ -215,6 +215,7 @@ def build_adapter(
         render=functools.partial(completion_object, model=model.name),
         platform=Platform.API_SERVER,
         max_concurrent_runs=settings.max_concurrent_runs,
+        context_chars=settings.context_chars,
     )
     adapter = ApiServerAdapter(
         store=store,
@@ -299,6 +300,7 @@ def build_webui(
         render=lambda result: {"content": str(result.content or "")},
         platform=Platform.WEBUI,
         max_concurrent_runs=settings.max_concurrent_runs,
+        context_chars=settings.context_chars,
         confirm_for=approvals.confirm_for if settings.shell_enabled else None,
     )
     turns = WebTurns(

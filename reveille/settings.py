@@ -45,6 +45,7 @@ class Settings:
     shell_enabled: bool = False
     shell_workdir: str = ""
     max_concurrent_runs: int = 10
+    context_chars: int = 400_000
     # processes serving the same ports (SO_REUSEPORT) over one store; "auto" = os.cpu_count()
     workers: int = 1
     max_body_bytes: int = 1024 * 1024
@@ -109,6 +110,7 @@ ENV_NAMES: dict[str, str] = {
     "shell_enabled": "REVEILLE_SHELL_ENABLED",
     "shell_workdir": "REVEILLE_SHELL_WORKDIR",
     "max_concurrent_runs": "REVEILLE_MAX_CONCURRENT_RUNS",
+    "context_chars": "REVEILLE_CONTEXT_CHARS",
     "workers": "REVEILLE_WORKERS",
     "max_body_bytes": "REVEILLE_MAX_BODY_BYTES",
     "max_async_children": "REVEILLE_MAX_ASYNC_CHILDREN",
@@ -142,6 +144,7 @@ _TOML_ALIASES = {
     ("model", "base_url"): "openai_base_url",
     ("model", "api_key"): "openai_api_key",
     ("model", "demo_delay_seconds"): "demo_delay_seconds",
+    ("model", "context_chars"): "context_chars",
     ("shell", "enabled"): "shell_enabled",
     ("shell", "workdir"): "shell_workdir",
     ("delegation", "max_async_children"): "max_async_children",
@@ -236,6 +239,8 @@ def _validate(s: Settings) -> None:
     ):
         if getattr(s, name) < 1:
             raise bad(name, "must be at least 1")
+    if s.context_chars < 1000:
+        raise bad("context_chars", "must be at least 1000")
     if s.max_queued_delegations < 0:
         raise bad("max_queued_delegations", "must not be negative")
     if s.database_url and not s.database_url.startswith(("postgresql://", "postgres://")):

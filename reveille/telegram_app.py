@@ -44,6 +44,7 @@ def telegram_surfaces(
         render=_render,
         platform=Platform.TELEGRAM,
         max_concurrent_runs=settings.max_concurrent_runs,
+        context_chars=settings.context_chars,
         # A Telegram session's id is its routing key (telegram_session_id).
         session_key_of=lambda session_id: session_id,
     )
