@@ -74,6 +74,7 @@ _HARDENING = {
 _JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
 _OPEN_ROUTES = frozenset({"/api/bootstrap", "/api/login"})
 _MAX_QUERY = 200
+_PAGE = 200  # transcript messages a page holds
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -202,6 +203,7 @@ class WebUIServer:
         r.add_get("/api/sessions", self.list_sessions)
         r.add_post("/api/sessions", self.create_session)
         r.add_get("/api/sessions/{id}", self.get_session)
+        r.add_get("/api/sessions/{id}/items", self.older_items)
         r.add_get("/api/sessions/{id}/background", self.session_background)
         r.add_post("/api/sessions/{id}/read", self.mark_read)
         r.add_post("/api/sessions/{id}/messages", self.post_message)
@@ -378,22 +380,56 @@ class WebUIServer:
         view = await self.turns.session_dict(session_id)
         if view is None:
             raise ApiError(404, "Session not found", code="session_not_found")
-        try:
-            messages = await asyncio.to_thread(self.store.messages, session_id)
-        except SessionGone:
-            raise ApiError(404, "Session not found", code="session_not_found") from None
+        items, older = await self._transcript_page(session_id, None)
         stream = self.turns.active(session_id)
         approval = await self.approvals.pending_for(session_id)
         return web.json_response(
             {
                 "session": view,
                 "background": await self._unfinished_work(session_id),
-                "items": transcript_items(messages, await self.log.tool_steps(session_id)),
+                "items": items,
+                "older": older,
                 "active_stream": stream.as_dict() if stream is not None else None,
                 "pending_approval": approval.as_dict() if approval is not None else None,
                 "last_event_id": str(last_event_id),
             }
         )
+
+    async def older_items(self, request: web.Request) -> web.Response:
+        """``GET /api/sessions/{id}/items?before=<cursor>``: the page before ``older``."""
+        session_id = self._session_id(request)
+        before = request.query.get("before", "")
+        if not before.isdigit() or len(before) > 18 or int(before) < 1:
+            raise ApiError(400, "before must be a message cursor", code="invalid_cursor")
+        items, older = await self._transcript_page(session_id, int(before))
+        return web.json_response({"items": items, "older": older})
+
+    async def _transcript_page(
+        self, session_id: str, before: int | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """The transcript's items from its end (before the message ``before``), a page at a
+        time, and the cursor of the page before it (None: this page starts the session). A
+        huge transcript is never sent, nor rendered, whole."""
+        try:
+            rows = await asyncio.to_thread(
+                self.store.latest_messages, session_id, before_id=before, limit=_PAGE + 1
+            )
+        except SessionGone:
+            raise ApiError(404, "Session not found", code="session_not_found") from None
+        older = None
+        if len(rows) > _PAGE:
+            # One row more than a page: there is more before. A reply stays on the page of
+            # the question or wake-up it answers.
+            if rows[1].role != "assistant":
+                rows = rows[1:]
+            older = str(rows[0].id)
+        shown = {row.id for row in rows}
+        steps = [
+            step
+            for step in await self.log.tool_steps(session_id)
+            if step.message_id in shown or (step.message_id is None and before is None)
+        ]
+        return transcript_items(rows, steps), older
 
     async def session_background(self, request: web.Request) -> web.Response:
         session_id = self._session_id(request)

@@ -320,6 +320,10 @@ class SessionBackend(Protocol):
     def messages(self, session_id: str, after_id: int, limit: int | None) -> list[MessageRecord]:
         """Transcript in order, ids > ``after_id``; SessionGone unless live."""
 
+    def messages_before(self, session_id: str, before_id: int, limit: int) -> list[MessageRecord]:
+        """The ``limit`` newest messages with ids < ``before_id``, in order (a page of the
+        transcript read from its end); SessionGone unless live."""
+
     # -- turns
     async def abegin_turn(self, session_id: str, create: NewSession | None) -> TurnStart: ...
 

@@ -243,6 +243,7 @@ def _new_session(
 # How long a running turn holds its session without renewing: a server renews every third
 # of it, so a holder that dies on another host frees the session within this.
 TURN_LEASE_SECONDS = 15.0
+_NO_ID_ABOVE = 2**62  # above every message id: "before" it is "from the end"
 
 
 def _check_id(session_id: str) -> None:
@@ -406,6 +407,15 @@ class SessionStore:
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
         return self._backend.messages(session_id, after_id, limit)
+
+    def latest_messages(
+        self, session_id: str, *, before_id: int | None = None, limit: int = 200
+    ) -> list[MessageRecord]:
+        """A page of the transcript from its end: the ``limit`` newest messages (before
+        ``before_id``, when given), in order. Raises SessionGone for unknown sessions."""
+        if limit < 0:
+            raise ValueError("limit must be >= 0")
+        return self._backend.messages_before(session_id, before_id or _NO_ID_ABOVE, limit)
 
     # ----------------------------------------------------------------- turns
 

@@ -63,6 +63,8 @@ export const api = {
   sessions: (q) => request("GET", q ? `/api/sessions?q=${enc(q)}` : "/api/sessions"),
   createSession: (title) => request("POST", "/api/sessions", title ? { title } : {}),
   session: (id) => request("GET", `/api/sessions/${enc(id)}`),
+  olderItems: (id, before) =>
+    request("GET", `/api/sessions/${enc(id)}/items?before=${enc(before)}`),
   background: (id) => request("GET", `/api/sessions/${enc(id)}/background`),
   markRead: (id) => request("POST", `/api/sessions/${enc(id)}/read`, {}),
   send: (id, text) => request("POST", `/api/sessions/${enc(id)}/messages`, { text }),

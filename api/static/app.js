@@ -28,7 +28,10 @@ const chatEmpty = $("#chat-empty");
 const composerNote = $("#composer-note");
 
 const sidebar = new Sidebar($("#session-list"), { onOpen: (id) => openSession(id) });
-const chat = new ChatView(transcript, { onDecide: decide });
+const chat = new ChatView(transcript, {
+  onDecide: decide,
+  onOlder: (id, before) => api.olderItems(id, before),
+});
 const backgroundStrip = new BackgroundStrip($("#background-strip"));
 const deliveries = new DeliveriesView($("#deliveries"), $("#deliveries-empty"), {
   sessionTitle: (id) => (state.sessions.has(id) ? sessionTitle(state.sessions.get(id)) : String(id)),

@@ -104,9 +104,16 @@ function isRunning(status) {
 }
 
 export class ChatView {
-  constructor(root, { onDecide }) {
+  constructor(root, { onDecide, onOlder }) {
     this.root = root;
     this.onDecide = onDecide;
+    this.onOlder = onOlder;
+    this.older = null; // the cursor of the transcript's page before the first one shown
+    this.fetchingOlder = false;
+    // A long transcript comes a page at a time: scrolling near its top fetches the one before.
+    root.addEventListener("scroll", () => {
+      if (root.scrollTop < 200) this.loadOlder();
+    });
     this.sessionId = null;
     this.lastEventId = "";
     this.loading = false;
@@ -148,6 +155,9 @@ export class ChatView {
   load(detail) {
     this.reset();
     this.lastEventId = String(detail.last_event_id ?? "");
+    this.older = detail.older || null;
+    this.fetchingOlder = false;
+    if (this.older) this.root.append(this.olderButton());
     for (const item of detail.items || []) this.renderItem(item);
     const active = detail.active_stream;
     if (active && active.stream_id) {
@@ -177,18 +187,53 @@ export class ChatView {
     return !this.root.firstChild;
   }
 
-  renderItem(item) {
+  olderButton() {
+    const button = el("button", {
+      type: "button",
+      class: "load-older",
+      dataset: { testid: "load-older" },
+      text: "Show earlier messages",
+    });
+    button.addEventListener("click", () => this.loadOlder());
+    return button;
+  }
+
+  /** The transcript's page before the first one shown, put above it; the view stays put. */
+  async loadOlder() {
+    if (!this.older || this.fetchingOlder || this.loading || !this.onOlder) return;
+    const sessionId = this.sessionId;
+    this.fetchingOlder = true;
+    let page;
+    try {
+      page = await this.onOlder(sessionId, this.older);
+    } catch {
+      this.fetchingOlder = false;
+      return;
+    }
+    if (sessionId !== this.sessionId || this.loading) return;
+    const fragment = document.createDocumentFragment();
+    this.older = page.older || null;
+    if (this.older) fragment.append(this.olderButton());
+    for (const item of page.items || []) this.renderItem(item, fragment);
+    const before = this.root.scrollHeight - this.root.scrollTop;
+    this.root.querySelector(".load-older")?.remove();
+    this.root.prepend(fragment);
+    this.root.scrollTop = this.root.scrollHeight - before;
+    this.fetchingOlder = false;
+  }
+
+  renderItem(item, target = this.root) {
     if (item.kind === "message") {
       const node = this.message(item.role, item.content, { wakeup: item.wakeup, id: item.id });
       if (item.stopped) {
         node.dataset.status = "stopped";
         node.append(el("p", { class: "message-note", text: "Stopped" }));
       }
-      this.root.append(node);
+      target.append(node);
     } else if (item.kind === "wakeup" && item.card) {
-      this.addCard(item.card);
+      this.addCard(item.card, target);
     } else if (item.kind === "tool") {
-      this.root.append(toolStep(item));
+      target.append(toolStep(item));
     }
   }
 
@@ -357,11 +402,11 @@ export class ChatView {
     if (stream.refetchAtEnd) this.root.dispatchEvent(new CustomEvent("refetch"));
   }
 
-  addCard(card) {
+  addCard(card, target = this.root) {
     const key = card.delivery_id ? String(card.delivery_id) : null;
     if (key && this.cards.has(key)) return;
     if (key) this.cards.add(key);
-    this.root.append(wakeupCard(card));
+    target.append(wakeupCard(card));
   }
 
   upsertApproval(approval) {

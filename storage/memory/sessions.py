@@ -295,6 +295,13 @@ class MemorySessions:
 
         return self._read(op)
 
+    def messages_before(self, session_id: str, before_id: int, limit: int) -> list[MessageRecord]:
+        def op() -> list[MessageRecord]:
+            rows = [m for m in self._live(session_id).messages if m.id < before_id]
+            return [m.record() for m in rows[len(rows) - limit :]] if limit else []
+
+        return self._read(op)
+
     # -- turns
 
     async def abegin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:

@@ -292,6 +292,14 @@ class PostgresSessions:
 
         return self._read(op)
 
+    def messages_before(self, session_id: str, before_id: int, limit: int) -> list[MessageRecord]:
+        def op(conn: Conn) -> list[MessageRecord]:
+            _require_live(conn, session_id)
+            rows = conn.execute(q.SQL_MESSAGES_BEFORE, (session_id, before_id, limit)).fetchall()
+            return [_message(r) for r in reversed(rows)]
+
+        return self._read(op)
+
     # -- turns
 
     def _begin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:

@@ -96,6 +96,9 @@ SQL_MESSAGE_BY_DEDUPE = f"SELECT {_MSG} FROM messages WHERE session_id = %s AND 
 SQL_MESSAGES_AFTER = (
     f"SELECT {_MSG} FROM messages WHERE session_id = %s AND id > %s ORDER BY id LIMIT %s"
 )
+SQL_MESSAGES_BEFORE = (
+    f"SELECT {_MSG} FROM messages WHERE session_id = %s AND id < %s ORDER BY id DESC LIMIT %s"
+)
 SQL_TRANSCRIPT = f"SELECT {_MSG} FROM messages WHERE session_id = %s ORDER BY id"
 SQL_FOLD = (
     "UPDATE messages SET folded_at = %s WHERE session_id = %s AND display_kind IS NOT NULL"

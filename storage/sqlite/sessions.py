@@ -53,6 +53,7 @@ from storage.sqlite.sessions_sql import (
     SQL_LIST_SESSIONS,
     SQL_MESSAGE_BY_DEDUPE,
     SQL_MESSAGES_AFTER,
+    SQL_MESSAGES_BEFORE,
     SQL_SESSION,
     SQL_SESSION_BY_KEY,
     SQL_SESSION_EXISTS,
@@ -396,6 +397,12 @@ class SqliteSessions:
                 SQL_MESSAGES_AFTER, (session_id, after_id, -1 if limit is None else limit)
             ).fetchall()
         return [_message(r) for r in rows]
+
+    def messages_before(self, session_id: str, before_id: int, limit: int) -> list[MessageRecord]:
+        with self._read() as conn:
+            _require_live(conn, session_id)
+            rows = conn.execute(SQL_MESSAGES_BEFORE, (session_id, before_id, limit)).fetchall()
+        return [_message(r) for r in reversed(rows)]
 
     # -- turns
 

@@ -143,6 +143,9 @@ SQL_MESSAGE_BY_DEDUPE = f"SELECT {_MSG} FROM messages WHERE session_id = ? AND d
 SQL_MESSAGES_AFTER = (
     f"SELECT {_MSG} FROM messages WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?"
 )
+SQL_MESSAGES_BEFORE = (
+    f"SELECT {_MSG} FROM messages WHERE session_id = ? AND id < ? ORDER BY id DESC LIMIT ?"
+)
 SQL_TRANSCRIPT = f"SELECT {_MSG} FROM messages WHERE session_id = ? ORDER BY id"
 SQL_UNFOLDED = (
     f"SELECT {_MSG} FROM messages"

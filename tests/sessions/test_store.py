@@ -272,3 +272,18 @@ async def test_a_title_is_text_of_bounded_length(store: SessionStore, title: str
     with pytest.raises(ValueError):
         await store.aset_title(sid, title)
     assert store.get_session(sid).title is None
+
+
+def test_latest_messages_pages_the_transcript_from_its_end(store: SessionStore) -> None:
+    store.create_session("sess_page")
+    ids = [store.append_message("sess_page", "user", f"m{i}").id for i in range(7)]
+    newest = store.latest_messages("sess_page", limit=3)
+    assert [m.content for m in newest] == ["m4", "m5", "m6"]
+    older = store.latest_messages("sess_page", before_id=newest[0].id, limit=3)
+    assert [m.content for m in older] == ["m1", "m2", "m3"]
+    oldest = store.latest_messages("sess_page", before_id=older[0].id, limit=3)
+    assert [m.id for m in oldest] == ids[:1]
+    assert store.latest_messages("sess_page", before_id=ids[0], limit=3) == []
+    assert store.latest_messages("sess_page", limit=0) == []
+    with pytest.raises(SessionGone):
+        store.latest_messages("sess_missing")
