@@ -23,12 +23,24 @@ import secrets
 import time
 from collections.abc import Callable
 
-__all__ = ["COOKIE_MAX_AGE_SECONDS", "COOKIE_NAME", "COOKIE_RENEW_AFTER_SECONDS", "Auth"]
+__all__ = [
+    "COOKIE_FUTURE_TOLERANCE_SECONDS",
+    "COOKIE_MAX_AGE_SECONDS",
+    "COOKIE_NAME",
+    "COOKIE_RENEW_AFTER_SECONDS",
+    "Auth",
+]
 
 COOKIE_NAME = "reveille_webui"
 COOKIE_MAX_AGE_SECONDS = 7 * 24 * 3600
 # A login in use is renewed (a fresh cookie) once it is this old, so it lapses only when idle.
 COOKIE_RENEW_AFTER_SECONDS = 24 * 3600
+# A cookie "from the future" is one this server signed before its wall clock was stepped
+# back (NTP, a resumed VM): it is no forgery (it carries our signature), so it stays a login
+# for up to one cookie life ahead, and is renewed at once, into the clock's new time base.
+# Further ahead is beyond reason (a clock reset by years): not a login.
+COOKIE_FUTURE_TOLERANCE_SECONDS = COOKIE_MAX_AGE_SECONDS
+_FUTURE_RENEW_SECONDS = 60  # issue times rounded down, small skews: no renewal for those
 
 
 class Auth:
@@ -43,7 +55,10 @@ class Auth:
         max_failures: int = 5,
         window_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] | None = None,
     ) -> None:
+        """``clock`` times the login rate limit; ``wall_clock`` (default ``time.time``,
+        read at each call) stamps and ages cookies, which outlive the process."""
         self._password = hashlib.sha256(password.encode()).digest() if password else None
         # Bound to the password: a new password makes every cookie signed before it invalid.
         self._secret = hmac.new(
@@ -53,6 +68,7 @@ class Auth:
         self.max_failures = max_failures
         self.window_seconds = window_seconds
         self._clock = clock
+        self._wall_clock = wall_clock
         self._failures: dict[str, list[float]] = {}
 
     @property
@@ -64,8 +80,11 @@ class Auth:
 
     # ----------------------------------------------------------------- the cookie
 
+    def _wall(self) -> float:
+        return self._wall_clock() if self._wall_clock is not None else time.time()
+
     def new_cookie(self) -> str:
-        body = f"{int(time.time())}.{self.epoch}.{secrets.token_hex(16)}"
+        body = f"{int(self._wall())}.{self.epoch}.{secrets.token_hex(16)}"
         return f"{body}.{self._sign(body)}"
 
     def _parts(self, cookie: str | None) -> tuple[float, str] | None:
@@ -78,19 +97,24 @@ class Auth:
         if epoch != str(self.epoch):
             return None  # logged out since (every login before the logout ended)
         try:
-            age = time.time() - int(issued)
+            age = self._wall() - int(issued)
         except ValueError:
             return None
-        return (age, nonce) if 0 <= age <= COOKIE_MAX_AGE_SECONDS else None
+        # A negative age is a wall clock stepped back since: still a login (see above).
+        valid = -COOKIE_FUTURE_TOLERANCE_SECONDS <= age <= COOKIE_MAX_AGE_SECONDS
+        return (age, nonce) if valid else None
 
     def _nonce(self, cookie: str | None) -> str | None:
         parts = self._parts(cookie)
         return parts[1] if parts is not None else None
 
     def needs_renewal(self, cookie: str | None) -> bool:
-        """A valid login old enough to be handed a fresh cookie."""
+        """A valid login old enough to be handed a fresh cookie, or one from the future
+        (the clock was stepped back): its fresh cookie counts its life from now."""
         parts = self._parts(cookie) if self.auth_required else None
-        return parts is not None and parts[0] >= COOKIE_RENEW_AFTER_SECONDS
+        if parts is None:
+            return False
+        return parts[0] >= COOKIE_RENEW_AFTER_SECONDS or parts[0] < -_FUTURE_RENEW_SECONDS
 
     def login_id(self, cookie: str | None) -> str | None:
         """Which login a cookie is (its nonce), or None when it is none."""

@@ -30,6 +30,7 @@ from delivery.recovery import settle_changes as _settle
 from delivery.roster import ServerRoster
 from delivery.rows import LedgerRow, RowQuery
 from delivery.states import ACTIVE_STATES, DeliveryState, State, can_transition
+from delivery.steady import SteadyWall, boot_clock
 from delivery.write_future import WriteFuture
 
 log = logging.getLogger(__name__)
@@ -92,14 +93,23 @@ class Ledger:
         policy: DeliveryPolicy | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] | None = None,
         identity: str | None = None,
     ) -> None:
+        """``clock`` is the wall clock rows are stamped with; ``monotonic`` a clock no step
+        of it moves (default: ``CLOCK_BOOTTIME`` with the real wall clock; with an injected
+        ``clock`` and none given, ``clock`` itself, i.e. no step protection)."""
         self.backend = backend
         # What operators and pages read goes through the read-only side, so that nothing
         # written for them can reach a write.
         self.views: LedgerViews = backend
         self.policy = policy or DeliveryPolicy()
         self.clock = clock
+        if monotonic is None:
+            monotonic = boot_clock if clock is time.time else clock
+        # The replay age cap is measured from this, so that a wall clock stepped forward
+        # cannot make a fresh result look too old (see ``delivery.steady``).
+        self.steady = SteadyWall(clock, monotonic)
         self.identity = identity or str(current_identity())
         self._due_listeners: list[Callable[[float], None]] = []
         self._adopters: dict[str, Callable[[LedgerRow], None]] = {}
@@ -370,6 +380,7 @@ class Ledger:
         _check_id(row_id)
         _check_token(token)
         now = self.clock()
+        replay_now = self.steady.replay_now(now)
         policy = self.policy
         identity = self.identity
 
@@ -381,7 +392,8 @@ class Ledger:
             if retryable:
                 attempts, refunds = max(attempts - 1, 0), refunds + 1
             expect = {"claim_token": token, "delivery_state": PENDING}
-            age = now - (row["replay_from"] or row["completed_at"] or row["created_at"])
+            # Not ``now``: a wall clock stepped forward must not drop a fresh result.
+            age = replay_now - (row["replay_from"] or row["completed_at"] or row["created_at"])
             reason = None
             if not retryable and attempts >= policy.max_attempts:
                 reason = f"attempt budget of {policy.max_attempts} exhausted"
@@ -586,5 +598,13 @@ class Ledger:
         if not candidates:
             return []
         return self.backend.write(
-            reoffer_op(candidates, now, reason, policy, identity, self.servers.lapsed)
+            reoffer_op(
+                candidates,
+                now,
+                reason,
+                policy,
+                identity,
+                self.servers.lapsed,
+                replay_now=self.steady.replay_now(now),
+            )
         )

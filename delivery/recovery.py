@@ -84,12 +84,17 @@ def reoffer_op(
     policy: DeliveryPolicy,
     identity: str,
     lapsed: Collection[str] = (),
+    *,
+    replay_now: float | None = None,
 ) -> Callable[[LedgerTx], list[dict[str, Any]]]:
     """The operation of a restore or orphan re-offer (``reason``) of ``candidates``.
 
     ``identity`` becomes the holder of each row it offers again; rows under a live claim of
     a live process or still backing off are left alone; rows past the replay cap are dropped.
+    Their age is measured from ``replay_now`` (default ``now``): the ledger's
+    ``SteadyWall.replay_now``, which a wall clock stepped forward cannot move on.
     """
+    age_now = now if replay_now is None else replay_now
 
     def op(tx: LedgerTx) -> list[dict[str, Any]]:
         offered = []
@@ -107,7 +112,7 @@ def reoffer_op(
                 continue  # a live process holds a live claim: it is in flight
             if row.next_attempt_at > now:
                 continue  # backing off: offered when its due time comes, not before
-            age = now - (row.replay_from or row.completed_at or row.created_at)
+            age = age_now - (row.replay_from or row.completed_at or row.created_at)
             if age > policy.replay_cap_seconds:
                 too_old = settle_changes(_DROPPED, now, "older than the replay age cap")
                 if tx.update(row.id, expect, too_old):

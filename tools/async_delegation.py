@@ -359,19 +359,62 @@ def drop_event_delivery(evt: WireEvent, claim: str | None, reason: str) -> bool:
         return False
 
 
-def get_durable_delegation(delegation_id: str) -> LedgerRow | None:
-    """The row as a dict (``delivery_state``, ``delivery_attempts``, the event ...), or None.
+# What a dispatch knew before the work ran (the request, the routing): in the event, but
+# not part of the runner's result.
+_REQUEST_KEYS = frozenset(
+    {
+        "type",
+        "delegation_id",
+        "delivery_id",
+        "session_key",
+        "origin_session_id",
+        "origin_ui_session_id",
+        "parent_session_id",
+        "goal",
+        "goals",
+        "context",
+        "toolsets",
+        "role",
+        "model",
+        "is_batch",
+        "dispatched_at",
+        "completed_at",
+    }
+)
 
-    Also under the names hermes-agent's consumers read: ``origin_session`` (the
-    ``origin_session_id``) and ``result`` (the completion's summary, or its ``results`` for a
-    batch; None until the work finished).
+
+def _result_of(event: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The runner's result as hermes stores it (``status``, ``summary``/``error`` or
+    ``results``, the runner's own fields, durations): the event less the request."""
+    if not isinstance(event, dict):
+        return None
+    return {k: v for k, v in event.items() if k not in _REQUEST_KEYS and not k.startswith("_")}
+
+
+def get_durable_delegation(delegation_id: str) -> LedgerRow | None:
+    """The row as a dict (every ledger column: ``delivery_state``, ``delivery_attempts``,
+    ``event`` ...), or None.
+
+    Also the keys hermes-agent's ``get_durable_delegation`` answers, which its consumers
+    read: ``delegation_id``; ``origin_session``, the routing key (``session_key``; "" when
+    none, like hermes' NOT NULL column); ``origin_session_id`` (the raw API session id, a
+    column already); ``dispatched_at``; ``completed_at``; and ``result``, the runner's
+    result as a dict (``status``, ``summary`` or ``error``, ``results`` for a batch), None
+    until the work finished.
     """
     row = get_runtime().ledger.get(delegation_id)
     if row is None:
         return None
-    event: dict[str, Any] = row.event if isinstance(row.event, dict) else {}
-    result = event.get("summary") if event.get("summary") is not None else event.get("results")
-    return {**row.as_dict(), "origin_session": row.origin_session_id, "result": result}
+    event = row.event if isinstance(row.event, dict) else None
+    known = event or row.request or {}
+    dispatched = known.get("dispatched_at")
+    return {
+        **row.as_dict(),
+        "delegation_id": row.id,
+        "origin_session": row.session_key or "",
+        "dispatched_at": dispatched if isinstance(dispatched, int | float) else row.created_at,
+        "result": _result_of(event),
+    }
 
 
 def restore_undelivered_completions(completion_queue: EventQueue) -> int:

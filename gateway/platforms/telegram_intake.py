@@ -24,6 +24,7 @@ from aiohttp import web
 
 from gateway.platforms.telegram_api import TelegramApi, TelegramError
 from gateway.platforms.telegram_state import TelegramState
+from gateway.platforms.telegram_updates import SkippedUpdates, split_updates, update_id_of
 
 __all__ = ["SECRET_HEADER", "LongPoller", "webhook_handler"]
 
@@ -31,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _MAX_BACKOFF_SECONDS = 60.0
+# A batch of nothing but skipped updates cannot move the offset, so the server sends it
+# again at once: ask again after a pause, short enough not to hold up a later good update.
+_SKIPPED_ONLY_MAX_WAIT_SECONDS = 5.0
 _ALLOWED_UPDATES = ["message"]
 
 Dispatch = Callable[[int, dict[str, Any]], None]
@@ -55,11 +59,18 @@ class LongPoller:
         self.backoff_seconds = backoff_seconds
         self.conflicts = 0
         self.failures = 0
+        self.skipped_updates = SkippedUpdates("getUpdates")
+
+    @property
+    def skipped(self) -> int:
+        """Distinct updates skipped for an impossible ``update_id``."""
+        return self.skipped_updates.count
 
     async def run(self) -> None:
         bot = self.api.bot_id
         backoff = self.backoff_seconds
         offset = await asyncio.to_thread(self.state.next_offset, bot)
+        skipped_wait = self.backoff_seconds
         while True:
             try:
                 updates = await self._get_updates(offset)
@@ -92,8 +103,14 @@ class LongPoller:
             backoff = self.backoff_seconds
             if not isinstance(updates, list) or not updates:
                 continue
+            good = split_updates(updates, self.skipped_updates)
+            if not good:
+                await asyncio.sleep(skipped_wait)
+                skipped_wait = min(skipped_wait * 2, _SKIPPED_ONLY_MAX_WAIT_SECONDS)
+                continue
+            skipped_wait = self.backoff_seconds
             try:
-                fresh = await asyncio.to_thread(self.state.take_updates, bot, updates)
+                fresh = await asyncio.to_thread(self.state.take_updates, bot, [u for _, u in good])
             except Exception:
                 # Not taken: the offset did not move, so the same updates come again.
                 self.failures += 1
@@ -101,9 +118,7 @@ class LongPoller:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
                 continue
-            ids = [u["update_id"] for u in updates if isinstance(u, dict) and "update_id" in u]
-            if ids:
-                offset = max(int(i) for i in ids) + 1
+            offset = max(update_id for update_id, _ in good) + 1
             for update_id, update in fresh:
                 self.dispatch(update_id, update)
 
@@ -126,6 +141,7 @@ def webhook_handler(
     if not secret_token:
         raise ValueError("webhook mode needs a secret_token")
     expected = secret_token.encode("utf-8")
+    skipped = SkippedUpdates("webhook")
 
     async def handle(request: web.Request) -> web.Response:
         # Compared as the bytes that came (a header that is not UTF-8 decodes with surrogate
@@ -138,8 +154,11 @@ def webhook_handler(
             update = await request.json()
         except ValueError:
             return web.json_response({"ok": False, "description": "not JSON"}, status=400)
-        if not isinstance(update, dict) or not isinstance(update.get("update_id"), int):
-            return web.json_response({"ok": False, "description": "not an update"}, status=400)
+        if update_id_of(update) is None:
+            # Answered 200: Telegram resends a refused update and holds every later one
+            # back behind it, so an update we can never take is skipped (and recorded).
+            skipped.record(update)
+            return web.json_response({"ok": True, "description": "skipped"})
         fresh = await asyncio.to_thread(state.take_updates, bot, [update], move_offset=False)
         for update_id, payload in fresh:
             dispatch(update_id, payload)

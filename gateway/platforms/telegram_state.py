@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.platforms.telegram_updates import update_id_of
 from storage.sqlite import files as sqlite_files
 
 __all__ = ["TelegramState", "TelegramStateError"]
@@ -122,13 +123,9 @@ class TelegramState:
         Returns the updates that were new, in update-id order; ones already taken (a
         repeated webhook call, an update handed out twice) are left out.
         """
-        valid = [
-            u
-            for u in updates
-            if isinstance(u, dict)
-            and isinstance(u.get("update_id"), int)
-            and not isinstance(u.get("update_id"), bool)
-        ]
+        # An id no update can have (``update_id_of``) is left out: stored, it would fail
+        # the whole transaction and so block every later update.
+        valid = [u for u in updates if update_id_of(u) is not None]
         valid.sort(key=lambda u: int(u["update_id"]))
         now = time.time()
 

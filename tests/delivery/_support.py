@@ -35,17 +35,33 @@ REMOTE_IDENTITY = "elsewhere.example|00000000-boot|4242|99"
 
 
 class FakeClock:
-    """A clock the test moves by hand; the ledger reads it through ``clock=``."""
+    """A clock the test moves by hand; the ledger reads it through ``clock=`` (the wall
+    clock) and ``monotonic=`` (``clock.monotonic``: time that really passed).
+
+    ``advance`` is time passing (both move); ``step`` is the wall clock being stepped (NTP,
+    ``date -s``) while no time passes (only the wall clock moves).
+    """
 
     def __init__(self, start: float = T0) -> None:
         self._now = start
+        self._mono = 1000.0
         self._lock = threading.Lock()
 
     def __call__(self) -> float:
         with self._lock:
             return self._now
 
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._mono
+
     def advance(self, seconds: float) -> float:
+        with self._lock:
+            self._now += seconds
+            self._mono += seconds
+            return self._now
+
+    def step(self, seconds: float) -> float:
         with self._lock:
             self._now += seconds
             return self._now

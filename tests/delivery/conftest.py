@@ -41,4 +41,4 @@ def backend(backend_kind: str, tmp_path: Path) -> Iterator[LedgerBackend]:
 
 @pytest.fixture
 def ledger(backend: LedgerBackend, clock: FakeClock) -> Ledger:
-    return Ledger(backend, clock=clock)
+    return Ledger(backend, clock=clock, monotonic=clock.monotonic)

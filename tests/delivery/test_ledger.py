@@ -295,6 +295,41 @@ class TestBudget:
         assert row is not None
         assert row.delivery_state == "dropped" and "replay age cap" in row.settled_reason
 
+    def test_a_clock_stepped_forward_past_the_cap_drops_no_fresh_result(
+        self, ledger: Ledger, clock: FakeClock
+    ) -> None:
+        # Seconds-old results, then the wall clock is stepped 49 h forward (NTP fixing a bad
+        # RTC, a VM resumed from a snapshot): no time passed, so nothing is too old.
+        finished_row(ledger, "released")
+        finished_row(ledger, "restored")
+        finished_row(ledger, "due")
+        token = ledger.claim("released", "c")
+        assert token
+        clock.advance(5)
+        clock.step(49 * 3600.0)
+        assert ledger.release("released", token, retryable=True) == "pending"
+        offered = ledger.restore()
+        assert {e["delegation_id"] for e in offered} == {"restored", "due"}
+        for row_id in ("released", "restored", "due"):
+            row = ledger.get(row_id)
+            assert row is not None and row.delivery_state == "pending", row_id
+        assert not any(h["action"] == "drop" for h in ledger.history("restored"))
+        # The results are still dropped once they really are past the cap.
+        clock.advance(HOURS_48 + 1)
+        assert ledger.take_due() == []
+        for row_id in ("released", "restored", "due"):
+            row = ledger.get(row_id)
+            assert row is not None and row.delivery_state == "dropped", row_id
+            assert row.settled_reason == "older than the replay age cap"
+
+    def test_a_clock_stepped_back_keeps_the_cap(self, ledger: Ledger, clock: FakeClock) -> None:
+        finished_row(ledger, "r1")
+        clock.step(-3600.0)  # stepped back an hour: the row looks an hour younger
+        clock.advance(HOURS_48 + 3600.0 + 1)
+        token = ledger.claim("r1", "c")
+        assert token
+        assert ledger.release("r1", token, retryable=True) == "dropped"
+
     def test_ordinary_release_is_not_refunded(self, ledger: Ledger, clock: FakeClock) -> None:
         finished_row(ledger, "r1")
         assert release_to(ledger, clock, "r1", retryable=False) == "pending"

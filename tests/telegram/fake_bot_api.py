@@ -42,6 +42,8 @@ class FakeBotApi:
         self.calls: list[tuple[str, dict[str, Any], float]] = []
         self.actions: list[tuple[str, str]] = []
         self.handed_out: list[int] = []
+        # id(update) -> the id the server really gave an update queued by ``raw_update``
+        self._true_ids: dict[int, int] = {}
         # method -> list of (error_code, description, retry_after, when_text) answered in
         # turn by the next call (whose text contains when_text, when that is given)
         self.failures: dict[str, list[tuple[int, str, float | None, str | None]]] = {}
@@ -88,6 +90,20 @@ class FakeBotApi:
                 }
             )
         return update_id
+
+    def raw_update(self, update: dict[str, Any]) -> int:
+        """Queue ``update`` as given, like a broken or hostile Bot API server (a relay, a
+        self-hosted server) might send it: its ``update_id`` may be out of range, a string,
+        a float or missing. The server still knows the id it really gave it (returned) and
+        confirms it by that, as Telegram does: an offset past a later update confirms it."""
+        with self._lock:
+            self._next_update += 1
+            self._true_ids[id(update)] = self._next_update
+            self.updates.append(update)
+            return self._next_update
+
+    def _true_id(self, update: dict[str, Any]) -> int:
+        return self._true_ids.get(id(update), update.get("update_id", 0))
 
     def fail(
         self,
@@ -157,10 +173,14 @@ class FakeBotApi:
             with self._lock:
                 if isinstance(offset, int):
                     # Like Telegram: an offset confirms every update before it.
-                    self.updates = [u for u in self.updates if u["update_id"] >= offset]
+                    kept = [u for u in self.updates if self._true_id(u) >= offset]
+                    for gone in self.updates:
+                        if not any(gone is k for k in kept):
+                            self._true_ids.pop(id(gone), None)
+                    self.updates = kept
                 ready = list(self.updates)
                 if ready:
-                    self.handed_out.extend(u["update_id"] for u in ready)
+                    self.handed_out.extend(self._true_id(u) for u in ready)
                     return ready
             if time.monotonic() >= deadline:
                 return []

@@ -201,3 +201,48 @@ async def test_each_forum_topic_is_a_session_of_its_own(setup):
         assert session is not None
         first = store.messages(session.id)[0]
         assert first.role == "user" and first.content == f"topic {thread}"
+
+
+# An update id no Bot API gives (a broken or hostile relay): out of range, not a number, none.
+BAD_UPDATE_IDS: list[Any] = [-5, 2**63, 2**64 + 7, "1001", 1001.0, None, True]
+
+
+def _bad(update_id: Any, text: str) -> dict[str, Any]:
+    message = {"message_id": 1, "chat": {"id": 42, "type": "private"}, "text": text}
+    update: dict[str, Any] = {"message": {**message, "from": {"id": 42, "is_bot": False}}}
+    if update_id is not None:
+        update["update_id"] = update_id
+    return update
+
+
+async def test_updates_with_impossible_ids_are_skipped_and_recorded_once(setup, caplog):
+    """One update with an out-of-range id blocked every later update (the offset never moved,
+    the same traceback came every second); now it is skipped, logged once, and later good
+    updates are answered."""
+    adapter, bot, model = setup
+    caplog.set_level("WARNING", logger="gateway.platforms.telegram_intake")
+    for i, update_id in enumerate(BAD_UPDATE_IDS):
+        bot.raw_update(_bad(update_id, f"bad {i}"))
+        bot.message(f"good {i}")
+    await until(lambda: len(bot.texts_to(42)) == len(BAD_UPDATE_IDS))
+    assert sorted(model.turns) == sorted(f"good {i}" for i in range(len(BAD_UPDATE_IDS)))
+    await until(lambda: not bot.updates)  # every one confirmed: getUpdates is not stuck
+    assert adapter.poller.skipped == len(BAD_UPDATE_IDS)
+    skips = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(skips) == len(BAD_UPDATE_IDS)
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback
+
+
+async def test_an_impossible_update_alone_is_logged_once_and_polled_calmly(setup, caplog):
+    adapter, bot, model = setup
+    caplog.set_level("WARNING", logger="gateway.platforms.telegram_intake")
+    bot.raw_update(_bad(2**63, "stuck?"))  # nothing after it: the offset cannot move past it
+    await until(lambda: adapter.poller.skipped >= 1)
+    calls = len(bot.calls_of("getUpdates"))
+    await asyncio.sleep(1.0)
+    assert len(bot.calls_of("getUpdates")) - calls <= 3  # waits between asks: no hot loop
+    assert len([r for r in caplog.records if "skipped" in r.getMessage()]) == 1
+    assert adapter.poller.skipped == 1  # the same update again is not counted again
+    bot.message("after it")
+    await until(lambda: model.turns == ["after it"])
+    await until(lambda: not bot.updates)

@@ -149,6 +149,45 @@ async def test_webhook_checks_the_secret_and_stores_the_update(tmp_path: Path):
     state.close()
 
 
+async def test_webhook_skips_updates_with_impossible_ids_and_records_them_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """A webhook update Reveille can never take is answered 200 (Telegram resends a refused
+    one and holds every later update back behind it), logged once, and not stored; a huge
+    id used to fail the inbox write with a 500."""
+    caplog.set_level("WARNING", logger="gateway.platforms.telegram_intake")
+    state = TelegramState(tmp_path / "telegram.db")
+    seen: list[int] = []
+    app = web.Application()
+    app.router.add_post("/hook", webhook_handler(state, "b", "s3cret", lambda u, _: seen.append(u)))
+    bad: list[dict] = [
+        {"update_id": ident, "message": {"text": "x"}}
+        for ident in (-1, 2**63, 2**70, "12", 12.0, True, None)
+    ] + [{"message": {"text": "no id"}}]
+    async with TestClient(TestServer(app)) as client:
+        for _ in range(2):  # resent: answered the same, recorded once
+            for update in bad:
+                resp = await client.post(
+                    "/hook", data=json.dumps(update), headers={SECRET_HEADER: "s3cret"}
+                )
+                assert resp.status == 200, update
+        good = {"update_id": 13, "message": {"text": "hi"}}
+        resp = await client.post("/hook", data=json.dumps(good), headers={SECRET_HEADER: "s3cret"})
+        assert resp.status == 200
+    assert seen == [13]
+    assert [u for u, _ in state.unanswered("b")] == [13]
+    assert len([r for r in caplog.records if "skipped" in r.getMessage()]) == len(bad)
+    state.close()
+
+
+def test_take_updates_leaves_out_ids_the_inbox_cannot_hold(tmp_path: Path):
+    state = TelegramState(tmp_path / "telegram.db")
+    updates = [{"update_id": 2**63}, {"update_id": -3}, {"update_id": 9}, {"update_id": "10"}]
+    assert [u for u, _ in state.take_updates("b", updates)] == [9]
+    assert state.next_offset("b") == 10
+    state.close()
+
+
 async def test_a_malformed_secret_header_is_a_401_never_a_500(tmp_path: Path):
     state = TelegramState(tmp_path / "telegram.db")
     app = web.Application()

@@ -320,11 +320,77 @@ def test_dispatch_takes_max_queued_delegations_and_rows_name_origin_and_result(
         )
         assert beyond["status"] == "rejected"
         row = ad.get_durable_delegation(first["delegation_id"])
-        assert row is not None and row["origin_session"] == "sess-1" and row["result"] is None
+        assert row is not None and row["origin_session_id"] == "sess-1" and row["result"] is None
         gate.set()
         evt = queue.get(timeout=10)
         row = ad.get_durable_delegation(evt["delegation_id"])
-        assert row is not None and row["result"] == "the answer"
+        assert row is not None and row["result"]["summary"] == "the answer"
     finally:
         gate.set()
+        ad.reset_runtime()
+
+
+def test_get_durable_delegation_answers_in_hermes_shapes(tmp_path: Path) -> None:
+    """hermes-agent's ``get_durable_delegation`` answers ``origin_session`` (the routing key),
+    ``origin_session_id`` (the raw API session id), ``dispatched_at``, ``completed_at`` and
+    ``result`` (the runner's result as a dict, None until it finished); its consumers read
+    those. Today's keys (every ledger column) stay."""
+    from tools import async_delegation as ad
+    from tools.completion_queue import CompletionQueue
+
+    queue = CompletionQueue()
+    ad.reset_runtime()
+    ad.configure_runtime(str(tmp_path / "ledger.db"), completion_queue=queue)
+    try:
+        single = ad.dispatch_async_delegation(
+            goal="find it",
+            context="ctx",
+            session_key="agent:main:telegram:dm:42",
+            origin_session_id="api-7",
+            runner=lambda: {"status": "completed", "summary": "found", "api_calls": 3},
+        )
+        batch = ad.dispatch_async_delegation_batch(
+            goals=["a", "b"],
+            session_key="agent:main:telegram:dm:42",
+            runners=[
+                lambda: {"status": "completed", "summary": "A"},
+                lambda: {"status": "failed", "error": "B broke"},
+            ],
+        )
+        done = {queue.get(timeout=10)["delegation_id"] for _ in range(2)}
+        assert done == {single["delegation_id"], batch["delegation_id"]}
+
+        row = ad.get_durable_delegation(single["delegation_id"])
+        assert row is not None
+        assert row["origin_session"] == "agent:main:telegram:dm:42"
+        assert row["origin_session_id"] == "api-7"
+        assert row["delegation_id"] == single["delegation_id"]
+        result = row["result"]
+        assert isinstance(result, dict)
+        assert result["status"] == "completed" and result["summary"] == "found"
+        assert result["api_calls"] == 3 and "duration_seconds" in result
+        # The request's routing and task fields are the row's, not the result's.
+        assert not {"goal", "context", "session_key", "origin_session_id"} & set(result)
+        assert isinstance(row["dispatched_at"], float)
+        assert row["completed_at"] >= row["dispatched_at"]
+        # Today's keys stay as they were.
+        assert row["id"] == single["delegation_id"] and row["session_key"] == row["origin_session"]
+        assert row["delivery_state"] == "pending" and row["delivery_attempts"] == 0
+        assert row["state"] == "completed" and row["event"]["summary"] == "found"
+
+        row = ad.get_durable_delegation(batch["delegation_id"])
+        assert row is not None and row["origin_session_id"] is None
+        result = row["result"]
+        assert isinstance(result, dict) and result["status"] == "failed"
+        assert [r.get("summary") or r.get("error") for r in result["results"]] == ["A", "B broke"]
+    finally:
+        ad.reset_runtime()
+
+    # A row of no routing key answers "" like hermes' NOT NULL column.
+    ad.configure_runtime(str(tmp_path / "ledger.db"), completion_queue=CompletionQueue())
+    try:
+        gate = ad.dispatch_async_delegation(goal="x", runner=lambda: {"summary": "y"})
+        row = ad.get_durable_delegation(gate["delegation_id"])
+        assert row is not None and row["origin_session"] == ""
+    finally:
         ad.reset_runtime()

@@ -34,6 +34,29 @@ def test_cookies_are_signed_and_expire(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not auth.logged_in(cookie)  # idle for a week: gone
 
 
+def test_a_clock_step_logs_nobody_out() -> None:
+    """Stepping the wall clock back (NTP, a resumed VM) made every cookie "from the future"
+    and logged everyone out; stepping it forward by less than a cookie's life must not."""
+    from api.auth import COOKIE_MAX_AGE_SECONDS
+
+    wall = [1_700_000_000.0]
+    auth = Auth("pw", b"s" * 32, wall_clock=lambda: wall[0])
+    cookie = auth.new_cookie()
+    assert int(cookie.split(".")[0]) == 1_700_000_000  # stamped by the injected clock
+    wall[0] -= 3600.0  # stepped back an hour
+    assert auth.logged_in(cookie) and auth.login_id(cookie)
+    assert auth.csrf_token(cookie) != auth.csrf_token(None)
+    assert auth.needs_renewal(cookie)  # re-issued in the clock's new time base
+    renewed = auth.new_cookie()
+    assert auth.logged_in(renewed) and not auth.needs_renewal(renewed)
+    wall[0] -= 2 * COOKIE_MAX_AGE_SECONDS  # beyond reason: not a login
+    assert not auth.logged_in(cookie)
+    wall[0] = 1_700_000_000.0 + COOKIE_MAX_AGE_SECONDS - 60  # forward, less than its life
+    assert auth.logged_in(cookie) and auth.needs_renewal(cookie)
+    wall[0] = 1_700_000_000.0 + COOKIE_MAX_AGE_SECONDS + 60
+    assert not auth.logged_in(cookie)
+
+
 def test_a_new_password_or_a_logout_ends_every_login() -> None:
     auth = Auth("pw", b"s" * 32)
     cookie = auth.new_cookie()
