@@ -1,16 +1,17 @@
 """The web UI's durable event log: every event of the browser's stream, with an increasing id.
 
-The log is one SQLite file (``webui.db`` under ``REVEILLE_HOME``; WAL, 0600, opened through
-``storage.sqlite.files``), shared by every server on that state directory. Writes run on one
-worker thread of their own, in order, never on the event loop. Events reach the live
-subscribers (one bounded queue per open stream) in id order, whichever server appended
-them: an append pokes the other servers (``delivery.notifier``'s socket directory beside
-the file), and each server's tail reads what it has not published yet. SQLite hands out ids
-in commit order, so a tail never skips one. ``since(id)`` replays from storage; an id older
-than what is kept (the log is pruned to its newest ``keep`` events) or newer than any
-written answers None, and the stream sends ``reset``. The same file keeps the durable
-unread marks of sessions, the finished tool steps of turns (shown in their place in the
-transcript) and the secret the login cookie is signed with.
+The log lives in the shared store, behind ``delivery.webui_state`` (``webui.db`` beside the
+ledger with SQLite, tables of the database with PostgreSQL), so every server sharing the
+store shares it. Backend calls run on one worker thread of their own, in order, never on
+the event loop. Events reach the live subscribers (one bounded queue per open stream) in id
+order, whichever server appended them: an append pokes the other servers (the backend's
+notifier) and each server's tail reads what it has not published yet; ids grow in commit
+order, so a tail never skips one. ``since(id)`` replays from storage; an id older than what
+is kept (the log is pruned to its newest ``keep`` events) or newer than any written answers
+None, and the stream sends ``reset``. The same state keeps the durable unread marks of
+sessions, the finished tool steps of turns (shown in their place in the transcript), the
+login epoch and the secret the login cookie is signed with (in the store, so that a login
+is good on every server sharing it; the key is bound to the password all the same).
 """
 
 from __future__ import annotations
@@ -19,59 +20,23 @@ import asyncio
 import json
 import logging
 import secrets
-import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
-from delivery.notifier import SocketDirNotifier, wake_dir_for
 from delivery.notifier import Subscription as Pokes
-from storage.sqlite.files import FileErrors, SqliteFile, connect, create_private, stamp_schema
+from delivery.webui_state import StoredEvent, ToolStep, WebUIStateBackend
 
-__all__ = ["EventLog", "EventLogError", "LoggedEvent", "Subscription", "ToolStep"]
+__all__ = ["EventLog", "LoggedEvent", "Subscription", "TooManyStreams", "ToolStep"]
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
-_APPLICATION_ID = 0x52574C47  # "RWLG"
-_SCHEMA_VERSION = 1
-_DDL = """
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    created_at REAL NOT NULL,
-    type TEXT NOT NULL,
-    data TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS unread (
-    session_id TEXT PRIMARY KEY,
-    unread INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tool_steps (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL,
-    turn_id TEXT NOT NULL,
-    message_id INTEGER,
-    created_at REAL NOT NULL,
-    name TEXT NOT NULL,
-    status TEXT NOT NULL,
-    summary TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS ix_tool_steps_session ON tool_steps(session_id, id);
-CREATE TABLE IF NOT EXISTS meta (
-    name TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-)
-"""
 _PRUNE_EVERY = 500
 _QUEUE_BOUND = 2000
 _TAIL_BATCH = 1000
-
-
-class EventLogError(Exception):
-    """The event log file cannot be used (not ours, locked, unwritable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,18 +51,6 @@ class LoggedEvent:
         """The event in Server-Sent-Events framing (JSON data: never live HTML)."""
         payload = json.dumps(self.data, ensure_ascii=False, separators=(",", ":"))
         return f"id: {self.id}\nevent: {self.type}\ndata: {payload}\n\n".encode()
-
-
-@dataclass(frozen=True, slots=True)
-class ToolStep:
-    """A finished tool step of a session's turn (the transcript stores only the text)."""
-
-    id: int
-    message_id: int | None
-    """The reply of its turn (the step is shown right before it); None while it runs."""
-    name: str
-    status: str
-    summary: str
 
 
 @dataclass(eq=False)
@@ -120,22 +73,14 @@ class EventLog:
 
     def __init__(
         self,
-        path: str | Path,
+        backend: WebUIStateBackend,
         *,
         keep: int = 20000,
         max_streams: int = 256,
         max_streams_per_owner: int = 32,
     ) -> None:
-        self.spec = SqliteFile(
-            str(path),
-            "web UI event log",
-            _APPLICATION_ID,
-            _SCHEMA_VERSION,
-            FileErrors(EventLogError, EventLogError),
-            synchronous="NORMAL",
-        )
+        self.backend = backend
         self.keep = keep
-        self._conn: sqlite3.Connection | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="webui-event-log")
         # Bounds on open streams: each holds a connection and a queue, so an unbounded number
         # would let one client exhaust the server's descriptors.
@@ -144,7 +89,6 @@ class EventLog:
         # Insertion-ordered (a dict as an ordered set): the oldest stream comes first.
         self._subscribers: dict[Subscription, None] = {}
         self._appended = 0
-        self._notifier = SocketDirNotifier(wake_dir_for(str(path)))
         self._pokes: Pokes | None = None
         # The tail: the newest id published to this server's streams, and what wakes it.
         self._published = 0
@@ -155,19 +99,11 @@ class EventLog:
 
     # ----------------------------------------------------------------- lifecycle
 
-    def open(self) -> None:
-        """Create or open the file (blocking: call it off the event loop)."""
-        create_private(self.spec)
-        conn = connect(self.spec, check_owner=True)
-        stamp_schema(conn, self.spec, _DDL)
-        self._conn = conn
-
     async def aopen(self) -> None:
-        """Open, and start publishing every server's events to this server's streams."""
-        await self._run(self.open)
+        """Start publishing every server's events to this server's streams."""
         self._published = await self.latest_id()
         self._loop = asyncio.get_running_loop()
-        self._pokes = await self._run(self._notifier.subscribe)
+        self._pokes = await self._run(self.backend.notifier.subscribe)
         if self._pokes is not None:
             self._loop.add_reader(self._pokes.fileno(), self._poked)
         self._tail = asyncio.create_task(self._follow_tail())
@@ -177,12 +113,11 @@ class EventLog:
         await asyncio.to_thread(self.close)
 
     def close(self) -> None:
+        """End every stream and close the backend (this log owns it)."""
         self._detach()
         self.end_streams()
         self._writer.shutdown(wait=True)
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self.backend.close()
 
     def _detach(self) -> None:
         """Stop the tail (on the loop's thread: ``aclose``, or ``close`` called there)."""
@@ -197,11 +132,6 @@ class EventLog:
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._writer, fn)
-
-    def _db(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise EventLogError("the web UI event log is not open")
-        return self._conn
 
     # ----------------------------------------------------------------- events
 
@@ -218,16 +148,11 @@ class EventLog:
         return event
 
     def _insert(self, type_: str, text: str) -> int:
-        db = self._db()
-        cur = db.execute(
-            "INSERT INTO events (created_at, type, data) VALUES (?, ?, ?)",
-            (time.time(), type_, text),
-        )
-        event_id = int(cur.lastrowid or 0)
+        event_id = self.backend.append_event(type_, text, time.time())
         self._appended += 1
         if self._appended % _PRUNE_EVERY == 0:
-            db.execute("DELETE FROM events WHERE id <= ?", (event_id - self.keep,))
-        self._notifier.notify()  # committed (autocommit): the other servers may read it
+            self.backend.prune_events(self.keep)
+        self.backend.notifier.notify()  # committed: the other servers may read it
         return event_id
 
     def watch(self, watcher: Callable[[LoggedEvent], None]) -> None:
@@ -261,52 +186,38 @@ class EventLog:
             await self._more.wait()
             self._more.clear()
             try:
-                events = await self._run(lambda: self._after(self._published))
+                events = await self._run(
+                    lambda: self.backend.events_after(self._published, _TAIL_BATCH)
+                )
             except Exception as exc:
                 logger.warning("could not read the web UI event log: %s", exc)
                 await asyncio.sleep(0.5)
                 self._more.set()
                 continue
-            for event in events:
-                if event.id > self._published:
-                    self._publish(event)
+            for stored in events:
+                if stored.id > self._published:
+                    self._publish(_logged(stored))
             if len(events) == _TAIL_BATCH:
                 self._more.set()  # more behind these
-
-    def _after(self, after_id: int) -> list[LoggedEvent]:
-        rows = self._db().execute(
-            "SELECT id, type, data FROM events WHERE id > ? ORDER BY id LIMIT ?",
-            (after_id, _TAIL_BATCH),
-        )
-        return [LoggedEvent(int(r[0]), str(r[1]), json.loads(r[2])) for r in rows]
 
     async def since(self, after_id: int, limit: int = 5000) -> list[LoggedEvent] | None:
         """Events after ``after_id`` in order; None when that id cannot be replayed."""
         return await self._run(lambda: self._since(after_id, limit))
 
     def _since(self, after_id: int, limit: int) -> list[LoggedEvent] | None:
-        db = self._db()
-        newest = self._latest(db)
+        newest = self.backend.newest_event_id()
         if after_id > newest or after_id < 0:
             return None
-        oldest = db.execute("SELECT min(id) FROM events").fetchone()[0]
-        if after_id < newest and (oldest is None or after_id < int(oldest) - 1):
+        oldest = self.backend.oldest_event_id()
+        if after_id < newest and (oldest is None or after_id < oldest - 1):
             return None  # pruned past it
-        rows = db.execute(
-            "SELECT id, type, data FROM events WHERE id > ? ORDER BY id LIMIT ?",
-            (after_id, limit + 1),
-        ).fetchall()
-        if len(rows) > limit:
+        stored = self.backend.events_after(after_id, limit + 1)
+        if len(stored) > limit:
             return None  # too much missed: refetching is cheaper
-        return [LoggedEvent(int(r[0]), str(r[1]), json.loads(r[2])) for r in rows]
-
-    @staticmethod
-    def _latest(db: sqlite3.Connection) -> int:
-        row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
-        return int(row[0]) if row else 0
+        return [_logged(e) for e in stored]
 
     async def latest_id(self) -> int:
-        return await self._run(lambda: self._latest(self._db()))
+        return await self._run(self.backend.newest_event_id)
 
     def subscribe(self, owner: str = "") -> Subscription:
         """A new live stream of ``owner``. An owner at its limit of open streams (a login
@@ -341,19 +252,10 @@ class EventLog:
     # ----------------------------------------------------------------- unread marks
 
     async def set_unread(self, session_id: str, unread: bool) -> None:
-        await self._run(
-            lambda: self._db().execute(
-                "INSERT INTO unread (session_id, unread) VALUES (?, ?) "
-                "ON CONFLICT(session_id) DO UPDATE SET unread = excluded.unread",
-                (session_id, int(unread)),
-            )
-        )
+        await self._run(lambda: self.backend.set_unread(session_id, unread))
 
     async def unread_ids(self) -> set[str]:
-        rows = await self._run(
-            lambda: self._db().execute("SELECT session_id FROM unread WHERE unread = 1").fetchall()
-        )
-        return {str(r[0]) for r in rows}
+        return await self._run(self.backend.unread_ids)
 
     # ----------------------------------------------------------------- tool steps
 
@@ -361,81 +263,43 @@ class EventLog:
         self, session_id: str, turn_id: str, *, name: str, status: str, summary: str
     ) -> None:
         await self._run(
-            lambda: self._db().execute(
-                "INSERT INTO tool_steps (session_id, turn_id, created_at, name, status, summary)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (session_id, turn_id, time.time(), name, status, summary),
+            lambda: self.backend.add_tool_step(
+                session_id, turn_id, name, status, summary, time.time()
             )
         )
 
     async def place_tool_steps(self, turn_id: str, message_id: int | None) -> None:
         """Pin a finished turn's steps before its stored reply; None (the turn stored
         nothing) forgets them."""
-
-        def place() -> None:
-            db = self._db()
-            if message_id is None:
-                db.execute("DELETE FROM tool_steps WHERE turn_id = ?", (turn_id,))
-            else:
-                db.execute(
-                    "UPDATE tool_steps SET message_id = ? WHERE turn_id = ?", (message_id, turn_id)
-                )
-
-        await self._run(place)
+        await self._run(lambda: self.backend.place_tool_steps(turn_id, message_id))
 
     async def tool_steps(self, session_id: str, limit: int = 2000) -> list[ToolStep]:
-        rows = await self._run(
-            lambda: (
-                self._db()
-                .execute(
-                    "SELECT id, message_id, name, status, summary FROM tool_steps "
-                    "WHERE session_id = ? ORDER BY id DESC LIMIT ?",
-                    (session_id, limit),
-                )
-                .fetchall()
-            )
-        )
-        steps = [
-            ToolStep(
-                int(r[0]), None if r[1] is None else int(r[1]), str(r[2]), str(r[3]), str(r[4])
-            )
-            for r in rows
-        ]
-        return steps[::-1]
+        return await self._run(lambda: self.backend.tool_steps(session_id, limit))
 
     # ----------------------------------------------------------------- the cookie secret
 
     async def secret(self) -> bytes:
-        """This state directory's signing secret, made once (a restart keeps logins)."""
-        return await self._run(self._secret)
+        """The signing secret of every server sharing the store, made once (a restart
+        keeps logins)."""
+        made = await self._run(
+            lambda: self.backend.setting_or_default("cookie_secret", secrets.token_hex(32))
+        )
+        return bytes.fromhex(made)
 
     async def login_epoch(self) -> int:
         """The web UI's login epoch: cookies of another epoch are logged out."""
-        return await self._run(self._login_epoch)
+        return int(await self._run(lambda: self.backend.setting("login_epoch")) or 0)
 
     async def next_login_epoch(self) -> int:
         """Move the login epoch on (a logout), durably; returns the new one."""
-        return await self._run(self._next_login_epoch)
 
-    def _login_epoch(self) -> int:
-        row = self._db().execute("SELECT value FROM meta WHERE name = 'login_epoch'").fetchone()
-        return int(row[0]) if row is not None else 0
+        def bump() -> int:
+            epoch = int(self.backend.setting("login_epoch") or 0) + 1
+            self.backend.set_setting("login_epoch", str(epoch))
+            return epoch
 
-    def _next_login_epoch(self) -> int:
-        db = self._db()
-        epoch = self._login_epoch() + 1
-        db.execute(
-            "INSERT INTO meta (name, value) VALUES ('login_epoch', ?) "
-            "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-            (str(epoch),),
-        )
-        return epoch
+        return await self._run(bump)
 
-    def _secret(self) -> bytes:
-        db = self._db()
-        db.execute(
-            "INSERT OR IGNORE INTO meta (name, value) VALUES ('cookie_secret', ?)",
-            (secrets.token_hex(32),),
-        )
-        row = db.execute("SELECT value FROM meta WHERE name = 'cookie_secret'").fetchone()
-        return bytes.fromhex(str(row[0]))
+
+def _logged(stored: StoredEvent) -> LoggedEvent:
+    return LoggedEvent(stored.id, stored.type, json.loads(stored.data_json))

@@ -34,7 +34,7 @@ from api.server import WebUIServer
 from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
 from delivery.peers import ServerRecord
-from delivery.state_dir import ensure_private_dir
+from delivery.webui_state import WebUIStateBackend
 from gateway.config import Platform
 from gateway.delivery_targets import ApiServerTarget, PushTarget
 from gateway.platforms.api_server import ApiServerAdapter
@@ -150,8 +150,9 @@ async def serve(
         runner.register_target(Platform.API_SERVER, ApiServerTarget(store, adapter))
         # Built before the API server starts (Telegram's webhook adds a route to it),
         # started once it listens.
+        webui_state = await asyncio.to_thread(location.open_webui) if settings.webui_port else None
         surfaces = build_surfaces(
-            settings, store, model, adapter, runner, metrics, reuse_port=reuse_port
+            settings, store, model, adapter, runner, metrics, webui_state, reuse_port=reuse_port
         )
         await adapter.start()
         stack.push_async_callback(adapter.stop, grace_seconds=grace)
@@ -242,15 +243,15 @@ def build_surfaces(
     adapter: ApiServerAdapter,
     runner: GatewayRunner,
     metrics: Metrics,
+    webui_state: WebUIStateBackend | None,
     *,
     reuse_port: bool = False,
 ) -> list[Surface]:
     """The other front ends of this process (web UI, Telegram), each with its delivery
     target registered on the runner."""
     surfaces: list[Surface] = []
-    if settings.webui_port:
-        ensure_private_dir(settings.home)  # its event log is local, even with PostgreSQL
-        server = build_webui(settings, store, model, home=settings.home, reuse_port=reuse_port)
+    if webui_state is not None:
+        server = build_webui(settings, store, model, webui_state, reuse_port=reuse_port)
         runner.register_target(Platform.WEBUI, server.target)
         surfaces.append(server)
     if settings.telegram_bot_token:
@@ -286,13 +287,14 @@ def build_webui(
     settings: Settings,
     store: SessionStore,
     model: ModelProvider,
+    webui_state: WebUIStateBackend,
     *,
-    home: Path,
     reuse_port: bool = False,
 ) -> WebUIServer:
     """The web UI: its own turn service (``Platform.WEBUI``) over the same store and model,
-    its event log, approvals when the shell tool is on, and its delivery target."""
-    log = EventLog(home / "webui.db")
+    its event log (over ``webui_state``, which it then owns), approvals when the shell tool
+    is on, and its delivery target."""
+    log = EventLog(webui_state)
     approvals = Approvals(store)  # the web UI's turns listen to it (they announce its changes)
     service = TurnService(
         store,

@@ -4,7 +4,7 @@ a storage dialect.
 ``open_storage(url)`` resolves where the state lives and prepares it once:
 
 - ``sqlite:///abs/dir``: the state directory (created 0700, or tightened); the ledger is
-  ``ledger.db`` and the session store ``sessions.db`` in it.
+  ``ledger.db``, the session store ``sessions.db`` and the web UI's state ``webui.db`` in it.
 - ``postgresql://user:password@host/dbname``: one database for every table. The server is
   reached and the schema migrated here, once, under the advisory lock (``migrate=False``,
   for operators' tools, only checks it), so a bad url, a refused connection or wrong
@@ -13,7 +13,8 @@ a storage dialect.
 - ``memory://name``: in-process stores (tests, embedding); each ``open_*`` is a new one.
 
 The returned ``Storage`` opens the backends: ``open_ledger()`` (a ``LedgerStore``: the
-ledger's work and views) and ``open_sessions()`` (a ``SessionBackend``); keyword options
+ledger's work and views), ``open_sessions()`` (a ``SessionBackend``) and ``open_webui()``
+(a ``WebUIStateBackend``); keyword options
 tune one dialect's backend (pool sizes, batch limits, a test clock) and are passed through
 as given.
 ``sqlite_files(ledger=..., sessions=...)`` describes SQLite files at paths of the caller's
@@ -31,6 +32,7 @@ from urllib.parse import unquote, urlsplit
 from delivery.backend import LedgerStore
 from delivery.session_backend import SessionBackend
 from delivery.state_dir import ensure_private_dir
+from delivery.webui_state import WebUIStateBackend
 
 __all__ = [
     "SchemaReport",
@@ -46,6 +48,7 @@ Dialect = Literal["sqlite", "postgres", "memory"]
 
 LEDGER_FILE = "ledger.db"
 SESSIONS_FILE = "sessions.db"
+WEBUI_FILE = "webui.db"
 
 
 class StorageUrlError(ValueError):
@@ -59,6 +62,7 @@ class Storage:
     dialect: Dialect
     ledger_path: Path | None = None
     sessions_path: Path | None = None
+    webui_path: Path | None = None
     database_url: str | None = None
     # PostgreSQL: the schema the migrations were applied to (or checked in).
     schema: str | None = None
@@ -96,6 +100,22 @@ class Storage:
             raise StorageUrlError("this storage names no session store file")
         return SqliteSessions(self.sessions_path, **options)
 
+    def open_webui(self) -> WebUIStateBackend:
+        if self.dialect == "postgres":
+            from storage.postgres.webui import PostgresWebUIState
+
+            assert self.database_url is not None and self.schema is not None
+            return PostgresWebUIState(self.database_url, schema=self.schema)
+        if self.dialect == "memory":
+            from storage.memory.webui import MemoryWebUIState
+
+            return MemoryWebUIState()
+        from storage.sqlite.webui import SqliteWebUIState
+
+        if self.webui_path is None:
+            raise StorageUrlError("this storage names no web UI state file")
+        return SqliteWebUIState(self.webui_path)
+
 
 def open_storage(url: str, *, migrate: bool = True) -> Storage:
     """Resolve and prepare a storage url (see the module docstring).
@@ -129,17 +149,26 @@ def open_storage(url: str, *, migrate: bool = True) -> Storage:
         ensure_private_dir(home)
     except OSError as exc:
         raise StorageUrlError(f"state directory {home}: {exc}") from None
-    return Storage("sqlite", ledger_path=home / LEDGER_FILE, sessions_path=home / SESSIONS_FILE)
+    return Storage(
+        "sqlite",
+        ledger_path=home / LEDGER_FILE,
+        sessions_path=home / SESSIONS_FILE,
+        webui_path=home / WEBUI_FILE,
+    )
 
 
 def sqlite_files(
-    *, ledger: str | os.PathLike[str] | None = None, sessions: str | os.PathLike[str] | None = None
+    *,
+    ledger: str | os.PathLike[str] | None = None,
+    sessions: str | os.PathLike[str] | None = None,
+    webui: str | os.PathLike[str] | None = None,
 ) -> Storage:
     """SQLite stores in files the caller names (created on open, parents 0700)."""
     return Storage(
         "sqlite",
         ledger_path=Path(ledger) if ledger is not None else None,
         sessions_path=Path(sessions) if sessions is not None else None,
+        webui_path=Path(webui) if webui is not None else None,
     )
 
 

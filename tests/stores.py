@@ -7,11 +7,13 @@ Short names for the shapes tests need; every one goes through ``storage.open_sto
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import storage
 from delivery.backend import LedgerBackend
 from delivery.session_backend import SessionBackend
+from delivery.webui_state import WebUIStateBackend
 from gateway.session import SessionStore
 
 PathLike = str | os.PathLike[str]
@@ -44,3 +46,14 @@ def pg_ledger(url: str, *, migrate: bool = True, **options: Any) -> LedgerBacken
 
 def pg_sessions(url: str, *, migrate: bool = True, **options: Any) -> SessionBackend:
     return storage.open_storage(url, migrate=migrate).open_sessions(**options)
+
+
+def webui_state(kind: str, directory: PathLike) -> WebUIStateBackend:
+    """The web UI's state on ``kind`` ("sqlite" in ``directory``, "memory", "postgres")."""
+    if kind == "sqlite":
+        return storage.sqlite_files(webui=Path(directory) / "webui.db").open_webui()
+    if kind == "memory":
+        return storage.open_storage("memory://webui").open_webui()
+    from tests.pg_support import fresh_url
+
+    return storage.open_storage(fresh_url()).open_webui()

@@ -160,6 +160,38 @@ CREATE TABLE approvals (
 CREATE INDEX idx_approvals_session ON approvals (session_id, stream_id);
 """,
     ),
+    Migration(
+        4,
+        "web UI: event log, unread marks, tool steps, settings",
+        """
+CREATE TABLE webui_events (
+    id BIGSERIAL PRIMARY KEY,
+    created_at DOUBLE PRECISION NOT NULL,
+    type TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE TABLE webui_unread (
+    session_id TEXT PRIMARY KEY,
+    unread BOOLEAN NOT NULL
+);
+CREATE TABLE webui_tool_steps (
+    id BIGSERIAL PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    turn_id TEXT NOT NULL,
+    message_id BIGINT,
+    created_at DOUBLE PRECISION NOT NULL,
+    name TEXT NOT NULL,
+    status TEXT NOT NULL,
+    summary TEXT NOT NULL
+);
+CREATE INDEX idx_webui_tool_steps_session ON webui_tool_steps (session_id, id);
+CREATE INDEX idx_webui_tool_steps_turn ON webui_tool_steps (turn_id);
+CREATE TABLE webui_meta (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+""",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

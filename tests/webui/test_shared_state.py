@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from tests.agent.test_openai_compat import FakeOpenAI, _chunk, _completion_body
+from tests.pg_support import fresh_url
 from tests.webui.conftest import Sse, settings_for, start_web, stop_web
 from tests.webui.test_two_processes import Serve
 
@@ -48,8 +50,11 @@ class Tab:
 
 @asynccontextmanager
 async def servers(home: Path, count: int, **env: str) -> AsyncIterator[list[Tab]]:
-    """``count`` `reveille serve` processes on ``home``, a tab on each."""
-    procs = [Serve(home, **env) for _ in range(count)]
+    """``count`` `reveille serve` processes on ``home``, a tab on each. With
+    ``REVEILLE_DATABASE_URL`` in ``env`` they share that database instead, each with a state
+    directory of its own (as servers on several hosts do)."""
+    shared = "REVEILLE_DATABASE_URL" not in env
+    procs = [Serve(home if shared else home / f"host{i}", **env) for i in range(count)]
     jar = aiohttp.CookieJar(unsafe=True)
     try:
         for proc in procs:
@@ -70,8 +75,10 @@ async def _new_session(tab: Tab) -> str:
     return str((await r.json())["session"]["id"])
 
 
-async def test_a_tab_on_one_server_sees_the_turns_of_another(tmp_path: Path) -> None:
-    async with servers(tmp_path / "home", 2) as (on_a, on_b):
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+async def test_a_tab_on_one_server_sees_the_turns_of_another(tmp_path: Path, store: str) -> None:
+    env = {"REVEILLE_DATABASE_URL": fresh_url()} if store == "postgres" else {}
+    async with servers(tmp_path / "home", 2, **env) as (on_a, on_b):
         seen_by_b = await on_b.stream()
         sid = await _new_session(on_a)
         r = await on_a.post(f"/api/sessions/{sid}/messages", {"text": "hello from A"})
@@ -89,11 +96,14 @@ async def test_a_tab_on_one_server_sees_the_turns_of_another(tmp_path: Path) -> 
         await seen_by_b.close()
 
 
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
 async def test_a_pending_approval_on_one_server_keeps_turns_out_through_another(
-    tmp_path: Path,
+    tmp_path: Path, store: str
 ) -> None:
     marker = tmp_path / "ran.txt"
     env = {"REVEILLE_SHELL_ENABLED": "1", "REVEILLE_SHELL_WORKDIR": str(tmp_path)}
+    if store == "postgres":
+        env["REVEILLE_DATABASE_URL"] = fresh_url()
     async with servers(tmp_path / "home", 2, **env) as (on_a, on_b):
         seen_by_b = await on_b.stream()
         sid = await _new_session(on_a)

@@ -10,11 +10,12 @@ import pytest
 
 from api.approvals import AlreadyDecided, ApprovalRecord, Approvals
 from api.auth import Auth
-from api.event_log import EventLog, EventLogError
+from api.event_log import EventLog
 from api.views import card_from_metadata, title_from_text, transcript_items
 from delivery.session_backend import MessageRecord
 from gateway.session import SessionStore
-from storage.memory.sessions import MemorySessions
+from storage.sqlite.webui import WebUIStateError
+from tests.stores import memory_sessions, webui_state
 
 
 def test_cookies_are_signed_and_expire(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,7 +94,7 @@ def test_login_rate_limit_is_per_client_and_forgets() -> None:
 
 
 async def test_event_log_replays_and_refuses_what_it_cannot(tmp_path) -> None:
-    log = EventLog(tmp_path / "webui.db", keep=3)
+    log = EventLog(webui_state("sqlite", tmp_path), keep=3)
     await log.aopen()
     try:
         ids = [(await log.append("x", {"n": i})).id for i in range(5)]
@@ -124,8 +125,8 @@ def test_event_log_refuses_another_programs_file(tmp_path) -> None:
     other.execute("CREATE TABLE t (x)")
     other.commit()
     other.close()
-    with pytest.raises(EventLogError):
-        EventLog(path).open()
+    with pytest.raises(WebUIStateError):
+        webui_state("sqlite", tmp_path)
 
 
 def test_views_keep_markup_as_text() -> None:
@@ -158,7 +159,7 @@ async def test_a_stop_while_the_approval_is_announced_denies_it(tmp_path: Any) -
         announced.set()
         await asyncio.sleep(0.05)
 
-    store = SessionStore(MemorySessions())
+    store = SessionStore(memory_sessions())
     store.take_turn("s1", "st_1")
     approvals = Approvals(store, slow_listener)
     ask = asyncio.create_task(approvals.confirm_for("s1")("rm -rf /"))
@@ -174,7 +175,7 @@ async def test_a_stop_while_the_approval_is_announced_denies_it(tmp_path: Any) -
 async def test_an_approval_decided_by_another_server_reaches_the_asking_turn() -> None:
     """Two ``Approvals`` over one store stand for two servers: the turn asks on one, the
     tab decides on the other, and the asking turn learns it from the store."""
-    store = SessionStore(MemorySessions())
+    store = SessionStore(memory_sessions())
     store.take_turn("s1", "st_1")
     asking, deciding = Approvals(store, poll_seconds=0.02), Approvals(store)
     ask = asyncio.create_task(asking.confirm_for("s1")("make deploy"))
