@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reveille.serve import startup_banner
+from reveille.banner import startup_banner
 from reveille.settings import Settings
 
 if TYPE_CHECKING:

@@ -17,9 +17,9 @@ import pytest
 from agent.markers import WAKE_MARKER
 from delivery.rows import LedgerRow, RowQuery
 from gateway.wake import DELEGATION_DISPLAY_KIND
+from reveille.banner import startup_banner
 from reveille.chat import ChatClient
 from reveille.cli import build_parser
-from reveille.serve import startup_banner
 from reveille.settings import Settings
 from tests.api_server.serve_support import (
     KEY,

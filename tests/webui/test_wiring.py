@@ -14,7 +14,7 @@ from agent.providers.demo import DemoModel
 from api import routes
 from gateway.config import Platform
 from reveille.app import runtime_watch, serve
-from reveille.serve import startup_banner
+from reveille.banner import startup_banner
 from reveille.settings import Settings, SettingsError, load_settings
 from tests.webui.conftest import SlowDemo, Web, settings_for, start_web, stop_web
 
