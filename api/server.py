@@ -203,6 +203,8 @@ class WebUIServer:
         r.add_get("/api/sessions", self.list_sessions)
         r.add_post("/api/sessions", self.create_session)
         r.add_get("/api/sessions/{id}", self.get_session)
+        r.add_patch("/api/sessions/{id}", self.rename_session)
+        r.add_delete("/api/sessions/{id}", self.delete_session)
         r.add_get("/api/sessions/{id}/items", self.older_items)
         r.add_get("/api/sessions/{id}/background", self.session_background)
         r.add_post("/api/sessions/{id}/read", self.mark_read)
@@ -371,6 +373,46 @@ class WebUIServer:
         assert view is not None
         await self.log.append("session", {"session": view})
         return web.json_response({"session": view}, status=201)
+
+    async def _webui_session(self, request: web.Request) -> str:
+        """The id of a web UI session named by the path: 404 unknown, 409 another source's
+        (API and push-platform sessions are read-only here)."""
+        session_id = self._session_id(request)
+        view = await self.turns.session_dict(session_id)
+        if view is None:
+            raise ApiError(404, "Session not found", code="session_not_found")
+        if not view["chat"]:
+            raise ApiError(
+                409, "only web UI sessions can be changed here", code="not_a_webui_session"
+            )
+        return session_id
+
+    async def rename_session(self, request: web.Request) -> web.Response:
+        """``PATCH /api/sessions/{id} {"title"}``: rename a web UI session."""
+        session_id = await self._webui_session(request)
+        title = (await self._body(request)).get("title")
+        if not isinstance(title, str) or not title.strip() or len(title) > MAX_TITLE_CHARS:
+            message = f"title must be text of 1 to {MAX_TITLE_CHARS} characters"
+            raise ApiError(400, message, code="invalid_title")
+        if not await self.store.aset_title(session_id, " ".join(title.split())):
+            raise ApiError(404, "Session not found", code="session_not_found")
+        view = await self.turns.session_dict(session_id)
+        if view is None:
+            raise ApiError(404, "Session not found", code="session_not_found")
+        await self.log.append("session", {"session": view})
+        return web.json_response({"session": view})
+
+    async def delete_session(self, request: web.Request) -> web.Response:
+        """``DELETE /api/sessions/{id}``: delete a web UI session and its transcript; 409
+        ``session_busy`` while a turn runs in it or a command of it waits for approval."""
+        session_id = await self._webui_session(request)
+        busy = await self.turns.ais_busy(session_id)
+        if busy or await self.approvals.pending_for(session_id) is not None:
+            raise ApiError(409, "the session is busy; stop its turn first", code="session_busy")
+        await asyncio.to_thread(self.store.delete_session, session_id)
+        await self.log.set_unread(session_id, False)
+        await self.log.append("session.deleted", {"session_id": session_id})
+        return web.Response(status=204)
 
     async def get_session(self, request: web.Request) -> web.Response:
         session_id = self._session_id(request)

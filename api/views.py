@@ -5,6 +5,8 @@ wake-up cards, tool steps), ``WakeupCard`` and ``Delivery``. A wake-up turn is s
 user message marked ``wake`` by the server that ran it (its text opens with ``WAKE_MARKER``
 and ends with the completion's summary, ``WAKE_DATA_MARKER``); it is shown as its card, and
 the reply after it is marked as the wake-up's. Text that only looks like one is a message.
+A user's message whose turn failed (marked ``failed`` by ``api.web_turns``) carries its
+error, until the same text is sent again: then its retry stands in its place.
 Every string is passed as data; the browser shows it as text.
 """
 
@@ -157,7 +159,8 @@ def transcript_items(
             running.append(step)
         else:
             pinned.setdefault(step.message_id, []).append(step)
-    for row in messages:
+    rows = list(messages)
+    for index, row in enumerate(rows):
         row_id = f"m{row.id}"
         content = row.content
         meta = row.display_metadata or {}
@@ -176,6 +179,9 @@ def transcript_items(
                 items.append({"kind": "wakeup", "id": row_id, "card": card.as_dict()})
                 after_wake = True
                 continue
+        failed = row.role == "user" and isinstance(meta, Mapping) and bool(meta.get("failed"))
+        if failed and _retried(row, rows[index + 1 :]):
+            continue  # its retry, the same text sent later, stands in its place
         role = "assistant" if row.role == "assistant" else "user"
         item: dict[str, Any] = {
             "kind": "message",
@@ -186,10 +192,18 @@ def transcript_items(
         }
         if isinstance(meta, Mapping) and meta.get("stopped"):
             item["stopped"] = True
+        if failed:
+            item["failed"] = True
+            item["error"] = _text(meta.get("error")) or "the turn failed"
         items.append(item)
         after_wake = False
     items.extend(_tool_item(step) for step in running)
     return items
+
+
+def _retried(failed: MessageRecord, after: Sequence[MessageRecord]) -> bool:
+    """Whether a later user message is the same text as a failed one: its retry."""
+    return any(m.role == "user" and m.content == failed.content for m in after)
 
 
 def background_view(row: LedgerRow) -> dict[str, Any]:

@@ -6,7 +6,8 @@ background and answers a typed ``TurnAccepted`` or ``TurnRefused``; ``start_turn
 same for a caller on another thread (the seed-pinned ``api.routes``), in the dict shape. The
 turn's content deltas and tool steps become ``turn.*`` events of the durable event log while
 ``ActiveStream`` keeps the reply so far for a tab that reloads mid-turn. ``stop`` cancels
-the turn's task: the text shown so far is stored, marked stopped. A wake-up turn
+the turn's task: the text shown so far is stored, marked stopped. A user's turn that fails
+stores their message marked failed (with the error), so that a reload still shows it. A wake-up turn
 (``source="process_wakeup"``) first announces its card (``wakeup``), a ``toast`` and the
 session's unread mark; it is keyed by its delivery id so a re-offer of a wake-up that
 already ran never runs it twice. When a session becomes free (its turn ended), ``on_free``
@@ -417,9 +418,13 @@ class WebTurns:
                 if stream.wakeup and exc.kind == "upstream":
                     with self._lock:
                         self._paused.add(stream.session_id)
+                elif not stream.wakeup and exc.kind != "session_deleted":
+                    await self._store_failed(stream, exc.message)
             except Exception as exc:
                 logger.exception("turn %s failed", stream.turn_id)
                 end.update(status="error", error=type(exc).__name__, content=stream.text)
+                if not stream.wakeup:
+                    await self._store_failed(stream, type(exc).__name__)
         finally:
             if stream.stored is not None and not stream.stored.done():
                 stream.stored.set_result(stored)
@@ -467,6 +472,18 @@ class WebTurns:
             logger.exception("could not store the stopped turn %s", stream.turn_id)
             return False
         return True
+
+    async def _store_failed(self, stream: ActiveStream, error: str) -> None:
+        """A user's turn failed: keep their message in the transcript, marked failed with
+        the error, so that a reload still shows it (and its Retry). The model never sees a
+        failed message as history (``gateway.conversation.build_context``): a retry sends
+        the text again, and the view shows a failed message followed by its retry once."""
+        meta = {"failed": True, "error": error[:500]}
+        user = {"role": "user", "content": stream.user_text, "display_metadata": meta}
+        try:
+            await self.store.aappend_turn(stream.session_id, [user])
+        except Exception:
+            logger.exception("could not store the failed turn %s", stream.turn_id)
 
     # ----------------------------------------------------------------- stopping
 

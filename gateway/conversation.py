@@ -83,6 +83,8 @@ def _stored_history(transcript: tuple[Any, ...]) -> list[tuple[str, str]]:
     for m in transcript:
         if m.is_delivery:
             continue
+        if m.role == "user" and m.display_metadata and m.display_metadata.get("failed"):
+            continue  # never answered: no client's history holds it
         if m.role == "user":
             in_wake = bool(m.display_metadata and m.display_metadata.get("wake"))
         if not in_wake and m.role in ("user", "assistant"):
@@ -180,6 +182,10 @@ def build_context(
                 continue
             flush()
             meta = row.get("display_metadata") or {}
+            if meta.get("failed"):
+                # A web UI turn that failed: its message is shown (with a Retry) but was
+                # never answered; a retry sends it again, so it is not history.
+                continue
             content = row["content"]
             if row["role"] == "user" and not meta.get("wake"):
                 content = defang(content)

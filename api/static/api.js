@@ -2,6 +2,8 @@
 
 let csrfToken = "";
 const listeners = new Set();
+const networkListeners = new Set();
+const reachableListeners = new Set();
 
 export class ApiError extends Error {
   constructor(status, body) {
@@ -10,6 +12,7 @@ export class ApiError extends Error {
     this.status = status;
     this.code = error.code || "";
     this.body = body || {};
+    this.network = false;
   }
 }
 
@@ -22,17 +25,37 @@ export function onLoginRequired(fn) {
   listeners.add(fn);
 }
 
+/** Called with the ApiError whenever a request fails without an answer (network error). */
+export function onNetworkError(fn) {
+  networkListeners.add(fn);
+}
+
+/** Called whenever the server answered a request (any status). */
+export function onReachable(fn) {
+  reachableListeners.add(fn);
+}
+
 export async function request(method, path, body) {
   const headers = { Accept: "application/json" };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (method !== "GET" && method !== "HEAD") headers["X-CSRF-Token"] = csrfToken;
-  const response = await fetch(path, {
-    method,
-    headers,
-    body: body === undefined ? undefined : JSON.stringify(body),
-    credentials: "same-origin",
-    cache: "no-store",
-  });
+  let response;
+  try {
+    response = await fetch(path, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      credentials: "same-origin",
+      cache: "no-store",
+    });
+  } catch {
+    // The server is not reachable: the page shows its reconnecting banner, not a toast.
+    const err = new ApiError(0, { error: { message: "Reconnecting…", code: "network" } });
+    err.network = true;
+    for (const fn of networkListeners) fn(err);
+    throw err;
+  }
+  for (const fn of reachableListeners) fn();
   let data = null;
   if (response.status !== 204) {
     const text = await response.text();
@@ -63,6 +86,8 @@ export const api = {
   sessions: (q) => request("GET", q ? `/api/sessions?q=${enc(q)}` : "/api/sessions"),
   createSession: (title) => request("POST", "/api/sessions", title ? { title } : {}),
   session: (id) => request("GET", `/api/sessions/${enc(id)}`),
+  renameSession: (id, title) => request("PATCH", `/api/sessions/${enc(id)}`, { title }),
+  deleteSession: (id) => request("DELETE", `/api/sessions/${enc(id)}`),
   olderItems: (id, before) =>
     request("GET", `/api/sessions/${enc(id)}/items?before=${enc(before)}`),
   background: (id) => request("GET", `/api/sessions/${enc(id)}/background`),

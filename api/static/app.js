@@ -3,12 +3,13 @@
 import { api, onLoginRequired, setCsrfToken } from "/static/api.js";
 import { BackgroundStrip } from "/static/background.js";
 import { ChatView } from "/static/chat.js";
+import { streamStateChanged, watchConnection } from "/static/connection.js";
 import { DeliveriesView } from "/static/deliveries.js";
 import { $, sourceLabel } from "/static/dom.js";
 import { connect } from "/static/events.js";
 import { Sidebar, sessionTitle } from "/static/sidebar.js";
 import { initTheme } from "/static/theme.js";
-import { completionToast, notice } from "/static/toasts.js";
+import { completionToast, failure, notice } from "/static/toasts.js";
 
 const state = {
   boot: null,
@@ -16,6 +17,7 @@ const state = {
   currentId: null,
   view: "loading",
   query: "",
+  source: "", // the sidebar's source filter ("" = every source)
   started: false,
 };
 
@@ -27,9 +29,14 @@ const stopButton = $("#stop");
 const chatEmpty = $("#chat-empty");
 const composerNote = $("#composer-note");
 
-const sidebar = new Sidebar($("#session-list"), { onOpen: (id) => openSession(id) });
+const sidebar = new Sidebar($("#session-list"), {
+  onOpen: (id) => openSession(id),
+  onRename: renameSession,
+  onDelete: deleteSession,
+});
 const chat = new ChatView(transcript, {
   onDecide: decide,
+  onRetry: (text, node) => sendText(text, { retrying: node }),
   onOlder: (id, before) => api.olderItems(id, before),
 });
 const backgroundStrip = new BackgroundStrip($("#background-strip"));
@@ -84,6 +91,7 @@ function showNoSession() {
   state.currentId = null;
   chat.begin(null);
   chat.loading = false;
+  backgroundStrip.clear();
   showView("chat");
   setTitle("New chat", "");
   renderSidebar();
@@ -100,14 +108,14 @@ async function showDeliveries() {
   try {
     await deliveries.load();
   } catch (err) {
-    notice(err.message);
+    failure(err);
   }
 }
 
 // ---------------------------------------------------------------- sessions
 
 function orderedSessions() {
-  const list = [...state.sessions.values()];
+  const list = [...state.sessions.values()].filter((s) => !state.source || s.source === state.source);
   list.sort((a, b) => timeOf(b.updated_at || b.created_at) - timeOf(a.updated_at || a.created_at));
   if (!state.query) return list;
   const q = state.query.toLowerCase();
@@ -184,7 +192,7 @@ async function openSession(id, { push = true, quiet = false } = {}) {
       navigate("/", { replace: true });
       showNoSession();
     } else {
-      notice(err.message);
+      failure(err);
     }
     return;
   }
@@ -193,23 +201,59 @@ async function openSession(id, { push = true, quiet = false } = {}) {
   setTitle(sessionTitle(detail.session), sourceLabel(detail.session.source));
   chat.load(detail);
   backgroundStrip.show(detail.background);
+  backgroundStrip.setApproval(detail.pending_approval);
   if (detail.session.unread && document.visibilityState === "visible") markRead(id);
   renderSidebar();
   updateComposer();
   if (window.matchMedia("(min-width: 721px)").matches) composer.focus({ preventScroll: true });
 }
 
-async function newSession() {
+/** "New chat": a draft in the page; nothing is stored until its first message is sent. */
+function newSession() {
+  navigate("/");
+  showNoSession();
+  composer.focus();
+}
+
+/** The draft's first message creates its session (untitled: named after that message). */
+async function createSession() {
   try {
     const data = await api.createSession();
     state.sessions.set(data.session.id, data.session);
     await openSession(data.session.id);
-    composer.focus();
     return data.session.id;
   } catch (err) {
-    notice(err.message || "Could not create a session");
+    failure(err, "Could not create a session");
     return null;
   }
+}
+
+async function renameSession(id, title) {
+  try {
+    upsertSession((await api.renameSession(id, title)).session);
+    return true;
+  } catch (err) {
+    failure(err, "Could not rename the session");
+    return false;
+  }
+}
+
+async function deleteSession(id) {
+  try {
+    await api.deleteSession(id);
+  } catch (err) {
+    if (err.code === "session_busy") notice("Stop the running turn (or decide its approval) first.", "info");
+    else failure(err, "Could not delete the session");
+    return false;
+  }
+  sessionDeleted(id);
+  return true;
+}
+
+function sessionDeleted(id) {
+  state.sessions.delete(id);
+  if (state.currentId === id && state.view === "chat") newSession();
+  else renderSidebar();
 }
 
 // ---------------------------------------------------------------- composer
@@ -244,34 +288,50 @@ function autosize() {
   composer.style.height = `${Math.min(composer.scrollHeight, 220)}px`;
 }
 
-async function send() {
-  const text = composer.value;
-  if (!text.trim()) return;
+function send() {
+  return sendText(composer.value);
+}
+
+/**
+ * Send `text` in the session in view (a draft gets its session first). `retrying`: the
+ * failed message it sends again, replaced by the new one (put back when the send fails).
+ * → whether the turn started.
+ */
+async function sendText(text, { retrying = null } = {}) {
+  if (!text.trim()) return false;
   if (isBusy()) {
     notice("Wait for the reply, or stop it, before sending the next message.", "info");
-    return;
+    return false;
   }
   let id = state.currentId;
   if (!id) {
-    id = await newSession();
-    if (!id) return;
+    id = await createSession();
+    if (!id) return false;
   }
-  composer.value = "";
-  autosize();
+  if (!retrying) {
+    composer.value = "";
+    autosize();
+  }
+  const placeholder = retrying ? document.createComment("retrying") : null;
+  retrying?.replaceWith(placeholder);
   const pending = chat.addPendingUser(text);
   chatEmpty.hidden = true;
   try {
     await api.send(id, text);
+    placeholder?.remove();
+    return true;
   } catch (err) {
     chat.dropPendingUser(pending);
-    if (!composer.value) composer.value = text;
+    if (retrying) placeholder.replaceWith(retrying);
+    else if (!composer.value) composer.value = text;
     autosize();
     if (err.code === "active_stream" || err.body?.error?.active_stream_id) {
       notice("The agent is still answering in this session.", "info");
     } else {
-      notice(err.message || "Could not send the message");
+      failure(err, "Could not send the message");
     }
     updateComposer();
+    return false;
   }
 }
 
@@ -281,7 +341,7 @@ async function stop() {
   try {
     await api.stop(state.currentId);
   } catch (err) {
-    notice(err.message || "Could not stop the turn");
+    failure(err, "Could not stop the turn");
   } finally {
     stopButton.disabled = false;
   }
@@ -292,7 +352,7 @@ async function decide(approvalId, decision) {
     await api.decide(approvalId, decision);
     return true;
   } catch (err) {
-    notice(err.message || "Could not record the decision");
+    failure(err, "Could not record the decision");
     return false;
   }
 }
@@ -320,6 +380,9 @@ function onEvent(type, data, id) {
     case "delivery":
       if (state.view === "deliveries" && data.delivery) deliveries.upsert(data.delivery);
       return;
+    case "session.deleted":
+      if (state.sessions.has(data.session_id)) sessionDeleted(data.session_id);
+      return;
     default:
       break;
   }
@@ -328,6 +391,7 @@ function onEvent(type, data, id) {
     if (type === "turn.start" || type === "turn.end" || type === "wakeup") updateComposer();
     // A turn may have started background work; a wake-up means some of it came home.
     if (type === "turn.end" || type === "wakeup") refreshBackground(data.session_id);
+    if (type === "approval") backgroundStrip.setApproval(data.approval);
   }
   if (type === "turn.start" || type === "turn.end") {
     const session = state.sessions.get(data.session_id);
@@ -354,16 +418,8 @@ async function onReset() {
     if (state.view === "deliveries") await deliveries.load();
     else if (state.currentId) await openSession(state.currentId, { push: false });
   } catch (err) {
-    notice(err.message);
+    failure(err);
   }
-}
-
-function onConnectionState(value) {
-  const node = $("#conn");
-  node.dataset.state = value;
-  const label = { live: "Live", reconnecting: "Reconnecting…", closed: "Offline", connecting: "Connecting…" }[value] || value;
-  node.title = label;
-  node.firstChild.textContent = label;
 }
 
 // ---------------------------------------------------------------- sidebar on small screens
@@ -407,6 +463,7 @@ async function login(event) {
 
 function wire() {
   initTheme();
+  watchConnection();
   $("[data-testid=new-session]").addEventListener("click", () => newSession());
   $("#new-session-top").addEventListener("click", () => newSession());
   $("#composer-form").addEventListener("submit", (event) => {
@@ -436,9 +493,17 @@ function wire() {
       try {
         await refreshSessions();
       } catch (err) {
-        notice(err.message);
+        failure(err);
       }
     }, 200);
+  });
+  const filter = $("#source-filter");
+  filter.value = localStorage.getItem("reveille.source") || "";
+  state.source = filter.value;
+  filter.addEventListener("change", () => {
+    state.source = filter.value;
+    localStorage.setItem("reveille.source", state.source);
+    renderSidebar();
   });
   for (const button of document.querySelectorAll("#delivery-filters button")) {
     button.addEventListener("click", () => {
@@ -446,7 +511,7 @@ function wire() {
         b.setAttribute("aria-pressed", String(b === button));
       }
       deliveries.filter.state = button.dataset.state;
-      deliveries.load().catch((err) => notice(err.message));
+      deliveries.load().catch((err) => failure(err));
     });
   }
   let deliveryTimer = 0;
@@ -454,7 +519,7 @@ function wire() {
     clearTimeout(deliveryTimer);
     deliveryTimer = setTimeout(() => {
       deliveries.filter.q = event.target.value.trim();
-      deliveries.load().catch((err) => notice(err.message));
+      deliveries.load().catch((err) => failure(err));
     }, 200);
   });
   document.addEventListener("click", (event) => {
@@ -499,12 +564,12 @@ async function boot() {
   }
   if (!state.started) {
     state.started = true;
-    await connect({ onEvent, onReset, onState: onConnectionState });
+    await connect({ onEvent, onReset, onState: streamStateChanged });
   }
   try {
     await refreshSessions();
   } catch (err) {
-    notice(err.message);
+    failure(err);
   }
   await route();
   app.dataset.ready = "true";

@@ -104,9 +104,10 @@ function isRunning(status) {
 }
 
 export class ChatView {
-  constructor(root, { onDecide, onOlder }) {
+  constructor(root, { onDecide, onOlder, onRetry }) {
     this.root = root;
     this.onDecide = onDecide;
+    this.onRetry = onRetry; // (text, node) → Promise<bool>: send a failed message again
     this.onOlder = onOlder;
     this.older = null; // the cursor of the transcript's page before the first one shown
     this.fetchingOlder = false;
@@ -161,13 +162,16 @@ export class ChatView {
     for (const item of detail.items || []) this.renderItem(item);
     const active = detail.active_stream;
     if (active && active.stream_id) {
+      let question = null;
       if (typeof active.user_text === "string" && active.user_text && !active.wakeup) {
-        this.root.append(this.message("user", active.user_text));
+        question = this.message("user", active.user_text);
+        this.root.append(question);
       }
       const stream = this.startStream(active.stream_id, {
         wakeup: Boolean(active.wakeup),
         text: active.text || "",
       });
+      stream.question = question;
       // An older server's active stream lacks user_text / wakeup: refetch once it ends, so
       // the question and the wake-up mark come from the stored transcript.
       stream.refetchAtEnd = !("user_text" in active) || !("wakeup" in active);
@@ -229,6 +233,7 @@ export class ChatView {
         node.dataset.status = "stopped";
         node.append(el("p", { class: "message-note", text: "Stopped" }));
       }
+      if (item.failed) this.markFailed(node, item.content, item.error);
       target.append(node);
     } else if (item.kind === "wakeup" && item.card) {
       this.addCard(item.card, target);
@@ -266,6 +271,40 @@ export class ChatView {
   dropPendingUser(node) {
     this.pendingUser = this.pendingUser.filter((p) => p.node !== node);
     node.remove();
+  }
+
+  /** A user's message whose turn failed: the error and a Retry that sends it again. */
+  markFailed(node, text, error) {
+    node.classList.add("failed");
+    node.dataset.status = "failed";
+    node.querySelector(".failed-note")?.remove();
+    const retry = el("button", {
+      type: "button",
+      class: "btn btn-small",
+      dataset: { testid: "retry" },
+      text: "Retry",
+      on: {
+        click: async () => {
+          retry.disabled = true;
+          if (!(await this.onRetry(String(text ?? ""), node))) retry.disabled = false;
+        },
+      },
+    });
+    node.append(
+      el(
+        "p",
+        { class: "failed-note", dataset: { testid: "failed-note" } },
+        el("span", { text: `Not answered: ${error || "the turn failed"}` }),
+        retry,
+      ),
+    );
+  }
+
+  /** A failed message sent again stands in for the failed one (the server shows it once). */
+  dropFailed(text) {
+    for (const node of this.root.querySelectorAll(".message.user.failed")) {
+      if (node.querySelector(".message-body").textContent === text) node.remove();
+    }
   }
 
   /** Apply one event of the tab's stream that belongs to the session in view. */
@@ -311,16 +350,21 @@ export class ChatView {
       }
       return;
     }
-    if (data.user_text) {
+    let question = null;
+    if (data.user_text && !data.wakeup) {
+      this.dropFailed(data.user_text);
       const index = this.pendingUser.findIndex((p) => p.text === data.user_text);
       if (index >= 0) {
         const [pending] = this.pendingUser.splice(index, 1);
         pending.node.classList.remove("pending");
-      } else if (!data.wakeup) {
-        this.root.append(this.message("user", data.user_text));
+        question = pending.node;
+      } else {
+        question = this.message("user", data.user_text);
+        this.root.append(question);
       }
     }
-    this.startStream(data.stream_id, { wakeup: Boolean(data.wakeup), text: "" });
+    const stream = this.startStream(data.stream_id, { wakeup: Boolean(data.wakeup), text: "" });
+    stream.question = question;
   }
 
   startStream(streamId, { wakeup, text }) {
@@ -391,6 +435,13 @@ export class ChatView {
     }
     if (data.status === "stopped") {
       stream.node.append(el("p", { class: "message-note", text: "Stopped" }));
+    } else if (data.status === "error" && stream.question) {
+      // The question is kept (stored, marked failed) with the error and a Retry.
+      this.markFailed(stream.question, stream.question.querySelector(".message-body").textContent, data.error);
+      if (content) {
+        stream.node.classList.add("error");
+        stream.node.append(el("p", { class: "message-note error", text: "Interrupted" }));
+      } else stream.node.remove();
     } else if (data.status === "error") {
       stream.node.classList.add("error");
       stream.node.append(el("p", { class: "message-note error", text: `Error: ${data.error || "the turn failed"}` }));

@@ -2,7 +2,7 @@
 // error, filters, redeliver and drop; rows change live from the tab's event stream.
 import { api } from "/static/api.js";
 import { el, relativeTime } from "/static/dom.js";
-import { notice } from "/static/toasts.js";
+import { failure, notice } from "/static/toasts.js";
 
 export class DeliveriesView {
   constructor(root, emptyNode, { sessionTitle, onOpenSession }) {
@@ -135,7 +135,7 @@ export class DeliveriesView {
       notice(action === "drop" ? "Delivery dropped" : "Delivery queued again", "info");
     } catch (err) {
       button.disabled = false;
-      notice(err.message || `Could not ${action}`);
+      failure(err, `Could not ${action}`);
     }
   }
 }

@@ -11,6 +11,7 @@ const TYPES = [
   "toast",
   "approval",
   "delivery",
+  "session.deleted",
 ];
 
 let source = null;

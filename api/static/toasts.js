@@ -72,3 +72,10 @@ export function notice(message, kind = "error") {
   );
   close = show(node, 6000);
 }
+
+/** A failed request as a notice; one that never reached the server shows the reconnecting
+ * banner instead (api.js reports it), so it raises no toast here. */
+export function failure(err, fallback = "Something went wrong") {
+  if (err?.network) return;
+  notice(err?.message || fallback);
+}

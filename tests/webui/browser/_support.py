@@ -189,12 +189,14 @@ class WebUIServer:
 
 class SlowModel:
     """An OpenAI-compatible chat completions endpoint that streams `words` slowly: what a
-    real provider looks like to a tab reloaded in the middle of a reply."""
+    real provider looks like to a tab reloaded in the middle of a reply. While `failing`, it
+    answers every request 500."""
 
     def __init__(self, words: list[str], delay: float) -> None:
         self.words = words
         self.delay = delay
         self.requests = 0
+        self.failing = False  # answer 500, as a provider that is down does
         model = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -207,7 +209,9 @@ class SlowModel:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 model.requests += 1
-                if body.get("stream"):
+                if model.failing:
+                    self._fail()
+                elif body.get("stream"):
                     self._stream()
                 else:
                     self._json(
@@ -230,6 +234,14 @@ class SlowModel:
                             },
                         }
                     )
+
+            def _fail(self) -> None:
+                raw = json.dumps({"error": {"message": "the model is down", "type": "server"}})
+                self.send_response(500)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw.encode())
 
             def _json(self, data: dict[str, Any]) -> None:
                 raw = json.dumps(data).encode()

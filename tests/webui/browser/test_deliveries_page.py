@@ -8,7 +8,7 @@ import time
 
 from playwright.sync_api import expect
 
-from tests.webui.browser.test_wakeup_flow import create_session, finished_reply, send
+from tests.webui.browser.test_wakeup_flow import create_session, finished_reply
 
 GOAL = "count the stars"
 
@@ -17,8 +17,7 @@ def test_deliveries_page_drop_and_redeliver(start_server, new_tab, shots) -> Non
     server = start_server(demo_delay=4.0)
     tab = new_tab(server.url)
     page = tab.open("/")
-    session_id = create_session(page)
-    send(page, f"in the background: {GOAL}")
+    session_id = create_session(page, f"in the background: {GOAL}")
     finished_reply(page, 0)
 
     page.locator("#nav-deliveries").click()

@@ -7,7 +7,7 @@ import re
 
 from playwright.sync_api import expect
 
-from tests.webui.browser.test_wakeup_flow import create_session, finished_reply, send
+from tests.webui.browser.test_wakeup_flow import create_session, finished_reply
 
 IMG = "<img src=x onerror=\"window.__pwned='img';alert('img')\">"
 SCRIPT = "<script>window.__pwned='script';alert('script')</script>"
@@ -19,8 +19,7 @@ def test_hostile_completion_renders_as_text(start_server, new_tab, shots) -> Non
     server = start_server(demo_delay=0.5)
     tab = new_tab(server.url)
     page = tab.open("/")
-    create_session(page)
-    send(page, f"in the background: {GOAL}")
+    create_session(page, f"in the background: {GOAL}")
     finished_reply(page, 0)
 
     card = page.get_by_test_id("wakeup-card")
@@ -68,8 +67,7 @@ def test_images_in_a_reply_never_load_from_the_api_or_afar(start_server, new_tab
     page = tab.open("/")
     requested: list[str] = []
     page.on("request", lambda request: requested.append(request.url))
-    create_session(page)
-    send(page, "look: ![tap](/api/events) ![tracker](https://tracker.invalid/p.png)")
+    create_session(page, "look: ![tap](/api/events) ![tracker](https://tracker.invalid/p.png)")
     reply = finished_reply(page, 0)
     expect(reply).to_contain_text("[image: tap]")
     expect(reply).to_contain_text("[image: tracker]")

@@ -7,7 +7,7 @@ import re
 from playwright.sync_api import expect
 
 from tests.webui.browser._support import SlowModel
-from tests.webui.browser.test_wakeup_flow import create_session, send
+from tests.webui.browser.test_wakeup_flow import create_session
 
 WORDS = [f"word{n:02d}" for n in range(40)]
 
@@ -25,8 +25,7 @@ def test_reload_mid_stream_shows_the_whole_reply_once(start_server, new_tab, sho
         )
         tab = new_tab(server.url)
         page = tab.open("/")
-        create_session(page)
-        send(page, "tell me forty words")
+        create_session(page, "tell me forty words")
         reply = page.locator("[data-testid=message][data-role=assistant]")
         expect(reply.first).to_contain_text("word05", timeout=20000)
         expect(reply.first).to_have_class(re.compile(r"\bstreaming\b"))

@@ -27,12 +27,22 @@ def current_session_id(page: Any) -> str:
     return match.group(1)
 
 
-def create_session(page: Any) -> str:
+def new_chat(page: Any) -> None:
+    """ "New chat": a draft in the page, stored nowhere until its first message."""
     before = page.locator("[data-testid=session-item]").count()
-    before_url = page.url
     page.get_by_test_id("new-session").click()
+    page.wait_for_url(lambda url: "session=" not in url)
+    expect(page.locator("[data-testid=session-item][aria-current=page]")).to_have_count(0)
+    expect(page.locator("[data-testid=session-item]")).to_have_count(before)
+
+
+def create_session(page: Any, first_message: str) -> str:
+    """A new chat and its first message, which creates the session; its id."""
+    before = page.locator("[data-testid=session-item]").count()
+    new_chat(page)
+    send(page, first_message)
+    page.wait_for_url(lambda url: "session=" in url)
     expect(page.locator("[data-testid=session-item]")).to_have_count(before + 1)
-    page.wait_for_url(lambda url: "session=" in url and url != before_url)
     session_id = current_session_id(page)
     expect(session_item(page, session_id)).to_have_attribute("aria-current", "page")
     return session_id
@@ -99,9 +109,10 @@ def test_background_work_comes_home_live(start_server, new_tab, shots) -> None:
     tab = new_tab(server.url)
     page = tab.open("/")
     shots(page, "opened")
-    first = create_session(page)
-    shots(page, "session-created")
+    new_chat(page)
+    shots(page, "new-chat")
     start_background_work(page, shots)
+    first = current_session_id(page)
     # Long work shows progress: the strip names it and counts the seconds until it is home.
     work = page.get_by_test_id("background-work")
     expect(work).to_have_count(1)
@@ -110,10 +121,8 @@ def test_background_work_comes_home_live(start_server, new_tab, shots) -> None:
     expect(work.locator("[data-field=elapsed]")).to_have_text(re.compile(r"^\d+ s$"))
     shots(page, "background-progress")
 
-    second = create_session(page)
-    expect(page.get_by_test_id("background-work")).to_have_count(0)  # not this session's
-    assert second != first
-    expect(session_item(page, second)).to_have_attribute("aria-current", "page")
+    new_chat(page)
+    expect(page.get_by_test_id("background-work")).to_have_count(0)  # not this chat's
     shots(page, "switched-away")
 
     toast = page.get_by_test_id("toast")
@@ -135,8 +144,9 @@ def test_background_work_comes_home_with_the_tab_closed(start_server, new_tab, s
     server = start_server(demo_delay=2.0)
     tab = new_tab(server.url)
     page = tab.open("/")
-    session_id = create_session(page)
+    new_chat(page)
     start_background_work(page, shots)
+    session_id = current_session_id(page)
     tab.context.close()  # the tab is gone while the work finishes
 
     def wakeup_turn_done() -> bool:
@@ -164,8 +174,8 @@ def test_phone_width_smoke(start_server, new_tab, shots) -> None:
     page = tab.open("/")
     shots(page, "phone-opened")
     page.locator("#new-session-top").click()
-    page.wait_for_url(re.compile(r"[?&]session="))
     send(page, "hello from a phone")
+    page.wait_for_url(re.compile(r"[?&]session="))
     expect(finished_reply(page, 0)).to_contain_text("demo")
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 390, f"the page scrolls sideways at 390 px ({width} px wide)"
