@@ -36,6 +36,7 @@ from delivery.errors import LedgerError
 from gateway.config import Platform
 from gateway.platforms.http_middleware import (
     ApiError,
+    ProtocolErrorLogger,
     error_middleware,
     host_name,
     is_loopback,
@@ -153,7 +154,12 @@ class WebUIServer:
                 logger.info("ended %d turn(s) of a server that died mid-turn", ended)
             self.target.start(loop)
             app = self.build_app()
-            self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+            self._runner = web.AppRunner(
+                app,
+                access_log=None,
+                shutdown_timeout=1.0,
+                logger=ProtocolErrorLogger(logging.getLogger("aiohttp.server"), {}),
+            )
             await self._runner.setup()
             site = web.TCPSite(
                 self._runner, self.host, self.port, reuse_port=self.reuse_port or None

@@ -6,8 +6,9 @@ delegation runtime of the contract module ``tools.async_delegation`` -> the mode
 and the agent with its toolset -> the API server -> the web UI (its own turn service for
 ``Platform.WEBUI``, event log, approvals and delivery target) and Telegram -> the re-offer
 scheduler -> the gateway runner's watcher, on one ``AsyncExitStack`` that closes them in
-reverse. Nothing below ``reveille/`` reads settings: the floors under this one receive what
-they need from here.
+reverse, with the rate limit on the loggers a client can make talk
+(``reveille.log_limits``). Nothing below ``reveille/`` reads settings: the floors under this
+one receive what they need from here.
 
 Storage is opened through ``storage.open_storage(url)``, the only code that names a storage
 dialect.
@@ -43,6 +44,7 @@ from gateway.platforms.openai_wire import completion_object
 from gateway.run import GatewayRunner, Surface
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
+from reveille.log_limits import rate_limited_logs
 from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
 from reveille.telegram_app import telegram_surfaces
@@ -115,6 +117,7 @@ async def serve(
         check_webui_bind(settings)
     grace = shutdown_grace_seconds
     async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(rate_limited_logs())
         location = await asyncio.to_thread(open_storage, storage_url(settings))
         store = SessionStore(await asyncio.to_thread(location.open_sessions))
         stack.push_async_callback(asyncio.to_thread, store.close)
