@@ -308,6 +308,10 @@ class EventLog:
     async def latest_id(self) -> int:
         return await self._run(lambda: self._latest(self._db()))
 
+    @property
+    def open_streams(self) -> int:
+        return len(self._subscribers)
+
     def subscribe(self, owner: str = "") -> Subscription:
         """A new live stream of ``owner``. An owner at its limit of open streams (a login
         with too many tabs) has its oldest stream ended to make room; with every stream of

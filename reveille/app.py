@@ -6,9 +6,10 @@ delegation runtime of the contract module ``tools.async_delegation`` -> the mode
 and the agent with its toolset -> the API server -> the web UI (its own turn service for
 ``Platform.WEBUI``, event log, approvals and delivery target) and Telegram -> the re-offer
 scheduler -> the gateway runner's watcher, on one ``AsyncExitStack`` that closes them in
-reverse, with the rate limit on the loggers a client can make talk
-(``reveille.log_limits``). Nothing below ``reveille/`` reads settings: the floors under this
-one receive what they need from here.
+reverse. Before any of that it lifts the open-file limit to the hard limit and sizes both
+ports' connection caps from it (``gateway.platforms.connection_guard``), and puts the rate
+limit on the loggers a client can make talk (``reveille.log_limits``). Nothing below
+``reveille/`` reads settings: the floors under this one receive what they need from here.
 
 Storage is opened through ``storage.open_storage(url)``, the only code that names a storage
 dialect.
@@ -39,6 +40,7 @@ from delivery.state_dir import ensure_private_dir
 from gateway.config import Platform
 from gateway.delivery_targets import ApiServerTarget, PushTarget
 from gateway.platforms.api_server import ApiServerAdapter
+from gateway.platforms.connection_guard import ConnectionLimits, raise_descriptor_limit
 from gateway.platforms.http_middleware import is_loopback
 from gateway.platforms.openai_wire import completion_object
 from gateway.run import GatewayRunner, Surface
@@ -102,6 +104,7 @@ async def serve(
     provider: ModelProvider | None = None,
     shutdown_grace_seconds: float = 10.0,
     reuse_port: bool = False,
+    connection_limits: ConnectionLimits | None = None,
 ) -> AsyncIterator[App]:
     """Open everything ``settings`` describe, in order, and close it in reverse on exit.
 
@@ -112,10 +115,20 @@ async def serve(
     ``provider`` overrides the configured one (tests, benchmarks) and is then left open.
     ``reuse_port`` binds both ports with SO_REUSEPORT: this process is one of the workers
     of ``reveille serve --workers N`` (``reveille.workers``), all listening on them.
+    ``connection_limits`` overrides the caps and deadlines of both ports, which are
+    otherwise sized from the open-file limit (raised to the hard limit first).
     """
     if settings.webui_port:
         check_webui_bind(settings)
     grace = shutdown_grace_seconds
+    descriptors = raise_descriptor_limit()
+    limits = connection_limits or ConnectionLimits.for_descriptors(descriptors)
+    logger.info(
+        "open-file limit %d: at most %d connections per port, %d per client address",
+        descriptors,
+        limits.max_connections,
+        limits.max_per_address,
+    )
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(rate_limited_logs())
         location = await asyncio.to_thread(open_storage, storage_url(settings))
@@ -145,12 +158,21 @@ async def serve(
         runner = GatewayRunner(
             store, queue=queue, on_outcome=metrics.observe, shutdown_grace_seconds=grace
         )
-        adapter = build_adapter(settings, store, model, metrics, reuse_port=reuse_port)
+        adapter = build_adapter(
+            settings, store, model, metrics, reuse_port=reuse_port, connection_limits=limits
+        )
         runner.register_target(Platform.API_SERVER, ApiServerTarget(store, adapter))
         # Built before the API server starts (Telegram's webhook adds a route to it),
         # started once it listens.
         surfaces = build_surfaces(
-            settings, store, model, adapter, runner, metrics, reuse_port=reuse_port
+            settings,
+            store,
+            model,
+            adapter,
+            runner,
+            metrics,
+            reuse_port=reuse_port,
+            connection_limits=limits,
         )
         await adapter.start()
         stack.push_async_callback(adapter.stop, grace_seconds=grace)
@@ -205,6 +227,7 @@ def build_adapter(
     metrics: Metrics,
     *,
     reuse_port: bool = False,
+    connection_limits: ConnectionLimits | None = None,
 ) -> ApiServerAdapter:
     """The API server over its own turn service (``Platform.API_SERVER``)."""
     turns = TurnService(
@@ -224,6 +247,7 @@ def build_adapter(
         allowed_origins=settings.allowed_origins,
         max_body_bytes=settings.max_body_bytes,
         reuse_port=reuse_port,
+        connection_limits=connection_limits,
     )
     metrics.install(adapter.app)
     metrics.watch_turns(Platform.API_SERVER.value, turns)
@@ -240,13 +264,21 @@ def build_surfaces(
     metrics: Metrics,
     *,
     reuse_port: bool = False,
+    connection_limits: ConnectionLimits | None = None,
 ) -> list[Surface]:
     """The other front ends of this process (web UI, Telegram), each with its delivery
     target registered on the runner."""
     surfaces: list[Surface] = []
     if settings.webui_port:
         ensure_private_dir(settings.home)  # its event log is local, even with PostgreSQL
-        server = build_webui(settings, store, model, home=settings.home, reuse_port=reuse_port)
+        server = build_webui(
+            settings,
+            store,
+            model,
+            home=settings.home,
+            reuse_port=reuse_port,
+            connection_limits=connection_limits,
+        )
         runner.register_target(Platform.WEBUI, server.target)
         surfaces.append(server)
     if settings.telegram_bot_token:
@@ -285,10 +317,11 @@ def build_webui(
     *,
     home: Path,
     reuse_port: bool = False,
+    connection_limits: ConnectionLimits | None = None,
 ) -> WebUIServer:
     """The web UI: its own turn service (``Platform.WEBUI``) over the same store and model,
     its event log, approvals when the shell tool is on, and its delivery target."""
-    log = EventLog(home / "webui.db")
+    log = EventLog(home / "webui.db", **stream_caps(connection_limits))
     approvals = Approvals(store)  # the web UI's turns listen to it (they announce its changes)
     service = TurnService(
         store,
@@ -316,7 +349,21 @@ def build_webui(
         version=_version(),
         max_body_bytes=settings.max_body_bytes,
         reuse_port=reuse_port,
+        connection_limits=connection_limits,
     )
+
+
+def stream_caps(limits: ConnectionLimits | None) -> dict[str, int]:
+    """The web UI's caps on open event streams, kept under its port's connection caps:
+    streams are busy connections that never yield their place, so at most half the port's
+    connections (256 at most) and half an address's (32 at most) may be streams; the rest
+    stay free for requests."""
+    if limits is None:
+        return {}
+    return {
+        "max_streams": max(1, min(256, limits.max_connections // 2)),
+        "max_streams_per_owner": max(1, min(32, limits.max_per_address // 2)),
+    }
 
 
 def build_agent(settings: Settings, model: ModelProvider) -> Agent:
