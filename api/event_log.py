@@ -219,6 +219,10 @@ class EventLog:
     async def latest_id(self) -> int:
         return await self._run(self.backend.newest_event_id)
 
+    @property
+    def open_streams(self) -> int:
+        return len(self._subscribers)
+
     def subscribe(self, owner: str = "") -> Subscription:
         """A new live stream of ``owner``. An owner at its limit of open streams (a login
         with too many tabs) has its oldest stream ended to make room; with every stream of

@@ -10,7 +10,8 @@ from the web UI's own origin; without a password, only a loopback ``Host`` is an
 rebound DNS name is refused). Bodies are JSON only, size-capped, and checked for what JSON
 allows but text cannot hold (``gateway.platforms.request_body``). Errors are
 ``{"error": {"message", "code", ...}}``. The server binds ``api.routes`` to its turns when it
-starts and unbinds them when it stops.
+starts and unbinds them when it stops. Its port has the same connection caps and read
+deadlines as the API server's (``gateway.platforms.connection_guard``).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
 from delivery.errors import LedgerError
 from gateway.config import Platform
+from gateway.platforms.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from gateway.platforms.http_middleware import (
     ApiError,
+    ProtocolErrorLogger,
     error_middleware,
     host_name,
     is_loopback,
@@ -115,6 +118,7 @@ class WebUIServer:
         max_body_bytes: int = 1024 * 1024,
         static_dir: Path = STATIC_DIR,
         reuse_port: bool = False,
+        connection_limits: ConnectionLimits | None = None,
     ) -> None:
         if not is_loopback(host) and not password:
             raise ValueError(
@@ -136,6 +140,10 @@ class WebUIServer:
         self.max_body_bytes = max_body_bytes
         self.static_dir = static_dir
         self.reuse_port = reuse_port  # SO_REUSEPORT: one port shared by worker processes
+        # Caps and deadlines of this port's connections (``connection_guard``).
+        self.connections = ConnectionGuard(
+            connection_limits or ConnectionLimits.for_this_process(), name="web UI"
+        )
         self.auth: Auth | None = None
         self._runner: web.AppRunner | None = None
 
@@ -160,16 +168,19 @@ class WebUIServer:
                 logger.info("ended %d turn(s) of a server that died mid-turn", ended)
             self.target.start(loop)
             app = self.build_app()
-            self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+            self.connections.install(app)
+            self._runner = web.AppRunner(
+                app,
+                access_log=None,
+                shutdown_timeout=1.0,
+                logger=ProtocolErrorLogger(logging.getLogger("aiohttp.server"), {}),
+            )
             await self._runner.setup()
-            site = web.TCPSite(
-                self._runner, self.host, self.port, reuse_port=self.reuse_port or None
+            site = GuardedSite(
+                self._runner, self.connections, self.host, self.port, reuse_port=self.reuse_port
             )
             await site.start()
-            server = getattr(site, "_server", None)
-            sockets = getattr(server, "sockets", None) or []
-            if sockets:
-                self.port = int(sockets[0].getsockname()[1])
+            self.port = site.port
             routes.bind(self.turns)
             logger.info("web UI listening on %s", self.url)
         except BaseException:
@@ -338,7 +349,9 @@ class WebUIServer:
     # ----------------------------------------------------------------- sessions
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
-        body = await read_json_body(request, self.max_body_bytes)
+        body = await read_json_body(
+            request, self.max_body_bytes, timeout=self.connections.limits.body_timeout
+        )
         if body is None:
             return {}
         if not isinstance(body, dict):

@@ -6,8 +6,10 @@ delegation runtime of the contract module ``tools.async_delegation`` -> the mode
 and the agent with its toolset -> the API server -> the web UI (its own turn service for
 ``Platform.WEBUI``, event log, approvals and delivery target) and Telegram -> the re-offer
 scheduler -> the gateway runner's watcher, on one ``AsyncExitStack`` that closes them in
-reverse. Nothing below ``reveille/`` reads settings: the floors under this one receive what
-they need from here.
+reverse. Before any of that it lifts the open-file limit to the hard limit and sizes both
+ports' connection caps from it (``gateway.platforms.connection_guard``), and puts the rate
+limit on the loggers a client can make talk (``reveille.log_limits``). Nothing below
+``reveille/`` reads settings: the floors under this one receive what they need from here.
 
 Storage is opened through ``storage.open_storage(url)``, the only code that names a storage
 dialect.
@@ -38,11 +40,13 @@ from delivery.webui_state import WebUIStateBackend
 from gateway.config import Platform
 from gateway.delivery_targets import ApiServerTarget, PushTarget
 from gateway.platforms.api_server import ApiServerAdapter
+from gateway.platforms.connection_guard import ConnectionLimits, raise_descriptor_limit
 from gateway.platforms.http_middleware import is_loopback
 from gateway.platforms.openai_wire import completion_object
 from gateway.run import GatewayRunner, Surface
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
+from reveille.log_limits import rate_limited_logs
 from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
 from reveille.telegram_app import telegram_surfaces
@@ -101,6 +105,7 @@ async def serve(
     shutdown_grace_seconds: float = 10.0,
     reuse_port: bool = False,
     server_secret: str | None = None,
+    connection_limits: ConnectionLimits | None = None,
 ) -> AsyncIterator[App]:
     """Open everything ``settings`` describe, in order, and close it in reverse on exit.
 
@@ -112,11 +117,22 @@ async def serve(
     ``reuse_port`` binds both ports with SO_REUSEPORT: this process is one of the workers
     of ``reveille serve --workers N`` (``reveille.workers``), all listening on them, and
     ``server_secret`` is what they share to take each other's wake-up self-POSTs as their own.
+    ``connection_limits`` overrides the caps and deadlines of both ports, which are
+    otherwise sized from the open-file limit (raised to the hard limit first).
     """
     if settings.webui_port:
         check_webui_bind(settings)
     grace = shutdown_grace_seconds
+    descriptors = raise_descriptor_limit()
+    limits = connection_limits or ConnectionLimits.for_descriptors(descriptors)
+    logger.info(
+        "open-file limit %d: at most %d connections per port, %d per client address",
+        descriptors,
+        limits.max_connections,
+        limits.max_per_address,
+    )
     async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(rate_limited_logs())
         location = await asyncio.to_thread(open_storage, storage_url(settings))
         store = SessionStore(await asyncio.to_thread(location.open_sessions))
         stack.push_async_callback(asyncio.to_thread, store.close)
@@ -145,14 +161,28 @@ async def serve(
             store, queue=queue, on_outcome=metrics.observe, shutdown_grace_seconds=grace
         )
         adapter = build_adapter(
-            settings, store, model, metrics, reuse_port=reuse_port, server_secret=server_secret
+            settings,
+            store,
+            model,
+            metrics,
+            reuse_port=reuse_port,
+            server_secret=server_secret,
+            connection_limits=limits,
         )
         runner.register_target(Platform.API_SERVER, ApiServerTarget(store, adapter))
         # Built before the API server starts (Telegram's webhook adds a route to it),
         # started once it listens.
         webui_state = await asyncio.to_thread(location.open_webui) if settings.webui_port else None
         surfaces = build_surfaces(
-            settings, store, model, adapter, runner, metrics, webui_state, reuse_port=reuse_port
+            settings,
+            store,
+            model,
+            adapter,
+            runner,
+            metrics,
+            webui_state,
+            reuse_port=reuse_port,
+            connection_limits=limits,
         )
         await adapter.start()
         stack.push_async_callback(adapter.stop, grace_seconds=grace)
@@ -208,6 +238,7 @@ def build_adapter(
     *,
     reuse_port: bool = False,
     server_secret: str | None = None,
+    connection_limits: ConnectionLimits | None = None,
 ) -> ApiServerAdapter:
     """The API server over its own turn service (``Platform.API_SERVER``)."""
     turns = TurnService(
@@ -229,6 +260,7 @@ def build_adapter(
         max_body_bytes=settings.max_body_bytes,
         reuse_port=reuse_port,
         server_secret=server_secret,
+        connection_limits=connection_limits,
     )
     metrics.install(adapter.app)
     metrics.watch_turns(Platform.API_SERVER.value, turns)
@@ -246,12 +278,20 @@ def build_surfaces(
     webui_state: WebUIStateBackend | None,
     *,
     reuse_port: bool = False,
+    connection_limits: ConnectionLimits | None = None,
 ) -> list[Surface]:
     """The other front ends of this process (web UI, Telegram), each with its delivery
     target registered on the runner."""
     surfaces: list[Surface] = []
     if webui_state is not None:
-        server = build_webui(settings, store, model, webui_state, reuse_port=reuse_port)
+        server = build_webui(
+            settings,
+            store,
+            model,
+            webui_state,
+            reuse_port=reuse_port,
+            connection_limits=connection_limits,
+        )
         runner.register_target(Platform.WEBUI, server.target)
         surfaces.append(server)
     if settings.telegram_bot_token:
@@ -290,11 +330,12 @@ def build_webui(
     webui_state: WebUIStateBackend,
     *,
     reuse_port: bool = False,
+    connection_limits: ConnectionLimits | None = None,
 ) -> WebUIServer:
     """The web UI: its own turn service (``Platform.WEBUI``) over the same store and model,
     its event log (over ``webui_state``, which it then owns), approvals when the shell tool
     is on, and its delivery target."""
-    log = EventLog(webui_state)
+    log = EventLog(webui_state, **stream_caps(connection_limits))
     approvals = Approvals(store)  # the web UI's turns listen to it (they announce its changes)
     service = TurnService(
         store,
@@ -323,7 +364,21 @@ def build_webui(
         version=_version(),
         max_body_bytes=settings.max_body_bytes,
         reuse_port=reuse_port,
+        connection_limits=connection_limits,
     )
+
+
+def stream_caps(limits: ConnectionLimits | None) -> dict[str, int]:
+    """The web UI's caps on open event streams, kept under its port's connection caps:
+    streams are busy connections that never yield their place, so at most half the port's
+    connections (256 at most) and half an address's (32 at most) may be streams; the rest
+    stay free for requests."""
+    if limits is None:
+        return {}
+    return {
+        "max_streams": max(1, min(256, limits.max_connections // 2)),
+        "max_streams_per_owner": max(1, min(32, limits.max_per_address // 2)),
+    }
 
 
 def build_agent(settings: Settings, model: ModelProvider) -> Agent:

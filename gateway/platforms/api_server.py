@@ -27,6 +27,10 @@ background-process wakes work in the keyless default setup while outside clients
 
 Idempotency records are scoped by session (``client:<session>:<key>``): a key reused in
 another conversation is another record and never answers with that conversation's reply.
+
+The port listens through a ``connection_guard.ConnectionGuard``: caps on open connections
+(per port and per client address) and deadlines for request heads, idle connections and
+bodies (408), so slow or numerous clients cannot take the server's descriptors.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from gateway.config import Platform
 from gateway.platforms.api_auth import ApiKeyAuth, is_keyed, same_secret
 from gateway.platforms.api_sessions import MALFORMED_SESSION_ID, SessionRoutes
 from gateway.platforms.base import BasePlatformAdapter, SendResult
+from gateway.platforms.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from gateway.platforms.http_middleware import (
     OPEN_STREAM_KEY,
     SESSION_HEADER,
@@ -121,6 +126,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         allowed_origins: frozenset[str] = frozenset(),
         reuse_port: bool = False,
         server_secret: str | None = None,
+        connection_limits: ConnectionLimits | None = None,
     ) -> None:
         super().__init__()
         given = sum(x is not None for x in (turns, agent, turn_runner))
@@ -156,6 +162,11 @@ class ApiServerAdapter(BasePlatformAdapter):
         self._wake_token = hashlib.sha256(f"wake:{secret}".encode()).hexdigest()
         self.max_body_bytes = max_body_bytes
         self.keepalive_seconds = keepalive_seconds
+        # Caps and deadlines of this port's connections (``connection_guard``); sized from
+        # this process's descriptor limit unless the composition root sizes them.
+        self.connections = ConnectionGuard(
+            connection_limits or ConnectionLimits.for_this_process(), name="API server"
+        )
         self._runner: web.AppRunner | None = None
         self._started_at = time.time()
         self._browsers = BrowserGuard(allowed_origins)
@@ -186,6 +197,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         app.router.add_get("/health", self._health)
         SessionRoutes(self.store, read_json=self._read_json).add_to(app.router)
         self._browsers.install(app)
+        self.connections.install(app)
         return app
 
     def add_public_route(
@@ -228,17 +240,16 @@ class ApiServerAdapter(BasePlatformAdapter):
             logger=ProtocolErrorLogger(logging.getLogger("aiohttp.server"), {}),
         )
         await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port, reuse_port=self._reuse_port or None)
+        site = GuardedSite(
+            runner, self.connections, self._host, self._port, reuse_port=self._reuse_port
+        )
         try:
             await site.start()
         except BaseException:
             await runner.cleanup()
             raise
         self._runner = runner
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        if self._port == 0 and sockets:
-            self._port = int(sockets[0].getsockname()[1])
+        self._port = site.port
         logger.info("API server listening on http://%s:%d/v1", self._host, self._port)
 
     async def stop(self, *, grace_seconds: float = 10.0) -> None:
@@ -305,7 +316,9 @@ class ApiServerAdapter(BasePlatformAdapter):
     # ----------------------------------------------------------------- request parsing
 
     async def _read_json(self, request: web.Request) -> Any:
-        return await read_json_body(request, self.max_body_bytes)
+        return await read_json_body(
+            request, self.max_body_bytes, timeout=self.connections.limits.body_timeout
+        )
 
     # ----------------------------------------------------------------- chat completions
 

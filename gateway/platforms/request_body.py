@@ -3,7 +3,8 @@ but text cannot hold.
 
 A body must be ``application/json`` (415), at most the configured size (413; a body only
 somewhat over is read before the answer, so clients that write the whole request first see
-the 413 rather than a reset connection), and valid JSON (400). JSON also allows what no
+the 413 rather than a reset connection), arrive within the body deadline (408: a client
+that stalls mid-body holds nothing for long), and be valid JSON (400). JSON also allows what no
 text can hold and Python chokes on: a lone UTF-16 surrogate escape, nesting deep enough to
 exhaust the parser; each is a 400 here, before anything runs. ``parse_chat_body`` checks a
 chat-completions body: model, messages (each with a role and text content), stream options.
@@ -11,6 +12,7 @@ chat-completions body: model, messages (each with a role and text content), stre
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -56,17 +58,28 @@ def _too_large(max_body_bytes: int) -> ApiError:
     )
 
 
-async def read_json_body(request: web.Request, max_body_bytes: int) -> Any:
+async def read_json_body(
+    request: web.Request, max_body_bytes: int, *, timeout: float | None = None
+) -> Any:
     """The JSON body of ``request``: 415 unless it is JSON, 413 beyond ``max_body_bytes``,
-    400 for anything JSON allows but text cannot hold (see the module docstring)."""
+    408 when it has not all arrived within ``timeout`` seconds, 400 for anything JSON
+    allows but text cannot hold (see the module docstring)."""
     require_json(request)
     length = request.content_length
     if length is not None and length > max_body_bytes * DRAIN_FACTOR:
         raise _too_large(max_body_bytes)
     try:
-        raw = await request.read()
+        async with asyncio.timeout(timeout):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(max_body_bytes) from None
+    except TimeoutError:
+        raise ApiError(
+            408,
+            f"the request body did not arrive within {timeout:g} s",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
     if len(raw) > max_body_bytes:
         raise _too_large(max_body_bytes)
     try:

@@ -18,6 +18,37 @@ if os.environ.get("REVEILLE_TEST_HOSTNAME"):
     _host = os.environ["REVEILLE_TEST_HOSTNAME"]
     socket.gethostname = lambda: _host
 
+# REVEILLE_TEST_NOFILE=N: the server runs under an open-file limit of N, soft and hard.
+if os.environ.get("REVEILLE_TEST_NOFILE"):
+    import resource
+
+    _nofile = int(os.environ["REVEILLE_TEST_NOFILE"])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_nofile, _nofile))
+
+# REVEILLE_TEST_FD_HOG=1: SIGUSR1 takes every free descriptor (EMFILE for whatever the server
+# opens next: accepted connections, files) and prints HOGGED <n>; SIGUSR2 gives them back
+# and prints RELEASED.
+if os.environ.get("REVEILLE_TEST_FD_HOG"):
+    import signal
+
+    _hogged: list[int] = []
+
+    def _hog(signum, frame):
+        while True:
+            try:
+                _hogged.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        os.write(1, f"HOGGED {len(_hogged)}\n".encode())
+
+    def _release(signum, frame):
+        while _hogged:
+            os.close(_hogged.pop())
+        os.write(1, b"RELEASED\n")
+
+    signal.signal(signal.SIGUSR1, _hog)
+    signal.signal(signal.SIGUSR2, _release)
+
 import tools.async_delegation as ad
 
 if os.environ.get("REVEILLE_TEST_HOLD_ACK"):

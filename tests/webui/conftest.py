@@ -155,13 +155,16 @@ def settings_for(tmp_path: Any, **overrides: Any) -> Settings:
     return Settings(**values)
 
 
-async def start_web(settings: Settings, *, provider: DemoModel | None = None) -> Web:
+async def start_web(
+    settings: Settings, *, provider: DemoModel | None = None, **serve_options: Any
+) -> Web:
     stack = contextlib.AsyncExitStack()
     app = await stack.enter_async_context(
         serve(
             settings,
             provider=provider or DemoModel(delay_seconds=0.0),
             shutdown_grace_seconds=0.5,
+            **serve_options,
         )
     )
     assert app.webui is not None

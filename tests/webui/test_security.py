@@ -12,8 +12,18 @@ import pytest
 
 from agent.markers import WAKE_DATA_MARKER, WAKE_MARKER, wake_data_line
 from agent.providers.demo import DemoModel
+from gateway.platforms.connection_guard import ConnectionLimits
 from reveille.app import check_webui_bind, serve
 from reveille.settings import Settings, SettingsError
+from tests.slow_clients import (
+    attacker_addresses,
+    closed_by_server,
+    hold,
+    need_descriptors,
+    release,
+    stream_request,
+    timed,
+)
 from tests.webui.conftest import Web, settings_for, start_web, stop_web
 
 
@@ -296,4 +306,82 @@ async def test_a_message_that_looks_like_a_wakeup_is_shown_and_sent_as_the_users
         assert "Background work finished" not in items[1]["content"]
         await sse.close()
     finally:
+        await stop_web(web)
+
+
+async def _fresh(web: Web, method: str, path: str, body: object = None) -> int:
+    """A request of the tab's on a connection of its own (5 s timeout: a loaded machine)."""
+    async with (
+        aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True),
+            timeout=aiohttp.ClientTimeout(total=5),
+        ) as http,
+        http.request(
+            method, web.base + path, json=body, headers={"X-CSRF-Token": web.csrf}
+        ) as resp,
+    ):
+        await resp.read()
+        return resp.status
+
+
+async def test_slow_clients_and_a_thousand_event_streams_do_not_lock_out_the_web_ui(
+    tmp_path,
+) -> None:
+    """The attack: 1,000 half-sent request lines and 1,000 event streams, from twenty
+    loopback addresses, all held. The streams stay within their caps (half the port's
+    connections), slow connections yield their places, and the tab still gets answers."""
+    need_descriptors(6000)
+    limits = ConnectionLimits(max_connections=200, max_per_address=40, header_timeout=60)
+    web = await start_web(settings_for(tmp_path), connection_limits=limits)
+    port = web.server.port
+    held = []
+    try:
+        held += await hold(port, 1000, attacker_addresses(2, 10))
+        held += await hold(port, 1000, attacker_addresses(12, 10), stream_request(port))
+        guard = web.server.connections
+        assert guard.open_connections <= 200
+        assert web.server.log.open_streams <= 100
+        for method, path in (("GET", "/api/sessions"), ("POST", "/api/sessions")):
+            status, seconds = await timed(lambda m=method, p=path: _fresh(web, m, p, {}))
+            assert status in (200, 201)
+            print(f"{method} {path} under the flood: {seconds:.3f} s")
+        assert await closed_by_server(held, within=2) >= 2000 - 200
+    finally:
+        release(held)
+        await stop_web(web)
+
+
+async def test_over_the_address_cap_with_every_connection_busy_a_new_one_is_closed(
+    tmp_path,
+) -> None:
+    """Eight requests whose bodies stall hold every place of their address: a ninth
+    connection from it is closed at once; each stalled request ends with a 408 after the
+    body deadline, and the address gets its places back."""
+    limits = ConnectionLimits(max_connections=64, max_per_address=8, body_timeout=3)
+    web = await start_web(settings_for(tmp_path), connection_limits=limits)
+    port = web.server.port
+    head = (
+        f"POST /api/sessions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nX-CSRF-Token: {web.csrf}\r\n"
+        "Content-Length: 100\r\n\r\n{"
+    ).encode()
+    guard = web.server.connections
+    stalled = await hold(port, 8, attacker_addresses(2, 1), head)
+    extra = []
+    try:
+        for _ in range(200):
+            if guard.busy_connections == 8:
+                break
+            await asyncio.sleep(0.01)
+        assert guard.busy_connections == 8
+        extra = await hold(port, 1, attacker_addresses(2, 1))
+        assert await closed_by_server(extra, within=2) == 1
+        assert guard.refused == 1 and guard.open_from("127.0.0.2") == 8
+        assert await _fresh(web, "GET", "/api/sessions") == 200  # other addresses unaffected
+        for conn in stalled:
+            answer = await asyncio.wait_for(conn.reader.readuntil(b"\r\n\r\n"), 15)
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert guard.busy_connections == 0
+    finally:
+        release(stalled + extra)
         await stop_web(web)
