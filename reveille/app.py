@@ -125,12 +125,6 @@ async def serve(
     grace = shutdown_grace_seconds
     descriptors = raise_descriptor_limit()
     limits = connection_limits or ConnectionLimits.for_descriptors(descriptors)
-    logger.info(
-        "open-file limit %d: at most %d connections per port, %d per client address",
-        descriptors,
-        limits.max_connections,
-        limits.max_per_address,
-    )
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(rate_limited_logs())
         location = await asyncio.to_thread(open_storage, storage_url(settings))
@@ -185,6 +179,13 @@ async def serve(
             connection_limits=limits,
         )
         await adapter.start()
+        # Said once the server listens: a start that fails says only why it failed.
+        logger.info(
+            "open-file limit %d: at most %d connections per port, %d per client address",
+            descriptors,
+            limits.max_connections,
+            limits.max_per_address,
+        )
         stack.push_async_callback(adapter.stop, grace_seconds=grace)
         for surface in surfaces:
             await surface.start()
