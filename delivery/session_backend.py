@@ -62,9 +62,12 @@ class SessionGone(LookupError):
     bug can never be mistaken for "the session is gone" and drop a result for good.
     """
 
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} does not exist")
+    def __init__(self, session_id: str, *, reason: str | None = None) -> None:
+        super().__init__(reason or f"session {session_id!r} does not exist")
         self.session_id = session_id
+        self.reason = reason
+        """Why the conversation is gone, when it is not a deletion (a chat that blocked the
+        bot): what a dropped delivery records."""
 
 
 class SessionTaken(Exception):

@@ -204,8 +204,8 @@ class GatewayRunner:
 
         try:
             await self._deliver(event, session)
-        except SessionGone:
-            await self._drop(evt, claim, f"session {session_id} was deleted")
+        except SessionGone as exc:
+            await self._drop(evt, claim, exc.reason or f"session {session_id} was deleted")
             return "dropped"
         except WakeDeliveryError as exc:
             if exc.status == 404:

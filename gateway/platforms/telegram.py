@@ -287,7 +287,9 @@ class TelegramAdapter(BasePlatformAdapter):
             )
         except TelegramError as exc:
             if exc.gone:
-                raise SessionGone(session_id) from exc
+                # The chat is gone for the bot (blocked, kicked, deactivated): Telegram's
+                # own words are the reason the delivery is dropped with.
+                raise SessionGone(session_id, reason=f"Telegram: {exc.description}") from exc
             if exc.error_code == 429:
                 # Honour the wait, then give the claim back without spending the attempt.
                 await asyncio.sleep(min(exc.retry_after or 1.0, self.wake_wait_seconds))

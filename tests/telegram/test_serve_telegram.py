@@ -126,6 +126,7 @@ def test_a_blocked_bot_drops_the_wake_up_and_keeps_the_result(tmp_path: Path, bo
         wait_until(lambda: _settled(tmp_path), timeout=30)
         [row] = ledger_rows(tmp_path)
         assert row.delivery_state == "dropped"
+        assert row.settled_reason == "Telegram: Forbidden: bot was blocked by the user"
         assert row.state == "completed"
         assert "unwanted" in str(row.event)  # the result stays in the ledger
         assert len(bot.texts_to(42)) == 1
