@@ -46,6 +46,7 @@ from gateway.platforms.openai_wire import completion_object
 from gateway.run import GatewayRunner, Surface
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
+from reveille import version
 from reveille.log_limits import rate_limited_logs
 from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
@@ -362,7 +363,7 @@ def build_webui(
         password=settings.webui_password,
         model_name=model.name,
         shell_enabled=settings.shell_enabled,
-        version=_version(),
+        version=version(),
         max_body_bytes=settings.max_body_bytes,
         reuse_port=reuse_port,
         connection_limits=connection_limits,
@@ -421,12 +422,3 @@ def runtime_watch(paths: list[Path]) -> Callable[[], bool]:
 
     first = snapshot()
     return lambda: snapshot() != first
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("reveille")
-    except Exception:
-        return "0.1.0"

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from reveille import db, deliveries
+from reveille import db, deliveries, version
 from reveille.chat import add_chat_parser
 from reveille.serve import add_serve_parser
 from reveille.settings import SettingsError
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reveille: an AI-agent runtime whose background work always comes home.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"reveille {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_serve_parser(sub)
     add_chat_parser(sub)

@@ -55,3 +55,13 @@ def test_a_shared_state_directory_is_refused_with_a_message(tmp_path) -> None:
     with pytest.raises(SettingsError, match="open to other users"):
         open_storage(f"sqlite://{shared}")
     assert shared.stat().st_mode & 0o1777 == 0o1777
+
+
+def test_the_command_says_its_version(capsys) -> None:
+    from reveille import version
+    from reveille.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"reveille {version()}"
