@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from reveille import db, deliveries, version
+from reveille import backup, db, deliveries, version
 from reveille.chat import add_chat_parser
 from reveille.serve import add_serve_parser
 from reveille.settings import SettingsError
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_parser(sub)
     deliveries.add_parser(sub)
     db.add_parser(sub)
+    backup.add_parsers(sub)
     return parser
 
 
