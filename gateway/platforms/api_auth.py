@@ -5,8 +5,8 @@ no handler can forget the check and a refused request reads no body:
 
 - With a configured key (``API_SERVER_KEY``), a request without ``Authorization: Bearer
   <key>`` (compared in constant time) is answered 401 ``invalid_api_key`` in the OpenAI
-  error shape. ``/health`` is the one exception: anyone may learn that the server is up,
-  and only a key holder learns what it runs.
+  error shape. ``/health``, ``/livez`` and ``/readyz`` are the exception: anyone may learn
+  that the server is up and ready, and only a key holder learns what it runs or why not.
 - Without one, the server binds loopback only, and it answers loopback ``Host`` names only
   (403 ``host_refused`` otherwise): a web page whose name was rebound to 127.0.0.1 would
   otherwise read every transcript. A request is *keyed* only when it presents the
@@ -34,7 +34,8 @@ __all__ = ["ApiKeyAuth", "is_keyed", "same_secret"]
 _KEYED: Any = (
     web.RequestKey("reveille_keyed", bool) if hasattr(web, "RequestKey") else "reveille_keyed"
 )
-_HEALTH = "/health"
+# Anyone may learn that the server is up and ready, never what it runs (see ``_health``).
+_HEALTH = frozenset({"/health", "/livez", "/readyz"})
 
 
 def same_secret(a: str, b: str) -> bool:
@@ -82,7 +83,7 @@ class ApiKeyAuth:
         token = bearer_token(request)
         if self.configured_key:
             keyed = token is not None and same_secret(token, self.configured_key)
-            if not keyed and path != _HEALTH:
+            if not keyed and path not in _HEALTH:
                 raise ApiError(
                     401,
                     "Invalid API key. Send it as 'Authorization: Bearer <API_SERVER_KEY>'.",

@@ -93,6 +93,7 @@ logger = logging.getLogger(__name__)
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 TOOL_EVENT = "reveille.tool"
 WAKE_TOKEN_HEADER = "X-Reveille-Wake-Token"
+_READY_TIMEOUT_SECONDS = 2.0
 DEFAULT_KEEPALIVE_SECONDS = 15.0
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 _MAX_IDEMPOTENCY_KEY = 255
@@ -169,6 +170,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         )
         self._runner: web.AppRunner | None = None
         self._started_at = time.time()
+        self.draining = False
         self._browsers = BrowserGuard(allowed_origins)
         self.app = self._build_app()
 
@@ -195,6 +197,8 @@ class ApiServerAdapter(BasePlatformAdapter):
         app.router.add_get("/v1/models", self._list_models)
         app.router.add_get("/v1/models/{model_id}", self._get_model)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/livez", self._livez)
+        app.router.add_get("/readyz", self._readyz)
         SessionRoutes(self.store, read_json=self._read_json).add_to(app.router)
         self._browsers.install(app)
         self.connections.install(app)
@@ -253,7 +257,9 @@ class ApiServerAdapter(BasePlatformAdapter):
         logger.info("API server listening on http://%s:%d/v1", self._host, self._port)
 
     async def stop(self, *, grace_seconds: float = 10.0) -> None:
-        # Turns in flight finish and store their results before the server goes away.
+        # Turns in flight finish and store their results before the server goes away;
+        # meanwhile /readyz says draining, so a load balancer sends nothing new here.
+        self.draining = True
         await self.turns.drain(grace_seconds)
         if self._runner is not None:
             await self._runner.cleanup()
@@ -502,6 +508,30 @@ class ApiServerAdapter(BasePlatformAdapter):
                 404, f"model {model_id!r} does not exist", code="model_not_found", param="model"
             )
         return web.json_response(self._model_object())
+
+    async def _livez(self, request: web.Request) -> web.Response:
+        """The process is up and its event loop answers."""
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        """Ready for new work: not draining, and the session store answers a read within
+        ``_READY_TIMEOUT_SECONDS``. 503 otherwise; the reason only with the key."""
+        problem = "draining" if self.draining else None
+        if problem is None:
+            try:
+                await asyncio.wait_for(
+                    asyncio.to_thread(self.store.get_session, "readyz"), _READY_TIMEOUT_SECONDS
+                )
+            except TimeoutError:
+                problem = "storage did not answer in time"
+            except Exception as exc:
+                problem = f"storage unavailable: {exc}"
+        if problem is None:
+            return web.json_response({"status": "ready"})
+        body: dict[str, Any] = {"status": "draining" if self.draining else "unavailable"}
+        if not self.auth.configured_key or is_keyed(request):
+            body["reason"] = problem
+        return web.json_response(body, status=503, headers={"Retry-After": "1"})
 
     async def _health(self, request: web.Request) -> web.Response:
         if self.auth.configured_key and not is_keyed(request):

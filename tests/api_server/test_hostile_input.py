@@ -95,6 +95,31 @@ async def test_health_without_the_key_says_only_that_it_is_up(store) -> None:
                 assert "model" in await resp.json()
 
 
+async def test_livez_and_readyz_say_up_and_ready_and_why_not_only_with_the_key(store) -> None:
+    async with running_adapter(store) as (adapter, _provider, _runner):
+        base = f"http://127.0.0.1:{adapter.port}"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(base + "/livez") as resp:
+                assert resp.status == 200 and await resp.json() == {"status": "ok"}
+            async with http.get(base + "/readyz") as resp:
+                assert resp.status == 200 and await resp.json() == {"status": "ready"}
+            store.close()  # the store is gone: not ready, and only a key holder learns why
+            async with http.get(base + "/readyz") as resp:
+                assert resp.status == 503 and await resp.json() == {"status": "unavailable"}
+                assert resp.headers["Retry-After"] == "1"
+            async with http.get(base + "/readyz", headers=AUTH) as resp:
+                body = await resp.json()
+                assert resp.status == 503 and "storage unavailable" in body["reason"]
+            adapter.draining = True
+            async with http.get(base + "/readyz", headers=AUTH) as resp:
+                assert resp.status == 503 and await resp.json() == {
+                    "status": "draining",
+                    "reason": "draining",
+                }
+            async with http.get(base + "/livez") as resp:
+                assert resp.status == 200  # alive all the same
+
+
 async def test_an_oversized_header_is_refused_without_a_traceback(store, caplog) -> None:
     async with running_adapter(store) as (adapter, _provider, _runner):
         caplog.set_level(logging.DEBUG)
