@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from typing import Any, Protocol
 
 import tools.async_delegation as ad
@@ -141,7 +142,16 @@ class GatewayRunner:
         """Route, claim, deliver and settle one completion; returns what happened (and
         tells ``parts.on_outcome``: the one place delivery metrics hook in)."""
         seen: dict[str, Any] = {}
+        started = time.monotonic()
         outcome = await self._handle_event(evt, seen)
+        platform = seen.get("platform")
+        logger.info(
+            "delivery %s: %s%s (%.0f ms)",
+            _safe_id(evt),
+            "retryable" if seen.get("retryable") else outcome,
+            f" via {platform.value}" if platform is not None else "",
+            (time.monotonic() - started) * 1000,
+        )
         observer = self._on_outcome
         if observer is not None:
             try:

@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -473,6 +474,7 @@ class TurnService:
         deltas: asyncio.Queue[str | ToolProgress | None] | None,
     ) -> dict[str, Any]:
         session_id, key = request.session_id, request.idempotency_key
+        started = time.monotonic()
         try:
             user_message = next(m for m in reversed(request.messages) if m["role"] == "user")
             context = bound_context(
@@ -507,6 +509,14 @@ class TurnService:
             result = well_formed_result(await self._run_agent(context, ctx, on_delta))
             response = self._render(result)
             await self._store(request, begun, user_message, result, response, owner)
+            # One line per turn for operators: who and how long, never what was said.
+            logger.info(
+                "%s turn in %s stored (%.0f ms, %d messages of context)",
+                "wake-up" if request.wakeup else self._platform.value,
+                session_id,
+                (time.monotonic() - started) * 1000,
+                len(context),
+            )
             return response
         except ProviderError as exc:
             await self._forget_claim(key, owner)

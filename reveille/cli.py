@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
 
-from reveille import backup, db, deliveries, version
+from reveille import backup, db, deliveries, log_format, version
 from reveille.chat import add_chat_parser
 from reveille.serve import add_serve_parser
 from reveille.settings import SettingsError
@@ -19,6 +19,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"reveille {version()}")
+    parser.add_argument(
+        "--log-format",
+        choices=log_format.FORMATS,
+        default=os.environ.get("REVEILLE_LOG_FORMAT") or "text",
+        help="text (default) or json: one object per line for log shippers (REVEILLE_LOG_FORMAT)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_serve_parser(sub)
     add_chat_parser(sub)
@@ -30,10 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        log_format.configure(verbose=args.verbose, fmt=args.log_format)
+    except ValueError as exc:
+        print(f"reveille: bad setting: REVEILLE_LOG_FORMAT: {exc}", file=sys.stderr)
+        return 2
+    # Processes this one starts (the workers of --workers N) log the same way.
+    os.environ["REVEILLE_LOG_FORMAT"] = args.log_format
     try:
         return int(args.func(args) or 0)
     except SettingsError as exc:

@@ -33,6 +33,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from reveille import log_format
 from reveille.banner import startup_banner
 from reveille.settings import Settings
 
@@ -43,9 +44,6 @@ __all__ = ["Supervisor", "WorkerRole", "add_worker_arguments", "reserve_port", "
 
 logger = logging.getLogger("reveille.workers")
 
-WORKER_LOG_FORMAT = (
-    "%(asctime)s %(levelname)s worker {index} (pid %(process)d) %(name)s: %(message)s"
-)
 _PR_SET_PDEATHSIG = 1
 SERVER_SECRET_ENV = "REVEILLE_WORKER_SECRET"
 
@@ -94,9 +92,7 @@ class WorkerRole:
         if os.getppid() != self.supervisor_pid:
             raise RuntimeError(f"worker {self.index}: its supervisor has already exited")
         os.set_inheritable(self.ready_fd, False)
-        formatter = logging.Formatter(WORKER_LOG_FORMAT.format(index=self.index))
-        for handler in logging.getLogger().handlers:
-            handler.setFormatter(formatter)
+        log_format.tag_worker(self.index)
 
     def report_ready(self, app: App) -> None:
         """Tells the supervisor what the banner needs, once this worker listens."""

@@ -184,9 +184,12 @@ class DelegationRuntime:
             if start_now:
                 self._fill_slots()
             return _rejected(unit.delegation_id, f"could not record the task durably: {exc}")
+        where = req.get("origin_ui_session_id") or req.get("session_key") or "-"
         if start_now:
+            log.info("background %s %s started (session %s)", kind, unit.delegation_id, where)
             self._pool.submit(functools.partial(self._run, unit))
             return {"status": "dispatched", "delegation_id": unit.delegation_id}
+        log.info("background %s %s queued (session %s)", kind, unit.delegation_id, where)
         with self._lock:
             self._slots.joining -= 1
             self._slots.waiting.append((unit, cap))
@@ -233,6 +236,12 @@ class DelegationRuntime:
         if unit.cancel_requested:
             result = {**result, "status": "cancelled"}
         event = _completion_event(unit.request, result, started)
+        log.info(
+            "background %s finished: %s in %.1f s",
+            unit.delegation_id,
+            event.get("status"),
+            time.time() - started,
+        )
         # The work is done: its slot is free now, while the terminal row is written.
         with self._lock:
             self._slots.running.pop(unit.delegation_id, None)

@@ -1,0 +1,64 @@
+"""The log as operators read it: one JSON object per line with --log-format json, one line
+per turn, background unit and delivery at INFO, never the text of a message."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+from reveille.log_format import JsonFormatter
+from tests.api_server.serve_support import ROOT, Server, chat, wait_until
+
+
+def test_a_record_as_one_json_line() -> None:
+    record = logging.LogRecord("reveille.x", logging.WARNING, __file__, 1, "a %s", ("b",), None)
+    line = json.loads(JsonFormatter(worker=2).format(record))
+    assert (line["level"], line["logger"], line["message"], line["worker"]) == (
+        "WARNING",
+        "reveille.x",
+        "a b",
+        2,
+    )
+    assert line["time"].endswith("Z")
+
+
+def test_a_bad_log_format_is_a_clear_error(tmp_path) -> None:
+    env = {**os.environ, "REVEILLE_LOG_FORMAT": "xml", "REVEILLE_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "reveille.cli", "deliveries", "list"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "REVEILLE_LOG_FORMAT" in done.stderr
+
+
+def test_serve_logs_turns_background_work_and_deliveries_as_json(tmp_path) -> None:
+    server = Server(tmp_path, extra_env={"REVEILLE_LOG_FORMAT": "json"})
+    try:
+        session, _ = chat(server.port, "in the background: weigh the secret moon")
+
+        def lines() -> list[dict]:
+            out = []
+            for raw in list(server.lines):
+                raw = raw.strip()
+                if raw.startswith("{"):
+                    out.append(json.loads(raw))
+            return out
+
+        def delivered() -> bool:
+            return any(m["message"].startswith("delivery deleg_") for m in lines())
+
+        wait_until(delivered)
+        messages = [m["message"] for m in lines()]
+        assert any(m.startswith("api_server turn in " + session) for m in messages)
+        assert any("background delegation deleg_" in m and "started" in m for m in messages)
+        assert any(m.startswith("background deleg_") and "finished" in m for m in messages)
+        assert not any("secret moon" in m for m in messages)  # never what was said
+    finally:
+        server.stop()
