@@ -130,7 +130,14 @@ async def test_an_oversized_header_is_refused_without_a_traceback(store, caplog)
             ) as resp,
         ):
             assert resp.status in (400, 431)
-        assert not [r for r in caplog.records if r.exc_info and r.levelno >= logging.ERROR]
+        # The server's own loggers: an earlier test's leftovers, collected now by the garbage
+        # collector, may log through asyncio's ("Event loop is closed"); they are not this.
+        ours = ("aiohttp", "gateway", "reveille", "api")
+        assert not [
+            r
+            for r in caplog.records
+            if r.exc_info and r.levelno >= logging.ERROR and r.name.startswith(ours)
+        ]
 
 
 def _adapter(store: SessionStore, runner) -> ApiServerAdapter:
