@@ -152,7 +152,7 @@ def test_alike_first_turns_through_two_servers_never_share_a_session(tmp_path) -
             refused = next(data for status, _, data in answers if status == 409)
             assert refused["error"]["code"] == "conversation_conflict"
             assert [m["role"] for m in transcript(servers[0].port, won)] == ["user", "assistant"]
-            again, _ = chat(lost_at.port, "hello, both of you")
+            again, _ = chat(lost_at.port, "hello, both of you", model="slow")
             assert again.startswith(won + "_")
             assert [m["role"] for m in transcript(servers[1].port, again)] == ["user", "assistant"]
         finally:
