@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.markers import SUBAGENT_MARKER
-from agent.providers.base import DeltaCallback, ModelProvider, ModelReply, add_usage, empty_usage
+from agent.providers.base import (
+    DeltaCallback,
+    ModelOptions,
+    ModelProvider,
+    ModelReply,
+    add_usage,
+    empty_usage,
+)
 from agent.tools import ToolContext, ToolRegistry
 
 SUBAGENT_SYSTEM_PROMPT = (
@@ -109,7 +116,10 @@ class Agent:
         ctx: ToolContext,
         *,
         on_delta: DeltaCallback | None = None,
+        options: ModelOptions | None = None,
     ) -> AgentResult:
+        """One turn; ``options`` (the client's generation options) go to every model call,
+        except that ``tool_choice="required"`` holds for the first call only."""
         conversation = self._with_system_prompt(messages)
         new_messages: list[dict[str, Any]] = []
         usage = empty_usage()
@@ -117,7 +127,12 @@ class Agent:
 
         live = _LiveText(on_delta)
         for step in range(1, self.max_steps + 1):
-            reply = await self._ask(conversation, tools, live if on_delta else None)
+            step_options = options
+            if step > 1 and options is not None and options.tool_choice == "required":
+                step_options = replace(options, tool_choice="auto")
+            reply = await self._ask(
+                conversation, tools, live if on_delta else None, step_options or None
+            )
             add_usage(usage, reply.usage)
             await live.end_step(reply.content)
             if not reply.tool_calls:
@@ -137,11 +152,16 @@ class Agent:
         conversation: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         on_delta: DeltaCallback | None,
+        options: ModelOptions | None = None,
     ) -> ModelReply:
         # Every step streams live, the text before a tool call too (see _LiveText).
-        if on_delta is None:
-            return await self.provider.complete(conversation, tools=tools)
-        return await self.provider.complete(conversation, tools=tools, on_delta=on_delta)
+        # Keywords go only when set: providers written before them still work.
+        extra: dict[str, Any] = {}
+        if on_delta is not None:
+            extra["on_delta"] = on_delta
+        if options:
+            extra["options"] = options
+        return await self.provider.complete(conversation, tools=tools, **extra)
 
     async def _run_tool_calls(self, reply: ModelReply, ctx: ToolContext) -> list[dict[str, Any]]:
         calls = [_normalised_call(index, call) for index, call in enumerate(reply.tool_calls)]

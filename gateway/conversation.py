@@ -27,6 +27,7 @@ __all__ = [
     "derive_session_id",
     "message_text",
     "pick_session",
+    "with_images",
 ]
 
 
@@ -253,6 +254,28 @@ def bound_context(context: list[dict[str, Any]], budget_chars: int) -> list[dict
         text = f"{text[:keep]}\n[... {cut} characters left out ...]\n{text[-keep:]}"
         end = [*end[:-1], {**last, "content": text}]
     return [*head, *history, *end]
+
+
+def with_images(
+    context: list[dict[str, Any]], user_message: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """``context`` whose last message (the new user message, as text) also carries the
+    ``image_url`` parts ``user_message`` came with, in order after its text.
+
+    Only the new message's images reach the model: the transcript stores a message's text,
+    so images of earlier turns are not sent again.
+    """
+    content = user_message.get("content")
+    if not isinstance(content, list):
+        return context
+    images = [p for p in content if isinstance(p, dict) and p.get("type") == "image_url"]
+    if not images or not context:
+        return context
+    last = context[-1]
+    parts: list[dict[str, Any]] = []
+    if last.get("content"):
+        parts.append({"type": "text", "text": str(last["content"])})
+    return [*context[:-1], {**last, "content": [*parts, *images]}]
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agent.loop import Agent
-from agent.providers.base import DeltaCallback, ProviderError
+from agent.providers.base import DeltaCallback, ModelOptions, ProviderError
 from agent.tools import ConfirmCallback, ToolContext, ToolProgress
 from gateway.config import Platform
 from gateway.conversation import (
@@ -51,6 +51,7 @@ from gateway.conversation import (
     message_text,
     pick_session,
     well_formed_result,
+    with_images,
 )
 from gateway.session import (
     SessionGone,
@@ -80,8 +81,9 @@ logger = logging.getLogger(__name__)
 _IDEMPOTENCY_POLL_SECONDS = 0.05
 
 # Called with the model context, the tool context and a delta callback (None unless
-# streaming); returns an object with ``content`` and ``usage`` (an ``AgentResult``).
-TurnRunner = Callable[[list[dict[str, Any]], ToolContext, DeltaCallback | None], Awaitable[Any]]
+# streaming), and with ``options=`` (``ModelOptions``) only when the request set some;
+# returns an object with ``content`` and ``usage`` (an ``AgentResult``).
+TurnRunner = Callable[..., Awaitable[Any]]
 
 # The stored (and replayed) answer of a turn, in the surface's own shape.
 ResponseRenderer = Callable[[Any], dict[str, Any]]
@@ -110,10 +112,14 @@ def agent_turn_runner(agent: Agent | Callable[[], Agent]) -> TurnRunner:
     """A turn runner over an ``Agent``, or over a factory making one per turn."""
 
     async def run(
-        messages: list[dict[str, Any]], ctx: ToolContext, on_delta: DeltaCallback | None
+        messages: list[dict[str, Any]],
+        ctx: ToolContext,
+        on_delta: DeltaCallback | None,
+        *,
+        options: ModelOptions | None = None,
     ) -> Any:
         current = agent if isinstance(agent, Agent) else agent()
-        return await current.run(messages, ctx, on_delta=on_delta)
+        return await current.run(messages, ctx, on_delta=on_delta, options=options)
 
     return run
 
@@ -127,8 +133,12 @@ def request_fingerprint(request: TurnRequest) -> str:
     if not request.bind_key_to_request:
         return _ANY_REQUEST
     # Not ``stream``: a replay can be told as a stream or as one answer alike.
+    bound: list[Any] = [request.session_id, request.messages]
+    if request.model_options:
+        # Only when set, so the fingerprints of requests without options stay as they were.
+        bound.append(request.model_options.as_request())
     material = json.dumps(
-        [request.session_id, request.messages],
+        bound,
         sort_keys=True,
         separators=(",", ":"),
         default=str,
@@ -183,6 +193,9 @@ class TurnRequest:
     """The surface has just read that no session, live or deleted, has this id (see
     ``Conversation``): the turn starts empty without reading the store again. Its first
     write creates the session and refuses an id deleted meanwhile, as after any read."""
+    model_options: ModelOptions | None = None
+    """The client's generation options, for every model call of the turn (None: defaults;
+    the web UI and Telegram send none)."""
 
 
 @dataclass(frozen=True)
@@ -477,15 +490,18 @@ class TurnService:
         started = time.monotonic()
         try:
             user_message = next(m for m in reversed(request.messages) if m["role"] == "user")
-            context = bound_context(
-                build_context(
-                    begun.history,
-                    begun.taken,
-                    request.messages,
-                    user_message,
-                    wakeup=request.wakeup,
+            context = with_images(
+                bound_context(
+                    build_context(
+                        begun.history,
+                        begun.taken,
+                        request.messages,
+                        user_message,
+                        wakeup=request.wakeup,
+                    ),
+                    self.context_chars,
                 ),
-                self.context_chars,
+                user_message,
             )
             ctx = ToolContext(
                 session_id=session_id,
@@ -506,7 +522,8 @@ class TurnService:
 
                 ctx.on_progress = on_progress
 
-            result = well_formed_result(await self._run_agent(context, ctx, on_delta))
+            extra = {"options": request.model_options} if request.model_options else {}
+            result = well_formed_result(await self._run_agent(context, ctx, on_delta, **extra))
             response = self._render(result)
             await self._store(request, begun, user_message, result, response, owner)
             # One line per turn for operators: who and how long, never what was said.

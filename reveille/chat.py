@@ -113,9 +113,9 @@ class ChatClient:
             models = self.client.models.list()
             if models.data:
                 return models.data[0].id
-        except Exception:  # the server may be old or busy; any name works
+        except Exception:  # the server may be busy: guess its default (the demo model)
             logger.debug("could not list models", exc_info=True)
-        return "reveille"
+        return "reveille-demo"
 
     def open_session(self) -> str | None:
         """Create (or check) the session when a key allows continuing it."""

@@ -6,8 +6,8 @@ OpenAI-compatible endpoint are interchangeable.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
 DeltaCallback = Callable[[str], Awaitable[None]]
@@ -28,6 +28,45 @@ class ModelReply:
     finish_reason: str | None = None
 
 
+@dataclass(frozen=True)
+class ModelOptions:
+    """Per-request generation options a client asked for (the OpenAI names); None = unset.
+
+    Validated where the request arrives (``gateway.platforms.chat_params``); a provider
+    passes every set field on as it is (``as_request``) or, when it cannot honour one, says
+    so in its documentation (the demo model ignores them). ``tool_choice`` is about the
+    server's own tools: ``"required"`` applies to the first model call of a turn only
+    (after the tool ran, the model must be free to answer).
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: str | tuple[str, ...] | None = None
+    seed: int | None = None
+    response_format: Mapping[str, Any] | None = None
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+
+    def as_request(self) -> dict[str, Any]:
+        """The set fields, as chat-completions request fields (``stop`` as a list)."""
+        request: dict[str, Any] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is None:
+                continue
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            request[item.name] = value
+        return request
+
+    def __bool__(self) -> bool:
+        return any(getattr(self, item.name) is not None for item in fields(self))
+
+
 class ProviderError(RuntimeError):
     """A model call failed. The message is safe to show and log: it never holds credentials."""
 
@@ -42,7 +81,9 @@ class ModelProvider(Protocol):
 
     `name` is the model identifier recorded with delegations and shown to clients.
     When `on_delta` is given, content is handed to it piece by piece as it is produced;
-    the returned `ModelReply.content` is still the whole text.
+    the returned `ModelReply.content` is still the whole text. `options` carries the
+    client's generation options (`ModelOptions`); callers pass it only when one is set, so
+    a provider without the keyword still serves requests that set none.
     """
 
     name: str
@@ -53,6 +94,7 @@ class ModelProvider(Protocol):
         *,
         tools: list[dict[str, Any]] | None = None,
         on_delta: DeltaCallback | None = None,
+        options: ModelOptions | None = None,
     ) -> ModelReply: ...
 
 

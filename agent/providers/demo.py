@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from agent.markers import SUBAGENT_MARKER
-from agent.providers.base import DeltaCallback, ModelReply
+from agent.providers.base import DeltaCallback, ModelOptions, ModelReply
 from agent.providers.demo_summaries import (
     first_lines,
     is_completion_text,
@@ -34,6 +34,16 @@ def _text(message: dict[str, Any]) -> str:
     if isinstance(content, list):
         return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
     return ""
+
+
+IMAGE_NOTE = "I cannot see images: the demo model reads only the text of a message."
+
+
+def _has_images(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(part, dict) and part.get("type") == "image_url" for part in content
+    )
 
 
 def _words(text: str) -> int:
@@ -88,6 +98,11 @@ class DemoModel:
     both delivered results and a command, the final answer gives the summaries first.
     Replies stream word by word to `on_delta`; token usage is counted in words. The model
     name reported to clients and recorded with delegations is "reveille-demo".
+
+    Generation options (`ModelOptions`) are accepted; being scripted, it cannot honour
+    sampling (temperature, top_p, seed), length limits, stop sequences or response formats
+    and ignores them. It does honour `tool_choice="none"` (no tool is called). A user
+    message with image parts gets a reply that says the demo model cannot see images.
     """
 
     name = "reveille-demo"
@@ -103,10 +118,13 @@ class DemoModel:
         *,
         tools: list[dict[str, Any]] | None = None,
         on_delta: DeltaCallback | None = None,
+        options: ModelOptions | None = None,
     ) -> ModelReply:
         offered = {
             tool.get("function", {}).get("name") for tool in tools or [] if isinstance(tool, dict)
         }
+        if options is not None and options.tool_choice == "none":
+            offered = set()
         content, tool_calls = await self._decide(messages, offered)
         if on_delta is not None and content:
             for piece in re.findall(r"\S+\s*|\s+", content):
@@ -151,7 +169,10 @@ class DemoModel:
                 return command
         if summaries:
             return "\n".join(summaries), []
-        return _plain_reply(user_text), []
+        reply = _plain_reply(user_text)
+        if user_messages and _has_images(user_messages[-1]):
+            reply = f"{IMAGE_NOTE} {reply}"
+        return reply, []
 
     def _command(
         self, text: str, offered: set[str | None], position: int

@@ -24,7 +24,13 @@ from urllib.parse import urlsplit, urlunsplit
 import openai
 from openai import AsyncOpenAI, AsyncStream
 
-from agent.providers.base import DeltaCallback, ModelReply, ProviderError, empty_usage
+from agent.providers.base import (
+    DeltaCallback,
+    ModelOptions,
+    ModelReply,
+    ProviderError,
+    empty_usage,
+)
 
 # The openai client refuses to start without a key; local servers (vLLM, llama.cpp, Ollama)
 # accept any value, so a placeholder keeps those endpoints usable without configuration.
@@ -155,10 +161,20 @@ class OpenAICompatProvider:
         *,
         tools: list[dict[str, Any]] | None = None,
         on_delta: DeltaCallback | None = None,
+        options: ModelOptions | None = None,
     ) -> ModelReply:
+        """One call; every set field of ``options`` goes into the request as it is, except
+        ``tool_choice`` and ``parallel_tool_calls`` on a call that offers no tools (the
+        endpoint would refuse them there)."""
         request: dict[str, Any] = {"model": self.model, "messages": messages}
         if tools:
             request["tools"] = tools
+        if options:
+            extra = options.as_request()
+            if not tools:
+                extra.pop("tool_choice", None)
+                extra.pop("parallel_tool_calls", None)
+            request.update(extra)
         if on_delta is None:
             return await self._complete_once(request)
         return await self._complete_streaming(request, on_delta)

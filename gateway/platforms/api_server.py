@@ -67,7 +67,12 @@ from gateway.platforms.http_middleware import (
     is_loopback,
 )
 from gateway.platforms.openai_wire import chunker, completion_object, completion_text, send_sse
-from gateway.platforms.request_body import DRAIN_FACTOR, parse_chat_body, read_json_body
+from gateway.platforms.request_body import (
+    DRAIN_FACTOR,
+    ChatBody,
+    parse_chat_body,
+    read_json_body,
+)
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
 from gateway.turns import (
     ReplayedTurn,
@@ -119,7 +124,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         host: str = "127.0.0.1",
         port: int = 8642,
         api_key: str = "",
-        model_name: str = "reveille",
+        model_name: str = "reveille-demo",
         max_concurrent_runs: int = 10,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS,
@@ -332,7 +337,10 @@ class ApiServerAdapter(BasePlatformAdapter):
         # The header is checked before the body is read: a refused request costs nothing.
         session_id = await self._session_from_header(request, is_keyed(request))
         body = await self._read_json(request)
-        messages, options = parse_chat_body(body)
+        options = parse_chat_body(body)
+        messages = options.messages
+        if options.model != self._model_name:
+            raise self._no_such_model(options.model)
         idem_key = request.headers.get(IDEMPOTENCY_HEADER)
         if idem_key is not None and not 0 < len(idem_key) <= _MAX_IDEMPOTENCY_KEY:
             raise ApiError(
@@ -360,7 +368,8 @@ class ApiServerAdapter(BasePlatformAdapter):
                 messages=messages,
                 create=create,
                 idempotency_key=idem_key,
-                stream=options["stream"],
+                stream=options.stream,
+                model_options=options.options or None,
                 # A client's key is bound to its request; a wake-up's names its delivery.
                 bind_key_to_request=not internal,
                 # Only this server's own wake-up proves itself (the wake token).
@@ -380,14 +389,14 @@ class ApiServerAdapter(BasePlatformAdapter):
         request: web.Request,
         completion: dict[str, Any],
         session_id: str,
-        options: dict[str, Any],
+        options: ChatBody,
         *,
         replayed: bool = False,
     ) -> web.StreamResponse:
         headers = {SESSION_HEADER: session_id}
         if replayed:
             headers["Idempotent-Replayed"] = "true"
-        if not options["stream"]:
+        if not options.stream:
             return web.json_response(completion, headers=headers)
         response = await self._open_stream(request, headers)
         chunk = chunker(completion)
@@ -415,11 +424,11 @@ class ApiServerAdapter(BasePlatformAdapter):
         return response
 
     async def _finish_stream(
-        self, response: web.StreamResponse, completion: dict[str, Any], options: dict[str, Any]
+        self, response: web.StreamResponse, completion: dict[str, Any], options: ChatBody
     ) -> None:
         chunk = chunker(completion)
         await send_sse(response, chunk({}, finish_reason="stop"))
-        if options["include_usage"]:
+        if options.include_usage:
             usage_chunk = chunk({}, finish_reason=None)
             usage_chunk["choices"] = []
             usage_chunk["usage"] = completion.get("usage")
@@ -433,7 +442,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         task: asyncio.Task[dict[str, Any]],
         deltas: asyncio.Queue[str | ToolProgress | None],
         session_id: str,
-        options: dict[str, Any],
+        options: ChatBody,
     ) -> web.StreamResponse:
         response = await self._open_stream(request, {SESSION_HEADER: session_id})
         stream_id = "chatcmpl-" + new_token()[:24]
@@ -504,9 +513,7 @@ class ApiServerAdapter(BasePlatformAdapter):
     async def _get_model(self, request: web.Request) -> web.Response:
         model_id = request.match_info["model_id"]
         if model_id != self._model_name:
-            raise ApiError(
-                404, f"model {model_id!r} does not exist", code="model_not_found", param="model"
-            )
+            raise self._no_such_model(model_id)
         return web.json_response(self._model_object())
 
     async def _livez(self, request: web.Request) -> web.Response:
@@ -532,6 +539,16 @@ class ApiServerAdapter(BasePlatformAdapter):
         if not self.auth.configured_key or is_keyed(request):
             body["reason"] = problem
         return web.json_response(body, status=503, headers={"Retry-After": "1"})
+
+    def _no_such_model(self, model_id: str) -> ApiError:
+        return ApiError(
+            404,
+            f"The model {model_id!r} does not exist: this server serves "
+            f"{self._model_name!r} (GET /v1/models)",
+            code="model_not_found",
+            param="model",
+            type_="invalid_request_error",
+        )
 
     async def _health(self, request: web.Request) -> web.Response:
         if self.auth.configured_key and not is_keyed(request):

@@ -7,7 +7,8 @@ the 413 rather than a reset connection), arrive within the body deadline (408: a
 that stalls mid-body holds nothing for long), and be valid JSON (400). JSON also allows what no
 text can hold and Python chokes on: a lone UTF-16 surrogate escape, nesting deep enough to
 exhaust the parser; each is a 400 here, before anything runs. ``parse_chat_body`` checks a
-chat-completions body: model, messages (each with a role and text content), stream options.
+chat-completions body: model, messages (each with a role and content: text, or parts of
+text and ``image_url``), stream options and the generation parameters (``chat_params``).
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from agent.providers.base import ModelOptions
+from gateway.platforms.chat_params import model_options
 from gateway.platforms.http_middleware import ApiError, require_json
 
-__all__ = ["DRAIN_FACTOR", "parse_chat_body", "read_json_body"]
+__all__ = ["DRAIN_FACTOR", "ChatBody", "parse_chat_body", "read_json_body"]
 
 # A body only somewhat over the cap is read (and thrown away) before the 413, so that
 # clients that write the whole request before reading the answer see the 413 rather than
@@ -39,15 +43,33 @@ def _has_lone_surrogate(body: Any) -> bool:
     return False
 
 
+def _part_ok(part: Any) -> bool:
+    if not isinstance(part, dict):
+        return False
+    kind = part.get("type", "text")
+    if kind == "text":
+        return isinstance(part.get("text"), str)
+    if kind == "image_url":
+        image = part.get("image_url")
+        return isinstance(image, dict) and isinstance(image.get("url"), str)
+    return False
+
+
 def _content_ok(content: Any) -> bool:
     if content is None or isinstance(content, str):
         return True
-    return isinstance(content, list) and all(
-        isinstance(part, dict)
-        and isinstance(part.get("type", "text"), str)
-        and (part.get("type", "text") != "text" or isinstance(part.get("text"), str))
-        for part in content
-    )
+    return isinstance(content, list) and all(_part_ok(part) for part in content)
+
+
+@dataclass(frozen=True)
+class ChatBody:
+    """A checked chat-completions request: what the turn needs and how to answer it."""
+
+    messages: list[dict[str, Any]]
+    model: str
+    stream: bool
+    include_usage: bool
+    options: ModelOptions
 
 
 def _too_large(max_body_bytes: int) -> ApiError:
@@ -100,9 +122,8 @@ async def read_json_body(
     return body
 
 
-def parse_chat_body(body: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The messages of a chat-completions body and its options (stream, include_usage);
-    400 for anything malformed."""
+def parse_chat_body(body: Any) -> ChatBody:
+    """A chat-completions body, checked; 400 for anything malformed or unsupported."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     model = body.get("model")
@@ -133,7 +154,8 @@ def parse_chat_body(body: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             raise ApiError(
                 400,
                 f"messages[{index}].content must be a string, null, or an array of "
-                "parts like {'type': 'text', 'text': '...'}",
+                "parts like {'type': 'text', 'text': '...'} or "
+                "{'type': 'image_url', 'image_url': {'url': '...'}}",
                 param=f"messages[{index}].content",
                 code="invalid_message",
             )
@@ -156,7 +178,18 @@ def parse_chat_body(body: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             param="stream_options",
             code="invalid_type",
         )
-    return messages, {
-        "stream": bool(stream),
-        "include_usage": bool(options.get("include_usage")),
-    }
+    include_usage = options.get("include_usage", False)
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise ApiError(
+            400,
+            "'stream_options.include_usage' must be a boolean",
+            param="stream_options",
+            code="invalid_type",
+        )
+    return ChatBody(
+        messages=messages,
+        model=model,
+        stream=bool(stream),
+        include_usage=bool(include_usage),
+        options=model_options(body),
+    )

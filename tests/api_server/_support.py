@@ -47,7 +47,7 @@ class CountingRunner:
         self.calls = 0
 
     async def __call__(
-        self, messages: list[dict[str, Any]], ctx: ToolContext, on_delta: Any
+        self, messages: list[dict[str, Any]], ctx: ToolContext, on_delta: Any, **options: Any
     ) -> Any:
         self.calls += 1
         self.running += 1
@@ -55,7 +55,7 @@ class CountingRunner:
         try:
             if self.delay:
                 await asyncio.sleep(self.delay)
-            return await self.inner(messages, ctx, on_delta)
+            return await self.inner(messages, ctx, on_delta, **options)
         finally:
             self.running -= 1
 

@@ -124,9 +124,11 @@ def call(port: int, method: str, path: str, body=None, headers=None) -> tuple[in
         return exc.code, dict(exc.headers), json.loads(exc.read())
 
 
-def chat(port: int, message: str, session_id: str | None = None) -> tuple[str, str]:
+def chat(
+    port: int, message: str, session_id: str | None = None, *, model: str = "reveille-demo"
+) -> tuple[str, str]:
     headers = {"X-Hermes-Session-Id": session_id} if session_id else {}
-    body = {"model": "m", "messages": [{"role": "user", "content": message}]}
+    body = {"model": model, "messages": [{"role": "user", "content": message}]}
     status, resp_headers, data = call(port, "POST", "/v1/chat/completions", body, headers)
     assert status == 200, data
     return resp_headers["X-Hermes-Session-Id"], data["choices"][0]["message"]["content"]

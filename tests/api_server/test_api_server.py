@@ -73,7 +73,7 @@ async def test_plain_completion_and_derived_session(store) -> None:
         assert session_id.startswith("api_") and len(session_id) == 28
         # Same conversation, same session: the transcript grows there.
         await client.chat.completions.create(
-            model="x",
+            model="reveille-demo",
             messages=[
                 *user("hello there"),
                 {"role": "assistant", "content": completion.choices[0].message.content},
@@ -89,9 +89,11 @@ async def test_plain_completion_and_derived_session(store) -> None:
 async def test_streamed_text_equals_non_streamed(store) -> None:
     async with running_adapter(store) as (adapter, _provider, _runner):
         client = client_for(adapter.port)
-        plain = await client.chat.completions.create(model="m", messages=user("stream me"))
+        plain = await client.chat.completions.create(
+            model="reveille-demo", messages=user("stream me")
+        )
         stream = await client.chat.completions.create(
-            model="m",
+            model="reveille-demo",
             messages=user("stream me"),
             stream=True,
             stream_options={"include_usage": True},
@@ -121,7 +123,7 @@ async def test_stream_wire_format_has_done_and_keepalives(store) -> None:
             aiohttp.ClientSession() as http,
             http.post(
                 f"http://127.0.0.1:{adapter.port}/v1/chat/completions",
-                json={"model": "m", "messages": user("hi"), "stream": True},
+                json={"model": "reveille-demo", "messages": user("hi"), "stream": True},
                 headers={"Authorization": f"Bearer {KEY}"},
             ) as resp,
         ):
@@ -156,11 +158,11 @@ async def test_session_continuation_via_header(store) -> None:
         session_id = await new_session(adapter.port)
         headers = {HEADER: session_id}
         raw = await client.chat.completions.with_raw_response.create(
-            model="m", messages=user("my name is Ada"), extra_headers=headers
+            model="reveille-demo", messages=user("my name is Ada"), extra_headers=headers
         )
         assert raw.headers[HEADER] == session_id
         await client.chat.completions.create(
-            model="m", messages=user("what is my name?"), extra_headers=headers
+            model="reveille-demo", messages=user("what is my name?"), extra_headers=headers
         )
         # The second turn ran on the stored transcript plus the new message.
         contents = [m["content"] for m in provider.contexts[-1]]
@@ -184,7 +186,7 @@ async def test_session_continuation_via_header(store) -> None:
             assert resp.status == 200 and (await resp.json())["deleted"] is True
         with pytest.raises(openai.NotFoundError):
             await client.chat.completions.create(
-                model="m", messages=user("x"), extra_headers=headers
+                model="reveille-demo", messages=user("x"), extra_headers=headers
             )
 
 
@@ -193,37 +195,37 @@ async def test_error_statuses_map_to_openai_exceptions(store) -> None:
         port = adapter.port
         with pytest.raises(openai.AuthenticationError) as auth:
             await client_for(port, key="wrong").chat.completions.create(
-                model="m", messages=user("x")
+                model="reveille-demo", messages=user("x")
             )
         assert auth.value.code == "invalid_api_key"
         client = client_for(port)
         with pytest.raises(openai.BadRequestError) as bad:
             await client.chat.completions.create(
-                model="m", messages=user("x"), extra_headers={HEADER: "bad id!"}
+                model="reveille-demo", messages=user("x"), extra_headers={HEADER: "bad id!"}
             )
         assert bad.value.code == "invalid_session_id"
         with pytest.raises(openai.NotFoundError) as missing:
             await client.chat.completions.create(
-                model="m", messages=user("x"), extra_headers={HEADER: "sess_unknown"}
+                model="reveille-demo", messages=user("x"), extra_headers={HEADER: "sess_unknown"}
             )
         assert missing.value.code == "session_not_found"
         with pytest.raises(openai.APIStatusError) as large:
-            await client.chat.completions.create(model="m", messages=user("y" * 10_000))
+            await client.chat.completions.create(model="reveille-demo", messages=user("y" * 10_000))
         assert large.value.status_code == 413
         assert large.value.body["code"] == "request_too_large"
         with pytest.raises(openai.BadRequestError):
             await client.chat.completions.create(model="", messages=user("x"))
         with pytest.raises(openai.BadRequestError):
-            await client.chat.completions.create(model="m", messages=[])
+            await client.chat.completions.create(model="reveille-demo", messages=[])
 
     # No key configured: continuing a session is forbidden.
     async with running_adapter(store, api_key="") as (adapter, _provider, _runner):
         client = client_for(adapter.port, key=None)
-        ok = await client.chat.completions.create(model="m", messages=user("x"))
+        ok = await client.chat.completions.create(model="reveille-demo", messages=user("x"))
         assert ok.choices[0].message.content
         with pytest.raises(openai.PermissionDeniedError):
             await client.chat.completions.create(
-                model="m", messages=user("x"), extra_headers={HEADER: "sess_abc"}
+                model="reveille-demo", messages=user("x"), extra_headers={HEADER: "sess_abc"}
             )
 
 
@@ -235,9 +237,9 @@ async def test_malformed_bodies_use_the_openai_error_shape(store) -> None:
             b"{not json",
             b"[1, 2]",
             json.dumps({"messages": user("x")}).encode(),
-            json.dumps({"model": "m"}).encode(),
-            json.dumps({"model": "m", "messages": [{"content": "no role"}]}).encode(),
-            json.dumps({"model": "m", "messages": user("x"), "stream": "yes"}).encode(),
+            json.dumps({"model": "reveille-demo"}).encode(),
+            json.dumps({"model": "reveille-demo", "messages": [{"content": "no role"}]}).encode(),
+            json.dumps({"model": "reveille-demo", "messages": user("x"), "stream": "yes"}).encode(),
         ]
         async with aiohttp.ClientSession() as http:
             for body in cases:
@@ -257,10 +259,12 @@ async def test_malformed_bodies_use_the_openai_error_shape(store) -> None:
 async def test_rate_limit_429_with_retry_after(store) -> None:
     async with running_adapter(store, max_concurrent_runs=1, delay=0.3) as (adapter, _p, _r):
         client = client_for(adapter.port)
-        first = asyncio.create_task(client.chat.completions.create(model="m", messages=user("a")))
+        first = asyncio.create_task(
+            client.chat.completions.create(model="reveille-demo", messages=user("a"))
+        )
         await asyncio.sleep(0.1)
         with pytest.raises(openai.RateLimitError) as limited:
-            await client.chat.completions.create(model="m", messages=user("b"))
+            await client.chat.completions.create(model="reveille-demo", messages=user("b"))
         assert limited.value.response.headers["Retry-After"] == "1"
         assert (await first).choices[0].message.content
 
@@ -271,7 +275,9 @@ async def test_fifty_clients_never_exceed_the_cap(store) -> None:
 
         async def one(i: int) -> str:
             try:
-                await client.chat.completions.create(model="m", messages=user(f"client {i}"))
+                await client.chat.completions.create(
+                    model="reveille-demo", messages=user(f"client {i}")
+                )
             except openai.RateLimitError:
                 return "429"
             return "ok"
@@ -291,14 +297,14 @@ async def test_repeated_idempotency_key_runs_one_turn(store) -> None:
 
         async def call() -> str:
             out = await client.chat.completions.create(
-                model="m", messages=user("only once"), extra_headers=headers
+                model="reveille-demo", messages=user("only once"), extra_headers=headers
             )
             return out.id
 
         ids = await asyncio.gather(call(), call(), call())  # concurrent repeats wait
         ids.append(await call())  # a later repeat replays
         stream = await client.chat.completions.create(
-            model="m", messages=user("only once"), extra_headers=headers, stream=True
+            model="reveille-demo", messages=user("only once"), extra_headers=headers, stream=True
         )
         streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         assert len(set(ids)) == 1
@@ -309,7 +315,9 @@ async def test_repeated_idempotency_key_runs_one_turn(store) -> None:
         assert streamed == body["data"][1]["content"]
         # A different key is a different request.
         await client.chat.completions.create(
-            model="m", messages=user("only once"), extra_headers={"Idempotency-Key": "idem-2"}
+            model="reveille-demo",
+            messages=user("only once"),
+            extra_headers={"Idempotency-Key": "idem-2"},
         )
         assert runner.calls == 2
 
@@ -317,18 +325,18 @@ async def test_repeated_idempotency_key_runs_one_turn(store) -> None:
 async def test_idempotency_survives_a_new_server_on_the_same_store(store) -> None:
     async with running_adapter(store) as (adapter, _provider, runner):
         first = await client_for(adapter.port).chat.completions.create(
-            model="m", messages=user("hi"), extra_headers={"Idempotency-Key": "k"}
+            model="reveille-demo", messages=user("hi"), extra_headers={"Idempotency-Key": "k"}
         )
     # A claim left "running" by a dead incarnation is taken over, a done one replayed.
     store.claim_idempotent("stale", "999999999:deadbeef:1", session_id=None)
     async with running_adapter(store) as (adapter, _provider, runner):
         client = client_for(adapter.port)
         again = await client.chat.completions.create(
-            model="m", messages=user("hi"), extra_headers={"Idempotency-Key": "k"}
+            model="reveille-demo", messages=user("hi"), extra_headers={"Idempotency-Key": "k"}
         )
         assert again.id == first.id and runner.calls == 0
         await client.chat.completions.create(
-            model="m", messages=user("hi"), extra_headers={"Idempotency-Key": "stale"}
+            model="reveille-demo", messages=user("hi"), extra_headers={"Idempotency-Key": "stale"}
         )
         assert runner.calls == 1
 
@@ -348,14 +356,16 @@ async def test_delivery_rows_are_folded_once(store) -> None:
         await asyncio.to_thread(persist_delegation_delivery, store, session_id, evt)  # dedupe
         headers = {HEADER: session_id}
         reply = await client.chat.completions.create(
-            model="m", messages=user("anything new?"), extra_headers=headers
+            model="reveille-demo", messages=user("anything new?"), extra_headers=headers
         )
         assert "42 sheep" in reply.choices[0].message.content
         joined = "\n".join(m["content"] or "" for m in provider.contexts[-1])
         # once in the prose (the wake text's data line repeats a preview of it)
         assert _prose(joined).count("There are 42 sheep.") == 1
         assert joined.count(DELIVERY_MARKER) == 1 and joined.count(WAKE_DATA_MARKER) == 1
-        await client.chat.completions.create(model="m", messages=user("ok"), extra_headers=headers)
+        await client.chat.completions.create(
+            model="reveille-demo", messages=user("ok"), extra_headers=headers
+        )
         system = "\n".join(m["content"] for m in provider.contexts[-1] if m["role"] == "system")
         assert _prose(system).count("There are 42 sheep.") == 1  # kept in history, not folded again
         assert (await store.abegin_turn(session_id)).taken == ()
@@ -372,7 +382,7 @@ async def test_provider_error_is_502(store) -> None:
     try:
         with pytest.raises(openai.APIStatusError) as err:
             await client_for(adapter.port).chat.completions.create(
-                model="m", messages=user("x"), extra_headers={"Idempotency-Key": "p"}
+                model="reveille-demo", messages=user("x"), extra_headers={"Idempotency-Key": "p"}
             )
         assert err.value.status_code == 502
         assert err.value.body["type"] == "api_error"
@@ -380,7 +390,7 @@ async def test_provider_error_is_502(store) -> None:
         # again (and fails again), instead of waiting for or replaying the first.
         with pytest.raises(openai.APIStatusError) as again:
             await client_for(adapter.port).chat.completions.create(
-                model="m", messages=user("x"), extra_headers={"Idempotency-Key": "p"}
+                model="reveille-demo", messages=user("x"), extra_headers={"Idempotency-Key": "p"}
             )
         assert again.value.status_code == 502
         assert adapter.active_runs == 0
@@ -394,7 +404,7 @@ async def test_an_unavailable_store_is_a_retryable_503(tmp_path) -> None:
         store.close()  # the store is gone (closed, locked past its timeout, removed)
         client = client_for(adapter.port).with_options(max_retries=0)
         with pytest.raises(openai.InternalServerError) as err:
-            await client.chat.completions.create(model="m", messages=user("hello"))
+            await client.chat.completions.create(model="reveille-demo", messages=user("hello"))
         assert err.value.status_code == 503
         assert err.value.response.headers["Retry-After"]
         assert "nothing was changed" in err.value.body["message"]
@@ -429,12 +439,12 @@ async def test_delivery_arriving_during_a_turn_is_told_by_the_next_turn(store) -
         runner.inner = arriving_mid_turn
         headers = {HEADER: session_id}
         first = await client.chat.completions.create(
-            model="m", messages=user("hello"), extra_headers=headers
+            model="reveille-demo", messages=user("hello"), extra_headers=headers
         )
         assert "fence" not in first.choices[0].message.content  # arrived after the take
         runner.inner = inner
         second = await client.chat.completions.create(
-            model="m", messages=user("and now?"), extra_headers=headers
+            model="reveille-demo", messages=user("and now?"), extra_headers=headers
         )
         context = provider.contexts[-1]
         assert DELIVERY_MARKER in context[-2]["content"] and context[-1]["content"] == "and now?"
@@ -444,7 +454,7 @@ async def test_delivery_arriving_during_a_turn_is_told_by_the_next_turn(store) -
 async def test_turn_survives_a_client_that_hangs_up(store) -> None:
     async with running_adapter(store, delay=0.3) as (adapter, _provider, runner):
         url = f"http://127.0.0.1:{adapter.port}/v1/chat/completions"
-        body = {"model": "m", "messages": user("finish without me"), "stream": True}
+        body = {"model": "reveille-demo", "messages": user("finish without me"), "stream": True}
         async with aiohttp.ClientSession() as http:
             resp = await http.post(url, json=body, headers={"Authorization": f"Bearer {KEY}"})
             assert resp.status == 200

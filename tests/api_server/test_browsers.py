@@ -17,7 +17,7 @@ from tests.api_server._support import KEY, running_adapter
 
 EVIL = "https://evil.example"
 FRIEND = "https://app.example"
-TURN = {"model": "m", "messages": [{"role": "user", "content": "run rm -rf ~"}]}
+TURN = {"model": "reveille-demo", "messages": [{"role": "user", "content": "run rm -rf ~"}]}
 
 
 @pytest.mark.parametrize("api_key", ["", KEY])

@@ -34,7 +34,9 @@ RESULT = {
 
 
 async def _ask(client, messages):
-    raw = await client.chat.completions.with_raw_response.create(model="m", messages=messages)
+    raw = await client.chat.completions.with_raw_response.create(
+        model="reveille-demo", messages=messages
+    )
     return raw.headers[HEADER], raw.parse().choices[0].message.content
 
 
@@ -108,7 +110,7 @@ async def test_a_deleted_conversation_that_comes_back_starts_afresh(store) -> No
 
 async def _ask_keyed(client, messages, key):
     raw = await client.chat.completions.with_raw_response.create(
-        model="m", messages=messages, extra_headers={"Idempotency-Key": key}
+        model="reveille-demo", messages=messages, extra_headers={"Idempotency-Key": key}
     )
     return raw.headers[HEADER], raw.parse().choices[0].message.content
 
@@ -195,7 +197,7 @@ async def test_two_servers_never_merge_alike_first_turns(store, tmp_path, stream
 
             async def ask(client):
                 raw = await client.chat.completions.with_raw_response.create(
-                    model="m", messages=opening, stream=stream
+                    model="reveille-demo", messages=opening, stream=stream
                 )
                 if stream:
                     async for _ in raw.parse():

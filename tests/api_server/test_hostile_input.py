@@ -30,7 +30,7 @@ async def _post(port: int, raw: bytes, path: str = "/v1/chat/completions"):
 async def test_a_lone_surrogate_is_a_400_before_anything_runs(store, stream) -> None:
     async with running_adapter(store) as (adapter, _provider, runner):
         raw = (
-            b'{"model":"m","stream":' + stream.encode() + b',"messages":'
+            b'{"model":"reveille-demo","stream":' + stream.encode() + b',"messages":'
             b'[{"role":"user","content":"hi \\ud800 there"}]}'
         )
         status, ctype, body = await _post(adapter.port, raw)
@@ -41,14 +41,17 @@ async def test_a_lone_surrogate_is_a_400_before_anything_runs(store, stream) -> 
 
 async def test_a_surrogate_pair_is_text_and_is_accepted(store) -> None:
     async with running_adapter(store) as (adapter, _provider, runner):
-        raw = b'{"model":"m","messages":[{"role":"user","content":"smile \\ud83d\\ude00"}]}'
+        raw = (
+            b'{"model":"reveille-demo",'
+            b'"messages":[{"role":"user","content":"smile \\ud83d\\ude00"}]}'
+        )
         status, _, _ = await _post(adapter.port, raw)
         assert status == 200 and runner.calls == 1
 
 
 async def test_deep_nesting_is_a_400(store) -> None:
     async with running_adapter(store) as (adapter, _provider, runner):
-        raw = b'{"model":"m","messages":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+        raw = b'{"model":"reveille-demo","messages":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
         status, _, body = await _post(adapter.port, raw)
         assert status == 400 and b"nested too deeply" in body
         assert runner.calls == 0
@@ -59,7 +62,11 @@ async def test_deep_nesting_is_a_400(store) -> None:
 )
 async def test_malformed_content_is_a_400(store, content) -> None:
     async with running_adapter(store) as (adapter, _provider, runner):
-        raw = b'{"model":"m","messages":[{"role":"user","content":' + content.encode() + b"}]}"
+        raw = (
+            b'{"model":"reveille-demo","messages":[{"role":"user","content":'
+            + content.encode()
+            + b"}]}"
+        )
         status, _, body = await _post(adapter.port, raw)
         assert status == 400 and b"content" in body
         assert runner.calls == 0 and store.list_sessions() == []
@@ -145,7 +152,7 @@ def _adapter(store: SessionStore, runner) -> ApiServerAdapter:
 
 
 async def _stream(port: int) -> bytes:
-    raw = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"go"}]}'
+    raw = b'{"model":"reveille-demo","stream":true,"messages":[{"role":"user","content":"go"}]}'
     status, ctype, body = await _post(port, raw)
     assert status == 200 and ctype.startswith("text/event-stream")
     return body
@@ -191,7 +198,7 @@ async def test_tool_steps_stream_as_named_events_that_openai_clients_survive(sto
 
     async with running_adapter(store) as (adapter, _provider, _runner):
         raw = (
-            b'{"model":"m","stream":true,"messages":[{"role":"user",'
+            b'{"model":"reveille-demo","stream":true,"messages":[{"role":"user",'
             b'"content":"in the background: count the stars"}]}'
         )
         _, _, body = await _post(adapter.port, raw)
@@ -204,7 +211,7 @@ async def test_tool_steps_stream_as_named_events_that_openai_clients_survive(sto
 
         client = client_for(adapter.port)
         stream = await client.chat.completions.create(
-            model="m",
+            model="reveille-demo",
             messages=[{"role": "user", "content": "in the background: count the moons"}],
             stream=True,
         )

@@ -16,7 +16,7 @@ async def _turn(port: int, text: str, *, key: str, session_id: str | None = None
     headers = {"Authorization": f"Bearer {KEY}", "Idempotency-Key": key}
     if session_id:
         headers[HEADER] = session_id
-    body = {"model": "m", "messages": [{"role": "user", "content": text}]}
+    body = {"model": "reveille-demo", "messages": [{"role": "user", "content": text}]}
     async with (
         aiohttp.ClientSession() as http,
         http.post(
@@ -73,7 +73,10 @@ async def test_a_key_reused_with_another_request_is_refused(store) -> None:
         session = store.create_session().id
         first = await _turn(adapter.port, "deploy to staging", key="k-2", session_id=session)
         headers = {"Authorization": f"Bearer {KEY}", "Idempotency-Key": "k-2", HEADER: session}
-        body = {"model": "m", "messages": [{"role": "user", "content": "deploy to prod"}]}
+        body = {
+            "model": "reveille-demo",
+            "messages": [{"role": "user", "content": "deploy to prod"}],
+        }
         async with (
             aiohttp.ClientSession() as http,
             http.post(

@@ -230,7 +230,7 @@ async def test_keyless_server_still_wakes_its_sessions(tmp_path, clean_state) ->
         port = app.adapter.port
         client = client_for(port, key=None)
         raw = await client.chat.completions.with_raw_response.create(
-            model="m", messages=user("run in the background: echo keyless")
+            model="reveille-demo", messages=user("run in the background: echo keyless")
         )
         session_id = raw.headers[HEADER]
 
@@ -243,7 +243,7 @@ async def test_keyless_server_still_wakes_its_sessions(tmp_path, clean_state) ->
         await poll(woken)
         with pytest.raises(openai.PermissionDeniedError):
             await client.chat.completions.create(
-                model="m", messages=user("x"), extra_headers={HEADER: session_id}
+                model="reveille-demo", messages=user("x"), extra_headers={HEADER: session_id}
             )
 
 

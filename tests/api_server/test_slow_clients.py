@@ -94,7 +94,10 @@ async def test_a_thousand_slow_connections_do_not_lock_out_an_authorised_client(
                 print(f"authorised answer from {source}: {seconds:.3f} s")
             connector = aiohttp.TCPConnector(force_close=True)
             async with aiohttp.ClientSession(connector=connector, timeout=CLIENT_TIMEOUT) as http:
-                body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+                body = {
+                    "model": "reveille-demo",
+                    "messages": [{"role": "user", "content": "hello"}],
+                }
                 async with http.post(
                     f"http://127.0.0.1:{adapter.port}/v1/chat/completions", json=body, headers=AUTH
                 ) as resp:

@@ -137,7 +137,10 @@ def test_alike_first_turns_through_two_servers_never_share_a_session(tmp_path) -
     with slow_model() as env:
         servers = [Server(tmp_path, extra_env=env), Server(tmp_path, extra_env=env)]
         try:
-            body = {"model": "m", "messages": [{"role": "user", "content": "hello, both of you"}]}
+            body = {
+                "model": "slow",
+                "messages": [{"role": "user", "content": "hello, both of you"}],
+            }
             with ThreadPoolExecutor(2) as pool:
                 answers = list(
                     pool.map(lambda s: call(s.port, "POST", "/v1/chat/completions", body), servers)
@@ -149,7 +152,7 @@ def test_alike_first_turns_through_two_servers_never_share_a_session(tmp_path) -
             refused = next(data for status, _, data in answers if status == 409)
             assert refused["error"]["code"] == "conversation_conflict"
             assert [m["role"] for m in transcript(servers[0].port, won)] == ["user", "assistant"]
-            again, _ = chat(lost_at.port, "hello, both of you")
+            again, _ = chat(lost_at.port, "hello, both of you", model="slow")
             assert again.startswith(won + "_")
             assert [m["role"] for m in transcript(servers[1].port, again)] == ["user", "assistant"]
         finally:
