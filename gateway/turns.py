@@ -31,8 +31,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -52,6 +50,13 @@ from gateway.conversation import (
     pick_session,
     well_formed_result,
     with_images,
+)
+from gateway.idempotency import (
+    ANY_REQUEST,
+    IdempotencyClaims,
+    KeyReused,
+    StillRunning,
+    fingerprint_of,
 )
 from gateway.session import (
     SessionGone,
@@ -77,8 +82,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_IDEMPOTENCY_POLL_SECONDS = 0.05
 
 # Called with the model context, the tool context and a delta callback (None unless
 # streaming), and with ``options=`` (``ModelOptions``) only when the request set some;
@@ -124,14 +127,10 @@ def agent_turn_runner(agent: Agent | Callable[[], Agent]) -> TurnRunner:
     return run
 
 
-_ENVELOPE = frozenset({"fingerprint", "answer"})
-_ANY_REQUEST = "any"
-
-
 def request_fingerprint(request: TurnRequest) -> str:
     """What makes two requests "the same request" for an idempotency key."""
     if not request.bind_key_to_request:
-        return _ANY_REQUEST
+        return ANY_REQUEST
     # Not ``stream``: a replay can be told as a stream or as one answer alike.
     bound: list[Any] = [request.session_id, request.messages]
     if request.model_options:
@@ -144,28 +143,6 @@ def request_fingerprint(request: TurnRequest) -> str:
         default=str,
     )
     return hashlib.sha256(material.encode("ascii")).hexdigest()[:32]
-
-
-def _fingerprint_of(owner: str) -> str:
-    """The request fingerprint an idempotency owner carries (computed once, in ``start``)."""
-    return owner.rsplit(":", 1)[1]
-
-
-def _key_reused() -> TurnError:
-    return TurnError(
-        "key_reused",
-        "this idempotency key was already used with a different request; use a new key",
-    )
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass(frozen=True)
@@ -262,15 +239,12 @@ class TurnService:
             raise ValueError("max_concurrent_runs must be at least 1")
         self.store = store
         self.max_concurrent_runs = max_concurrent_runs
-        self.idempotency_wait_seconds = idempotency_wait_seconds
         self._run_agent = turn_runner
         self._render = render
         self._platform = platform
         self._confirm_for = confirm_for
         self.context_chars = context_chars  # what one turn sends the model, at most
-        # Owners of idempotency claims are "<pid>:<boot token>:<nonce>": a claim whose
-        # process is gone, or is this pid under another boot token, is void.
-        self._boot = f"{os.getpid()}:{secrets.token_hex(8)}"
+        self._claims = IdempotencyClaims(store, wait_seconds=idempotency_wait_seconds)
         self._active_runs = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         # Ids whose first turn runs here and is not stored yet. The store cannot see them
@@ -355,12 +329,22 @@ class TurnService:
         if key is not None:
             # The claim carries the request's fingerprint, so that the same key sent with
             # another request is told apart while the first one still runs.
-            owner = f"{self._boot}:{secrets.token_hex(6)}:{request_fingerprint(request)}"
-            replay = await self._claim(key, owner, request)
+            owner = self._claims.owner_for(request_fingerprint(request))
+            try:
+                replay = await self._claims.claim(key, owner, request.session_id)
+            except KeyReused:
+                raise TurnError(
+                    "key_reused",
+                    "this idempotency key was already used with a different request; use a new key",
+                ) from None
+            except StillRunning:
+                raise TurnError(
+                    "in_progress", "a request with this idempotency key is still running"
+                ) from None
             if replay is not None:
                 return ReplayedTurn(replay)
         if self._active_runs >= self.max_concurrent_runs:
-            await self._forget_claim(key, owner)
+            await self._claims.forget(key, owner)
             raise TurnError(
                 "too_many_turns",
                 f"too many turns running (max_concurrent_runs = {self.max_concurrent_runs}); "
@@ -381,7 +365,7 @@ class TurnService:
             task = asyncio.create_task(self._run(request, begun, owner, deltas))
         except BaseException:
             self._active_runs -= 1
-            await self._forget_claim(key, owner)
+            await self._claims.forget(key, owner)
             raise
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -412,70 +396,6 @@ class TurnService:
                 [m.as_dict() for m in turn.history], [m.as_dict() for m in turn.taken], None
             )
         return _Begun([], [], request.create)
-
-    async def _claim(self, key: str, owner: str, request: TurnRequest) -> dict[str, Any] | None:
-        """None when this request runs the turn; the stored answer when it was run before.
-
-        The key is bound to the request it was first sent with: the same key with another
-        request (another conversation's messages, say) is refused, never answered with the
-        first request's reply.
-        """
-        fingerprint = _fingerprint_of(owner)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.idempotency_wait_seconds
-        while True:
-            row = await asyncio.to_thread(
-                self.store.claim_idempotent,
-                key,
-                owner,
-                session_id=request.session_id,
-                takeover=self._owner_gone,
-            )
-            if row["claimed"]:
-                return None
-            stored = row["response"]
-            if row["state"] == "done" and isinstance(stored, dict):
-                if _ENVELOPE.issubset(stored):
-                    if _ANY_REQUEST not in (fingerprint, stored["fingerprint"]) and (
-                        stored["fingerprint"] != fingerprint
-                    ):
-                        raise _key_reused()
-                    answer = stored["answer"]
-                    return answer if isinstance(answer, dict) else {}
-                return stored  # written before answers carried their request's fingerprint
-            running_for = str(row.get("owner") or "").rsplit(":", 1)[-1]
-            if (
-                row["state"] == "running"
-                and _ANY_REQUEST not in (fingerprint, running_for)
-                and running_for != fingerprint
-            ):
-                raise _key_reused()
-            if loop.time() >= deadline:
-                raise TurnError(
-                    "in_progress", "a request with this idempotency key is still running"
-                )
-            await asyncio.sleep(_IDEMPOTENCY_POLL_SECONDS)
-
-    def _owner_gone(self, owner: str) -> bool:
-        """A running idempotency claim from a previous incarnation of the server is void."""
-        pid_text, _, rest = owner.partition(":")
-        token = rest.partition(":")[0]
-        if f"{pid_text}:{token}" == self._boot:
-            return False  # ours: a request of this process is running it
-        try:
-            pid = int(pid_text)
-        except ValueError:
-            return True
-        # The same pid with another boot token is a restarted server (pid 1 in containers).
-        return pid == os.getpid() or not _pid_alive(pid)
-
-    async def _forget_claim(self, key: str | None, owner: str | None) -> None:
-        if key is None or owner is None:
-            return
-        try:
-            await asyncio.to_thread(self.store.release_idempotent, key, owner)
-        except Exception:
-            logger.exception("could not release idempotency key %r", key)
 
     # ----------------------------------------------------------------- running it
 
@@ -536,10 +456,10 @@ class TurnService:
             )
             return response
         except ProviderError as exc:
-            await self._forget_claim(key, owner)
+            await self._claims.forget(key, owner)
             raise TurnError("upstream", f"the model provider failed: {exc}") from exc
         except BaseException:
-            await self._forget_claim(key, owner)
+            await self._claims.forget(key, owner)
             raise
         finally:
             self._active_runs -= 1
@@ -585,7 +505,7 @@ class TurnService:
                 idempotency_key=key,
                 # stored only to answer a repeated idempotency key (with the same request)
                 response=(
-                    {"fingerprint": _fingerprint_of(owner), "answer": response}
+                    {"fingerprint": fingerprint_of(owner), "answer": response}
                     if key is not None and owner is not None
                     else None
                 ),
