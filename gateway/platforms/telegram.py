@@ -86,6 +86,22 @@ def source_of_message(message: dict[str, Any]) -> SessionSource | None:
     )
 
 
+HELP_TEXT = (
+    "I am Reveille: an agent whose background work comes home.\n\n"
+    "Write to me as you would to anyone. Ask for something long 'in the background' and "
+    "go on talking: when the work is done, its result comes back here as a new message.\n\n"
+    "/help shows this again."
+)
+
+
+def _command(text: str) -> str | None:
+    """The bot command a message opens with (``/Start@my_bot now`` -> ``start``), or None."""
+    head = text.strip().split(maxsplit=1)[0] if text.strip() else ""
+    if not head.startswith("/") or len(head) < 2:
+        return None
+    return head[1:].split("@", 1)[0].lower()
+
+
 class TelegramAdapter(BasePlatformAdapter):
     """See the module docstring."""
 
@@ -231,6 +247,13 @@ class TelegramAdapter(BasePlatformAdapter):
                 "Telegram: ignoring a message from user %s (not in TELEGRAM_ALLOWED_USERS)",
                 source.user_id,
             )
+            return
+        if _command(text) in ("start", "help"):
+            # Answered by the bot itself: no turn, nothing stored.
+            try:
+                await self.send_text(source, HELP_TEXT)
+            except TelegramError as exc:
+                logger.warning("Telegram refused the help for update %s: %s", update_id, exc)
             return
         session_id = telegram_session_id(source)
         key = f"telegram:{self.bot}:update:{update_id}"

@@ -214,3 +214,20 @@ def test_a_wake_up_waits_for_the_chats_running_turn_then_runs_once(tmp_path: Pat
         assert row.delivery_attempts == 1
     finally:
         server.stop()
+
+
+def test_start_and_help_are_answered_by_the_bot_without_a_turn(tmp_path: Path, bot: FakeBotApi):
+    server = serve(tmp_path, bot)
+    try:
+        bot.message("/start")
+        bot.message("/help@reveille_bot")
+        wait_until(lambda: len(bot.texts_to(42)) >= 2)
+        texts = bot.texts_to(42)
+        assert all("background" in t and "/help" in t for t in texts)
+        bot.message("hello")  # an ordinary message after them is a turn as always
+        wait_until(lambda: len(bot.texts_to(42)) >= 3)
+    finally:
+        server.stop()
+    with session_file_store(tmp_path / "sessions.db") as store:
+        rows = store.messages("agent:main:telegram:dm:42")
+    assert [m.content for m in rows if m.role == "user"] == ["hello"]  # no turn for commands
