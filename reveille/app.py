@@ -202,7 +202,24 @@ async def serve(
         log_peers(scheduler.peers_at_start)
         await runner.start()
         stack.push_async_callback(runner.stop)
+        # First thing at exit, while the runner and the surfaces still deliver: running
+        # background work gets its grace period (and /readyz says draining meanwhile).
+        stack.push_async_callback(_drain_background, runtime, adapter, settings.drain_seconds)
         yield App(settings, store, runtime, model, adapter, runner, surfaces, restored)
+
+
+async def _drain_background(
+    runtime: DelegationRuntime, adapter: ApiServerAdapter, seconds: float
+) -> None:
+    adapter.draining = True
+    finished, interrupted = await asyncio.to_thread(runtime.drain, seconds)
+    if finished or interrupted:
+        logger.info(
+            "drained background work: %d finished in time, %d interrupted%s",
+            finished,
+            len(interrupted),
+            f" ({', '.join(interrupted)})" if interrupted else "",
+        )
 
 
 def _open_runtime(

@@ -46,6 +46,7 @@ class Settings:
     shell_workdir: str = ""
     max_concurrent_runs: int = 10
     context_chars: int = 400_000
+    drain_seconds: float = 30.0
     # processes serving the same ports (SO_REUSEPORT) over one store; "auto" = os.cpu_count()
     workers: int = 1
     max_body_bytes: int = 1024 * 1024
@@ -111,6 +112,7 @@ ENV_NAMES: dict[str, str] = {
     "shell_workdir": "REVEILLE_SHELL_WORKDIR",
     "max_concurrent_runs": "REVEILLE_MAX_CONCURRENT_RUNS",
     "context_chars": "REVEILLE_CONTEXT_CHARS",
+    "drain_seconds": "REVEILLE_DRAIN_SECONDS",
     "workers": "REVEILLE_WORKERS",
     "max_body_bytes": "REVEILLE_MAX_BODY_BYTES",
     "max_async_children": "REVEILLE_MAX_ASYNC_CHILDREN",
@@ -138,6 +140,7 @@ _TOML_ALIASES = {
     ("server", "cors_origins"): "cors_origins",
     ("server", "max_concurrent_runs"): "max_concurrent_runs",
     ("server", "workers"): "workers",
+    ("server", "drain_seconds"): "drain_seconds",
     ("server", "max_body_bytes"): "max_body_bytes",
     ("model", "provider"): "provider",
     ("model", "name"): "model",
@@ -239,6 +242,8 @@ def _validate(s: Settings) -> None:
     ):
         if getattr(s, name) < 1:
             raise bad(name, "must be at least 1")
+    if s.drain_seconds < 0:
+        raise bad("drain_seconds", "must not be negative")
     if s.context_chars < 1000:
         raise bad("context_chars", "must be at least 1000")
     if s.max_queued_delegations < 0:

@@ -131,6 +131,7 @@ class DelegationRuntime:
         self._lock = threading.Lock()
         self._pool = _WorkerPool()
         self.scheduler: ReofferScheduler | None = None
+        self.draining = False
 
     # -- dispatch -----------------------------------------------------------------------------
 
@@ -146,6 +147,11 @@ class DelegationRuntime:
         if max_queued is not None and max_queued < 0:
             raise ValueError("max_queued_delegations must not be negative")
         limit = self.max_queued if max_queued is None else min(self.max_queued, max_queued)
+        if self.draining:
+            return _rejected(
+                unit.delegation_id,
+                "the server is restarting and takes no new background work; try again shortly",
+            )
         with self._lock:
             start_now = len(self._slots.running) < cap
             waiting = len(self._slots.waiting) + self._slots.joining
@@ -340,6 +346,51 @@ class DelegationRuntime:
             self.scheduler = ReofferScheduler(self.ledger, self.queue.put, label=label)
             self.scheduler.start()
         return self.scheduler
+
+    def drain(self, grace_seconds: float) -> tuple[int, list[str]]:
+        """The server is stopping: take no new work and give the running units
+        ``grace_seconds`` to finish (their results are recorded and queued as always).
+        Those still running then end ``interrupted``, with a completion that says the server
+        was restarting; units still waiting never started and are left to the restart (they
+        end ``interrupted`` there, as work of a stopped server always does). Returns how many
+        finished meanwhile and the ids interrupted."""
+        self.draining = True
+        with self._lock:
+            running = set(self._slots.running)
+        deadline = time.monotonic() + max(grace_seconds, 0.0)
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._slots.running:
+                    break
+            time.sleep(0.05)
+        with self._lock:
+            left = dict(self._slots.running)
+            self._slots.waiting.clear()
+        interrupted = []
+        for delegation_id, unit in left.items():
+            if unit.interrupt_fn is not None:
+                try:
+                    unit.interrupt_fn()
+                except Exception:
+                    log.exception("could not interrupt %s", delegation_id)
+            event = {
+                **unit.request,
+                "status": "interrupted",
+                "error": (
+                    "the server was restarting and this work did not finish in the "
+                    f"{grace_seconds:g} s it was given; dispatch it again to rerun it"
+                ),
+                "completed_at": time.time(),
+            }
+            try:
+                if self.ledger.finish(
+                    delegation_id, expected="running", state="interrupted", event=event
+                ):
+                    interrupted.append(delegation_id)
+            except LedgerError:
+                log.exception("could not record %s as interrupted", delegation_id)
+        finished = len(running) - len(left)
+        return finished, interrupted
 
     def close(self) -> None:
         if self.scheduler is not None:

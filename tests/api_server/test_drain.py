@@ -1,0 +1,74 @@
+"""SIGTERM drains background work: a sub-agent that finishes within the grace period is
+delivered, one that outlasts it ends `interrupted` with a notice (never `unknown`), and
+/readyz says `draining` meanwhile."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.api_server.serve_support import Server, chat, ledger_rows, transcript, wait_until
+
+
+def _readyz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0  # gone
+
+
+def test_work_that_ends_within_the_grace_is_delivered_before_the_server_stops(
+    tmp_path: Path,
+) -> None:
+    server = Server(tmp_path, demo_delay=1.5, extra_env={"REVEILLE_DRAIN_SECONDS": "20"})
+    session, _ = chat(server.port, "in the background: count to three")
+    statuses: list[int] = []
+
+    def watch_readiness() -> None:
+        for _ in range(15):
+            statuses.append(_readyz(server.port))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch_readiness)
+    server.proc.send_signal(signal.SIGTERM)
+    watcher.start()
+    assert server.proc.wait(timeout=30) == 0
+    watcher.join()
+    [row] = ledger_rows(tmp_path)
+    assert row.state == "completed" and row.delivery_state == "delivered"
+    server.wait_for(re.compile(r"drained background work: 1 finished in time, 0 interrupted"))
+    assert 503 in statuses  # draining, not ready
+    restarted = Server(tmp_path)
+    try:
+        results = [m for m in transcript(restarted.port, session) if m["display_kind"]]
+        assert len(results) == 1 and "count to three" in results[0]["content"]
+    finally:
+        restarted.stop()
+
+
+def test_work_that_outlasts_the_grace_ends_interrupted_with_a_notice(tmp_path: Path) -> None:
+    server = Server(tmp_path, demo_delay=30, extra_env={"REVEILLE_DRAIN_SECONDS": "0.5"})
+    session, _ = chat(server.port, "in the background: a very long count")
+    assert server.stop() == 0
+    [row] = ledger_rows(tmp_path)
+    assert row.state == "interrupted"
+    assert "restarting" in str(row.event)
+    restarted = Server(tmp_path)
+    try:
+
+        def noticed() -> list[dict]:
+            return [m for m in transcript(restarted.port, session) if m["display_kind"]]
+
+        [notice] = wait_until(noticed)
+        assert "restarting" in notice["content"]
+        assert not [r for r in ledger_rows(tmp_path) if r.state == "unknown"]
+    finally:
+        restarted.stop()
