@@ -57,6 +57,7 @@ from gateway.platforms.base import BasePlatformAdapter, SendResult
 from gateway.platforms.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from gateway.platforms.http_middleware import (
     OPEN_STREAM_KEY,
+    RETRY_AFTER_SECONDS,
     SESSION_HEADER,
     SESSION_REQUEST_KEY,
     ApiError,
@@ -293,9 +294,13 @@ class ApiServerAdapter(BasePlatformAdapter):
         this server's own wake-ups live apart from every client's, so no client can claim
         one first. A wake-up proves itself with the token only this process knows.
         """
-        proof = request.headers.get(WAKE_TOKEN_HEADER)
-        internal = proof is not None and same_secret(proof, self._wake_token)
+        internal = self._own_wake(request)
         return f"{'wake' if internal else 'client'}:{session_id}:{key}", internal
+
+    def _own_wake(self, request: web.Request) -> bool:
+        """The request is this server's own wake-up: it presents the token only it knows."""
+        proof = request.headers.get(WAKE_TOKEN_HEADER)
+        return proof is not None and same_secret(proof, self._wake_token)
 
     async def _session_from_header(self, request: web.Request, keyed: bool) -> str | None:
         session_id = request.headers.get(SESSION_HEADER)
@@ -334,6 +339,16 @@ class ApiServerAdapter(BasePlatformAdapter):
     # ----------------------------------------------------------------- chat completions
 
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        if self.draining and not self._own_wake(request):
+            # While draining, finished work still comes home (its wake-ups run); clients
+            # are sent to try again, on this server's successor or another one.
+            raise ApiError(
+                503,
+                "the server is restarting; send the request again in a moment",
+                type_="server_error",
+                code="draining",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
         # The header is checked before the body is read: a refused request costs nothing.
         session_id = await self._session_from_header(request, is_keyed(request))
         body = await self._read_json(request)

@@ -118,6 +118,10 @@ async def test_livez_and_readyz_say_up_and_ready_and_why_not_only_with_the_key(s
                 body = await resp.json()
                 assert resp.status == 503 and "storage unavailable" in body["reason"]
             adapter.draining = True
+            body = {"model": "reveille-demo", "messages": [{"role": "user", "content": "hi"}]}
+            async with http.post(base + "/v1/chat/completions", json=body, headers=AUTH) as resp:
+                assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+                assert (await resp.json())["error"]["code"] == "draining"
             async with http.get(base + "/readyz", headers=AUTH) as resp:
                 assert resp.status == 503 and await resp.json() == {
                     "status": "draining",
