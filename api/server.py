@@ -28,7 +28,7 @@ from aiohttp import web
 from api import deliveries, routes
 from api.approvals import AlreadyDecided, Approvals
 from api.auth import COOKIE_MAX_AGE_SECONDS, COOKIE_NAME, Auth
-from api.event_log import EventLog
+from api.event_log import EventLog, LoggedEvent
 from api.event_stream import stream_events
 from api.turn_answers import TurnAccepted
 from api.views import session_view, transcript_items
@@ -162,6 +162,7 @@ class WebUIServer:
             self.auth = Auth(
                 self.password, await self.log.secret(), epoch=await self.log.login_epoch()
             )
+            self.log.watch(self._logout_elsewhere)
             loop = asyncio.get_running_loop()
             self.turns.loop = loop
             if ended := await self.turns.close_orphans():
@@ -342,9 +343,17 @@ class WebUIServer:
             # Every login made before now ends, not only this browser's cookie: a copied
             # cookie must not outlive the logout.
             self.auth.epoch = await self.log.next_login_epoch()
+            # Every other server sharing the store learns it through the log, at once.
+            await self.log.append("login.epoch", {"epoch": self.auth.epoch})
         response = web.json_response({"logged_in": False})
         response.del_cookie(COOKIE_NAME, path="/")
         return response
+
+    def _logout_elsewhere(self, event: LoggedEvent) -> None:
+        """A logout through another server ends this server's logins of before it too."""
+        epoch = event.data.get("epoch") if event.type == "login.epoch" else None
+        if self.auth is not None and isinstance(epoch, int) and epoch > self.auth.epoch:
+            self.auth.epoch = epoch
 
     # ----------------------------------------------------------------- sessions
 

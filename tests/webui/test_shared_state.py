@@ -214,3 +214,22 @@ async def test_stop_through_another_server_stops_the_turn(tmp_path: Path) -> Non
             await seen_by_b.close()
     finally:
         await model.stop()
+
+
+async def test_a_logout_through_one_server_ends_the_login_on_another(tmp_path: Path) -> None:
+    env = {"REVEILLE_WEBUI_PASSWORD": "hunter2"}
+    async with servers(tmp_path / "home", 2, **env) as (on_a, on_b):
+        r = await on_a.post("/api/login", {"password": "hunter2"})
+        assert r.status == 200, await r.text()
+        on_a.csrf = on_b.csrf = (await r.json())["csrf_token"]
+        # The cookie jar holds the login for 127.0.0.1: both servers see it.
+        assert (await on_b.http.get(on_b.base + "/api/sessions")).status == 200
+        assert (await on_a.post("/api/logout", {})).status == 200
+        stolen = r.cookies["reveille_webui"].value
+        async with aiohttp.ClientSession(cookies={"reveille_webui": stolen}) as copy:
+            for _ in range(100):
+                status = (await copy.get(on_b.base + "/api/sessions")).status
+                if status == 401:
+                    break
+                await asyncio.sleep(0.05)
+            assert status == 401  # ended on B too, without a restart
