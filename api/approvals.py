@@ -4,8 +4,9 @@
 records a pending ``ApprovalRecord`` for the turn holding the session (its running-turn
 lease), announces it (``approval`` event), and waits for a decision. ``decide(approval_id,
 approve)`` (``POST /api/approvals/{id}``) decides it once, in the store, from whichever
-server the tab talks to: the asking server learns it at once when the decision is its own,
-else by reading the record (every ``poll_seconds``). The session is busy while its turn runs,
+server the tab talks to. The asking server learns it from the decision's ``approval`` event
+in the shared log (``settled``), or by reading the record every ``poll_seconds``, in case
+an event never came. The session is busy while its turn runs,
 so wake-ups and other turns wait for the decision on every server and never cross it. A turn
 stopped while it waits, or one that lost its session, denies the command.
 """
@@ -44,7 +45,7 @@ class Approvals:
         store: SessionStore,
         on_change: ApprovalListener | None = None,
         *,
-        poll_seconds: float = 0.25,
+        poll_seconds: float = 2.0,
     ) -> None:
         self.store = store
         self._listener = on_change
@@ -120,11 +121,16 @@ class Approvals:
         record, changed = await asyncio.to_thread(self.store.decide_approval, approval_id, approve)
         if not changed:
             raise AlreadyDecided(approval_id)
+        self.settled(approval_id, approve)
+        await self._on_change(record)
+        return record
+
+    def settled(self, approval_id: str, approve: bool) -> None:
+        """An approval was decided (here, or through another server's event): the turn
+        waiting for it in this process, if any, goes on."""
         waiting = self._waiting.get(approval_id)
         if waiting is not None and not waiting.done():
             waiting.set_result(approve)
-        await self._on_change(record)
-        return record
 
     async def pending_for(self, session_id: str) -> ApprovalRecord | None:
         return await asyncio.to_thread(self.store.pending_approval, session_id)

@@ -115,6 +115,7 @@ class WebTurns:
         self._followers: set[asyncio.Task[None]] = set()
         approvals.listen(self._approval_changed)
         log.watch(self._stop_requested)
+        log.watch(self._approval_decided)
 
     # ----------------------------------------------------------------- api.routes.SessionTurns
 
@@ -515,6 +516,13 @@ class WebTurns:
             if current is None or current.stream_id != lease.stream_id:
                 break
         return True
+
+    def _approval_decided(self, event: LoggedEvent) -> None:
+        """An approval was decided, maybe through another server: a turn waiting for it here
+        goes on at once."""
+        approval = event.data.get("approval") if event.type == "approval" else None
+        if isinstance(approval, dict) and approval.get("status") in ("approved", "denied"):
+            self.approvals.settled(str(approval.get("id")), approval["status"] == "approved")
 
     def _stop_requested(self, event: LoggedEvent) -> None:
         """A tab asked another server to stop a turn that runs here."""

@@ -19,7 +19,7 @@ Methods block: callers run them on a thread of their own (the event log's writer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from delivery.notifier import Notifier
 
@@ -45,6 +45,18 @@ class ToolStep:
     name: str
     status: str
     summary: str
+
+    @classmethod
+    def of_row(cls, row: Any) -> ToolStep:
+        """From a stored row: id, message_id, name, status, summary (every SQL backend)."""
+        step_id, message_id, name, status, summary = row
+        return cls(
+            int(step_id),
+            None if message_id is None else int(message_id),
+            str(name),
+            str(status),
+            str(summary),
+        )
 
 
 class WebUIStateBackend(Protocol):

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from delivery.state_dir import ensure_private_dir
+from gateway.platforms.telegram_state import STATE_FILE as TELEGRAM_FILE
 from reveille.settings import load_settings
 from storage.opener import LEDGER_FILE, SESSIONS_FILE, WEBUI_FILE, open_storage
 from tools.background_processes import PROCESSES_DIR
 
 __all__ = ["STORE_FILES", "add_parsers", "backup", "restore"]
 
-TELEGRAM_FILE = "telegram.db"
 STORE_FILES = (LEDGER_FILE, SESSIONS_FILE, WEBUI_FILE, TELEGRAM_FILE)
 
 

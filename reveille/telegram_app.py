@@ -16,7 +16,7 @@ from gateway.config import Platform
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.platforms.telegram import TelegramAdapter
 from gateway.platforms.telegram_api import TelegramApi
-from gateway.platforms.telegram_state import TelegramState
+from gateway.platforms.telegram_state import STATE_FILE, TelegramState
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
 from reveille.settings import Settings
@@ -51,7 +51,7 @@ def telegram_surfaces(
     adapter = TelegramAdapter(
         api=TelegramApi(settings.telegram_bot_token, base_url=settings.telegram_base_url),
         turns=turns,
-        state=TelegramState(settings.home / "telegram.db"),
+        state=TelegramState(settings.home / STATE_FILE),
         allowed_users=settings.telegram_allowed_user_ids,
         webhook_url=settings.telegram_webhook_url,
         secret_token=settings.telegram_secret_token,

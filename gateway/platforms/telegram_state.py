@@ -29,7 +29,9 @@ from typing import Any
 from gateway.platforms.telegram_updates import update_id_of
 from storage.sqlite import files as sqlite_files
 
-__all__ = ["TelegramState", "TelegramStateError"]
+__all__ = ["STATE_FILE", "TelegramState", "TelegramStateError"]
+
+STATE_FILE = "telegram.db"  # under the state directory
 
 SCHEMA_VERSION = 1
 _APPLICATION_ID = 0x5254_4731  # "RTG1"

@@ -151,12 +151,7 @@ class PostgresWebUIState:
                 " WHERE session_id = %s ORDER BY id DESC LIMIT %s",
                 (session_id, limit),
             ).fetchall()
-        return [
-            ToolStep(
-                int(r[0]), None if r[1] is None else int(r[1]), str(r[2]), str(r[3]), str(r[4])
-            )
-            for r in reversed(rows)
-        ]
+        return [ToolStep.of_row(r) for r in reversed(rows)]
 
     # -- settings
 

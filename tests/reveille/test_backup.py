@@ -8,18 +8,16 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from agent.markers import read_wake_data
-from delivery.ledger import Ledger
 from gateway.config import Platform
 from gateway.session import SessionSource
 from reveille.backup import BackupError, backup, restore
-from tests.stores import session_file_store, sqlite_ledger
-from tests.webui.test_two_processes import ROOT, Serve, _pending_completions
+from tests.stores import session_file_store
+from tests.webui.test_two_processes import ROOT, Serve, _pending_completions, wait_delivered
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -54,17 +52,7 @@ def test_a_backup_taken_mid_work_restores_and_delivers_each_result_once(tmp_path
     server = Serve(fresh)
     try:
         server.wait_listening()
-        ledger = Ledger(sqlite_ledger(fresh / "ledger.db"))
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                rows = [ledger.get(i) for i in ids]
-                if all(r and r.delivery_state == "delivered" for r in rows):
-                    break
-                time.sleep(0.1)
-            assert all(r and r.delivery_state == "delivered" for r in rows), rows
-        finally:
-            ledger.close()
+        wait_delivered(fresh, ids)
     finally:
         assert server.stop() == 0, "".join(server.lines)
     with session_file_store(fresh / "sessions.db") as store:

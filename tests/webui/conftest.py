@@ -75,19 +75,24 @@ class Sse:
         self.response.close()
 
 
-@dataclass
-class Web:
-    """A running stack and a client of its web UI (CSRF header included)."""
+class WebClient:
+    """A browser tab's calls to one server's web UI (cookie and CSRF header included): of
+    an in-process stack (``Web``) or of a `reveille serve` subprocess (``WebClient.open``)."""
 
-    app: App
-    server: WebUIServer
-    http: aiohttp.ClientSession
-    stack: contextlib.AsyncExitStack
-    csrf: str = ""
+    def __init__(self, http: aiohttp.ClientSession, base: str, csrf: str = "") -> None:
+        self.http = http
+        self.base = base
+        self.csrf = csrf
 
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.server.port}"
+    @classmethod
+    async def open(cls, port: int, http: aiohttp.ClientSession | None = None) -> WebClient:
+        """A client of the web UI on ``port`` with its CSRF token (a new session unless
+        ``http`` is shared, which then also shares the login cookie)."""
+        own = http or aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+        client = cls(own, f"http://127.0.0.1:{port}")
+        async with own.get(client.base + "/api/bootstrap") as r:
+            client.csrf = (await r.json())["csrf_token"]
+        return client
 
     async def get(self, path: str, **kw: Any) -> aiohttp.ClientResponse:
         return await self.http.get(self.base + path, **kw)
@@ -118,6 +123,25 @@ class Web:
         r = await self.get(f"/api/sessions/{session_id}")
         assert r.status == 200, await r.text()
         return dict(await r.json())
+
+    async def close(self) -> None:
+        await self.http.close()
+
+
+class Web(WebClient):
+    """A running in-process stack and a client of its web UI."""
+
+    def __init__(
+        self,
+        app: App,
+        server: WebUIServer,
+        http: aiohttp.ClientSession,
+        stack: contextlib.AsyncExitStack,
+    ) -> None:
+        super().__init__(http, f"http://127.0.0.1:{server.port}")
+        self.app = app
+        self.server = server
+        self.stack = stack
 
 
 class SlowDemo(DemoModel):

@@ -11,7 +11,6 @@ import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -19,37 +18,12 @@ from aiohttp import web
 
 from tests.agent.test_openai_compat import FakeOpenAI, _chunk, _completion_body
 from tests.pg_support import fresh_url
-from tests.webui.conftest import Sse, settings_for, start_web, stop_web
+from tests.webui.conftest import WebClient, settings_for, start_web, stop_web
 from tests.webui.test_two_processes import Serve
 
 
-class Tab:
-    """A browser tab's calls to one server's web UI (cookie and CSRF header included)."""
-
-    def __init__(self, http: aiohttp.ClientSession, port: int) -> None:
-        self.http = http
-        self.base = f"http://127.0.0.1:{port}"
-        self.csrf = ""
-
-    async def post(self, path: str, body: Any) -> aiohttp.ClientResponse:
-        headers = {"X-CSRF-Token": self.csrf}
-        return await self.http.post(self.base + path, json=body, headers=headers)
-
-    async def get(self, path: str) -> dict[str, Any]:
-        r = await self.http.get(self.base + path)
-        assert r.status == 200, await r.text()
-        return dict(await r.json())
-
-    async def stream(self) -> Sse:
-        response = await self.http.get(self.base + "/api/events")
-        assert response.status == 200
-        sse = Sse(response)
-        sse.task = asyncio.create_task(sse.pump())
-        return sse
-
-
 @asynccontextmanager
-async def servers(home: Path, count: int, **env: str) -> AsyncIterator[list[Tab]]:
+async def servers(home: Path, count: int, **env: str) -> AsyncIterator[list[WebClient]]:
     """``count`` `reveille serve` processes on ``home``, a tab on each. With
     ``REVEILLE_DATABASE_URL`` in ``env`` they share that database instead, each with a state
     directory of its own (as servers on several hosts do)."""
@@ -60,19 +34,10 @@ async def servers(home: Path, count: int, **env: str) -> AsyncIterator[list[Tab]
         for proc in procs:
             await asyncio.to_thread(proc.wait_listening)
         async with aiohttp.ClientSession(cookie_jar=jar) as http:
-            tabs = [Tab(http, proc.webui_port) for proc in procs]
-            for tab in tabs:
-                tab.csrf = (await tab.get("/api/bootstrap"))["csrf_token"]
-            yield tabs
+            yield [await WebClient.open(proc.webui_port, http) for proc in procs]
     finally:
         for proc in procs:
             assert await asyncio.to_thread(proc.stop) == 0, "".join(proc.lines)
-
-
-async def _new_session(tab: Tab) -> str:
-    r = await tab.post("/api/sessions", {"title": "shared"})
-    assert r.status == 201, await r.text()
-    return str((await r.json())["session"]["id"])
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
@@ -80,7 +45,7 @@ async def test_a_tab_on_one_server_sees_the_turns_of_another(tmp_path: Path, sto
     env = {"REVEILLE_DATABASE_URL": fresh_url()} if store == "postgres" else {}
     async with servers(tmp_path / "home", 2, **env) as (on_a, on_b):
         seen_by_b = await on_b.stream()
-        sid = await _new_session(on_a)
+        sid = await on_a.new_session("shared")
         r = await on_a.post(f"/api/sessions/{sid}/messages", {"text": "hello from A"})
         assert r.status == 202, await r.text()
         await seen_by_b.wait_for(lambda e: e[1] == "turn.end" and e[2]["session_id"] == sid)
@@ -106,7 +71,7 @@ async def test_a_pending_approval_on_one_server_keeps_turns_out_through_another(
         env["REVEILLE_DATABASE_URL"] = fresh_url()
     async with servers(tmp_path / "home", 2, **env) as (on_a, on_b):
         seen_by_b = await on_b.stream()
-        sid = await _new_session(on_a)
+        sid = await on_a.new_session("shared")
         command = f"run in the background: echo once >> {marker}"
         assert (await on_a.post(f"/api/sessions/{sid}/messages", {"text": command})).status == 202
         _, _, asked = await seen_by_b.wait_for(lambda e: e[1] == "approval", timeout=20)
@@ -114,7 +79,7 @@ async def test_a_pending_approval_on_one_server_keeps_turns_out_through_another(
         assert approval["status"] == "pending"
 
         # B sees the session busy with the approval, and keeps a second turn out.
-        view = await on_b.get(f"/api/sessions/{sid}")
+        view = await on_b.session(sid)
         assert view["session"]["busy"] is True
         assert view["pending_approval"]["id"] == approval["id"]
         refused = await on_b.post(f"/api/sessions/{sid}/messages", {"text": "me too"})
@@ -200,14 +165,14 @@ async def test_stop_through_another_server_stops_the_turn(tmp_path: Path) -> Non
     try:
         async with servers(tmp_path / "home", 2, **env) as (on_a, on_b):
             seen_by_b = await on_b.stream()
-            sid = await _new_session(on_a)
+            sid = await on_a.new_session("shared")
             assert (await on_a.post(f"/api/sessions/{sid}/messages", {"text": "go"})).status == 202
             await seen_by_b.wait_for(lambda e: e[1] == "turn.delta", timeout=20)
             r = await on_b.post(f"/api/sessions/{sid}/stop", {})
             assert (await r.json())["stopped"] is True
             _, _, end = await seen_by_b.wait_for(lambda e: e[1] == "turn.end", timeout=5)
             assert end["status"] == "stopped"
-            view = await on_b.get(f"/api/sessions/{sid}")
+            view = await on_b.session(sid)
             assert view["session"]["busy"] is False
             assert view["items"][-1]["stopped"] is True
             assert "word59" not in view["items"][-1]["content"]

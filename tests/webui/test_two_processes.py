@@ -102,6 +102,23 @@ def _pending_completions(home: Path, sid: str, count: int) -> list[str]:
         ad.reset_runtime()
 
 
+def wait_delivered(home: Path, ids: list[str], timeout: float = 60) -> None:
+    """Until every one of the ledger rows ``ids`` in ``home`` is delivered."""
+    from delivery.ledger import Ledger
+
+    ledger = Ledger(sqlite_ledger(home / "ledger.db"))
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = [ledger.get(i) for i in ids]
+            if all(r and r.delivery_state == "delivered" for r in rows):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"not all delivered: {rows}")
+    finally:
+        ledger.close()
+
+
 def test_two_serve_processes_start_each_wakeup_once(tmp_path: Path) -> None:
     home = tmp_path / "home"
     sid = "webui-shared"
@@ -114,20 +131,7 @@ def test_two_serve_processes_start_each_wakeup_once(tmp_path: Path) -> None:
         first.wait_listening()
         second.wait_listening()
         ad.reset_runtime()
-        from delivery.ledger import Ledger
-
-        ledger = Ledger(sqlite_ledger(home / "ledger.db"))
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                rows = [ledger.get(i) for i in ids]
-                if all(r and r.delivery_state == "delivered" for r in rows):
-                    break
-                time.sleep(0.1)
-            rows = [ledger.get(i) for i in ids]
-            assert all(r and r.delivery_state == "delivered" for r in rows), rows
-        finally:
-            ledger.close()
+        wait_delivered(home, ids)
         time.sleep(0.5)  # a second turn, had one started, would be stored by now
     finally:
         assert first.stop() == 0, "".join(first.lines)

@@ -21,14 +21,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
 from agent.markers import SUBAGENT_MARKER, WAKE_MARKER
 from tests.agent.test_openai_compat import FakeOpenAI, _chunk, _completion_body
 from tests.api_server.serve_support import Server, ledger_rows, wait_until
-from tests.webui.conftest import Sse, free_port
+from tests.webui.conftest import Sse, WebClient, free_port
 
 RESULT = "RESULT-7731: forty-two stars"  # the sub-agent's answer: only the wake text holds it
 SLOW_REPLY = [f"slow{i} " for i in range(12)]  # the wake-up reply of the server that dies
@@ -121,42 +120,7 @@ class Upstream(FakeOpenAI):
         await response.write(f"data: {json.dumps(payload)}\n\n".encode())
 
 
-class WebUI:
-    """A client of a subprocess server's web UI (loopback, no password: CSRF header only)."""
-
-    def __init__(self, port: int) -> None:
-        self.base = f"http://127.0.0.1:{port}"
-        self.http = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
-        self.csrf = ""
-
-    async def open(self) -> WebUI:
-        async with self.http.get(self.base + "/api/bootstrap") as r:
-            self.csrf = (await r.json())["csrf_token"]
-        return self
-
-    async def post(self, path: str, body: Any) -> tuple[int, dict[str, Any]]:
-        headers = {"X-CSRF-Token": self.csrf}
-        async with self.http.post(self.base + path, json=body, headers=headers) as r:
-            return r.status, await r.json()
-
-    async def session(self, session_id: str) -> dict[str, Any]:
-        async with self.http.get(f"{self.base}/api/sessions/{session_id}") as r:
-            assert r.status == 200, await r.text()
-            return dict(await r.json())
-
-    async def stream(self, last_event_id: str | None = None) -> Sse:
-        headers = {"Last-Event-ID": last_event_id} if last_event_id is not None else {}
-        response = await self.http.get(self.base + "/api/events", headers=headers)
-        assert response.status == 200
-        sse = Sse(response)
-        sse.task = asyncio.create_task(sse.pump())
-        return sse
-
-    async def close(self) -> None:
-        await self.http.close()
-
-
-async def start_server(home: Path, upstream: Upstream, **kw: Any) -> tuple[Server, WebUI]:
+async def start_server(home: Path, upstream: Upstream, **kw: Any) -> tuple[Server, WebClient]:
     port = free_port()
     env = {
         "REVEILLE_PROVIDER": "openai",
@@ -169,7 +133,7 @@ async def start_server(home: Path, upstream: Upstream, **kw: Any) -> tuple[Serve
     # server re-offers its pending wake-up at once).
     server = await asyncio.to_thread(Server, home, extra_env=env, **kw)
     server.wait_for(re.compile(rf"web UI: http://127\.0\.0\.1:{port}/"))
-    return server, await WebUI(port).open()
+    return server, await WebClient.open(port)
 
 
 async def until(check: Callable[[], Awaitable[Any]], timeout: float = 20.0) -> Any:
@@ -230,20 +194,15 @@ async def test_a_wakeup_turn_killed_mid_way_is_delivered_once_after_a_restart(
         return response
 
     upstream.on_wake = slow_wake
-    web_ui: WebUI | None = None
+    web_ui: WebClient | None = None
     sse: Sse | None = None
     try:
         # --- the first server: the user asks, the wake-up turn starts, SIGKILL ---------
         first, web_ui = await start_server(home, upstream, hold_ack=kill_point == "stored")
         servers.append(first)
         sse = await web_ui.stream()
-        status, body = await web_ui.post("/api/sessions", {"title": "stars"})
-        assert status == 201, body
-        sid = body["session"]["id"]
-        status, body = await web_ui.post(
-            f"/api/sessions/{sid}/messages", {"text": "ASK-BG count the stars, in the background"}
-        )
-        assert status == 202, body
+        sid = await web_ui.new_session("stars")
+        await web_ui.say(sid, "ASK-BG count the stars, in the background")
 
         if kill_point == "mid_stream":
             await sse.wait_for(lambda e: bool(wake_stream_deltas(sse)), timeout=20)
@@ -308,10 +267,7 @@ async def test_a_wakeup_turn_killed_mid_way_is_delivered_once_after_a_restart(
         assert upstream.wake_requests == (1 if kill_point == "stored" else 2)
 
         # --- the next turn: its model context holds the result, once ---------------------
-        status, body = await web_ui.post(
-            f"/api/sessions/{sid}/messages", {"text": "ASK-FOLLOWUP what did it find?"}
-        )
-        assert status == 202, body
+        await web_ui.say(sid, "ASK-FOLLOWUP what did it find?")
 
         async def answered() -> bool:
             items = (await web_ui.session(sid))["items"]

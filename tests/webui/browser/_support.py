@@ -288,6 +288,16 @@ class SlowModel:
     def text(self) -> str:
         return " ".join(self.words)
 
+    @property
+    def env(self) -> dict[str, str]:
+        """What points a `reveille serve` at this model."""
+        return {
+            "REVEILLE_PROVIDER": "openai",
+            "OPENAI_BASE_URL": self.url,
+            "OPENAI_API_KEY": "sk-test",
+            "REVEILLE_MODEL": "slow",
+        }
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()

@@ -16,14 +16,7 @@ WORDS = [f"piece{n:02d}" for n in range(60)]
 def test_stop_button_stops_the_turn(start_server, new_tab, shots) -> None:
     model = SlowModel(WORDS, delay=0.1)
     try:
-        server = start_server(
-            env={
-                "REVEILLE_PROVIDER": "openai",
-                "OPENAI_BASE_URL": model.url,
-                "OPENAI_API_KEY": "sk-test",
-                "REVEILLE_MODEL": "slow",
-            }
-        )
+        server = start_server(env=model.env)
         tab = new_tab(server.url)
         page = tab.open("/")
         session_id = create_session(page, "talk for a while")

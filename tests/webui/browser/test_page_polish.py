@@ -57,14 +57,7 @@ def test_a_failed_turn_keeps_the_message_with_a_retry(start_server, new_tab, sho
     model = SlowModel(["answered", "at", "last"], delay=0.01)
     model.failing = True
     try:
-        server = start_server(
-            env={
-                "REVEILLE_PROVIDER": "openai",
-                "OPENAI_BASE_URL": model.url,
-                "OPENAI_API_KEY": "sk-test",
-                "REVEILLE_MODEL": "slow",
-            }
-        )
+        server = start_server(env=model.env)
         tab = new_tab(server.url)
         page = tab.open("/")
         create_session(page, "please <b>answer</b>")

@@ -15,14 +15,7 @@ WORDS = [f"word{n:02d}" for n in range(40)]
 def test_reload_mid_stream_shows_the_whole_reply_once(start_server, new_tab, shots) -> None:
     model = SlowModel(WORDS, delay=0.1)
     try:
-        server = start_server(
-            env={
-                "REVEILLE_PROVIDER": "openai",
-                "OPENAI_BASE_URL": model.url,
-                "OPENAI_API_KEY": "sk-test",
-                "REVEILLE_MODEL": "slow",
-            }
-        )
+        server = start_server(env=model.env)
         tab = new_tab(server.url)
         page = tab.open("/")
         create_session(page, "tell me forty words")

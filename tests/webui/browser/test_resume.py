@@ -66,14 +66,7 @@ MARKDOWN = [
 def test_markdown_and_code_stream_highlighted(start_server, new_tab, shots) -> None:
     model = SlowModel(MARKDOWN, delay=0.15)
     try:
-        server = start_server(
-            env={
-                "REVEILLE_PROVIDER": "openai",
-                "OPENAI_BASE_URL": model.url,
-                "OPENAI_API_KEY": "sk-test",
-                "REVEILLE_MODEL": "slow",
-            }
-        )
+        server = start_server(env=model.env)
         tab = new_tab(server.url, dark=True)
         page = tab.open("/")
         create_session(page, "show me code")
