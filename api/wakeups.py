@@ -13,8 +13,9 @@ The only waits off the loop are the store's: the claim and its settlement are le
 awaited on the writer, and a session's record is read in a thread.
 
 ``fire_deferred(session_id)`` is awaited when a session becomes free (its turn ended; an
-approval is decided inside a turn, so after it): the parked wake-ups are offered again at
-once, no polling. A restart loses only the in-memory parking; the ledger's restore
+approval is decided inside a turn, so after it), on whichever server the turn ran: the
+turn's ``turn.end`` event in the shared log tells every server, and each offers what it
+parked at once, no polling. A restart loses only the in-memory parking; the ledger's restore
 re-offers the pending rows. Ledger rows that change are announced as ``delivery`` events.
 
 The seed-pinned thread path (``api.background_process.handle_completion`` and
@@ -32,7 +33,7 @@ import tools.async_delegation as ad
 from api import background_process as bp
 from api import config as cfg
 from api import deliveries
-from api.event_log import EventLog
+from api.event_log import EventLog, LoggedEvent
 from api.turn_answers import TurnAccepted, TurnRefused
 from api.views import session_source
 from api.web_turns import WAKEUP_SOURCE, WebTurns
@@ -59,7 +60,21 @@ class WebUIDeliveryTarget:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.turns.on_free = self.fire_deferred
+        self.log.watch(self._turn_ended)
         bp.add_settle_listener(self._on_settled)
+
+    def _turn_ended(self, event: LoggedEvent) -> None:
+        """A turn ended on any server sharing the log: what this server parked behind it is
+        offered now (the turn's own server also calls ``fire_deferred`` directly)."""
+        if event.type != "turn.end" or self._loop is None:
+            return
+        session_id = str(event.data.get("session_id"))
+        with cfg.MAPS_LOCK:
+            if session_id not in cfg.DEFERRED_PROCESS_WAKEUPS:
+                return
+        task = asyncio.create_task(self.fire_deferred(session_id))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
 
     def stop(self) -> None:
         bp.remove_settle_listener(self._on_settled)

@@ -198,3 +198,34 @@ async def test_a_logout_through_one_server_ends_the_login_on_another(tmp_path: P
                     break
                 await asyncio.sleep(0.05)
             assert status == 401  # ended on B too, without a restart
+
+
+async def test_a_wakeup_parked_on_one_server_runs_when_the_turn_on_another_ends(
+    tmp_path: Path,
+) -> None:
+    """B's background work finishes while a turn on A holds the session (it waits for an
+    approval): B parks the wake-up, and runs it as soon as A's turn ends, not at the next
+    re-offer minutes later."""
+    env = {
+        "REVEILLE_SHELL_ENABLED": "1",
+        "REVEILLE_SHELL_WORKDIR": str(tmp_path),
+        "REVEILLE_DEMO_DELAY_SECONDS": "2",
+    }
+    async with servers(tmp_path / "home", 2, **env) as (on_a, on_b):
+        seen = await on_b.stream()
+        sid = await on_b.new_session("parked")
+        await on_b.say(sid, "in the background: weigh the moon")  # finishes in 2 s, on B
+        await seen.wait_for(lambda e: e[1] == "turn.end" and e[2]["session_id"] == sid)
+        await on_a.say(sid, "run in the background: echo hi")  # A's turn waits for approval
+        _, _, asked = await seen.wait_for(lambda e: e[1] == "approval", timeout=20)
+        await asyncio.sleep(3)  # B's work is done by now, and parked behind A's turn
+        assert not seen.of("wakeup")
+        decided = await on_a.post(
+            f"/api/approvals/{asked['approval']['id']}", {"decision": "approve"}
+        )
+        assert decided.status == 200
+        _, _, woke = await seen.wait_for(
+            lambda e: e[1] == "wakeup" and "weigh the moon" in e[2]["card"]["goal"], timeout=15
+        )
+        assert woke["session_id"] == sid
+        await seen.close()
