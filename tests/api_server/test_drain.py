@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from delivery.rows import LedgerRow
 from tests.api_server.serve_support import Server, chat, ledger_rows, transcript, wait_until
 
 
@@ -70,5 +71,47 @@ def test_work_that_outlasts_the_grace_ends_interrupted_with_a_notice(tmp_path: P
         [notice] = wait_until(noticed)
         assert "restarting" in notice["content"]
         assert not [r for r in ledger_rows(tmp_path) if r.state == "unknown"]
+    finally:
+        restarted.stop()
+
+
+def test_sigterm_with_a_sub_agent_and_a_shell_command_running(tmp_path: Path) -> None:
+    """The issue's scenario: the sub-agent ends within the grace and is delivered, the shell
+    command outlives the server and is adopted after the restart, nothing says "unknown"."""
+    env = {"REVEILLE_DRAIN_SECONDS": "20", "REVEILLE_SHELL_APPROVALS": "never"}
+    server = Server(tmp_path, demo_delay=1.0, extra_env=env)
+    session, _ = chat(server.port, "in the background: count to three")
+    chat(server.port, "run in the background: sleep 3; echo adopted-ok", session)
+    statuses: list[int] = []
+    watcher = threading.Thread(
+        target=lambda: statuses.extend(_readyz(server.port) for _ in range(5))
+    )
+    server.proc.send_signal(signal.SIGTERM)
+    watcher.start()
+    assert server.proc.wait(timeout=30) == 0
+    watcher.join()
+    assert 503 in statuses
+    server.wait_for(re.compile(r"drained background work: 1 finished in time, 0 interrupted"))
+    by_kind = {row.kind: row for row in ledger_rows(tmp_path)}
+    assert by_kind["delegation"].delivery_state == "delivered"
+    assert by_kind["process"].state == "running"  # outlives the server, to be adopted
+
+    restarted = Server(tmp_path, extra_env=env)
+    try:
+
+        def process_settled() -> LedgerRow | None:
+            rows = [r for r in ledger_rows(tmp_path) if r.kind == "process"]
+            return rows[0] if rows and rows[0].delivery_state == "delivered" else None
+
+        row = wait_until(process_settled, timeout=30)
+        assert row.state == "completed" and row.event["adopted"] is True
+        assert "adopted-ok" in row.event["output_tail"]
+        assert not [r for r in ledger_rows(tmp_path) if r.state == "unknown"]
+        messages = transcript(restarted.port, session)
+        [result] = [m for m in messages if m["display_kind"] == "async_delegation_complete"]
+        assert "count to three" in result["content"]
+        [wake] = [m for m in messages if "[Background process finished]" in m["content"]]
+        assert "adopted-ok" in wake["content"]
+        assert not any("unknown" in m["content"].lower() for m in messages)
     finally:
         restarted.stop()
