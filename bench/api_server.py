@@ -26,6 +26,9 @@ listed (a supervisor and N worker processes on one port, SO_REUSEPORT, one state
 directory), each on a fresh state directory under the same load, and prints the demo turns/s
 of each beside the baseline lines; the load generator is one more process on the same cores.
 
+``--load-procs N`` splits the clients over N load processes, for machines with many cores
+where one load process would saturate first.
+
 Time to first token (``--ttft``): a fake upstream that streams slowly (first piece after
 ``--first-delay``, then one every ``--interval``); streamed requests one at a time, directly
 and through `reveille serve` (which has tools registered, the case that used to hold text
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -354,7 +358,7 @@ async def load(
             counter += 1
             body = {
                 "model": model,
-                "messages": [{"role": "user", "content": f"hello, request {index}-{counter}"}],
+                "messages": [{"role": "user", "content": f"hello, request {os.getpid()}-{index}-{counter}"}],
                 "stream": stream,
             }
             start = time.perf_counter()
@@ -410,7 +414,39 @@ async def running(cmd: list[str], env: dict[str, str], port: int) -> AsyncIterat
 async def measure_url(url: str, args: argparse.Namespace, model: str = "reveille-demo"):
     stream = args.stream
     await load(url, args.clients, min(2.0, args.seconds / 4), stream, model)  # warm-up
+    if args.load_procs > 1:
+        return await spread_load(url, args, model)
     return await load(url, args.clients, args.seconds, stream, model)
+
+
+def _load_in_process(url: str, clients: int, seconds: float, stream: bool, model: str):
+    return asyncio.run(load(url, clients, seconds, stream, model))
+
+
+async def spread_load(url: str, args: argparse.Namespace, model: str) -> dict[str, float]:
+    """The clients split over ``--load-procs`` processes: on many cores one load process
+    saturates before the servers do. Requests/s add up; p50/p99 are the mean of each
+    process's (each sees the same server under the same load)."""
+    procs = args.load_procs
+    share = [args.clients // procs + (i < args.clients % procs) for i in range(procs)]
+    loop = asyncio.get_running_loop()
+    with concurrent.futures.ProcessPoolExecutor(procs) as pool:
+        parts = await asyncio.gather(
+            *(
+                loop.run_in_executor(
+                    pool, _load_in_process, url, n, args.seconds, args.stream, model
+                )
+                for n in share
+                if n
+            )
+        )
+    return {
+        "requests": sum(p["requests"] for p in parts),
+        "errors": sum(p["errors"] for p in parts),
+        "rps": sum(p["rps"] for p in parts),
+        "p50": statistics.fmean(p["p50"] for p in parts),
+        "p99": statistics.fmean(p["p99"] for p in parts),
+    }
 
 
 async def wait_workers(url: str, workers: int, timeout: float = 60) -> None:
@@ -447,7 +483,8 @@ def header(args: argparse.Namespace) -> str:
     kind = "streaming" if args.stream else "non-streaming"
     return (
         f"{args.clients} concurrent clients, {args.seconds:.0f} s each, {kind}, "
-        f"{os.cpu_count()} cores"
+        f"{os.cpu_count()} cores, {args.load_procs} load process"
+        + ("es" if args.load_procs > 1 else "")
     )
 
 
@@ -592,6 +629,12 @@ def main() -> None:
         help="measure a fake OpenAI-compatible upstream, then reveille serve using it",
     )
     ap.add_argument("--stream", action="store_true", help="clients ask for SSE answers")
+    ap.add_argument(
+        "--load-procs",
+        type=int,
+        default=1,
+        help="split the clients over this many load processes (for machines with many cores)",
+    )
     ap.add_argument(
         "--workers",
         type=worker_counts,
