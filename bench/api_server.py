@@ -106,6 +106,11 @@ def _upstream_stream_body(include_usage: bool) -> bytes:
     return "".join(lines).encode()
 
 
+def checkout_first() -> str:
+    """PYTHONPATH for the servers: this checkout first, then whatever the caller had."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -283,7 +288,7 @@ async def first_token_ms(url: str, model: str, requests: int) -> list[float]:
 
 
 async def ttft_main_async(args: argparse.Namespace) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": checkout_first()}
     upstream_port = free_port()
     upstream_cmd = [
         sys.executable, __file__, "--serve-slow-upstream", str(upstream_port),
@@ -351,6 +356,7 @@ async def load(
     counter = 0
     stop_at = time.perf_counter() + seconds
     connector = aiohttp.TCPConnector(limit=clients)
+    tag = f"request {os.getpid()}"  # load processes must not open the same conversations
 
     async def client(http: aiohttp.ClientSession, index: int) -> None:
         nonlocal errors, counter
@@ -358,7 +364,7 @@ async def load(
             counter += 1
             body = {
                 "model": model,
-                "messages": [{"role": "user", "content": f"hello, request {os.getpid()}-{index}-{counter}"}],
+                "messages": [{"role": "user", "content": f"hello, {tag}-{index}-{counter}"}],
                 "stream": stream,
             }
             start = time.perf_counter()
@@ -517,7 +523,7 @@ async def reveille_on(
 
 
 async def provider_main_async(args: argparse.Namespace) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": checkout_first()}
     upstream_port = free_port()
     upstream_cmd = [sys.executable, __file__, "--serve-upstream", str(upstream_port)]
     async with running(upstream_cmd, env, upstream_port) as upstream_url:
@@ -563,7 +569,7 @@ async def provider_main_async(args: argparse.Namespace) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": checkout_first()}
     by_workers: dict[int, dict[str, float]] = {}
     for workers in args.workers or [1]:
         with tempfile.TemporaryDirectory() as home:
