@@ -178,6 +178,9 @@ class WebhookSender:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        # when signing became impossible (no secret anywhere); None while one exists
+        self._unsigned_since: float | None = None
         self._http: aiohttp.ClientSession | None = None
 
     # -- what owes an event ---------------------------------------------------------------
@@ -217,6 +220,7 @@ class WebhookSender:
     # -- the loop that sends --------------------------------------------------------------
 
     async def start(self) -> None:
+        self._stopping = False
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._http = aiohttp.ClientSession(
@@ -225,11 +229,18 @@ class WebhookSender:
         self._task = asyncio.create_task(self._run(), name="webhook-sender")
 
     async def stop(self) -> None:
+        """Let the sends in flight finish and record their answers (bounded by the request
+        timeout), then stop; whatever is still pending is sent after the next start."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            self._stopping = True
+            if self._wake is not None:
+                self._wake.set()
+            await asyncio.wait({task}, timeout=self.policy.timeout_seconds + 5)
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -237,18 +248,22 @@ class WebhookSender:
 
     async def _run(self) -> None:
         assert self._wake is not None
-        while True:
+        while not self._stopping:
             self._wake.clear()
             try:
                 await self.send_due()
-                wait = await self._until_next()
+                if self._unsigned_since is None:
+                    wait = await self._until_next()
+                else:
+                    wait = self.policy.poll_seconds  # until a secret exists
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("webhook sender: a pass failed; trying again shortly")
                 wait = self.policy.first_retry_seconds
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+            if not self._stopping:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=wait)
 
     async def _until_next(self) -> float:
         due = await asyncio.to_thread(self.backend.next_due_at)
@@ -260,14 +275,17 @@ class WebhookSender:
     async def send_due(self) -> int:
         """Claim what is due and send it, in passes until nothing is; returns the rows sent."""
         sent = 0
-        while True:
+        while not self._stopping:
             signing = await self._signing_secrets()
             if not signing:
-                log.warning(
-                    "webhooks are owed but no secret is set: set REVEILLE_WEBHOOK_SECRET or "
-                    "run `reveille webhooks secret`; they are kept until then"
-                )
+                if self._unsigned_since is None:
+                    self._unsigned_since = self._clock()
+                    log.warning(
+                        "webhooks are owed but no secret is set: set REVEILLE_WEBHOOK_SECRET "
+                        "or run `reveille webhooks secret`; they are kept until then"
+                    )
                 return sent
+            self._unsigned_since = None
             token = secrets.token_hex(16)
             now = self._clock()
             rows = await asyncio.to_thread(
@@ -282,6 +300,7 @@ class WebhookSender:
                 return sent
             await asyncio.gather(*(self._send(row, token, signing) for row in rows))
             sent += len(rows)
+        return sent
 
     async def _signing_secrets(self) -> list[str]:
         if self.secret:
