@@ -211,6 +211,10 @@ class WebhookSender:
     async def aenqueue(self, event_type: str, object_id: str) -> str:
         return await asyncio.to_thread(self.enqueue, event_type, object_id)
 
+    async def aon_terminal(self, response_id: str, event_type: str) -> str:
+        """``on_terminal`` for coroutines: the store write runs off the event loop."""
+        return await self.aenqueue(event_type, response_id)
+
     def _poke(self) -> None:
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None:

@@ -57,11 +57,16 @@ class SqlWebhooks:
     def _tx(self) -> contextlib.AbstractContextManager[Any]:
         raise NotImplementedError
 
+    def _snapshot(self) -> contextlib.AbstractContextManager[Any]:
+        """A connection for reads; a dialect whose write transaction locks out other
+        writers (SQLite) reads outside one."""
+        return self._tx()
+
     def _sql(self, text: str) -> str:
         return text.replace("?", self.mark)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._tx() as conn:
+        with self._snapshot() as conn:
             return list(conn.execute(self._sql(sql), tuple(params)).fetchall())
 
     def add(self, rows: Sequence[WebhookDelivery]) -> int:

@@ -69,6 +69,18 @@ class SqliteWebhooks(SqlWebhooks):
                     conn.rollback()
                 raise sqlite_files.classify(exc, self._file, "use") from exc
 
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        # A plain read: WAL lets it run beside the ledger's writer instead of queueing for
+        # the write lock as BEGIN IMMEDIATE would.
+        with self._lock:
+            if self._conn is None:
+                raise LedgerUnavailable("the webhook store is closed")
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                raise sqlite_files.classify(exc, self._file, "read") from exc
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:

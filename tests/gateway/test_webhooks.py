@@ -135,6 +135,7 @@ async def test_one_event_is_owed_once(store: WebhookBackend, receiver: WebhookRe
     # Written before anything is sent (the sender is not even running): the obligation.
     first = sender.enqueue("response.completed", "resp_1")
     assert sender.on_terminal("resp_1", "response.completed") == first  # again: same event
+    assert await sender.aon_terminal("resp_1", "response.completed") == first
     (row,) = store.deliveries(first)
     assert (row.state, row.attempts, row.event_type, row.object_id) == (
         PENDING,
@@ -324,3 +325,34 @@ async def test_sigkill_mid_send_then_a_restart_delivers_each_event_once(
     assert raw == {delivery_id: 2 for delivery_id in ids}
     for got in receiver.received:
         unwrap(got)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_two_servers_on_one_store_send_each_event_once(
+    kind: str, tmp_path: Path, receiver: WebhookReceiver
+) -> None:
+    """Whichever server claims a row sends it; the other never sends it too."""
+    if kind == "postgres":
+        from tests.pg_support import fresh_url
+
+        url = fresh_url()
+        stores = [storage.open_storage(url).open_webhooks() for _ in range(2)]
+    else:
+        stores = [open_store(tmp_path), open_store(tmp_path)]
+    senders = [
+        WebhookSender(s, [receiver.url], secret=SECRET, consumer=f"server-{i}", policy=FAST)
+        for i, s in enumerate(stores)
+    ]
+    try:
+        for sender in senders:
+            await sender.start()
+        ids = [await senders[i % 2].aenqueue("response.completed", f"r{i}") for i in range(20)]
+        for delivery_id in ids:
+            await settled(stores[0], delivery_id)
+    finally:
+        for sender in senders:
+            await sender.stop()
+        for s in stores:
+            s.close()
+    raw = Counter(r.headers["webhook-id"] for r in receiver.received)
+    assert raw == {delivery_id: 1 for delivery_id in ids}
