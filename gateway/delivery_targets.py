@@ -4,7 +4,9 @@ The runner parses a completion once, routes it to its origin session, then hands
 event to the target registered for the platform that session came through:
 
 * ``ApiServerTarget`` (``Platform.API_SERVER``): a delegation result becomes a delivery row
-  in the transcript (the client's next turn folds it in); any other completion wakes the
+  in the transcript (the client's next turn folds it in), then, with webhooks configured, a
+  ``reveille.delegation.completed`` webhook owed to every endpoint (the client may have
+  walked away; the webhook tells it to come back); any other completion wakes the
   session with a new turn through ``deliver_wake``'s self-POST, carrying the delivery id as
   its ``Idempotency-Key``.
 * ``PushTarget`` (chat platforms): ``deliver_wake``'s push path, an internal
@@ -32,6 +34,7 @@ from delivery.events import ASYNC_DELEGATION, CompletionEvent, delivery_id
 from gateway.config import Platform
 from gateway.session import SessionRecord, SessionSource, SessionStore
 from gateway.wake import deliver_wake, format_wake_text, persist_delegation_delivery
+from gateway.webhooks import DELEGATION_COMPLETED, WebhookSender
 
 __all__ = [
     "ApiServerTarget",
@@ -59,9 +62,12 @@ class ClaimingTarget(Protocol):
 class ApiServerTarget:
     """Transcript rows for delegations, self-POSTed wake turns for everything else."""
 
-    def __init__(self, store: SessionStore, adapter: Any) -> None:
+    def __init__(
+        self, store: SessionStore, adapter: Any, webhooks: WebhookSender | None = None
+    ) -> None:
         self.store = store
         self.adapter = adapter
+        self.webhooks = webhooks
 
     async def deliver(self, event: CompletionEvent, session: SessionRecord) -> None:
         session_id = session.id
@@ -70,6 +76,12 @@ class ApiServerTarget:
             await asyncio.to_thread(
                 persist_delegation_delivery, self.store, session_id, event, text
             )
+            delegation_id = delivery_id(event, strict=False)
+            if self.webhooks is not None and delegation_id:
+                # After the row is stored, before the delivery is acknowledged: a failed
+                # write here releases the claim, and the redelivery owes the webhook once
+                # (the transcript row and the webhook's id are both keyed on the delegation).
+                await self.webhooks.aenqueue(DELEGATION_COMPLETED, delegation_id)
             return
         await deliver_wake(
             self.adapter,

@@ -5,10 +5,11 @@ under ``REVEILLE_HOME``, or both in PostgreSQL when ``REVEILLE_DATABASE_URL`` is
 delegation runtime of the contract module ``tools.async_delegation`` -> the model provider
 and the agent with its toolset -> the API server -> the web UI (its own turn service for
 ``Platform.WEBUI``, event log, approvals and delivery target) and Telegram -> the re-offer
-scheduler -> the gateway runner's watcher, on one ``AsyncExitStack`` that closes them in
-reverse. Before any of that it lifts the open-file limit to the hard limit and sizes both
-ports' connection caps from it (``gateway.platforms.connection_guard``), and puts the rate
-limit on the loggers a client can make talk (``reveille.log_limits``). Nothing below
+scheduler -> the gateway runner's watcher -> the webhook sender (with ``[webhooks] urls``),
+on one ``AsyncExitStack`` that closes them in reverse. Before any of that it lifts the
+open-file limit to the hard limit and sizes both ports' connection caps from it
+(``gateway.platforms.connection_guard``), and puts the rate limit on the loggers a client
+can make talk (``reveille.log_limits``). Nothing below
 ``reveille/`` reads settings: the floors under this one receive what they need from here.
 
 Storage is opened through ``storage.open_storage(url)``, the only code that names a storage
@@ -21,6 +22,9 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
+import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +50,7 @@ from gateway.platforms.openai_wire import completion_object
 from gateway.run import GatewayRunner, Surface
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
+from gateway.webhooks import WebhookSender
 from reveille import version
 from reveille.log_limits import rate_limited_logs
 from reveille.metrics import Metrics
@@ -92,6 +97,8 @@ class App:
     runner: GatewayRunner
     surfaces: list[Surface] = field(default_factory=list)
     restored: int = 0
+    # None without [webhooks] urls; the Responses API's terminal states call its on_terminal
+    webhooks: WebhookSender | None = None
 
     @property
     def webui(self) -> WebUIServer | None:
@@ -164,7 +171,10 @@ async def serve(
             server_secret=server_secret,
             connection_limits=limits,
         )
-        runner.register_target(Platform.API_SERVER, ApiServerTarget(store, adapter))
+        webhooks = await asyncio.to_thread(open_webhooks, settings, location)
+        if webhooks is not None:
+            stack.push_async_callback(asyncio.to_thread, webhooks.backend.close)
+        runner.register_target(Platform.API_SERVER, ApiServerTarget(store, adapter, webhooks))
         # Built before the API server starts (Telegram's webhook adds a route to it),
         # started once it listens.
         webui_state = await asyncio.to_thread(location.open_webui) if settings.webui_port else None
@@ -202,10 +212,14 @@ async def serve(
         log_peers(scheduler.peers_at_start)
         await runner.start()
         stack.push_async_callback(runner.stop)
+        if webhooks is not None:
+            # Pending webhooks of an earlier run (or of a dead server) are sent from here on.
+            await webhooks.start()
+            stack.push_async_callback(webhooks.stop)
         # First thing at exit, while the runner and the surfaces still deliver: running
         # background work gets its grace period (and /readyz says draining meanwhile).
         stack.push_async_callback(_drain_background, runtime, adapter, settings.drain_seconds)
-        yield App(settings, store, runtime, model, adapter, runner, surfaces, restored)
+        yield App(settings, store, runtime, model, adapter, runner, surfaces, restored, webhooks)
 
 
 async def _drain_background(
@@ -220,6 +234,31 @@ async def _drain_background(
             len(interrupted),
             f" ({', '.join(interrupted)})" if interrupted else "",
         )
+
+
+def open_webhooks(settings: Settings, location: Storage) -> WebhookSender | None:
+    """The webhook sender over the store's webhook tables, when endpoints are configured.
+    Endpoints without any secret (configured or stored) stop the start: nothing could be
+    signed."""
+    urls = settings.webhook_endpoints
+    if not urls:
+        return None
+    backend = location.open_webhooks()
+    try:
+        if not settings.webhook_secret and not backend.secrets(time.time()):
+            raise SettingsError(
+                "webhook_urls is set but there is no webhook secret: set "
+                "REVEILLE_WEBHOOK_SECRET ([webhooks] secret) or run `reveille webhooks secret`"
+            )
+    except BaseException:
+        backend.close()
+        raise
+    return WebhookSender(
+        backend,
+        urls,
+        secret=settings.webhook_secret,
+        consumer=f"{socket.gethostname()}:{os.getpid()}",
+    )
 
 
 def _open_runtime(
@@ -414,8 +453,6 @@ def build_agent(settings: Settings, model: ModelProvider) -> Agent:
 
 def settings_files(settings: Settings) -> list[Path]:
     """The files whose change makes a running agent stale: its code and its settings file."""
-    import os
-
     import agent
 
     code = sorted(Path(agent.__file__).resolve().parent.rglob("*.py"))

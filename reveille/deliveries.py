@@ -1,4 +1,7 @@
-"""`reveille deliveries`: the operator's view of the ledger — list, show, redeliver, drop."""
+"""`reveille deliveries`: the operator's view of the ledger — list, show, redeliver, drop.
+
+``show`` also takes a webhook's delivery id (``evt_...``, the ``webhook-id`` its receivers
+got): its row per endpoint and every attempt (``reveille.webhooks_cmd``)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,10 @@ from delivery.ledger import Ledger
 from delivery.rows import LedgerRow, RowQuery
 from delivery.states import DeliveryState, State
 from reveille.settings import load_settings
+from reveille.webhooks_cmd import show_webhook
+
+# Webhook delivery ids (gateway.webhooks.delivery_id_for); ledger rows are deleg_/proc_...
+WEBHOOK_ID_PREFIX = "evt_"
 
 
 def add_parser(subparsers: Any) -> None:
@@ -36,7 +43,9 @@ def add_parser(subparsers: Any) -> None:
     ls.add_argument("--limit", type=int, default=50, help="at most this many rows (50)")
     ls.add_argument("--json", action="store_true", help="JSON lines instead of a table")
 
-    show = sub.add_parser("show", help="one row in full, with its event and history")
+    show = sub.add_parser(
+        "show", help="one row in full, with its event and history (or a webhook, evt_...)"
+    )
     show.add_argument("id")
     show.add_argument("--json", action="store_true")
 
@@ -130,6 +139,8 @@ def format_row(row: LedgerRow, history: list[dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     settings = load_settings()
+    if args.action == "show" and args.id.startswith(WEBHOOK_ID_PREFIX):
+        return show_webhook(settings, args.id, as_json=args.json)
     if settings.database_url:
         return _run_postgres(args, settings.database_url, settings.delivery_policy)
     if not settings.ledger_path.exists():

@@ -14,8 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from delivery.policy import DeliveryPolicy
+from gateway.webhooks import check_secret
 
 
 class SettingsError(ValueError):
@@ -74,6 +76,14 @@ class Settings:
     database_url: str = ""
     # a server whose heartbeat is older than this is dead (its work is recovered)
     peer_timeout_seconds: float = 15.0
+    # Standard Webhooks endpoints (comma-separated or a TOML array) and the whsec_ secret;
+    # without a secret here, the one `reveille webhooks secret` stored signs
+    webhook_urls: str = ""
+    webhook_secret: str = ""
+
+    @property
+    def webhook_endpoints(self) -> tuple[str, ...]:
+        return tuple(u.strip() for u in self.webhook_urls.split(",") if u.strip())
 
     @property
     def allowed_origins(self) -> frozenset[str]:
@@ -130,6 +140,8 @@ ENV_NAMES: dict[str, str] = {
     "webui_password": "REVEILLE_WEBUI_PASSWORD",
     "database_url": "REVEILLE_DATABASE_URL",
     "peer_timeout_seconds": "REVEILLE_PEER_TIMEOUT_SECONDS",
+    "webhook_urls": "REVEILLE_WEBHOOK_URLS",
+    "webhook_secret": "REVEILLE_WEBHOOK_SECRET",
 }
 
 # TOML sections map onto flat names: [server] host -> host, [shell] enabled -> shell_enabled ...
@@ -165,6 +177,8 @@ _TOML_ALIASES = {
     ("webui", "password"): "webui_password",
     ("storage", "url"): "database_url",
     ("storage", "peer_timeout_seconds"): "peer_timeout_seconds",
+    ("webhooks", "urls"): "webhook_urls",
+    ("webhooks", "secret"): "webhook_secret",
 }
 
 _ORIGIN_RE = re.compile(r"https?://[a-z0-9.\-\[\]:]+")
@@ -265,6 +279,16 @@ def _validate(s: Settings) -> None:
         )
     if s.telegram_edit_interval < 0:
         raise bad("telegram_edit_interval", "must not be negative")
+    for url in s.webhook_endpoints:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise bad("webhook_urls", f"{url!r} is not an http(s) URL")
+    if s.webhook_secret:
+        try:
+            check_secret(s.webhook_secret)
+        except ValueError as exc:
+            # the message never repeats the secret itself
+            raise SettingsError(f"webhook_secret: {exc}") from None
     for origin in s.cors_origins.split(","):
         if origin.strip() and not _ORIGIN_RE.fullmatch(normalize_origin(origin)):
             raise bad("cors_origins", f"{origin.strip()!r} is not an origin like https://host:port")

@@ -14,7 +14,8 @@ a storage dialect.
 
 The returned ``Storage`` opens the backends: ``open_ledger()`` (a ``LedgerStore``: the
 ledger's work and views), ``open_sessions()`` (a ``SessionBackend``) and ``open_webui()``
-(a ``WebUIStateBackend``); keyword options
+(a ``WebUIStateBackend``) and ``open_webhooks()`` (a ``WebhookBackend``, in the ledger's
+file or database); keyword options
 tune one dialect's backend (pool sizes, batch limits, a test clock) and are passed through
 as given.
 ``sqlite_files(ledger=..., sessions=...)`` describes SQLite files at paths of the caller's
@@ -32,6 +33,7 @@ from urllib.parse import unquote, urlsplit
 from delivery.backend import LedgerStore
 from delivery.session_backend import SessionBackend
 from delivery.state_dir import ensure_private_dir
+from delivery.webhooks_backend import WebhookBackend
 from delivery.webui_state import WebUIStateBackend
 
 __all__ = [
@@ -99,6 +101,23 @@ class Storage:
         if self.sessions_path is None:
             raise StorageUrlError("this storage names no session store file")
         return SqliteSessions(self.sessions_path, **options)
+
+    def open_webhooks(self) -> WebhookBackend:
+        """The outgoing webhooks' store: in the ledger's file (SQLite) or database."""
+        if self.dialect == "postgres":
+            from storage.postgres.webhooks import PostgresWebhooks
+
+            assert self.database_url is not None
+            return PostgresWebhooks(self.database_url)
+        if self.dialect == "memory":
+            from storage.memory.webhooks import MemoryWebhooks
+
+            return MemoryWebhooks()
+        from storage.sqlite.webhooks import SqliteWebhooks
+
+        if self.ledger_path is None:
+            raise StorageUrlError("this storage names no ledger file")
+        return SqliteWebhooks(self.ledger_path)
 
     def open_webui(self) -> WebUIStateBackend:
         if self.dialect == "postgres":

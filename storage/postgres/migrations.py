@@ -192,6 +192,47 @@ CREATE TABLE webui_meta (
 );
 """,
     ),
+    Migration(
+        7,
+        "webhooks: deliveries (one per event and endpoint), attempts, signing secrets",
+        """
+CREATE TABLE webhook_deliveries (
+    id TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    event_type TEXT NOT NULL,
+    object_id TEXT NOT NULL,
+    body TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    state TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    claim_token TEXT,
+    claim_expires_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    settled_at DOUBLE PRECISION,
+    settled_reason TEXT,
+    PRIMARY KEY (id, endpoint)
+);
+CREATE INDEX ix_webhook_pending ON webhook_deliveries (next_attempt_at)
+    WHERE state = 'pending';
+CREATE INDEX ix_webhook_created ON webhook_deliveries (created_at);
+CREATE TABLE webhook_attempts (
+    seq BIGSERIAL PRIMARY KEY,
+    delivery_id TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    consumer TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    status INTEGER,
+    error TEXT
+);
+CREATE INDEX ix_webhook_attempts ON webhook_attempts (delivery_id, seq);
+CREATE TABLE webhook_secrets (
+    secret TEXT PRIMARY KEY,
+    created_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION
+);
+""",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -35,15 +35,17 @@ from delivery.rows import LedgerRow, RowQuery
 from delivery.write_future import WriteFuture
 from storage.sql import UpdateCompiler, decode_columns, decode_row, dump_json, query_filter
 from storage.sqlite import files as sqlite_files
+from storage.sqlite.webhooks_sql import WEBHOOK_DDL
 from storage.sqlite.writer import GroupCommitWriter
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 APPLICATION_ID = 0x52564C4C  # "RVLL": marks a file as ours so we never write into another's
-SCHEMA_VERSION = 1
+# 2: the webhook tables (storage.sqlite.webhooks_sql), added to version-1 files on open
+SCHEMA_VERSION = 2
 
-_SCHEMA = """
+_LEDGER_SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (
     id TEXT PRIMARY KEY,
     kind TEXT NOT NULL,
@@ -99,6 +101,7 @@ CREATE TABLE IF NOT EXISTS servers (
     heartbeat_at REAL NOT NULL
 );
 """
+_SCHEMA = _LEDGER_SCHEMA + WEBHOOK_DDL
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM deliveries"
 

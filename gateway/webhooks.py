@@ -1,0 +1,362 @@
+"""Signed webhooks (Standard Webhooks), sent at least once from the store.
+
+``WebhookSender.enqueue(event_type, object_id)`` writes the event, one row per configured
+endpoint, to the store (``delivery.webhooks_backend``) BEFORE anything is sent and returns its
+delivery id; the sender's loop then claims due rows (a lease, so whichever server claims a
+row sends it and a dead server's claim runs out) and POSTs each with aiohttp under a timeout.
+Only a 2xx answer delivers; 410 Gone drops that endpoint's row; anything else (another
+status, a refused connection, a timeout) is retried with exponential backoff until the retry
+window (72 h) ends. Every attempt is recorded. Pending rows outlive the process: the next
+start (or any other server on the store) resumes them.
+
+The delivery id is derived from (event type, object id), so enqueueing the same event twice
+(a re-run after a crash, a redelivered delegation result) owes it once, and a receiver that
+dedupes on ``webhook-id`` sees it exactly once; a crash between a send and its record can
+cause one extra raw delivery with the same ``webhook-id``.
+
+Payload: ``{"object": "event", "id", "type", "created_at", "data": {"id"}}``. Headers:
+``webhook-id``, ``webhook-timestamp`` (this attempt's), ``webhook-signature``: ``v1,<base64
+HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`` for each valid secret, space-separated (the key
+is the base64 after ``whsec_``), so receivers still holding a rotated-out secret verify during
+the overlap. This is what ``openai.OpenAI().webhooks.unwrap`` checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from delivery.webhooks_backend import (
+    DELIVERED,
+    DROPPED,
+    PENDING,
+    Settlement,
+    WebhookAttempt,
+    WebhookBackend,
+    WebhookDelivery,
+)
+
+__all__ = [
+    "DELEGATION_COMPLETED",
+    "ROTATION_OVERLAP_SECONDS",
+    "WebhookPolicy",
+    "WebhookSender",
+    "check_secret",
+    "delivery_id_for",
+    "new_secret",
+    "sign",
+    "signature_header",
+]
+
+log = logging.getLogger(__name__)
+
+DELEGATION_COMPLETED = "reveille.delegation.completed"
+# A rotated-out secret keeps signing this long, so receivers can switch without a gap.
+ROTATION_OVERLAP_SECONDS = 24 * 3600.0
+_SECRET_PREFIX = "whsec_"
+
+
+def new_secret() -> str:
+    """A fresh ``whsec_`` secret: 32 random bytes, base64."""
+    return _SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def secret_key(secret: str) -> bytes:
+    """The HMAC key of a ``whsec_`` secret; ValueError naming the problem otherwise."""
+    if not secret.startswith(_SECRET_PREFIX):
+        raise ValueError(
+            "a webhook secret starts with whsec_ (create one: reveille webhooks secret)"
+        )
+    try:
+        key = base64.b64decode(secret[len(_SECRET_PREFIX) :], validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("the part after whsec_ is not valid base64") from None
+    if not 24 <= len(key) <= 64:
+        raise ValueError("a webhook secret holds 24 to 64 bytes (base64 after whsec_)")
+    return key
+
+
+def check_secret(secret: str) -> str:
+    """``secret`` when it is a usable ``whsec_`` secret (ValueError otherwise)."""
+    secret_key(secret)
+    return secret
+
+
+def sign(secret: str, msg_id: str, timestamp: int, body: str) -> str:
+    """One Standard Webhooks signature: ``v1,<base64 HMAC-SHA256>``."""
+    mac = hmac.new(secret_key(secret), f"{msg_id}.{timestamp}.{body}".encode(), hashlib.sha256)
+    return "v1," + base64.b64encode(mac.digest()).decode()
+
+
+def signature_header(secrets_: Sequence[str], msg_id: str, timestamp: int, body: str) -> str:
+    return " ".join(sign(s, msg_id, timestamp, body) for s in secrets_)
+
+
+def delivery_id_for(event_type: str, object_id: str) -> str:
+    """The one delivery id of an event: the same (type, object) always gets the same id."""
+    digest = hashlib.sha256(f"{event_type}\0{object_id}".encode()).hexdigest()
+    return f"evt_{digest[:32]}"
+
+
+def event_body(delivery_id: str, event_type: str, object_id: str, created_at: int) -> str:
+    return json.dumps(
+        {
+            "object": "event",
+            "id": delivery_id,
+            "type": event_type,
+            "created_at": created_at,
+            "data": {"id": object_id},
+        },
+        separators=(",", ":"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookPolicy:
+    """How the sender retries. Delays double from ``first_retry_seconds`` up to
+    ``max_retry_seconds``; a row still pending ``max_age_seconds`` after its event is dropped.
+    ``lease_seconds`` must outlast ``timeout_seconds``: a claim runs out only when its holder
+    is gone, not while its request is still in flight."""
+
+    first_retry_seconds: float = 5.0
+    max_retry_seconds: float = 3600.0
+    max_age_seconds: float = 72 * 3600.0
+    timeout_seconds: float = 15.0
+    lease_seconds: float = 60.0
+    batch: int = 32
+    # How often to look for rows other servers enqueued or left behind, when nothing is due
+    # sooner (this server's own enqueues wake it at once).
+    poll_seconds: float = 15.0
+
+    def retry_delay(self, attempts: int) -> float:
+        """The wait after the ``attempts``-th failed attempt (1, 2, ...)."""
+        return min(self.first_retry_seconds * 2 ** max(attempts - 1, 0), self.max_retry_seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    status: int | None
+    error: str | None
+
+
+class WebhookSender:
+    """Owes each event to every endpoint and sends what is due (see the module docstring).
+
+    ``secret`` is the configured one (``[webhooks] secret``); without it the secrets in the
+    store (``reveille webhooks secret``) sign. ``consumer`` names this server in claims and
+    attempts. Use ``enqueue`` from a thread, ``aenqueue`` from the event loop.
+    """
+
+    def __init__(
+        self,
+        backend: WebhookBackend,
+        urls: Sequence[str],
+        *,
+        secret: str = "",
+        consumer: str = "",
+        policy: WebhookPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.urls = tuple(urls)
+        self.secret = check_secret(secret) if secret else ""
+        self.consumer = consumer or f"webhooks-{secrets.token_hex(4)}"
+        self.policy = policy or WebhookPolicy()
+        self._clock = clock
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        # when signing became impossible (no secret anywhere); None while one exists
+        self._unsigned_since: float | None = None
+        self._http: aiohttp.ClientSession | None = None
+
+    # -- what owes an event ---------------------------------------------------------------
+
+    def enqueue(self, event_type: str, object_id: str) -> str:
+        """Write the event's obligations (one per endpoint) and return its delivery id.
+        Blocking (a store write): call from a thread, or ``aenqueue`` on the loop. An event
+        already owed is not owed twice. Raises when the store cannot take it."""
+        if not event_type or not object_id:
+            raise ValueError("a webhook event needs a type and an object id")
+        delivery_id = delivery_id_for(event_type, object_id)
+        if not self.urls:
+            return delivery_id
+        now = self._clock()
+        body = event_body(delivery_id, event_type, object_id, int(now))
+        rows = [
+            WebhookDelivery(delivery_id, url, event_type, object_id, body, now, next_attempt_at=now)
+            for url in self.urls
+        ]
+        if self.backend.add(rows):
+            self._poke()
+        return delivery_id
+
+    def on_terminal(self, response_id: str, event_type: str) -> str:
+        """The Responses API's hook at each terminal state (note its argument order)."""
+        return self.enqueue(event_type, response_id)
+
+    async def aenqueue(self, event_type: str, object_id: str) -> str:
+        return await asyncio.to_thread(self.enqueue, event_type, object_id)
+
+    async def aon_terminal(self, response_id: str, event_type: str) -> str:
+        """``on_terminal`` for coroutines: the store write runs off the event loop."""
+        return await self.aenqueue(event_type, response_id)
+
+    def _poke(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(wake.set)
+
+    # -- the loop that sends --------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._stopping = False
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.policy.timeout_seconds)
+        )
+        self._task = asyncio.create_task(self._run(), name="webhook-sender")
+
+    async def stop(self) -> None:
+        """Let the sends in flight finish and record their answers (bounded by the request
+        timeout), then stop; whatever is still pending is sent after the next start."""
+        task, self._task = self._task, None
+        if task is not None:
+            self._stopping = True
+            if self._wake is not None:
+                self._wake.set()
+            await asyncio.wait({task}, timeout=self.policy.timeout_seconds + 5)
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        self._loop = self._wake = None
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                await self.send_due()
+                if self._unsigned_since is None:
+                    wait = await self._until_next()
+                else:
+                    wait = self.policy.poll_seconds  # until a secret exists
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("webhook sender: a pass failed; trying again shortly")
+                wait = self.policy.first_retry_seconds
+            if not self._stopping:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=wait)
+
+    async def _until_next(self) -> float:
+        due = await asyncio.to_thread(self.backend.next_due_at)
+        wait = self.policy.poll_seconds
+        if due is not None:
+            wait = min(wait, due - self._clock())
+        return max(wait, 0.01)
+
+    async def send_due(self) -> int:
+        """Claim what is due and send it, in passes until nothing is; returns the rows sent."""
+        sent = 0
+        while not self._stopping:
+            signing = await self._signing_secrets()
+            if not signing:
+                if self._unsigned_since is None:
+                    self._unsigned_since = self._clock()
+                    log.warning(
+                        "webhooks are owed but no secret is set: set REVEILLE_WEBHOOK_SECRET "
+                        "or run `reveille webhooks secret`; they are kept until then"
+                    )
+                return sent
+            self._unsigned_since = None
+            token = secrets.token_hex(16)
+            now = self._clock()
+            rows = await asyncio.to_thread(
+                self.backend.claim_due,
+                now,
+                self.consumer,
+                token,
+                self.policy.lease_seconds,
+                self.policy.batch,
+            )
+            if not rows:
+                return sent
+            await asyncio.gather(*(self._send(row, token, signing) for row in rows))
+            sent += len(rows)
+        return sent
+
+    async def _signing_secrets(self) -> list[str]:
+        if self.secret:
+            return [self.secret]
+        found = await asyncio.to_thread(self.backend.secrets, self._clock())
+        return [s.secret for s in found]
+
+    async def _send(self, row: WebhookDelivery, token: str, signing: list[str]) -> None:
+        started = self._clock()
+        answer = await self._post(row, signing)
+        settlement, outcome = self._judge(row, answer, started)
+        attempt = WebhookAttempt(
+            row.id, row.endpoint, started, self.consumer, outcome, answer.status, answer.error
+        )
+        kept = await asyncio.to_thread(self.backend.settle, attempt, token, settlement)
+        if not kept:
+            log.warning(
+                "webhook %s to %s: the claim ran out before it settled", row.id, row.endpoint
+            )
+
+    async def _post(self, row: WebhookDelivery, signing: list[str]) -> _Answer:
+        assert self._http is not None
+        timestamp = int(self._clock())
+        headers = {
+            "content-type": "application/json",
+            "user-agent": "Reveille-Webhooks",
+            "webhook-id": row.id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": signature_header(signing, row.id, timestamp, row.body),
+        }
+        try:
+            async with self._http.post(
+                row.endpoint, data=row.body.encode(), headers=headers, allow_redirects=False
+            ) as resp:
+                await resp.read()
+                return _Answer(resp.status, None if resp.status < 300 else resp.reason)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            return _Answer(None, f"{type(exc).__name__}: {exc}"[:300])
+
+    def _judge(self, row: WebhookDelivery, answer: _Answer, now: float) -> tuple[Settlement, str]:
+        status = answer.status
+        if status is not None and 200 <= status < 300:
+            return Settlement(DELIVERED, reason=f"HTTP {status}"), "delivered"
+        if status == 410:
+            return Settlement(DROPPED, reason="HTTP 410 Gone: the endpoint stopped it"), "dropped"
+        retry_at = now + self.policy.retry_delay(row.attempts + 1)
+        if retry_at - row.created_at > self.policy.max_age_seconds:
+            hours = self.policy.max_age_seconds / 3600
+            reason = f"no 2xx within {hours:g} h; last: {_describe(answer)}"
+            return Settlement(DROPPED, reason=reason), "dropped"
+        return Settlement(PENDING, next_attempt_at=retry_at), "retry"
+
+
+def _describe(answer: _Answer) -> str:
+    return f"HTTP {answer.status}" if answer.status is not None else str(answer.error)
