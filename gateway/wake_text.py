@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.markers import WAKE_MARKER, defang, wake_data_line
+from agent.markers import WAKE_DATA_MARKER, WAKE_MARKER, defang, wake_data_line
 from delivery.event_display import display_metadata
 from delivery.events import (
     AbandonedWork,
@@ -452,5 +452,16 @@ def format_wake_batch(
     for title, body, cap, ident in zip(titles, bodies, caps, ids, strict=True):
         out.append(title)
         out.append(_cut(body, cap, ident))
-    out.extend(wake_data_line(meta) for meta in metas)
+    out.extend(_defanged_data_line(meta) for meta in metas)
     return "\n".join(out) + "\n"
+
+
+_DATA_PREFIX = f"{WAKE_DATA_MARKER} "
+
+
+def _defanged_data_line(meta: Mapping[str, Any]) -> str:
+    """A data line whose values cannot carry a marker either (a reader that splits a text
+    at ``WAKE_MARKER`` would otherwise find a forged wake-up inside a preview): the word
+    joiner ``defang`` inserts, as a JSON escape, so the line stays ASCII."""
+    line = wake_data_line(meta)
+    return _DATA_PREFIX + line[len(_DATA_PREFIX) :].replace("[reveille:", "[\\u2060reveille:")
