@@ -305,12 +305,19 @@ class GatewayRunner:
         settle each claim by its answer; returns each result's outcome by its key."""
         results: dict[str, _Settled] = {}
         claimed: list[tuple[_Offer, str]] = []
-        for offer in offers:
-            claim = await self._claim(offer.evt)
-            if claim is None:
-                results[offer.key] = _Settled("held")  # someone else holds it, or settled
-            else:
-                claimed.append((offer, claim))
+        try:
+            for offer in offers:
+                claim = await self._claim(offer.evt)
+                if claim is None:
+                    results[offer.key] = _Settled("held")  # someone else holds it, or settled
+                else:
+                    claimed.append((offer, claim))
+        except BaseException:
+            # The store failed or we are shutting down mid-batch: the claims taken so far go
+            # back without an attempt spent (the rest were never claimed).
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._settle_all(claimed, retryable=True))
+            raise
         if not claimed:
             return results
         # The newest routing of the session: every offer names the same one.
