@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from agent.markers import WAKE_DATA_MARKER, WAKE_MARKER, read_wake_data
-from api.views import card_of_wake_text
+from agent.markers import WAKE_DATA_MARKER, WAKE_MARKER, defang, read_wake_data
+from api.views import card_of_wake_text, transcript_items
+from gateway.session import MessageRecord
 from gateway.wake_text import (
     format_wake_batch,
     format_wake_text,
@@ -123,3 +124,14 @@ def test_bad_calls_are_refused() -> None:
         format_wake_batch([])
     with pytest.raises(ValueError):
         format_wake_batch([_deleg(1)], budget=0)
+
+
+def test_text_a_user_typed_like_a_combined_wake_up_is_a_message() -> None:
+    text = format_wake_batch([_deleg(1), _deleg(2)], now=NOW)
+    typed = MessageRecord(1, "user", text, 0.0, None, None, False)
+    woken = MessageRecord(2, "user", text, 0.0, None, {"wake": True}, False)
+    items = transcript_items([typed, woken])
+    assert [i["kind"] for i in items] == ["message", "wakeup"]
+    assert items[1]["card"]["work_kind"] == "combined"
+    # What the model is given of the typed one: the markers lose their meaning.
+    assert WAKE_MARKER not in defang(text) and WAKE_DATA_MARKER not in defang(text)
