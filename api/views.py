@@ -21,11 +21,14 @@ from api.event_log import ToolStep
 from delivery.rows import LedgerRow
 from gateway.config import Platform
 from gateway.session import MessageRecord, SessionRecord
+from gateway.wake_text import is_combined_wake, wake_batch_key
 
 __all__ = [
     "WakeupCard",
     "background_view",
     "card_from_metadata",
+    "card_of_wake_text",
+    "combined_card",
     "delivery_view",
     "session_source",
     "session_view",
@@ -51,7 +54,9 @@ def title_from_text(text: str) -> str | None:
 
 @dataclass(frozen=True)
 class WakeupCard:
-    """A completion as the compact card of the transcript shows it."""
+    """A completion as the compact card of the transcript shows it. A combined wake-up
+    (several results in one turn) is ``work_kind="combined"`` with one card per result in
+    ``results``; its ``delivery_id`` is the batch's key (``wake_batch_key``)."""
 
     delivery_id: str
     work_kind: str
@@ -61,9 +66,12 @@ class WakeupCard:
     duration_seconds: float | None
     command: str | None
     exit_code: int | None
+    results: tuple[WakeupCard, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["results"] = [card.as_dict() for card in self.results]
+        return out
 
 
 def _text(value: Any) -> str:
@@ -108,9 +116,36 @@ def card_from_metadata(meta: Mapping[str, Any]) -> WakeupCard:
     )
 
 
+_COMBINED_GOAL_CHARS = 300
+
+
+def combined_card(cards: Sequence[WakeupCard]) -> WakeupCard:
+    """The card of one wake-up that carried several results: a line per result's goal,
+    one status when they agree (else ``mixed``), the longest duration."""
+    statuses = {card.status for card in cards}
+    goal = "; ".join(card.goal for card in cards if card.goal)
+    if len(goal) > _COMBINED_GOAL_CHARS:
+        goal = goal[: _COMBINED_GOAL_CHARS - 1] + "\u2026"
+    durations = [c.duration_seconds for c in cards if c.duration_seconds is not None]
+    return WakeupCard(
+        delivery_id=wake_batch_key([card.delivery_id for card in cards]),
+        work_kind="combined",
+        goal=f"{len(cards)} results: {goal}" if goal else f"{len(cards)} results",
+        status=statuses.pop() if len(statuses) == 1 else "mixed",
+        result="",
+        duration_seconds=max(durations) if durations else None,
+        command=None,
+        exit_code=None,
+        results=tuple(cards),
+    )
+
+
 def card_of_wake_text(text: str) -> WakeupCard | None:
-    """The card of a wake-up text, from its machine-readable line; None if it has none."""
+    """The card of a wake-up text, from its machine-readable lines (one per result: a
+    combined wake-up's card lists each); None if it has none."""
     found = read_wake_data(text)
+    if len(found) > 1 and is_combined_wake(text):
+        return combined_card([card_from_metadata(meta) for meta in found])
     return card_from_metadata(found[-1]) if found else None
 
 

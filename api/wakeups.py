@@ -2,21 +2,26 @@
 
 The gateway runner offers this ``ClaimingTarget`` every completion that names
 ``origin_ui_session_id`` without claiming it first. ``offer`` runs on the event loop, where
-the web UI's turns live, and calls them directly: it formats the self-contained wake-up
-text, routes (``api.background_process.route_session``), checks busy BEFORE claiming (a busy
-session parks the wake-up in ``DEFERRED_PROCESS_WAKEUPS`` with its ledger row still
-pending), claims, starts the turn (``WebTurns.astart``) and settles the claim by the typed
-answer: acknowledged once the accepted turn is stored (a server that dies mid-turn leaves
-the row pending), released otherwise (refunded when ``TurnRefused.refund`` says the refusal
-was transient), dropped when the session is gone. Offers for one session go one at a time.
+the web UI's turns live, and calls them directly: it routes
+(``api.background_process.route_session``) and gathers the completion into its session's
+next wake-up (``gateway.coalesce``: what arrives within ``coalesce_seconds``, or while the
+session's wake-up is pending or running, is ONE turn listing each result,
+``gateway.wake_text.format_wake_batch``). A batch checks busy BEFORE claiming (a busy
+session parks its results in ``DEFERRED_PROCESS_WAKEUPS`` with their ledger rows still
+pending), claims each row, starts one turn (``WebTurns.astart``) and settles every claim by
+its typed answer: acknowledged once the accepted turn is stored (a server that dies mid-turn
+leaves the rows pending), released otherwise (refunded when ``TurnRefused.refund`` says the
+refusal was transient), dropped when the session is gone. Batches of one session go one at
+a time.
 The only waits off the loop are the store's: the claim and its settlement are ledger writes
 awaited on the writer, and a session's record is read in a thread.
 
 ``fire_deferred(session_id)`` is awaited when a session becomes free (its turn ended; an
 approval is decided inside a turn, so after it), on whichever server the turn ran: the
 turn's ``turn.end`` event in the shared log tells every server, and each offers what it
-parked at once, no polling. A restart loses only the in-memory parking; the ledger's restore
-re-offers the pending rows. Ledger rows that change are announced as ``delivery`` events.
+parked at once, together as one wake-up, no polling. A restart loses only the in-memory
+parking; the ledger's restore re-offers the pending rows. Ledger rows that change are
+announced as ``delivery`` events.
 
 The seed-pinned thread path (``api.background_process.handle_completion`` and
 ``api.routes.start_session_turn``) follows the same rules for callers outside the web UI.
@@ -25,8 +30,10 @@ The seed-pinned thread path (``api.background_process.handle_completion`` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import tools.async_delegation as ad
@@ -37,9 +44,11 @@ from api.event_log import EventLog, LoggedEvent
 from api.turn_answers import TurnAccepted, TurnRefused
 from api.views import session_source
 from api.web_turns import WAKEUP_SOURCE, WebTurns
+from gateway.coalesce import DEFAULT_COALESCE_SECONDS, Coalescer
 from gateway.config import Platform
 from gateway.tasks import finish_or_cancel
 from gateway.wake import format_wake_text
+from gateway.wake_text import DEFAULT_WAKE_TEXT_BUDGET, format_wake_batch
 
 __all__ = ["WebUIDeliveryTarget"]
 
@@ -49,13 +58,25 @@ logger = logging.getLogger(__name__)
 class WebUIDeliveryTarget:
     """Registered by the composition root for ``Platform.WEBUI``."""
 
-    def __init__(self, turns: WebTurns, log: EventLog, *, process_registry: Any) -> None:
+    def __init__(
+        self,
+        turns: WebTurns,
+        log: EventLog,
+        *,
+        process_registry: Any,
+        coalesce_seconds: float = DEFAULT_COALESCE_SECONDS,
+        wake_text_budget: int = DEFAULT_WAKE_TEXT_BUDGET,
+    ) -> None:
         self.turns = turns
         self.log = log
         self.process_registry = process_registry
+        self.wake_text_budget = wake_text_budget
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._session_locks: dict[str, asyncio.Lock] = {}
         self._settling: set[asyncio.Task[None]] = set()
+        # Not yet claimed, so a restart loses nothing: the ledger offers them again.
+        self._batches: Coalescer[dict[str, Any], str] = Coalescer(
+            self._flush, window=coalesce_seconds, missing="held"
+        )
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -72,18 +93,19 @@ class WebUIDeliveryTarget:
         with cfg.MAPS_LOCK:
             if session_id not in cfg.DEFERRED_PROCESS_WAKEUPS:
                 return
-        task = asyncio.create_task(self.fire_deferred(session_id))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+        self._track(asyncio.create_task(self.fire_deferred(session_id)))
 
     def stop(self) -> None:
         bp.remove_settle_listener(self._on_settled)
         self.turns.on_free = None
         self._loop = None
 
-    async def offer(self, evt: dict[str, Any]) -> str:
+    async def offer(self, evt: dict[str, Any], *, window: float | None = None) -> str:
+        """Gather a completion into its session's next wake-up (``gateway.coalesce``) and
+        return what became of it once that wake-up was started or refused. ``window``
+        overrides the coalescing window (0 for wake-ups that already waited)."""
         try:
-            text = format_wake_text(evt)
+            format_wake_text(evt)  # an event that cannot be shown never reaches a batch
         except Exception:
             logger.exception("cannot format a wake-up for %r", evt.get("delegation_id"))
             return "ignored"
@@ -91,83 +113,137 @@ class WebUIDeliveryTarget:
         session_id = bp.route_session(evt) or await self._index_origin(evt, delivery_id)
         if session_id is None:
             return "foreign"
-        # One offer per session at a time, until its wake-up turn was accepted or refused:
-        # a sibling completion then finds the session busy and waits without a claim,
-        # instead of claiming, being refused and backing off.
-        async with self._session_locks.setdefault(session_id, asyncio.Lock()):
-            outcome = await self._wake(session_id, evt, text, delivery_id)
-        if outcome == "deferred" and not await self.turns.ais_busy(session_id):
-            # The session became free between the busy check and the parking.
-            await self.fire_deferred(session_id)
-        await self.announce_delivery(delivery_id)
-        return outcome
+        if not delivery_id:
+            # Nothing to dedupe a batch by: woken on its own.
+            return (await self._flush(session_id, [evt])).get("", "held")
+        return await self._batches.add(session_id, delivery_id, evt, window=window)
 
-    async def _wake(self, session_id: str, evt: dict[str, Any], text: str, delivery_id: str) -> str:
+    async def _flush(self, session_id: str, evts: Sequence[dict[str, Any]]) -> dict[str, str]:
+        """One combined wake-up of ``evts``; each one's outcome by its delivery id. Batches of
+        one session run one at a time (the coalescer's), until the turn was accepted or
+        refused: a result arriving meanwhile finds the session busy and waits without a
+        claim, instead of claiming, being refused and backing off."""
+        outcomes = await self._wake(session_id, evts)
+        if "deferred" in outcomes.values() and not await self.turns.ais_busy(session_id):
+            # The session became free between the busy check and the parking. Not awaited:
+            # the parked results join the coalescer's next batch, which waits for this one.
+            self._track(asyncio.create_task(self.fire_deferred(session_id)))
+        for evt in evts:
+            await self.announce_delivery(bp.work_id(evt))
+        return outcomes
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _wake(self, session_id: str, evts: Sequence[dict[str, Any]]) -> dict[str, str]:
+        outcomes: dict[str, str] = {}
         if await self.turns.ais_busy(session_id):
-            bp.defer(session_id, evt)  # no claim taken, so no attempt spent
-            return "deferred"
+            for evt in evts:
+                bp.defer(session_id, evt)  # no claim taken, so no attempt spent
+                outcomes[bp.work_id(evt)] = "deferred"
+            return outcomes
+        claimed: list[tuple[dict[str, Any], str]] = []
         try:
-            claim = await ad.aclaim_event_delivery(evt, bp.CONSUMER)
-        except Exception:
-            logger.exception("could not claim %s", delivery_id)
-            return "held"
-        if claim is None:
-            return "held"  # another consumer holds it, or it is settled
-        try:
-            answer = await self.turns.astart(session_id, text, WAKEUP_SOURCE)
-        except Exception:
-            logger.exception("wake-up turn for %s raised", delivery_id)
-            answer = TurnRefused(500, "the wake-up turn raised")
-        if isinstance(answer, TurnAccepted):
-            cfg.remember(delivery_id, time.time())
-            # Settled once the turn is stored, not when it starts: a server that dies during
-            # the wake-up turn leaves the row pending, and its re-offer runs the turn (keyed by
-            # the delivery id) once. The session's lock is not held meanwhile: a sibling finds
-            # the session busy and waits without a claim.
-            task = asyncio.create_task(self._settle_when_stored(evt, claim, answer, delivery_id))
-            self._settling.add(task)
-            task.add_done_callback(self._settling.discard)
-            return "started"
-        try:
-            logger.info("wake-up %s refused (%s: %s)", delivery_id, answer.status, answer.error)
-            if answer.status == 404:
-                # The session is gone for good (deleted): nothing will ever take this
-                # wake-up, so it is dropped at once, with the reason, instead of spending the
-                # attempt budget over minutes. Its result stays queryable in the ledger.
-                await asyncio.to_thread(
-                    ad.drop_event_delivery, evt, claim, f"session {session_id} was deleted"
+            for evt in evts:
+                outcomes[bp.work_id(evt)] = "held"  # another consumer holds it, or settled
+                try:
+                    claim = await ad.aclaim_event_delivery(evt, bp.CONSUMER)
+                except Exception:
+                    logger.exception("could not claim %s", bp.work_id(evt))
+                    continue
+                if claim is not None:
+                    claimed.append((evt, claim))
+            if not claimed:
+                return outcomes
+            ids = [bp.work_id(evt) for evt, _ in claimed]
+            if len(claimed) > 1:
+                logger.info(
+                    "combining %d results into one wake-up of %s: %s",
+                    len(claimed),
+                    session_id,
+                    ", ".join(ids),
                 )
-                return "dropped"
+            try:
+                text = format_wake_batch([evt for evt, _ in claimed], budget=self.wake_text_budget)
+                answer = await self.turns.astart(session_id, text, WAKEUP_SOURCE)
+            except Exception:
+                logger.exception("wake-up turn for %s raised", ", ".join(ids))
+                answer = TurnRefused(500, "the wake-up turn raised")
+        except asyncio.CancelledError:
+            # Shutting down mid-batch: every claim taken goes back without an attempt spent.
+            if claimed:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._release_all(claimed, retryable=True))
+            raise
+        if isinstance(answer, TurnAccepted):
+            now = time.time()
+            for delivery_id in ids:
+                cfg.remember(delivery_id, now)
+                outcomes[delivery_id] = "started"
+            # Settled once the turn is stored, not when it starts: a server that dies during
+            # the wake-up turn leaves every row pending, and their re-offer runs the turn
+            # (keyed by the batch's delivery ids) once.
+            self._track(asyncio.create_task(self._settle_when_stored(claimed, answer)))
+            return outcomes
+        logger.info("wake-up %s refused (%s: %s)", ", ".join(ids), answer.status, answer.error)
+        try:
+            if answer.status == 404:
+                # The session is gone for good (deleted): nothing will ever take these
+                # wake-ups, so they are dropped at once, with the reason, instead of spending
+                # the attempt budget over minutes. Their results stay queryable in the ledger.
+                for evt, claim in claimed:
+                    await asyncio.to_thread(
+                        ad.drop_event_delivery, evt, claim, f"session {session_id} was deleted"
+                    )
+                    outcomes[bp.work_id(evt)] = "dropped"
+                return outcomes
             if answer.busy:
-                bp.defer(session_id, evt)
-            await ad.arelease_event_delivery(evt, claim, retryable=answer.refund)
+                for evt, _ in claimed:
+                    bp.defer(session_id, evt)
+            await self._release_all(claimed, retryable=answer.refund)
         except Exception:
-            # The claim lapses by itself and the row is offered again: nothing is lost.
-            logger.exception("could not settle the claim on %s", delivery_id)
-        return "refused"
+            # The claims lapse by themselves and the rows are offered again: nothing is lost.
+            logger.exception("could not settle the claims on %s", ", ".join(ids))
+        for delivery_id in ids:
+            outcomes[delivery_id] = "refused"
+        return outcomes
+
+    @staticmethod
+    async def _release_all(
+        claimed: Sequence[tuple[dict[str, Any], str]], *, retryable: bool
+    ) -> None:
+        """A refusal of a combined wake-up releases every claim of it by the rule a single
+        one follows."""
+        for evt, claim in claimed:
+            await ad.arelease_event_delivery(evt, claim, retryable=retryable)
 
     async def _settle_when_stored(
-        self, evt: dict[str, Any], claim: str, answer: TurnAccepted, delivery_id: str
+        self, claimed: Sequence[tuple[dict[str, Any], str]], answer: TurnAccepted
     ) -> None:
         stored = True if answer.stored is None else await answer.stored
-        try:
-            if stored:
-                if not await ad.acomplete_event_delivery(evt, claim):
-                    logger.warning("wake-up %s ran but its claim had lapsed", delivery_id)
-            else:
-                # The turn failed before storing anything (the model failed: the session's
-                # wake-ups pause until the user is back). The attempt was not the delivery's
-                # fault: it is refunded, and the row is offered again.
-                logger.info("wake-up turn %s stored nothing; offered again later", delivery_id)
-                await ad.arelease_event_delivery(evt, claim, retryable=True)
-        except Exception:
-            # The claim lapses by itself and the row is offered again: nothing is lost.
-            logger.exception("could not settle the claim on %s", delivery_id)
-        await self.announce_delivery(delivery_id)
+        for evt, claim in claimed:
+            delivery_id = bp.work_id(evt)
+            try:
+                if stored:
+                    if not await ad.acomplete_event_delivery(evt, claim):
+                        logger.warning("wake-up %s ran but its claim had lapsed", delivery_id)
+                else:
+                    # The turn failed before storing anything (the model failed: the
+                    # session's wake-ups pause until the user is back). The attempt was not
+                    # the delivery's fault: it is refunded, and the row is offered again.
+                    logger.info("wake-up turn %s stored nothing; offered again later", delivery_id)
+                    await ad.arelease_event_delivery(evt, claim, retryable=True)
+            except Exception:
+                # The claim lapses by itself and the row is offered again: nothing is lost.
+                logger.exception("could not settle the claim on %s", delivery_id)
+            await self.announce_delivery(delivery_id)
 
     async def settle(self, grace_seconds: float) -> None:
         """Let the wake-ups whose turns are ending settle their claims (at shutdown, after
-        the turns drained); what is still open then lapses and is offered again."""
+        the turns drained); what is still open then lapses and is offered again. Results
+        still gathering for a wake-up were never claimed: the ledger offers them again."""
+        await self._batches.close(0)
         await finish_or_cancel(self._settling, grace_seconds)
 
     async def _index_origin(self, evt: dict[str, Any], delivery_id: str) -> str | None:
@@ -186,10 +262,12 @@ class WebUIDeliveryTarget:
         return origin
 
     async def fire_deferred(self, session_id: str) -> None:
+        """Offer what waited for the session to be free, together: they already waited, so
+        they form the next wake-up at once (no coalescing window), as ONE turn."""
         with cfg.MAPS_LOCK:
             parked = cfg.DEFERRED_PROCESS_WAKEUPS.pop(session_id, {})
-        for evt in parked.values():
-            await self.offer(evt)
+        if parked:
+            await asyncio.gather(*(self.offer(evt, window=0) for evt in parked.values()))
 
     async def announce_delivery(self, delivery_id: str) -> None:
         if not delivery_id:

@@ -10,7 +10,9 @@ event to the target registered for the platform that session came through:
   session with a new turn through ``deliver_wake``'s self-POST, carrying the delivery id as
   its ``Idempotency-Key``.
 * ``PushTarget`` (chat platforms): ``deliver_wake``'s push path, an internal
-  ``MessageEvent`` handed to the adapter's ``handle_message``.
+  ``MessageEvent`` handed to the adapter's ``handle_message``. It is a ``BatchTarget``: the
+  runner gathers a session's results that arrive together (``gateway.coalesce``) and hands
+  them over as ONE wake-up (``deliver_batch``, one text within the wake-up text budget).
 
 * A ``ClaimingTarget`` (the web UI, ``Platform.WEBUI``, registered by the composition
   root) is offered the wire event as it is, unclaimed: it checks its session's busy state
@@ -27,17 +29,19 @@ exception is a release too: only the domain error means "drop".
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from delivery.events import ASYNC_DELEGATION, CompletionEvent, delivery_id
 from gateway.config import Platform
 from gateway.session import SessionRecord, SessionSource, SessionStore
 from gateway.wake import deliver_wake, format_wake_text, persist_delegation_delivery
+from gateway.wake_text import DEFAULT_WAKE_TEXT_BUDGET, format_wake_batch, wake_batch_key
 from gateway.webhooks import DELEGATION_COMPLETED, WebhookSender
 
 __all__ = [
     "ApiServerTarget",
+    "BatchTarget",
     "ClaimingTarget",
     "DeliveryTarget",
     "PushTarget",
@@ -48,6 +52,18 @@ __all__ = [
 class DeliveryTarget(Protocol):
     async def deliver(self, event: CompletionEvent, session: SessionRecord) -> None:
         """Hand ``event`` to ``session`` (a session-store record); return once it was accepted."""
+        ...
+
+
+@runtime_checkable
+class BatchTarget(Protocol):
+    async def deliver(self, event: CompletionEvent, session: SessionRecord) -> None: ...
+
+    async def deliver_batch(
+        self, events: Sequence[CompletionEvent], session: SessionRecord
+    ) -> None:
+        """Hand ``events`` (one or more results of ``session``) over as ONE wake-up; return
+        once it was accepted. Raises like ``deliver``, for the whole batch."""
         ...
 
 
@@ -92,21 +108,30 @@ class ApiServerTarget:
 
 
 class PushTarget:
-    """A push-capable chat adapter: the wake-up is a real turn in the chat it came from."""
+    """A push-capable chat adapter: the wake-up is a real turn in the chat it came from.
+    Results delivered together are one turn, keyed by ``wake_batch_key`` of their ids (the
+    delivery id itself for one), so a re-offer of a wake-up that ran replays it."""
 
-    def __init__(self, adapter: Any) -> None:
+    def __init__(self, adapter: Any, *, wake_text_budget: int = DEFAULT_WAKE_TEXT_BUDGET) -> None:
         self.adapter = adapter
+        self.wake_text_budget = wake_text_budget
 
     async def deliver(self, event: CompletionEvent, session: SessionRecord) -> None:
+        await self.deliver_batch([event], session)
+
+    async def deliver_batch(
+        self, events: Sequence[CompletionEvent], session: SessionRecord
+    ) -> None:
         raw_source = session.source
         if not isinstance(raw_source, Mapping):
             raise ValueError(f"session {session.id!r} has no source to push to")
+        ids = [i for e in events if (i := delivery_id(e, strict=False))]
         await deliver_wake(
             self.adapter,
-            text=format_wake_text(event),
+            text=format_wake_batch(events, budget=self.wake_text_budget),
             source=SessionSource.from_dict(raw_source),
             session_id=session.id,
-            idempotency_key=delivery_id(event, strict=False),
+            idempotency_key=wake_batch_key(ids) if ids else None,
         )
 
 

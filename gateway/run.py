@@ -16,6 +16,14 @@ accepted it.
 A refusal releases the claim: with ``retryable=True`` only when it was transient (429 after
 the retries, 503, the server restarting, no target for the platform in this process); a
 session that is gone (``SessionGone``) drops the delivery.
+
+Combined wake-ups: completions of a session whose target is a ``BatchTarget`` (push chat
+platforms) are gathered by a ``gateway.coalesce.Coalescer`` for ``coalesce_seconds`` after
+the first one, and while that session's wake-up is delivered (a push wake-up's turn runs
+inside the delivery): each batch is claimed row by row, delivered as ONE wake-up turn and
+every claim settled by that one answer, with the same rule a single one follows (complete
+all; release all, retryable when transient; drop all when the session is gone). API-server
+sessions fold results as transcript rows and are not batched.
 """
 
 from __future__ import annotations
@@ -25,12 +33,16 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import tools.async_delegation as ad
 from delivery.events import DELIVERABLE_TYPES, CompletionEvent, delivery_id, parse_event
+from gateway.coalesce import DEFAULT_COALESCE_SECONDS, Coalescer
 from gateway.config import Platform
 from gateway.delivery_targets import (
+    BatchTarget,
     ClaimingTarget,
     DeliveryTarget,
     session_platform,
@@ -55,6 +67,28 @@ _ADOPTION_SLACK_SECONDS = 1.0
 def _event_id(evt: Any) -> str | None:
     """The id a completion is logged by; never raises, whatever ``evt`` is."""
     return delivery_id(evt, strict=False)
+
+
+@dataclass(frozen=True)
+class _Offer:
+    """A routed completion waiting for its session's combined wake-up."""
+
+    key: str
+    evt: dict[str, Any]
+    event: CompletionEvent
+    session: SessionRecord
+
+
+@dataclass(frozen=True)
+class _Settled:
+    """What became of one result of a combined wake-up."""
+
+    outcome: str
+    claimed: bool = False
+    retryable: bool = False
+
+
+_NOT_FLUSHED = _Settled("held")  # shut down before its batch ran: nothing was claimed
 
 
 class Surface(Protocol):
@@ -85,6 +119,7 @@ class GatewayRunner:
         queue: CompletionQueue | None = None,
         on_outcome: OutcomeObserver | None = None,
         shutdown_grace_seconds: float = 10.0,
+        coalesce_seconds: float = DEFAULT_COALESCE_SECONDS,
     ) -> None:
         self.store = store
         self.queue = process_registry.completion_queue if queue is None else queue
@@ -95,6 +130,9 @@ class GatewayRunner:
         self._watcher: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._grace = shutdown_grace_seconds
+        self._batches: Coalescer[_Offer, _Settled] = Coalescer(
+            self._flush_batch, window=coalesce_seconds, missing=_NOT_FLUSHED
+        )
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -112,6 +150,7 @@ class GatewayRunner:
             # Deliveries in flight get a moment; a cancelled one keeps its ledger row
             # pending (its claim lapses and it is offered again).
             await finish_or_cancel(self._handlers, self._grace)
+        await self._batches.close(0)
 
     # ----------------------------------------------------------------- the watcher
 
@@ -191,6 +230,9 @@ class GatewayRunner:
             if claiming in self.claiming_targets:
                 seen["platform"] = claiming
                 return await self._offer(claiming, evt)
+            if isinstance(self.targets.get(claiming), BatchTarget):
+                seen["platform"] = claiming
+                return await self._coalesce(evt, event, session, seen)
         if route == "foreign":
             logger.debug("completion %s belongs to another surface", _event_id(evt))
             return "foreign"
@@ -237,6 +279,111 @@ class GatewayRunner:
         if not await self._complete(evt, claim):
             logger.warning("completion %s was delivered but its claim had lapsed", _event_id(evt))
         return "delivered"
+
+    # ----------------------------------------------------------------- combined wake-ups
+
+    async def _coalesce(
+        self,
+        evt: dict[str, Any],
+        event: CompletionEvent,
+        session: SessionRecord,
+        seen: dict[str, Any],
+    ) -> str:
+        key = _event_id(evt)
+        if key is None:
+            # No ledger row to claim or to dedupe by: delivered on its own, as before.
+            settled = await self._flush_batch(session.id, [_Offer("", evt, event, session)])
+            result = settled.get("", _NOT_FLUSHED)
+        else:
+            result = await self._batches.add(session.id, key, _Offer(key, evt, event, session))
+        seen["claimed"] = result.claimed
+        seen["retryable"] = result.retryable
+        return result.outcome
+
+    async def _flush_batch(self, session_id: str, offers: Sequence[_Offer]) -> dict[str, _Settled]:
+        """Claim every result of the batch, deliver the claimed ones as ONE wake-up and
+        settle each claim by its answer; returns each result's outcome by its key."""
+        results: dict[str, _Settled] = {}
+        claimed: list[tuple[_Offer, str]] = []
+        try:
+            for offer in offers:
+                claim = await self._claim(offer.evt)
+                if claim is None:
+                    results[offer.key] = _Settled("held")  # someone else holds it, or settled
+                else:
+                    claimed.append((offer, claim))
+        except BaseException:
+            # The store failed or we are shutting down mid-batch: the claims taken so far go
+            # back without an attempt spent (the rest were never claimed).
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._settle_all(claimed, retryable=True))
+            raise
+        if not claimed:
+            return results
+        # The newest routing of the session: every offer names the same one.
+        session = claimed[-1][0].session
+        settled = await self._deliver_batch(session, claimed)
+        results.update({offer.key: settled for offer, _ in claimed})
+        return results
+
+    async def _deliver_batch(
+        self, session: SessionRecord, claimed: Sequence[tuple[_Offer, str]]
+    ) -> _Settled:
+        if len(claimed) > 1:
+            logger.info(
+                "combining %d results into one wake-up of session %s: %s",
+                len(claimed),
+                session.id,
+                ", ".join(offer.key for offer, _ in claimed),
+            )
+        target = self.targets.get(session_platform(session))
+        try:
+            if not isinstance(target, BatchTarget):
+                raise WakeDeliveryError(
+                    f"no delivery target for {session_platform(session).value} sessions in "
+                    "this process",
+                    transient=True,
+                )
+            await target.deliver_batch([offer.event for offer, _ in claimed], session)
+        except SessionGone as exc:
+            await self._settle_all(claimed, drop=exc.reason or f"session {session.id} was deleted")
+            return _Settled("dropped", claimed=True)
+        except WakeDeliveryError as exc:
+            if exc.status == 404:
+                await self._settle_all(claimed, drop=f"session {session.id} was deleted")
+                return _Settled("dropped", claimed=True)
+            logger.warning("wake-up of session %s not delivered: %s", session.id, exc)
+            await self._settle_all(claimed, retryable=exc.transient)
+            return _Settled("released", claimed=True, retryable=exc.transient)
+        except asyncio.CancelledError:
+            # Shutting down: give every claim back without spending an attempt.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._settle_all(claimed, retryable=True))
+            raise
+        except Exception:
+            logger.exception("wake-up of session %s failed", session.id)
+            await self._settle_all(claimed, retryable=False)
+            return _Settled("released", claimed=True)
+        for offer, claim in claimed:
+            if claim and not await self._complete(offer.evt, claim):
+                logger.warning("completion %s was delivered but its claim had lapsed", offer.key)
+        return _Settled("delivered", claimed=True)
+
+    async def _settle_all(
+        self,
+        claimed: Sequence[tuple[_Offer, str]],
+        *,
+        retryable: bool = False,
+        drop: str | None = None,
+    ) -> None:
+        """The one rule a single refusal follows, applied to every claim of the batch."""
+        for offer, claim in claimed:
+            if not claim:
+                continue
+            if drop is not None:
+                await self._drop(offer.evt, claim, drop)
+            else:
+                await self._release(offer.evt, claim, retryable=retryable)
 
     def _route(self, event: CompletionEvent) -> tuple[str, str | None, SessionRecord | None]:
         """("session", id, record) | ("gone", id, None) | ("foreign" | "unknown", None, None)."""

@@ -1,10 +1,18 @@
 """Wake-up texts: a completion event rendered for the model that will read it.
 
 The text is self-contained (the agent may be deep in other work when it arrives): it
-restates the goal, the context, when the work was dispatched and the full result; results
-are never truncated. The first line starts with ``agent.markers.WAKE_MARKER``; the last line
-is ``agent.markers.wake_data_line(display_metadata(evt))``, the same facts as JSON, for
-readers that want fields instead of prose.
+restates the goal, the context, when the work was dispatched and the full result
+(``format_wake_text`` never truncates). The first line starts with
+``agent.markers.WAKE_MARKER``; the last line is
+``agent.markers.wake_data_line(display_metadata(evt))``, the same facts as JSON, for readers
+that want fields instead of prose.
+
+``format_wake_batch`` is what a wake-up turn carries: one or several results of one session
+(combined wake-ups, ``gateway.coalesce``) in ONE text, each with its delivery id, goal,
+status and result, within a text budget: results too long to fit are cut, each with a
+pointer to the full one (``reveille deliveries show <id>``, the web UI's wake-up card). A
+combined text ends with one ``WAKE_DATA_MARKER`` line per result, in order; the results'
+own text is defanged there so that only those lines read as data.
 
 Rendering works on the typed event (``delivery.events.parse_event``); wire dicts are parsed
 here, once.
@@ -12,13 +20,14 @@ here, once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.markers import WAKE_MARKER, wake_data_line
+from agent.markers import WAKE_DATA_MARKER, WAKE_MARKER, defang, wake_data_line
 from delivery.event_display import display_metadata
 from delivery.events import (
     AbandonedWork,
@@ -28,11 +37,19 @@ from delivery.events import (
     DelegationResult,
     ProcessCompletionEvent,
     delegation_counts,
+    delivery_id,
     is_ledger_mark,
     parse_event,
 )
 
-__all__ = ["delegation_counts", "format_wake_text"]
+__all__ = [
+    "DEFAULT_WAKE_TEXT_BUDGET",
+    "delegation_counts",
+    "format_wake_batch",
+    "format_wake_text",
+    "is_combined_wake",
+    "wake_batch_key",
+]
 
 _ABNORMAL_STATUSES = frozenset({"interrupted", "unknown", "cancelled", "error"})
 _RESTORED_NOTE = "(Re-delivered after a restart or an interrupted delivery.)"
@@ -178,7 +195,9 @@ def _batch_item(
     return out
 
 
-def _format_delegation(evt: DelegationEvent | DelegationBatchEvent, now: float) -> str:
+def _format_delegation(
+    evt: DelegationEvent | DelegationBatchEvent, now: float, *, explain: bool = True
+) -> str:
     delegation_id = evt.delegation_id or "(unknown id)"
     status = evt.status
     batch = isinstance(evt, DelegationBatchEvent)
@@ -193,11 +212,12 @@ def _format_delegation(evt: DelegationEvent | DelegationBatchEvent, now: float) 
         out.append(
             f"[Background delegation finished] {delegation_id}: status {status or 'unknown'}."
         )
-    out.append(
-        "This is an automatic wake-up, not a user message: work you delegated earlier has "
-        "ended. It restates what was asked so you can act on it even if you are in the "
-        "middle of something else."
-    )
+    if explain:
+        out.append(
+            "This is an automatic wake-up, not a user message: work you delegated earlier has "
+            "ended. It restates what was asked so you can act on it even if you are in the "
+            "middle of something else."
+        )
     if evt.restored:
         # Set by the ledger on events it offers again (restart or orphan re-offer).
         out.append(_RESTORED_NOTE)
@@ -229,18 +249,22 @@ def _format_delegation(evt: DelegationEvent | DelegationBatchEvent, now: float) 
     return "\n".join(out).rstrip() + "\n"
 
 
-def _format_process_completion(evt: ProcessCompletionEvent, now: float) -> str:
+def _format_process_completion(
+    evt: ProcessCompletionEvent, now: float, *, explain: bool = True
+) -> str:
     code_text = "unknown" if evt.exit_code is None else _render_value(evt.exit_code)
     lost = evt.exit_code is None and (evt.status or "").lower() == "unknown"
-    out = [
-        f"[Background process finished] exit code {code_text}.",
-        "This is an automatic wake-up, not a user message: a background command you started "
-        + (
-            "earlier can no longer be followed; whether and how it ended is unknown."
-            if lost
-            else "earlier has exited."
-        ),
-    ]
+    out = [f"[Background process finished] exit code {code_text}."]
+    if explain:
+        out.append(
+            "This is an automatic wake-up, not a user message: a background command you "
+            "started "
+            + (
+                "earlier can no longer be followed; whether and how it ended is unknown."
+                if lost
+                else "earlier has exited."
+            )
+        )
     if evt.restored:
         out.append(_RESTORED_NOTE)
     out.append("")
@@ -271,12 +295,11 @@ def _format_process_completion(evt: ProcessCompletionEvent, now: float) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _format_generic(evt: CompletionEvent) -> str:
+def _format_generic(evt: CompletionEvent, *, explain: bool = True) -> str:
     kind = evt.raw.get("type")
-    out = [
-        f"[Background event: {_render_value(kind) if _present(kind) else 'unknown'}]",
-        "This is an automatic wake-up, not a user message.",
-    ]
+    out = [f"[Background event: {_render_value(kind) if _present(kind) else 'unknown'}]"]
+    if explain:
+        out.append("This is an automatic wake-up, not a user message.")
     if evt.restored:
         out.append(_RESTORED_NOTE)
     out.append("")
@@ -288,13 +311,13 @@ def _format_generic(evt: CompletionEvent) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _body(event: CompletionEvent, now: float) -> str:
+def _body(event: CompletionEvent, now: float, *, explain: bool = True) -> str:
     work = event.work if isinstance(event, AbandonedWork) else event
     if isinstance(work, DelegationEvent | DelegationBatchEvent):
-        return _format_delegation(work, now)
+        return _format_delegation(work, now, explain=explain)
     if isinstance(work, ProcessCompletionEvent):
-        return _format_process_completion(work, now)
-    return _format_generic(event)
+        return _format_process_completion(work, now, explain=explain)
+    return _format_generic(event, explain=explain)
 
 
 def format_wake_text(evt: Mapping[str, Any] | CompletionEvent, *, now: float | None = None) -> str:
@@ -309,3 +332,136 @@ def format_wake_text(evt: Mapping[str, Any] | CompletionEvent, *, now: float | N
     # The marker opens the first line, so models and front ends can tell a wake-up from
     # something the user typed.
     return f"{WAKE_MARKER} {_body(event, current)}{wake_data_line(display_metadata(event))}\n"
+
+
+# --------------------------------------------------------------------------- wake batches
+
+DEFAULT_WAKE_TEXT_BUDGET = 24_000
+_COMBINED_HEAD = f"{WAKE_MARKER} [Background work finished] "
+# Every result keeps at least this much of its text (its id, goal and status come first),
+# even when that overruns a small budget: a wake-up that says nothing about a result would
+# make the agent redo the work.
+_MIN_RESULT_CHARS = 400
+
+
+def wake_batch_key(delivery_ids: Sequence[str]) -> str:
+    """The idempotency key of the wake-up that carries these results: the delivery id of a
+    single one, else a digest of the set (the same results re-offered together after a crash
+    replay the stored turn instead of running it again)."""
+    ids = sorted(set(delivery_ids))
+    if len(ids) == 1:
+        return ids[0]
+    digest = hashlib.sha256("\n".join(ids).encode("utf-8", "surrogatepass")).hexdigest()
+    return f"wakes_{digest[:32]}"
+
+
+def is_combined_wake(text: str) -> bool:
+    """Whether a wake-up text carries several results (``format_wake_batch``): then each of
+    its data lines is one result's; a single one's is its last (the result text above it is
+    not defanged and may hold anything)."""
+    return text.startswith(_COMBINED_HEAD)
+
+
+def _pointer(ident: str | None, shown: int, total: int) -> str:
+    where = (
+        f"`reveille deliveries show {ident}` or this wake-up's card in the web UI"
+        if ident
+        else "this wake-up's card in the web UI"
+    )
+    return (
+        f"[... cut by the wake-up text budget: {shown:,} of {total:,} characters shown. "
+        f"The full result: {where}.]"
+    )
+
+
+def _cut(body: str, cap: int, ident: str | None) -> str:
+    if len(body) <= cap:
+        return body
+    return body[:cap].rstrip() + "\n" + _pointer(ident, cap, len(body)) + "\n"
+
+
+def _caps(lengths: Sequence[int], available: int) -> list[int]:
+    """How many characters each body may keep: the short ones whole, the long ones an equal
+    share of what remains (water-filling), never below ``_MIN_RESULT_CHARS``."""
+    caps = list(lengths)
+    if sum(lengths) <= available:
+        return caps
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    left = available
+    for rank, i in enumerate(order):
+        share = max(left // (len(order) - rank), _MIN_RESULT_CHARS)
+        caps[i] = min(lengths[i], share)
+        left -= caps[i]
+    return caps
+
+
+def _status_line(metas: Sequence[Mapping[str, Any]]) -> str:
+    counts: dict[str, int] = {}
+    for meta in metas:
+        status = str(meta.get("status") or "unknown")
+        counts[status] = counts.get(status, 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
+def format_wake_batch(
+    events: Sequence[Mapping[str, Any] | CompletionEvent],
+    *,
+    budget: int = DEFAULT_WAKE_TEXT_BUDGET,
+    now: float | None = None,
+) -> str:
+    """The text of ONE wake-up turn carrying ``events`` (in order), within ``budget``
+    characters of result text.
+
+    One event that fits is exactly ``format_wake_text``; one that does not keeps its head
+    (id, goal, status) and as much of its result as fits, then a pointer to the full one.
+    Several events: a header that says how many arrived together and their statuses, then
+    per result ``### Result i of n (<delivery id>)`` and its text (the same as a single
+    wake-up's, without the repeated explanation), cut the same way when the results together
+    overrun the budget; then one data line per result. The data lines (short previews by
+    design) are not counted against the budget.
+    """
+    if not events:
+        raise ValueError("format_wake_batch needs at least one event")
+    if budget < 1:
+        raise ValueError("format_wake_batch: budget must be positive")
+    parsed = [parse_event(evt) for evt in events]
+    current = time.time() if now is None else now
+    metas = [display_metadata(event) for event in parsed]
+    ids = [delivery_id(event, strict=False) for event in parsed]
+    if len(parsed) == 1:
+        body = _body(parsed[0], current)
+        (cap,) = _caps([len(body)], budget)
+        return f"{WAKE_MARKER} {_cut(body, cap, ids[0])}{wake_data_line(metas[0])}\n"
+
+    total = len(parsed)
+    head = [
+        f"{_COMBINED_HEAD}{total} results arrived together: {_status_line(metas)}.",
+        "This is an automatic wake-up, not a user message: work you started earlier in the "
+        "background has ended. Each result below restates what was asked, so you can act on "
+        "it even if you are in the middle of something else.",
+        "",
+    ]
+    titles = [
+        f"### Result {i} of {total} ({ident or 'no delivery id'})" for i, ident in enumerate(ids, 1)
+    ]
+    # A result's text is third-party (a sub-agent's, a command's output): defanged, it can
+    # neither pass for another wake-up nor add a data line of its own.
+    bodies = [defang(_body(event, current, explain=False)) for event in parsed]
+    caps = _caps([len(b) for b in bodies], budget)
+    out = list(head)
+    for title, body, cap, ident in zip(titles, bodies, caps, ids, strict=True):
+        out.append(title)
+        out.append(_cut(body, cap, ident))
+    out.extend(_defanged_data_line(meta) for meta in metas)
+    return "\n".join(out) + "\n"
+
+
+_DATA_PREFIX = f"{WAKE_DATA_MARKER} "
+
+
+def _defanged_data_line(meta: Mapping[str, Any]) -> str:
+    """A data line whose values cannot carry a marker either (a reader that splits a text
+    at ``WAKE_MARKER`` would otherwise find a forged wake-up inside a preview): the word
+    joiner ``defang`` inserts, as a JSON escape, so the line stays ASCII."""
+    line = wake_data_line(meta)
+    return _DATA_PREFIX + line[len(_DATA_PREFIX) :].replace("[reveille:", "[\\u2060reveille:")

@@ -160,7 +160,11 @@ async def serve(
         metrics.ledger_counts = backend.delivery_counts
         metrics.watch_writer("ledger", backend.stats)
         runner = GatewayRunner(
-            store, queue=queue, on_outcome=metrics.observe, shutdown_grace_seconds=grace
+            store,
+            queue=queue,
+            on_outcome=metrics.observe,
+            shutdown_grace_seconds=grace,
+            coalesce_seconds=settings.coalesce_seconds,
         )
         adapter = build_adapter(
             settings,
@@ -355,7 +359,9 @@ def build_surfaces(
     if settings.telegram_bot_token:
         agent = build_agent(settings, model)
         for chat in telegram_surfaces(settings, store, agent, adapter, metrics):
-            runner.register_target(chat.platform, PushTarget(chat))
+            runner.register_target(
+                chat.platform, PushTarget(chat, wake_text_budget=settings.wake_text_budget)
+            )
             surfaces.append(chat)
     return surfaces
 
@@ -407,7 +413,13 @@ def build_webui(
     turns = WebTurns(
         store, service, log, approvals, runtime_stale=runtime_watch(settings_files(settings))
     )
-    target = WebUIDeliveryTarget(turns, log, process_registry=process_registry)
+    target = WebUIDeliveryTarget(
+        turns,
+        log,
+        process_registry=process_registry,
+        coalesce_seconds=settings.coalesce_seconds,
+        wake_text_budget=settings.wake_text_budget,
+    )
     return WebUIServer(
         store=store,
         turns=turns,

@@ -57,6 +57,12 @@ class Settings:
     lease_seconds: float = 300.0
     max_attempts: int = 8
     replay_cap_seconds: float = 48 * 3600.0
+    # Results of one session arriving within this window of each other (or while its
+    # wake-up is pending or running) become ONE wake-up turn (gateway.coalesce).
+    coalesce_seconds: float = 2.0
+    # Characters of result text one wake-up may carry; longer results are cut, with a
+    # pointer to the full one (gateway.wake_text.format_wake_batch).
+    wake_text_budget: int = 24_000
     # Telegram (gateway/platforms/telegram.py): started when a bot token is set.
     telegram_bot_token: str = ""
     telegram_base_url: str = "https://api.telegram.org"
@@ -130,6 +136,8 @@ ENV_NAMES: dict[str, str] = {
     "lease_seconds": "REVEILLE_LEASE_SECONDS",
     "max_attempts": "REVEILLE_MAX_ATTEMPTS",
     "replay_cap_seconds": "REVEILLE_REPLAY_CAP_SECONDS",
+    "coalesce_seconds": "REVEILLE_COALESCE_SECONDS",
+    "wake_text_budget": "REVEILLE_WAKE_TEXT_BUDGET",
     "telegram_bot_token": "TELEGRAM_BOT_TOKEN",
     "telegram_base_url": "TELEGRAM_BASE_URL",
     "telegram_allowed_users": "TELEGRAM_ALLOWED_USERS",
@@ -167,6 +175,8 @@ _TOML_ALIASES = {
     ("delivery", "lease_seconds"): "lease_seconds",
     ("delivery", "max_attempts"): "max_attempts",
     ("delivery", "replay_cap_seconds"): "replay_cap_seconds",
+    ("delivery", "coalesce_seconds"): "coalesce_seconds",
+    ("delivery", "wake_text_budget"): "wake_text_budget",
     ("telegram", "bot_token"): "telegram_bot_token",
     ("telegram", "base_url"): "telegram_base_url",
     ("telegram", "allowed_users"): "telegram_allowed_users",
@@ -267,6 +277,10 @@ def _validate(s: Settings) -> None:
     for name in ("lease_seconds", "replay_cap_seconds", "peer_timeout_seconds"):
         if getattr(s, name) <= 0:
             raise bad(name, "must be positive")
+    if not 0 <= s.coalesce_seconds <= 60:
+        raise bad("coalesce_seconds", "must be 0-60 (0 = combine only while a wake-up runs)")
+    if s.wake_text_budget < 2000:
+        raise bad("wake_text_budget", "must be at least 2000 characters")
     if s.demo_delay_seconds < 0:
         raise bad("demo_delay_seconds", "must not be negative")
     if s.telegram_webhook_url and not s.telegram_secret_token:

@@ -14,8 +14,41 @@ export function statusTone(status) {
   return "neutral";
 }
 
-/** The compact, expandable card of a completion that came home. Every field is text. */
+/** The compact, expandable card of a completion that came home. Every field is text. A
+ * combined wake-up (several results in one turn) is one card listing each result's card. */
 export function wakeupCard(card) {
+  if (card.work_kind === "combined" && Array.isArray(card.results) && card.results.length) {
+    return combinedCard(card);
+  }
+  return resultCard(card, "wakeup-card");
+}
+
+function combinedCard(card) {
+  const status = String(card.status ?? "");
+  const results = card.results;
+  return el(
+    "article",
+    {
+      class: `wakeup-card wakeup-combined tone-${statusTone(status)}`,
+      dataset: { testid: "wakeup-card", status, deliveryId: card.delivery_id, workKind: "combined", count: String(results.length) },
+      "aria-label": `${results.length} background results`,
+    },
+    el(
+      "div",
+      { class: "wakeup-head" },
+      el("span", { class: "wakeup-icon", "aria-hidden": "true" }),
+      el("span", { class: "wakeup-kind", text: `${results.length} background results` }),
+      el("span", { class: `pill ${statusTone(status)}`, dataset: { field: "status" }, text: status || "unknown" }),
+    ),
+    el(
+      "ol",
+      { class: "wakeup-results" },
+      results.map((result) => el("li", {}, resultCard(result, "wakeup-result"))),
+    ),
+  );
+}
+
+function resultCard(card, testid) {
   const status = String(card.status ?? "");
   const isProcess = card.work_kind === "process";
   const duration = formatDuration(card.duration_seconds);
@@ -66,7 +99,7 @@ export function wakeupCard(card) {
     "article",
     {
       class: `wakeup-card tone-${statusTone(status)}`,
-      dataset: { testid: "wakeup-card", status, deliveryId: card.delivery_id, workKind: card.work_kind },
+      dataset: { testid, status, deliveryId: card.delivery_id, workKind: card.work_kind },
       "aria-label": `${isProcess ? "Process" : "Background task"} ${status}`,
     },
     head,

@@ -56,10 +56,11 @@ def test_a_backup_taken_mid_work_restores_and_delivers_each_result_once(tmp_path
     finally:
         assert server.stop() == 0, "".join(server.lines)
     with session_file_store(fresh / "sessions.db") as store:
-        woken = [
-            read_wake_data(m.content)[-1]["delegation_id"]
+        woken = [  # a combined wake-up carries one data line per result
+            meta["delegation_id"]
             for m in store.messages(sid)
             if m.role == "user" and (m.display_metadata or {}).get("wake")
+            for meta in read_wake_data(m.content)
         ]
     assert sorted(woken) == sorted(ids)  # each once
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,36 @@ def test_bad_toml_and_unknown_keys_are_refused(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text("[server]\nprot = 1\n")
     with pytest.raises(SettingsError, match=r"unknown setting \[server\] prot"):
         load_settings({"REVEILLE_HOME": str(tmp_path)})
+
+
+def test_combined_wake_up_settings_from_file_and_environment(tmp_path: Path) -> None:
+    s = load_settings({"REVEILLE_HOME": str(tmp_path)})
+    assert (s.coalesce_seconds, s.wake_text_budget) == (2.0, 24_000)
+    (tmp_path / "config.toml").write_text(
+        "[delivery]\ncoalesce_seconds = 0.5\nwake_text_budget = 8000\n"
+    )
+    s = load_settings({"REVEILLE_HOME": str(tmp_path)})
+    assert (s.coalesce_seconds, s.wake_text_budget) == (0.5, 8000)
+    env = {
+        "REVEILLE_HOME": str(tmp_path),
+        "REVEILLE_COALESCE_SECONDS": "0",
+        "REVEILLE_WAKE_TEXT_BUDGET": "3000",
+    }
+    s = load_settings(env)
+    assert (s.coalesce_seconds, s.wake_text_budget) == (0.0, 3000)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"REVEILLE_COALESCE_SECONDS": "-1"}, "coalesce_seconds"),
+        ({"REVEILLE_COALESCE_SECONDS": "600"}, "coalesce_seconds"),
+        ({"REVEILLE_COALESCE_SECONDS": "soon"}, "$REVEILLE_COALESCE_SECONDS"),
+        ({"REVEILLE_WAKE_TEXT_BUDGET": "100"}, "wake_text_budget"),
+    ],
+)
+def test_bad_combined_wake_up_settings_are_refused(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        load_settings({"REVEILLE_HOME": str(tmp_path), **env})
