@@ -293,3 +293,67 @@ async def test_a_failing_model_fails_the_subagent_with_what_it_had(fake, real_ru
     assert "upstream broke" in evt["error"]
     assert "got-this-far" in evt["summary"]
     assert evt["tools_used"] == [{"name": "terminal", "calls": 1}]
+
+
+def routed(main: list[Any], sub: list[Any]) -> Any:
+    """One handler for every call: a sub-agent's calls (its system message carries the
+    marker) and the conversation's run concurrently, so each takes its own script."""
+
+    async def handler(request: Any, body: dict[str, Any]) -> Any:
+        first = body["messages"][0]
+        is_sub = first["role"] == "system" and SUBAGENT_MARKER in str(first["content"])
+        return await (sub if is_sub else main).pop(0)(request, body)
+
+    return handler
+
+
+async def test_end_to_end_a_provider_turn_delegates_in_the_background_through_the_api(
+    fake, tmp_path
+):
+    """A real `reveille serve` on the fake model: the turn calls delegate_task(background),
+    the sub-agent runs the shell twice, and its result lands in the API session's
+    transcript saying which tools it used."""
+    from tests.api_server.serve_support import Server, chat, ledger_rows, transcript, wait_until
+
+    main = [
+        completion(None, [tool_call("m1", "delegate_task", goal="count", background=True)]),
+        completion("Started; the result will come back here."),
+    ]
+    sub = [
+        completion(None, [tool_call("s1", "terminal", command="echo alpha")]),
+        completion(None, [tool_call("s2", "terminal", command="echo beta")]),
+        completion("Counted: alpha, beta."),
+    ]
+    fake.script = [routed(main, sub)] * (len(main) + len(sub))
+    env = {
+        "REVEILLE_PROVIDER": "openai",
+        "REVEILLE_MODEL": "fake-model",
+        "OPENAI_BASE_URL": fake.base_url,
+        "OPENAI_API_KEY": "sk-test",
+    }
+    server = await asyncio.to_thread(Server, tmp_path / "home", extra_env=env)
+    try:
+        session_id, reply = await asyncio.to_thread(
+            chat, server.port, "count for me", model="fake-model"
+        )
+        assert reply == "Started; the result will come back here."
+
+        def delivered() -> list[dict[str, Any]]:
+            rows = transcript(server.port, session_id)
+            return [r for r in rows if r.get("display_kind") == "async_delegation_complete"]
+
+        (row,) = await asyncio.to_thread(wait_until, delivered)
+        assert "Counted: alpha, beta." in row["content"]
+        assert "Tools used: terminal (2 calls)" in row["content"]
+        (ledger_row,) = await asyncio.to_thread(ledger_rows, tmp_path / "home")
+        assert ledger_row.state == "completed"
+        assert ledger_row.event["tools_used"] == [{"name": "terminal", "calls": 2}]
+        sub_calls = [r for r in fake.requests if SUBAGENT_MARKER in json.dumps(r["body"])]
+        assert len(sub_calls) == 3
+        assert offered(sub_calls[0]) == ["terminal"]
+        outputs = [json.loads(m["content"])["output"] for m in tool_messages(sub_calls[2])]
+        assert outputs == ["alpha\n", "beta\n"]
+        assert await asyncio.to_thread(server.stop) == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
