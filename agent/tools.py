@@ -10,9 +10,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -80,14 +80,15 @@ class _OnLoop:
     Already bound to its loop, it stays so when handed further down (a sub-agent's own
     sub-agent), so a hook never depends on an intermediate loop that may have ended."""
 
-    def __init__(
-        self, hook: Callable[..., Coroutine[Any, Any, Any]], loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def __init__(self, hook: Callable[..., Awaitable[Any]], loop: asyncio.AbstractEventLoop):
         self.hook = hook
         self.loop = loop
 
+    async def _there(self, *args: Any) -> Any:
+        return await self.hook(*args)
+
     async def __call__(self, *args: Any) -> Any:
-        call = self.hook(*args)
+        call = self._there(*args)
         try:
             running = asyncio.run_coroutine_threadsafe(call, self.loop)
         except RuntimeError:  # the loop is closed
@@ -117,7 +118,7 @@ def _background_on_loop(
 ) -> Callable[[], Awaitable[None]] | None:
     if hook is None or isinstance(hook, _OnLoop):
         return hook
-    return _OnLoop(cast(Callable[[], Coroutine[Any, Any, None]], hook), loop)
+    return _OnLoop(hook, loop)
 
 
 def _confirm_on_loop(
@@ -125,7 +126,7 @@ def _confirm_on_loop(
 ) -> ConfirmCallback | None:
     if confirm is None or isinstance(confirm, _OnLoop):
         return confirm
-    return _ConfirmOnLoop(cast(Callable[[str], Coroutine[Any, Any, bool]], confirm), loop)
+    return _ConfirmOnLoop(confirm, loop)
 
 
 ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable["str | dict[str, Any]"]]

@@ -357,3 +357,20 @@ async def test_end_to_end_a_provider_turn_delegates_in_the_background_through_th
     finally:
         if server.proc.poll() is None:
             server.proc.kill()
+
+
+async def test_a_confirmation_hook_whose_server_loop_is_gone_denies():
+    asked: list[str] = []
+
+    async def confirm(command: str) -> bool:
+        asked.append(command)
+        return True
+
+    gone = asyncio.new_event_loop()
+    gone.close()
+    ctx = ToolContext(session_id="s", confirm=confirm).on_loop(gone)
+    assert ctx.confirm is not None
+    assert await ctx.confirm("rm -rf /tmp/x") is False
+    assert asked == []
+    # Handed further down (a sub-agent's sub-agent), a hook keeps its own loop.
+    assert ctx.on_loop(asyncio.get_running_loop()).confirm is ctx.confirm
