@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.markers import SUBAGENT_MARKER
 from agent.providers.base import (
@@ -20,6 +20,9 @@ from agent.providers.base import (
     empty_usage,
 )
 from agent.tools import ToolContext, ToolRegistry
+
+if TYPE_CHECKING:
+    from agent.subagent import StopSignal
 
 SUBAGENT_SYSTEM_PROMPT = (
     f"{SUBAGENT_MARKER}\n"
@@ -210,6 +213,7 @@ def run_subagent_sync(
     tools: ToolRegistry | None = None,
     ctx: ToolContext | None = None,
     stall_seconds: float | None = None,
+    stop: StopSignal | None = None,
 ) -> dict[str, Any]:
     """Run a sub-agent to completion on the calling thread; never raises.
 
@@ -227,4 +231,5 @@ def run_subagent_sync(
         ctx=ctx,
         max_steps=max_steps,
         stall_seconds=stall_seconds,
+        stop=stop,
     )

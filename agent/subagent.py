@@ -9,7 +9,9 @@ loop there: it runs its own). A run ends
 - ``stalled``: nothing moved for ``stall_seconds``: no model answer, or one tool still
   running (an approval that tool waits for counts as the tool running). The run is
   cancelled (a running command is killed) and the summary is what it had;
-- ``failed``: a model call failed; the summary is what it had, if anything.
+- ``failed``: a model call failed; the summary is what it had, if anything;
+- ``interrupted``: it was told to stop (``StopSignal``: a cancel, a server that stops, the
+  turn that waits for an inline one was stopped); a running command is killed.
 
 The result (``status``, ``summary``/``error``) is the runner result of the delivery contract;
 ``tools_used`` (``[{"name", "calls"}]``, in the order first used) is there whenever the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +39,7 @@ _ARGUMENTS_CHARS = 300
 _RESULT_CHARS = 2000
 # How long a cancelled run gets to unwind (kill its command, close its model call).
 _CANCEL_GRACE_SECONDS = 5.0
+_STOPPED = object()  # what a run told to stop ends with
 
 
 @dataclass
@@ -134,6 +138,35 @@ class _WatchedRegistry(ToolRegistry):
         return use.result
 
 
+class StopSignal:
+    """Stops a running sub-agent from any thread: a delegation's ``interrupt_fn``, or the
+    turn that waits for an inline one. Calling it before the run started stops it at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._target: tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]] | None = None
+        self.requested = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.requested = True
+            target = self._target
+        if target is not None:
+            _cancel_on(*target)
+
+    def attach(self, loop: asyncio.AbstractEventLoop, run: asyncio.Future[Any]) -> None:
+        with self._lock:
+            self._target = (loop, run)
+            requested = self.requested
+        if requested:
+            _cancel_on(loop, run)
+
+
+def _cancel_on(loop: asyncio.AbstractEventLoop, run: asyncio.Future[Any]) -> None:
+    with contextlib.suppress(RuntimeError):  # the run's loop has ended: nothing to stop
+        loop.call_soon_threadsafe(run.cancel)
+
+
 async def _until_done_or_stalled(
     run: asyncio.Future[AgentResult], watch: _Watch, stall_seconds: float | None
 ) -> AgentResult | None:
@@ -164,6 +197,7 @@ def run_subagent(
     ctx: ToolContext | None = None,
     max_steps: int = 8,
     stall_seconds: float | None = None,
+    stop: StopSignal | None = None,
 ) -> dict[str, Any]:
     """Run a sub-agent to its end on the calling thread (see the module docstring); never
     raises. ``ctx`` must be one whose hooks may be called from this thread
@@ -171,7 +205,7 @@ def run_subagent(
     watch = _Watch()
     registry = tools if tools is not None else ToolRegistry()
 
-    async def main() -> AgentResult | None:
+    async def main() -> AgentResult | object | None:
         agent = Agent(
             _WatchedProvider(provider, watch),
             _WatchedRegistry(registry, watch),
@@ -181,7 +215,14 @@ def run_subagent(
             run = asyncio.ensure_future(
                 agent.run(subagent_messages(goal, context), ctx or ToolContext())
             )
-            return await _until_done_or_stalled(run, watch, stall_seconds)
+            if stop is not None:
+                stop.attach(asyncio.get_running_loop(), run)
+            try:
+                return await _until_done_or_stalled(run, watch, stall_seconds)
+            except asyncio.CancelledError:
+                if stop is None or not stop.requested:
+                    raise
+                return _STOPPED
         finally:
             # Providers with per-loop resources (HTTP pools) release them before this
             # loop closes, or they would leak one pool per sub-agent.
@@ -190,43 +231,53 @@ def run_subagent(
                 with contextlib.suppress(Exception):
                     await aclose()
 
-    outcome: dict[str, Any]
     try:
         result = asyncio.run(main())
     except Exception as exc:
-        outcome = {"status": "failed", "error": str(exc) or type(exc).__name__}
-        if had := watch.so_far():
-            outcome["summary"] = f"What the sub-agent had before it failed:\n\n{had}"
+        outcome = _with_what_it_had(
+            {"status": "failed", "error": str(exc) or type(exc).__name__}, watch, "before it failed"
+        )
     else:
-        if result is None:
-            outcome = _stalled(watch, stall_seconds or 0.0)
-        elif result.step_limit_reached:
-            outcome = {
-                "status": "completed",
-                "summary": (
-                    f"The sub-agent stopped at its step limit ({max_steps} steps) before "
-                    "it reached a final answer. What it had:\n\n"
-                    f"{watch.so_far() or '(nothing yet)'}"
-                ),
-                "step_limit_reached": True,
-            }
-        else:
-            outcome = {"status": "completed", "summary": result.content}
+        outcome = _outcome(result, watch, max_steps=max_steps, stall_seconds=stall_seconds)
     if len(registry):
         outcome["tools_used"] = watch.tools_used()
     return outcome
 
 
-def _stalled(watch: _Watch, stall_seconds: float) -> dict[str, Any]:
-    outcome: dict[str, Any] = {
-        "status": "stalled",
-        "error": (
-            f"the sub-agent stalled: nothing moved for {stall_seconds:g} s while "
+def _outcome(
+    result: AgentResult | object | None,
+    watch: _Watch,
+    *,
+    max_steps: int,
+    stall_seconds: float | None,
+) -> dict[str, Any]:
+    if result is _STOPPED:
+        return _with_what_it_had(
+            {"status": "interrupted", "error": "the sub-agent was told to stop"},
+            watch,
+            "when it was stopped",
+        )
+    if not isinstance(result, AgentResult):
+        error = (
+            f"the sub-agent stalled: nothing moved for {stall_seconds or 0:g} s while "
             f"{watch.doing}, so it was stopped"
-        ),
-    }
+        )
+        return _with_what_it_had({"status": "stalled", "error": error}, watch, "when it stalled")
+    if result.step_limit_reached:
+        return {
+            "status": "completed",
+            "summary": (
+                f"The sub-agent stopped at its step limit ({max_steps} steps) before it "
+                f"reached a final answer. What it had:\n\n{watch.so_far() or '(nothing yet)'}"
+            ),
+            "step_limit_reached": True,
+        }
+    return {"status": "completed", "summary": result.content}
+
+
+def _with_what_it_had(outcome: dict[str, Any], watch: _Watch, when: str) -> dict[str, Any]:
     if had := watch.so_far():
-        outcome["summary"] = f"What the sub-agent had when it was stopped:\n\n{had}"
+        outcome["summary"] = f"What the sub-agent had {when}:\n\n{had}"
     return outcome
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from agent.loop import run_subagent_sync
 from agent.providers.base import ModelProvider
+from agent.subagent import StopSignal
 from agent.tool_args import as_bool, as_optional_str, as_str_list
 from agent.tools import Tool, ToolContext, ToolRegistry
 
@@ -166,6 +167,7 @@ def make_delegate_tool(
         # The sub-agent runs on a worker thread with a loop of its own; its hooks (the
         # approval of a command) run on this loop, where the surface that made them lives.
         sub_ctx = ctx.on_loop(asyncio.get_running_loop())
+        stop = StopSignal()
 
         def run() -> dict[str, Any]:
             return run_subagent_sync(
@@ -176,11 +178,16 @@ def make_delegate_tool(
                 ctx=sub_ctx,
                 max_steps=limits.max_steps,
                 stall_seconds=limits.stall_seconds,
+                stop=stop,
             )
 
         if not as_bool(args.get("background")):
             # A worker thread, not the loop: the sub-agent runs its own event loop.
-            outcome = await asyncio.to_thread(run)
+            try:
+                outcome = await asyncio.to_thread(run)
+            except asyncio.CancelledError:
+                stop()  # the turn was stopped: so is the sub-agent it waits for
+                raise
             if outcome.get("status") == "completed":
                 return str(outcome.get("summary", ""))
             failure = {"error": _failure(outcome)}
@@ -205,6 +212,7 @@ def make_delegate_tool(
                 origin_session_id=ctx.session_id,
                 origin_ui_session_id=ctx.origin_ui_session_id,
                 runner=run,
+                interrupt_fn=stop,  # a cancel, or a server that stops, stops it
                 max_async_children=max_async_children,
             )
         )

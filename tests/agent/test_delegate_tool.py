@@ -111,6 +111,7 @@ async def test_background_dispatch_arguments(monkeypatch):
     ((kwargs, thread),) = calls
     assert thread is not threading.main_thread()  # the durable write stays off the loop
     runner = kwargs.pop("runner")
+    assert callable(kwargs.pop("interrupt_fn"))  # stops the sub-agent (a cancel, a drain)
     assert kwargs == {
         "goal": "write the report",
         "context": "quarterly",

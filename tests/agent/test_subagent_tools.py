@@ -160,20 +160,8 @@ async def test_a_tool_running_past_the_stall_limit_is_killed_and_the_subagent_st
     assert "started" in result["partial_result"]
     assert "(still running when it stopped)" in result["partial_result"]
     assert len(fake.requests) == 2  # no model call after the stall
-    pid = int(pid_file.read_text())
-
-    def gone() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-    # The command's process group was killed with the run (and reaped soon after).
-    deadline = time.monotonic() + 20
-    while not gone() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert gone()
+    # The command's process group was killed with the run.
+    assert await _gone(int(pid_file.read_text()))
 
 
 async def test_the_depth_limit_bounds_fan_out(fake, real_runtime, tmp_path):
@@ -374,3 +362,54 @@ async def test_a_confirmation_hook_whose_server_loop_is_gone_denies():
     assert asked == []
     # Handed further down (a sub-agent's sub-agent), a hook keeps its own loop.
     assert ctx.on_loop(asyncio.get_running_loop()).confirm is ctx.confirm
+
+
+async def _pid_once_written(pid_file: Path) -> int:
+    deadline = time.monotonic() + 20
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline, "the command never started"
+        await asyncio.sleep(0.05)
+    return int(pid_file.read_text())
+
+
+async def _gone(pid: int) -> bool:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_cancelling_a_background_subagent_stops_it_and_its_command(
+    fake, real_runtime, tmp_path
+):
+    pid_file = tmp_path / "pid"
+    fake.script = [
+        completion(None, [tool_call("c1", "terminal", command=f"echo $$ > {pid_file}; sleep 60")])
+    ]
+    handle = await delegate(registry_for(fake, tmp_path), goal="wait", background=True)
+    pid = await _pid_once_written(pid_file)
+    assert real_runtime[0].cancel_delegation(handle["delegation_id"])
+    evt = await completion_of(real_runtime, handle)
+
+    assert evt["status"] == "cancelled"
+    assert "(still running when it stopped)" in evt["summary"]
+    assert evt["tools_used"] == [{"name": "terminal", "calls": 1}]
+    assert await _gone(pid)
+    assert len(fake.requests) == 1
+
+
+async def test_stopping_the_turn_stops_the_inline_subagent_it_waits_for(fake, tmp_path):
+    pid_file = tmp_path / "pid"
+    fake.script = [
+        completion(None, [tool_call("c1", "terminal", command=f"echo $$ > {pid_file}; sleep 60")])
+    ]
+    turn = asyncio.ensure_future(delegate(registry_for(fake, tmp_path), goal="wait"))
+    pid = await _pid_once_written(pid_file)
+    turn.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+    assert await _gone(pid)
