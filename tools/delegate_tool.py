@@ -128,10 +128,9 @@ def make_delegate_tool(
     tool belongs to; None: sub-agents get no tools)."""
     limits = limits or DelegationLimits()
 
-    def tools_of(toolsets: list[str]) -> ToolRegistry:
-        """The sub-agent's registry: the parent's tools of ``toolsets``, with a
+    def tools_of(parent: ToolRegistry, toolsets: list[str]) -> ToolRegistry:
+        """The sub-agent's registry: ``parent``'s tools of ``toolsets``, with a
         ``delegate_task`` one level deeper in place of this one."""
-        parent = parent_tools() if parent_tools is not None else ToolRegistry()
         registry = ToolRegistry()
         for tool in parent.tools():
             if tool.toolset_name not in toolsets:
@@ -163,7 +162,7 @@ def make_delegate_tool(
             )
         except ToolsetError as exc:
             return {"error": str(exc)}
-        tools = tools_of(toolsets)
+        tools = tools_of(parent, toolsets)
         # The sub-agent runs on a worker thread with a loop of its own; its hooks (the
         # approval of a command) run on this loop, where the surface that made them lives.
         sub_ctx = ctx.on_loop(asyncio.get_running_loop())
