@@ -413,3 +413,51 @@ async def test_stopping_the_turn_stops_the_inline_subagent_it_waits_for(fake, tm
     with pytest.raises(asyncio.CancelledError):
         await turn
     assert await _gone(pid)
+
+
+async def test_web_ui_approvals_gate_a_subagent_like_its_parent(fake, real_runtime, tmp_path):
+    """The real web UI approvals: asked in the turn that holds the session and answered by
+    the tab; once no turn holds it, a background sub-agent's command is denied unasked."""
+    from api.approvals import Approvals
+    from gateway.session import SessionStore
+    from tests.stores import memory_sessions
+
+    store = SessionStore(memory_sessions())
+    store.take_turn("s1", "st_1")
+    answers = iter([False, True])
+    asked: list[str] = []
+    deciding: list[asyncio.Task[Any]] = []
+
+    async def tab(approval: Any) -> None:
+        if approval.status == "pending":
+            asked.append(approval.command)
+            # Answered as a tab would, after the question was announced.
+            decide = approvals.decide(approval.id, next(answers))
+            deciding.append(asyncio.get_running_loop().create_task(decide))
+
+    approvals = Approvals(store, tab)
+    ctx = ToolContext(
+        session_id="s1", origin_ui_session_id="s1", confirm=approvals.confirm_for("s1")
+    )
+    denied, approved, unasked = tmp_path / "denied", tmp_path / "approved", tmp_path / "unasked"
+    fake.script = [
+        completion(None, [tool_call("c1", "terminal", command=f"touch {denied}")]),
+        completion(None, [tool_call("c2", "terminal", command=f"touch {approved}")]),
+        completion("One was denied, one ran."),
+    ]
+    registry = registry_for(fake, tmp_path)
+    assert await delegate(registry, ctx, goal="touch both") == "One was denied, one ran."
+    assert asked == [f"touch {denied}", f"touch {approved}"]
+    assert not denied.exists() and approved.exists()
+
+    assert store.end_turn("s1", "st_1")  # the turn is over; its background work goes on
+    fake.script = [
+        completion(None, [tool_call("c3", "terminal", command=f"touch {unasked}")]),
+        completion("It was not allowed."),
+    ]
+    evt = await completion_of(
+        real_runtime, await delegate(registry, ctx, goal="g", background=True)
+    )
+    assert evt["summary"] == "It was not allowed."
+    assert json.loads(tool_messages(fake.requests[-1])[0]["content"])["denied"] is True
+    assert len(asked) == 2 and not unasked.exists()
