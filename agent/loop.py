@@ -6,10 +6,9 @@ run them and feed the results back; stop at a plain answer or at the step limit.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.markers import SUBAGENT_MARKER
 from agent.providers.base import (
@@ -21,6 +20,9 @@ from agent.providers.base import (
     empty_usage,
 )
 from agent.tools import ToolContext, ToolRegistry
+
+if TYPE_CHECKING:
+    from agent.subagent import StopSignal
 
 SUBAGENT_SYSTEM_PROMPT = (
     f"{SUBAGENT_MARKER}\n"
@@ -37,6 +39,7 @@ class AgentResult:
     new_messages: list[dict[str, Any]] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=empty_usage)
     steps: int = 0
+    step_limit_reached: bool = False
 
 
 def step_limit_message(max_steps: int) -> str:
@@ -145,7 +148,7 @@ class Agent:
 
         await live.end_step(step_limit_message(self.max_steps))
         new_messages.append({"role": "assistant", "content": step_limit_message(self.max_steps)})
-        return AgentResult(live.text, new_messages, usage, self.max_steps)
+        return AgentResult(live.text, new_messages, usage, self.max_steps, step_limit_reached=True)
 
     async def _ask(
         self,
@@ -207,25 +210,26 @@ def run_subagent_sync(
     context: str | None,
     *,
     max_steps: int = 8,
+    tools: ToolRegistry | None = None,
+    ctx: ToolContext | None = None,
+    stall_seconds: float | None = None,
+    stop: StopSignal | None = None,
 ) -> dict[str, Any]:
     """Run a sub-agent to completion on the calling thread; never raises.
 
-    Meant for worker threads, which have no event loop: it starts its own with asyncio.run.
+    Meant for worker threads, which have no event loop: it starts its own. With ``tools``
+    it runs its own tool loop, watched for stalls: see ``agent.subagent.run_subagent``.
     """
+    # Imported here: the sub-agent's runner builds on Agent, defined above.
+    from agent.subagent import run_subagent
 
-    async def _main() -> AgentResult:
-        agent = Agent(provider, ToolRegistry(), max_steps=max_steps)
-        try:
-            return await agent.run(subagent_messages(goal, context), ToolContext())
-        finally:
-            # Providers with per-loop resources (HTTP pools) release them before this
-            # loop closes, or they would leak one pool per sub-agent.
-            aclose = getattr(provider, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-    try:
-        result = asyncio.run(_main())
-    except Exception as exc:
-        return {"status": "failed", "error": str(exc) or type(exc).__name__}
-    return {"status": "completed", "summary": result.content}
+    return run_subagent(
+        provider,
+        goal,
+        context,
+        tools=tools,
+        ctx=ctx,
+        max_steps=max_steps,
+        stall_seconds=stall_seconds,
+        stop=stop,
+    )

@@ -6,11 +6,12 @@ failing handler all come back as a JSON error string that the model reads and ca
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,74 @@ class ToolContext:
         if self.before_background is not None:
             await self.before_background()
 
+    def on_loop(self, loop: asyncio.AbstractEventLoop) -> ToolContext:
+        """A copy for work that runs on another thread's event loop (a sub-agent): the same
+        origin, and hooks that run on ``loop``, where the surface that made them lives (an
+        approval waits on that server's store and futures). Progress stays with the turn
+        that asked, so the copy reports none."""
+        return replace(
+            self,
+            extra=dict(self.extra),
+            before_background=_background_on_loop(self.before_background, loop),
+            on_progress=None,
+            confirm=_confirm_on_loop(self.confirm, loop),
+        )
+
+
+class _OnLoop:
+    """A hook of a surface, callable from any thread's loop: it runs on ``loop``, its own.
+
+    Already bound to its loop, it stays so when handed further down (a sub-agent's own
+    sub-agent), so a hook never depends on an intermediate loop that may have ended."""
+
+    def __init__(self, hook: Callable[..., Awaitable[Any]], loop: asyncio.AbstractEventLoop):
+        self.hook = hook
+        self.loop = loop
+
+    async def _there(self, *args: Any) -> Any:
+        return await self.hook(*args)
+
+    async def __call__(self, *args: Any) -> Any:
+        call = self._there(*args)
+        try:
+            running = asyncio.run_coroutine_threadsafe(call, self.loop)
+        except RuntimeError:  # the loop is closed
+            call.close()
+            raise
+        # Cancelling the wait (a stalled sub-agent) cancels the call on ``loop`` too; an
+        # approval withdrawn that way is denied there.
+        return await asyncio.wrap_future(running)
+
+
+class _ConfirmOnLoop(_OnLoop):
+    """A confirmation hook on its loop; once that loop is gone (its server stopped) nobody
+    can answer, so the command is denied."""
+
+    async def __call__(self, *args: Any) -> bool:
+        try:
+            return bool(await super().__call__(*args))
+        except RuntimeError:
+            if not self.loop.is_closed():
+                raise
+            logger.warning("a command asked for approval after its server stopped: denied")
+            return False
+
+
+def _background_on_loop(
+    hook: Callable[[], Awaitable[None]] | None, loop: asyncio.AbstractEventLoop
+) -> Callable[[], Awaitable[None]] | None:
+    if hook is None or isinstance(hook, _OnLoop):
+        return hook
+    return _OnLoop(hook, loop)
+
+
+def _confirm_on_loop(
+    confirm: ConfirmCallback | None, loop: asyncio.AbstractEventLoop
+) -> ConfirmCallback | None:
+    if confirm is None or isinstance(confirm, _OnLoop):
+        return confirm
+    return _ConfirmOnLoop(confirm, loop)
+
 
 ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable["str | dict[str, Any]"]]
 
@@ -71,6 +140,12 @@ class Tool:
     description: str
     parameters: dict[str, Any]
     handler: ToolHandler
+    toolset: str | None = None
+    """The group a delegation names to hand this tool to a sub-agent; None: its own name."""
+
+    @property
+    def toolset_name(self) -> str:
+        return self.toolset or self.name
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -112,6 +187,16 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return list(self._tools)
+
+    def tools(self) -> list[Tool]:
+        return list(self._tools.values())
+
+    def toolsets(self) -> dict[str, list[str]]:
+        """Toolset name -> the names of its tools, in the order they were registered."""
+        groups: dict[str, list[str]] = {}
+        for tool in self._tools.values():
+            groups.setdefault(tool.toolset_name, []).append(tool.name)
+        return groups
 
     def __len__(self) -> int:
         return len(self._tools)

@@ -21,7 +21,8 @@ Lifecycle (``state``)::
                                       again)
     running    completed | failed |   worker (``finish``) with the runner's status (a
                error | cancelled |    cancel requested while it ran gives cancelled; an
-               interrupted | unknown  unknown status or a crash of the runner gives error)
+               interrupted | unknown  unknown status or a crash of the runner gives error;
+               | stalled              a sub-agent stopped by its stall limit gives stalled)
     running    unknown                recovery of abandoned work: its owner died while it
                                       ran (it may have had effects)
 
@@ -61,11 +62,10 @@ Delivery (``delivery_state``; "claimed" is pending with a live ``claim_token``):
 
     delivered is final. Results of dropped rows stay queryable.
 
-No other states exist: SPEC.md's ``stalled`` (lifecycle) and ``superseded`` (delivery) are
-produced by no code path (no writer, no reader), so they are not in the enums below, and
-renderers no longer special-case them. Work abandoned by a dead owner is reported with
-``interrupted``/``unknown`` and the event ``delivery.recovery.abandoned_event`` writes
-(``delivery.events.AbandonedWork`` when parsed).
+No other states exist: SPEC.md's ``superseded`` (delivery) is produced by no code path (no
+writer, no reader), so it is not in the enums below, and renderers do not special-case it.
+Work abandoned by a dead owner is reported with ``interrupted``/``unknown`` and the event
+``delivery.recovery.abandoned_event`` writes (``delivery.events.AbandonedWork`` when parsed).
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ class State(StrEnum):
     INTERRUPTED = "interrupted"
     CANCELLED = "cancelled"
     UNKNOWN = "unknown"
+    STALLED = "stalled"
 
 
 class DeliveryState(StrEnum):

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent.markers import WAKE_DATA_MARKER, WAKE_MARKER, defang, wake_data_line
+from agent.subagent import describe_tools_used
 from delivery.event_display import display_metadata
 from delivery.events import (
     AbandonedWork,
@@ -51,7 +52,7 @@ __all__ = [
     "wake_batch_key",
 ]
 
-_ABNORMAL_STATUSES = frozenset({"interrupted", "unknown", "cancelled", "error"})
+_ABNORMAL_STATUSES = frozenset({"interrupted", "unknown", "cancelled", "error", "stalled"})
 _RESTORED_NOTE = "(Re-delivered after a restart or an interrupted delivery.)"
 
 
@@ -160,6 +161,8 @@ def _common_delegation_lines(evt: DelegationEvent | DelegationBatchEvent, now: f
             lines.append(_field(label, value))
     if evt.toolsets:
         lines.append(_field("Toolsets", ", ".join(evt.toolsets)))
+    if tools_used := describe_tools_used(evt.raw.get("tools_used")):
+        lines.append(tools_used)
     if _present(evt.dispatched_at):
         lines.append("Dispatched: " + _when(evt.dispatched_at, now))
     if _present(evt.completed_at):

@@ -60,6 +60,7 @@ from storage import Storage
 from storage.opener import StorageUrlError
 from tools.background_processes import PROCESSES_DIR
 from tools.completion_queue import CompletionQueue
+from tools.delegate_tool import DelegationLimits
 from tools.delegation_runtime import DelegationRuntime
 from tools.process_registry import process_registry
 from tools.toolset import build_default_registry
@@ -459,6 +460,11 @@ def build_agent(settings: Settings, model: ModelProvider) -> Agent:
         shell_enabled=settings.shell_enabled,
         workdir=settings.shell_workdir or None,
         max_async_children=settings.max_async_children,
+        delegation=DelegationLimits(
+            max_depth=settings.delegation_max_depth,
+            max_steps=settings.delegation_max_steps,
+            stall_seconds=settings.delegation_stall_seconds,
+        ),
     )
     return Agent(model, registry)
 

@@ -54,6 +54,11 @@ class Settings:
     max_body_bytes: int = 1024 * 1024
     max_async_children: int = 3
     max_queued_delegations: int = 32
+    # sub-agents: levels of delegation (1 = sub-agents cannot delegate), model calls each,
+    # and seconds without progress (no model answer, one tool still running) before a stop
+    delegation_max_depth: int = 1
+    delegation_max_steps: int = 20
+    delegation_stall_seconds: float = 300.0
     lease_seconds: float = 300.0
     max_attempts: int = 8
     replay_cap_seconds: float = 48 * 3600.0
@@ -133,6 +138,9 @@ ENV_NAMES: dict[str, str] = {
     "max_body_bytes": "REVEILLE_MAX_BODY_BYTES",
     "max_async_children": "REVEILLE_MAX_ASYNC_CHILDREN",
     "max_queued_delegations": "REVEILLE_MAX_QUEUED_DELEGATIONS",
+    "delegation_max_depth": "REVEILLE_DELEGATION_MAX_DEPTH",
+    "delegation_max_steps": "REVEILLE_DELEGATION_MAX_STEPS",
+    "delegation_stall_seconds": "REVEILLE_DELEGATION_STALL_SECONDS",
     "lease_seconds": "REVEILLE_LEASE_SECONDS",
     "max_attempts": "REVEILLE_MAX_ATTEMPTS",
     "replay_cap_seconds": "REVEILLE_REPLAY_CAP_SECONDS",
@@ -172,6 +180,9 @@ _TOML_ALIASES = {
     ("shell", "workdir"): "shell_workdir",
     ("delegation", "max_async_children"): "max_async_children",
     ("delegation", "max_queued"): "max_queued_delegations",
+    ("delegation", "max_depth"): "delegation_max_depth",
+    ("delegation", "max_steps"): "delegation_max_steps",
+    ("delegation", "stall_seconds"): "delegation_stall_seconds",
     ("delivery", "lease_seconds"): "lease_seconds",
     ("delivery", "max_attempts"): "max_attempts",
     ("delivery", "replay_cap_seconds"): "replay_cap_seconds",
@@ -263,6 +274,8 @@ def _validate(s: Settings) -> None:
         "max_body_bytes",
         "max_async_children",
         "max_attempts",
+        "delegation_max_depth",
+        "delegation_max_steps",
     ):
         if getattr(s, name) < 1:
             raise bad(name, "must be at least 1")
@@ -274,7 +287,12 @@ def _validate(s: Settings) -> None:
         raise bad("max_queued_delegations", "must not be negative")
     if s.database_url and not s.database_url.startswith(("postgresql://", "postgres://")):
         raise bad("database_url", "expected postgresql://user:password@host/dbname (or unset)")
-    for name in ("lease_seconds", "replay_cap_seconds", "peer_timeout_seconds"):
+    for name in (
+        "lease_seconds",
+        "replay_cap_seconds",
+        "peer_timeout_seconds",
+        "delegation_stall_seconds",
+    ):
         if getattr(s, name) <= 0:
             raise bad(name, "must be positive")
     if not 0 <= s.coalesce_seconds <= 60:

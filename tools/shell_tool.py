@@ -101,9 +101,12 @@ async def run_foreground(command: str, *, workdir: str | None, timeout: float) -
         timed_out = True
         _kill_tree(process)
     except BaseException:
-        # Cancelled with the turn: the command must not outlive it.
+        # Cancelled with the turn (or a stalled sub-agent): the command must not outlive it,
+        # and it is reaped here, so its pipes do not outlive the loop that is ending.
         _kill_tree(process)
         reader.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(process.wait(), _DRAIN_SECONDS)
         raise
     await process.wait()
     # A process that escaped the group can still hold the pipe: keep what was read so far.

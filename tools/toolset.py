@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from agent.providers import ModelProvider
 from agent.tools import ToolRegistry
-from tools.delegate_tool import make_delegate_tool
+from tools.delegate_tool import DelegationLimits, make_delegate_tool
 from tools.shell_tool import make_shell_tool
 
 
@@ -19,10 +19,22 @@ def build_default_registry(
     workdir: str | None = None,
     shell_timeout_seconds: float = 60,
     max_async_children: int = 3,
+    delegation: DelegationLimits | None = None,
 ) -> ToolRegistry:
-    """The tools a conversation gets: `delegate_task`, and `terminal` (which refuses when off)."""
+    """The tools a conversation gets: `delegate_task`, and `terminal` (which refuses when off).
+
+    Sub-agents get these tools too (those their dispatch names; by default all but
+    `delegate_task`), within the ``delegation`` limits.
+    """
     registry = ToolRegistry()
-    registry.register(make_delegate_tool(provider, max_async_children=max_async_children))
+    registry.register(
+        make_delegate_tool(
+            provider,
+            max_async_children=max_async_children,
+            limits=delegation,
+            parent_tools=lambda: registry,
+        )
+    )
     registry.register(
         make_shell_tool(
             enabled=shell_enabled, workdir=workdir, timeout_seconds=shell_timeout_seconds

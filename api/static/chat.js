@@ -5,7 +5,7 @@ import { compareIds, el, formatDuration } from "/static/dom.js";
 import { setMarkdown } from "/static/markdown.js";
 
 const OK = new Set(["done", "completed", "complete", "success", "succeeded", "ok", "finished"]);
-const BAD = new Set(["failed", "error", "errored", "timeout", "timed_out", "cancelled", "killed", "lost"]);
+const BAD = new Set(["failed", "error", "errored", "timeout", "timed_out", "cancelled", "killed", "lost", "stalled"]);
 
 export function statusTone(status) {
   const s = String(status || "").toLowerCase();

@@ -97,23 +97,25 @@ async def test_background_dispatch_arguments(monkeypatch):
     monkeypatch.setitem(sys.modules, "tools.async_delegation", fake_module)
 
     provider = DemoModel(delay_seconds=0)
-    tool = make_delegate_tool(provider, max_async_children=5)
+    registry = build_default_registry(provider, shell_enabled=False, max_async_children=5)
+    tool = registry.get("delegate_task")
     result = await _call(
         tool,
         goal="write the report",
         context="quarterly",
         background=True,
-        toolsets=["web", "files"],
+        toolsets=["terminal"],
         role="writer",
     )
     assert result == {"status": "dispatched", "delegation_id": "deleg_cafe"}
     ((kwargs, thread),) = calls
     assert thread is not threading.main_thread()  # the durable write stays off the loop
     runner = kwargs.pop("runner")
+    assert callable(kwargs.pop("interrupt_fn"))  # stops the sub-agent (a cancel, a drain)
     assert kwargs == {
         "goal": "write the report",
         "context": "quarterly",
-        "toolsets": ["web", "files"],
+        "toolsets": ["terminal"],
         "role": "writer",
         "model": "reveille-demo",
         "session_key": "agent:main:api:dm:9",
@@ -126,6 +128,7 @@ async def test_background_dispatch_arguments(monkeypatch):
     assert outcome == {
         "status": "completed",
         "summary": "Done: write the report. (demo sub-agent result)",
+        "tools_used": [],  # it had the terminal, and answered without it
     }
 
 
