@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from reveille import backup, db, deliveries, log_format, version
+from reveille import backup, db, deliveries, log_format, prune, version
 from reveille.chat import add_chat_parser
 from reveille.serve import add_serve_parser
 from reveille.settings import SettingsError
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     deliveries.add_parser(sub)
     db.add_parser(sub)
     backup.add_parsers(sub)
+    prune.add_parser(sub)
     return parser
 
 

@@ -192,6 +192,35 @@ CREATE TABLE webui_meta (
 );
 """,
     ),
+    # 5-7 belong to work merged separately; 8 stands alone (no reference to them), so the
+    # versions can be renumbered at merge.
+    Migration(
+        8,
+        "retention: settled rows by age, tombstones of pruned rows, leases, age indexes",
+        """
+CREATE INDEX IF NOT EXISTS ix_settled ON deliveries (settled_at, id)
+    WHERE delivery_state IN ('delivered', 'dropped');
+CREATE TABLE IF NOT EXISTS delivery_tombstones (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    state TEXT NOT NULL,
+    delivery_state TEXT NOT NULL,
+    session_key TEXT,
+    completed_at DOUBLE PRECISION,
+    settled_at DOUBLE PRECISION,
+    pruned_at DOUBLE PRECISION NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_tombstones_pruned ON delivery_tombstones (pruned_at);
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idx_idempotency_done ON idempotency (updated_at) WHERE state = 'done';
+CREATE INDEX IF NOT EXISTS idx_tombstones_deleted ON tombstones (deleted_at);
+""",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
