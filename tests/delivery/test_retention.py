@@ -354,3 +354,24 @@ def _count(report: PruneReport, kind: str) -> int:
 
 def _notes(report: PruneReport) -> dict[str, str]:
     return {k.kind: k.note for k in report.kinds if k.note}
+
+
+def test_the_scheduler_prunes_off_the_event_loop_and_stops(w: World) -> None:
+    finished_row(w.ledger, "deleg_sched")
+    _deliver(w.ledger, "deleg_sched")
+    aged = FakeClock(w.clock() + 31 * DAY)
+    scheduler = RetentionScheduler(
+        w.stores(), POLICY, holder="server-a", first_delay_seconds=0, clock=aged
+    )
+
+    async def run() -> None:
+        scheduler.start()
+        for _ in range(500):
+            if scheduler.runs:
+                break
+            await asyncio.sleep(0.01)
+        await scheduler.aclose()
+
+    asyncio.run(run())
+    assert scheduler.runs == 1 and scheduler.last is not None
+    assert w.ledger.get("deleg_sched") is None and w.ledger.pruned("deleg_sched") is not None
