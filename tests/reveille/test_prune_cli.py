@@ -4,6 +4,7 @@ web UI's deliveries API."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
@@ -112,3 +113,48 @@ def test_the_contract_and_the_web_ui_answer_pruned_on(home: Path) -> None:
         assert never.value.pruned is None
     finally:
         reset_runtime()
+
+
+async def test_a_server_prunes_on_its_own(home: Path) -> None:
+    from agent.providers.demo import DemoModel
+    from reveille.app import serve
+    from reveille.settings import Settings
+
+    settings = Settings(home=home, port=0, webui_port=0, api_key="k", retention_interval_seconds=1)
+    try:
+        async with serve(settings, provider=DemoModel(delay_seconds=0)) as app:
+            ledger = app.runtime.ledger
+            for _ in range(1000):  # the first prune comes one interval after the start
+                if await asyncio.to_thread(ledger.pruned, "deleg_old"):
+                    break
+                await asyncio.sleep(0.02)
+            assert await asyncio.to_thread(ledger.get, "deleg_old") is None
+            assert await asyncio.to_thread(ledger.get, "deleg_owed") is not None
+            assert await asyncio.to_thread(ledger.get, "deleg_busy") is not None
+    finally:
+        reset_runtime()
+
+
+def test_prune_against_postgresql(tmp_path: Path) -> None:
+    from tests.pg_support import fresh_url
+    from tests.stores import pg_ledger
+
+    url = fresh_url()
+    clock = FakeClock(time.time() - 40 * DAY)
+    ledger = Ledger(pg_ledger(url), clock=clock, monotonic=clock.monotonic)
+    finished_row(ledger, "deleg_old")
+    token = ledger.claim("deleg_old", "test")
+    assert token and ledger.complete("deleg_old", token)
+    finished_row(ledger, "deleg_owed")
+    ledger.backend.close()
+
+    env = {"REVEILLE_DATABASE_URL": url}
+    dry = reveille(tmp_path, "prune", "--dry-run", env=env)
+    assert "settled_ledger_rows: would remove 1" in dry.stdout, dry.stderr
+    out = reveille(tmp_path, "prune", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "settled_ledger_rows: removed 1" in out.stdout
+    assert ".db:" not in out.stdout  # autovacuum's to reclaim: no file to shrink
+    shown = reveille(tmp_path, "deliveries", "show", "deleg_old", env=env)
+    assert shown.stdout.startswith("deleg_old: pruned on "), shown.stderr
+    assert "deleg_owed" in reveille(tmp_path, "deliveries", "list", env=env).stdout
