@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -126,6 +127,12 @@ class PruneRun:
     before: float
     batch: int
     dry_run: bool
+    stop: threading.Event | None = None
+    """Set when the server is stopping: a pruner ends after the batch it is in."""
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
 
     @property
     def reason(self) -> str:
@@ -190,7 +197,7 @@ def _batched(run: PruneRun, step: Callable[[int, bool], int]) -> int:
     while True:
         n = step(run.batch, False)
         total += n
-        if n < run.batch:
+        if n < run.batch or run.stopping:
             return total
 
 
@@ -219,7 +226,7 @@ def prune_settled_rows(run: PruneRun) -> int:
             total += len(ids)
         else:
             total += ledger.prune_settled(ids, run.before, run.now, run.reason)
-        if len(page) < run.batch:
+        if len(page) < run.batch or run.stopping:
             return total
         after = page[-1]
 
@@ -341,6 +348,7 @@ def run_retention(
     dry_run: bool = False,
     convert: bool = False,
     clock: Callable[[], float] = time.perf_counter,
+    stop: threading.Event | None = None,
 ) -> PruneReport:
     """Prune every kind once (see the module docstring); then, unless ``dry_run``, give the
     freed space back (``convert``: switch older SQLite files to incremental vacuum)."""
@@ -354,7 +362,10 @@ def run_retention(
         if days <= 0:
             results.append(KindResult(kind.name, days, 0, 0.0, "kept forever (0 days)"))
             continue
-        run = PruneRun(stores, now, days, now - days * DAY, policy.batch, dry_run)
+        if stop is not None and stop.is_set():
+            results.append(KindResult(kind.name, days, 0, 0.0, "not reached: stopping"))
+            continue
+        run = PruneRun(stores, now, days, now - days * DAY, policy.batch, dry_run, stop)
         started = clock()
         count = kind.prune(run)
         results.append(KindResult(kind.name, days, count, clock() - started))
@@ -388,13 +399,26 @@ class RetentionScheduler:
         self.runs = 0
         self.last: PruneReport | None = None
         self._task: asyncio.Task[None] | None = None
+        # A run is on a worker thread, which a cancelled task does not stop: ``aclose`` asks
+        # it to end after its batch and waits for that, before the stores close under it.
+        self._stop = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
 
     def run_once(self) -> PruneReport | None:
         """Prune now if this server takes the lease; None when another holds it."""
+        self._idle.clear()
+        try:
+            return self._run_once()
+        finally:
+            self._idle.set()
+
+    def _run_once(self) -> PruneReport | None:
         now = self.clock()
-        if not self.stores.ledger.take_lease(LEASE, self.holder, now, self.policy.interval_seconds):
+        lease = self.policy.interval_seconds
+        if self._stop.is_set() or not self.stores.ledger.take_lease(LEASE, self.holder, now, lease):
             return None
-        report = run_retention(self.stores, self.policy, now=now)
+        report = run_retention(self.stores, self.policy, now=now, stop=self._stop)
         self.runs += 1
         self.last = report
         pruned = ", ".join(f"{k.kind}={k.count}" for k in report.kinds if not k.note)
@@ -415,9 +439,11 @@ class RetentionScheduler:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="retention")
 
-    async def aclose(self) -> None:
+    async def aclose(self, wait_seconds: float = 30.0) -> None:
+        self._stop.set()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await asyncio.to_thread(self._idle.wait, wait_seconds)

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -375,3 +376,13 @@ def test_the_scheduler_prunes_off_the_event_loop_and_stops(w: World) -> None:
     asyncio.run(run())
     assert scheduler.runs == 1 and scheduler.last is not None
     assert w.ledger.get("deleg_sched") is None and w.ledger.pruned("deleg_sched") is not None
+
+
+def test_a_stopping_server_prunes_no_further(w: World) -> None:
+    finished_row(w.ledger, "deleg_stop")
+    _deliver(w.ledger, "deleg_stop")
+    stop = threading.Event()
+    stop.set()
+    report = run_retention(w.stores(), POLICY, now=_aged(w, 400), stop=stop)
+    assert report.total == 0 and w.ledger.get("deleg_stop") is not None
+    assert _notes(report)["settled_ledger_rows"] == "not reached: stopping"
