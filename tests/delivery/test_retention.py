@@ -283,25 +283,39 @@ def test_sqlite_files_shrink_after_a_prune(tmp_path: Path) -> None:
     location = storage.open_storage(f"sqlite://{home}")
     clock = FakeClock()
     backend = location.open_ledger()
+    sessions = location.open_sessions(clock=clock)
+    webui = location.open_webui()
     ledger = Ledger(backend, clock=clock, monotonic=clock.monotonic)
+    big = "x" * 2000
     try:
         for n in range(600):
-            finished_row(ledger, f"deleg_{n:04d}", summary="x" * 2000)
+            finished_row(ledger, f"deleg_{n:04d}", summary=big)
             _deliver(ledger, f"deleg_{n:04d}")
-        location.reclaim_space()  # a checkpoint: the rows are in the file itself
-        before = (home / "ledger.db").stat().st_size
-        report = run_retention(
-            RetentionStores(backend, reclaim=location.reclaim_space),
-            POLICY,
-            now=clock() + 31 * DAY,
-        )
+            webui.append_event("delivery", json.dumps({"text": big}), clock())
+            sessions.append_turn(
+                f"s_{n}",
+                [NewMessage.build({"role": "user", "content": "hi"})],
+                create=NewSession(),
+                idempotency_key=f"idem_{n}",
+                response_json=json.dumps({"text": big}),
+            )
+        location.reclaim_space()  # a checkpoint: the rows are in the files themselves
+        files = ("ledger.db", "webui.db", "sessions.db")
+        before = {name: (home / name).stat().st_size for name in files}
+        stores = RetentionStores(backend, sessions, webui, reclaim=location.reclaim_space)
+        report = run_retention(stores, POLICY, now=clock() + 31 * DAY)
         assert _count(report, "settled_ledger_rows") == 600
-        after = (home / "ledger.db").stat().st_size
-        assert after < before / 4, (before, after)
-        assert any(
-            s.path.endswith("ledger.db") and s.bytes_after < s.bytes_before for s in report.space
-        )
+        assert _count(report, "webui_events") == 600
+        assert _count(report, "idempotency_records") == 600
+        after = {name: (home / name).stat().st_size for name in files}
+        for name in ("ledger.db", "webui.db"):
+            assert after[name] < before[name] / 4, (name, before[name], after[name])
+        # The sessions and their transcripts stay: only the records' share goes.
+        assert after["sessions.db"] < before["sessions.db"] / 2, (before, after)
+        assert {s.path.rsplit("/", 1)[-1] for s in report.space} == set(files)
     finally:
+        webui.close()
+        sessions.close()
         backend.close()
 
 
