@@ -37,7 +37,7 @@ def add_parser(subparsers: Any) -> None:
         ),
     )
     parser.add_argument(
-        "--dry-run", action="store_true", help="only count what would be removed; write nothing"
+        "--dry-run", action="store_true", help="only count what would be removed; remove nothing"
     )
     parser.add_argument(
         "--no-vacuum",
