@@ -33,7 +33,12 @@ DROP_REASON = "dropped from the web UI"
 
 
 class UnknownDelivery(LookupError):
-    """No ledger row has that id."""
+    """No ledger row has that id; ``pruned`` says when and why retention removed it, when
+    it did ("pruned on <date> (...)"), so the page says that instead of "no such delivery"."""
+
+    def __init__(self, delivery_id: str, pruned: str | None = None) -> None:
+        super().__init__(delivery_id)
+        self.pruned = pruned
 
 
 class DeliveryConflict(Exception):
@@ -83,9 +88,10 @@ def get(delivery_id: str) -> dict[str, Any]:
     try:
         row = ledger.get(delivery_id)
     except (ValueError, UnknownDeliveryError):
-        row = None
+        raise UnknownDelivery(delivery_id) from None
     if row is None:
-        raise UnknownDelivery(delivery_id)
+        tomb = ledger.pruned(delivery_id)
+        raise UnknownDelivery(delivery_id, tomb.describe() if tomb is not None else None)
     return _view(ledger, row)
 
 

@@ -566,7 +566,9 @@ class WebUIServer:
         delivery_id = request.match_info["id"]
         try:
             view = await asyncio.to_thread(operation, delivery_id)
-        except deliveries.UnknownDelivery:
+        except deliveries.UnknownDelivery as exc:
+            if exc.pruned:
+                return _error(410, f"{delivery_id} was {exc.pruned}", "delivery_pruned")
             return _error(404, "no such delivery", "delivery_not_found")
         except deliveries.DeliveryConflict as exc:
             return _error(409, str(exc), "delivery_conflict")

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from delivery.notifier import Notifier
 from delivery.peers import ServerRecord
-from delivery.rows import FIELDS, LedgerRow, RowQuery
+from delivery.rows import FIELDS, LedgerRow, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
 
 T = TypeVar("T")
@@ -145,7 +145,37 @@ class LedgerViews(Protocol):
 
 
 @runtime_checkable
-class LedgerStore(LedgerBackend, LedgerViews, Protocol):
+class LedgerRetention(Protocol):
+    """What retention (``delivery.retention``) does to a ledger: prune settled rows in
+    batches, leaving a tombstone for each, expire the tombstones, and hold the lease that
+    lets one server at a time run it. Nothing here touches a pending row, unfinished work
+    or a live claim: every delete re-checks that in its own ``WHERE``."""
+
+    def settled_before(
+        self, before: float, after: SettledRow | None, limit: int
+    ) -> list[SettledRow]:
+        """Rows whose work ended and whose delivery settled (delivered or dropped) before
+        ``before``, with no live claim, in (``settled_at``, ``id``) order after ``after``:
+        the candidates of one batch (a keyset page, so kept rows are never read twice)."""
+
+    def prune_settled(self, ids: list[str], before: float, pruned_at: float, reason: str) -> int:
+        """Delete those of ``ids`` that are still settled before ``before``, with their audit
+        entries, and record a tombstone for each, in one transaction; how many went."""
+
+    def pruned(self, row_id: str) -> PrunedRow | None:
+        """The tombstone of a pruned row, or None."""
+
+    def prune_tombstones(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        """Forget at most ``limit`` tombstones recorded before ``before`` (with ``dry_run``
+        only count them); how many."""
+
+    def take_lease(self, name: str, holder: str, now: float, ttl_seconds: float) -> bool:
+        """Take (or renew) the lease ``name`` until ``now + ttl_seconds`` when it is free,
+        lapsed or already ``holder``'s; False while another holder's lease lives."""
+
+
+@runtime_checkable
+class LedgerStore(LedgerBackend, LedgerViews, LedgerRetention, Protocol):
     """A backend as the opener hands it out: the rules' work and the operators' views."""
 
 

@@ -28,7 +28,7 @@ from delivery.policy import DeliveryPolicy
 from delivery.recovery import abandoned_event, redeliver_op, reoffer_op
 from delivery.recovery import settle_changes as _settle
 from delivery.roster import ServerRoster
-from delivery.rows import LedgerRow, RowQuery
+from delivery.rows import LedgerRow, PrunedRow, RowQuery
 from delivery.states import ACTIVE_STATES, DeliveryState, State, can_transition
 from delivery.steady import SteadyWall, boot_clock
 from delivery.write_future import WriteFuture
@@ -462,6 +462,10 @@ class Ledger:
 
     def get(self, row_id: str) -> LedgerRow | None:
         return self.backend.get(_check_id(row_id))
+
+    def pruned(self, row_id: str) -> PrunedRow | None:
+        """The tombstone retention left for the row, when it was pruned (``get`` is None)."""
+        return self.backend.pruned(_check_id(row_id))
 
     def query(self, query: RowQuery) -> list[LedgerRow]:
         """Rows matching ``query`` (every filter given; newest first unless asked)."""

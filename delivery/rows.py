@@ -10,10 +10,11 @@ public contract of ``tools.async_delegation``, JSON views): ``LedgerRow.as_dict(
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["LedgerRow", "RowQuery"]
+__all__ = ["LedgerRow", "PrunedRow", "RowQuery", "SettledRow"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,3 +71,39 @@ class RowQuery:
     kind: str | None = None
     limit: int = 100
     oldest_first: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SettledRow:
+    """A settled row that retention may prune: what the rule needs to decide, no event.
+
+    ``origin_session_id`` is set for work started over the API: its result lives on as a
+    delivery row of that session's transcript, and retention keeps the ledger row while that
+    transcript row is not folded into a turn yet (``delivery.retention``)."""
+
+    id: str
+    kind: str
+    settled_at: float
+    origin_session_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PrunedRow:
+    """The tombstone a pruned ledger row leaves: when and why it went, and how it had ended,
+    so that a late question about it is answered "pruned on <date>" instead of "no such row".
+    Tombstones expire in turn (``[retention] tombstone_days``)."""
+
+    id: str
+    kind: str
+    state: str
+    delivery_state: str
+    session_key: str | None
+    completed_at: float | None
+    settled_at: float | None
+    pruned_at: float
+    reason: str
+
+    def describe(self) -> str:
+        """One line for people: "pruned on 2026-12-04 17:00 UTC (<reason>)"."""
+        when = dt.datetime.fromtimestamp(self.pruned_at, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        return f"pruned on {when} ({self.reason}); it had ended {self.state}, {self.delivery_state}"

@@ -403,6 +403,20 @@ class SessionBackend(Protocol):
     def pending_approval(self, session_id: str) -> ApprovalRecord | None:
         """The approval the session's running turn waits for, if any."""
 
+    # -- retention (``delivery.retention``)
+    def prune_idempotency(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        """Forget at most ``limit`` finished idempotency records last written before
+        ``before`` (with ``dry_run`` only count them); a running one is a live claim and is
+        never touched. How many."""
+
+    def prune_tombstones(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        """Forget at most ``limit`` tombstones of deleted sessions recorded before
+        ``before`` (only count them with ``dry_run``); how many."""
+
+    def unfolded_deliveries(self, wanted: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Of the (session id, dedupe key) pairs, those naming a delivery row that no turn
+        has folded yet: results their conversation has still to see."""
+
     # -- housekeeping
     def stats(self) -> dict[str, int]:
         """Counters; ``writes`` counts committed write operations (reads never add to it)."""

@@ -81,6 +81,10 @@ class WebUIStateBackend(Protocol):
     def prune_events(self, keep: int) -> None:
         """Forget all but the newest ``keep`` events."""
 
+    def prune_events_before(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        """Forget at most ``limit`` events appended before ``before``, oldest first (with
+        ``dry_run`` only count them); how many. ``newest_event_id`` is unchanged."""
+
     # -- unread marks
     def set_unread(self, session_id: str, unread: bool) -> None: ...
 

@@ -40,6 +40,7 @@ from api.server import WebUIServer
 from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
 from delivery.peers import ServerRecord
+from delivery.retention import RetentionScheduler, RetentionStores
 from delivery.webui_state import WebUIStateBackend
 from gateway.config import Platform
 from gateway.delivery_targets import ApiServerTarget, PushTarget
@@ -215,6 +216,21 @@ async def serve(
             runtime.start_scheduler, f"api {adapter.host}:{adapter.port}"
         )
         log_peers(scheduler.peers_at_start)
+        retention = RetentionScheduler(
+            RetentionStores(
+                ledger=runtime.ledger.backend,
+                sessions=store.backend,
+                webui=webui_state,
+                processes_dir=settings.home / PROCESSES_DIR,
+                reclaim=location.reclaim_space,
+            ),
+            settings.retention_policy,
+            holder=runtime.ledger.identity,
+            # Not at the very start: a restart is no moment for the first prune as well.
+            first_delay_seconds=min(60.0, settings.retention_interval_seconds),
+        )
+        retention.start()
+        stack.push_async_callback(retention.aclose)
         await runner.start()
         stack.push_async_callback(runner.stop)
         if webhooks is not None:

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from reveille import backup, db, deliveries, log_format, version, webhooks_cmd
+from reveille import backup, db, deliveries, log_format, prune, version, webhooks_cmd
 from reveille.chat import add_chat_parser
 from reveille.serve import add_serve_parser
 from reveille.settings import SettingsError
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     webhooks_cmd.add_parser(sub)
     db.add_parser(sub)
     backup.add_parsers(sub)
+    prune.add_parser(sub)
     return parser
 
 

@@ -10,6 +10,7 @@ import datetime as dt
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +231,16 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
         return 0
     found = ledger.get(args.id)
     if found is None:
+        tomb = ledger.pruned(args.id)
+        if tomb is not None:
+            # A late question about a pruned row gets when and why, not "no such row".
+            if args.action == "show" and args.json:
+                print(json.dumps({**asdict(tomb), "pruned": tomb.describe()}, indent=2))
+            elif args.action == "show":
+                print(f"{args.id}: {tomb.describe()}")
+            else:
+                print(f"error: {args.id} was {tomb.describe()}", file=sys.stderr)
+            return 0 if args.action == "show" else 1
         print(f"error: no ledger row {args.id!r}", file=sys.stderr)
         return 1
     row = found

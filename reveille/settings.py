@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from delivery.policy import DeliveryPolicy
+from delivery.retention import RetentionPolicy
 from gateway.webhooks import check_secret
 
 
@@ -96,6 +97,17 @@ class Settings:
     def webhook_endpoints(self) -> tuple[str, ...]:
         return tuple(u.strip() for u in self.webhook_urls.split(",") if u.strip())
 
+    # [retention]: days each kind is kept once settled (0 = forever), and how often a server
+    # prunes (delivery/retention.py says what is never pruned)
+    retention_settled_days: float = 30.0
+    retention_archived_transcript_days: float = 30.0
+    retention_idempotency_days: float = 7.0
+    retention_tombstone_days: float = 90.0
+    retention_webui_event_days: float = 7.0
+    retention_process_output_days: float = 7.0
+    retention_response_days: float = 30.0
+    retention_interval_seconds: float = 3600.0
+
     @property
     def allowed_origins(self) -> frozenset[str]:
         return frozenset(normalize_origin(o) for o in self.cors_origins.split(",") if o.strip())
@@ -117,6 +129,31 @@ class Settings:
             peer_timeout_seconds=self.peer_timeout_seconds,
         )
 
+    @property
+    def retention_policy(self) -> RetentionPolicy:
+        return RetentionPolicy(
+            settled_days=self.retention_settled_days,
+            archived_transcript_days=self.retention_archived_transcript_days,
+            idempotency_days=self.retention_idempotency_days,
+            tombstone_days=self.retention_tombstone_days,
+            webui_event_days=self.retention_webui_event_days,
+            process_output_days=self.retention_process_output_days,
+            response_days=self.retention_response_days,
+            interval_seconds=self.retention_interval_seconds,
+        )
+
+
+# [retention] key -> setting name; REVEILLE_RETENTION_<KEY> is its environment variable
+_RETENTION_KEYS = (
+    "settled_days",
+    "archived_transcript_days",
+    "idempotency_days",
+    "tombstone_days",
+    "webui_event_days",
+    "process_output_days",
+    "response_days",
+    "interval_seconds",
+)
 
 # setting name -> environment variable
 ENV_NAMES: dict[str, str] = {
@@ -158,6 +195,7 @@ ENV_NAMES: dict[str, str] = {
     "peer_timeout_seconds": "REVEILLE_PEER_TIMEOUT_SECONDS",
     "webhook_urls": "REVEILLE_WEBHOOK_URLS",
     "webhook_secret": "REVEILLE_WEBHOOK_SECRET",
+    **{f"retention_{key}": f"REVEILLE_RETENTION_{key.upper()}" for key in _RETENTION_KEYS},
 }
 
 # TOML sections map onto flat names: [server] host -> host, [shell] enabled -> shell_enabled ...
@@ -200,6 +238,7 @@ _TOML_ALIASES = {
     ("storage", "peer_timeout_seconds"): "peer_timeout_seconds",
     ("webhooks", "urls"): "webhook_urls",
     ("webhooks", "secret"): "webhook_secret",
+    **{("retention", key): f"retention_{key}" for key in _RETENTION_KEYS},
 }
 
 _ORIGIN_RE = re.compile(r"https?://[a-z0-9.\-\[\]:]+")
@@ -299,6 +338,11 @@ def _validate(s: Settings) -> None:
         raise bad("coalesce_seconds", "must be 0-60 (0 = combine only while a wake-up runs)")
     if s.wake_text_budget < 2000:
         raise bad("wake_text_budget", "must be at least 2000 characters")
+    for key in _RETENTION_KEYS:
+        if getattr(s, f"retention_{key}") < 0:
+            raise bad(f"retention_{key}", "must not be negative (0 keeps that kind forever)")
+    if s.retention_interval_seconds < 1:
+        raise bad("retention_interval_seconds", "must be at least 1 second")
     if s.demo_delay_seconds < 0:
         raise bad("demo_delay_seconds", "must not be negative")
     if s.telegram_webhook_url and not s.telegram_secret_token:

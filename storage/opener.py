@@ -31,6 +31,7 @@ from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from delivery.backend import LedgerStore
+from delivery.retention import SpaceReport
 from delivery.session_backend import SessionBackend
 from delivery.state_dir import ensure_private_dir
 from delivery.webhooks_backend import WebhookBackend
@@ -134,6 +135,26 @@ class Storage:
         if self.webui_path is None:
             raise StorageUrlError("this storage names no web UI state file")
         return SqliteWebUIState(self.webui_path)
+
+    def reclaim_space(self, convert: bool = False) -> list[SpaceReport]:
+        """Give the pages retention freed back to the file system: SQLite's incremental
+        vacuum on every file of this storage that exists (``convert``: switch a file made
+        before incremental vacuum with one VACUUM). PostgreSQL reclaims by autovacuum, and
+        memory has nothing to give back: empty."""
+        if self.dialect != "sqlite":
+            return []
+        from storage.sqlite.files import reclaim_file
+
+        named = (
+            (self.ledger_path, "ledger"),
+            (self.sessions_path, "session store"),
+            (self.webui_path, "web UI state"),
+        )
+        return [
+            reclaim_file(path, name, convert=convert)
+            for path, name in named
+            if path is not None and path.exists()
+        ]
 
 
 def open_storage(url: str, *, migrate: bool = True) -> Storage:

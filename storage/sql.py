@@ -152,3 +152,27 @@ def query_filter(mark: str, query: RowQuery) -> tuple[str, list[Any]]:
         )
         params.extend([query.session] * 3)
     return (" WHERE " + " AND ".join(where) if where else ""), params
+
+
+# -- retention: what a settled row is, for both dialects ------------------------------------
+
+# Work that ended, a delivery that settled before the cutoff, and no claim that could still
+# be live then: the only rows retention may delete. Every delete repeats it in its WHERE, so
+# a row redelivered (dropped -> pending) after it was picked is left alone. Spelled like the
+# partial index's WHERE, so that SQLite uses that index.
+SETTLED = (
+    "delivery_state IN ('delivered', 'dropped') AND state NOT IN ('queued', 'running')"
+    " AND settled_at < {p} AND claim_expires_at < {p}"
+)
+SETTLED_COLUMNS = "id, kind, settled_at, origin_session_id"
+TOMBSTONE_COLUMNS = (
+    "id, kind, state, delivery_state, session_key, completed_at, settled_at, pruned_at, reason"
+)
+
+
+def settled_page(mark: str) -> str:
+    """One keyset page of prunable rows: params before, before, after_at, after_id, limit."""
+    return (
+        f"SELECT {SETTLED_COLUMNS} FROM deliveries WHERE {SETTLED.format(p=mark)}"
+        f" AND (settled_at, id) > ({mark}, {mark}) ORDER BY settled_at, id LIMIT {mark}"
+    )

@@ -401,10 +401,32 @@ def get_durable_delegation(delegation_id: str) -> LedgerRow | None:
     column already); ``dispatched_at``; ``completed_at``; and ``result``, the runner's
     result as a dict (``status``, ``summary`` or ``error``, ``results`` for a batch), None
     until the work finished.
+
+    A row retention pruned answers from its tombstone: how it had ended (``state``,
+    ``delivery_state``), ``pruned_at``, and ``pruned``, the sentence "pruned on <date>
+    (<why>)"; its ``result`` is gone (None). None only for an id never written (or whose
+    tombstone expired too).
     """
-    row = get_runtime().ledger.get(delegation_id)
+    ledger = get_runtime().ledger
+    row = ledger.get(delegation_id)
     if row is None:
-        return None
+        tomb = ledger.pruned(delegation_id)
+        if tomb is None:
+            return None
+        return {
+            "id": tomb.id,
+            "delegation_id": tomb.id,
+            "kind": tomb.kind,
+            "state": tomb.state,
+            "delivery_state": tomb.delivery_state,
+            "session_key": tomb.session_key,
+            "origin_session": tomb.session_key or "",
+            "completed_at": tomb.completed_at,
+            "settled_at": tomb.settled_at,
+            "pruned_at": tomb.pruned_at,
+            "pruned": tomb.describe(),
+            "result": None,
+        }
     event = row.event if isinstance(row.event, dict) else None
     known = event or row.request or {}
     dispatched = known.get("dispatched_at")

@@ -32,7 +32,7 @@ from delivery.backend import (
 from delivery.errors import DuplicateDeliveryError, LedgerUnavailable
 from delivery.notifier import LocalNotifier
 from delivery.peers import ServerRecord
-from delivery.rows import LedgerRow, RowQuery
+from delivery.rows import LedgerRow, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
 
 T = TypeVar("T")
@@ -182,6 +182,8 @@ class MemoryBackend:
         self._rows: dict[str, dict[str, Any]] = {}
         self._audit: list[tuple[str, float, str, str]] = []
         self._servers: dict[str, ServerRecord] = {}
+        self._tombstones: dict[str, PrunedRow] = {}
+        self._leases: dict[str, tuple[str, float]] = {}
         self._lock = threading.RLock()
         self._notifier = LocalNotifier()
         self._closed = False
@@ -351,6 +353,77 @@ class MemoryBackend:
             pending = [r for r in self._rows.values() if r["delivery_state"] == "pending"]
             claimed = sum(r["claim_token"] is not None for r in pending)
         return {"pending": len(pending), "claimed": claimed}
+
+    # -- retention (``LedgerRetention``) ---------------------------------------------------
+
+    @staticmethod
+    def _settled(r: dict[str, Any], before: float) -> bool:
+        """``storage.sql.SETTLED``, for a row in memory."""
+        return (
+            r["delivery_state"] in ("delivered", "dropped")
+            and r["state"] not in ("queued", "running")
+            and r["settled_at"] is not None
+            and r["settled_at"] < before
+            and r["claim_expires_at"] < before
+        )
+
+    def settled_before(
+        self, before: float, after: SettledRow | None, limit: int
+    ) -> list[SettledRow]:
+        start = (after.settled_at, after.id) if after else (float("-inf"), "")
+        with self._lock:
+            found = [
+                SettledRow(r["id"], r["kind"], r["settled_at"], r["origin_session_id"])
+                for r in self._rows.values()
+                if self._settled(r, before) and (r["settled_at"], r["id"]) > start
+            ]
+        found.sort(key=lambda s: (s.settled_at, s.id))
+        return found[: max(int(limit), 0)]
+
+    def prune_settled(self, ids: list[str], before: float, pruned_at: float, reason: str) -> int:
+        with self._lock:
+            if self._closed:
+                raise LedgerUnavailable(f"the ledger {self.url} is closed")
+            gone = {i for i in ids if i in self._rows and self._settled(self._rows[i], before)}
+            for row_id in gone:
+                r = self._rows.pop(row_id)
+                self._tombstones[row_id] = PrunedRow(
+                    row_id,
+                    r["kind"],
+                    r["state"],
+                    r["delivery_state"],
+                    r["session_key"],
+                    r["completed_at"],
+                    r["settled_at"],
+                    pruned_at,
+                    reason,
+                )
+            if gone:
+                self._audit = [a for a in self._audit if a[0] not in gone]
+            return len(gone)
+
+    def pruned(self, row_id: str) -> PrunedRow | None:
+        with self._lock:
+            return self._tombstones.get(row_id)
+
+    def prune_tombstones(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        with self._lock:
+            old = sorted(
+                (t for t in self._tombstones.values() if t.pruned_at < before),
+                key=lambda t: t.pruned_at,
+            )[: max(int(limit), 0)]
+            if not dry_run:
+                for t in old:
+                    del self._tombstones[t.id]
+            return len(old)
+
+    def take_lease(self, name: str, holder: str, now: float, ttl_seconds: float) -> bool:
+        with self._lock:
+            current = self._leases.get(name)
+            if current is not None and current[0] != holder and current[1] > now:
+                return False
+            self._leases[name] = (holder, now + ttl_seconds)
+            return True
 
     def stats(self) -> dict[str, int]:
         # Each operation is its own "commit"; nothing is ever fsynced.

@@ -524,6 +524,46 @@ class MemorySessions:
 
         return self._read(op)
 
+    # -- retention
+
+    def prune_idempotency(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        def op() -> int:
+            old = sorted(
+                (r for r in self._idem.values() if r.state == "done" and r.updated_at < before),
+                key=lambda r: r.updated_at,
+            )[: max(int(limit), 0)]
+            if not dry_run:
+                for r in old:
+                    del self._idem[r.key]
+            return len(old)
+
+        return self._read(op) if dry_run else self._write(op)
+
+    def prune_tombstones(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        def op() -> int:
+            old = sorted(
+                (sid for sid, at in self._tombstones.items() if at < before),
+                key=lambda sid: self._tombstones[sid],
+            )[: max(int(limit), 0)]
+            if not dry_run:
+                for sid in old:
+                    del self._tombstones[sid]
+            return len(old)
+
+        return self._read(op) if dry_run else self._write(op)
+
+    def unfolded_deliveries(self, wanted: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        def op() -> set[tuple[str, str]]:
+            found = set()
+            for sid, key in wanted:
+                s = self._sessions.get(sid)
+                m = s.by_dedupe.get(key) if s is not None else None
+                if m is not None and m.display_kind is not None and m.folded_at is None:
+                    found.add((sid, key))
+            return found
+
+        return self._read(op)
+
 
 # mypy proves the backend keeps the protocol, without importing it at run time.
 if TYPE_CHECKING:

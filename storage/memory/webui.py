@@ -21,6 +21,7 @@ class MemoryWebUIState:
         self._notifier = LocalNotifier()
         self._events: list[StoredEvent] = []
         self._newest = 0
+        self._appended_at: dict[int, float] = {}
         self._unread: dict[str, bool] = {}
         self._steps: list[tuple[str, str, ToolStep]] = []  # (session, turn, step)
         self._step_ids = itertools.count(1)
@@ -37,6 +38,7 @@ class MemoryWebUIState:
         with self._lock:
             self._newest += 1
             self._events.append(StoredEvent(self._newest, type_, data_json))
+            self._appended_at[self._newest] = created_at
             return self._newest
 
     def events_after(self, after_id: int, limit: int) -> list[StoredEvent]:
@@ -54,6 +56,18 @@ class MemoryWebUIState:
     def prune_events(self, keep: int) -> None:
         with self._lock:
             self._events = [e for e in self._events if e.id > self._newest - keep]
+            kept = {e.id for e in self._events}
+            self._appended_at = {i: at for i, at in self._appended_at.items() if i in kept}
+
+    def prune_events_before(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        with self._lock:
+            old = {e.id for e in self._events if self._appended_at[e.id] < before}
+            old = set(sorted(old)[: max(int(limit), 0)])
+            if not dry_run:
+                self._events = [e for e in self._events if e.id not in old]
+                for event_id in old:
+                    del self._appended_at[event_id]
+            return len(old)
 
     def set_unread(self, session_id: str, unread: bool) -> None:
         with self._lock:

@@ -35,17 +35,39 @@ import psycopg_pool
 from delivery.backend import LedgerTx
 from delivery.errors import LedgerUnavailable
 from delivery.peers import ServerRecord
-from delivery.rows import LedgerRow, RowQuery
+from delivery.rows import LedgerRow, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
 from storage.postgres import sql as sql
 from storage.postgres.conn import PostgresUnavailable, check_url, connect, explain, redact
 from storage.postgres.notifier import PostgresNotifier, channel_for
 from storage.postgres.tx import PgTx, rollback_quietly, run_each, run_pipelined
-from storage.sql import decode_row, query_filter
+from storage.sql import SETTLED, TOMBSTONE_COLUMNS, decode_row, query_filter, settled_page
 from storage.waiters import LoopWaiter, Outcome, Waiter, resolve, still_wanted
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+_SETTLED = SETTLED.format(p="%(before)s")
+# One statement: the rows go, their audit entries with them, and each leaves a tombstone.
+_SQL_PRUNE = f"""
+WITH gone AS (
+    DELETE FROM deliveries WHERE id = ANY(%(ids)s) AND {_SETTLED}
+    RETURNING id, kind, state, delivery_state, session_key, completed_at, settled_at
+), audit AS (
+    DELETE FROM delivery_audit WHERE delivery_id IN (SELECT id FROM gone)
+), tombs AS (
+    INSERT INTO delivery_tombstones ({TOMBSTONE_COLUMNS})
+    SELECT id, kind, state, delivery_state, session_key, completed_at, settled_at,
+           %(at)s, %(reason)s FROM gone
+    ON CONFLICT (id) DO UPDATE SET pruned_at = EXCLUDED.pruned_at, reason = EXCLUDED.reason
+)
+SELECT count(*) FROM gone
+"""
+_SQL_TAKE_LEASE = (
+    "INSERT INTO leases (name, holder, expires_at) VALUES (%s, %s, %s)"
+    " ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at"
+    " WHERE leases.expires_at <= %s OR leases.holder = EXCLUDED.holder"
+)
 
 _BEGIN_RELAXED = "BEGIN; SET LOCAL synchronous_commit = off"
 _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
@@ -343,6 +365,54 @@ class PostgresBackend:
         found = self._fetch(sql.LEDGER_DELIVERY_COUNTS)
         pending, claimed = found[0] if found else (0, 0)
         return {"pending": int(pending or 0), "claimed": int(claimed or 0)}
+
+    # -- retention (``LedgerRetention``) ---------------------------------------------------
+    # Its writes run on a pooled connection of their own, beside the writer threads: each is
+    # one statement whose WHERE re-checks what it may touch, so it needs no place in their
+    # batches (and a batch of thousands of deletes would hold up the deliveries there).
+
+    def _retention_write(self, query: str, params: Any) -> int:
+        if self._closed:
+            raise LedgerUnavailable(f"the ledger {self.url} is closed")
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                cur = conn.execute(query, params)
+                if cur.description is not None:
+                    row = cur.fetchone()
+                    return int(row[0]) if row else 0
+                return int(cur.rowcount)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise LedgerUnavailable(f"ledger write failed: {explain(exc, self._url)}") from exc
+
+    def settled_before(
+        self, before: float, after: SettledRow | None, limit: int
+    ) -> list[SettledRow]:
+        after_at, after_id = (after.settled_at, after.id) if after else (float("-inf"), "")
+        found = self._fetch(settled_page("%s"), (before, before, after_at, after_id, int(limit)))
+        return [SettledRow(*r) for r in found]
+
+    def prune_settled(self, ids: list[str], before: float, pruned_at: float, reason: str) -> int:
+        if not ids:
+            return 0
+        params = {"ids": list(ids), "before": before, "at": pruned_at, "reason": reason}
+        return self._retention_write(_SQL_PRUNE, params)
+
+    def pruned(self, row_id: str) -> PrunedRow | None:
+        found = self._fetch(
+            f"SELECT {TOMBSTONE_COLUMNS} FROM delivery_tombstones WHERE id = %s", (row_id,)
+        )
+        return PrunedRow(*found[0]) if found else None
+
+    def prune_tombstones(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        pick = "SELECT id FROM delivery_tombstones WHERE pruned_at < %s ORDER BY pruned_at LIMIT %s"
+        if dry_run:
+            return len(self._fetch(pick, (before, int(limit))))
+        return self._retention_write(
+            f"DELETE FROM delivery_tombstones WHERE id IN ({pick})", (before, int(limit))
+        )
+
+    def take_lease(self, name: str, holder: str, now: float, ttl_seconds: float) -> bool:
+        return self._retention_write(_SQL_TAKE_LEASE, (name, holder, now + ttl_seconds, now)) == 1
 
     def stats(self) -> dict[str, int]:
         return {

@@ -233,6 +233,33 @@ CREATE TABLE webhook_secrets (
 );
 """,
     ),
+    Migration(
+        8,
+        "retention: settled rows by age, tombstones of pruned rows, leases, age indexes",
+        """
+CREATE INDEX IF NOT EXISTS ix_settled ON deliveries (settled_at, id)
+    WHERE delivery_state IN ('delivered', 'dropped');
+CREATE TABLE IF NOT EXISTS delivery_tombstones (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    state TEXT NOT NULL,
+    delivery_state TEXT NOT NULL,
+    session_key TEXT,
+    completed_at DOUBLE PRECISION,
+    settled_at DOUBLE PRECISION,
+    pruned_at DOUBLE PRECISION NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_tombstones_pruned ON delivery_tombstones (pruned_at);
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idx_idempotency_done ON idempotency (updated_at) WHERE state = 'done';
+CREATE INDEX IF NOT EXISTS idx_tombstones_deleted ON tombstones (deleted_at);
+""",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -461,6 +461,27 @@ class PostgresSessions:
         now = self._clock()
         return self._read(lambda c: turns.pending_approval(c, "%s", session_id, now))
 
+    # -- retention
+
+    def _prune(self, pick: str, prune: str, before: float, limit: int, dry_run: bool) -> int:
+        params = (before, int(limit))
+        if dry_run:
+            return self._read(lambda c: len(c.execute(pick, params).fetchall()))
+        return self._write(None, lambda c: int(c.execute(prune, params).rowcount))
+
+    def prune_idempotency(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        return self._prune(q.SQL_PICK_IDEM_DONE, q.SQL_PRUNE_IDEM, before, limit, dry_run)
+
+    def prune_tombstones(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        return self._prune(q.SQL_PICK_TOMBSTONES, q.SQL_PRUNE_TOMBSTONES, before, limit, dry_run)
+
+    def unfolded_deliveries(self, wanted: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        if not wanted:
+            return set()
+        sids, keys = [w[0] for w in wanted], [w[1] for w in wanted]
+        rows = self._read(lambda c: c.execute(q.SQL_UNFOLDED_BY_DEDUPE, (sids, keys)).fetchall())
+        return {(str(r[0]), str(r[1])) for r in rows}
+
 
 # mypy proves the backend keeps the protocol, without importing it at run time.
 if TYPE_CHECKING:

@@ -121,3 +121,17 @@ SQL_IDEM_CLAIM = (
     " session_id = excluded.session_id, updated_at = excluded.updated_at"
 )
 SQL_IDEM_RELEASE = "DELETE FROM idempotency WHERE key = %s AND state = 'running' AND owner = %s"
+
+# -- retention (each takes before, limit)
+SQL_PICK_IDEM_DONE = (
+    "SELECT key FROM idempotency WHERE state = 'done' AND updated_at < %s"
+    " ORDER BY updated_at LIMIT %s"
+)
+SQL_PRUNE_IDEM = f"DELETE FROM idempotency WHERE state = 'done' AND key IN ({SQL_PICK_IDEM_DONE})"
+SQL_PICK_TOMBSTONES = "SELECT id FROM tombstones WHERE deleted_at < %s ORDER BY deleted_at LIMIT %s"
+SQL_PRUNE_TOMBSTONES = f"DELETE FROM tombstones WHERE id IN ({SQL_PICK_TOMBSTONES})"
+SQL_UNFOLDED_BY_DEDUPE = (
+    "SELECT session_id, dedupe_key FROM messages"
+    " WHERE (session_id, dedupe_key) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+    " AND display_kind IS NOT NULL AND folded_at IS NULL"
+)

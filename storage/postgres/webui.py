@@ -106,6 +106,14 @@ class PostgresWebUIState:
         with self._tx() as conn:
             conn.execute("DELETE FROM webui_events WHERE id <= %s", (newest - keep,))
 
+    def prune_events_before(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        pick = "SELECT id FROM webui_events WHERE created_at < %s ORDER BY id LIMIT %s"
+        with self._tx() as conn:
+            if dry_run:
+                return len(conn.execute(pick, (before, int(limit))).fetchall())
+            cur = conn.execute(f"DELETE FROM webui_events WHERE id IN ({pick})", (before, limit))
+            return int(cur.rowcount)
+
     # -- unread marks
 
     def set_unread(self, session_id: str, unread: bool) -> None:

@@ -25,7 +25,8 @@ synchronous="FULL", foreign_keys=True)``
 
 ``connect(spec, *, check_owner=False, extra_check=None) -> sqlite3.Connection``
     An autocommit connection (``isolation_level=None``, ``check_same_thread=False``) with
-    ``busy_timeout``, ``journal_mode=WAL``, ``synchronous`` and ``foreign_keys``. With
+    ``busy_timeout``, ``auto_vacuum=INCREMENTAL`` (takes effect on a new file only),
+    ``journal_mode=WAL``, ``synchronous`` and ``foreign_keys``. With
     ``check_owner`` the ownership checks run BEFORE any pragma that writes, so a foreign or
     newer file is refused unmodified: the application id (when set; a file with no tables
     counts as new and is ours), then ``user_version <= schema_version``, then
@@ -35,6 +36,12 @@ synchronous="FULL", foreign_keys=True)``
     Runs ``ddl`` (a script of ``CREATE ... IF NOT EXISTS``) and sets ``application_id`` (when
     set) and ``user_version`` in one ``BEGIN IMMEDIATE`` transaction, so two processes
     creating the same new file cannot interleave.
+
+``reclaim(spec, *, convert=False) -> SpaceReport``
+    Gives the pages freed by deletes back to the file system: ``PRAGMA incremental_vacuum``
+    and a truncating checkpoint of the log. A file made before incremental vacuum was set up
+    (``auto_vacuum`` NONE) is switched by one ``VACUUM`` when ``convert`` (it rewrites the
+    whole file: an operator's moment, ``reveille prune``), and otherwise left as it is.
 
 ``classify(exc, spec, doing) -> Exception``
     The caller's exception for a ``sqlite3.Error``: ``not_ours`` when the file is not a
@@ -53,6 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from delivery.retention import SpaceReport
 from delivery.state_dir import tighten
 
 log = logging.getLogger(__name__)
@@ -167,6 +175,9 @@ def connect(
             _check_owner(conn, spec)
             if extra_check is not None:
                 extra_check(conn)
+        # Before WAL: switching to WAL writes the header, after which a new file can no
+        # longer change its vacuum mode. On an existing file this writes nothing.
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         _set_wal(conn, spec.busy_timeout_ms / 1000)
         conn.execute(f"PRAGMA synchronous = {spec.synchronous.upper()}")
         if spec.foreign_keys:
@@ -178,6 +189,40 @@ def connect(
         conn.close()
         raise
     return conn
+
+
+def _size(path: str) -> int:
+    return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+
+
+def reclaim(spec: SqliteFile, *, convert: bool = False) -> SpaceReport:
+    """Free the deleted pages of the file (see the module docstring)."""
+    before = _size(spec.path)
+    conn = connect(spec)
+    converted = False
+    try:
+        mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
+        if mode != 2 and convert:
+            conn.execute("VACUUM")  # applies the INCREMENTAL that ``connect`` asked for
+            converted = True
+        elif mode == 2:
+            # executescript steps the pragma to its end; execute() would free one page.
+            conn.executescript("PRAGMA incremental_vacuum;")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
+    except sqlite3.Error as exc:
+        raise classify(exc, spec, "reclaim space in") from exc
+    finally:
+        conn.close()
+    return SpaceReport(spec.path, before, _size(spec.path), converted, mode != 2)
+
+
+def reclaim_file(path: str | os.PathLike[str], name: str, *, convert: bool) -> SpaceReport:
+    """``reclaim`` on a file named by path alone (the opener's, for every store's file)."""
+    from delivery.errors import LedgerUnavailable
+
+    errors = FileErrors(not_ours=LedgerUnavailable, unavailable=LedgerUnavailable)
+    return reclaim(SqliteFile(str(path), name, None, 1 << 30, errors), convert=convert)
 
 
 def _set_wal(conn: sqlite3.Connection, timeout: float) -> None:

@@ -31,9 +31,18 @@ from delivery.errors import (
 )
 from delivery.notifier import SocketDirNotifier, wake_dir_for
 from delivery.peers import ServerRecord
-from delivery.rows import LedgerRow, RowQuery
+from delivery.rows import LedgerRow, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
-from storage.sql import UpdateCompiler, decode_columns, decode_row, dump_json, query_filter
+from storage.sql import (
+    SETTLED,
+    TOMBSTONE_COLUMNS,
+    UpdateCompiler,
+    decode_columns,
+    decode_row,
+    dump_json,
+    query_filter,
+    settled_page,
+)
 from storage.sqlite import files as sqlite_files
 from storage.sqlite.webhooks_sql import WEBHOOK_DDL
 from storage.sqlite.writer import GroupCommitWriter
@@ -42,8 +51,10 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 APPLICATION_ID = 0x52564C4C  # "RVLL": marks a file as ours so we never write into another's
-# 2: the webhook tables (storage.sqlite.webhooks_sql), added to version-1 files on open
-SCHEMA_VERSION = 2
+# 2: the webhook tables (storage.sqlite.webhooks_sql), added to version-1 files on open.
+# 3: RETENTION_SCHEMA (retention); every statement is IF NOT EXISTS, so a v1 or v2 file
+# gains it on open and nothing else changes.
+SCHEMA_VERSION = 3
 
 _LEDGER_SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -102,6 +113,49 @@ CREATE TABLE IF NOT EXISTS servers (
 );
 """
 _SCHEMA = _LEDGER_SCHEMA + WEBHOOK_DDL
+
+# Retention (``delivery.retention``): the settled rows by age, the tombstones pruned rows
+# leave, and the lease that lets one server at a time prune.
+RETENTION_SCHEMA = """
+CREATE INDEX IF NOT EXISTS ix_settled ON deliveries(settled_at, id)
+    WHERE delivery_state IN ('delivered', 'dropped');
+CREATE TABLE IF NOT EXISTS delivery_tombstones (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    state TEXT NOT NULL,
+    delivery_state TEXT NOT NULL,
+    session_key TEXT,
+    completed_at REAL,
+    settled_at REAL,
+    pruned_at REAL NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_tombstones_pruned ON delivery_tombstones(pruned_at);
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
+"""
+
+_SETTLED = SETTLED.format(p="?")
+_PRUNE_PICK = "id IN (SELECT value FROM json_each(?))"
+_SQL_TOMBSTONE_PRUNED = (
+    f"INSERT INTO delivery_tombstones ({TOMBSTONE_COLUMNS})"
+    " SELECT id, kind, state, delivery_state, session_key, completed_at, settled_at, ?, ?"
+    f" FROM deliveries WHERE {_PRUNE_PICK} AND {_SETTLED}"
+    " ON CONFLICT (id) DO UPDATE SET pruned_at = excluded.pruned_at, reason = excluded.reason"
+)
+_SQL_PRUNE_AUDIT = (
+    "DELETE FROM delivery_audit WHERE delivery_id IN"
+    f" (SELECT id FROM deliveries WHERE {_PRUNE_PICK} AND {_SETTLED})"
+)
+_SQL_PRUNE_ROWS = f"DELETE FROM deliveries WHERE {_PRUNE_PICK} AND {_SETTLED}"
+_SQL_TAKE_LEASE = (
+    "INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at"
+    " WHERE leases.expires_at <= ? OR leases.holder = excluded.holder"
+)
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM deliveries"
 
@@ -163,6 +217,10 @@ class _SqliteTx:
             "INSERT INTO delivery_audit (delivery_id, at, action, detail) VALUES (?, ?, ?, ?)",
             (row_id, at, action, detail),
         )
+
+    def execute(self, sql: str, params: tuple | list = ()) -> sqlite3.Cursor:
+        """A statement of this backend's own (retention), on the writer's connection."""
+        return self._conn.execute(sql, params)
 
     def put_server(self, record: ServerRecord) -> None:
         self._conn.execute(
@@ -226,7 +284,7 @@ class SqliteBackend:
     def _open_writer(self) -> sqlite3.Connection:
         conn = self._connect(check_owner=True)
         try:
-            sqlite_files.stamp_schema(conn, self._file, _SCHEMA)
+            sqlite_files.stamp_schema(conn, self._file, _SCHEMA + RETENTION_SCHEMA)
         except BaseException:
             conn.close()
             raise
@@ -366,6 +424,67 @@ class SqliteBackend:
         except sqlite3.Error as exc:
             raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
         return {"pending": int(pending or 0), "claimed": int(claimed or 0)}
+
+    # -- retention (``LedgerRetention``) ---------------------------------------------------
+
+    def settled_before(
+        self, before: float, after: SettledRow | None, limit: int
+    ) -> list[SettledRow]:
+        after_at, after_id = (after.settled_at, after.id) if after else (float("-inf"), "")
+        try:
+            rows = self._reader().execute(
+                settled_page("?"), (before, before, after_at, after_id, int(limit))
+            )
+            return [SettledRow(*r) for r in rows.fetchall()]
+        except sqlite3.Error as exc:
+            raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
+
+    def prune_settled(self, ids: list[str], before: float, pruned_at: float, reason: str) -> int:
+        if not ids:
+            return 0
+        pick = dump_json(ids)
+
+        def op(tx: _SqliteTx) -> int:
+            tx.execute(_SQL_TOMBSTONE_PRUNED, (pruned_at, reason, pick, before, before))
+            tx.execute(_SQL_PRUNE_AUDIT, (pick, before, before))
+            return int(tx.execute(_SQL_PRUNE_ROWS, (pick, before, before)).rowcount)
+
+        # Not durable: a prune lost to power loss loses its tombstones with it and brings the
+        # rows back whole; the next run prunes them again.
+        return self._writer.submit(op, durable=False).result()
+
+    def pruned(self, row_id: str) -> PrunedRow | None:
+        try:
+            found = (
+                self._reader()
+                .execute(
+                    f"SELECT {TOMBSTONE_COLUMNS} FROM delivery_tombstones WHERE id = ?", (row_id,)
+                )
+                .fetchone()
+            )
+        except sqlite3.Error as exc:
+            raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
+        return None if found is None else PrunedRow(*found)
+
+    def prune_tombstones(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        pick = "SELECT id FROM delivery_tombstones WHERE pruned_at < ? ORDER BY pruned_at LIMIT ?"
+        if dry_run:
+            return len(self._scalars(pick, (before, int(limit))))
+
+        def op(tx: _SqliteTx) -> int:
+            cur = tx.execute(
+                f"DELETE FROM delivery_tombstones WHERE id IN ({pick})", (before, limit)
+            )
+            return int(cur.rowcount)
+
+        return self._writer.submit(op, durable=False).result()
+
+    def take_lease(self, name: str, holder: str, now: float, ttl_seconds: float) -> bool:
+        def op(tx: _SqliteTx) -> bool:
+            cur = tx.execute(_SQL_TAKE_LEASE, (name, holder, now + ttl_seconds, now))
+            return cur.rowcount == 1
+
+        return self._writer.submit(op).result()
 
     def stats(self) -> dict[str, int]:
         return {

@@ -41,6 +41,7 @@ from storage.sqlite.reader import GroupReader
 from storage.sqlite.sessions_sql import (
     DDL,
     REQUIRED_COLUMNS,
+    RETENTION_DDL,
     SCHEMA_VERSION,
     SQL_DELETE_SESSION,
     SQL_FOLD,
@@ -54,6 +55,10 @@ from storage.sqlite.sessions_sql import (
     SQL_MESSAGE_BY_DEDUPE,
     SQL_MESSAGES_AFTER,
     SQL_MESSAGES_BEFORE,
+    SQL_PICK_IDEM_DONE,
+    SQL_PICK_TOMBSTONES,
+    SQL_PRUNE_IDEM,
+    SQL_PRUNE_TOMBSTONES,
     SQL_SESSION,
     SQL_SESSION_BY_KEY,
     SQL_SESSION_EXISTS,
@@ -65,6 +70,7 @@ from storage.sqlite.sessions_sql import (
     SQL_TOUCH_SESSION,
     SQL_TRANSCRIPT,
     SQL_UNFOLDED,
+    SQL_UNFOLDED_BY_DEDUPE,
     SQL_UNTOMBSTONE,
     sql_insert_messages,
 )
@@ -219,7 +225,7 @@ class SqliteSessions:
             self._spec, check_owner=True, extra_check=_check_columns(self._spec)
         )
         try:
-            sqlite_files.stamp_schema(conn, self._spec, DDL)
+            sqlite_files.stamp_schema(conn, self._spec, DDL + ";" + RETENTION_DDL)
         except BaseException:
             conn.close()
             raise
@@ -569,6 +575,26 @@ class SqliteSessions:
         now = self._clock()
         with self._read() as conn:
             return turns.pending_approval(conn, "?", session_id, now)
+
+    # -- retention
+
+    def _prune(self, pick: str, prune: str, before: float, limit: int, dry_run: bool) -> int:
+        if dry_run:
+            with self._read() as conn:
+                return len(conn.execute(pick, (before, int(limit))).fetchall())
+        return self._write(lambda conn: int(conn.execute(prune, (before, int(limit))).rowcount))
+
+    def prune_idempotency(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        return self._prune(SQL_PICK_IDEM_DONE, SQL_PRUNE_IDEM, before, limit, dry_run)
+
+    def prune_tombstones(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        return self._prune(SQL_PICK_TOMBSTONES, SQL_PRUNE_TOMBSTONES, before, limit, dry_run)
+
+    def unfolded_deliveries(self, wanted: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        with self._read() as conn:
+            return {
+                pair for pair in wanted if conn.execute(SQL_UNFOLDED_BY_DEDUPE, pair).fetchone()
+            }
 
 
 # mypy proves the backend keeps the protocol, without importing it at run time.

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 
-# v2 added the tombstones table, v3 running_turns and approvals. A file written by a newer
-# build is refused rather than silently misread; an older file gains the tables on open.
-SCHEMA_VERSION = 3
+# v2 added the tombstones table, v3 running_turns and approvals, v5 RETENTION_DDL (the
+# indexes retention reads by age; 4 is another change's). A file written by a newer build is
+# refused rather than silently misread; an older file gains the tables on open.
+SCHEMA_VERSION = 5
 
 DDL = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -77,6 +78,12 @@ CREATE TABLE IF NOT EXISTS approvals (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS idx_approvals_session ON approvals (session_id, stream_id)
+"""
+
+# v5 (retention): what retention reads by age. IF NOT EXISTS: an older file gains them on open.
+RETENTION_DDL = """
+CREATE INDEX IF NOT EXISTS idx_idempotency_done ON idempotency (updated_at) WHERE state = 'done';
+CREATE INDEX IF NOT EXISTS idx_tombstones_deleted ON tombstones (deleted_at)
 """
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
@@ -176,3 +183,17 @@ def sql_insert_messages(n: int) -> str:
         + ", ".join([_MSG_VALUES] * n)
         + " ON CONFLICT (session_id, dedupe_key) DO NOTHING"
     )
+
+
+# -- retention (each takes before, limit)
+SQL_PICK_IDEM_DONE = (
+    "SELECT key FROM idempotency WHERE state = 'done' AND updated_at < ?"
+    " ORDER BY updated_at LIMIT ?"
+)
+SQL_PRUNE_IDEM = f"DELETE FROM idempotency WHERE state = 'done' AND key IN ({SQL_PICK_IDEM_DONE})"
+SQL_PICK_TOMBSTONES = "SELECT id FROM tombstones WHERE deleted_at < ? ORDER BY deleted_at LIMIT ?"
+SQL_PRUNE_TOMBSTONES = f"DELETE FROM tombstones WHERE id IN ({SQL_PICK_TOMBSTONES})"
+SQL_UNFOLDED_BY_DEDUPE = (
+    "SELECT 1 FROM messages WHERE session_id = ? AND dedupe_key = ?"
+    " AND display_kind IS NOT NULL AND folded_at IS NULL"
+)

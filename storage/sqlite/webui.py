@@ -131,6 +131,15 @@ class SqliteWebUIState:
         with self._lock:
             self._db().execute("DELETE FROM events WHERE id <= ?", (newest - keep,))
 
+    def prune_events_before(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        # In id order: the old events are the first ids, so no index on created_at is needed.
+        pick = "SELECT id FROM events WHERE created_at < ? ORDER BY id LIMIT ?"
+        with self._lock:
+            if dry_run:
+                return len(self._db().execute(pick, (before, int(limit))).fetchall())
+            cur = self._db().execute(f"DELETE FROM events WHERE id IN ({pick})", (before, limit))
+            return int(cur.rowcount)
+
     # -- unread marks
 
     def set_unread(self, session_id: str, unread: bool) -> None:

@@ -15,13 +15,14 @@ from delivery.rows import LedgerRow, RowQuery
 from tests.stores import sqlite_ledger
 
 
-def reveille(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "REVEILLE_HOME": str(home)}
+def reveille(
+    home: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "reveille.cli", *args],
         capture_output=True,
         text=True,
-        env=env,
+        env={**os.environ, "REVEILLE_HOME": str(home), **(env or {})},
         timeout=60,
     )
 

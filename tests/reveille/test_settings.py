@@ -87,3 +87,17 @@ def test_bad_combined_wake_up_settings_are_refused(
 ) -> None:
     with pytest.raises(SettingsError, match=re.escape(message)):
         load_settings({"REVEILLE_HOME": str(tmp_path), **env})
+
+
+def test_retention_days_come_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    (tmp_path / "config.toml").write_text(
+        "[retention]\nsettled_days = 10\nwebui_event_days = 0\ninterval_seconds = 60\n"
+    )
+    env = {"REVEILLE_HOME": str(tmp_path), "REVEILLE_RETENTION_IDEMPOTENCY_DAYS": "2.5"}
+    policy = load_settings(env).retention_policy
+    assert (policy.settled_days, policy.webui_event_days, policy.interval_seconds) == (10, 0, 60)
+    assert policy.idempotency_days == 2.5
+    assert policy.tombstone_days == 90  # the default
+    bad = {**env, "REVEILLE_RETENTION_TOMBSTONE_DAYS": "-1"}
+    with pytest.raises(SettingsError, match="retention_tombstone_days"):
+        load_settings(bad)

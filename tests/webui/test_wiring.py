@@ -183,3 +183,22 @@ async def test_work_naming_only_its_origin_session_still_comes_home(web: Web) ->
     _, _, wake = await sse.wait_for(lambda e: e[1] == "wakeup")
     assert wake["session_id"] == sid and wake["card"]["goal"] == "legacy work"
     await sse.close()
+
+
+async def test_deliveries_api_says_when_a_row_was_pruned(web: Web) -> None:
+    ledger = ad.get_runtime().ledger
+
+    def pruned_row() -> None:
+        ledger.create("deleg_pruned_web", kind="delegation", state="running")
+        event = {"type": "async_delegation", "delegation_id": "deleg_pruned_web"}
+        assert ledger.finish("deleg_pruned_web", expected="running", state="completed", event=event)
+        assert ledger.drop("deleg_pruned_web", "session deleted")
+        later = time.time() + 86400
+        assert ledger.backend.prune_settled(["deleg_pruned_web"], later, later, "retention") == 1
+
+    await asyncio.to_thread(pruned_row)
+    r = await web.post("/api/deliveries/deleg_pruned_web/redeliver")
+    assert r.status == 410
+    error = (await r.json())["error"]
+    assert error["code"] == "delivery_pruned" and "was pruned on " in error["message"]
+    assert (await web.post("/api/deliveries/deleg_never_was/redeliver")).status == 404
