@@ -20,6 +20,7 @@ from delivery.webhooks_backend import (
     WebhookBackend,
     WebhookDelivery,
 )
+from storage.sqlite.ledger import SCHEMA_VERSION as LEDGER_SCHEMA_VERSION
 
 KINDS = ["sqlite", "memory", "postgres"]
 
@@ -156,5 +157,5 @@ def test_a_version_1_ledger_gains_the_webhook_tables(tmp_path: Path) -> None:
     finally:
         webhooks.close()
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone() == (2,)
+    assert conn.execute("PRAGMA user_version").fetchone() == (LEDGER_SCHEMA_VERSION,)
     conn.close()
