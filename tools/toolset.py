@@ -19,13 +19,17 @@ def build_default_registry(
     workdir: str | None = None,
     shell_timeout_seconds: float = 60,
     max_async_children: int = 3,
+    shell_requires_approval: bool = False,
 ) -> ToolRegistry:
     """The tools a conversation gets: `delegate_task`, and `terminal` (which refuses when off)."""
     registry = ToolRegistry()
     registry.register(make_delegate_tool(provider, max_async_children=max_async_children))
     registry.register(
         make_shell_tool(
-            enabled=shell_enabled, workdir=workdir, timeout_seconds=shell_timeout_seconds
+            enabled=shell_enabled,
+            workdir=workdir,
+            timeout_seconds=shell_timeout_seconds,
+            require_approval=shell_requires_approval,
         )
     )
     return registry
