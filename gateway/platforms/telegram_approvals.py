@@ -150,7 +150,14 @@ class ApprovalKeyboard:
                 f"Expired (not run): <code>{command}</code>",
             )
         except (AlreadyDecided, KeyError):
-            return "Already decided.", None
+            settled = await asyncio.to_thread(self.store.get_approval, approval_id)
+            if settled is not None and settled.status == "approved":
+                return "Already decided: approved.", None
+            # Denied by a person, or when its turn ended (a restart took the session over).
+            return (
+                "Already decided: denied (by you, or because its turn ended); nothing ran.",
+                f"Denied (not run): <code>{command}</code>",
+            )
         if approve:
             return "Approved.", f"Approved once: <code>{command}</code>"
         return "Denied.", f"Denied (not run): <code>{command}</code>"

@@ -169,7 +169,7 @@ async def test_a_command_is_asked_with_a_keyboard_and_gates_a_wake_up(chat: Chat
     # A second press (a double tap, a stale keyboard): already decided.
     bot.press(asked.message_id, deny, user_id=42)
     await until(lambda: len(bot.answers()) == 4)
-    assert bot.answers()[-1] == "Already decided."
+    assert bot.answers()[-1] == "Already decided: approved."
     assert chat.store.get_approval(pending.id).status == "approved"
 
 
