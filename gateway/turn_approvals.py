@@ -26,7 +26,15 @@ from delivery.session_backend import ApprovalRecord
 from gateway.session import SessionGone, SessionStore
 from gateway.turn_hold import TurnHold
 
-__all__ = ["APPROVED_TURN_DISPLAY_KIND", "Note", "Parking", "TurnGate", "pending_note"]
+__all__ = [
+    "APPROVED_TURN_DISPLAY_KIND",
+    "Note",
+    "Parking",
+    "TurnGate",
+    "busy_reason",
+    "first_answer",
+    "pending_note",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +71,26 @@ def pending_note(approval: ApprovalRecord) -> str:
         "once decided; its answer then appears in this session's messages "
         f"(GET /api/sessions/{approval.session_id}/messages) and in your next turn."
     )
+
+
+async def busy_reason(store: SessionStore, request: Any, hold: TurnHold) -> str | None:
+    """Why a turn (a ``TurnRequest``) may not start now, or None: a wake-up holds the
+    session before it runs; any turn is refused while another turn of the session waits
+    for an approval (it would cross it)."""
+    if request.unwritten:
+        return None  # a new session: nothing can be pending in it
+    if request.wakeup and await hold.take(wakeup=True):
+        return None
+    pending = await asyncio.to_thread(store.pending_approval, request.session_id)
+    if pending is not None:
+        return (
+            f"session {request.session_id!r} waits for approval {pending.id} of the command "
+            f"{pending.command!r}; decide it first (POST /api/approvals/{pending.id} or "
+            f"`reveille approvals approve|deny {pending.id}`)"
+        )
+    if request.wakeup:
+        return f"session {request.session_id!r} is busy with another turn"
+    return None
 
 
 # Stores the parked turn: (the note, the rendered answer with ``reveille_approval``).
@@ -174,3 +202,16 @@ class TurnGate:
             )
         except SessionGone:
             logger.info("session %s was deleted before its approved turn ended", self.session_id)
+
+
+async def first_answer(
+    task: asyncio.Task[dict[str, Any]], parked: asyncio.Future[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """The turn's answer, or the note that it waits for an approval, whichever is first.
+    Neither is cancelled when the client goes away: the turn runs on and is stored."""
+    if parked is None:
+        return await asyncio.shield(task)
+    await asyncio.wait({task, parked}, return_when=asyncio.FIRST_COMPLETED)
+    if parked.done():
+        return parked.result()
+    return task.result()

@@ -6,7 +6,9 @@ runs (``take``: a session whose turn waits for an approval refuses it, and the w
 offered again later), and any other turn at the first command it must have approved
 (``ensure``). Once taken, the lease is renewed every third of its life until the turn ends
 (``release``): a pending approval keeps the session busy on every server sharing the store,
-and a server that dies lets it lapse, which ends what it asked.
+and a server that dies lets it lapse, which ends what it asked. A released hold is never
+taken again: a background sub-agent that asks after its turn ended is denied (as the web
+UI's are), instead of holding the session with nobody left to free it.
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ class TurnHold:
         self.session_id = session_id
         self.stream_id = f"turn_{secrets.token_hex(8)}"
         self.held = False
+        self.closed = False
         self._renewer: asyncio.Task[None] | None = None
 
     async def take(self, *, wakeup: bool = False) -> bool:
         """Hold the session for this turn; False when another live turn holds it."""
         if self.held:
             return True
+        if self.closed:
+            return False
         lease = await asyncio.to_thread(
             self.store.take_turn, self.session_id, self.stream_id, wakeup=wakeup
         )
@@ -69,6 +74,7 @@ class TurnHold:
     async def release(self) -> None:
         """End the lease (denying anything it still asks); a lease that cannot be ended now
         lapses by itself."""
+        self.closed = True
         if self._renewer is not None:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -15,13 +15,8 @@ streams). The service owns what every surface needs the same way:
 * the idempotency protocol: claim, replay a finished answer, wait (then conflict) while the
   first attempt runs, forget the claim when the turn fails, take over a dead owner's claim;
 * the cap on turns running at once;
-* approvals (``hold_sessions``, the API server and Telegram): the session's running-turn
-  lease (``gateway.turn_hold``), taken by a wake-up before it runs and by any other turn
-  at its first command to approve, so a pending approval keeps wake-ups and other turns
-  out on every server; with ``park_on_approval`` (the API server) a turn that waits for
-  an approval is answered at once with a note saying so (``StartedTurn.parked``) and
-  stored that way, and its real answer, once decided, lands in the transcript as a
-  delivery row the next client turn folds in.
+* approvals (``hold_sessions``: the API server, Telegram): the session's lease while one
+  is pending, and with ``park_on_approval`` an early answer (see ``gateway.turn_approvals``).
 
 A session that does not exist yet is written by the commit that stores its first turn, so
 a new conversation costs one read before the model runs and one durable write after (a
@@ -74,7 +69,7 @@ from gateway.session import (
     build_session_key,
 )
 from gateway.tasks import finish_or_cancel
-from gateway.turn_approvals import Parking, TurnGate
+from gateway.turn_approvals import Parking, TurnGate, busy_reason
 from gateway.turn_hold import TurnHold
 
 __all__ = [
@@ -384,8 +379,8 @@ class TurnService:
             Parking(asyncio.get_running_loop().create_future()) if self._park_on_approval else None
         )
         try:
-            if hold is not None:
-                await self._hold_or_refuse(request, hold)
+            if hold is not None and (why := await busy_reason(self.store, request, hold)):
+                raise TurnError("session_busy", why)
             begun = await self._begin(request)
             if request.stream:
                 # A stream answers before the turn is stored, and its client may continue
@@ -403,26 +398,6 @@ class TurnService:
         # The caller may be gone by the time the turn fails; the error is logged, not lost.
         task.add_done_callback(_note_unawaited_failure)
         return StartedTurn(task, deltas, parking.future if parking is not None else None)
-
-    async def _hold_or_refuse(self, request: TurnRequest, hold: TurnHold) -> None:
-        """A wake-up holds the session before it runs; any turn is refused while another
-        turn of the session waits for an approval (it would cross it)."""
-        if request.unwritten:
-            return  # a new session: nothing can be pending in it
-        if request.wakeup and await hold.take(wakeup=True):
-            return
-        pending = await asyncio.to_thread(self.store.pending_approval, request.session_id)
-        if pending is not None:
-            raise TurnError(
-                "session_busy",
-                f"session {request.session_id!r} waits for approval {pending.id} of the "
-                f"command {pending.command!r}; decide it first (POST /api/approvals/"
-                f"{pending.id} or `reveille approvals approve|deny {pending.id}`)",
-            )
-        if request.wakeup:
-            raise TurnError(
-                "session_busy", f"session {request.session_id!r} is busy with another turn"
-            )
 
     async def drain(self, grace_seconds: float) -> None:
         """Let running turns finish and store their results; cancel what outlasts the grace."""

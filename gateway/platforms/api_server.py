@@ -7,13 +7,10 @@ Routes: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
 ``GET /v1/models/{id}``, ``GET /health``, the sessions routes of ``api_sessions`` and, with
 approvals on, the approvals routes of ``api_approvals``.
 
-Approvals. A turn whose shell command needs a person's approval does not keep its client
-waiting: it answers at once (JSON, or the end of its stream) with a note that names the
-approval and the command, plus ``reveille_approval`` (id, command, session); a stream also
-sends it as an ``event: reveille.approval`` chunk without choices. The turn goes on after
-``POST /api/approvals/{id}``; its answer lands in the session transcript as a delivery row
-(``GET /api/sessions/{id}/messages``) that the next client turn folds in. Until then the
-session is busy: a client turn in it answers 409 ``session_busy``, a wake-up waits.
+Approvals (``gateway.turn_approvals``): a turn waiting for one answers at once with a note
+naming it, plus ``reveille_approval`` (a stream: an ``event: reveille.approval`` chunk);
+until it is decided a client turn in the session answers 409 ``session_busy`` and the
+server's own wake-up 503 (a wait: its attempt is refunded).
 
 Sessions. ``X-Hermes-Session-Id`` continues a stored session: refused with 403 when no API
 key is configured (anyone on the machine could otherwise resume anyone's conversation),
@@ -86,6 +83,7 @@ from gateway.platforms.request_body import (
     read_json_body,
 )
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
+from gateway.turn_approvals import first_answer
 from gateway.turns import (
     ReplayedTurn,
     TurnError,
@@ -414,7 +412,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         if isinstance(turn, ReplayedTurn):
             return await self._respond(request, turn.response, session_id, options, replayed=True)
         if turn.deltas is None:
-            completion = await _first_answer(turn.task, turn.parked)
+            completion = await first_answer(turn.task, turn.parked)
             return web.json_response(completion, headers={SESSION_HEADER: session_id})
         return await self._stream_turn(
             request, turn.task, turn.deltas, session_id, options, turn.parked
@@ -627,16 +625,3 @@ class ApiServerAdapter(BasePlatformAdapter):
                 "max_concurrent_runs": self.max_concurrent_runs,
             }
         )
-
-
-async def _first_answer(
-    task: asyncio.Task[dict[str, Any]], parked: asyncio.Future[dict[str, Any]] | None
-) -> dict[str, Any]:
-    """The turn's answer, or the note that it waits for an approval, whichever is first.
-    Neither is cancelled when the client goes away: the turn runs on and is stored."""
-    if parked is None:
-        return await asyncio.shield(task)
-    await asyncio.wait({task, parked}, return_when=asyncio.FIRST_COMPLETED)
-    if parked.done():
-        return parked.result()
-    return task.result()
