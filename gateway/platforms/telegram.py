@@ -27,8 +27,9 @@ chat, is one session: its id is ``build_session_key`` of the chat's ``SessionSou
   user, or the user who started the group's session) may answer; anyone else's press gets
   "not yours". A press decides once in the store (a second: "already decided"); the turn
   waits meanwhile, holding the chat and its session (wake-ups wait behind it). Pending
-  approvals live in the store: a press after a restart, whose turn is gone, is answered
-  "expired" and the record is settled as denied.
+  approvals live in the store: after a crash the unanswered message is asked again, and a
+  press on the old keyboard, whose turn is gone, is told it was settled as denied ("expired"
+  when no turn has taken the session over yet); nothing of it runs.
 * Wake-ups arrive through ``deliver_wake``'s push path (``handle_message`` with an internal
   ``MessageEvent``): an agent turn that restates the result, keyed by the delivery id, sent
   to the chat. A wake-up for a chat whose turn is running waits for it (the claim is held,

@@ -5,9 +5,10 @@ button's ``callback_data`` is ``appr:<approval id>:y|n``, an opaque id and never
 command. ``on_press`` answers a callback query: only an allowed user who owns the chat of
 the approval's session (the private chat's user, or the user who started a group's
 session) decides, once, through ``gateway.approvals`` (the store); anyone else is told "not
-yours", a second press "already decided", a press whose turn is gone (a restart) "expired"
-(the record is then settled as denied). A decided keyboard's message is edited to say what
-was decided, which also takes its buttons away.
+yours", a second press "already decided", a press whose turn is gone (a restart) that the
+record was settled as denied: "already decided: denied" once a new turn took the session
+over (which denies what the dead one asked), else "expired" (this press settles it). A
+decided keyboard's message is edited to say what was decided, which takes its buttons away.
 """
 
 from __future__ import annotations
