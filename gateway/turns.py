@@ -14,7 +14,9 @@ streams). The service owns what every surface needs the same way:
 * storing the turn: the user message, the reply and the idempotency record in one commit;
 * the idempotency protocol: claim, replay a finished answer, wait (then conflict) while the
   first attempt runs, forget the claim when the turn fails, take over a dead owner's claim;
-* the cap on turns running at once.
+* the cap on turns running at once;
+* approvals (``hold_sessions``: the API server, Telegram): the session's lease while one
+  is pending, and with ``park_on_approval`` an early answer (see ``gateway.turn_approvals``).
 
 A session that does not exist yet is written by the commit that stores its first turn, so
 a new conversation costs one read before the model runs and one durable write after (a
@@ -33,12 +35,13 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agent.loop import Agent
 from agent.providers.base import DeltaCallback, ModelOptions, ProviderError
 from agent.tools import ConfirmCallback, ToolContext, ToolProgress
+from delivery.session_backend import ApprovalRecord
 from gateway.config import Platform
 from gateway.conversation import (
     bound_context,
@@ -66,6 +69,8 @@ from gateway.session import (
     build_session_key,
 )
 from gateway.tasks import finish_or_cancel
+from gateway.turn_approvals import Parking, TurnGate, busy_reason
+from gateway.turn_hold import TurnHold
 
 __all__ = [
     "ReplayedTurn",
@@ -98,6 +103,7 @@ TurnErrorKind = Literal[
     "in_progress",
     "key_reused",
     "session_taken",
+    "session_busy",
     "upstream",
 ]
 
@@ -198,6 +204,9 @@ class StartedTurn:
 
     task: asyncio.Task[dict[str, Any]]
     deltas: asyncio.Queue[str | ToolProgress | None] | None
+    parked: asyncio.Future[dict[str, Any]] | None = field(default=None, compare=False)
+    """With ``park_on_approval``: resolved with the stored answer that says an approval
+    is pending, when the turn asks one before it finishes (the deltas then end too)."""
 
 
 @dataclass
@@ -229,12 +238,18 @@ class TurnService:
         max_concurrent_runs: int = 10,
         idempotency_wait_seconds: float = 300.0,
         session_key_of: Callable[[str], str] | None = None,
-        confirm_for: Callable[[str], ConfirmCallback] | None = None,
+        confirm_for: Callable[..., ConfirmCallback] | None = None,
         context_chars: int = 400_000,
+        hold_sessions: bool = False,
+        park_on_approval: bool = False,
     ) -> None:
         """``confirm_for(session_id)``, when given, is the approval hook of that session's
         tool calls (``ToolContext.confirm``). Turns of ``Platform.WEBUI`` mark the
-        background work they start with their session (``origin_ui_session_id``)."""
+        background work they start with their session (``origin_ui_session_id``).
+        ``hold_sessions`` makes the service hold the session's lease itself (see the
+        module docstring; ``confirm_for`` is then called with ``on_asked=``, as
+        ``gateway.approvals.Approvals.confirm_for`` takes it); ``on_approval`` (set by the
+        surface) is told of each approval asked."""
         if max_concurrent_runs < 1:
             raise ValueError("max_concurrent_runs must be at least 1")
         self.store = store
@@ -243,6 +258,9 @@ class TurnService:
         self._render = render
         self._platform = platform
         self._confirm_for = confirm_for
+        self._hold_sessions = hold_sessions
+        self._park_on_approval = park_on_approval
+        self.on_approval: Callable[[ApprovalRecord], Awaitable[None]] | None = None
         self.context_chars = context_chars  # what one turn sends the model, at most
         self._claims = IdempotencyClaims(store, wait_seconds=idempotency_wait_seconds)
         self._active_runs = 0
@@ -356,22 +374,30 @@ class TurnService:
         deltas: asyncio.Queue[str | ToolProgress | None] | None = (
             asyncio.Queue() if request.stream else None
         )
+        hold = TurnHold(self.store, request.session_id) if self._hold_sessions else None
+        parking = (
+            Parking(asyncio.get_running_loop().create_future()) if self._park_on_approval else None
+        )
         try:
+            if hold is not None and (why := await busy_reason(self.store, request, hold)):
+                raise TurnError("session_busy", why)
             begun = await self._begin(request)
             if request.stream:
                 # A stream answers before the turn is stored, and its client may continue
                 # the session at once: write it first.
                 await self._session_writer(request.session_id, begun)()
-            task = asyncio.create_task(self._run(request, begun, owner, deltas))
+            task = asyncio.create_task(self._run(request, begun, owner, deltas, hold, parking))
         except BaseException:
             self._active_runs -= 1
             await self._claims.forget(key, owner)
+            if hold is not None:
+                await hold.release()
             raise
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         # The caller may be gone by the time the turn fails; the error is logged, not lost.
         task.add_done_callback(_note_unawaited_failure)
-        return StartedTurn(task, deltas)
+        return StartedTurn(task, deltas, parking.future if parking is not None else None)
 
     async def drain(self, grace_seconds: float) -> None:
         """Let running turns finish and store their results; cancel what outlasts the grace."""
@@ -405,9 +431,12 @@ class TurnService:
         begun: _Begun,
         owner: str | None,
         deltas: asyncio.Queue[str | ToolProgress | None] | None,
+        hold: TurnHold | None = None,
+        parking: Parking | None = None,
     ) -> dict[str, Any]:
         session_id, key = request.session_id, request.idempotency_key
         started = time.monotonic()
+        gate: TurnGate | None = None
         try:
             user_message = next(m for m in reversed(request.messages) if m["role"] == "user")
             context = with_images(
@@ -423,18 +452,28 @@ class TurnService:
                 ),
                 user_message,
             )
+            if hold is not None and self._confirm_for is not None:
+                gate = self._gate(request, begun, user_message, owner, hold, parking, deltas)
             ctx = ToolContext(
                 session_id=session_id,
                 session_key=self.session_key(session_id),
                 platform=self._platform.value,
                 before_background=self._session_writer(session_id, begun),
                 origin_ui_session_id=session_id if self._platform is Platform.WEBUI else None,
-                confirm=self._confirm_for(session_id) if self._confirm_for else None,
+                confirm=(
+                    gate.confirm
+                    if gate is not None
+                    else (self._confirm_for(session_id) if self._confirm_for else None)
+                ),
             )
             on_delta: DeltaCallback | None = None
             if deltas is not None:
 
                 async def on_delta(piece: str) -> None:
+                    if parking is not None:
+                        if parking.future.done():
+                            return  # answered already: the rest goes to the transcript
+                        parking.streamed.append(piece)
                     deltas.put_nowait(piece)
 
                 async def on_progress(step: ToolProgress) -> None:
@@ -445,6 +484,12 @@ class TurnService:
             extra = {"options": request.model_options} if request.model_options else {}
             result = well_formed_result(await self._run_agent(context, ctx, on_delta, **extra))
             response = self._render(result)
+            if parking is not None:
+                parking.storing = True
+                if parking.future.done() and gate is not None:
+                    await gate.store_answer(str(result.content or ""))
+                    self.turns_stored += 1
+                    return parking.future.result()
             await self._store(request, begun, user_message, result, response, owner)
             # One line per turn for operators: who and how long, never what was said.
             logger.info(
@@ -457,14 +502,48 @@ class TurnService:
             return response
         except ProviderError as exc:
             await self._claims.forget(key, owner)
+            if gate is not None:
+                await gate.store_failure(f"the model provider failed: {exc}")
             raise TurnError("upstream", f"the model provider failed: {exc}") from exc
-        except BaseException:
+        except BaseException as exc:
             await self._claims.forget(key, owner)
+            if gate is not None:
+                await gate.store_failure(repr(exc))
             raise
         finally:
             self._active_runs -= 1
-            if deltas is not None:
+            if hold is not None:
+                await asyncio.shield(hold.release())
+            if deltas is not None and (parking is None or not parking.future.done()):
                 deltas.put_nowait(None)
+
+    def _gate(
+        self,
+        request: TurnRequest,
+        begun: _Begun,
+        user_message: dict[str, Any],
+        owner: str | None,
+        hold: TurnHold,
+        parking: Parking | None,
+        deltas: asyncio.Queue[str | ToolProgress | None] | None,
+    ) -> TurnGate:
+        async def store_note(note: Any, response: dict[str, Any]) -> None:
+            await self._store(request, begun, user_message, note, response, owner)
+            # Written now: what comes after the decision only continues this session.
+            begun.unwritten, begun.exclusive = None, False
+
+        assert self._confirm_for is not None
+        return TurnGate(
+            store=self.store,
+            session_id=request.session_id,
+            confirm_for=self._confirm_for,
+            hold=hold,
+            on_approval=self.on_approval,
+            render=self._render,
+            parking=parking,
+            store_note=store_note,
+            deltas=deltas,
+        )
 
     def _session_writer(self, session_id: str, begun: _Begun) -> Callable[[], Awaitable[None]]:
         async def write_session() -> None:

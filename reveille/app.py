@@ -34,7 +34,6 @@ import storage
 import tools.async_delegation as ad
 from agent import Agent, build_provider
 from agent.providers.base import ModelProvider
-from api.approvals import Approvals
 from api.event_log import EventLog
 from api.server import WebUIServer
 from api.wakeups import WebUIDeliveryTarget
@@ -42,6 +41,7 @@ from api.web_turns import WebTurns
 from delivery.peers import ServerRecord
 from delivery.retention import RetentionScheduler, RetentionStores
 from delivery.webui_state import WebUIStateBackend
+from gateway.approvals import Approvals
 from gateway.config import Platform
 from gateway.delivery_targets import ApiServerTarget, PushTarget
 from gateway.platforms.api_server import ApiServerAdapter
@@ -168,11 +168,15 @@ async def serve(
             shutdown_grace_seconds=grace,
             coalesce_seconds=settings.coalesce_seconds,
         )
+        # One for the API server and Telegram: a decision through either wakes the turn
+        # at once (the web UI's has its own, announced through its event log).
+        approvals = Approvals(store)
         adapter = build_adapter(
             settings,
             store,
             model,
             metrics,
+            approvals=approvals,
             reuse_port=reuse_port,
             server_secret=server_secret,
             connection_limits=limits,
@@ -192,6 +196,7 @@ async def serve(
             runner,
             metrics,
             webui_state,
+            approvals=approvals,
             reuse_port=reuse_port,
             connection_limits=limits,
         )
@@ -315,11 +320,14 @@ def build_adapter(
     model: ModelProvider,
     metrics: Metrics,
     *,
+    approvals: Approvals | None = None,
     reuse_port: bool = False,
     server_secret: str | None = None,
     connection_limits: ConnectionLimits | None = None,
 ) -> ApiServerAdapter:
-    """The API server over its own turn service (``Platform.API_SERVER``)."""
+    """The API server over its own turn service (``Platform.API_SERVER``); with approvals
+    on, its turns ask them and answer their client at once while one is pending."""
+    approvals = approvals or Approvals(store)
     turns = TurnService(
         store,
         agent_turn_runner(build_agent(settings, model)),
@@ -327,6 +335,7 @@ def build_adapter(
         platform=Platform.API_SERVER,
         max_concurrent_runs=settings.max_concurrent_runs,
         context_chars=settings.context_chars,
+        **gateway_approvals(settings, approvals, park=True),
     )
     adapter = ApiServerAdapter(
         store=store,
@@ -340,6 +349,7 @@ def build_adapter(
         reuse_port=reuse_port,
         server_secret=server_secret,
         connection_limits=connection_limits,
+        approvals=approvals,
     )
     metrics.install(adapter.app)
     metrics.watch_turns(Platform.API_SERVER.value, turns)
@@ -356,6 +366,7 @@ def build_surfaces(
     metrics: Metrics,
     webui_state: WebUIStateBackend | None,
     *,
+    approvals: Approvals | None = None,
     reuse_port: bool = False,
     connection_limits: ConnectionLimits | None = None,
 ) -> list[Surface]:
@@ -375,7 +386,8 @@ def build_surfaces(
         surfaces.append(server)
     if settings.telegram_bot_token:
         agent = build_agent(settings, model)
-        for chat in telegram_surfaces(settings, store, agent, adapter, metrics):
+        asks = approvals or Approvals(store) if settings.shell_asks else None
+        for chat in telegram_surfaces(settings, store, agent, adapter, metrics, approvals=asks):
             runner.register_target(
                 chat.platform, PushTarget(chat, wake_text_budget=settings.wake_text_budget)
             )
@@ -425,7 +437,7 @@ def build_webui(
         platform=Platform.WEBUI,
         max_concurrent_runs=settings.max_concurrent_runs,
         context_chars=settings.context_chars,
-        confirm_for=approvals.confirm_for if settings.shell_enabled else None,
+        confirm_for=approvals.confirm_for if settings.shell_asks else None,
     )
     turns = WebTurns(
         store, service, log, approvals, runtime_stale=runtime_watch(settings_files(settings))
@@ -455,6 +467,15 @@ def build_webui(
     )
 
 
+def gateway_approvals(settings: Settings, approvals: Approvals, *, park: bool) -> dict[str, Any]:
+    """The ``TurnService`` arguments that make a gateway surface's turns ask approvals
+    (when the shell tool is on with ``[shell] approvals = "always"``), holding the session
+    while one is pending; ``park`` answers the turn's client at once (the API server)."""
+    if not settings.shell_asks:
+        return {}
+    return {"confirm_for": approvals.confirm_for, "hold_sessions": True, "park_on_approval": park}
+
+
 def stream_caps(limits: ConnectionLimits | None) -> dict[str, int]:
     """The web UI's caps on open event streams, kept under its port's connection caps:
     streams are busy connections that never yield their place, so at most half the port's
@@ -481,6 +502,7 @@ def build_agent(settings: Settings, model: ModelProvider) -> Agent:
             max_steps=settings.delegation_max_steps,
             stall_seconds=settings.delegation_stall_seconds,
         ),
+        shell_requires_approval=settings.shell_asks,
     )
     return Agent(model, registry)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from gateway.wake import url_host
 from reveille.settings import Settings
 
-__all__ = ["startup_banner", "telegram_summary"]
+__all__ = ["shell_summary", "startup_banner", "telegram_summary"]
 
 
 def startup_banner(
@@ -53,7 +53,7 @@ def startup_banner(
     else:
         endpoint = settings.openai_base_url or "https://api.openai.com/v1"
         lines.append(f"  model: {model} via {endpoint}")
-    lines.append(f"  shell tool: {'ENABLED' if settings.shell_enabled else 'off'}")
+    lines.append(f"  shell tool: {shell_summary(settings)}")
     lines.append(f"  telegram: {telegram_summary(settings)}")
     lines.append(
         f"  metrics: http://{url_host(settings.host)}:{port}/metrics (Prometheus"
@@ -99,3 +99,18 @@ def telegram_summary(settings: Settings) -> str:
     users = sorted(settings.telegram_allowed_user_ids)
     who = f"allowed users {', '.join(users)}" if users else "NO allowed users: it answers nobody"
     return f"{mode} via {settings.telegram_base_url}; {who}"
+
+
+def shell_summary(settings: Settings) -> str:
+    """The banner's shell line: off, on with approvals, or plainly on WITHOUT them."""
+    if not settings.shell_enabled:
+        return "off"
+    if settings.shell_asks:
+        return (
+            "ENABLED, each command waits for a person's approval (web UI, API "
+            "/api/approvals, Telegram buttons, `reveille approvals`)"
+        )
+    return (
+        "ENABLED WITHOUT APPROVALS -- every surface (API, Telegram, web UI) runs any command "
+        'the model writes at once ([shell] approvals = "never"; set it to "always" to ask)'
+    )

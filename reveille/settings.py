@@ -47,6 +47,9 @@ class Settings:
     demo_delay_seconds: float = 1.0
     shell_enabled: bool = False
     shell_workdir: str = ""
+    # "always": a person approves each shell command (web UI, API, Telegram, CLI);
+    # "never": commands run at once (the banner says so)
+    shell_approvals: str = "always"
     max_concurrent_runs: int = 10
     context_chars: int = 400_000
     drain_seconds: float = 30.0
@@ -109,6 +112,11 @@ class Settings:
     retention_interval_seconds: float = 3600.0
 
     @property
+    def shell_asks(self) -> bool:
+        """The shell tool is on and a person approves each command."""
+        return self.shell_enabled and self.shell_approvals.strip().lower() != "never"
+
+    @property
     def allowed_origins(self) -> frozenset[str]:
         return frozenset(normalize_origin(o) for o in self.cors_origins.split(",") if o.strip())
 
@@ -168,6 +176,7 @@ ENV_NAMES: dict[str, str] = {
     "demo_delay_seconds": "REVEILLE_DEMO_DELAY_SECONDS",
     "shell_enabled": "REVEILLE_SHELL_ENABLED",
     "shell_workdir": "REVEILLE_SHELL_WORKDIR",
+    "shell_approvals": "REVEILLE_SHELL_APPROVALS",
     "max_concurrent_runs": "REVEILLE_MAX_CONCURRENT_RUNS",
     "context_chars": "REVEILLE_CONTEXT_CHARS",
     "drain_seconds": "REVEILLE_DRAIN_SECONDS",
@@ -216,6 +225,7 @@ _TOML_ALIASES = {
     ("model", "context_chars"): "context_chars",
     ("shell", "enabled"): "shell_enabled",
     ("shell", "workdir"): "shell_workdir",
+    ("shell", "approvals"): "shell_approvals",
     ("delegation", "max_async_children"): "max_async_children",
     ("delegation", "max_queued"): "max_queued_delegations",
     ("delegation", "max_depth"): "delegation_max_depth",
@@ -303,6 +313,8 @@ def _validate(s: Settings) -> None:
     for name in ("port", "webui_port"):
         if not 0 <= getattr(s, name) <= 65535:
             raise bad(name, "must be 0-65535")
+    if s.shell_approvals.strip().lower() not in {"always", "never"}:
+        raise bad("shell_approvals", 'must be "always" or "never"')
     if s.provider not in {"demo", "openai"}:
         raise bad("provider", 'must be "demo" or "openai"')
     if s.provider == "openai" and not s.openai_base_url and not s.openai_api_key:

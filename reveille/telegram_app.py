@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent import Agent
+from gateway.approvals import Approvals
 from gateway.config import Platform
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.platforms.telegram import TelegramAdapter
@@ -34,8 +35,12 @@ def telegram_surfaces(
     agent: Agent,
     api_server: ApiServerAdapter,
     metrics: Any = None,
+    *,
+    approvals: Approvals | None = None,
 ) -> list[TelegramAdapter]:
-    """The Telegram adapter when a bot token is configured, else nothing."""
+    """The Telegram adapter when a bot token is configured, else nothing. With
+    ``approvals`` its turns ask them (an inline keyboard in the chat), holding the session
+    while one is pending."""
     if not settings.telegram_bot_token:
         return []
     turns = TurnService(
@@ -47,6 +52,8 @@ def telegram_surfaces(
         context_chars=settings.context_chars,
         # A Telegram session's id is its routing key (telegram_session_id).
         session_key_of=lambda session_id: session_id,
+        confirm_for=approvals.confirm_for if approvals is not None else None,
+        hold_sessions=approvals is not None,
     )
     adapter = TelegramAdapter(
         api=TelegramApi(settings.telegram_bot_token, base_url=settings.telegram_base_url),
@@ -56,6 +63,7 @@ def telegram_surfaces(
         webhook_url=settings.telegram_webhook_url,
         secret_token=settings.telegram_secret_token,
         edit_interval=settings.telegram_edit_interval,
+        approvals=approvals,
     )
     if settings.telegram_webhook_url:
         path, handler = adapter.webhook_route()

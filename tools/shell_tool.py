@@ -1,8 +1,10 @@
 """The `terminal` tool: runs a shell command, in the foreground or as a background process.
 
 It is off unless the operator enables it, and when off it runs nothing and says how to turn
-it on. A surface that wants a human to approve each command (the web UI) sets
-``ToolContext.confirm``: the command runs only when it answers True. Background processes
+it on. Every surface's turns set ``ToolContext.confirm`` when a person approves each
+command (``[shell] approvals = "always"``, the default): the command runs only when it
+answers True. With ``require_approval`` a call that comes without a way to ask (a context
+some caller built without the hook) is refused, never run unasked. Background processes
 go through `tools.process_registry`, which can notify the originating session when they exit.
 """
 
@@ -23,6 +25,10 @@ SHELL_DISABLED_ERROR = (
     "(or shell.enabled in the settings file)"
 )
 DENIED_ERROR = "the user denied running this command; it was not run"
+NO_APPROVAL_ERROR = (
+    "this command needs a person's approval and this conversation has no way to ask for "
+    "one; it was not run"
+)
 OUTPUT_TAIL_BYTES = 16 * 1024
 _READ_CHUNK = 4096
 _DRAIN_SECONDS = 2.0
@@ -124,7 +130,11 @@ async def run_foreground(command: str, *, workdir: str | None, timeout: float) -
 
 
 def make_shell_tool(
-    *, enabled: bool, workdir: str | None = None, timeout_seconds: float = 60
+    *,
+    enabled: bool,
+    workdir: str | None = None,
+    timeout_seconds: float = 60,
+    require_approval: bool = False,
 ) -> Tool:
     """The `terminal` tool; with `enabled=False` every call is refused without running anything."""
 
@@ -134,6 +144,8 @@ def make_shell_tool(
         command = str(args.get("command") or "")
         if not command.strip():
             return {"error": "command must not be empty"}
+        if ctx.confirm is None and require_approval:
+            return {"error": NO_APPROVAL_ERROR, "denied": True}
         if ctx.confirm is not None and not await ctx.confirm(command):
             return {"error": DENIED_ERROR, "denied": True}
         if not as_bool(args.get("background")):

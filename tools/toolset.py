@@ -20,6 +20,7 @@ def build_default_registry(
     shell_timeout_seconds: float = 60,
     max_async_children: int = 3,
     delegation: DelegationLimits | None = None,
+    shell_requires_approval: bool = False,
 ) -> ToolRegistry:
     """The tools a conversation gets: `delegate_task`, and `terminal` (which refuses when off).
 
@@ -37,7 +38,10 @@ def build_default_registry(
     )
     registry.register(
         make_shell_tool(
-            enabled=shell_enabled, workdir=workdir, timeout_seconds=shell_timeout_seconds
+            enabled=shell_enabled,
+            workdir=workdir,
+            timeout_seconds=shell_timeout_seconds,
+            require_approval=shell_requires_approval,
         )
     )
     return registry

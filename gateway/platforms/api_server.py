@@ -4,7 +4,13 @@ Streams carry content deltas as the model writes them and, as ``event: reveille.
 (a chunk with no choices plus ``reveille_tool``), each tool step when it starts and ends.
 
 Routes: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
-``GET /v1/models/{id}``, ``GET /health``, and the sessions routes of ``api_sessions``.
+``GET /v1/models/{id}``, ``GET /health``, the sessions routes of ``api_sessions`` and, with
+approvals on, the approvals routes of ``api_approvals``.
+
+Approvals (``gateway.turn_approvals``): a turn waiting for one answers at once with a note
+naming it, plus ``reveille_approval`` (a stream: an ``event: reveille.approval`` chunk);
+until it is decided a client turn in the session answers 409 ``session_busy`` and the
+server's own wake-up 503 (a wait: its attempt is refunded).
 
 Sessions. ``X-Hermes-Session-Id`` continues a stored session: refused with 403 when no API
 key is configured (anyone on the machine could otherwise resume anyone's conversation),
@@ -50,7 +56,9 @@ from aiohttp import web
 from agent.loop import Agent
 from agent.tools import ToolProgress
 from delivery.ids import new_token
+from gateway.approvals import Approvals
 from gateway.config import Platform
+from gateway.platforms.api_approvals import ApprovalRoutes
 from gateway.platforms.api_auth import ApiKeyAuth, is_keyed, same_secret
 from gateway.platforms.api_sessions import MALFORMED_SESSION_ID, SessionRoutes
 from gateway.platforms.base import BasePlatformAdapter, SendResult
@@ -75,6 +83,7 @@ from gateway.platforms.request_body import (
     read_json_body,
 )
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
+from gateway.turn_approvals import first_answer
 from gateway.turns import (
     ReplayedTurn,
     TurnError,
@@ -98,6 +107,7 @@ logger = logging.getLogger(__name__)
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 TOOL_EVENT = "reveille.tool"
+APPROVAL_EVENT = "reveille.approval"
 WAKE_TOKEN_HEADER = "X-Reveille-Wake-Token"
 _READY_TIMEOUT_SECONDS = 2.0
 DEFAULT_KEEPALIVE_SECONDS = 15.0
@@ -134,6 +144,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         reuse_port: bool = False,
         server_secret: str | None = None,
         connection_limits: ConnectionLimits | None = None,
+        approvals: Approvals | None = None,
     ) -> None:
         super().__init__()
         given = sum(x is not None for x in (turns, agent, turn_runner))
@@ -178,6 +189,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         self._started_at = time.time()
         self.draining = False
         self._browsers = BrowserGuard(allowed_origins)
+        self.approvals = approvals
         self.app = self._build_app()
 
     def render_completion(self, result: Any) -> dict[str, Any]:
@@ -206,6 +218,10 @@ class ApiServerAdapter(BasePlatformAdapter):
         app.router.add_get("/livez", self._livez)
         app.router.add_get("/readyz", self._readyz)
         SessionRoutes(self.store, read_json=self._read_json).add_to(app.router)
+        if self.approvals is not None:
+            ApprovalRoutes(self.approvals, read_json=self._read_json, keyed=is_keyed).add_to(
+                app.router
+            )
         self._browsers.install(app)
         self.connections.install(app)
         return app
@@ -377,7 +393,8 @@ class ApiServerAdapter(BasePlatformAdapter):
         internal = False
         if idem_key is not None:
             idem_key, internal = self._scoped_key(request, session_id, idem_key)
-        turn = await self.turns.start(
+        turn = await self._start_turn(
+            internal,
             TurnRequest(
                 session_id=session_id,
                 messages=messages,
@@ -390,14 +407,34 @@ class ApiServerAdapter(BasePlatformAdapter):
                 # Only this server's own wake-up proves itself (the wake token).
                 wakeup=internal,
                 unwritten=unwritten,
-            )
+            ),
         )
         if isinstance(turn, ReplayedTurn):
             return await self._respond(request, turn.response, session_id, options, replayed=True)
         if turn.deltas is None:
-            completion = await asyncio.shield(turn.task)
+            completion = await first_answer(turn.task, turn.parked)
             return web.json_response(completion, headers={SESSION_HEADER: session_id})
-        return await self._stream_turn(request, turn.task, turn.deltas, session_id, options)
+        return await self._stream_turn(
+            request, turn.task, turn.deltas, session_id, options, turn.parked
+        )
+
+    async def _start_turn(self, internal: bool, request: TurnRequest) -> Any:
+        try:
+            return await self.turns.start(request)
+        except TurnError as exc:
+            if exc.kind != "session_busy":
+                raise
+            if internal:
+                # This server's own wake-up: a wait, not a refusal (``deliver_wake`` gives
+                # the claim back without spending an attempt, and it is offered again).
+                raise ApiError(
+                    503,
+                    exc.message,
+                    type_="server_error",
+                    code="session_busy",
+                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+                ) from None
+            raise ApiError(409, exc.message, code="session_busy") from None
 
     async def _respond(
         self,
@@ -458,6 +495,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         deltas: asyncio.Queue[str | ToolProgress | None],
         session_id: str,
         options: ChatBody,
+        parked: asyncio.Future[dict[str, Any]] | None = None,
     ) -> web.StreamResponse:
         response = await self._open_stream(request, {SESSION_HEADER: session_id})
         stream_id = "chatcmpl-" + new_token()[:24]
@@ -490,7 +528,13 @@ class ApiServerAdapter(BasePlatformAdapter):
                     continue
                 await send_sse(response, chunk({"content": piece}))
             try:
-                completion = await asyncio.shield(task)
+                if parked is not None and parked.done():
+                    completion = parked.result()
+                    approval = {**chunk({}), "choices": []}
+                    approval["reveille_approval"] = completion.get("reveille_approval")
+                    await send_sse(response, approval, event=APPROVAL_EVENT)
+                else:
+                    completion = await asyncio.shield(task)
             except TurnError as exc:
                 await send_sse(response, api_error_of(exc).body())
                 await response.write(b"data: [DONE]\n\n")

@@ -15,8 +15,21 @@ chat, is one session: its id is ``build_session_key`` of the chat's ``SessionSou
 * Replies stream into the chat by editing one message, at most one edit per
   ``edit_interval`` seconds ("message is not modified" counts as success), with the typing
   action while the agent works; the final text is split at Telegram's 4,096-character limit
-  on paragraph boundaries and escaped (``telegram_format``), so model output can never break
-  a message.
+  on paragraph boundaries and its markdown sent as Telegram HTML (``telegram_format``,
+  always well-formed; a piece Telegram still cannot parse is sent again as plain text), so
+  model output can never break a message.
+* ``/start`` and ``/help`` answer with what the bot does; ``/new`` starts a fresh session
+  for the chat (``TelegramState.chat_sessions``): the old one stays readable and its late
+  results still come home to it.
+* Approvals (when the shell asks them): a command the agent wants to run is asked in the
+  chat with an inline keyboard (Approve once / Deny) whose ``callback_data`` carries the
+  approval's opaque id only. Only an allowed user who owns the chat (the private chat's
+  user, or the user who started the group's session) may answer; anyone else's press gets
+  "not yours". A press decides once in the store (a second: "already decided"); the turn
+  waits meanwhile, holding the chat and its session (wake-ups wait behind it). Pending
+  approvals live in the store: after a crash the unanswered message is asked again, and a
+  press on the old keyboard, whose turn is gone, is told it was settled as denied ("expired"
+  when no turn has taken the session over yet); nothing of it runs.
 * Wake-ups arrive through ``deliver_wake``'s push path (``handle_message`` with an internal
   ``MessageEvent``): an agent turn that restates the result, keyed by the delivery id, sent
   to the chat. A wake-up for a chat whose turn is running waits for it (the claim is held,
@@ -33,16 +46,19 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from gateway.approvals import Approvals
 from gateway.config import Platform
 from gateway.platforms.base import BasePlatformAdapter, MessageEvent, SendResult
 from gateway.platforms.telegram_api import TelegramApi, TelegramError
-from gateway.platforms.telegram_format import escape, split_message
+from gateway.platforms.telegram_approvals import ApprovalKeyboard
+from gateway.platforms.telegram_format import split_message, to_html
 from gateway.platforms.telegram_intake import LongPoller, webhook_handler
 from gateway.platforms.telegram_state import TelegramState
 from gateway.session import SessionGone, SessionSource, build_session_key, is_valid_session_id
@@ -90,6 +106,7 @@ HELP_TEXT = (
     "I am Reveille: an agent whose background work comes home.\n\n"
     "Write to me as you would to anyone. Ask for something long 'in the background' and "
     "go on talking: when the work is done, its result comes back here as a new message.\n\n"
+    "/new starts a fresh conversation (the old one is kept).\n"
     "/help shows this again."
 )
 
@@ -121,6 +138,7 @@ class TelegramAdapter(BasePlatformAdapter):
         edit_interval: float = 1.5,
         wake_wait_seconds: float = 240.0,
         poll_backoff_seconds: float = 1.0,
+        approvals: Approvals | None = None,
     ) -> None:
         super().__init__()
         if webhook_url and not secret_token:
@@ -148,6 +166,13 @@ class TelegramAdapter(BasePlatformAdapter):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._poll_task: asyncio.Task[None] | None = None
         self.ignored_updates = 0
+        # The chat each running turn's session answers in: where its approvals are asked.
+        self._sources: dict[str, SessionSource] = {}
+        self.approval_keyboard = ApprovalKeyboard(
+            api, turns.store, approvals, self.allowed_users, self._sources
+        )
+        if approvals is not None:
+            turns.on_approval = self.approval_keyboard.ask
         self.set_message_handler(self._on_event)
 
     # ----------------------------------------------------------------- lifecycle
@@ -177,7 +202,7 @@ class TelegramAdapter(BasePlatformAdapter):
                 {
                     "url": self.webhook_url,
                     "secret_token": self.secret_token,
-                    "allowed_updates": ["message"],
+                    "allowed_updates": ["message", "callback_query"],
                 },
             )
             logger.info("Telegram: webhook mode at %s", self.webhook_url)
@@ -234,6 +259,11 @@ class TelegramAdapter(BasePlatformAdapter):
         await asyncio.to_thread(self.state.mark_answered, self.bot, update_id)
 
     async def _answer_update(self, update_id: int, update: dict[str, Any]) -> None:
+        query = update.get("callback_query")
+        if isinstance(query, dict):
+            # Never behind the chat's lock: the turn holding it waits for this very press.
+            await self.approval_keyboard.on_press(query)
+            return
         message = update.get("message")
         if not isinstance(message, dict):
             return
@@ -248,14 +278,18 @@ class TelegramAdapter(BasePlatformAdapter):
                 source.user_id,
             )
             return
-        if _command(text) in ("start", "help"):
+        command = _command(text)
+        if command in ("start", "help", "new"):
             # Answered by the bot itself: no turn, nothing stored.
             try:
-                await self.send_text(source, HELP_TEXT)
+                if command == "new":
+                    await self._new_session(source)
+                else:
+                    await self.send_text(source, HELP_TEXT)
             except TelegramError as exc:
-                logger.warning("Telegram refused the help for update %s: %s", update_id, exc)
+                logger.warning("Telegram refused the answer to update %s: %s", update_id, exc)
             return
-        session_id = telegram_session_id(source)
+        session_id = await self._session_of(source)
         key = f"telegram:{self.bot}:update:{update_id}"
         delay = 1.0
         async with self._lock(session_id):
@@ -264,7 +298,7 @@ class TelegramAdapter(BasePlatformAdapter):
                     await self._answer(source, session_id, text, key, create=True)
                     return
                 except TurnError as exc:
-                    if exc.kind not in ("too_many_turns", "in_progress"):
+                    if exc.kind not in ("too_many_turns", "in_progress", "session_busy"):
                         raise
                     logger.info("Telegram update %s waits: %s", update_id, exc.message)
                     await asyncio.sleep(delay)
@@ -283,6 +317,29 @@ class TelegramAdapter(BasePlatformAdapter):
                     )
                     await asyncio.sleep(wait)
                     delay = min(delay * 2, _MAX_UPDATE_RETRY_SECONDS)
+
+    # ----------------------------------------------------------------- conversations
+
+    async def _session_of(self, source: SessionSource) -> str:
+        """The session the chat's messages go to now (``/new`` may have moved it)."""
+        base = telegram_session_id(source)
+        chosen = await asyncio.to_thread(self.state.chat_session, base)
+        return chosen or base
+
+    async def _new_session(self, source: SessionSource) -> None:
+        base = telegram_session_id(source)
+        old = await self._session_of(source)
+        fresh = f"{base}:new-{secrets.token_hex(4)}"
+        if not is_valid_session_id(fresh):
+            fresh = "telegram_" + hashlib.sha256(fresh.encode()).hexdigest()[:32]
+        # Only the mapping changes: the old session stays as it is, readable, and what it
+        # started still comes home to it.
+        await asyncio.to_thread(self.state.start_chat_session, base, fresh)
+        await self.send_text(
+            source,
+            "Started a new conversation: I no longer see what we said before. The previous "
+            f"one is kept (session `{old}`).",
+        )
 
     # ----------------------------------------------------------------- wake-ups
 
@@ -323,7 +380,8 @@ class TelegramAdapter(BasePlatformAdapter):
             if exc.kind in ("session_not_found", "session_deleted"):
                 raise SessionGone(session_id) from exc
             raise WakeDeliveryError(
-                exc.message, transient=exc.kind in ("too_many_turns", "in_progress")
+                exc.message,
+                transient=exc.kind in ("too_many_turns", "in_progress", "session_busy"),
             ) from exc
         finally:
             lock.release()
@@ -344,6 +402,7 @@ class TelegramAdapter(BasePlatformAdapter):
         if key is not None and await asyncio.to_thread(self.state.reply_finished, key):
             return ""
         typing = asyncio.create_task(self._typing(source))
+        self._sources[session_id] = source
         try:
             turn = await self.turns.start(
                 TurnRequest(
@@ -370,6 +429,7 @@ class TelegramAdapter(BasePlatformAdapter):
                         await reply.grow(piece)
                 final = str((await turn.task).get("content") or "")
         finally:
+            self._sources.pop(session_id, None)
             typing.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await typing
@@ -390,32 +450,32 @@ class TelegramAdapter(BasePlatformAdapter):
     async def send_text(
         self, source: SessionSource, text: str, *, message_id: int | None = None
     ) -> int:
-        """Send (or, with ``message_id``, edit to) one piece; its message id."""
+        """Send (or, with ``message_id``, edit to) one piece of markdown; its message id."""
         if message_id is None:
-            result = await self.api.call(
-                "sendMessage",
-                {
-                    "chat_id": source.chat_id,
-                    "text": escape(text),
-                    "parse_mode": "HTML",
-                    **_thread(source),
-                },
+            result = await self._formatted(
+                "sendMessage", {"chat_id": source.chat_id, **_thread(source)}, text
             )
             return int(result["message_id"]) if isinstance(result, dict) else 0
         try:
-            await self.api.call(
-                "editMessageText",
-                {
-                    "chat_id": source.chat_id,
-                    "message_id": message_id,
-                    "text": escape(text),
-                    "parse_mode": "HTML",
-                },
+            await self._formatted(
+                "editMessageText", {"chat_id": source.chat_id, "message_id": message_id}, text
             )
         except TelegramError as exc:
             if not exc.not_modified:
                 raise
         return message_id
+
+    async def _formatted(self, method: str, params: dict[str, Any], text: str) -> Any:
+        """``text`` as Telegram HTML; as plain text when Telegram cannot parse it anyway."""
+        try:
+            return await self.api.call(
+                method, {**params, "text": to_html(text), "parse_mode": "HTML"}
+            )
+        except TelegramError as exc:
+            if exc.error_code != 400 or "can't parse entities" not in exc.description.lower():
+                raise
+            logger.info("Telegram could not parse a reply's HTML (%s); sent as plain text", exc)
+            return await self.api.call(method, {**params, "text": text})
 
     async def send(
         self, chat_id: str, text: str, *, metadata: dict[str, Any] | None = None

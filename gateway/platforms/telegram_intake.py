@@ -35,7 +35,7 @@ _MAX_BACKOFF_SECONDS = 60.0
 # A batch of nothing but skipped updates cannot move the offset, so the server sends it
 # again at once: ask again after a pause, short enough not to hold up a later good update.
 _SKIPPED_ONLY_MAX_WAIT_SECONDS = 5.0
-_ALLOWED_UPDATES = ["message"]
+_ALLOWED_UPDATES = ["message", "callback_query"]
 
 Dispatch = Callable[[int, dict[str, Any]], None]
 

@@ -15,6 +15,11 @@ One small SQLite file (``telegram.db`` under the state directory), WAL, ``synchr
   messages instead of sending new ones, and ``finish_reply`` marks the reply complete.
   Only a crash between Telegram accepting a message and this file recording its id can
   repeat one message (at most once).
+* Conversations. ``/new`` starts a fresh session for a chat: ``chat_sessions`` maps the
+  chat's routing key to the session its messages go to now (none: the key itself, the
+  chat's first session). Old sessions are never touched, so they stay readable and their
+  late background results still come home to them. (Schema version 2 added this table;
+  a version 1 file gains it when opened.)
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ __all__ = ["STATE_FILE", "TelegramState", "TelegramStateError"]
 
 STATE_FILE = "telegram.db"  # under the state directory
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _APPLICATION_ID = 0x5254_4731  # "RTG1"
 
 _DDL = """
@@ -55,6 +60,11 @@ CREATE TABLE IF NOT EXISTS reply_parts (
     chat_id TEXT NOT NULL,
     message_id INTEGER NOT NULL,
     PRIMARY KEY (reply_key, part)
+);
+CREATE TABLE IF NOT EXISTS chat_sessions (
+    chat_key TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    started_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS replies_done (
     reply_key TEXT PRIMARY KEY,
@@ -202,6 +212,25 @@ class TelegramState:
             lambda conn: conn.execute(
                 "INSERT OR IGNORE INTO replies_done (reply_key, done_at) VALUES (?, ?)",
                 (key, time.time()),
+            )
+        )
+
+    # ----------------------------------------------------------------- conversations
+
+    def chat_session(self, chat_key: str) -> str | None:
+        """The session a chat's messages go to now, when ``/new`` chose one."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT session_id FROM chat_sessions WHERE chat_key = ?", (chat_key,)
+            ).fetchone()
+        return str(row[0]) if row is not None else None
+
+    def start_chat_session(self, chat_key: str, session_id: str) -> None:
+        self._tx(
+            lambda conn: conn.execute(
+                "INSERT OR REPLACE INTO chat_sessions (chat_key, session_id, started_at) "
+                "VALUES (?, ?, ?)",
+                (chat_key, session_id, time.time()),
             )
         )
 

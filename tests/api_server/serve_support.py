@@ -50,6 +50,8 @@ class Server:
             "REVEILLE_WEBUI_PORT": "0",
             "REVEILLE_SHELL_ENABLED": "1",
             "REVEILLE_SHELL_WORKDIR": str(home),
+            # These tests run commands unasked; the approval tests set "always" themselves.
+            "REVEILLE_SHELL_APPROVALS": "never",
             "PYTHONUNBUFFERED": "1",
             # The checkout first, whatever an (editable) install in the venv maps.
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),

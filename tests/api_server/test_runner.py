@@ -46,6 +46,7 @@ async def gateway(tmp_path, clean_state):
         api_key=KEY,
         demo_delay_seconds=DEMO_DELAY,
         shell_enabled=True,
+        shell_approvals="never",
         shell_workdir=str(tmp_path),
     )
     provider = RecordingProvider(DemoModel(delay_seconds=DEMO_DELAY))
@@ -225,6 +226,7 @@ async def test_keyless_server_still_wakes_its_sessions(tmp_path, clean_state) ->
         webui_port=0,
         api_key="",
         shell_enabled=True,
+        shell_approvals="never",
         shell_workdir=str(tmp_path),
     )
     async with serve(settings, provider=DemoModel(delay_seconds=DEMO_DELAY)) as app:

@@ -202,6 +202,7 @@ def test_wake_ups_come_home_through_any_worker_without_a_key(tmp_path: Path) -> 
             "REVEILLE_WEBUI_PORT": str(free_port()),
             "REVEILLE_SHELL_ENABLED": "1",
             "REVEILLE_SHELL_WORKDIR": str(tmp_path),
+            "REVEILLE_SHELL_APPROVALS": "never",
         },
     )
     try:

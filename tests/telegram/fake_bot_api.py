@@ -4,13 +4,20 @@ It speaks the Bot API's JSON (``{"ok": true, "result": ...}`` and ``{"ok": false
 "error_code", "description", "parameters": {"retry_after"}}``) at ``/bot<token>/<method>``
 for getMe, getUpdates (long polling with ``offset`` confirmation), sendMessage,
 editMessageText ("message is not modified" like the real one), sendChatAction,
-deleteWebhook and setWebhook. Tests queue user messages, inject failures and read back
+deleteWebhook, setWebhook and answerCallbackQuery. Like the real one it keeps each
+message's inline keyboard (``reply_markup``; an edit without one takes it away), turns a
+press into a ``callback_query`` update (``press``), refuses callback_data over 64 bytes,
+and parses ``parse_mode=HTML`` text as Telegram does: an unsupported tag, an unclosed or
+crossed one, or a stray ``<``/``&`` is a 400 "can't parse entities", and the 4,096 limit
+counts the text after parsing. Tests queue user messages, inject failures and read back
 every message the bot sent, as it was last edited.
 """
 
 from __future__ import annotations
 
 import asyncio
+import html
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,6 +36,53 @@ class Sent:
     thread_id: int | None = None
     edits: int = 0
     at: float = field(default_factory=time.time)
+    reply_markup: dict[str, Any] | None = None
+    parse_mode: str | None = None
+
+
+_TAGS = {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "code", "pre", "a"}
+_TAGS |= {"tg-spoiler", "span", "blockquote", "tg-emoji"}
+_TOKEN = re.compile(
+    r"<(/?)([a-zA-Z][a-zA-Z0-9-]*)((?:\s+[^<>]*)?)>|<|&(#\d+|#x[0-9a-fA-F]+|\w+);|&"
+)
+_ENTITIES = {"lt", "gt", "amp", "quot"}
+
+
+def parse_html(text: str) -> str:
+    """The visible text of ``text`` in Telegram's HTML mode; ValueError ("can't parse
+    entities: ...") where Telegram refuses it."""
+    stack: list[str] = []
+    visible: list[str] = []
+    at = 0
+    for m in _TOKEN.finditer(text):
+        visible.append(text[at : m.start()])
+        at = m.end()
+        token = m.group(0)
+        if m.group(2):
+            closing, tag = m.group(1) == "/", m.group(2).lower()
+            if tag not in _TAGS:
+                raise ValueError(f'can\'t parse entities: Unsupported start tag "{tag}"')
+            if closing:
+                if not stack or stack[-1] != tag:
+                    raise ValueError(f'can\'t parse entities: Unmatched end tag "{tag}"')
+                stack.pop()
+            else:
+                stack.append(tag)
+        elif token == "<":
+            raise ValueError("can't parse entities: Unsupported start tag")
+        elif token == "&":
+            raise ValueError("can't parse entities: Character entity expected")
+        else:
+            name = m.group(4)
+            if not name.startswith("#") and name not in _ENTITIES:
+                raise ValueError(f'can\'t parse entities: Unsupported entity "{name}"')
+            visible.append(html.unescape(token))
+    visible.append(text[at:])
+    if stack:
+        raise ValueError(
+            f"can't parse entities: Can't find end tag corresponding to \"{stack[-1]}\""
+        )
+    return "".join(visible)
 
 
 class FakeBotApi:
@@ -50,6 +104,7 @@ class FakeBotApi:
         self.failed: list[tuple[str, int, float]] = []
         self.blocked: set[str] = set()
         self.webhook: dict[str, Any] | None = None
+        self.callback_answers: list[dict[str, Any]] = []
         # While set, sendMessage calls wait; with ``discard_held`` they then fail unrecorded
         # (their client was killed meanwhile: the message never reached the chat).
         self.hold_sends = threading.Event()
@@ -90,6 +145,45 @@ class FakeBotApi:
                 }
             )
         return update_id
+
+    def press(
+        self, message_id: int, data: str, *, user_id: int = 42, chat_id: int | None = None
+    ) -> int:
+        """Queue a press of the button ``data`` on the bot's message ``message_id`` (a
+        ``callback_query`` update, as Telegram sends it); returns its update id."""
+        chat = chat_id if chat_id is not None else user_id
+        with self._lock:
+            sent = next(
+                (m for m in self.sent if m.message_id == message_id and m.chat_id == str(chat)),
+                None,
+            )
+            self._next_update += 1
+            update_id = self._next_update
+            self.updates.append(
+                {
+                    "update_id": update_id,
+                    "callback_query": {
+                        "id": f"cbq{update_id}",
+                        "from": {"id": user_id, "is_bot": False, "first_name": f"user{user_id}"},
+                        "message": {
+                            "message_id": message_id,
+                            "date": int(time.time()),
+                            "chat": {
+                                "id": chat,
+                                "type": "private" if chat == user_id else "supergroup",
+                            },
+                            "text": sent.text if sent is not None else "",
+                        },
+                        "chat_instance": str(chat),
+                        "data": data,
+                    },
+                }
+            )
+        return update_id
+
+    def keyboards_to(self, chat_id: int | str) -> list[Sent]:
+        """The bot's messages to ``chat_id`` that carry an inline keyboard now."""
+        return [m for m in self.messages_to(chat_id) if m.reply_markup]
 
     def raw_update(self, update: dict[str, Any]) -> int:
         """Queue ``update`` as given, like a broken or hostile Bot API server (a relay, a
@@ -206,13 +300,46 @@ class FakeBotApi:
         text = params.get("text")
         if not isinstance(text, str) or not text:
             return self._error(400, "Bad Request: message text is empty")
-        if len(text) > 4096:
-            return self._error(400, "Bad Request: message is too long")
+        refused = self._check_text(params)
+        if refused is not None:
+            return refused
         with self._lock:
             message_id = self._next_message
             self._next_message += 1
-            self.sent.append(Sent(chat_id, message_id, text, params.get("message_thread_id")))
+            self.sent.append(
+                Sent(
+                    chat_id,
+                    message_id,
+                    text,
+                    params.get("message_thread_id"),
+                    reply_markup=params.get("reply_markup"),
+                    parse_mode=params.get("parse_mode"),
+                )
+            )
         return {"message_id": message_id, "chat": {"id": params.get("chat_id")}, "text": text}
+
+    def _check_text(self, params: dict[str, Any]) -> web.Response | None:
+        """Telegram's checks of a message's text and keyboard."""
+        text = str(params.get("text") or "")
+        visible = text
+        if params.get("parse_mode") == "HTML":
+            try:
+                visible = parse_html(text)
+            except ValueError as exc:
+                return self._error(400, f"Bad Request: {exc}")
+        if len(visible) > 4096:
+            return self._error(400, "Bad Request: message is too long")
+        markup = params.get("reply_markup")
+        if markup is not None:
+            rows = markup.get("inline_keyboard") if isinstance(markup, dict) else None
+            if not isinstance(rows, list):
+                return self._error(400, "Bad Request: can't parse reply keyboard markup JSON")
+            for row in rows:
+                for button in row:
+                    data = button.get("callback_data")
+                    if data is not None and len(str(data).encode()) > 64:
+                        return self._error(400, "Bad Request: BUTTON_DATA_INVALID")
+        return None
 
     async def _m_editMessageText(self, params: dict[str, Any]) -> Any:
         chat_id = str(params.get("chat_id"))
@@ -220,18 +347,22 @@ class FakeBotApi:
         if gone is not None:
             return gone
         text = params.get("text")
-        if isinstance(text, str) and len(text) > 4096:
-            return self._error(400, "Bad Request: MESSAGE_TOO_LONG")
+        refused = self._check_text(params)
+        if refused is not None:
+            return refused
         with self._lock:
             for sent in self.sent:
                 if sent.chat_id == chat_id and sent.message_id == params.get("message_id"):
-                    if sent.text == text:
+                    markup = params.get("reply_markup")
+                    if sent.text == text and sent.reply_markup == markup:
                         return self._error(
                             400,
                             "Bad Request: message is not modified: specified new message "
                             "content and reply markup are exactly the same",
                         )
                     sent.text = str(text)
+                    sent.reply_markup = markup  # an edit without one takes the keyboard away
+                    sent.parse_mode = params.get("parse_mode")
                     sent.edits += 1
                     return {"message_id": sent.message_id, "text": text}
         return self._error(400, "Bad Request: message to edit not found")
@@ -244,6 +375,25 @@ class FakeBotApi:
         with self._lock:
             self.actions.append((chat_id, str(params.get("action"))))
         return True
+
+    async def _m_answerCallbackQuery(self, params: dict[str, Any]) -> Any:
+        with self._lock:
+            if any(
+                a.get("callback_query_id") == params.get("callback_query_id")
+                for a in self.callback_answers
+            ):
+                return self._error(
+                    400,
+                    "Bad Request: query is too old and response timeout expired or query ID "
+                    "is invalid",
+                )
+            self.callback_answers.append(dict(params))
+        return True
+
+    def answers(self) -> list[str]:
+        """The texts of the callback query answers, in order."""
+        with self._lock:
+            return [str(a.get("text") or "") for a in self.callback_answers]
 
     async def _m_deleteWebhook(self, params: dict[str, Any]) -> Any:
         self.webhook = None

@@ -151,7 +151,7 @@ async def test_platform_errors_map_onto_the_ledger_rules(setup):
         await wake("k1")
     assert info.value.transient
     for _ in range(2):
-        bot.fail("sendMessage", 400, "Bad Request: can't parse entities")
+        bot.fail("sendMessage", 400, "Bad Request: message thread not found")
     with pytest.raises(WakeDeliveryError) as info:
         await wake("k2")
     assert not info.value.transient

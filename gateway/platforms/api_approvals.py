@@ -1,0 +1,132 @@
+"""The approvals routes of the API server: what API clients decide about their turns' commands.
+
+``GET /api/approvals`` lists the approvals pending in API-server sessions (a turn that
+needs one answered its client with a note naming it); ``POST /api/approvals/{id}`` with
+``{"approve": true}`` or ``{"approve": false}`` decides one, once: 404 for an id that is
+unknown or belongs to another surface's session (the web UI's, a Telegram chat's: their
+own people decide those), 409 ``approval_already_decided`` for a second decision and 409
+``approval_expired`` for one whose turn is gone (a restart: it is settled as denied).
+Both need the API key: without one configured they answer 401, since anyone on the
+machine could otherwise approve commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from gateway.approvals import (
+    AlreadyDecided,
+    ApprovalRecord,
+    Approvals,
+    Expired,
+    pending_approvals,
+)
+from gateway.config import Platform
+from gateway.delivery_targets import session_platform
+from gateway.platforms.http_middleware import SESSION_HEADER, ApiError
+from gateway.session import SessionStore
+
+__all__ = ["ApprovalRoutes"]
+
+_MAX_ID = 64
+
+
+class ApprovalRoutes:
+    """The handlers, over ``approvals`` (the store they read and decide in)."""
+
+    def __init__(
+        self,
+        approvals: Approvals,
+        *,
+        read_json: Callable[[web.Request], Awaitable[Any]],
+        keyed: Callable[[web.Request], bool],
+    ) -> None:
+        self.approvals = approvals
+        self.store: SessionStore = approvals.store
+        self._read_json = read_json
+        self._keyed = keyed
+
+    def add_to(self, router: web.UrlDispatcher) -> None:
+        router.add_get("/api/approvals", self.list_pending)
+        router.add_post("/api/approvals/{approval_id}", self.decide)
+
+    def _require_key(self, request: web.Request) -> None:
+        if not self._keyed(request):
+            raise ApiError(
+                401,
+                "deciding approvals needs the API key: set API_SERVER_KEY on the server and "
+                "send it as a Bearer token (or use `reveille approvals` on the server)",
+                code="invalid_api_key",
+            )
+
+    def _ours(self, record: ApprovalRecord) -> bool:
+        session = self.store.get_session(record.session_id)
+        return session is not None and session_platform(session) is Platform.API_SERVER
+
+    async def list_pending(self, request: web.Request) -> web.Response:
+        self._require_key(request)
+
+        def read() -> list[ApprovalRecord]:
+            return [r for r in self._pending() if self._ours(r)]
+
+        records = await asyncio.to_thread(read)
+        return web.json_response({"object": "list", "data": [_view(r) for r in records]})
+
+    def _pending(self) -> list[ApprovalRecord]:
+        return pending_approvals(self.store)
+
+    async def decide(self, request: web.Request) -> web.Response:
+        self._require_key(request)
+        approval_id = request.match_info["approval_id"]
+        body = await self._read_json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("approve"), bool):
+            raise ApiError(
+                400,
+                'send {"approve": true} or {"approve": false}',
+                param="approve",
+                code="invalid_decision",
+            )
+        if len(approval_id) > _MAX_ID:
+            raise _unknown(approval_id[:_MAX_ID])
+        record = await asyncio.to_thread(self.store.get_approval, approval_id)
+        if record is None or not await asyncio.to_thread(self._ours, record):
+            raise _unknown(approval_id)
+        try:
+            decided = await self.approvals.decide(approval_id, body["approve"])
+        except KeyError:
+            raise _unknown(approval_id) from None
+        except Expired as exc:
+            raise ApiError(
+                409,
+                f"approval {approval_id} expired: the turn that asked it ended (the server "
+                "restarted or the turn stopped); it was settled as denied. Ask again.",
+                code="approval_expired",
+            ) from exc
+        except AlreadyDecided:
+            raise ApiError(
+                409, f"approval {approval_id} was already decided", code="approval_already_decided"
+            ) from None
+        return web.json_response(
+            {"approval": _view(decided)}, headers={SESSION_HEADER: decided.session_id}
+        )
+
+
+def _unknown(approval_id: str) -> ApiError:
+    return ApiError(
+        404, f"no approval {approval_id!r} in this server's sessions", code="approval_not_found"
+    )
+
+
+def _view(record: ApprovalRecord) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "object": "approval",
+        "session_id": record.session_id,
+        "command": record.command,
+        "status": record.status,
+        "created": int(record.created_at),
+    }

@@ -1,0 +1,164 @@
+"""Telegram's face of approvals: the inline keyboard a command is asked with, and its presses.
+
+``ask`` sends the keyboard (Approve once / Deny) into the chat whose turn waits; each
+button's ``callback_data`` is ``appr:<approval id>:y|n``, an opaque id and never the
+command. ``on_press`` answers a callback query: only an allowed user who owns the chat of
+the approval's session (the private chat's user, or the user who started a group's
+session) decides, once, through ``gateway.approvals`` (the store); anyone else is told "not
+yours", a second press "already decided", a press whose turn is gone (a restart) that the
+record was settled as denied: "already decided: denied" once a new turn took the session
+over (which denies what the dead one asked), else "expired" (this press settles it). A
+decided keyboard's message is edited to say what was decided, which takes its buttons away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import logging
+from typing import Any
+
+from gateway.approvals import AlreadyDecided, ApprovalRecord, Approvals, Expired
+from gateway.config import Platform
+from gateway.platforms.telegram_api import TelegramApi, TelegramError
+from gateway.session import SessionSource, SessionStore
+
+__all__ = ["APPROVAL_PREFIX", "ApprovalKeyboard"]
+
+logger = logging.getLogger(__name__)
+
+APPROVAL_PREFIX = "appr:"
+
+
+def escape_html(text: str) -> str:
+    return html.escape(text, quote=False)
+
+
+def _thread(source: SessionSource) -> dict[str, Any]:
+    return {"message_thread_id": int(source.thread_id)} if source.thread_id else {}
+
+
+class ApprovalKeyboard:
+    """See the module docstring. ``sources`` is the adapter's map of the chats its
+    running turns answer in, by session id."""
+
+    def __init__(
+        self,
+        api: TelegramApi,
+        store: SessionStore,
+        approvals: Approvals | None,
+        allowed_users: frozenset[str],
+        sources: dict[str, SessionSource],
+    ) -> None:
+        self.api = api
+        self.store = store
+        self.approvals = approvals
+        self.allowed_users = allowed_users
+        self._sources = sources
+
+    async def ask(self, approval: ApprovalRecord) -> None:
+        """A turn of this chat waits for ``approval``: ask with a keyboard."""
+        source = self._sources.get(approval.session_id)
+        if source is None:
+            logger.warning("approval %s has no chat to ask in", approval.id)
+            return
+        text = (
+            "<b>Approval needed.</b> The agent wants to run:\n"
+            f"<pre>{escape_html(approval.command)}</pre>"
+        )
+        keyboard = {
+            "inline_keyboard": [
+                [
+                    {"text": "Approve once", "callback_data": f"{APPROVAL_PREFIX}{approval.id}:y"},
+                    {"text": "Deny", "callback_data": f"{APPROVAL_PREFIX}{approval.id}:n"},
+                ]
+            ]
+        }
+        try:
+            await self.api.call(
+                "sendMessage",
+                {
+                    "chat_id": source.chat_id,
+                    "text": text,
+                    "parse_mode": "HTML",
+                    "reply_markup": keyboard,
+                    **_thread(source),
+                },
+            )
+        except TelegramError as exc:
+            # Still decidable (``reveille approvals``); the turn waits for it either way.
+            logger.warning(
+                "could not ask approval %s in chat %s: %s", approval.id, source.chat_id, exc
+            )
+
+    async def on_press(self, query: dict[str, Any]) -> None:
+        """A button press (callback query): decide the approval it names, once."""
+        query_id = str(query.get("id") or "")
+        data = query.get("data")
+        raw_user = query.get("from")
+        user = str(raw_user.get("id")) if isinstance(raw_user, dict) else ""
+        message = query.get("message") if isinstance(query.get("message"), dict) else None
+        answer = "This button does nothing."
+        verdict: str | None = None
+        approval_id = ""
+        if isinstance(data, str) and data.startswith(APPROVAL_PREFIX) and data[-2:] in (":y", ":n"):
+            approval_id = data[len(APPROVAL_PREFIX) : -2]
+            answer, verdict = await self._decide(approval_id, data.endswith(":y"), user, message)
+        with contextlib.suppress(TelegramError):
+            await self.api.call(
+                "answerCallbackQuery", {"callback_query_id": query_id, "text": answer}
+            )
+        if verdict is not None and message is not None:
+            chat = message.get("chat")
+            with contextlib.suppress(TelegramError):
+                await self.api.call(
+                    "editMessageText",
+                    {
+                        "chat_id": chat.get("id") if isinstance(chat, dict) else None,
+                        "message_id": message.get("message_id"),
+                        "text": verdict,
+                        "parse_mode": "HTML",
+                    },
+                )
+
+    async def _decide(
+        self, approval_id: str, approve: bool, user: str, message: dict[str, Any] | None
+    ) -> tuple[str, str | None]:
+        """What the presser is told, and what the keyboard's message becomes (None: kept)."""
+        if self.approvals is None or user not in self.allowed_users:
+            return "Not yours to decide.", None
+        record = await asyncio.to_thread(self.store.get_approval, approval_id)
+        session = (
+            await asyncio.to_thread(self.store.get_session, record.session_id)
+            if record is not None
+            else None
+        )
+        if record is None or session is None or not isinstance(session.source, dict):
+            return "Unknown approval.", None
+        source = SessionSource.from_dict(session.source)
+        chat = message.get("chat") if message is not None else None
+        here = str(chat.get("id")) if isinstance(chat, dict) else ""
+        owner = source.user_id or source.chat_id
+        if source.platform is not Platform.TELEGRAM or source.chat_id != here or owner != user:
+            return "Not yours to decide.", None
+        command = escape_html(record.command)
+        try:
+            await self.approvals.decide(approval_id, approve)
+        except Expired:
+            return (
+                "Expired: the turn that asked it is gone (a restart). Ask again.",
+                f"Expired (not run): <code>{command}</code>",
+            )
+        except (AlreadyDecided, KeyError):
+            settled = await asyncio.to_thread(self.store.get_approval, approval_id)
+            if settled is not None and settled.status == "approved":
+                return "Already decided: approved.", None
+            # Denied by a person, or when its turn ended (a restart took the session over).
+            return (
+                "Already decided: denied (by you, or because its turn ended); nothing ran.",
+                f"Denied (not run): <code>{command}</code>",
+            )
+        if approve:
+            return "Approved.", f"Approved once: <code>{command}</code>"
+        return "Denied.", f"Denied (not run): <code>{command}</code>"

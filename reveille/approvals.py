@@ -1,0 +1,127 @@
+"""`reveille approvals`: the operator's view of pending shell-command approvals — list,
+approve, deny — on the state directory (or PostgreSQL) a running server uses.
+
+A decision is written to the store once (``gateway.approvals.decide_approval``); the
+server whose turn waits for it reads it within two seconds and goes on, whichever surface
+asked (web UI, API server, Telegram). An approval whose turn is gone (its server died or
+restarted) is settled as denied and reported as expired.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from typing import Any
+
+import storage
+from gateway.approvals import AlreadyDecided, Expired, decide_approval, pending_approvals
+from gateway.delivery_targets import session_platform
+from gateway.session import SessionStore, SessionStoreError
+from reveille.settings import load_settings
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "approvals",
+        help="list, approve or deny the shell commands waiting for a person",
+        description="Shell commands the agent wants to run and waits to have approved.",
+    )
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ls = sub.add_parser("list", help="the pending approvals, oldest first")
+    ls.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    for action, text in (("approve", "run the command, once"), ("deny", "do not run it")):
+        one = sub.add_parser(action, help=text)
+        one.add_argument("id", help="the approval id (appr_...)")
+    parser.set_defaults(func=run)
+
+
+def _open(settings: Any) -> SessionStore:
+    if settings.database_url:
+        # An operator's tool never migrates: a schema it does not know is refused.
+        location = storage.open_storage(settings.database_url, migrate=False)
+    else:
+        location = storage.sqlite_files(sessions=settings.sessions_path)
+    return SessionStore(location.open_sessions())
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    if not settings.database_url and not settings.sessions_path.exists():
+        print(f"no session store at {settings.sessions_path} yet (REVEILLE_HOME={settings.home})")
+        return 0 if args.action == "list" else 1
+    try:
+        store = _open(settings)
+    except (SessionStoreError, OSError) as exc:
+        print(f"reveille approvals: {exc}", file=sys.stderr)
+        return 1
+    try:
+        if args.action == "list":
+            return _list(store, as_json=args.json)
+        return _decide(store, args.id, args.action == "approve")
+    except (SessionStoreError, OSError) as exc:
+        print(f"reveille approvals: {exc}; nothing was written", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+
+
+def _list(store: SessionStore, *, as_json: bool) -> int:
+    rows = []
+    for record in pending_approvals(store):
+        session = store.get_session(record.session_id)
+        surface = session_platform(session).value if session is not None else "-"
+        rows.append((record, surface))
+    if as_json:
+        for record, surface in rows:
+            print(
+                json.dumps(
+                    {
+                        "id": record.id,
+                        "session_id": record.session_id,
+                        "surface": surface,
+                        "command": record.command,
+                        "created_at": record.created_at,
+                    }
+                )
+            )
+        return 0
+    if not rows:
+        print("no approvals are pending")
+        return 0
+    now = time.time()
+    for record, surface in rows:
+        asked = dt.datetime.fromtimestamp(record.created_at, dt.UTC).strftime("%H:%M:%S UTC")
+        waited = max(now - record.created_at, 0)
+        # The command is shown as a repr: a newline or an escape sequence in it cannot
+        # forge another line of this listing or drive the operator's terminal.
+        print(f"{record.id}  {surface}  {record.session_id}  asked {asked} ({waited:.0f}s ago)")
+        print(f"    {record.command!r}")
+    return 0
+
+
+def _decide(store: SessionStore, approval_id: str, approve: bool) -> int:
+    try:
+        record = decide_approval(store, approval_id, approve)
+    except KeyError:
+        print(f"error: no approval {approval_id!r}", file=sys.stderr)
+        return 1
+    except Expired:
+        print(
+            f"error: {approval_id} expired: the turn that asked it is gone (its server "
+            "stopped or restarted); it was settled as denied and nothing ran",
+            file=sys.stderr,
+        )
+        return 1
+    except AlreadyDecided:
+        found = store.get_approval(approval_id)
+        status = found.status if found is not None else "decided"
+        print(f"error: {approval_id} was already decided ({status})", file=sys.stderr)
+        return 1
+    verb = "approved: the command runs once" if approve else "denied: the command does not run"
+    print(f"{record.id} {verb} ({record.command!r}); the waiting turn goes on within seconds")
+    return 0
