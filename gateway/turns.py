@@ -39,6 +39,7 @@ from typing import Any, Literal
 from agent.loop import Agent
 from agent.providers.base import DeltaCallback, ModelOptions, ProviderError
 from agent.tools import ConfirmCallback, ToolContext, ToolProgress
+from gateway.compaction import Compactor, seen_delivery_ids
 from gateway.config import Platform
 from gateway.conversation import (
     bound_context,
@@ -173,6 +174,9 @@ class TurnRequest:
     model_options: ModelOptions | None = None
     """The client's generation options, for every model call of the turn (None: defaults;
     the web UI and Telegram send none)."""
+    lease_stream_id: str | None = None
+    """The turn lease (``SessionStore.take_turn``) the surface holds for this turn, if any
+    (the web UI's): a compaction runs under it instead of taking the session itself."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,7 @@ class TurnService:
         session_key_of: Callable[[str], str] | None = None,
         confirm_for: Callable[[str], ConfirmCallback] | None = None,
         context_chars: int = 400_000,
+        compactor: Compactor | None = None,
     ) -> None:
         """``confirm_for(session_id)``, when given, is the approval hook of that session's
         tool calls (``ToolContext.confirm``). Turns of ``Platform.WEBUI`` mark the
@@ -244,6 +249,8 @@ class TurnService:
         self._platform = platform
         self._confirm_for = confirm_for
         self.context_chars = context_chars  # what one turn sends the model, at most
+        # Summarises older turns when the context nears the model's window (None: never).
+        self.compactor = compactor
         self._claims = IdempotencyClaims(store, wait_seconds=idempotency_wait_seconds)
         self._active_runs = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -410,19 +417,16 @@ class TurnService:
         started = time.monotonic()
         try:
             user_message = next(m for m in reversed(request.messages) if m["role"] == "user")
-            context = with_images(
-                bound_context(
-                    build_context(
-                        begun.history,
-                        begun.taken,
-                        request.messages,
-                        user_message,
-                        wakeup=request.wakeup,
-                    ),
-                    self.context_chars,
-                ),
-                user_message,
-            )
+
+            def context_of(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                built = build_context(
+                    history, begun.taken, request.messages, user_message, wakeup=request.wakeup
+                )
+                return with_images(bound_context(built, self.context_chars), user_message)
+
+            context = context_of(begun.history)
+            if self._compaction_due(begun, context):
+                context = context_of(await self._compact(request, begun, force=False))
             ctx = ToolContext(
                 session_id=session_id,
                 session_key=self.session_key(session_id),
@@ -432,20 +436,38 @@ class TurnService:
                 confirm=self._confirm_for(session_id) if self._confirm_for else None,
             )
             on_delta: DeltaCallback | None = None
+            moved: list[bool] = []  # text streamed or a tool run: the turn cannot be re-run
+
+            async def on_progress(step: ToolProgress) -> None:
+                moved.append(True)
+                if deltas is not None:
+                    deltas.put_nowait(step)
+
+            ctx.on_progress = on_progress
             if deltas is not None:
 
                 async def on_delta(piece: str) -> None:
+                    moved.append(True)
                     deltas.put_nowait(piece)
 
-                async def on_progress(step: ToolProgress) -> None:
-                    deltas.put_nowait(step)
-
-                ctx.on_progress = on_progress
-
             extra = {"options": request.model_options} if request.model_options else {}
-            result = well_formed_result(await self._run_agent(context, ctx, on_delta, **extra))
+            try:
+                reply = await self._run_agent(context, ctx, on_delta, **extra)
+            except ProviderError as exc:
+                # The backstop: the provider refused the context as too long. Compact
+                # harder and try once more, unless the turn already showed text or ran a
+                # tool (running it again would repeat them).
+                if moved or not (exc.context_overflow and self._can_compact(begun)):
+                    raise
+                before = begun.history
+                context = context_of(await self._compact(request, begun, force=True))
+                if begun.history is before:
+                    raise
+                reply = await self._run_agent(context, ctx, on_delta, **extra)
+            result = well_formed_result(reply)
             response = self._render(result)
-            await self._store(request, begun, user_message, result, response, owner)
+            seen = seen_delivery_ids(begun.history, begun.taken, context)
+            await self._store(request, begun, user_message, result, response, owner, seen)
             # One line per turn for operators: who and how long, never what was said.
             logger.info(
                 "%s turn in %s stored (%.0f ms, %d messages of context)",
@@ -465,6 +487,30 @@ class TurnService:
             self._active_runs -= 1
             if deltas is not None:
                 deltas.put_nowait(None)
+
+    def _can_compact(self, begun: _Begun) -> bool:
+        # A session not written yet has no stored turns to summarise.
+        return self.compactor is not None and begun.unwritten is None and bool(begun.history)
+
+    def _compaction_due(self, begun: _Begun, context: list[dict[str, Any]]) -> bool:
+        return (
+            self._can_compact(begun) and self.compactor is not None and self.compactor.due(context)
+        )
+
+    async def _compact(self, request: TurnRequest, begun: _Begun, *, force: bool) -> list[Any]:
+        """Compact the session before the model call (``gateway.compaction``); the turn goes
+        on with the compacted history (``begun.history`` is replaced), or as it was."""
+        assert self.compactor is not None
+        compacted = await self.compactor.compact(
+            request.session_id,
+            begun.history,
+            begun.taken,
+            lease=request.lease_stream_id,
+            force=force,
+        )
+        if compacted is not None:
+            begun.history = compacted
+        return begun.history
 
     def _session_writer(self, session_id: str, begun: _Begun) -> Callable[[], Awaitable[None]]:
         async def write_session() -> None:
@@ -487,6 +533,7 @@ class TurnService:
         result: Any,
         response: dict[str, Any],
         owner: str | None,
+        seen: list[int],
     ) -> None:
         key = request.idempotency_key
         user_text = message_text(user_message)
@@ -511,6 +558,8 @@ class TurnService:
                 ),
                 create=begun.unwritten,
                 exclusive=begun.exclusive,
+                # the results this turn's model call was shown: now compaction may fold them
+                seen=seen,
             )
         except SessionTaken:
             raise _taken(request.session_id) from None

@@ -37,6 +37,7 @@ from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
 from delivery.peers import ServerRecord
 from delivery.webui_state import WebUIStateBackend
+from gateway.compaction import Compactor, provider_summariser
 from gateway.config import Platform
 from gateway.delivery_targets import ApiServerTarget, PushTarget
 from gateway.platforms.api_server import ApiServerAdapter
@@ -267,6 +268,7 @@ def build_adapter(
         platform=Platform.API_SERVER,
         max_concurrent_runs=settings.max_concurrent_runs,
         context_chars=settings.context_chars,
+        compactor=Compactor(store, provider_summariser(model), settings.compaction_policy),
     )
     adapter = ApiServerAdapter(
         store=store,
@@ -363,6 +365,7 @@ def build_webui(
         platform=Platform.WEBUI,
         max_concurrent_runs=settings.max_concurrent_runs,
         context_chars=settings.context_chars,
+        compactor=Compactor(store, provider_summariser(model), settings.compaction_policy),
         confirm_for=approvals.confirm_for if settings.shell_enabled else None,
     )
     turns = WebTurns(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent import Agent
+from gateway.compaction import Compactor, provider_summariser
 from gateway.config import Platform
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.platforms.telegram import TelegramAdapter
@@ -45,6 +46,7 @@ def telegram_surfaces(
         platform=Platform.TELEGRAM,
         max_concurrent_runs=settings.max_concurrent_runs,
         context_chars=settings.context_chars,
+        compactor=Compactor(store, provider_summariser(agent.provider), settings.compaction_policy),
         # A Telegram session's id is its routing key (telegram_session_id).
         session_key_of=lambda session_id: session_id,
     )

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from delivery.session_backend import (
     ApprovalRecord,
+    Compaction,
     IdempotencyRecord,
     MessageRecord,
     NewMessage,
@@ -50,6 +51,9 @@ class _Message:
     metadata_json: str | None
     dedupe_key: str | None
     folded_at: float | None = None
+    seen_at: float | None = None
+    archived_at: float | None = None
+    summary_id: int | None = None
 
     def record(self) -> MessageRecord:
         return MessageRecord(
@@ -60,6 +64,9 @@ class _Message:
             display_kind=self.display_kind,
             display_metadata=decode_json(self.metadata_json),
             folded=self.folded_at is not None,
+            seen=self.seen_at is not None,
+            archived=self.archived_at is not None,
+            summary_id=self.summary_id,
         )
 
 
@@ -337,6 +344,7 @@ class MemorySessions:
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> list[MessageRecord]:
         now = self._clock()
 
@@ -349,6 +357,10 @@ class MemorySessions:
             s.updated_at = now
             if idempotency_key is not None:
                 self._put(idempotency_key, response_json, session_id, now)
+            wanted = set(seen)
+            for m in s.messages:
+                if m.id in wanted and m.seen_at is None and m.folded_at is not None:
+                    m.seen_at = now
             return rows
 
         return self._write(op)
@@ -361,6 +373,7 @@ class MemorySessions:
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> None:
         self.append_turn(
             session_id,
@@ -368,7 +381,46 @@ class MemorySessions:
             create=create,
             idempotency_key=idempotency_key,
             response_json=response_json,
+            seen=seen,
         )
+
+    async def acompact(self, session_id: str, compaction: Compaction) -> MessageRecord | None:
+        now = self._clock()
+
+        def allowed(s: _Session | None) -> bool:
+            held = self._turns.get(session_id)
+            if s is None or held is None or held.stream_id != compaction.stream_id:
+                return False
+            if held.expires_at <= now:
+                return False
+            wanted = set(compaction.archive_ids)
+            rows = [m for m in s.messages if m.id in wanted]
+            return (
+                bool(wanted)
+                and len(rows) == len(wanted)
+                and all(
+                    m.archived_at is None
+                    and (
+                        m.display_kind is None
+                        or (m.folded_at is not None and m.seen_at is not None)
+                    )
+                    for m in rows
+                )
+            )
+
+        def op() -> MessageRecord | None:
+            s = self._sessions.get(session_id)
+            if s is None or not allowed(s):
+                return None
+            summary = self._insert_message(s, compaction.summary, now)
+            wanted = set(compaction.archive_ids)
+            for m in s.messages:
+                if m.id in wanted:
+                    m.archived_at, m.summary_id = now, summary.id
+            s.updated_at = now
+            return summary.record()
+
+        return self._write(op)
 
     # -- idempotency
 

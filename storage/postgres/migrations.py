@@ -192,6 +192,15 @@ CREATE TABLE webui_meta (
 );
 """,
     ),
+    Migration(
+        5,
+        "sessions: compaction (seen delivery rows, archived rows and their summary)",
+        """
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS seen_at DOUBLE PRECISION;
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS archived_at DOUBLE PRECISION;
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS summary_id BIGINT;
+""",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -23,6 +23,7 @@ import psycopg_pool
 
 from delivery.session_backend import (
     ApprovalRecord,
+    Compaction,
     IdempotencyRecord,
     MessageRecord,
     NewMessage,
@@ -38,6 +39,7 @@ from delivery.session_backend import (
     TurnStart,
     decode_json,
 )
+from storage import compaction as compacting
 from storage import running_turns as turns
 from storage.postgres import sql as q
 from storage.postgres.conn import PostgresUnavailable, check_url, explain, redact
@@ -56,9 +58,18 @@ def _session(row: tuple[Any, ...]) -> SessionRecord:
 
 
 def _message(row: tuple[Any, ...]) -> MessageRecord:
-    mid, role, content, created, kind, meta, folded_at = row
+    mid, role, content, created, kind, meta, folded_at, seen_at, archived_at, summary_id = row
     return MessageRecord(
-        mid, role, content, created, kind, decode_json(meta), folded_at is not None
+        mid,
+        role,
+        content,
+        created,
+        kind,
+        decode_json(meta),
+        folded_at is not None,
+        seen=seen_at is not None,
+        archived=archived_at is not None,
+        summary_id=summary_id,
     )
 
 
@@ -341,6 +352,7 @@ class PostgresSessions:
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> list[MessageRecord]:
         now = self._clock()
 
@@ -354,6 +366,7 @@ class PostgresSessions:
                 conn.execute(
                     q.SQL_IDEM_DONE, (idempotency_key, session_id, response_json, now, now)
                 )
+            compacting.mark_seen(conn, "%s", session_id, seen, now)
             return out
 
         return self._write(session_id, op)
@@ -366,6 +379,7 @@ class PostgresSessions:
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> None:
         await asyncio.to_thread(
             lambda: self.append_turn(
@@ -374,8 +388,28 @@ class PostgresSessions:
                 create=create,
                 idempotency_key=idempotency_key,
                 response_json=response_json,
+                seen=seen,
             )
         )
+
+    def _compact(self, session_id: str, compaction: Compaction) -> MessageRecord | None:
+        now = self._clock()
+
+        def op(conn: Conn) -> MessageRecord | None:
+            # The lease's lock too: no take-over of the session between the lease check and
+            # the commit (the session lock, taken first, is never taken after this one).
+            conn.execute(q.SQL_LOCK_KEY, ("turn:" + session_id,))
+
+            def insert() -> MessageRecord:
+                return _insert_message(conn, session_id, compaction.summary, now)
+
+            return compacting.compact(conn, "%s", session_id, compaction, now, insert)
+
+        # The session's lock: a fold, an append or a delete of it never interleaves.
+        return self._write(session_id, op)
+
+    async def acompact(self, session_id: str, compaction: Compaction) -> MessageRecord | None:
+        return await asyncio.to_thread(self._compact, session_id, compaction)
 
     # -- idempotency
 

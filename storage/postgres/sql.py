@@ -54,7 +54,10 @@ SERVERS_DELETE = "DELETE FROM servers WHERE identity = %s"
 
 # -- the session store --------------------------------------------------------------------------
 
-_MSG = "id, role, content, created_at, display_kind, display_metadata, folded_at"
+_MSG = (
+    "id, role, content, created_at, display_kind, display_metadata, folded_at,"
+    " seen_at, archived_at, summary_id"
+)
 _SES = "id, source, session_key, title, created_at, updated_at"
 _IDEM = "key, state, owner, session_id, response, created_at, updated_at"
 _MSG_VALUES = "(%s, %s, %s, %s, %s, %s, %s)"

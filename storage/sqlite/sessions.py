@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from delivery.session_backend import (
     ApprovalRecord,
+    Compaction,
     IdempotencyRecord,
     MessageRecord,
     NewMessage,
@@ -35,6 +36,7 @@ from delivery.session_backend import (
     TurnStart,
     decode_json,
 )
+from storage import compaction as compacting
 from storage import running_turns as turns
 from storage.sqlite import files as sqlite_files
 from storage.sqlite.reader import GroupReader
@@ -66,6 +68,7 @@ from storage.sqlite.sessions_sql import (
     SQL_TRANSCRIPT,
     SQL_UNFOLDED,
     SQL_UNTOMBSTONE,
+    UPGRADE_COLUMNS,
     sql_insert_messages,
 )
 from storage.sqlite.writer import GroupCommitWriter
@@ -93,6 +96,9 @@ def _message(row: sqlite3.Row) -> MessageRecord:
         display_kind=row["display_kind"],
         display_metadata=decode_json(row["display_metadata"]),
         folded=row["folded_at"] is not None,
+        seen=row["seen_at"] is not None,
+        archived=row["archived_at"] is not None,
+        summary_id=row["summary_id"],
     )
 
 
@@ -182,6 +188,21 @@ def _check_columns(spec: sqlite_files.SqliteFile) -> Callable[[sqlite3.Connectio
     return check
 
 
+def _add_columns(conn: sqlite3.Connection) -> None:
+    """Give an older file the columns added since (``UPGRADE_COLUMNS``), in one transaction
+    that reads again what it found: two processes opening one file add each column once."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table, column, kind in UPGRADE_COLUMNS:
+            have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            if have and column not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
 def _not_ours(msg: str) -> SessionStoreError:
     return SessionStoreError(
         f"not a usable SQLite database: {msg}; refusing to modify it — move it aside or "
@@ -219,6 +240,7 @@ class SqliteSessions:
             self._spec, check_owner=True, extra_check=_check_columns(self._spec)
         )
         try:
+            _add_columns(conn)
             sqlite_files.stamp_schema(conn, self._spec, DDL)
         except BaseException:
             conn.close()
@@ -441,6 +463,7 @@ class SqliteSessions:
         response_json: str | None,
         *,
         rows: bool,
+        seen: Sequence[int] = (),
     ) -> Callable[[sqlite3.Connection], list[MessageRecord]]:
         now = self._clock()
         values = [v for m in messages for v in _values(session_id, m, now)]
@@ -465,6 +488,7 @@ class SqliteSessions:
                 raise SessionGone(session_id)
             if idempotency_key is not None:
                 conn.execute(SQL_IDEM_DONE, (idempotency_key, session_id, response_json, now, now))
+            compacting.mark_seen(conn, "?", session_id, seen, now)
             return out
 
         return op
@@ -477,10 +501,11 @@ class SqliteSessions:
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> list[MessageRecord]:
         return self._write(
             self._append_turn_op(
-                session_id, messages, create, idempotency_key, response_json, rows=True
+                session_id, messages, create, idempotency_key, response_json, rows=True, seen=seen
             )
         )
 
@@ -492,12 +517,24 @@ class SqliteSessions:
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> None:
         await self._awrite(
             self._append_turn_op(
-                session_id, messages, create, idempotency_key, response_json, rows=False
+                session_id, messages, create, idempotency_key, response_json, rows=False, seen=seen
             )
         )
+
+    async def acompact(self, session_id: str, compaction: Compaction) -> MessageRecord | None:
+        now = self._clock()
+
+        def op(conn: sqlite3.Connection) -> MessageRecord | None:
+            def insert() -> MessageRecord:
+                return _insert_message(conn, session_id, compaction.summary, now)
+
+            return compacting.compact(conn, "?", session_id, compaction, now, insert)
+
+        return await self._awrite(op)
 
     # -- idempotency
 

@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import functools
 
-# v2 added the tombstones table, v3 running_turns and approvals. A file written by a newer
-# build is refused rather than silently misread; an older file gains the tables on open.
-SCHEMA_VERSION = 3
+# v2 added the tombstones table, v3 running_turns and approvals, v4 compaction's columns of
+# messages (seen_at, archived_at, summary_id). A file written by a newer build is refused
+# rather than silently misread; an older file gains the tables (and ``UPGRADE_COLUMNS``) on
+# open.
+SCHEMA_VERSION = 4
+
+# Columns added to existing tables since v1, in order: (table, column, type). Added on open
+# when missing (``storage.sqlite.sessions``), before the DDL's indexes that name them.
+UPGRADE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("messages", "seen_at", "REAL"),
+    ("messages", "archived_at", "REAL"),
+    ("messages", "summary_id", "INTEGER"),
+)
 
 DDL = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -34,6 +44,11 @@ CREATE TABLE IF NOT EXISTS messages (
     display_metadata TEXT,
     dedupe_key       TEXT,
     folded_at        REAL,
+    -- compaction: a stored turn saw this delivery row; a summary replaced this row in the
+    -- model's context (kept: archived rows are pruned only by an explicit retention policy)
+    seen_at          REAL,
+    archived_at      REAL,
+    summary_id       INTEGER,
     UNIQUE (session_id, dedupe_key)
 );
 CREATE INDEX IF NOT EXISTS idx_messages_session ON messages (session_id, id);
@@ -104,7 +119,10 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
     "approvals": frozenset({"id", "session_id", "stream_id", "command", "status", "created_at"}),
 }
 
-_MSG = "id, role, content, created_at, display_kind, display_metadata, folded_at"
+_MSG = (
+    "id, role, content, created_at, display_kind, display_metadata, folded_at,"
+    " seen_at, archived_at, summary_id"
+)
 _SES = "id, source, session_key, title, created_at, updated_at"
 _IDEM = "key, state, owner, session_id, response, created_at, updated_at"
 _MSG_VALUES = "(?, ?, ?, ?, ?, ?, ?)"
