@@ -263,7 +263,8 @@ class TurnStart:
     """What a turn reads before it runs.
 
     ``state`` is the session's state as the turn found it, before any creation; ``history``
-    the transcript in order as it was before this turn's fold; ``taken`` the delivery rows
+    the transcript in order as it was before this turn's fold, less the rows a compaction
+    archived (its summary is there instead); ``taken`` the delivery rows
     this turn folded (marked folded now: no other turn gets them). Both are empty unless
     the session is live or was created by this call.
     """

@@ -114,6 +114,11 @@ class _Idem:
         )
 
 
+def _live(s: _Session) -> tuple[MessageRecord, ...]:
+    """What a turn reads: the transcript less the rows a compaction archived."""
+    return tuple(m.record() for m in s.messages if m.archived_at is None)
+
+
 def _recency(s: _Session) -> tuple[float, str]:
     return (-s.updated_at, s.id)
 
@@ -323,7 +328,7 @@ class MemorySessions:
                 m.display_kind is not None and m.folded_at is None for m in s.messages
             ):
                 # Nothing to fold: a read, like SQLite's reader path (no write counted).
-                return TurnStart(state, tuple(m.record() for m in s.messages))
+                return TurnStart(state, _live(s))
 
             def op() -> TurnStart:
                 live = (
@@ -331,8 +336,7 @@ class MemorySessions:
                     if (create is not None)
                     else self._live(session_id)
                 )
-                history = tuple(m.record() for m in live.messages)
-                return TurnStart(state, history, self._fold(live, now))
+                return TurnStart(state, _live(live), self._fold(live, now))
 
             return self._write(op)
 

@@ -199,6 +199,8 @@ CREATE TABLE webui_meta (
 ALTER TABLE messages ADD COLUMN IF NOT EXISTS seen_at DOUBLE PRECISION;
 ALTER TABLE messages ADD COLUMN IF NOT EXISTS archived_at DOUBLE PRECISION;
 ALTER TABLE messages ADD COLUMN IF NOT EXISTS summary_id BIGINT;
+CREATE INDEX IF NOT EXISTS idx_messages_live ON messages (session_id, id)
+    WHERE archived_at IS NULL;
 """,
     ),
 )

@@ -119,8 +119,9 @@ def _insert_message(conn: Conn, sid: str, m: NewMessage, now: float) -> MessageR
     return _message(row)
 
 
-def _transcript(conn: Conn, sid: str) -> tuple[MessageRecord, ...]:
-    return tuple(_message(r) for r in conn.execute(q.SQL_TRANSCRIPT, (sid,)).fetchall())
+def _transcript(conn: Conn, sid: str, *, live: bool = False) -> tuple[MessageRecord, ...]:
+    sql = q.SQL_LIVE_TRANSCRIPT if live else q.SQL_TRANSCRIPT
+    return tuple(_message(r) for r in conn.execute(sql, (sid,)).fetchall())
 
 
 def _fold(conn: Conn, sid: str, now: float, upto: int | None) -> list[MessageRecord]:
@@ -318,7 +319,7 @@ class PostgresSessions:
             state = _state(conn, session_id)
             if state != "live":
                 return TurnStart(state)
-            history = _transcript(conn, session_id)
+            history = _transcript(conn, session_id, live=True)
             if any(m.is_delivery and not m.folded for m in history):
                 return None
             return TurnStart("live", history)
@@ -334,7 +335,7 @@ class PostgresSessions:
                 if create is None:
                     return TurnStart(state)
                 _insert_session(conn, session_id, create, now, revive=True)
-            history = _transcript(conn, session_id)
+            history = _transcript(conn, session_id, live=True)
             upto = history[-1].id if history else 0
             taken = [m.as_folded() for m in _fold(conn, session_id, now, upto)]
             return TurnStart(state, history, tuple(taken))

@@ -53,6 +53,7 @@ from storage.sqlite.sessions_sql import (
     SQL_INSERT_MESSAGE,
     SQL_INSERT_SESSION,
     SQL_LIST_SESSIONS,
+    SQL_LIVE_TRANSCRIPT,
     SQL_MESSAGE_BY_DEDUPE,
     SQL_MESSAGES_AFTER,
     SQL_MESSAGES_BEFORE,
@@ -157,7 +158,7 @@ def _peek_op(conn: sqlite3.Connection, session_id: str) -> TurnStart | None:
     state = _state(conn, session_id)
     if state != "live":
         return TurnStart(state)
-    history = tuple(_message(r) for r in conn.execute(SQL_TRANSCRIPT, (session_id,)))
+    history = tuple(_message(r) for r in conn.execute(SQL_LIVE_TRANSCRIPT, (session_id,)))
     if any(m.is_delivery and not m.folded for m in history):
         return None
     return TurnStart("live", history)
@@ -441,7 +442,7 @@ class SqliteSessions:
                 if create is None:
                     return TurnStart(state)
                 _insert_session(conn, session_id, create, now, revive=True)
-            history = tuple(_message(r) for r in conn.execute(SQL_TRANSCRIPT, (session_id,)))
+            history = tuple(_message(r) for r in conn.execute(SQL_LIVE_TRANSCRIPT, (session_id,)))
             return TurnStart(state, history, tuple(_fold(conn, session_id, now)))
 
         return op

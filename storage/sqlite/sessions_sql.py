@@ -55,6 +55,8 @@ CREATE INDEX IF NOT EXISTS idx_messages_session ON messages (session_id, id);
 -- Folding is checked at the start of every client turn; keep it cheap on long transcripts.
 CREATE INDEX IF NOT EXISTS idx_messages_unfolded ON messages (session_id)
     WHERE display_kind IS NOT NULL AND folded_at IS NULL;
+CREATE INDEX IF NOT EXISTS idx_messages_live ON messages (session_id, id)
+    WHERE archived_at IS NULL;
 CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (updated_at);
 CREATE INDEX IF NOT EXISTS idx_sessions_key ON sessions (session_key);
 -- Idempotency-Key -> the first response. A 'running' row is a claim. Not tied to a session
@@ -165,6 +167,11 @@ SQL_MESSAGES_BEFORE = (
     f"SELECT {_MSG} FROM messages WHERE session_id = ? AND id < ? ORDER BY id DESC LIMIT ?"
 )
 SQL_TRANSCRIPT = f"SELECT {_MSG} FROM messages WHERE session_id = ? ORDER BY id"
+# What a turn reads: the transcript less the rows a compaction archived (a long session's
+# turn reads its summary and its newest rows, not every row it ever had).
+SQL_LIVE_TRANSCRIPT = (
+    f"SELECT {_MSG} FROM messages WHERE session_id = ? AND archived_at IS NULL ORDER BY id"
+)
 SQL_UNFOLDED = (
     f"SELECT {_MSG} FROM messages"
     " WHERE session_id = ? AND display_kind IS NOT NULL AND folded_at IS NULL ORDER BY id"
