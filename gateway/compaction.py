@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import Any
 
-from agent.markers import SUMMARISE_MARKER, SUMMARY_MARKER, read_wake_data
+from agent.markers import SUMMARISE_MARKER, SUMMARY_MARKER, defang, read_wake_data
 from agent.providers.base import ModelProvider, ProviderError
 from gateway.session import TURN_LEASE_SECONDS, SessionStore, SessionStoreError
 
@@ -207,7 +207,7 @@ def _covered(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
             goal = "; ".join(str(g) for g in goals)
         out[str(rid)] = {
             "id": str(rid),
-            "goal": str(goal)[:200],
+            "goal": defang(str(goal))[:200],
             "status": str(meta.get("status") or "")[:32],
         }
 
@@ -240,7 +240,10 @@ def _transcript_text(rows: Sequence[Mapping[str, Any]], budget: int) -> str:
             label = "background result (wake-up)"
         else:
             label = str(row.get("role"))
-        lines.append(f"{label}: {str(row.get('content') or '').strip()}")
+        text = str(row.get("content") or "").strip()
+        if label == "user":
+            text = defang(text)  # a person's text: no marker in it means anything
+        lines.append(f"{label}: {text}")
     text = "\n\n".join(lines)
     if len(text) > budget:
         text = "[... older messages left out ...]\n" + text[len(text) - budget :]

@@ -421,7 +421,6 @@ class MemorySessions:
             for m in s.messages:
                 if m.id in wanted:
                     m.archived_at, m.summary_id = now, summary.id
-            s.updated_at = now
             return summary.record()
 
         return self._write(op)

@@ -189,19 +189,20 @@ def _check_columns(spec: sqlite_files.SqliteFile) -> Callable[[sqlite3.Connectio
     return check
 
 
-def _add_columns(conn: sqlite3.Connection) -> None:
+def _add_columns(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> None:
     """Give an older file the columns added since (``UPGRADE_COLUMNS``), in one transaction
     that reads again what it found: two processes opening one file add each column once."""
-    conn.execute("BEGIN IMMEDIATE")
     try:
+        conn.execute("BEGIN IMMEDIATE")
         for table, column, kind in UPGRADE_COLUMNS:
             have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
             if have and column not in have:
                 conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+    except sqlite3.Error as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise sqlite_files.classify(exc, spec) from exc
 
 
 def _not_ours(msg: str) -> SessionStoreError:
@@ -241,7 +242,7 @@ class SqliteSessions:
             self._spec, check_owner=True, extra_check=_check_columns(self._spec)
         )
         try:
-            _add_columns(conn)
+            _add_columns(conn, self._spec)
             sqlite_files.stamp_schema(conn, self._spec, DDL)
         except BaseException:
             conn.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gateway.session import SessionStore
 from tests.sessions._support import begin, delivery, run_sync
-from tests.stores import session_file_store
+from tests.stores import pg_sessions, session_file_store
 
 SUMMARY = {"role": "system", "content": "[reveille:summary] s", "display_metadata": {"summary": {}}}
 
@@ -74,3 +74,35 @@ def test_a_v3_file_upgrades_to_v4(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
     conn.close()
+
+
+def test_a_v4_postgres_schema_migrates_to_v5() -> None:
+    import psycopg
+
+    from storage.postgres import migrations
+    from tests.pg_support import fresh_url
+
+    url = fresh_url()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE reveille_schema (version INTEGER PRIMARY KEY,"
+            " description TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        for m in migrations.MIGRATIONS:
+            if m.version <= 4:  # what a v4 build left
+                conn.execute(m.sql)
+                conn.execute(
+                    "INSERT INTO reveille_schema VALUES (%s, %s, 0)", (m.version, m.description)
+                )
+        conn.execute("INSERT INTO sessions VALUES ('s', NULL, NULL, NULL, 0, 0)")
+        conn.execute(
+            "INSERT INTO messages (session_id, role, content, created_at)"
+            " VALUES ('s', 'user', 'old', 0)"
+        )
+        assert migrations.migrate(conn) == [5]
+    store = SessionStore(pg_sessions(url, migrate=False))
+    try:
+        [row] = store.messages("s")
+        assert (row.content, row.archived, row.seen, row.summary_id) == ("old", False, False, None)
+    finally:
+        store.close()
