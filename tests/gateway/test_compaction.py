@@ -82,6 +82,7 @@ def check(store: SessionStore, counting: cs.CountingModel, *, crashed: bool = Fa
     assert summary.content.startswith(SUMMARY_MARKER)
     named = {d["id"] for d in summary.display_metadata["summary"]["deliveries"]}
     for token, row in results.items():
+        assert not (row.archived and token in last.tokens), f"{token} summarised, yet sent"
         if token not in last.tokens:
             assert row.archived and row.display_metadata["delegation_id"] in named, token
             assert row.display_metadata["delegation_id"] in summary.content
@@ -93,7 +94,8 @@ def check(store: SessionStore, counting: cs.CountingModel, *, crashed: bool = Fa
     assert any(r.archived for r in users)
     assert all(r.summary_id is not None for r in rows if r.archived)
     if not crashed:
-        assert len(users) == sum(1 for c in normal if c.ok)
+        answered = [r for r in users if not (r.display_metadata or {}).get("failed")]
+        assert len(answered) == sum(1 for c in normal if c.ok)
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
@@ -109,15 +111,26 @@ async def test_200_turns_compact_without_losing_or_repeating_a_result(
     def after(n: int, ok: bool) -> None:
         if ok:
             counting.turn_stored()
-        if n == 60:
-            counting.fail_next = 1  # turn 61 takes result 61's neighbours, then fails
-        if n == 120:
-            counting.refuse_next = 1  # the provider's "context length exceeded" backstop
+        else:
+            # What the web UI keeps of a failed turn: the message, marked failed.
+            meta = {"failed": True, "error": "boom"}
+            store.append_turn(
+                cs.SESSION, [{"role": "user", "content": f"failed {n}", "display_metadata": meta}]
+            )
+        if n == 64:
+            # Turns 65-70 fold results 65 and 70, then fail: both stay pinned, pushed back
+            # by the failed messages, when turn 71 is refused "context length exceeded"
+            # and compacts all but its newest rows before its one retry.
+            counting.fail_next = 6
+        if n == 70:
+            counting.refuse_next = 1
+        if n == 119:
+            counting.refuse_next = 1  # turn 120 folds result 120: pinned while it retries
 
     await cs.drive(store, service, range(1, 201), after)
     assert service.compactor.compactions >= 5
     refused = [c for c in counting.calls if not c.summarise and not c.ok]
-    assert len(refused) == 2
+    assert len(refused) == 8
     check(store, counting)
     store.close()
 
