@@ -436,34 +436,20 @@ class TurnService:
                 confirm=self._confirm_for(session_id) if self._confirm_for else None,
             )
             on_delta: DeltaCallback | None = None
-            moved: list[bool] = []  # text streamed or a tool run: the turn cannot be re-run
-
-            async def on_progress(step: ToolProgress) -> None:
-                moved.append(True)
-                if deltas is not None:
-                    deltas.put_nowait(step)
-
-            ctx.on_progress = on_progress
             if deltas is not None:
 
                 async def on_delta(piece: str) -> None:
-                    moved.append(True)
                     deltas.put_nowait(piece)
 
+                async def on_progress(step: ToolProgress) -> None:
+                    deltas.put_nowait(step)
+
+                ctx.on_progress = on_progress
+
             extra = {"options": request.model_options} if request.model_options else {}
-            try:
-                reply = await self._run_agent(context, ctx, on_delta, **extra)
-            except ProviderError as exc:
-                # The backstop: the provider refused the context as too long. Compact
-                # harder and try once more, unless the turn already showed text or ran a
-                # tool (running it again would repeat them).
-                if moved or not (exc.context_overflow and self._can_compact(begun)):
-                    raise
-                before = begun.history
-                context = context_of(await self._compact(request, begun, force=True))
-                if begun.history is before:
-                    raise
-                reply = await self._run_agent(context, ctx, on_delta, **extra)
+            reply, context = await self._run_compacting(
+                request, begun, context_of, context, ctx, on_delta, extra
+            )
             result = well_formed_result(reply)
             response = self._render(result)
             seen = seen_delivery_ids(begun.history, begun.taken, context)
@@ -487,6 +473,46 @@ class TurnService:
             self._active_runs -= 1
             if deltas is not None:
                 deltas.put_nowait(None)
+
+    async def _run_compacting(
+        self,
+        request: TurnRequest,
+        begun: _Begun,
+        context_of: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+        context: list[dict[str, Any]],
+        ctx: ToolContext,
+        on_delta: DeltaCallback | None,
+        extra: dict[str, Any],
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """Run the agent on ``context``; its result and the context it was given. The
+        backstop of compaction: when the provider refuses the context as too long, compact
+        harder and run once more, unless the turn already streamed text or ran a tool
+        (running it again would repeat them)."""
+        moved: list[bool] = []
+        on_progress = ctx.on_progress
+
+        async def delta(piece: str) -> None:
+            moved.append(True)
+            if on_delta is not None:
+                await on_delta(piece)
+
+        async def progress(step: ToolProgress) -> None:
+            moved.append(True)
+            if on_progress is not None:
+                await on_progress(step)
+
+        ctx.on_progress = progress
+        tracked = delta if on_delta is not None else None
+        try:
+            return await self._run_agent(context, ctx, tracked, **extra), context
+        except ProviderError as exc:
+            if moved or not (exc.context_overflow and self._can_compact(begun)):
+                raise
+            before = begun.history
+            context = context_of(await self._compact(request, begun, force=True))
+            if begun.history is before:
+                raise  # nothing could be compacted: the refusal stands
+            return await self._run_agent(context, ctx, tracked, **extra), context
 
     def _can_compact(self, begun: _Begun) -> bool:
         # A session not written yet has no stored turns to summarise.
