@@ -61,6 +61,7 @@ SUMMARISE_PROMPT = (
 
 # A message costs a few tokens beyond its text (role, separators).
 _PER_MESSAGE_TOKENS = 4
+_LISTED_WITH_GOALS = 50  # covered deliveries a summary's text lists with their goals
 _CUT_NOTE = "[... the oldest part of this summary was cut to keep it bounded ...]\n"
 
 
@@ -188,6 +189,9 @@ def _plan(
     archive = [r for r in older if not _pinned(r, taken)]
     if not any(not is_summary(r) for r in archive):
         return None  # nothing new to summarise
+    # A previous summary is rolled into the new one wherever it stands: one summary at most.
+    archive += [r for r in active[cut:] if is_summary(r)]
+    archive.sort(key=lambda r: r["id"])
     ids = {r["id"] for r in archive}
     return _Plan(archive, [r for r in active if r["id"] not in ids])
 
@@ -260,7 +264,12 @@ def _summary_text(count: int, deliveries: list[dict[str, str]], body: str) -> st
             "Background work that already finished and whose results were delivered in this "
             "conversation (it is done: do not start it again):"
         )
-        for d in deliveries:
+        # The newest with their goals; older ones by id only, so the list stays short
+        # while every covered id is still named.
+        older, newest = deliveries[:-_LISTED_WITH_GOALS], deliveries[-_LISTED_WITH_GOALS:]
+        if older:
+            lines.append("- earlier: " + ", ".join(d["id"] for d in older))
+        for d in newest:
             status = f" [{d['status']}]" if d["status"] else ""
             lines.append(f"- {d['id']}{status}: {d['goal']}")
     lines.append("")

@@ -192,3 +192,45 @@ async def test_the_backstop_compacts_and_retries_once_with_an_unknown_window(
     assert len([r for r in store.messages(SID) if r.role == "user"]) == len(
         [r for r in store.messages(SID)[:before] if r.role == "user"]
     )
+
+
+async def test_a_summary_names_every_result_it_covers_and_stays_one(tmp_path: Path) -> None:
+    store = session_file_store(tmp_path / "sessions.db")
+    store.create_session(SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
+    calls: list[list[dict[str, object]]] = []
+
+    async def summarise(messages: list[dict[str, object]]) -> str:
+        calls.append(messages)
+        return "prose " * 100  # 600 characters each time: past the cap by the third
+
+    compactor = Compactor(store, summarise, CompactionPolicy(context_window=0, summary_chars=1000))
+    for round_ in range(3):
+        for n in range(30):
+            k = round_ * 30 + n
+            store.append_message(
+                SID,
+                "system",
+                f"result {k}",
+                display_kind="async_delegation_complete",
+                display_metadata={"delegation_id": f"deleg_{k:03d}", "goal": f"goal {k}"},
+                dedupe_key=f"deleg:{k}",
+            )
+        taken = [m.id for m in (await store.abegin_turn(SID)).taken]
+        store.append_turn(
+            SID,
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+            seen=taken,
+        )
+        history = [m.as_dict() for m in (await store.abegin_turn(SID)).history]
+        assert await compactor.compact(SID, history, force=True) is not None
+    live = [m for m in (await store.abegin_turn(SID)).history]
+    summaries = [m for m in live if m.display_metadata and "summary" in m.display_metadata]
+    assert len(summaries) == 1  # the earlier ones were rolled in (and archived)
+    summary = summaries[0]
+    meta = summary.display_metadata["summary"]
+    assert [d["id"] for d in meta["deliveries"]] == [f"deleg_{k:03d}" for k in range(90)]
+    assert all(f"deleg_{k:03d}" in summary.content for k in range(90))
+    assert "goal 89" in summary.content and "goal 0\n" not in summary.content
+    assert len(meta["body"]) <= 1000 and meta["body"].startswith("[... the oldest part")
+    assert "[reveille:summary]" not in str(calls[-1][1]["content"])  # prose given, not redone
+    store.close()

@@ -50,6 +50,11 @@ def test_compaction_needs_the_lease_and_a_seen_result(store: SessionStore) -> No
     # Never archived twice: a retry of the same compaction (after a crash) is refused.
     assert _compact(store, "st_1", [u.id]) is None
     assert sum(1 for r in store.messages("s") if r.role == "system" and r.display_kind is None) == 1
+    # The same result delivered again (a re-offer after a crash): the archived row is the
+    # answer, and no turn folds it a second time.
+    again = delivery(store, "s", 1)
+    assert again.id == d.id and again.archived
+    assert begin(store, "s").taken == ()
     # Unknown ids refuse too.
     assert _compact(store, "st_1", [10**9]) is None
 
