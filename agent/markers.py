@@ -6,6 +6,8 @@ ends it with one WAKE_DATA_MARKER line: the marker, a space, and the event's
 (the demo model, `reveille chat`) take fields instead of parsing the prose
 (``read_wake_data``). Front ends that fold delivered results into a turn's context tag them
 with DELIVERY_MARKER; sub-agent runs carry SUBAGENT_MARKER in their system message.
+Compaction (``gateway.compaction``) starts its summarisation calls' system message with
+SUMMARISE_MARKER and every stored summary with SUMMARY_MARKER.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ WAKE_MARKER = "[reveille:wake]"
 WAKE_DATA_MARKER = "[reveille:wake-data]"
 DELIVERY_MARKER = "[reveille:delivery]"
 SUBAGENT_MARKER = "[reveille:subagent]"
+SUMMARISE_MARKER = "[reveille:summarise]"
+SUMMARY_MARKER = "[reveille:summary]"
 
 
 def defang(text: str) -> str:

@@ -200,6 +200,23 @@ def transcript_items(
         content = row.content
         meta = row.display_metadata or {}
         items.extend(_tool_item(step) for step in pinned.get(row.id, ()))
+        summary = meta.get("summary") if row.role == "system" and not row.is_delivery else None
+        if isinstance(summary, Mapping):
+            # A compaction's summary (gateway.compaction): a marker where it happened; the
+            # messages it replaced for the model are still shown, marked archived.
+            deliveries = summary.get("deliveries") or []
+            items.append(
+                {
+                    "kind": "summary",
+                    "id": row_id,
+                    "messages": int(summary.get("messages") or 0),
+                    "deliveries": [
+                        _text(d.get("id")) for d in deliveries if isinstance(d, Mapping)
+                    ],
+                    "archived": row.archived,
+                }
+            )
+            continue
         if row.is_delivery:
             # A delivery row (API-server sessions): the result, as its card.
             items.append(
@@ -227,6 +244,8 @@ def transcript_items(
         }
         if isinstance(meta, Mapping) and meta.get("stopped"):
             item["stopped"] = True
+        if row.archived:
+            item["archived"] = True  # summarised for the model; kept and shown
         if failed:
             item["failed"] = True
             item["error"] = _text(meta.get("error")) or "the turn failed"

@@ -285,6 +285,7 @@ class WebTurns:
                     ),
                     bind_key_to_request=False,
                     wakeup=wakeup,
+                    lease_stream_id=stream.stream_id,  # a compaction runs under this lease
                 )
             )
         except BaseException as exc:

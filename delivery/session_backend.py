@@ -16,6 +16,12 @@ PostgreSQL later). The rules every backend keeps, proved by ``tests/sessions/``:
   session back. Only an explicit creation (``create_session``, or ``abegin_turn`` with
   ``create``, both made before a turn runs) revives the id and clears its tombstone.
 * A begin-turn with nothing to fold only reads; it reaches the writer only to fold or create.
+* Compaction archives, never deletes: ``acompact`` writes one summary row and marks the rows
+  it replaces archived (``archived_at``, and the summary's id) in one commit, and only
+  while the caller's turn lease holds the session. A delivery row is archived only once a
+  stored turn saw it (``seen``: ``append_turn`` marks the rows its model call was shown, in
+  the turn's own commit); anything else refuses the whole compaction and writes nothing.
+  Archived rows stay in every transcript read, flagged ``archived``.
 * A session's running turn is a lease (``take_turn``): one holder at a time across every
   process sharing the store; a holder whose lease lapsed, or that ``is_dead`` declares gone,
   loses it to the next taker. An approval belongs to the turn that asked it and is pending
@@ -35,6 +41,7 @@ from typing import Any, Literal, Protocol
 __all__ = [
     "ApprovalRecord",
     "ApprovalStatus",
+    "Compaction",
     "IdempotencyRecord",
     "MessageRecord",
     "NewMessage",
@@ -168,6 +175,11 @@ class MessageRecord:
     display_kind: str | None
     display_metadata: dict[str, Any] | None
     folded: bool
+    # Compaction (see ``acompact``): a delivery row a stored turn's model call was shown; a
+    # row a summary replaced in the model's context (it stays readable); that summary's id.
+    seen: bool = False
+    archived: bool = False
+    summary_id: int | None = None
 
     @property
     def is_delivery(self) -> bool:
@@ -186,6 +198,9 @@ class MessageRecord:
             "display_kind": self.display_kind,
             "display_metadata": dict(meta) if meta is not None else None,
             "folded": self.folded,
+            "seen": self.seen,
+            "archived": self.archived,
+            "summary_id": self.summary_id,
         }
 
 
@@ -248,7 +263,8 @@ class TurnStart:
     """What a turn reads before it runs.
 
     ``state`` is the session's state as the turn found it, before any creation; ``history``
-    the transcript in order as it was before this turn's fold; ``taken`` the delivery rows
+    the transcript in order as it was before this turn's fold, less the rows a compaction
+    archived (its summary is there instead); ``taken`` the delivery rows
     this turn folded (marked folded now: no other turn gets them). Both are empty unless
     the session is live or was created by this call.
     """
@@ -256,6 +272,17 @@ class TurnStart:
     state: SessionState
     history: tuple[MessageRecord, ...] = ()
     taken: tuple[MessageRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """One compaction to commit: ``summary`` replaces the rows ``archive_ids`` in the model's
+    context. ``stream_id`` is the turn lease it runs under: the commit happens only while
+    that lease still holds the session, so no turn or wake-up slips in between."""
+
+    stream_id: str
+    archive_ids: tuple[int, ...]
+    summary: NewMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,10 +365,12 @@ class SessionBackend(Protocol):
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> list[MessageRecord]:
         """Append a turn and, with ``idempotency_key``, record its response as done, in one
         commit. ``create`` inserts the session when absent; a tombstoned id raises
-        SessionGone whether or not ``create`` is given."""
+        SessionGone whether or not ``create`` is given. ``seen``: the folded delivery rows
+        of this session the turn's model call was shown, marked seen in the same commit."""
 
     async def aappend_turn(
         self,
@@ -351,8 +380,16 @@ class SessionBackend(Protocol):
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> None:
         """Like ``append_turn``; the rows are not read back."""
+
+    async def acompact(self, session_id: str, compaction: Compaction) -> MessageRecord | None:
+        """Commit a compaction in one transaction: insert the summary row and archive the
+        rows it replaces (``archived_at`` now, ``summary_id`` the summary's id). None, with
+        nothing written, unless the lease ``compaction.stream_id`` holds the live session
+        and every row named is this session's, not archived, and (a delivery row) folded
+        and seen."""
 
     # -- idempotency
     def claim_idempotent(

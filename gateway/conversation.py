@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.markers import DELIVERY_MARKER, defang
+from gateway.compaction import is_summary
 
 __all__ = [
     "build_context",
@@ -159,6 +160,9 @@ def build_context(
     tagged ``[reveille:delivery]`` right before the new user message; rows folded by
     earlier turns stay in the history at their place (each once, consecutive ones merged).
     Rows that arrive after the take wait for the next turn.
+
+    Compaction (``gateway.compaction``): archived rows are left out, and the summary that
+    replaced them comes first, right after the request's system prompt.
     """
     taken_ids = {row["id"] for row in taken}
     context: list[dict[str, Any]] = [
@@ -167,6 +171,10 @@ def build_context(
         if m["role"] in ("system", "developer") and message_text(m)
     ]
     if history:
+        history = [row for row in history if not row.get("archived")]
+        context.extend(
+            {"role": "system", "content": row["content"]} for row in history if is_summary(row)
+        )
         earlier: list[str] = []
 
         def flush() -> None:
@@ -181,6 +189,8 @@ def build_context(
                 if row["folded"] and row["id"] not in taken_ids:
                     earlier.append(row["content"])
                 continue
+            if is_summary(row):
+                continue  # placed first, above
             flush()
             meta = row.get("display_metadata") or {}
             if meta.get("failed"):

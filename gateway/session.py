@@ -23,6 +23,7 @@ from typing import Any
 from delivery.identity import current_identity, holder_is_dead
 from delivery.session_backend import (
     ApprovalRecord,
+    Compaction,
     MessageRecord,
     NewMessage,
     NewSession,
@@ -447,6 +448,7 @@ class SessionStore:
         create: SessionSource | None = None,
         title: str | None = None,
         exclusive: bool = False,
+        seen: Sequence[int] = (),
     ) -> list[MessageRecord]:
         """Append a turn's messages and, with ``idempotency_key``, record its response.
 
@@ -459,12 +461,14 @@ class SessionStore:
         it does not exist yet, so a first turn makes one durable trip. Raises SessionGone
         for an unknown session without ``create`` and for a deleted (tombstoned) one
         always, and SessionTaken for an existing one with ``exclusive`` (the session must be
-        this turn's own); nothing is written then.
+        this turn's own); nothing is written then. ``seen`` names the folded delivery rows
+        the turn's model call was shown: marked seen in the same commit (what lets
+        compaction summarise them).
         """
         args = self._turn_args(
             session_id, messages, idempotency_key, response, create, title, exclusive
         )
-        return self._backend.append_turn(session_id, args[0], **args[1])
+        return self._backend.append_turn(session_id, args[0], seen=seen, **args[1])
 
     async def aappend_turn(
         self,
@@ -476,6 +480,7 @@ class SessionStore:
         create: SessionSource | None = None,
         title: str | None = None,
         exclusive: bool = False,
+        seen: Sequence[int] = (),
     ) -> None:
         """Like ``append_turn``, awaited without a thread hop; returns nothing.
 
@@ -484,7 +489,23 @@ class SessionStore:
         args = self._turn_args(
             session_id, messages, idempotency_key, response, create, title, exclusive
         )
-        await self._backend.aappend_turn(session_id, args[0], **args[1])
+        await self._backend.aappend_turn(session_id, args[0], seen=seen, **args[1])
+
+    async def acompact(
+        self,
+        session_id: str,
+        stream_id: str,
+        archive_ids: Sequence[int],
+        summary: Mapping[str, Any],
+    ) -> MessageRecord | None:
+        """Commit a compaction under the turn lease ``stream_id``: the ``summary`` message
+        (a mapping like ``append_turn``'s) replaces ``archive_ids`` in the model's context,
+        in one transaction; None, with nothing written, when the store refuses it (see
+        ``delivery.session_backend.SessionBackend.acompact``)."""
+        new = NewMessage.build(summary)
+        return await self._backend.acompact(
+            session_id, Compaction(stream_id, tuple(archive_ids), new)
+        )
 
     @staticmethod
     def _turn_args(

@@ -42,6 +42,7 @@ from agent.loop import Agent
 from agent.providers.base import DeltaCallback, ModelOptions, ProviderError
 from agent.tools import ConfirmCallback, ToolContext, ToolProgress
 from delivery.session_backend import ApprovalRecord
+from gateway.compaction import Compactor, seen_delivery_ids
 from gateway.config import Platform
 from gateway.conversation import (
     bound_context,
@@ -179,6 +180,9 @@ class TurnRequest:
     model_options: ModelOptions | None = None
     """The client's generation options, for every model call of the turn (None: defaults;
     the web UI and Telegram send none)."""
+    lease_stream_id: str | None = None
+    """The turn lease (``SessionStore.take_turn``) the surface holds for this turn, if any
+    (the web UI's): a compaction runs under it instead of taking the session itself."""
 
 
 @dataclass(frozen=True)
@@ -242,6 +246,7 @@ class TurnService:
         context_chars: int = 400_000,
         hold_sessions: bool = False,
         park_on_approval: bool = False,
+        compactor: Compactor | None = None,
     ) -> None:
         """``confirm_for(session_id)``, when given, is the approval hook of that session's
         tool calls (``ToolContext.confirm``). Turns of ``Platform.WEBUI`` mark the
@@ -262,6 +267,8 @@ class TurnService:
         self._park_on_approval = park_on_approval
         self.on_approval: Callable[[ApprovalRecord], Awaitable[None]] | None = None
         self.context_chars = context_chars  # what one turn sends the model, at most
+        # Summarises older turns when the context nears the model's window (None: never).
+        self.compactor = compactor
         self._claims = IdempotencyClaims(store, wait_seconds=idempotency_wait_seconds)
         self._active_runs = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -439,19 +446,16 @@ class TurnService:
         gate: TurnGate | None = None
         try:
             user_message = next(m for m in reversed(request.messages) if m["role"] == "user")
-            context = with_images(
-                bound_context(
-                    build_context(
-                        begun.history,
-                        begun.taken,
-                        request.messages,
-                        user_message,
-                        wakeup=request.wakeup,
-                    ),
-                    self.context_chars,
-                ),
-                user_message,
-            )
+
+            def context_of(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                built = build_context(
+                    history, begun.taken, request.messages, user_message, wakeup=request.wakeup
+                )
+                return with_images(bound_context(built, self.context_chars), user_message)
+
+            context = context_of(begun.history)
+            if self._compaction_due(begun, context):
+                context = context_of(await self._compact(request, begun, hold, force=False))
             if hold is not None and self._confirm_for is not None:
                 gate = self._gate(request, begun, user_message, owner, hold, parking, deltas)
             ctx = ToolContext(
@@ -482,15 +486,19 @@ class TurnService:
                 ctx.on_progress = on_progress
 
             extra = {"options": request.model_options} if request.model_options else {}
-            result = well_formed_result(await self._run_agent(context, ctx, on_delta, **extra))
+            reply, context = await self._run_compacting(
+                request, begun, hold, context_of, context, ctx, on_delta, extra
+            )
+            result = well_formed_result(reply)
             response = self._render(result)
+            seen = seen_delivery_ids(begun.history, begun.taken, context)
             if parking is not None:
                 parking.storing = True
                 if parking.future.done() and gate is not None:
                     await gate.store_answer(str(result.content or ""))
                     self.turns_stored += 1
                     return parking.future.result()
-            await self._store(request, begun, user_message, result, response, owner)
+            await self._store(request, begun, user_message, result, response, owner, seen)
             # One line per turn for operators: who and how long, never what was said.
             logger.info(
                 "%s turn in %s stored (%.0f ms, %d messages of context)",
@@ -528,7 +536,8 @@ class TurnService:
         deltas: asyncio.Queue[str | ToolProgress | None] | None,
     ) -> TurnGate:
         async def store_note(note: Any, response: dict[str, Any]) -> None:
-            await self._store(request, begun, user_message, note, response, owner)
+            # seen=[]: the model call is not over; its results stay pinned until one is stored.
+            await self._store(request, begun, user_message, note, response, owner, [])
             # Written now: what comes after the decision only continues this session.
             begun.unwritten, begun.exclusive = None, False
 
@@ -544,6 +553,78 @@ class TurnService:
             store_note=store_note,
             deltas=deltas,
         )
+
+    async def _run_compacting(
+        self,
+        request: TurnRequest,
+        begun: _Begun,
+        hold: TurnHold | None,
+        context_of: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+        context: list[dict[str, Any]],
+        ctx: ToolContext,
+        on_delta: DeltaCallback | None,
+        extra: dict[str, Any],
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """Run the agent on ``context``; its result and the context it was given. The
+        backstop of compaction: when the provider refuses the context as too long, compact
+        harder and run once more, unless the turn already streamed text or ran a tool
+        (running it again would repeat them)."""
+        moved: list[bool] = []
+        on_progress = ctx.on_progress
+
+        async def delta(piece: str) -> None:
+            moved.append(True)
+            if on_delta is not None:
+                await on_delta(piece)
+
+        async def progress(step: ToolProgress) -> None:
+            moved.append(True)
+            if on_progress is not None:
+                await on_progress(step)
+
+        ctx.on_progress = progress
+        tracked = delta if on_delta is not None else None
+        try:
+            return await self._run_agent(context, ctx, tracked, **extra), context
+        except ProviderError as exc:
+            if moved or not (exc.context_overflow and self._can_compact(begun)):
+                raise
+            before = begun.history
+            context = context_of(await self._compact(request, begun, hold, force=True))
+            if begun.history is before:
+                raise  # nothing could be compacted: the refusal stands
+            return await self._run_agent(context, ctx, tracked, **extra), context
+
+    def _can_compact(self, begun: _Begun) -> bool:
+        # A session not written yet has no stored turns to summarise.
+        return self.compactor is not None and begun.unwritten is None and bool(begun.history)
+
+    def _compaction_due(self, begun: _Begun, context: list[dict[str, Any]]) -> bool:
+        return (
+            self._can_compact(begun) and self.compactor is not None and self.compactor.due(context)
+        )
+
+    async def _compact(
+        self, request: TurnRequest, begun: _Begun, hold: TurnHold | None, *, force: bool
+    ) -> list[Any]:
+        """Compact the session before the model call (``gateway.compaction``); the turn goes
+        on with the compacted history (``begun.history`` is replaced), or as it was. It runs
+        under the turn's own lease when the turn holds one (the web UI's; a held wake-up's),
+        else the compactor takes one for itself."""
+        assert self.compactor is not None
+        lease = request.lease_stream_id
+        if lease is None and hold is not None and hold.held:
+            lease = hold.stream_id
+        compacted = await self.compactor.compact(
+            request.session_id,
+            begun.history,
+            begun.taken,
+            lease=lease,
+            force=force,
+        )
+        if compacted is not None:
+            begun.history = compacted
+        return begun.history
 
     def _session_writer(self, session_id: str, begun: _Begun) -> Callable[[], Awaitable[None]]:
         async def write_session() -> None:
@@ -566,6 +647,7 @@ class TurnService:
         result: Any,
         response: dict[str, Any],
         owner: str | None,
+        seen: list[int],
     ) -> None:
         key = request.idempotency_key
         user_text = message_text(user_message)
@@ -590,6 +672,8 @@ class TurnService:
                 ),
                 create=begun.unwritten,
                 exclusive=begun.exclusive,
+                # the results this turn's model call was shown: now compaction may fold them
+                seen=seen,
             )
         except SessionTaken:
             raise _taken(request.session_id) from None

@@ -42,6 +42,7 @@ from delivery.peers import ServerRecord
 from delivery.retention import RetentionScheduler, RetentionStores
 from delivery.webui_state import WebUIStateBackend
 from gateway.approvals import Approvals
+from gateway.compaction import Compactor, provider_summariser
 from gateway.config import Platform
 from gateway.delivery_targets import ApiServerTarget, PushTarget
 from gateway.platforms.api_server import ApiServerAdapter
@@ -335,6 +336,7 @@ def build_adapter(
         platform=Platform.API_SERVER,
         max_concurrent_runs=settings.max_concurrent_runs,
         context_chars=settings.context_chars,
+        compactor=Compactor(store, provider_summariser(model), settings.compaction_policy),
         **gateway_approvals(settings, approvals, park=True),
     )
     adapter = ApiServerAdapter(
@@ -437,6 +439,7 @@ def build_webui(
         platform=Platform.WEBUI,
         max_concurrent_runs=settings.max_concurrent_runs,
         context_chars=settings.context_chars,
+        compactor=Compactor(store, provider_summariser(model), settings.compaction_policy),
         confirm_for=approvals.confirm_for if settings.shell_asks else None,
     )
     turns = WebTurns(

@@ -221,6 +221,9 @@ def render_message(message: dict[str, Any]) -> str:
     content = str(message.get("content") or "")
     if message.get("display_kind"):
         return "\n".join(f"[background result] {line}" for line in _summaries(message))
+    meta = message.get("display_metadata")
+    if message.get("role") == "system" and isinstance(meta, Mapping) and "summary" in meta:
+        return "[compaction] earlier messages were summarised for the model (still stored)"
     if message.get("role") == "user":
         if content.startswith(WAKE_MARKER):
             return "\n".join(f"[wake-up] {line}" for line in _summaries(message))

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from delivery.policy import DeliveryPolicy
 from delivery.retention import RetentionPolicy
+from gateway.compaction import CompactionPolicy
 from gateway.webhooks import check_secret
 
 
@@ -52,6 +53,10 @@ class Settings:
     shell_approvals: str = "always"
     max_concurrent_runs: int = 10
     context_chars: int = 400_000
+    # compaction (gateway/compaction.py): the model's context window in tokens (0 = unknown:
+    # only the provider's "context length exceeded" compacts) and the cap on a summary
+    context_window: int = 0
+    compaction_summary_chars: int = 8000
     drain_seconds: float = 30.0
     # processes serving the same ports (SO_REUSEPORT) over one store; "auto" = os.cpu_count()
     workers: int = 1
@@ -121,6 +126,16 @@ class Settings:
         return frozenset(normalize_origin(o) for o in self.cors_origins.split(",") if o.strip())
 
     @property
+    def compaction_policy(self) -> CompactionPolicy:
+        # A summarisation call is sent at most half the window (or 200k characters).
+        window = self.context_window
+        return CompactionPolicy(
+            context_window=window,
+            summary_chars=self.compaction_summary_chars,
+            input_chars=window * 2 if window else 200_000,
+        )
+
+    @property
     def ledger_path(self) -> Path:
         return self.home / "ledger.db"
 
@@ -179,6 +194,8 @@ ENV_NAMES: dict[str, str] = {
     "shell_approvals": "REVEILLE_SHELL_APPROVALS",
     "max_concurrent_runs": "REVEILLE_MAX_CONCURRENT_RUNS",
     "context_chars": "REVEILLE_CONTEXT_CHARS",
+    "context_window": "REVEILLE_CONTEXT_WINDOW",
+    "compaction_summary_chars": "REVEILLE_COMPACTION_SUMMARY_CHARS",
     "drain_seconds": "REVEILLE_DRAIN_SECONDS",
     "workers": "REVEILLE_WORKERS",
     "max_body_bytes": "REVEILLE_MAX_BODY_BYTES",
@@ -223,6 +240,8 @@ _TOML_ALIASES = {
     ("model", "api_key"): "openai_api_key",
     ("model", "demo_delay_seconds"): "demo_delay_seconds",
     ("model", "context_chars"): "context_chars",
+    ("model", "context_window"): "context_window",
+    ("compaction", "summary_chars"): "compaction_summary_chars",
     ("shell", "enabled"): "shell_enabled",
     ("shell", "workdir"): "shell_workdir",
     ("shell", "approvals"): "shell_approvals",
@@ -334,6 +353,10 @@ def _validate(s: Settings) -> None:
         raise bad("drain_seconds", "must not be negative")
     if s.context_chars < 1000:
         raise bad("context_chars", "must be at least 1000")
+    if s.context_window and s.context_window < 1000:
+        raise bad("context_window", "must be 0 (unknown) or at least 1000 tokens")
+    if s.compaction_summary_chars < 200:
+        raise bad("compaction_summary_chars", "must be at least 200")
     if s.max_queued_delegations < 0:
         raise bad("max_queued_delegations", "must not be negative")
     if s.database_url and not s.database_url.startswith(("postgresql://", "postgres://")):

@@ -13,6 +13,7 @@ from typing import Any
 
 from agent import Agent
 from gateway.approvals import Approvals
+from gateway.compaction import Compactor, provider_summariser
 from gateway.config import Platform
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.platforms.telegram import TelegramAdapter
@@ -50,6 +51,7 @@ def telegram_surfaces(
         platform=Platform.TELEGRAM,
         max_concurrent_runs=settings.max_concurrent_runs,
         context_chars=settings.context_chars,
+        compactor=Compactor(store, provider_summariser(agent.provider), settings.compaction_policy),
         # A Telegram session's id is its routing key (telegram_session_id).
         session_key_of=lambda session_id: session_id,
         confirm_for=approvals.confirm_for if approvals is not None else None,

@@ -67,12 +67,43 @@ class ModelOptions:
         return any(getattr(self, item.name) is not None for item in fields(self))
 
 
-class ProviderError(RuntimeError):
-    """A model call failed. The message is safe to show and log: it never holds credentials."""
+# How providers say a request was longer than the model's context window: OpenAI's error
+# code, and the phrases other OpenAI-compatible servers (vLLM, llama.cpp, Ollama...) use.
+_OVERFLOW_CODE = "context_length_exceeded"
+_OVERFLOW_PHRASES = (
+    "context_length_exceeded",
+    "maximum context length",
+    "context length exceeded",
+    "context window",
+    "exceeds the context",
+    "too many tokens",
+    "prompt is too long",
+)
 
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+
+class ProviderError(RuntimeError):
+    """A model call failed. The message is safe to show and log: it never holds credentials.
+
+    ``code`` is the provider's error code when it sent one (OpenAI's ``error.code``).
+    """
+
+    def __init__(
+        self, message: str, *, status_code: int | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.code = code
+
+    @property
+    def context_overflow(self) -> bool:
+        """The request was longer than the model's context window ("context length
+        exceeded"): compacting the conversation and trying once more may succeed."""
+        if self.code == _OVERFLOW_CODE:
+            return True
+        if self.status_code not in (None, 400, 413):
+            return False
+        text = str(self).lower()
+        return any(phrase in text for phrase in _OVERFLOW_PHRASES)
 
 
 @runtime_checkable

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from agent.markers import SUBAGENT_MARKER
+from agent.markers import SUBAGENT_MARKER, SUMMARISE_MARKER
 from agent.providers.base import DeltaCallback, ModelOptions, ModelReply
 from agent.providers.demo_summaries import (
     first_lines,
@@ -34,6 +34,24 @@ def _text(message: dict[str, Any]) -> str:
     if isinstance(content, list):
         return "\n".join(part.get("text", "") for part in content if isinstance(part, dict))
     return ""
+
+
+def _demo_summary(messages: list[dict[str, Any]]) -> str:
+    """A compaction summary (``gateway.compaction``): what the user asked, in short. The
+    list of finished background work is added by the compaction itself."""
+    text = _text(messages[-1]) if messages else ""
+    asked = [
+        line[len("user:") :].strip()[:80]
+        for line in text.splitlines()
+        if line.startswith("user:") and line[len("user:") :].strip()
+    ]
+    results = sum(1 for line in text.splitlines() if line.startswith("background result"))
+    lines = ["Demo summary of earlier messages."]
+    if asked:
+        lines.append("The user asked: " + "; ".join(asked[-8:]) + ".")
+    if results:
+        lines.append(f"{results} background result(s) arrived and were read.")
+    return " ".join(lines)
 
 
 IMAGE_NOTE = "I cannot see images: the demo model reads only the text of a message."
@@ -147,6 +165,8 @@ class DemoModel:
     async def _decide(
         self, messages: list[dict[str, Any]], offered: set[str | None]
     ) -> tuple[str | None, list[dict[str, Any]]]:
+        if any(m.get("role") == "system" and SUMMARISE_MARKER in _text(m) for m in messages):
+            return _demo_summary(messages), []
         if any(m.get("role") == "system" and SUBAGENT_MARKER in _text(m) for m in messages):
             await asyncio.sleep(self.delay_seconds)
             return self._subagent_result(messages), []

@@ -281,7 +281,12 @@ class OpenAICompatProvider:
         if isinstance(exc, openai.APIStatusError):
             detail = _provider_message(exc)
             text = f"{self._label()} returned HTTP {exc.status_code}: {detail}"
-            return ProviderError(self._redact(text)[:_MAX_ERROR_TEXT], status_code=exc.status_code)
+            code = getattr(exc, "code", None)
+            return ProviderError(
+                self._redact(text)[:_MAX_ERROR_TEXT],
+                status_code=exc.status_code,
+                code=code if isinstance(code, str) else None,
+            )
         if isinstance(exc, openai.APITimeoutError):
             # The SDK reports a refused connection as a timeout through its aiohttp transport
             # (the connect failure arrives as the HTTP library's ConnectTimeout): say what
@@ -295,8 +300,11 @@ class OpenAICompatProvider:
         if isinstance(exc, openai.APIError):
             # Errors reported inside a stream carry a message but no status code.
             text = f"{self._label()} reported an error: {exc.message}"
-        else:
-            text = f"{self._label()} failed: {type(exc).__name__}: {exc}"
+            code = getattr(exc, "code", None)
+            return ProviderError(
+                self._redact(text)[:_MAX_ERROR_TEXT], code=code if isinstance(code, str) else None
+            )
+        text = f"{self._label()} failed: {type(exc).__name__}: {exc}"
         return ProviderError(self._redact(text)[:_MAX_ERROR_TEXT])
 
 

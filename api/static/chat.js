@@ -267,7 +267,22 @@ export class ChatView {
         node.append(el("p", { class: "message-note", text: "Stopped" }));
       }
       if (item.failed) this.markFailed(node, item.content, item.error);
+      if (item.archived) {
+        node.dataset.archived = "true";
+        node.title = "Summarised for the model (compaction); kept here as written";
+      }
       target.append(node);
+    } else if (item.kind === "summary") {
+      // Where a compaction happened: the messages above it reach the model as its summary.
+      const count = Number(item.messages) || 0;
+      const done = Array.isArray(item.deliveries) ? item.deliveries.length : 0;
+      const text =
+        `Earlier messages (${count}) were summarised for the model` +
+        (done ? `, including ${done} finished background result(s)` : "") +
+        "; they are still shown here.";
+      target.append(
+        el("p", { class: "compaction-marker", dataset: { testid: "compaction", messageId: item.id }, text }),
+      );
     } else if (item.kind === "wakeup" && item.card) {
       this.addCard(item.card, target);
     } else if (item.kind === "tool") {

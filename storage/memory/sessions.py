@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from delivery.session_backend import (
     ApprovalRecord,
+    Compaction,
     IdempotencyRecord,
     MessageRecord,
     NewMessage,
@@ -50,6 +51,9 @@ class _Message:
     metadata_json: str | None
     dedupe_key: str | None
     folded_at: float | None = None
+    seen_at: float | None = None
+    archived_at: float | None = None
+    summary_id: int | None = None
 
     def record(self) -> MessageRecord:
         return MessageRecord(
@@ -60,6 +64,9 @@ class _Message:
             display_kind=self.display_kind,
             display_metadata=decode_json(self.metadata_json),
             folded=self.folded_at is not None,
+            seen=self.seen_at is not None,
+            archived=self.archived_at is not None,
+            summary_id=self.summary_id,
         )
 
 
@@ -105,6 +112,11 @@ class _Idem:
             created_at=self.created_at,
             updated_at=self.updated_at,
         )
+
+
+def _live(s: _Session) -> tuple[MessageRecord, ...]:
+    """What a turn reads: the transcript less the rows a compaction archived."""
+    return tuple(m.record() for m in s.messages if m.archived_at is None)
 
 
 def _recency(s: _Session) -> tuple[float, str]:
@@ -316,7 +328,7 @@ class MemorySessions:
                 m.display_kind is not None and m.folded_at is None for m in s.messages
             ):
                 # Nothing to fold: a read, like SQLite's reader path (no write counted).
-                return TurnStart(state, tuple(m.record() for m in s.messages))
+                return TurnStart(state, _live(s))
 
             def op() -> TurnStart:
                 live = (
@@ -324,8 +336,7 @@ class MemorySessions:
                     if (create is not None)
                     else self._live(session_id)
                 )
-                history = tuple(m.record() for m in live.messages)
-                return TurnStart(state, history, self._fold(live, now))
+                return TurnStart(state, _live(live), self._fold(live, now))
 
             return self._write(op)
 
@@ -337,6 +348,7 @@ class MemorySessions:
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> list[MessageRecord]:
         now = self._clock()
 
@@ -349,6 +361,10 @@ class MemorySessions:
             s.updated_at = now
             if idempotency_key is not None:
                 self._put(idempotency_key, response_json, session_id, now)
+            wanted = set(seen)
+            for m in s.messages:
+                if m.id in wanted and m.seen_at is None and m.folded_at is not None:
+                    m.seen_at = now
             return rows
 
         return self._write(op)
@@ -361,6 +377,7 @@ class MemorySessions:
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> None:
         self.append_turn(
             session_id,
@@ -368,7 +385,45 @@ class MemorySessions:
             create=create,
             idempotency_key=idempotency_key,
             response_json=response_json,
+            seen=seen,
         )
+
+    async def acompact(self, session_id: str, compaction: Compaction) -> MessageRecord | None:
+        now = self._clock()
+
+        def allowed(s: _Session | None) -> bool:
+            held = self._turns.get(session_id)
+            if s is None or held is None or held.stream_id != compaction.stream_id:
+                return False
+            if held.expires_at <= now:
+                return False
+            wanted = set(compaction.archive_ids)
+            rows = [m for m in s.messages if m.id in wanted]
+            return (
+                bool(wanted)
+                and len(rows) == len(wanted)
+                and all(
+                    m.archived_at is None
+                    and (
+                        m.display_kind is None
+                        or (m.folded_at is not None and m.seen_at is not None)
+                    )
+                    for m in rows
+                )
+            )
+
+        def op() -> MessageRecord | None:
+            s = self._sessions.get(session_id)
+            if s is None or not allowed(s):
+                return None
+            summary = self._insert_message(s, compaction.summary, now)
+            wanted = set(compaction.archive_ids)
+            for m in s.messages:
+                if m.id in wanted:
+                    m.archived_at, m.summary_id = now, summary.id
+            return summary.record()
+
+        return self._write(op)
 
     # -- idempotency
 

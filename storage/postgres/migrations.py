@@ -193,6 +193,17 @@ CREATE TABLE webui_meta (
 """,
     ),
     Migration(
+        5,
+        "sessions: compaction (seen delivery rows, archived rows and their summary)",
+        """
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS seen_at DOUBLE PRECISION;
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS archived_at DOUBLE PRECISION;
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS summary_id BIGINT;
+CREATE INDEX IF NOT EXISTS idx_messages_live ON messages (session_id, id)
+    WHERE archived_at IS NULL;
+""",
+    ),
+    Migration(
         7,
         "webhooks: deliveries (one per event and endpoint), attempts, signing secrets",
         """

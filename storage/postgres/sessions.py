@@ -23,6 +23,7 @@ import psycopg_pool
 
 from delivery.session_backend import (
     ApprovalRecord,
+    Compaction,
     IdempotencyRecord,
     MessageRecord,
     NewMessage,
@@ -38,6 +39,7 @@ from delivery.session_backend import (
     TurnStart,
     decode_json,
 )
+from storage import compaction as compacting
 from storage import running_turns as turns
 from storage.postgres import sql as q
 from storage.postgres.conn import PostgresUnavailable, check_url, explain, redact
@@ -56,9 +58,18 @@ def _session(row: tuple[Any, ...]) -> SessionRecord:
 
 
 def _message(row: tuple[Any, ...]) -> MessageRecord:
-    mid, role, content, created, kind, meta, folded_at = row
+    mid, role, content, created, kind, meta, folded_at, seen_at, archived_at, summary_id = row
     return MessageRecord(
-        mid, role, content, created, kind, decode_json(meta), folded_at is not None
+        mid,
+        role,
+        content,
+        created,
+        kind,
+        decode_json(meta),
+        folded_at is not None,
+        seen=seen_at is not None,
+        archived=archived_at is not None,
+        summary_id=summary_id,
     )
 
 
@@ -108,8 +119,9 @@ def _insert_message(conn: Conn, sid: str, m: NewMessage, now: float) -> MessageR
     return _message(row)
 
 
-def _transcript(conn: Conn, sid: str) -> tuple[MessageRecord, ...]:
-    return tuple(_message(r) for r in conn.execute(q.SQL_TRANSCRIPT, (sid,)).fetchall())
+def _transcript(conn: Conn, sid: str, *, live: bool = False) -> tuple[MessageRecord, ...]:
+    sql = q.SQL_LIVE_TRANSCRIPT if live else q.SQL_TRANSCRIPT
+    return tuple(_message(r) for r in conn.execute(sql, (sid,)).fetchall())
 
 
 def _fold(conn: Conn, sid: str, now: float, upto: int | None) -> list[MessageRecord]:
@@ -307,7 +319,7 @@ class PostgresSessions:
             state = _state(conn, session_id)
             if state != "live":
                 return TurnStart(state)
-            history = _transcript(conn, session_id)
+            history = _transcript(conn, session_id, live=True)
             if any(m.is_delivery and not m.folded for m in history):
                 return None
             return TurnStart("live", history)
@@ -323,7 +335,7 @@ class PostgresSessions:
                 if create is None:
                     return TurnStart(state)
                 _insert_session(conn, session_id, create, now, revive=True)
-            history = _transcript(conn, session_id)
+            history = _transcript(conn, session_id, live=True)
             upto = history[-1].id if history else 0
             taken = [m.as_folded() for m in _fold(conn, session_id, now, upto)]
             return TurnStart(state, history, tuple(taken))
@@ -341,6 +353,7 @@ class PostgresSessions:
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> list[MessageRecord]:
         now = self._clock()
 
@@ -354,6 +367,7 @@ class PostgresSessions:
                 conn.execute(
                     q.SQL_IDEM_DONE, (idempotency_key, session_id, response_json, now, now)
                 )
+            compacting.mark_seen(conn, "%s", session_id, seen, now)
             return out
 
         return self._write(session_id, op)
@@ -366,6 +380,7 @@ class PostgresSessions:
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> None:
         await asyncio.to_thread(
             lambda: self.append_turn(
@@ -374,8 +389,28 @@ class PostgresSessions:
                 create=create,
                 idempotency_key=idempotency_key,
                 response_json=response_json,
+                seen=seen,
             )
         )
+
+    def _compact(self, session_id: str, compaction: Compaction) -> MessageRecord | None:
+        now = self._clock()
+
+        def op(conn: Conn) -> MessageRecord | None:
+            # The lease's lock too: no take-over of the session between the lease check and
+            # the commit (the session lock, taken first, is never taken after this one).
+            conn.execute(q.SQL_LOCK_KEY, ("turn:" + session_id,))
+
+            def insert() -> MessageRecord:
+                return _insert_message(conn, session_id, compaction.summary, now)
+
+            return compacting.compact(conn, "%s", session_id, compaction, now, insert)
+
+        # The session's lock: a fold, an append or a delete of it never interleaves.
+        return self._write(session_id, op)
+
+    async def acompact(self, session_id: str, compaction: Compaction) -> MessageRecord | None:
+        return await asyncio.to_thread(self._compact, session_id, compaction)
 
     # -- idempotency
 

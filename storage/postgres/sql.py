@@ -54,7 +54,10 @@ SERVERS_DELETE = "DELETE FROM servers WHERE identity = %s"
 
 # -- the session store --------------------------------------------------------------------------
 
-_MSG = "id, role, content, created_at, display_kind, display_metadata, folded_at"
+_MSG = (
+    "id, role, content, created_at, display_kind, display_metadata, folded_at,"
+    " seen_at, archived_at, summary_id"
+)
 _SES = "id, source, session_key, title, created_at, updated_at"
 _IDEM = "key, state, owner, session_id, response, created_at, updated_at"
 _MSG_VALUES = "(%s, %s, %s, %s, %s, %s, %s)"
@@ -100,6 +103,10 @@ SQL_MESSAGES_BEFORE = (
     f"SELECT {_MSG} FROM messages WHERE session_id = %s AND id < %s ORDER BY id DESC LIMIT %s"
 )
 SQL_TRANSCRIPT = f"SELECT {_MSG} FROM messages WHERE session_id = %s ORDER BY id"
+# What a turn reads: the transcript less the rows a compaction archived.
+SQL_LIVE_TRANSCRIPT = (
+    f"SELECT {_MSG} FROM messages WHERE session_id = %s AND archived_at IS NULL ORDER BY id"
+)
 SQL_FOLD = (
     "UPDATE messages SET folded_at = %s WHERE session_id = %s AND display_kind IS NOT NULL"
     f" AND folded_at IS NULL AND id <= %s RETURNING {_MSG}"

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from delivery.session_backend import (
     ApprovalRecord,
+    Compaction,
     IdempotencyRecord,
     MessageRecord,
     NewMessage,
@@ -35,6 +36,7 @@ from delivery.session_backend import (
     TurnStart,
     decode_json,
 )
+from storage import compaction as compacting
 from storage import running_turns as turns
 from storage.sqlite import files as sqlite_files
 from storage.sqlite.reader import GroupReader
@@ -52,6 +54,7 @@ from storage.sqlite.sessions_sql import (
     SQL_INSERT_MESSAGE,
     SQL_INSERT_SESSION,
     SQL_LIST_SESSIONS,
+    SQL_LIVE_TRANSCRIPT,
     SQL_MESSAGE_BY_DEDUPE,
     SQL_MESSAGES_AFTER,
     SQL_MESSAGES_BEFORE,
@@ -72,6 +75,7 @@ from storage.sqlite.sessions_sql import (
     SQL_UNFOLDED,
     SQL_UNFOLDED_BY_DEDUPE,
     SQL_UNTOMBSTONE,
+    UPGRADE_COLUMNS,
     sql_insert_messages,
 )
 from storage.sqlite.writer import GroupCommitWriter
@@ -99,6 +103,9 @@ def _message(row: sqlite3.Row) -> MessageRecord:
         display_kind=row["display_kind"],
         display_metadata=decode_json(row["display_metadata"]),
         folded=row["folded_at"] is not None,
+        seen=row["seen_at"] is not None,
+        archived=row["archived_at"] is not None,
+        summary_id=row["summary_id"],
     )
 
 
@@ -157,7 +164,7 @@ def _peek_op(conn: sqlite3.Connection, session_id: str) -> TurnStart | None:
     state = _state(conn, session_id)
     if state != "live":
         return TurnStart(state)
-    history = tuple(_message(r) for r in conn.execute(SQL_TRANSCRIPT, (session_id,)))
+    history = tuple(_message(r) for r in conn.execute(SQL_LIVE_TRANSCRIPT, (session_id,)))
     if any(m.is_delivery and not m.folded for m in history):
         return None
     return TurnStart("live", history)
@@ -186,6 +193,22 @@ def _check_columns(spec: sqlite_files.SqliteFile) -> Callable[[sqlite3.Connectio
                 )
 
     return check
+
+
+def _add_columns(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> None:
+    """Give an older file the columns added since (``UPGRADE_COLUMNS``), in one transaction
+    that reads again what it found: two processes opening one file add each column once."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for table, column, kind in UPGRADE_COLUMNS:
+            have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            if have and column not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise sqlite_files.classify(exc, spec) from exc
 
 
 def _not_ours(msg: str) -> SessionStoreError:
@@ -225,6 +248,7 @@ class SqliteSessions:
             self._spec, check_owner=True, extra_check=_check_columns(self._spec)
         )
         try:
+            _add_columns(conn, self._spec)
             sqlite_files.stamp_schema(conn, self._spec, DDL + ";" + RETENTION_DDL)
         except BaseException:
             conn.close()
@@ -425,7 +449,7 @@ class SqliteSessions:
                 if create is None:
                     return TurnStart(state)
                 _insert_session(conn, session_id, create, now, revive=True)
-            history = tuple(_message(r) for r in conn.execute(SQL_TRANSCRIPT, (session_id,)))
+            history = tuple(_message(r) for r in conn.execute(SQL_LIVE_TRANSCRIPT, (session_id,)))
             return TurnStart(state, history, tuple(_fold(conn, session_id, now)))
 
         return op
@@ -447,6 +471,7 @@ class SqliteSessions:
         response_json: str | None,
         *,
         rows: bool,
+        seen: Sequence[int] = (),
     ) -> Callable[[sqlite3.Connection], list[MessageRecord]]:
         now = self._clock()
         values = [v for m in messages for v in _values(session_id, m, now)]
@@ -471,6 +496,7 @@ class SqliteSessions:
                 raise SessionGone(session_id)
             if idempotency_key is not None:
                 conn.execute(SQL_IDEM_DONE, (idempotency_key, session_id, response_json, now, now))
+            compacting.mark_seen(conn, "?", session_id, seen, now)
             return out
 
         return op
@@ -483,10 +509,11 @@ class SqliteSessions:
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> list[MessageRecord]:
         return self._write(
             self._append_turn_op(
-                session_id, messages, create, idempotency_key, response_json, rows=True
+                session_id, messages, create, idempotency_key, response_json, rows=True, seen=seen
             )
         )
 
@@ -498,12 +525,24 @@ class SqliteSessions:
         create: NewSession | None = None,
         idempotency_key: str | None = None,
         response_json: str | None = None,
+        seen: Sequence[int] = (),
     ) -> None:
         await self._awrite(
             self._append_turn_op(
-                session_id, messages, create, idempotency_key, response_json, rows=False
+                session_id, messages, create, idempotency_key, response_json, rows=False, seen=seen
             )
         )
+
+    async def acompact(self, session_id: str, compaction: Compaction) -> MessageRecord | None:
+        now = self._clock()
+
+        def op(conn: sqlite3.Connection) -> MessageRecord | None:
+            def insert() -> MessageRecord:
+                return _insert_message(conn, session_id, compaction.summary, now)
+
+            return compacting.compact(conn, "?", session_id, compaction, now, insert)
+
+        return await self._awrite(op)
 
     # -- idempotency
 

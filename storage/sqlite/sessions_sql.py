@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import functools
 
-# v2 added the tombstones table, v3 running_turns and approvals, v5 RETENTION_DDL (the
-# indexes retention reads by age; 4 is another change's). A file written by a newer build is
-# refused rather than silently misread; an older file gains the tables on open.
+# v2 added the tombstones table, v3 running_turns and approvals, v4 compaction's columns of
+# messages (seen_at, archived_at, summary_id), v5 RETENTION_DDL (the indexes retention reads
+# by age). A file written by a newer build is refused rather than silently misread; an older
+# file gains the tables (and ``UPGRADE_COLUMNS``) on open.
 SCHEMA_VERSION = 5
+
+# Columns added to existing tables since v1, in order: (table, column, type). Added on open
+# when missing (``storage.sqlite.sessions``), before the DDL's indexes that name them.
+UPGRADE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("messages", "seen_at", "REAL"),
+    ("messages", "archived_at", "REAL"),
+    ("messages", "summary_id", "INTEGER"),
+)
 
 DDL = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -35,12 +44,19 @@ CREATE TABLE IF NOT EXISTS messages (
     display_metadata TEXT,
     dedupe_key       TEXT,
     folded_at        REAL,
+    -- compaction: a stored turn saw this delivery row; a summary replaced this row in the
+    -- model's context (kept: archived rows are pruned only by an explicit retention policy)
+    seen_at          REAL,
+    archived_at      REAL,
+    summary_id       INTEGER,
     UNIQUE (session_id, dedupe_key)
 );
 CREATE INDEX IF NOT EXISTS idx_messages_session ON messages (session_id, id);
 -- Folding is checked at the start of every client turn; keep it cheap on long transcripts.
 CREATE INDEX IF NOT EXISTS idx_messages_unfolded ON messages (session_id)
     WHERE display_kind IS NOT NULL AND folded_at IS NULL;
+CREATE INDEX IF NOT EXISTS idx_messages_live ON messages (session_id, id)
+    WHERE archived_at IS NULL;
 CREATE INDEX IF NOT EXISTS idx_sessions_updated ON sessions (updated_at);
 CREATE INDEX IF NOT EXISTS idx_sessions_key ON sessions (session_key);
 -- Idempotency-Key -> the first response. A 'running' row is a claim. Not tied to a session
@@ -111,7 +127,10 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
     "approvals": frozenset({"id", "session_id", "stream_id", "command", "status", "created_at"}),
 }
 
-_MSG = "id, role, content, created_at, display_kind, display_metadata, folded_at"
+_MSG = (
+    "id, role, content, created_at, display_kind, display_metadata, folded_at,"
+    " seen_at, archived_at, summary_id"
+)
 _SES = "id, source, session_key, title, created_at, updated_at"
 _IDEM = "key, state, owner, session_id, response, created_at, updated_at"
 _MSG_VALUES = "(?, ?, ?, ?, ?, ?, ?)"
@@ -154,6 +173,11 @@ SQL_MESSAGES_BEFORE = (
     f"SELECT {_MSG} FROM messages WHERE session_id = ? AND id < ? ORDER BY id DESC LIMIT ?"
 )
 SQL_TRANSCRIPT = f"SELECT {_MSG} FROM messages WHERE session_id = ? ORDER BY id"
+# What a turn reads: the transcript less the rows a compaction archived (a long session's
+# turn reads its summary and its newest rows, not every row it ever had).
+SQL_LIVE_TRANSCRIPT = (
+    f"SELECT {_MSG} FROM messages WHERE session_id = ? AND archived_at IS NULL ORDER BY id"
+)
 SQL_UNFOLDED = (
     f"SELECT {_MSG} FROM messages"
     " WHERE session_id = ? AND display_kind IS NOT NULL AND folded_at IS NULL ORDER BY id"

@@ -27,6 +27,7 @@ class FakeOpenAI:
     def __init__(self):
         self.requests: list[dict] = []
         self.script: list = []
+        self.default = None  # the handler once the script is used up (else "default reply")
         self.base_url = ""
         self._runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
@@ -50,7 +51,7 @@ class FakeOpenAI:
         body = await request.json()
         peer = request.transport.get_extra_info("peername") if request.transport else None
         self.requests.append({"headers": dict(request.headers), "body": body, "peer": peer})
-        handler = self.script.pop(0) if self.script else completion("default reply")
+        handler = self.script.pop(0) if self.script else self.default or completion("default reply")
         return await handler(request, body)
 
 

@@ -104,6 +104,9 @@ def test_append_and_read_messages(store: SessionStore) -> None:
         "display_kind",
         "display_metadata",
         "folded",
+        "seen",
+        "archived",
+        "summary_id",
     }
     assert m1.display_kind is None and m1.display_metadata is None
     assert m3.display_metadata == {"n": 1} and m3.folded is False

@@ -1,0 +1,92 @@
+"""Compaction's writes in the SQL dialects: written once, bound to a placeholder mark (``?``
+for SQLite, ``%s`` for PostgreSQL), like ``storage.running_turns``.
+
+Each function runs inside a write transaction the backend opened (SQLite's writer thread,
+a PostgreSQL connection holding the session's advisory lock) and commits nothing itself.
+The rules are ``delivery.session_backend``'s: a compaction commits only under the caller's
+live turn lease, archives (never deletes) rows that are not archived yet, and never a
+delivery row that no stored turn has seen; a refused compaction writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from delivery.session_backend import Compaction, MessageRecord
+
+__all__ = ["compact", "mark_seen"]
+
+_CHUNK = 500  # ids per statement: far below SQLite's variable limit
+
+
+def _chunks(ids: Sequence[int]) -> Iterator[list[int]]:
+    unique = sorted(set(ids))
+    for start in range(0, len(unique), _CHUNK):
+        yield unique[start : start + _CHUNK]
+
+
+def _in(mark: str, n: int) -> str:
+    return "(" + ", ".join([mark] * n) + ")"
+
+
+def mark_seen(conn: Any, mark: str, session_id: str, ids: Sequence[int], now: float) -> None:
+    """Mark the folded delivery rows ``ids`` of the session seen by a stored turn (once:
+    the first turn that saw a row is its witness)."""
+    for chunk in _chunks(ids):
+        conn.execute(
+            f"UPDATE messages SET seen_at = {mark} WHERE session_id = {mark}"
+            f" AND seen_at IS NULL AND folded_at IS NOT NULL AND id IN {_in(mark, len(chunk))}",
+            (now, session_id, *chunk),
+        )
+
+
+def _allowed(conn: Any, mark: str, session_id: str, compaction: Compaction, now: float) -> bool:
+    lease = conn.execute(
+        f"SELECT stream_id, expires_at FROM running_turns WHERE session_id = {mark}",
+        (session_id,),
+    ).fetchone()
+    if lease is None or lease[0] != compaction.stream_id or lease[1] <= now:
+        return False  # not under this caller's lease: another turn may be running
+    if conn.execute(f"SELECT 1 FROM sessions WHERE id = {mark}", (session_id,)).fetchone() is None:
+        return False
+    wanted = set(compaction.archive_ids)
+    if not wanted:
+        return False
+    found = 0
+    for chunk in _chunks(compaction.archive_ids):
+        rows = conn.execute(
+            "SELECT display_kind, folded_at, seen_at, archived_at FROM messages"
+            f" WHERE session_id = {mark} AND id IN {_in(mark, len(chunk))}",
+            (session_id, *chunk),
+        ).fetchall()
+        for kind, folded_at, seen_at, archived_at in rows:
+            if archived_at is not None:
+                return False  # compacted meanwhile (a retry after a crash finds this)
+            if kind is not None and (folded_at is None or seen_at is None):
+                return False  # a result no stored turn has seen stays verbatim
+        found += len(rows)
+    return found == len(wanted)
+
+
+def compact(
+    conn: Any,
+    mark: str,
+    session_id: str,
+    compaction: Compaction,
+    now: float,
+    insert: Callable[[], MessageRecord],
+) -> MessageRecord | None:
+    """Insert the summary (``insert``) and archive the rows it replaces, or nothing at all
+    (None) when the compaction is not allowed (see ``_allowed``). Checks come before any
+    write, so a refusal needs no rollback."""
+    if not _allowed(conn, mark, session_id, compaction, now):
+        return None
+    summary = insert()
+    for chunk in _chunks(compaction.archive_ids):
+        conn.execute(
+            f"UPDATE messages SET archived_at = {mark}, summary_id = {mark}"
+            f" WHERE session_id = {mark} AND id IN {_in(mark, len(chunk))}",
+            (now, summary.id, session_id, *chunk),
+        )
+    return summary
