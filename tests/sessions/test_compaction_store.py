@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 
 from gateway.session import SessionStore
+from storage.sqlite.sessions_sql import SCHEMA_VERSION as SESSIONS_SCHEMA_VERSION
 from tests.sessions._support import begin, delivery, run_sync
 from tests.stores import pg_sessions, session_file_store
 
@@ -59,7 +60,7 @@ def test_compaction_needs_the_lease_and_a_seen_result(store: SessionStore) -> No
     assert _compact(store, "st_1", [10**9]) is None
 
 
-def test_a_v3_file_upgrades_to_v4(tmp_path: Path) -> None:
+def test_a_v3_file_upgrades_to_the_current_version(tmp_path: Path) -> None:
     path = tmp_path / "sessions.db"
     with session_file_store(path) as store:
         store.create_session("s")
@@ -77,7 +78,7 @@ def test_a_v3_file_upgrades_to_v4(tmp_path: Path) -> None:
         assert [m.content for m in store.messages("s")] == ["old"]
         assert not store.messages("s")[0].archived
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SESSIONS_SCHEMA_VERSION
     conn.close()
 
 
