@@ -74,6 +74,10 @@ class Settings:
     database_url: str = ""
     # a server whose heartbeat is older than this is dead (its work is recovered)
     peer_timeout_seconds: float = 15.0
+    # the Responses API: stored responses are kept this many days after they end
+    responses_keep_days: float = 30.0
+    # a running response's lease; a server silent this long has its responses ended failed
+    responses_lease_seconds: float = 30.0
 
     @property
     def allowed_origins(self) -> frozenset[str]:
@@ -130,6 +134,8 @@ ENV_NAMES: dict[str, str] = {
     "webui_password": "REVEILLE_WEBUI_PASSWORD",
     "database_url": "REVEILLE_DATABASE_URL",
     "peer_timeout_seconds": "REVEILLE_PEER_TIMEOUT_SECONDS",
+    "responses_keep_days": "REVEILLE_RESPONSES_KEEP_DAYS",
+    "responses_lease_seconds": "REVEILLE_RESPONSES_LEASE_SECONDS",
 }
 
 # TOML sections map onto flat names: [server] host -> host, [shell] enabled -> shell_enabled ...
@@ -165,6 +171,8 @@ _TOML_ALIASES = {
     ("webui", "password"): "webui_password",
     ("storage", "url"): "database_url",
     ("storage", "peer_timeout_seconds"): "peer_timeout_seconds",
+    ("responses", "keep_days"): "responses_keep_days",
+    ("responses", "lease_seconds"): "responses_lease_seconds",
 }
 
 _ORIGIN_RE = re.compile(r"https?://[a-z0-9.\-\[\]:]+")
@@ -250,7 +258,13 @@ def _validate(s: Settings) -> None:
         raise bad("max_queued_delegations", "must not be negative")
     if s.database_url and not s.database_url.startswith(("postgresql://", "postgres://")):
         raise bad("database_url", "expected postgresql://user:password@host/dbname (or unset)")
-    for name in ("lease_seconds", "replay_cap_seconds", "peer_timeout_seconds"):
+    for name in (
+        "lease_seconds",
+        "replay_cap_seconds",
+        "peer_timeout_seconds",
+        "responses_keep_days",
+        "responses_lease_seconds",
+    ):
         if getattr(s, name) <= 0:
             raise bad(name, "must be positive")
     if s.demo_delay_seconds < 0:

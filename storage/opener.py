@@ -14,7 +14,8 @@ a storage dialect.
 
 The returned ``Storage`` opens the backends: ``open_ledger()`` (a ``LedgerStore``: the
 ledger's work and views), ``open_sessions()`` (a ``SessionBackend``) and ``open_webui()``
-(a ``WebUIStateBackend``); keyword options
+(a ``WebUIStateBackend``) and ``open_responses()`` (a ``ResponsesBackend``, ``responses.db``
+with SQLite); keyword options
 tune one dialect's backend (pool sizes, batch limits, a test clock) and are passed through
 as given.
 ``sqlite_files(ledger=..., sessions=...)`` describes SQLite files at paths of the caller's
@@ -30,6 +31,7 @@ from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from delivery.backend import LedgerStore
+from delivery.responses_backend import ResponsesBackend
 from delivery.session_backend import SessionBackend
 from delivery.state_dir import ensure_private_dir
 from delivery.webui_state import WebUIStateBackend
@@ -49,6 +51,7 @@ Dialect = Literal["sqlite", "postgres", "memory"]
 LEDGER_FILE = "ledger.db"
 SESSIONS_FILE = "sessions.db"
 WEBUI_FILE = "webui.db"
+RESPONSES_FILE = "responses.db"
 
 
 class StorageUrlError(ValueError):
@@ -63,6 +66,7 @@ class Storage:
     ledger_path: Path | None = None
     sessions_path: Path | None = None
     webui_path: Path | None = None
+    responses_path: Path | None = None
     database_url: str | None = None
     # PostgreSQL: the schema the migrations were applied to (or checked in).
     schema: str | None = None
@@ -116,6 +120,23 @@ class Storage:
             raise StorageUrlError("this storage names no web UI state file")
         return SqliteWebUIState(self.webui_path)
 
+    def open_responses(self) -> ResponsesBackend:
+        """The Responses API's rows and stream events (``delivery.responses_backend``)."""
+        if self.dialect == "postgres":
+            from storage.postgres.responses import PostgresResponses
+
+            assert self.database_url is not None and self.schema is not None
+            return PostgresResponses(self.database_url, schema=self.schema)
+        if self.dialect == "memory":
+            from storage.memory.responses import MemoryResponses
+
+            return MemoryResponses()
+        from storage.sqlite.responses import SqliteResponses
+
+        if self.responses_path is None:
+            raise StorageUrlError("this storage names no responses file")
+        return SqliteResponses(self.responses_path)
+
 
 def open_storage(url: str, *, migrate: bool = True) -> Storage:
     """Resolve and prepare a storage url (see the module docstring).
@@ -154,6 +175,7 @@ def open_storage(url: str, *, migrate: bool = True) -> Storage:
         ledger_path=home / LEDGER_FILE,
         sessions_path=home / SESSIONS_FILE,
         webui_path=home / WEBUI_FILE,
+        responses_path=home / RESPONSES_FILE,
     )
 
 
@@ -162,6 +184,7 @@ def sqlite_files(
     ledger: str | os.PathLike[str] | None = None,
     sessions: str | os.PathLike[str] | None = None,
     webui: str | os.PathLike[str] | None = None,
+    responses: str | os.PathLike[str] | None = None,
 ) -> Storage:
     """SQLite stores in files the caller names (created on open, parents 0700)."""
     return Storage(
@@ -169,6 +192,7 @@ def sqlite_files(
         ledger_path=Path(ledger) if ledger is not None else None,
         sessions_path=Path(sessions) if sessions is not None else None,
         webui_path=Path(webui) if webui is not None else None,
+        responses_path=Path(responses) if responses is not None else None,
     )
 
 

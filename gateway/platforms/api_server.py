@@ -4,7 +4,8 @@ Streams carry content deltas as the model writes them and, as ``event: reveille.
 (a chunk with no choices plus ``reveille_tool``), each tool step when it starts and ends.
 
 Routes: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
-``GET /v1/models/{id}``, ``GET /health``, and the sessions routes of ``api_sessions``.
+``GET /v1/models/{id}``, ``GET /health``, the sessions routes of ``api_sessions``, and the
+Responses API of ``responses_api`` once the composition root mounts it.
 
 Sessions. ``X-Hermes-Session-Id`` continues a stored session: refused with 403 when no API
 key is configured (anyone on the machine could otherwise resume anyone's conversation),
@@ -74,6 +75,8 @@ from gateway.platforms.request_body import (
     parse_chat_body,
     read_json_body,
 )
+from gateway.platforms.responses_api import ResponsesRoutes
+from gateway.responses import ResponsesService
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
 from gateway.turns import (
     ReplayedTurn,
@@ -209,6 +212,10 @@ class ApiServerAdapter(BasePlatformAdapter):
         self._browsers.install(app)
         self.connections.install(app)
         return app
+
+    def mount_responses(self, service: ResponsesService) -> None:
+        """Serve the Responses API (``/v1/responses``, ``responses_api``) over ``service``."""
+        ResponsesRoutes(self, service).add_to(self.app.router)
 
     def add_public_route(
         self, path: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -192,6 +192,38 @@ CREATE TABLE webui_meta (
 );
 """,
     ),
+    Migration(
+        6,
+        "responses API: responses and their stream events",
+        """
+CREATE TABLE responses (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    background INTEGER NOT NULL,
+    session_id TEXT NOT NULL,
+    previous_response_id TEXT,
+    request TEXT NOT NULL,
+    body TEXT NOT NULL,
+    owner TEXT,
+    lease_until DOUBLE PRECISION NOT NULL DEFAULT 0,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    completed_at DOUBLE PRECISION,
+    idempotency_key TEXT UNIQUE,
+    fingerprint TEXT,
+    notified INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX ix_responses_status ON responses (status, created_at);
+CREATE INDEX ix_responses_completed ON responses (completed_at);
+CREATE TABLE response_events (
+    response_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (response_id, seq)
+);
+""",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
