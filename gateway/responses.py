@@ -407,13 +407,14 @@ class ResponsesService:
     async def _work(self) -> None:
         interval = max(0.05, min(self.lease_seconds / 3, 5.0))
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+            # At once on start: what a dead predecessor left is ended (or run) right away.
             self._wake.clear()
             try:
                 await self._sweep()
             except Exception:
                 logger.exception("the responses sweep failed (tried again shortly)")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), interval)
 
     async def _sweep(self) -> None:
         now = time.time()
