@@ -68,6 +68,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _SWEEP_BATCH = 100
+_SWEEP_GAP_SECONDS = 0.25
 _PRUNE_EVERY_SECONDS = 3600.0
 # A terminal row still unnotified this long after it ended had its hook interrupted.
 _HOOK_RETRY_AFTER_SECONDS = 30.0
@@ -190,8 +191,11 @@ class ResponsesService:
     async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
-    async def _write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """A write, then the pokes: this server's readers and every other server."""
+    async def _write(self, fn: Callable[..., T], *args: Any, poke: bool = True, **kwargs: Any) -> T:
+        """A write, then (``poke``) the pokes: this server's readers and every other server.
+        A non-background response's own writes poke nobody: nothing follows its row."""
+        if not poke:
+            return await asyncio.to_thread(fn, *args, **kwargs)
 
         def write_and_poke() -> T:
             result = fn(*args, **kwargs)
@@ -248,11 +252,14 @@ class ResponsesService:
                 ("response.created", _dumps({"response": body})),
                 ("response.queued", _dumps({"response": body})),
             ]
-        stored = await self._write(self.store.insert, row, first)
+        stored = await self._write(self.store.insert, row, first, poke=request.background)
         if stored.id != row.id:
             return Created(stored, replayed=True)
-        if request.background:
-            self._wake.set()
+        if request.background and not self._stopping:
+            if self.turns.active_runs < self.turns.max_concurrent_runs:
+                await self._claim(stored)  # this server first; the others' sweeps otherwise
+            else:
+                self._wake.set()
         return Created(stored)
 
     async def get(self, response_id: str) -> ResponseRow | None:
@@ -363,6 +370,7 @@ class ResponsesService:
             owner=self.owner,
             change=Change(status, _dumps(body), completed_at=now),
             events=[(t, _dumps(d)) for t, d in events] if row.background else None,
+            poke=row.background,
         )
         if stored:
             await self._told(row.id, events[-1][0])
@@ -407,6 +415,10 @@ class ResponsesService:
     async def _work(self) -> None:
         interval = max(0.05, min(self.lease_seconds / 3, 5.0))
         while True:
+            # At most a few sweeps a second however many pokes arrive (every write of any
+            # server sharing the store pokes); a new queued row is claimed by its own server
+            # at once, without waiting for a sweep.
+            await asyncio.sleep(_SWEEP_GAP_SECONDS)
             # At once on start: what a dead predecessor left is ended (or run) right away.
             self._wake.clear()
             try:
@@ -424,10 +436,9 @@ class ResponsesService:
             if row.status == "queued":
                 if not self._stopping and self.turns.active_runs < self.turns.max_concurrent_runs:
                     await self._claim(row)
-            elif row.owner != self.owner and (row.lease_until < now or self._owner_dead(row.owner)):
-                await self._end_abandoned(row)
-            elif row.owner == self.owner:
-                # Ours but not running here: this process lost the task (never expected).
+            elif row.lease_until < now or (row.owner != self.owner and self._owner_dead(row.owner)):
+                # A live runner renews its lease (this server's own, between the insert
+                # and the start of its run, holds the lease the insert gave it).
                 await self._end_abandoned(row)
         for row in await self._db(self.store.unnotified, _SWEEP_BATCH):
             if (row.completed_at or 0) < now - _HOOK_RETRY_AFTER_SECONDS:

@@ -424,3 +424,18 @@ async def test_hostile_requests_and_auth(store, tmp_path) -> None:
         status, answer = await _raw(port, "GET", f"/v1/responses/{made['id']}/input_items?limit=0")
         assert status == 400 and answer["error"]["param"] == "limit"
         assert (await service.get(made["id"])) is not None  # nothing lost by the refusals
+
+
+async def test_a_sweep_leaves_this_servers_new_responses_alone(store, tmp_path) -> None:
+    """Between its insert and the start of its run, a response of this server holds the
+    lease the insert gave it: a sweep then (any write pokes one) must not end it."""
+    from gateway.platforms.responses_wire import parse_responses_body
+
+    provider = DemoModel(delay_seconds=0)
+    async with serving(store, tmp_path, provider) as (_, service):
+        parsed = parse_responses_body({"model": provider.name, "input": "hi"})
+        created = await service.create(parsed, idempotency_key=None, fingerprint=None)
+        await service._sweep()
+        assert (await service.get(created.row.id)).status == "in_progress"  # type: ignore[union-attr]
+        body = await service.run_inline(created.row)
+        assert body["status"] == "completed"
