@@ -81,6 +81,7 @@ class Change:
     owner: str | None = None
     lease_until: float = 0.0
     completed_at: float | None = None
+    notified: bool = False  # nothing to tell (no terminal hook): never offered to one
 
 
 class ResponsesBackend(Protocol):

@@ -368,16 +368,22 @@ class ResponsesService:
             row.id,
             expect=("in_progress",),
             owner=self.owner,
-            change=Change(status, _dumps(body), completed_at=now),
+            change=Change(status, _dumps(body), completed_at=now, notified=self._silent),
             events=[(t, _dumps(d)) for t, d in events] if row.background else None,
             poke=row.background,
         )
         if stored:
-            await self._told(row.id, events[-1][0])
+            if not self._silent:
+                await self._told(row.id, events[-1][0])
             return body
         # Cancelled, deleted or taken over meanwhile: what the store says stands.
         current = await self._db(self.store.get, row.id)
         return json.loads(current.body) if current is not None else body
+
+    @property
+    def _silent(self) -> bool:
+        """No terminal hook: a terminal row is stored as notified, in the same write."""
+        return self._on_terminal is None
 
     async def _told(self, response_id: str, event_type: str) -> None:
         """Run the terminal hook, then mark the row notified."""
@@ -502,12 +508,13 @@ class ResponsesService:
             row.id,
             expect=("in_progress",),
             owner=row.owner,
-            change=Change("failed", _dumps(body), completed_at=now),
+            change=Change("failed", _dumps(body), completed_at=now, notified=self._silent),
             events=[("response.failed", _dumps({"response": body}))] if row.background else None,
         )
         if ended:
             logger.warning("response %s ended failed: its server %s stopped", row.id, row.owner)
-            await self._told(row.id, "response.failed")
+            if not self._silent:
+                await self._told(row.id, "response.failed")
 
     # ----------------------------------------------------------------- cancel, delete
 
@@ -524,14 +531,15 @@ class ResponsesService:
                 row.id,
                 expect=(row.status,),
                 owner=row.owner,
-                change=Change("cancelled", _dumps(body), completed_at=now),
+                change=Change("cancelled", _dumps(body), completed_at=now, notified=self._silent),
                 check_owner=False,
             )
             if moved:
                 task = self._running.get(response_id)
                 if task is not None:
                     task.cancel()
-                await self._told(response_id, "response.cancelled")
+                if not self._silent:
+                    await self._told(response_id, "response.cancelled")
                 return await self._db(self.store.get, response_id)
 
     async def delete(self, response_id: str) -> bool:

@@ -209,7 +209,7 @@ class ResponsesSql:
                 return False
             run(
                 "UPDATE responses SET status = ?, body = ?, owner = ?, lease_until = ?, "
-                "completed_at = ?, updated_at = ? "
+                "completed_at = ?, updated_at = ?, notified = ? "
                 f"WHERE id = ? AND status IN ({marks})",
                 change.status,
                 change.body,
@@ -217,6 +217,7 @@ class ResponsesSql:
                 change.lease_until,
                 change.completed_at,
                 change.completed_at or time.time(),
+                int(change.notified),
                 response_id,
                 *expect,
             )

@@ -439,3 +439,25 @@ async def test_a_sweep_leaves_this_servers_new_responses_alone(store, tmp_path) 
         assert (await service.get(created.row.id)).status == "in_progress"  # type: ignore[union-attr]
         body = await service.run_inline(created.row)
         assert body["status"] == "completed"
+
+
+async def test_a_failed_terminal_hook_is_offered_again(store, tmp_path, monkeypatch) -> None:
+    import gateway.responses
+
+    told: list[tuple[str, str]] = []
+
+    def hook(response_id: str, event_type: str) -> None:
+        told.append((response_id, event_type))
+        if len(told) == 1:
+            raise RuntimeError("the webhook sender is down")
+
+    monkeypatch.setattr(gateway.responses, "_HOOK_RETRY_AFTER_SECONDS", -1.0)
+    provider = DemoModel(delay_seconds=0)
+    async with serving(store, tmp_path, provider, hook=hook) as (adapter, service):
+        client = client_for(adapter.port)
+        made = await client.responses.create(model=provider.name, input="hi")
+        assert told == [(made.id, "response.completed")]
+        await service._sweep()
+        assert told == [(made.id, "response.completed")] * 2
+        await service._sweep()
+        assert len(told) == 2  # marked once told
