@@ -141,6 +141,8 @@ class ResponsesService:
         self._host = socket.gethostname()
         self.owner = f"{self._host}:{os.getpid()}:{new_token()[:8]}"
         self._running: dict[str, asyncio.Task[Any]] = {}
+        # Runs storing their end: the row moves under them, which must not stop them.
+        self._finishing: set[str] = set()
         self._tick = asyncio.Event()  # replaced at each change: a broadcast to readers
         self._wake = asyncio.Event()  # the worker's: look at the store now
         self._pokes: Subscription | None = None
@@ -342,6 +344,22 @@ class ResponsesService:
         closing: list[tuple[str, dict[str, Any]]],
         sink: EventSink,
     ) -> dict[str, Any]:
+        self._finishing.add(row.id)
+        try:
+            return await self._store_end(row, request, status, out, error, closing, sink)
+        finally:
+            self._finishing.discard(row.id)
+
+    async def _store_end(
+        self,
+        row: ResponseRow,
+        request: ResponsesRequest,
+        status: str,
+        out: Output,
+        error: str | None,
+        closing: list[tuple[str, dict[str, Any]]],
+        sink: EventSink,
+    ) -> dict[str, Any]:
         now = time.time()
         body = body_of(
             row.id,
@@ -403,7 +421,7 @@ class ResponsesService:
             ours = await self._db(
                 self.store.renew, response_id, self.owner, time.time() + self.lease_seconds
             )
-            if not ours and runner is not None:
+            if not ours and runner is not None and response_id not in self._finishing:
                 runner.cancel()
                 return
 
@@ -436,7 +454,9 @@ class ResponsesService:
 
     async def _sweep(self) -> None:
         now = time.time()
-        for row in await self._db(self.store.active, _SWEEP_BATCH):
+        active = await self._db(self.store.active, _SWEEP_BATCH)
+        await self._stop_lost_runs({row.id for row in active if row.owner == self.owner})
+        for row in active:
             if row.id in self._running:
                 continue
             if row.status == "queued":
@@ -456,6 +476,16 @@ class ResponsesService:
                 logger.info(
                     "pruned %d stored response(s) older than %g days", pruned, self.keep_days
                 )
+
+    async def _stop_lost_runs(self, seen_ours: set[str]) -> None:
+        """Stop the runs whose rows are no longer this server's to run: cancelled, deleted
+        or taken over through another server (a poke brings the sweep here at once)."""
+        for response_id, task in list(self._running.items()):
+            if response_id in seen_ours or response_id in self._finishing:
+                continue
+            row = await self._db(self.store.get, response_id)
+            if row is None or row.status != "in_progress" or row.owner != self.owner:
+                task.cancel()
 
     def _owner_dead(self, owner: str | None) -> bool:
         """The owner is a process on this host that is gone (no need to wait for its lease)."""

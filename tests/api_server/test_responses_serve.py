@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from tests.agent.test_openai_compat import FakeOpenAI
-from tests.api_server.serve_support import KEY, Server, wait_until
+from tests.api_server.serve_support import KEY, Server, call, wait_until
 from tests.api_server.test_responses import Gate
 
 
@@ -29,17 +29,18 @@ class ThreadedFake:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.fake = FakeOpenAI()
-        self.gate = Gate()
+        self.gate, self.second = Gate(), Gate()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self.fake.start(), self.loop).result(10)
-        self.fake.script = [self.gate.handler()]
+        self.fake.script = [self.gate.handler(), self.second.handler()]
 
-    def open_gate(self) -> None:
-        self.loop.call_soon_threadsafe(self.gate.opened.set)
+    def open_gate(self, gate: Gate | None = None) -> None:
+        self.loop.call_soon_threadsafe((gate or self.gate).opened.set)
 
     def close(self) -> None:
         self.open_gate()
+        self.open_gate(self.second)
         asyncio.run_coroutine_threadsafe(self.fake.stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
@@ -126,6 +127,15 @@ def test_two_servers_on_one_postgres_answer_for_each_other(
         client(b).responses.delete(made.id)
         with pytest.raises(openai.NotFoundError):
             client(a).responses.retrieve(made.id)
+
+        # Cancelled through B, the run on A stops (A learns it from the store).
+        running = client(a).responses.create(model="fake-model", input="again", background=True)
+        wait_until(lambda: upstream.second.started.is_set())
+        assert client(b).responses.cancel(running.id).status == "cancelled"
+        assert client(b).responses.cancel(running.id).status == "cancelled"
+        wait_until(lambda: call(a.port, "GET", "/health")[2]["active_runs"] == 0)
+        assert not upstream.second.opened.is_set()  # stopped, not finished
+        assert status_of(a, running.id) == "cancelled"
     finally:
         a.stop()
         b.stop()
