@@ -149,6 +149,7 @@ class ResponsesService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: asyncio.Task[None] | None = None
         self._stopping = False
+        self._paused = False  # draining: no new claims
         self._last_prune = 0.0
 
     # ----------------------------------------------------------------- lifecycle
@@ -159,6 +160,11 @@ class ResponsesService:
         if self._pokes is not None:
             self._loop.add_reader(self._pokes.fileno(), self._poked)
         self._worker = asyncio.create_task(self._work())
+
+    def pause(self) -> None:
+        """Claim no more queued responses (the server is draining): they stay queued for
+        another server, or for this one once restarted."""
+        self._paused = True
 
     async def stop(self, grace_seconds: float = 10.0) -> None:
         """Stop claiming; give running responses ``grace_seconds``, then end the rest failed."""
@@ -257,7 +263,7 @@ class ResponsesService:
         stored = await self._write(self.store.insert, row, first, poke=request.background)
         if stored.id != row.id:
             return Created(stored, replayed=True)
-        if request.background and not self._stopping:
+        if request.background and not (self._stopping or self._paused):
             if self.turns.active_runs < self.turns.max_concurrent_runs:
                 await self._claim(stored)  # this server first; the others' sweeps otherwise
             else:
@@ -460,7 +466,8 @@ class ResponsesService:
             if row.id in self._running:
                 continue
             if row.status == "queued":
-                if not self._stopping and self.turns.active_runs < self.turns.max_concurrent_runs:
+                claiming = not (self._stopping or self._paused)
+                if claiming and self.turns.active_runs < self.turns.max_concurrent_runs:
                     await self._claim(row)
             elif row.lease_until < now or (row.owner != self.owner and self._owner_dead(row.owner)):
                 # A live runner renews its lease (this server's own, between the insert

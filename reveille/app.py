@@ -220,14 +220,20 @@ async def serve(
         stack.push_async_callback(runner.stop)
         # First thing at exit, while the runner and the surfaces still deliver: running
         # background work gets its grace period (and /readyz says draining meanwhile).
-        stack.push_async_callback(_drain_background, runtime, adapter, settings.drain_seconds)
+        stack.push_async_callback(
+            _drain_background, runtime, adapter, responses, settings.drain_seconds
+        )
         yield App(settings, store, runtime, model, adapter, runner, surfaces, restored)
 
 
 async def _drain_background(
-    runtime: DelegationRuntime, adapter: ApiServerAdapter, seconds: float
+    runtime: DelegationRuntime,
+    adapter: ApiServerAdapter,
+    responses: ResponsesService,
+    seconds: float,
 ) -> None:
     adapter.draining = True
+    responses.pause()
     finished, interrupted = await asyncio.to_thread(runtime.drain, seconds)
     if finished or interrupted:
         logger.info(

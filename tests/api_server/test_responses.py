@@ -461,3 +461,17 @@ async def test_a_failed_terminal_hook_is_offered_again(store, tmp_path, monkeypa
         assert told == [(made.id, "response.completed")] * 2
         await service._sweep()
         assert len(told) == 2  # marked once told
+
+
+async def test_a_queued_response_left_by_a_stopped_server_runs_on_the_next(store, tmp_path) -> None:
+    provider = DemoModel(delay_seconds=0)
+    async with serving(store, tmp_path, provider) as (adapter, service):
+        service.pause()  # draining: it claims nothing more
+        made = await client_for(adapter.port).responses.create(
+            model=provider.name, input="hi", background=True
+        )
+        assert (await service.get(made.id)).status == "queued"  # type: ignore[union-attr]
+    async with serving(store, tmp_path, provider) as (adapter, _):
+        client = client_for(adapter.port)
+        done = await poll(lambda: _status(client, made.id, "completed"))
+        assert done.output_text
