@@ -3,9 +3,9 @@
 A backup is taken online, while servers run: each SQLite file (the ledger, the session
 store, the web UI's state, the Responses API's responses, Telegram's state) is copied with
 SQLite's backup API, which gives a consistent snapshot of that file; the background
-processes' outputs are copied as files. The copy is private: the directory 0700, every file 0600. With PostgreSQL the
-database is not in the state directory: the command says to use ``pg_dump`` for it and
-copies what is local.
+processes' outputs are copied as files. The copy is private: the directory 0700, every file
+0600. With PostgreSQL the database is not in the state directory: the command says to use
+``pg_dump`` for it and copies what is local.
 
 A restore goes into an empty (or new) state directory only, and checks that every store it
 copied opens there before it says so. A restored ledger's pending deliveries are offered
