@@ -59,6 +59,7 @@ from gateway.platforms.responses_wire import (
     output_events,
     terminal_event,
 )
+from gateway.response_events import EventSink, EventWriter, NoSink, follow
 from gateway.session import SessionSource
 from gateway.turns import StartedTurn, TurnError, TurnRequest, TurnService
 
@@ -78,15 +79,6 @@ class TerminalHook(Protocol):
     """Told once a response reached a terminal state (``response.completed`` and so on)."""
 
     def __call__(self, response_id: str, event_type: str) -> None: ...
-
-
-class EventSink(Protocol):
-    """Where a running response's events go: stored (background) or sent (a stream)."""
-
-    def add(self, type_: str, data: dict[str, Any]) -> None: ...
-
-    async def settle(self) -> None:
-        """Return once everything added so far is stored (or sent)."""
 
 
 class PreviousNotUsable(Exception):
@@ -278,9 +270,9 @@ class ResponsesService:
     async def run_inline(self, row: ResponseRow, sink: EventSink | None = None) -> dict[str, Any]:
         """Run a non-background response here (it is in_progress and ours); ``sink`` gets
         each event as it happens. Runs to the end even when the caller goes away."""
-        task = asyncio.create_task(self._execute(row, sink or _NoSink()))
+        task = asyncio.create_task(self._execute(row, sink or NoSink()))
         self._running[row.id] = task
-        task.add_done_callback(lambda _: self._running.pop(row.id, None))
+        task.add_done_callback(lambda _: self._ran(row.id))
         return await asyncio.shield(task)
 
     async def _execute(self, row: ResponseRow, sink: EventSink) -> dict[str, Any]:
@@ -330,6 +322,16 @@ class ResponsesService:
                     sink,
                 )
             raise
+        except TurnError as exc:
+            if exc.kind == "too_many_turns" and row.background and turn_task is None:
+                # The turn service filled up between the claim and the start (a request
+                # took the last slot): the row goes back to the queue, nothing ran.
+                await self._requeue(row)
+                return json.loads(row.body)
+            return await self._finish(
+                row, request, "failed", Output(out.message_id, "".join(pieces)), exc.message, [],
+                sink,
+            )  # fmt: skip
         except Exception as exc:
             message = exc.message if isinstance(exc, TurnError) else "internal server error"
             if not isinstance(exc, TurnError):
@@ -419,6 +421,11 @@ class ResponsesService:
                 return
         await self._db(self.store.mark_notified, response_id)
 
+    def _ran(self, response_id: str) -> None:
+        """A run ended: its turn's slot is free, so a queued response may be claimed now."""
+        self._running.pop(response_id, None)
+        self._wake.set()
+
     async def _keep_lease(self, response_id: str, runner: asyncio.Task[Any] | None) -> None:
         """Renew the lease; a row that is no longer ours (cancelled, deleted, taken over)
         stops its runner."""
@@ -432,7 +439,10 @@ class ResponsesService:
                 return
 
     async def _run_background(self, row: ResponseRow) -> None:
-        writer = _EventWriter(self, row.id)
+        async def append(batch: list[tuple[str, str]]) -> bool:
+            return await self._write(self.store.append_events, row.id, self.owner, batch)
+
+        writer = EventWriter(append)
         try:
             await self._execute(row, writer)
         except asyncio.CancelledError:
@@ -522,7 +532,17 @@ class ResponsesService:
         )
         task = asyncio.create_task(self._run_background(mine))
         self._running[row.id] = task
-        task.add_done_callback(lambda _: self._running.pop(row.id, None))
+        task.add_done_callback(lambda _: self._ran(row.id))
+
+    async def _requeue(self, row: ResponseRow) -> None:
+        body = {**json.loads(row.body), "status": "queued"}
+        await self._write(
+            self.store.transition,
+            row.id,
+            expect=("in_progress",),
+            owner=self.owner,
+            change=Change("queued", _dumps(body)),
+        )
 
     async def _end_abandoned(self, row: ResponseRow) -> None:
         request = ResponsesRequest.from_json(row.request)
@@ -590,75 +610,19 @@ class ResponsesService:
 
     # ----------------------------------------------------------------- streams
 
-    async def follow(
+    def follow(
         self, response_id: str, after: int, *, keepalive_seconds: float = 15.0
     ) -> AsyncIterator[ResponseEvent | None]:
-        """The stored events after ``after``, then the new ones as they come, until the row
-        is terminal (or gone). None now and then while nothing happens (a keep-alive)."""
-        idle = 0.0
-        while True:
-            tick = self._tick
-            events = await self._db(self.store.events_after, response_id, after, 500)
-            for event in events:
-                yield event
-                after = event.seq
-            if events:
-                idle = 0.0
-                continue
-            row = await self._db(self.store.get, response_id)
-            if row is None or row.status in TERMINAL:
-                # A terminal status is stored with its last events, in one transaction.
-                for event in await self._db(self.store.events_after, response_id, after, 10_000):
-                    yield event
-                return
-            started = time.monotonic()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(tick.wait(), self.poll_seconds)
-            idle += time.monotonic() - started
-            if idle >= keepalive_seconds:
-                idle = 0.0
-                yield None
+        """The stored events after ``after``, then the live ones (``response_events.follow``)."""
+        return follow(
+            self.store,
+            lambda: self._tick,
+            response_id,
+            after,
+            poll_seconds=self.poll_seconds,
+            keepalive_seconds=keepalive_seconds,
+        )
 
 
 def _fields(row: ResponseRow) -> dict[str, Any]:
     return {name: getattr(row, name) for name in row.__dataclass_fields__}
-
-
-class _EventWriter:
-    """Stores a background response's events in order, batching what arrives while the
-    previous batch is being written; a batch the row refuses (not ours any more) stops
-    the run."""
-
-    def __init__(self, service: ResponsesService, response_id: str) -> None:
-        self._service = service
-        self._id = response_id
-        self._pending: list[tuple[str, str]] = []
-        self._flusher: asyncio.Task[None] | None = None
-        self._runner = asyncio.current_task()
-
-    def add(self, type_: str, data: dict[str, Any]) -> None:
-        self._pending.append((type_, _dumps(data)))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
-
-    async def _flush(self) -> None:
-        service = self._service
-        while self._pending:
-            batch, self._pending = self._pending, []
-            ok = await service._write(service.store.append_events, self._id, service.owner, batch)
-            if not ok and self._runner is not None:
-                self._runner.cancel()
-                return
-
-    async def settle(self) -> None:
-        if self._flusher is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
-
-
-class _NoSink:
-    def add(self, type_: str, data: dict[str, Any]) -> None:
-        pass
-
-    async def settle(self) -> None:
-        pass
