@@ -142,6 +142,7 @@ class ResponsesService:
         self._worker: asyncio.Task[None] | None = None
         self._stopping = False
         self._paused = False  # draining: no new claims
+        self._stopped = False
         self._last_prune = 0.0
 
     # ----------------------------------------------------------------- lifecycle
@@ -159,7 +160,11 @@ class ResponsesService:
         self._paused = True
 
     async def stop(self, grace_seconds: float = 10.0) -> None:
-        """Stop claiming; give running responses ``grace_seconds``, then end the rest failed."""
+        """Stop claiming; give running responses ``grace_seconds``, then end the rest failed;
+        close the store. A second call does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         self._stopping = True
         if self._worker is not None:
             self._worker.cancel()

@@ -177,6 +177,8 @@ async def serve(
             keep_days=settings.responses_keep_days,
         )
         adapter.mount_responses(responses)
+        # Closes its store even if the server never starts (a second stop does nothing).
+        stack.push_async_callback(responses.stop, grace)
         # Built before the API server starts (Telegram's webhook adds a route to it),
         # started once it listens.
         webui_state = await asyncio.to_thread(location.open_webui) if settings.webui_port else None
