@@ -73,6 +73,7 @@ _SWEEP_GAP_SECONDS = 0.25
 _PRUNE_EVERY_SECONDS = 3600.0
 # A terminal row still unnotified this long after it ended had its hook interrupted.
 _HOOK_RETRY_AFTER_SECONDS = 30.0
+_HOOK_CHECK_EVERY_SECONDS = 10.0
 
 
 class TerminalHook(Protocol):
@@ -144,6 +145,7 @@ class ResponsesService:
         self._paused = False  # draining: no new claims
         self._stopped = False
         self._last_prune = 0.0
+        self._last_hook_check = 0.0
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -488,9 +490,11 @@ class ResponsesService:
                 # A live runner renews its lease (this server's own, between the insert
                 # and the start of its run, holds the lease the insert gave it).
                 await self._end_abandoned(row)
-        for row in await self._db(self.store.unnotified, _SWEEP_BATCH):
-            if (row.completed_at or 0) < now - _HOOK_RETRY_AFTER_SECONDS:
-                await self._told(row.id, terminal_event(json.loads(row.body))[0])
+        if now - self._last_hook_check >= _HOOK_CHECK_EVERY_SECONDS:
+            self._last_hook_check = now
+            for row in await self._db(self.store.unnotified, _SWEEP_BATCH):
+                if (row.completed_at or 0) < now - _HOOK_RETRY_AFTER_SECONDS:
+                    await self._told(row.id, terminal_event(json.loads(row.body))[0])
         if now - self._last_prune > _PRUNE_EVERY_SECONDS:
             self._last_prune = now
             pruned = await self._db(self.store.prune, now - self.keep_days * 86400)

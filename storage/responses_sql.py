@@ -48,6 +48,7 @@ CREATE TABLE IF NOT EXISTS responses (
 );
 CREATE INDEX IF NOT EXISTS ix_responses_status ON responses (status, created_at);
 CREATE INDEX IF NOT EXISTS ix_responses_completed ON responses (completed_at);
+CREATE INDEX IF NOT EXISTS ix_responses_unnotified ON responses (completed_at) WHERE notified = 0;
 CREATE TABLE IF NOT EXISTS response_events (
     response_id TEXT NOT NULL,
     seq INTEGER NOT NULL,

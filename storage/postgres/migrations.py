@@ -215,6 +215,7 @@ CREATE TABLE responses (
 );
 CREATE INDEX ix_responses_status ON responses (status, created_at);
 CREATE INDEX ix_responses_completed ON responses (completed_at);
+CREATE INDEX ix_responses_unnotified ON responses (completed_at) WHERE notified = 0;
 CREATE TABLE response_events (
     response_id TEXT NOT NULL,
     seq INTEGER NOT NULL,

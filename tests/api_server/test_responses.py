@@ -452,6 +452,7 @@ async def test_a_failed_terminal_hook_is_offered_again(store, tmp_path, monkeypa
             raise RuntimeError("the webhook sender is down")
 
     monkeypatch.setattr(gateway.responses, "_HOOK_RETRY_AFTER_SECONDS", -1.0)
+    monkeypatch.setattr(gateway.responses, "_HOOK_CHECK_EVERY_SECONDS", 0.0)
     provider = DemoModel(delay_seconds=0)
     async with serving(store, tmp_path, provider, hook=hook) as (adapter, service):
         client = client_for(adapter.port)
