@@ -36,7 +36,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from agent.tools import ToolProgress
@@ -146,6 +146,7 @@ class ResponsesService:
         self._stopped = False
         self._last_prune = 0.0
         self._last_hook_check = 0.0
+        self._unstarted: set[str] = set()  # claimed here, their turns not started yet
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -263,7 +264,7 @@ class ResponsesService:
         if stored.id != row.id:
             return Created(stored, replayed=True)
         if request.background and not (self._stopping or self._paused):
-            if self.turns.active_runs < self.turns.max_concurrent_runs:
+            if self._has_room():
                 await self._claim(stored)  # this server first; the others' sweeps otherwise
             else:
                 self._wake.set()
@@ -282,6 +283,11 @@ class ResponsesService:
         task.add_done_callback(lambda _: self._ran(row.id))
         return await asyncio.shield(task)
 
+    def _has_room(self) -> bool:
+        """The turn service can take one more turn, counting the claimed runs whose turns
+        have not started yet."""
+        return self.turns.active_runs + len(self._unstarted) < self.turns.max_concurrent_runs
+
     async def _execute(self, row: ResponseRow, sink: EventSink) -> dict[str, Any]:
         request = ResponsesRequest.from_json(row.request)
         out = Output("msg_" + new_token()[:32])
@@ -289,15 +295,18 @@ class ResponsesService:
         lease = asyncio.create_task(self._keep_lease(row.id, asyncio.current_task()))
         turn_task: asyncio.Task[dict[str, Any]] | None = None
         try:
-            started = await self.turns.start(
-                TurnRequest(
-                    session_id=row.session_id,
-                    messages=request.messages,
-                    create=SessionSource(platform=Platform.API_SERVER, chat_id=row.session_id),
-                    stream=True,
-                    model_options=request.model_options(),
+            try:
+                started = await self.turns.start(
+                    TurnRequest(
+                        session_id=row.session_id,
+                        messages=request.messages,
+                        create=SessionSource(platform=Platform.API_SERVER, chat_id=row.session_id),
+                        stream=True,
+                        model_options=request.model_options(),
+                    )
                 )
-            )
+            finally:
+                self._unstarted.discard(row.id)
             # No idempotency key goes to the turn service, so it never answers a replay.
             assert isinstance(started, StartedTurn) and started.deltas is not None
             turn_task, deltas = started.task, started.deltas
@@ -431,6 +440,7 @@ class ResponsesService:
     def _ran(self, response_id: str) -> None:
         """A run ended: its turn's slot is free, so a queued response may be claimed now."""
         self._running.pop(response_id, None)
+        self._unstarted.discard(response_id)  # a run cancelled before it began
         self._wake.set()
 
     async def _keep_lease(self, response_id: str, runner: asyncio.Task[Any] | None) -> None:
@@ -483,8 +493,7 @@ class ResponsesService:
             if row.id in self._running:
                 continue
             if row.status == "queued":
-                claiming = not (self._stopping or self._paused)
-                if claiming and self.turns.active_runs < self.turns.max_concurrent_runs:
+                if not (self._stopping or self._paused) and self._has_room():
                     await self._claim(row)
             elif row.lease_until < now or (row.owner != self.owner and self._owner_dead(row.owner)):
                 # A live runner renews its lease (this server's own, between the insert
@@ -536,9 +545,8 @@ class ResponsesService:
         )
         if not claimed:
             return
-        mine = ResponseRow(
-            **{**_fields(row), "status": "in_progress", "owner": self.owner, "body": _dumps(body)}
-        )
+        mine = replace(row, status="in_progress", owner=self.owner, body=_dumps(body))
+        self._unstarted.add(row.id)  # takes room in the turn service until its turn starts
         task = asyncio.create_task(self._run_background(mine))
         self._running[row.id] = task
         task.add_done_callback(lambda _: self._ran(row.id))
@@ -631,7 +639,3 @@ class ResponsesService:
             poll_seconds=self.poll_seconds,
             keepalive_seconds=keepalive_seconds,
         )
-
-
-def _fields(row: ResponseRow) -> dict[str, Any]:
-    return {name: getattr(row, name) for name in row.__dataclass_fields__}

@@ -476,3 +476,21 @@ async def test_a_queued_response_left_by_a_stopped_server_runs_on_the_next(store
         client = client_for(adapter.port)
         done = await poll(lambda: _status(client, made.id, "completed"))
         assert done.output_text
+
+
+async def test_more_background_responses_than_room_wait_their_turn(store, tmp_path) -> None:
+    provider = DemoModel(delay_seconds=0.05)
+    async with serving(store, tmp_path, provider, max_concurrent_runs=2) as (adapter, _):
+        client = client_for(adapter.port)
+        made = [
+            await client.responses.create(model=provider.name, input=f"hi {i}", background=True)
+            for i in range(6)
+        ]
+        assert {m.status for m in made} == {"queued"}
+
+        async def all_done() -> bool:
+            found = [await client.responses.retrieve(m.id) for m in made]
+            assert not [f for f in found if f.status == "failed"], found
+            return all(f.status == "completed" for f in found)
+
+        await poll(all_done, timeout=30)
