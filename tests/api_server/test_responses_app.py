@@ -80,3 +80,16 @@ async def test_a_delegation_started_by_a_response_is_folded_into_the_next_once(
 async def _completed(client, response_id: str):  # type: ignore[no-untyped-def]
     found = await client.responses.retrieve(response_id)
     return found if found.status == "completed" else None
+
+
+def test_the_responses_settings_come_from_toml_and_the_environment(tmp_path: Path) -> None:
+    from reveille.settings import SettingsError, load_settings
+
+    config = tmp_path / "config.toml"
+    config.write_text("[responses]\nkeep_days = 7\nlease_seconds = 12.5\n")
+    settings = load_settings({"REVEILLE_HOME": str(tmp_path)}, config_file=config)
+    assert settings.responses_keep_days == 7 and settings.responses_lease_seconds == 12.5
+    env = {"REVEILLE_HOME": str(tmp_path), "REVEILLE_RESPONSES_KEEP_DAYS": "3"}
+    assert load_settings(env, config_file=config).responses_keep_days == 3
+    with pytest.raises(SettingsError, match="responses_lease_seconds"):
+        load_settings({**env, "REVEILLE_RESPONSES_LEASE_SECONDS": "0"}, config_file=config)
