@@ -34,7 +34,12 @@ Time to first token (``--ttft``): a fake upstream that streams slowly (first pie
 and through `reveille serve` (which has tools registered, the case that used to hold text
 back until a step ended). Prints p50/p99 of both and of what Reveille adds.
 
+Responses (``--responses``): the Responses API, foreground and background, measured against
+the chat path of the same server in the same run: requests/s and time to first token
+(``bench/responses_mode.py``).
+
 Usage: python bench/api_server.py [--provider] [--stream] [--clients 32] [--seconds 10]
+       python bench/api_server.py --responses [--clients 16] [--seconds 5] [--requests 20]
        python bench/api_server.py --workers 1,2 [--seconds 6]
        python bench/api_server.py --ttft [--requests 30] [--first-delay 0.3] [--interval 0.2]
 """
@@ -651,6 +656,12 @@ def main() -> None:
         action="store_true",
         help="time to first token through reveille serve against a slowly streaming upstream",
     )
+    ap.add_argument(
+        "--responses",
+        action="store_true",
+        help="the Responses API (foreground and background) against the chat path, "
+        "requests/s and time to first token (bench/responses_mode.py)",
+    )
     ap.add_argument("--requests", type=int, default=30, help="--ttft: streamed requests")
     ap.add_argument("--first-delay", type=float, default=0.3, help="--ttft: upstream's wait")
     ap.add_argument("--interval", type=float, default=0.2, help="--ttft: between pieces")
@@ -686,6 +697,11 @@ def main() -> None:
         return
     if args.ttft:
         asyncio.run(ttft_main_async(args))
+        return
+    if args.responses:
+        import responses_mode  # bench/ is on the path: this script's directory
+
+        asyncio.run(responses_mode.main_async(args))
         return
     asyncio.run(provider_main_async(args) if args.provider else main_async(args))
 

@@ -49,6 +49,7 @@ from gateway.platforms.api_server import ApiServerAdapter
 from gateway.platforms.connection_guard import ConnectionLimits, raise_descriptor_limit
 from gateway.platforms.http_middleware import is_loopback
 from gateway.platforms.openai_wire import completion_object
+from gateway.responses import ResponsesService, TerminalHook
 from gateway.run import GatewayRunner, Surface
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
@@ -117,6 +118,7 @@ async def serve(
     reuse_port: bool = False,
     server_secret: str | None = None,
     connection_limits: ConnectionLimits | None = None,
+    on_terminal: TerminalHook | None = None,
 ) -> AsyncIterator[App]:
     """Open everything ``settings`` describe, in order, and close it in reverse on exit.
 
@@ -130,6 +132,8 @@ async def serve(
     ``server_secret`` is what they share to take each other's wake-up self-POSTs as their own.
     ``connection_limits`` overrides the caps and deadlines of both ports, which are
     otherwise sized from the open-file limit (raised to the hard limit first).
+    ``on_terminal(response_id, event_type)`` is told each time a stored response of the
+    Responses API ends (``response.completed`` ...; at least once): the webhook sender.
     """
     if settings.webui_port:
         check_webui_bind(settings)
@@ -186,6 +190,18 @@ async def serve(
         if webhooks is not None:
             stack.push_async_callback(asyncio.to_thread, webhooks.backend.close)
         runner.register_target(Platform.API_SERVER, ApiServerTarget(store, adapter, webhooks))
+        if on_terminal is None and webhooks is not None:
+            on_terminal = webhooks.on_terminal  # called on a worker thread: the blocking one
+        responses = ResponsesService(
+            await asyncio.to_thread(location.open_responses),
+            adapter.turns,
+            on_terminal=on_terminal,
+            lease_seconds=settings.responses_lease_seconds,
+            keep_days=settings.responses_keep_days,
+        )
+        adapter.mount_responses(responses)
+        # Closes its store even if the server never starts (a second stop does nothing).
+        stack.push_async_callback(responses.stop, grace)
         # Built before the API server starts (Telegram's webhook adds a route to it),
         # started once it listens.
         webui_state = await asyncio.to_thread(location.open_webui) if settings.webui_port else None
@@ -210,6 +226,10 @@ async def serve(
             limits.max_per_address,
         )
         stack.push_async_callback(adapter.stop, grace_seconds=grace)
+        # Started once the server listens; stopped before it (callbacks run in reverse):
+        # its running responses get the grace period, then end failed with a reason.
+        await responses.start()
+        stack.push_async_callback(responses.stop, grace)
         for surface in surfaces:
             await surface.start()
             stack.push_async_callback(_stop_surface, surface, grace)
@@ -245,14 +265,20 @@ async def serve(
             stack.push_async_callback(webhooks.stop)
         # First thing at exit, while the runner and the surfaces still deliver: running
         # background work gets its grace period (and /readyz says draining meanwhile).
-        stack.push_async_callback(_drain_background, runtime, adapter, settings.drain_seconds)
+        stack.push_async_callback(
+            _drain_background, runtime, adapter, responses, settings.drain_seconds
+        )
         yield App(settings, store, runtime, model, adapter, runner, surfaces, restored, webhooks)
 
 
 async def _drain_background(
-    runtime: DelegationRuntime, adapter: ApiServerAdapter, seconds: float
+    runtime: DelegationRuntime,
+    adapter: ApiServerAdapter,
+    responses: ResponsesService,
+    seconds: float,
 ) -> None:
     adapter.draining = True
+    responses.pause()
     finished, interrupted = await asyncio.to_thread(runtime.drain, seconds)
     if finished or interrupted:
         logger.info(

@@ -1,11 +1,11 @@
 """`reveille backup DIR` and `reveille restore DIR`: a copy of every store of a state directory.
 
 A backup is taken online, while servers run: each SQLite file (the ledger, the session
-store, the web UI's state, Telegram's state) is copied with SQLite's backup API, which
-gives a consistent snapshot of that file; the background processes' outputs are copied as
-files. The copy is private: the directory 0700, every file 0600. With PostgreSQL the
-database is not in the state directory: the command says to use ``pg_dump`` for it and
-copies what is local.
+store, the web UI's state, the Responses API's responses, Telegram's state) is copied with
+SQLite's backup API, which gives a consistent snapshot of that file; the background
+processes' outputs are copied as files. The copy is private: the directory 0700, every file
+0600. With PostgreSQL the database is not in the state directory: the command says to use
+``pg_dump`` for it and copies what is local.
 
 A restore goes into an empty (or new) state directory only, and checks that every store it
 copied opens there before it says so. A restored ledger's pending deliveries are offered
@@ -25,12 +25,18 @@ from typing import Any
 from delivery.state_dir import ensure_private_dir
 from gateway.platforms.telegram_state import STATE_FILE as TELEGRAM_FILE
 from reveille.settings import load_settings
-from storage.opener import LEDGER_FILE, SESSIONS_FILE, WEBUI_FILE, open_storage
+from storage.opener import (
+    LEDGER_FILE,
+    RESPONSES_FILE,
+    SESSIONS_FILE,
+    WEBUI_FILE,
+    open_storage,
+)
 from tools.background_processes import PROCESSES_DIR
 
 __all__ = ["STORE_FILES", "add_parsers", "backup", "restore"]
 
-STORE_FILES = (LEDGER_FILE, SESSIONS_FILE, WEBUI_FILE, TELEGRAM_FILE)
+STORE_FILES = (LEDGER_FILE, SESSIONS_FILE, WEBUI_FILE, RESPONSES_FILE, TELEGRAM_FILE)
 
 
 class BackupError(Exception):
@@ -111,6 +117,8 @@ def restore(source: Path, home: Path) -> list[str]:
         storage.open_sessions().close()
     if WEBUI_FILE in names:
         storage.open_webui().close()
+    if RESPONSES_FILE in names:
+        storage.open_responses().close()
     return names
 
 

@@ -121,6 +121,11 @@ class Settings:
         """The shell tool is on and a person approves each command."""
         return self.shell_enabled and self.shell_approvals.strip().lower() != "never"
 
+    # the Responses API: stored responses are kept this many days after they end
+    responses_keep_days: float = 30.0
+    # a running response's lease; a server silent this long has its responses ended failed
+    responses_lease_seconds: float = 30.0
+
     @property
     def allowed_origins(self) -> frozenset[str]:
         return frozenset(normalize_origin(o) for o in self.cors_origins.split(",") if o.strip())
@@ -222,6 +227,8 @@ ENV_NAMES: dict[str, str] = {
     "webhook_urls": "REVEILLE_WEBHOOK_URLS",
     "webhook_secret": "REVEILLE_WEBHOOK_SECRET",
     **{f"retention_{key}": f"REVEILLE_RETENTION_{key.upper()}" for key in _RETENTION_KEYS},
+    "responses_keep_days": "REVEILLE_RESPONSES_KEEP_DAYS",
+    "responses_lease_seconds": "REVEILLE_RESPONSES_LEASE_SECONDS",
 }
 
 # TOML sections map onto flat names: [server] host -> host, [shell] enabled -> shell_enabled ...
@@ -268,6 +275,8 @@ _TOML_ALIASES = {
     ("webhooks", "urls"): "webhook_urls",
     ("webhooks", "secret"): "webhook_secret",
     **{("retention", key): f"retention_{key}" for key in _RETENTION_KEYS},
+    ("responses", "keep_days"): "responses_keep_days",
+    ("responses", "lease_seconds"): "responses_lease_seconds",
 }
 
 _ORIGIN_RE = re.compile(r"https?://[a-z0-9.\-\[\]:]+")
@@ -366,6 +375,8 @@ def _validate(s: Settings) -> None:
         "replay_cap_seconds",
         "peer_timeout_seconds",
         "delegation_stall_seconds",
+        "responses_keep_days",
+        "responses_lease_seconds",
     ):
         if getattr(s, name) <= 0:
             raise bad(name, "must be positive")

@@ -14,8 +14,9 @@ a storage dialect.
 
 The returned ``Storage`` opens the backends: ``open_ledger()`` (a ``LedgerStore``: the
 ledger's work and views), ``open_sessions()`` (a ``SessionBackend``) and ``open_webui()``
-(a ``WebUIStateBackend``) and ``open_webhooks()`` (a ``WebhookBackend``, in the ledger's
-file or database); keyword options
+(a ``WebUIStateBackend``), ``open_webhooks()`` (a ``WebhookBackend``, in the ledger's
+file or database) and ``open_responses()`` (a ``ResponsesBackend``, ``responses.db`` with
+SQLite); keyword options
 tune one dialect's backend (pool sizes, batch limits, a test clock) and are passed through
 as given.
 ``sqlite_files(ledger=..., sessions=...)`` describes SQLite files at paths of the caller's
@@ -31,6 +32,7 @@ from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from delivery.backend import LedgerStore
+from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
 from delivery.session_backend import SessionBackend
 from delivery.state_dir import ensure_private_dir
@@ -52,6 +54,7 @@ Dialect = Literal["sqlite", "postgres", "memory"]
 LEDGER_FILE = "ledger.db"
 SESSIONS_FILE = "sessions.db"
 WEBUI_FILE = "webui.db"
+RESPONSES_FILE = "responses.db"
 
 
 class StorageUrlError(ValueError):
@@ -66,6 +69,7 @@ class Storage:
     ledger_path: Path | None = None
     sessions_path: Path | None = None
     webui_path: Path | None = None
+    responses_path: Path | None = None
     database_url: str | None = None
     # PostgreSQL: the schema the migrations were applied to (or checked in).
     schema: str | None = None
@@ -156,6 +160,23 @@ class Storage:
             if path is not None and path.exists()
         ]
 
+    def open_responses(self) -> ResponsesBackend:
+        """The Responses API's rows and stream events (``delivery.responses_backend``)."""
+        if self.dialect == "postgres":
+            from storage.postgres.responses import PostgresResponses
+
+            assert self.database_url is not None and self.schema is not None
+            return PostgresResponses(self.database_url, schema=self.schema)
+        if self.dialect == "memory":
+            from storage.memory.responses import MemoryResponses
+
+            return MemoryResponses()
+        from storage.sqlite.responses import SqliteResponses
+
+        if self.responses_path is None:
+            raise StorageUrlError("this storage names no responses file")
+        return SqliteResponses(self.responses_path)
+
 
 def open_storage(url: str, *, migrate: bool = True) -> Storage:
     """Resolve and prepare a storage url (see the module docstring).
@@ -194,6 +215,7 @@ def open_storage(url: str, *, migrate: bool = True) -> Storage:
         ledger_path=home / LEDGER_FILE,
         sessions_path=home / SESSIONS_FILE,
         webui_path=home / WEBUI_FILE,
+        responses_path=home / RESPONSES_FILE,
     )
 
 
@@ -202,6 +224,7 @@ def sqlite_files(
     ledger: str | os.PathLike[str] | None = None,
     sessions: str | os.PathLike[str] | None = None,
     webui: str | os.PathLike[str] | None = None,
+    responses: str | os.PathLike[str] | None = None,
 ) -> Storage:
     """SQLite stores in files the caller names (created on open, parents 0700)."""
     return Storage(
@@ -209,6 +232,7 @@ def sqlite_files(
         ledger_path=Path(ledger) if ledger is not None else None,
         sessions_path=Path(sessions) if sessions is not None else None,
         webui_path=Path(webui) if webui is not None else None,
+        responses_path=Path(responses) if responses is not None else None,
     )
 
 

@@ -4,8 +4,9 @@ Streams carry content deltas as the model writes them and, as ``event: reveille.
 (a chunk with no choices plus ``reveille_tool``), each tool step when it starts and ends.
 
 Routes: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
-``GET /v1/models/{id}``, ``GET /health``, the sessions routes of ``api_sessions`` and, with
-approvals on, the approvals routes of ``api_approvals``.
+``GET /v1/models/{id}``, ``GET /health``, the sessions routes of ``api_sessions``, with
+approvals on the approvals routes of ``api_approvals``, and the Responses API of
+``responses_api`` once the composition root mounts it.
 
 Approvals (``gateway.turn_approvals``): a turn waiting for one answers at once with a note
 naming it, plus ``reveille_approval`` (a stream: an ``event: reveille.approval`` chunk);
@@ -82,6 +83,8 @@ from gateway.platforms.request_body import (
     parse_chat_body,
     read_json_body,
 )
+from gateway.platforms.responses_api import ResponsesRoutes
+from gateway.responses import ResponsesService
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
 from gateway.turn_approvals import first_answer
 from gateway.turns import (
@@ -225,6 +228,10 @@ class ApiServerAdapter(BasePlatformAdapter):
         self._browsers.install(app)
         self.connections.install(app)
         return app
+
+    def mount_responses(self, service: ResponsesService) -> None:
+        """Serve the Responses API (``/v1/responses``, ``responses_api``) over ``service``."""
+        ResponsesRoutes(self, service).add_to(self.app.router)
 
     def add_public_route(
         self, path: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]

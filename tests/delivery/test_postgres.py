@@ -38,7 +38,6 @@ def _connect(url: str):
 def test_concurrent_starts_migrate_once(url: str) -> None:
     from storage.postgres.migrations import MIGRATIONS, migrate
 
-    versions = [m.version for m in MIGRATIONS]  # ordered; numbers may skip at a merge
     # The versions in order (a gap is allowed: steps are numbered by the change that adds them)
     versions = [m.version for m in MIGRATIONS]
     applied: list[list[int]] = []

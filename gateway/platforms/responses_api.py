@@ -1,0 +1,329 @@
+"""The Responses API routes of the API server (``/v1/responses``), over ``gateway.responses``.
+
+``POST /v1/responses`` (JSON, or SSE with ``stream``), ``GET /v1/responses/{id}`` (with
+``?stream=true&starting_after=N`` a background response's stored events after N, then the
+live ones), ``POST /v1/responses/{id}/cancel``, ``DELETE /v1/responses/{id}`` and
+``GET /v1/responses/{id}/input_items``. The API server's own rules apply unchanged: the
+bearer key (its middleware), the Origin allow-list, JSON bodies within the size cap, the
+hostile-input checks of ``request_body``, the OpenAI error shape, 503 while draining.
+
+A response id is an unguessable capability (``resp_`` + 128 random bits): unlike a session
+id, which the chat endpoint derives from a conversation's opening, nobody can name another
+client's response, so ``previous_response_id`` is taken without a configured key too.
+
+``Idempotency-Key`` on the create is bound to a fingerprint of the body: a repeat answers
+with the response the first request made (a background one as it stands now); another body
+with the same key is refused (422); a non-background first attempt still running answers 409.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from delivery.responses_backend import ResponseRow
+from gateway.platforms.http_middleware import OPEN_STREAM_KEY, RETRY_AFTER_SECONDS, ApiError
+from gateway.platforms.responses_wire import (
+    ResponsesRequest,
+    events_of_final,
+    fingerprint_of_body,
+    is_response_id,
+    parse_responses_body,
+    sse_event,
+)
+from gateway.responses import PreviousNotUsable, ResponsesService
+
+if TYPE_CHECKING:
+    from gateway.platforms.api_server import ApiServerAdapter
+
+__all__ = ["ResponsesRoutes"]
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+_MAX_IDEMPOTENCY_KEY = 255
+_MAX_ITEMS_PAGE = 100
+
+
+def _not_found(response_id: str) -> ApiError:
+    return ApiError(
+        404, f"No response found with id {response_id!r}", code="not_found", param="response_id"
+    )
+
+
+class _StreamSink:
+    """A non-background stream's events, numbered here, on their way to the client."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._seq = -1
+
+    def add(self, type_: str, data: dict[str, Any]) -> None:
+        self._seq += 1
+        self.queue.put_nowait(sse_event(type_, data, self._seq))
+
+    async def settle(self) -> None:
+        pass
+
+    def end(self) -> None:
+        self.queue.put_nowait(None)
+
+
+class ResponsesRoutes:
+    """The ``/v1/responses`` handlers of one API server (see the module docstring)."""
+
+    def __init__(self, adapter: ApiServerAdapter, service: ResponsesService) -> None:
+        self._adapter = adapter
+        self.service = service
+
+    def add_to(self, router: web.UrlDispatcher) -> None:
+        router.add_post("/v1/responses", self._create)
+        router.add_get("/v1/responses/{response_id}", self._retrieve)
+        router.add_delete("/v1/responses/{response_id}", self._delete)
+        router.add_post("/v1/responses/{response_id}/cancel", self._cancel)
+        router.add_get("/v1/responses/{response_id}/input_items", self._input_items)
+
+    # ----------------------------------------------------------------- create
+
+    async def _create(self, request: web.Request) -> web.StreamResponse:
+        adapter = self._adapter
+        if adapter.draining:
+            raise ApiError(
+                503,
+                "the server is restarting; send the request again in a moment",
+                type_="server_error",
+                code="draining",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        body = await adapter._read_json(request)
+        parsed = parse_responses_body(body)
+        if parsed.model != adapter._model_name:
+            raise adapter._no_such_model(parsed.model)
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is not None and not 0 < len(key) <= _MAX_IDEMPOTENCY_KEY:
+            raise ApiError(
+                400,
+                f"{IDEMPOTENCY_HEADER} must be 1-{_MAX_IDEMPOTENCY_KEY} characters",
+                param=IDEMPOTENCY_HEADER,
+                code="invalid_idempotency_key",
+            )
+        turns = self.service.turns
+        if not parsed.background and turns.active_runs >= turns.max_concurrent_runs:
+            raise ApiError(
+                429,
+                f"too many turns running (max_concurrent_runs = {turns.max_concurrent_runs}); "
+                "retry shortly, or send it with background: true",
+                type_="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        fingerprint = fingerprint_of_body(body)
+        try:
+            created = await self.service.create(
+                parsed,
+                idempotency_key=f"client:{key}" if key is not None else None,
+                fingerprint=fingerprint,
+            )
+        except PreviousNotUsable as exc:
+            raise ApiError(
+                404 if exc.missing else 409,
+                str(exc),
+                code="previous_response_not_found" if exc.missing else "previous_response_running",
+                param="previous_response_id",
+            ) from None
+        row = created.row
+        if created.replayed:
+            return await self._replay(request, row, parsed, fingerprint)
+        if row.background:
+            if parsed.stream:
+                return await self._follow(request, row.id, -1)
+            return web.json_response(json.loads(row.body))
+        if not parsed.stream:
+            return web.json_response(await self.service.run_inline(row))
+        return await self._stream_inline(request, row)
+
+    async def _replay(
+        self, request: web.Request, row: ResponseRow, parsed: ResponsesRequest, fingerprint: str
+    ) -> web.StreamResponse:
+        if row.fingerprint != fingerprint:
+            raise ApiError(
+                422,
+                "this idempotency key was already used with a different request; use a new key",
+                code="idempotency_key_reused",
+                param=IDEMPOTENCY_HEADER,
+            )
+        headers = {"Idempotent-Replayed": "true"}
+        if row.background:
+            if parsed.stream:
+                return await self._follow(request, row.id, -1, headers)
+            return web.json_response(json.loads(row.body), headers=headers)
+        if row.status == "in_progress":
+            raise ApiError(
+                409,
+                "a request with this Idempotency-Key is still running; retry later",
+                code="idempotency_in_progress",
+                param=IDEMPOTENCY_HEADER,
+            )
+        final = json.loads(row.body)
+        if not parsed.stream:
+            return web.json_response(final, headers=headers)
+        response = await self._open(request, headers)
+        for seq, (type_, data) in enumerate(events_of_final(final)):
+            await response.write(sse_event(type_, data, seq))
+        await response.write_eof()
+        return response
+
+    async def _stream_inline(self, request: web.Request, row: ResponseRow) -> web.StreamResponse:
+        sink = _StreamSink()
+        opening = json.loads(row.body)
+        sink.add("response.created", {"response": opening})
+        sink.add("response.in_progress", {"response": opening})
+        task = asyncio.create_task(self.service.run_inline(row, sink))
+        task.add_done_callback(lambda _: sink.end())
+        response = await self._open(request)
+        keepalive = self._adapter.keepalive_seconds
+        try:
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(sink.queue.get(), keepalive)
+                except TimeoutError:
+                    await response.write(b": keep-alive\n\n")
+                    continue
+                if chunk is None:
+                    break
+                await response.write(chunk)
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client went away; the response still runs to its end and is stored
+        return response
+
+    # ----------------------------------------------------------------- one response
+
+    async def _row(self, request: web.Request) -> ResponseRow:
+        response_id = request.match_info["response_id"]
+        row = await self.service.get(response_id) if is_response_id(response_id) else None
+        if row is None:
+            raise _not_found(response_id)
+        return row
+
+    async def _retrieve(self, request: web.Request) -> web.StreamResponse:
+        stream = request.query.get("stream", "false").lower()
+        if stream not in ("true", "false", "1", "0"):
+            raise ApiError(400, "'stream' must be true or false", param="stream")
+        raw_after = request.query.get("starting_after")
+        after = -1
+        if raw_after is not None:
+            try:
+                after = int(raw_after)
+            except ValueError:
+                after = -2
+            if after < -1:
+                raise ApiError(
+                    400,
+                    "'starting_after' must be a sequence number (an integer of at least -1)",
+                    param="starting_after",
+                    code="invalid_value",
+                )
+        row = await self._row(request)
+        if stream not in ("true", "1"):
+            return web.json_response(json.loads(row.body))
+        if not row.background:
+            raise ApiError(
+                400,
+                "only background responses can be streamed again; this one was not created "
+                "with background: true",
+                param="stream",
+                code="invalid_value",
+            )
+        return await self._follow(request, row.id, after)
+
+    async def _follow(
+        self,
+        request: web.Request,
+        response_id: str,
+        after: int,
+        headers: dict[str, str] | None = None,
+    ) -> web.StreamResponse:
+        response = await self._open(request, headers)
+        keepalive = self._adapter.keepalive_seconds
+        try:
+            async for event in self.service.follow(response_id, after, keepalive_seconds=keepalive):
+                if event is None:
+                    await response.write(b": keep-alive\n\n")
+                else:
+                    await response.write(sse_event(event.type, event.data, event.seq))
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client went away; it can resume with starting_after
+        return response
+
+    async def _open(
+        self, request: web.Request, headers: dict[str, str] | None = None
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=200,
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+                **(headers or {}),
+            },
+        )
+        await response.prepare(request)
+        request[OPEN_STREAM_KEY] = response
+        return response
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        row = await self._row(request)
+        if not row.background:
+            raise ApiError(
+                400,
+                "only background responses can be cancelled",
+                param="response_id",
+                code="invalid_value",
+            )
+        cancelled = await self.service.cancel(row.id)
+        if cancelled is None:
+            raise _not_found(row.id)
+        return web.json_response(json.loads(cancelled.body))
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        row = await self._row(request)
+        if not await self.service.delete(row.id):
+            raise _not_found(row.id)
+        return web.json_response({"id": row.id, "object": "response", "deleted": True})
+
+    async def _input_items(self, request: web.Request) -> web.Response:
+        query = request.query
+        try:
+            limit = int(query.get("limit", "20"))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= _MAX_ITEMS_PAGE:
+            raise ApiError(
+                400, f"'limit' must be an integer from 1 to {_MAX_ITEMS_PAGE}", param="limit"
+            )
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "'order' must be asc or desc", param="order")
+        row = await self._row(request)
+        items = ResponsesRequest.from_json(row.request).input
+        if order == "desc":
+            items = list(reversed(items))
+        after = query.get("after")
+        if after is not None:
+            ids = [item["id"] for item in items]
+            if after not in ids:
+                raise ApiError(400, f"no input item {after!r} in this response", param="after")
+            items = items[ids.index(after) + 1 :]
+        page = items[:limit]
+        return web.json_response(
+            {
+                "object": "list",
+                "data": page,
+                "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None,
+                "has_more": len(items) > limit,
+            }
+        )

@@ -1,0 +1,455 @@
+"""The OpenAI Responses API wire format: the checked request, the Response object, the events.
+
+``parse_responses_body`` checks a ``POST /v1/responses`` body (400 in OpenAI's error shape
+for anything malformed or unsupported) into a ``ResponsesRequest``: the input items (each
+given an id, for ``input_items``), the chat messages the turn service runs (``instructions``
+as the system message), and the generation options, checked by the chat endpoint's own
+rules (``chat_params``: client-defined tools are refused the same way). The request is
+stored as JSON on the response's row, so any server can run it.
+
+``body_of`` builds the Response object of a stored response at each step; the ``*_events``
+helpers build the streamed events (``response.created`` ... ``response.completed``) as
+``(type, data)`` pairs whose data has no ``sequence_number``: the stream adds the stored
+event's number (``sse_event``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agent.providers.base import ModelOptions
+from delivery.ids import new_token
+from gateway.platforms.chat_params import model_options
+from gateway.platforms.http_middleware import ApiError
+
+__all__ = [
+    "Output",
+    "ResponsesRequest",
+    "body_of",
+    "events_of_final",
+    "fingerprint_of_body",
+    "new_response_id",
+    "output_events",
+    "parse_responses_body",
+    "sse_event",
+    "terminal_event",
+]
+
+_RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,120}")
+_ROLES = ("user", "assistant", "system", "developer")
+_MAX_METADATA = 16
+
+
+def new_response_id() -> str:
+    return "resp_" + new_token()[:32]
+
+
+def is_response_id(value: str) -> bool:
+    return _RESPONSE_ID.fullmatch(value) is not None
+
+
+def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    """A checked ``POST /v1/responses`` body, as stored on the response's row."""
+
+    model: str
+    input: list[dict[str, Any]]  # the input items with ids, as ``input_items`` lists them
+    messages: list[dict[str, Any]]  # what the turn service runs
+    instructions: str | None = None
+    stream: bool = False
+    background: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # ModelOptions.as_request()
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool = True
+    text: dict[str, Any] = field(default_factory=lambda: {"format": {"type": "text"}})
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> ResponsesRequest:
+        return cls(**json.loads(text))
+
+    def model_options(self) -> ModelOptions | None:
+        if not self.options:
+            return None
+        values = dict(self.options)
+        if isinstance(values.get("stop"), list):
+            values["stop"] = tuple(values["stop"])
+        return ModelOptions(**values)
+
+
+def _part(part: Any, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the stored input part, the chat part) of one content part."""
+    if not isinstance(part, dict):
+        raise _bad(where, f"{where} must be an object", "invalid_type")
+    kind = part.get("type")
+    if kind in ("input_text", "output_text", "text"):
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise _bad(where, f"{where}.text must be a string", "invalid_type")
+        return {"type": kind if kind != "text" else "input_text", "text": text}, {
+            "type": "text",
+            "text": text,
+        }
+    if kind == "input_image":
+        url = part.get("image_url")
+        if not isinstance(url, str) or not url:
+            raise _bad(
+                where,
+                f"{where}.image_url must be a URL or data URL (file ids are not supported)",
+                "unsupported_value",
+            )
+        stored = {"type": "input_image", "image_url": url, "detail": part.get("detail", "auto")}
+        return stored, {"type": "image_url", "image_url": {"url": url}}
+    raise _bad(
+        where,
+        f"{where}: content of type {kind!r} is not supported; use input_text or input_image",
+        "unsupported_value",
+    )
+
+
+def _item(item: Any, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the stored input item, the chat message) of one input item."""
+    where = f"input[{index}]"
+    if not isinstance(item, dict):
+        raise _bad(where, f"{where} must be an object", "invalid_type")
+    if item.get("type", "message") != "message":
+        raise _bad(
+            where,
+            f"{where}: items of type {item.get('type')!r} are not supported: this server runs "
+            "its own tools; send messages",
+            "unsupported_value",
+        )
+    role = item.get("role")
+    if role not in _ROLES:
+        raise _bad(where, f"{where}.role must be one of {', '.join(_ROLES)}")
+    content = item.get("content")
+    if isinstance(content, str):
+        kind = "output_text" if role == "assistant" else "input_text"
+        parts: list[dict[str, Any]] = [{"type": kind, "text": content}]
+        chat_content: Any = content
+    elif isinstance(content, list) and content:
+        pairs = [_part(p, f"{where}.content[{i}]") for i, p in enumerate(content)]
+        parts = [stored for stored, _ in pairs]
+        chat_content = [chat for _, chat in pairs]
+    else:
+        raise _bad(
+            f"{where}.content",
+            f"{where}.content must be a string or a non-empty array of parts",
+            "invalid_type",
+        )
+    stored = {
+        "id": "msg_" + new_token()[:32],
+        "type": "message",
+        "role": role,
+        "status": "completed",
+        "content": parts,
+    }
+    return stored, {"role": role, "content": chat_content}
+
+
+def _metadata(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if (
+        not isinstance(value, dict)
+        or len(value) > _MAX_METADATA
+        or not all(
+            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+            for k, v in value.items()
+        )
+    ):
+        raise _bad(
+            "metadata",
+            f"'metadata' must be an object of at most {_MAX_METADATA} string values "
+            "(keys up to 64 characters, values up to 512)",
+        )
+    return dict(value)
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _bad(name, f"'{name}' must be a boolean", "invalid_type")
+    return value
+
+
+def _text_format(value: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The ``text`` setting as the Response echoes it, and the chat ``response_format``."""
+    if value is None:
+        return {"format": {"type": "text"}}, None
+    fmt = value.get("format") if isinstance(value, dict) else None
+    if fmt is None:
+        return {"format": {"type": "text"}}, None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise _bad("text.format", "'text.format.type' must be text, json_object or json_schema")
+    if fmt["type"] == "text":
+        return {"format": fmt}, None
+    if fmt["type"] == "json_object":
+        return {"format": fmt}, {"type": "json_object"}
+    if not isinstance(fmt.get("name"), str) or not isinstance(fmt.get("schema"), dict):
+        raise _bad("text.format", "a json_schema format needs a 'name' and a 'schema' object")
+    schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+    return {"format": fmt}, {"type": "json_schema", "json_schema": schema}
+
+
+def parse_responses_body(body: Any) -> ResponsesRequest:
+    """A ``POST /v1/responses`` body, checked (see the module docstring)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise _bad(
+            "model", "'model' is required (a non-empty string)", "missing_required_parameter"
+        )
+    raw = body.get("input")
+    if isinstance(raw, str):
+        if not raw:
+            raise _bad("input", "'input' must not be empty")
+        raw = [{"role": "user", "content": raw}]
+    if not isinstance(raw, list) or not raw:
+        raise _bad(
+            "input",
+            "'input' is required: a string or a non-empty array of messages",
+            "missing_required_parameter",
+        )
+    pairs = [_item(item, i) for i, item in enumerate(raw)]
+    messages = [chat for _, chat in pairs]
+    if not any(m["role"] == "user" for m in messages):
+        raise _bad("input", "'input' must contain a user message")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise _bad("instructions", "'instructions' must be a string", "invalid_type")
+    if instructions:
+        messages.insert(0, {"role": "system", "content": instructions})
+    if body.get("conversation") is not None:
+        raise _bad(
+            "conversation",
+            "'conversation' is not supported: continue with previous_response_id",
+            "unsupported_parameter",
+        )
+    previous = body.get("previous_response_id")
+    if previous is not None and (not isinstance(previous, str) or not is_response_id(previous)):
+        raise _bad(
+            "previous_response_id", "'previous_response_id' must be a response id (resp_...)"
+        )
+    background = _flag(body, "background", False)
+    store = _flag(body, "store", True)
+    if background and not store:
+        raise _bad(
+            "store", "a background response must be stored: leave out 'store' or set it true"
+        )
+    max_output = body.get("max_output_tokens")
+    if max_output is not None and (
+        isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 1
+    ):
+        raise _bad("max_output_tokens", "'max_output_tokens' must be an integer of at least 1")
+    text, response_format = _text_format(body.get("text"))
+    # The chat endpoint's own checks, under the chat names (client tools are refused there).
+    chat_like = {
+        "tools": body.get("tools"),
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "max_completion_tokens": max_output,
+        "tool_choice": body.get("tool_choice"),
+        "parallel_tool_calls": body.get("parallel_tool_calls"),
+        "response_format": response_format,
+    }
+    options = model_options(chat_like)
+    return ResponsesRequest(
+        model=model,
+        input=[stored for stored, _ in pairs],
+        messages=messages,
+        instructions=instructions,
+        stream=_flag(body, "stream", False),
+        background=background,
+        store=store,
+        previous_response_id=previous,
+        metadata=_metadata(body.get("metadata")),
+        options=options.as_request(),
+        temperature=options.temperature,
+        top_p=options.top_p,
+        max_output_tokens=max_output,
+        tool_choice=options.tool_choice or "auto",
+        parallel_tool_calls=True
+        if options.parallel_tool_calls is None
+        else options.parallel_tool_calls,
+        text=text,
+    )
+
+
+def fingerprint_of_body(body: Any) -> str:
+    """What makes two requests "the same request" for an idempotency key (not ``stream``:
+    a repeat may be told as a stream or as one answer alike)."""
+    bound = {k: v for k, v in body.items() if k != "stream"} if isinstance(body, dict) else body
+    material = json.dumps(bound, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(material.encode()).hexdigest()[:32]
+
+
+# --------------------------------------------------------------------------- objects
+
+
+@dataclass(frozen=True)
+class Output:
+    """What the response produced so far: its message id, text and usage."""
+
+    message_id: str
+    text: str = ""
+    done: bool = False
+    usage: dict[str, int] | None = None
+
+
+def _message(out: Output) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": out.text, "annotations": [], "logprobs": []}]
+    return {
+        "id": out.message_id,
+        "type": "message",
+        "role": "assistant",
+        "status": "completed" if out.done else "in_progress",
+        "content": content if out.done or out.text else [],
+    }
+
+
+def _usage(usage: dict[str, int] | None) -> dict[str, Any] | None:
+    if usage is None:
+        return None
+    prompt = int(usage.get("prompt_tokens", 0) or 0)
+    completion = int(usage.get("completion_tokens", 0) or 0)
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": int(usage.get("total_tokens", 0) or 0) or prompt + completion,
+    }
+
+
+def body_of(
+    response_id: str,
+    request: ResponsesRequest,
+    *,
+    status: str,
+    created_at: float,
+    output: Output | None = None,
+    error: str | None = None,
+    completed_at: float | None = None,
+) -> dict[str, Any]:
+    """The Response object of a response in ``status``."""
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(created_at),
+        "status": status,
+        "background": request.background,
+        "completed_at": int(completed_at) if completed_at is not None else None,
+        "error": {"code": "server_error", "message": error} if error else None,
+        "incomplete_details": None,
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "metadata": request.metadata,
+        "model": request.model,
+        "output": [_message(output)] if output is not None and (output.text or output.done) else [],
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "previous_response_id": request.previous_response_id,
+        "store": request.store,
+        "temperature": request.temperature,
+        "text": request.text,
+        "tool_choice": request.tool_choice,
+        "tools": [],
+        "top_p": request.top_p,
+        "truncation": "disabled",
+        "usage": _usage(output.usage if output else None),
+    }
+
+
+def output_text(body: dict[str, Any]) -> str:
+    for item in body.get("output") or []:
+        for part in item.get("content") or []:
+            if part.get("type") == "output_text":
+                return str(part.get("text") or "")
+    return ""
+
+
+Event = tuple[str, dict[str, Any]]
+
+
+def _item_ref(message_id: str) -> dict[str, Any]:
+    return {"item_id": message_id, "output_index": 0, "content_index": 0}
+
+
+def output_events(out: Output, *, start: bool = False, delta: str | None = None) -> list[Event]:
+    """The events of the message: its opening (``start``), one text ``delta``, or (with
+    ``out.done``) its closing."""
+    events: list[Event] = []
+    if start:
+        events.append(
+            (
+                "response.output_item.added",
+                {"output_index": 0, "item": _message(Output(out.message_id))},
+            )
+        )
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        events.append(("response.content_part.added", {**_item_ref(out.message_id), "part": part}))
+    if delta:
+        events.append(
+            (
+                "response.output_text.delta",
+                {**_item_ref(out.message_id), "delta": delta, "logprobs": []},
+            )
+        )
+    if out.done:
+        ref = _item_ref(out.message_id)
+        part = {"type": "output_text", "text": out.text, "annotations": [], "logprobs": []}
+        events.append(("response.output_text.done", {**ref, "text": out.text, "logprobs": []}))
+        events.append(("response.content_part.done", {**ref, "part": part}))
+        events.append(("response.output_item.done", {"output_index": 0, "item": _message(out)}))
+    return events
+
+
+def terminal_event(body: dict[str, Any]) -> Event:
+    kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
+        str(body["status"]), "response.failed"
+    )
+    return kind, {"response": body}
+
+
+def events_of_final(body: dict[str, Any]) -> list[Event]:
+    """The whole stream of a finished response, rebuilt from its final object (a repeated
+    idempotency key asked as a stream)."""
+    opening = {**body, "status": "in_progress", "output": [], "usage": None}
+    events: list[Event] = [
+        ("response.created", {"response": opening}),
+        ("response.in_progress", {"response": opening}),
+    ]
+    text = output_text(body)
+    items = body.get("output") or []
+    if items:
+        out = Output(str(items[0].get("id")), text, done=True)
+        events += output_events(out, start=True, delta=text)
+    events.append(terminal_event(body))
+    return events
+
+
+def sse_event(type_: str, data: dict[str, Any] | str, seq: int) -> bytes:
+    """One event in SSE framing, with its ``sequence_number``."""
+    payload = json.loads(data) if isinstance(data, str) else dict(data)
+    payload = {"type": type_, **payload, "sequence_number": seq}
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {type_}\ndata: {text}\n\n".encode()

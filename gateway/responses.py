@@ -1,0 +1,642 @@
+"""The Responses API's runner: stored responses, run by any server sharing the store.
+
+A response is a row (``delivery.responses_backend``) written before its work starts. Its
+turn runs on the API server's turn service (``gateway.turns``) in the session the response
+chain maps onto: a new chain gets a new session, ``previous_response_id`` continues that
+response's session, so background results of the conversation are folded into the next
+response exactly once, as for chat.
+
+Background responses are queued rows. Every server runs a worker: it claims queued rows
+while its turn service has room (the server that took the request is poked at once), holds
+a lease on each running one (renewed every third of ``lease_seconds``), and stores every
+streamed event in order. A running row whose lease ran out, or whose owner is a dead
+process on this host, ends ``failed`` with a reason: part of its output may already have
+been streamed and billed, so it is not silently run a second time. A cancel (or delete)
+moves the row first; its runner learns it from the store (a poke, else the next renewal)
+and cancels the turn, whose results are then never stored.
+
+Streams follow the store: a reader replays the stored events after its ``starting_after``
+and then waits for pokes (this server's appends, the store's notifier for the others;
+a slow poll as the fallback) until the row is terminal. Non-background responses run in
+the request, stream straight from the turn and store only the final object.
+
+At each terminal state ``on_terminal(response_id, event_type)`` runs (webhooks) after the
+state is stored; a row that ended without it (a crash in between) is offered again by the
+next sweep, so the hook runs at least once. Retention: terminal rows older than
+``keep_days`` are pruned by the sweep, never a queued or running one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, TypeVar
+
+from agent.tools import ToolProgress
+from delivery.ids import new_token
+from delivery.notifier import Subscription
+from delivery.responses_backend import (
+    TERMINAL,
+    Change,
+    ResponseEvent,
+    ResponseRow,
+    ResponsesBackend,
+)
+from gateway.config import Platform
+from gateway.platforms.openai_wire import completion_text
+from gateway.platforms.responses_wire import (
+    Output,
+    ResponsesRequest,
+    body_of,
+    new_response_id,
+    output_events,
+    terminal_event,
+)
+from gateway.response_events import EventSink, EventWriter, NoSink, follow
+from gateway.session import SessionSource
+from gateway.turns import StartedTurn, TurnError, TurnRequest, TurnService
+
+__all__ = ["Created", "EventSink", "PreviousNotUsable", "ResponsesService", "TerminalHook"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_SWEEP_BATCH = 100
+_SWEEP_GAP_SECONDS = 0.25
+_PRUNE_EVERY_SECONDS = 3600.0
+# A terminal row still unnotified this long after it ended had its hook interrupted.
+_HOOK_RETRY_AFTER_SECONDS = 30.0
+_HOOK_CHECK_EVERY_SECONDS = 10.0
+
+
+class TerminalHook(Protocol):
+    """Told once a response reached a terminal state (``response.completed`` and so on); what
+    it returns (the webhook sender's delivery id) is not used."""
+
+    def __call__(self, response_id: str, event_type: str) -> object: ...
+
+
+class PreviousNotUsable(Exception):
+    """``previous_response_id`` names no stored response, or one that has not ended."""
+
+    def __init__(self, message: str, *, missing: bool) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+@dataclass(frozen=True)
+class Created:
+    """A new row, or (``replayed``) the row an earlier request with the same key made."""
+
+    row: ResponseRow
+    replayed: bool = False
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+class ResponsesService:
+    """Creates, runs, cancels, streams and prunes stored responses (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: ResponsesBackend,
+        turns: TurnService,
+        *,
+        on_terminal: TerminalHook | None = None,
+        lease_seconds: float = 30.0,
+        keep_days: float = 30.0,
+        poll_seconds: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.turns = turns
+        self._on_terminal = on_terminal
+        self.lease_seconds = lease_seconds
+        self.keep_days = keep_days
+        self.poll_seconds = poll_seconds
+        self._host = socket.gethostname()
+        self.owner = f"{self._host}:{os.getpid()}:{new_token()[:8]}"
+        self._running: dict[str, asyncio.Task[Any]] = {}
+        # Runs storing their end: the row moves under them, which must not stop them.
+        self._finishing: set[str] = set()
+        self._tick = asyncio.Event()  # replaced at each change: a broadcast to readers
+        self._wake = asyncio.Event()  # the worker's: look at the store now
+        self._pokes: Subscription | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._paused = False  # draining: no new claims
+        self._stopped = False
+        self._last_prune = 0.0
+        self._last_hook_check = 0.0
+        self._unstarted: set[str] = set()  # claimed here, their turns not started yet
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._pokes = await asyncio.to_thread(self.store.notifier.subscribe)
+        if self._pokes is not None:
+            self._loop.add_reader(self._pokes.fileno(), self._poked)
+        self._worker = asyncio.create_task(self._work())
+
+    def pause(self) -> None:
+        """Claim no more queued responses (the server is draining): they stay queued for
+        another server, or for this one once restarted."""
+        self._paused = True
+
+    async def stop(self, grace_seconds: float = 10.0) -> None:
+        """Stop claiming; give running responses ``grace_seconds``, then end the rest failed;
+        close the store. A second call does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stopping = True
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        running = list(self._running.values())
+        if running:
+            _, late = await asyncio.wait(running, timeout=grace_seconds)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+        if self._pokes is not None and self._loop is not None:
+            self._loop.remove_reader(self._pokes.fileno())
+            self._pokes.close()
+            self._pokes = None
+        await asyncio.to_thread(self.store.close)
+
+    def _poked(self) -> None:
+        if self._pokes is not None:
+            self._pokes.drain()
+        self._changed()
+        self._wake.set()
+
+    def _changed(self) -> None:
+        tick, self._tick = self._tick, asyncio.Event()
+        tick.set()
+
+    async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def _write(self, fn: Callable[..., T], *args: Any, poke: bool = True, **kwargs: Any) -> T:
+        """A write, then (``poke``) the pokes: this server's readers and every other server.
+        A non-background response's own writes poke nobody: nothing follows its row."""
+        if not poke:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+
+        def write_and_poke() -> T:
+            result = fn(*args, **kwargs)
+            self.store.notifier.notify()
+            return result
+
+        result = await asyncio.to_thread(write_and_poke)
+        self._changed()
+        return result
+
+    # ----------------------------------------------------------------- creating
+
+    async def create(
+        self, request: ResponsesRequest, *, idempotency_key: str | None, fingerprint: str | None
+    ) -> Created:
+        """Write the row (queued when background, else in_progress and owned here)."""
+        session_id = "sess_" + new_token()[:32]
+        if request.previous_response_id is not None:
+            previous = await self._db(self.store.get, request.previous_response_id)
+            if previous is None:
+                raise PreviousNotUsable(
+                    f"previous response {request.previous_response_id!r} not found", missing=True
+                )
+            if previous.status not in TERMINAL:
+                raise PreviousNotUsable(
+                    f"previous response {request.previous_response_id!r} is still "
+                    f"{previous.status}; continue it once it has ended",
+                    missing=False,
+                )
+            session_id = previous.session_id
+        now = time.time()
+        response_id = new_response_id()
+        status = "queued" if request.background else "in_progress"
+        body = body_of(response_id, request, status=status, created_at=now)
+        row = ResponseRow(
+            id=response_id,
+            status=status,
+            background=request.background,
+            session_id=session_id,
+            request=request.to_json(),
+            body=_dumps(body),
+            created_at=now,
+            updated_at=now,
+            previous_response_id=request.previous_response_id,
+            owner=None if request.background else self.owner,
+            lease_until=0.0 if request.background else now + self.lease_seconds,
+            idempotency_key=idempotency_key,
+            fingerprint=fingerprint,
+            notified=not request.store,
+        )
+        first: list[tuple[str, str]] = []
+        if request.background:
+            first = [
+                ("response.created", _dumps({"response": body})),
+                ("response.queued", _dumps({"response": body})),
+            ]
+        stored = await self._write(self.store.insert, row, first, poke=request.background)
+        if stored.id != row.id:
+            return Created(stored, replayed=True)
+        if request.background and not (self._stopping or self._paused):
+            if self._has_room():
+                await self._claim(stored)  # this server first; the others' sweeps otherwise
+            else:
+                self._wake.set()
+        return Created(stored)
+
+    async def get(self, response_id: str) -> ResponseRow | None:
+        return await self._db(self.store.get, response_id)
+
+    # ----------------------------------------------------------------- running
+
+    async def run_inline(self, row: ResponseRow, sink: EventSink | None = None) -> dict[str, Any]:
+        """Run a non-background response here (it is in_progress and ours); ``sink`` gets
+        each event as it happens. Runs to the end even when the caller goes away."""
+        task = asyncio.create_task(self._execute(row, sink or NoSink()))
+        self._running[row.id] = task
+        task.add_done_callback(lambda _: self._ran(row.id))
+        return await asyncio.shield(task)
+
+    def _has_room(self) -> bool:
+        """The turn service can take one more turn, counting the claimed runs whose turns
+        have not started yet."""
+        return self.turns.active_runs + len(self._unstarted) < self.turns.max_concurrent_runs
+
+    async def _execute(self, row: ResponseRow, sink: EventSink) -> dict[str, Any]:
+        request = ResponsesRequest.from_json(row.request)
+        out = Output("msg_" + new_token()[:32])
+        pieces: list[str] = []
+        lease = asyncio.create_task(self._keep_lease(row.id, asyncio.current_task()))
+        turn_task: asyncio.Task[dict[str, Any]] | None = None
+        try:
+            try:
+                started = await self.turns.start(
+                    TurnRequest(
+                        session_id=row.session_id,
+                        messages=request.messages,
+                        create=SessionSource(platform=Platform.API_SERVER, chat_id=row.session_id),
+                        stream=True,
+                        model_options=request.model_options(),
+                    )
+                )
+            finally:
+                self._unstarted.discard(row.id)
+            # No idempotency key goes to the turn service, so it never answers a replay.
+            assert isinstance(started, StartedTurn) and started.deltas is not None
+            turn_task, deltas = started.task, started.deltas
+            opened = False
+            while (piece := await deltas.get()) is not None:
+                if isinstance(piece, ToolProgress) or not piece:
+                    continue
+                pieces.append(piece)
+                for event in output_events(out, start=not opened, delta=piece):
+                    sink.add(*event)
+                opened = True
+            completion = await turn_task
+            text = completion_text(completion)
+            out = Output(out.message_id, text, done=True, usage=completion.get("usage"))
+            closing = output_events(out, start=not opened, delta=None if opened else text)
+            return await self._finish(row, request, "completed", out, None, closing, sink)
+        except asyncio.CancelledError:
+            if turn_task is not None:
+                turn_task.cancel()
+            if self._stopping:
+                # Shut down past the grace period: said on the row, never left running.
+                await self._finish(
+                    row,
+                    request,
+                    "failed",
+                    Output(out.message_id, "".join(pieces)),
+                    "the server shut down before the response finished",
+                    [],
+                    sink,
+                )
+            raise
+        except TurnError as exc:
+            if exc.kind == "too_many_turns" and row.background and turn_task is None:
+                # The turn service filled up between the claim and the start (a request
+                # took the last slot): the row goes back to the queue, nothing ran.
+                await self._requeue(row)
+                return json.loads(row.body)
+            return await self._finish(
+                row, request, "failed", Output(out.message_id, "".join(pieces)), exc.message, [],
+                sink,
+            )  # fmt: skip
+        except Exception as exc:
+            message = exc.message if isinstance(exc, TurnError) else "internal server error"
+            if not isinstance(exc, TurnError):
+                logger.exception("response %s failed", row.id)
+            return await self._finish(
+                row, request, "failed", Output(out.message_id, "".join(pieces)), message, [], sink
+            )
+        finally:
+            lease.cancel()
+
+    async def _finish(
+        self,
+        row: ResponseRow,
+        request: ResponsesRequest,
+        status: str,
+        out: Output,
+        error: str | None,
+        closing: list[tuple[str, dict[str, Any]]],
+        sink: EventSink,
+    ) -> dict[str, Any]:
+        self._finishing.add(row.id)
+        try:
+            return await self._store_end(row, request, status, out, error, closing, sink)
+        finally:
+            self._finishing.discard(row.id)
+
+    async def _store_end(
+        self,
+        row: ResponseRow,
+        request: ResponsesRequest,
+        status: str,
+        out: Output,
+        error: str | None,
+        closing: list[tuple[str, dict[str, Any]]],
+        sink: EventSink,
+    ) -> dict[str, Any]:
+        now = time.time()
+        body = body_of(
+            row.id,
+            request,
+            status=status,
+            created_at=row.created_at,
+            output=out if out.text or out.done else None,
+            error=error,
+            completed_at=now,
+        )
+        events = [*closing, terminal_event(body)]
+        # Every event before the terminal ones is stored (or sent) first; a background
+        # response's terminal events are stored with its terminal status, in one commit.
+        await sink.settle()
+        if not row.background:
+            for event in events:
+                sink.add(*event)
+        if not request.store:
+            # Kept nothing once answered (``store: false``).
+            await self._db(self.store.delete, row.id)
+            return body
+        stored = await self._write(
+            self.store.transition,
+            row.id,
+            expect=("in_progress",),
+            owner=self.owner,
+            change=Change(status, _dumps(body), completed_at=now, notified=self._silent),
+            events=[(t, _dumps(d)) for t, d in events] if row.background else None,
+            poke=row.background,
+        )
+        if stored:
+            if not self._silent:
+                await self._told(row.id, events[-1][0])
+            return body
+        # Cancelled, deleted or taken over meanwhile: what the store says stands.
+        current = await self._db(self.store.get, row.id)
+        return json.loads(current.body) if current is not None else body
+
+    @property
+    def _silent(self) -> bool:
+        """No terminal hook: a terminal row is stored as notified, in the same write."""
+        return self._on_terminal is None
+
+    async def _told(self, response_id: str, event_type: str) -> None:
+        """Run the terminal hook, then mark the row notified."""
+        if self._on_terminal is not None:
+            try:
+                await asyncio.to_thread(self._on_terminal, response_id, event_type)
+            except Exception:
+                logger.exception("the terminal hook failed for %s (offered again)", response_id)
+                return
+        await self._db(self.store.mark_notified, response_id)
+
+    def _ran(self, response_id: str) -> None:
+        """A run ended: its turn's slot is free, so a queued response may be claimed now."""
+        self._running.pop(response_id, None)
+        self._unstarted.discard(response_id)  # a run cancelled before it began
+        self._wake.set()
+
+    async def _keep_lease(self, response_id: str, runner: asyncio.Task[Any] | None) -> None:
+        """Renew the lease; a row that is no longer ours (cancelled, deleted, taken over)
+        stops its runner."""
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            ours = await self._db(
+                self.store.renew, response_id, self.owner, time.time() + self.lease_seconds
+            )
+            if not ours and runner is not None and response_id not in self._finishing:
+                runner.cancel()
+                return
+
+    async def _run_background(self, row: ResponseRow) -> None:
+        async def append(batch: list[tuple[str, str]]) -> bool:
+            return await self._write(self.store.append_events, row.id, self.owner, batch)
+
+        writer = EventWriter(append)
+        try:
+            await self._execute(row, writer)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await writer.settle()
+
+    # ----------------------------------------------------------------- the worker
+
+    async def _work(self) -> None:
+        interval = max(0.05, min(self.lease_seconds / 3, 5.0))
+        while True:
+            # At most a few sweeps a second however many pokes arrive (every write of any
+            # server sharing the store pokes); a new queued row is claimed by its own server
+            # at once, without waiting for a sweep.
+            await asyncio.sleep(_SWEEP_GAP_SECONDS)
+            # At once on start: what a dead predecessor left is ended (or run) right away.
+            self._wake.clear()
+            try:
+                await self._sweep()
+            except Exception:
+                logger.exception("the responses sweep failed (tried again shortly)")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), interval)
+
+    async def _sweep(self) -> None:
+        now = time.time()
+        active = await self._db(self.store.active, _SWEEP_BATCH)
+        await self._stop_lost_runs({row.id for row in active if row.owner == self.owner})
+        for row in active:
+            if row.id in self._running:
+                continue
+            if row.status == "queued":
+                if not (self._stopping or self._paused) and self._has_room():
+                    await self._claim(row)
+            elif row.lease_until < now or (row.owner != self.owner and self._owner_dead(row.owner)):
+                # A live runner renews its lease (this server's own, between the insert
+                # and the start of its run, holds the lease the insert gave it).
+                await self._end_abandoned(row)
+        if now - self._last_hook_check >= _HOOK_CHECK_EVERY_SECONDS:
+            self._last_hook_check = now
+            for row in await self._db(self.store.unnotified, _SWEEP_BATCH):
+                if (row.completed_at or 0) < now - _HOOK_RETRY_AFTER_SECONDS:
+                    await self._told(row.id, terminal_event(json.loads(row.body))[0])
+        if now - self._last_prune > _PRUNE_EVERY_SECONDS:
+            self._last_prune = now
+            pruned = await self._db(self.store.prune, now - self.keep_days * 86400)
+            if pruned:
+                logger.info(
+                    "pruned %d stored response(s) older than %g days", pruned, self.keep_days
+                )
+
+    async def _stop_lost_runs(self, seen_ours: set[str]) -> None:
+        """Stop the runs whose rows are no longer this server's to run: cancelled, deleted
+        or taken over through another server (a poke brings the sweep here at once)."""
+        for response_id, task in list(self._running.items()):
+            if response_id in seen_ours or response_id in self._finishing:
+                continue
+            row = await self._db(self.store.get, response_id)
+            if row is None or row.status != "in_progress" or row.owner != self.owner:
+                task.cancel()
+
+    def _owner_dead(self, owner: str | None) -> bool:
+        """The owner is a process on this host that is gone (no need to wait for its lease)."""
+        if not owner:
+            return True
+        host, _, rest = owner.partition(":")
+        pid = rest.partition(":")[0]
+        return host == self._host and pid.isdigit() and not _pid_alive(int(pid))
+
+    async def _claim(self, row: ResponseRow) -> None:
+        body = {**json.loads(row.body), "status": "in_progress"}
+        claimed = await self._write(
+            self.store.transition,
+            row.id,
+            expect=("queued",),
+            owner=None,
+            change=Change(
+                "in_progress", _dumps(body), self.owner, time.time() + self.lease_seconds
+            ),
+            events=[("response.in_progress", _dumps({"response": body}))],
+            check_owner=False,
+        )
+        if not claimed:
+            return
+        mine = replace(row, status="in_progress", owner=self.owner, body=_dumps(body))
+        self._unstarted.add(row.id)  # takes room in the turn service until its turn starts
+        task = asyncio.create_task(self._run_background(mine))
+        self._running[row.id] = task
+        task.add_done_callback(lambda _: self._ran(row.id))
+
+    async def _requeue(self, row: ResponseRow) -> None:
+        body = {**json.loads(row.body), "status": "queued"}
+        await self._write(
+            self.store.transition,
+            row.id,
+            expect=("in_progress",),
+            owner=self.owner,
+            change=Change("queued", _dumps(body)),
+        )
+
+    async def _end_abandoned(self, row: ResponseRow) -> None:
+        request = ResponsesRequest.from_json(row.request)
+        now = time.time()
+        reason = (
+            "the server running this response stopped before it finished "
+            f"({row.owner}); it was not run again because part of its output may already "
+            "have been streamed. Send the request again."
+        )
+        body = body_of(
+            row.id,
+            request,
+            status="failed",
+            created_at=row.created_at,
+            error=reason,
+            completed_at=now,
+        )
+        ended = await self._write(
+            self.store.transition,
+            row.id,
+            expect=("in_progress",),
+            owner=row.owner,
+            change=Change("failed", _dumps(body), completed_at=now, notified=self._silent),
+            events=[("response.failed", _dumps({"response": body}))] if row.background else None,
+        )
+        if ended:
+            logger.warning("response %s ended failed: its server %s stopped", row.id, row.owner)
+            if not self._silent:
+                await self._told(row.id, "response.failed")
+
+    # ----------------------------------------------------------------- cancel, delete
+
+    async def cancel(self, response_id: str) -> ResponseRow | None:
+        """Cancel a background response (idempotent): the row first, then its run stops."""
+        while True:
+            row = await self._db(self.store.get, response_id)
+            if row is None or row.status in TERMINAL:
+                return row
+            now = time.time()
+            body = {**json.loads(row.body), "status": "cancelled", "completed_at": int(now)}
+            moved = await self._write(
+                self.store.transition,
+                row.id,
+                expect=(row.status,),
+                owner=row.owner,
+                change=Change("cancelled", _dumps(body), completed_at=now, notified=self._silent),
+                check_owner=False,
+            )
+            if moved:
+                task = self._running.get(response_id)
+                if task is not None:
+                    task.cancel()
+                if not self._silent:
+                    await self._told(response_id, "response.cancelled")
+                return await self._db(self.store.get, response_id)
+
+    async def delete(self, response_id: str) -> bool:
+        """Remove a stored response and its events; a running one is cancelled first."""
+        row = await self._db(self.store.get, response_id)
+        if row is None:
+            return False
+        if row.status not in TERMINAL:
+            await self.cancel(response_id)
+        return await self._write(self.store.delete, response_id)
+
+    # ----------------------------------------------------------------- streams
+
+    def follow(
+        self, response_id: str, after: int, *, keepalive_seconds: float = 15.0
+    ) -> AsyncIterator[ResponseEvent | None]:
+        """The stored events after ``after``, then the live ones (``response_events.follow``)."""
+        return follow(
+            self.store,
+            lambda: self._tick,
+            response_id,
+            after,
+            poll_seconds=self.poll_seconds,
+            keepalive_seconds=keepalive_seconds,
+        )

@@ -1,0 +1,308 @@
+"""The Responses API's tables in SQL, written once for SQLite and PostgreSQL (``?`` or ``%s``).
+
+``ResponsesSql`` implements ``delivery.responses_backend.ResponsesBackend`` over a
+transaction factory its dialect gives (``storage/sqlite/responses.py``,
+``storage/postgres/responses.py``, and the in-memory store, a private SQLite database).
+Event numbers are drawn inside the appending transaction after locking the response's row
+(PostgreSQL ``FOR UPDATE``; SQLite takes the whole file with ``BEGIN IMMEDIATE``), so two
+writers can never hand out one number twice, and only the row's owner may append.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from delivery.notifier import Notifier
+from delivery.responses_backend import (
+    ACTIVE,
+    TERMINAL,
+    Change,
+    ResponseEvent,
+    ResponseRow,
+)
+
+__all__ = ["DDL", "ResponsesSql"]
+
+# Shared by both dialects (PostgreSQL's migration 6 and SQLite's responses.db version 1).
+DDL = """
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    background INTEGER NOT NULL,
+    session_id TEXT NOT NULL,
+    previous_response_id TEXT,
+    request TEXT NOT NULL,
+    body TEXT NOT NULL,
+    owner TEXT,
+    lease_until DOUBLE PRECISION NOT NULL DEFAULT 0,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    completed_at DOUBLE PRECISION,
+    idempotency_key TEXT UNIQUE,
+    fingerprint TEXT,
+    notified INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS ix_responses_status ON responses (status, created_at);
+CREATE INDEX IF NOT EXISTS ix_responses_completed ON responses (completed_at);
+CREATE INDEX IF NOT EXISTS ix_responses_unnotified ON responses (completed_at) WHERE notified = 0;
+CREATE TABLE IF NOT EXISTS response_events (
+    response_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (response_id, seq)
+)
+"""
+
+_COLUMNS = (
+    "id, status, background, session_id, request, body, created_at, updated_at, "
+    "previous_response_id, owner, lease_until, completed_at, idempotency_key, fingerprint, "
+    "notified"
+)
+
+
+class Cursor(Protocol):
+    rowcount: int
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class Exec(Protocol):
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
+
+
+def _row(r: Sequence[Any]) -> ResponseRow:
+    return ResponseRow(
+        id=str(r[0]),
+        status=str(r[1]),
+        background=bool(r[2]),
+        session_id=str(r[3]),
+        request=str(r[4]),
+        body=str(r[5]),
+        created_at=float(r[6]),
+        updated_at=float(r[7]),
+        previous_response_id=r[8],
+        owner=r[9],
+        lease_until=float(r[10] or 0.0),
+        completed_at=None if r[11] is None else float(r[11]),
+        idempotency_key=r[12],
+        fingerprint=r[13],
+        notified=bool(r[14]),
+    )
+
+
+class ResponsesSql:
+    """``ResponsesBackend`` over ``tx()`` (a context manager giving an ``Exec`` inside one
+    transaction); ``mark`` is the dialect's placeholder, ``lock`` what locks a selected row."""
+
+    def __init__(
+        self,
+        tx: Callable[[], AbstractContextManager[Exec]],
+        *,
+        mark: str,
+        lock: str,
+        notifier: Notifier,
+        close: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._tx = tx
+        self._mark = mark
+        self._lock = lock
+        self._notifier = notifier
+        self._close = close
+
+    @property
+    def notifier(self) -> Notifier:
+        return self._notifier
+
+    def close(self) -> None:
+        self._close()
+
+    def _q(self, sql: str) -> str:
+        return sql if self._mark == "?" else sql.replace("?", self._mark)
+
+    @contextlib.contextmanager
+    def _run(self) -> Iterator[Callable[..., Any]]:
+        with self._tx() as conn:
+
+            def run(sql: str, *params: Any) -> Any:
+                return conn.execute(self._q(sql), params)
+
+            yield run
+
+    def _append(
+        self, run: Callable[..., Any], response_id: str, events: list[tuple[str, str]]
+    ) -> None:
+        if not events:
+            return
+        top = run("SELECT max(seq) FROM response_events WHERE response_id = ?", response_id)
+        found = top.fetchone()
+        seq = -1 if found is None or found[0] is None else int(found[0])
+        for type_, data in events:
+            seq += 1
+            run(
+                "INSERT INTO response_events (response_id, seq, type, data) VALUES (?, ?, ?, ?)",
+                response_id,
+                seq,
+                type_,
+                data,
+            )
+
+    # ----------------------------------------------------------------- writes
+
+    def insert(self, row: ResponseRow, events: list[tuple[str, str]]) -> ResponseRow:
+        with self._run() as run:
+            cur = run(
+                f"INSERT INTO responses ({_COLUMNS}) VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                row.id,
+                row.status,
+                int(row.background),
+                row.session_id,
+                row.request,
+                row.body,
+                row.created_at,
+                row.updated_at,
+                row.previous_response_id,
+                row.owner,
+                row.lease_until,
+                row.completed_at,
+                row.idempotency_key,
+                row.fingerprint,
+                int(row.notified),
+            )
+            if cur.rowcount == 1:
+                self._append(run, row.id, events)
+                return row
+            where, value = (
+                ("idempotency_key", row.idempotency_key)
+                if row.idempotency_key is not None
+                else ("id", row.id)
+            )
+            found = run(f"SELECT {_COLUMNS} FROM responses WHERE {where} = ?", value).fetchone()
+        if found is None:  # pragma: no cover - a conflict on a row deleted at that instant
+            raise RuntimeError(f"response {row.id} conflicts with a row that is gone")
+        return _row(found)
+
+    def transition(
+        self,
+        response_id: str,
+        *,
+        expect: tuple[str, ...],
+        owner: str | None,
+        change: Change,
+        events: list[tuple[str, str]] | None = None,
+        check_owner: bool = True,
+    ) -> bool:
+        marks = ", ".join("?" for _ in expect)
+        with self._run() as run:
+            now_row = run(
+                f"SELECT status, owner FROM responses WHERE id = ?{self._lock}", response_id
+            ).fetchone()
+            if now_row is None or now_row[0] not in expect:
+                return False
+            if check_owner and now_row[1] != owner:
+                return False
+            run(
+                "UPDATE responses SET status = ?, body = ?, owner = ?, lease_until = ?, "
+                "completed_at = ?, updated_at = ?, notified = ? "
+                f"WHERE id = ? AND status IN ({marks})",
+                change.status,
+                change.body,
+                change.owner,
+                change.lease_until,
+                change.completed_at,
+                change.completed_at or time.time(),
+                int(change.notified),
+                response_id,
+                *expect,
+            )
+            self._append(run, response_id, events or [])
+        return True
+
+    def append_events(self, response_id: str, owner: str, events: list[tuple[str, str]]) -> bool:
+        with self._run() as run:
+            row = run(
+                f"SELECT status, owner FROM responses WHERE id = ?{self._lock}", response_id
+            ).fetchone()
+            if row is None or row[0] != "in_progress" or row[1] != owner:
+                return False
+            self._append(run, response_id, events)
+        return True
+
+    def renew(self, response_id: str, owner: str, lease_until: float) -> bool:
+        with self._run() as run:
+            cur = run(
+                "UPDATE responses SET lease_until = ? "
+                "WHERE id = ? AND owner = ? AND status = 'in_progress'",
+                lease_until,
+                response_id,
+                owner,
+            )
+            return bool(cur.rowcount == 1)
+
+    def mark_notified(self, response_id: str) -> None:
+        with self._run() as run:
+            run("UPDATE responses SET notified = 1 WHERE id = ?", response_id)
+
+    def delete(self, response_id: str) -> bool:
+        with self._run() as run:
+            run("DELETE FROM response_events WHERE response_id = ?", response_id)
+            cur = run("DELETE FROM responses WHERE id = ?", response_id)
+            return bool(cur.rowcount == 1)
+
+    def prune(self, completed_before: float) -> int:
+        terminal = ", ".join("?" for _ in TERMINAL)
+        with self._run() as run:
+            old = " FROM responses WHERE completed_at < ? AND status IN (" + terminal + ")"
+            run(
+                "DELETE FROM response_events WHERE response_id IN (SELECT id" + old + ")",
+                completed_before,
+                *TERMINAL,
+            )
+            cur = run("DELETE" + old, completed_before, *TERMINAL)
+            return int(cur.rowcount or 0)
+
+    # ----------------------------------------------------------------- reads
+
+    def get(self, response_id: str) -> ResponseRow | None:
+        with self._run() as run:
+            found = run(f"SELECT {_COLUMNS} FROM responses WHERE id = ?", response_id).fetchone()
+        return None if found is None else _row(found)
+
+    def events_after(self, response_id: str, after: int, limit: int) -> list[ResponseEvent]:
+        with self._run() as run:
+            rows = run(
+                "SELECT seq, type, data FROM response_events WHERE response_id = ? AND seq > ? "
+                "ORDER BY seq LIMIT ?",
+                response_id,
+                after,
+                limit,
+            ).fetchall()
+        return [ResponseEvent(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+    def active(self, limit: int) -> list[ResponseRow]:
+        with self._run() as run:
+            rows = run(
+                f"SELECT {_COLUMNS} FROM responses WHERE status IN (?, ?) "
+                "ORDER BY created_at LIMIT ?",
+                *ACTIVE,
+                limit,
+            ).fetchall()
+        return [_row(r) for r in rows]
+
+    def unnotified(self, limit: int) -> list[ResponseRow]:
+        terminal = ", ".join("?" for _ in TERMINAL)
+        with self._run() as run:
+            rows = run(
+                f"SELECT {_COLUMNS} FROM responses WHERE notified = 0 "
+                f"AND status IN ({terminal}) ORDER BY completed_at LIMIT ?",
+                *TERMINAL,
+                limit,
+            ).fetchall()
+        return [_row(r) for r in rows]

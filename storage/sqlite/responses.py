@@ -1,0 +1,96 @@
+"""The Responses API's tables in one SQLite file (``responses.db`` beside the ledger).
+
+WAL, 0600, opened through ``storage.sqlite.files`` with its own ``user_version`` (1).
+``synchronous=FULL``: a response row is written before its work starts and must survive a
+crash. One connection, one statement at a time; every write is a ``BEGIN IMMEDIATE``
+transaction, so servers sharing the file draw event numbers one after the other. The
+processes sharing it poke each other through unix sockets in ``responses.db.wake.d/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from delivery.notifier import SocketDirNotifier, wake_dir_for
+from delivery.responses_backend import ResponsesBackend
+from storage.responses_sql import DDL, ResponsesSql
+from storage.sqlite.files import (
+    FileErrors,
+    SqliteFile,
+    classify,
+    connect,
+    create_private,
+    stamp_schema,
+)
+
+__all__ = ["ResponsesStoreError", "SqliteResponses"]
+
+_APPLICATION_ID = 0x52525350  # "RRSP"
+SCHEMA_VERSION = 1
+
+
+class ResponsesStoreError(Exception):
+    """The responses file cannot be used (not ours, locked, unwritable)."""
+
+
+class SqliteResponses(ResponsesSql):
+    """``ResponsesBackend`` over one SQLite file (see the module docstring)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.spec = SqliteFile(
+            str(path),
+            "responses store",
+            _APPLICATION_ID,
+            SCHEMA_VERSION,
+            FileErrors(ResponsesStoreError, ResponsesStoreError),
+        )
+        create_private(self.spec)
+        conn = connect(self.spec, check_owner=True)
+        try:
+            stamp_schema(conn, self.spec, DDL)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn: sqlite3.Connection | None = conn
+        self._guard = threading.Lock()
+        super().__init__(
+            self._transaction,
+            mark="?",
+            lock="",
+            notifier=SocketDirNotifier(wake_dir_for(str(path))),
+            close=self._close_conn,
+        )
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._guard:
+            if self._conn is None:
+                raise ResponsesStoreError("the responses store is closed")
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                yield conn
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise classify(exc, self.spec, "use") from exc
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _close_conn(self) -> None:
+        with self._guard:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+if TYPE_CHECKING:
+    _conforms: type[ResponsesBackend] = SqliteResponses

@@ -1,0 +1,153 @@
+"""Conformance of the Responses API's stores (SQLite, memory, PostgreSQL): rows written once
+per idempotency key, compare-and-set transitions fenced by the owner, events numbered in
+order by whoever appends, retention that never touches queued or running rows, pokes."""
+
+from __future__ import annotations
+
+import json
+import select
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from delivery.responses_backend import Change, ResponseRow, ResponsesBackend
+from tests.api_server.test_responses import responses_backend
+
+BACKENDS = ("sqlite", "memory", "postgres")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ResponsesBackend]:
+    store = responses_backend(str(request.param), tmp_path)
+    yield store
+    store.close()
+
+
+def row(rid: str, status: str = "queued", **kw: object) -> ResponseRow:
+    values: dict[str, object] = {
+        "id": rid,
+        "status": status,
+        "background": True,
+        "session_id": "sess_1",
+        "request": "{}",
+        "body": json.dumps({"status": status}),
+        "created_at": 100.0,
+        "updated_at": 100.0,
+    }
+    values.update(kw)
+    return ResponseRow(**values)  # type: ignore[arg-type]
+
+
+def test_insert_get_and_idempotency_key(backend: ResponsesBackend) -> None:
+    first = backend.insert(row("resp_a", idempotency_key="client:k"), [("response.created", "{}")])
+    assert backend.get("resp_a") == first
+    again = backend.insert(row("resp_b", idempotency_key="client:k"), [])
+    assert again.id == "resp_a" and backend.get("resp_b") is None
+    assert [(e.seq, e.type) for e in backend.events_after("resp_a", -1, 10)] == [
+        (0, "response.created")
+    ]
+
+
+def test_transitions_are_compare_and_set_fenced_by_the_owner(backend: ResponsesBackend) -> None:
+    backend.insert(row("resp_a"), [])
+    claim = Change("in_progress", "{}", owner="A", lease_until=500.0)
+    assert backend.transition(
+        "resp_a", expect=("queued",), owner=None, change=claim, check_owner=False
+    )
+    # A second claimer finds it taken.
+    assert not backend.transition(
+        "resp_a", expect=("queued",), owner=None, change=claim, check_owner=False
+    )
+    assert backend.get("resp_a").owner == "A"  # type: ignore[union-attr]
+    assert backend.append_events("resp_a", "A", [("d", '{"n":1}'), ("d", '{"n":2}')])
+    assert not backend.append_events("resp_a", "B", [("d", "{}")])  # not B's
+    assert backend.renew("resp_a", "A", 900.0) and not backend.renew("resp_a", "B", 900.0)
+    done = Change("completed", '{"status":"completed"}', completed_at=200.0)
+    assert not backend.transition("resp_a", expect=("in_progress",), owner="B", change=done)
+    assert backend.transition(
+        "resp_a", expect=("in_progress",), owner="A", change=done, events=[("end", "{}")]
+    )
+    found = backend.get("resp_a")
+    assert found is not None and found.status == "completed" and found.completed_at == 200.0
+    assert not backend.append_events("resp_a", "A", [("late", "{}")])  # ended: fenced
+    assert not backend.renew("resp_a", "A", 999.0)
+    events = backend.events_after("resp_a", -1, 10)
+    assert [(e.seq, e.type) for e in events] == [(0, "d"), (1, "d"), (2, "end")]
+    assert [e.seq for e in backend.events_after("resp_a", 0, 1)] == [1]
+
+
+def test_retention_never_prunes_queued_or_running(backend: ResponsesBackend) -> None:
+    backend.insert(row("resp_q"), [("e", "{}")])
+    backend.insert(row("resp_r", "in_progress", owner="A"), [("e", "{}")])
+    backend.insert(row("resp_old"), [("e", "{}")])
+    backend.transition(
+        "resp_old",
+        expect=("queued",),
+        owner=None,
+        change=Change("cancelled", "{}", completed_at=100.0),
+        check_owner=False,
+    )
+    backend.insert(row("resp_new"), [])
+    backend.transition(
+        "resp_new",
+        expect=("queued",),
+        owner=None,
+        change=Change("completed", "{}", completed_at=300.0),
+        check_owner=False,
+    )
+    assert [r.id for r in backend.unnotified(10)] == ["resp_old", "resp_new"]
+    backend.mark_notified("resp_old")
+    assert [r.id for r in backend.unnotified(10)] == ["resp_new"]
+    assert backend.prune(200.0) == 1
+    assert backend.get("resp_old") is None and backend.events_after("resp_old", -1, 9) == []
+    assert {r.id for r in backend.active(10)} == {"resp_q", "resp_r"}
+    assert backend.prune(10_000.0) == 1  # resp_new; never the active ones
+    assert {r.id for r in backend.active(10)} == {"resp_q", "resp_r"}
+    assert backend.delete("resp_q") and not backend.delete("resp_q")
+    assert backend.events_after("resp_q", -1, 9) == []
+
+
+def test_concurrent_appenders_never_share_a_number(backend: ResponsesBackend) -> None:
+    backend.insert(row("resp_a", "in_progress", owner="A"), [])
+    errors: list[BaseException] = []
+
+    def append() -> None:
+        try:
+            for _ in range(20):
+                backend.append_events("resp_a", "A", [("d", "{}")])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=append) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [e.seq for e in backend.events_after("resp_a", -1, 100)] == list(range(60))
+
+
+def test_a_write_pokes_the_subscribers(backend: ResponsesBackend) -> None:
+    sub = backend.notifier.subscribe()
+    assert sub is not None
+    try:
+        backend.notifier.notify()
+        readable, _, _ = select.select([sub.fileno()], [], [], 10)
+        assert readable
+        sub.drain()
+    finally:
+        sub.close()
+
+
+def test_the_sqlite_file_is_versioned(tmp_path: Path) -> None:
+    responses_backend("sqlite", tmp_path).close()
+    with sqlite3.connect(tmp_path / "responses.db") as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    (tmp_path / "other.db").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(Exception, match="not a SQLite database"):
+        from storage import sqlite_files
+
+        sqlite_files(responses=tmp_path / "other.db").open_responses()
