@@ -37,6 +37,7 @@ from api.event_log import EventLog, LoggedEvent
 from api.turn_answers import TurnAccepted, TurnRefused
 from api.views import session_source
 from api.web_turns import WAKEUP_SOURCE, WebTurns
+from delivery import traces
 from gateway.config import Platform
 from gateway.tasks import finish_or_cancel
 from gateway.wake import format_wake_text
@@ -189,7 +190,9 @@ class WebUIDeliveryTarget:
         with cfg.MAPS_LOCK:
             parked = cfg.DEFERRED_PROCESS_WAKEUPS.pop(session_id, {})
         for evt in parked.values():
-            await self.offer(evt)
+            # Offered here, not by the runner: its own delivery span.
+            with traces.delivery_span(evt):
+                traces.note_outcome(await self.offer(evt))
 
     async def announce_delivery(self, delivery_id: str) -> None:
         if not delivery_id:

@@ -39,6 +39,7 @@ from typing import Any, Literal
 from agent.loop import Agent
 from agent.providers.base import DeltaCallback, ModelOptions, ProviderError
 from agent.tools import ConfirmCallback, ToolContext, ToolProgress
+from delivery import traces
 from gateway.config import Platform
 from gateway.conversation import (
     bound_context,
@@ -362,7 +363,14 @@ class TurnService:
                 # A stream answers before the turn is stored, and its client may continue
                 # the session at once: write it first.
                 await self._session_writer(request.session_id, begun)()
-            task = asyncio.create_task(self._run(request, begun, owner, deltas))
+            task = asyncio.create_task(
+                traces.traced_turn(
+                    self._run(request, begun, owner, deltas),
+                    session_id=request.session_id,
+                    platform=self._platform.value,
+                    wakeup=request.wakeup,
+                )
+            )
         except BaseException:
             self._active_runs -= 1
             await self._claims.forget(key, owner)

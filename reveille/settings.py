@@ -74,6 +74,8 @@ class Settings:
     database_url: str = ""
     # a server whose heartbeat is older than this is dead (its work is recovered)
     peer_timeout_seconds: float = 15.0
+    # OTLP/HTTP collector root for traces (reveille.tracing); "" = no traces
+    otel_endpoint: str = ""
 
     @property
     def allowed_origins(self) -> frozenset[str]:
@@ -130,6 +132,7 @@ ENV_NAMES: dict[str, str] = {
     "webui_password": "REVEILLE_WEBUI_PASSWORD",
     "database_url": "REVEILLE_DATABASE_URL",
     "peer_timeout_seconds": "REVEILLE_PEER_TIMEOUT_SECONDS",
+    "otel_endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
 }
 
 # TOML sections map onto flat names: [server] host -> host, [shell] enabled -> shell_enabled ...
@@ -165,6 +168,7 @@ _TOML_ALIASES = {
     ("webui", "password"): "webui_password",
     ("storage", "url"): "database_url",
     ("storage", "peer_timeout_seconds"): "peer_timeout_seconds",
+    ("otel", "endpoint"): "otel_endpoint",
 }
 
 _ORIGIN_RE = re.compile(r"https?://[a-z0-9.\-\[\]:]+")
@@ -265,6 +269,8 @@ def _validate(s: Settings) -> None:
         )
     if s.telegram_edit_interval < 0:
         raise bad("telegram_edit_interval", "must not be negative")
+    if s.otel_endpoint and not s.otel_endpoint.startswith(("http://", "https://")):
+        raise bad("otel_endpoint", "expected the collector's http(s):// root (or unset)")
     for origin in s.cors_origins.split(","):
         if origin.strip() and not _ORIGIN_RE.fullmatch(normalize_origin(origin)):
             raise bad("cors_origins", f"{origin.strip()!r} is not an origin like https://host:port")

@@ -27,6 +27,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from delivery import traces
 from delivery.backend import LedgerStore
 from delivery.errors import LedgerError, LedgerUnavailable
 from delivery.ledger import Ledger
@@ -170,6 +171,8 @@ class DelegationRuntime:
             else:
                 self._slots.joining += 1
         req = unit.request
+        if traceparent := traces.turn_traceparent():
+            req[traces.TRACEPARENT] = traceparent  # stored: the wake-up's span links to it
         try:
             self.ledger.create(
                 unit.delegation_id,
@@ -247,6 +250,9 @@ class DelegationRuntime:
             unit.delegation_id,
             event.get("status"),
             time.time() - started,
+        )
+        traces.record_background(
+            "delegation", unit.delegation_id, unit.request, started, str(event.get("status"))
         )
         # The work is done: its slot is free now, while the terminal row is written.
         with self._lock:
