@@ -26,6 +26,8 @@ from delivery.rows import RowQuery
 from reveille.app import serve
 from reveille.settings import Settings, SettingsError, load_settings
 from tests.api_server._support import client_for, poll
+from tests.webui.conftest import settings_for as webui_settings
+from tests.webui.conftest import start_web, stop_web
 from tools.async_delegation import get_durable_delegation, reset_runtime
 from tools.process_registry import process_registry
 
@@ -147,6 +149,31 @@ async def test_a_background_process_is_traced_and_its_delivery_linked(
     assert delivery.attributes["reveille.delivery_id"] == unit.attributes["reveille.delivery_id"]
     assert [link.context.span_id for link in delivery.links] == [turn.context.span_id]
     assert not any("secret-words" in value for value in attribute_values(spans))
+
+
+async def test_a_web_ui_wake_up_turn_is_a_child_of_its_delivery(
+    state: Path, spans: InMemorySpanExporter
+) -> None:
+    web = await start_web(webui_settings(state))
+    try:
+        session = await web.new_session()
+        await web.say(session, f"in the background: {GOAL}")
+
+        def wake_turn() -> tuple[ReadableSpan, ReadableSpan] | None:
+            deliveries = {s.context.span_id: s for s in named(spans, "reveille.delivery")}
+            for turn in named(spans, "reveille.turn"):
+                if turn.parent is not None and turn.parent.span_id in deliveries:
+                    return turn, deliveries[turn.parent.span_id]
+            return None
+
+        wake, delivery = await poll(wake_turn)
+    finally:
+        await stop_web(web)
+    [first] = [s for s in named(spans, "reveille.turn") if s is not wake and s.parent is None]
+    assert first.attributes["reveille.session_id"] == session
+    assert wake.attributes["reveille.session_id"] == session
+    assert wake.context.trace_id == delivery.context.trace_id != first.context.trace_id
+    assert [link.context.span_id for link in delivery.links] == [first.context.span_id]
 
 
 def test_a_stored_traceparent_that_is_malformed_or_absent_links_nothing(
