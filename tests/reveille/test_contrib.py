@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,19 @@ def test_the_unit_waits_longer_than_the_drain_before_killing() -> None:
     assert re.search(r"^KillSignal=SIGTERM$", text, re.M)
     # Background shell commands outlive a restart and are adopted by the next server.
     assert re.search(r"^KillMode=process$", text, re.M)
+
+
+def test_the_image_builds_from_every_package_the_wheel_holds() -> None:
+    """The Dockerfile copies, and .dockerignore lets through, every package pyproject.toml
+    puts in the wheel (a package added later must not be left out of the image)."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {
+        p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    }
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", dockerfile, re.M))
+    assert copied == packages
+    allowed = set(re.findall(r"^!(\w+)/$", (ROOT / ".dockerignore").read_text(), re.M))
+    assert allowed == packages
+    assert re.search(r"^USER reveille$", dockerfile, re.M)  # never root
+    assert "/readyz" in dockerfile.split("HEALTHCHECK", 1)[1]

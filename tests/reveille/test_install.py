@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,17 @@ from tests.webui.conftest import free_port
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "api" / "static"
 KEY = "install-test-key"
+BUILD_CONTEXT = (
+    "pyproject.toml",
+    "README.md",
+    "agent",
+    "api",
+    "delivery",
+    "gateway",
+    "reveille",
+    "storage",
+    "tools",
+)
 LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)/v1")
 # What pip says when it cannot reach an index and has nothing cached.
 OFFLINE = re.compile(
@@ -64,9 +76,20 @@ def _pip(args: list[str], what: str) -> None:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     base = tmp_path_factory.mktemp("install")
+    # Built from a copy holding only what the Dockerfile's build stage copies: the build
+    # needs nothing else, and writes nothing into the checkout.
+    source = base / "src"
+    source.mkdir()
+    for name in BUILD_CONTEXT:
+        if (ROOT / name).is_dir():
+            shutil.copytree(
+                ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        else:
+            shutil.copy2(ROOT / name, source / name)
     dist = base / "dist"
     _pip(
-        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(dist)],
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w", str(dist)],
         "building the wheel",
     )
     [wheel] = dist.glob("reveille-*.whl")

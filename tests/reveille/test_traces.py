@@ -7,6 +7,7 @@ OTLP/HTTP to a fake collector on loopback (``reveille.tracing``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util._once import Once
 
 from agent.providers.demo import DemoModel
@@ -28,7 +30,12 @@ from reveille.settings import Settings, SettingsError, load_settings
 from tests.api_server._support import client_for, poll
 from tests.webui.conftest import settings_for as webui_settings
 from tests.webui.conftest import start_web, stop_web
-from tools.async_delegation import get_durable_delegation, reset_runtime
+from tools.async_delegation import (
+    configure_runtime,
+    get_durable_delegation,
+    get_runtime,
+    reset_runtime,
+)
 from tools.process_registry import process_registry
 
 GOAL = "count the sheep in the secret meadow"
@@ -174,6 +181,40 @@ async def test_a_web_ui_wake_up_turn_is_a_child_of_its_delivery(
     assert wake.attributes["reveille.session_id"] == session
     assert wake.context.trace_id == delivery.context.trace_id != first.context.trace_id
     assert [link.context.span_id for link in delivery.links] == [first.context.span_id]
+
+
+async def test_the_link_survives_a_restart(state: Path, spans: InMemorySpanExporter) -> None:
+    # A turn of a server that stopped before its work's result was delivered.
+    with trace.get_tracer("test").start_as_current_span("turn of the stopped server") as turn:
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier)
+    configure_runtime(str(state / "ledger.db"))
+    ledger = get_runtime().ledger
+    event = {
+        "type": "completion",
+        "delivery_id": "proc_0123456789abcdef",
+        "session_key": "agent:main:api_server:dm:gone",
+        "status": "completed",
+        "exit_code": 0,
+        "dispatched_at": time.time(),
+        traces.TRACEPARENT: carrier["traceparent"],
+    }
+    ledger.create(event["delivery_id"], kind="process", state="running", request=event, goal="x")
+    assert ledger.finish(event["delivery_id"], expected="running", state="completed", event=event)
+    reset_runtime()
+
+    async with serve(settings_for(state), provider=DemoModel(delay_seconds=0)):
+        delivery = await poll(
+            lambda: next(
+                (
+                    s
+                    for s in named(spans, "reveille.delivery")
+                    if s.attributes["reveille.delivery_id"] == event["delivery_id"]
+                ),
+                None,
+            )
+        )
+    assert [link.context.span_id for link in delivery.links] == [turn.get_span_context().span_id]
 
 
 def test_a_stored_traceparent_that_is_malformed_or_absent_links_nothing(
