@@ -28,6 +28,7 @@ from opentelemetry.util.types import AttributeValue
 
 __all__ = [
     "TRACEPARENT",
+    "carry_current",
     "delivery_span",
     "links_to",
     "note_outcome",
@@ -69,6 +70,12 @@ def _context_of(traceparent: Any) -> Context | None:
     return _PROPAGATOR.extract({TRACEPARENT: traceparent})
 
 
+def carry_current(headers: dict[str, str]) -> None:
+    """Add the current span's traceparent to ``headers`` of a request this server sends
+    itself (a wake-up's self-POST), so the turn it starts is the delivery's child."""
+    _PROPAGATOR.inject(headers)
+
+
 def turn_traceparent() -> str | None:
     """The traceparent of the turn running here, or None (no turn, or tracing off)."""
     return _turn.get()
@@ -94,9 +101,17 @@ def note_outcome(outcome: str) -> None:
 _FAILURES = frozenset({"error", "failed", "unknown", "interrupted", "released", "dropped"})
 
 
-async def traced_turn(work: Awaitable[T], *, session_id: str, platform: str, wakeup: bool) -> T:
+async def traced_turn(
+    work: Awaitable[T],
+    *,
+    session_id: str,
+    platform: str,
+    wakeup: bool,
+    parent: str | None = None,
+) -> T:
     """Await ``work`` (a turn's coroutine, not started yet) inside the turn's span, with its
-    traceparent current for the background work it dispatches."""
+    traceparent current for the background work it dispatches. ``parent`` (a traceparent)
+    makes the span the child of that one instead of the current span's."""
     attributes: dict[str, AttributeValue] = {
         "reveille.session_id": session_id,
         "reveille.platform": platform,
@@ -104,7 +119,10 @@ async def traced_turn(work: Awaitable[T], *, session_id: str, platform: str, wak
     }
     # Exceptions are not recorded on spans: their messages may quote what was said.
     with tracer().start_as_current_span(
-        "reveille.turn", attributes=attributes, record_exception=False
+        "reveille.turn",
+        context=_context_of(parent),
+        attributes=attributes,
+        record_exception=False,
     ) as span:
         token = _turn.set(_traceparent_of(span))
         try:

@@ -174,6 +174,9 @@ class TurnRequest:
     model_options: ModelOptions | None = None
     """The client's generation options, for every model call of the turn (None: defaults;
     the web UI and Telegram send none)."""
+    traceparent: str | None = None
+    """Set by the server for its own wake-ups only: the W3C traceparent of the delivery that
+    sent it, whose child the turn's span becomes (``delivery.traces``)."""
 
 
 @dataclass(frozen=True)
@@ -369,6 +372,7 @@ class TurnService:
                     session_id=request.session_id,
                     platform=self._platform.value,
                     wakeup=request.wakeup,
+                    parent=request.traceparent,
                 )
             )
         except BaseException:

@@ -49,6 +49,7 @@ from aiohttp import web
 
 from agent.loop import Agent
 from agent.tools import ToolProgress
+from delivery import traces
 from delivery.ids import new_token
 from gateway.config import Platform
 from gateway.platforms.api_auth import ApiKeyAuth, is_keyed, same_secret
@@ -390,6 +391,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                 # Only this server's own wake-up proves itself (the wake token).
                 wakeup=internal,
                 unwritten=unwritten,
+                traceparent=request.headers.get(traces.TRACEPARENT) if internal else None,
             )
         )
         if isinstance(turn, ReplayedTurn):

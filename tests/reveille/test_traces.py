@@ -155,6 +155,9 @@ async def test_a_background_process_is_traced_and_its_delivery_linked(
     assert unit.parent is not None and unit.parent.span_id == turn.context.span_id
     assert delivery.attributes["reveille.delivery_id"] == unit.attributes["reveille.delivery_id"]
     assert [link.context.span_id for link in delivery.links] == [turn.context.span_id]
+    # The self-posted wake-up turn carried the delivery's traceparent: it is its child.
+    [wake] = [s for s in named(spans, "reveille.turn") if s.attributes["reveille.wakeup"]]
+    assert wake.parent is not None and wake.parent.span_id == delivery.context.span_id
     assert not any("secret-words" in value for value in attribute_values(spans))
 
 
@@ -215,6 +218,22 @@ async def test_the_link_survives_a_restart(state: Path, spans: InMemorySpanExpor
             )
         )
     assert [link.context.span_id for link in delivery.links] == [turn.get_span_context().span_id]
+
+
+async def test_a_clients_traceparent_does_not_parent_its_turn(
+    state: Path, spans: InMemorySpanExporter
+) -> None:
+    # Only the server's own wake-ups (proven by the wake token) continue a trace.
+    foreign = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with serve(settings_for(state), provider=DemoModel(delay_seconds=0)) as app:
+        await client_for(app.adapter.port, key=None).chat.completions.create(
+            model="reveille-demo",
+            messages=[{"role": "user", "content": "hello"}],
+            extra_headers={"traceparent": foreign},
+        )
+    [turn] = named(spans, "reveille.turn")
+    assert turn.parent is None
+    assert f"{turn.context.trace_id:032x}" != foreign.split("-")[1]
 
 
 def test_a_stored_traceparent_that_is_malformed_or_absent_links_nothing(
