@@ -7,7 +7,8 @@ separate delivery, often minutes later and possibly on another server; the one t
 ties them together is the W3C ``traceparent`` of the dispatching turn's span, which the
 dispatch stores with the work's request (and so in its completion event, the ledger row
 and every re-offer): the unit's span is that turn's child, and the delivery's span LINKS to
-it.
+it. The wake-up turn a delivery starts is the delivery's child (in this process's context,
+or through the ``traceparent`` header of the API server's self-POST).
 
 Attributes are identifiers and outcomes only (session, delivery id, tool name, outcome):
 never message text, goals, commands or secrets.

@@ -44,6 +44,7 @@ BUILD_CONTEXT = (
     "tools",
 )
 LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)/v1")
+WEBUI = re.compile(r"web UI: http://127\.0\.0\.1:(\d+)/")
 # What pip says when it cannot reach an index and has nothing cached.
 OFFLINE = re.compile(
     r"No matching distribution|Could not find a version|NewConnectionError|"
@@ -142,13 +143,15 @@ class Served:
         for line in self.proc.stdout:
             self.lines.append(line)
 
-    def api_port(self, timeout: float = 60) -> int:
+    def ports(self, timeout: float = 60) -> tuple[int, int]:
+        """The API's and the web UI's ports, once the banner says both listen."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if found := LISTENING.search(line):
-                    return int(found.group(1))
-            assert self.proc.poll() is None, "".join(self.lines)
+            text = "".join(self.lines)
+            api, webui = LISTENING.search(text), WEBUI.search(text)
+            if api and webui:
+                return int(api.group(1)), int(webui.group(1))
+            assert self.proc.poll() is None, text
             time.sleep(0.05)
         raise AssertionError("reveille serve did not start:\n" + "".join(self.lines))
 
@@ -182,9 +185,27 @@ def fetch(url: str, body: dict | None = None) -> tuple[int, str, bytes]:
 def test_reveille_serve_from_another_directory_serves_the_web_ui_and_the_api(
     installed: Installed, served: Served
 ) -> None:
-    api = f"http://127.0.0.1:{served.api_port()}"
-    webui = f"http://127.0.0.1:{served.webui_port}"
+    api_port, webui_port = served.ports()
+    assert webui_port == served.webui_port
+    try:
+        check_serving(f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{webui_port}")
+    except Exception as exc:
+        raise AssertionError(f"{exc!r}; the server said:\n{''.join(served.lines)}") from exc
+    assert served.stop() == 0, "".join(served.lines)
+    # It ran the installed package, not this checkout's files.
+    where = subprocess.run(
+        [str(installed.venv / "bin" / "python"), "-c", "import api, reveille; print(api.__file__)"],
+        cwd=installed.venv,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": os.environ.get("PATH", "")},
+    ).stdout
+    assert Path(where.strip()).is_relative_to(installed.venv)
 
+
+def check_serving(api: str, webui: str) -> None:
+    """The web UI's page and files (package data), the models and a demo completion."""
     status, kind, page = fetch(webui + "/")
     assert status == 200 and kind.startswith("text/html")
     assert page == (STATIC / "index.html").read_bytes()
@@ -205,15 +226,3 @@ def test_reveille_serve_from_another_directory_serves_the_web_ui_and_the_api(
     completion = json.loads(answer)
     assert completion["object"] == "chat.completion"
     assert completion["choices"][0]["message"]["content"]
-
-    assert served.stop() == 0, "".join(served.lines)
-    # It ran the installed package, not this checkout's files.
-    where = subprocess.run(
-        [str(installed.venv / "bin" / "python"), "-c", "import api, reveille; print(api.__file__)"],
-        cwd=installed.venv,
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PATH": os.environ.get("PATH", "")},
-    ).stdout
-    assert Path(where.strip()).is_relative_to(installed.venv)
