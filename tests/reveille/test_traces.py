@@ -28,6 +28,7 @@ from delivery.rows import RowQuery
 from reveille.app import serve
 from reveille.settings import Settings, SettingsError, load_settings
 from tests.api_server._support import client_for, poll
+from tests.pg_support import fresh_url
 from tests.webui.conftest import settings_for as webui_settings
 from tests.webui.conftest import start_web, stop_web
 from tools.async_delegation import (
@@ -97,12 +98,21 @@ def attribute_values(exporter: InMemorySpanExporter) -> list[str]:
     return [str(v) for s in exporter.get_finished_spans() for v in (s.attributes or {}).values()]
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """The store the traceparent is kept in with the work: "" (SQLite files) or a fresh
+    PostgreSQL schema."""
+    return "" if request.param == "sqlite" else fresh_url()
+
+
 async def test_a_wake_up_is_linked_to_the_turn_that_started_its_work(
-    state: Path, spans: InMemorySpanExporter
+    state: Path, spans: InMemorySpanExporter, database_url: str
 ) -> None:
-    async with serve(settings_for(state), provider=DemoModel(delay_seconds=0)) as app:
+    settings = settings_for(state, database_url=database_url)
+    async with serve(settings, provider=DemoModel(delay_seconds=0)) as app:
         session = await one_turn(app.adapter.port, f"in the background: {GOAL}")
         delivery = await poll(lambda: delivered(spans))
+        row = get_durable_delegation(str(delivery.attributes["reveille.delivery_id"]))
 
     [turn] = [
         s for s in named(spans, "reveille.turn") if s.attributes["reveille.session_id"] == session
@@ -131,7 +141,6 @@ async def test_a_wake_up_is_linked_to_the_turn_that_started_its_work(
 
     # The traceparent is stored with the result (so a re-offer after a restart links too),
     # and is not part of the runner's result.
-    row = get_durable_delegation(str(delegation_id))
     assert row is not None
     assert row["event"][traces.TRACEPARENT].split("-")[1] == f"{turn.context.trace_id:032x}"
     assert traces.TRACEPARENT not in row["result"]
