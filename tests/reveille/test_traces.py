@@ -7,6 +7,8 @@ OTLP/HTTP to a fake collector on loopback (``reveille.tracing``).
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +35,7 @@ from tests.webui.conftest import settings_for as webui_settings
 from tests.webui.conftest import start_web, stop_web
 from tools.async_delegation import (
     configure_runtime,
+    dispatch_async_delegation,
     get_durable_delegation,
     get_runtime,
     reset_runtime,
@@ -243,6 +246,34 @@ async def test_a_clients_traceparent_does_not_parent_its_turn(
     [turn] = named(spans, "reveille.turn")
     assert turn.parent is None
     assert f"{turn.context.trace_id:032x}" != foreign.split("-")[1]
+
+
+async def test_work_interrupted_by_a_drain_ends_its_span_interrupted(
+    state: Path, spans: InMemorySpanExporter
+) -> None:
+    runtime = configure_runtime(str(state / "ledger.db"))
+    release = threading.Event()
+
+    async def turn() -> str:
+        dispatched = await asyncio.to_thread(
+            dispatch_async_delegation, goal=GOAL, runner=lambda: release.wait(30) and {}
+        )
+        return str(dispatched["delegation_id"])
+
+    try:
+        delegation_id = await traces.traced_turn(
+            turn(), session_id="s", platform="api_server", wakeup=False
+        )
+        assert await asyncio.to_thread(runtime.drain, 0.05) == (0, [delegation_id])
+    finally:
+        release.set()
+    # The worker's late return is not a second outcome of the unit.
+    await poll(lambda: runtime.running_count() == 0)
+    [first] = named(spans, "reveille.turn")
+    [unit] = named(spans, "reveille.background.delegation")
+    assert unit.attributes["reveille.delivery_id"] == delegation_id
+    assert unit.attributes["reveille.outcome"] == "interrupted"
+    assert unit.parent is not None and unit.parent.span_id == first.context.span_id
 
 
 def test_a_stored_traceparent_that_is_malformed_or_absent_links_nothing(
