@@ -53,10 +53,23 @@ _turn: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
+_cached: tuple[trace.TracerProvider, trace.Tracer] | None = None
+
+
 def tracer() -> trace.Tracer:
-    # Looked up at each use, never kept: a tracer taken before the SDK was configured would
-    # stay a no-op for good.
-    return trace.get_tracer("reveille")
+    """Reveille's tracer from the provider in place now: kept per provider, never across a
+    change (a tracer taken before the SDK was configured would stay a no-op for good)."""
+    global _cached
+    provider = trace.get_tracer_provider()
+    cached = _cached
+    if cached is not None and cached[0] is provider:
+        return cached[1]
+    if isinstance(provider, trace.ProxyTracerProvider):
+        found: trace.Tracer = trace.NoOpTracer()  # no SDK (yet): a proxy would stick to it
+    else:
+        found = provider.get_tracer("reveille")
+    _cached = (provider, found)
+    return found
 
 
 def _traceparent_of(span: Span) -> str | None:
