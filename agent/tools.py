@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from opentelemetry import trace
+
 logger = logging.getLogger(__name__)
 
 
@@ -218,12 +220,25 @@ class ToolRegistry:
 
         ``ctx.on_progress`` hears of the call when it starts and when it ends.
         """
+        # One span per call (a no-op until an SDK is configured): the tool's name and
+        # whether it failed, never its arguments or result.
+        attributes = {"reveille.tool": name[:200], "reveille.session_id": ctx.session_id or ""}
+        with trace.get_tracer("reveille").start_as_current_span(
+            "reveille.tool", attributes=attributes, record_exception=False
+        ) as span:
+            result = await self._reported_call(name, arguments_json, ctx, call_id)
+            span.set_attribute("reveille.outcome", "error" if _failed(result) else "ok")
+            return result
+
+    async def _reported_call(
+        self, name: str, arguments_json: str, ctx: ToolContext, call_id: str
+    ) -> str:
         if ctx.on_progress is None:
             return await self._call(name, arguments_json, ctx)
         started = time.monotonic()
         await _tell(ctx.on_progress, ToolProgress(call_id, name, "started"))
         result = await self._call(name, arguments_json, ctx)
-        ok = not result.startswith('{"error"')
+        ok = not _failed(result)
         seconds = round(time.monotonic() - started, 3)
         await _tell(ctx.on_progress, ToolProgress(call_id, name, "finished", ok, seconds))
         return result
@@ -253,6 +268,10 @@ class ToolRegistry:
         if isinstance(result, str):
             return result
         return json.dumps(result, ensure_ascii=False, default=str)
+
+
+def _failed(result: str) -> bool:
+    return result.startswith('{"error"')
 
 
 async def _tell(callback: ProgressCallback, progress: ToolProgress) -> None:

@@ -44,6 +44,7 @@ from api.event_log import EventLog, LoggedEvent
 from api.turn_answers import TurnAccepted, TurnRefused
 from api.views import session_source
 from api.web_turns import WAKEUP_SOURCE, WebTurns
+from delivery import traces
 from gateway.coalesce import DEFAULT_COALESCE_SECONDS, Coalescer
 from gateway.config import Platform
 from gateway.tasks import finish_or_cancel
@@ -267,7 +268,12 @@ class WebUIDeliveryTarget:
         with cfg.MAPS_LOCK:
             parked = cfg.DEFERRED_PROCESS_WAKEUPS.pop(session_id, {})
         if parked:
-            await asyncio.gather(*(self.offer(evt, window=0) for evt in parked.values()))
+            await asyncio.gather(*(self._offer_traced(evt) for evt in parked.values()))
+
+    async def _offer_traced(self, evt: dict[str, Any]) -> None:
+        # Offered here, not by the runner: its own delivery span.
+        with traces.delivery_span(evt):
+            traces.note_outcome(await self.offer(evt, window=0))
 
     async def announce_delivery(self, delivery_id: str) -> None:
         if not delivery_id:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import tools.async_delegation as ad
+from delivery import traces
 from delivery.events import DELIVERABLE_TYPES, CompletionEvent, delivery_id, parse_event
 from gateway.coalesce import DEFAULT_COALESCE_SECONDS, Coalescer
 from gateway.config import Platform
@@ -182,7 +183,9 @@ class GatewayRunner:
         tells ``parts.on_outcome``: the one place delivery metrics hook in)."""
         seen: dict[str, Any] = {}
         started = time.monotonic()
-        outcome = await self._handle_event(evt, seen)
+        with traces.delivery_span(evt):
+            outcome = await self._handle_event(evt, seen)
+            traces.note_outcome("retryable" if seen.get("retryable") else outcome)
         platform = seen.get("platform")
         logger.info(
             "delivery %s: %s%s (%.0f ms)",

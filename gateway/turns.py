@@ -41,6 +41,7 @@ from typing import Any, Literal
 from agent.loop import Agent
 from agent.providers.base import DeltaCallback, ModelOptions, ProviderError
 from agent.tools import ConfirmCallback, ToolContext, ToolProgress
+from delivery import traces
 from delivery.session_backend import ApprovalRecord
 from gateway.compaction import Compactor, seen_delivery_ids
 from gateway.config import Platform
@@ -183,6 +184,9 @@ class TurnRequest:
     lease_stream_id: str | None = None
     """The turn lease (``SessionStore.take_turn``) the surface holds for this turn, if any
     (the web UI's): a compaction runs under it instead of taking the session itself."""
+    traceparent: str | None = None
+    """Set by the server for its own wake-ups only: the W3C traceparent of the delivery that
+    sent it, whose child the turn's span becomes (``delivery.traces``)."""
 
 
 @dataclass(frozen=True)
@@ -393,7 +397,15 @@ class TurnService:
                 # A stream answers before the turn is stored, and its client may continue
                 # the session at once: write it first.
                 await self._session_writer(request.session_id, begun)()
-            task = asyncio.create_task(self._run(request, begun, owner, deltas, hold, parking))
+            task = asyncio.create_task(
+                traces.traced_turn(
+                    self._run(request, begun, owner, deltas, hold, parking),
+                    session_id=request.session_id,
+                    platform=self._platform.value,
+                    wakeup=request.wakeup,
+                    parent=request.traceparent,
+                )
+            )
         except BaseException:
             self._active_runs -= 1
             await self._claims.forget(key, owner)

@@ -28,6 +28,7 @@ from typing import Any, overload
 
 import aiohttp
 
+from delivery import traces
 from delivery.event_display import display_metadata
 from delivery.events import (
     ASYNC_DELEGATION,
@@ -204,6 +205,7 @@ async def deliver_wake(
     if isinstance(wake_token, str) and wake_token:
         # Puts the key in the server's own namespace, which no client can claim first.
         headers["X-Reveille-Wake-Token"] = wake_token
+    traces.carry_current(headers)  # the wake-up turn's span is the delivery's child
     body = {
         "model": getattr(adapter, "_model_name", None) or "reveille",
         "messages": [{"role": "user", "content": text}],

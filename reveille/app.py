@@ -54,7 +54,7 @@ from gateway.run import GatewayRunner, Surface
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
 from gateway.webhooks import WebhookSender
-from reveille import version
+from reveille import tracing, version
 from reveille.log_limits import rate_limited_logs
 from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
@@ -142,6 +142,9 @@ async def serve(
     limits = connection_limits or ConnectionLimits.for_descriptors(descriptors)
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(rate_limited_logs())
+        # First in, last out: the spans of the shutdown itself are exported too.
+        if (flush_traces := tracing.configure(settings)) is not None:
+            stack.push_async_callback(asyncio.to_thread, flush_traces)
         location = await asyncio.to_thread(open_storage, storage_url(settings))
         store = SessionStore(await asyncio.to_thread(location.open_sessions))
         stack.push_async_callback(asyncio.to_thread, store.close)

@@ -125,6 +125,8 @@ class Settings:
     responses_keep_days: float = 30.0
     # a running response's lease; a server silent this long has its responses ended failed
     responses_lease_seconds: float = 30.0
+    # OTLP/HTTP collector root for traces (reveille.tracing); "" = no traces
+    otel_endpoint: str = ""
 
     @property
     def allowed_origins(self) -> frozenset[str]:
@@ -229,6 +231,7 @@ ENV_NAMES: dict[str, str] = {
     **{f"retention_{key}": f"REVEILLE_RETENTION_{key.upper()}" for key in _RETENTION_KEYS},
     "responses_keep_days": "REVEILLE_RESPONSES_KEEP_DAYS",
     "responses_lease_seconds": "REVEILLE_RESPONSES_LEASE_SECONDS",
+    "otel_endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
 }
 
 # TOML sections map onto flat names: [server] host -> host, [shell] enabled -> shell_enabled ...
@@ -277,6 +280,7 @@ _TOML_ALIASES = {
     **{("retention", key): f"retention_{key}" for key in _RETENTION_KEYS},
     ("responses", "keep_days"): "responses_keep_days",
     ("responses", "lease_seconds"): "responses_lease_seconds",
+    ("otel", "endpoint"): "otel_endpoint",
 }
 
 _ORIGIN_RE = re.compile(r"https?://[a-z0-9.\-\[\]:]+")
@@ -411,6 +415,8 @@ def _validate(s: Settings) -> None:
         except ValueError as exc:
             # the message never repeats the secret itself
             raise SettingsError(f"webhook_secret: {exc}") from None
+    if s.otel_endpoint and not s.otel_endpoint.startswith(("http://", "https://")):
+        raise bad("otel_endpoint", "expected the collector's http(s):// root (or unset)")
     for origin in s.cors_origins.split(","):
         if origin.strip() and not _ORIGIN_RE.fullmatch(normalize_origin(origin)):
             raise bad("cors_origins", f"{origin.strip()!r} is not an origin like https://host:port")

@@ -379,6 +379,7 @@ _REQUEST_KEYS = frozenset(
         "is_batch",
         "dispatched_at",
         "completed_at",
+        "traceparent",
     }
 )
 

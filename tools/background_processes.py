@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from delivery import traces
 from delivery.errors import LedgerUnavailable
 from delivery.events import PROCESS_COMPLETION
 from delivery.identity import ProcessIdentity, current_identity, process_start_ticks
@@ -269,6 +270,8 @@ class ProcessRegistry:
             "notify_on_complete": notify_on_complete,
             "dispatched_at": time.time(),
         }
+        if traceparent := traces.turn_traceparent():
+            request[traces.TRACEPARENT] = traceparent  # stored: the wake-up's span links to it
         ledger.create(
             process_id,
             kind=PROCESS_KIND,
@@ -506,6 +509,7 @@ class ProcessRegistry:
             event["error"] = error
         if unknown:
             event["abandoned"] = True
+        traces.record_background("process", process_id, request, started, status)
 
         def cleanup() -> None:
             # The ledger holds the result now; the files were only its way there.

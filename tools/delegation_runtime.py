@@ -27,6 +27,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from delivery import traces
 from delivery.backend import LedgerStore
 from delivery.errors import LedgerError, LedgerUnavailable
 from delivery.ledger import Ledger
@@ -63,6 +64,7 @@ class Unit:
     run: Runner
     interrupt_fn: Callable[[], None] | None
     cancel_requested: bool = False
+    drained: bool = False  # ended ``interrupted`` by a drain; whatever it returns later is moot
 
 
 @dataclass
@@ -170,6 +172,8 @@ class DelegationRuntime:
             else:
                 self._slots.joining += 1
         req = unit.request
+        if traceparent := traces.turn_traceparent():
+            req[traces.TRACEPARENT] = traceparent  # stored: the wake-up's span links to it
         try:
             self.ledger.create(
                 unit.delegation_id,
@@ -248,6 +252,10 @@ class DelegationRuntime:
             event.get("status"),
             time.time() - started,
         )
+        if not unit.drained:
+            traces.record_background(
+                "delegation", unit.delegation_id, unit.request, started, str(event.get("status"))
+            )
         # The work is done: its slot is free now, while the terminal row is written.
         with self._lock:
             self._slots.running.pop(unit.delegation_id, None)
@@ -368,6 +376,7 @@ class DelegationRuntime:
             self._slots.waiting.clear()
         interrupted = []
         for delegation_id, unit in left.items():
+            unit.drained = True
             if unit.interrupt_fn is not None:
                 try:
                     unit.interrupt_fn()
@@ -387,6 +396,11 @@ class DelegationRuntime:
                     delegation_id, expected="running", state="interrupted", event=event
                 ):
                     interrupted.append(delegation_id)
+                    since = unit.request.get("dispatched_at")
+                    started = since if isinstance(since, int | float) else time.time()
+                    traces.record_background(
+                        "delegation", delegation_id, unit.request, started, "interrupted"
+                    )
             except LedgerError:
                 log.exception("could not record %s as interrupted", delegation_id)
         finished = len(running) - len(left)

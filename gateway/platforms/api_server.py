@@ -56,6 +56,7 @@ from aiohttp import web
 
 from agent.loop import Agent
 from agent.tools import ToolProgress
+from delivery import traces
 from delivery.ids import new_token
 from gateway.approvals import Approvals
 from gateway.config import Platform
@@ -414,6 +415,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                 # Only this server's own wake-up proves itself (the wake token).
                 wakeup=internal,
                 unwritten=unwritten,
+                traceparent=request.headers.get(traces.TRACEPARENT) if internal else None,
             ),
         )
         if isinstance(turn, ReplayedTurn):
