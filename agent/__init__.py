@@ -6,8 +6,9 @@ in ``tools/`` (``tools.toolset``): this package does not import them.
 
 from __future__ import annotations
 
-from agent.loop import Agent, AgentResult, run_subagent_sync
+from agent.loop import Agent, AgentResult
 from agent.providers import ModelProvider, ModelReply, ProviderError, build_provider
+from agent.subagent import run_subagent_sync
 from agent.tools import Tool, ToolContext, ToolRegistry
 
 __all__ = [

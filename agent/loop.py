@@ -1,4 +1,4 @@
-"""The tool-calling agent loop, and the synchronous entry point background sub-agents use.
+"""The tool-calling agent loop (the synchronous sub-agent entry point is in ``agent.subagent``).
 
 One turn: ask the model (offering the registry's tools); while it answers with tool calls,
 run them and feed the results back; stop at a plain answer or at the step limit.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.markers import SUBAGENT_MARKER
 from agent.providers.base import (
@@ -20,9 +20,6 @@ from agent.providers.base import (
     empty_usage,
 )
 from agent.tools import ToolContext, ToolRegistry
-
-if TYPE_CHECKING:
-    from agent.subagent import StopSignal
 
 SUBAGENT_SYSTEM_PROMPT = (
     f"{SUBAGENT_MARKER}\n"
@@ -202,34 +199,3 @@ def subagent_messages(goal: str, context: str | None) -> list[dict[str, Any]]:
         {"role": "system", "content": SUBAGENT_SYSTEM_PROMPT},
         {"role": "user", "content": task},
     ]
-
-
-def run_subagent_sync(
-    provider: ModelProvider,
-    goal: str,
-    context: str | None,
-    *,
-    max_steps: int = 8,
-    tools: ToolRegistry | None = None,
-    ctx: ToolContext | None = None,
-    stall_seconds: float | None = None,
-    stop: StopSignal | None = None,
-) -> dict[str, Any]:
-    """Run a sub-agent to completion on the calling thread; never raises.
-
-    Meant for worker threads, which have no event loop: it starts its own. With ``tools``
-    it runs its own tool loop, watched for stalls: see ``agent.subagent.run_subagent``.
-    """
-    # Imported here: the sub-agent's runner builds on Agent, defined above.
-    from agent.subagent import run_subagent
-
-    return run_subagent(
-        provider,
-        goal,
-        context,
-        tools=tools,
-        ctx=ctx,
-        max_steps=max_steps,
-        stall_seconds=stall_seconds,
-        stop=stop,
-    )

@@ -295,3 +295,31 @@ def describe_tools_used(value: Any) -> str | None:
         count = calls if isinstance(calls, int) and not isinstance(calls, bool) else 0
         parts.append(f"{item['name']} ({count} call{'' if count == 1 else 's'})")
     return "Tools used: " + (", ".join(parts) if parts else "none")
+
+
+def run_subagent_sync(
+    provider: ModelProvider,
+    goal: str,
+    context: str | None,
+    *,
+    max_steps: int = 8,
+    tools: ToolRegistry | None = None,
+    ctx: ToolContext | None = None,
+    stall_seconds: float | None = None,
+    stop: StopSignal | None = None,
+) -> dict[str, Any]:
+    """Run a sub-agent to completion on the calling thread; never raises.
+
+    Meant for worker threads, which have no event loop: it starts its own. With ``tools``
+    it runs its own tool loop, watched for stalls: see ``run_subagent``.
+    """
+    return run_subagent(
+        provider,
+        goal,
+        context,
+        tools=tools,
+        ctx=ctx,
+        max_steps=max_steps,
+        stall_seconds=stall_seconds,
+        stop=stop,
+    )

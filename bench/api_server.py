@@ -701,7 +701,7 @@ def main() -> None:
     if args.responses:
         import responses_mode  # bench/ is on the path: this script's directory
 
-        asyncio.run(responses_mode.main_async(args))
+        asyncio.run(responses_mode.main_async(args, sys.modules[__name__]))
         return
     asyncio.run(provider_main_async(args) if args.provider else main_async(args))
 

@@ -23,10 +23,10 @@ import os
 import statistics
 import sys
 import time
+from types import ModuleType
 from typing import Any
 
 import aiohttp
-import api_server as base  # bench/ is this script's directory: the sibling module
 
 
 async def _one_response(
@@ -119,8 +119,10 @@ def _quantiles(name: str, figures: list[float]) -> str:
     return f"{name:<28}: p50 {q[49]:7.1f} ms   p99 {q[98]:7.1f} ms"
 
 
-async def main_async(args: argparse.Namespace) -> None:
-    env = {**os.environ, "PYTHONPATH": str(base.ROOT)}
+async def main_async(args: argparse.Namespace, base: ModuleType) -> None:
+    """``base``: bench/api_server.py, whose servers, load and printing this mode reuses
+    (handed in, not imported: that script is the one that imports this module)."""
+    env = {**os.environ, "PYTHONPATH": base.checkout_first()}
     model = base.UPSTREAM_MODEL
     port = base.free_port()
     upstream_cmd = [sys.executable, base.__file__, "--serve-upstream", str(port)]

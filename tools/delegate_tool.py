@@ -19,9 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.loop import run_subagent_sync
 from agent.providers.base import ModelProvider
-from agent.subagent import StopSignal
+from agent.subagent import StopSignal, run_subagent_sync
 from agent.tool_args import as_bool, as_optional_str, as_str_list
 from agent.tools import Tool, ToolContext, ToolRegistry
 

@@ -232,7 +232,13 @@ class ApiServerAdapter(BasePlatformAdapter):
 
     def mount_responses(self, service: ResponsesService) -> None:
         """Serve the Responses API (``/v1/responses``, ``responses_api``) over ``service``."""
-        ResponsesRoutes(self, service).add_to(self.app.router)
+        ResponsesRoutes(
+            service,
+            read_json=self._read_json,
+            check_model=self._check_model,
+            is_draining=lambda: self.draining,
+            keepalive_seconds=self.keepalive_seconds,
+        ).add_to(self.app.router)
 
     def add_public_route(
         self, path: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -607,6 +613,10 @@ class ApiServerAdapter(BasePlatformAdapter):
         if not self.auth.configured_key or is_keyed(request):
             body["reason"] = problem
         return web.json_response(body, status=503, headers={"Retry-After": "1"})
+
+    def _check_model(self, model_id: str) -> None:
+        if model_id != self._model_name:
+            raise self._no_such_model(model_id)
 
     def _no_such_model(self, model_id: str) -> ApiError:
         return ApiError(

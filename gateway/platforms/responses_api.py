@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -36,8 +37,10 @@ from gateway.platforms.responses_wire import (
 )
 from gateway.responses import PreviousNotUsable, ResponsesService
 
-if TYPE_CHECKING:
-    from gateway.platforms.api_server import ApiServerAdapter
+# What the routes take from the API server they are mounted on (as its sessions and
+# approvals routes do): its JSON body reader, its model check, whether it is draining.
+ReadJson = Callable[[web.Request], Awaitable[Any]]
+CheckModel = Callable[[str], None]
 
 __all__ = ["ResponsesRoutes"]
 
@@ -73,9 +76,20 @@ class _StreamSink:
 class ResponsesRoutes:
     """The ``/v1/responses`` handlers of one API server (see the module docstring)."""
 
-    def __init__(self, adapter: ApiServerAdapter, service: ResponsesService) -> None:
-        self._adapter = adapter
+    def __init__(
+        self,
+        service: ResponsesService,
+        *,
+        read_json: ReadJson,
+        check_model: CheckModel,
+        is_draining: Callable[[], bool],
+        keepalive_seconds: float,
+    ) -> None:
         self.service = service
+        self._read_json = read_json
+        self._check_model = check_model
+        self._is_draining = is_draining
+        self._keepalive_seconds = keepalive_seconds
 
     def add_to(self, router: web.UrlDispatcher) -> None:
         router.add_post("/v1/responses", self._create)
@@ -87,8 +101,7 @@ class ResponsesRoutes:
     # ----------------------------------------------------------------- create
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
-        adapter = self._adapter
-        if adapter.draining:
+        if self._is_draining():
             raise ApiError(
                 503,
                 "the server is restarting; send the request again in a moment",
@@ -96,10 +109,9 @@ class ResponsesRoutes:
                 code="draining",
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
-        body = await adapter._read_json(request)
+        body = await self._read_json(request)
         parsed = parse_responses_body(body)
-        if parsed.model != adapter._model_name:
-            raise adapter._no_such_model(parsed.model)
+        self._check_model(parsed.model)
         key = request.headers.get(IDEMPOTENCY_HEADER)
         if key is not None and not 0 < len(key) <= _MAX_IDEMPOTENCY_KEY:
             raise ApiError(
@@ -182,7 +194,7 @@ class ResponsesRoutes:
         task = asyncio.create_task(self.service.run_inline(row, sink))
         task.add_done_callback(lambda _: sink.end())
         response = await self._open(request)
-        keepalive = self._adapter.keepalive_seconds
+        keepalive = self._keepalive_seconds
         try:
             while True:
                 try:
@@ -246,7 +258,7 @@ class ResponsesRoutes:
         headers: dict[str, str] | None = None,
     ) -> web.StreamResponse:
         response = await self._open(request, headers)
-        keepalive = self._adapter.keepalive_seconds
+        keepalive = self._keepalive_seconds
         try:
             async for event in self.service.follow(response_id, after, keepalive_seconds=keepalive):
                 if event is None:

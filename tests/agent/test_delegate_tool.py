@@ -9,9 +9,10 @@ import threading
 import time
 import types
 
-from agent.loop import Agent, run_subagent_sync
+from agent.loop import Agent
 from agent.providers.base import ModelReply
 from agent.providers.demo import DemoModel
+from agent.subagent import run_subagent_sync
 from agent.tools import ToolContext, ToolRegistry
 from tools.delegate_tool import make_delegate_tool
 from tools.toolset import build_default_registry

@@ -14,8 +14,9 @@ import json
 import pytest
 from aiohttp import web
 
-from agent.loop import Agent, run_subagent_sync
+from agent.loop import Agent
 from agent.providers import OpenAICompatProvider, ProviderError, build_provider
+from agent.subagent import run_subagent_sync
 from agent.tools import Tool, ToolContext, ToolRegistry
 
 API_KEY = "sk-test-SECRET-0123456789"
