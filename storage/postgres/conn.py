@@ -1,6 +1,6 @@
 """Connections to the PostgreSQL store: opening them, and saying in one line why one failed.
 
-Every PostgreSQL backend opens its connections here, so a bad url, a refused connection or
+Every PostgreSQL backend opens its connections and pools here, so a bad url, a refused connection or
 wrong credentials read the same everywhere: ``PostgresUnavailable`` with one sentence that
 names the server (never the password) and what to check.
 """
@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+import psycopg_pool
 
 from delivery.errors import LedgerUnavailable
 
@@ -81,3 +82,23 @@ def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
         )
     except psycopg.Error as exc:
         raise explain(exc, url) from None
+
+
+def open_pool(url: str, *, name: str, max_size: int) -> psycopg_pool.ConnectionPool[Any]:
+    """An open pool of autocommit connections (at least one made before it returns), or
+    PostgresUnavailable with one clear line."""
+    check_url(url)
+    try:
+        pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max(max_size, 1),
+            kwargs={"autocommit": True},
+            open=True,
+            timeout=30,
+            name=name,
+        )
+        pool.wait(timeout=15)
+    except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+        raise explain(exc, url) from None
+    return pool

@@ -38,7 +38,14 @@ from delivery.peers import ServerRecord
 from delivery.rows import LedgerRow, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
 from storage.postgres import sql as sql
-from storage.postgres.conn import PostgresUnavailable, check_url, connect, explain, redact
+from storage.postgres.conn import (
+    PostgresUnavailable,
+    check_url,
+    connect,
+    explain,
+    open_pool,
+    redact,
+)
 from storage.postgres.notifier import PostgresNotifier, channel_for
 from storage.postgres.tx import PgTx, rollback_quietly, run_each, run_pipelined
 from storage.sql import SETTLED, TOMBSTONE_COLUMNS, decode_row, query_filter, settled_page
@@ -101,19 +108,9 @@ class PostgresBackend:
         self.pipelined_commits = 0
         self._pending: collections.deque[tuple[Any, Waiter, bool]] = collections.deque()
         self._cv = threading.Condition()
-        try:
-            self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
-                url,
-                min_size=1,
-                max_size=max(pool_size, 1),
-                kwargs={"autocommit": True},
-                open=True,
-                timeout=30,
-                name="reveille-ledger",
-            )
-            self._pool.wait(timeout=15)
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-            raise explain(exc, url) from None
+        self._pool: psycopg_pool.ConnectionPool[Any] = open_pool(
+            url, name="reveille-ledger", max_size=pool_size
+        )
         self._notifier = PostgresNotifier(url, channel_for(schema), self._pool)
         self._slots = [_Slot(connect(url)) for _ in range(max(writers, 1))]
         self._threads = [

@@ -16,7 +16,7 @@ import psycopg
 import psycopg_pool
 
 from delivery.responses_backend import ResponsesBackend
-from storage.postgres.conn import PostgresUnavailable, check_url, explain
+from storage.postgres.conn import PostgresUnavailable, check_url, explain, open_pool
 from storage.postgres.notifier import PostgresNotifier
 from storage.responses_sql import ResponsesSql
 
@@ -31,19 +31,9 @@ class PostgresResponses(ResponsesSql):
     def __init__(self, url: str, *, schema: str) -> None:
         check_url(url)
         self._url = url
-        try:
-            self._pool: psycopg_pool.ConnectionPool[Any] | None = psycopg_pool.ConnectionPool(
-                url,
-                min_size=1,
-                max_size=4,
-                kwargs={"autocommit": True},
-                open=True,
-                timeout=30,
-                name="reveille-responses",
-            )
-            self._pool.wait(timeout=15)
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-            raise explain(exc, url) from None
+        self._pool: psycopg_pool.ConnectionPool[Any] | None = open_pool(
+            url, name="reveille-responses", max_size=4
+        )
         notifier = PostgresNotifier(url, f"reveille_responses_{schema}"[:63], self._pool)
         self._pg_notifier = notifier
         super().__init__(

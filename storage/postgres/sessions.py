@@ -42,7 +42,7 @@ from delivery.session_backend import (
 from storage import compaction as compacting
 from storage import running_turns as turns
 from storage.postgres import sql as q
-from storage.postgres.conn import PostgresUnavailable, check_url, explain, redact
+from storage.postgres.conn import PostgresUnavailable, check_url, explain, open_pool, redact
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -147,18 +147,11 @@ class PostgresSessions:
         self._clock = clock
         self._writes = 0
         try:
-            self._pool: psycopg_pool.ConnectionPool[Any] | None = psycopg_pool.ConnectionPool(
-                url,
-                min_size=1,
-                max_size=max(pool_size, 1),
-                kwargs={"autocommit": True},
-                open=True,
-                timeout=30,
-                name="reveille-sessions",
+            self._pool: psycopg_pool.ConnectionPool[Any] | None = open_pool(
+                url, name="reveille-sessions", max_size=pool_size
             )
-            self._pool.wait(timeout=15)
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-            raise PostgresSessionsUnavailable(str(explain(exc, url))) from None
+        except PostgresUnavailable as exc:
+            raise PostgresSessionsUnavailable(str(exc)) from None
 
     @property
     def url(self) -> str:

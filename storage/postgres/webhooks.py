@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import psycopg_pool
 
-from storage.postgres.conn import PostgresUnavailable, check_url, explain
+from storage.postgres.conn import PostgresUnavailable, check_url, explain, open_pool
 from storage.webhooks_sql import SqlWebhooks
 
 if TYPE_CHECKING:
@@ -32,19 +32,9 @@ class PostgresWebhooks(SqlWebhooks):
     def __init__(self, url: str) -> None:
         check_url(url)
         self._url = url
-        try:
-            self._pool: psycopg_pool.ConnectionPool[Any] | None = psycopg_pool.ConnectionPool(
-                url,
-                min_size=1,
-                max_size=2,
-                kwargs={"autocommit": True},
-                open=True,
-                timeout=30,
-                name="reveille-webhooks",
-            )
-            self._pool.wait(timeout=15)
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-            raise explain(exc, url) from None
+        self._pool: psycopg_pool.ConnectionPool[Any] | None = open_pool(
+            url, name="reveille-webhooks", max_size=2
+        )
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[psycopg.Connection[Any]]:

@@ -18,7 +18,7 @@ import psycopg_pool
 
 from delivery.notifier import Notifier
 from delivery.webui_state import StoredEvent, ToolStep, WebUIStateBackend
-from storage.postgres.conn import PostgresUnavailable, check_url, explain
+from storage.postgres.conn import PostgresUnavailable, check_url, explain, open_pool
 from storage.postgres.notifier import PostgresNotifier
 
 __all__ = ["PostgresWebUIState"]
@@ -33,19 +33,9 @@ class PostgresWebUIState:
     def __init__(self, url: str, *, schema: str) -> None:
         check_url(url)
         self._url = url
-        try:
-            self._pool: psycopg_pool.ConnectionPool[Any] | None = psycopg_pool.ConnectionPool(
-                url,
-                min_size=1,
-                max_size=2,
-                kwargs={"autocommit": True},
-                open=True,
-                timeout=30,
-                name="reveille-webui",
-            )
-            self._pool.wait(timeout=15)
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-            raise explain(exc, url) from None
+        self._pool: psycopg_pool.ConnectionPool[Any] | None = open_pool(
+            url, name="reveille-webui", max_size=2
+        )
         self._notifier = PostgresNotifier(url, f"reveille_webui_{schema}"[:63], self._pool)
 
     @property
