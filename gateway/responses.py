@@ -504,7 +504,9 @@ class ResponsesService:
             self._last_hook_check = now
             for row in await self._db(self.store.unnotified, _SWEEP_BATCH):
                 if (row.completed_at or 0) < now - _HOOK_RETRY_AFTER_SECONDS:
-                    await self._told(row.id, terminal_event(json.loads(row.body))[0])
+                    # The row's own status: a cancelled one has no terminal stream event
+                    # (its stream just ends), yet its hook says response.cancelled.
+                    await self._told(row.id, f"response.{row.status}")
         if now - self._last_prune > _PRUNE_EVERY_SECONDS:
             self._last_prune = now
             pruned = await self._db(self.store.prune, now - self.keep_days * 86400)

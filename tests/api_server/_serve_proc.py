@@ -49,6 +49,50 @@ if os.environ.get("REVEILLE_TEST_FD_HOG"):
     signal.signal(signal.SIGUSR1, _hog)
     signal.signal(signal.SIGUSR2, _release)
 
+# REVEILLE_TEST_DIE_BEFORE_HOOK=1: the server SIGKILLs itself when a response's terminal hook
+# is called, i.e. after its terminal state is stored and before its webhook is owed (prints
+# DYING-BEFORE-HOOK <id> first).
+if os.environ.get("REVEILLE_TEST_DIE_BEFORE_HOOK"):
+    import signal
+
+    import gateway.webhooks
+
+    def _die(self, response_id, event_type):
+        print(f"DYING-BEFORE-HOOK {response_id}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    gateway.webhooks.WebhookSender.on_terminal = _die
+
+# REVEILLE_TEST_HOOK_RETRY_SECONDS=S: the responses sweep re-offers a terminal hook left
+# unrun S seconds after the response ended (30 s otherwise), checking at every sweep.
+if os.environ.get("REVEILLE_TEST_HOOK_RETRY_SECONDS"):
+    import gateway.responses
+
+    gateway.responses._HOOK_RETRY_AFTER_SECONDS = float(
+        os.environ["REVEILLE_TEST_HOOK_RETRY_SECONDS"]
+    )
+    gateway.responses._HOOK_CHECK_EVERY_SECONDS = 0.0
+
+# REVEILLE_TEST_WEBHOOK_LEASE_SECONDS=S: webhook claims last S seconds (60 otherwise), so a
+# dead server's claimed webhook is sent again soon; retries and polls are quick too.
+if os.environ.get("REVEILLE_TEST_WEBHOOK_LEASE_SECONDS"):
+    import reveille.app
+    from gateway.webhooks import WebhookPolicy, WebhookSender
+
+    _lease = float(os.environ["REVEILLE_TEST_WEBHOOK_LEASE_SECONDS"])
+
+    class _ShortLeaseSender(WebhookSender):
+        def __init__(self, *args, **kwargs):
+            kwargs["policy"] = WebhookPolicy(
+                first_retry_seconds=0.2,
+                timeout_seconds=_lease / 2,
+                lease_seconds=_lease,
+                poll_seconds=0.5,
+            )
+            super().__init__(*args, **kwargs)
+
+    reveille.app.WebhookSender = _ShortLeaseSender
+
 import tools.async_delegation as ad
 
 if os.environ.get("REVEILLE_TEST_HOLD_ACK"):

@@ -464,6 +464,32 @@ async def test_a_failed_terminal_hook_is_offered_again(store, tmp_path, monkeypa
         assert len(told) == 2  # marked once told
 
 
+async def test_a_cancelled_responses_hook_offered_again_says_cancelled(
+    store, tmp_path, monkeypatch
+) -> None:
+    """The sweep re-offers an interrupted hook with the row's own terminal type (a cancelled
+    response's webhook is ``response.cancelled``, not ``response.failed``)."""
+    import gateway.responses
+
+    told: list[tuple[str, str]] = []
+
+    def hook(response_id: str, event_type: str) -> None:
+        told.append((response_id, event_type))
+        if len(told) == 1:
+            raise RuntimeError("the webhook sender is down")
+
+    monkeypatch.setattr(gateway.responses, "_HOOK_RETRY_AFTER_SECONDS", -1.0)
+    monkeypatch.setattr(gateway.responses, "_HOOK_CHECK_EVERY_SECONDS", 0.0)
+    provider = DemoModel(delay_seconds=0)
+    async with serving(store, tmp_path, provider, hook=hook) as (adapter, service):
+        service.pause()  # it stays queued: cancelled before any run
+        client = client_for(adapter.port)
+        made = await client.responses.create(model=provider.name, input="hi", background=True)
+        assert (await client.responses.cancel(made.id)).status == "cancelled"
+        await service._sweep()
+        assert told == [(made.id, "response.cancelled")] * 2
+
+
 async def test_a_queued_response_left_by_a_stopped_server_runs_on_the_next(store, tmp_path) -> None:
     provider = DemoModel(delay_seconds=0)
     async with serving(store, tmp_path, provider) as (adapter, service):
