@@ -17,7 +17,8 @@ number is the row's ``seq``, added when the event is sent.
 
 ``notified`` marks a terminal row whose terminal hook (webhooks) ran; rows that end without
 it (a crash in between) are offered to the hook again, so the hook runs at least once.
-Retention (``prune``) never removes a queued or running response.
+Retention (``prune``, run by ``delivery.retention`` for ``[responses] keep_days``) never
+removes a queued or running response, nor a terminal one whose hook has not run yet.
 """
 
 from __future__ import annotations
@@ -136,8 +137,9 @@ class ResponsesBackend(Protocol):
     def delete(self, response_id: str) -> bool:
         """Remove the row and its events; False when there was none."""
 
-    def prune(self, completed_before: float) -> int:
-        """Remove terminal rows that ended before ``completed_before`` with their events;
-        never a queued or running one. Returns how many rows went."""
+    def prune(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        """Remove at most ``limit`` terminal rows that ended before ``before``, with their
+        events (``dry_run``: only count them); never a queued or running one, nor one whose
+        terminal hook has not run yet (``notified``). Returns how many rows went."""
 
     def close(self) -> None: ...

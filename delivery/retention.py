@@ -2,9 +2,10 @@
 
 Each kind of stored thing that grows without bound is one ``RetentionKind`` entry of
 ``KINDS``: its name, the ``RetentionPolicy`` field that says after how many days it goes
-(0 keeps it forever), and its pruner, a small function over one backend method. Two kinds
-belong to work merged separately and are entries without a pruner until the lead wires
-them (``archived_transcript_rows``, ``stored_responses``); they are reported "not wired".
+(0 keeps it forever), and its pruner, a small function over one backend method. Stored
+responses go after ``[responses] keep_days`` (the one setting for them, read into
+``RetentionPolicy.response_days``), so that one scheduler prunes them, not the responses
+service as well.
 
 What is never pruned, whatever the settings say (each backend's delete re-checks it in its
 own ``WHERE``, so a row that changed since it was picked is left alone):
@@ -14,7 +15,11 @@ own ``WHERE``, so a row that changed since it was picked is left alone):
 - a settled row whose result lives on as a delivery row of an API session's transcript
   that no turn has folded yet (its conversation has still to see it);
 - a running idempotency record (a live claim), an event or a process directory of work
-  that has not ended.
+  that has not ended;
+- a transcript row compaction has not archived (the live summary included), and an
+  archived delivery row no turn has folded (compaction never archives one: checked again);
+- a queued or running response, and a finished one whose terminal hook (its webhook) has
+  not run yet.
 
 A pruned ledger row leaves a tombstone (``delivery.rows.PrunedRow``) that says when and why,
 so ``get_durable_delegation``, ``reveille deliveries show`` and the web UI answer "pruned
@@ -40,6 +45,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from delivery.backend import LedgerStore
+from delivery.responses_backend import ResponsesBackend
 from delivery.rows import SettledRow
 from delivery.session_backend import SessionBackend
 from delivery.states import ACTIVE_STATES
@@ -114,6 +120,7 @@ class RetentionStores:
     webui: WebUIStateBackend | None = None
     processes_dir: Path | None = None
     reclaim: Callable[[bool], list[SpaceReport]] | None = None
+    responses: ResponsesBackend | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,10 +152,10 @@ class RetentionKind:
 
     name: str
     setting: str
-    """The ``RetentionPolicy`` field (and ``[retention]`` key) with its days."""
+    """The ``RetentionPolicy`` field with its days (its ``[retention]`` key, except
+    ``response_days``: ``[responses] keep_days``)."""
     what: str
-    prune: Callable[[PruneRun], int] | None
-    """None: the kind's storage is not in this build yet (reported "not wired")."""
+    prune: Callable[[PruneRun], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +238,17 @@ def prune_settled_rows(run: PruneRun) -> int:
         after = page[-1]
 
 
+def prune_archived_transcript_rows(run: PruneRun) -> int:
+    """Transcript rows a compaction archived before ``before``: the model no longer reads
+    them (their summary does), the transcript API no longer lists them."""
+    sessions = run.stores.sessions
+    if sessions is None:
+        return 0
+    return _batched(
+        run, lambda n, dry: sessions.prune_archived_messages(run.before, n, dry_run=dry)
+    )
+
+
 def prune_idempotency(run: PruneRun) -> int:
     sessions = run.stores.sessions
     if sessions is None:
@@ -288,6 +306,14 @@ def prune_process_outputs(run: PruneRun) -> int:
     return count
 
 
+def prune_stored_responses(run: PruneRun) -> int:
+    """Responses of the Responses API that ended before ``before``, with their events."""
+    responses = run.stores.responses
+    if responses is None:
+        return 0
+    return _batched(run, lambda n, dry: responses.prune(run.before, n, dry_run=dry))
+
+
 KINDS: tuple[RetentionKind, ...] = (
     RetentionKind(
         "settled_ledger_rows",
@@ -299,10 +325,7 @@ KINDS: tuple[RetentionKind, ...] = (
         "archived_transcript_rows",
         "archived_transcript_days",
         "transcript rows compaction archived (archived_at); never an unfolded delivery row",
-        # Wired at merge with compaction: a SessionBackend.prune_archived_messages(before,
-        # limit, *, dry_run) deleting rows with archived_at < before AND (display_kind IS
-        # NULL OR folded_at IS NOT NULL), called through ``_batched``.
-        None,
+        prune_archived_transcript_rows,
     ),
     RetentionKind(
         "idempotency_records",
@@ -331,11 +354,8 @@ KINDS: tuple[RetentionKind, ...] = (
     RetentionKind(
         "stored_responses",
         "response_days",
-        "stored API responses (responses.completed_at)",
-        # Wired at merge with the responses table: a backend method
-        # prune_responses(before, limit, *, dry_run) over completed_at < before (never one
-        # still in progress), called through ``_batched``.
-        None,
+        "stored API responses and their stream events, by when they ended (completed_at)",
+        prune_stored_responses,
     ),
 )
 
@@ -356,9 +376,6 @@ def run_retention(
     results: list[KindResult] = []
     for kind in KINDS:
         days = float(getattr(policy, kind.setting))
-        if kind.prune is None:
-            results.append(KindResult(kind.name, days, 0, 0.0, "not wired in this build"))
-            continue
         if days <= 0:
             results.append(KindResult(kind.name, days, 0, 0.0, "kept forever (0 days)"))
             continue

@@ -450,6 +450,11 @@ class SessionBackend(Protocol):
         """Forget at most ``limit`` tombstones of deleted sessions recorded before
         ``before`` (only count them with ``dry_run``); how many."""
 
+    def prune_archived_messages(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        """Delete at most ``limit`` transcript rows a compaction archived before ``before``
+        (only count them with ``dry_run``); how many. Never an unarchived row (the live
+        summary included), never a delivery row no turn has folded."""
+
     def unfolded_deliveries(self, wanted: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
         """Of the (session id, dedupe key) pairs, those naming a delivery row that no turn
         has folded yet: results their conversation has still to see."""

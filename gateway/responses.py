@@ -22,8 +22,9 @@ the request, stream straight from the turn and store only the final object.
 
 At each terminal state ``on_terminal(response_id, event_type)`` runs (webhooks) after the
 state is stored; a row that ended without it (a crash in between) is offered again by the
-next sweep, so the hook runs at least once. Retention: terminal rows older than
-``keep_days`` are pruned by the sweep, never a queued or running one.
+next sweep, so the hook runs at least once. Retention is not this service's: the
+server's retention scheduler (``delivery.retention``, kind ``stored_responses``, one server
+at a time) prunes terminal rows older than ``[responses] keep_days``.
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ T = TypeVar("T")
 
 _SWEEP_BATCH = 100
 _SWEEP_GAP_SECONDS = 0.25
-_PRUNE_EVERY_SECONDS = 3600.0
 # A terminal row still unnotified this long after it ended had its hook interrupted.
 _HOOK_RETRY_AFTER_SECONDS = 30.0
 _HOOK_CHECK_EVERY_SECONDS = 10.0
@@ -114,7 +114,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 class ResponsesService:
-    """Creates, runs, cancels, streams and prunes stored responses (see the module docstring)."""
+    """Creates, runs, cancels and streams stored responses (see the module docstring)."""
 
     def __init__(
         self,
@@ -123,14 +123,12 @@ class ResponsesService:
         *,
         on_terminal: TerminalHook | None = None,
         lease_seconds: float = 30.0,
-        keep_days: float = 30.0,
         poll_seconds: float = 1.0,
     ) -> None:
         self.store = store
         self.turns = turns
         self._on_terminal = on_terminal
         self.lease_seconds = lease_seconds
-        self.keep_days = keep_days
         self.poll_seconds = poll_seconds
         self._host = socket.gethostname()
         self.owner = f"{self._host}:{os.getpid()}:{new_token()[:8]}"
@@ -145,7 +143,6 @@ class ResponsesService:
         self._stopping = False
         self._paused = False  # draining: no new claims
         self._stopped = False
-        self._last_prune = 0.0
         self._last_hook_check = 0.0
         self._unstarted: set[str] = set()  # claimed here, their turns not started yet
 
@@ -507,13 +504,6 @@ class ResponsesService:
                     # The row's own status: a cancelled one has no terminal stream event
                     # (its stream just ends), yet its hook says response.cancelled.
                     await self._told(row.id, f"response.{row.status}")
-        if now - self._last_prune > _PRUNE_EVERY_SECONDS:
-            self._last_prune = now
-            pruned = await self._db(self.store.prune, now - self.keep_days * 86400)
-            if pruned:
-                logger.info(
-                    "pruned %d stored response(s) older than %g days", pruned, self.keep_days
-                )
 
     async def _stop_lost_runs(self, seen_ours: set[str]) -> None:
         """Stop the runs whose rows are no longer this server's to run: cancelled, deleted

@@ -200,7 +200,6 @@ async def serve(
             adapter.turns,
             on_terminal=on_terminal,
             lease_seconds=settings.responses_lease_seconds,
-            keep_days=settings.responses_keep_days,
         )
         adapter.mount_responses(responses)
         # Closes its store even if the server never starts (a second stop does nothing).
@@ -251,6 +250,7 @@ async def serve(
                 sessions=store.backend,
                 webui=webui_state,
                 processes_dir=settings.home / PROCESSES_DIR,
+                responses=responses.store,
                 reclaim=location.reclaim_space,
             ),
             settings.retention_policy,

@@ -30,10 +30,12 @@ def add_parser(subparsers: Any) -> None:
         "prune",
         help="remove what retention allows now (settled rows, old records) and say how much",
         description=(
-            "Prune by the [retention] settings: settled ledger rows, idempotency records, "
-            "tombstones, web UI events and process outputs older than their days. Pending "
-            "deliveries, unfolded results, running work and live claims are never removed; "
-            "a pruned row leaves a tombstone saying when and why."
+            "Prune by the [retention] settings: settled ledger rows, transcript rows "
+            "compaction archived, idempotency records, tombstones, web UI events and process "
+            "outputs older than their days, and stored API responses older than [responses] "
+            "keep_days. Pending deliveries, unfolded results, running work, queued or running "
+            "responses and live claims are never removed; a pruned row leaves a tombstone "
+            "saying when and why."
         ),
     )
     parser.add_argument(
@@ -72,18 +74,21 @@ def run(args: argparse.Namespace) -> int:
     except (LedgerError, StorageUrlError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    sessions = webui = None
+    sessions = webui = responses = None
     try:
         if settings.database_url or settings.sessions_path.exists():
             sessions = location.open_sessions()
         if settings.database_url or (location.webui_path and location.webui_path.exists()):
             webui = location.open_webui()
+        if settings.database_url or (location.responses_path and location.responses_path.exists()):
+            responses = location.open_responses()
         stores = RetentionStores(
             ledger=ledger,
             sessions=sessions,
             webui=webui,
             processes_dir=settings.home / PROCESSES_DIR,
             reclaim=location.reclaim_space,
+            responses=responses,
         )
         report = run_retention(
             stores, settings.retention_policy, dry_run=args.dry_run, convert=not args.no_vacuum
@@ -92,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}; what was pruned before it stays pruned", file=sys.stderr)
         return 1
     finally:
-        for opened in (webui, sessions, ledger):
+        for opened in (responses, webui, sessions, ledger):
             if opened is not None:
                 opened.close()
     print(format_report(report))

@@ -113,7 +113,6 @@ class Settings:
     retention_tombstone_days: float = 90.0
     retention_webui_event_days: float = 7.0
     retention_process_output_days: float = 7.0
-    retention_response_days: float = 30.0
     retention_interval_seconds: float = 3600.0
 
     @property
@@ -121,7 +120,8 @@ class Settings:
         """The shell tool is on and a person approves each command."""
         return self.shell_enabled and self.shell_approvals.strip().lower() != "never"
 
-    # the Responses API: stored responses are kept this many days after they end
+    # the Responses API: stored responses are kept this many days after they end (0 =
+    # forever); retention's ``stored_responses`` kind reads it (one setting, not two)
     responses_keep_days: float = 30.0
     # a running response's lease; a server silent this long has its responses ended failed
     responses_lease_seconds: float = 30.0
@@ -168,7 +168,7 @@ class Settings:
             tombstone_days=self.retention_tombstone_days,
             webui_event_days=self.retention_webui_event_days,
             process_output_days=self.retention_process_output_days,
-            response_days=self.retention_response_days,
+            response_days=self.responses_keep_days,
             interval_seconds=self.retention_interval_seconds,
         )
 
@@ -181,7 +181,6 @@ _RETENTION_KEYS = (
     "tombstone_days",
     "webui_event_days",
     "process_output_days",
-    "response_days",
     "interval_seconds",
 )
 
@@ -379,7 +378,6 @@ def _validate(s: Settings) -> None:
         "replay_cap_seconds",
         "peer_timeout_seconds",
         "delegation_stall_seconds",
-        "responses_keep_days",
         "responses_lease_seconds",
     ):
         if getattr(s, name) <= 0:
@@ -391,6 +389,8 @@ def _validate(s: Settings) -> None:
     for key in _RETENTION_KEYS:
         if getattr(s, f"retention_{key}") < 0:
             raise bad(f"retention_{key}", "must not be negative (0 keeps that kind forever)")
+    if s.responses_keep_days < 0:
+        raise bad("responses_keep_days", "must not be negative (0 keeps responses forever)")
     if s.retention_interval_seconds < 1:
         raise bad("retention_interval_seconds", "must be at least 1 second")
     if s.demo_delay_seconds < 0:

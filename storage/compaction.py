@@ -6,6 +6,7 @@ a PostgreSQL connection holding the session's advisory lock) and commits nothing
 The rules are ``delivery.session_backend``'s: a compaction commits only under the caller's
 live turn lease, archives (never deletes) rows that are not archived yet, and never a
 delivery row that no stored turn has seen; a refused compaction writes nothing.
+``archived_statements`` is retention's side: the archived rows that may go.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from delivery.session_backend import Compaction, MessageRecord
 
-__all__ = ["compact", "mark_seen"]
+__all__ = ["archived_statements", "compact", "mark_seen"]
 
 _CHUNK = 500  # ids per statement: far below SQLite's variable limit
 
@@ -90,3 +91,17 @@ def compact(
             (now, summary.id, session_id, *chunk),
         )
     return summary
+
+
+def archived_statements(mark: str) -> tuple[str, str]:
+    """(pick, prune) for retention's archived transcript rows, both bound to
+    ``(before, limit)``: the ids of at most ``limit`` rows archived before ``before``, and
+    the ``DELETE`` of those. The live summary is not archived, so it never qualifies; the
+    delivery-row clause holds by construction (compaction archives only folded, seen rows)
+    and is checked again so that a bug there can never cost a result."""
+    pick = (
+        "SELECT id FROM messages WHERE archived_at IS NOT NULL"
+        f" AND archived_at < {mark} AND (display_kind IS NULL OR folded_at IS NOT NULL)"
+        f" ORDER BY archived_at, id LIMIT {mark}"
+    )
+    return pick, f"DELETE FROM messages WHERE id IN ({pick})"

@@ -153,6 +153,7 @@ class Storage:
             (self.ledger_path, "ledger"),
             (self.sessions_path, "session store"),
             (self.webui_path, "web UI state"),
+            (self.responses_path, "responses store"),
         )
         return [
             reclaim_file(path, name, convert=convert)

@@ -256,16 +256,23 @@ class ResponsesSql:
             cur = run("DELETE FROM responses WHERE id = ?", response_id)
             return bool(cur.rowcount == 1)
 
-    def prune(self, completed_before: float) -> int:
+    def prune(self, before: float, limit: int, *, dry_run: bool = False) -> int:
         terminal = ", ".join("?" for _ in TERMINAL)
+        # Terminal, ended before ``before`` and its terminal hook run (``notified``): a row
+        # whose webhook is not in the ledger yet is still owed to its receivers.
+        pick = (
+            "SELECT id FROM responses WHERE completed_at < ? AND notified = 1"
+            f" AND status IN ({terminal}) ORDER BY completed_at, id LIMIT ?"
+        )
+        params = (before, *TERMINAL, int(limit))
         with self._run() as run:
-            old = " FROM responses WHERE completed_at < ? AND status IN (" + terminal + ")"
-            run(
-                "DELETE FROM response_events WHERE response_id IN (SELECT id" + old + ")",
-                completed_before,
-                *TERMINAL,
-            )
-            cur = run("DELETE" + old, completed_before, *TERMINAL)
+            ids = [str(r[0]) for r in run(pick, *params).fetchall()]
+            if dry_run or not ids:
+                return len(ids)
+            marks = ", ".join("?" for _ in ids)
+            run(f"DELETE FROM response_events WHERE response_id IN ({marks})", *ids)
+            # No re-check needed: a terminal status is final, so a picked row stays prunable.
+            cur = run(f"DELETE FROM responses WHERE id IN ({marks})", *ids)
             return int(cur.rowcount or 0)
 
     # ----------------------------------------------------------------- reads

@@ -607,6 +607,32 @@ class MemorySessions:
 
         return self._read(op) if dry_run else self._write(op)
 
+    def prune_archived_messages(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        def op() -> int:
+            old = sorted(
+                (
+                    (m.archived_at, m.id, s)
+                    for s in self._sessions.values()
+                    for m in s.messages
+                    if m.archived_at is not None
+                    and m.archived_at < before
+                    and (m.display_kind is None or m.folded_at is not None)
+                ),
+                key=lambda found: (found[0], found[1]),
+            )[: max(int(limit), 0)]
+            if not dry_run:
+                gone: dict[str, set[int]] = {}
+                for _, mid, s in old:
+                    gone.setdefault(s.id, set()).add(mid)
+                for sid, ids in gone.items():
+                    s = self._sessions[sid]
+                    s.messages = [m for m in s.messages if m.id not in ids]
+                    # As a deleted SQL row frees its (session_id, dedupe_key).
+                    s.by_dedupe = {k: m for k, m in s.by_dedupe.items() if m.id not in ids}
+            return len(old)
+
+        return self._read(op) if dry_run else self._write(op)
+
     def unfolded_deliveries(self, wanted: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
         def op() -> set[tuple[str, str]]:
             found = set()

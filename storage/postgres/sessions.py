@@ -45,6 +45,8 @@ from storage.postgres import sql as q
 from storage.postgres.conn import PostgresUnavailable, check_url, explain, open_pool, redact
 
 T = TypeVar("T")
+# Retention's archived transcript rows: (pick, prune), shared with the other dialect.
+_ARCHIVED = compacting.archived_statements("%s")
 Conn = psycopg.Connection[Any]
 
 
@@ -502,6 +504,9 @@ class PostgresSessions:
 
     def prune_tombstones(self, before: float, limit: int, *, dry_run: bool = False) -> int:
         return self._prune(q.SQL_PICK_TOMBSTONES, q.SQL_PRUNE_TOMBSTONES, before, limit, dry_run)
+
+    def prune_archived_messages(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        return self._prune(*_ARCHIVED, before, limit, dry_run)
 
     def unfolded_deliveries(self, wanted: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
         if not wanted:

@@ -81,6 +81,8 @@ from storage.sqlite.sessions_sql import (
 from storage.sqlite.writer import GroupCommitWriter
 
 T = TypeVar("T")
+# Retention's archived transcript rows: (pick, prune), shared with the other dialect.
+_ARCHIVED = compacting.archived_statements("?")
 
 
 def _session(row: sqlite3.Row) -> SessionRecord:
@@ -628,6 +630,9 @@ class SqliteSessions:
 
     def prune_tombstones(self, before: float, limit: int, *, dry_run: bool = False) -> int:
         return self._prune(SQL_PICK_TOMBSTONES, SQL_PRUNE_TOMBSTONES, before, limit, dry_run)
+
+    def prune_archived_messages(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        return self._prune(*_ARCHIVED, before, limit, dry_run)
 
     def unfolded_deliveries(self, wanted: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
         with self._read() as conn:

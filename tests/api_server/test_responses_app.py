@@ -90,6 +90,17 @@ def test_the_responses_settings_come_from_toml_and_the_environment(tmp_path: Pat
     settings = load_settings({"REVEILLE_HOME": str(tmp_path)}, config_file=config)
     assert settings.responses_keep_days == 7 and settings.responses_lease_seconds == 12.5
     env = {"REVEILLE_HOME": str(tmp_path), "REVEILLE_RESPONSES_KEEP_DAYS": "3"}
-    assert load_settings(env, config_file=config).responses_keep_days == 3
+    from_env = load_settings(env, config_file=config)
+    assert from_env.responses_keep_days == 3
+    # One setting: retention's stored_responses kind reads [responses] keep_days.
+    assert from_env.retention_policy.response_days == 3
+    with pytest.raises(SettingsError, match="responses_keep_days"):
+        load_settings({**env, "REVEILLE_RESPONSES_KEEP_DAYS": "-1"}, config_file=config)
+    zero = {**env, "REVEILLE_RESPONSES_KEEP_DAYS": "0"}  # kept forever, as [retention] keys
+    assert load_settings(zero, config_file=config).retention_policy.response_days == 0
+    retention_key = tmp_path / "retention.toml"
+    retention_key.write_text("[retention]\nresponse_days = 5\n")
+    with pytest.raises(SettingsError, match="unknown setting"):
+        load_settings({"REVEILLE_HOME": str(tmp_path)}, config_file=retention_key)
     with pytest.raises(SettingsError, match="responses_lease_seconds"):
         load_settings({**env, "REVEILLE_RESPONSES_LEASE_SECONDS": "0"}, config_file=config)

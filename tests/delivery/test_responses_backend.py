@@ -101,10 +101,14 @@ def test_retention_never_prunes_queued_or_running(backend: ResponsesBackend) -> 
     assert [r.id for r in backend.unnotified(10)] == ["resp_old", "resp_new"]
     backend.mark_notified("resp_old")
     assert [r.id for r in backend.unnotified(10)] == ["resp_new"]
-    assert backend.prune(200.0) == 1
+    assert backend.prune(200.0, 10) == 1
     assert backend.get("resp_old") is None and backend.events_after("resp_old", -1, 9) == []
     assert {r.id for r in backend.active(10)} == {"resp_q", "resp_r"}
-    assert backend.prune(10_000.0) == 1  # resp_new; never the active ones
+    assert backend.prune(10_000.0, 10) == 0  # resp_new's hook has not run: still owed
+    backend.mark_notified("resp_new")
+    assert backend.prune(10_000.0, 10, dry_run=True) == 1
+    assert backend.get("resp_new") is not None  # a dry run only counts
+    assert backend.prune(10_000.0, 10) == 1  # resp_new; never the active ones
     assert {r.id for r in backend.active(10)} == {"resp_q", "resp_r"}
     assert backend.delete("resp_q") and not backend.delete("resp_q")
     assert backend.events_after("resp_q", -1, 9) == []

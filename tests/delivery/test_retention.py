@@ -1,7 +1,8 @@
 """Retention over every backend (SQLite, memory, PostgreSQL): with every kind aged past its
 setting, a prune removes settled things only, leaves a tombstone that answers late
 questions, and a conversation whose result was never folded still gets it; SQLite files
-shrink. Ages come from a ``now`` given to the prune, days after the rows were written."""
+shrink. Ages come from a ``now`` given to the prune, days after the rows were written.
+Every kind is covered, archived transcript rows and stored responses included."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 import storage
 from delivery.backend import LedgerStore
 from delivery.ledger import Ledger
+from delivery.responses_backend import Change, ResponseRow
 from delivery.retention import (
     DAY,
     KINDS,
@@ -35,6 +37,7 @@ from gateway.session import SessionStore
 from gateway.wake import persist_delegation_delivery
 from tests.delivery._support import BACKENDS, FakeClock, delegation_event, finished_row
 from tests.pg_support import fresh_url
+from tests.sessions._support import begin, delivery, run_sync
 
 POLICY = RetentionPolicy(
     settled_days=30,
@@ -236,10 +239,113 @@ def test_idempotency_tombstones_events_and_process_outputs(w: World) -> None:
     assert w.webui.events_after(0, 10) == []
     assert w.webui.newest_event_id() == newest  # a tab that saw it is told to reset
     assert not ended.exists() and running.exists() and stranger.exists()
-    assert _notes(report) == {
-        "archived_transcript_rows": "not wired in this build",
-        "stored_responses": "not wired in this build",
-    }
+    assert _notes(report) == {}  # every kind is wired
+
+
+def test_archived_transcript_rows_go_the_summary_and_live_rows_stay(w: World) -> None:
+    store = SessionStore(w.sessions)
+    store.create_session("s_compact")
+    user = store.append_message("s_compact", "user", "the old question")
+    answer = store.append_message("s_compact", "assistant", "the old answer")
+    result = delivery(store, "s_compact", 7)
+    begin(store, "s_compact")  # a turn folds the result ...
+    store.append_turn(  # ... and its stored turn saw it, so compaction may archive it
+        "s_compact",
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}],
+        seen=[result.id],
+    )
+    owed = delivery(store, "s_compact", 8)  # a later result no turn has folded yet
+    assert store.take_turn("s_compact", "st_1").stream_id == "st_1"
+    summary = run_sync(
+        store.acompact(
+            "s_compact",
+            "st_1",
+            [user.id, answer.id, result.id],
+            {"role": "system", "content": "[reveille:summary] before", "display_metadata": {}},
+        )
+    )
+    assert summary is not None
+    assert store.end_turn("s_compact", "st_1")
+    w.clock.advance(20 * DAY)
+    store.append_message("s_compact", "user", "a live row, older than the setting at prune")
+    archived = {user.id, answer.id, result.id}
+
+    not_yet = run_retention(w.stores(), POLICY, now=_aged(w, 0))  # archived 20 days ago
+    assert _count(not_yet, "archived_transcript_rows") == 0
+    now = _aged(w, 15)  # archived 35 days before, the live row 15
+    dry = run_retention(w.stores(), POLICY, now=now, dry_run=True)
+    assert _count(dry, "archived_transcript_rows") == 3
+    assert archived <= {m.id for m in store.messages("s_compact")}  # a dry run only counts
+    report = run_retention(w.stores(), POLICY, now=now)
+    assert _count(report, "archived_transcript_rows") == 3
+
+    left = store.messages("s_compact")
+    assert not archived & {m.id for m in left}
+    assert summary.id in {m.id for m in left} and not any(m.archived for m in left)
+    assert [m.content for m in left if m.role == "user"][-1].startswith("a live row")
+    assert owed.id in {m.id for m in left}
+    # The conversation goes on: a turn reads the summary, folds the owed result once.
+    start = begin(store, "s_compact")
+    assert [m.id for m in start.taken] == [owed.id]
+    assert summary.id in {m.id for m in start.history}
+    # Far later still: nothing archived is left, the summary and live rows stay.
+    again = run_retention(w.stores(), POLICY, now=_aged(w, 400))
+    assert _count(again, "archived_transcript_rows") == 0
+    assert {m.id for m in store.messages("s_compact")} >= {summary.id, owed.id}
+
+
+def test_stored_responses_go_with_their_events_never_queued_or_running(w: World) -> None:
+    responses = w.location.open_responses()
+    try:
+        started = w.clock()
+        events = [("response.created", "{}"), ("response.queued", "{}")]
+        for rid, status in (("resp_done", "queued"), ("resp_q", "queued"), ("resp_r", "queued")):
+            responses.insert(_response(rid, status, started), events)
+        ended = Change("completed", "{}", completed_at=started, notified=True)
+        assert responses.transition(
+            "resp_done",
+            expect=("queued",),
+            owner=None,
+            change=ended,
+            events=[("response.completed", "{}")],
+            check_owner=False,
+        )
+        running = Change("in_progress", "{}", owner="a-server", lease_until=started + 30)
+        assert responses.transition(
+            "resp_r", expect=("queued",), owner=None, change=running, check_owner=False
+        )
+        unnotified = Change("failed", "{}", completed_at=started)  # its webhook not sent yet
+        responses.insert(_response("resp_owed", "queued", started), [])
+        assert responses.transition(
+            "resp_owed", expect=("queued",), owner=None, change=unnotified, check_owner=False
+        )
+        stores = replace(w.stores(), responses=responses)
+
+        policy = replace(POLICY, response_days=30)
+        young = run_retention(stores, policy, now=_aged(w, 29))
+        assert _count(young, "stored_responses") == 0
+        now = _aged(w, 31)
+        assert _count(run_retention(stores, policy, now=now, dry_run=True), "stored_responses") == 1
+        assert responses.get("resp_done") is not None
+        report = run_retention(stores, policy, now=now)
+        assert _count(report, "stored_responses") == 1
+        assert responses.get("resp_done") is None
+        assert responses.events_after("resp_done", -1, 10) == []
+        assert {r.id for r in responses.active(10)} == {"resp_q", "resp_r"}
+        assert len(responses.events_after("resp_q", -1, 10)) == 2
+        assert responses.get("resp_owed") is not None  # goes once its hook has run
+        responses.mark_notified("resp_owed")
+        assert _count(run_retention(stores, policy, now=now), "stored_responses") == 1
+        assert responses.get("resp_owed") is None
+        forever = run_retention(stores, replace(policy, response_days=0), now=_aged(w, 9999))
+        assert _notes(forever)["stored_responses"] == "kept forever (0 days)"
+        assert {r.id for r in responses.active(10)} == {"resp_q", "resp_r"}
+    finally:
+        responses.close()
+
+
+def _response(rid: str, status: str, at: float) -> ResponseRow:
+    return ResponseRow(rid, status, True, "sess_" + rid, "{}", "{}", at, at)
 
 
 def test_zero_days_keeps_a_kind_forever(w: World) -> None:

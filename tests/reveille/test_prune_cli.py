@@ -13,18 +13,23 @@ from pathlib import Path
 import pytest
 
 import api.deliveries as web_deliveries
+import storage
 from delivery.ledger import Ledger
+from delivery.responses_backend import Change, ResponseRow
 from delivery.retention import DAY
 from tests.delivery._support import FakeClock, finished_row
 from tests.reveille.test_deliveries_cli import reveille
-from tests.stores import sqlite_ledger
+from tests.sessions._support import run_sync
+from tests.stores import session_file_store, sqlite_ledger
 from tools.async_delegation import configure_runtime, get_durable_delegation, reset_runtime
 from tools.completion_queue import CompletionQueue
 
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    """A state directory made 40 days ago: one delivered row, one pending, one running."""
+    """A state directory made 40 days ago: one delivered row, one pending, one running; a
+    session compacted then (two archived rows, its summary) and a response that ended then,
+    beside one that ended now."""
     clock = FakeClock(time.time() - 40 * DAY)
     ledger = Ledger(sqlite_ledger(tmp_path / "ledger.db"), clock=clock, monotonic=clock.monotonic)
     finished_row(ledger, "deleg_old")
@@ -33,6 +38,26 @@ def home(tmp_path: Path) -> Path:
     finished_row(ledger, "deleg_owed")  # never delivered: owed, whatever its age
     ledger.create("deleg_busy", kind="delegation", state="running")
     ledger.backend.close()
+    with session_file_store(tmp_path / "sessions.db", clock=clock) as store:
+        store.create_session("s_old")
+        ids = [store.append_message("s_old", r, r).id for r in ("user", "assistant")]
+        assert store.take_turn("s_old", "st_old").stream_id == "st_old"
+        summary = {"role": "system", "content": "[reveille:summary] old", "display_metadata": {}}
+        assert run_sync(store.acompact("s_old", "st_old", ids, summary)) is not None
+        assert store.end_turn("s_old", "st_old")
+    responses = storage.open_storage(f"sqlite://{tmp_path}").open_responses()
+    for rid, at in (("resp_old", clock()), ("resp_new", time.time())):
+        responses.insert(ResponseRow(rid, "queued", True, "s_" + rid, "{}", "{}", at, at), [])
+        done = Change("completed", "{}", completed_at=at, notified=True)
+        assert responses.transition(
+            rid,
+            expect=("queued",),
+            owner=None,
+            change=done,
+            events=[("response.completed", "{}")],
+            check_owner=False,
+        )
+    responses.close()
     return tmp_path
 
 
@@ -40,8 +65,10 @@ def test_dry_run_counts_and_writes_nothing(home: Path) -> None:
     out = reveille(home, "prune", "--dry-run")
     assert out.returncode == 0, out.stderr
     assert "settled_ledger_rows: would remove 1 (older than 30 days)" in out.stdout
-    assert "stored_responses: not wired in this build" in out.stdout
-    assert "total: would remove 1" in out.stdout
+    assert "archived_transcript_rows: would remove 2 (older than 30 days)" in out.stdout
+    assert "stored_responses: would remove 1 (older than 30 days)" in out.stdout
+    assert "not wired" not in out.stdout
+    assert "total: would remove 4" in out.stdout
     shown = reveille(home, "deliveries", "show", "deleg_old")
     assert "pruned" not in shown.stdout
 
@@ -50,8 +77,19 @@ def test_prune_removes_the_settled_row_and_a_late_question_gets_its_tombstone(ho
     out = reveille(home, "prune")
     assert out.returncode == 0, out.stderr
     assert "settled_ledger_rows: removed 1 (older than 30 days)" in out.stdout
+    assert "archived_transcript_rows: removed 2 (older than 30 days)" in out.stdout
+    assert "stored_responses: removed 1 (older than 30 days)" in out.stdout
     assert "/s" in out.stdout  # the rate
-    assert "ledger.db:" in out.stdout  # the space given back
+    for name in ("ledger.db:", "sessions.db:", "responses.db:"):  # the space given back
+        assert name in out.stdout
+    with session_file_store(home / "sessions.db") as store:
+        left = store.messages("s_old")
+        assert [m.content for m in left] == ["[reveille:summary] old"]
+    responses = storage.open_storage(f"sqlite://{home}").open_responses()
+    try:
+        assert responses.get("resp_old") is None and responses.get("resp_new") is not None
+    finally:
+        responses.close()
 
     shown = reveille(home, "deliveries", "show", "deleg_old")
     assert shown.returncode == 0, shown.stderr
@@ -131,6 +169,17 @@ async def test_a_server_prunes_on_its_own(home: Path) -> None:
             assert await asyncio.to_thread(ledger.get, "deleg_old") is None
             assert await asyncio.to_thread(ledger.get, "deleg_owed") is not None
             assert await asyncio.to_thread(ledger.get, "deleg_busy") is not None
+            # The same scheduler prunes stored responses ([responses] keep_days).
+            store = storage.open_storage(f"sqlite://{home}").open_responses()
+            try:
+                for _ in range(1000):
+                    if await asyncio.to_thread(store.get, "resp_old") is None:
+                        break
+                    await asyncio.sleep(0.02)
+                assert await asyncio.to_thread(store.get, "resp_old") is None
+                assert await asyncio.to_thread(store.get, "resp_new") is not None
+            finally:
+                store.close()
     finally:
         reset_runtime()
 
