@@ -56,10 +56,12 @@ def derive_session_id(messages: list[dict[str, Any]]) -> str:
 
 
 def delivery_context_text(contents: list[str]) -> str:
-    """The system message that carries delivered background results into a turn."""
+    """The system message that carries delivered rows into a turn: background results, and
+    the answer of a turn that went on after its approval was decided."""
     return (
-        f"{DELIVERY_MARKER} Background work started earlier in this conversation has "
-        "finished; its results were delivered here while you were not running:\n\n"
+        f"{DELIVERY_MARKER} Delivered to this conversation while you were not running "
+        "(results of background work started earlier, or the answer of a turn that went on "
+        "after a person decided its approval):\n\n"
         + "\n\n".join(c.rstrip() for c in contents)
     )
 

@@ -155,7 +155,9 @@ async def test_a_wake_up_is_linked_to_the_turn_that_started_its_work(
 async def test_a_background_process_is_traced_and_its_delivery_linked(
     state: Path, spans: InMemorySpanExporter
 ) -> None:
-    settings = settings_for(state, shell_enabled=True, shell_workdir=str(state))
+    settings = settings_for(
+        state, shell_enabled=True, shell_approvals="never", shell_workdir=str(state)
+    )
     async with serve(settings, provider=DemoModel(delay_seconds=0)) as app:
         await one_turn(app.adapter.port, "run in the background: echo secret-words")
         delivery = await poll(lambda: delivered(spans))
