@@ -61,8 +61,7 @@ def delivery_context_text(contents: list[str]) -> str:
     return (
         f"{DELIVERY_MARKER} Delivered to this conversation while you were not running "
         "(results of background work started earlier, or the answer of a turn that went on "
-        "after a person decided its approval):\n\n"
-        + "\n\n".join(c.rstrip() for c in contents)
+        "after a person decided its approval):\n\n" + "\n\n".join(c.rstrip() for c in contents)
     )
 
 

@@ -66,7 +66,6 @@ from gateway.platforms.api_sessions import MALFORMED_SESSION_ID, SessionRoutes
 from gateway.platforms.base import BasePlatformAdapter, SendResult
 from gateway.platforms.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from gateway.platforms.http_middleware import (
-    OPEN_STREAM_KEY,
     RETRY_AFTER_SECONDS,
     SESSION_HEADER,
     SESSION_REQUEST_KEY,
@@ -76,6 +75,7 @@ from gateway.platforms.http_middleware import (
     api_error_of,
     error_middleware,
     is_loopback,
+    open_event_stream,
 )
 from gateway.platforms.openai_wire import chunker, completion_object, completion_text, send_sse
 from gateway.platforms.request_body import (
@@ -465,29 +465,13 @@ class ApiServerAdapter(BasePlatformAdapter):
             headers["Idempotent-Replayed"] = "true"
         if not options.stream:
             return web.json_response(completion, headers=headers)
-        response = await self._open_stream(request, headers)
+        response = await open_event_stream(request, headers)
         chunk = chunker(completion)
         await send_sse(response, chunk({"role": "assistant", "content": ""}))
         text = completion_text(completion)
         if text:
             await send_sse(response, chunk({"content": text}))
         await self._finish_stream(response, completion, options)
-        return response
-
-    async def _open_stream(
-        self, request: web.Request, headers: dict[str, str]
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            status=200,
-            headers={
-                "Content-Type": "text/event-stream; charset=utf-8",
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-                **headers,
-            },
-        )
-        await response.prepare(request)
-        request[OPEN_STREAM_KEY] = response
         return response
 
     async def _finish_stream(
@@ -512,7 +496,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         options: ChatBody,
         parked: asyncio.Future[dict[str, Any]] | None = None,
     ) -> web.StreamResponse:
-        response = await self._open_stream(request, {SESSION_HEADER: session_id})
+        response = await open_event_stream(request, {SESSION_HEADER: session_id})
         stream_id = "chatcmpl-" + new_token()[:24]
         created = int(time.time())
 

@@ -36,6 +36,7 @@ __all__ = [
     "error_middleware",
     "host_name",
     "is_loopback",
+    "open_event_stream",
     "require_json",
 ]
 
@@ -150,6 +151,25 @@ OPEN_STREAM_KEY: Any = (
     if hasattr(web, "RequestKey")
     else "reveille_open_stream"
 )
+
+
+async def open_event_stream(
+    request: web.Request, headers: dict[str, str] | None = None
+) -> web.StreamResponse:
+    """Send the headers of an SSE answer (never buffered by a proxy) and mark the stream open,
+    so that an error from here on ends it inside the protocol (``OPEN_STREAM_KEY``)."""
+    response = web.StreamResponse(
+        status=200,
+        headers={
+            "Content-Type": "text/event-stream; charset=utf-8",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+            **(headers or {}),
+        },
+    )
+    await response.prepare(request)
+    request[OPEN_STREAM_KEY] = response
+    return response
 
 
 async def _end_open_stream(response: web.StreamResponse, error: ApiError) -> web.StreamResponse:

@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from delivery.responses_backend import ResponseRow
-from gateway.platforms.http_middleware import OPEN_STREAM_KEY, RETRY_AFTER_SECONDS, ApiError
+from gateway.platforms.http_middleware import RETRY_AFTER_SECONDS, ApiError, open_event_stream
 from gateway.platforms.responses_wire import (
     ResponsesRequest,
     events_of_final,
@@ -180,7 +180,7 @@ class ResponsesRoutes:
         final = json.loads(row.body)
         if not parsed.stream:
             return web.json_response(final, headers=headers)
-        response = await self._open(request, headers)
+        response = await open_event_stream(request, headers)
         for seq, (type_, data) in enumerate(events_of_final(final)):
             await response.write(sse_event(type_, data, seq))
         await response.write_eof()
@@ -193,7 +193,7 @@ class ResponsesRoutes:
         sink.add("response.in_progress", {"response": opening})
         task = asyncio.create_task(self.service.run_inline(row, sink))
         task.add_done_callback(lambda _: sink.end())
-        response = await self._open(request)
+        response = await open_event_stream(request)
         keepalive = self._keepalive_seconds
         try:
             while True:
@@ -257,7 +257,7 @@ class ResponsesRoutes:
         after: int,
         headers: dict[str, str] | None = None,
     ) -> web.StreamResponse:
-        response = await self._open(request, headers)
+        response = await open_event_stream(request, headers)
         keepalive = self._keepalive_seconds
         try:
             async for event in self.service.follow(response_id, after, keepalive_seconds=keepalive):
@@ -268,22 +268,6 @@ class ResponsesRoutes:
             await response.write_eof()
         except ConnectionError:
             pass  # the client went away; it can resume with starting_after
-        return response
-
-    async def _open(
-        self, request: web.Request, headers: dict[str, str] | None = None
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            status=200,
-            headers={
-                "Content-Type": "text/event-stream; charset=utf-8",
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-                **(headers or {}),
-            },
-        )
-        await response.prepare(request)
-        request[OPEN_STREAM_KEY] = response
         return response
 
     async def _cancel(self, request: web.Request) -> web.Response:
