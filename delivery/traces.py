@@ -126,13 +126,17 @@ async def traced_turn(
     """Await ``work`` (a turn's coroutine, not started yet) inside the turn's span, with its
     traceparent current for the background work it dispatches. ``parent`` (a traceparent)
     makes the span the child of that one instead of the current span's."""
+    turn_tracer = tracer()
+    if isinstance(turn_tracer, trace.NoOpTracer):
+        # Tracing off (no SDK): no span and nothing to carry; every turn takes this path.
+        return await work
     attributes: dict[str, AttributeValue] = {
         "reveille.session_id": session_id,
         "reveille.platform": platform,
         "reveille.wakeup": wakeup,
     }
     # Exceptions are not recorded on spans: their messages may quote what was said.
-    with tracer().start_as_current_span(
+    with turn_tracer.start_as_current_span(
         "reveille.turn",
         context=_context_of(parent),
         attributes=attributes,
