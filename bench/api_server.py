@@ -58,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -353,37 +353,29 @@ async def _read_stream(resp: aiohttp.ClientResponse) -> bool:
     return content and done
 
 
-async def load(
-    url: str, clients: int, seconds: float, stream: bool = False, model: str = "reveille-demo"
-) -> dict[str, float]:
+# One request of a closed-loop client: (session, client index, request number) -> ok.
+OneRequest = Callable[[aiohttp.ClientSession, int, int], Awaitable[bool]]
+
+
+async def closed_loop(clients: int, seconds: float, one: OneRequest) -> dict[str, float]:
+    """``clients`` concurrent clients, each sending its next request as soon as the last
+    answered, for ``seconds``: requests/s and p50/p99 latency of the answers that were ok."""
     latencies: list[float] = []
     errors = 0
     counter = 0
     stop_at = time.perf_counter() + seconds
-    connector = aiohttp.TCPConnector(limit=clients)
-    tag = f"request {os.getpid()}"  # load processes must not open the same conversations
 
     async def client(http: aiohttp.ClientSession, index: int) -> None:
         nonlocal errors, counter
         while time.perf_counter() < stop_at:
             counter += 1
-            body = {
-                "model": model,
-                "messages": [{"role": "user", "content": f"hello, {tag}-{index}-{counter}"}],
-                "stream": stream,
-            }
             start = time.perf_counter()
-            async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
-                if stream:
-                    ok = resp.status == 200 and await _read_stream(resp)
-                else:
-                    payload = await resp.json()
-                    ok = resp.status == 200 and bool(payload["choices"][0]["message"]["content"])
-                if not ok:
-                    errors += 1
-                    continue
+            if not await one(http, index, counter):
+                errors += 1
+                continue
             latencies.append((time.perf_counter() - start) * 1000)
 
+    connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector) as http:
         began = time.perf_counter()
         await asyncio.gather(*(client(http, i) for i in range(clients)))
@@ -396,6 +388,27 @@ async def load(
         "p50": q[49],
         "p99": q[98],
     }
+
+
+async def load(
+    url: str, clients: int, seconds: float, stream: bool = False, model: str = "reveille-demo"
+) -> dict[str, float]:
+    """Chat completions, one new conversation per request."""
+    tag = f"request {os.getpid()}"  # load processes must not open the same conversations
+
+    async def chat(http: aiohttp.ClientSession, index: int, counter: int) -> bool:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": f"hello, {tag}-{index}-{counter}"}],
+            "stream": stream,
+        }
+        async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
+            if stream:
+                return resp.status == 200 and await _read_stream(resp)
+            payload = await resp.json()
+            return resp.status == 200 and bool(payload["choices"][0]["message"]["content"])
+
+    return await closed_loop(clients, seconds, chat)
 
 
 @contextlib.asynccontextmanager

@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
@@ -52,43 +53,22 @@ async def _one_response(
             return status == "completed"
 
 
-async def responses_load(
-    url: str, clients: int, seconds: float, *, stream: bool, background: bool, model: str
-) -> dict[str, float]:
-    latencies: list[float] = []
-    errors = 0
-    counter = 0
-    stop_at = time.perf_counter() + seconds
+def responses_request(
+    url: str, *, stream: bool, background: bool, model: str
+) -> Callable[[aiohttp.ClientSession, int, int], Awaitable[bool]]:
+    """One request of the closed loop (``base.closed_loop``): a new response, followed to its
+    end (read to ``response.completed``, or polled until it left queued/in_progress)."""
 
-    async def client(http: aiohttp.ClientSession, index: int) -> None:
-        nonlocal errors, counter
-        while time.perf_counter() < stop_at:
-            counter += 1
-            body = {
-                "model": model,
-                "input": f"hello, request {index}-{counter}",
-                "stream": stream and not background,
-                "background": background,
-            }
-            start = time.perf_counter()
-            if not await _one_response(http, url, body, stream and not background):
-                errors += 1
-                continue
-            latencies.append((time.perf_counter() - start) * 1000)
+    async def one(http: aiohttp.ClientSession, index: int, counter: int) -> bool:
+        body = {
+            "model": model,
+            "input": f"hello, request {index}-{counter}",
+            "stream": stream and not background,
+            "background": background,
+        }
+        return await _one_response(http, url, body, stream and not background)
 
-    connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(connector=connector) as http:
-        began = time.perf_counter()
-        await asyncio.gather(*(client(http, i) for i in range(clients)))
-        elapsed = time.perf_counter() - began
-    q = statistics.quantiles(latencies, n=100)
-    return {
-        "requests": len(latencies),
-        "errors": errors,
-        "rps": len(latencies) / elapsed,
-        "p50": q[49],
-        "p99": q[98],
-    }
+    return one
 
 
 async def responses_first_token_ms(
@@ -135,13 +115,9 @@ async def main_async(args: argparse.Namespace, base: ModuleType) -> None:
         chat = await base.load(url, args.clients, args.seconds, args.stream, model)
         figures = {"chat completions": chat}
         for name, background in (("responses", False), ("responses, background", True)):
-            await responses_load(
-                url, args.clients, warm, stream=args.stream, background=background, model=model
-            )
-            figures[name] = await responses_load(
-                url, args.clients, args.seconds, stream=args.stream, background=background,
-                model=model,
-            )  # fmt: skip
+            one = responses_request(url, stream=args.stream, background=background, model=model)
+            await base.closed_loop(args.clients, warm, one)
+            figures[name] = await base.closed_loop(args.clients, args.seconds, one)
     print(base.header(args) + ", one reveille serve with a canned upstream")
     for name, result in figures.items():
         print(base.line(name, result, 28))
