@@ -27,7 +27,8 @@ from delivery.responses_backend import (
 
 __all__ = ["DDL", "ResponsesSql"]
 
-# Shared by both dialects (PostgreSQL's migration 6 and SQLite's responses.db version 1).
+# Shared by both dialects: PostgreSQL's migration 6 is this text, and so is SQLite's
+# responses.db version 1.
 DDL = """
 CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY,

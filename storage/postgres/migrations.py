@@ -18,6 +18,7 @@ import psycopg
 
 from delivery.errors import LedgerError
 from storage.postgres.conn import PostgresUnavailable, connect, explain
+from storage.responses_sql import DDL as RESPONSES_DDL
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SchemaTooNew", "migrate", "status"]
 
@@ -206,35 +207,9 @@ CREATE INDEX IF NOT EXISTS idx_messages_live ON messages (session_id, id)
     Migration(
         6,
         "responses API: responses and their stream events",
-        """
-CREATE TABLE responses (
-    id TEXT PRIMARY KEY,
-    status TEXT NOT NULL,
-    background INTEGER NOT NULL,
-    session_id TEXT NOT NULL,
-    previous_response_id TEXT,
-    request TEXT NOT NULL,
-    body TEXT NOT NULL,
-    owner TEXT,
-    lease_until DOUBLE PRECISION NOT NULL DEFAULT 0,
-    created_at DOUBLE PRECISION NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL,
-    completed_at DOUBLE PRECISION,
-    idempotency_key TEXT UNIQUE,
-    fingerprint TEXT,
-    notified INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX ix_responses_status ON responses (status, created_at);
-CREATE INDEX ix_responses_completed ON responses (completed_at);
-CREATE INDEX ix_responses_unnotified ON responses (completed_at) WHERE notified = 0;
-CREATE TABLE response_events (
-    response_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    type TEXT NOT NULL,
-    data TEXT NOT NULL,
-    PRIMARY KEY (response_id, seq)
-);
-""",
+        # The one text of these tables (SQLite's responses.db uses it too); a later change to
+        # them is a migration of its own.
+        RESPONSES_DDL,
     ),
     Migration(
         7,
