@@ -246,10 +246,13 @@ def bound_context(context: list[dict[str, Any]], budget_chars: int) -> list[dict
     if len(context) - tail > lead and DELIVERY_MARKER in str(context[-2].get("content") or ""):
         tail = 2  # the results this turn folds: it is the turn that tells the model
     head, history, end = context[:lead], context[lead:-tail], context[-tail:]
+    # The oldest messages go until the rest fits: one pass over their sizes.
+    excess = size(head) + size(history) + size(end) - budget_chars
     dropped = 0
-    while history and size(head) + size(history) + size(end) > budget_chars:
-        history.pop(0)
+    while dropped < len(history) and excess > 0:
+        excess -= len(str(history[dropped].get("content") or ""))
         dropped += 1
+    history = history[dropped:]
     if dropped:
         note = (
             f"[{dropped} earlier message(s) of this conversation are left out: it is longer "

@@ -459,15 +459,24 @@ class TurnService:
         try:
             user_message = next(m for m in reversed(request.messages) if m["role"] == "user")
 
-            def context_of(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-                built = build_context(
+            def unbounded(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                return build_context(
                     history, begun.taken, request.messages, user_message, wakeup=request.wakeup
                 )
+
+            def bounded(built: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 return with_images(bound_context(built, self.context_chars), user_message)
 
-            context = context_of(begun.history)
-            if self._compaction_due(begun, context):
-                context = context_of(await self._compact(request, begun, hold, force=False))
+            def context_of(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                return bounded(unbounded(history))
+
+            # Judged on the whole history: the character bound would otherwise hide how
+            # long it grew, and a large window would never be reached (older turns dropped
+            # by the bound instead of summarised).
+            built = unbounded(begun.history)
+            if self._compaction_due(begun, built):
+                built = unbounded(await self._compact(request, begun, hold, force=False))
+            context = bounded(built)
             if hold is not None and self._confirm_for is not None:
                 gate = self._gate(request, begun, user_message, owner, hold, parking, deltas)
             ctx = ToolContext(

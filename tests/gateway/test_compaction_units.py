@@ -151,6 +151,18 @@ async def test_the_demo_app_compacts_and_the_web_ui_shows_it(tmp_path: Path) -> 
     assert len(archived) == 20 and archived[0]["content"].startswith("question 0")
 
 
+async def test_the_window_is_judged_on_the_whole_history_not_the_bounded_context(
+    tmp_path: Path,
+) -> None:
+    """A character bound smaller than the window must not hide how long the history grew:
+    the older turns are summarised, not silently left out by the bound."""
+    store = _store(tmp_path)
+    service = _service(store, DemoModel(delay_seconds=0), 1000)
+    service.context_chars = 2000  # about 500 tokens: under the 750 that trigger compaction
+    await _turn(service, "hello again")
+    assert service.compactor is not None and service.compactor.compactions == 1
+
+
 async def test_compaction_runs_under_the_callers_lease_or_waits_for_a_busy_session(
     tmp_path: Path,
 ) -> None:
