@@ -51,6 +51,7 @@ from delivery.responses_backend import (
     ResponsesBackend,
 )
 from gateway.config import Platform
+from gateway.conversation import well_formed
 from gateway.platforms.openai_wire import completion_text
 from gateway.platforms.responses_wire import (
     Output,
@@ -312,6 +313,8 @@ class ResponsesService:
             while (piece := await deltas.get()) is not None:
                 if isinstance(piece, ToolProgress) or not piece:
                     continue
+                # A model may send a lone surrogate: repaired before it is stored or sent.
+                piece = well_formed(piece)
                 pieces.append(piece)
                 for event in output_events(out, start=not opened, delta=piece):
                     sink.add(*event)
@@ -346,12 +349,16 @@ class ResponsesService:
                 row, request, "failed", Output(out.message_id, "".join(pieces)), exc.message, [],
                 sink,
             )  # fmt: skip
-        except Exception as exc:
-            message = exc.message if isinstance(exc, TurnError) else "internal server error"
-            if not isinstance(exc, TurnError):
-                logger.exception("response %s failed", row.id)
+        except Exception:
+            logger.exception("response %s failed", row.id)
             return await self._finish(
-                row, request, "failed", Output(out.message_id, "".join(pieces)), message, [], sink
+                row,
+                request,
+                "failed",
+                Output(out.message_id, "".join(pieces)),
+                "internal server error",
+                [],
+                sink,
             )
         finally:
             lease.cancel()

@@ -520,3 +520,32 @@ async def test_more_background_responses_than_room_wait_their_turn(store, tmp_pa
             return all(f.status == "completed" for f in found)
 
         await poll(all_done, timeout=30)
+
+
+async def test_a_lone_surrogate_from_the_model_is_repaired_in_the_stream_and_the_store(
+    store, tmp_path, fake
+) -> None:
+    async def broken(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(_sse(_chunk({"role": "assistant", "content": "broken \ud800 piece"})))
+        await response.write(_sse(_chunk({}, finish_reason="stop")))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    fake.script = [broken, broken]
+    async with serving(store, tmp_path, upstream(fake)) as (adapter, _):
+        client = client_for(adapter.port)
+        events = [e async for e in await client.responses.create(
+            model="fake-model", input="hi", stream=True
+        )]  # fmt: skip
+        assert events[-1].type == "response.completed"
+        assert events[-1].response.output_text == "broken \ufffd piece"
+        created = await client.responses.create(model="fake-model", input="hi", background=True)
+
+        async def ended() -> Any:
+            found = await client.responses.retrieve(created.id)
+            return found if found.status not in ("queued", "in_progress") else None
+
+        done = await poll(ended)
+        assert done.status == "completed" and done.output_text == "broken \ufffd piece"
