@@ -110,8 +110,12 @@ class ResponsesSql:
         lock: str,
         notifier: Notifier,
         close: Callable[[], None] = lambda: None,
+        read: Callable[[], AbstractContextManager[Exec]] | None = None,
     ) -> None:
+        """``read``: a plain read's connection where it differs from ``tx`` (SQLite: no
+        write lock, so readers never queue behind the event appends); ``tx`` by default."""
         self._tx = tx
+        self._read_tx = read or tx
         self._mark = mark
         self._lock = lock
         self._notifier = notifier
@@ -128,8 +132,8 @@ class ResponsesSql:
         return sql if self._mark == "?" else sql.replace("?", self._mark)
 
     @contextlib.contextmanager
-    def _run(self) -> Iterator[Callable[..., Any]]:
-        with self._tx() as conn:
+    def _run(self, *, read: bool = False) -> Iterator[Callable[..., Any]]:
+        with (self._read_tx if read else self._tx)() as conn:
 
             def run(sql: str, *params: Any) -> Any:
                 return conn.execute(self._q(sql), params)
@@ -279,12 +283,12 @@ class ResponsesSql:
     # ----------------------------------------------------------------- reads
 
     def get(self, response_id: str) -> ResponseRow | None:
-        with self._run() as run:
+        with self._run(read=True) as run:
             found = run(f"SELECT {_COLUMNS} FROM responses WHERE id = ?", response_id).fetchone()
         return None if found is None else _row(found)
 
     def events_after(self, response_id: str, after: int, limit: int) -> list[ResponseEvent]:
-        with self._run() as run:
+        with self._run(read=True) as run:
             rows = run(
                 "SELECT seq, type, data FROM response_events WHERE response_id = ? AND seq > ? "
                 "ORDER BY seq LIMIT ?",
@@ -295,7 +299,7 @@ class ResponsesSql:
         return [ResponseEvent(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
     def active(self, limit: int) -> list[ResponseRow]:
-        with self._run() as run:
+        with self._run(read=True) as run:
             rows = run(
                 f"SELECT {_COLUMNS} FROM responses WHERE status IN (?, ?) "
                 "ORDER BY created_at LIMIT ?",
@@ -306,7 +310,7 @@ class ResponsesSql:
 
     def unnotified(self, limit: int) -> list[ResponseRow]:
         terminal = ", ".join("?" for _ in TERMINAL)
-        with self._run() as run:
+        with self._run(read=True) as run:
             rows = run(
                 f"SELECT {_COLUMNS} FROM responses WHERE notified = 0 "
                 f"AND status IN ({terminal}) ORDER BY completed_at LIMIT ?",

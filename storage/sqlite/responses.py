@@ -64,6 +64,7 @@ class SqliteResponses(ResponsesSql):
             lock="",
             notifier=SocketDirNotifier(wake_dir_for(str(path))),
             close=self._close_conn,
+            read=self._snapshot,
         )
 
     @contextlib.contextmanager
@@ -84,6 +85,18 @@ class SqliteResponses(ResponsesSql):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        # A plain read: WAL lets it run beside a writer in another process instead of
+        # queueing for the write lock as BEGIN IMMEDIATE would.
+        with self._guard:
+            if self._conn is None:
+                raise ResponsesStoreError("the responses store is closed")
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                raise classify(exc, self.spec, "read") from exc
 
     def _close_conn(self) -> None:
         with self._guard:
