@@ -33,14 +33,13 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from agent.tools import ToolProgress
+from delivery.identity import current_identity, holder_is_dead
 from delivery.ids import new_token
 from delivery.notifier import Subscription
 from delivery.responses_backend import (
@@ -104,16 +103,6 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 class ResponsesService:
     """Creates, runs, cancels and streams stored responses (see the module docstring)."""
 
@@ -131,8 +120,10 @@ class ResponsesService:
         self._on_terminal = on_terminal
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
-        self._host = socket.gethostname()
-        self.owner = f"{self._host}:{os.getpid()}:{new_token()[:8]}"
+        # The process identity the ledger's claims use (host, boot, pid, start time), so a
+        # dead owner on this host is recognised at once, and a reused pid is not mistaken
+        # for it; the token tells this service apart from another in the same process.
+        self.owner = f"{current_identity()}#{new_token()[:8]}"
         self._running: dict[str, asyncio.Task[Any]] = {}
         # Runs storing their end: the row moves under them, which must not stop them.
         self._finishing: set[str] = set()
@@ -524,11 +515,7 @@ class ResponsesService:
 
     def _owner_dead(self, owner: str | None) -> bool:
         """The owner is a process on this host that is gone (no need to wait for its lease)."""
-        if not owner:
-            return True
-        host, _, rest = owner.partition(":")
-        pid = rest.partition(":")[0]
-        return host == self._host and pid.isdigit() and not _pid_alive(int(pid))
+        return not owner or holder_is_dead(owner.partition("#")[0])
 
     async def _claim(self, row: ResponseRow) -> None:
         body = {**json.loads(row.body), "status": "in_progress"}
