@@ -96,12 +96,11 @@ class Approvals:
     def __init__(
         self,
         store: SessionStore,
-        on_change: ApprovalListener | None = None,
         *,
         poll_seconds: float = 2.0,
     ) -> None:
         self.store = store
-        self._listener = on_change
+        self._listener: ApprovalListener | None = None  # set by ``listen``
         self._poll_seconds = poll_seconds
         # The decisions this process waits for, by approval id: a local decision wakes the
         # asking turn without waiting for the next read.

@@ -124,7 +124,7 @@ class TurnGate:
         self._ask = confirm_for(session_id, on_asked=self._asked)
 
     async def confirm(self, command: str) -> bool:
-        if not await self.hold.ensure():
+        if not await self.hold.take():
             logger.warning(
                 "a command in %s needs approval while another turn holds the session: denied",
                 self.session_id,

@@ -51,9 +51,6 @@ class TurnHold:
         self._renewer = asyncio.create_task(self._renew(), name=f"hold-{self.session_id}")
         return True
 
-    async def ensure(self) -> bool:
-        return await self.take()
-
     async def _renew(self) -> None:
         while True:
             await asyncio.sleep(TURN_LEASE_SECONDS / 3)

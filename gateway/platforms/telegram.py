@@ -56,7 +56,7 @@ from aiohttp import web
 from gateway.approvals import Approvals
 from gateway.config import Platform
 from gateway.platforms.base import BasePlatformAdapter, MessageEvent, SendResult
-from gateway.platforms.telegram_api import TelegramApi, TelegramError
+from gateway.platforms.telegram_api import TelegramApi, TelegramError, thread_params
 from gateway.platforms.telegram_approvals import ApprovalKeyboard
 from gateway.platforms.telegram_format import split_message, to_html
 from gateway.platforms.telegram_intake import LongPoller, webhook_handler
@@ -441,7 +441,7 @@ class TelegramAdapter(BasePlatformAdapter):
             with contextlib.suppress(TelegramError):
                 await self.api.call(
                     "sendChatAction",
-                    {"chat_id": source.chat_id, "action": "typing", **_thread(source)},
+                    {"chat_id": source.chat_id, "action": "typing", **thread_params(source)},
                 )
             await asyncio.sleep(_TYPING_EVERY_SECONDS)
 
@@ -453,7 +453,7 @@ class TelegramAdapter(BasePlatformAdapter):
         """Send (or, with ``message_id``, edit to) one piece of markdown; its message id."""
         if message_id is None:
             result = await self._formatted(
-                "sendMessage", {"chat_id": source.chat_id, **_thread(source)}, text
+                "sendMessage", {"chat_id": source.chat_id, **thread_params(source)}, text
             )
             return int(result["message_id"]) if isinstance(result, dict) else 0
         try:
@@ -492,10 +492,6 @@ class TelegramAdapter(BasePlatformAdapter):
         except TelegramError as exc:
             return SendResult(success=False, error=str(exc), retryable=exc.transient)
         return SendResult(success=True, message_id=str(last) if last is not None else None)
-
-
-def _thread(source: SessionSource) -> dict[str, Any]:
-    return {"message_thread_id": int(source.thread_id)} if source.thread_id else {}
 
 
 class _Reply:

@@ -19,7 +19,9 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["DEFAULT_BASE_URL", "TelegramApi", "TelegramError"]
+from gateway.session import SessionSource
+
+__all__ = ["DEFAULT_BASE_URL", "TelegramApi", "TelegramError", "thread_params"]
 
 logger = logging.getLogger(__name__)
 
@@ -157,3 +159,8 @@ class TelegramApi:
                 retry_after = float(value)
         description = str(data.get("description") or f"HTTP {status}")
         raise TelegramError(method, code, description, retry_after=retry_after)
+
+
+def thread_params(source: SessionSource) -> dict[str, Any]:
+    """The Bot API parameter that keeps a message in its forum topic, if the chat has one."""
+    return {"message_thread_id": int(source.thread_id)} if source.thread_id else {}

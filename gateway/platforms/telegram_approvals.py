@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import html
 import logging
 from typing import Any
 
 from gateway.approvals import AlreadyDecided, ApprovalRecord, Approvals, Expired
 from gateway.config import Platform
-from gateway.platforms.telegram_api import TelegramApi, TelegramError
+from gateway.platforms.telegram_api import TelegramApi, TelegramError, thread_params
+from gateway.platforms.telegram_format import escape
 from gateway.session import SessionSource, SessionStore
 
 __all__ = ["APPROVAL_PREFIX", "ApprovalKeyboard"]
@@ -29,14 +29,6 @@ __all__ = ["APPROVAL_PREFIX", "ApprovalKeyboard"]
 logger = logging.getLogger(__name__)
 
 APPROVAL_PREFIX = "appr:"
-
-
-def escape_html(text: str) -> str:
-    return html.escape(text, quote=False)
-
-
-def _thread(source: SessionSource) -> dict[str, Any]:
-    return {"message_thread_id": int(source.thread_id)} if source.thread_id else {}
 
 
 class ApprovalKeyboard:
@@ -65,7 +57,7 @@ class ApprovalKeyboard:
             return
         text = (
             "<b>Approval needed.</b> The agent wants to run:\n"
-            f"<pre>{escape_html(approval.command)}</pre>"
+            f"<pre>{escape(approval.command)}</pre>"
         )
         keyboard = {
             "inline_keyboard": [
@@ -83,7 +75,7 @@ class ApprovalKeyboard:
                     "text": text,
                     "parse_mode": "HTML",
                     "reply_markup": keyboard,
-                    **_thread(source),
+                    **thread_params(source),
                 },
             )
         except TelegramError as exc:
@@ -142,7 +134,7 @@ class ApprovalKeyboard:
         owner = source.user_id or source.chat_id
         if source.platform is not Platform.TELEGRAM or source.chat_id != here or owner != user:
             return "Not yours to decide.", None
-        command = escape_html(record.command)
+        command = escape(record.command)
         try:
             await self.approvals.decide(approval_id, approve)
         except Expired:

@@ -435,7 +435,8 @@ async def test_web_ui_approvals_gate_a_subagent_like_its_parent(fake, real_runti
             decide = approvals.decide(approval.id, next(answers))
             deciding.append(asyncio.get_running_loop().create_task(decide))
 
-    approvals = Approvals(store, tab)
+    approvals = Approvals(store)
+    approvals.listen(tab)
     ctx = ToolContext(
         session_id="s1", origin_ui_session_id="s1", confirm=approvals.confirm_for("s1")
     )

@@ -161,7 +161,8 @@ async def test_a_stop_while_the_approval_is_announced_denies_it(tmp_path: Any) -
 
     store = SessionStore(memory_sessions())
     store.take_turn("s1", "st_1")
-    approvals = Approvals(store, slow_listener)
+    approvals = Approvals(store)
+    approvals.listen(slow_listener)
     ask = asyncio.create_task(approvals.confirm_for("s1")("rm -rf /"))
     await announced.wait()
     ask.cancel()
