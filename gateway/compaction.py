@@ -25,17 +25,16 @@ leaves either the whole compaction or nothing). What it never does:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agent.markers import SUMMARISE_MARKER, SUMMARY_MARKER, defang, read_wake_data
 from agent.providers.base import ModelProvider, ProviderError
-from gateway.session import TURN_LEASE_SECONDS, SessionStore, SessionStoreError
+from gateway.session import SessionStore, SessionStoreError
+from gateway.turn_hold import TurnHold
 
 __all__ = [
     "SUMMARISE_MARKER",
@@ -402,33 +401,22 @@ class Compactor:
 
     @contextlib.asynccontextmanager
     async def _lease(self, session_id: str, held: str | None) -> AsyncIterator[str | None]:
-        """The turn lease a compaction runs under: the caller's, or one taken (and renewed,
-        then ended) here; None when another turn holds the session."""
+        """The turn lease a compaction runs under: the caller's, or one taken here (renewed
+        while a slow summarising call runs, since the commit checks it, then ended); None
+        when another turn holds the session."""
         if held is not None:
             yield held
             return
-        stream_id = f"compact_{secrets.token_hex(8)}"
+        hold = TurnHold(self.store, session_id)
         try:
-            lease = await asyncio.to_thread(self.store.take_turn, session_id, stream_id)
+            taken = await hold.take()
         except SessionStoreError as exc:
             logger.warning("could not take session %s to compact it: %s", session_id, exc)
+            taken = False
+        if not taken:
             yield None
             return
-        if lease.stream_id != stream_id:
-            yield None
-            return
-        renew = asyncio.create_task(self._renew(session_id, stream_id))
         try:
-            yield stream_id
+            yield hold.stream_id
         finally:
-            renew.cancel()
-            with contextlib.suppress(SessionStoreError):
-                await asyncio.to_thread(self.store.end_turn, session_id, stream_id)
-
-    async def _renew(self, session_id: str, stream_id: str) -> None:
-        # A slow summarisation call must not lose the session: the commit checks the lease.
-        while True:
-            await asyncio.sleep(TURN_LEASE_SECONDS / 3)
-            with contextlib.suppress(SessionStoreError):
-                if not await asyncio.to_thread(self.store.renew_turn, session_id, stream_id):
-                    return
+            await hold.release()

@@ -4,7 +4,7 @@ Those surfaces run most turns without a lease: holding one costs two writes, and
 approval or a wake-up needs the session kept for one turn. So a wake-up takes it before it
 runs (``take``: a session whose turn waits for an approval refuses it, and the wake-up is
 offered again later), and any other turn at the first command it must have approved
-(``ensure``). Once taken, the lease is renewed every third of its life until the turn ends
+(``take`` too). Once taken, the lease is renewed every third of its life until the turn ends
 (``release``): a pending approval keeps the session busy on every server sharing the store,
 and a server that dies lets it lapse, which ends what it asked. A released hold is never
 taken again: a background sub-agent that asks after its turn ended is denied (as the web
