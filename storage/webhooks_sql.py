@@ -99,32 +99,28 @@ class SqlWebhooks:
         with self._tx() as conn:
             picked = conn.execute(
                 self._sql(
-                    "SELECT id, endpoint FROM webhook_deliveries WHERE state = 'pending' "
+                    f"SELECT {_COLUMNS} FROM webhook_deliveries WHERE state = 'pending' "
                     "AND next_attempt_at <= ? AND claim_expires_at <= ? "
                     f"ORDER BY created_at, id, endpoint LIMIT ?{self.lock_clause}"
                 ),
                 (now, now, int(limit)),
             ).fetchall()
             claimed = []
-            for delivery_id, endpoint in picked:
-                # compare-and-set: only a row still free is taken
+            for row in picked:
+                delivery = _delivery(row)
+                # compare-and-set: only a row still free is taken (and nothing else can
+                # change it before the commit: SQLite holds the write lock, PostgreSQL the
+                # row lock), so the row read above, with the claim, is what is stored
                 cur = conn.execute(
                     self._sql(
                         "UPDATE webhook_deliveries SET claim_token = ?, claim_expires_at = ? "
                         "WHERE id = ? AND endpoint = ? AND state = 'pending' "
                         "AND claim_expires_at <= ?"
                     ),
-                    (token, now + lease_seconds, delivery_id, endpoint, now),
+                    (token, now + lease_seconds, delivery.id, delivery.endpoint, now),
                 )
                 if cur.rowcount == 1:
-                    row = conn.execute(
-                        self._sql(
-                            f"SELECT {_COLUMNS} FROM webhook_deliveries "
-                            "WHERE id = ? AND endpoint = ?"
-                        ),
-                        (delivery_id, endpoint),
-                    ).fetchone()
-                    claimed.append(_delivery(row))
+                    claimed.append(delivery.with_claim(token, now + lease_seconds))
         return claimed
 
     def settle(self, attempt: WebhookAttempt, token: str, settlement: Settlement) -> bool:
