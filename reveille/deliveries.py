@@ -140,13 +140,14 @@ def format_row(row: LedgerRow, history: list[dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     settings = load_settings()
+    if not settings.database_url and not settings.ledger_path.exists():
+        # Said before anything opens the store: a look must not create it.
+        print(f"no ledger at {settings.ledger_path} yet (REVEILLE_HOME={settings.home})")
+        return 0 if args.action == "list" else 1
     if args.action == "show" and args.id.startswith(WEBHOOK_ID_PREFIX):
         return show_webhook(settings, args.id, as_json=args.json)
     if settings.database_url:
         return _run_postgres(args, settings.database_url, settings.delivery_policy)
-    if not settings.ledger_path.exists():
-        print(f"no ledger at {settings.ledger_path} yet (REVEILLE_HOME={settings.home})")
-        return 0 if args.action == "list" else 1
     try:
         backend = storage.sqlite_files(ledger=settings.ledger_path).open_ledger()
         ledger = Ledger(backend, settings.delivery_policy)

@@ -62,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    if args.action == "list" and not settings.database_url and not settings.ledger_path.exists():
+        print("no webhook deliveries")  # and no store created just to look
+        return 0
     try:
         backend = open_webhook_store(settings)
     except (LedgerError, OSError) as exc:

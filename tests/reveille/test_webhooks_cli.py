@@ -107,6 +107,14 @@ def test_deliveries_show_a_webhook_with_every_attempt(tmp_path: Path) -> None:
     assert missing.returncode == 1 and "no webhook" in missing.stderr
 
 
+def test_looking_at_a_fresh_home_creates_no_store(tmp_path: Path) -> None:
+    listed = reveille(tmp_path, "webhooks", "list")
+    assert listed.returncode == 0 and "no webhook deliveries" in listed.stdout
+    shown = reveille(tmp_path, "deliveries", "show", "evt_0123456789abcdef")
+    assert shown.returncode == 1 and "no ledger" in shown.stdout
+    assert not (tmp_path / "ledger.db").exists()
+
+
 def test_webhook_settings_from_the_file_and_the_environment(tmp_path: Path) -> None:
     secret = new_secret()
     (tmp_path / "config.toml").write_text(
