@@ -38,6 +38,7 @@ __all__ = [
     "EVENT_TYPES",
     "PROCESS_COMPLETION",
     "SUCCESS_STATUSES",
+    "TRANSCRIPT_KEY_PREFIX",
     "AbandonedWork",
     "CompletionEvent",
     "DelegationBatchEvent",
@@ -52,6 +53,7 @@ __all__ = [
     "is_ledger_mark",
     "is_restored",
     "parse_event",
+    "transcript_key",
 ]
 
 # -- the ``type`` literals: defined here once -------------------------------------------------
@@ -432,6 +434,16 @@ def _wire(evt: Any) -> Mapping[str, Any]:
     if isinstance(evt, Mapping):
         return evt
     raise TypeError(f"a completion event must be a dict, not {type(evt).__name__}")
+
+
+# The dedupe key of a delegation's result as a delivery row of an API session's transcript:
+# the row's writer (gateway.wake) and retention, which keeps the ledger row of a result no
+# turn has folded yet, name it alike.
+TRANSCRIPT_KEY_PREFIX = "deleg:"
+
+
+def transcript_key(delegation_id: str) -> str:
+    return TRANSCRIPT_KEY_PREFIX + delegation_id
 
 
 def delivery_id(evt: Any, *, strict: bool = True) -> str | None:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from delivery.backend import LedgerStore
+from delivery.events import transcript_key
 from delivery.responses_backend import ResponsesBackend
 from delivery.rows import SettledRow
 from delivery.session_backend import SessionBackend
@@ -68,9 +69,6 @@ log = logging.getLogger(__name__)
 
 DAY = 86400.0
 LEASE = "retention"
-# The dedupe key a delegation's result has as a delivery row of an API session's transcript
-# (``gateway.wake.persist_delegation_delivery``); tests/delivery/test_retention.py ties the two.
-TRANSCRIPT_KEY_PREFIX = "deleg:"
 # Dry runs count in one go; a count is a read, and no write waits behind it.
 _COUNT_ALL = 1 << 40
 
@@ -219,15 +217,14 @@ def prune_settled_rows(run: PruneRun) -> int:
             return total
         owed: set[tuple[str, str]] = set()
         in_transcripts = [
-            (r.origin_session_id, TRANSCRIPT_KEY_PREFIX + r.id) for r in page if r.origin_session_id
+            (r.origin_session_id, transcript_key(r.id)) for r in page if r.origin_session_id
         ]
         if in_transcripts and sessions is not None:
             owed = sessions.unfolded_deliveries(in_transcripts)
         ids = [
             r.id
             for r in page
-            if not r.origin_session_id
-            or (r.origin_session_id, TRANSCRIPT_KEY_PREFIX + r.id) not in owed
+            if not r.origin_session_id or (r.origin_session_id, transcript_key(r.id)) not in owed
         ]
         if run.dry_run:
             total += len(ids)

@@ -35,6 +35,7 @@ from delivery.events import (
     AbandonedWork,
     CompletionEvent,
     parse_event,
+    transcript_key,
 )
 from gateway.platforms.base import MessageEvent, MessageType
 from gateway.session import MessageRecord, SessionSource, SessionStore, is_valid_session_id
@@ -372,5 +373,5 @@ def _persist_delegation_delivery(
         # The structured summary (kind, goal(s), counts, status, result preview ...) that
         # front ends show instead of reading the text.
         display_metadata=display_metadata(event),
-        dedupe_key=f"deleg:{delegation_id}",
+        dedupe_key=transcript_key(delegation_id),
     )

@@ -19,12 +19,12 @@ import pytest
 
 import storage
 from delivery.backend import LedgerStore
+from delivery.events import TRANSCRIPT_KEY_PREFIX
 from delivery.ledger import Ledger
 from delivery.responses_backend import Change, ResponseRow
 from delivery.retention import (
     DAY,
     KINDS,
-    TRANSCRIPT_KEY_PREFIX,
     PruneReport,
     RetentionPolicy,
     RetentionScheduler,
