@@ -7,7 +7,8 @@ loop there: it runs its own). A run ends
 - ``completed``: the model answered without calling a tool, or the step limit was reached
   (``step_limit_reached``; the summary is what it had and says that it stopped there);
 - ``stalled``: nothing moved for ``stall_seconds``: no model answer, or one tool still
-  running (an approval that tool waits for counts as the tool running). The run is
+  running (an approval that tool waits for counts as the tool running, except a
+  background unit's: ``approvals_bounded``, its own deadline bounds that wait). The run is
   cancelled (a running command is killed) and the summary is what it had;
 - ``failed``: a model call failed; the summary is what it had, if anything;
 - ``interrupted``: it was told to stop (``StopSignal``: a cancel, a server that stops, the
@@ -25,12 +26,12 @@ import contextlib
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.loop import Agent, AgentResult, subagent_messages
 from agent.providers.base import ModelProvider, ModelReply
-from agent.tools import ToolContext, ToolRegistry
+from agent.tools import ConfirmCallback, ToolContext, ToolRegistry
 
 # What a stopped run reports of its tool calls: bounded, so a chatty tool cannot make the
 # result (and the wake-up that carries it) huge.
@@ -60,6 +61,7 @@ class _Watch:
         self.texts: list[str] = []
         self.calls: list[ToolUse] = []
         self.known_tools: frozenset[str] = frozenset()
+        self.asking = 0  # approvals being waited for that do not count as standing still
 
     def move(self, doing: str) -> None:
         self.moved = time.monotonic()
@@ -174,6 +176,8 @@ async def _until_done_or_stalled(
     if stall_seconds is None:
         return await run
     while True:
+        if watch.asking:
+            watch.moved = time.monotonic()  # waiting for a person, under their own deadline
         left = watch.moved + stall_seconds - time.monotonic()
         if left <= 0:
             run.cancel()
@@ -188,6 +192,20 @@ async def _until_done_or_stalled(
             return run.result()
 
 
+def _asking(confirm: ConfirmCallback, watch: _Watch) -> ConfirmCallback:
+    """``confirm``, during whose wait the run does not stand still (see ``_Watch.asking``)."""
+
+    async def ask(command: str) -> bool:
+        watch.asking += 1
+        try:
+            return await confirm(command)
+        finally:
+            watch.asking -= 1
+            watch.move(watch.doing)
+
+    return ask
+
+
 def run_subagent(
     provider: ModelProvider,
     goal: str,
@@ -198,12 +216,17 @@ def run_subagent(
     max_steps: int = 8,
     stall_seconds: float | None = None,
     stop: StopSignal | None = None,
+    approvals_bounded: bool = False,
 ) -> dict[str, Any]:
     """Run a sub-agent to its end on the calling thread (see the module docstring); never
     raises. ``ctx`` must be one whose hooks may be called from this thread
-    (``ToolContext.on_loop``); ``stall_seconds`` None: no stall limit."""
+    (``ToolContext.on_loop``); ``stall_seconds`` None: no stall limit. With
+    ``approvals_bounded`` (a background unit's approvals expire on their own) waiting for
+    an approval is not standing still."""
     watch = _Watch()
     registry = tools if tools is not None else ToolRegistry()
+    if approvals_bounded and ctx is not None and ctx.confirm is not None:
+        ctx = replace(ctx, confirm=_asking(ctx.confirm, watch))
 
     async def main() -> AgentResult | object | None:
         agent = Agent(
@@ -307,6 +330,7 @@ def run_subagent_sync(
     ctx: ToolContext | None = None,
     stall_seconds: float | None = None,
     stop: StopSignal | None = None,
+    approvals_bounded: bool = False,
 ) -> dict[str, Any]:
     """Run a sub-agent to completion on the calling thread; never raises.
 
@@ -322,4 +346,5 @@ def run_subagent_sync(
         max_steps=max_steps,
         stall_seconds=stall_seconds,
         stop=stop,
+        approvals_bounded=approvals_bounded,
     )

@@ -33,6 +33,14 @@ class ToolProgress:
 
 ProgressCallback = Callable[[ToolProgress], Awaitable[None]]
 ConfirmCallback = Callable[[str], Awaitable[bool]]
+UnitConfirmCallback = Callable[[str, str], Awaitable[bool]]
+"""(unit id, command) -> True to go ahead: a background unit's approval (see
+``ToolContext.confirm_unit``)."""
+
+
+class ApprovalExpired(Exception):
+    """Raised by a confirmation hook when nobody answered before the approval's deadline:
+    the command did not run, and nobody denied it either."""
 
 
 @dataclass
@@ -56,6 +64,10 @@ class ToolContext:
     confirm: ConfirmCallback | None = None
     """Asked before a tool does something a human must approve (a shell command); answers
     True to go ahead. None (every surface but the web UI today): no confirmation asked."""
+    confirm_unit: UnitConfirmCallback | None = None
+    """What work started in the background by this turn asks instead of ``confirm``, naming
+    itself (a delegation id): it waits for a person on the conversation's surface without
+    holding the session, and raises ApprovalExpired when nobody answered in time."""
 
     async def prepare_background(self) -> None:
         """Make the origin session durable before background work starts (see above)."""
@@ -73,6 +85,7 @@ class ToolContext:
             before_background=_background_on_loop(self.before_background, loop),
             on_progress=None,
             confirm=_confirm_on_loop(self.confirm, loop),
+            confirm_unit=_confirm_on_loop(self.confirm_unit, loop),
         )
 
 
@@ -124,8 +137,8 @@ def _background_on_loop(
 
 
 def _confirm_on_loop(
-    confirm: ConfirmCallback | None, loop: asyncio.AbstractEventLoop
-) -> ConfirmCallback | None:
+    confirm: Callable[..., Awaitable[bool]] | None, loop: asyncio.AbstractEventLoop
+) -> Any:
     if confirm is None or isinstance(confirm, _OnLoop):
         return confirm
     return _ConfirmOnLoop(confirm, loop)

@@ -26,6 +26,9 @@ PostgreSQL later). The rules every backend keeps, proved by ``tests/sessions/``:
   process sharing the store; a holder whose lease lapsed, or that ``is_dead`` declares gone,
   loses it to the next taker. An approval belongs to the turn that asked it and is pending
   only while that turn holds its session; it is decided once.
+* A background unit's approval (``unit_id`` set: a sub-agent, any detached work) holds no
+  session: it is recorded whatever turn runs, pending until decided or settled
+  ``expired`` (its ``expires_at`` passed, or its unit's process died), once.
 
 Backends receive validated, pre-encoded values (``NewMessage``, ``NewSession`` and JSON
 text), so each encodes and validates nothing itself and all of them agree on what is legal.
@@ -59,7 +62,7 @@ __all__ = [
 ]
 
 SessionState = Literal["live", "deleted", "unknown"]
-ApprovalStatus = Literal["pending", "approved", "denied"]
+ApprovalStatus = Literal["pending", "approved", "denied", "expired"]
 
 
 class SessionGone(LookupError):
@@ -245,7 +248,10 @@ class TurnLease:
 
 @dataclass(frozen=True, slots=True)
 class ApprovalRecord:
-    """A human confirmation asked by the turn ``stream_id`` of ``session_id``."""
+    """A human confirmation asked by the turn ``stream_id`` of ``session_id``, or, with
+    ``unit_id`` set (``stream_id`` empty), by a background unit of that conversation (a
+    sub-agent's delegation id): then it holds no session, ``owner`` is the process the unit
+    runs in and nobody can answer it after ``expires_at``."""
 
     id: str
     session_id: str
@@ -253,9 +259,19 @@ class ApprovalRecord:
     command: str
     status: ApprovalStatus
     created_at: float
+    unit_id: str = ""
+    owner: str = ""
+    expires_at: float = 0.0
 
-    def as_dict(self) -> dict[str, str]:
-        return {"id": self.id, "command": self.command, "status": self.status}
+    @property
+    def background(self) -> bool:
+        return bool(self.unit_id)
+
+    def as_dict(self) -> dict[str, Any]:
+        shown: dict[str, Any] = {"id": self.id, "command": self.command, "status": self.status}
+        if self.background:
+            shown.update(unit_id=self.unit_id, expires_at=self.expires_at)
+        return shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,11 +445,19 @@ class SessionBackend(Protocol):
 
     def ask_approval(self, approval: ApprovalRecord) -> bool:
         """Record a pending approval; False (nothing written) when its turn no longer holds
-        the session."""
+        the session. A background unit's (``unit_id``) is recorded whatever holds it."""
 
     def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
         """Decide a pending approval: the record afterwards and whether this call decided
         it (False: decided before). KeyError for an unknown id."""
+
+    def expire_approval(self, approval_id: str) -> tuple[ApprovalRecord, bool]:
+        """Settle a pending approval as ``expired`` (nobody can answer it any more), like
+        ``decide_approval``."""
+
+    def pending_unit_approvals(self) -> list[ApprovalRecord]:
+        """Every pending approval of a background unit, oldest first (expired ones
+        included: the caller settles them)."""
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
 

@@ -14,6 +14,16 @@ A turn stopped while it waits, or one that lost its session, denies the command.
 An approval whose turn is gone (its server died or restarted, its lease lapsed) can never be
 answered: deciding it settles it as denied and raises ``Expired``, so a late button press
 gets a clear answer and the record ends decided, never pending for ever.
+
+Background work (a sub-agent; any detached unit) asks through ``confirm_unit_for``
+(``ToolContext.confirm_unit``): its approval names the unit and holds NO session, so other
+turns and wake-ups of the conversation go on while it waits. It is announced like a
+turn's (the listener, ``on_asked``, and ``on_requested``: the webhook), waits the same way
+(a local future, a read every ``poll_seconds``), and after ``timeout_seconds`` unanswered,
+or once its unit's process is gone, it is settled ``expired`` (whoever reads it first):
+the unit's hook raises ``ApprovalExpired`` ("nobody answered", never "denied"), and the
+conversation gets one notice, a delivery row (``EXPIRED_DISPLAY_KIND``) its surface shows
+and its next turn folds in. Asked, decided (how, by whom) and expired are logged.
 """
 
 from __future__ import annotations
@@ -25,11 +35,14 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 
-from agent.tools import ConfirmCallback
+from agent.tools import ApprovalExpired, ConfirmCallback, UnitConfirmCallback
+from delivery.identity import current_identity, holder_is_dead
 from delivery.session_backend import ApprovalRecord
-from gateway.session import SessionStore
+from gateway.session import SessionGone, SessionStore
 
 __all__ = [
+    "DEFAULT_TIMEOUT_SECONDS",
+    "EXPIRED_DISPLAY_KIND",
     "AlreadyDecided",
     "ApprovalListener",
     "ApprovalRecord",
@@ -37,7 +50,13 @@ __all__ = [
     "Expired",
     "decide_approval",
     "pending_approvals",
+    "settle_if_stale",
 ]
+
+# ``[shell] approval_timeout``: how long a background unit's approval waits for a person.
+DEFAULT_TIMEOUT_SECONDS = 3600.0
+# The one notice a conversation gets when a background unit's approval expired.
+EXPIRED_DISPLAY_KIND = "approval_expired"
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +66,8 @@ class AlreadyDecided(Exception):
 
 
 class Expired(AlreadyDecided):
-    """The approval's turn is gone (a restart, a lapsed lease): it was settled as denied."""
+    """The approval's turn is gone (a restart, a lapsed lease): it was settled as denied; or
+    a background unit's approval passed its deadline or lost its unit: settled expired."""
 
     def __init__(self, record: ApprovalRecord) -> None:
         super().__init__(record.id)
@@ -59,34 +79,106 @@ ApprovalListener = Callable[[ApprovalRecord], Awaitable[None]]
 
 
 def pending_approvals(store: SessionStore) -> list[ApprovalRecord]:
-    """Every approval a running turn waits for, oldest first (a store read: call it off
-    the event loop). One per busy session at most: a turn waits for one at a time."""
+    """Every approval a person may still answer, oldest first (store reads and writes: call
+    it off the event loop): the one each running turn waits for (one per busy session at
+    most), and every background unit's, those past their deadline or unit settled expired
+    on the way (``settle_if_stale``)."""
     found = []
     for session_id in store.running_turns():
         record = store.pending_approval(session_id)
         if record is not None:
             found.append(record)
+    for record in store.pending_unit_approvals():
+        if settle_if_stale(store, record) is None:
+            found.append(record)
     return sorted(found, key=lambda r: r.created_at)
 
 
-def decide_approval(store: SessionStore, approval_id: str, approve: bool) -> ApprovalRecord:
-    """Decide ``approval_id`` once (a store write: call it off the event loop).
+def settle_if_stale(
+    store: SessionStore, record: ApprovalRecord, now: float | None = None
+) -> ApprovalRecord | None:
+    """A pending background unit's approval nobody can answer any more (its deadline
+    passed, its unit's process is gone) settled expired, once, with the conversation's
+    notice; None while it is still answerable (or not a unit's). A store write."""
+    if not record.background or record.status != "pending":
+        return None
+    now = time.time() if now is None else now
+    if now < record.expires_at and not holder_is_dead(record.owner):
+        return None
+    settled, changed = store.expire_approval(record.id)
+    if changed:
+        why = "nobody answered in time" if now >= record.expires_at else "its unit is gone"
+        logger.info(
+            "approval %s of background unit %s expired (%s): %r was not run",
+            record.id,
+            record.unit_id,
+            why,
+            record.command,
+        )
+        _tell_expired(store, settled)
+    return settled
 
-    KeyError for an unknown id, AlreadyDecided for a decided one, Expired (after settling
-    it as denied) for one whose turn no longer holds its session.
+
+def _tell_expired(store: SessionStore, record: ApprovalRecord) -> None:
+    """The conversation's one notice (the dedupe key keeps it one on every server)."""
+    text = (
+        f"Approval {record.id} expired: nobody answered whether background task "
+        f"{record.unit_id} may run {record.command!r}, so it was not run. The task was told "
+        "that it expired (not that it was denied)."
+    )
+    try:
+        store.append_message(
+            record.session_id,
+            "system",
+            text,
+            display_kind=EXPIRED_DISPLAY_KIND,
+            display_metadata={
+                "approval_id": record.id,
+                "unit_id": record.unit_id,
+                "command": record.command,
+            },
+            dedupe_key=f"approval-expired:{record.id}",
+        )
+    except SessionGone:
+        logger.info(
+            "session %s was deleted before approval %s expired", record.session_id, record.id
+        )
+
+
+def decide_approval(
+    store: SessionStore, approval_id: str, approve: bool, *, by: str = "a person"
+) -> ApprovalRecord:
+    """Decide ``approval_id`` once (a store write: call it off the event loop); ``by``
+    (the surface and who) is logged.
+
+    KeyError for an unknown id, AlreadyDecided for a decided one, Expired for one nobody
+    may answer any more: a turn's that no longer holds its session (settled denied), a
+    background unit's past its deadline or whose unit is gone (settled expired).
     """
     record = store.get_approval(approval_id)
     if record is None:
         raise KeyError(approval_id)
     if record.status != "pending":
         raise AlreadyDecided(approval_id)
-    lease = store.running_turns().get(record.session_id)
-    if lease is None or lease.stream_id != record.stream_id:
-        settled, _ = store.decide_approval(approval_id, False)
-        raise Expired(settled)
+    if record.background:
+        stale = settle_if_stale(store, record)
+        if stale is not None:
+            raise Expired(stale)
+    else:
+        lease = store.running_turns().get(record.session_id)
+        if lease is None or lease.stream_id != record.stream_id:
+            settled, _ = store.decide_approval(approval_id, False)
+            raise Expired(settled)
     decided, changed = store.decide_approval(approval_id, approve)
     if not changed:
         raise AlreadyDecided(approval_id)
+    logger.info(
+        "approval %s %s by %s: %r",
+        approval_id,
+        "approved" if approve else "denied",
+        by,
+        record.command,
+    )
     return decided
 
 
@@ -98,10 +190,14 @@ class Approvals:
         store: SessionStore,
         *,
         poll_seconds: float = 2.0,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
         self.store = store
         self._listener: ApprovalListener | None = None  # set by ``listen``
         self._poll_seconds = poll_seconds
+        self.timeout_seconds = timeout_seconds
+        # Told of each background unit's approval asked (the webhook): set by the root.
+        self.on_requested: ApprovalListener | None = None
         # The decisions this process waits for, by approval id: a local decision wakes the
         # asking turn without waiting for the next read.
         self._waiting: dict[str, asyncio.Future[bool]] = {}
@@ -114,6 +210,17 @@ class Approvals:
 
         async def confirm(command: str) -> bool:
             return await self._ask(session_id, command, on_asked)
+
+        return confirm
+
+    def confirm_unit_for(
+        self, session_id: str, *, on_asked: ApprovalListener | None = None
+    ) -> UnitConfirmCallback:
+        """The ``ToolContext.confirm_unit`` hook of one conversation's turns: what their
+        background units ask (see the module docstring); ``on_asked`` as ``confirm_for``'s."""
+
+        async def confirm(unit_id: str, command: str) -> bool:
+            return await self._ask_unit(session_id, unit_id, command, on_asked)
 
         return confirm
 
@@ -159,6 +266,74 @@ class Approvals:
         finally:
             self._waiting.pop(approval.id, None)
 
+    async def _ask_unit(
+        self, session_id: str, unit_id: str, command: str, on_asked: ApprovalListener | None
+    ) -> bool:
+        now = time.time()
+        approval = ApprovalRecord(
+            id=f"appr_{secrets.token_hex(8)}",
+            session_id=session_id,
+            stream_id="",
+            command=command,
+            status="pending",
+            created_at=now,
+            unit_id=unit_id,
+            owner=str(current_identity()),
+            expires_at=now + self.timeout_seconds,
+        )
+        await asyncio.to_thread(self.store.ask_approval, approval)
+        logger.info(
+            "approval %s asked by background unit %s in session %s: %r (expires in %.0f s)",
+            approval.id,
+            unit_id,
+            session_id,
+            command,
+            self.timeout_seconds,
+        )
+        decided = asyncio.get_running_loop().create_future()
+        self._waiting[approval.id] = decided
+        try:
+            for tell in (self._on_change, on_asked, self.on_requested):
+                if tell is not None:
+                    try:
+                        await tell(approval)
+                    except Exception:  # one surface that cannot show it must not lose it
+                        logger.exception("could not announce approval %s", approval.id)
+            return await self._unit_decision(approval, decided)
+        except asyncio.CancelledError:
+            # The unit was stopped: nobody can answer for it any more.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._withdraw(approval.id))
+            raise
+        finally:
+            self._waiting.pop(approval.id, None)
+
+    async def _unit_decision(self, approval: ApprovalRecord, decided: asyncio.Future[bool]) -> bool:
+        while True:
+            left = approval.expires_at - time.time()
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(
+                    asyncio.shield(decided), max(0.0, min(self._poll_seconds, left))
+                )
+            record = await asyncio.to_thread(self.store.get_approval, approval.id)
+            if record is None:
+                raise ApprovalExpired(approval.id)
+            if record.status == "pending":
+                record = await asyncio.to_thread(settle_if_stale, self.store, record) or record
+            if record.status == "pending":
+                continue
+            if record.status != "approved":
+                await self._on_change(record)  # decided or expired elsewhere
+            if record.status == "expired":
+                raise ApprovalExpired(approval.id)
+            return record.status == "approved"
+
+    async def _withdraw(self, approval_id: str) -> None:
+        record, changed = await asyncio.to_thread(self.store.expire_approval, approval_id)
+        if changed:
+            logger.info("approval %s withdrawn: its background unit stopped", approval_id)
+            await self._on_change(record)
+
     async def _decision(self, approval_id: str, decided: asyncio.Future[bool]) -> bool:
         while True:
             with contextlib.suppress(TimeoutError):
@@ -177,11 +352,15 @@ class Approvals:
         if changed:
             await self._on_change(record)
 
-    async def decide(self, approval_id: str, approve: bool) -> ApprovalRecord:
+    async def decide(
+        self, approval_id: str, approve: bool, *, by: str = "a person"
+    ) -> ApprovalRecord:
         """KeyError for an unknown id, AlreadyDecided for a decided one, Expired (a kind of
-        AlreadyDecided) for one whose turn is gone."""
+        AlreadyDecided) for one nobody may answer any more; ``by`` is logged."""
         try:
-            record = await asyncio.to_thread(decide_approval, self.store, approval_id, approve)
+            record = await asyncio.to_thread(
+                decide_approval, self.store, approval_id, approve, by=by
+            )
         except Expired as exc:
             await self._on_change(exc.record)
             raise
@@ -197,7 +376,20 @@ class Approvals:
             waiting.set_result(approve)
 
     async def pending_for(self, session_id: str) -> ApprovalRecord | None:
+        """The approval the session's running turn waits for (what keeps it busy)."""
         return await asyncio.to_thread(self.store.pending_approval, session_id)
+
+    async def unit_pending_for(self, session_id: str) -> list[ApprovalRecord]:
+        """The background units' approvals of a session still answerable, oldest first."""
+
+        def read() -> list[ApprovalRecord]:
+            return [
+                r
+                for r in self.store.pending_unit_approvals()
+                if r.session_id == session_id and settle_if_stale(self.store, r) is None
+            ]
+
+        return await asyncio.to_thread(read)
 
     async def pending(self) -> list[ApprovalRecord]:
         """Every pending approval in the store (see ``pending_approvals``)."""

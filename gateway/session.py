@@ -602,6 +602,12 @@ class SessionStore:
     def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
         return self._backend.decide_approval(approval_id, approve)
 
+    def expire_approval(self, approval_id: str) -> tuple[ApprovalRecord, bool]:
+        return self._backend.expire_approval(approval_id)
+
+    def pending_unit_approvals(self) -> list[ApprovalRecord]:
+        return self._backend.pending_unit_approvals()
+
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         return self._backend.get_approval(approval_id)
 

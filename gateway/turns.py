@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from agent.loop import Agent
 from agent.providers.base import DeltaCallback, ModelOptions, ProviderError
-from agent.tools import ConfirmCallback, ToolContext, ToolProgress
+from agent.tools import ConfirmCallback, ToolContext, ToolProgress, UnitConfirmCallback
 from delivery import traces
 from delivery.session_backend import ApprovalRecord
 from gateway.compaction import Compactor, seen_delivery_ids
@@ -247,6 +247,7 @@ class TurnService:
         idempotency_wait_seconds: float = 300.0,
         session_key_of: Callable[[str], str] | None = None,
         confirm_for: Callable[..., ConfirmCallback] | None = None,
+        confirm_unit_for: Callable[..., UnitConfirmCallback] | None = None,
         context_chars: int = 400_000,
         hold_sessions: bool = False,
         park_on_approval: bool = False,
@@ -258,7 +259,9 @@ class TurnService:
         ``hold_sessions`` makes the service hold the session's lease itself (see the
         module docstring; ``confirm_for`` is then called with ``on_asked=``, as
         ``gateway.approvals.Approvals.confirm_for`` takes it); ``on_approval`` (set by the
-        surface) is told of each approval asked."""
+        surface) is told of each approval asked. ``confirm_unit_for(session_id, on_asked=)``
+        is what the background work its turns start asks (``ToolContext.confirm_unit``):
+        approvals that hold no session."""
         if max_concurrent_runs < 1:
             raise ValueError("max_concurrent_runs must be at least 1")
         self.store = store
@@ -267,6 +270,7 @@ class TurnService:
         self._render = render
         self._platform = platform
         self._confirm_for = confirm_for
+        self._confirm_unit_for = confirm_unit_for
         self._hold_sessions = hold_sessions
         self._park_on_approval = park_on_approval
         self.on_approval: Callable[[ApprovalRecord], Awaitable[None]] | None = None
@@ -489,6 +493,11 @@ class TurnService:
                     gate.confirm
                     if gate is not None
                     else (self._confirm_for(session_id) if self._confirm_for else None)
+                ),
+                confirm_unit=(
+                    self._confirm_unit_for(session_id, on_asked=self.on_approval)
+                    if self._confirm_unit_for is not None
+                    else None
                 ),
             )
             on_delta: DeltaCallback | None = None

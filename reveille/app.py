@@ -178,7 +178,7 @@ async def serve(
         )
         # One for the API server and Telegram: a decision through either wakes the turn
         # at once (the web UI's has its own, announced through its event log).
-        approvals = Approvals(store)
+        approvals = Approvals(store, timeout_seconds=settings.shell_approval_timeout)
         adapter = build_adapter(
             settings,
             store,
@@ -357,7 +357,7 @@ def build_adapter(
 ) -> ApiServerAdapter:
     """The API server over its own turn service (``Platform.API_SERVER``); with approvals
     on, its turns ask them and answer their client at once while one is pending."""
-    approvals = approvals or Approvals(store)
+    approvals = approvals or Approvals(store, timeout_seconds=settings.shell_approval_timeout)
     turns = TurnService(
         store,
         agent_turn_runner(build_agent(settings, model)),
@@ -417,7 +417,11 @@ def build_surfaces(
         surfaces.append(server)
     if settings.telegram_bot_token:
         agent = build_agent(settings, model)
-        asks = approvals or Approvals(store) if settings.shell_asks else None
+        asks = (
+            approvals or Approvals(store, timeout_seconds=settings.shell_approval_timeout)
+            if settings.shell_asks
+            else None
+        )
         for chat in telegram_surfaces(settings, store, agent, adapter, metrics, approvals=asks):
             runner.register_target(
                 chat.platform, PushTarget(chat, wake_text_budget=settings.wake_text_budget)
@@ -460,7 +464,8 @@ def build_webui(
     its event log (over ``webui_state``, which it then owns), approvals when the shell tool
     is on, and its delivery target."""
     log = EventLog(webui_state, **stream_caps(connection_limits))
-    approvals = Approvals(store)  # the web UI's turns listen to it (they announce its changes)
+    # The web UI's turns listen to it (they announce its changes).
+    approvals = Approvals(store, timeout_seconds=settings.shell_approval_timeout)
     service = TurnService(
         store,
         agent_turn_runner(build_agent(settings, model)),
@@ -470,6 +475,7 @@ def build_webui(
         context_chars=settings.context_chars,
         compactor=Compactor(store, provider_summariser(model), settings.compaction_policy),
         confirm_for=approvals.confirm_for if settings.shell_asks else None,
+        confirm_unit_for=approvals.confirm_unit_for if settings.shell_asks else None,
     )
     turns = WebTurns(
         store, service, log, approvals, runtime_stale=runtime_watch(settings_files(settings))
@@ -505,7 +511,12 @@ def gateway_approvals(settings: Settings, approvals: Approvals, *, park: bool) -
     while one is pending; ``park`` answers the turn's client at once (the API server)."""
     if not settings.shell_asks:
         return {}
-    return {"confirm_for": approvals.confirm_for, "hold_sessions": True, "park_on_approval": park}
+    return {
+        "confirm_for": approvals.confirm_for,
+        "confirm_unit_for": approvals.confirm_unit_for,
+        "hold_sessions": True,
+        "park_on_approval": park,
+    }
 
 
 def stream_caps(limits: ConnectionLimits | None) -> dict[str, int]:

@@ -51,6 +51,8 @@ class Settings:
     # "always": a person approves each shell command (web UI, API, Telegram, CLI);
     # "never": commands run at once (the banner says so)
     shell_approvals: str = "always"
+    # how long a background unit's approval waits for a person before it expires
+    shell_approval_timeout: float = 3600.0
     max_concurrent_runs: int = 10
     context_chars: int = 400_000
     # compaction (gateway/compaction.py): the model's context window in tokens (0 = unknown:
@@ -198,6 +200,7 @@ ENV_NAMES: dict[str, str] = {
     "shell_enabled": "REVEILLE_SHELL_ENABLED",
     "shell_workdir": "REVEILLE_SHELL_WORKDIR",
     "shell_approvals": "REVEILLE_SHELL_APPROVALS",
+    "shell_approval_timeout": "REVEILLE_SHELL_APPROVAL_TIMEOUT",
     "max_concurrent_runs": "REVEILLE_MAX_CONCURRENT_RUNS",
     "context_chars": "REVEILLE_CONTEXT_CHARS",
     "context_window": "REVEILLE_CONTEXT_WINDOW",
@@ -254,6 +257,7 @@ _TOML_ALIASES = {
     ("shell", "enabled"): "shell_enabled",
     ("shell", "workdir"): "shell_workdir",
     ("shell", "approvals"): "shell_approvals",
+    ("shell", "approval_timeout"): "shell_approval_timeout",
     ("delegation", "max_async_children"): "max_async_children",
     ("delegation", "max_queued"): "max_queued_delegations",
     ("delegation", "max_depth"): "delegation_max_depth",
@@ -379,6 +383,7 @@ def _validate(s: Settings) -> None:
         "peer_timeout_seconds",
         "delegation_stall_seconds",
         "responses_lease_seconds",
+        "shell_approval_timeout",
     ):
         if getattr(s, name) <= 0:
             raise bad(name, "must be positive")

@@ -55,6 +55,7 @@ def telegram_surfaces(
         # A Telegram session's id is its routing key (telegram_session_id).
         session_key_of=lambda session_id: session_id,
         confirm_for=approvals.confirm_for if approvals is not None else None,
+        confirm_unit_for=approvals.confirm_unit_for if approvals is not None else None,
         hold_sessions=approvals is not None,
     )
     adapter = TelegramAdapter(

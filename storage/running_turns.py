@@ -5,7 +5,9 @@ Each function is the body of one write or read transaction on a DB-API connectio
 backend opened (SQLite's writer thread, a PostgreSQL connection holding the session's
 advisory lock); it runs inside that transaction and commits nothing itself. The rules are
 ``delivery.session_backend``'s: one holder per session, a lapsed or dead holder loses the
-session to the next taker and what it asked is denied, an approval is decided once.
+session to the next taker and what it asked is denied, an approval is decided once. A
+background unit's approval (``unit_id``) is recorded without a lease and never denied by
+one: it has ``stream_id`` empty, which no turn has.
 """
 
 from __future__ import annotations
@@ -20,15 +22,17 @@ __all__ = [
     "ask_approval",
     "decide_approval",
     "end_turn",
+    "expire_approval",
     "get_approval",
     "pending_approval",
+    "pending_unit_approvals",
     "renew_turn",
     "running_turns",
     "take_turn",
 ]
 
 _TURN = "session_id, stream_id, owner, wakeup, started_at, expires_at"
-_APPROVAL = "id, session_id, stream_id, command, status, created_at"
+_APPROVAL = "id, session_id, stream_id, command, status, created_at, unit_id, owner, expires_at"
 # Decided approvals are kept a day, so that deciding twice is told apart from an unknown id.
 _KEEP_DECIDED_SECONDS = 86400.0
 
@@ -58,10 +62,14 @@ class _Sql:
         )
         self.prune = bind("DELETE FROM approvals WHERE status <> 'pending' AND created_at < ?")
         self.insert_approval = bind(
-            f"INSERT INTO approvals ({_APPROVAL}) VALUES (?, ?, ?, ?, ?, ?)"
+            f"INSERT INTO approvals ({_APPROVAL}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         self.approval = bind(f"SELECT {_APPROVAL} FROM approvals WHERE id = ?")
         self.decide = bind("UPDATE approvals SET status = ? WHERE id = ? AND status = 'pending'")
+        self.unit_pending = bind(
+            f"SELECT {_APPROVAL} FROM approvals WHERE status = 'pending' AND unit_id <> ''"
+            " ORDER BY created_at"
+        )
         self.pending = bind(
             f"SELECT {', '.join('a.' + c for c in _APPROVAL.split(', '))} FROM approvals a"
             " JOIN running_turns t"
@@ -81,8 +89,10 @@ def _lease(row: Any) -> TurnLease:
 
 
 def _approval(row: Any) -> ApprovalRecord:
-    aid, sid, stream_id, command, status, created = row
-    return ApprovalRecord(aid, sid, stream_id, command, status, created)
+    aid, sid, stream_id, command, status, created, unit_id, owner, expires = row
+    return ApprovalRecord(
+        aid, sid, stream_id, command, status, created, unit_id or "", owner or "", expires or 0.0
+    )
 
 
 def take_turn(
@@ -129,12 +139,13 @@ def running_turns(conn: Any, mark: str, now: float) -> list[TurnLease]:
 
 def ask_approval(conn: Any, mark: str, approval: ApprovalRecord) -> bool:
     q = _sql(mark)
-    row = conn.execute(q.turn, (approval.session_id,)).fetchone()
-    if row is None:
-        return False
-    held = _lease(row)
-    if held.stream_id != approval.stream_id or held.expires_at <= approval.created_at:
-        return False
+    if not approval.background:
+        row = conn.execute(q.turn, (approval.session_id,)).fetchone()
+        if row is None:
+            return False
+        held = _lease(row)
+        if held.stream_id != approval.stream_id or held.expires_at <= approval.created_at:
+            return False
     conn.execute(q.prune, (approval.created_at - _KEEP_DECIDED_SECONDS,))
     conn.execute(
         q.insert_approval,
@@ -145,6 +156,9 @@ def ask_approval(conn: Any, mark: str, approval: ApprovalRecord) -> bool:
             approval.command,
             approval.status,
             approval.created_at,
+            approval.unit_id,
+            approval.owner,
+            approval.expires_at,
         ),
     )
     return True
@@ -153,8 +167,15 @@ def ask_approval(conn: Any, mark: str, approval: ApprovalRecord) -> bool:
 def decide_approval(
     conn: Any, mark: str, approval_id: str, approve: bool
 ) -> tuple[ApprovalRecord, bool]:
+    return _settle(conn, mark, approval_id, "approved" if approve else "denied")
+
+
+def expire_approval(conn: Any, mark: str, approval_id: str) -> tuple[ApprovalRecord, bool]:
+    return _settle(conn, mark, approval_id, "expired")
+
+
+def _settle(conn: Any, mark: str, approval_id: str, status: str) -> tuple[ApprovalRecord, bool]:
     q = _sql(mark)
-    status = "approved" if approve else "denied"
     decided = bool(conn.execute(q.decide, (status, approval_id)).rowcount)
     row = conn.execute(q.approval, (approval_id,)).fetchone()
     if row is None:
@@ -170,3 +191,7 @@ def get_approval(conn: Any, mark: str, approval_id: str) -> ApprovalRecord | Non
 def pending_approval(conn: Any, mark: str, session_id: str, now: float) -> ApprovalRecord | None:
     row = conn.execute(_sql(mark).pending, (session_id, now)).fetchone()
     return _approval(row) if row is not None else None
+
+
+def pending_unit_approvals(conn: Any, mark: str) -> list[ApprovalRecord]:
+    return [_approval(r) for r in conn.execute(_sql(mark).unit_pending).fetchall()]

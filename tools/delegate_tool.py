@@ -8,7 +8,9 @@ A sub-agent gets the toolsets its dispatch names, or by default every toolset of
 that dispatched it except ``delegation``; it runs its own tool loop under
 ``DelegationLimits`` (steps, stall time, depth: a sub-agent at ``max_depth`` never gets
 ``delegate_task``, so fan-out is bounded). Its tool calls come from the dispatching turn's
-origin and ask that turn's confirmation hook, on the dispatching server's event loop.
+origin and ask, on the dispatching server's event loop: an inline sub-agent that turn's
+confirmation hook, a background one the turn's ``confirm_unit`` naming its delegation, so
+its approvals hold no session, outlive the turn and expire on their own deadline.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.providers.base import ModelProvider
@@ -162,9 +164,13 @@ def make_delegate_tool(
         except ToolsetError as exc:
             return {"error": str(exc)}
         tools = tools_of(parent, toolsets)
+        background = as_bool(args.get("background"))
+        unit = _UnitName() if background and ctx.confirm_unit is not None else None
         # The sub-agent runs on a worker thread with a loop of its own; its hooks (the
         # approval of a command) run on this loop, where the surface that made them lives.
-        sub_ctx = ctx.on_loop(asyncio.get_running_loop())
+        sub_ctx = (unit.context(ctx) if unit is not None else ctx).on_loop(
+            asyncio.get_running_loop()
+        )
         stop = StopSignal()
 
         def run() -> dict[str, Any]:
@@ -177,9 +183,10 @@ def make_delegate_tool(
                 max_steps=limits.max_steps,
                 stall_seconds=limits.stall_seconds,
                 stop=stop,
+                approvals_bounded=unit is not None,
             )
 
-        if not as_bool(args.get("background")):
+        if not background:
             # A worker thread, not the loop: the sub-agent runs its own event loop.
             try:
                 outcome = await asyncio.to_thread(run)
@@ -214,6 +221,8 @@ def make_delegate_tool(
                 max_async_children=max_async_children,
             )
         )
+        if unit is not None and dispatched.get("delegation_id"):
+            unit.named(str(dispatched["delegation_id"]))
         return json.loads(json.dumps(dispatched, default=str))
 
     return Tool(
@@ -223,6 +232,29 @@ def make_delegate_tool(
         handler=handler,
         toolset=DELEGATION_TOOLSET,
     )
+
+
+class _UnitName:
+    """The delegation id of a background sub-agent, known once its dispatch returned; its
+    approvals (asked on the dispatching loop, maybe before that) wait for it, so each
+    names the unit that asked."""
+
+    def __init__(self) -> None:
+        self._id: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def named(self, delegation_id: str) -> None:
+        if not self._id.done():
+            self._id.set_result(delegation_id)
+
+    def context(self, ctx: ToolContext) -> ToolContext:
+        """``ctx`` whose ``confirm`` asks as this unit (``ctx.confirm_unit``)."""
+        confirm_unit = ctx.confirm_unit
+        assert confirm_unit is not None
+
+        async def confirm(command: str) -> bool:
+            return await confirm_unit(await asyncio.shield(self._id), command)
+
+        return replace(ctx, confirm=confirm)
 
 
 def _failure(outcome: dict[str, Any]) -> str:

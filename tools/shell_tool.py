@@ -18,13 +18,18 @@ import signal
 from typing import Any
 
 from agent.tool_args import as_bool
-from agent.tools import Tool, ToolContext
+from agent.tools import ApprovalExpired, Tool, ToolContext
 
 SHELL_DISABLED_ERROR = (
     "the shell tool is disabled; enable it with REVEILLE_SHELL_ENABLED=1 "
     "(or shell.enabled in the settings file)"
 )
 DENIED_ERROR = "the user denied running this command; it was not run"
+# Not a denial: nobody decided before the approval's deadline ([shell] approval_timeout).
+EXPIRED_ERROR = (
+    "approval expired: nobody answered before the approval timeout; the command was not run "
+    "(nobody denied it either)"
+)
 NO_APPROVAL_ERROR = (
     "this command needs a person's approval and this conversation has no way to ask for "
     "one; it was not run"
@@ -146,8 +151,11 @@ def make_shell_tool(
             return {"error": "command must not be empty"}
         if ctx.confirm is None and require_approval:
             return {"error": NO_APPROVAL_ERROR, "denied": True}
-        if ctx.confirm is not None and not await ctx.confirm(command):
-            return {"error": DENIED_ERROR, "denied": True}
+        try:
+            if ctx.confirm is not None and not await ctx.confirm(command):
+                return {"error": DENIED_ERROR, "denied": True}
+        except ApprovalExpired:
+            return {"error": EXPIRED_ERROR, "expired": True}
         if not as_bool(args.get("background")):
             return await run_foreground(command, workdir=workdir, timeout=timeout_seconds)
         await ctx.prepare_background()  # its origin session is written before any result

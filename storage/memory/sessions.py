@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from delivery.session_backend import (
     ApprovalRecord,
+    ApprovalStatus,
     Compaction,
     IdempotencyRecord,
     MessageRecord,
@@ -535,7 +536,9 @@ class MemorySessions:
 
         def op() -> bool:
             held = self._turns.get(approval.session_id)
-            if held is None or held.stream_id != approval.stream_id or held.expires_at <= now:
+            if not approval.background and (
+                held is None or held.stream_id != approval.stream_id or held.expires_at <= now
+            ):
                 return False
             for old in [a for a in self._approvals.values() if a.status != "pending"]:
                 if old.created_at < approval.created_at - _KEEP_DECIDED_SECONDS:
@@ -546,15 +549,28 @@ class MemorySessions:
         return self._write(op)
 
     def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
+        return self._settle(approval_id, "approved" if approve else "denied")
+
+    def expire_approval(self, approval_id: str) -> tuple[ApprovalRecord, bool]:
+        return self._settle(approval_id, "expired")
+
+    def _settle(self, approval_id: str, status: ApprovalStatus) -> tuple[ApprovalRecord, bool]:
         def op() -> tuple[ApprovalRecord, bool]:
             approval = self._approvals[approval_id]  # KeyError: unknown
             if approval.status != "pending":
                 return approval, False
-            decided = replace(approval, status="approved" if approve else "denied")
+            decided = replace(approval, status=status)
             self._approvals[approval_id] = decided
             return decided, True
 
         return self._write(op)
+
+    def pending_unit_approvals(self) -> list[ApprovalRecord]:
+        def op() -> list[ApprovalRecord]:
+            found = [a for a in self._approvals.values() if a.background and a.status == "pending"]
+            return sorted(found, key=lambda a: a.created_at)
+
+        return self._read(op)
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         return self._read(lambda: self._approvals.get(approval_id))

@@ -279,6 +279,17 @@ CREATE INDEX IF NOT EXISTS idx_idempotency_done ON idempotency (updated_at) WHER
 CREATE INDEX IF NOT EXISTS idx_tombstones_deleted ON tombstones (deleted_at);
 """,
     ),
+    Migration(
+        9,
+        "approvals asked by background units: the unit, its process, its deadline",
+        """
+ALTER TABLE approvals ADD COLUMN IF NOT EXISTS unit_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE approvals ADD COLUMN IF NOT EXISTS owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE approvals ADD COLUMN IF NOT EXISTS expires_at DOUBLE PRECISION NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS idx_approvals_unit_pending ON approvals (created_at)
+    WHERE status = 'pending' AND unit_id <> '';
+""",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -474,15 +474,23 @@ class PostgresSessions:
         return self._read(lambda c: turns.running_turns(c, "%s", now))
 
     def ask_approval(self, approval: ApprovalRecord) -> bool:
-        return self._write(
-            "turn:" + approval.session_id, lambda c: turns.ask_approval(c, "%s", approval)
-        )
+        # A background unit's holds no session: no need to wait on the session's lock.
+        lock = None if approval.background else "turn:" + approval.session_id
+        return self._write(lock, lambda c: turns.ask_approval(c, "%s", approval))
 
     def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
         return self._write(
             "approval:" + approval_id,
             lambda c: turns.decide_approval(c, "%s", approval_id, approve),
         )
+
+    def expire_approval(self, approval_id: str) -> tuple[ApprovalRecord, bool]:
+        return self._write(
+            "approval:" + approval_id, lambda c: turns.expire_approval(c, "%s", approval_id)
+        )
+
+    def pending_unit_approvals(self) -> list[ApprovalRecord]:
+        return self._read(lambda c: turns.pending_unit_approvals(c, "%s"))
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         return self._read(lambda c: turns.get_approval(c, "%s", approval_id))

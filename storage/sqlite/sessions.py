@@ -608,6 +608,13 @@ class SqliteSessions:
     def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
         return self._write(lambda conn: turns.decide_approval(conn, "?", approval_id, approve))
 
+    def expire_approval(self, approval_id: str) -> tuple[ApprovalRecord, bool]:
+        return self._write(lambda conn: turns.expire_approval(conn, "?", approval_id))
+
+    def pending_unit_approvals(self) -> list[ApprovalRecord]:
+        with self._read() as conn:
+            return turns.pending_unit_approvals(conn, "?")
+
     def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         with self._read() as conn:
             return turns.get_approval(conn, "?", approval_id)

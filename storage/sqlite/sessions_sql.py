@@ -21,6 +21,10 @@ UPGRADE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("messages", "seen_at", "REAL"),
     ("messages", "archived_at", "REAL"),
     ("messages", "summary_id", "INTEGER"),
+    # background units' approvals (no turn lease): the unit, its process, its deadline
+    ("approvals", "unit_id", "TEXT NOT NULL DEFAULT ''"),
+    ("approvals", "owner", "TEXT NOT NULL DEFAULT ''"),
+    ("approvals", "expires_at", "REAL NOT NULL DEFAULT 0"),
 )
 
 DDL = """
@@ -85,13 +89,17 @@ CREATE TABLE IF NOT EXISTS running_turns (
     expires_at REAL NOT NULL
 );
 -- Human confirmations asked by running turns; pending only while the asking turn runs.
+-- A background unit's (unit_id set, stream_id empty) holds no turn; it expires instead.
 CREATE TABLE IF NOT EXISTS approvals (
     id         TEXT PRIMARY KEY,
     session_id TEXT NOT NULL,
     stream_id  TEXT NOT NULL,
     command    TEXT NOT NULL,
     status     TEXT NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    unit_id    TEXT NOT NULL DEFAULT '',
+    owner      TEXT NOT NULL DEFAULT '',
+    expires_at REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS idx_approvals_session ON approvals (session_id, stream_id)
 """

@@ -416,21 +416,23 @@ async def test_stopping_the_turn_stops_the_inline_subagent_it_waits_for(fake, tm
 
 
 async def test_web_ui_approvals_gate_a_subagent_like_its_parent(fake, real_runtime, tmp_path):
-    """The real web UI approvals: asked in the turn that holds the session and answered by
-    the tab; once no turn holds it, a background sub-agent's command is denied unasked."""
+    """The real web UI approvals: an inline sub-agent asks in the turn that holds the
+    session and the tab answers; once no turn holds it, a background sub-agent still asks,
+    as its unit (no session held), and the tab's answer lets its command run."""
     from api.approvals import Approvals
     from gateway.session import SessionStore
     from tests.stores import memory_sessions
 
     store = SessionStore(memory_sessions())
+    store.create_session("s1")
     store.take_turn("s1", "st_1")
-    answers = iter([False, True])
-    asked: list[str] = []
+    answers = iter([False, True, True])
+    asked: list[Any] = []
     deciding: list[asyncio.Task[Any]] = []
 
     async def tab(approval: Any) -> None:
         if approval.status == "pending":
-            asked.append(approval.command)
+            asked.append(approval)
             # Answered as a tab would, after the question was announced.
             decide = approvals.decide(approval.id, next(answers))
             deciding.append(asyncio.get_running_loop().create_task(decide))
@@ -438,9 +440,12 @@ async def test_web_ui_approvals_gate_a_subagent_like_its_parent(fake, real_runti
     approvals = Approvals(store)
     approvals.listen(tab)
     ctx = ToolContext(
-        session_id="s1", origin_ui_session_id="s1", confirm=approvals.confirm_for("s1")
+        session_id="s1",
+        origin_ui_session_id="s1",
+        confirm=approvals.confirm_for("s1"),
+        confirm_unit=approvals.confirm_unit_for("s1"),
     )
-    denied, approved, unasked = tmp_path / "denied", tmp_path / "approved", tmp_path / "unasked"
+    denied, approved, later = tmp_path / "denied", tmp_path / "approved", tmp_path / "later"
     fake.script = [
         completion(None, [tool_call("c1", "terminal", command=f"touch {denied}")]),
         completion(None, [tool_call("c2", "terminal", command=f"touch {approved}")]),
@@ -448,17 +453,54 @@ async def test_web_ui_approvals_gate_a_subagent_like_its_parent(fake, real_runti
     ]
     registry = registry_for(fake, tmp_path)
     assert await delegate(registry, ctx, goal="touch both") == "One was denied, one ran."
-    assert asked == [f"touch {denied}", f"touch {approved}"]
+    assert [a.command for a in asked] == [f"touch {denied}", f"touch {approved}"]
+    assert not any(a.background for a in asked)
     assert not denied.exists() and approved.exists()
 
     assert store.end_turn("s1", "st_1")  # the turn is over; its background work goes on
     fake.script = [
-        completion(None, [tool_call("c3", "terminal", command=f"touch {unasked}")]),
-        completion("It was not allowed."),
+        completion(None, [tool_call("c3", "terminal", command=f"touch {later}")]),
+        completion("It ran."),
     ]
+    handle = await delegate(registry, ctx, goal="g", background=True)
+    evt = await completion_of(real_runtime, handle)
+    assert evt["summary"] == "It ran." and later.exists()
+    unit_asked = asked[-1]
+    assert unit_asked.unit_id == handle["delegation_id"] and unit_asked.stream_id == ""
+    assert store.get_approval(unit_asked.id).status == "approved"
+    assert store.running_turns() == {}  # nothing held the session meanwhile
+
+
+async def test_an_unanswered_background_approval_expires_and_does_not_stall(
+    fake, real_runtime, tmp_path
+):
+    """Nobody answers: past ``approval_timeout`` the unit is told "expired" (not "denied"),
+    the conversation gets one notice, and the wait never tripped the (shorter) stall limit."""
+    from gateway.approvals import EXPIRED_DISPLAY_KIND, Approvals
+    from gateway.session import SessionStore
+    from tests.stores import memory_sessions
+    from tools.shell_tool import EXPIRED_ERROR
+
+    store = SessionStore(memory_sessions())
+    store.create_session("s2")
+    approvals = Approvals(store, poll_seconds=0.2, timeout_seconds=2.0)
+    ctx = ToolContext(
+        session_id="s2",
+        confirm=approvals.confirm_for("s2"),
+        confirm_unit=approvals.confirm_unit_for("s2"),
+    )
+    never = tmp_path / "never"
+    fake.script = [
+        completion(None, [tool_call("c1", "terminal", command=f"touch {never}")]),
+        completion("Nobody answered, so it did not run."),
+    ]
+    registry = registry_for(fake, tmp_path, stall_seconds=0.5)
     evt = await completion_of(
         real_runtime, await delegate(registry, ctx, goal="g", background=True)
     )
-    assert evt["summary"] == "It was not allowed."
-    assert json.loads(tool_messages(fake.requests[-1])[0]["content"])["denied"] is True
-    assert len(asked) == 2 and not unasked.exists()
+    assert evt["status"] == "completed", evt
+    told = json.loads(tool_messages(fake.requests[-1])[0]["content"])
+    assert told == {"error": EXPIRED_ERROR, "expired": True}
+    assert "denied" not in told and not never.exists()
+    notices = [m for m in store.messages("s2") if m.display_kind == EXPIRED_DISPLAY_KIND]
+    assert len(notices) == 1 and f"touch {never}" in notices[0].content
