@@ -49,6 +49,7 @@ from delivery.webhooks_backend import (
 )
 
 __all__ = [
+    "APPROVAL_REQUESTED",
     "DELEGATION_COMPLETED",
     "ROTATION_OVERLAP_SECONDS",
     "WebhookPolicy",
@@ -63,6 +64,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DELEGATION_COMPLETED = "reveille.delegation.completed"
+# A background unit waits for a person; ``data.id`` is the approval (GET /api/approvals).
+APPROVAL_REQUESTED = "reveille.approval.requested"
 # A rotated-out secret keeps signing this long, so receivers can switch without a gap.
 ROTATION_OVERLAP_SECONDS = 24 * 3600.0
 _SECRET_PREFIX = "whsec_"

@@ -41,7 +41,7 @@ from api.web_turns import WebTurns
 from delivery.peers import ServerRecord
 from delivery.retention import RetentionScheduler, RetentionStores
 from delivery.webui_state import WebUIStateBackend
-from gateway.approvals import Approvals
+from gateway.approvals import ApprovalListener, ApprovalRecord, Approvals
 from gateway.compaction import Compactor, provider_summariser
 from gateway.config import Platform
 from gateway.delivery_targets import ApiServerTarget, PushTarget
@@ -53,7 +53,7 @@ from gateway.responses import ResponsesService, TerminalHook
 from gateway.run import GatewayRunner, Surface
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
-from gateway.webhooks import WebhookSender
+from gateway.webhooks import APPROVAL_REQUESTED, WebhookSender
 from reveille import tracing, version
 from reveille.log_limits import rate_limited_logs
 from reveille.metrics import Metrics
@@ -190,8 +190,11 @@ async def serve(
             connection_limits=limits,
         )
         webhooks = await asyncio.to_thread(open_webhooks, settings, location)
+        requested = None
         if webhooks is not None:
             stack.push_async_callback(asyncio.to_thread, webhooks.backend.close)
+            requested = approval_webhook(webhooks)
+            approvals.on_requested = requested
         runner.register_target(Platform.API_SERVER, ApiServerTarget(store, adapter, webhooks))
         if on_terminal is None and webhooks is not None:
             on_terminal = webhooks.on_terminal  # called on a worker thread: the blocking one
@@ -218,6 +221,7 @@ async def serve(
             approvals=approvals,
             reuse_port=reuse_port,
             connection_limits=limits,
+            on_approval_requested=requested,
         )
         await adapter.start()
         # Said once the server listens: a start that fails says only why it failed.
@@ -400,6 +404,7 @@ def build_surfaces(
     approvals: Approvals | None = None,
     reuse_port: bool = False,
     connection_limits: ConnectionLimits | None = None,
+    on_approval_requested: ApprovalListener | None = None,
 ) -> list[Surface]:
     """The other front ends of this process (web UI, Telegram), each with its delivery
     target registered on the runner."""
@@ -413,6 +418,7 @@ def build_surfaces(
             reuse_port=reuse_port,
             connection_limits=connection_limits,
         )
+        server.approvals.on_requested = on_approval_requested
         runner.register_target(Platform.WEBUI, server.target)
         surfaces.append(server)
     if settings.telegram_bot_token:
@@ -503,6 +509,15 @@ def build_webui(
         reuse_port=reuse_port,
         connection_limits=connection_limits,
     )
+
+
+def approval_webhook(webhooks: WebhookSender) -> ApprovalListener:
+    """What owes the ``reveille.approval.requested`` webhook of a background unit's approval."""
+
+    async def requested(approval: ApprovalRecord) -> None:
+        await webhooks.aenqueue(APPROVAL_REQUESTED, approval.id)
+
+    return requested
 
 
 def gateway_approvals(settings: Settings, approvals: Approvals, *, park: bool) -> dict[str, Any]:

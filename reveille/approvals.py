@@ -2,9 +2,11 @@
 approve, deny — on the state directory (or PostgreSQL) a running server uses.
 
 A decision is written to the store once (``gateway.approvals.decide_approval``); the
-server whose turn waits for it reads it within two seconds and goes on, whichever surface
-asked (web UI, API server, Telegram). An approval whose turn is gone (its server died or
-restarted) is settled as denied and reported as expired.
+server whose turn (or background unit) waits for it reads it within two seconds and goes
+on, whichever surface asked (web UI, API server, Telegram). An approval whose turn is gone
+(its server died or restarted) is settled as denied and reported as expired; a background
+unit's past its deadline, or whose unit's process is gone, is settled expired (with the
+conversation's one notice) when listed or decided.
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ def _list(store: SessionStore, *, as_json: bool) -> int:
                         "surface": surface,
                         "command": record.command,
                         "created_at": record.created_at,
+                        "unit_id": record.unit_id or None,
+                        "expires_at": record.expires_at if record.background else None,
                     }
                 )
             )
@@ -100,28 +104,42 @@ def _list(store: SessionStore, *, as_json: bool) -> int:
         # The command is shown as a repr: a newline or an escape sequence in it cannot
         # forge another line of this listing or drive the operator's terminal.
         print(f"{record.id}  {surface}  {record.session_id}  asked {asked} ({waited:.0f}s ago)")
+        if record.background:
+            left = max(record.expires_at - now, 0)
+            print(f"    background task {record.unit_id}, expires in {left:.0f}s")
         print(f"    {record.command!r}")
     return 0
 
 
 def _decide(store: SessionStore, approval_id: str, approve: bool) -> int:
     try:
-        record = decide_approval(store, approval_id, approve)
+        record = decide_approval(store, approval_id, approve, by="the CLI")
     except KeyError:
         print(f"error: no approval {approval_id!r}", file=sys.stderr)
         return 1
-    except Expired:
-        print(
-            f"error: {approval_id} expired: the turn that asked it is gone (its server "
-            "stopped or restarted); it was settled as denied and nothing ran",
-            file=sys.stderr,
+    except Expired as exc:
+        why = (
+            "nobody answered before its deadline, or the background task that asked it is "
+            "gone; it was settled as expired and nothing ran"
+            if exc.record.background
+            else "the turn that asked it is gone (its server stopped or restarted); it was "
+            "settled as denied and nothing ran"
         )
+        print(f"error: {approval_id} expired: {why}", file=sys.stderr)
         return 1
     except AlreadyDecided:
         found = store.get_approval(approval_id)
         status = found.status if found is not None else "decided"
-        print(f"error: {approval_id} was already decided ({status})", file=sys.stderr)
+        if status == "expired":
+            print(
+                f"error: {approval_id} expired: nobody answered in time (or its background "
+                "task stopped); nothing ran",
+                file=sys.stderr,
+            )
+        else:
+            print(f"error: {approval_id} was already decided ({status})", file=sys.stderr)
         return 1
     verb = "approved: the command runs once" if approve else "denied: the command does not run"
-    print(f"{record.id} {verb} ({record.command!r}); the waiting turn goes on within seconds")
+    waiter = f"background task {record.unit_id}" if record.background else "turn"
+    print(f"{record.id} {verb} ({record.command!r}); the waiting {waiter} goes on within seconds")
     return 0

@@ -1,11 +1,14 @@
 """The approvals routes of the API server: what API clients decide about their turns' commands.
 
-``GET /api/approvals`` lists the approvals pending in API-server sessions (a turn that
-needs one answered its client with a note naming it); ``POST /api/approvals/{id}`` with
-``{"approve": true}`` or ``{"approve": false}`` decides one, once: 404 for an id that is
-unknown or belongs to another surface's session (the web UI's, a Telegram chat's: their
-own people decide those), 409 ``approval_already_decided`` for a second decision and 409
-``approval_expired`` for one whose turn is gone (a restart: it is settled as denied).
+``GET /api/approvals`` lists the approvals pending in API-server sessions: a turn's (the
+turn answered its client with a note naming it) and a background unit's (a sub-agent's
+command, asked after its turn ended: ``unit_id`` names the unit, ``expires_at`` its
+deadline; the ``reveille.approval.requested`` webhook announces it). ``POST
+/api/approvals/{id}`` with ``{"approve": true}`` or ``{"approve": false}`` decides one,
+once: 404 for an id that is unknown or belongs to another surface's session (the web UI's,
+a Telegram chat's: their own people decide those), 409 ``approval_already_decided`` for a
+second decision and 409 ``approval_expired`` for one nobody may answer any more (its turn
+is gone: settled as denied; a unit's deadline passed or its unit is gone: settled expired).
 Both need the API key: without one configured they answer 401, since anyone on the
 machine could otherwise approve commands.
 """
@@ -96,15 +99,19 @@ class ApprovalRoutes:
         if record is None or not await asyncio.to_thread(self._ours, record):
             raise _unknown(approval_id)
         try:
-            decided = await self.approvals.decide(approval_id, body["approve"])
+            decided = await self.approvals.decide(approval_id, body["approve"], by="the API")
         except KeyError:
             raise _unknown(approval_id) from None
         except Expired as exc:
+            why = (
+                "nobody answered before its deadline, or the background task that asked it "
+                "is gone; it was settled as expired and nothing ran"
+                if exc.record.background
+                else "the turn that asked it ended (the server restarted or the turn "
+                "stopped); it was settled as denied. Ask again."
+            )
             raise ApiError(
-                409,
-                f"approval {approval_id} expired: the turn that asked it ended (the server "
-                "restarted or the turn stopped); it was settled as denied. Ask again.",
-                code="approval_expired",
+                409, f"approval {approval_id} expired: {why}", code="approval_expired"
             ) from exc
         except AlreadyDecided:
             raise ApiError(
@@ -122,11 +129,15 @@ def _unknown(approval_id: str) -> ApiError:
 
 
 def _view(record: ApprovalRecord) -> dict[str, Any]:
-    return {
+    view: dict[str, Any] = {
         "id": record.id,
         "object": "approval",
         "session_id": record.session_id,
         "command": record.command,
         "status": record.status,
         "created": int(record.created_at),
+        "unit_id": record.unit_id or None,
     }
+    if record.background:
+        view["expires_at"] = int(record.expires_at)
+    return view

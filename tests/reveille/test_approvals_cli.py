@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from agent.tools import ApprovalExpired
 from delivery.session_backend import ApprovalRecord
 from gateway.approvals import Approvals
 from gateway.session import SessionSource
@@ -91,5 +94,45 @@ def test_an_approval_whose_turn_is_gone_expires(tmp_path: Path) -> None:
         assert approved.returncode == 1 and "expired" in approved.stderr
         decided = store.get_approval(record.id)
         assert decided is not None and decided.status == "denied"
+    finally:
+        store.close()
+
+
+async def test_an_operator_decides_what_a_background_unit_waits_for(tmp_path: Path) -> None:
+    """A background unit's approval holds no session: listed with its unit and deadline,
+    denied from the CLI (the unit is told so), and one past its deadline reported expired."""
+    store = session_file_store(tmp_path / "sessions.db")
+    try:
+        store.create_session("sess_bg", source=SessionSource(platform="api_server", chat_id="x"))
+        approvals = Approvals(store, poll_seconds=0.05)
+        waiting = asyncio.create_task(approvals.confirm_unit_for("sess_bg")("deleg_cli1", "ls"))
+        while not (await approvals.pending()):
+            await asyncio.sleep(0.02)
+        [pending] = await approvals.pending()
+        assert store.running_turns() == {}  # nothing holds the session
+
+        listed = await areveille(tmp_path, "approvals", "list")
+        lines = listed.stdout.splitlines()
+        assert lines[0].startswith(f"{pending.id}  api_server  sess_bg")
+        assert lines[1].strip().startswith("background task deleg_cli1, expires in ")
+        (row,) = [
+            json.loads(x)
+            for x in (await areveille(tmp_path, "approvals", "list", "--json")).stdout.splitlines()
+        ]
+        assert row["unit_id"] == "deleg_cli1" and row["expires_at"] > time.time()
+        denied = await areveille(tmp_path, "approvals", "deny", pending.id)
+        assert denied.returncode == 0 and "background task deleg_cli1" in denied.stdout
+        assert await asyncio.wait_for(waiting, 30) is False
+
+        late = Approvals(store, poll_seconds=60, timeout_seconds=0.2)
+        asked = asyncio.create_task(late.confirm_unit_for("sess_bg")("deleg_cli2", "ls -l"))
+        while not store.pending_unit_approvals():
+            await asyncio.sleep(0.02)
+        (record,) = store.pending_unit_approvals()
+        with pytest.raises(ApprovalExpired):  # the unit's own deadline: told "expired"
+            await asyncio.wait_for(asked, 30)
+        approved = await areveille(tmp_path, "approvals", "approve", record.id)
+        assert approved.returncode == 1 and "expired: nobody answered" in approved.stderr
+        assert store.get_approval(record.id).status == "expired"
     finally:
         store.close()
