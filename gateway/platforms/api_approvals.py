@@ -114,6 +114,14 @@ class ApprovalRoutes:
                 409, f"approval {approval_id} expired: {why}", code="approval_expired"
             ) from exc
         except AlreadyDecided:
+            settled = await asyncio.to_thread(self.store.get_approval, approval_id)
+            if settled is not None and settled.status == "expired":
+                raise ApiError(
+                    409,
+                    f"approval {approval_id} expired: nobody answered before its deadline, or "
+                    "the background task that asked it stopped; nothing ran",
+                    code="approval_expired",
+                ) from None
             raise ApiError(
                 409, f"approval {approval_id} was already decided", code="approval_already_decided"
             ) from None
