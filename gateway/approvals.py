@@ -217,7 +217,8 @@ class Approvals:
         self, session_id: str, *, on_asked: ApprovalListener | None = None
     ) -> UnitConfirmCallback:
         """The ``ToolContext.confirm_unit`` hook of one conversation's turns: what their
-        background units ask (see the module docstring); ``on_asked`` as ``confirm_for``'s."""
+        background units ask (see the module docstring); ``on_asked`` as ``confirm_for``'s,
+        and told once more, with the record settled, when it expired."""
 
         async def confirm(unit_id: str, command: str) -> bool:
             return await self._ask_unit(session_id, unit_id, command, on_asked)
@@ -299,7 +300,7 @@ class Approvals:
                         await tell(approval)
                     except Exception:  # one surface that cannot show it must not lose it
                         logger.exception("could not announce approval %s", approval.id)
-            return await self._unit_decision(approval, decided)
+            return await self._unit_decision(approval, decided, on_asked)
         except asyncio.CancelledError:
             # The unit was stopped: nobody can answer for it any more.
             with contextlib.suppress(Exception):
@@ -308,7 +309,12 @@ class Approvals:
         finally:
             self._waiting.pop(approval.id, None)
 
-    async def _unit_decision(self, approval: ApprovalRecord, decided: asyncio.Future[bool]) -> bool:
+    async def _unit_decision(
+        self,
+        approval: ApprovalRecord,
+        decided: asyncio.Future[bool],
+        on_asked: ApprovalListener | None,
+    ) -> bool:
         while True:
             left = approval.expires_at - time.time()
             with contextlib.suppress(TimeoutError):
@@ -325,6 +331,11 @@ class Approvals:
             if record.status != "approved":
                 await self._on_change(record)  # decided or expired elsewhere
             if record.status == "expired":
+                # The surface that asked says so where it asked (Telegram: a message); only
+                # the waiting unit gets here, so it is said once.
+                if on_asked is not None:
+                    with contextlib.suppress(Exception):
+                        await on_asked(record)
                 raise ApprovalExpired(approval.id)
             return record.status == "approved"
 

@@ -1,6 +1,7 @@
 """Telegram's face of approvals: the inline keyboard a command is asked with, and its presses.
 
-``ask`` sends the keyboard (Approve once / Deny) into the chat whose turn waits; each
+``ask`` sends the keyboard (Approve once / Deny) into the chat whose turn (or background
+task, after its turn ended: the chat its session was created for) waits; each
 button's ``callback_data`` is ``appr:<approval id>:y|n``, an opaque id and never the
 command. ``on_press`` answers a callback query: only an allowed user who owns the chat of
 the approval's session (the private chat's user, or the user who started a group's
@@ -50,15 +51,26 @@ class ApprovalKeyboard:
         self._sources = sources
 
     async def ask(self, approval: ApprovalRecord) -> None:
-        """A turn of this chat waits for ``approval``: ask with a keyboard."""
-        source = self._sources.get(approval.session_id)
+        """A turn of this chat, or background work it started, waits for ``approval``: ask
+        with a keyboard."""
+        source = self._sources.get(approval.session_id) or await self._stored_source(approval)
         if source is None:
             logger.warning("approval %s has no chat to ask in", approval.id)
             return
-        text = (
-            "<b>Approval needed.</b> The agent wants to run:\n"
-            f"<pre>{escape(approval.command)}</pre>"
-        )
+        if approval.status == "expired":
+            await self._say_expired(source, approval)
+            return
+        if approval.background:
+            text = (
+                "<b>Approval needed.</b> A background task "
+                f"(<code>{escape(approval.unit_id)}</code>) wants to run:\n"
+                f"<pre>{escape(approval.command)}</pre>"
+            )
+        else:
+            text = (
+                "<b>Approval needed.</b> The agent wants to run:\n"
+                f"<pre>{escape(approval.command)}</pre>"
+            )
         keyboard = {
             "inline_keyboard": [
                 [
@@ -83,6 +95,35 @@ class ApprovalKeyboard:
             logger.warning(
                 "could not ask approval %s in chat %s: %s", approval.id, source.chat_id, exc
             )
+
+    async def _say_expired(self, source: SessionSource, approval: ApprovalRecord) -> None:
+        """The chat's one notice that a background task's approval expired."""
+        text = (
+            f"<b>Approval expired.</b> Nobody answered, so the background task "
+            f"<code>{escape(approval.unit_id)}</code> did not run:\n"
+            f"<pre>{escape(approval.command)}</pre>"
+        )
+        try:
+            await self.api.call(
+                "sendMessage",
+                {
+                    "chat_id": source.chat_id,
+                    "text": text,
+                    "parse_mode": "HTML",
+                    **thread_params(source),
+                },
+            )
+        except TelegramError as exc:
+            logger.warning("could not say approval %s expired: %s", approval.id, exc)
+
+    async def _stored_source(self, approval: ApprovalRecord) -> SessionSource | None:
+        """The chat of a session no turn runs in now (a background unit asks after its
+        turn ended): the one its session was created for."""
+        session = await asyncio.to_thread(self.store.get_session, approval.session_id)
+        if session is None or not isinstance(session.source, dict):
+            return None
+        source = SessionSource.from_dict(session.source)
+        return source if source.platform is Platform.TELEGRAM else None
 
     async def on_press(self, query: dict[str, Any]) -> None:
         """A button press (callback query): decide the approval it names, once."""
@@ -136,8 +177,13 @@ class ApprovalKeyboard:
             return "Not yours to decide.", None
         command = escape(record.command)
         try:
-            await self.approvals.decide(approval_id, approve)
-        except Expired:
+            await self.approvals.decide(approval_id, approve, by=f"Telegram user {user}")
+        except Expired as exc:
+            if exc.record.background:
+                return (
+                    "Expired: nobody answered in time, or its task stopped; nothing ran.",
+                    f"Expired (not run): <code>{command}</code>",
+                )
             return (
                 "Expired: the turn that asked it is gone (a restart). Ask again.",
                 f"Expired (not run): <code>{command}</code>",
@@ -146,6 +192,11 @@ class ApprovalKeyboard:
             settled = await asyncio.to_thread(self.store.get_approval, approval_id)
             if settled is not None and settled.status == "approved":
                 return "Already decided: approved.", None
+            if settled is not None and settled.status == "expired":
+                return (
+                    "Expired: nobody answered in time, or its task stopped; nothing ran.",
+                    f"Expired (not run): <code>{command}</code>",
+                )
             # Denied by a person, or when its turn ended (a restart took the session over).
             return (
                 "Already decided: denied (by you, or because its turn ended); nothing ran.",
