@@ -447,6 +447,8 @@ class WebUIServer:
         items, older = await self._transcript_page(session_id, None)
         stream = self.turns.active(session_id)
         approval = await self.approvals.pending_for(session_id)
+        # Background work's approvals hold no session: shown as cards, whenever the tab opens.
+        unit_approvals = await self.approvals.unit_pending_for(session_id)
         return web.json_response(
             {
                 "session": view,
@@ -455,6 +457,7 @@ class WebUIServer:
                 "older": older,
                 "active_stream": stream.as_dict() if stream is not None else None,
                 "pending_approval": approval.as_dict() if approval is not None else None,
+                "unit_approvals": [a.as_dict() for a in unit_approvals],
                 "last_event_id": str(last_event_id),
             }
         )
@@ -541,7 +544,9 @@ class WebUIServer:
         if decision not in ("approve", "deny"):
             raise ApiError(400, 'decision must be "approve" or "deny"', code="invalid_decision")
         try:
-            approval = await self.approvals.decide(request.match_info["id"], decision == "approve")
+            approval = await self.approvals.decide(
+                request.match_info["id"], decision == "approve", by="the web UI"
+            )
         except KeyError:
             return _error(404, "no such approval", "approval_not_found")
         except AlreadyDecided:

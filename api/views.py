@@ -19,6 +19,7 @@ from typing import Any
 from agent.markers import read_wake_data
 from api.event_log import ToolStep
 from delivery.rows import LedgerRow
+from gateway.approvals import EXPIRED_DISPLAY_KIND
 from gateway.config import Platform
 from gateway.session import MessageRecord, SessionRecord
 from gateway.wake_text import is_combined_wake, wake_batch_key
@@ -180,6 +181,15 @@ def _tool_item(step: ToolStep) -> dict[str, Any]:
     }
 
 
+def _expired_approval(meta: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": _text(meta.get("approval_id")),
+        "command": _text(meta.get("command")),
+        "unit_id": _text(meta.get("unit_id")),
+        "status": "expired",
+    }
+
+
 def transcript_items(
     messages: Iterable[MessageRecord], tool_steps: Sequence[ToolStep] = ()
 ) -> list[dict[str, Any]]:
@@ -216,6 +226,10 @@ def transcript_items(
                     "archived": row.archived,
                 }
             )
+            continue
+        if row.is_delivery and row.display_kind == EXPIRED_DISPLAY_KIND:
+            # A background task's approval nobody answered: its card, settled expired.
+            items.append({"kind": "approval", "id": row_id, "approval": _expired_approval(meta)})
             continue
         if row.is_delivery:
             # A delivery row (API-server sessions): the result, as its card.

@@ -5,6 +5,12 @@ import { compareIds, el, formatDuration } from "/static/dom.js";
 import { setMarkdown } from "/static/markdown.js";
 
 const OK = new Set(["done", "completed", "complete", "success", "succeeded", "ok", "finished"]);
+// What a settled approval card says; "expired" is not a denial: nobody answered in time.
+const OUTCOMES = {
+  approved: "Approved",
+  denied: "Denied",
+  expired: "Expired: nobody answered in time, so it did not run",
+};
 const BAD = new Set(["failed", "error", "errored", "timeout", "timed_out", "cancelled", "killed", "lost", "stalled"]);
 
 export function statusTone(status) {
@@ -213,6 +219,8 @@ export class ChatView {
       }
     }
     if (detail.pending_approval) this.upsertApproval(detail.pending_approval);
+    // Background work's approvals wait without holding the session: shown whenever the tab opens.
+    for (const approval of detail.unit_approvals || []) this.upsertApproval(approval);
     this.loading = false;
     const buffered = this.buffer;
     this.buffer = [];
@@ -285,6 +293,12 @@ export class ChatView {
       );
     } else if (item.kind === "wakeup" && item.card) {
       this.addCard(item.card, target);
+    } else if (item.kind === "approval" && item.approval) {
+      // A background task's approval settled for good (it expired): where it happened.
+      const node = this.approvalCard(item.approval);
+      this.approvals.get(item.approval.id)?.remove();
+      this.approvals.set(item.approval.id, node);
+      target.append(node);
     } else if (item.kind === "tool") {
       target.append(toolStep(item));
     }
@@ -543,11 +557,18 @@ export class ChatView {
             on: { click: (e) => this.decide(approval, "deny", e.currentTarget) },
           }),
         )
-      : el("p", { class: `approval-outcome ${status}`, text: status === "approved" ? "Approved" : status === "denied" ? "Denied" : status });
+      : el("p", { class: `approval-outcome ${status}`, text: OUTCOMES[status] || String(status) });
+    const background = Boolean(approval.unit_id);
+    const title = !pending
+      ? background ? "A background task's command" : "Command approval"
+      : background ? "A background task wants to run a command" : "The agent wants to run a command";
     return el(
       "article",
-      { class: `approval-card ${status}`, dataset: { testid: "approval-card", status, approvalId: approval.id } },
-      el("p", { class: "approval-title", text: pending ? "The agent wants to run a command" : "Command approval" }),
+      {
+        class: `approval-card ${status}`,
+        dataset: { testid: "approval-card", status, approvalId: approval.id, background: background ? "true" : null },
+      },
+      el("p", { class: "approval-title", text: title }),
       el("pre", { class: "approval-command" }, el("code", { text: String(approval.command ?? "") })),
       buttons,
     );
