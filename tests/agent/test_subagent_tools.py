@@ -504,3 +504,32 @@ async def test_an_unanswered_background_approval_expires_and_does_not_stall(
     assert "denied" not in told and not never.exists()
     notices = [m for m in store.messages("s2") if m.display_kind == EXPIRED_DISPLAY_KIND]
     assert len(notices) == 1 and f"touch {never}" in notices[0].content
+
+
+async def test_cancelling_a_unit_that_waits_for_approval_withdraws_it(fake, real_runtime, tmp_path):
+    """A unit stopped while it waits: its approval is settled (nobody can answer for it any
+    more), never left pending, and its command never runs."""
+    from gateway.approvals import Approvals
+    from gateway.session import SessionStore
+    from tests.stores import memory_sessions
+
+    store = SessionStore(memory_sessions())
+    store.create_session("s3")
+    approvals = Approvals(store, poll_seconds=0.1)
+    ctx = ToolContext(
+        session_id="s3",
+        confirm=approvals.confirm_for("s3"),
+        confirm_unit=approvals.confirm_unit_for("s3"),
+    )
+    never = tmp_path / "never"
+    fake.script = [completion(None, [tool_call("c1", "terminal", command=f"touch {never}")])]
+    handle = await delegate(registry_for(fake, tmp_path), ctx, goal="g", background=True)
+    while not store.pending_unit_approvals():
+        await asyncio.sleep(0.02)
+    (asked,) = store.pending_unit_approvals()
+    assert asked.unit_id == handle["delegation_id"]
+    assert real_runtime[0].cancel_delegation(handle["delegation_id"])
+    evt = await completion_of(real_runtime, handle)
+    assert evt["status"] == "cancelled"
+    assert store.get_approval(asked.id).status == "expired"
+    assert store.pending_unit_approvals() == [] and not never.exists()

@@ -101,3 +101,14 @@ def test_retention_days_come_from_the_file_and_the_environment(tmp_path: Path) -
     bad = {**env, "REVEILLE_RETENTION_TOMBSTONE_DAYS": "-1"}
     with pytest.raises(SettingsError, match="retention_tombstone_days"):
         load_settings(bad)
+
+
+def test_the_background_approval_timeout_from_file_and_environment(tmp_path: Path) -> None:
+    assert load_settings({"REVEILLE_HOME": str(tmp_path)}).shell_approval_timeout == 3600.0
+    (tmp_path / "config.toml").write_text("[shell]\napproval_timeout = 90\n")
+    assert load_settings({"REVEILLE_HOME": str(tmp_path)}).shell_approval_timeout == 90.0
+    env = {"REVEILLE_HOME": str(tmp_path), "REVEILLE_SHELL_APPROVAL_TIMEOUT": "5"}
+    assert load_settings(env).shell_approval_timeout == 5.0
+    for bad in ("0", "-1", "soon"):
+        with pytest.raises(SettingsError, match="approval_timeout"):
+            load_settings({**env, "REVEILLE_SHELL_APPROVAL_TIMEOUT": bad})
