@@ -7,11 +7,13 @@ import asyncio
 import hashlib
 import sqlite3
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from delivery.session_backend import ApprovalRecord
 from gateway.session import SessionStore, SessionStoreError
 from storage.sqlite.sessions_sql import SCHEMA_VERSION
 from tests.sessions._support import race, state_of
@@ -154,6 +156,30 @@ def test_v1_file_is_upgraded_in_place(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     finally:
         conn.close()
+
+
+def test_an_older_approvals_table_gains_the_background_columns(tmp_path: Path) -> None:
+    path = tmp_path / "v5.db"
+    with session_file_store(path) as s:
+        s.create_session("old")
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE approvals")  # as a build before background approvals wrote it
+    conn.execute(
+        "CREATE TABLE approvals (id TEXT PRIMARY KEY, session_id TEXT NOT NULL,"
+        " stream_id TEXT NOT NULL, command TEXT NOT NULL, status TEXT NOT NULL,"
+        " created_at REAL NOT NULL)"
+    )
+    conn.execute("INSERT INTO approvals VALUES ('appr_old', 'old', 'st', 'ls', 'denied', 1.0)")
+    conn.commit()
+    conn.close()
+    with session_file_store(path) as s:
+        old = s.get_approval("appr_old")
+        assert old is not None and not old.background and old.expires_at == 0.0
+        unit = ApprovalRecord(
+            "appr_new", "old", "", "ls", "pending", time.time(), "deleg_1", "me", time.time() + 9
+        )
+        assert s.ask_approval(unit)
+        assert s.pending_unit_approvals() == [unit]
 
 
 def test_tombstones_survive_reopen(tmp_path: Path) -> None:
