@@ -38,7 +38,7 @@ from tools.shell_tool import EXPIRED_ERROR
 from ._support import KEY, poll
 from .serve_support import Server, call, chat, transcript, wait_until
 from .test_approvals import api
-from .test_runner import clean_state, messages
+from .test_runner import clean_state, finished_process, messages
 
 __all__ = ["clean_state"]  # the fixture, used by name
 
@@ -176,7 +176,7 @@ async def test_a_denial_a_second_decision_and_forged_or_foreign_ids(
     fake: FakeOpenAI, tmp_path: Path, clean_state: None
 ) -> None:
     marker = tmp_path / "ran.txt"
-    _delegating(fake, f"touch {marker}", "It was denied.")
+    _delegating(fake, f"touch {marker}", "It was denied.", turns_after=1)  # +1: a wake-up
     receiver = WebhookReceiver()
     await receiver.start()
     secret = new_secret()
@@ -220,6 +220,13 @@ async def test_a_denial_a_second_decision_and_forged_or_foreign_ids(
             assert [a["id"] for a in listed] == [approval["id"]]
             status, _ = await api(port, "POST", f"/api/approvals/{foreign.id}", {"approve": True})
             assert status == 404 and app.store.get_approval(foreign.id).status == "pending"
+
+            # A wake-up of the conversation goes through meanwhile: nothing holds the session.
+            evt = finished_process(
+                app.runtime.ledger, "proc_meanwhile", origin_session_id=approval["session_id"]
+            )
+            assert await app.runner.handle_event(evt) == "delivered"
+            assert app.store.get_approval(approval["id"]).status == "pending"
 
             status, decided = await api(port, "POST", path, {"approve": False})
             assert status == 200 and decided["approval"]["status"] == "denied"
