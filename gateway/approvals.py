@@ -251,6 +251,13 @@ class Approvals:
         )
         if not await asyncio.to_thread(self.store.ask_approval, approval):
             return False  # the turn no longer holds its session
+        logger.info(
+            "approval %s asked by turn %s in session %s: %r",
+            approval.id,
+            lease.stream_id,
+            session_id,
+            command,
+        )
         decided = asyncio.get_running_loop().create_future()
         self._waiting[approval.id] = decided
         try:
@@ -282,18 +289,21 @@ class Approvals:
             owner=str(current_identity()),
             expires_at=now + self.timeout_seconds,
         )
-        await asyncio.to_thread(self.store.ask_approval, approval)
-        logger.info(
-            "approval %s asked by background unit %s in session %s: %r (expires in %.0f s)",
-            approval.id,
-            unit_id,
-            session_id,
-            command,
-            self.timeout_seconds,
-        )
         decided = asyncio.get_running_loop().create_future()
         self._waiting[approval.id] = decided
+        # A task of its own: a unit stopped while its row is being written withdraws it only
+        # once it is written.
+        written = asyncio.ensure_future(asyncio.to_thread(self.store.ask_approval, approval))
         try:
+            await asyncio.shield(written)
+            logger.info(
+                "approval %s asked by background unit %s in session %s: %r (expires in %.0f s)",
+                approval.id,
+                unit_id,
+                session_id,
+                command,
+                self.timeout_seconds,
+            )
             for tell in (self._on_change, on_asked, self.on_requested):
                 if tell is not None:
                     try:
@@ -304,7 +314,7 @@ class Approvals:
         except asyncio.CancelledError:
             # The unit was stopped: nobody can answer for it any more.
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._withdraw(approval.id))
+                await asyncio.shield(self._withdraw(approval.id, written))
             raise
         finally:
             self._waiting.pop(approval.id, None)
@@ -339,7 +349,8 @@ class Approvals:
                 raise ApprovalExpired(approval.id)
             return record.status == "approved"
 
-    async def _withdraw(self, approval_id: str) -> None:
+    async def _withdraw(self, approval_id: str, written: asyncio.Future[bool]) -> None:
+        await written  # raises (nothing to withdraw) when the row could not be written
         record, changed = await asyncio.to_thread(self.store.expire_approval, approval_id)
         if changed:
             logger.info("approval %s withdrawn: its background unit stopped", approval_id)
