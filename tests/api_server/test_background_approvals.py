@@ -276,3 +276,45 @@ async def test_an_unanswered_approval_expires_with_one_notice(
         assert (await api(port, "GET", "/api/approvals"))[1]["data"] == []
         assert len(await rows_of(EXPIRED_DISPLAY_KIND)) == 1
         assert not marker.exists()
+
+
+async def test_an_approval_whose_units_server_died_expires_when_read(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The server running the unit is killed (-9) while it waits: the next server on the
+    state directory settles the approval expired when it is read, with one notice, and a
+    late decision is told it expired."""
+    _delegating(fake, "echo never", "unused")
+    env = {
+        "REVEILLE_PROVIDER": "openai",
+        "REVEILLE_MODEL": "fake-model",
+        "OPENAI_BASE_URL": fake.base_url,
+        "OPENAI_API_KEY": "sk-test",
+        "REVEILLE_SHELL_APPROVALS": "always",
+    }
+    home = tmp_path / "home"
+    first = await asyncio.to_thread(Server, home, extra_env=env)
+    try:
+        session_id, _ = await asyncio.to_thread(chat, first.port, "go", model="fake-model")
+
+        def listed(port: int) -> list[dict[str, Any]]:
+            return call(port, "GET", "/api/approvals")[2]["data"]
+
+        (approval,) = await asyncio.to_thread(wait_until, lambda: listed(first.port))
+    finally:
+        first.proc.kill()
+        first.proc.wait(timeout=30)
+    second = await asyncio.to_thread(Server, home, extra_env=env)
+    try:
+        assert await asyncio.to_thread(listed, second.port) == []
+        status, _, late = await asyncio.to_thread(
+            call, second.port, "POST", f"/api/approvals/{approval['id']}", {"approve": True}
+        )
+        assert status == 409 and late["error"]["code"] == "approval_expired"
+        rows = await asyncio.to_thread(transcript, second.port, session_id)
+        (notice,) = [r for r in rows if r.get("display_kind") == EXPIRED_DISPLAY_KIND]
+        assert approval["id"] in notice["content"]
+        assert "its unit is gone" in "".join(second.lines)
+        assert _sub_tool_results(fake) == []  # the command never ran
+    finally:
+        await asyncio.to_thread(second.stop)
