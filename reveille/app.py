@@ -192,6 +192,7 @@ async def serve(
         webhooks = await asyncio.to_thread(open_webhooks, settings, location)
         if webhooks is not None:
             stack.push_async_callback(asyncio.to_thread, webhooks.backend.close)
+            metrics.webhook_stats = webhooks.backend.endpoint_stats
         runner.register_target(Platform.API_SERVER, ApiServerTarget(store, adapter, webhooks))
         if on_terminal is None and webhooks is not None:
             on_terminal = webhooks.on_terminal  # called on a worker thread: the blocking one
