@@ -254,10 +254,10 @@ class WebhookSender:
                 loop.call_soon_threadsafe(self._wake_all)
 
     def _wake_all(self) -> None:
+        """Wake every lane (an enqueue owes something to each configured endpoint); the
+        loop that looks for other endpoints keeps its own pace."""
         for lane in self._lanes.values():
             lane.wake.set()
-        if self._wake is not None:
-            self._wake.set()
 
     # -- the loop that sends --------------------------------------------------------------
 
@@ -284,6 +284,8 @@ class WebhookSender:
         task, self._task = self._task, None
         self._stopping = True
         self._wake_all()
+        if self._wake is not None:
+            self._wake.set()
         tasks = {t for t in (task,) if t is not None}
         for lane in self._lanes.values():
             tasks |= lane.sending | ({lane.task} if lane.task is not None else set())
