@@ -60,6 +60,7 @@ __all__ = [
     "check_secret",
     "delivery_id_for",
     "new_secret",
+    "public_endpoint",
     "sign",
     "signature_header",
 ]
@@ -338,7 +339,9 @@ class WebhookSender:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("webhook sender: a pass for %s failed", _redact(lane.endpoint))
+                log.exception(
+                    "webhook sender: a pass for %s failed", public_endpoint(lane.endpoint)
+                )
                 wait = self.policy.first_retry_seconds
             if wait > 0 and not self._stopping:
                 with contextlib.suppress(TimeoutError):
@@ -436,7 +439,7 @@ class WebhookSender:
             log.warning(
                 "webhook %s to %s: the claim ran out before it settled",
                 row.id,
-                _redact(row.endpoint),
+                public_endpoint(row.endpoint),
             )
 
     def _count(self, lane: _Lane, answer: _Answer, outcome: str) -> None:
@@ -449,13 +452,15 @@ class WebhookSender:
             log.warning(
                 "webhook endpoint %s tripped after %d failures in a row (last: %s); its rows "
                 "stay owed and it is tried again in %.0f s",
-                _redact(lane.endpoint),
+                public_endpoint(lane.endpoint),
                 lane.breaker.failed_in_a_row,
                 _describe(answer),
                 max(lane.breaker.reopen_at - now, 0.0),
             )
         elif change == RECOVERED:
-            log.warning("webhook endpoint %s recovered: sending again", _redact(lane.endpoint))
+            log.warning(
+                "webhook endpoint %s recovered: sending again", public_endpoint(lane.endpoint)
+            )
 
     async def _post(self, row: WebhookDelivery, signing: list[str]) -> _Answer:
         assert self._http is not None
@@ -503,7 +508,9 @@ def _finished(lane: _Lane, task: asyncio.Task[None]) -> None:
     lane.sending.discard(task)
     lane.wake.set()  # a slot is free
     if not task.cancelled() and task.exception() is not None:
-        log.error("webhook send to %s failed", _redact(lane.endpoint), exc_info=task.exception())
+        log.error(
+            "webhook send to %s failed", public_endpoint(lane.endpoint), exc_info=task.exception()
+        )
 
 
 async def _read_capped(content: aiohttp.StreamReader, cap: int) -> bool:
@@ -533,9 +540,9 @@ def _retry_after(value: str | None, now: float) -> float | None:
     return max(when.timestamp() - now, 0.0)
 
 
-def _redact(url: str) -> str:
-    """An endpoint as logs show it: no credentials, query or fragment (they may hold a
-    token the receiver checks)."""
+def public_endpoint(url: str) -> str:
+    """An endpoint as logs and metrics show it: no credentials, query or fragment (they may
+    hold a token the receiver checks)."""
     try:
         parts = urllib.parse.urlsplit(url)
         host = parts.hostname or ""

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -33,6 +34,7 @@ from prometheus_client.registry import Collector
 
 from delivery.webhooks_backend import EndpointStats
 from gateway.outcomes import DeliveryOutcome
+from gateway.webhooks import public_endpoint
 
 __all__ = ["Metrics"]
 
@@ -138,13 +140,34 @@ class _Webhooks(Collector):
             labels=["endpoint"],
         )
         now = time.time()
-        for s in stats:
+        for s in _by_public_endpoint(stats):
             owed.add_metric([s.endpoint], float(s.owed))
             delivered.add_metric([s.endpoint], float(s.delivered))
             failed.add_metric([s.endpoint], float(s.failed))
             oldest = s.oldest_owed_at
             age.add_metric([s.endpoint], 0.0 if oldest is None else max(now - oldest, 0.0))
         yield from (owed, delivered, failed, age)
+
+
+def _by_public_endpoint(stats: Sequence[EndpointStats]) -> list[EndpointStats]:
+    """The stats labelled by the endpoint without its credentials or query (a token the
+    receiver checks is no label); endpoints that differ only there are added up."""
+    merged: dict[str, EndpointStats] = {}
+    for s in stats:
+        label = public_endpoint(s.endpoint)
+        m = merged.get(label)
+        if m is None:
+            merged[label] = replace(s, endpoint=label)
+            continue
+        oldest = [t for t in (m.oldest_owed_at, s.oldest_owed_at) if t is not None]
+        merged[label] = EndpointStats(
+            label,
+            m.owed + s.owed,
+            m.delivered + s.delivered,
+            m.failed + s.failed,
+            min(oldest) if oldest else None,
+        )
+    return list(merged.values())
 
 
 def _safe(read: Callable[[], dict[str, Any] | None] | None) -> dict[str, Any] | None:

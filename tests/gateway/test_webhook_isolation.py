@@ -135,7 +135,9 @@ async def test_a_hanging_receiver_holds_back_nobody_elses_webhooks(
                 if r.endpoint == healthy.url
             ):
                 await asyncio.sleep(0.02)
-        # The hanging receiver's first sends are still in flight: nothing of it settled.
+        # The hanging receiver's first sends are still in flight: nothing of it settled,
+        # and its lane never took more than its own slots.
+        await hanging.wait_for(patient.in_flight_per_endpoint)
         assert len(hanging.received) == patient.in_flight_per_endpoint
         stuck = [r for i in ids for r in store.deliveries(i) if r.endpoint == hanging.url]
         assert len(stuck) == 100 and all(r.state == PENDING and r.attempts == 0 for r in stuck)
@@ -241,3 +243,9 @@ async def test_metrics_show_each_endpoints_obligations(store: WebhookBackend) ->
         for endpoint in sender.urls:
             assert f'reveille_webhook_{name}{{endpoint="{endpoint}"}}' in text
     assert 'reveille_webhook_owed{endpoint="http://127.0.0.1:9/a"} 1.0' in text
+    # A token in an endpoint's query or credentials is no label: such endpoints add up.
+    WebhookSender(store, ["https://u:pw@hooks.test/x?token=s3cret"]).enqueue("response.failed", "r")
+    WebhookSender(store, ["https://hooks.test/x?token=other"]).enqueue("response.failed", "r")
+    text = generate_latest(metrics.registry).decode()
+    assert "s3cret" not in text and "other" not in text and "pw" not in text
+    assert 'reveille_webhook_owed{endpoint="https://hooks.test/x"} 2.0' in text
