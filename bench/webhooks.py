@@ -7,6 +7,10 @@ The sender is the real ``WebhookSender`` with its default policy on a SQLite sto
 
 - swell: ``--huge`` events owed to ``/huge``; prints this process's RSS before, its peak
   while the answers stream, and after.
+- swell (reveille serve): the same against a real ``reveille serve`` (demo model) whose
+  webhooks go to ``/huge``: ``--huge`` background responses (``POST /v1/responses``) end,
+  each owes a ``response.completed`` webhook; prints the server's RSS before, its peak and
+  after.
 - stall: ``--events`` events owed to ``/hang`` and ``/ok`` before the sender starts (the
   backlog a restart finds); prints the healthy receiver's lateness (arrival minus the
   event's creation: median and max) while the hanging one still holds its first sends, then
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -32,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 MIB = 1024 * 1024
 
 
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
+def rss_mib(pid: int | str = "self") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
@@ -149,6 +155,72 @@ async def stall(base: str, home: Path, events: int) -> None:
     store.close()
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def swell_server(base: str, home: Path, count: int, mib: int) -> None:
+    import aiohttp
+
+    import storage
+    from gateway.webhooks import new_secret
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "REVEILLE_HOME": str(home / "serve"),
+        "REVEILLE_PORT": str(port),
+        "REVEILLE_WEBUI_PORT": "0",
+        "REVEILLE_DEMO_DELAY_SECONDS": "0",
+        "API_SERVER_KEY": "bench-key",
+        "REVEILLE_WEBHOOK_URLS": f"{base}/huge",
+        "REVEILLE_WEBHOOK_SECRET": new_secret(),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reveille.cli", "serve"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        headers = {"Authorization": "Bearer bench-key"}
+        async with aiohttp.ClientSession() as http:
+            for _ in range(600):
+                try:
+                    async with http.get(f"{url}/readyz") as resp:
+                        if resp.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # let it settle before the baseline
+            before = peak = rss_mib(proc.pid)
+            for i in range(count):
+                body = {"model": "reveille-demo", "input": f"hello {i}", "background": True}
+                async with http.post(f"{url}/v1/responses", json=body, headers=headers) as resp:
+                    assert resp.status < 300, await resp.text()
+            store = storage.sqlite_files(ledger=home / "serve" / "ledger.db").open_webhooks()
+            try:
+                while sum(1 for r in store.recent(100) if r.state == "delivered") < count:
+                    peak = max(peak, rss_mib(proc.pid))
+                    await asyncio.sleep(0.05)
+            finally:
+                store.close()
+            await asyncio.sleep(1.0)
+            after = rss_mib(proc.pid)
+        print(
+            f"swell (reveille serve): {count} answers of {mib} MiB: server RSS {before:.0f} MiB "
+            f"before, peak {peak:.0f} MiB, {after:.0f} MiB after"
+        )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 async def main(args: argparse.Namespace) -> None:
     child = subprocess.Popen(
         [sys.executable, __file__, "--receivers", str(args.huge_mib)],
@@ -160,6 +232,7 @@ async def main(args: argparse.Namespace) -> None:
         base = f"http://127.0.0.1:{child.stdout.readline().strip()}"
         with tempfile.TemporaryDirectory() as tmp:
             await swell(base, Path(tmp), args.huge, args.huge_mib)
+            await swell_server(base, Path(tmp), args.huge, args.huge_mib)
             await stall(base, Path(tmp), args.events)
     finally:
         child.kill()
