@@ -155,6 +155,14 @@ class WebhookPolicy:
     # sooner (this server's own enqueues wake it at once).
     poll_seconds: float = 15.0
 
+    def __post_init__(self) -> None:
+        if self.in_flight_per_endpoint < 1 or self.breaker_failures < 1:
+            raise ValueError("in_flight_per_endpoint and breaker_failures must be at least 1")
+        if min(self.timeout_seconds, self.connect_timeout_seconds, self.lease_seconds) <= 0:
+            raise ValueError("the webhook timeouts and lease must be positive")
+        if self.answer_cap_bytes < 0:
+            raise ValueError("answer_cap_bytes must not be negative")
+
     def retry_delay(self, attempts: int) -> float:
         """The wait after the ``attempts``-th failed attempt (1, 2, ...)."""
         return min(self.first_retry_seconds * 2 ** max(attempts - 1, 0), self.max_retry_seconds)

@@ -249,3 +249,17 @@ async def test_metrics_show_each_endpoints_obligations(store: WebhookBackend) ->
     text = generate_latest(metrics.registry).decode()
     assert "s3cret" not in text and "other" not in text and "pw" not in text
     assert 'reveille_webhook_owed{endpoint="https://hooks.test/x"} 2.0' in text
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"in_flight_per_endpoint": 0},
+        {"breaker_failures": 0},
+        {"connect_timeout_seconds": 0},
+        {"answer_cap_bytes": -1},
+    ],
+)
+def test_a_policy_that_could_not_send_is_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        WebhookPolicy(**bad)  # type: ignore[arg-type]
