@@ -438,7 +438,7 @@ class WebhookSender:
         started = self._clock()
         answer = await self._post(row, signing)
         settlement, outcome = self._judge(row, answer, started)
-        self._count(lane, answer, outcome)
+        self._count(lane, answer)
         attempt = WebhookAttempt(
             row.id, row.endpoint, started, self.consumer, outcome, answer.status, answer.error
         )
@@ -450,11 +450,14 @@ class WebhookSender:
                 public_endpoint(row.endpoint),
             )
 
-    def _count(self, lane: _Lane, answer: _Answer, outcome: str) -> None:
+    def _count(self, lane: _Lane, answer: _Answer) -> None:
         """The breaker's view of one answer, and the log line when the endpoint trips or
         recovers (once each, not per failure)."""
         now = self._clock()
-        ok = outcome != "retry"  # 2xx, or an endpoint that answered 410 (it is up)
+        status = answer.status
+        # 2xx, or an endpoint that answered 410 (it is up); a row dropped because its retry
+        # window ran out after another failure is still a failure of the endpoint
+        ok = status is not None and (200 <= status < 300 or status == 410)
         change = lane.breaker.record(ok, now, answer.retry_after)
         if change == TRIPPED:
             log.warning(
