@@ -2,12 +2,17 @@
 
 ``WebhookSender.enqueue(event_type, object_id)`` writes the event, one row per configured
 endpoint, to the store (``delivery.webhooks_backend``) BEFORE anything is sent and returns its
-delivery id; the sender's loop then claims due rows (a lease, so whichever server claims a
-row sends it and a dead server's claim runs out) and POSTs each with aiohttp under a timeout.
-Only a 2xx answer delivers; 410 Gone drops that endpoint's row; anything else (another
-status, a refused connection, a timeout) is retried with exponential backoff until the retry
-window (72 h) ends. Every attempt is recorded. Pending rows outlive the process: the next
-start (or any other server on the store) resumes them.
+delivery id; the sender then claims due rows (a lease, so whichever server claims a row
+sends it and a dead server's claim runs out) and POSTs each with aiohttp. Each endpoint is a
+lane of its own (its own claims, at most ``in_flight_per_endpoint`` sends, its own circuit
+breaker, ``gateway.webhook_breaker``), so no receiver can hold back another's webhooks; a
+connect timeout and a response timeout bound each send, and of an answer only the status
+and the first ``answer_cap_bytes`` are read (the rest never is: the connection is closed),
+so no receiver can swell the server. Only a 2xx answer delivers; 410 Gone drops that
+endpoint's row; anything else (another status, a refused connection, a timeout) is retried
+with exponential backoff until the retry window (72 h) ends; a 429/503 ``Retry-After`` holds
+the row and the endpoint until then. Every attempt is recorded. Pending rows outlive the
+process: the next start (or any other server on the store) resumes them.
 
 The delivery id is derived from (event type, object id), so enqueueing the same event twice
 (a re-run after a crash, a redelivered delegation result) owes it once, and a receiver that
