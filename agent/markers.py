@@ -8,11 +8,18 @@ ends it with one WAKE_DATA_MARKER line: the marker, a space, and the event's
 with DELIVERY_MARKER; sub-agent runs carry SUBAGENT_MARKER in their system message.
 Compaction (``gateway.compaction``) starts its summarisation calls' system message with
 SUMMARISE_MARKER and every stored summary with SUMMARY_MARKER.
+
+``defang`` is the one place that takes the meaning out of all of them (and out of the
+headings that give a wake-up text or a summary its structure, ``STRUCTURE_HEADINGS``) in
+text Reveille did not write: a sub-agent's result, a command's output, an MCP result, an
+inbound event, a client's message, a model's summary. Every text that embeds such text calls
+it; nothing reads structure back out of text that went through it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,19 +31,58 @@ SUMMARISE_MARKER = "[reveille:summarise]"
 SUMMARY_MARKER = "[reveille:summary]"
 
 
+MARKERS = (
+    WAKE_MARKER,
+    WAKE_DATA_MARKER,
+    DELIVERY_MARKER,
+    SUBAGENT_MARKER,
+    SUMMARISE_MARKER,
+    SUMMARY_MARKER,
+)
+# What opens a line of structure in a wake-up text (``gateway.wake_text``: a result's head,
+# a combined wake-up's result titles, a batch's task titles, a cut's pointer) or in a
+# summary (``gateway.compaction``: its list of finished work and its cut note).
+STRUCTURE_HEADINGS = (
+    "[Background ",
+    "### Result ",
+    "### Task ",
+    "[... ",
+    "Background work that already finished",
+    "- earlier: ",
+)
+_WORD_JOINER = "\u2060"
+_MARKER = re.compile(r"\[(?=reveille:)", re.IGNORECASE)
+# A line starts after any line break ``str.splitlines`` knows, not only "\n".
+_HEADING = re.compile(
+    r"(?:^|(?<=[\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]))([ \t]*)(?="
+    + "|".join(re.escape(h) for h in STRUCTURE_HEADINGS)
+    + ")",
+    re.MULTILINE,
+)
+
+
 def defang(text: str) -> str:
-    """Text a person wrote, as the model is given it: the markers above lose their meaning
-    (a word joiner after the opening bracket), so no user can pass a message off as a
-    wake-up, a delivery or a sub-agent run. What is stored and shown stays as written."""
-    if "[reveille:" not in text:
-        return text
-    return text.replace("[reveille:", "[\u2060reveille:")
+    """Text Reveille did not write, as a model is given it: the markers above lose their
+    meaning (a word joiner after the opening bracket, whatever the case) and so do the
+    headings of ``STRUCTURE_HEADINGS`` at the start of a line (a word joiner before them),
+    so no result, message or summary can pass anything off as a wake-up, a delivery, a data
+    line, a sub-agent run, a summary or one of their parts. Idempotent; what is stored and
+    shown stays as written."""
+    if "[" in text:
+        text = _MARKER.sub("[" + _WORD_JOINER, text)
+    if any(h in text for h in STRUCTURE_HEADINGS):
+        text = _HEADING.sub("\\1" + _WORD_JOINER, text)
+    return text
 
 
 def wake_data_line(metadata: Mapping[str, Any]) -> str:
-    """The machine-readable line of a wake text (ASCII JSON: safe for any transport)."""
-    return f"{WAKE_DATA_MARKER} " + json.dumps(
-        dict(metadata), ensure_ascii=True, separators=(",", ":"), default=str
+    """The machine-readable line of a wake text (ASCII JSON: safe for any transport). Its
+    values cannot carry a marker either (a reader that splits a text at ``WAKE_MARKER``
+    would otherwise find a forged wake-up inside a preview): ``defang``'s word joiner, as a
+    JSON escape."""
+    data = json.dumps(dict(metadata), ensure_ascii=True, separators=(",", ":"), default=str)
+    return f"{WAKE_DATA_MARKER} " + re.sub(
+        r"\[(?=reveille:)", r"[\\u2060", data, flags=re.IGNORECASE
     )
 
 

@@ -41,6 +41,7 @@ from gateway.config import Platform
 from gateway.session import TURN_LEASE_SECONDS, SessionStore, SessionStoreError
 from gateway.tasks import finish_or_cancel
 from gateway.turns import ReplayedTurn, StartedTurn, TurnError, TurnRequest, TurnService
+from gateway.wake_text import wake_row_metadata
 
 __all__ = ["ActiveStream", "WebTurns"]
 
@@ -466,7 +467,7 @@ class WebTurns:
     async def _store_stopped(self, stream: ActiveStream) -> bool:
         user: dict[str, Any] = {"role": "user", "content": stream.user_text}
         if stream.wakeup:
-            user["display_metadata"] = {"wake": True}
+            user["display_metadata"] = wake_row_metadata(stream.user_text)
         reply = {"role": "assistant", "content": stream.text, "display_metadata": {"stopped": True}}
         try:
             await self.store.aappend_turn(stream.session_id, [user, reply])

@@ -20,6 +20,7 @@ from delivery.events import (
     DelegationEvent,
     ProcessCompletionEvent,
     delegation_counts,
+    delivery_id,
     is_ledger_mark,
     parse_event,
 )
@@ -160,7 +161,8 @@ _KEEP_WHEN_NONE = frozenset({"delegation_id", "goal", "dispatched_at", "complete
 def display_metadata(evt: Any) -> dict[str, Any]:
     """A small JSON-safe summary of a completion, stored beside its wake text.
 
-    Keys: ``kind``, ``type``, the ids (``delegation_id`` | ``delivery_id``/``process_id``),
+    Keys: ``kind``, ``type``, the ids (``delegation_id`` | ``delivery_id``/``process_id`` |
+    another event's ``delivery_id``),
     ``status``, ``goal`` or ``goals`` (+ ``results[]`` per item of a batch), the task counts
     of a delegation, ``summary``, ``error``, ``result``, ``duration_seconds``, ``command``,
     ``exit_code``, ``output_tail`` (its last lines), ``dispatched_at``, ``completed_at``, and
@@ -176,6 +178,8 @@ def display_metadata(evt: Any) -> dict[str, Any]:
     elif isinstance(work, ProcessCompletionEvent):
         meta.update(_process_metadata(work))
     else:
+        # The ledger id it is claimed under: what a wake-up card and a summary name it by.
+        meta["delivery_id"] = _text_preview(delivery_id(event, strict=False), 128)
         meta["status"] = _text_preview(event.status, 64)
         meta["error"] = _text_preview(event.error, _TEXT_PREVIEW_CHARS)
         meta["fields"] = sorted(

@@ -25,6 +25,7 @@ __all__ = [
     "DELIVERED",
     "DROPPED",
     "PENDING",
+    "EndpointStats",
     "Settlement",
     "WebhookAttempt",
     "WebhookBackend",
@@ -95,6 +96,19 @@ class Settlement:
     reason: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class EndpointStats:
+    """What one endpoint is owed and was given, read from the store (``/metrics``): rows
+    pending (owed), delivered and dropped (failed: 410 or the retry window ran out), and
+    when the oldest owed row's event was created (None: nothing owed)."""
+
+    endpoint: str
+    owed: int = 0
+    delivered: int = 0
+    failed: int = 0
+    oldest_owed_at: float | None = None
+
+
 class WebhookBackend(Protocol):
     def add(self, rows: Sequence[WebhookDelivery]) -> int:
         """Insert the rows (one transaction); a row whose (id, endpoint) exists is left as
@@ -102,10 +116,19 @@ class WebhookBackend(Protocol):
         ...
 
     def claim_due(
-        self, now: float, consumer: str, token: str, lease_seconds: float, limit: int
+        self,
+        now: float,
+        consumer: str,
+        token: str,
+        lease_seconds: float,
+        limit: int,
+        *,
+        endpoint: str | None = None,
     ) -> list[WebhookDelivery]:
         """Claim up to ``limit`` pending rows that are due (``next_attempt_at <= now``) and
-        not under a live claim, oldest first; each gets ``token`` until now + lease."""
+        not under a live claim, oldest first, of ``endpoint`` only when given (the sender
+        claims per endpoint, so one endpoint's backlog never stands before another's);
+        each gets ``token`` until now + lease."""
         ...
 
     def settle(self, attempt: WebhookAttempt, token: str, settlement: Settlement) -> bool:
@@ -126,8 +149,13 @@ class WebhookBackend(Protocol):
         """The newest rows, newest first, of one state or all."""
         ...
 
-    def next_due_at(self) -> float | None:
-        """When the earliest pending row may next be claimed (None: nothing pending)."""
+    def next_due_at(self, endpoint: str | None = None) -> float | None:
+        """When the earliest pending row (of ``endpoint``, when given) may next be claimed
+        (None: nothing pending)."""
+        ...
+
+    def endpoint_stats(self) -> list[EndpointStats]:
+        """Per endpoint that has any row, by endpoint: owed, delivered, failed, oldest owed."""
         ...
 
     def secrets(self, now: float) -> list[WebhookSecret]:
@@ -147,5 +175,10 @@ def sort_due(rows: Sequence[WebhookDelivery]) -> list[WebhookDelivery]:
     return sorted(rows, key=lambda r: (r.created_at, r.id, r.endpoint))
 
 
-def may_claim(row: WebhookDelivery, now: float) -> bool:
-    return row.state == PENDING and row.next_attempt_at <= now and row.claim_expires_at <= now
+def may_claim(row: WebhookDelivery, now: float, endpoint: str | None = None) -> bool:
+    return (
+        row.state == PENDING
+        and row.next_attempt_at <= now
+        and row.claim_expires_at <= now
+        and (endpoint is None or row.endpoint == endpoint)
+    )

@@ -19,6 +19,11 @@ leaves either the whole compaction or nothing). What it never does:
 * fold a result a second time: folding stays the store's exactly-once take; a summarised
   result is named in the summary (its delivery id, goal and status, as structured data on
   the summary row and in its text) so the agent knows the work is done;
+* take structure from text: the results it names come from the rows' metadata only (a
+  delivery row's ``display_metadata``, a wake-up row's ``results``, a previous summary's
+  ``deliveries``), never from what a result, a message or a model's summary says; every
+  text it sends the summariser and the summary it gets back is defanged
+  (``agent.markers.defang``), and a listed goal is one line;
 * grow without bound: the summary's prose is capped at ``summary_chars``; past it the oldest
   prose is cut, while the list of covered deliveries is kept whole.
 """
@@ -31,10 +36,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import Any
 
-from agent.markers import SUMMARISE_MARKER, SUMMARY_MARKER, defang, read_wake_data
+from agent.markers import SUMMARISE_MARKER, SUMMARY_MARKER, defang
 from agent.providers.base import ModelProvider, ProviderError
 from gateway.session import SessionStore, SessionStoreError
 from gateway.turn_hold import TurnHold
+from gateway.wake_text import WAKE_RESULTS_KEY, wake_results
 
 __all__ = [
     "SUMMARISE_MARKER",
@@ -202,16 +208,19 @@ def _covered(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
 
     def add(meta: Mapping[str, Any]) -> None:
         rid = meta.get("delegation_id") or meta.get("delivery_id") or meta.get("process_id")
-        if not rid or str(rid) in out:
+        if not rid:
             return
         goals = meta.get("goals")
         goal = meta.get("goal") or meta.get("command") or ""
         if not goal and isinstance(goals, list):
             goal = "; ".join(str(g) for g in goals)
-        out[str(rid)] = {
-            "id": str(rid),
-            "goal": defang(str(goal))[:200],
-            "status": str(meta.get("status") or "")[:32],
+        ident = _one_line(rid, 128)
+        if not ident or ident in out:
+            return
+        out[ident] = {
+            "id": ident,
+            "goal": _one_line(goal, 200),
+            "status": _one_line(meta.get("status") or "", 32),
         }
 
     for row in rows:
@@ -223,9 +232,21 @@ def _covered(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
         elif row.get("display_kind") is not None:
             add(meta)
         elif row.get("role") == "user" and meta.get("wake"):
-            for data in read_wake_data(str(row.get("content") or "")):
-                add(data)
+            results = meta.get(WAKE_RESULTS_KEY)
+            if not isinstance(results, list):
+                # A wake-up stored before its row kept its results: only the data lines
+                # the formatter wrote, where it wrote them (``wake_results``).
+                results = wake_results(str(row.get("content") or ""))
+            for data in results:
+                if isinstance(data, Mapping):
+                    add(data)
     return list(out.values())
+
+
+def _one_line(value: Any, cap: int) -> str:
+    """A field of the summary's list: defanged, on one line (a newline in a goal would
+    start a list entry of its own), capped."""
+    return defang(" ".join(str(value).split()))[:cap]
 
 
 def _transcript_text(rows: Sequence[Mapping[str, Any]], budget: int) -> str:
@@ -243,9 +264,9 @@ def _transcript_text(rows: Sequence[Mapping[str, Any]], budget: int) -> str:
             label = "background result (wake-up)"
         else:
             label = str(row.get("role"))
-        text = str(row.get("content") or "").strip()
-        if label == "user":
-            text = defang(text)  # a person's text: no marker in it means anything
+        # A person's text, a result's, a reply that may quote either: no marker in any of
+        # them means anything to the summariser.
+        text = defang(str(row.get("content") or "").strip())
         lines.append(f"{label}: {text}")
     text = "\n\n".join(lines)
     if len(text) > budget:
@@ -381,7 +402,9 @@ class Compactor:
             return None
         if not text:
             return None
-        body = _bounded(f"{prior_body}\n\n{text}".strip(), self.policy.summary_chars)
+        # The model's prose may repeat whatever it was shown: defanged, it cannot add a
+        # marker or a line of the list of finished work to the summary.
+        body = _bounded(defang(f"{prior_body}\n\n{text}".strip()), self.policy.summary_chars)
         deliveries = _covered(rows)
         count = prior_count + len(fresh)
         meta = {

@@ -73,6 +73,7 @@ from gateway.session import (
 from gateway.tasks import finish_or_cancel
 from gateway.turn_approvals import Parking, TurnGate, busy_reason
 from gateway.turn_hold import TurnHold
+from gateway.wake_text import wake_row_metadata
 
 __all__ = [
     "ReplayedTurn",
@@ -683,7 +684,7 @@ class TurnService:
         user_text = message_text(user_message)
         user_row: dict[str, Any] = {"role": "user", "content": user_text}
         if request.wakeup:
-            user_row["display_metadata"] = {"wake": True}
+            user_row["display_metadata"] = wake_row_metadata(user_text)
         reply_row: dict[str, Any] = {"role": "assistant", "content": str(result.content or "")}
         if key is not None:
             # The dedupe keys make a turn stored twice (never expected) show up once.

@@ -11,8 +11,13 @@ that want fields instead of prose.
 (combined wake-ups, ``gateway.coalesce``) in ONE text, each with its delivery id, goal,
 status and result, within a text budget: results too long to fit are cut, each with a
 pointer to the full one (``reveille deliveries show <id>``, the web UI's wake-up card). A
-combined text ends with one ``WAKE_DATA_MARKER`` line per result, in order; the results'
-own text is defanged there so that only those lines read as data.
+combined text ends with one ``WAKE_DATA_MARKER`` line per result, in order.
+
+Everything an event carries (a sub-agent's result, a command's output, an MCP result, an
+inbound event's fields, goals, ids) is defanged where it is rendered (``_render_value``,
+``agent.markers.defang``), in a single wake-up as in a combined one: only the lines this
+module writes are structure. ``wake_results`` gives the data lines this module wrote, read
+from where it wrote them (the turn that stores a wake-up keeps them in the row's metadata).
 
 Rendering works on the typed event (``delivery.events.parse_event``); wire dicts are parsed
 here, once.
@@ -22,12 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.markers import WAKE_DATA_MARKER, WAKE_MARKER, defang, wake_data_line
+from agent.markers import WAKE_DATA_MARKER, WAKE_MARKER, defang, read_wake_data, wake_data_line
 from agent.subagent import describe_tools_used
 from delivery.event_display import display_metadata
 from delivery.events import (
@@ -45,11 +51,14 @@ from delivery.events import (
 
 __all__ = [
     "DEFAULT_WAKE_TEXT_BUDGET",
+    "WAKE_RESULTS_KEY",
     "delegation_counts",
     "format_wake_batch",
     "format_wake_text",
     "is_combined_wake",
     "wake_batch_key",
+    "wake_results",
+    "wake_row_metadata",
 ]
 
 _ABNORMAL_STATUSES = frozenset({"interrupted", "unknown", "cancelled", "error", "stalled"})
@@ -117,7 +126,13 @@ def _when(value: Any, now: float) -> str:
 
 
 def _render_value(value: Any) -> str:
-    """Any value as text; never raises (huge ints, deep nesting, odd objects)."""
+    """Any value of an event as text, defanged (``agent.markers.defang``: it came from a
+    sub-agent, a command, an MCP server or an inbound event, never from Reveille); never
+    raises (huge ints, deep nesting, odd objects)."""
+    return defang(_as_text(value))
+
+
+def _as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     try:
@@ -162,7 +177,7 @@ def _common_delegation_lines(evt: DelegationEvent | DelegationBatchEvent, now: f
     if evt.toolsets:
         lines.append(_field("Toolsets", ", ".join(evt.toolsets)))
     if tools_used := describe_tools_used(evt.raw.get("tools_used")):
-        lines.append(tools_used)
+        lines.append(defang(tools_used))
     if _present(evt.dispatched_at):
         lines.append("Dispatched: " + _when(evt.dispatched_at, now))
     if _present(evt.completed_at):
@@ -187,7 +202,7 @@ def _batch_item(
 ) -> list[str]:
     if not isinstance(result.raw, Mapping):
         return [f"### Task {i + 1} of {total}", _render_value(result.raw)]
-    head = f"### Task {i + 1} of {total}: {result.status or 'unknown'}"
+    head = f"### Task {i + 1} of {total}: {_render_value(result.status or 'unknown')}"
     if result.duration_seconds is not None:
         head += f" ({_human_duration(result.duration_seconds)})"
     out = [head]
@@ -201,8 +216,8 @@ def _batch_item(
 def _format_delegation(
     evt: DelegationEvent | DelegationBatchEvent, now: float, *, explain: bool = True
 ) -> str:
-    delegation_id = evt.delegation_id or "(unknown id)"
-    status = evt.status
+    delegation_id = _render_value(evt.delegation_id or "(unknown id)")
+    status = _render_value(evt.status) if evt.status else evt.status
     batch = isinstance(evt, DelegationBatchEvent)
     out: list[str] = []
     if isinstance(evt, DelegationBatchEvent):
@@ -228,7 +243,7 @@ def _format_delegation(
 
     if isinstance(evt, DelegationBatchEvent):
         out.append("Goals:")
-        out.extend(f"  {i}. {goal}" for i, goal in enumerate(evt.goals, 1))
+        out.extend(f"  {i}. {_render_value(goal)}" for i, goal in enumerate(evt.goals, 1))
     elif _present(evt.goal):
         out.append(_field("Goal", evt.goal))
     out.extend(_common_delegation_lines(evt, now))
@@ -284,7 +299,8 @@ def _format_process_completion(
         out.append("Duration: " + _human_duration(evt.duration_seconds))
     if evt.status and evt.status.lower() in _ABNORMAL_STATUSES:
         out.append(
-            f"Note: the command did not finish normally ({evt.status}); what is known is "
+            f"Note: the command did not finish normally ({_render_value(evt.status)}); what "
+            "is known is "
             "reported below."
         )
     if evt.error is not None:
@@ -310,7 +326,7 @@ def _format_generic(evt: CompletionEvent, *, explain: bool = True) -> str:
         # The ledger's bookkeeping (re-offer marks) is not event data.
         if key == "type" or is_ledger_mark(key, value) or value is None:
             continue
-        out.append(_field(str(key), value))
+        out.append(_field(_render_value(str(key)), value))
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -401,7 +417,7 @@ def _caps(lengths: Sequence[int], available: int) -> list[int]:
 def _status_line(metas: Sequence[Mapping[str, Any]]) -> str:
     counts: dict[str, int] = {}
     for meta in metas:
-        status = str(meta.get("status") or "unknown")
+        status = _render_value(str(meta.get("status") or "unknown"))
         counts[status] = counts.get(status, 0) + 1
     return ", ".join(f"{n} {status}" for status, n in counts.items())
 
@@ -430,7 +446,7 @@ def format_wake_batch(
     parsed = [parse_event(evt) for evt in events]
     current = time.time() if now is None else now
     metas = [display_metadata(event) for event in parsed]
-    ids = [delivery_id(event, strict=False) for event in parsed]
+    ids = [_id_text(delivery_id(event, strict=False)) for event in parsed]
     if len(parsed) == 1:
         body = _body(parsed[0], current)
         (cap,) = _caps([len(body)], budget)
@@ -447,24 +463,50 @@ def format_wake_batch(
     titles = [
         f"### Result {i} of {total} ({ident or 'no delivery id'})" for i, ident in enumerate(ids, 1)
     ]
-    # A result's text is third-party (a sub-agent's, a command's output): defanged, it can
-    # neither pass for another wake-up nor add a data line of its own.
-    bodies = [defang(_body(event, current, explain=False)) for event in parsed]
+    # A result's own text (a sub-agent's, a command's output) is defanged where it is
+    # rendered (``_render_value``): it can neither pass for another result or wake-up nor
+    # add a data line of its own.
+    bodies = [_body(event, current, explain=False) for event in parsed]
     caps = _caps([len(b) for b in bodies], budget)
     out = list(head)
     for title, body, cap, ident in zip(titles, bodies, caps, ids, strict=True):
         out.append(title)
         out.append(_cut(body, cap, ident))
-    out.extend(_defanged_data_line(meta) for meta in metas)
+    out.extend(wake_data_line(meta) for meta in metas)
     return "\n".join(out) + "\n"
 
 
-_DATA_PREFIX = f"{WAKE_DATA_MARKER} "
+def _id_text(ident: str | None) -> str | None:
+    return None if ident is None else _render_value(ident)
 
 
-def _defanged_data_line(meta: Mapping[str, Any]) -> str:
-    """A data line whose values cannot carry a marker either (a reader that splits a text
-    at ``WAKE_MARKER`` would otherwise find a forged wake-up inside a preview): the word
-    joiner ``defang`` inserts, as a JSON escape, so the line stays ASCII."""
-    line = wake_data_line(meta)
-    return _DATA_PREFIX + line[len(_DATA_PREFIX) :].replace("[reveille:", "[\\u2060reveille:")
+# The key of a stored wake-up row's metadata that lists its results' ``display_metadata``.
+WAKE_RESULTS_KEY = "results"
+_COMBINED_COUNT = re.compile(re.escape(_COMBINED_HEAD) + r"(\d{1,6}) results arrived together")
+
+
+def wake_results(text: str) -> list[dict[str, Any]]:
+    """The ``display_metadata`` of each result a wake-up text of this module carries, read
+    only where ``format_wake_text``/``format_wake_batch`` put them: a single wake-up's last
+    line, a combined one's last n lines (n from its head line). Nothing else in the text
+    counts, whatever it holds; a text not written here gives []."""
+    if not text.startswith(WAKE_MARKER):
+        return []
+    lines = text.rstrip("\n").split("\n")
+    match = _COMBINED_COUNT.match(text)
+    count = int(match.group(1)) if match else 1
+    if count < 1 or count >= len(lines):
+        return []
+    tail = lines[-count:]
+    if not all(line.startswith(f"{WAKE_DATA_MARKER} ") for line in tail):
+        return []
+    found = read_wake_data("\n".join(tail))
+    return found if len(found) == count else []
+
+
+def wake_row_metadata(text: str) -> dict[str, Any]:
+    """The ``display_metadata`` of the stored user row of a wake-up turn that ran ``text``
+    (the server's own: only a turn the server marked as a wake-up calls this): the wake
+    mark and its results' metadata, so that readers of the transcript (compaction, cards)
+    take fields from the row, never from its text."""
+    return {"wake": True, WAKE_RESULTS_KEY: wake_results(text)}

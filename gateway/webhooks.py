@@ -2,12 +2,17 @@
 
 ``WebhookSender.enqueue(event_type, object_id)`` writes the event, one row per configured
 endpoint, to the store (``delivery.webhooks_backend``) BEFORE anything is sent and returns its
-delivery id; the sender's loop then claims due rows (a lease, so whichever server claims a
-row sends it and a dead server's claim runs out) and POSTs each with aiohttp under a timeout.
-Only a 2xx answer delivers; 410 Gone drops that endpoint's row; anything else (another
-status, a refused connection, a timeout) is retried with exponential backoff until the retry
-window (72 h) ends. Every attempt is recorded. Pending rows outlive the process: the next
-start (or any other server on the store) resumes them.
+delivery id; the sender then claims due rows (a lease, so whichever server claims a row
+sends it and a dead server's claim runs out) and POSTs each with aiohttp. Each endpoint is a
+lane of its own (its own claims, at most ``in_flight_per_endpoint`` sends, its own circuit
+breaker, ``gateway.webhook_breaker``), so no receiver can hold back another's webhooks; a
+connect timeout and a response timeout bound each send, and of an answer only the status
+and the first ``answer_cap_bytes`` are read (the rest never is: the connection is closed),
+so no receiver can swell the server. Only a 2xx answer delivers; 410 Gone drops that
+endpoint's row; anything else (another status, a refused connection, a timeout) is retried
+with exponential backoff until the retry window (72 h) ends; a 429/503 ``Retry-After`` holds
+the row and the endpoint until then. Every attempt is recorded. Pending rows outlive the
+process: the next start (or any other server on the store) resumes them.
 
 The delivery id is derived from (event type, object id), so enqueueing the same event twice
 (a re-run after a crash, a redelivered delegation result) owes it once, and a receiver that
@@ -27,14 +32,17 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import email.utils
+import functools
 import hashlib
 import hmac
 import json
 import logging
 import secrets
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -47,6 +55,7 @@ from delivery.webhooks_backend import (
     WebhookBackend,
     WebhookDelivery,
 )
+from gateway.webhook_breaker import RECOVERED, TRIPPED, Breaker
 
 __all__ = [
     "APPROVAL_REQUESTED",
@@ -57,6 +66,7 @@ __all__ = [
     "check_secret",
     "delivery_id_for",
     "new_secret",
+    "public_endpoint",
     "sign",
     "signature_header",
 ]
@@ -128,20 +138,38 @@ def event_body(delivery_id: str, event_type: str, object_id: str, created_at: in
 
 @dataclass(frozen=True, slots=True)
 class WebhookPolicy:
-    """How the sender retries. Delays double from ``first_retry_seconds`` up to
+    """How the sender sends and retries. Delays double from ``first_retry_seconds`` up to
     ``max_retry_seconds``; a row still pending ``max_age_seconds`` after its event is dropped.
-    ``lease_seconds`` must outlast ``timeout_seconds``: a claim runs out only when its holder
-    is gone, not while its request is still in flight."""
+    ``connect_timeout_seconds`` bounds the TCP (and TLS) connect, ``timeout_seconds`` the
+    whole request with its answer. ``lease_seconds`` must outlast ``timeout_seconds``: a
+    claim runs out only when its holder is gone, not while its request is still in flight.
+    Each endpoint has at most ``in_flight_per_endpoint`` sends at once and a breaker
+    (``gateway.webhook_breaker``: opens after ``breaker_failures`` failures in a row for
+    ``breaker_open_seconds``, doubling up to ``breaker_max_open_seconds``). An answer's body
+    is read up to ``answer_cap_bytes``; the rest is never read (the connection is closed)."""
 
     first_retry_seconds: float = 5.0
     max_retry_seconds: float = 3600.0
     max_age_seconds: float = 72 * 3600.0
     timeout_seconds: float = 15.0
+    connect_timeout_seconds: float = 5.0
     lease_seconds: float = 60.0
-    batch: int = 32
+    in_flight_per_endpoint: int = 4
+    breaker_failures: int = 5
+    breaker_open_seconds: float = 30.0
+    breaker_max_open_seconds: float = 600.0
+    answer_cap_bytes: int = 4096
     # How often to look for rows other servers enqueued or left behind, when nothing is due
     # sooner (this server's own enqueues wake it at once).
     poll_seconds: float = 15.0
+
+    def __post_init__(self) -> None:
+        if self.in_flight_per_endpoint < 1 or self.breaker_failures < 1:
+            raise ValueError("in_flight_per_endpoint and breaker_failures must be at least 1")
+        if min(self.timeout_seconds, self.connect_timeout_seconds, self.lease_seconds) <= 0:
+            raise ValueError("the webhook timeouts and lease must be positive")
+        if self.answer_cap_bytes < 0:
+            raise ValueError("answer_cap_bytes must not be negative")
 
     def retry_delay(self, attempts: int) -> float:
         """The wait after the ``attempts``-th failed attempt (1, 2, ...)."""
@@ -152,6 +180,18 @@ class WebhookPolicy:
 class _Answer:
     status: int | None
     error: str | None
+    retry_after: float | None = None  # seconds, from a 429/503's Retry-After
+
+
+@dataclass(eq=False, slots=True)
+class _Lane:
+    """One endpoint's sending: its breaker, its sends in flight, the event that wakes it."""
+
+    endpoint: str
+    breaker: Breaker
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    sending: set[asyncio.Task[None]] = field(default_factory=set)
+    task: asyncio.Task[None] | None = None
 
 
 class WebhookSender:
@@ -160,6 +200,11 @@ class WebhookSender:
     ``secret`` is the configured one (``[webhooks] secret``); without it the secrets in the
     store (``reveille webhooks secret``) sign. ``consumer`` names this server in claims and
     attempts. Use ``enqueue`` from a thread, ``aenqueue`` from the event loop.
+
+    Each endpoint is a lane of its own: it claims only its own rows, up to its in-flight
+    limit, when its breaker lets it, and is woken by its own sends finishing. A receiver that
+    hangs fills its own lane and nobody else's, so its retries never delay another
+    endpoint's first tries.
     """
 
     def __init__(
@@ -181,6 +226,7 @@ class WebhookSender:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._lanes: dict[str, _Lane] = {}
         self._stopping = False
         # when signing became impossible (no secret anywhere); None while one exists
         self._unsigned_since: float | None = None
@@ -219,10 +265,16 @@ class WebhookSender:
         return await self.aenqueue(event_type, response_id)
 
     def _poke(self) -> None:
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None:
+        loop = self._loop
+        if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(wake.set)
+                loop.call_soon_threadsafe(self._wake_all)
+
+    def _wake_all(self) -> None:
+        """Wake every lane (an enqueue owes something to each configured endpoint); the
+        loop that looks for other endpoints keeps its own pace."""
+        for lane in self._lanes.values():
+            lane.wake.set()
 
     # -- the loop that sends --------------------------------------------------------------
 
@@ -231,82 +283,155 @@ class WebhookSender:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._http = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.policy.timeout_seconds)
+            timeout=aiohttp.ClientTimeout(
+                total=self.policy.timeout_seconds,
+                sock_connect=self.policy.connect_timeout_seconds,
+            ),
+            # The answer's body is not wanted: never inflate one (a small gzip bomb would
+            # otherwise swell to any size) and ask for none.
+            auto_decompress=False,
         )
+        for url in self.urls:
+            self._lane(url)
         self._task = asyncio.create_task(self._run(), name="webhook-sender")
 
     async def stop(self) -> None:
         """Let the sends in flight finish and record their answers (bounded by the request
         timeout), then stop; whatever is still pending is sent after the next start."""
         task, self._task = self._task, None
-        if task is not None:
-            self._stopping = True
-            if self._wake is not None:
-                self._wake.set()
-            await asyncio.wait({task}, timeout=self.policy.timeout_seconds + 5)
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        self._stopping = True
+        self._wake_all()
+        if self._wake is not None:
+            self._wake.set()
+        tasks = {t for t in (task,) if t is not None}
+        for lane in self._lanes.values():
+            tasks |= lane.sending | ({lane.task} if lane.task is not None else set())
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.policy.timeout_seconds + 5)
+            for t in late:
+                t.cancel()
+            if late:
+                await asyncio.wait(late)
+        self._lanes.clear()
         if self._http is not None:
             await self._http.close()
             self._http = None
         self._loop = self._wake = None
 
+    def _lane(self, endpoint: str) -> _Lane:
+        lane = self._lanes.get(endpoint)
+        if lane is None:
+            p = self.policy
+            breaker = Breaker(
+                p.breaker_failures, p.breaker_open_seconds, p.breaker_max_open_seconds
+            )
+            lane = self._lanes[endpoint] = _Lane(endpoint, breaker)
+            lane.task = asyncio.create_task(self._run_lane(lane), name="webhook-lane")
+        return lane
+
     async def _run(self) -> None:
+        """Finds the endpoints owed rows that no configured URL names (one removed from the
+        settings, say): each gets a lane too, so what is owed to it is still sent."""
         assert self._wake is not None
         while not self._stopping:
             self._wake.clear()
             try:
-                await self.send_due()
-                if self._unsigned_since is None:
-                    wait = await self._until_next()
-                else:
-                    wait = self.policy.poll_seconds  # until a secret exists
+                stats = await asyncio.to_thread(self.backend.endpoint_stats)
+                for s in stats:
+                    if s.owed and not self._stopping:
+                        self._lane(s.endpoint)
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("webhook sender: a pass failed; trying again shortly")
-                wait = self.policy.first_retry_seconds
-            if not self._stopping:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=wait)
+                log.exception("webhook sender: looking for owed endpoints failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.policy.poll_seconds)
 
-    async def _until_next(self) -> float:
-        due = await asyncio.to_thread(self.backend.next_due_at)
+    async def _run_lane(self, lane: _Lane) -> None:
+        while not self._stopping:
+            lane.wake.clear()
+            try:
+                wait = await self._fill(lane)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "webhook sender: a pass for %s failed", public_endpoint(lane.endpoint)
+                )
+                wait = self.policy.first_retry_seconds
+            if wait > 0 and not self._stopping:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(lane.wake.wait(), timeout=wait)
+
+    async def _fill(self, lane: _Lane) -> float:
+        """Start what the lane may send now; returns how long to wait before looking again
+        (0: look again at once; a finished send or an enqueue wakes the lane sooner)."""
+        now = self._clock()
+        allowed = lane.breaker.allowance(now, self.policy.in_flight_per_endpoint)
+        free = allowed - len(lane.sending)
+        if allowed == 0:
+            return max(lane.breaker.next_change_at() - now, 0.01)
+        if free <= 0:
+            return self.policy.poll_seconds  # a send finishing wakes the lane
+        rows = await self._claim(lane.endpoint, now, free)
+        if rows is None:
+            return self.policy.poll_seconds  # until a secret exists
+        token, signing, claimed = rows
+        for row in claimed:
+            send = asyncio.create_task(self._send(lane, row, token, signing))
+            lane.sending.add(send)
+            send.add_done_callback(functools.partial(_finished, lane))
+        if len(claimed) == free:
+            return 0.0  # maybe more is due: look again once a slot frees
+        due = await asyncio.to_thread(self.backend.next_due_at, lane.endpoint)
         wait = self.policy.poll_seconds
         if due is not None:
             wait = min(wait, due - self._clock())
         return max(wait, 0.01)
 
+    async def _claim(
+        self, endpoint: str, now: float, limit: int
+    ) -> tuple[str, list[str], list[WebhookDelivery]] | None:
+        """Up to ``limit`` due rows of ``endpoint``, claimed, with the claim's token and the
+        secrets to sign with; None while no secret exists (the rows wait for one)."""
+        signing = await self._signing_secrets()
+        if not signing:
+            if self._unsigned_since is None:
+                self._unsigned_since = self._clock()
+                log.warning(
+                    "webhooks are owed but no secret is set: set REVEILLE_WEBHOOK_SECRET "
+                    "or run `reveille webhooks secret`; they are kept until then"
+                )
+            return None
+        self._unsigned_since = None
+        token = secrets.token_hex(16)
+        p = self.policy
+        claimed = await asyncio.to_thread(
+            self.backend.claim_due,
+            now,
+            self.consumer,
+            token,
+            p.lease_seconds,
+            limit,
+            endpoint=endpoint,
+        )
+        return token, signing, claimed
+
     async def send_due(self) -> int:
-        """Claim what is due and send it, in passes until nothing is; returns the rows sent."""
+        """Send what is due now, every endpoint in turn, outside the lanes, and wait for the
+        answers; returns the rows sent (0 while no secret signs)."""
         sent = 0
-        while not self._stopping:
-            signing = await self._signing_secrets()
-            if not signing:
-                if self._unsigned_since is None:
-                    self._unsigned_since = self._clock()
-                    log.warning(
-                        "webhooks are owed but no secret is set: set REVEILLE_WEBHOOK_SECRET "
-                        "or run `reveille webhooks secret`; they are kept until then"
-                    )
-                return sent
-            self._unsigned_since = None
-            token = secrets.token_hex(16)
-            now = self._clock()
-            rows = await asyncio.to_thread(
-                self.backend.claim_due,
-                now,
-                self.consumer,
-                token,
-                self.policy.lease_seconds,
-                self.policy.batch,
-            )
-            if not rows:
-                return sent
-            await asyncio.gather(*(self._send(row, token, signing) for row in rows))
-            sent += len(rows)
+        for endpoint in self.urls:
+            while not self._stopping:
+                lane = _Lane(endpoint, Breaker())
+                claim = await self._claim(
+                    endpoint, self._clock(), self.policy.in_flight_per_endpoint
+                )
+                if claim is None or not claim[2]:
+                    break
+                token, signing, rows = claim
+                await asyncio.gather(*(self._send(lane, row, token, signing) for row in rows))
+                sent += len(rows)
         return sent
 
     async def _signing_secrets(self) -> list[str]:
@@ -315,17 +440,45 @@ class WebhookSender:
         found = await asyncio.to_thread(self.backend.secrets, self._clock())
         return [s.secret for s in found]
 
-    async def _send(self, row: WebhookDelivery, token: str, signing: list[str]) -> None:
+    async def _send(
+        self, lane: _Lane, row: WebhookDelivery, token: str, signing: list[str]
+    ) -> None:
         started = self._clock()
         answer = await self._post(row, signing)
         settlement, outcome = self._judge(row, answer, started)
+        self._count(lane, answer)
         attempt = WebhookAttempt(
             row.id, row.endpoint, started, self.consumer, outcome, answer.status, answer.error
         )
         kept = await asyncio.to_thread(self.backend.settle, attempt, token, settlement)
         if not kept:
             log.warning(
-                "webhook %s to %s: the claim ran out before it settled", row.id, row.endpoint
+                "webhook %s to %s: the claim ran out before it settled",
+                row.id,
+                public_endpoint(row.endpoint),
+            )
+
+    def _count(self, lane: _Lane, answer: _Answer) -> None:
+        """The breaker's view of one answer, and the log line when the endpoint trips or
+        recovers (once each, not per failure)."""
+        now = self._clock()
+        status = answer.status
+        # 2xx, or an endpoint that answered 410 (it is up); a row dropped because its retry
+        # window ran out after another failure is still a failure of the endpoint
+        ok = status is not None and (200 <= status < 300 or status == 410)
+        change = lane.breaker.record(ok, now, answer.retry_after)
+        if change == TRIPPED:
+            log.warning(
+                "webhook endpoint %s tripped after %d failures in a row (last: %s); its rows "
+                "stay owed and it is tried again in %.0f s",
+                public_endpoint(lane.endpoint),
+                lane.breaker.failed_in_a_row,
+                _describe(answer),
+                max(lane.breaker.reopen_at - now, 0.0),
+            )
+        elif change == RECOVERED:
+            log.warning(
+                "webhook endpoint %s recovered: sending again", public_endpoint(lane.endpoint)
             )
 
     async def _post(self, row: WebhookDelivery, signing: list[str]) -> _Answer:
@@ -334,6 +487,7 @@ class WebhookSender:
         headers = {
             "content-type": "application/json",
             "user-agent": "Reveille-Webhooks",
+            "accept-encoding": "identity",
             "webhook-id": row.id,
             "webhook-timestamp": str(timestamp),
             "webhook-signature": signature_header(signing, row.id, timestamp, row.body),
@@ -342,8 +496,16 @@ class WebhookSender:
             async with self._http.post(
                 row.endpoint, data=row.body.encode(), headers=headers, allow_redirects=False
             ) as resp:
-                await resp.read()
-                return _Answer(resp.status, None if resp.status < 300 else resp.reason)
+                if not await _read_capped(resp.content, self.policy.answer_cap_bytes):
+                    # Whatever is left stays unread: dropping the connection is cheaper than
+                    # reading a receiver's megabytes to reuse it.
+                    resp.close()
+                retry_after = None
+                if resp.status in (429, 503):
+                    retry_after = _retry_after(resp.headers.get("retry-after"), self._clock())
+                    if retry_after is not None:
+                        retry_after = min(retry_after, self.policy.max_retry_seconds)
+                return _Answer(resp.status, None if resp.status < 300 else resp.reason, retry_after)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             return _Answer(None, f"{type(exc).__name__}: {exc}"[:300])
 
@@ -353,12 +515,60 @@ class WebhookSender:
             return Settlement(DELIVERED, reason=f"HTTP {status}"), "delivered"
         if status == 410:
             return Settlement(DROPPED, reason="HTTP 410 Gone: the endpoint stopped it"), "dropped"
-        retry_at = now + self.policy.retry_delay(row.attempts + 1)
+        retry_at = now + max(self.policy.retry_delay(row.attempts + 1), answer.retry_after or 0)
         if retry_at - row.created_at > self.policy.max_age_seconds:
             hours = self.policy.max_age_seconds / 3600
             reason = f"no 2xx within {hours:g} h; last: {_describe(answer)}"
             return Settlement(DROPPED, reason=reason), "dropped"
         return Settlement(PENDING, next_attempt_at=retry_at), "retry"
+
+
+def _finished(lane: _Lane, task: asyncio.Task[None]) -> None:
+    lane.sending.discard(task)
+    lane.wake.set()  # a slot is free
+    if not task.cancelled() and task.exception() is not None:
+        log.error(
+            "webhook send to %s failed", public_endpoint(lane.endpoint), exc_info=task.exception()
+        )
+
+
+async def _read_capped(content: aiohttp.StreamReader, cap: int) -> bool:
+    """Read and discard up to ``cap`` bytes of an answer; True when that was all of it."""
+    seen = 0
+    while seen <= cap:
+        chunk = await content.read(cap + 1 - seen)
+        if not chunk:
+            return True
+        seen += len(chunk)
+    return False
+
+
+def _retry_after(value: str | None, now: float) -> float | None:
+    """A ``Retry-After`` header's wait in seconds (delay-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(min(int(value[:12]), 10**9))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(when.timestamp() - now, 0.0)
+
+
+def public_endpoint(url: str) -> str:
+    """An endpoint as logs and metrics show it: no credentials, query or fragment (they may
+    hold a token the receiver checks)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<unparsable url>"
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 def _describe(answer: _Answer) -> str:

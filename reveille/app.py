@@ -195,6 +195,7 @@ async def serve(
             stack.push_async_callback(asyncio.to_thread, webhooks.backend.close)
             requested = approval_webhook(webhooks)
             approvals.on_requested = requested
+            metrics.webhook_stats = webhooks.backend.endpoint_stats
         runner.register_target(Platform.API_SERVER, ApiServerTarget(store, adapter, webhooks))
         if on_terminal is None and webhooks is not None:
             on_terminal = webhooks.on_terminal  # called on a worker thread: the blocking one

@@ -10,16 +10,20 @@ this module reads them:
   platform, active runs;
 * the ledger and the session store writers' ``stats()`` (commits, operations) and the
   ledger's ``delivery_counts()`` (pending and claimed rows), read at scrape time;
-* an aiohttp middleware on the API server: requests by route and status, with latency.
+* an aiohttp middleware on the API server: requests by route and status, with latency;
+* the webhook store's ``endpoint_stats()``, read at scrape time: per endpoint, rows owed,
+  delivered and failed, and the age of the oldest owed row.
 
 ``/metrics`` answers 401 without the bearer key when one is configured.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -28,7 +32,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from delivery.webhooks_backend import EndpointStats
 from gateway.outcomes import DeliveryOutcome
+from gateway.webhooks import public_endpoint
 
 __all__ = ["Metrics"]
 
@@ -101,6 +107,69 @@ class _Snapshot(Collector):
         yield per
 
 
+class _Webhooks(Collector):
+    """Per-endpoint webhook families, read from the store at scrape time (so every server
+    on a shared store reports the same obligations)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        read = self.metrics.webhook_stats
+        if read is None:
+            return
+        try:
+            stats = read()
+        except Exception:  # a closed store while shutting down, say
+            logger.debug("webhook metrics source failed", exc_info=True)
+            return
+        owed = GaugeMetricFamily(
+            "reveille_webhook_owed", "Webhook rows not yet delivered", labels=["endpoint"]
+        )
+        delivered = GaugeMetricFamily(
+            "reveille_webhook_delivered", "Webhook rows delivered (2xx)", labels=["endpoint"]
+        )
+        failed = GaugeMetricFamily(
+            "reveille_webhook_failed",
+            "Webhook rows given up (410 Gone or the retry window ended)",
+            labels=["endpoint"],
+        )
+        age = GaugeMetricFamily(
+            "reveille_webhook_oldest_owed_age_seconds",
+            "Age of the oldest webhook row still owed (0: none)",
+            labels=["endpoint"],
+        )
+        now = time.time()
+        for s in _by_public_endpoint(stats):
+            owed.add_metric([s.endpoint], float(s.owed))
+            delivered.add_metric([s.endpoint], float(s.delivered))
+            failed.add_metric([s.endpoint], float(s.failed))
+            oldest = s.oldest_owed_at
+            age.add_metric([s.endpoint], 0.0 if oldest is None else max(now - oldest, 0.0))
+        yield from (owed, delivered, failed, age)
+
+
+def _by_public_endpoint(stats: Sequence[EndpointStats]) -> list[EndpointStats]:
+    """The stats labelled by the endpoint without its credentials or query (a token the
+    receiver checks is no label); endpoints that differ only there are added up."""
+    merged: dict[str, EndpointStats] = {}
+    for s in stats:
+        label = public_endpoint(s.endpoint)
+        m = merged.get(label)
+        if m is None:
+            merged[label] = replace(s, endpoint=label)
+            continue
+        oldest = [t for t in (m.oldest_owed_at, s.oldest_owed_at) if t is not None]
+        merged[label] = EndpointStats(
+            label,
+            m.owed + s.owed,
+            m.delivered + s.delivered,
+            m.failed + s.failed,
+            min(oldest) if oldest else None,
+        )
+    return list(merged.values())
+
+
 def _safe(read: Callable[[], dict[str, Any] | None] | None) -> dict[str, Any] | None:
     if read is None:
         return None
@@ -119,6 +188,7 @@ class Metrics:
         self.turn_services: dict[str, Any] = {}
         self.writers: dict[str, Callable[[], dict[str, Any] | None]] = {}
         self.ledger_counts: Callable[[], dict[str, Any] | None] | None = None
+        self.webhook_stats: Callable[[], Sequence[EndpointStats]] | None = None
         self.deliveries = Counter(
             "reveille_deliveries",
             "Completions handled by the runner, by the platform of their session and outcome "
@@ -158,6 +228,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_Snapshot(self))
+        self.registry.register(_Webhooks(self))
 
     # ----------------------------------------------------------------- sources
 
@@ -208,7 +279,8 @@ class Metrics:
 
         async def metrics(request: web.Request) -> web.Response:
             self.scrapes.set(time.time())
-            body = generate_latest(self.registry)
+            # The collectors read the stores: off the event loop.
+            body = await asyncio.to_thread(generate_latest, self.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
         # Outermost, so that it sees the status the error middleware answers with.

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from delivery.webhooks_backend import (
+    DELIVERED,
+    DROPPED,
     PENDING,
+    EndpointStats,
     Settlement,
     WebhookAttempt,
     WebhookDelivery,
@@ -94,16 +98,24 @@ class SqlWebhooks:
         return added
 
     def claim_due(
-        self, now: float, consumer: str, token: str, lease_seconds: float, limit: int
+        self,
+        now: float,
+        consumer: str,
+        token: str,
+        lease_seconds: float,
+        limit: int,
+        *,
+        endpoint: str | None = None,
     ) -> list[WebhookDelivery]:
+        only, params = ("", []) if endpoint is None else (" AND endpoint = ?", [endpoint])
         with self._tx() as conn:
             picked = conn.execute(
                 self._sql(
                     f"SELECT {_COLUMNS} FROM webhook_deliveries WHERE state = 'pending' "
-                    "AND next_attempt_at <= ? AND claim_expires_at <= ? "
+                    f"AND next_attempt_at <= ? AND claim_expires_at <= ?{only} "
                     f"ORDER BY created_at, id, endpoint LIMIT ?{self.lock_clause}"
                 ),
-                (now, now, int(limit)),
+                (now, now, *params, int(limit)),
             ).fetchall()
             claimed = []
             for row in picked:
@@ -195,12 +207,31 @@ class SqlWebhooks:
         )
         return [_delivery(r) for r in rows]
 
-    def next_due_at(self) -> float | None:
+    def next_due_at(self, endpoint: str | None = None) -> float | None:
+        only, params = ("", []) if endpoint is None else (" AND endpoint = ?", [endpoint])
         rows = self._read(
             "SELECT min(CASE WHEN claim_expires_at > next_attempt_at THEN claim_expires_at "
-            "ELSE next_attempt_at END) FROM webhook_deliveries WHERE state = 'pending'"
+            f"ELSE next_attempt_at END) FROM webhook_deliveries WHERE state = 'pending'{only}",
+            params,
         )
         return None if not rows or rows[0][0] is None else float(rows[0][0])
+
+    def endpoint_stats(self) -> list[EndpointStats]:
+        rows = self._read(
+            "SELECT endpoint, state, count(*), min(created_at) FROM webhook_deliveries "
+            "GROUP BY endpoint, state ORDER BY endpoint"
+        )
+        found: dict[str, EndpointStats] = {}
+        for endpoint, state, count, oldest in rows:
+            s = found.setdefault(str(endpoint), EndpointStats(str(endpoint)))
+            if state == PENDING:
+                s = replace(s, owed=int(count), oldest_owed_at=float(oldest))
+            elif state == DELIVERED:
+                s = replace(s, delivered=int(count))
+            elif state == DROPPED:
+                s = replace(s, failed=int(count))
+            found[str(endpoint)] = s
+        return list(found.values())
 
     def secrets(self, now: float) -> list[WebhookSecret]:
         rows = self._read(

@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from delivery.webhooks_backend import (
+    DELIVERED,
+    DROPPED,
     PENDING,
+    EndpointStats,
     Settlement,
     WebhookAttempt,
     WebhookDelivery,
@@ -45,10 +48,18 @@ class MemoryWebhooks:
         return added
 
     def claim_due(
-        self, now: float, consumer: str, token: str, lease_seconds: float, limit: int
+        self,
+        now: float,
+        consumer: str,
+        token: str,
+        lease_seconds: float,
+        limit: int,
+        *,
+        endpoint: str | None = None,
     ) -> list[WebhookDelivery]:
         with self._lock:
-            due = sort_due([r for r in self._rows.values() if may_claim(r, now)])[:limit]
+            due = [r for r in self._rows.values() if may_claim(r, now, endpoint)]
+            due = sort_due(due)[:limit]
             claimed = [r.with_claim(token, now + lease_seconds) for r in due]
             for row in claimed:
                 self._rows[(row.id, row.endpoint)] = row
@@ -89,14 +100,34 @@ class MemoryWebhooks:
         rows.sort(key=lambda r: (r.created_at, r.id), reverse=True)
         return rows[:limit]
 
-    def next_due_at(self) -> float | None:
+    def next_due_at(self, endpoint: str | None = None) -> float | None:
         with self._lock:
             due = [
                 max(r.next_attempt_at, r.claim_expires_at)
                 for r in self._rows.values()
-                if r.state == PENDING
+                if r.state == PENDING and (endpoint is None or r.endpoint == endpoint)
             ]
         return min(due) if due else None
+
+    def endpoint_stats(self) -> list[EndpointStats]:
+        with self._lock:
+            rows = list(self._rows.values())
+        found: dict[str, EndpointStats] = {}
+        for r in rows:
+            s = found.get(r.endpoint) or EndpointStats(r.endpoint)
+            if r.state == PENDING:
+                oldest = s.oldest_owed_at
+                s = dataclasses.replace(
+                    s,
+                    owed=s.owed + 1,
+                    oldest_owed_at=r.created_at if oldest is None else min(oldest, r.created_at),
+                )
+            elif r.state == DELIVERED:
+                s = dataclasses.replace(s, delivered=s.delivered + 1)
+            elif r.state == DROPPED:
+                s = dataclasses.replace(s, failed=s.failed + 1)
+            found[r.endpoint] = s
+        return [found[e] for e in sorted(found)]
 
     def secrets(self, now: float) -> list[WebhookSecret]:
         with self._lock:

@@ -88,6 +88,7 @@ if os.environ.get("REVEILLE_TEST_WEBHOOK_LEASE_SECONDS"):
                 timeout_seconds=_lease / 2,
                 lease_seconds=_lease,
                 poll_seconds=0.5,
+                breaker_open_seconds=0.2,
             )
             super().__init__(*args, **kwargs)
 

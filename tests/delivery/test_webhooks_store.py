@@ -159,3 +159,31 @@ def test_a_version_1_ledger_gains_the_webhook_tables(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA user_version").fetchone() == (LEDGER_SCHEMA_VERSION,)
     conn.close()
+
+
+def test_a_claim_and_the_next_due_time_can_be_one_endpoints(store: WebhookBackend) -> None:
+    """The sender claims per endpoint: an older backlog of one endpoint never stands before
+    another endpoint's rows."""
+    store.add([row(f"evt_{i}", "http://slow/", at=100.0 + i) for i in range(5)])
+    store.add([row("evt_9", "http://fast/", at=200.0)])
+    got = store.claim_due(300.0, "a", "tok", 60, 2, endpoint="http://fast/")
+    assert [(r.id, r.endpoint) for r in got] == [("evt_9", "http://fast/")]
+    slow = store.claim_due(300.0, "a", "tok", 60, 2, endpoint="http://slow/")
+    assert [r.id for r in slow] == ["evt_0", "evt_1"]
+    assert store.next_due_at("http://fast/") == 360.0  # its one row is under the claim
+    assert store.next_due_at("http://slow/") == 102.0  # evt_2 is due already
+    assert store.next_due_at("http://nobody/") is None
+
+
+def test_endpoint_stats_count_what_each_endpoint_is_owed(store: WebhookBackend) -> None:
+    assert store.endpoint_stats() == []
+    store.add([row(f"evt_{i}", "http://a/", at=100.0 + i) for i in range(3)])
+    store.add([row("evt_0", "http://b/", at=100.0)])
+    claimed = store.claim_due(200.0, "a", "tok", 60, 10, endpoint="http://a/")
+    store.settle(attempt(claimed[0], 201.0, "delivered", 200), "tok", Settlement(DELIVERED))
+    store.settle(attempt(claimed[1], 201.0, "dropped", 410), "tok", Settlement(DROPPED))
+    stats = {s.endpoint: s for s in store.endpoint_stats()}
+    a, b = stats["http://a/"], stats["http://b/"]
+    assert (a.owed, a.delivered, a.failed, a.oldest_owed_at) == (1, 1, 1, 102.0)
+    assert (b.owed, b.delivered, b.failed, b.oldest_owed_at) == (1, 0, 0, 100.0)
+    assert [s.endpoint for s in store.endpoint_stats()] == ["http://a/", "http://b/"]

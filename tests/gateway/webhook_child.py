@@ -26,6 +26,7 @@ POLICY = WebhookPolicy(
     timeout_seconds=30.0,
     lease_seconds=1.0,
     poll_seconds=0.2,
+    breaker_open_seconds=0.05,
 )
 
 

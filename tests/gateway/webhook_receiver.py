@@ -1,7 +1,8 @@
 """A webhook receiver as a real HTTP server on a loopback port, for the webhook tests.
 
 It records every request (headers and body as received) and answers with ``status``
-(settable while it runs) or, while ``stall`` is set, holds the request until ``release()``.
+(settable while it runs, with ``answer_headers``) or, while ``stall`` is set, holds the
+request until ``release()``.
 It keeps the ``webhook-id``s it accepted, as a receiver that dedupes on them would.
 ``stop()`` then ``start()`` again takes it off the network and back on the
 same port (a receiver that is down for a while).
@@ -30,6 +31,7 @@ class WebhookReceiver:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     # While set, requests are recorded and then held unanswered (a receiver that hangs).
     stall: bool = False
+    answer_headers: dict[str, str] = field(default_factory=dict)  # on every answer
     _released: asyncio.Event = field(default_factory=asyncio.Event)
     _runner: web.AppRunner | None = None
 
@@ -49,7 +51,7 @@ class WebhookReceiver:
             msg_id = headers.get("webhook-id", "")
             if msg_id not in self.accepted_ids:
                 self.accepted_ids.append(msg_id)
-        return web.Response(status=self.status)
+        return web.Response(status=self.status, headers=self.answer_headers)
 
     async def start(self) -> None:
         app = web.Application()
