@@ -337,9 +337,14 @@ def _workers(value: Any) -> int:
     return count
 
 
-def _validate(s: Settings) -> None:
+def _validate(s: Settings, origins: Mapping[str, str] | None = None) -> None:
+    """Refuse a value Reveille cannot use, naming where it came from (``origins``: setting
+    name -> "$VAR", "<file> [section] key" or "command line"; absent = the default)."""
+    where = origins or {}
+
     def bad(name: str, why: str) -> SettingsError:
-        return SettingsError(f"{name} = {getattr(s, name)!r}: {why}")
+        origin = where.get(name, "default")
+        return SettingsError(f"{origin}: {name} = {getattr(s, name)!r}: {why}")
 
     for name in ("port", "webui_port"):
         if not 0 <= getattr(s, name) <= 65535:
@@ -350,6 +355,13 @@ def _validate(s: Settings) -> None:
         raise bad("provider", 'must be "demo" or "openai"')
     if s.provider == "openai" and not s.openai_base_url and not s.openai_api_key:
         raise bad("provider", "openai needs OPENAI_API_KEY (and OPENAI_BASE_URL for non-OpenAI)")
+    if s.provider == "openai" and "model" not in where:
+        # The default names the built-in demo model, which no OpenAI endpoint serves: every
+        # turn would fail at the first model call instead of the server failing at start.
+        raise bad(
+            "provider",
+            "openai needs a model name: set REVEILLE_MODEL (or [model] name in the settings file)",
+        )
     for name in (
         "max_concurrent_runs",
         "workers",
@@ -414,7 +426,8 @@ def _validate(s: Settings) -> None:
             check_secret(s.webhook_secret)
         except ValueError as exc:
             # the message never repeats the secret itself
-            raise SettingsError(f"webhook_secret: {exc}") from None
+            origin = where.get("webhook_secret", "default")
+            raise SettingsError(f"{origin}: webhook_secret: {exc}") from None
     if s.otel_endpoint and not s.otel_endpoint.startswith(("http://", "https://")):
         raise bad("otel_endpoint", "expected the collector's http(s):// root (or unset)")
     for origin in s.cors_origins.split(","):
@@ -432,6 +445,7 @@ def load_settings(
     types = {f.name: f.type for f in fields(Settings)}
     kinds = {"bool": bool, "int": int, "float": float, "str": str}
     values: dict[str, Any] = {}
+    origins: dict[str, str] = {}  # setting name -> where its value came from
 
     path = Path(config_file or env.get("REVEILLE_CONFIG") or home / "config.toml").expanduser()
     explicit = bool(config_file or env.get("REVEILLE_CONFIG"))
@@ -447,16 +461,20 @@ def load_settings(
                 if name is None or name not in types or name == "home":
                     where = f"[{section}] {key}" if key else section
                     raise SettingsError(f"{path}: unknown setting {where}")
-                values[name] = _coerce(name, kinds[str(types[name])], value, str(path))
+                origin = f"{path} [{section}] {key}" if key else f"{path} {section}"
+                values[name] = _coerce(name, kinds[str(types[name])], value, origin)
+                origins[name] = origin
     elif explicit:
         raise SettingsError(f"settings file {path} does not exist")
 
     for name, var in ENV_NAMES.items():
         if var in env:
             values[name] = _coerce(name, kinds[str(types[name])], env[var], f"${var}")
+            origins[name] = f"${var}"
     for name, value in overrides.items():
         if value is not None:
             values[name] = _coerce(name, kinds[str(types[name])], value, "command line")
+            origins[name] = "command line"
     settings = Settings(home=home, **values)
-    _validate(settings)
+    _validate(settings, origins)
     return settings

@@ -159,7 +159,9 @@ def test_a_bad_worker_count_is_refused_with_the_reason(tmp_path: Path, bad: str)
     with pytest.raises(SettingsError, match=r"\$REVEILLE_WORKERS: workers = .* or auto"):
         load_settings({"REVEILLE_HOME": str(tmp_path), "REVEILLE_WORKERS": bad})
     (tmp_path / "config.toml").write_text("[server]\nworkers = 0\n")
-    with pytest.raises(SettingsError, match=r"config\.toml: workers = 0 .*at least 1, or auto"):
+    with pytest.raises(
+        SettingsError, match=r"config\.toml \[server\] workers: workers = 0 .*at least 1, or auto"
+    ):
         load_settings({"REVEILLE_HOME": str(tmp_path)})
     (tmp_path / "config.toml").write_text("[server]\nworkers = true\n")
     with pytest.raises(SettingsError, match="workers = True"):
