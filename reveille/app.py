@@ -168,6 +168,7 @@ async def serve(
         metrics = Metrics()
         backend = runtime.ledger.backend
         metrics.ledger_counts = backend.delivery_counts
+        metrics.watch_store(ledger_pending=backend.pending_counts)
         metrics.watch_writer("ledger", backend.stats)
         runner = GatewayRunner(
             store,
@@ -202,6 +203,7 @@ async def serve(
             lease_seconds=settings.responses_lease_seconds,
         )
         adapter.mount_responses(responses)
+        metrics.watch_store(responses=responses.store.status_counts)
         # Closes its store even if the server never starts (a second stop does nothing).
         stack.push_async_callback(responses.stop, grace)
         # Built before the API server starts (Telegram's webhook adds a route to it),
@@ -385,6 +387,7 @@ def build_adapter(
     metrics.install(adapter.app)
     metrics.watch_turns(Platform.API_SERVER.value, turns)
     metrics.watch_writer("sessions", getattr(store.backend, "stats", lambda: None))
+    metrics.watch_store(approvals=store.backend.approval_counts)
     return adapter
 
 

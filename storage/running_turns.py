@@ -17,6 +17,7 @@ from typing import Any
 from delivery.session_backend import ApprovalRecord, TurnLease
 
 __all__ = [
+    "approval_counts",
     "ask_approval",
     "decide_approval",
     "end_turn",
@@ -170,3 +171,9 @@ def get_approval(conn: Any, mark: str, approval_id: str) -> ApprovalRecord | Non
 def pending_approval(conn: Any, mark: str, session_id: str, now: float) -> ApprovalRecord | None:
     row = conn.execute(_sql(mark).pending, (session_id, now)).fetchone()
     return _approval(row) if row is not None else None
+
+
+def approval_counts(conn: Any) -> dict[str, int]:
+    """Stored approvals by status (pending, and the decided ones still kept)."""
+    rows = conn.execute("SELECT status, COUNT(*) FROM approvals GROUP BY status").fetchall()
+    return {str(status): int(count) for status, count in rows}
