@@ -284,14 +284,15 @@ async def _drain_background(
 ) -> None:
     adapter.draining = True
     responses.pause()
+    began = time.monotonic()
     finished, interrupted = await asyncio.to_thread(runtime.drain, seconds)
-    if finished or interrupted:
-        logger.info(
-            "drained background work: %d finished in time, %d interrupted%s",
-            finished,
-            len(interrupted),
-            f" ({', '.join(interrupted)})" if interrupted else "",
-        )
+    logger.info(
+        "drained background work in %.1f s: %d finished in time, %d interrupted%s",
+        time.monotonic() - began,
+        finished,
+        len(interrupted),
+        f" ({', '.join(interrupted)})" if interrupted else "",
+    )
 
 
 def open_webhooks(settings: Settings, location: Storage) -> WebhookSender | None:
