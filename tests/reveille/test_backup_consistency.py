@@ -1,9 +1,13 @@
 """A backup taken while clients start background work restores a state in which every unit a
-transcript promises ("Started in the background … Handle: deleg_…") has its ledger row; a
-backup without that is refused or repaired on restore; PostgreSQL gets pg_dump's way.
+transcript promises ("Started in the background … Handle: deleg_…") has its ledger row, and
+every result the ledger calls delivered is in its transcript; a backup without that is
+refused or repaired on restore; PostgreSQL gets pg_dump's way.
 
-The writers write as the server does: the unit's ledger row first (committed), then the
-reply that names its handle, each client in its own session, on a 100k-row ledger.
+The writers write in the server's two orders, each client in its own session, on a
+100k-row ledger: a start is the unit's ledger row (committed), then the reply that names
+it; a delivery is the transcript's result row, then the ledger row marked delivered. Any
+copy taken file by file breaks one of the two (ledger first: the first; transcripts first:
+the second).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from delivery.backend import LedgerTx
+from delivery.events import transcript_key
 from delivery.ids import new_id, unit_handles
 from delivery.ledger import Ledger
 from delivery.session_backend import NewMessage, NewSession
@@ -78,6 +83,19 @@ def _promised(home: Path) -> dict[str, str]:
         return {h: sid for sid, text in rows for h in unit_handles(text)}
 
 
+def _delivered_without_result(home: Path) -> list[str]:
+    """Client units the ledger calls delivered whose result row the transcript lacks."""
+    with sqlite3.connect(home / "ledger.db") as db:
+        db.execute("ATTACH DATABASE ? AS s", (str(home / "sessions.db"),))
+        rows = db.execute(
+            "SELECT d.id FROM deliveries d WHERE d.delivery_state = 'delivered' "
+            "AND d.origin_session_id LIKE 'api_client%' AND NOT EXISTS (SELECT 1 FROM "
+            "s.messages m WHERE m.dedupe_key = ? || d.id)",
+            (transcript_key(""),),
+        )
+        return [row[0] for row in rows]
+
+
 def _ledger_ids(home: Path) -> set[str]:
     with sqlite3.connect(home / "ledger.db") as db:
         return {row[0] for row in db.execute("SELECT id FROM deliveries")}
@@ -101,15 +119,35 @@ class Clients:
             while not self.stop.is_set():
                 handle = new_id("deleg_")
                 self.ledger.create(
-                    handle, kind="delegation", session_key=f"k:{sid}", origin_session_id=sid
+                    handle,
+                    kind="delegation",
+                    state="running",
+                    session_key=f"k:{sid}",
+                    origin_session_id=sid,
                 )  # committed before the reply that names it is stored
                 reply = f"Started in the background: job. Handle: {handle}. It comes back here."
                 self.sessions.append_message(
                     sid, NewMessage.build({"role": "assistant", "content": reply})
                 )
                 self.started.append(handle)
+                self._deliver(sid, handle)
         except BaseException as exc:  # reported by the test, not lost in a thread
             self.errors.append(exc)
+
+    def _deliver(self, sid: str, handle: str) -> None:
+        """The unit ends and its result is delivered: the result row, then the ledger."""
+        event = {"type": "async_delegation", "delegation_id": handle, "status": "completed"}
+        self.ledger.finish(handle, expected="running", state="completed", event=event)
+        token = self.ledger.claim(handle, "test")
+        assert token
+        result = {
+            "role": "system",
+            "content": f"[Background delegation finished] {handle}: status completed.",
+            "display_kind": "async_delegation_complete",
+            "dedupe_key": transcript_key(handle),
+        }
+        self.sessions.append_message(sid, NewMessage.build(result))
+        assert self.ledger.complete(handle, token)
 
     def __enter__(self) -> Clients:
         for thread in self.threads:
@@ -145,6 +183,8 @@ def test_a_backup_under_concurrent_writers_restores_every_promised_unit(tmp_path
     assert len(promised) >= before
     lacking = sorted(set(promised) - _ledger_ids(copy))
     assert lacking == [], f"{len(lacking)} of {len(promised)} promised units have no row"
+    unseen = _delivered_without_result(copy)
+    assert unseen == [], f"{len(unseen)} results delivered by the ledger are not in a transcript"
     # ...and so does the state restored from it, which says it checked.
     restored = _cli(fresh, "restore", str(copy))
     assert restored.returncode == 0, restored.stderr
