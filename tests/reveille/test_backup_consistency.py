@@ -13,6 +13,7 @@ the second).
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from delivery.ids import new_id, unit_handles
 from delivery.ledger import Ledger
 from delivery.session_backend import NewMessage, NewSession
 from reveille.backup_check import LOST_ERROR
+from tests.api_server.serve_support import Server, chat, transcript, wait_until
 from tests.stores import sqlite_ledger, sqlite_sessions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -273,3 +275,34 @@ def test_backup_on_postgresql_says_how_to_dump_in_one_snapshot(tmp_path: Path) -
     assert "pg_dump --serializable-deferrable" in local.stdout
     refused = _cli(tmp_path / "fresh", "restore", str(tmp_path / "b"), env=env)
     assert refused.returncode == 2 and "pg_restore" in refused.stderr
+
+
+def test_a_repaired_unit_is_told_to_its_conversation_once(tmp_path: Path) -> None:
+    """Through real servers: a unit started over the API whose row a backup lacks comes home
+    as one `unknown` notice on a server started on the repaired state."""
+    home, copy, fresh = tmp_path / "home", tmp_path / "backup", tmp_path / "fresh"
+    server = Server(home, demo_delay=30, extra_env={"REVEILLE_DRAIN_SECONDS": "0.5"})
+    try:
+        session, reply = chat(server.port, "in the background: count the stars")
+        found = re.search(r"deleg_[0-9a-f]+", reply)
+        assert found, reply
+    finally:
+        server.stop()
+    assert _cli(home, "backup", str(copy)).returncode == 0
+    with sqlite3.connect(copy / "ledger.db") as db:  # as a file-by-file copy could lose it
+        db.execute("DELETE FROM deliveries WHERE id = ?", (found.group(),))
+    assert _cli(fresh, "restore", "--repair", str(copy)).returncode == 0
+
+    restored = Server(fresh)
+    try:
+
+        def told() -> list[dict] | None:
+            rows = [m for m in transcript(restored.port, session) if m["display_kind"]]
+            return rows or None
+
+        (notice,) = wait_until(told)
+        text = " ".join(notice["content"].split())
+        assert found.group() in text and "status unknown" in text
+        assert "the backup holds no record of it" in text
+    finally:
+        restored.stop()
