@@ -84,7 +84,8 @@ def pg_dump_advice(target: str) -> str:
         "snapshot (one transaction, so every table is at the same point of the ledger's "
         "history): `pg_dump --serializable-deferrable --format=custom "
         f'--file {os.path.join(target, "reveille.pgdump")} "$REVEILLE_DATABASE_URL"` '
-        "(check it with `pg_restore --list`); then `reveille backup --local-only "
+        "(or the [storage] url; check the dump with `pg_restore --list`); then "
+        "`reveille backup --local-only "
         f"{target}` copies what is local (process outputs, Telegram's state)"
     )
 
