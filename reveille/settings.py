@@ -127,6 +127,13 @@ class Settings:
     responses_lease_seconds: float = 30.0
     # OTLP/HTTP collector root for traces (reveille.tracing); "" = no traces
     otel_endpoint: str = ""
+    # setting name -> where its value came from ("$VAR", "<file> [section] key", "command
+    # line"); absent: the default. Filled by ``load_settings``, for errors found later.
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def origin(self, name: str) -> str:
+        """Where the value of setting ``name`` came from, for an error message."""
+        return self.origins.get(name, "default")
 
     @property
     def allowed_origins(self) -> frozenset[str]:
@@ -337,14 +344,12 @@ def _workers(value: Any) -> int:
     return count
 
 
-def _validate(s: Settings, origins: Mapping[str, str] | None = None) -> None:
-    """Refuse a value Reveille cannot use, naming where it came from (``origins``: setting
-    name -> "$VAR", "<file> [section] key" or "command line"; absent = the default)."""
-    where = origins or {}
+def _validate(s: Settings) -> None:
+    """Refuse a value Reveille cannot use, naming where it came from (``Settings.origin``)."""
+    where = s.origins
 
     def bad(name: str, why: str) -> SettingsError:
-        origin = where.get(name, "default")
-        return SettingsError(f"{origin}: {name} = {getattr(s, name)!r}: {why}")
+        return SettingsError(f"{s.origin(name)}: {name} = {getattr(s, name)!r}: {why}")
 
     for name in ("port", "webui_port"):
         if not 0 <= getattr(s, name) <= 65535:
@@ -426,8 +431,7 @@ def _validate(s: Settings, origins: Mapping[str, str] | None = None) -> None:
             check_secret(s.webhook_secret)
         except ValueError as exc:
             # the message never repeats the secret itself
-            origin = where.get("webhook_secret", "default")
-            raise SettingsError(f"{origin}: webhook_secret: {exc}") from None
+            raise SettingsError(f"{s.origin('webhook_secret')}: webhook_secret: {exc}") from None
     if s.otel_endpoint and not s.otel_endpoint.startswith(("http://", "https://")):
         raise bad("otel_endpoint", "expected the collector's http(s):// root (or unset)")
     for origin in s.cors_origins.split(","):
@@ -446,6 +450,8 @@ def load_settings(
     kinds = {"bool": bool, "int": int, "float": float, "str": str}
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}  # setting name -> where its value came from
+    if env.get("REVEILLE_HOME"):
+        origins["home"] = "$REVEILLE_HOME"
 
     path = Path(config_file or env.get("REVEILLE_CONFIG") or home / "config.toml").expanduser()
     explicit = bool(config_file or env.get("REVEILLE_CONFIG"))
@@ -458,7 +464,7 @@ def load_settings(
             items = table.items() if isinstance(table, dict) else [(None, table)]
             for key, value in items:
                 name = _TOML_ALIASES.get((section, key)) if key else section
-                if name is None or name not in types or name == "home":
+                if name is None or name not in types or name in ("home", "origins"):
                     where = f"[{section}] {key}" if key else section
                     raise SettingsError(f"{path}: unknown setting {where}")
                 origin = f"{path} [{section}] {key}" if key else f"{path} {section}"
@@ -475,6 +481,6 @@ def load_settings(
         if value is not None:
             values[name] = _coerce(name, kinds[str(types[name])], value, "command line")
             origins[name] = "command line"
-    settings = Settings(home=home, **values)
-    _validate(settings, origins)
+    settings = Settings(home=home, origins=origins, **values)
+    _validate(settings)
     return settings

@@ -155,3 +155,30 @@ def test_openai_without_a_model_stops_reveille_serve_with_the_reason(tmp_path: P
     assert done.returncode == 2
     assert "bad setting: $REVEILLE_PROVIDER: provider = 'openai'" in done.stderr
     assert "set REVEILLE_MODEL" in done.stderr
+
+
+def _serve_refused(env: dict[str, str]) -> str:
+    full = {**os.environ, **env}
+    for name in ("REVEILLE_CONFIG", "REVEILLE_DATABASE_URL", "API_SERVER_KEY"):
+        full.pop(name, None)
+    full.update(env)
+    done = subprocess.run(
+        [sys.executable, "-m", "reveille.cli", "serve", "--port", "0"],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    return done.stderr
+
+
+def test_errors_found_at_start_name_where_the_value_came_from(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: refused, never tightened
+    refused = _serve_refused({"REVEILLE_HOME": str(shared)})
+    assert "$REVEILLE_HOME: state directory" in refused
+    beyond = {"REVEILLE_HOME": str(tmp_path / "home"), "REVEILLE_HOST": "0.0.0.0"}
+    refused = _serve_refused({**beyond, "API_SERVER_KEY": "k", "REVEILLE_WEBUI_PORT": "18787"})
+    assert "$REVEILLE_HOST: the web UI would listen on 0.0.0.0" in refused
