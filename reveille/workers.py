@@ -47,8 +47,11 @@ logger = logging.getLogger("reveille.workers")
 
 _PR_SET_PDEATHSIG = 1
 SERVER_SECRET_ENV = "REVEILLE_WORKER_SECRET"
-# The directory that holds the `reveille` package this process imported.
-_CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The checkout that holds the `reveille` package this process imported, when it runs from
+# one; an installed package (site-packages) is on the workers' path already, and putting
+# site-packages before the standard library would let a backport shadow it.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CODE_ROOT = _ROOT if os.path.isfile(os.path.join(_ROOT, "pyproject.toml")) else ""
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
