@@ -113,6 +113,7 @@ class Ledger:
         self.identity = identity or str(current_identity())
         self._due_listeners: list[Callable[[float], None]] = []
         self._adopters: dict[str, Callable[[LedgerRow], None]] = {}
+        self._logged_dead_holders: set[str] = set()
         self.servers = ServerRoster(
             backend,
             self.identity,
@@ -600,7 +601,9 @@ class Ledger:
         for holder in self.backend.pending_holders():
             if holder != self.identity and self.is_dead(holder):
                 held = self.backend.rows_held_by(holder, _SCAN_LIMIT)
-                if held:
+                # Once per dead server: rows still backing off stay held by it, pass after pass.
+                if held and holder not in self._logged_dead_holders:
+                    self._logged_dead_holders.add(holder)
                     log.info(
                         "recovering %d undelivered result(s) held by dead server %s: %s",
                         len(held),

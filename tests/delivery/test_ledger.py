@@ -977,3 +977,9 @@ def test_work_recovered_from_a_dead_server_is_logged(
         ledger.take_due()
     assert f"recovered delegation r1 from dead server {dead}: unknown" in caplog.text
     assert f"recovering 1 undelivered result(s) held by dead server {dead}: held" in caplog.text
+    caplog.clear()
+    owner.create("later", kind="delegation", state="running")
+    owner.finish("later", expected="running", state="completed", event=delegation_event("later"))
+    with caplog.at_level(logging.INFO, logger="delivery.ledger"):
+        ledger.take_due()
+    assert "held by dead server" not in caplog.text  # said once per dead server
