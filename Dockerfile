@@ -18,6 +18,9 @@ COPY gateway ./gateway
 COPY reveille ./reveille
 COPY storage ./storage
 COPY tools ./tools
+# `reveille --version` names this commit: docker build --build-arg REVEILLE_COMMIT=$(git rev-parse HEAD)
+ARG REVEILLE_COMMIT=unknown
+RUN printf '%s\n' "$REVEILLE_COMMIT" > reveille/BUILD_COMMIT
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
 FROM python:3.11-slim

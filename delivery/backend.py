@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from delivery.notifier import Notifier
 from delivery.peers import ServerRecord
-from delivery.rows import FIELDS, LedgerRow, PrunedRow, RowQuery, SettledRow
+from delivery.rows import FIELDS, LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
 
 T = TypeVar("T")
@@ -142,6 +142,10 @@ class LedgerViews(Protocol):
         """Rows waiting for delivery (``pending``), and those of them under a claim now
         (``claimed``: a claim token is set; a lapsed claim counts until the row is claimed
         again or settled). The ``reveille_delivery_rows`` metric."""
+
+    def pending_counts(self, now: float) -> PendingCounts:
+        """Rows waiting for delivery by lifecycle state, and how many of them are not due
+        before ``now`` (``PendingCounts``). The ``reveille_ledger_pending_rows`` metrics."""
 
 
 @runtime_checkable

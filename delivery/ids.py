@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 
 # Uniqueness, not secrecy, is what these need: a generator seeded from the OS once (and
@@ -25,3 +26,14 @@ def new_id(prefix: str) -> str:
 def new_token() -> str:
     """A 128-bit claim token."""
     return f"{_rng.getrandbits(128):032x}"
+
+
+# A started unit's handle as tools hand it to the model and transcripts keep it: a sub-agent
+# (``deleg_``) or a background process (``proc_``), each a ledger row written before the
+# handle is returned.
+UNIT_HANDLE = re.compile(r"\b(?:deleg|proc)_[0-9a-f]{19}\b")
+
+
+def unit_handles(text: str) -> list[str]:
+    """The started units' handles ``text`` names, each once, in order."""
+    return list(dict.fromkeys(UNIT_HANDLE.findall(text)))

@@ -113,6 +113,7 @@ class Ledger:
         self.identity = identity or str(current_identity())
         self._due_listeners: list[Callable[[float], None]] = []
         self._adopters: dict[str, Callable[[LedgerRow], None]] = {}
+        self._logged_dead_holders: set[str] = set()
         self.servers = ServerRoster(
             backend,
             self.identity,
@@ -560,6 +561,12 @@ class Ledger:
                         if self.take_over(row.id, owner):
                             try:
                                 adopt(dataclasses.replace(row, owner=self.identity))
+                                log.info(
+                                    "recovered %s %s from dead server %s: taken over",
+                                    row.kind,
+                                    row.id,
+                                    owner,
+                                )
                                 continue
                             except Exception:
                                 log.exception("adopting %s failed", row.id)
@@ -567,6 +574,13 @@ class Ledger:
                             continue  # another survivor took it over, or it finished
                     event = abandoned_event(row, new_state, self.clock())
                     if self.finish(row.id, expected=state, state=new_state, event=event):
+                        log.warning(
+                            "recovered %s %s from dead server %s: %s, its conversation is told",
+                            row.kind,
+                            row.id,
+                            owner,
+                            new_state.value,
+                        )
                         recovered.append(event)
         return recovered
 
@@ -586,7 +600,17 @@ class Ledger:
         rows = self.backend.due(now, _SCAN_LIMIT)
         for holder in self.backend.pending_holders():
             if holder != self.identity and self.is_dead(holder):
-                rows.extend(self.backend.rows_held_by(holder, _SCAN_LIMIT))
+                held = self.backend.rows_held_by(holder, _SCAN_LIMIT)
+                # Once per dead server: rows still backing off stay held by it, pass after pass.
+                if held and holder not in self._logged_dead_holders:
+                    self._logged_dead_holders.add(holder)
+                    log.info(
+                        "recovering %d undelivered result(s) held by dead server %s: %s",
+                        len(held),
+                        holder,
+                        ", ".join(r.id for r in held[:10]) + (" ..." if len(held) > 10 else ""),
+                    )
+                rows.extend(held)
         return self._take(rows, now, "orphan")
 
     def _take(self, rows: list[LedgerRow], now: float, reason: str) -> list[dict[str, Any]]:

@@ -132,6 +132,9 @@ class ResponsesBackend(Protocol):
     def unnotified(self, limit: int) -> list[ResponseRow]:
         """Terminal rows whose terminal hook has not run yet, oldest first."""
 
+    def status_counts(self) -> dict[str, int]:
+        """How many stored responses have each status (the ``reveille_responses`` metric)."""
+
     def mark_notified(self, response_id: str) -> None: ...
 
     def delete(self, response_id: str) -> bool:

@@ -14,7 +14,7 @@ import datetime as dt
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["LedgerRow", "PrunedRow", "RowQuery", "SettledRow"]
+__all__ = ["LedgerRow", "PendingCounts", "PrunedRow", "RowQuery", "SettledRow"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +107,17 @@ class PrunedRow:
         """One line for people: "pruned on 2026-12-04 17:00 UTC (<reason>)"."""
         when = dt.datetime.fromtimestamp(self.pruned_at, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
         return f"pruned on {when} ({self.reason}); it had ended {self.state}, {self.delivery_state}"
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCounts:
+    """The rows that still owe a delivery, as ``/metrics`` reports them.
+
+    ``by_state``: pending rows by lifecycle state (``queued``/``running``: the work has not
+    finished; a terminal state: its result is owed to the conversation). ``due_later``: those
+    of them whose next delivery is not due yet (backing off after a refused delivery); the
+    ledger has no other notion of a row due later.
+    """
+
+    by_state: dict[str, int]
+    due_later: int

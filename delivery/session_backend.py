@@ -464,6 +464,10 @@ class SessionBackend(Protocol):
     def pending_approval(self, session_id: str) -> ApprovalRecord | None:
         """The approval the session's running turn waits for, if any."""
 
+    def approval_counts(self) -> dict[str, int]:
+        """Stored approvals by status: pending, and decided ones while they are kept (the
+        ``reveille_approvals`` metric)."""
+
     # -- retention (``delivery.retention``)
     def prune_idempotency(self, before: float, limit: int, *, dry_run: bool = False) -> int:
         """Forget at most ``limit`` finished idempotency records last written before

@@ -73,13 +73,20 @@ __all__ = ["App", "build_webui", "check_webui_bind", "open_storage", "serve"]
 logger = logging.getLogger("reveille.app")
 
 
-def open_storage(url: str) -> Storage:
+def open_storage(url: str, origin: str | None = None) -> Storage:
     """The storage a url names, prepared (``storage.open_storage``); a url it cannot open
-    stops the start as a settings error naming it."""
+    stops the start as a settings error naming it (and ``origin``: where it was set)."""
     try:
         return storage.open_storage(url)
     except StorageUrlError as exc:
-        raise SettingsError(str(exc)) from None
+        raise SettingsError(f"{origin}: {exc}" if origin else str(exc)) from None
+
+
+def storage_origin(settings: Settings) -> str:
+    """Where the storage url came from: the database url's setting, or the state directory's."""
+    if settings.database_url:
+        return settings.origin("database_url")
+    return settings.origin("home")
 
 
 def storage_url(settings: Settings) -> str:
@@ -145,7 +152,9 @@ async def serve(
         # First in, last out: the spans of the shutdown itself are exported too.
         if (flush_traces := tracing.configure(settings)) is not None:
             stack.push_async_callback(asyncio.to_thread, flush_traces)
-        location = await asyncio.to_thread(open_storage, storage_url(settings))
+        location = await asyncio.to_thread(
+            open_storage, storage_url(settings), storage_origin(settings)
+        )
         store = SessionStore(await asyncio.to_thread(location.open_sessions))
         stack.push_async_callback(asyncio.to_thread, store.close)
 
@@ -168,6 +177,7 @@ async def serve(
         metrics = Metrics()
         backend = runtime.ledger.backend
         metrics.ledger_counts = backend.delivery_counts
+        metrics.watch_store(ledger_pending=backend.pending_counts)
         metrics.watch_writer("ledger", backend.stats)
         runner = GatewayRunner(
             store,
@@ -206,6 +216,7 @@ async def serve(
             lease_seconds=settings.responses_lease_seconds,
         )
         adapter.mount_responses(responses)
+        metrics.watch_store(responses=responses.store.status_counts)
         # Closes its store even if the server never starts (a second stop does nothing).
         stack.push_async_callback(responses.stop, grace)
         # Built before the API server starts (Telegram's webhook adds a route to it),
@@ -287,14 +298,15 @@ async def _drain_background(
 ) -> None:
     adapter.draining = True
     responses.pause()
+    began = time.monotonic()
     finished, interrupted = await asyncio.to_thread(runtime.drain, seconds)
-    if finished or interrupted:
-        logger.info(
-            "drained background work: %d finished in time, %d interrupted%s",
-            finished,
-            len(interrupted),
-            f" ({', '.join(interrupted)})" if interrupted else "",
-        )
+    logger.info(
+        "drained background work in %.1f s: %d finished in time, %d interrupted%s",
+        time.monotonic() - began,
+        finished,
+        len(interrupted),
+        f" ({', '.join(interrupted)})" if interrupted else "",
+    )
 
 
 def open_webhooks(settings: Settings, location: Storage) -> WebhookSender | None:
@@ -390,6 +402,7 @@ def build_adapter(
     metrics.install(adapter.app)
     metrics.watch_turns(Platform.API_SERVER.value, turns)
     metrics.watch_writer("sessions", getattr(store.backend, "stats", lambda: None))
+    metrics.watch_store(approvals=store.backend.approval_counts)
     return adapter
 
 
@@ -452,7 +465,8 @@ def check_webui_bind(settings: Settings) -> None:
     """A web UI beyond loopback needs a password: refuse to start without one."""
     if not is_loopback(settings.host) and not settings.webui_password:
         raise SettingsError(
-            f"the web UI would listen on {settings.host}, beyond loopback, without a password; "
+            f"{settings.origin('host')}: the web UI would listen on {settings.host}, beyond "
+            "loopback, without a password; "
             "set REVEILLE_WEBUI_PASSWORD ([webui] password), bind 127.0.0.1, or turn the web "
             "UI off with REVEILLE_WEBUI_PORT=0"
         )

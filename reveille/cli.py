@@ -5,11 +5,24 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
-from reveille import approvals, backup, db, deliveries, log_format, prune, version, webhooks_cmd
+from reveille import approvals, backup, db, deliveries, log_format, prune, webhooks_cmd
+from reveille.build_info import version_line
 from reveille.chat import add_chat_parser
 from reveille.serve import add_serve_parser
 from reveille.settings import SettingsError
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the commit is looked up only when asked (it may run ``git``)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(version_line())
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reveille: an AI-agent runtime whose background work always comes home.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--version", action="version", version=f"reveille {version()}")
+    parser.add_argument(
+        "--version", action=_VersionAction, help="the version and the git commit, then exit"
+    )
     parser.add_argument(
         "--log-format",
         choices=log_format.FORMATS,

@@ -10,11 +10,16 @@ this module reads them:
   platform, active runs;
 * the ledger and the session store writers' ``stats()`` (commits, operations) and the
   ledger's ``delivery_counts()`` (pending and claimed rows), read at scrape time;
-* an aiohttp middleware on the API server: requests by route and status, with latency;
 * the webhook store's ``endpoint_stats()``, read at scrape time: per endpoint, rows owed,
-  delivered and failed, and the age of the oldest owed row.
+  delivered and failed, and the age of the oldest owed row;
+* what the store holds, read at scrape time so that every server sharing it reports the
+  same: the ledger's ``pending_counts`` (rows owing a delivery by lifecycle state, and those
+  not due yet: the ledger has no timers of its own yet, so "due later" means backing off),
+  the Responses API's ``status_counts`` and the session store's ``approval_counts``;
+* an aiohttp middleware on the API server: requests by route and status, with latency.
 
-``/metrics`` answers 401 without the bearer key when one is configured.
+``/metrics`` answers 401 without the bearer key when one is configured. A scrape reads the
+stores on a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from delivery.responses_backend import ACTIVE, TERMINAL
+from delivery.rows import PendingCounts
 from delivery.webhooks_backend import EndpointStats
 from gateway.outcomes import DeliveryOutcome
 from gateway.webhooks import public_endpoint
@@ -41,6 +48,10 @@ __all__ = ["Metrics"]
 logger = logging.getLogger(__name__)
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, 6 * 3600)
+# Always reported, 0 when the store has none, so every series exists from the first scrape.
+_RESPONSE_STATUSES = (*ACTIVE, *TERMINAL)
+_APPROVAL_STATUSES = ("pending", "approved", "denied", "expired")
+_WORK_STATES = ("queued", "running")
 _REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -72,6 +83,8 @@ class _Snapshot(Collector):
             for state in ("pending", "claimed"):
                 rows.add_metric([state], float(counts.get(state, 0)))
         yield rows
+
+        yield from self._store_families()
 
         commits = CounterMetricFamily(
             "reveille_writer_commits", "SQLite writer commits", labels=["store"]
@@ -105,6 +118,58 @@ class _Snapshot(Collector):
         yield durable
         yield ops
         yield per
+
+    def _store_families(self) -> Iterator[Any]:
+        m = self.metrics
+        if m.ledger_pending is not None:
+            try:
+                pending = m.ledger_pending(time.time())
+            except Exception:
+                logger.debug("metrics source failed", exc_info=True)
+            else:
+                by_state = GaugeMetricFamily(
+                    "reveille_ledger_pending_rows",
+                    "Ledger rows that owe a delivery, by lifecycle state (queued, running: "
+                    "the work has not ended; a terminal state: its result is owed)",
+                    labels=["state"],
+                )
+                for state, count in _with_defaults(pending.by_state, _WORK_STATES):
+                    by_state.add_metric([state], float(count))
+                yield by_state
+                later = GaugeMetricFamily(
+                    "reveille_ledger_rows_due_later",
+                    "Ledger rows owing a delivery that is not due yet (backing off)",
+                )
+                later.add_metric([], float(pending.due_later))
+                yield later
+        for name, doc, read, known in (
+            (
+                "reveille_responses",
+                "Stored Responses API responses by status",
+                m.response_counts,
+                _RESPONSE_STATUSES,
+            ),
+            (
+                "reveille_approvals",
+                "Approval requests in the store by status (pending; decided ones while kept)",
+                m.approval_counts,
+                _APPROVAL_STATUSES,
+            ),
+        ):
+            counts = _safe(read)
+            if counts is None:
+                continue
+            family = GaugeMetricFamily(name, doc, labels=["status"])
+            for status, count in _with_defaults(counts, known):
+                family.add_metric([status], float(count))
+            yield family
+
+
+def _with_defaults(counts: dict[str, Any], known: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """``counts`` with every ``known`` key present (0 when absent), known keys first."""
+    return [(k, counts.get(k, 0)) for k in known] + [
+        (k, v) for k, v in sorted(counts.items()) if k not in known
+    ]
 
 
 class _Webhooks(Collector):
@@ -189,6 +254,10 @@ class Metrics:
         self.writers: dict[str, Callable[[], dict[str, Any] | None]] = {}
         self.ledger_counts: Callable[[], dict[str, Any] | None] | None = None
         self.webhook_stats: Callable[[], Sequence[EndpointStats]] | None = None
+        # Read from the store at scrape time (``watch_store``).
+        self.ledger_pending: Callable[[float], PendingCounts] | None = None
+        self.response_counts: Callable[[], dict[str, int]] | None = None
+        self.approval_counts: Callable[[], dict[str, int]] | None = None
         self.deliveries = Counter(
             "reveille_deliveries",
             "Completions handled by the runner, by the platform of their session and outcome "
@@ -247,6 +316,18 @@ class Metrics:
     def watch_writer(self, store: str, read: Callable[[], dict[str, Any] | None]) -> None:
         self.writers[store] = read
 
+    def watch_store(
+        self,
+        *,
+        ledger_pending: Callable[[float], PendingCounts] | None = None,
+        responses: Callable[[], dict[str, int]] | None = None,
+        approvals: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
+        """The store's counts each scrape reads (only those given are replaced)."""
+        self.ledger_pending = ledger_pending or self.ledger_pending
+        self.response_counts = responses or self.response_counts
+        self.approval_counts = approvals or self.approval_counts
+
     # ----------------------------------------------------------------- HTTP
 
     def install(self, app: web.Application) -> None:
@@ -279,7 +360,7 @@ class Metrics:
 
         async def metrics(request: web.Request) -> web.Response:
             self.scrapes.set(time.time())
-            # The collectors read the stores: off the event loop.
+            # The collectors read the stores: a thread, never the event loop.
             body = await asyncio.to_thread(generate_latest, self.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

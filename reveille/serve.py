@@ -17,6 +17,7 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from reveille.banner import startup_banner
@@ -107,12 +108,19 @@ async def serve_until_signalled(settings: Settings, *, role: WorkerRole | None =
     from reveille.app import serve
 
     stopping = asyncio.Event()
+    received: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig.name)
+        stopping.set()
+
     loop = asyncio.get_running_loop()
     installed = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stopping.set)
+            loop.add_signal_handler(sig, on_signal, sig)
             installed.append(sig)
+    began: float | None = None
     try:
         async with serve(
             settings,
@@ -122,6 +130,7 @@ async def serve_until_signalled(settings: Settings, *, role: WorkerRole | None =
             if role is not None:
                 role.report_ready(app)
                 await stopping.wait()
+                began = _stopping(app, settings, received)
                 return
             webui = app.webui
             logger.info(
@@ -135,6 +144,21 @@ async def serve_until_signalled(settings: Settings, *, role: WorkerRole | None =
                 ),
             )
             await stopping.wait()
+            began = _stopping(app, settings, received)
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
+        if began is not None:
+            # Everything is closed: turns ended or stopped, results recorded, stores shut.
+            logger.info("stopped in %.1f s", time.monotonic() - began)
+
+
+def _stopping(app: Any, settings: Settings, received: list[str]) -> float:
+    """Says why and what the stop waits for; when it began (monotonic)."""
+    logger.info(
+        "stopping on %s: %d API turn(s) running; background work gets up to %.0f s to finish",
+        received[0] if received else "request",
+        int(getattr(app.adapter.turns, "active_runs", 0)),
+        settings.drain_seconds,
+    )
+    return time.monotonic()

@@ -129,6 +129,13 @@ class Settings:
     responses_lease_seconds: float = 30.0
     # OTLP/HTTP collector root for traces (reveille.tracing); "" = no traces
     otel_endpoint: str = ""
+    # setting name -> where its value came from ("$VAR", "<file> [section] key", "command
+    # line"); absent: the default. Filled by ``load_settings``, for errors found later.
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def origin(self, name: str) -> str:
+        """Where the value of setting ``name`` came from, for an error message."""
+        return self.origins.get(name, "default")
 
     @property
     def allowed_origins(self) -> frozenset[str]:
@@ -342,8 +349,11 @@ def _workers(value: Any) -> int:
 
 
 def _validate(s: Settings) -> None:
+    """Refuse a value Reveille cannot use, naming where it came from (``Settings.origin``)."""
+    where = s.origins
+
     def bad(name: str, why: str) -> SettingsError:
-        return SettingsError(f"{name} = {getattr(s, name)!r}: {why}")
+        return SettingsError(f"{s.origin(name)}: {name} = {getattr(s, name)!r}: {why}")
 
     for name in ("port", "webui_port"):
         if not 0 <= getattr(s, name) <= 65535:
@@ -354,6 +364,13 @@ def _validate(s: Settings) -> None:
         raise bad("provider", 'must be "demo" or "openai"')
     if s.provider == "openai" and not s.openai_base_url and not s.openai_api_key:
         raise bad("provider", "openai needs OPENAI_API_KEY (and OPENAI_BASE_URL for non-OpenAI)")
+    if s.provider == "openai" and "model" not in where:
+        # The default names the built-in demo model, which no OpenAI endpoint serves: every
+        # turn would fail at the first model call instead of the server failing at start.
+        raise bad(
+            "provider",
+            "openai needs a model name: set REVEILLE_MODEL (or [model] name in the settings file)",
+        )
     for name in (
         "max_concurrent_runs",
         "workers",
@@ -419,7 +436,7 @@ def _validate(s: Settings) -> None:
             check_secret(s.webhook_secret)
         except ValueError as exc:
             # the message never repeats the secret itself
-            raise SettingsError(f"webhook_secret: {exc}") from None
+            raise SettingsError(f"{s.origin('webhook_secret')}: webhook_secret: {exc}") from None
     if s.otel_endpoint and not s.otel_endpoint.startswith(("http://", "https://")):
         raise bad("otel_endpoint", "expected the collector's http(s):// root (or unset)")
     for origin in s.cors_origins.split(","):
@@ -437,6 +454,9 @@ def load_settings(
     types = {f.name: f.type for f in fields(Settings)}
     kinds = {"bool": bool, "int": int, "float": float, "str": str}
     values: dict[str, Any] = {}
+    origins: dict[str, str] = {}  # setting name -> where its value came from
+    if env.get("REVEILLE_HOME"):
+        origins["home"] = "$REVEILLE_HOME"
 
     path = Path(config_file or env.get("REVEILLE_CONFIG") or home / "config.toml").expanduser()
     explicit = bool(config_file or env.get("REVEILLE_CONFIG"))
@@ -449,19 +469,23 @@ def load_settings(
             items = table.items() if isinstance(table, dict) else [(None, table)]
             for key, value in items:
                 name = _TOML_ALIASES.get((section, key)) if key else section
-                if name is None or name not in types or name == "home":
+                if name is None or name not in types or name in ("home", "origins"):
                     where = f"[{section}] {key}" if key else section
                     raise SettingsError(f"{path}: unknown setting {where}")
-                values[name] = _coerce(name, kinds[str(types[name])], value, str(path))
+                origin = f"{path} [{section}] {key}" if key else f"{path} {section}"
+                values[name] = _coerce(name, kinds[str(types[name])], value, origin)
+                origins[name] = origin
     elif explicit:
         raise SettingsError(f"settings file {path} does not exist")
 
     for name, var in ENV_NAMES.items():
         if var in env:
             values[name] = _coerce(name, kinds[str(types[name])], env[var], f"${var}")
+            origins[name] = f"${var}"
     for name, value in overrides.items():
         if value is not None:
             values[name] = _coerce(name, kinds[str(types[name])], value, "command line")
-    settings = Settings(home=home, **values)
+            origins[name] = "command line"
+    settings = Settings(home=home, origins=origins, **values)
     _validate(settings)
     return settings

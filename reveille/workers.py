@@ -4,7 +4,8 @@ With ``workers > 1`` the `reveille serve` process only supervises. It resolves t
 first: it binds the API port (a configured 0 becomes one concrete free port) and the web
 UI port with SO_REUSEPORT and keeps those sockets bound but never listening, so no other
 program takes the ports while workers restart and the kernel never hands it a connection.
-Then it starts N workers (``python -m reveille.cli serve`` with the concrete ports and the
+Then it starts N workers (``python -P -m reveille.cli serve``: never
+importing from the current directory, with the concrete ports and the
 hidden ``--worker-*`` flags), each a whole `reveille serve` over the same store and state
 directory that binds both ports with ``reuse_port``; the kernel spreads connections between
 them. Each worker reports on a pipe once it listens; the supervisor then prints the startup
@@ -46,6 +47,11 @@ logger = logging.getLogger("reveille.workers")
 
 _PR_SET_PDEATHSIG = 1
 SERVER_SECRET_ENV = "REVEILLE_WORKER_SECRET"
+# The checkout that holds the `reveille` package this process imported, when it runs from
+# one; an installed package (site-packages) is on the workers' path already, and putting
+# site-packages before the standard library would let a backport shadow it.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CODE_ROOT = _ROOT if os.path.isfile(os.path.join(_ROOT, "pyproject.toml")) else ""
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -264,12 +270,21 @@ class Supervisor:
         when it exited before reporting)."""
         read_fd, write_fd = os.pipe()
         role = WorkerRole(index, write_fd, os.getpid())
-        argv = [sys.executable, "-m", "reveille.cli", *(["-v"] if self.verbose else []), "serve"]
+        # -P: `python -m` would put the current directory first on sys.path, so a
+        # `gateway.py` (or `reveille.py`) in the directory the operator started from would
+        # be imported by every worker instead of Reveille's own modules.
+        argv = [sys.executable, "-P", "-m", "reveille.cli"]
+        argv += [*(["-v"] if self.verbose else []), "serve"]
         argv += ["--host", self.settings.host, "--port", str(self.api_port), *role.argv()]
         if self.config:
             argv += ["--config", self.config]
         env = {
             **os.environ,
+            # ...but they import the code this supervisor runs, also from a checkout that
+            # was never installed (started there with `python -m reveille.cli`).
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (_CODE_ROOT, os.environ.get("PYTHONPATH", "")) if p
+            ),
             "REVEILLE_WEBUI_PORT": str(self.webui_port),
             SERVER_SECRET_ENV: self.secret,
         }

@@ -20,7 +20,8 @@ SQLite); keyword options
 tune one dialect's backend (pool sizes, batch limits, a test clock) and are passed through
 as given.
 ``sqlite_files(ledger=..., sessions=...)`` describes SQLite files at paths of the caller's
-choosing (tests, benchmarks, the operator's ledger file).
+choosing (tests, benchmarks, the operator's ledger file). ``snapshot_sqlite_files`` copies
+a state directory's files at one point of the ledger's history (`reveille backup`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ __all__ = [
     "migrate_database",
     "open_ledger_file",
     "open_storage",
+    "snapshot_sqlite_files",
     "sqlite_files",
 ]
 
@@ -235,6 +237,14 @@ def sqlite_files(
         webui_path=Path(webui) if webui is not None else None,
         responses_path=Path(responses) if responses is not None else None,
     )
+
+
+def snapshot_sqlite_files(files: list[Path], fence: Path | None, target: Path) -> list[str]:
+    """Copy the SQLite ``files`` into the directory ``target``, every one as of one moment in
+    which the ledger file ``fence`` committed nothing (``storage.sqlite.snapshot``)."""
+    from storage.sqlite.snapshot import copy_consistent
+
+    return copy_consistent(files, fence, target)
 
 
 def open_ledger_file(path: str | os.PathLike[str]) -> LedgerStore:

@@ -308,6 +308,11 @@ class ResponsesSql:
             ).fetchall()
         return [_row(r) for r in rows]
 
+    def status_counts(self) -> dict[str, int]:
+        with self._run(read=True) as run:
+            rows = run("SELECT status, COUNT(*) FROM responses GROUP BY status").fetchall()
+        return {str(status): int(count) for status, count in rows}
+
     def unnotified(self, limit: int) -> list[ResponseRow]:
         terminal = ", ".join("?" for _ in TERMINAL)
         with self._run(read=True) as run:

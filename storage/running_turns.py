@@ -19,6 +19,7 @@ from typing import Any
 from delivery.session_backend import ApprovalRecord, TurnLease
 
 __all__ = [
+    "approval_counts",
     "ask_approval",
     "decide_approval",
     "end_turn",
@@ -195,3 +196,9 @@ def pending_approval(conn: Any, mark: str, session_id: str, now: float) -> Appro
 
 def pending_unit_approvals(conn: Any, mark: str) -> list[ApprovalRecord]:
     return [_approval(r) for r in conn.execute(_sql(mark).unit_pending).fetchall()]
+
+
+def approval_counts(conn: Any) -> dict[str, int]:
+    """Stored approvals by status (pending, and the decided ones still kept)."""
+    rows = conn.execute("SELECT status, COUNT(*) FROM approvals GROUP BY status").fetchall()
+    return {str(status): int(count) for status, count in rows}

@@ -24,14 +24,16 @@ from delivery.backend import (
     IsSet,
     check_columns,
 )
-from delivery.rows import LedgerRow, RowQuery
+from delivery.rows import LedgerRow, PendingCounts, RowQuery
 
 __all__ = [
+    "PENDING_COUNTS",
     "Statement",
     "UpdateCompiler",
     "decode_columns",
     "decode_row",
     "dump_json",
+    "pending_counts",
     "query_filter",
 ]
 
@@ -176,3 +178,20 @@ def settled_page(mark: str) -> str:
         f"SELECT {SETTLED_COLUMNS} FROM deliveries WHERE {SETTLED.format(p=mark)}"
         f" AND (settled_at, id) > ({mark}, {mark}) ORDER BY settled_at, id LIMIT {mark}"
     )
+
+
+# ``LedgerViews.pending_counts``: pending rows by lifecycle state, and those not due yet.
+PENDING_COUNTS = (
+    "SELECT state, COUNT(*), SUM(CASE WHEN next_attempt_at > {p} THEN 1 ELSE 0 END) "
+    "FROM deliveries WHERE delivery_state = 'pending' GROUP BY state"
+)
+
+
+def pending_counts(rows: Iterable[Iterable[Any]]) -> PendingCounts:
+    """``PendingCounts`` from the rows of ``PENDING_COUNTS``."""
+    by_state: dict[str, int] = {}
+    later = 0
+    for state, count, not_due in rows:
+        by_state[str(state)] = int(count or 0)
+        later += int(not_due or 0)
+    return PendingCounts(by_state, later)

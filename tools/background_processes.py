@@ -304,6 +304,13 @@ class ProcessRegistry:
         running = _Running(process_id, proc.pid, command, directory, started=started, proc=proc)
         with self._lock:
             self._running[process_id] = running
+        log.info(
+            "background process %s started: pid %d, session %s, command %r",
+            process_id,
+            proc.pid,
+            origin_ui_session_id or origin_session_id or session_key,
+            command[:80],  # repr: one line whatever it holds; the ledger keeps it whole
+        )
         threading.Thread(
             target=self._watch,
             args=(running, request, timeout),
@@ -510,6 +517,13 @@ class ProcessRegistry:
         if unknown:
             event["abandoned"] = True
         traces.record_background("process", process_id, request, started, status)
+        log.info(
+            "background process %s ended: %s, exit code %s, after %.1f s",
+            process_id,
+            status,
+            exit_code,
+            event["duration_seconds"],
+        )
 
         def cleanup() -> None:
             # The ledger holds the result now; the files were only its way there.

@@ -32,7 +32,7 @@ from delivery.backend import (
 from delivery.errors import DuplicateDeliveryError, LedgerUnavailable
 from delivery.notifier import LocalNotifier
 from delivery.peers import ServerRecord
-from delivery.rows import LedgerRow, PrunedRow, RowQuery, SettledRow
+from delivery.rows import LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
 
 T = TypeVar("T")
@@ -353,6 +353,16 @@ class MemoryBackend:
             pending = [r for r in self._rows.values() if r["delivery_state"] == "pending"]
             claimed = sum(r["claim_token"] is not None for r in pending)
         return {"pending": len(pending), "claimed": claimed}
+
+    def pending_counts(self, now: float) -> PendingCounts:
+        by_state: dict[str, int] = {}
+        later = 0
+        with self._lock:
+            for r in self._rows.values():
+                if r["delivery_state"] == "pending":
+                    by_state[r["state"]] = by_state.get(r["state"], 0) + 1
+                    later += r["next_attempt_at"] > now
+        return PendingCounts(by_state, later)
 
     # -- retention (``LedgerRetention``) ---------------------------------------------------
 

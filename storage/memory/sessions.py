@@ -595,6 +595,15 @@ class MemorySessions:
 
         return self._read(op)
 
+    def approval_counts(self) -> dict[str, int]:
+        def op() -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for a in self._approvals.values():
+                counts[a.status] = counts.get(a.status, 0) + 1
+            return counts
+
+        return self._read(op)
+
     # -- retention
 
     def prune_idempotency(self, before: float, limit: int, *, dry_run: bool = False) -> int:

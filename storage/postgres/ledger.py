@@ -35,7 +35,7 @@ import psycopg_pool
 from delivery.backend import LedgerTx
 from delivery.errors import LedgerUnavailable
 from delivery.peers import ServerRecord
-from delivery.rows import LedgerRow, PrunedRow, RowQuery, SettledRow
+from delivery.rows import LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
 from storage.postgres import sql as sql
 from storage.postgres.conn import (
@@ -48,7 +48,15 @@ from storage.postgres.conn import (
 )
 from storage.postgres.notifier import PostgresNotifier, channel_for
 from storage.postgres.tx import PgTx, rollback_quietly, run_each, run_pipelined
-from storage.sql import SETTLED, TOMBSTONE_COLUMNS, decode_row, query_filter, settled_page
+from storage.sql import (
+    PENDING_COUNTS,
+    SETTLED,
+    TOMBSTONE_COLUMNS,
+    decode_row,
+    pending_counts,
+    query_filter,
+    settled_page,
+)
 from storage.waiters import LoopWaiter, Outcome, Waiter, resolve, still_wanted
 
 T = TypeVar("T")
@@ -362,6 +370,9 @@ class PostgresBackend:
         found = self._fetch(sql.LEDGER_DELIVERY_COUNTS)
         pending, claimed = found[0] if found else (0, 0)
         return {"pending": int(pending or 0), "claimed": int(claimed or 0)}
+
+    def pending_counts(self, now: float) -> PendingCounts:
+        return pending_counts(self._fetch(PENDING_COUNTS.format(p="%s"), (now,)))
 
     # -- retention (``LedgerRetention``) ---------------------------------------------------
     # Its writes run on a pooled connection of their own, beside the writer threads: each is

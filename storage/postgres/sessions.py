@@ -499,6 +499,9 @@ class PostgresSessions:
         now = self._clock()
         return self._read(lambda c: turns.pending_approval(c, "%s", session_id, now))
 
+    def approval_counts(self) -> dict[str, int]:
+        return self._read(turns.approval_counts)
+
     # -- retention
 
     def _prune(self, pick: str, prune: str, before: float, limit: int, dry_run: bool) -> int:

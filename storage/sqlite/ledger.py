@@ -31,15 +31,17 @@ from delivery.errors import (
 )
 from delivery.notifier import SocketDirNotifier, wake_dir_for
 from delivery.peers import ServerRecord
-from delivery.rows import LedgerRow, PrunedRow, RowQuery, SettledRow
+from delivery.rows import LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
 from storage.sql import (
+    PENDING_COUNTS,
     SETTLED,
     TOMBSTONE_COLUMNS,
     UpdateCompiler,
     decode_columns,
     decode_row,
     dump_json,
+    pending_counts,
     query_filter,
     settled_page,
 )
@@ -424,6 +426,13 @@ class SqliteBackend:
         except sqlite3.Error as exc:
             raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
         return {"pending": int(pending or 0), "claimed": int(claimed or 0)}
+
+    def pending_counts(self, now: float) -> PendingCounts:
+        try:
+            rows = self._reader().execute(PENDING_COUNTS.format(p="?"), (now,)).fetchall()
+        except sqlite3.Error as exc:
+            raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
+        return pending_counts(rows)
 
     # -- retention (``LedgerRetention``) ---------------------------------------------------
 

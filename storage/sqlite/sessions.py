@@ -624,6 +624,10 @@ class SqliteSessions:
         with self._read() as conn:
             return turns.pending_approval(conn, "?", session_id, now)
 
+    def approval_counts(self) -> dict[str, int]:
+        with self._read() as conn:
+            return turns.approval_counts(conn)
+
     # -- retention
 
     def _prune(self, pick: str, prune: str, before: float, limit: int, dry_run: bool) -> int:

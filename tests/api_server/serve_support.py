@@ -41,6 +41,7 @@ class Server:
         demo_delay: float = 0.05,
         extra_env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
+        cwd: Path | None = None,
     ) -> None:
         self.home = home
         env = {
@@ -75,7 +76,7 @@ class Server:
                 "0",
                 *args,
             ],
-            cwd=ROOT,
+            cwd=cwd or ROOT,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -45,7 +45,16 @@ def test_work_that_ends_within_the_grace_is_delivered_before_the_server_stops(
     watcher.join()
     [row] = ledger_rows(tmp_path)
     assert row.state == "completed" and row.delivery_state == "delivered"
-    server.wait_for(re.compile(r"drained background work: 1 finished in time, 0 interrupted"))
+    server.wait_for(
+        re.compile(r"drained background work in [\d.]+ s: 1 finished in time, 0 interrupted")
+    )
+    # The operator's log says why it stopped, what it waited for, and how long it took.
+    server.wait_for(
+        re.compile(
+            r"stopping on SIGTERM: \d+ API turn\(s\) running; background work gets up to 20 s"
+        )
+    )
+    server.wait_for(re.compile(r"stopped in [\d.]+ s"))
     assert 503 in statuses  # draining, not ready
     restarted = Server(tmp_path)
     try:
@@ -91,7 +100,9 @@ def test_sigterm_with_a_sub_agent_and_a_shell_command_running(tmp_path: Path) ->
     assert server.proc.wait(timeout=30) == 0
     watcher.join()
     assert 503 in statuses
-    server.wait_for(re.compile(r"drained background work: 1 finished in time, 0 interrupted"))
+    server.wait_for(
+        re.compile(r"drained background work in [\d.]+ s: 1 finished in time, 0 interrupted")
+    )
     by_kind = {row.kind: row for row in ledger_rows(tmp_path)}
     assert by_kind["delegation"].delivery_state == "delivered"
     assert by_kind["process"].state == "running"  # outlives the server, to be adopted

@@ -9,6 +9,7 @@ the re-offer scheduler tests at the end, which check real wake-up times.
 
 from __future__ import annotations
 
+import logging
 import select
 import threading
 import time
@@ -961,3 +962,24 @@ class TestReofferScheduler:
             assert offered_at - after < 0.6, "the sooner due time did not wake it"
         finally:
             sched.stop()
+
+
+def test_work_recovered_from_a_dead_server_is_logged(
+    ledger: Ledger, backend: LedgerBackend, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead = exited_identity()
+    owner = Ledger(backend, clock=clock, identity=dead)
+    owner.create("r1", kind="delegation", state="running", request=_request("r1"))
+    owner.create("held", kind="delegation", state="running")
+    owner.finish("held", expected="running", state="completed", event=delegation_event("held"))
+    with caplog.at_level(logging.INFO, logger="delivery.ledger"):
+        ledger.recover_abandoned()
+        ledger.take_due()
+    assert f"recovered delegation r1 from dead server {dead}: unknown" in caplog.text
+    assert f"recovering 1 undelivered result(s) held by dead server {dead}: held" in caplog.text
+    caplog.clear()
+    owner.create("later", kind="delegation", state="running")
+    owner.finish("later", expected="running", state="completed", event=delegation_event("later"))
+    with caplog.at_level(logging.INFO, logger="delivery.ledger"):
+        ledger.take_due()
+    assert "held by dead server" not in caplog.text  # said once per dead server

@@ -155,3 +155,13 @@ def test_the_sqlite_file_is_versioned(tmp_path: Path) -> None:
         from storage import sqlite_files
 
         sqlite_files(responses=tmp_path / "other.db").open_responses()
+
+
+def test_status_counts_count_every_stored_response_by_status(backend: ResponsesBackend) -> None:
+    assert backend.status_counts() == {}
+    for rid, status in [("r1", "queued"), ("r2", "queued"), ("r3", "completed")]:
+        backend.insert(row(rid, status), [])
+    backend.insert(row("r4", "failed", completed_at=101.0), [])
+    claim = Change("in_progress", "{}", owner="A", lease_until=500.0)
+    assert backend.transition("r1", expect=("queued",), owner=None, change=claim, check_owner=False)
+    assert backend.status_counts() == {"queued": 1, "in_progress": 1, "completed": 1, "failed": 1}

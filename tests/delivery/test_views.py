@@ -14,7 +14,7 @@ import pytest
 from delivery.backend import LedgerBackend, LedgerStore, LedgerViews
 from delivery.ledger import Ledger
 from delivery.peers import ServerRecord
-from delivery.rows import LedgerRow, RowQuery
+from delivery.rows import LedgerRow, PendingCounts, RowQuery
 from tests.delivery._support import FakeClock
 
 EVENT = {"type": "async_delegation", "delegation_id": "x", "status": "completed"}
@@ -46,7 +46,14 @@ def test_every_backend_implements_the_work_and_the_views(backend: LedgerStore) -
 
 
 def test_the_views_protocol_holds_no_write(backend: LedgerStore) -> None:
-    assert _members(LedgerViews) == {"query", "audit_log", "servers", "stats", "delivery_counts"}
+    assert _members(LedgerViews) == {
+        "query",
+        "audit_log",
+        "servers",
+        "stats",
+        "delivery_counts",
+        "pending_counts",
+    }
     assert not {"write", "submit", "submit_async", "close"} & _members(LedgerViews)
 
 
@@ -156,3 +163,29 @@ def test_delivery_counts_count_pending_rows_and_their_claims(
     assert token_b
     clock.advance(ledger.policy.lease_seconds + 1)
     assert backend.delivery_counts() == {"pending": 2, "claimed": 1}
+
+
+def test_pending_counts_by_state_and_those_due_later(
+    ledger: Ledger, backend: LedgerStore, clock: FakeClock
+) -> None:
+    assert backend.pending_counts(clock()) == PendingCounts({}, 0)
+    ledger.create("queued", kind="delegation")
+    ledger.create("running", kind="delegation", state="running")
+    _finished(ledger, "a")
+    _finished(ledger, "b")
+    _finished(ledger, "c")
+    assert ledger.drop("c", "session deleted")  # settled: owes nothing
+    counts = backend.pending_counts(clock())
+    assert counts == PendingCounts({"queued": 1, "running": 1, "completed": 2}, 0)
+
+    token = ledger.claim("a", "test")
+    assert token
+    assert ledger.release("a", token, retryable=True) == "pending"  # backs off: due later
+    assert backend.pending_counts(clock()).due_later == 1
+    token = ledger.claim("b", "test")
+    assert token and ledger.complete("b", token)
+    assert backend.pending_counts(clock()) == PendingCounts(
+        {"queued": 1, "running": 1, "completed": 1}, 1
+    )
+    clock.advance(24 * 3600)  # past any backoff: due now
+    assert backend.pending_counts(clock()).due_later == 0

@@ -64,4 +64,4 @@ def test_the_command_says_its_version(capsys) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0
-    assert capsys.readouterr().out.strip() == f"reveille {version()}"
+    assert capsys.readouterr().out.startswith(f"reveille {version()} (commit ")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +115,81 @@ def test_the_background_approval_timeout_from_file_and_environment(tmp_path: Pat
     for bad in ("0", "-1", "soon"):
         with pytest.raises(SettingsError, match="approval_timeout"):
             load_settings({**env, "REVEILLE_SHELL_APPROVAL_TIMEOUT": bad})
+
+
+@pytest.mark.parametrize(
+    ("env", "toml", "where"),
+    [
+        ({"REVEILLE_PORT": "70000"}, "", "$REVEILLE_PORT: port = 70000"),
+        ({}, "[server]\nport = 70000\n", "config.toml [server] port: port = 70000"),
+        ({}, "[server]\nport = 'eighty'\n", "config.toml [server] port: port = 'eighty'"),
+        ({}, "[delivery]\nlease_seconds = 0\n", "config.toml [delivery] lease_seconds:"),
+        ({"REVEILLE_LEASE_SECONDS": "-1"}, "", "$REVEILLE_LEASE_SECONDS: lease_seconds"),
+        ({}, "[webhooks]\nsecret = 'nope'\n", "config.toml [webhooks] secret: webhook_secret"),
+    ],
+)
+def test_every_setting_error_names_where_the_value_came_from(
+    tmp_path: Path, env: dict[str, str], toml: str, where: str
+) -> None:
+    if toml:
+        (tmp_path / "config.toml").write_text(toml)
+    with pytest.raises(SettingsError, match=re.escape(where)):
+        load_settings({"REVEILLE_HOME": str(tmp_path), **env})
+
+
+def test_the_command_line_is_named_as_the_origin(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=re.escape("command line: port = 70000")):
+        load_settings({"REVEILLE_HOME": str(tmp_path)}, port=70000)
+
+
+def test_openai_without_a_model_is_refused_at_start(tmp_path: Path) -> None:
+    env = {"REVEILLE_HOME": str(tmp_path), "REVEILLE_PROVIDER": "openai", "OPENAI_API_KEY": "sk"}
+    with pytest.raises(SettingsError, match=r"\$REVEILLE_PROVIDER: .*set REVEILLE_MODEL"):
+        load_settings(env)
+    assert load_settings({**env, "REVEILLE_MODEL": "gpt-x"}).model == "gpt-x"
+    (tmp_path / "config.toml").write_text('[model]\nname = "gpt-y"\n')
+    assert load_settings(env).model == "gpt-y"
+
+
+def test_openai_without_a_model_stops_reveille_serve_with_the_reason(tmp_path: Path) -> None:
+    env = {**os.environ, "REVEILLE_HOME": str(tmp_path), "REVEILLE_PROVIDER": "openai"}
+    env.update(OPENAI_API_KEY="sk")
+    for name in ("REVEILLE_MODEL", "REVEILLE_CONFIG"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "reveille.cli", "serve", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "bad setting: $REVEILLE_PROVIDER: provider = 'openai'" in done.stderr
+    assert "set REVEILLE_MODEL" in done.stderr
+
+
+def _serve_refused(env: dict[str, str]) -> str:
+    full = {**os.environ, **env}
+    for name in ("REVEILLE_CONFIG", "REVEILLE_DATABASE_URL", "API_SERVER_KEY"):
+        full.pop(name, None)
+    full.update(env)
+    done = subprocess.run(
+        [sys.executable, "-m", "reveille.cli", "serve", "--port", "0"],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    return done.stderr
+
+
+def test_errors_found_at_start_name_where_the_value_came_from(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: refused, never tightened
+    refused = _serve_refused({"REVEILLE_HOME": str(shared)})
+    assert "$REVEILLE_HOME: state directory" in refused
+    beyond = {"REVEILLE_HOME": str(tmp_path / "home"), "REVEILLE_HOST": "0.0.0.0"}
+    refused = _serve_refused({**beyond, "API_SERVER_KEY": "k", "REVEILLE_WEBUI_PORT": "18787"})
+    assert "$REVEILLE_HOST: the web UI would listen on 0.0.0.0" in refused

@@ -159,7 +159,9 @@ def test_a_bad_worker_count_is_refused_with_the_reason(tmp_path: Path, bad: str)
     with pytest.raises(SettingsError, match=r"\$REVEILLE_WORKERS: workers = .* or auto"):
         load_settings({"REVEILLE_HOME": str(tmp_path), "REVEILLE_WORKERS": bad})
     (tmp_path / "config.toml").write_text("[server]\nworkers = 0\n")
-    with pytest.raises(SettingsError, match=r"config\.toml: workers = 0 .*at least 1, or auto"):
+    with pytest.raises(
+        SettingsError, match=r"config\.toml \[server\] workers: workers = 0 .*at least 1, or auto"
+    ):
         load_settings({"REVEILLE_HOME": str(tmp_path)})
     (tmp_path / "config.toml").write_text("[server]\nworkers = true\n")
     with pytest.raises(SettingsError, match="workers = True"):
@@ -223,3 +225,31 @@ def test_wake_ups_come_home_through_any_worker_without_a_key(tmp_path: Path) -> 
             assert len(wakes) == 1, data["data"]
     finally:
         workers.stop()
+
+
+def test_workers_never_import_from_the_directory_they_were_started_in(tmp_path: Path) -> None:
+    """A `reveille serve --workers 2` started in a directory that holds modules named like
+    Reveille's own: the workers run the installed code, and the planted modules never run."""
+    planted = tmp_path / "cwd"
+    planted.mkdir()
+    marker = tmp_path / "planted-code-ran"
+    hostile = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\nraise SystemExit(3)\n"
+    for name in ("reveille.py", "gateway.py", "delivery.py", "storage.py", "tools.py", "api.py"):
+        (planted / name).write_text(hostile)
+    server = Server(
+        tmp_path / "home",
+        args=WORKERS,
+        extra_env={"REVEILLE_WEBUI_PORT": str(free_port())},
+        cwd=planted,
+    )
+    try:
+        server.wait_for(re.compile(r"listening on http://127\.0\.0\.1:\d+/v1 with 2 workers"))
+        _, reply = chat(server.port, "hello from any directory")
+        assert reply
+        assert len(live_workers(server.proc.pid)) == 2
+        assert server.stop() == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+    assert not marker.exists(), marker.read_text()

@@ -115,3 +115,15 @@ def test_racing_takers_get_one_lease(store: SessionStore) -> None:
         t.join()
     assert len(winners) == 1
     assert store.running_turns()["sess_race"].stream_id == winners[0]
+
+
+def test_approvals_are_counted_by_status(backend: SessionBackend) -> None:
+    store = SessionStore(backend)
+    assert backend.approval_counts() == {}
+    store.take_turn("sess_a", "st_1")
+    store.take_turn("sess_b", "st_2")
+    for aid, session, stream in [("a1", "sess_a", "st_1"), ("a2", "sess_b", "st_2")]:
+        assert store.ask_approval(_approval(aid, session, stream))
+    assert backend.approval_counts() == {"pending": 2}
+    store.decide_approval("a1", True)
+    assert backend.approval_counts() == {"pending": 1, "approved": 1}
