@@ -59,7 +59,8 @@ def test_store_families_exist_from_the_first_scrape_and_agree_across_servers(
             assert value(found, "reveille_approvals", status="pending") == 1
             assert value(found, "reveille_responses", status="queued") == 0
             assert value(found, "reveille_ledger_pending_rows", state="running") == 0
-        assert re.search(r"HOLDING-ACK deleg_\w+", "".join(first.lines + second.lines))
+        # The server's output is read on a thread of its own: the line may follow the scrape.
+        wait_until(lambda: re.search(r"HOLDING-ACK deleg_\w+", "".join(first.lines + second.lines)))
     finally:
         first.stop()
         second.stop()
