@@ -47,6 +47,24 @@ __all__ = ["ResponsesRoutes"]
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 _MAX_IDEMPOTENCY_KEY = 255
 _MAX_ITEMS_PAGE = 100
+_MAX_SEQ = 2**63 - 1  # the largest sequence number a store (a signed 64-bit integer) holds
+
+
+def _starting_after(raw: str | None) -> int:
+    """The ``starting_after`` of a stream resume: absent is -1 (from the start); otherwise
+    decimal digits naming a sequence number a store can hold (0 .. 2**63 - 1), else 400."""
+    if raw is None:
+        return -1
+    # Digits only: int() would also take "+5", " 3" and "1_000", and a number past 2**63 - 1
+    # reached the store and came back as an OverflowError inside the stream.
+    if not (0 < len(raw) <= 19 and raw.isascii() and raw.isdigit()) or int(raw) > _MAX_SEQ:
+        raise ApiError(
+            400,
+            f"'starting_after' must be a sequence number: an integer from 0 to {_MAX_SEQ}",
+            param="starting_after",
+            code="invalid_value",
+        )
+    return int(raw)
 
 
 def _not_found(response_id: str) -> ApiError:
@@ -223,20 +241,7 @@ class ResponsesRoutes:
         stream = request.query.get("stream", "false").lower()
         if stream not in ("true", "false", "1", "0"):
             raise ApiError(400, "'stream' must be true or false", param="stream")
-        raw_after = request.query.get("starting_after")
-        after = -1
-        if raw_after is not None:
-            try:
-                after = int(raw_after)
-            except ValueError:
-                after = -2
-            if after < -1:
-                raise ApiError(
-                    400,
-                    "'starting_after' must be a sequence number (an integer of at least -1)",
-                    param="starting_after",
-                    code="invalid_value",
-                )
+        after = _starting_after(request.query.get("starting_after"))
         row = await self._row(request)
         if stream not in ("true", "1"):
             return web.json_response(json.loads(row.body))
