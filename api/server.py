@@ -30,8 +30,9 @@ from api.approvals import AlreadyDecided, Approvals
 from api.auth import COOKIE_MAX_AGE_SECONDS, COOKIE_NAME, Auth
 from api.event_log import EventLog, LoggedEvent
 from api.event_stream import stream_events
+from api.gate import SurfaceGate
 from api.turn_answers import TurnAccepted
-from api.views import session_view, transcript_items
+from api.views import session_source, session_view, transcript_items
 from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
 from delivery.errors import LedgerError
@@ -112,6 +113,7 @@ class WebUIServer:
         host: str,
         port: int,
         password: str = "",
+        api_key_set: bool = False,
         model_name: str = "",
         shell_enabled: bool = False,
         version: str = "",
@@ -134,6 +136,8 @@ class WebUIServer:
         self.host = host
         self.port = port
         self.password = password
+        # With an API key and no password, only web UI sessions (``api.gate``).
+        self.gate = SurfaceGate(api_key_set=api_key_set, password_set=bool(password))
         self.model_name = model_name
         self.shell_enabled = shell_enabled
         self.version = version
@@ -316,6 +320,7 @@ class WebUIServer:
                 "model": self.model_name,
                 "shell_enabled": self.shell_enabled,
                 "version": self.version,
+                "notice": self.gate.notice,
             }
         )
         if renewed is not None:
@@ -373,12 +378,29 @@ class WebUIServer:
             raise ApiError(404, "Session not found", code="session_not_found")
         return session_id
 
+    async def _shown_session(self, request: web.Request) -> str:
+        """The session named by the path, when the web UI may show it (``api.gate``: 403
+        for another surface's while restricted); whether it exists is the handler's."""
+        session_id = self._session_id(request)
+        if self.gate.restricted:
+            await self._check_shown(session_id)
+        return session_id
+
+    async def _check_shown(self, session_id: str) -> None:
+        record = await asyncio.to_thread(self.store.get_session, session_id)
+        if record is not None:
+            self.gate.check(session_source(record))
+
     async def list_sessions(self, request: web.Request) -> web.Response:
         needle = request.query.get("q", "")[:_MAX_QUERY].strip().lower()
         records = await asyncio.to_thread(self.store.list_sessions, 500)
         unread = await self.log.unread_ids()
         busy = await asyncio.to_thread(self.store.running_turns)
-        views = [session_view(r, unread=r.id in unread, busy=r.id in busy) for r in records]
+        views = [
+            session_view(r, unread=r.id in unread, busy=r.id in busy)
+            for r in records
+            if self.gate.shows(session_source(r))
+        ]
         if needle:
             views = [v for v in views if needle in f"{v['title']} {v['id']} {v['source']}".lower()]
         return web.json_response({"sessions": views})
@@ -437,7 +459,7 @@ class WebUIServer:
         return web.Response(status=204)
 
     async def get_session(self, request: web.Request) -> web.Response:
-        session_id = self._session_id(request)
+        session_id = await self._shown_session(request)
         # The log position first: an event after it may already be in the answer, but none
         # before it is missing (the tab replays after ``last_event_id``).
         last_event_id = await self.log.latest_id()
@@ -461,7 +483,7 @@ class WebUIServer:
 
     async def older_items(self, request: web.Request) -> web.Response:
         """``GET /api/sessions/{id}/items?before=<cursor>``: the page before ``older``."""
-        session_id = self._session_id(request)
+        session_id = await self._shown_session(request)
         before = request.query.get("before", "")
         if not before.isdigit() or len(before) > 18 or int(before) < 1:
             raise ApiError(400, "before must be a message cursor", code="invalid_cursor")
@@ -496,7 +518,7 @@ class WebUIServer:
         return transcript_items(rows, steps), older
 
     async def session_background(self, request: web.Request) -> web.Response:
-        session_id = self._session_id(request)
+        session_id = await self._shown_session(request)
         if await asyncio.to_thread(self.store.get_session, session_id) is None:
             raise ApiError(404, "Session not found", code="session_not_found")
         return web.json_response({"background": await self._unfinished_work(session_id)})
@@ -509,7 +531,7 @@ class WebUIServer:
             return []
 
     async def mark_read(self, request: web.Request) -> web.Response:
-        session_id = self._session_id(request)
+        session_id = await self._shown_session(request)
         if await self.turns.session_dict(session_id) is None:
             raise ApiError(404, "Session not found", code="session_not_found")
         await self.turns.mark_read(session_id)
@@ -532,7 +554,7 @@ class WebUIServer:
         return _error(answer.status, answer.error, answer.kind or "refused", **extra)
 
     async def stop_turn(self, request: web.Request) -> web.Response:
-        session_id = self._session_id(request)
+        session_id = await self._shown_session(request)
         return web.json_response({"stopped": await self.turns.stop(session_id)})
 
     async def decide(self, request: web.Request) -> web.Response:
@@ -540,8 +562,15 @@ class WebUIServer:
         decision = body.get("decision")
         if decision not in ("approve", "deny"):
             raise ApiError(400, 'decision must be "approve" or "deny"', code="invalid_decision")
+        approval_id = request.match_info["id"]
+        if self.gate.restricted:
+            asked = await asyncio.to_thread(self.store.get_approval, approval_id)
+            if asked is not None:
+                # Another surface's approval (an API session's, a Telegram chat's) is behind
+                # the API key: not the password-less web UI's to decide.
+                await self._check_shown(asked.session_id)
         try:
-            approval = await self.approvals.decide(request.match_info["id"], decision == "approve")
+            approval = await self.approvals.decide(approval_id, decision == "approve")
         except KeyError:
             return _error(404, "no such approval", "approval_not_found")
         except AlreadyDecided:
