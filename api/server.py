@@ -27,7 +27,14 @@ from aiohttp import web
 
 from api import deliveries, routes
 from api.approvals import AlreadyDecided, Approvals
-from api.auth import COOKIE_MAX_AGE_SECONDS, COOKIE_NAME, Auth
+from api.auth import (
+    COOKIE_MAX_AGE_SECONDS,
+    COOKIE_NAME,
+    DEVICE_COOKIE_MAX_AGE_SECONDS,
+    DEVICE_COOKIE_NAME,
+    Auth,
+    client_address,
+)
 from api.event_log import EventLog, LoggedEvent
 from api.event_stream import stream_events
 from api.gate import SurfaceGate
@@ -114,6 +121,7 @@ class WebUIServer:
         port: int,
         password: str = "",
         api_key_set: bool = False,
+        trusted_proxies: frozenset[str] = frozenset(),
         model_name: str = "",
         shell_enabled: bool = False,
         version: str = "",
@@ -138,6 +146,8 @@ class WebUIServer:
         self.password = password
         # With an API key and no password, only web UI sessions (``api.gate``).
         self.gate = SurfaceGate(api_key_set=api_key_set, password_set=bool(password))
+        # Peers whose X-Forwarded-For names the client a login attempt is counted for.
+        self.trusted_proxies = trusted_proxies
         self.model_name = model_name
         self.shell_enabled = shell_enabled
         self.version = version
@@ -329,7 +339,10 @@ class WebUIServer:
 
     async def login(self, request: web.Request) -> web.Response:
         assert self.auth is not None
-        client = request.remote or "?"
+        address = client_address(
+            request.remote, request.headers.getall("X-Forwarded-For", []), self.trusted_proxies
+        )
+        client = self.auth.limit_key(address, request.cookies.get(DEVICE_COOKIE_NAME))
         if not self.auth.start_attempt(client):
             return _error(429, "too many login attempts; wait a minute", "rate_limited")
         body = await self._body(request)
@@ -340,6 +353,16 @@ class WebUIServer:
             {"logged_in": True, "csrf_token": self.auth.csrf_token(cookie)}
         )
         _set_login_cookie(response, cookie, request)
+        # A known browser from now on: its attempts are no longer the address's to spend.
+        response.set_cookie(
+            DEVICE_COOKIE_NAME,
+            self.auth.new_device_cookie(),
+            max_age=DEVICE_COOKIE_MAX_AGE_SECONDS,
+            httponly=True,
+            samesite="Strict",
+            path="/api/login",
+            secure=request.secure,
+        )
         return response
 
     async def logout(self, request: web.Request) -> web.Response:

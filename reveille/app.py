@@ -491,6 +491,7 @@ def build_webui(
         port=settings.webui_port,
         password=settings.webui_password,
         api_key_set=bool(settings.api_key),
+        trusted_proxies=settings.webui_trusted_proxy_set,
         model_name=model.name,
         shell_enabled=settings.shell_enabled,
         version=version(),
