@@ -40,10 +40,14 @@ class SurfaceGate:
     def check(self, source: str) -> None:
         """403 for a session the web UI may not show."""
         if not self.shows(source):
-            raise ApiError(
-                403,
-                f"this is a {source} conversation, behind the API key: the web UI shows only "
-                "its own while it has no password; set REVEILLE_WEBUI_PASSWORD to see API and "
-                "Telegram conversations",
-                code="webui_password_required",
-            )
+            raise self.refusal(f"this is a {source} conversation")
+
+    @staticmethod
+    def refusal(what: str) -> ApiError:
+        """The 403 for ``what`` ("this is a telegram conversation", ...) while restricted."""
+        return ApiError(
+            403,
+            f"{what}, behind the API key: the web UI shows only its own while it has no "
+            "password; set REVEILLE_WEBUI_PASSWORD to see API and Telegram conversations",
+            code="webui_password_required",
+        )

@@ -607,7 +607,9 @@ class WebUIServer:
         if state is not None and state not in deliveries.STATES:
             raise ApiError(400, "state must be pending, delivered or dropped", code="invalid_state")
         q = request.query.get("q", "")[:_MAX_QUERY]
-        rows = await asyncio.to_thread(deliveries.list_deliveries, state, q)
+        rows = await asyncio.to_thread(
+            deliveries.list_deliveries, state, q, webui_only=self.gate.restricted
+        )
         return web.json_response({"deliveries": rows})
 
     async def delivery_action(self, request: web.Request) -> web.Response:
@@ -616,6 +618,8 @@ class WebUIServer:
         if operation is None:
             raise web.HTTPNotFound()
         delivery_id = request.match_info["id"]
+        if self.gate.restricted and not await asyncio.to_thread(deliveries.of_webui, delivery_id):
+            raise self.gate.refusal("this is another surface's background work")
         try:
             view = await asyncio.to_thread(operation, delivery_id)
         except deliveries.UnknownDelivery as exc:

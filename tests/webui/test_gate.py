@@ -67,6 +67,30 @@ async def test_with_an_api_key_and_no_password_the_web_ui_shows_only_its_own(web
     assert (await _json(web, "GET", f"/api/sessions/{mine}"))[0] == 200
 
 
+async def test_the_restricted_deliveries_page_lists_and_acts_on_web_ui_work_only(web: Web) -> None:
+    import asyncio
+
+    import tools.async_delegation as ad
+
+    ledger = ad.get_runtime().ledger
+
+    def rows() -> None:
+        ledger.create("deleg_api000001", kind="delegation", origin_session_id="api-sess")
+        ledger.create("deleg_tg0000001", kind="delegation", session_key=TG)
+        ledger.create("deleg_web000001", kind="delegation", origin_ui_session_id="sess_w")
+
+    await asyncio.to_thread(rows)
+    listed = (await (await web.get("/api/deliveries")).json())["deliveries"]
+    assert [d["id"] for d in listed] == ["deleg_web000001"]
+    found = (await (await web.get("/api/deliveries?q=deleg_api000001")).json())["deliveries"]
+    assert found == []
+    for row_id in ("deleg_api000001", "deleg_tg0000001"):
+        status, answer = await _json(web, "POST", f"/api/deliveries/{row_id}/drop", {})
+        assert status == 403 and answer["error"]["code"] == "webui_password_required"
+        assert ledger.get(row_id).delivery_state == "pending"
+    assert (await _json(web, "POST", "/api/deliveries/deleg_web000001/drop", {}))[0] == 200
+
+
 async def test_with_a_password_the_web_ui_shows_every_surface(tmp_path) -> None:
     web = await start_web(settings_for(tmp_path, webui_password="hunter2"))
     try:
