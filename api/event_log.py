@@ -143,6 +143,11 @@ class EventLog:
         text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
         event_id = await self._run(lambda: self._insert(type_, text))
         event = LoggedEvent(event_id, type_, json.loads(text))
+        if event_id <= self._published:
+            # The log started again (its file was deleted and made anew): every tab
+            # reconnects, is told to reset, and follows the new ids from here.
+            self._published = event_id - 1
+            self.end_streams()
         if event_id == self._published + 1:
             self._publish(event)  # nothing between: no read needed
         else:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 
 from tests.webui.conftest import SlowDemo, Web, settings_for, start_web, stop_web
 
@@ -174,3 +176,23 @@ async def test_a_replay_beyond_the_bound_is_a_reset(web: Web) -> None:
     _, kind, _ = await sse.wait_for(lambda e: True)
     assert kind == "reset"
     await sse.close()
+
+
+async def test_a_deleted_webui_db_is_made_again_and_the_tabs_follow_it(web: Web) -> None:
+    """Its ids start again: a tab open through it is ended (it reconnects and is reset),
+    and a tab opened after it sees the new events live."""
+    path = web.server.log.backend.spec.path  # type: ignore[attr-defined]
+    await web.new_session("before")
+    for n in range(20):
+        await web.server.log.append("note", {"n": n})
+    old = await web.stream()
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{path}{suffix}")
+    sid = await web.new_session("after")  # written to the file made again
+    assert os.path.exists(path)
+    await old.close()
+    tab = await web.stream()
+    await web.say(sid, "hello")
+    await tab.wait_for(lambda e: e[1] == "turn.end")
+    await tab.close()
