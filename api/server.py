@@ -610,7 +610,7 @@ class WebUIServer:
         rows = await asyncio.to_thread(
             deliveries.list_deliveries, state, q, webui_only=self.gate.restricted
         )
-        return web.json_response({"deliveries": rows})
+        return web.json_response({"deliveries": rows, "notice": self.gate.notice})
 
     async def delivery_action(self, request: web.Request) -> web.Response:
         action = request.match_info["action"]

@@ -80,8 +80,9 @@ async def test_the_restricted_deliveries_page_lists_and_acts_on_web_ui_work_only
         ledger.create("deleg_web000001", kind="delegation", origin_ui_session_id="sess_w")
 
     await asyncio.to_thread(rows)
-    listed = (await (await web.get("/api/deliveries")).json())["deliveries"]
-    assert [d["id"] for d in listed] == ["deleg_web000001"]
+    answer = await (await web.get("/api/deliveries")).json()
+    assert [d["id"] for d in answer["deliveries"]] == ["deleg_web000001"]
+    assert "REVEILLE_WEBUI_PASSWORD" in answer["notice"]
     found = (await (await web.get("/api/deliveries?q=deleg_api000001")).json())["deliveries"]
     assert found == []
     for row_id in ("deleg_api000001", "deleg_tg0000001"):
