@@ -54,3 +54,26 @@ async def test_a_turn_after_a_restart_is_not_lost_to_a_dead_connection() -> None
         assert [m.content for m in store.messages("s1")][-3:] == ["after", "ok", "and on"]
     finally:
         store.close()
+
+
+def test_a_ledger_write_after_a_restart_is_retried_once_on_a_new_connection() -> None:
+    """The writer's own connections die with the restart too: the first batch after it
+    failed ("nothing was written") and the dispatch or claim it carried was lost to the
+    turn. Terminated by the server (AdminShutdown), nothing of it was committed, so it is
+    run once more on a fresh connection."""
+    from delivery.ledger import Ledger
+
+    application = f"reveille_restart_{secrets.token_hex(4)}"
+    url = f"{fresh_url()}&application_name={application}"
+    backend = storage.open_storage(url).open_ledger()
+    try:
+        ledger = Ledger(backend)
+        ledger.create("deleg_before01", kind="delegation", session_key="s")
+        assert _terminate(application) >= 1
+        ledger.create("deleg_after001", kind="delegation", state="running", session_key="s")
+        assert ledger.get("deleg_after001") is not None
+        assert _terminate(application) >= 1
+        event = {"type": "async_delegation", "delegation_id": "deleg_after001"}
+        assert ledger.finish("deleg_after001", expected="running", state="completed", event=event)
+    finally:
+        backend.close()
