@@ -1,10 +1,18 @@
 """Web UI login and CSRF: a signed session cookie, constant-time checks, a login rate limit.
 
 Without a password (loopback only) nobody logs in and ``auth_required`` is false. With one,
-``POST /api/login`` compares it in constant time, is limited to ``max_failures`` wrong
-passwords per client per ``window_seconds`` (then 429), and sets ``reveille_webui``: an
+``POST /api/login`` compares it in constant time, is limited to ``max_failures`` attempts
+per client per ``window_seconds`` (then 429), and sets ``reveille_webui``: an
 issue time, the login epoch and a nonce, signed with HMAC-SHA256, ``HttpOnly;
 SameSite=Strict``, for ``COOKIE_MAX_AGE_SECONDS`` (renewed when the page loads).
+
+The limit never locks the right password out. A browser that logged in once carries a
+signed known-browser cookie (``reveille_browser``, bound to the password like the login):
+its attempts are counted under that cookie, not its address, so an attacker on the same
+address (or behind the same reverse proxy) who spends the address's budget does not touch
+it. Other attempts are counted per address (``limit_key``): the peer's, or behind a proxy
+listed in ``[webui] trusted_proxies`` the client ``X-Forwarded-For`` names
+(``client_address``), never a header an untrusted peer sent.
 
 A login ends when it should: the signing key is derived from the state directory's secret
 AND the password, so changing the password ends every login; ``POST /api/logout`` moves the
@@ -28,7 +36,10 @@ __all__ = [
     "COOKIE_MAX_AGE_SECONDS",
     "COOKIE_NAME",
     "COOKIE_RENEW_AFTER_SECONDS",
+    "DEVICE_COOKIE_MAX_AGE_SECONDS",
+    "DEVICE_COOKIE_NAME",
     "Auth",
+    "client_address",
 ]
 
 COOKIE_NAME = "reveille_webui"
@@ -41,6 +52,25 @@ COOKIE_RENEW_AFTER_SECONDS = 24 * 3600
 # Further ahead is beyond reason (a clock reset by years): not a login.
 COOKIE_FUTURE_TOLERANCE_SECONDS = COOKIE_MAX_AGE_SECONDS
 _FUTURE_RENEW_SECONDS = 60  # issue times rounded down, small skews: no renewal for those
+DEVICE_COOKIE_NAME = "reveille_browser"
+DEVICE_COOKIE_MAX_AGE_SECONDS = 365 * 24 * 3600
+_MAX_LIMITED_CLIENTS = 10_000  # clients whose attempts are remembered at once
+
+
+def client_address(
+    peer: str | None, forwarded_for: list[str], trusted_proxies: frozenset[str]
+) -> str:
+    """Whose login attempt this is: the peer's address, or, when the peer is a trusted
+    proxy, the rightmost ``X-Forwarded-For`` entry that is not a trusted proxy (entries to
+    its left are whatever the client wrote, so never believed)."""
+    address = peer or "?"
+    if address not in trusted_proxies:
+        return address
+    hops = [h.strip() for value in forwarded_for for h in value.split(",") if h.strip()]
+    for hop in reversed(hops):
+        if hop not in trusted_proxies:
+            return hop
+    return address
 
 
 class Auth:
@@ -150,8 +180,31 @@ class Auth:
         every one of them checked."""
         if self.rate_limited(client):
             return False
+        if len(self._failures) >= _MAX_LIMITED_CLIENTS:
+            self._forget_idle()
         self._failures.setdefault(client, []).append(self._clock())
         return True
+
+    def _forget_idle(self) -> None:
+        """Drop the clients with no attempt in the window (bounds the memory of many)."""
+        now = self._clock()
+        for client in [c for c, t in self._failures.items() if now - t[-1] >= self.window_seconds]:
+            del self._failures[client]
+
+    # ----------------------------------------------------------------- known browsers
+
+    def new_device_cookie(self) -> str:
+        """The known-browser cookie a successful login hands out (see the module docstring)."""
+        body = f"device.{secrets.token_hex(16)}"
+        return f"{body}.{self._sign(body)}"
+
+    def limit_key(self, address: str, device_cookie: str | None) -> str:
+        """What an attempt is counted under: a valid known-browser cookie, else the address."""
+        if device_cookie and device_cookie.count(".") == 2:
+            kind, nonce, signature = device_cookie.split(".")
+            if kind == "device" and hmac.compare_digest(self._sign(f"device.{nonce}"), signature):
+                return f"browser:{nonce}"
+        return f"addr:{address}"
 
     def check_password(self, client: str, given: object) -> bool:
         """Constant-time comparison. The attempt was counted when it started

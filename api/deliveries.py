@@ -1,6 +1,11 @@
 """The Deliveries page's operations over the ledger: list, redeliver, drop; and a session's
 unfinished background work (the chat's progress strip).
 
+A search finds a row anywhere in the ledger by what an index holds: its id (the primary
+key) or its session (the routing key and the API and web UI origin ids, each indexed); the
+words of a goal, which no index holds, are matched among the newest rows only. A web UI
+restricted to its own sessions (``api.gate``) lists no row of another surface's session.
+
 The same ledger calls as the operator's CLI (``reveille deliveries``): ``Ledger.query``,
 ``Ledger.redeliver`` (a dropped row goes back to pending with a fresh budget) and
 ``Ledger.drop`` (a pending row stops being delivered; its result stays). The ledger is the
@@ -17,6 +22,7 @@ from api.views import background_view, delivery_view
 from delivery.errors import InvalidTransitionError, UnknownDeliveryError
 from delivery.ledger import Ledger
 from delivery.rows import LedgerRow, RowQuery
+from gateway.config import Platform
 
 __all__ = [
     "DeliveryConflict",
@@ -24,6 +30,7 @@ __all__ = [
     "drop",
     "get",
     "list_deliveries",
+    "of_webui",
     "redeliver",
     "unfinished_work",
 ]
@@ -54,18 +61,66 @@ def _view(ledger: Ledger, row: LedgerRow) -> dict[str, Any]:
     return delivery_view(row, max_attempts=ledger.policy.max_attempts)
 
 
-def list_deliveries(state: str | None, q: str, limit: int = 200) -> list[dict[str, Any]]:
+def list_deliveries(
+    state: str | None, q: str, limit: int = 200, *, webui_only: bool = False
+) -> list[dict[str, Any]]:
+    """The rows the page lists, newest first (see the module docstring for the search)."""
     ledger = _ledger()
-    rows = ledger.query(RowQuery(delivery_state=state, limit=limit))
-    needle = q.strip().lower()
-    views = [_view(ledger, row) for row in rows]
+    needle = q.strip()
+    newest = ledger.query(RowQuery(delivery_state=state, limit=limit))
     if needle:
-        views = [
-            v
-            for v in views
-            if any(needle in str(v.get(k) or "").lower() for k in ("id", "summary", "session_id"))
-        ]
-    return views
+        rows = {row.id: row for row in _indexed_matches(ledger, state, needle, limit)}
+        lower = needle.lower()
+        for row in newest:
+            shown = _view(ledger, row)
+            if any(lower in str(shown.get(k) or "").lower() for k in _TEXT_FIELDS):
+                rows.setdefault(row.id, row)
+        newest = sorted(rows.values(), key=lambda r: (r.created_at or 0, r.id), reverse=True)
+    if webui_only:
+        newest = [row for row in newest if _of_webui(row)]
+    return [_view(ledger, row) for row in newest[:limit]]
+
+
+_TEXT_FIELDS = ("id", "summary", "session_id")
+
+
+def _indexed_matches(ledger: Ledger, state: str | None, needle: str, limit: int) -> list[LedgerRow]:
+    """Rows whose id or session is ``needle``, from the whole ledger, through its indexes."""
+    found: list[LedgerRow] = []
+    try:
+        row = ledger.get(needle)
+    except (ValueError, UnknownDeliveryError):
+        row = None  # not a ledger id
+    if row is not None and (state is None or row.delivery_state == state):
+        found.append(row)
+    found.extend(ledger.query(RowQuery(delivery_state=state, session=needle, limit=limit)))
+    return found
+
+
+def _of_webui(row: LedgerRow) -> bool:
+    """Whether a row is the web UI's to list when it shows only its own sessions: started
+    there, or not started by another surface (an API session, a chat platform's routing
+    key ``agent:<agent>:<platform>:...``)."""
+    if row.origin_ui_session_id:
+        return True
+    if row.origin_session_id:
+        return False
+    parts = (row.session_key or "").split(":")
+    platform = parts[2] if len(parts) > 2 and parts[0] == "agent" else ""
+    return platform not in _OTHER_SURFACES
+
+
+_OTHER_SURFACES = frozenset(p.value for p in Platform if p is not Platform.WEBUI)
+
+
+def of_webui(delivery_id: str) -> bool:
+    """Whether the row is one a restricted web UI may act on (an unknown id is: the action
+    answers 404 for it)."""
+    try:
+        row = _ledger().get(delivery_id)
+    except (ValueError, UnknownDeliveryError):
+        return True
+    return row is None or _of_webui(row)
 
 
 def unfinished_work(session_id: str, limit: int = 20) -> list[dict[str, Any]]:

@@ -6,9 +6,11 @@ store shares it. Backend calls run on one worker thread of their own, in order, 
 the event loop. Events reach the live subscribers (one bounded queue per open stream) in id
 order, whichever server appended them: an append pokes the other servers (the backend's
 notifier) and each server's tail reads what it has not published yet; ids grow in commit
-order, so a tail never skips one. ``since(id)`` replays from storage; an id older than what
-is kept (the log is pruned to its newest ``keep`` events) or newer than any written answers
-None, and the stream sends ``reset``. The same state keeps the durable unread marks of
+order, so a tail never skips one. A replay reads from storage a page at a time
+(``can_replay``, then ``page_after``), so a tab reconnecting behind a long log never has
+the whole of it in memory; an id older than what is kept (the log is pruned to its newest
+``keep`` events), newer than any written, or too far behind, cannot be replayed, and the
+stream sends ``reset``. The same state keeps the durable unread marks of
 sessions, the finished tool steps of turns (shown in their place in the transcript), the
 login epoch and the secret the login cookie is signed with (in the store, so that a login
 is good on every server sharing it; the key is bound to the password all the same).
@@ -36,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 _PRUNE_EVERY = 500
 _QUEUE_BOUND = 2000
-_TAIL_BATCH = 1000
+_TAIL_BATCH = 200  # events the tail reads at a time (what it holds in memory at once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,11 @@ class EventLog:
         text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
         event_id = await self._run(lambda: self._insert(type_, text))
         event = LoggedEvent(event_id, type_, json.loads(text))
+        if event_id <= self._published:
+            # The log started again (its file was deleted and made anew): every tab
+            # reconnects, is told to reset, and follows the new ids from here.
+            self._published = event_id - 1
+            self.end_streams()
         if event_id == self._published + 1:
             self._publish(event)  # nothing between: no read needed
         else:
@@ -215,6 +222,28 @@ class EventLog:
         if len(stored) > limit:
             return None  # too much missed: refetching is cheaper
         return [_logged(e) for e in stored]
+
+    async def can_replay(self, after_id: int, limit: int) -> bool:
+        """Whether the events after ``after_id`` can be replayed: still kept, and at most
+        ``limit`` of them (ids are unique and increasing, so the newest id less
+        ``after_id`` bounds their number)."""
+
+        def check() -> bool:
+            newest = self.backend.newest_event_id()
+            if after_id > newest or after_id < 0:
+                return False
+            oldest = self.backend.oldest_event_id()
+            if after_id < newest and (oldest is None or after_id < oldest - 1):
+                return False  # pruned past it
+            return newest - after_id <= limit
+
+        return await self._run(check)
+
+    async def page_after(self, after_id: int, size: int) -> list[LoggedEvent]:
+        """At most ``size`` events after ``after_id``, in order: one page of a replay."""
+        return await self._run(
+            lambda: [_logged(e) for e in self.backend.events_after(after_id, size)]
+        )
 
     async def latest_id(self) -> int:
         return await self._run(self.backend.newest_event_id)

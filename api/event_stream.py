@@ -4,7 +4,9 @@ Every event goes out as ``id:`` (the event log's id), ``event:`` (its type) and 
 (JSON). A reconnect with ``Last-Event-ID`` (or ``?last_event_id=`` on a first connect) gets
 every event after that id replayed from the durable log, then the live ones, each once (the
 stream subscribes before it replays and skips ids it already sent); an id the log cannot
-replay gets ``event: reset`` carrying the newest id, and the tab refetches.
+replay, or one more than ``MAX_REPLAY`` events behind, gets ``event: reset`` carrying the
+newest id, and the tab refetches. A replay is read and written ``REPLAY_PAGE`` events at a
+time, so what a tab's replay holds in memory is one page, whatever the log's length.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from aiohttp import web
 
 from api.event_log import EventLog, LoggedEvent, TooManyStreams
 
-__all__ = ["PING_SECONDS", "stream_events"]
+__all__ = ["MAX_REPLAY", "PING_SECONDS", "REPLAY_PAGE", "stream_events"]
 
 PING_SECONDS = 15.0
+MAX_REPLAY = 5000  # events a reconnecting tab is replayed at most; further behind: reset
+REPLAY_PAGE = 200  # events read from the log (and written to the tab) at a time
 RETRY_AFTER_SECONDS = 5
 
 
@@ -58,14 +62,19 @@ async def stream_events(request: web.Request, log: EventLog, owner: str = "") ->
         await response.prepare(request)
         sent = last if last is not None and last >= 0 else 0
         if last is not None:
-            missed = await log.since(last)
-            if missed is None:
+            if not await log.can_replay(last, MAX_REPLAY):
                 sent = await log.latest_id()
                 await response.write(f"id: {sent}\nevent: reset\ndata: {{}}\n\n".encode())
             else:
-                for event in missed:
-                    await response.write(event.sse())
-                    sent = event.id
+                # Up to the newest event now; later ones are in the subscription's queue.
+                target = await log.latest_id()
+                while sent < target:
+                    page = await log.page_after(sent, REPLAY_PAGE)
+                    for event in page:
+                        await response.write(event.sse())
+                        sent = event.id
+                    if len(page) < REPLAY_PAGE:
+                        break
         else:
             await response.write(b": connected\n\n")
         while True:

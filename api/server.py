@@ -27,11 +27,19 @@ from aiohttp import web
 
 from api import deliveries, routes
 from api.approvals import AlreadyDecided, Approvals
-from api.auth import COOKIE_MAX_AGE_SECONDS, COOKIE_NAME, Auth
+from api.auth import (
+    COOKIE_MAX_AGE_SECONDS,
+    COOKIE_NAME,
+    DEVICE_COOKIE_MAX_AGE_SECONDS,
+    DEVICE_COOKIE_NAME,
+    Auth,
+    client_address,
+)
 from api.event_log import EventLog, LoggedEvent
 from api.event_stream import stream_events
+from api.gate import SurfaceGate
 from api.turn_answers import TurnAccepted
-from api.views import session_view, transcript_items
+from api.views import session_source, session_view, transcript_items
 from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
 from delivery.errors import LedgerError
@@ -112,6 +120,8 @@ class WebUIServer:
         host: str,
         port: int,
         password: str = "",
+        api_key_set: bool = False,
+        trusted_proxies: frozenset[str] = frozenset(),
         model_name: str = "",
         shell_enabled: bool = False,
         version: str = "",
@@ -134,6 +144,10 @@ class WebUIServer:
         self.host = host
         self.port = port
         self.password = password
+        # With an API key and no password, only web UI sessions (``api.gate``).
+        self.gate = SurfaceGate(api_key_set=api_key_set, password_set=bool(password))
+        # Peers whose X-Forwarded-For names the client a login attempt is counted for.
+        self.trusted_proxies = trusted_proxies
         self.model_name = model_name
         self.shell_enabled = shell_enabled
         self.version = version
@@ -316,6 +330,7 @@ class WebUIServer:
                 "model": self.model_name,
                 "shell_enabled": self.shell_enabled,
                 "version": self.version,
+                "notice": self.gate.notice,
             }
         )
         if renewed is not None:
@@ -324,7 +339,10 @@ class WebUIServer:
 
     async def login(self, request: web.Request) -> web.Response:
         assert self.auth is not None
-        client = request.remote or "?"
+        address = client_address(
+            request.remote, request.headers.getall("X-Forwarded-For", []), self.trusted_proxies
+        )
+        client = self.auth.limit_key(address, request.cookies.get(DEVICE_COOKIE_NAME))
         if not self.auth.start_attempt(client):
             return _error(429, "too many login attempts; wait a minute", "rate_limited")
         body = await self._body(request)
@@ -335,6 +353,16 @@ class WebUIServer:
             {"logged_in": True, "csrf_token": self.auth.csrf_token(cookie)}
         )
         _set_login_cookie(response, cookie, request)
+        # A known browser from now on: its attempts are no longer the address's to spend.
+        response.set_cookie(
+            DEVICE_COOKIE_NAME,
+            self.auth.new_device_cookie(),
+            max_age=DEVICE_COOKIE_MAX_AGE_SECONDS,
+            httponly=True,
+            samesite="Strict",
+            path="/api/login",
+            secure=request.secure,
+        )
         return response
 
     async def logout(self, request: web.Request) -> web.Response:
@@ -373,12 +401,29 @@ class WebUIServer:
             raise ApiError(404, "Session not found", code="session_not_found")
         return session_id
 
+    async def _shown_session(self, request: web.Request) -> str:
+        """The session named by the path, when the web UI may show it (``api.gate``: 403
+        for another surface's while restricted); whether it exists is the handler's."""
+        session_id = self._session_id(request)
+        if self.gate.restricted:
+            await self._check_shown(session_id)
+        return session_id
+
+    async def _check_shown(self, session_id: str) -> None:
+        record = await asyncio.to_thread(self.store.get_session, session_id)
+        if record is not None:
+            self.gate.check(session_source(record))
+
     async def list_sessions(self, request: web.Request) -> web.Response:
         needle = request.query.get("q", "")[:_MAX_QUERY].strip().lower()
         records = await asyncio.to_thread(self.store.list_sessions, 500)
         unread = await self.log.unread_ids()
         busy = await asyncio.to_thread(self.store.running_turns)
-        views = [session_view(r, unread=r.id in unread, busy=r.id in busy) for r in records]
+        views = [
+            session_view(r, unread=r.id in unread, busy=r.id in busy)
+            for r in records
+            if self.gate.shows(session_source(r))
+        ]
         if needle:
             views = [v for v in views if needle in f"{v['title']} {v['id']} {v['source']}".lower()]
         return web.json_response({"sessions": views})
@@ -437,7 +482,7 @@ class WebUIServer:
         return web.Response(status=204)
 
     async def get_session(self, request: web.Request) -> web.Response:
-        session_id = self._session_id(request)
+        session_id = await self._shown_session(request)
         # The log position first: an event after it may already be in the answer, but none
         # before it is missing (the tab replays after ``last_event_id``).
         last_event_id = await self.log.latest_id()
@@ -464,7 +509,7 @@ class WebUIServer:
 
     async def older_items(self, request: web.Request) -> web.Response:
         """``GET /api/sessions/{id}/items?before=<cursor>``: the page before ``older``."""
-        session_id = self._session_id(request)
+        session_id = await self._shown_session(request)
         before = request.query.get("before", "")
         if not before.isdigit() or len(before) > 18 or int(before) < 1:
             raise ApiError(400, "before must be a message cursor", code="invalid_cursor")
@@ -499,7 +544,7 @@ class WebUIServer:
         return transcript_items(rows, steps), older
 
     async def session_background(self, request: web.Request) -> web.Response:
-        session_id = self._session_id(request)
+        session_id = await self._shown_session(request)
         if await asyncio.to_thread(self.store.get_session, session_id) is None:
             raise ApiError(404, "Session not found", code="session_not_found")
         return web.json_response({"background": await self._unfinished_work(session_id)})
@@ -512,7 +557,7 @@ class WebUIServer:
             return []
 
     async def mark_read(self, request: web.Request) -> web.Response:
-        session_id = self._session_id(request)
+        session_id = await self._shown_session(request)
         if await self.turns.session_dict(session_id) is None:
             raise ApiError(404, "Session not found", code="session_not_found")
         await self.turns.mark_read(session_id)
@@ -535,7 +580,7 @@ class WebUIServer:
         return _error(answer.status, answer.error, answer.kind or "refused", **extra)
 
     async def stop_turn(self, request: web.Request) -> web.Response:
-        session_id = self._session_id(request)
+        session_id = await self._shown_session(request)
         return web.json_response({"stopped": await self.turns.stop(session_id)})
 
     async def decide(self, request: web.Request) -> web.Response:
@@ -543,9 +588,16 @@ class WebUIServer:
         decision = body.get("decision")
         if decision not in ("approve", "deny"):
             raise ApiError(400, 'decision must be "approve" or "deny"', code="invalid_decision")
+        approval_id = request.match_info["id"]
+        if self.gate.restricted:
+            asked = await asyncio.to_thread(self.store.get_approval, approval_id)
+            if asked is not None:
+                # Another surface's approval (an API session's, a Telegram chat's) is behind
+                # the API key: not the password-less web UI's to decide.
+                await self._check_shown(asked.session_id)
         try:
             approval = await self.approvals.decide(
-                request.match_info["id"], decision == "approve", by="the web UI"
+                approval_id, decision == "approve", by="the web UI"
             )
         except KeyError:
             return _error(404, "no such approval", "approval_not_found")
@@ -560,8 +612,10 @@ class WebUIServer:
         if state is not None and state not in deliveries.STATES:
             raise ApiError(400, "state must be pending, delivered or dropped", code="invalid_state")
         q = request.query.get("q", "")[:_MAX_QUERY]
-        rows = await asyncio.to_thread(deliveries.list_deliveries, state, q)
-        return web.json_response({"deliveries": rows})
+        rows = await asyncio.to_thread(
+            deliveries.list_deliveries, state, q, webui_only=self.gate.restricted
+        )
+        return web.json_response({"deliveries": rows, "notice": self.gate.notice})
 
     async def delivery_action(self, request: web.Request) -> web.Response:
         action = request.match_info["action"]
@@ -569,6 +623,8 @@ class WebUIServer:
         if operation is None:
             raise web.HTTPNotFound()
         delivery_id = request.match_info["id"]
+        if self.gate.restricted and not await asyncio.to_thread(deliveries.of_webui, delivery_id):
+            raise self.gate.refusal("this is another surface's background work")
         try:
             view = await asyncio.to_thread(operation, delivery_id)
         except deliveries.UnknownDelivery as exc:

@@ -290,7 +290,12 @@ class ResponsesService:
                     TurnRequest(
                         session_id=row.session_id,
                         messages=request.messages,
-                        create=SessionSource(platform=Platform.API_SERVER, chat_id=row.session_id),
+                        # The owner key (a keyless server's client) holds the session too.
+                        create=SessionSource(
+                            platform=Platform.API_SERVER,
+                            chat_id=row.session_id,
+                            user_id=request.owner,
+                        ),
                         stream=True,
                         model_options=request.model_options(),
                     )

@@ -517,6 +517,8 @@ def build_webui(
         host=settings.host,
         port=settings.webui_port,
         password=settings.webui_password,
+        api_key_set=bool(settings.api_key),
+        trusted_proxies=settings.webui_trusted_proxy_set,
         model_name=model.name,
         shell_enabled=settings.shell_enabled,
         version=version(),

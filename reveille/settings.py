@@ -88,12 +88,19 @@ class Settings:
     telegram_edit_interval: float = 1.5  # seconds between edits of a streamed reply
 
     @property
+    def webui_trusted_proxy_set(self) -> frozenset[str]:
+        return frozenset(p.strip() for p in self.webui_trusted_proxies.split(",") if p.strip())
+
+    @property
     def telegram_allowed_user_ids(self) -> frozenset[str]:
         return frozenset(u.strip() for u in self.telegram_allowed_users.split(",") if u.strip())
 
     # the web UI: its own port in the same process (0 = off); a password for beyond loopback
     webui_port: int = 8787
     webui_password: str = ""
+    # reverse proxies (comma-separated addresses) whose X-Forwarded-For names the client that
+    # a login attempt is counted for; none = the peer's address, the header ignored
+    webui_trusted_proxies: str = ""
     # "" = SQLite under home; postgresql://... = ledger, sessions, idempotency in PostgreSQL
     database_url: str = ""
     # a server whose heartbeat is older than this is dead (its work is recovered)
@@ -233,6 +240,7 @@ ENV_NAMES: dict[str, str] = {
     "telegram_edit_interval": "TELEGRAM_EDIT_INTERVAL",
     "webui_port": "REVEILLE_WEBUI_PORT",
     "webui_password": "REVEILLE_WEBUI_PASSWORD",
+    "webui_trusted_proxies": "REVEILLE_WEBUI_TRUSTED_PROXIES",
     "database_url": "REVEILLE_DATABASE_URL",
     "peer_timeout_seconds": "REVEILLE_PEER_TIMEOUT_SECONDS",
     "webhook_urls": "REVEILLE_WEBHOOK_URLS",
@@ -283,6 +291,7 @@ _TOML_ALIASES = {
     ("telegram", "edit_interval"): "telegram_edit_interval",
     ("webui", "port"): "webui_port",
     ("webui", "password"): "webui_password",
+    ("webui", "trusted_proxies"): "webui_trusted_proxies",
     ("storage", "url"): "database_url",
     ("storage", "peer_timeout_seconds"): "peer_timeout_seconds",
     ("webhooks", "urls"): "webhook_urls",

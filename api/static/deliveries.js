@@ -19,10 +19,22 @@ export class DeliveriesView {
     const seq = ++this.seq;
     const data = await api.deliveries(this.filter);
     if (seq !== this.seq) return;
+    this.showNotice(data.notice);
     this.rows.clear();
     this.root.replaceChildren();
     for (const delivery of data.deliveries || []) this.upsert(delivery, { append: true });
     this.updateEmpty();
+  }
+
+  // The server's word on what this page leaves out (a web UI without a password, beside an
+  // API with a key, shows only its own sessions' work). Text only, above the list.
+  showNotice(text) {
+    if (!this.noticeNode) {
+      this.noticeNode = el("p", { class: "empty-line", role: "note", "data-testid": "deliveries-notice" });
+      this.root.before(this.noticeNode);
+    }
+    this.noticeNode.textContent = text || "";
+    this.noticeNode.hidden = !text;
   }
 
   matches(delivery) {

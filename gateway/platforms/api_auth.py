@@ -15,25 +15,38 @@ no handler can forget the check and a refused request reads no body:
 
 Handlers read the outcome with ``is_keyed(request)``. Routes that authenticate themselves
 in their own way (a Telegram webhook's secret token) are registered as ``public``.
+
+One gate per surface: a keyless server is not keyed, so it shows API sessions only (not
+the web UI's, which has its own password, nor a chat platform's: ``visible_to``). A bearer
+token a client sends to a keyless server is its *owner key* (``owner_of``): what it creates
+that can be named by id later (a response, its session) is bound to it, and needs it again
+(``may_see``); a keyed request (the configured key, the internal one) sees everything.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
+from gateway.config import Platform
 from gateway.platforms.http_middleware import ApiError, host_name, is_loopback
 
-__all__ = ["ApiKeyAuth", "is_keyed", "same_secret"]
+__all__ = ["ApiKeyAuth", "is_keyed", "may_see", "owner_of", "same_secret", "visible_to"]
 
 # (web.RequestKey from aiohttp 3.11 on; a plain string key before.)
 _KEYED: Any = (
     web.RequestKey("reveille_keyed", bool) if hasattr(web, "RequestKey") else "reveille_keyed"
 )
+_OWNER: Any = (
+    web.RequestKey("reveille_owner", str) if hasattr(web, "RequestKey") else "reveille_owner"
+)
+# Owner keys are stored as this prefix and a hash: never the token itself.
+OWNER_PREFIX = "key:"
 # Anyone may learn that the server is up and ready, never what it runs (see ``_health``).
 _HEALTH = frozenset({"/health", "/livez", "/readyz"})
 
@@ -53,6 +66,35 @@ def bearer_token(request: web.Request) -> str | None:
 def is_keyed(request: web.Request) -> bool:
     """Whether the request presented the configured key (or, without one, the internal)."""
     return bool(request.get(_KEYED, False))
+
+
+def owner_of(request: web.Request) -> str | None:
+    """The owner key of a keyless server's request that sent a bearer token (a hash of it);
+    None for a keyed request or one without a token."""
+    owner = request.get(_OWNER)
+    return owner if isinstance(owner, str) else None
+
+
+def may_see(request: web.Request, owner: str | None) -> bool:
+    """Whether ``request`` may see what the owner key ``owner`` created (None: nobody's)."""
+    if owner is None or is_keyed(request):
+        return True
+    mine = owner_of(request)
+    return mine is not None and same_secret(mine, owner)
+
+
+def visible_to(request: web.Request, source: Mapping[str, Any] | None) -> bool:
+    """Whether a session with this stored ``SessionSource`` is the request's to see: every
+    one for a keyed request; otherwise an API session (a record without a source is one)
+    that no other owner key holds."""
+    if is_keyed(request):
+        return True
+    source = source or {}
+    if str(source.get("platform") or Platform.API_SERVER.value) != Platform.API_SERVER.value:
+        return False
+    user = source.get("user_id")
+    held = user if isinstance(user, str) and user.startswith(OWNER_PREFIX) else None
+    return may_see(request, held)
 
 
 class ApiKeyAuth:
@@ -98,5 +140,8 @@ class ApiKeyAuth:
                     code="host_refused",
                 )
             keyed = token is not None and same_secret(token, self.internal_key)
+            if token is not None and not keyed:
+                digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+                request[_OWNER] = OWNER_PREFIX + digest[:40]
         request[_KEYED] = keyed
         return await handler(request)

@@ -5,6 +5,10 @@
 key when one is configured (the port's middleware checks it); answers that belong to a
 session echo its id in ``X-Hermes-Session-Id``. The session store does the work; this
 module is request parsing and answers only.
+
+One gate per surface (``api_auth.visible_to``): without the key, only API sessions are
+listed, and another surface's session (the web UI's, a chat platform's) or one another
+owner key holds is refused (403 ``api_key_required``), never read, changed or deleted.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from typing import Any
 from aiohttp import web
 
 from gateway.config import Platform
+from gateway.platforms.api_auth import visible_to
 from gateway.platforms.http_middleware import SESSION_HEADER, SESSION_REQUEST_KEY, ApiError
 from gateway.session import (
     MAX_TITLE_CHARS,
     SessionGone,
+    SessionRecord,
     SessionSource,
     SessionStore,
     is_valid_session_id,
@@ -31,6 +37,7 @@ __all__ = ["MALFORMED_SESSION_ID", "MAX_TITLE_CHARS", "SessionRoutes", "int_quer
 MALFORMED_SESSION_ID = "malformed session id: use 1-128 characters of A-Z a-z 0-9 . _ : -"
 # Routing keys (``build_session_key``) start so; a chat platform's session id is its key.
 ROUTING_KEY_PREFIX = "agent:"
+_SCAN_PAGE = 500  # sessions read at a time while a keyless list skips other surfaces'
 
 
 def int_query(request: web.Request, name: str, default: int | None) -> int | None:
@@ -54,6 +61,39 @@ def int_query(request: web.Request, name: str, default: int | None) -> int | Non
 
 def _not_found(session_id: str) -> ApiError:
     return ApiError(404, f"session {session_id!r} does not exist", code="session_not_found")
+
+
+def _check_visible(request: web.Request, record: SessionRecord | None) -> None:
+    if record is not None and not visible_to(request, record.source):
+        raise ApiError(
+            403,
+            f"session {record.id!r} is not this client's: without API_SERVER_KEY the API "
+            "server shows only the API sessions of the key that made them (configure "
+            "API_SERVER_KEY and send it to see every surface's)",
+            code="api_key_required",
+        )
+
+
+def _visible_page(
+    store: SessionStore, request: web.Request, limit: int, offset: int
+) -> list[SessionRecord]:
+    """A page of the sessions the request may see, most recently active first."""
+    page: list[SessionRecord] = []
+    skip = offset
+    at = 0
+    while len(page) < limit:
+        batch = store.list_sessions(_SCAN_PAGE, at)
+        at += len(batch)
+        for record in batch:
+            if not visible_to(request, record.source):
+                continue
+            if skip:
+                skip -= 1
+            elif len(page) < limit:
+                page.append(record)
+        if len(batch) < _SCAN_PAGE:
+            break
+    return page
 
 
 class SessionRoutes:
@@ -86,7 +126,9 @@ class SessionRoutes:
     async def list_sessions(self, request: web.Request) -> web.Response:
         limit = int_query(request, "limit", 100) or 0
         offset = int_query(request, "offset", 0) or 0
-        sessions = await asyncio.to_thread(self.store.list_sessions, min(limit, 1000), offset)
+        sessions = await asyncio.to_thread(
+            _visible_page, self.store, request, min(limit, 1000), offset
+        )
         return web.json_response({"object": "list", "data": [s.as_dict() for s in sessions]})
 
     async def create_session(self, request: web.Request) -> web.Response:
@@ -120,6 +162,7 @@ class SessionRoutes:
                 code="session_id_reserved",
             )
         existing = await asyncio.to_thread(self.store.get_session, session_id)
+        _check_visible(request, existing)
         session = existing or await self.store.acreate_session(
             session_id,
             source=SessionSource(platform=Platform.API_SERVER, chat_id=session_id),
@@ -137,10 +180,12 @@ class SessionRoutes:
         session = await asyncio.to_thread(self.store.get_session, session_id)
         if session is None:
             raise _not_found(session_id)
+        _check_visible(request, session)
         return web.json_response(session.as_dict(), headers={SESSION_HEADER: session_id})
 
     async def delete_session(self, request: web.Request) -> web.Response:
         session_id = await self._path_session(request)
+        _check_visible(request, await asyncio.to_thread(self.store.get_session, session_id))
         if not await asyncio.to_thread(self.store.delete_session, session_id):
             raise _not_found(session_id)
         return web.json_response(
@@ -152,6 +197,7 @@ class SessionRoutes:
         session_id = await self._path_session(request)
         after_id = int_query(request, "after_id", 0) or 0
         limit = int_query(request, "limit", None)
+        _check_visible(request, await asyncio.to_thread(self.store.get_session, session_id))
         try:
             rows = await asyncio.to_thread(
                 self.store.messages, session_id, after_id=after_id, limit=limit

@@ -9,7 +9,11 @@ hostile-input checks of ``request_body``, the OpenAI error shape, 503 while drai
 
 A response id is an unguessable capability (``resp_`` + 128 random bits): unlike a session
 id, which the chat endpoint derives from a conversation's opening, nobody can name another
-client's response, so ``previous_response_id`` is taken without a configured key too.
+client's response, so ``previous_response_id`` is taken without a configured key too. On a
+keyless server a response is bound to the bearer token that created it (its owner key,
+``api_auth.owner_of``): reading, streaming, cancelling, deleting it, its input items and a
+``previous_response_id`` naming it need that token again (or the internal key); for anyone
+else it does not exist (404). Its idempotency keys are that owner's too.
 
 ``Idempotency-Key`` on the create is bound to a fingerprint of the body: a repeat answers
 with the response the first request made (a background one as it stands now); another body
@@ -19,6 +23,7 @@ with the same key is refused (422); a non-background first attempt still running
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,6 +31,7 @@ from typing import Any
 from aiohttp import web
 
 from delivery.responses_backend import ResponseRow
+from gateway.platforms.api_auth import may_see, owner_of
 from gateway.platforms.http_middleware import RETRY_AFTER_SECONDS, ApiError, open_event_stream
 from gateway.platforms.responses_wire import (
     ResponsesRequest,
@@ -47,6 +53,29 @@ __all__ = ["ResponsesRoutes"]
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 _MAX_IDEMPOTENCY_KEY = 255
 _MAX_ITEMS_PAGE = 100
+_MAX_SEQ = 2**63 - 1  # the largest sequence number a store (a signed 64-bit integer) holds
+
+
+def _starting_after(raw: str | None) -> int:
+    """The ``starting_after`` of a stream resume: absent is -1 (from the start); otherwise
+    decimal digits naming a sequence number a store can hold (0 .. 2**63 - 1), else 400."""
+    if raw is None:
+        return -1
+    # Digits only: int() would also take "+5", " 3" and "1_000", and a number past 2**63 - 1
+    # reached the store and came back as an OverflowError inside the stream.
+    if not (0 < len(raw) <= 19 and raw.isascii() and raw.isdigit()) or int(raw) > _MAX_SEQ:
+        raise ApiError(
+            400,
+            f"'starting_after' must be a sequence number: an integer from 0 to {_MAX_SEQ}",
+            param="starting_after",
+            code="invalid_value",
+        )
+    return int(raw)
+
+
+def _may_see(request: web.Request, row: ResponseRow) -> bool:
+    """Whether the request holds the key that created ``row`` (see the module docstring)."""
+    return may_see(request, ResponsesRequest.from_json(row.request).owner)
 
 
 def _not_found(response_id: str) -> ApiError:
@@ -110,8 +139,19 @@ class ResponsesRoutes:
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
         body = await self._read_json(request)
-        parsed = parse_responses_body(body)
+        owner = owner_of(request)
+        parsed = dataclasses.replace(parse_responses_body(body), owner=owner)
         self._check_model(parsed.model)
+        previous_id = parsed.previous_response_id
+        if previous_id is not None:
+            previous = await self.service.get(previous_id) if is_response_id(previous_id) else None
+            if previous is not None and not _may_see(request, previous):
+                raise ApiError(  # as the service says for an id it does not know
+                    404,
+                    f"previous response {previous_id!r} not found",
+                    code="previous_response_not_found",
+                    param="previous_response_id",
+                )
         key = request.headers.get(IDEMPOTENCY_HEADER)
         if key is not None and not 0 < len(key) <= _MAX_IDEMPOTENCY_KEY:
             raise ApiError(
@@ -134,7 +174,12 @@ class ResponsesRoutes:
         try:
             created = await self.service.create(
                 parsed,
-                idempotency_key=f"client:{key}" if key is not None else None,
+                # Scoped to the owner key: another client's same key is another request.
+                idempotency_key=(
+                    (f"client:{owner}:{key}" if owner else f"client:{key}")
+                    if key is not None
+                    else None
+                ),
                 fingerprint=fingerprint,
             )
         except PreviousNotUsable as exc:
@@ -215,7 +260,7 @@ class ResponsesRoutes:
     async def _row(self, request: web.Request) -> ResponseRow:
         response_id = request.match_info["response_id"]
         row = await self.service.get(response_id) if is_response_id(response_id) else None
-        if row is None:
+        if row is None or not _may_see(request, row):
             raise _not_found(response_id)
         return row
 
@@ -223,20 +268,7 @@ class ResponsesRoutes:
         stream = request.query.get("stream", "false").lower()
         if stream not in ("true", "false", "1", "0"):
             raise ApiError(400, "'stream' must be true or false", param="stream")
-        raw_after = request.query.get("starting_after")
-        after = -1
-        if raw_after is not None:
-            try:
-                after = int(raw_after)
-            except ValueError:
-                after = -2
-            if after < -1:
-                raise ApiError(
-                    400,
-                    "'starting_after' must be a sequence number (an integer of at least -1)",
-                    param="starting_after",
-                    code="invalid_value",
-                )
+        after = _starting_after(request.query.get("starting_after"))
         row = await self._row(request)
         if stream not in ("true", "1"):
             return web.json_response(json.loads(row.body))

@@ -61,6 +61,7 @@ from gateway.platforms.telegram_approvals import ApprovalKeyboard
 from gateway.platforms.telegram_format import split_message, to_html
 from gateway.platforms.telegram_intake import LongPoller, webhook_handler
 from gateway.platforms.telegram_state import TelegramState
+from gateway.platforms.telegram_updates import BadField, telegram_id
 from gateway.session import SessionGone, SessionSource, build_session_key, is_valid_session_id
 from gateway.tasks import finish_or_cancel
 from gateway.turns import ReplayedTurn, TurnError, TurnRequest, TurnService
@@ -83,21 +84,26 @@ def telegram_session_id(source: SessionSource) -> str:
 
 
 def source_of_message(message: dict[str, Any]) -> SessionSource | None:
-    """The ``SessionSource`` of a Bot API ``Message``; None when it has no chat."""
+    """The ``SessionSource`` of a Bot API ``Message``; None when it has no chat. ``BadField``
+    when an id it names (chat, sender, forum topic) is not an integer Telegram gives: a
+    topic id like "general" used to reach ``int()`` as a ValueError traceback."""
     chat = message.get("chat")
     if not isinstance(chat, dict) or chat.get("id") is None:
         return None
+    chat_id = telegram_id(chat["id"], "chat id", required=True)
     raw_sender = message.get("from")
     sender: dict[str, Any] = raw_sender if isinstance(raw_sender, dict) else {}
+    user_id = telegram_id(sender.get("id"), "sender id")
     kind = str(chat.get("type") or "private")
     thread = message.get("message_thread_id") if message.get("is_topic_message") else None
+    thread_id = telegram_id(thread, "forum topic id")
     return SessionSource(
         platform=Platform.TELEGRAM,
-        chat_id=str(chat["id"]),
+        chat_id=str(chat_id),
         chat_type="dm" if kind == "private" else kind,
-        user_id=str(sender["id"]) if sender.get("id") is not None else None,
+        user_id=str(user_id) if user_id is not None else None,
         user_name=sender.get("username") or sender.get("first_name"),
-        thread_id=str(thread) if thread is not None else None,
+        thread_id=str(thread_id) if thread_id is not None else None,
         chat_name=chat.get("title") or chat.get("username"),
     )
 
@@ -268,7 +274,11 @@ class TelegramAdapter(BasePlatformAdapter):
         if not isinstance(message, dict):
             return
         text = message.get("text")
-        source = source_of_message(message)
+        try:
+            source = source_of_message(message)
+        except BadField as exc:
+            logger.warning("Telegram update %s skipped: %s", update_id, exc)
+            return
         if not isinstance(text, str) or not text.strip() or source is None:
             return
         if source.user_id is None or source.user_id not in self.allowed_users:

@@ -12,13 +12,13 @@ method only).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 
+from gateway.platforms.telegram_updates import TooDeep, loads_bounded
 from gateway.session import SessionSource
 
 __all__ = ["DEFAULT_BASE_URL", "TelegramApi", "TelegramError", "thread_params"]
@@ -136,7 +136,9 @@ class TelegramApi:
             detail = f"{type(exc).__name__}: {exc}".rstrip(": ").replace(self._token, "<token>")
             raise TelegramError(method, None, detail) from None
         try:
-            data = json.loads(raw) if raw else None
+            data = loads_bounded(raw) if raw else None
+        except TooDeep:
+            raise TelegramError(method, 502, "the answer is JSON nested too deeply") from None
         except ValueError:
             data = None
         if not isinstance(data, dict):

@@ -4,7 +4,8 @@ Polling: ``getUpdates`` with ``offset`` (from the durable state) and ``timeout``
 returns is stored in the inbox and the offset moved in one transaction
 (``TelegramState.take_updates``), then handed to the adapter. A failure is logged and retried
 with a growing backoff, never a crash loop; a 409 (another poller on the same token, or a
-webhook set) is logged plainly as what it is.
+webhook set) is logged once, plainly as what it is, and its repeats at DEBUG until a poll
+succeeds again (two servers on one token otherwise log an ERROR every few seconds).
 
 Webhook: Telegram POSTs each update to ``webhook_url`` with the ``secret_token`` given to
 ``setWebhook`` in ``X-Telegram-Bot-Api-Secret-Token``; the handler compares it in constant
@@ -24,7 +25,13 @@ from aiohttp import web
 
 from gateway.platforms.telegram_api import TelegramApi, TelegramError
 from gateway.platforms.telegram_state import TelegramState
-from gateway.platforms.telegram_updates import SkippedUpdates, split_updates, update_id_of
+from gateway.platforms.telegram_updates import (
+    SkippedUpdates,
+    TooDeep,
+    loads_bounded,
+    split_updates,
+    update_id_of,
+)
 
 __all__ = ["SECRET_HEADER", "LongPoller", "webhook_handler"]
 
@@ -71,6 +78,7 @@ class LongPoller:
         backoff = self.backoff_seconds
         offset = await asyncio.to_thread(self.state.next_offset, bot)
         skipped_wait = self.backoff_seconds
+        in_conflict = False  # a 409 was reported and no poll has succeeded since
         while True:
             try:
                 updates = await self._get_updates(offset)
@@ -80,7 +88,11 @@ class LongPoller:
                 self.failures += 1
                 if exc.error_code == 409:
                     self.conflicts += 1
-                    logger.error(
+                    # Once per episode: the cause does not change while it lasts.
+                    level = logging.DEBUG if in_conflict else logging.ERROR
+                    in_conflict = True
+                    logger.log(
+                        level,
                         "Telegram getUpdates: 409 Conflict (%s): another process polls this "
                         "bot token, or a webhook is set. Retrying in %.0f s; stop the other "
                         "poller (or unset its webhook) to fix it.",
@@ -101,6 +113,7 @@ class LongPoller:
                 backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
                 continue
             backoff = self.backoff_seconds
+            in_conflict = False
             if not isinstance(updates, list) or not updates:
                 continue
             good = split_updates(updates, self.skipped_updates)
@@ -150,8 +163,14 @@ def webhook_handler(
         given = sent[0].encode("utf-8", "surrogateescape") if len(sent) == 1 else b""
         if not hmac.compare_digest(given, expected):
             return web.json_response({"ok": False, "description": "unauthorized"}, status=401)
+        raw = await request.read()
         try:
-            update = await request.json()
+            update = loads_bounded(raw)
+        except TooDeep:
+            # Skipped like an impossible id (below): Telegram never sends one, and a refused
+            # update would hold every later one back.
+            skipped.record(raw)
+            return web.json_response({"ok": True, "description": "skipped"})
         except ValueError:
             return web.json_response({"ok": False, "description": "not JSON"}, status=400)
         if update_id_of(update) is None:

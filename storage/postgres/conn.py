@@ -2,7 +2,8 @@
 
 Every PostgreSQL backend opens its connections and pools here, so a bad url, a refused connection or
 wrong credentials read the same everywhere: ``PostgresUnavailable`` with one sentence that
-names the server (never the password) and what to check.
+names the server (never the password) and what to check. A pool checks each connection as
+it hands it out, so one lost to a server restart is replaced before anyone writes on it.
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ def open_pool(url: str, *, name: str, max_size: int) -> psycopg_pool.ConnectionP
             min_size=1,
             max_size=max(max_size, 1),
             kwargs={"autocommit": True},
+            # A connection the server dropped while it sat in the pool (a restart, a
+            # failover, an idle timeout) is found out by one round trip as it is handed out
+            # and replaced by a fresh one: the turn after a restart does not fail on it.
+            check=psycopg_pool.ConnectionPool.check_connection,
             open=True,
             timeout=30,
             name=name,

@@ -235,6 +235,7 @@ class PostgresBackend:
         outcomes: list[Outcome] | None = None
         err: Exception | None = None
         isolate = False
+        reconnected = False
         for attempt in range(6):
             try:
                 if not isolate and self.pipelined and len(live) >= _PIPELINE_MIN:
@@ -255,7 +256,19 @@ class PostgresBackend:
             except psycopg.Error as exc:
                 err = exc
                 if conn.broken or conn.closed:
-                    break
+                    # Terminated by the server (a restart, a failover): it said so before
+                    # any COMMIT of the batch completed, so nothing was written; run it once
+                    # more on a fresh connection instead of failing it.
+                    if reconnected or not isinstance(exc, psycopg.errors.AdminShutdown):
+                        break
+                    reconnected = True
+                    try:
+                        slot.reset(connect(self._url))
+                    except PostgresUnavailable:
+                        break
+                    conn, tx = slot.conn, slot.tx
+                    log.info("ledger writer reconnected after the server ended its session")
+                    continue
                 isolate = True  # a statement failed: find the operation it belongs to
         if outcomes is None:
             unavailable = LedgerUnavailable(

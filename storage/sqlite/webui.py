@@ -6,10 +6,17 @@ power loss is replayed as a reset by the tab, nothing owed is in this file). SQL
 one writer at a time and an id is handed out inside its writer's transaction, so ids grow
 in commit order whichever process appends. The processes sharing the file poke each other
 through unix sockets in ``webui.db.wake.d/``.
+
+A file deleted (or replaced) while the server runs is noticed at the next use: the open
+connection would go on writing to the unlinked file, lost to every tab and to the next
+start. The backend says so once (a warning: the tabs reset, and logins end with the
+cookie secret the file held) and makes the file again.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -20,6 +27,8 @@ from delivery.webui_state import StoredEvent, ToolStep, WebUIStateBackend
 from storage.sqlite.files import FileErrors, SqliteFile, connect, create_private, stamp_schema
 
 __all__ = ["SqliteWebUIState", "WebUIStateError"]
+
+logger = logging.getLogger(__name__)
 
 _APPLICATION_ID = 0x52574C47  # "RWLG"
 _SCHEMA_VERSION = 1
@@ -70,26 +79,51 @@ class SqliteWebUIState:
         )
         self._notifier = SocketDirNotifier(wake_dir_for(str(path)))
         self._lock = threading.Lock()  # one statement at a time on the one connection
+        self._conn: sqlite3.Connection | None = None
+        self._file: tuple[int, int] | None = None
+        self._closed = False
+        self._open()
+
+    def _open(self) -> None:
         create_private(self.spec)
         conn = connect(self.spec, check_owner=True)
         try:
             stamp_schema(conn, self.spec, _DDL)
+            self._file = _identity(self.spec.path)
         except BaseException:
             conn.close()
             raise
-        self._conn: sqlite3.Connection | None = conn
+        self._conn = conn
 
     @property
     def notifier(self) -> Notifier:
         return self._notifier
 
     def _db(self) -> sqlite3.Connection:
-        if self._conn is None:
+        """The connection (the caller holds the lock), to the file that is there now."""
+        if self._closed:
             raise WebUIStateError("the web UI state is closed")
+        if self._conn is None or _identity(self.spec.path) != self._file:
+            if self._conn is not None:
+                logger.warning(
+                    "%s was deleted or replaced while the server ran; made again (open "
+                    "tabs reload, and logins end: the file held the cookie secret)",
+                    self.spec.path,
+                )
+                self._conn.close()
+                self._conn = None
+            try:
+                self._open()
+            except Exception as exc:  # tried again at the next use
+                raise WebUIStateError(
+                    f"{self.spec.path} is gone and cannot be made again: {exc}"
+                ) from None
+        assert self._conn is not None
         return self._conn
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
@@ -217,3 +251,12 @@ class SqliteWebUIState:
 # mypy proves the backend keeps the protocol, without importing it at run time.
 if TYPE_CHECKING:
     _conforms: type[WebUIStateBackend] = SqliteWebUIState
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The file's device and inode (None: no file): what tells a deleted or replaced one."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)

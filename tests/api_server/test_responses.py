@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -549,3 +550,23 @@ async def test_a_lone_surrogate_from_the_model_is_repaired_in_the_stream_and_the
 
         done = await poll(ended)
         assert done.status == "completed" and done.output_text == "broken \ufffd piece"
+
+
+@pytest.mark.parametrize(
+    "after", [str(2**63), str(2**64 + 5), "9" * 40, "-1", "-5", "1.5", "1e3", "1_000", " 3", "x"]
+)
+async def test_starting_after_beyond_its_range_is_a_400(store, tmp_path, after) -> None:
+    """A sequence number no store can hold, a negative or non-integer one: a 400 in the
+    OpenAI error shape, before any stream opens (it once was a 200 whose stream carried an
+    "internal server error" event and an OverflowError traceback)."""
+    async with serving(store, tmp_path, DemoModel(delay_seconds=0)) as (adapter, _):
+        body = {"model": "reveille-demo", "input": "hi", "background": True}
+        status, made = await _raw(adapter.port, "POST", "/v1/responses", body=body)
+        assert status == 200
+        query = urllib.parse.quote(after, safe="")
+        status, answer = await _raw(
+            adapter.port, "GET", f"/v1/responses/{made['id']}?stream=true&starting_after={query}"
+        )
+        assert status == 400, answer
+        assert answer["error"]["type"] == "invalid_request_error"
+        assert answer["error"]["param"] == "starting_after"

@@ -246,3 +246,36 @@ async def test_an_impossible_update_alone_is_logged_once_and_polled_calmly(setup
     bot.message("after it")
     await until(lambda: model.turns == ["after it"])
     await until(lambda: not bot.updates)
+
+
+# Fields no Bot API sends that a broken or hostile relay may: each update is skipped with
+# one warning and no traceback, and the next good message is answered.
+BAD_FIELDS: list[dict[str, Any]] = [
+    {"message_thread_id": "general", "is_topic_message": True},
+    {"message_thread_id": {"id": 5}, "is_topic_message": True},
+    {"message_thread_id": 2**70, "is_topic_message": True},
+    {"chat": {"id": {"nested": 1}, "type": "supergroup"}},
+    {"chat": {"id": True, "type": "private"}},
+    {"from": {"id": [42], "is_bot": False}},
+]
+
+
+@pytest.mark.parametrize("fields", BAD_FIELDS)
+async def test_an_update_with_a_bad_field_is_skipped_with_one_warning(setup, caplog, fields):
+    _, bot, model = setup
+    caplog.set_level("WARNING")
+    message = {
+        "message_id": 1,
+        "chat": {"id": -100123, "type": "supergroup"},
+        "from": {"id": 42, "is_bot": False},
+        "text": "bad field",
+        **fields,
+    }
+    bot.raw_update({"update_id": 5000, "message": message})
+    bot.message("good one")
+    await until(lambda: model.turns == ["good one"])
+    await until(lambda: not bot.updates)
+    assert "bad field" not in model.turns
+    warnings = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback

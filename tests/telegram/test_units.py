@@ -245,3 +245,98 @@ def test_telegram_settings_from_toml(tmp_path: Path):
     assert settings.telegram_allowed_user_ids == frozenset({"42", "43"})
     env = {"REVEILLE_HOME": str(tmp_path), "TELEGRAM_ALLOWED_USERS": "7, 8"}
     assert load_settings(env).telegram_allowed_user_ids == frozenset({"7", "8"})
+
+
+# ----------------------------------------------------------------- hostile nesting
+
+DEEP = b'{"update_id": 14, "message": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+
+async def test_a_deeply_nested_webhook_update_is_skipped_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """A 100,000-deep JSON update was a 500 with a RecursionError traceback; now it is
+    skipped (answered, so Telegram does not hold later updates behind it), logged once
+    however often it comes, never stored, and the next update is taken."""
+    caplog.set_level("WARNING")
+    state = TelegramState(tmp_path / "telegram.db")
+    seen: list[int] = []
+    app = web.Application()
+    app.router.add_post("/hook", webhook_handler(state, "b", "s3cret", lambda u, _: seen.append(u)))
+    async with TestClient(TestServer(app)) as client:
+        for _ in range(2):
+            resp = await client.post("/hook", data=DEEP, headers={SECRET_HEADER: "s3cret"})
+            assert resp.status == 200
+            assert (await resp.json())["description"] == "skipped"
+        good = {"update_id": 15, "message": {"text": "hi"}}
+        resp = await client.post("/hook", data=json.dumps(good), headers={SECRET_HEADER: "s3cret"})
+        assert resp.status == 200
+    assert seen == [15]
+    warnings = [r for r in caplog.records if "nested" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
+    assert not [r for r in caplog.records if r.exc_info]
+    state.close()
+
+
+async def test_a_deeply_nested_bot_api_answer_is_a_telegram_error_not_a_recursion_error():
+    async def deep(request: web.Request) -> web.Response:
+        body = b'{"ok": true, "result": [' + DEEP + b"]}"
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/bottok/getUpdates", deep)
+    async with TestServer(app) as server:
+        api = TelegramApi("tok", base_url=str(server.make_url("")).rstrip("/"))
+        try:
+            with pytest.raises(TelegramError) as info:
+                await api.call("getUpdates", {})
+            assert "nested" in str(info.value)
+        finally:
+            await api.close()
+
+
+# ----------------------------------------------------------------- polling conflicts
+
+
+async def test_a_409_conflict_is_logged_once_with_its_cause_then_at_debug(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """Two servers on one bot token: every getUpdates of the second is a 409. That logged an
+    ERROR line each retry (21 in 90 s); now the first says what it is, the rest are DEBUG,
+    and a conflict that comes back after a good poll is reported again, once."""
+    from gateway.platforms.telegram_intake import LongPoller
+
+    caplog.set_level("DEBUG", logger="gateway.platforms.telegram_intake")
+    bot = FakeBotApi().start()
+    api = TelegramApi(bot.token, base_url=bot.base_url)
+    state = TelegramState(tmp_path / "telegram.db")
+    conflict = "Conflict: terminated by other getUpdates request"
+    for _ in range(6):
+        bot.fail("getUpdates", 409, conflict)
+    seen: list[int] = []
+    poller = LongPoller(api, state, lambda u, _: seen.append(u), timeout=0, backoff_seconds=0.001)
+    task = asyncio.create_task(poller.run())
+    try:
+        await api.call("getMe")
+        while poller.conflicts < 6:
+            await asyncio.sleep(0.01)
+        bot.message("between")
+        while not seen:
+            await asyncio.sleep(0.01)
+        bot.fail("getUpdates", 409, conflict)
+        bot.fail("getUpdates", 409, conflict)
+        while poller.conflicts < 8:
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await api.close()
+        state.close()
+        bot.stop()
+    conflicts = [r for r in caplog.records if "409" in r.getMessage()]
+    loud = [r for r in conflicts if r.levelno > 10]
+    assert len(loud) == 2, [(r.levelname, r.getMessage()) for r in conflicts]
+    assert all("another process polls this bot token" in r.getMessage() for r in loud)
+    assert all(conflict in r.getMessage() for r in loud)
+    assert len(conflicts) == 8  # the others are still there, at DEBUG

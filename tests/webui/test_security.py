@@ -233,23 +233,31 @@ async def test_markup_travels_as_data(web: Web) -> None:
     await sse.close()
 
 
-async def test_api_sessions_are_listed_with_their_source(web: Web) -> None:
+async def test_api_sessions_are_listed_with_their_source(tmp_path) -> None:
+    """Without an API key the loopback web UI shows every surface's sessions (with a key
+    and no password it shows only its own: ``test_gate``)."""
     from gateway.config import Platform
     from gateway.session import SessionSource
 
-    store = web.app.store
-    store.create_session("api-sess", title="api")
-    store.create_session("tg-sess", source=SessionSource(platform=Platform.TELEGRAM, chat_id="42"))
-    await web.new_session("mine")
-    sessions = (await (await web.get("/api/sessions")).json())["sessions"]
-    sources = {s["title"]: (s["source"], s["chat"]) for s in sessions}
-    assert sources["api"] == ("api_server", False)
-    assert sources["mine"] == ("webui", True)
-    assert ("telegram", False) in sources.values()
-    r = await web.post("/api/sessions/api-sess/messages", {"text": "hi"})
-    assert r.status == 409
-    found = (await (await web.get("/api/sessions?q=min")).json())["sessions"]
-    assert [s["title"] for s in found] == ["mine"]
+    web = await start_web(settings_for(tmp_path, api_key=""))
+    try:
+        store = web.app.store
+        store.create_session("api-sess", title="api")
+        store.create_session(
+            "tg-sess", source=SessionSource(platform=Platform.TELEGRAM, chat_id="42")
+        )
+        await web.new_session("mine")
+        sessions = (await (await web.get("/api/sessions")).json())["sessions"]
+        sources = {s["title"]: (s["source"], s["chat"]) for s in sessions}
+        assert sources["api"] == ("api_server", False)
+        assert sources["mine"] == ("webui", True)
+        assert ("telegram", False) in sources.values()
+        r = await web.post("/api/sessions/api-sess/messages", {"text": "hi"})
+        assert r.status == 409
+        found = (await (await web.get("/api/sessions?q=min")).json())["sessions"]
+        assert [s["title"] for s in found] == ["mine"]
+    finally:
+        await stop_web(web)
 
 
 async def test_rebound_host_names_are_refused_without_a_password(web: Web) -> None:

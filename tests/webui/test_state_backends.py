@@ -100,3 +100,29 @@ def test_racing_appends_are_read_in_commit_order(state: WebUIStateBackend) -> No
     reader.join()
     seen.extend(e.id for e in state.events_after(seen[-1] if seen else 0, 1000))
     assert len(seen) == 160 and seen == sorted(seen)
+
+
+def test_a_deleted_webui_db_is_noticed_and_made_again(tmp_path, caplog) -> None:
+    """``webui.db`` deleted while serving: every later event went to the unlinked file,
+    lost to every tab and to the next start, and nothing said so. Now the backend notices
+    the file is gone (or replaced), says so once, and makes it again."""
+    from storage.sqlite.webui import SqliteWebUIState
+
+    caplog.set_level("WARNING")
+    path = tmp_path / "webui.db"
+    state = SqliteWebUIState(path)
+    try:
+        first = state.append_event("note", "{}", 1.0)
+        for suffix in ("", "-wal", "-shm"):
+            (tmp_path / f"webui.db{suffix}").unlink(missing_ok=True)
+        again = state.append_event("note", '{"n": 2}', 2.0)
+        assert path.exists()
+        assert [e.data_json for e in state.events_after(0, 10)] == ['{"n": 2}']
+        assert again >= 1 and state.newest_event_id() == again
+        warned = [r for r in caplog.records if "webui.db" in r.getMessage()]
+        assert len(warned) == 1 and "made again" in warned[0].getMessage()
+        state.append_event("note", "{}", 3.0)
+        assert len([r for r in caplog.records if "webui.db" in r.getMessage()]) == 1
+        assert first == 1
+    finally:
+        state.close()

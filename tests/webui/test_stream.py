@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 
 from tests.webui.conftest import SlowDemo, Web, settings_for, start_web, stop_web
 
@@ -131,3 +133,66 @@ async def test_event_streams_are_bounded_per_owner_and_in_total(web: Web) -> Non
     assert (await r.json())["error"]["code"] == "too_many_streams"
     for sse in (second, third):
         await sse.close()
+
+
+async def test_a_long_replay_is_read_a_page_at_a_time(web: Web) -> None:
+    """A tab reconnecting behind a long log was sent up to 5,000 events read into one list
+    first (78.8 MB per tab, and the memory stayed with the process). Now the replay reads
+    the log a page at a time, each page written before the next is read, and sends every
+    missed event in order all the same."""
+    from api.event_stream import REPLAY_PAGE
+
+    log = web.server.log
+    first = await log.append("note", {"n": -1, "pad": "x"})
+    for n in range(3 * REPLAY_PAGE + 7):
+        await log.append("note", {"n": n, "pad": "x" * 2000})
+    asked: list[int] = []
+    backend = log.backend
+    real = backend.events_after
+
+    def events_after(after_id: int, limit: int):  # type: ignore[no-untyped-def]
+        asked.append(limit)
+        return real(after_id, limit)
+
+    backend.events_after = events_after  # type: ignore[method-assign]
+    try:
+        sse = await web.stream(last_event_id=str(first.id))
+        await sse.wait_for(lambda e: e[1] == "note" and e[2]["n"] == 3 * REPLAY_PAGE + 6)
+        assert [d["n"] for d in sse.of("note")] == list(range(3 * REPLAY_PAGE + 7))
+        await sse.close()
+    finally:
+        backend.events_after = real  # type: ignore[method-assign]
+    assert asked and max(asked) <= REPLAY_PAGE + 1, asked
+
+
+async def test_a_replay_beyond_the_bound_is_a_reset(web: Web) -> None:
+    from api.event_stream import MAX_REPLAY
+
+    log = web.server.log
+    first = await log.append("note", {"n": -1})
+    for n in range(MAX_REPLAY + 1):
+        await log.append("note", {"n": n})
+    sse = await web.stream(last_event_id=str(first.id))
+    _, kind, _ = await sse.wait_for(lambda e: True)
+    assert kind == "reset"
+    await sse.close()
+
+
+async def test_a_deleted_webui_db_is_made_again_and_the_tabs_follow_it(web: Web) -> None:
+    """Its ids start again: a tab open through it is ended (it reconnects and is reset),
+    and a tab opened after it sees the new events live."""
+    path = web.server.log.backend.spec.path  # type: ignore[attr-defined]
+    await web.new_session("before")
+    for n in range(20):
+        await web.server.log.append("note", {"n": n})
+    old = await web.stream()
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{path}{suffix}")
+    sid = await web.new_session("after")  # written to the file made again
+    assert os.path.exists(path)
+    await old.close()
+    tab = await web.stream()
+    await web.say(sid, "hello")
+    await tab.wait_for(lambda e: e[1] == "turn.end")
+    await tab.close()

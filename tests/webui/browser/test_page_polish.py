@@ -101,7 +101,8 @@ def _api_session(server: Any) -> str:
 
 
 def test_sidebar_renames_deletes_and_filters(start_server, new_tab, shots) -> None:
-    server = start_server(demo_delay=0.2)
+    # Without an API key: with one and no web UI password, API sessions are not listed.
+    server = start_server(demo_delay=0.2, env={"API_SERVER_KEY": ""})
     api_session = _api_session(server)
     tab = new_tab(server.url)
     page = tab.open("/")

@@ -1,5 +1,6 @@
 """The sidebar lists every session of the store with its source: web UI sessions chat,
-API sessions are shown read-only; the search narrows the list."""
+API sessions are shown read-only; the search narrows the list. (Without an API key: with
+one and no web UI password, the web UI shows only its own sessions, ``tests/webui/test_gate``.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tests.webui.browser.test_wakeup_flow import session_item
 
 
 def test_sidebar_sources_readonly_and_search(start_server, new_tab, shots) -> None:
-    server = start_server(demo_delay=0.2)
+    server = start_server(demo_delay=0.2, env={"API_SERVER_KEY": ""})
     report = server.post("/api/sessions", {"title": "Quarterly <b>report</b>"})["session"]
     server.post("/api/sessions", {"title": "Holiday plans"})
     request = urllib.request.Request(
