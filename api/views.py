@@ -20,7 +20,7 @@ from agent.markers import read_wake_data
 from api.event_log import ToolStep
 from delivery.rows import LedgerRow
 from gateway.config import Platform
-from gateway.session import MessageRecord, SessionRecord
+from gateway.session import MessageRecord, SessionRecord, title_from_text
 from gateway.wake_text import is_combined_wake, wake_batch_key
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "card_from_metadata",
     "card_of_wake_text",
     "combined_card",
+    "delivery_item",
     "delivery_view",
     "session_source",
     "session_view",
@@ -37,19 +38,6 @@ __all__ = [
 ]
 
 _DEFAULT_TITLE = "New chat"
-_TITLE_FROM_TEXT_CHARS = 60
-
-
-def title_from_text(text: str) -> str | None:
-    """A session's title from its first message: the first line that has words, spaces
-    folded, cut at a word near ``_TITLE_FROM_TEXT_CHARS`` characters; None for blank text."""
-    line = next((" ".join(ln.split()) for ln in text.splitlines() if ln.strip()), "")
-    if len(line) <= _TITLE_FROM_TEXT_CHARS:
-        return line or None
-    cut = line[: _TITLE_FROM_TEXT_CHARS - 1]
-    if " " in cut[_TITLE_FROM_TEXT_CHARS // 2 :]:
-        cut = cut[: cut.rindex(" ")]
-    return cut.rstrip() + "\u2026"
 
 
 @dataclass(frozen=True)
@@ -218,10 +206,9 @@ def transcript_items(
             )
             continue
         if row.is_delivery:
-            # A delivery row (API-server sessions): the result, as its card.
-            items.append(
-                {"kind": "wakeup", "id": row_id, "card": card_from_metadata(meta).as_dict()}
-            )
+            # A delivery row (API-server sessions), drawn by its kind: a background result
+            # as its card, anything else as what it says (never a made-up process card).
+            items.append(delivery_item(row))
             continue
         # A wake-up is what the server marked as one when it ran it, never text that merely
         # starts like one (anyone can type the marker).
@@ -241,6 +228,7 @@ def transcript_items(
             "role": role,
             "content": content,
             "wakeup": role == "assistant" and after_wake,
+            "created_at": row.created_at,
         }
         if isinstance(meta, Mapping) and meta.get("stopped"):
             item["stopped"] = True
@@ -253,6 +241,35 @@ def transcript_items(
         after_wake = False
     items.extend(_tool_item(step) for step in running)
     return items
+
+
+# How each kind of delivery row is headed; a kind not named here shows its own name.
+DELIVERY_TITLES = {
+    "approval_turn_result": "Answer after approval",
+    "approval_expired": "Approval expired",
+    "scheduled_wakeup": "Scheduled wake-up",
+}
+_RESULT_KINDS = frozenset({"async_delegation_complete"})
+
+
+def delivery_item(row: MessageRecord) -> dict[str, Any]:
+    """A delivery row as its transcript item: a background result (a sub-agent's or a
+    process's, ``display_kind`` ``async_delegation_complete``) as its wake-up card; any
+    other kind as a ``delivery`` item with a heading, its text and the command it names."""
+    meta = row.display_metadata or {}
+    kind = row.display_kind or ""
+    if kind in _RESULT_KINDS:
+        return {"kind": "wakeup", "id": f"m{row.id}", "card": card_from_metadata(meta).as_dict()}
+    return {
+        "kind": "delivery",
+        "id": f"m{row.id}",
+        "display_kind": kind,
+        "title": DELIVERY_TITLES.get(kind) or kind.replace("_", " ").capitalize(),
+        "text": row.content,
+        "command": _text(meta.get("command")) or None,
+        "status": _text(meta.get("status")) or None,
+        "created_at": row.created_at,
+    }
 
 
 def _retried(failed: MessageRecord, after: Sequence[MessageRecord]) -> bool:

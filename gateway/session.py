@@ -53,6 +53,7 @@ __all__ = [
     "build_session_key",
     "is_valid_session_id",
     "new_session_id",
+    "title_from_text",
 ]
 
 _SESSION_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -211,6 +212,20 @@ def build_session_key(
 # --------------------------------------------------------------------------- ids
 
 MAX_TITLE_CHARS = 200  # a session's title, in characters
+
+_TITLE_FROM_TEXT_CHARS = 60
+
+
+def title_from_text(text: str) -> str | None:
+    """A session's title from its first message: the first line that has words, spaces
+    folded, cut at a word near ``_TITLE_FROM_TEXT_CHARS`` characters; None for blank text."""
+    line = next((" ".join(ln.split()) for ln in text.splitlines() if ln.strip()), "")
+    if len(line) <= _TITLE_FROM_TEXT_CHARS:
+        return line or None
+    cut = line[: _TITLE_FROM_TEXT_CHARS - 1]
+    if " " in cut[_TITLE_FROM_TEXT_CHARS // 2 :]:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip() + "\u2026"
 
 
 def is_valid_session_id(s: object) -> bool:

@@ -67,8 +67,10 @@ from gateway.session import (
     SessionGone,
     SessionSource,
     SessionStore,
+    SessionStoreError,
     SessionTaken,
     build_session_key,
+    title_from_text,
 )
 from gateway.tasks import finish_or_cancel
 from gateway.turn_approvals import Parking, TurnGate, busy_reason
@@ -705,6 +707,19 @@ class TurnService:
         self.turns_stored += 1
         if request.wakeup:
             self.wake_turns += 1
+        elif not begun.history and self._platform is not Platform.WEBUI:
+            # A conversation's first turn names it, as the web UI names its own chats
+            # before they run; a title set meanwhile stays.
+            await self._title(request.session_id, user_text)
+
+    async def _title(self, session_id: str, text: str) -> None:
+        title = title_from_text(text)
+        if title is None:
+            return
+        try:
+            await self.store.aset_title(session_id, title, if_untitled=True)
+        except (SessionStoreError, ValueError) as exc:
+            logger.warning("could not title session %s: %s", session_id, exc)
 
 
 def _taken(session_id: str) -> TurnError:

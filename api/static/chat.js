@@ -1,7 +1,7 @@
 // The transcript of the session in view: messages, tool steps, wake-up cards, approval cards,
 // and the live stream of a running turn. Only the agent's replies go through the markdown
 // sanitizer; everything else is text.
-import { compareIds, el, formatDuration } from "/static/dom.js";
+import { compareIds, el, formatDuration, toDate } from "/static/dom.js";
 import { setMarkdown } from "/static/markdown.js";
 
 const OK = new Set(["done", "completed", "complete", "success", "succeeded", "ok", "finished"]);
@@ -108,6 +108,65 @@ function resultCard(card, testid) {
     preview,
     details,
   );
+}
+
+/** A delivery row that is not a background result (an approval's answer, an expired
+ * approval, a scheduled wake-up, or a kind this page does not know): its heading, the
+ * command it names, and its text. Every field is text. */
+export function deliveryCard(item) {
+  const kind = String(item.display_kind || "");
+  return el(
+    "article",
+    { class: "delivery-card", dataset: { testid: "delivery-card", displayKind: kind, messageId: item.id } },
+    el(
+      "div",
+      { class: "wakeup-head" },
+      el("span", { class: "delivery-icon", "aria-hidden": "true" }),
+      el("span", { class: "wakeup-kind", dataset: { field: "title" }, text: String(item.title || kind || "Delivery") }),
+      item.status ? el("span", { class: `pill ${statusTone(item.status)}`, dataset: { field: "status" }, text: String(item.status) }) : null,
+      stamp(item.created_at),
+    ),
+    item.command
+      ? el("p", { class: "wakeup-command" }, el("code", { dataset: { field: "command" }, text: String(item.command) }))
+      : null,
+    el("div", { class: "delivery-text", dataset: { field: "text" }, text: String(item.text ?? "") }),
+  );
+}
+
+/** A message's time: short on the page, in full as its tooltip. */
+function stamp(value) {
+  const date = toDate(value);
+  if (!date) return null;
+  const sameDay = date.toDateString() === new Date().toDateString();
+  const short = sameDay
+    ? date.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" })
+    : date.toLocaleString(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+  return el("time", {
+    class: "stamp",
+    datetime: date.toISOString(),
+    title: date.toLocaleString(),
+    dataset: { testid: "timestamp" },
+    text: short,
+  });
+}
+
+/** Put `text` on the clipboard (the Clipboard API, or the old copy command where it is missing). */
+export async function copyText(text) {
+  if (navigator.clipboard?.writeText) {
+    try {
+      await navigator.clipboard.writeText(text);
+      return true;
+    } catch {
+      // not allowed here: try the old way
+    }
+  }
+  const area = el("textarea", { class: "sr-only", "aria-hidden": "true" });
+  area.value = text;
+  document.body.append(area);
+  area.select();
+  const ok = document.execCommand("copy");
+  area.remove();
+  return ok;
 }
 
 function toolStep({ name, status, summary }) {
@@ -261,7 +320,13 @@ export class ChatView {
 
   renderItem(item, target = this.root) {
     if (item.kind === "message") {
-      const node = this.message(item.role, item.content, { wakeup: item.wakeup, id: item.id });
+      const node = this.message(item.role, item.content, {
+        wakeup: item.wakeup,
+        id: item.id,
+        createdAt: item.created_at,
+        images: item.images,
+        edited: item.edited,
+      });
       if (item.stopped) {
         node.dataset.status = "stopped";
         node.append(el("p", { class: "message-note", text: "Stopped" }));
@@ -285,25 +350,54 @@ export class ChatView {
       );
     } else if (item.kind === "wakeup" && item.card) {
       this.addCard(item.card, target);
+    } else if (item.kind === "delivery") {
+      target.append(deliveryCard(item));
     } else if (item.kind === "tool") {
       target.append(toolStep(item));
     }
   }
 
-  message(role, content, { wakeup = false, id = null, streaming = false } = {}) {
+  message(role, content, { wakeup = false, id = null, streaming = false, createdAt = null, images = null, edited = null } = {}) {
     const body = el("div", { class: "message-body" });
     const node = el(
       "div",
       {
         class: `message ${role}${wakeup ? " wakeup-reply" : ""}${streaming ? " streaming" : ""}`,
-        dataset: { testid: "message", role, messageId: id, wakeup: wakeup ? "true" : null },
+        dataset: { testid: "message", role, messageId: id, wakeup: wakeup ? "true" : null, edited: edited || null },
       },
       role === "assistant" ? el("span", { class: "avatar", "aria-hidden": "true" }) : null,
       body,
     );
     if (role === "assistant") setMarkdown(body, content || "");
     else body.textContent = String(content ?? "");
+    if (Array.isArray(images) && images.length) node.append(thumbnails(images));
+    node.rawText = String(content ?? "");
+    node.append(this.messageMeta(node, createdAt ?? Date.now() / 1000, edited));
     return node;
+  }
+
+  /** Below a message: when it was written, Copy, and (set by `markLast`) Edit or Regenerate. */
+  messageMeta(node, createdAt, edited) {
+    const copy = el("button", {
+      type: "button",
+      class: "meta-btn",
+      dataset: { testid: "copy-message" },
+      text: "Copy",
+      on: {
+        click: async () => {
+          const ok = await copyText(node.rawText || "");
+          copy.textContent = ok ? "Copied" : "Copy failed";
+          setTimeout(() => (copy.textContent = "Copy"), 1500);
+        },
+      },
+    });
+    return el(
+      "div",
+      { class: "message-meta" },
+      stamp(createdAt),
+      edited ? el("span", { class: "edited-mark", text: edited === "regenerated" ? "regenerated" : "edited" }) : null,
+      copy,
+    );
   }
 
   /** An optimistic user message, shown at once and confirmed by its turn.start. */
@@ -473,6 +567,7 @@ export class ChatView {
     stream.done = true;
     const content = typeof data.content === "string" ? data.content : stream.text;
     stream.text = content;
+    stream.node.rawText = content;
     stream.node.classList.remove("streaming");
     stream.node.removeAttribute("aria-busy");
     stream.node.dataset.status = data.status || "done";
@@ -570,6 +665,20 @@ export class ChatView {
   scrollToEnd(force = false) {
     if (force || this.nearEnd(400)) this.root.scrollTop = this.root.scrollHeight;
   }
+}
+
+/** Image attachments as thumbnails; only data: URLs of images are shown (the page's policy
+ * allows no other source), each opens full size in place. */
+export function thumbnails(images) {
+  const box = el("div", { class: "thumbs", dataset: { testid: "thumbnails" } });
+  for (const image of images) {
+    const url = String(image?.url ?? image ?? "");
+    if (!/^data:image\/(png|jpeg|gif|webp);base64,/i.test(url)) continue;
+    const img = el("img", { class: "thumb", src: url, alt: String(image?.name || "image"), dataset: { testid: "thumbnail" } });
+    img.addEventListener("click", () => img.classList.toggle("large"));
+    box.append(img);
+  }
+  return box;
 }
 
 function typingDots() {
