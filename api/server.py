@@ -31,7 +31,7 @@ from api.auth import COOKIE_MAX_AGE_SECONDS, COOKIE_NAME, Auth
 from api.event_log import EventLog, LoggedEvent
 from api.event_stream import stream_events
 from api.turn_answers import TurnAccepted
-from api.views import session_view, transcript_items
+from api.views import search_view, session_view, transcript_items
 from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
 from delivery.errors import LedgerError
@@ -78,6 +78,7 @@ _JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
 _OPEN_ROUTES = frozenset({"/api/bootstrap", "/api/login"})
 _MAX_QUERY = 200
 _PAGE = 200  # transcript messages a page holds
+_SEARCH_HITS = 50  # messages a search answers with
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -213,6 +214,7 @@ class WebUIServer:
         r.add_post("/api/login", self.login)
         r.add_post("/api/logout", self.logout)
         r.add_get("/api/sessions", self.list_sessions)
+        r.add_get("/api/search", self.search)
         r.add_post("/api/sessions", self.create_session)
         r.add_get("/api/sessions/{id}", self.get_session)
         r.add_patch("/api/sessions/{id}", self.rename_session)
@@ -382,6 +384,22 @@ class WebUIServer:
         if needle:
             views = [v for v in views if needle in f"{v['title']} {v['id']} {v['source']}".lower()]
         return web.json_response({"sessions": views})
+
+    async def search(self, request: web.Request) -> web.Response:
+        """``GET /api/search?q=``: the newest messages holding every word of ``q`` (full-text
+        search of the store), each with its session and a snippet in pieces."""
+        text = request.query.get("q", "")[:_MAX_QUERY]
+
+        def find() -> list[dict[str, Any]]:
+            hits = self.store.search_messages(text, _SEARCH_HITS)
+            records = {sid: self.store.get_session(sid) for sid in {h.session_id for h in hits}}
+            return [
+                search_view(hit, record)
+                for hit in hits
+                if (record := records.get(hit.session_id)) is not None
+            ]
+
+        return web.json_response({"results": await asyncio.to_thread(find)})
 
     async def create_session(self, request: web.Request) -> web.Response:
         body = await self._body(request)

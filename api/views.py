@@ -19,6 +19,7 @@ from typing import Any
 from agent.markers import read_wake_data
 from api.event_log import ToolStep
 from delivery.rows import LedgerRow
+from delivery.session_backend import SNIPPET_END, SNIPPET_START, MessageHit
 from gateway.config import Platform
 from gateway.session import MessageRecord, SessionRecord, title_from_text
 from gateway.wake_text import is_combined_wake, wake_batch_key
@@ -31,6 +32,7 @@ __all__ = [
     "combined_card",
     "delivery_item",
     "delivery_view",
+    "search_view",
     "session_source",
     "session_view",
     "title_from_text",
@@ -155,6 +157,30 @@ def session_view(record: SessionRecord, *, unread: bool, busy: bool) -> dict[str
         "unread": unread,
         "busy": busy,
         "chat": source == Platform.WEBUI.value,
+    }
+
+
+def snippet_parts(snippet: str) -> list[dict[str, Any]]:
+    """A search snippet as pieces of text, ``hit`` for the matched words: the browser shows
+    each as text (the marks never reach it)."""
+    first, *rest = snippet.split(SNIPPET_START)
+    pieces: list[tuple[str, bool]] = [(first, False)]
+    for piece in rest:
+        hit, _, after = piece.partition(SNIPPET_END)
+        pieces += [(hit, True), (after, False)]
+    return [{"text": text.replace(SNIPPET_END, ""), "hit": hit} for text, hit in pieces if text]
+
+
+def search_view(hit: MessageHit, record: SessionRecord) -> dict[str, Any]:
+    """A message a search found, with its session's title and source to show beside it."""
+    return {
+        "session_id": hit.session_id,
+        "session_title": record.title or _DEFAULT_TITLE,
+        "source": session_source(record),
+        "message_id": f"m{hit.message_id}",
+        "role": hit.role,
+        "created_at": hit.created_at,
+        "snippet": snippet_parts(hit.snippet),
     }
 
 

@@ -24,6 +24,7 @@ from delivery.identity import current_identity, holder_is_dead
 from delivery.session_backend import (
     ApprovalRecord,
     Compaction,
+    MessageHit,
     MessageRecord,
     NewMessage,
     NewSession,
@@ -37,6 +38,7 @@ from delivery.session_backend import (
     TurnLease,
     TurnStart,
     encode_json,
+    search_terms,
 )
 from gateway.config import Platform
 
@@ -423,6 +425,15 @@ class SessionStore:
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
         return self._backend.messages(session_id, after_id, limit)
+
+    def search_messages(self, text: str, limit: int = 50) -> list[MessageHit]:
+        """The newest messages (at most ``limit``) of live sessions that hold every word of
+        ``text`` (each as the start of a word), newest first, with a snippet; none for text
+        without words."""
+        terms = search_terms(text)
+        if not terms or limit <= 0:
+            return []
+        return self._backend.search_messages(terms, limit)
 
     def latest_messages(
         self, session_id: str, *, before_id: int | None = None, limit: int = 200

@@ -84,6 +84,7 @@ export const api = {
   login: (password) => request("POST", "/api/login", { password }),
   logout: () => request("POST", "/api/logout", {}),
   sessions: (q) => request("GET", q ? `/api/sessions?q=${enc(q)}` : "/api/sessions"),
+  search: (q) => request("GET", `/api/search?q=${enc(q)}`),
   createSession: (title) => request("POST", "/api/sessions", title ? { title } : {}),
   session: (id) => request("GET", `/api/sessions/${enc(id)}`),
   renameSession: (id, title) => request("PATCH", `/api/sessions/${enc(id)}`, { title }),

@@ -7,6 +7,7 @@ import { streamStateChanged, watchConnection } from "/static/connection.js";
 import { DeliveriesView } from "/static/deliveries.js";
 import { $, sourceLabel } from "/static/dom.js";
 import { connect } from "/static/events.js";
+import { SearchResults } from "/static/search.js";
 import { Sidebar, sessionTitle } from "/static/sidebar.js";
 import { initTheme } from "/static/theme.js";
 import { completionToast, failure, notice } from "/static/toasts.js";
@@ -40,6 +41,9 @@ const chat = new ChatView(transcript, {
   onOlder: (id, before) => api.olderItems(id, before),
 });
 const backgroundStrip = new BackgroundStrip($("#background-strip"));
+const searchResults = new SearchResults($("#search-results"), $("#search-hits"), {
+  onOpen: (id, messageId) => openSession(id, { focus: messageId }),
+});
 const deliveries = new DeliveriesView($("#deliveries"), $("#deliveries-empty"), {
   sessionTitle: (id) => (state.sessions.has(id) ? sessionTitle(state.sessions.get(id)) : String(id)),
   onOpenSession: (id) => openSession(id),
@@ -129,7 +133,18 @@ function timeOf(value) {
 }
 
 function renderSidebar() {
-  sidebar.render(orderedSessions(), state.currentId);
+  sidebar.render(orderedSessions(), state.currentId, state.query ? "No chat titles match." : "No sessions here.");
+}
+
+/** The messages that hold the search's words (full-text search of the store). */
+async function searchMessages() {
+  const query = state.query;
+  if (!query) {
+    searchResults.clear();
+    return;
+  }
+  const { results } = await api.search(query);
+  if (query === state.query) searchResults.show(results || []);
 }
 
 async function refreshSessions() {
@@ -165,7 +180,7 @@ function markRead(id) {
   api.markRead(id).catch(() => {});
 }
 
-async function openSession(id, { push = true, quiet = false } = {}) {
+async function openSession(id, { push = true, quiet = false, focus = null } = {}) {
   if (push) navigate(`/?session=${encodeURIComponent(id)}`);
   state.currentId = id;
   if (state.view !== "chat") showView("chat");
@@ -205,7 +220,8 @@ async function openSession(id, { push = true, quiet = false } = {}) {
   if (detail.session.unread && document.visibilityState === "visible") markRead(id);
   renderSidebar();
   updateComposer();
-  if (window.matchMedia("(min-width: 721px)").matches) composer.focus({ preventScroll: true });
+  if (focus) await chat.focusMessage(focus);
+  else if (window.matchMedia("(min-width: 721px)").matches) composer.focus({ preventScroll: true });
 }
 
 /** "New chat": a draft in the page; nothing is stored until its first message is sent. */
@@ -491,7 +507,7 @@ function wire() {
         for (const s of state.sessions.values()) delete s._match;
       }
       try {
-        await refreshSessions();
+        await Promise.all([refreshSessions(), searchMessages()]);
       } catch (err) {
         failure(err);
       }

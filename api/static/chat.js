@@ -318,6 +318,23 @@ export class ChatView {
     this.fetchingOlder = false;
   }
 
+  /** Show the message `messageId` (fetching earlier pages until it is there), marked. */
+  async focusMessage(messageId) {
+    const sessionId = this.sessionId;
+    const find = () => this.root.querySelector(`[data-message-id="${CSS.escape(messageId)}"]`);
+    for (let page = 0; !find() && this.older && page < 50; page += 1) {
+      await this.loadOlder();
+      if (sessionId !== this.sessionId) return false;
+    }
+    const node = find();
+    if (!node) return false;
+    for (const old of this.root.querySelectorAll(".found")) old.classList.remove("found");
+    node.classList.add("found");
+    node.dataset.found = "true";
+    node.scrollIntoView({ block: "center" });
+    return true;
+  }
+
   renderItem(item, target = this.root) {
     if (item.kind === "message") {
       const node = this.message(item.role, item.content, {

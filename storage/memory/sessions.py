@@ -21,6 +21,7 @@ from delivery.session_backend import (
     ApprovalRecord,
     Compaction,
     IdempotencyRecord,
+    MessageHit,
     MessageRecord,
     NewMessage,
     NewSession,
@@ -34,6 +35,7 @@ from delivery.session_backend import (
     TurnLease,
     TurnStart,
     decode_json,
+    mark_snippet,
 )
 
 T = TypeVar("T")
@@ -311,6 +313,25 @@ class MemorySessions:
         def op() -> list[MessageRecord]:
             rows = [m for m in self._live(session_id).messages if m.id < before_id]
             return [m.record() for m in rows[len(rows) - limit :]] if limit else []
+
+        return self._read(op)
+
+    # -- search
+
+    def search_messages(self, terms: Sequence[str], limit: int) -> list[MessageHit]:
+        def op() -> list[MessageHit]:
+            rows = sorted(
+                ((s.id, m) for s in self._sessions.values() for m in s.messages),
+                key=lambda pair: -pair[1].id,
+            )
+            hits: list[MessageHit] = []
+            for session_id, m in rows:
+                snippet = mark_snippet(m.content, terms)
+                if snippet is not None:
+                    hits.append(MessageHit(session_id, m.id, m.role, m.created_at, snippet))
+                    if len(hits) >= limit:
+                        break
+            return hits
 
         return self._read(op)
 

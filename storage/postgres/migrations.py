@@ -279,6 +279,17 @@ CREATE INDEX IF NOT EXISTS idx_idempotency_done ON idempotency (updated_at) WHER
 CREATE INDEX IF NOT EXISTS idx_tombstones_deleted ON tombstones (deleted_at);
 """,
     ),
+    Migration(
+        9,
+        "search: full-text search over messages (a generated tsvector and its GIN index)",
+        # A stored generated column: the rows already there are indexed by this ALTER (the
+        # backfill), every later insert and edit by PostgreSQL itself, in its own statement.
+        """
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS content_tsv tsvector
+    GENERATED ALWAYS AS (to_tsvector('simple', content)) STORED;
+CREATE INDEX IF NOT EXISTS idx_messages_search ON messages USING GIN (content_tsv);
+""",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -25,6 +25,7 @@ from delivery.session_backend import (
     ApprovalRecord,
     Compaction,
     IdempotencyRecord,
+    MessageHit,
     MessageRecord,
     NewMessage,
     NewSession,
@@ -306,6 +307,13 @@ class PostgresSessions:
             return [_message(r) for r in reversed(rows)]
 
         return self._read(op)
+
+    # -- search
+
+    def search_messages(self, terms: Sequence[str], limit: int) -> list[MessageHit]:
+        params = {"q": q.tsquery(list(terms)), "limit": limit}
+        rows = self._read(lambda c: c.execute(q.SQL_SEARCH, params).fetchall())
+        return [MessageHit(r[0], int(r[1]), r[2], float(r[3]), r[4]) for r in rows]
 
     # -- turns
 

@@ -71,6 +71,26 @@ SQL_TOMBSTONED = "SELECT 1 FROM tombstones WHERE id = %s"
 SQL_INSERT_SESSION = (
     f"INSERT INTO sessions ({_SES}) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING"
 )
+# Full-text search (migration 9): the newest matches first, a snippet of each with the
+# matched words between \x02 and \x03 (``delivery.session_backend.SNIPPET_START``/_END),
+# made only for the rows returned.
+SQL_SEARCH = (
+    "SELECT h.session_id, h.id, h.role, h.created_at,"
+    " ts_headline('simple', h.content, to_tsquery('simple', %(q)s),"
+    " 'StartSel=' || chr(2) || ', StopSel=' || chr(3) || ', MaxWords=18, MinWords=6,"
+    " MaxFragments=1, FragmentDelimiter=…')"
+    " FROM (SELECT session_id, id, role, created_at, content FROM messages"
+    " WHERE content_tsv @@ to_tsquery('simple', %(q)s) ORDER BY id DESC LIMIT %(limit)s) h"
+    " ORDER BY h.id DESC"
+)
+
+
+def tsquery(terms: tuple[str, ...] | list[str]) -> str:
+    """A ``to_tsquery`` text in which every term must start a word (terms are letters and
+    digits only, ``search_terms``: none is an operator)."""
+    return " & ".join(f"{term}:*" for term in terms)
+
+
 SQL_LIST_SESSIONS = (
     f"SELECT {_SES} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT %s OFFSET %s"
 )

@@ -148,3 +148,57 @@ def test_api_session_title_badge_timestamps_and_copy(start_server, new_tab, shot
     assert copied == "Plan the <b>release</b>\nsecond line"
     shots(page, "api-title-and-meta")
     assert not tab.errors, tab.errors
+
+
+def test_search_over_messages_opens_the_chat_at_the_message(
+    tmp_path: Path, start_server, new_tab, shots
+) -> None:
+    home = tmp_path / "home"
+    with session_file_store(home / "sessions.db") as store:
+        for sid, title in (("long-chat", "Long <i>chat</i>"), ("other-chat", "Other")):
+            store.create_session(
+                sid, source=SessionSource(platform=Platform.WEBUI, chat_id=sid), title=title
+            )
+        store.append_turn(
+            "long-chat",
+            [
+                {"role": "user", "content": f"where is the zebracorn {HOSTILE} hiding?"},
+                {"role": "assistant", "content": "No idea."},
+            ],
+        )
+        for n in range(260):  # more than a page: the hit is on an earlier one
+            store.append_turn(
+                "long-chat",
+                [
+                    {"role": "user", "content": f"filler question {n}"},
+                    {"role": "assistant", "content": f"filler answer {n}"},
+                ],
+            )
+        store.append_message("other-chat", "user", "A Zebracorns parade")
+    server = start_server(home=home, demo_delay=0.0)
+    tab = new_tab(server.url)
+    page = tab.open("/")
+
+    page.get_by_test_id("search").fill("zebraCORN")
+    hits = page.get_by_test_id("search-hit")
+    expect(hits).to_have_count(2)
+    expect(hits.first).to_have_attribute("data-session-id", "other-chat")
+    expect(hits.first.locator("mark")).to_have_text("Zebracorns")
+    old = page.locator("[data-testid=search-hit][data-session-id=long-chat]")
+    expect(old).to_contain_text("Long <i>chat</i>")
+    expect(old).to_contain_text(HOSTILE.split(" ")[0])
+    shots(page, "search-hits")
+
+    old.click()
+    found = page.locator("[data-testid=message][data-found=true]")
+    expect(found).to_have_count(1)
+    expect(found).to_contain_text("zebracorn")
+    expect(found).to_be_in_viewport()
+    assert page.evaluate("window.__pwned === undefined")
+    shots(page, "search-opened-at-message")
+
+    page.get_by_test_id("search").fill("nothing-like-it")
+    expect(page.get_by_test_id("search-results")).to_contain_text("No messages match.")
+    page.get_by_test_id("search").fill("")
+    expect(page.get_by_test_id("search-results")).to_be_hidden()
+    assert not tab.errors, tab.errors

@@ -1,0 +1,85 @@
+"""Full-text search over messages, on every backend: every word must start a word of the
+message, newest first, a snippet with the matched words marked; deleted sessions and
+pruned rows are gone from it; text without words finds nothing; query syntax is text."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from delivery.session_backend import SNIPPET_END, SNIPPET_START, search_terms
+from gateway.session import SessionStore
+from tests.stores import session_file_store
+
+
+def _marked(snippet: str) -> list[str]:
+    return [part.split(SNIPPET_END)[0] for part in snippet.split(SNIPPET_START)[1:]]
+
+
+def test_search_finds_every_word_newest_first(store: SessionStore) -> None:
+    store.create_session("s1", title="one")
+    store.create_session("s2", title="two")
+    store.append_turn(
+        "s1",
+        [
+            {"role": "user", "content": "Deploy the staging cluster tonight"},
+            {"role": "assistant", "content": "The staging cluster is deployed."},
+        ],
+    )
+    store.append_message("s2", "user", "Production cluster: deploying later")
+    hits = store.search_messages("deploy cluster")
+    assert [(h.session_id, h.role) for h in hits] == [
+        ("s2", "user"),
+        ("s1", "assistant"),
+        ("s1", "user"),
+    ]
+    assert hits[0].message_id > hits[1].message_id > hits[2].message_id
+    assert {w.lower() for w in _marked(hits[2].snippet)} >= {"deploy", "cluster"}
+    assert [h.session_id for h in store.search_messages("STAGING")] == ["s1", "s1"]
+    assert store.search_messages("staging production") == []
+    assert store.search_messages("taging") == []  # a term starts a word
+    assert len(store.search_messages("cluster", limit=1)) == 1
+
+
+def test_search_text_is_never_query_syntax(store: SessionStore) -> None:
+    store.create_session("s", title="t")
+    store.append_message("s", "user", 'he said "quote" AND NOT (this) OR * near:me')
+    for text in ['"quote', "NOT", "(this)", "near:me", "AND OR", "*", "' OR 1=1 --", "\\"]:
+        found = store.search_messages(text)
+        assert len(found) == (0 if text in ("*", "\\", "' OR 1=1 --") else 1), text
+    assert store.search_messages("   ") == []
+    assert search_terms("a_b-c  A") == ("a", "b", "c")
+
+
+def test_deleted_sessions_are_not_found(store: SessionStore) -> None:
+    store.create_session("gone", title="t")
+    store.append_message("gone", "user", "secret plans")
+    store.create_session("kept", title="t")
+    store.append_message("kept", "user", "public plans")
+    assert len(store.search_messages("plans")) == 2
+    store.delete_session("gone")
+    assert [h.session_id for h in store.search_messages("plans")] == ["kept"]
+
+
+def test_existing_rows_are_indexed_when_an_older_file_is_opened(tmp_path: Path) -> None:
+    """A v5 file (no search index) gains one holding the messages it already has."""
+    path = tmp_path / "sessions.db"
+    with session_file_store(path) as store:
+        store.create_session("old", title="t")
+        store.append_message("old", "user", "written before search existed")
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "DROP TRIGGER messages_fts_insert; DROP TRIGGER messages_fts_delete;"
+        " DROP TRIGGER messages_fts_update; DROP TABLE messages_fts; PRAGMA user_version = 5;"
+    )
+    conn.execute(
+        "INSERT INTO messages (session_id, role, content, created_at)"
+        " VALUES ('old', 'user', 'also unindexed', 1.0)"
+    )
+    conn.commit()
+    conn.close()
+    with session_file_store(path) as store:
+        assert [h.role for h in store.search_messages("before search")] == ["user"]
+        assert len(store.search_messages("unindexed")) == 1
+        store.append_message("old", "assistant", "after the upgrade")
+        assert len(store.search_messages("upgrade")) == 1
