@@ -30,6 +30,7 @@ from api.approvals import AlreadyDecided, Approvals
 from api.auth import COOKIE_MAX_AGE_SECONDS, COOKIE_NAME, Auth
 from api.event_log import EventLog, LoggedEvent
 from api.event_stream import stream_events
+from api.export import FORMATS, export_filename, export_json, export_markdown
 from api.turn_answers import TurnAccepted
 from api.views import search_view, session_view, transcript_items
 from api.wakeups import WebUIDeliveryTarget
@@ -46,8 +47,11 @@ from gateway.platforms.http_middleware import (
 )
 from gateway.platforms.request_body import read_json_body
 from gateway.session import (
+    MAX_SYSTEM_PROMPT_CHARS,
     MAX_TITLE_CHARS,
+    MessageRecord,
     SessionGone,
+    SessionRecord,
     SessionSource,
     SessionStore,
     SessionStoreError,
@@ -220,6 +224,7 @@ class WebUIServer:
         r.add_patch("/api/sessions/{id}", self.rename_session)
         r.add_delete("/api/sessions/{id}", self.delete_session)
         r.add_get("/api/sessions/{id}/items", self.older_items)
+        r.add_get("/api/sessions/{id}/export", self.export_session)
         r.add_get("/api/sessions/{id}/background", self.session_background)
         r.add_post("/api/sessions/{id}/read", self.mark_read)
         r.add_post("/api/sessions/{id}/messages", self.post_message)
@@ -428,13 +433,28 @@ class WebUIServer:
         return session_id
 
     async def rename_session(self, request: web.Request) -> web.Response:
-        """``PATCH /api/sessions/{id} {"title"}``: rename a web UI session."""
+        """``PATCH /api/sessions/{id} {"title", "system_prompt"}``: rename a web UI session
+        and/or set its own system prompt ("" clears it); either may be left out."""
         session_id = await self._webui_session(request)
-        title = (await self._body(request)).get("title")
-        if not isinstance(title, str) or not title.strip() or len(title) > MAX_TITLE_CHARS:
+        body = await self._body(request)
+        title, prompt = body.get("title"), body.get("system_prompt")
+        renaming = "title" in body or "system_prompt" not in body
+        if renaming and (
+            not isinstance(title, str) or not title.strip() or len(title) > MAX_TITLE_CHARS
+        ):
             message = f"title must be text of 1 to {MAX_TITLE_CHARS} characters"
             raise ApiError(400, message, code="invalid_title")
-        if not await self.store.aset_title(session_id, " ".join(title.split())):
+        if prompt is not None and (
+            not isinstance(prompt, str) or len(prompt) > MAX_SYSTEM_PROMPT_CHARS
+        ):
+            message = f"system_prompt must be text of at most {MAX_SYSTEM_PROMPT_CHARS} characters"
+            raise ApiError(400, message, code="invalid_system_prompt")
+        found = True
+        if isinstance(title, str) and renaming:
+            found = await self.store.aset_title(session_id, " ".join(title.split()))
+        if found and "system_prompt" in body:
+            found = await self.store.aset_system_prompt(session_id, prompt)
+        if not found:
             raise ApiError(404, "Session not found", code="session_not_found")
         view = await self.turns.session_dict(session_id)
         if view is None:
@@ -485,6 +505,34 @@ class WebUIServer:
             raise ApiError(400, "before must be a message cursor", code="invalid_cursor")
         items, older = await self._transcript_page(session_id, int(before))
         return web.json_response({"items": items, "older": older})
+
+    async def export_session(self, request: web.Request) -> web.Response:
+        """``GET /api/sessions/{id}/export?format=md|json``: the whole conversation as a
+        file to download (any session, read-only ones too)."""
+        session_id = self._session_id(request)
+        fmt = request.query.get("format", "md")
+        if fmt not in FORMATS:
+            raise ApiError(400, "format must be md or json", code="invalid_format")
+
+        def read() -> tuple[SessionRecord | None, list[MessageRecord]]:
+            record = self.store.get_session(session_id)
+            return record, (self.store.messages(session_id) if record is not None else [])
+
+        try:
+            record, messages = await asyncio.to_thread(read)
+        except SessionGone:
+            record = None
+        if record is None:
+            raise ApiError(404, "Session not found", code="session_not_found")
+        render = export_markdown if fmt == "md" else export_json
+        body = await asyncio.to_thread(render, record, messages)
+        name = export_filename(record, fmt)
+        return web.Response(
+            text=body,
+            content_type=FORMATS[fmt],
+            charset="utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
 
     async def _transcript_page(
         self, session_id: str, before: int | None

@@ -157,6 +157,7 @@ def session_view(record: SessionRecord, *, unread: bool, busy: bool) -> dict[str
         "unread": unread,
         "busy": busy,
         "chat": source == Platform.WEBUI.value,
+        "system_prompt": record.system_prompt or "",
     }
 
 

@@ -278,7 +278,15 @@ class WebTurns:
             answer = await self.service.start(
                 TurnRequest(
                     session_id=session_id,
-                    messages=[{"role": "user", "content": text}],
+                    # The chat's own system prompt, stored with it, leads every turn of it.
+                    messages=[
+                        *(
+                            [{"role": "system", "content": record.system_prompt}]
+                            if record.system_prompt
+                            else []
+                        ),
+                        {"role": "user", "content": text},
+                    ],
                     stream=True,
                     idempotency_key=(
                         f"webui-wake:{card.delivery_id}" if card and card.delivery_id else None

@@ -157,6 +157,8 @@ class SessionRecord:
     title: str | None
     created_at: float
     updated_at: float
+    system_prompt: str | None = None
+    """The chat's own system prompt (set in the web UI), given to the model on its turns."""
 
     def as_dict(self) -> dict[str, Any]:
         """The shape ``SessionStore`` has always returned."""
@@ -167,6 +169,7 @@ class SessionRecord:
             "title": self.title,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
+            "system_prompt": self.system_prompt,
         }
 
 
@@ -403,6 +406,9 @@ class SessionBackend(Protocol):
     async def aset_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
         """Give a live session its title (only when it has none, with ``if_untitled``);
         True when the title was set."""
+
+    async def aset_system_prompt(self, session_id: str, prompt: str | None) -> bool:
+        """Set (None: clear) a live session's system prompt; True when it is live."""
 
     def delete_session(self, session_id: str) -> bool:
         """Delete the session and its transcript and tombstone the id (even when it was not

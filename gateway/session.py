@@ -214,6 +214,7 @@ def build_session_key(
 # --------------------------------------------------------------------------- ids
 
 MAX_TITLE_CHARS = 200  # a session's title, in characters
+MAX_SYSTEM_PROMPT_CHARS = 20_000  # a chat's own system prompt, in characters
 
 _TITLE_FROM_TEXT_CHARS = 60
 
@@ -376,6 +377,18 @@ class SessionStore:
         if not isinstance(title, str) or not title.strip() or len(title) > MAX_TITLE_CHARS:
             raise ValueError(f"a title is text of 1 to {MAX_TITLE_CHARS} characters")
         return await self._backend.aset_title(session_id, title, if_untitled=if_untitled)
+
+    async def aset_system_prompt(self, session_id: str, prompt: str | None) -> bool:
+        """Give a live session its own system prompt (None or blank text clears it); False
+        when it is not live. At most ``MAX_SYSTEM_PROMPT_CHARS`` characters."""
+        _check_id(session_id)
+        if prompt is not None and not isinstance(prompt, str):
+            raise ValueError("a system prompt is text")
+        if prompt is not None and len(prompt) > MAX_SYSTEM_PROMPT_CHARS:
+            raise ValueError(f"a system prompt is at most {MAX_SYSTEM_PROMPT_CHARS} characters")
+        return await self._backend.aset_system_prompt(
+            session_id, prompt if prompt and prompt.strip() else None
+        )
 
     def delete_session(self, session_id: str) -> bool:
         """Delete a session and its transcript and leave a tombstone. False when it did not

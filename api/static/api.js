@@ -88,6 +88,8 @@ export const api = {
   createSession: (title) => request("POST", "/api/sessions", title ? { title } : {}),
   session: (id) => request("GET", `/api/sessions/${enc(id)}`),
   renameSession: (id, title) => request("PATCH", `/api/sessions/${enc(id)}`, { title }),
+  setSystemPrompt: (id, prompt) =>
+    request("PATCH", `/api/sessions/${enc(id)}`, { system_prompt: prompt }),
   deleteSession: (id) => request("DELETE", `/api/sessions/${enc(id)}`),
   olderItems: (id, before) =>
     request("GET", `/api/sessions/${enc(id)}/items?before=${enc(before)}`),

@@ -7,6 +7,7 @@ import { streamStateChanged, watchConnection } from "/static/connection.js";
 import { DeliveriesView } from "/static/deliveries.js";
 import { $, sourceLabel } from "/static/dom.js";
 import { connect } from "/static/events.js";
+import { Notifier } from "/static/notify.js";
 import { SearchResults } from "/static/search.js";
 import { Sidebar, sessionTitle } from "/static/sidebar.js";
 import { initTheme } from "/static/theme.js";
@@ -40,6 +41,7 @@ const chat = new ChatView(transcript, {
   onRetry: (text, node) => sendText(text, { retrying: node }),
   onOlder: (id, before) => api.olderItems(id, before),
 });
+const notifier = new Notifier($("#notify-toggle"), { onOpen: (id) => openSession(id) });
 const backgroundStrip = new BackgroundStrip($("#background-strip"));
 const searchResults = new SearchResults($("#search-results"), $("#search-hits"), {
   onOpen: (id, messageId) => openSession(id, { focus: messageId }),
@@ -67,7 +69,23 @@ function setTitle(title, badge) {
   const node = $("#view-badge");
   node.hidden = !badge;
   node.textContent = badge || "";
-  document.title = title === "Reveille" ? "Reveille" : `${title} · Reveille`;
+  notifier.setTitle(title === "Reveille" ? "Reveille" : `${title} · Reveille`);
+  updateChatTools();
+}
+
+/** Export and the system prompt, for the chat in view. */
+function updateChatTools() {
+  const session = state.view === "chat" ? currentSession() : null;
+  $("#chat-tools").hidden = !session;
+  if (!session) {
+    closePromptPanel();
+    return;
+  }
+  const base = `/api/sessions/${encodeURIComponent(session.id)}/export?format=`;
+  $("#export-md").href = `${base}md`;
+  $("#export-json").href = `${base}json`;
+  $("#prompt-btn").hidden = !session.chat;
+  $("#prompt-btn").classList.toggle("active", Boolean(session.system_prompt));
 }
 
 function sessionFromUrl() {
@@ -133,6 +151,7 @@ function timeOf(value) {
 }
 
 function renderSidebar() {
+  notifier.setUnread([...state.sessions.values()].filter((s) => s.unread).length);
   sidebar.render(orderedSessions(), state.currentId, state.query ? "No chat titles match." : "No sessions here.");
 }
 
@@ -181,6 +200,7 @@ function markRead(id) {
 }
 
 async function openSession(id, { push = true, quiet = false, focus = null } = {}) {
+  if (id !== state.currentId) closePromptPanel();
   if (push) navigate(`/?session=${encodeURIComponent(id)}`);
   state.currentId = id;
   if (state.view !== "chat") showView("chat");
@@ -270,6 +290,39 @@ function sessionDeleted(id) {
   state.sessions.delete(id);
   if (state.currentId === id && state.view === "chat") newSession();
   else renderSidebar();
+}
+
+// ---------------------------------------------------------------- the chat's system prompt
+
+function openPromptPanel() {
+  const session = currentSession();
+  if (!session?.chat) return;
+  $("#prompt-text").value = session.system_prompt || "";
+  $("#prompt-panel").hidden = false;
+  $("#prompt-btn").setAttribute("aria-expanded", "true");
+  $("#prompt-text").focus();
+}
+
+function closePromptPanel() {
+  $("#prompt-panel").hidden = true;
+  $("#prompt-btn").setAttribute("aria-expanded", "false");
+}
+
+async function savePrompt(event) {
+  event.preventDefault();
+  const id = state.currentId;
+  if (!id) return;
+  const save = $("[data-testid=save-system-prompt]");
+  save.disabled = true;
+  try {
+    upsertSession((await api.setSystemPrompt(id, $("#prompt-text").value)).session);
+    closePromptPanel();
+    notice("System prompt saved.", "info");
+  } catch (err) {
+    failure(err, "Could not save the system prompt");
+  } finally {
+    save.disabled = false;
+  }
 }
 
 // ---------------------------------------------------------------- composer
@@ -381,6 +434,12 @@ function onEvent(type, data, id) {
       if (data.session) upsertSession(data.session);
       return;
     case "toast":
+      notifier.show({
+        sessionId: data.session_id,
+        title: "Background work finished",
+        body: `${data.title || sessionTitle(state.sessions.get(data.session_id))}: ${data.goal || ""}`,
+        looking: inView(data.session_id) && document.hasFocus(),
+      });
       if (!inView(data.session_id)) {
         completionToast(
           {
@@ -408,6 +467,14 @@ function onEvent(type, data, id) {
     // A turn may have started background work; a wake-up means some of it came home.
     if (type === "turn.end" || type === "wakeup") refreshBackground(data.session_id);
     if (type === "approval") backgroundStrip.setApproval(data.approval);
+  }
+  if (type === "turn.end" && data.status === "done") {
+    notifier.show({
+      sessionId: data.session_id,
+      title: `Reply in “${sessionTitle(state.sessions.get(data.session_id))}”`,
+      body: String(data.content || "").slice(0, 200),
+      looking: inView(data.session_id) && document.hasFocus(),
+    });
   }
   if (type === "turn.start" || type === "turn.end") {
     const session = state.sessions.get(data.session_id);
@@ -558,6 +625,12 @@ function wire() {
     if (session?.unread && inView(session.id)) markRead(session.id);
   });
   $("#login-form").addEventListener("submit", login);
+  $("#prompt-btn").addEventListener("click", () => ($("#prompt-panel").hidden ? openPromptPanel() : closePromptPanel()));
+  $("#prompt-cancel").addEventListener("click", closePromptPanel);
+  $("#prompt-panel").addEventListener("submit", savePrompt);
+  for (const link of [$("#export-md"), $("#export-json")]) {
+    link.addEventListener("click", () => ($("#export-menu").open = false));
+  }
   onLoginRequired(() => showLogin());
 }
 

@@ -141,12 +141,24 @@ function stamp(value) {
   const short = sameDay
     ? date.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" })
     : date.toLocaleString(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+  // Drawn from data-label (CSS), not text: a message's text stays exactly what was written.
   return el("time", {
     class: "stamp",
     datetime: date.toISOString(),
     title: date.toLocaleString(),
-    dataset: { testid: "timestamp" },
-    text: short,
+    dataset: { testid: "timestamp", label: short },
+  });
+}
+
+/** A small action under a message; its label is drawn from data-label (see `stamp`). */
+export function metaButton(label, testid, ariaLabel, onClick) {
+  return el("button", {
+    type: "button",
+    class: "meta-btn",
+    "aria-label": ariaLabel,
+    title: ariaLabel,
+    dataset: { testid, label },
+    on: { click: onClick },
   });
 }
 
@@ -395,24 +407,16 @@ export class ChatView {
 
   /** Below a message: when it was written, Copy, and (set by `markLast`) Edit or Regenerate. */
   messageMeta(node, createdAt, edited) {
-    const copy = el("button", {
-      type: "button",
-      class: "meta-btn",
-      dataset: { testid: "copy-message" },
-      text: "Copy",
-      on: {
-        click: async () => {
-          const ok = await copyText(node.rawText || "");
-          copy.textContent = ok ? "Copied" : "Copy failed";
-          setTimeout(() => (copy.textContent = "Copy"), 1500);
-        },
-      },
+    const copy = metaButton("Copy", "copy-message", "Copy this message", async () => {
+      const ok = await copyText(node.rawText || "");
+      copy.dataset.label = ok ? "Copied" : "Copy failed";
+      setTimeout(() => (copy.dataset.label = "Copy"), 1500);
     });
     return el(
       "div",
       { class: "message-meta" },
       stamp(createdAt),
-      edited ? el("span", { class: "edited-mark", text: edited === "regenerated" ? "regenerated" : "edited" }) : null,
+      edited ? el("span", { class: "edited-mark", dataset: { label: edited === "regenerated" ? "regenerated" : "edited" } }) : null,
       copy,
     );
   }

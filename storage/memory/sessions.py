@@ -81,6 +81,7 @@ class _Session:
     created_at: float
     updated_at: float
     messages: list[_Message] = field(default_factory=list)
+    system_prompt: str | None = None
     by_dedupe: dict[str, _Message] = field(default_factory=dict)
 
     def record(self) -> SessionRecord:
@@ -91,6 +92,7 @@ class _Session:
             title=self.title,
             created_at=self.created_at,
             updated_at=self.updated_at,
+            system_prompt=self.system_prompt,
         )
 
 
@@ -276,6 +278,16 @@ class MemorySessions:
             if s is None or (if_untitled and s.title is not None):
                 return False
             s.title = title
+            return True
+
+        return self._write(op)
+
+    async def aset_system_prompt(self, session_id: str, prompt: str | None) -> bool:
+        def op() -> bool:
+            s = self._sessions.get(session_id)
+            if s is None:
+                return False
+            s.system_prompt = prompt
             return True
 
         return self._write(op)

@@ -56,8 +56,8 @@ class PostgresSessionsUnavailable(SessionStoreError):
 
 
 def _session(row: tuple[Any, ...]) -> SessionRecord:
-    sid, source, key, title, created, updated = row
-    return SessionRecord(sid, decode_json(source), key, title, created, updated)
+    sid, source, key, title, created, updated, prompt = row
+    return SessionRecord(sid, decode_json(source), key, title, created, updated, prompt)
 
 
 def _message(row: tuple[Any, ...]) -> MessageRecord:
@@ -265,6 +265,12 @@ class PostgresSessions:
 
         def op(conn: Conn) -> bool:
             return conn.execute(sql, (title, session_id)).rowcount > 0
+
+        return await asyncio.to_thread(self._write, session_id, op)
+
+    async def aset_system_prompt(self, session_id: str, prompt: str | None) -> bool:
+        def op(conn: Conn) -> bool:
+            return bool(conn.execute(q.SQL_SET_SYSTEM_PROMPT, (prompt, session_id)).rowcount > 0)
 
         return await asyncio.to_thread(self._write, session_id, op)
 

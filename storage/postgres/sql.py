@@ -59,13 +59,14 @@ _MSG = (
     " seen_at, archived_at, summary_id"
 )
 _SES = "id, source, session_key, title, created_at, updated_at"
+_SES_READ = _SES + ", system_prompt"  # migration 9
 _IDEM = "key, state, owner, session_id, response, created_at, updated_at"
 _MSG_VALUES = "(%s, %s, %s, %s, %s, %s, %s)"
 
 # Every write of one session (or one idempotency key) first takes this transaction lock, so
 # a delete, a creation and a fold of the same id never interleave, across processes too.
 SQL_LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtext(%s))"
-SQL_SESSION = f"SELECT {_SES} FROM sessions WHERE id = %s"
+SQL_SESSION = f"SELECT {_SES_READ} FROM sessions WHERE id = %s"
 SQL_SESSION_EXISTS = "SELECT 1 FROM sessions WHERE id = %s"
 SQL_TOMBSTONED = "SELECT 1 FROM tombstones WHERE id = %s"
 SQL_INSERT_SESSION = (
@@ -92,10 +93,11 @@ def tsquery(terms: tuple[str, ...] | list[str]) -> str:
 
 
 SQL_LIST_SESSIONS = (
-    f"SELECT {_SES} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT %s OFFSET %s"
+    f"SELECT {_SES_READ} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT %s OFFSET %s"
 )
+_NEWEST_FIRST = "ORDER BY updated_at DESC, id ASC"
 SQL_SESSION_BY_KEY = (
-    f"SELECT {_SES} FROM sessions WHERE session_key = %s ORDER BY updated_at DESC, id ASC LIMIT 1"
+    f"SELECT {_SES_READ} FROM sessions WHERE session_key = %s {_NEWEST_FIRST} LIMIT 1"
 )
 SQL_SESSIONS_BY_PREFIX = (
     "SELECT id FROM sessions WHERE id = %s OR (id > %s AND id < %s)"
@@ -105,6 +107,7 @@ SQL_TOUCH_SESSION = "UPDATE sessions SET updated_at = %s WHERE id = %s"
 SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = %s"
 SQL_SET_TITLE = "UPDATE sessions SET title = %s WHERE id = %s"
 SQL_SET_TITLE_IF_UNTITLED = "UPDATE sessions SET title = %s WHERE id = %s AND title IS NULL"
+SQL_SET_SYSTEM_PROMPT = "UPDATE sessions SET system_prompt = %s WHERE id = %s"
 SQL_TOMBSTONE = (
     "INSERT INTO tombstones (id, deleted_at) VALUES (%s, %s)"
     " ON CONFLICT (id) DO UPDATE SET deleted_at = excluded.deleted_at"

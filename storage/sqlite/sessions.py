@@ -71,6 +71,7 @@ from storage.sqlite.sessions_sql import (
     SQL_SESSION_BY_KEY,
     SQL_SESSION_EXISTS,
     SQL_SESSIONS_BY_PREFIX,
+    SQL_SET_SYSTEM_PROMPT,
     SQL_SET_TITLE,
     SQL_SET_TITLE_IF_UNTITLED,
     SQL_TOMBSTONE,
@@ -99,6 +100,7 @@ def _session(row: sqlite3.Row) -> SessionRecord:
         title=row["title"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        system_prompt=row["system_prompt"],
     )
 
 
@@ -434,6 +436,12 @@ class SqliteSessions:
 
         def op(conn: sqlite3.Connection) -> bool:
             return bool(conn.execute(sql, (title, session_id)).rowcount > 0)
+
+        return await self._awrite(op)
+
+    async def aset_system_prompt(self, session_id: str, prompt: str | None) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            return bool(conn.execute(SQL_SET_SYSTEM_PROMPT, (prompt, session_id)).rowcount > 0)
 
         return await self._awrite(op)
 

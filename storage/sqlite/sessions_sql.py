@@ -11,9 +11,9 @@ import functools
 
 # v2 added the tombstones table, v3 running_turns and approvals, v4 compaction's columns of
 # messages (seen_at, archived_at, summary_id), v5 RETENTION_DDL (the indexes retention reads
-# by age), v6 SEARCH_DDL (full-text search over messages). A file written by a newer build
-# is refused rather than silently misread; an older file gains the tables (and
-# ``UPGRADE_COLUMNS``) on open.
+# by age), v6 SEARCH_DDL (full-text search over messages) and sessions.system_prompt. A file
+# written by a newer build is refused rather than silently misread; an older file gains the
+# tables (and ``UPGRADE_COLUMNS``) on open.
 SCHEMA_VERSION = 6
 
 # Columns added to existing tables since v1, in order: (table, column, type). Added on open
@@ -22,6 +22,7 @@ UPGRADE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("messages", "seen_at", "REAL"),
     ("messages", "archived_at", "REAL"),
     ("messages", "summary_id", "INTEGER"),
+    ("sessions", "system_prompt", "TEXT"),  # v6: a chat's own system prompt
 )
 
 DDL = """
@@ -31,7 +32,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     session_key TEXT,
     title       TEXT,
     created_at  REAL NOT NULL,
-    updated_at  REAL NOT NULL
+    updated_at  REAL NOT NULL,
+    system_prompt TEXT
 );
 -- AUTOINCREMENT so ids are never reused after deletes: clients page transcripts with
 -- after_id and a reused id could hide a new message behind an old cursor.
@@ -169,19 +171,23 @@ _MSG = (
     " seen_at, archived_at, summary_id"
 )
 _SES = "id, source, session_key, title, created_at, updated_at"
+_SES_READ = _SES + ", system_prompt"
 _IDEM = "key, state, owner, session_id, response, created_at, updated_at"
 _MSG_VALUES = "(?, ?, ?, ?, ?, ?, ?)"
 
 # -- named queries
-SQL_SESSION = f"SELECT {_SES} FROM sessions WHERE id = ?"
+SQL_SESSION = f"SELECT {_SES_READ} FROM sessions WHERE id = ?"
 SQL_SESSION_EXISTS = "SELECT 1 FROM sessions WHERE id = ?"
 SQL_TOMBSTONED = "SELECT 1 FROM tombstones WHERE id = ?"
 SQL_INSERT_SESSION = (
     f"INSERT INTO sessions ({_SES}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
 )
-SQL_LIST_SESSIONS = f"SELECT {_SES} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT ? OFFSET ?"
+SQL_LIST_SESSIONS = (
+    f"SELECT {_SES_READ} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT ? OFFSET ?"
+)
+_NEWEST_FIRST = "ORDER BY updated_at DESC, id ASC"
 SQL_SESSION_BY_KEY = (
-    f"SELECT {_SES} FROM sessions WHERE session_key = ? ORDER BY updated_at DESC, id ASC LIMIT 1"
+    f"SELECT {_SES_READ} FROM sessions WHERE session_key = ? {_NEWEST_FIRST} LIMIT 1"
 )
 # A range on the primary key: ids equal to the prefix or starting with prefix + "_"
 # ("_" < "`", so [prefix, prefix + "`") holds exactly those and the prefix itself).
@@ -192,6 +198,7 @@ SQL_TOUCH_SESSION = "UPDATE sessions SET updated_at = ? WHERE id = ?"
 SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = ?"
 SQL_SET_TITLE = "UPDATE sessions SET title = ? WHERE id = ?"
 SQL_SET_TITLE_IF_UNTITLED = "UPDATE sessions SET title = ? WHERE id = ? AND title IS NULL"
+SQL_SET_SYSTEM_PROMPT = "UPDATE sessions SET system_prompt = ? WHERE id = ?"
 SQL_TOMBSTONE = (
     "INSERT INTO tombstones (id, deleted_at) VALUES (?, ?)"
     " ON CONFLICT (id) DO UPDATE SET deleted_at = excluded.deleted_at"

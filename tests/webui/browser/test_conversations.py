@@ -143,7 +143,8 @@ def test_api_session_title_badge_timestamps_and_copy(start_server, new_tab, shot
     assert user.get_by_test_id("timestamp").get_attribute("datetime")
     user.hover()
     user.get_by_test_id("copy-message").click()
-    expect(user.get_by_test_id("copy-message")).to_have_text("Copied")
+    expect(user.get_by_test_id("copy-message")).to_have_attribute("data-label", "Copied")
+    expect(user).to_have_text("Plan the <b>release</b>\nsecond line")  # the text alone
     copied = page.evaluate("navigator.clipboard.readText()")
     assert copied == "Plan the <b>release</b>\nsecond line"
     shots(page, "api-title-and-meta")
