@@ -27,6 +27,7 @@ from aiohttp import web
 
 from api import deliveries, routes
 from api.approvals import AlreadyDecided, Approvals
+from api.attachments import AttachmentError, max_image_bytes, read_images
 from api.auth import COOKIE_MAX_AGE_SECONDS, COOKIE_NAME, Auth
 from api.event_log import EventLog, LoggedEvent
 from api.event_stream import stream_events
@@ -323,6 +324,7 @@ class WebUIServer:
                 "model": self.model_name,
                 "shell_enabled": self.shell_enabled,
                 "version": self.version,
+                "max_image_bytes": max_image_bytes(self.max_body_bytes),
             }
         )
         if renewed is not None:
@@ -587,7 +589,11 @@ class WebUIServer:
         text = body.get("text")
         if not isinstance(text, str) or len(text) > self.max_body_bytes:
             text = ""
-        answer = await self.turns.astart(session_id, text, "webui")
+        try:
+            images = read_images(body.get("images"), max_image_bytes(self.max_body_bytes))
+        except AttachmentError as exc:
+            raise ApiError(400, exc.message, code=exc.code) from None
+        answer = await self.turns.astart(session_id, text, "webui", images=images)
         if isinstance(answer, TurnAccepted):
             return web.json_response(answer.as_dict(), status=202)
         extra: dict[str, Any] = {}

@@ -12,6 +12,7 @@ Every string is passed as data; the browser shows it as text.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 _DEFAULT_TITLE = "New chat"
+_IMAGE_URL = re.compile(r"data:image/(png|jpeg|gif|webp);base64,")
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,8 @@ def transcript_items(
         }
         if isinstance(meta, Mapping) and meta.get("stopped"):
             item["stopped"] = True
+        if images := _images(meta):
+            item["images"] = images
         if row.archived:
             item["archived"] = True  # summarised for the model; kept and shown
         if failed:
@@ -297,6 +301,19 @@ def delivery_item(row: MessageRecord) -> dict[str, Any]:
         "status": _text(meta.get("status")) or None,
         "created_at": row.created_at,
     }
+
+
+def _images(meta: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A user's message's image attachments as stored (``api.attachments``), only the ones
+    that are image data URLs: nothing else may become an image source on the page."""
+    images = meta.get("images") if isinstance(meta, Mapping) else None
+    if not isinstance(images, list):
+        return []
+    return [
+        {"name": _text(i.get("name")), "url": i["url"]}
+        for i in images
+        if isinstance(i, Mapping) and isinstance(i.get("url"), str) and _IMAGE_URL.match(i["url"])
+    ]
 
 
 def _retried(failed: MessageRecord, after: Sequence[MessageRecord]) -> bool:

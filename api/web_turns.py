@@ -26,13 +26,14 @@ import contextlib
 import logging
 import secrets
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.tools import ToolProgress
 from api import config as cfg
 from api.approvals import ApprovalRecord, Approvals
+from api.attachments import ImageAttachment
 from api.event_log import EventLog, LoggedEvent
 from api.routes import refusal
 from api.turn_answers import TurnAccepted, TurnAnswer, TurnRefused
@@ -61,6 +62,8 @@ class ActiveStream:
     user_text: str
     wakeup: bool
     text: str = ""
+    # What is stored with the user's message (its images' thumbnails): also when it fails.
+    user_metadata: dict[str, Any] = field(default_factory=dict)
     last_event_id: int = 0
     tool_steps: int = 0
     started: StartedTurn | None = field(default=None, repr=False)
@@ -215,21 +218,32 @@ class WebTurns:
 
     # ----------------------------------------------------------------- starting
 
-    async def astart(self, session_id: str, text: str, source: str) -> TurnAnswer:
-        """Start a turn in a web UI session, on the event loop; a refusal is typed."""
+    async def astart(
+        self,
+        session_id: str,
+        text: str,
+        source: str,
+        *,
+        images: Sequence[ImageAttachment] = (),
+    ) -> TurnAnswer:
+        """Start a turn in a web UI session, on the event loop; a refusal is typed.
+        ``images`` (checked by ``api.attachments``) go to the model as image parts of the
+        user's message and are stored with it."""
         if self._closing:
             return TurnRefused(503, "the web UI is shutting down", retryable=True)
         task = asyncio.current_task()
         if task is not None:
             self._starting.add(task)
         try:
-            return await self._astart(session_id, text, source)
+            return await self._astart(session_id, text, source, tuple(images))
         finally:
             if task is not None:
                 self._starting.discard(task)
 
-    async def _astart(self, session_id: str, text: str, source: str) -> TurnAnswer:
-        if not isinstance(text, str) or not text.strip():
+    async def _astart(
+        self, session_id: str, text: str, source: str, images: tuple[ImageAttachment, ...] = ()
+    ) -> TurnAnswer:
+        if not isinstance(text, str) or not (text.strip() or images):
             return TurnRefused(400, "message is required", "message_required")
         try:
             record = await asyncio.to_thread(self.store.get_session, session_id)
@@ -250,6 +264,7 @@ class WebTurns:
             session_id=session_id,
             user_text=text,
             wakeup=wakeup,
+            user_metadata={"images": [image.shown() for image in images]} if images else {},
         )
         with self._lock:
             if wakeup and session_id in self._paused:
@@ -285,8 +300,16 @@ class WebTurns:
                             if record.system_prompt
                             else []
                         ),
-                        {"role": "user", "content": text},
+                        {
+                            "role": "user",
+                            "content": (
+                                [{"type": "text", "text": text}, *(i.part() for i in images)]
+                                if images
+                                else text
+                            ),
+                        },
                     ],
+                    user_metadata=stream.user_metadata or None,
                     stream=True,
                     idempotency_key=(
                         f"webui-wake:{card.delivery_id}" if card and card.delivery_id else None
@@ -324,7 +347,7 @@ class WebTurns:
                         "status": card.status,
                     },
                 )
-            elif not wakeup and not record.title and (first := title_from_text(text)):
+            elif not wakeup and not record.title and (first := title_from_text(text or "Image")):
                 await self._title_session(session_id, first)
             event = await self.log.append(
                 "turn.start",
@@ -473,6 +496,8 @@ class WebTurns:
 
     async def _store_stopped(self, stream: ActiveStream) -> bool:
         user: dict[str, Any] = {"role": "user", "content": stream.user_text}
+        if stream.user_metadata:
+            user["display_metadata"] = dict(stream.user_metadata)
         if stream.wakeup:
             user["display_metadata"] = {"wake": True}
         reply = {"role": "assistant", "content": stream.text, "display_metadata": {"stopped": True}}
@@ -488,7 +513,7 @@ class WebTurns:
         the error, so that a reload still shows it (and its Retry). The model never sees a
         failed message as history (``gateway.conversation.build_context``): a retry sends
         the text again, and the view shows a failed message followed by its retry once."""
-        meta = {"failed": True, "error": error[:500]}
+        meta = {**stream.user_metadata, "failed": True, "error": error[:500]}
         user = {"role": "user", "content": stream.user_text, "display_metadata": meta}
         try:
             await self.store.aappend_turn(stream.session_id, [user])

@@ -186,6 +186,9 @@ class TurnRequest:
     lease_stream_id: str | None = None
     """The turn lease (``SessionStore.take_turn``) the surface holds for this turn, if any
     (the web UI's): a compaction runs under it instead of taking the session itself."""
+    user_metadata: dict[str, Any] | None = None
+    """Display metadata the surface stores with the user's message (the web UI: the images
+    it came with, shown as thumbnails; that it edits an earlier message)."""
     traceparent: str | None = None
     """Set by the server for its own wake-ups only: the W3C traceparent of the delivery that
     sent it, whose child the turn's span becomes (``delivery.traces``)."""
@@ -675,6 +678,8 @@ class TurnService:
         key = request.idempotency_key
         user_text = message_text(user_message)
         user_row: dict[str, Any] = {"role": "user", "content": user_text}
+        if request.user_metadata:
+            user_row["display_metadata"] = dict(request.user_metadata)
         if request.wakeup:
             user_row["display_metadata"] = {"wake": True}
         reply_row: dict[str, Any] = {"role": "assistant", "content": str(result.content or "")}

@@ -95,7 +95,8 @@ export const api = {
     request("GET", `/api/sessions/${enc(id)}/items?before=${enc(before)}`),
   background: (id) => request("GET", `/api/sessions/${enc(id)}/background`),
   markRead: (id) => request("POST", `/api/sessions/${enc(id)}/read`, {}),
-  send: (id, text) => request("POST", `/api/sessions/${enc(id)}/messages`, { text }),
+  send: (id, text, images = []) =>
+    request("POST", `/api/sessions/${enc(id)}/messages`, images.length ? { text, images } : { text }),
   stop: (id) => request("POST", `/api/sessions/${enc(id)}/stop`, {}),
   decide: (approvalId, decision) =>
     request("POST", `/api/approvals/${enc(approvalId)}`, { decision }),

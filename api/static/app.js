@@ -1,6 +1,7 @@
 // Reveille's web UI: bootstrap, routing (/ and /deliveries), the tab's one event stream, and
 // the glue between the sidebar, the chat, the Deliveries page and the toasts.
 import { api, onLoginRequired, setCsrfToken } from "/static/api.js";
+import { Attachments } from "/static/attachments.js";
 import { BackgroundStrip } from "/static/background.js";
 import { ChatView } from "/static/chat.js";
 import { streamStateChanged, watchConnection } from "/static/connection.js";
@@ -40,6 +41,9 @@ const chat = new ChatView(transcript, {
   onDecide: decide,
   onRetry: (text, node) => sendText(text, { retrying: node }),
   onOlder: (id, before) => api.olderItems(id, before),
+});
+const attachments = new Attachments($("#attachments"), {
+  maxBytes: () => Number(state.boot?.max_image_bytes) || 700 * 1024,
 });
 const notifier = new Notifier($("#notify-toggle"), { onOpen: (id) => openSession(id) });
 const backgroundStrip = new BackgroundStrip($("#background-strip"));
@@ -341,6 +345,7 @@ function updateComposer() {
   const readOnly = Boolean(session && session.chat === false);
   const busy = isBusy();
   composer.disabled = readOnly;
+  $("#attach").disabled = readOnly;
   sendButton.disabled = readOnly || busy;
   stopButton.hidden = !busy || readOnly;
   sendButton.hidden = busy && !readOnly;
@@ -367,7 +372,8 @@ function send() {
  * → whether the turn started.
  */
 async function sendText(text, { retrying = null } = {}) {
-  if (!text.trim()) return false;
+  const images = retrying ? [] : attachments.list;
+  if (!text.trim() && !images.length) return false;
   if (isBusy()) {
     notice("Wait for the reply, or stop it, before sending the next message.", "info");
     return false;
@@ -379,18 +385,20 @@ async function sendText(text, { retrying = null } = {}) {
   }
   if (!retrying) {
     composer.value = "";
+    attachments.clear();
     autosize();
   }
   const placeholder = retrying ? document.createComment("retrying") : null;
   retrying?.replaceWith(placeholder);
-  const pending = chat.addPendingUser(text);
+  const pending = chat.addPendingUser(text, images);
   chatEmpty.hidden = true;
   try {
-    await api.send(id, text);
+    await api.send(id, text, images);
     placeholder?.remove();
     return true;
   } catch (err) {
     chat.dropPendingUser(pending);
+    if (images.length) attachments.restore(images);
     if (retrying) placeholder.replaceWith(retrying);
     else if (!composer.value) composer.value = text;
     autosize();
@@ -561,6 +569,13 @@ function wire() {
   });
   composer.addEventListener("input", autosize);
   stopButton.addEventListener("click", stop);
+  $("#attach").addEventListener("click", () => $("#attach-input").click());
+  $("#attach-input").addEventListener("change", async (event) => {
+    const input = event.target;
+    await attachments.add([...input.files]);
+    input.value = "";
+    composer.focus();
+  });
   transcript.addEventListener("busychange", updateComposer);
   transcript.addEventListener("refetch", () => {
     if (state.currentId && state.view === "chat") openSession(state.currentId, { push: false, quiet: true });

@@ -422,8 +422,8 @@ export class ChatView {
   }
 
   /** An optimistic user message, shown at once and confirmed by its turn.start. */
-  addPendingUser(text) {
-    const node = this.message("user", text);
+  addPendingUser(text, images = []) {
+    const node = this.message("user", text, { images });
     node.classList.add("pending");
     this.root.append(node);
     this.pendingUser.push({ text, node });

@@ -3,6 +3,7 @@ export (GET /api/sessions/{id}/export) and message search (GET /api/search)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -66,3 +67,34 @@ async def test_search_answers_snippets_in_pieces(web: Web) -> None:
         "".join(p["text"] for p in hit["snippet"]) == "the <script>alert(1)</script> walrus sings"
     )
     assert (await (await web.get("/api/search?q=")).json())["results"] == []
+
+
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 32).decode()
+
+
+async def test_attachments_that_are_not_images_or_too_large_are_refused(web: Web) -> None:
+    sid = await web.new_session("chat")
+    limit = (await (await web.get("/api/bootstrap")).json())["max_image_bytes"]
+    cases = [
+        ({"url": "data:text/html;base64,PHNjcmlwdD4="}, "not_an_image"),
+        (
+            {"url": "data:image/png;base64," + base64.b64encode(b"GIF89a...").decode()},
+            "not_an_image",
+        ),
+        ({"url": "data:image/png;base64,!!!"}, "not_an_image"),
+        ({"url": "https://example.com/cat.png"}, "not_an_image"),
+        ({"name": "x"}, "invalid_attachment"),
+        (
+            {"url": "data:image/gif;base64," + base64.b64encode(b"GIF89a" + b"0" * limit).decode()},
+            "image_too_large",
+        ),
+    ]
+    for image, code in cases:
+        r = await web.post(f"/api/sessions/{sid}/messages", {"text": "look", "images": [image]})
+        assert r.status in (400, 413), (image, r.status)
+        if r.status == 400:
+            assert (await r.json())["error"]["code"] == code, image
+    five = [{"url": f"data:image/png;base64,{PNG}"}] * 5
+    r = await web.post(f"/api/sessions/{sid}/messages", {"text": "look", "images": five})
+    assert (await r.json())["error"]["code"] == "too_many_images"
+    assert web.app.store.messages(sid) == []  # nothing was sent, nothing stored

@@ -4,8 +4,11 @@ unread count in the tab's title and a toast that never covers the transcript."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import struct
+import zlib
 from pathlib import Path
 
 from playwright.sync_api import expect
@@ -177,4 +180,68 @@ def test_notifications_unread_count_and_toast_placement(start_server, new_tab, s
     session_item(page, first).click()
     expect(page.get_by_test_id("wakeup-card")).to_have_count(1, timeout=20000)
     expect(page).not_to_have_title(re.compile(r"^\(\d+\) "))
+    assert not tab.errors, tab.errors
+
+
+def _png(width: int = 2, height: int = 2) -> bytes:
+    """A real (tiny, red) PNG image."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    rows = b"".join(b"\x00" + b"\xff\x00\x00" * width for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def test_image_attachments_reach_the_model_and_show_as_thumbnails(
+    start_server, new_tab, shots
+) -> None:
+    model = SlowModel(["a", "red", "square"], delay=0.01)
+    server = start_server(demo_delay=0.0, env=model.env)
+    tab = new_tab(server.url)
+    page = tab.open("/")
+    sid = create_session(page, "hello")
+    finished_reply(page, 0)
+    picker = page.get_by_test_id("attach-input")
+
+    picker.set_input_files([{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"hi"}])
+    expect(page.get_by_test_id("notice").last).to_contain_text("notes.txt is not an image")
+    limit = int(server.get("/api/bootstrap")["max_image_bytes"])
+    big = _png() + b"\x00" * limit
+    picker.set_input_files([{"name": "huge.png", "mimeType": "image/png", "buffer": big}])
+    expect(page.get_by_test_id("notice").last).to_contain_text("huge.png is too large")
+    expect(page.get_by_test_id("attachment")).to_have_count(0)
+
+    name = f"{HOSTILE}.png"
+    picker.set_input_files([{"name": name, "mimeType": "image/png", "buffer": _png()}])
+    expect(page.get_by_test_id("attachment")).to_have_count(1)
+    shots(page, "attachment-picked")
+    send(page, "what is this?")
+    finished_reply(page, 1)
+    expect(page.get_by_test_id("attachment")).to_have_count(0)
+    user = [m for m in model.bodies[-1]["messages"] if m["role"] == "user"][-1]
+    assert isinstance(user["content"], list), user
+    assert user["content"][0] == {"type": "text", "text": "what is this?"}
+    url = user["content"][1]["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    assert base64.b64decode(url.split(",", 1)[1]) == _png()
+
+    thumbs = page.locator("[data-testid=message][data-role=user] [data-testid=thumbnail]")
+    expect(thumbs).to_have_count(1)
+    shots(page, "attachment-sent")
+    page.reload()
+    page.wait_for_selector("#app[data-ready=true]")
+    expect(thumbs).to_have_count(1)  # stored with the message
+    expect(thumbs.first).to_have_attribute("alt", name)
+    assert page.evaluate("window.__pwned === undefined")
+    detail = server.get(f"/api/sessions/{sid}")
+    [with_image] = [i for i in detail["items"] if i.get("images")]
+    assert with_image["content"] == "what is this?"
     assert not tab.errors, tab.errors
