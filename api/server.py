@@ -21,7 +21,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -35,7 +35,7 @@ from api.export import FORMATS, export_filename, export_json, export_markdown
 from api.turn_answers import TurnAccepted
 from api.views import search_view, session_view, transcript_items
 from api.wakeups import WebUIDeliveryTarget
-from api.web_turns import WebTurns
+from api.web_turns import Revision, WebTurns
 from delivery.errors import LedgerError
 from gateway.config import Platform
 from gateway.platforms.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
@@ -102,6 +102,29 @@ def _set_login_cookie(response: web.StreamResponse, cookie: str, request: web.Re
 
 def _error(status: int, message: str, code: str, **extra: Any) -> web.Response:
     return web.json_response({"error": {"message": message, "code": code, **extra}}, status=status)
+
+
+_MESSAGE_ID = re.compile(r"m([0-9]{1,18})")
+_REVISIONS: tuple[tuple[str, Literal["edited", "regenerated"]], ...] = (
+    ("edit_of", "edited"),
+    ("regenerate_of", "regenerated"),
+)
+
+
+def _revision(body: dict[str, Any]) -> Revision | None:
+    """``edit_of`` / ``regenerate_of`` of a message body: the last message ("m<id>", or
+    "last") that the new turn replaces; None for an ordinary message."""
+    for key, how in _REVISIONS:
+        value = body.get(key)
+        if value is None:
+            continue
+        if value == "last":
+            return Revision(how)
+        found = _MESSAGE_ID.fullmatch(value) if isinstance(value, str) else None
+        if found is None:
+            raise ApiError(400, f'{key} must be a message id ("m123") or "last"', code="invalid_id")
+        return Revision(how, int(found.group(1)))
+    return None
 
 
 class WebUIServer:
@@ -593,7 +616,8 @@ class WebUIServer:
             images = read_images(body.get("images"), max_image_bytes(self.max_body_bytes))
         except AttachmentError as exc:
             raise ApiError(400, exc.message, code=exc.code) from None
-        answer = await self.turns.astart(session_id, text, "webui", images=images)
+        revise = _revision(body)
+        answer = await self.turns.astart(session_id, text, "webui", images=images, revise=revise)
         if isinstance(answer, TurnAccepted):
             return web.json_response(answer.as_dict(), status=202)
         extra: dict[str, Any] = {}

@@ -36,6 +36,7 @@ __all__ = [
     "search_view",
     "session_source",
     "session_view",
+    "stored_images",
     "title_from_text",
     "transcript_items",
 ]
@@ -250,6 +251,8 @@ def transcript_items(
         failed = row.role == "user" and isinstance(meta, Mapping) and bool(meta.get("failed"))
         if failed and _retried(row, rows[index + 1 :]):
             continue  # its retry, the same text sent later, stands in its place
+        if row.role == "user" and meta.get("superseded") == "regenerated":
+            continue  # asked again as it was: the new turn shows the same message
         role = "assistant" if row.role == "assistant" else "user"
         item: dict[str, Any] = {
             "kind": "message",
@@ -261,8 +264,12 @@ def transcript_items(
         }
         if isinstance(meta, Mapping) and meta.get("stopped"):
             item["stopped"] = True
-        if images := _images(meta):
+        if images := stored_images(meta):
             item["images"] = images
+        if meta.get("superseded"):
+            item["superseded"] = _text(meta["superseded"])
+        if meta.get("edited"):
+            item["edited"] = "edited"
         if row.archived:
             item["archived"] = True  # summarised for the model; kept and shown
         if failed:
@@ -303,7 +310,7 @@ def delivery_item(row: MessageRecord) -> dict[str, Any]:
     }
 
 
-def _images(meta: Mapping[str, Any]) -> list[dict[str, str]]:
+def stored_images(meta: Mapping[str, Any]) -> list[dict[str, str]]:
     """A user's message's image attachments as stored (``api.attachments``), only the ones
     that are image data URLs: nothing else may become an image source on the page."""
     images = meta.get("images") if isinstance(meta, Mapping) else None

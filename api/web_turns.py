@@ -28,7 +28,7 @@ import secrets
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from agent.tools import ToolProgress
 from api import config as cfg
@@ -37,19 +37,38 @@ from api.attachments import ImageAttachment
 from api.event_log import EventLog, LoggedEvent
 from api.routes import refusal
 from api.turn_answers import TurnAccepted, TurnAnswer, TurnRefused
-from api.views import card_of_wake_text, session_source, session_view, title_from_text
+from api.views import (
+    card_of_wake_text,
+    session_source,
+    session_view,
+    stored_images,
+    title_from_text,
+)
 from gateway.config import Platform
-from gateway.session import TURN_LEASE_SECONDS, SessionStore, SessionStoreError
+from gateway.session import TURN_LEASE_SECONDS, SessionGone, SessionStore, SessionStoreError
 from gateway.tasks import finish_or_cancel
 from gateway.turns import ReplayedTurn, StartedTurn, TurnError, TurnRequest, TurnService
 
-__all__ = ["ActiveStream", "WebTurns"]
+__all__ = ["ActiveStream", "Revision", "WebTurns"]
 
 logger = logging.getLogger(__name__)
 
 WAKEUP_SOURCE = "process_wakeup"
 _START_TIMEOUT_SECONDS = 30.0
 _STOP_WAIT_SECONDS = 5.0  # how long a Stop waits for another server's turn to end
+
+
+@dataclass(frozen=True)
+class Revision:
+    """A turn that replaces the last one: its user message edited (the turn sends the new
+    text) or answered again (``regenerated``: the turn sends the same message once more).
+    ``message_id`` is the message the person saw as the last one (None: whichever is)."""
+
+    how: Literal["edited", "regenerated"]
+    message_id: int | None = None
+
+
+_REVISE_WINDOW = 50  # the newest messages the last turn is looked for in
 
 
 @dataclass
@@ -225,25 +244,34 @@ class WebTurns:
         source: str,
         *,
         images: Sequence[ImageAttachment] = (),
+        revise: Revision | None = None,
     ) -> TurnAnswer:
         """Start a turn in a web UI session, on the event loop; a refusal is typed.
         ``images`` (checked by ``api.attachments``) go to the model as image parts of the
-        user's message and are stored with it."""
+        user's message and are stored with it. ``revise``: the turn replaces the last one,
+        whose messages stay in the transcript marked superseded (409 ``not_last_message``
+        when the message named is not the last one, or a wake-up came after it)."""
         if self._closing:
             return TurnRefused(503, "the web UI is shutting down", retryable=True)
         task = asyncio.current_task()
         if task is not None:
             self._starting.add(task)
         try:
-            return await self._astart(session_id, text, source, tuple(images))
+            return await self._astart(session_id, text, source, tuple(images), revise)
         finally:
             if task is not None:
                 self._starting.discard(task)
 
     async def _astart(
-        self, session_id: str, text: str, source: str, images: tuple[ImageAttachment, ...] = ()
+        self,
+        session_id: str,
+        text: str,
+        source: str,
+        images: tuple[ImageAttachment, ...] = (),
+        revise: Revision | None = None,
     ) -> TurnAnswer:
-        if not isinstance(text, str) or not (text.strip() or images):
+        again = revise is not None and revise.how == "regenerated"
+        if not isinstance(text, str) or not (text.strip() or images or again):
             return TurnRefused(400, "message is required", "message_required")
         try:
             record = await asyncio.to_thread(self.store.get_session, session_id)
@@ -286,6 +314,22 @@ class WebTurns:
                 "active_stream",
                 active_stream_id=lease.stream_id,
             )
+        if revise is not None:
+            try:
+                revised = await self._revise(session_id, revise, text, images)
+            except (SessionStoreError, SessionGone) as exc:
+                revised = TurnRefused(
+                    503, f"the session store is unavailable: {exc}", retryable=True
+                )
+            if isinstance(revised, TurnRefused):
+                await asyncio.to_thread(self.store.end_turn, session_id, stream.stream_id)
+                return revised
+            text, images = revised
+            stream.user_text = text
+            stream.user_metadata = {
+                **({"images": [image.shown() for image in images]} if images else {}),
+                **({"edited": True} if revise.how == "edited" else {}),
+            }
         with self._lock:
             self._active[session_id] = stream
         stream.holder = asyncio.create_task(self._hold(stream))
@@ -369,6 +413,44 @@ class WebTurns:
         self._followers.add(stream.follower)
         stream.follower.add_done_callback(self._followers.discard)
         return accepted
+
+    async def _revise(
+        self,
+        session_id: str,
+        revise: Revision,
+        text: str,
+        images: tuple[ImageAttachment, ...],
+    ) -> tuple[str, tuple[ImageAttachment, ...]] | TurnRefused:
+        """Under the session's lease: mark the last turn (the person's message and the replies
+        after it) superseded; the new turn's text and images (a regeneration's are the last
+        message's own; an edit keeps the images unless it sends others)."""
+        rows = await asyncio.to_thread(self.store.latest_messages, session_id, limit=_REVISE_WINDOW)
+        people = [
+            i
+            for i, row in enumerate(rows)
+            if row.role == "user"
+            and not row.is_delivery
+            and not (row.display_metadata or {}).get("superseded")
+        ]
+        if not people:
+            return TurnRefused(409, "there is no message to edit or answer again", "no_message")
+        last = people[-1]
+        target = rows[last]
+        if (target.display_metadata or {}).get("wake") or (
+            revise.message_id is not None and revise.message_id != target.id
+        ):
+            return TurnRefused(
+                409, "only the last message can be edited or answered again", "not_last_message"
+            )
+        replies = [r.id for r in rows[last + 1 :] if r.role == "assistant" and not r.is_delivery]
+        await self.store.asupersede(session_id, [target.id, *replies], revise.how)
+        kept = tuple(
+            ImageAttachment(i["name"], i["url"])
+            for i in stored_images(target.display_metadata or {})
+        )
+        if revise.how == "regenerated":
+            return target.content, kept
+        return text, images or kept
 
     async def _hold(self, stream: ActiveStream) -> None:
         """Renew the turn's lease while it runs. A turn that lost its session (this server

@@ -415,6 +415,11 @@ class SessionBackend(Protocol):
         live: a delete racing a session's first turn still wins). True when a live session
         was removed."""
 
+    def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
+        """Mark the session's messages ``ids`` (not delivery rows) superseded (an edit or a
+        regeneration replaced them): ``display_metadata["superseded"] = how``. They stay in
+        the transcript, shown as earlier versions, and leave the model's context. How many."""
+
     # -- search
     def search_messages(self, terms: Sequence[str], limit: int) -> list[MessageHit]:
         """The newest ``limit`` messages of live sessions in which every term starts a word

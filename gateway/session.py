@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
@@ -438,6 +439,16 @@ class SessionStore:
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
         return self._backend.messages(session_id, after_id, limit)
+
+    async def asupersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
+        """Mark messages of the session as replaced by an edit or a regeneration (``how``:
+        ``"edited"`` or ``"regenerated"``): kept and shown, no longer sent to the model.
+        Call it holding the session's turn lease. How many were marked."""
+        if how not in ("edited", "regenerated"):
+            raise ValueError('how is "edited" or "regenerated"')
+        if not ids:
+            return 0
+        return await asyncio.to_thread(self._backend.supersede, session_id, tuple(ids), how)
 
     def search_messages(self, text: str, limit: int = 50) -> list[MessageHit]:
         """The newest messages (at most ``limit``) of live sessions that hold every word of

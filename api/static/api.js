@@ -95,8 +95,12 @@ export const api = {
     request("GET", `/api/sessions/${enc(id)}/items?before=${enc(before)}`),
   background: (id) => request("GET", `/api/sessions/${enc(id)}/background`),
   markRead: (id) => request("POST", `/api/sessions/${enc(id)}/read`, {}),
-  send: (id, text, images = []) =>
-    request("POST", `/api/sessions/${enc(id)}/messages`, images.length ? { text, images } : { text }),
+  send: (id, text, images = [], extra = {}) =>
+    request("POST", `/api/sessions/${enc(id)}/messages`, {
+      text,
+      ...(images.length ? { images } : {}),
+      ...extra,
+    }),
   stop: (id) => request("POST", `/api/sessions/${enc(id)}/stop`, {}),
   decide: (approvalId, decision) =>
     request("POST", `/api/approvals/${enc(approvalId)}`, { decision }),

@@ -41,6 +41,7 @@ const chat = new ChatView(transcript, {
   onDecide: decide,
   onRetry: (text, node) => sendText(text, { retrying: node }),
   onOlder: (id, before) => api.olderItems(id, before),
+  onRevise: revise,
 });
 const attachments = new Attachments($("#attachments"), {
   maxBytes: () => Number(state.boot?.max_image_bytes) || 700 * 1024,
@@ -350,6 +351,7 @@ function updateComposer() {
   stopButton.hidden = !busy || readOnly;
   sendButton.hidden = busy && !readOnly;
   composerNote.hidden = !readOnly;
+  chat.setRevisable(Boolean(session?.chat) && !busy && state.view === "chat");
   composerNote.textContent = readOnly
     ? `This ${sourceLabel(session.source)} session is shown read-only; chat in it from where it started.`
     : "";
@@ -408,6 +410,23 @@ async function sendText(text, { retrying = null } = {}) {
       failure(err, "Could not send the message");
     }
     updateComposer();
+    return false;
+  }
+}
+
+/** Replace the last turn: its message edited, or answered again (the server marks the old
+ * one superseded). → whether the new turn started. */
+async function revise(how, messageId, text) {
+  const id = state.currentId;
+  if (!id || isBusy()) return false;
+  const key = how === "edit" ? "edit_of" : "regenerate_of";
+  const pending = how === "edit" ? chat.addPendingUser(text) : null;
+  try {
+    await api.send(id, text, [], { [key]: messageId });
+    return true;
+  } catch (err) {
+    if (pending) chat.dropPendingUser(pending);
+    failure(err, how === "edit" ? "Could not send the edited message" : "Could not answer again");
     return false;
   }
 }

@@ -208,9 +208,12 @@ function isRunning(status) {
 }
 
 export class ChatView {
-  constructor(root, { onDecide, onOlder, onRetry }) {
+  constructor(root, { onDecide, onOlder, onRetry, onRevise }) {
     this.root = root;
     this.onDecide = onDecide;
+    // (how: "edit" | "regenerate", messageId: "m12" | "last", text) → Promise<bool>
+    this.onRevise = onRevise;
+    this.revisable = false; // whether the last turn may be edited or answered again now
     this.onRetry = onRetry; // (text, node) → Promise<bool>: send a failed message again
     this.onOlder = onOlder;
     this.older = null; // the cursor of the transcript's page before the first one shown
@@ -354,8 +357,9 @@ export class ChatView {
         id: item.id,
         createdAt: item.created_at,
         images: item.images,
-        edited: item.edited,
+        edited: item.superseded ? "earlier version" : item.edited,
       });
+      if (item.superseded) node.dataset.superseded = "true";
       if (item.stopped) {
         node.dataset.status = "stopped";
         node.append(el("p", { class: "message-note", text: "Stopped" }));
@@ -416,9 +420,104 @@ export class ChatView {
       "div",
       { class: "message-meta" },
       stamp(createdAt),
-      edited ? el("span", { class: "edited-mark", dataset: { label: edited === "regenerated" ? "regenerated" : "edited" } }) : null,
+      edited ? el("span", { class: "edited-mark", dataset: { label: String(edited) } }) : null,
       copy,
     );
+  }
+
+  /** Edit (the last message) and Regenerate (its reply) only on the last turn, while the
+   * session is free; `allowed` says whether it is. */
+  setRevisable(allowed) {
+    this.revisable = allowed;
+    for (const button of this.root.querySelectorAll(".meta-btn.revise")) button.remove();
+    if (!allowed || this.root.querySelector(".edit-form")) return;
+    const live = (n) => n.dataset.superseded !== "true" && !n.classList.contains("pending") && !n.classList.contains("streaming");
+    const users = [...this.root.querySelectorAll(".message.user")].filter(live);
+    const question = users.at(-1);
+    if (!question || question.dataset.wakeup === "true") return;
+    question.querySelector(".message-meta")?.append(
+      metaButton("Edit", "edit-message", "Edit this message and send it again", () => this.startEdit(question)),
+    );
+    let reply = null;
+    for (let n = question.nextElementSibling; n; n = n.nextElementSibling) {
+      if (n.matches(".message.assistant") && live(n)) reply = n;
+    }
+    reply?.querySelector(".message-meta")?.append(
+      metaButton("Regenerate", "regenerate", "Answer the last message again", () => this.regenerate(question, reply)),
+    );
+    for (const button of this.root.querySelectorAll("[data-testid=edit-message], [data-testid=regenerate]")) {
+      button.classList.add("revise");
+    }
+  }
+
+  /** The nodes of the turn that starts at `question`: it and the replies after it. */
+  turnNodes(question) {
+    const nodes = [question];
+    for (let n = question.nextElementSibling; n; n = n.nextElementSibling) {
+      if (n.matches(".message.assistant, .tool-step")) nodes.push(n);
+    }
+    return nodes;
+  }
+
+  supersede(nodes) {
+    for (const node of nodes) {
+      node.dataset.superseded = "true";
+      const meta = node.querySelector(".message-meta");
+      if (meta && !meta.querySelector(".edited-mark")) {
+        meta.insertBefore(el("span", { class: "edited-mark", dataset: { label: "earlier version" } }), meta.children[1] || null);
+      }
+    }
+  }
+
+  /** The last message becomes a text field; "Save & send" replaces the turn with a new one. */
+  startEdit(question) {
+    const body = question.querySelector(".message-body");
+    const input = el("textarea", { class: "edit-input", rows: "3", "aria-label": "Edited message", dataset: { testid: "edit-input" } });
+    input.value = question.rawText || "";
+    const form = el(
+      "form",
+      { class: "edit-form" },
+      input,
+      el(
+        "div",
+        { class: "edit-actions" },
+        el("button", { type: "button", class: "btn btn-small", dataset: { testid: "cancel-edit" }, text: "Cancel", on: { click: () => close() } }),
+        el("button", { type: "submit", class: "btn btn-small btn-primary", dataset: { testid: "save-edit" }, text: "Save & send" }),
+      ),
+    );
+    const close = () => {
+      form.remove();
+      body.hidden = false;
+      this.setRevisable(this.revisable);
+    };
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const text = input.value;
+      if (!text.trim()) return;
+      form.querySelector("[type=submit]").disabled = true;
+      const nodes = this.turnNodes(question);
+      if (await this.onRevise("edit", question.dataset.messageId || "last", text)) {
+        form.remove();
+        body.hidden = false;
+        this.supersede(nodes);
+      } else {
+        form.querySelector("[type=submit]").disabled = false;
+      }
+    });
+    body.hidden = true;
+    body.after(form);
+    for (const button of this.root.querySelectorAll(".meta-btn.revise")) button.remove();
+    input.focus();
+  }
+
+  async regenerate(question, reply) {
+    const nodes = this.turnNodes(question);
+    if (await this.onRevise("regenerate", question.dataset.messageId || "last", "")) {
+      // Asked again as it was: the new turn shows the same question; the old reply stays.
+      question.remove();
+      this.supersede(nodes.filter((n) => n !== question));
+    }
+    return reply;
   }
 
   /** An optimistic user message, shown at once and confirmed by its turn.start. */

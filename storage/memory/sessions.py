@@ -35,6 +35,7 @@ from delivery.session_backend import (
     TurnLease,
     TurnStart,
     decode_json,
+    encode_json,
     mark_snippet,
 )
 
@@ -327,6 +328,19 @@ class MemorySessions:
             return [m.record() for m in rows[len(rows) - limit :]] if limit else []
 
         return self._read(op)
+
+    def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
+        def op() -> int:
+            wanted = set(ids)
+            rows = [
+                m for m in self._live(session_id).messages if m.id in wanted and not m.display_kind
+            ]
+            for m in rows:
+                meta = decode_json(m.metadata_json) or {}
+                m.metadata_json = encode_json({**meta, "superseded": how})
+            return len(rows)
+
+        return self._write(op)
 
     # -- search
 

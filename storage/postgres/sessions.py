@@ -314,6 +314,13 @@ class PostgresSessions:
 
         return self._read(op)
 
+    def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
+        def op(conn: Conn) -> int:
+            _require_live(conn, session_id)
+            return int(conn.execute(q.SQL_SUPERSEDE, (how, session_id, list(ids))).rowcount)
+
+        return self._write(session_id, op)
+
     # -- search
 
     def search_messages(self, terms: Sequence[str], limit: int) -> list[MessageHit]:

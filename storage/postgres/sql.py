@@ -108,6 +108,11 @@ SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = %s"
 SQL_SET_TITLE = "UPDATE sessions SET title = %s WHERE id = %s"
 SQL_SET_TITLE_IF_UNTITLED = "UPDATE sessions SET title = %s WHERE id = %s AND title IS NULL"
 SQL_SET_SYSTEM_PROMPT = "UPDATE sessions SET system_prompt = %s WHERE id = %s"
+SQL_SUPERSEDE = (
+    "UPDATE messages SET display_metadata = (COALESCE(display_metadata, '{}')::jsonb"
+    " || jsonb_build_object('superseded', %s::text))::text"
+    " WHERE session_id = %s AND id = ANY(%s) AND display_kind IS NULL"
+)
 SQL_TOMBSTONE = (
     "INSERT INTO tombstones (id, deleted_at) VALUES (%s, %s)"
     " ON CONFLICT (id) DO UPDATE SET deleted_at = excluded.deleted_at"

@@ -74,6 +74,7 @@ from storage.sqlite.sessions_sql import (
     SQL_SET_SYSTEM_PROMPT,
     SQL_SET_TITLE,
     SQL_SET_TITLE_IF_UNTITLED,
+    SQL_SUPERSEDE,
     SQL_TOMBSTONE,
     SQL_TOMBSTONED,
     SQL_TOUCH_SESSION,
@@ -480,6 +481,16 @@ class SqliteSessions:
             _require_live(conn, session_id)
             rows = conn.execute(SQL_MESSAGES_BEFORE, (session_id, before_id, limit)).fetchall()
         return [_message(r) for r in reversed(rows)]
+
+    def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            _require_live(conn, session_id)
+            return sum(
+                conn.execute(SQL_SUPERSEDE, (how, session_id, message_id)).rowcount
+                for message_id in ids
+            )
+
+        return self._write(op)
 
     # -- search
 

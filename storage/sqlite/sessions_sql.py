@@ -199,6 +199,11 @@ SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = ?"
 SQL_SET_TITLE = "UPDATE sessions SET title = ? WHERE id = ?"
 SQL_SET_TITLE_IF_UNTITLED = "UPDATE sessions SET title = ? WHERE id = ? AND title IS NULL"
 SQL_SET_SYSTEM_PROMPT = "UPDATE sessions SET system_prompt = ? WHERE id = ?"
+SQL_SUPERSEDE = (
+    "UPDATE messages SET display_metadata ="
+    " json_set(COALESCE(display_metadata, '{}'), '$.superseded', ?)"
+    " WHERE session_id = ? AND id = ? AND display_kind IS NULL"
+)
 SQL_TOMBSTONE = (
     "INSERT INTO tombstones (id, deleted_at) VALUES (?, ?)"
     " ON CONFLICT (id) DO UPDATE SET deleted_at = excluded.deleted_at"

@@ -1,6 +1,7 @@
 """Full-text search over messages, on every backend: every word must start a word of the
 message, newest first, a snippet with the matched words marked; deleted sessions and
-pruned rows are gone from it; text without words finds nothing; query syntax is text."""
+pruned rows are gone from it; text without words finds nothing; query syntax is text.
+Also the web UI's other message-level store operation: superseding (edit, regenerate)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from delivery.session_backend import SNIPPET_END, SNIPPET_START, search_terms
 from gateway.session import SessionStore
+from tests.sessions._support import run_sync
 from tests.stores import session_file_store
 
 
@@ -83,3 +85,28 @@ def test_existing_rows_are_indexed_when_an_older_file_is_opened(tmp_path: Path) 
         assert len(store.search_messages("unindexed")) == 1
         store.append_message("old", "assistant", "after the upgrade")
         assert len(store.search_messages("upgrade")) == 1
+
+
+def test_superseded_messages_stay_but_leave_the_model_context(store: SessionStore) -> None:
+    from gateway.conversation import build_context
+
+    store.create_session("s", title="t")
+    rows = store.append_turn(
+        "s", [{"role": "user", "content": "first"}, {"role": "assistant", "content": "one"}]
+    )
+    store.append_message(
+        "s", "system", "a result", display_kind="async_delegation_complete", dedupe_key="d:1"
+    )
+    delivery = store.messages("s")[-1]
+    marked = run_sync(store.asupersede("s", [r.id for r in rows] + [delivery.id], "edited"))
+    assert marked == 2  # a delivery row is never superseded
+    after = store.messages("s")
+    assert [(m.content, (m.display_metadata or {}).get("superseded")) for m in after] == [
+        ("first", "edited"),
+        ("one", "edited"),
+        ("a result", None),
+    ]
+    history = [m.as_dict() for m in after if not m.is_delivery]
+    user = {"role": "user", "content": "second"}
+    context = build_context(history, [], [user], user)
+    assert [m["content"] for m in context] == ["second"]

@@ -8,6 +8,7 @@ import base64
 import json
 import re
 import struct
+import urllib.error
 import zlib
 from pathlib import Path
 
@@ -244,4 +245,61 @@ def test_image_attachments_reach_the_model_and_show_as_thumbnails(
     detail = server.get(f"/api/sessions/{sid}")
     [with_image] = [i for i in detail["items"] if i.get("images")]
     assert with_image["content"] == "what is this?"
+    assert not tab.errors, tab.errors
+
+
+def test_edit_and_regenerate_replace_the_last_turn(start_server, new_tab, shots) -> None:
+    model = SlowModel(["an", "answer"], delay=0.01)
+    server = start_server(demo_delay=0.0, env=model.env)
+    tab = new_tab(server.url)
+    page = tab.open("/")
+    sid = create_session(page, "hello")
+    finished_reply(page, 0)
+    send(page, "frist question")
+    finished_reply(page, 1)
+    users = page.locator("[data-testid=message][data-role=user]")
+
+    edit = page.get_by_test_id("edit-message")
+    expect(edit).to_have_count(1)  # only the last message
+    users.last.hover()
+    edit.click()
+    page.get_by_test_id("edit-input").fill("first question")
+    shots(page, "editing")
+    page.get_by_test_id("save-edit").click()
+    finished_reply(page, 2)
+    expect(page.locator("[data-superseded=true]")).to_have_count(2)  # the old question and reply
+    expect(users.last).to_have_text("first question")
+    sent = [
+        (m["role"], m["content"]) for m in model.bodies[-1]["messages"] if m["role"] != "system"
+    ]
+    assert sent == [("user", "hello"), ("assistant", "an answer"), ("user", "first question")]
+
+    page.locator("[data-testid=message][data-role=assistant]").last.hover()
+    page.get_by_test_id("regenerate").click()
+    finished_reply(page, 3)
+    sent = [
+        (m["role"], m["content"]) for m in model.bodies[-1]["messages"] if m["role"] != "system"
+    ]
+    assert sent == [("user", "hello"), ("assistant", "an answer"), ("user", "first question")]
+    assert model.requests == 4
+    shots(page, "regenerated")
+
+    page.reload()
+    page.wait_for_selector("#app[data-ready=true]")
+    expect(users).to_have_count(3)  # hello, the edited-away question, the question asked again
+    expect(page.locator("[data-superseded=true]")).to_have_count(3)
+    expect(users.nth(1)).to_have_attribute("data-superseded", "true")
+    expect(users.nth(1)).to_have_text("frist question")
+    expect(page.get_by_test_id("edit-message")).to_have_count(1)
+    expect(page.get_by_test_id("regenerate")).to_have_count(1)
+    shots(page, "after-reload")
+    # An edit of a message that is not the last one is refused, and changes nothing.
+    items = server.get(f"/api/sessions/{sid}")["items"]
+    first_id = next(i["id"] for i in items if i.get("content") == "hello")
+    try:
+        server.post(f"/api/sessions/{sid}/messages", {"text": "x", "edit_of": first_id})
+        raise AssertionError("an edit of an earlier message was accepted")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 409
+    assert server.get(f"/api/sessions/{sid}")["items"] == items
     assert not tab.errors, tab.errors
