@@ -20,6 +20,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +34,7 @@ from api.event_log import EventLog, LoggedEvent
 from api.event_stream import stream_events
 from api.export import FORMATS, export_filename, export_json, export_markdown
 from api.turn_answers import TurnAccepted
-from api.views import search_view, session_view, transcript_items
+from api.views import search_view, session_source, session_view, transcript_items
 from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import Revision, WebTurns
 from delivery.errors import LedgerError
@@ -58,6 +59,7 @@ from gateway.session import (
     SessionStoreError,
     is_valid_session_id,
     new_session_id,
+    title_from_text,
 )
 
 __all__ = ["STATIC_DIR", "WebUIServer"]
@@ -84,6 +86,7 @@ _OPEN_ROUTES = frozenset({"/api/bootstrap", "/api/login"})
 _MAX_QUERY = 200
 _PAGE = 200  # transcript messages a page holds
 _SEARCH_HITS = 50  # messages a search answers with
+_NAMED_PER_LIST = 20  # untitled older sessions named per listing (each costs a read, a write)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -407,13 +410,42 @@ class WebUIServer:
 
     async def list_sessions(self, request: web.Request) -> web.Response:
         needle = request.query.get("q", "")[:_MAX_QUERY].strip().lower()
-        records = await asyncio.to_thread(self.store.list_sessions, 500)
+        records = await self._name_untitled(await asyncio.to_thread(self.store.list_sessions, 500))
         unread = await self.log.unread_ids()
         busy = await asyncio.to_thread(self.store.running_turns)
         views = [session_view(r, unread=r.id in unread, busy=r.id in busy) for r in records]
         if needle:
             views = [v for v in views if needle in f"{v['title']} {v['id']} {v['source']}".lower()]
         return web.json_response({"sessions": views})
+
+    async def _name_untitled(self, records: list[SessionRecord]) -> list[SessionRecord]:
+        """API and push-platform sessions stored before they were named after their first
+        message get that name now, once (kept in the store), a few per listing."""
+        untitled = [
+            r for r in records if not r.title and session_source(r) != Platform.WEBUI.value
+        ][:_NAMED_PER_LIST]
+        if not untitled:
+            return records
+        named: dict[str, str] = {}
+        for record in untitled:
+            try:
+                rows = await asyncio.to_thread(self.store.messages, record.id, limit=20)
+            except SessionGone:
+                continue
+            first = next(
+                (
+                    m.content
+                    for m in rows
+                    if m.role == "user"
+                    and not m.is_delivery
+                    and not (m.display_metadata or {}).get("wake")
+                ),
+                None,
+            )
+            title = title_from_text(first) if first else None
+            if title and await self.store.aset_title(record.id, title, if_untitled=True):
+                named[record.id] = title
+        return [replace(r, title=named[r.id]) if r.id in named else r for r in records]
 
     async def search(self, request: web.Request) -> web.Response:
         """``GET /api/search?q=``: the newest messages holding every word of ``q`` (full-text

@@ -85,6 +85,9 @@ def test_delivery_rows_are_drawn_by_their_kind(
     server = start_server(home=home, demo_delay=0.0)
     tab = new_tab(server.url)
     page = tab.open(f"/?session={sid}")
+    # Stored untitled (before sessions were named): named after its first message now.
+    expect(session_item(page, sid).locator(".session-title")).to_have_text("run the backup")
+    expect(page.locator("#view-title")).to_have_text("run the backup")
 
     cards = page.get_by_test_id("delivery-card")
     expect(cards).to_have_count(4)
