@@ -227,6 +227,8 @@ def _add_search(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> None
     indexed, in one transaction that looks again first: two processes opening an older
     file at once build it once."""
     try:
+        if conn.execute(SQL_SEARCH_EXISTS).fetchone() is not None:
+            return  # the usual case: no write lock taken to find it there
         conn.execute("BEGIN IMMEDIATE")
         if conn.execute(SQL_SEARCH_EXISTS).fetchone() is None:
             for statement in _statements(SEARCH_DDL):

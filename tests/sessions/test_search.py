@@ -8,6 +8,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from delivery.session_backend import SNIPPET_END, SNIPPET_START, search_terms
 from gateway.session import SessionStore
 from tests.sessions._support import run_sync
@@ -64,7 +66,8 @@ def test_deleted_sessions_are_not_found(store: SessionStore) -> None:
 
 
 def test_existing_rows_are_indexed_when_an_older_file_is_opened(tmp_path: Path) -> None:
-    """A v5 file (no search index) gains one holding the messages it already has."""
+    """A v5 file (no search index, no system prompts) gains an index holding the messages
+    it already has, and the column."""
     path = tmp_path / "sessions.db"
     with session_file_store(path) as store:
         store.create_session("old", title="t")
@@ -73,6 +76,7 @@ def test_existing_rows_are_indexed_when_an_older_file_is_opened(tmp_path: Path) 
     conn.executescript(
         "DROP TRIGGER messages_fts_insert; DROP TRIGGER messages_fts_delete;"
         " DROP TRIGGER messages_fts_update; DROP TABLE messages_fts; PRAGMA user_version = 5;"
+        " ALTER TABLE sessions DROP COLUMN system_prompt;"
     )
     conn.execute(
         "INSERT INTO messages (session_id, role, content, created_at)"
@@ -85,6 +89,9 @@ def test_existing_rows_are_indexed_when_an_older_file_is_opened(tmp_path: Path) 
         assert len(store.search_messages("unindexed")) == 1
         store.append_message("old", "assistant", "after the upgrade")
         assert len(store.search_messages("upgrade")) == 1
+        assert run_sync(store.aset_system_prompt("old", "Be kind."))
+        record = store.get_session("old")
+        assert record is not None and record.system_prompt == "Be kind."
 
 
 def test_superseded_messages_stay_but_leave_the_model_context(store: SessionStore) -> None:
@@ -110,3 +117,38 @@ def test_superseded_messages_stay_but_leave_the_model_context(store: SessionStor
     user = {"role": "user", "content": "second"}
     context = build_context(history, [], [user], user)
     assert [m["content"] for m in context] == ["second"]
+
+
+def test_postgres_migration_indexes_the_messages_already_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A database at version 8 (before search) gains an index that holds its messages."""
+    import psycopg
+
+    from storage.postgres import migrations
+    from tests.pg_support import fresh_url
+    from tests.stores import pg_sessions
+
+    url = fresh_url()
+    before = tuple(m for m in migrations.MIGRATIONS if m.version <= 8)
+    with monkeypatch.context() as patch:
+        patch.setattr(migrations, "MIGRATIONS", before)
+        patch.setattr(migrations, "SCHEMA_VERSION", 8)
+        with psycopg.connect(url, autocommit=True) as conn:
+            migrations.migrate(conn)
+            conn.execute(
+                "INSERT INTO sessions (id, source, session_key, title, created_at, updated_at)"
+                " VALUES ('old', NULL, NULL, 't', 1, 1)"
+            )
+            conn.execute(
+                "INSERT INTO messages (session_id, role, content, created_at)"
+                " VALUES ('old', 'user', 'written before search existed', 1)"
+            )
+    backend = pg_sessions(url)  # migrates to the newest version
+    try:
+        store = SessionStore(backend)
+        assert [h.session_id for h in store.search_messages("before search")] == ["old"]
+        record = store.get_session("old")
+        assert record is not None and record.system_prompt is None
+    finally:
+        backend.close()
