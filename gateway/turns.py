@@ -713,9 +713,11 @@ class TurnService:
         if request.wakeup:
             self.wake_turns += 1
         elif not begun.history and self._platform is not Platform.WEBUI:
-            # A conversation's first turn names it, as the web UI names its own chats
-            # before they run; a title set meanwhile stays.
-            await self._title(request.session_id, user_text)
+            # A conversation's first turn names it after its first message (a client that
+            # resends its history: the first one it sent), as the web UI names its own
+            # chats before they run; a title set meanwhile stays.
+            first = next((m for m in request.messages if m["role"] == "user"), user_message)
+            await self._title(request.session_id, message_text(first))
 
     async def _title(self, session_id: str, text: str) -> None:
         title = title_from_text(text)
