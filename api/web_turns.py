@@ -101,6 +101,9 @@ class ActiveStream:
             # finished turns only); a wake-up turn has no user question to show.
             "user_text": None if self.wakeup else self.user_text,
             "wakeup": self.wakeup,
+            # How many images the question carries: a tab shows them from the stored
+            # transcript once the turn ends (never sent through the event log).
+            "images": len(self.user_metadata.get("images") or ()),
         }
 
 
@@ -401,6 +404,7 @@ class WebTurns:
                     "turn_id": stream.turn_id,
                     "wakeup": wakeup,
                     "user_text": None if wakeup else text,
+                    "images": len(stream.user_metadata.get("images") or ()),
                 },
             )
             stream.last_event_id = event.id

@@ -280,8 +280,9 @@ export class ChatView {
       });
       stream.question = question;
       // An older server's active stream lacks user_text / wakeup: refetch once it ends, so
-      // the question and the wake-up mark come from the stored transcript.
+      // the question and the wake-up mark come from the stored transcript (so do images).
       stream.refetchAtEnd = !("user_text" in active) || !("wakeup" in active);
+      stream.imagesAtEnd = Number(active.images) > 0;
       if (active.last_event_id && compareIds(active.last_event_id, this.lastEventId) > 0) {
         this.lastEventId = String(active.last_event_id);
       }
@@ -627,6 +628,8 @@ export class ChatView {
     }
     const stream = this.startStream(data.stream_id, { wakeup: Boolean(data.wakeup), text: "" });
     stream.question = question;
+    // Another tab's question with images: they come from the stored transcript at the end.
+    if (Number(data.images) > 0 && question && !question.querySelector(".thumbs")) stream.imagesAtEnd = true;
   }
 
   startStream(streamId, { wakeup, text }) {
@@ -713,7 +716,7 @@ export class ChatView {
     }
     if (this.activeStreamId === data.stream_id) this.activeStreamId = null;
     this.root.dispatchEvent(new CustomEvent("busychange"));
-    if (stream.refetchAtEnd) this.root.dispatchEvent(new CustomEvent("refetch"));
+    if (stream.refetchAtEnd || stream.imagesAtEnd) this.root.dispatchEvent(new CustomEvent("refetch"));
   }
 
   addCard(card, target = this.root) {

@@ -220,6 +220,7 @@ def test_image_attachments_reach_the_model_and_show_as_thumbnails(
     expect(page.get_by_test_id("notice").last).to_contain_text("huge.png is too large")
     expect(page.get_by_test_id("attachment")).to_have_count(0)
 
+    other = new_tab(server.url).open(f"/?session={sid}")  # the same chat in another tab
     name = f"{HOSTILE}.png"
     picker.set_input_files([{"name": name, "mimeType": "image/png", "buffer": _png()}])
     expect(page.get_by_test_id("attachment")).to_have_count(1)
@@ -236,6 +237,10 @@ def test_image_attachments_reach_the_model_and_show_as_thumbnails(
 
     thumbs = page.locator("[data-testid=message][data-role=user] [data-testid=thumbnail]")
     expect(thumbs).to_have_count(1)
+    # The other tab saw the question live and shows its image once the turn is stored.
+    shown = other.locator("[data-testid=message][data-role=user] [data-testid=thumbnail]")
+    expect(shown).to_have_count(1)
+    expect(other.locator("[data-testid=message][data-role=user]")).to_have_count(2)
     shots(page, "attachment-sent")
     page.reload()
     page.wait_for_selector("#app[data-ready=true]")
