@@ -505,6 +505,16 @@ export class ChatView {
         form.querySelector("[type=submit]").disabled = false;
       }
     });
+    // As in the composer: Enter sends, Shift+Enter starts a new line; Escape keeps the old text.
+    input.addEventListener("keydown", (event) => {
+      if (event.key === "Escape") {
+        event.stopPropagation();
+        close();
+      } else if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        form.requestSubmit();
+      }
+    });
     body.hidden = true;
     body.after(form);
     for (const button of this.root.querySelectorAll(".meta-btn.revise")) button.remove();
