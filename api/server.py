@@ -20,13 +20,15 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
 from api import deliveries, routes
 from api.approvals import AlreadyDecided, Approvals
+from api.attachments import AttachmentError, max_image_bytes, read_images
 from api.auth import (
     COOKIE_MAX_AGE_SECONDS,
     COOKIE_NAME,
@@ -37,11 +39,12 @@ from api.auth import (
 )
 from api.event_log import EventLog, LoggedEvent
 from api.event_stream import stream_events
+from api.export import FORMATS, export_filename, export_json, export_markdown
 from api.gate import SurfaceGate
 from api.turn_answers import TurnAccepted
-from api.views import session_source, session_view, transcript_items
+from api.views import search_view, session_source, session_view, transcript_items
 from api.wakeups import WebUIDeliveryTarget
-from api.web_turns import WebTurns
+from api.web_turns import Revision, WebTurns
 from delivery.errors import LedgerError
 from gateway.config import Platform
 from gateway.platforms.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
@@ -54,13 +57,17 @@ from gateway.platforms.http_middleware import (
 )
 from gateway.platforms.request_body import read_json_body
 from gateway.session import (
+    MAX_SYSTEM_PROMPT_CHARS,
     MAX_TITLE_CHARS,
+    MessageRecord,
     SessionGone,
+    SessionRecord,
     SessionSource,
     SessionStore,
     SessionStoreError,
     is_valid_session_id,
     new_session_id,
+    title_from_text,
 )
 
 __all__ = ["STATIC_DIR", "WebUIServer"]
@@ -86,6 +93,8 @@ _JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
 _OPEN_ROUTES = frozenset({"/api/bootstrap", "/api/login"})
 _MAX_QUERY = 200
 _PAGE = 200  # transcript messages a page holds
+_SEARCH_HITS = 50  # messages a search answers with
+_NAMED_PER_LIST = 20  # untitled older sessions named per listing (each costs a read, a write)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -104,6 +113,29 @@ def _set_login_cookie(response: web.StreamResponse, cookie: str, request: web.Re
 
 def _error(status: int, message: str, code: str, **extra: Any) -> web.Response:
     return web.json_response({"error": {"message": message, "code": code, **extra}}, status=status)
+
+
+_MESSAGE_ID = re.compile(r"m([0-9]{1,18})")
+_REVISIONS: tuple[tuple[str, Literal["edited", "regenerated"]], ...] = (
+    ("edit_of", "edited"),
+    ("regenerate_of", "regenerated"),
+)
+
+
+def _revision(body: dict[str, Any]) -> Revision | None:
+    """``edit_of`` / ``regenerate_of`` of a message body: the last message ("m<id>", or
+    "last") that the new turn replaces; None for an ordinary message."""
+    for key, how in _REVISIONS:
+        value = body.get(key)
+        if value is None:
+            continue
+        if value == "last":
+            return Revision(how)
+        found = _MESSAGE_ID.fullmatch(value) if isinstance(value, str) else None
+        if found is None:
+            raise ApiError(400, f'{key} must be a message id ("m123") or "last"', code="invalid_id")
+        return Revision(how, int(found.group(1)))
+    return None
 
 
 class WebUIServer:
@@ -227,11 +259,13 @@ class WebUIServer:
         r.add_post("/api/login", self.login)
         r.add_post("/api/logout", self.logout)
         r.add_get("/api/sessions", self.list_sessions)
+        r.add_get("/api/search", self.search)
         r.add_post("/api/sessions", self.create_session)
         r.add_get("/api/sessions/{id}", self.get_session)
         r.add_patch("/api/sessions/{id}", self.rename_session)
         r.add_delete("/api/sessions/{id}", self.delete_session)
         r.add_get("/api/sessions/{id}/items", self.older_items)
+        r.add_get("/api/sessions/{id}/export", self.export_session)
         r.add_get("/api/sessions/{id}/background", self.session_background)
         r.add_post("/api/sessions/{id}/read", self.mark_read)
         r.add_post("/api/sessions/{id}/messages", self.post_message)
@@ -331,6 +365,7 @@ class WebUIServer:
                 "shell_enabled": self.shell_enabled,
                 "version": self.version,
                 "notice": self.gate.notice,
+                "max_image_bytes": max_image_bytes(self.max_body_bytes),
             }
         )
         if renewed is not None:
@@ -416,7 +451,7 @@ class WebUIServer:
 
     async def list_sessions(self, request: web.Request) -> web.Response:
         needle = request.query.get("q", "")[:_MAX_QUERY].strip().lower()
-        records = await asyncio.to_thread(self.store.list_sessions, 500)
+        records = await self._name_untitled(await asyncio.to_thread(self.store.list_sessions, 500))
         unread = await self.log.unread_ids()
         busy = await asyncio.to_thread(self.store.running_turns)
         views = [
@@ -427,6 +462,53 @@ class WebUIServer:
         if needle:
             views = [v for v in views if needle in f"{v['title']} {v['id']} {v['source']}".lower()]
         return web.json_response({"sessions": views})
+
+    async def _name_untitled(self, records: list[SessionRecord]) -> list[SessionRecord]:
+        """API and push-platform sessions stored before they were named after their first
+        message get that name now, once (kept in the store), a few per listing."""
+        untitled = [
+            r for r in records if not r.title and session_source(r) != Platform.WEBUI.value
+        ][:_NAMED_PER_LIST]
+        if not untitled:
+            return records
+        named: dict[str, str] = {}
+        for record in untitled:
+            try:
+                rows = await asyncio.to_thread(self.store.messages, record.id, limit=20)
+            except SessionGone:
+                continue
+            first = next(
+                (
+                    m.content
+                    for m in rows
+                    if m.role == "user"
+                    and not m.is_delivery
+                    and not (m.display_metadata or {}).get("wake")
+                ),
+                None,
+            )
+            title = title_from_text(first) if first else None
+            if title and await self.store.aset_title(record.id, title, if_untitled=True):
+                named[record.id] = title
+        return [replace(r, title=named[r.id]) if r.id in named else r for r in records]
+
+    async def search(self, request: web.Request) -> web.Response:
+        """``GET /api/search?q=``: the newest messages holding every word of ``q`` (full-text
+        search of the store), each with its session and a snippet in pieces."""
+        text = request.query.get("q", "")[:_MAX_QUERY]
+
+        def find() -> list[dict[str, Any]]:
+            hits = self.store.search_messages(text, _SEARCH_HITS)
+            records = {sid: self.store.get_session(sid) for sid in {h.session_id for h in hits}}
+            return [
+                search_view(hit, record)
+                for hit in hits
+                if (record := records.get(hit.session_id)) is not None
+                # Another surface's messages are behind the API key (``api.gate``).
+                and self.gate.shows(session_source(record))
+            ]
+
+        return web.json_response({"results": await asyncio.to_thread(find)})
 
     async def create_session(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -455,13 +537,28 @@ class WebUIServer:
         return session_id
 
     async def rename_session(self, request: web.Request) -> web.Response:
-        """``PATCH /api/sessions/{id} {"title"}``: rename a web UI session."""
+        """``PATCH /api/sessions/{id} {"title", "system_prompt"}``: rename a web UI session
+        and/or set its own system prompt ("" clears it); either may be left out."""
         session_id = await self._webui_session(request)
-        title = (await self._body(request)).get("title")
-        if not isinstance(title, str) or not title.strip() or len(title) > MAX_TITLE_CHARS:
+        body = await self._body(request)
+        title, prompt = body.get("title"), body.get("system_prompt")
+        renaming = "title" in body or "system_prompt" not in body
+        if renaming and (
+            not isinstance(title, str) or not title.strip() or len(title) > MAX_TITLE_CHARS
+        ):
             message = f"title must be text of 1 to {MAX_TITLE_CHARS} characters"
             raise ApiError(400, message, code="invalid_title")
-        if not await self.store.aset_title(session_id, " ".join(title.split())):
+        if prompt is not None and (
+            not isinstance(prompt, str) or len(prompt) > MAX_SYSTEM_PROMPT_CHARS
+        ):
+            message = f"system_prompt must be text of at most {MAX_SYSTEM_PROMPT_CHARS} characters"
+            raise ApiError(400, message, code="invalid_system_prompt")
+        found = True
+        if isinstance(title, str) and renaming:
+            found = await self.store.aset_title(session_id, " ".join(title.split()))
+        if found and "system_prompt" in body:
+            found = await self.store.aset_system_prompt(session_id, prompt)
+        if not found:
             raise ApiError(404, "Session not found", code="session_not_found")
         view = await self.turns.session_dict(session_id)
         if view is None:
@@ -516,6 +613,34 @@ class WebUIServer:
         items, older = await self._transcript_page(session_id, int(before))
         return web.json_response({"items": items, "older": older})
 
+    async def export_session(self, request: web.Request) -> web.Response:
+        """``GET /api/sessions/{id}/export?format=md|json``: the whole conversation as a
+        file to download (any session the web UI may show, read-only ones too)."""
+        session_id = await self._shown_session(request)
+        fmt = request.query.get("format", "md")
+        if fmt not in FORMATS:
+            raise ApiError(400, "format must be md or json", code="invalid_format")
+
+        def read() -> tuple[SessionRecord | None, list[MessageRecord]]:
+            record = self.store.get_session(session_id)
+            return record, (self.store.messages(session_id) if record is not None else [])
+
+        try:
+            record, messages = await asyncio.to_thread(read)
+        except SessionGone:
+            record = None
+        if record is None:
+            raise ApiError(404, "Session not found", code="session_not_found")
+        render = export_markdown if fmt == "md" else export_json
+        body = await asyncio.to_thread(render, record, messages)
+        name = export_filename(record, fmt)
+        return web.Response(
+            text=body,
+            content_type=FORMATS[fmt],
+            charset="utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
+
     async def _transcript_page(
         self, session_id: str, before: int | None
     ) -> tuple[list[dict[str, Any]], str | None]:
@@ -569,7 +694,12 @@ class WebUIServer:
         text = body.get("text")
         if not isinstance(text, str) or len(text) > self.max_body_bytes:
             text = ""
-        answer = await self.turns.astart(session_id, text, "webui")
+        try:
+            images = read_images(body.get("images"), max_image_bytes(self.max_body_bytes))
+        except AttachmentError as exc:
+            raise ApiError(400, exc.message, code=exc.code) from None
+        revise = _revision(body)
+        answer = await self.turns.astart(session_id, text, "webui", images=images, revise=revise)
         if isinstance(answer, TurnAccepted):
             return web.json_response(answer.as_dict(), status=202)
         extra: dict[str, Any] = {}

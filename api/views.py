@@ -12,6 +12,7 @@ Every string is passed as data; the browser shows it as text.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -19,9 +20,10 @@ from typing import Any
 from agent.markers import read_wake_data
 from api.event_log import ToolStep
 from delivery.rows import LedgerRow
+from delivery.session_backend import SNIPPET_END, SNIPPET_START, MessageHit
 from gateway.approvals import EXPIRED_DISPLAY_KIND
 from gateway.config import Platform
-from gateway.session import MessageRecord, SessionRecord
+from gateway.session import MessageRecord, SessionRecord, title_from_text
 from gateway.wake_text import is_combined_wake, wake_batch_key
 
 __all__ = [
@@ -30,27 +32,18 @@ __all__ = [
     "card_from_metadata",
     "card_of_wake_text",
     "combined_card",
+    "delivery_item",
     "delivery_view",
+    "search_view",
     "session_source",
     "session_view",
+    "stored_images",
     "title_from_text",
     "transcript_items",
 ]
 
 _DEFAULT_TITLE = "New chat"
-_TITLE_FROM_TEXT_CHARS = 60
-
-
-def title_from_text(text: str) -> str | None:
-    """A session's title from its first message: the first line that has words, spaces
-    folded, cut at a word near ``_TITLE_FROM_TEXT_CHARS`` characters; None for blank text."""
-    line = next((" ".join(ln.split()) for ln in text.splitlines() if ln.strip()), "")
-    if len(line) <= _TITLE_FROM_TEXT_CHARS:
-        return line or None
-    cut = line[: _TITLE_FROM_TEXT_CHARS - 1]
-    if " " in cut[_TITLE_FROM_TEXT_CHARS // 2 :]:
-        cut = cut[: cut.rindex(" ")]
-    return cut.rstrip() + "\u2026"
+_IMAGE_URL = re.compile(r"data:image/(png|jpeg|gif|webp);base64,")
 
 
 @dataclass(frozen=True)
@@ -168,6 +161,31 @@ def session_view(record: SessionRecord, *, unread: bool, busy: bool) -> dict[str
         "unread": unread,
         "busy": busy,
         "chat": source == Platform.WEBUI.value,
+        "system_prompt": record.system_prompt or "",
+    }
+
+
+def snippet_parts(snippet: str) -> list[dict[str, Any]]:
+    """A search snippet as pieces of text, ``hit`` for the matched words: the browser shows
+    each as text (the marks never reach it)."""
+    first, *rest = snippet.split(SNIPPET_START)
+    pieces: list[tuple[str, bool]] = [(first, False)]
+    for piece in rest:
+        hit, _, after = piece.partition(SNIPPET_END)
+        pieces += [(hit, True), (after, False)]
+    return [{"text": text.replace(SNIPPET_END, ""), "hit": hit} for text, hit in pieces if text]
+
+
+def search_view(hit: MessageHit, record: SessionRecord) -> dict[str, Any]:
+    """A message a search found, with its session's title and source to show beside it."""
+    return {
+        "session_id": hit.session_id,
+        "session_title": record.title or _DEFAULT_TITLE,
+        "source": session_source(record),
+        "message_id": f"m{hit.message_id}",
+        "role": hit.role,
+        "created_at": hit.created_at,
+        "snippet": snippet_parts(hit.snippet),
     }
 
 
@@ -232,10 +250,9 @@ def transcript_items(
             items.append({"kind": "approval", "id": row_id, "approval": _expired_approval(meta)})
             continue
         if row.is_delivery:
-            # A delivery row (API-server sessions): the result, as its card.
-            items.append(
-                {"kind": "wakeup", "id": row_id, "card": card_from_metadata(meta).as_dict()}
-            )
+            # A delivery row (API-server sessions), drawn by its kind: a background result
+            # as its card, anything else as what it says (never a made-up process card).
+            items.append(delivery_item(row))
             continue
         # A wake-up is what the server marked as one when it ran it, never text that merely
         # starts like one (anyone can type the marker).
@@ -248,6 +265,8 @@ def transcript_items(
         failed = row.role == "user" and isinstance(meta, Mapping) and bool(meta.get("failed"))
         if failed and _retried(row, rows[index + 1 :]):
             continue  # its retry, the same text sent later, stands in its place
+        if row.role == "user" and meta.get("superseded") == "regenerated":
+            continue  # asked again as it was: the new turn shows the same message
         role = "assistant" if row.role == "assistant" else "user"
         item: dict[str, Any] = {
             "kind": "message",
@@ -255,9 +274,16 @@ def transcript_items(
             "role": role,
             "content": content,
             "wakeup": role == "assistant" and after_wake,
+            "created_at": row.created_at,
         }
         if isinstance(meta, Mapping) and meta.get("stopped"):
             item["stopped"] = True
+        if images := stored_images(meta):
+            item["images"] = images
+        if meta.get("superseded"):
+            item["superseded"] = _text(meta["superseded"])
+        if meta.get("edited"):
+            item["edited"] = "edited"
         if row.archived:
             item["archived"] = True  # summarised for the model; kept and shown
         if failed:
@@ -267,6 +293,48 @@ def transcript_items(
         after_wake = False
     items.extend(_tool_item(step) for step in running)
     return items
+
+
+# How each kind of delivery row is headed; a kind not named here shows its own name.
+DELIVERY_TITLES = {
+    "approval_turn_result": "Answer after approval",
+    "approval_expired": "Approval expired",
+    "scheduled_wakeup": "Scheduled wake-up",
+}
+_RESULT_KINDS = frozenset({"async_delegation_complete"})
+
+
+def delivery_item(row: MessageRecord) -> dict[str, Any]:
+    """A delivery row as its transcript item: a background result (a sub-agent's or a
+    process's, ``display_kind`` ``async_delegation_complete``) as its wake-up card; any
+    other kind as a ``delivery`` item with a heading, its text and the command it names."""
+    meta = row.display_metadata or {}
+    kind = row.display_kind or ""
+    if kind in _RESULT_KINDS:
+        return {"kind": "wakeup", "id": f"m{row.id}", "card": card_from_metadata(meta).as_dict()}
+    return {
+        "kind": "delivery",
+        "id": f"m{row.id}",
+        "display_kind": kind,
+        "title": DELIVERY_TITLES.get(kind) or kind.replace("_", " ").capitalize(),
+        "text": row.content,
+        "command": _text(meta.get("command")) or None,
+        "status": _text(meta.get("status")) or None,
+        "created_at": row.created_at,
+    }
+
+
+def stored_images(meta: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A user's message's image attachments as stored (``api.attachments``), only the ones
+    that are image data URLs: nothing else may become an image source on the page."""
+    images = meta.get("images") if isinstance(meta, Mapping) else None
+    if not isinstance(images, list):
+        return []
+    return [
+        {"name": _text(i.get("name")), "url": i["url"]}
+        for i in images
+        if isinstance(i, Mapping) and isinstance(i.get("url"), str) and _IMAGE_URL.match(i["url"])
+    ]
 
 
 def _retried(failed: MessageRecord, after: Sequence[MessageRecord]) -> bool:

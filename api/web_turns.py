@@ -26,30 +26,50 @@ import contextlib
 import logging
 import secrets
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from agent.tools import ToolProgress
 from api import config as cfg
 from api.approvals import ApprovalRecord, Approvals
+from api.attachments import ImageAttachment
 from api.event_log import EventLog, LoggedEvent
 from api.routes import refusal
 from api.turn_answers import TurnAccepted, TurnAnswer, TurnRefused
-from api.views import card_of_wake_text, session_source, session_view, title_from_text
+from api.views import (
+    card_of_wake_text,
+    session_source,
+    session_view,
+    stored_images,
+    title_from_text,
+)
 from gateway.config import Platform
-from gateway.session import TURN_LEASE_SECONDS, SessionStore, SessionStoreError
+from gateway.session import TURN_LEASE_SECONDS, SessionGone, SessionStore, SessionStoreError
 from gateway.tasks import finish_or_cancel
 from gateway.turns import ReplayedTurn, StartedTurn, TurnError, TurnRequest, TurnService
 from gateway.wake_text import wake_row_metadata
 
-__all__ = ["ActiveStream", "WebTurns"]
+__all__ = ["ActiveStream", "Revision", "WebTurns"]
 
 logger = logging.getLogger(__name__)
 
 WAKEUP_SOURCE = "process_wakeup"
 _START_TIMEOUT_SECONDS = 30.0
 _STOP_WAIT_SECONDS = 5.0  # how long a Stop waits for another server's turn to end
+
+
+@dataclass(frozen=True)
+class Revision:
+    """A turn that replaces the last one: its user message edited (the turn sends the new
+    text) or answered again (``regenerated``: the turn sends the same message once more).
+    ``message_id`` is the message the person saw as the last one (None: whichever is)."""
+
+    how: Literal["edited", "regenerated"]
+    message_id: int | None = None
+
+
+_REVISE_WINDOW = 50  # the newest messages the last turn is looked for in
 
 
 @dataclass
@@ -62,6 +82,8 @@ class ActiveStream:
     user_text: str
     wakeup: bool
     text: str = ""
+    # What is stored with the user's message (its images' thumbnails): also when it fails.
+    user_metadata: dict[str, Any] = field(default_factory=dict)
     last_event_id: int = 0
     tool_steps: int = 0
     started: StartedTurn | None = field(default=None, repr=False)
@@ -80,6 +102,9 @@ class ActiveStream:
             # finished turns only); a wake-up turn has no user question to show.
             "user_text": None if self.wakeup else self.user_text,
             "wakeup": self.wakeup,
+            # How many images the question carries: a tab shows them from the stored
+            # transcript once the turn ends (never sent through the event log).
+            "images": len(self.user_metadata.get("images") or ()),
         }
 
 
@@ -216,21 +241,41 @@ class WebTurns:
 
     # ----------------------------------------------------------------- starting
 
-    async def astart(self, session_id: str, text: str, source: str) -> TurnAnswer:
-        """Start a turn in a web UI session, on the event loop; a refusal is typed."""
+    async def astart(
+        self,
+        session_id: str,
+        text: str,
+        source: str,
+        *,
+        images: Sequence[ImageAttachment] = (),
+        revise: Revision | None = None,
+    ) -> TurnAnswer:
+        """Start a turn in a web UI session, on the event loop; a refusal is typed.
+        ``images`` (checked by ``api.attachments``) go to the model as image parts of the
+        user's message and are stored with it. ``revise``: the turn replaces the last one,
+        whose messages stay in the transcript marked superseded (409 ``not_last_message``
+        when the message named is not the last one, or a wake-up came after it)."""
         if self._closing:
             return TurnRefused(503, "the web UI is shutting down", retryable=True)
         task = asyncio.current_task()
         if task is not None:
             self._starting.add(task)
         try:
-            return await self._astart(session_id, text, source)
+            return await self._astart(session_id, text, source, tuple(images), revise)
         finally:
             if task is not None:
                 self._starting.discard(task)
 
-    async def _astart(self, session_id: str, text: str, source: str) -> TurnAnswer:
-        if not isinstance(text, str) or not text.strip():
+    async def _astart(
+        self,
+        session_id: str,
+        text: str,
+        source: str,
+        images: tuple[ImageAttachment, ...] = (),
+        revise: Revision | None = None,
+    ) -> TurnAnswer:
+        again = revise is not None and revise.how == "regenerated"
+        if not isinstance(text, str) or not (text.strip() or images or again):
             return TurnRefused(400, "message is required", "message_required")
         try:
             record = await asyncio.to_thread(self.store.get_session, session_id)
@@ -251,6 +296,7 @@ class WebTurns:
             session_id=session_id,
             user_text=text,
             wakeup=wakeup,
+            user_metadata={"images": [image.shown() for image in images]} if images else {},
         )
         with self._lock:
             if wakeup and session_id in self._paused:
@@ -272,6 +318,22 @@ class WebTurns:
                 "active_stream",
                 active_stream_id=lease.stream_id,
             )
+        if revise is not None:
+            try:
+                revised = await self._revise(session_id, revise, text, images)
+            except (SessionStoreError, SessionGone) as exc:
+                revised = TurnRefused(
+                    503, f"the session store is unavailable: {exc}", retryable=True
+                )
+            if isinstance(revised, TurnRefused):
+                await asyncio.to_thread(self.store.end_turn, session_id, stream.stream_id)
+                return revised
+            text, images = revised
+            stream.user_text = text
+            stream.user_metadata = {
+                **({"images": [image.shown() for image in images]} if images else {}),
+                **({"edited": True} if revise.how == "edited" else {}),
+            }
         with self._lock:
             self._active[session_id] = stream
         stream.holder = asyncio.create_task(self._hold(stream))
@@ -279,7 +341,23 @@ class WebTurns:
             answer = await self.service.start(
                 TurnRequest(
                     session_id=session_id,
-                    messages=[{"role": "user", "content": text}],
+                    # The chat's own system prompt, stored with it, leads every turn of it.
+                    messages=[
+                        *(
+                            [{"role": "system", "content": record.system_prompt}]
+                            if record.system_prompt
+                            else []
+                        ),
+                        {
+                            "role": "user",
+                            "content": (
+                                [{"type": "text", "text": text}, *(i.part() for i in images)]
+                                if images
+                                else text
+                            ),
+                        },
+                    ],
+                    user_metadata=stream.user_metadata or None,
                     stream=True,
                     idempotency_key=(
                         f"webui-wake:{card.delivery_id}" if card and card.delivery_id else None
@@ -317,7 +395,7 @@ class WebTurns:
                         "status": card.status,
                     },
                 )
-            elif not wakeup and not record.title and (first := title_from_text(text)):
+            elif not wakeup and not record.title and (first := title_from_text(text or "Image")):
                 await self._title_session(session_id, first)
             event = await self.log.append(
                 "turn.start",
@@ -327,6 +405,7 @@ class WebTurns:
                     "turn_id": stream.turn_id,
                     "wakeup": wakeup,
                     "user_text": None if wakeup else text,
+                    "images": len(stream.user_metadata.get("images") or ()),
                 },
             )
             stream.last_event_id = event.id
@@ -339,6 +418,44 @@ class WebTurns:
         self._followers.add(stream.follower)
         stream.follower.add_done_callback(self._followers.discard)
         return accepted
+
+    async def _revise(
+        self,
+        session_id: str,
+        revise: Revision,
+        text: str,
+        images: tuple[ImageAttachment, ...],
+    ) -> tuple[str, tuple[ImageAttachment, ...]] | TurnRefused:
+        """Under the session's lease: mark the last turn (the person's message and the replies
+        after it) superseded; the new turn's text and images (a regeneration's are the last
+        message's own; an edit keeps the images unless it sends others)."""
+        rows = await asyncio.to_thread(self.store.latest_messages, session_id, limit=_REVISE_WINDOW)
+        people = [
+            i
+            for i, row in enumerate(rows)
+            if row.role == "user"
+            and not row.is_delivery
+            and not (row.display_metadata or {}).get("superseded")
+        ]
+        if not people:
+            return TurnRefused(409, "there is no message to edit or answer again", "no_message")
+        last = people[-1]
+        target = rows[last]
+        if (target.display_metadata or {}).get("wake") or (
+            revise.message_id is not None and revise.message_id != target.id
+        ):
+            return TurnRefused(
+                409, "only the last message can be edited or answered again", "not_last_message"
+            )
+        replies = [r.id for r in rows[last + 1 :] if r.role == "assistant" and not r.is_delivery]
+        await self.store.asupersede(session_id, [target.id, *replies], revise.how)
+        kept = tuple(
+            ImageAttachment(i["name"], i["url"])
+            for i in stored_images(target.display_metadata or {})
+        )
+        if revise.how == "regenerated":
+            return target.content, kept
+        return text, images or kept
 
     async def _hold(self, stream: ActiveStream) -> None:
         """Renew the turn's lease while it runs. A turn that lost its session (this server
@@ -466,6 +583,8 @@ class WebTurns:
 
     async def _store_stopped(self, stream: ActiveStream) -> bool:
         user: dict[str, Any] = {"role": "user", "content": stream.user_text}
+        if stream.user_metadata:
+            user["display_metadata"] = dict(stream.user_metadata)
         if stream.wakeup:
             user["display_metadata"] = wake_row_metadata(stream.user_text)
         reply = {"role": "assistant", "content": stream.text, "display_metadata": {"stopped": True}}
@@ -481,7 +600,7 @@ class WebTurns:
         the error, so that a reload still shows it (and its Retry). The model never sees a
         failed message as history (``gateway.conversation.build_context``): a retry sends
         the text again, and the view shows a failed message followed by its retry once."""
-        meta = {"failed": True, "error": error[:500]}
+        meta = {**stream.user_metadata, "failed": True, "error": error[:500]}
         user = {"role": "user", "content": stream.user_text, "display_metadata": meta}
         try:
             await self.store.aappend_turn(stream.session_id, [user])

@@ -37,6 +37,7 @@ text), so each encodes and validates nothing itself and all of them agree on wha
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
@@ -46,6 +47,7 @@ __all__ = [
     "ApprovalStatus",
     "Compaction",
     "IdempotencyRecord",
+    "MessageHit",
     "MessageRecord",
     "NewMessage",
     "NewSession",
@@ -59,6 +61,8 @@ __all__ = [
     "TurnLease",
     "TurnStart",
     "encode_json",
+    "mark_snippet",
+    "search_terms",
 ]
 
 SessionState = Literal["live", "deleted", "unknown"]
@@ -156,6 +160,8 @@ class SessionRecord:
     title: str | None
     created_at: float
     updated_at: float
+    system_prompt: str | None = None
+    """The chat's own system prompt (set in the web UI), given to the model on its turns."""
 
     def as_dict(self) -> dict[str, Any]:
         """The shape ``SessionStore`` has always returned."""
@@ -166,6 +172,7 @@ class SessionRecord:
             "title": self.title,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
+            "system_prompt": self.system_prompt,
         }
 
 
@@ -316,6 +323,68 @@ class PrefixSessions:
     prefix_deleted: bool = False
 
 
+# --------------------------------------------------------------------------- search
+
+# What a search matches: words of letters and digits, each as the start of a word of the
+# message (every backend splits text the same way, so all of them find the same rows).
+_WORD = re.compile(r"[^\W_]+")
+MAX_SEARCH_TERMS = 8
+MAX_TERM_CHARS = 64
+SNIPPET_START = "\x02"
+SNIPPET_END = "\x03"
+"""The marks around each matched word in ``MessageHit.snippet`` (characters no message
+text is shown with: the web UI splits on them and shows every piece as text)."""
+_SNIPPET_WORDS = 12
+_SPACE = re.compile(r"\s+")
+
+
+def search_terms(text: str) -> tuple[str, ...]:
+    """The words a search for ``text`` matches, lower-cased, at most ``MAX_SEARCH_TERMS``
+    (each cut to ``MAX_TERM_CHARS``); empty when it has none."""
+    found: list[str] = []
+    for word in _WORD.findall(text.lower()):
+        word = word[:MAX_TERM_CHARS]
+        if word not in found:
+            found.append(word)
+    return tuple(found[:MAX_SEARCH_TERMS])
+
+
+def mark_snippet(text: str, terms: Sequence[str]) -> str | None:
+    """A few words of ``text`` around its first word that starts with a term, each such
+    word between ``SNIPPET_START`` and ``SNIPPET_END``; None unless every term starts a word
+    of it (what the memory backend matches by; the SQL backends have their own)."""
+    words = [(m.start(), m.end()) for m in _WORD.finditer(text)]
+    lowered = [text[a:b].lower() for a, b in words]
+    if not all(any(w.startswith(t) for w in lowered) for t in terms):
+        return None
+    hits = [i for i, w in enumerate(lowered) if any(w.startswith(t) for t in terms)]
+    first = max(0, hits[0] - _SNIPPET_WORDS // 3)
+    last = min(len(words), first + _SNIPPET_WORDS)
+    out: list[str] = ["\u2026 "] if first > 0 else []
+    cursor = words[first][0]
+    for i in range(first, last):
+        a, b = words[i]
+        out.append(_SPACE.sub(" ", text[cursor:a]))
+        piece = text[a:b]
+        out.append(f"{SNIPPET_START}{piece}{SNIPPET_END}" if i in hits else piece)
+        cursor = b
+    if last < len(words):
+        out.append(" \u2026")
+    return "".join(out).strip()
+
+
+@dataclass(frozen=True, slots=True)
+class MessageHit:
+    """A message a search found: its session, where it is, and a snippet of its text with
+    the matched words between ``SNIPPET_START`` and ``SNIPPET_END``."""
+
+    session_id: str
+    message_id: int
+    role: str
+    created_at: float
+    snippet: str
+
+
 # --------------------------------------------------------------------------- protocol
 
 
@@ -354,10 +423,24 @@ class SessionBackend(Protocol):
         """Give a live session its title (only when it has none, with ``if_untitled``);
         True when the title was set."""
 
+    async def aset_system_prompt(self, session_id: str, prompt: str | None) -> bool:
+        """Set (None: clear) a live session's system prompt; True when it is live."""
+
     def delete_session(self, session_id: str) -> bool:
         """Delete the session and its transcript and tombstone the id (even when it was not
         live: a delete racing a session's first turn still wins). True when a live session
         was removed."""
+
+    def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
+        """Mark the session's messages ``ids`` (not delivery rows) superseded (an edit or a
+        regeneration replaced them): ``display_metadata["superseded"] = how``. They stay in
+        the transcript, shown as earlier versions, and leave the model's context. How many."""
+
+    # -- search
+    def search_messages(self, terms: Sequence[str], limit: int) -> list[MessageHit]:
+        """The newest ``limit`` messages of live sessions in which every term starts a word
+        (``search_terms``), newest first: SQLite full-text search (FTS5), PostgreSQL's
+        (tsvector), a scan in memory."""
 
     # -- messages
     def append_message(self, session_id: str, message: NewMessage) -> MessageRecord:

@@ -194,9 +194,10 @@ def build_context(
                 continue  # placed first, above
             flush()
             meta = row.get("display_metadata") or {}
-            if meta.get("failed"):
+            if meta.get("failed") or meta.get("superseded"):
                 # A web UI turn that failed: its message is shown (with a Retry) but was
-                # never answered; a retry sends it again, so it is not history.
+                # never answered; a retry sends it again, so it is not history. Nor is a
+                # message an edit or a regeneration replaced (shown as an earlier version).
                 continue
             content = row["content"]
             if row["role"] == "user" and not meta.get("wake"):

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
@@ -24,6 +25,7 @@ from delivery.identity import current_identity, holder_is_dead
 from delivery.session_backend import (
     ApprovalRecord,
     Compaction,
+    MessageHit,
     MessageRecord,
     NewMessage,
     NewSession,
@@ -37,6 +39,7 @@ from delivery.session_backend import (
     TurnLease,
     TurnStart,
     encode_json,
+    search_terms,
 )
 from gateway.config import Platform
 
@@ -53,6 +56,7 @@ __all__ = [
     "build_session_key",
     "is_valid_session_id",
     "new_session_id",
+    "title_from_text",
 ]
 
 _SESSION_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -211,6 +215,21 @@ def build_session_key(
 # --------------------------------------------------------------------------- ids
 
 MAX_TITLE_CHARS = 200  # a session's title, in characters
+MAX_SYSTEM_PROMPT_CHARS = 20_000  # a chat's own system prompt, in characters
+
+_TITLE_FROM_TEXT_CHARS = 60
+
+
+def title_from_text(text: str) -> str | None:
+    """A session's title from its first message: the first line that has words, spaces
+    folded, cut at a word near ``_TITLE_FROM_TEXT_CHARS`` characters; None for blank text."""
+    line = next((" ".join(ln.split()) for ln in text.splitlines() if ln.strip()), "")
+    if len(line) <= _TITLE_FROM_TEXT_CHARS:
+        return line or None
+    cut = line[: _TITLE_FROM_TEXT_CHARS - 1]
+    if " " in cut[_TITLE_FROM_TEXT_CHARS // 2 :]:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip() + "\u2026"
 
 
 def is_valid_session_id(s: object) -> bool:
@@ -360,6 +379,18 @@ class SessionStore:
             raise ValueError(f"a title is text of 1 to {MAX_TITLE_CHARS} characters")
         return await self._backend.aset_title(session_id, title, if_untitled=if_untitled)
 
+    async def aset_system_prompt(self, session_id: str, prompt: str | None) -> bool:
+        """Give a live session its own system prompt (None or blank text clears it); False
+        when it is not live. At most ``MAX_SYSTEM_PROMPT_CHARS`` characters."""
+        _check_id(session_id)
+        if prompt is not None and not isinstance(prompt, str):
+            raise ValueError("a system prompt is text")
+        if prompt is not None and len(prompt) > MAX_SYSTEM_PROMPT_CHARS:
+            raise ValueError(f"a system prompt is at most {MAX_SYSTEM_PROMPT_CHARS} characters")
+        return await self._backend.aset_system_prompt(
+            session_id, prompt if prompt and prompt.strip() else None
+        )
+
     def delete_session(self, session_id: str) -> bool:
         """Delete a session and its transcript and leave a tombstone. False when it did not
         exist (the id is tombstoned all the same: a delete that races a session's first
@@ -408,6 +439,25 @@ class SessionStore:
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
         return self._backend.messages(session_id, after_id, limit)
+
+    async def asupersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
+        """Mark messages of the session as replaced by an edit or a regeneration (``how``:
+        ``"edited"`` or ``"regenerated"``): kept and shown, no longer sent to the model.
+        Call it holding the session's turn lease. How many were marked."""
+        if how not in ("edited", "regenerated"):
+            raise ValueError('how is "edited" or "regenerated"')
+        if not ids:
+            return 0
+        return await asyncio.to_thread(self._backend.supersede, session_id, tuple(ids), how)
+
+    def search_messages(self, text: str, limit: int = 50) -> list[MessageHit]:
+        """The newest messages (at most ``limit``) of live sessions that hold every word of
+        ``text`` (each as the start of a word), newest first, with a snippet; none for text
+        without words."""
+        terms = search_terms(text)
+        if not terms or limit <= 0:
+            return []
+        return self._backend.search_messages(terms, limit)
 
     def latest_messages(
         self, session_id: str, *, before_id: int | None = None, limit: int = 200

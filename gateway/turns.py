@@ -67,8 +67,10 @@ from gateway.session import (
     SessionGone,
     SessionSource,
     SessionStore,
+    SessionStoreError,
     SessionTaken,
     build_session_key,
+    title_from_text,
 )
 from gateway.tasks import finish_or_cancel
 from gateway.turn_approvals import Parking, TurnGate, busy_reason
@@ -185,6 +187,9 @@ class TurnRequest:
     lease_stream_id: str | None = None
     """The turn lease (``SessionStore.take_turn``) the surface holds for this turn, if any
     (the web UI's): a compaction runs under it instead of taking the session itself."""
+    user_metadata: dict[str, Any] | None = None
+    """Display metadata the surface stores with the user's message (the web UI: the images
+    it came with, shown as thumbnails; that it edits an earlier message)."""
     traceparent: str | None = None
     """Set by the server for its own wake-ups only: the W3C traceparent of the delivery that
     sent it, whose child the turn's span becomes (``delivery.traces``)."""
@@ -683,6 +688,8 @@ class TurnService:
         key = request.idempotency_key
         user_text = message_text(user_message)
         user_row: dict[str, Any] = {"role": "user", "content": user_text}
+        if request.user_metadata:
+            user_row["display_metadata"] = dict(request.user_metadata)
         if request.wakeup:
             user_row["display_metadata"] = wake_row_metadata(user_text)
         reply_row: dict[str, Any] = {"role": "assistant", "content": str(result.content or "")}
@@ -715,6 +722,21 @@ class TurnService:
         self.turns_stored += 1
         if request.wakeup:
             self.wake_turns += 1
+        elif not begun.history and self._platform is not Platform.WEBUI:
+            # A conversation's first turn names it after its first message (a client that
+            # resends its history: the first one it sent), as the web UI names its own
+            # chats before they run; a title set meanwhile stays.
+            first = next((m for m in request.messages if m["role"] == "user"), user_message)
+            await self._title(request.session_id, message_text(first))
+
+    async def _title(self, session_id: str, text: str) -> None:
+        title = title_from_text(text)
+        if title is None:
+            return
+        try:
+            await self.store.aset_title(session_id, title, if_untitled=True)
+        except (SessionStoreError, ValueError) as exc:
+            logger.warning("could not title session %s: %s", session_id, exc)
 
 
 def _taken(session_id: str) -> TurnError:

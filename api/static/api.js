@@ -84,15 +84,23 @@ export const api = {
   login: (password) => request("POST", "/api/login", { password }),
   logout: () => request("POST", "/api/logout", {}),
   sessions: (q) => request("GET", q ? `/api/sessions?q=${enc(q)}` : "/api/sessions"),
+  search: (q) => request("GET", `/api/search?q=${enc(q)}`),
   createSession: (title) => request("POST", "/api/sessions", title ? { title } : {}),
   session: (id) => request("GET", `/api/sessions/${enc(id)}`),
   renameSession: (id, title) => request("PATCH", `/api/sessions/${enc(id)}`, { title }),
+  setSystemPrompt: (id, prompt) =>
+    request("PATCH", `/api/sessions/${enc(id)}`, { system_prompt: prompt }),
   deleteSession: (id) => request("DELETE", `/api/sessions/${enc(id)}`),
   olderItems: (id, before) =>
     request("GET", `/api/sessions/${enc(id)}/items?before=${enc(before)}`),
   background: (id) => request("GET", `/api/sessions/${enc(id)}/background`),
   markRead: (id) => request("POST", `/api/sessions/${enc(id)}/read`, {}),
-  send: (id, text) => request("POST", `/api/sessions/${enc(id)}/messages`, { text }),
+  send: (id, text, images = [], extra = {}) =>
+    request("POST", `/api/sessions/${enc(id)}/messages`, {
+      text,
+      ...(images.length ? { images } : {}),
+      ...extra,
+    }),
   stop: (id) => request("POST", `/api/sessions/${enc(id)}/stop`, {}),
   decide: (approvalId, decision) =>
     request("POST", `/api/approvals/${enc(approvalId)}`, { decision }),

@@ -1,12 +1,15 @@
 // Reveille's web UI: bootstrap, routing (/ and /deliveries), the tab's one event stream, and
 // the glue between the sidebar, the chat, the Deliveries page and the toasts.
 import { api, onLoginRequired, setCsrfToken } from "/static/api.js";
+import { Attachments } from "/static/attachments.js";
 import { BackgroundStrip } from "/static/background.js";
 import { ChatView } from "/static/chat.js";
 import { streamStateChanged, watchConnection } from "/static/connection.js";
 import { DeliveriesView } from "/static/deliveries.js";
 import { $, sourceLabel } from "/static/dom.js";
 import { connect } from "/static/events.js";
+import { Notifier } from "/static/notify.js";
+import { SearchResults } from "/static/search.js";
 import { Sidebar, sessionTitle } from "/static/sidebar.js";
 import { initTheme } from "/static/theme.js";
 import { completionToast, failure, notice } from "/static/toasts.js";
@@ -38,8 +41,16 @@ const chat = new ChatView(transcript, {
   onDecide: decide,
   onRetry: (text, node) => sendText(text, { retrying: node }),
   onOlder: (id, before) => api.olderItems(id, before),
+  onRevise: revise,
 });
+const attachments = new Attachments($("#attachments"), {
+  maxBytes: () => Number(state.boot?.max_image_bytes) || 700 * 1024,
+});
+const notifier = new Notifier($("#notify-toggle"), { onOpen: (id) => openSession(id) });
 const backgroundStrip = new BackgroundStrip($("#background-strip"));
+const searchResults = new SearchResults($("#search-results"), $("#search-hits"), {
+  onOpen: (id, messageId) => openSession(id, { focus: messageId }),
+});
 const deliveries = new DeliveriesView($("#deliveries"), $("#deliveries-empty"), {
   sessionTitle: (id) => (state.sessions.has(id) ? sessionTitle(state.sessions.get(id)) : String(id)),
   onOpenSession: (id) => openSession(id),
@@ -63,7 +74,23 @@ function setTitle(title, badge) {
   const node = $("#view-badge");
   node.hidden = !badge;
   node.textContent = badge || "";
-  document.title = title === "Reveille" ? "Reveille" : `${title} · Reveille`;
+  notifier.setTitle(title === "Reveille" ? "Reveille" : `${title} · Reveille`);
+  updateChatTools();
+}
+
+/** Export and the system prompt, for the chat in view. */
+function updateChatTools() {
+  const session = state.view === "chat" ? currentSession() : null;
+  $("#chat-tools").hidden = !session;
+  if (!session) {
+    closePromptPanel();
+    return;
+  }
+  const base = `/api/sessions/${encodeURIComponent(session.id)}/export?format=`;
+  $("#export-md").href = `${base}md`;
+  $("#export-json").href = `${base}json`;
+  $("#prompt-btn").hidden = !session.chat;
+  $("#prompt-btn").classList.toggle("active", Boolean(session.system_prompt));
 }
 
 function sessionFromUrl() {
@@ -129,7 +156,19 @@ function timeOf(value) {
 }
 
 function renderSidebar() {
-  sidebar.render(orderedSessions(), state.currentId);
+  notifier.setUnread([...state.sessions.values()].filter((s) => s.unread).length);
+  sidebar.render(orderedSessions(), state.currentId, state.query ? "No chat titles match." : "No sessions here.");
+}
+
+/** The messages that hold the search's words (full-text search of the store). */
+async function searchMessages() {
+  const query = state.query;
+  if (!query) {
+    searchResults.clear();
+    return;
+  }
+  const { results } = await api.search(query);
+  if (query === state.query) searchResults.show(results || []);
 }
 
 async function refreshSessions() {
@@ -165,7 +204,8 @@ function markRead(id) {
   api.markRead(id).catch(() => {});
 }
 
-async function openSession(id, { push = true, quiet = false } = {}) {
+async function openSession(id, { push = true, quiet = false, focus = null } = {}) {
+  if (id !== state.currentId) closePromptPanel();
   if (push) navigate(`/?session=${encodeURIComponent(id)}`);
   state.currentId = id;
   if (state.view !== "chat") showView("chat");
@@ -205,7 +245,8 @@ async function openSession(id, { push = true, quiet = false } = {}) {
   if (detail.session.unread && document.visibilityState === "visible") markRead(id);
   renderSidebar();
   updateComposer();
-  if (window.matchMedia("(min-width: 721px)").matches) composer.focus({ preventScroll: true });
+  if (focus) await chat.focusMessage(focus);
+  else if (window.matchMedia("(min-width: 721px)").matches) composer.focus({ preventScroll: true });
 }
 
 /** "New chat": a draft in the page; nothing is stored until its first message is sent. */
@@ -256,6 +297,39 @@ function sessionDeleted(id) {
   else renderSidebar();
 }
 
+// ---------------------------------------------------------------- the chat's system prompt
+
+function openPromptPanel() {
+  const session = currentSession();
+  if (!session?.chat) return;
+  $("#prompt-text").value = session.system_prompt || "";
+  $("#prompt-panel").hidden = false;
+  $("#prompt-btn").setAttribute("aria-expanded", "true");
+  $("#prompt-text").focus();
+}
+
+function closePromptPanel() {
+  $("#prompt-panel").hidden = true;
+  $("#prompt-btn").setAttribute("aria-expanded", "false");
+}
+
+async function savePrompt(event) {
+  event.preventDefault();
+  const id = state.currentId;
+  if (!id) return;
+  const save = $("[data-testid=save-system-prompt]");
+  save.disabled = true;
+  try {
+    upsertSession((await api.setSystemPrompt(id, $("#prompt-text").value)).session);
+    closePromptPanel();
+    notice("System prompt saved.", "info");
+  } catch (err) {
+    failure(err, "Could not save the system prompt");
+  } finally {
+    save.disabled = false;
+  }
+}
+
 // ---------------------------------------------------------------- composer
 
 function currentSession() {
@@ -272,10 +346,12 @@ function updateComposer() {
   const readOnly = Boolean(session && session.chat === false);
   const busy = isBusy();
   composer.disabled = readOnly;
+  $("#attach").disabled = readOnly;
   sendButton.disabled = readOnly || busy;
   stopButton.hidden = !busy || readOnly;
   sendButton.hidden = busy && !readOnly;
   composerNote.hidden = !readOnly;
+  chat.setRevisable(Boolean(session?.chat) && !busy && state.view === "chat");
   composerNote.textContent = readOnly
     ? `This ${sourceLabel(session.source)} session is shown read-only; chat in it from where it started.`
     : "";
@@ -298,7 +374,8 @@ function send() {
  * → whether the turn started.
  */
 async function sendText(text, { retrying = null } = {}) {
-  if (!text.trim()) return false;
+  const images = retrying ? [] : attachments.list;
+  if (!text.trim() && !images.length) return false;
   if (isBusy()) {
     notice("Wait for the reply, or stop it, before sending the next message.", "info");
     return false;
@@ -310,18 +387,20 @@ async function sendText(text, { retrying = null } = {}) {
   }
   if (!retrying) {
     composer.value = "";
+    attachments.clear();
     autosize();
   }
   const placeholder = retrying ? document.createComment("retrying") : null;
   retrying?.replaceWith(placeholder);
-  const pending = chat.addPendingUser(text);
+  const pending = chat.addPendingUser(text, images);
   chatEmpty.hidden = true;
   try {
-    await api.send(id, text);
+    await api.send(id, text, images);
     placeholder?.remove();
     return true;
   } catch (err) {
     chat.dropPendingUser(pending);
+    if (images.length) attachments.restore(images);
     if (retrying) placeholder.replaceWith(retrying);
     else if (!composer.value) composer.value = text;
     autosize();
@@ -331,6 +410,23 @@ async function sendText(text, { retrying = null } = {}) {
       failure(err, "Could not send the message");
     }
     updateComposer();
+    return false;
+  }
+}
+
+/** Replace the last turn: its message edited, or answered again (the server marks the old
+ * one superseded). → whether the new turn started. */
+async function revise(how, messageId, text) {
+  const id = state.currentId;
+  if (!id || isBusy()) return false;
+  const key = how === "edit" ? "edit_of" : "regenerate_of";
+  const pending = how === "edit" ? chat.addPendingUser(text) : null;
+  try {
+    await api.send(id, text, [], { [key]: messageId });
+    return true;
+  } catch (err) {
+    if (pending) chat.dropPendingUser(pending);
+    failure(err, how === "edit" ? "Could not send the edited message" : "Could not answer again");
     return false;
   }
 }
@@ -365,6 +461,12 @@ function onEvent(type, data, id) {
       if (data.session) upsertSession(data.session);
       return;
     case "toast":
+      notifier.show({
+        sessionId: data.session_id,
+        title: "Background work finished",
+        body: `${data.title || sessionTitle(state.sessions.get(data.session_id))}: ${data.goal || ""}`,
+        looking: inView(data.session_id) && document.hasFocus(),
+      });
       if (!inView(data.session_id)) {
         completionToast(
           {
@@ -392,6 +494,14 @@ function onEvent(type, data, id) {
     // A turn may have started background work; a wake-up means some of it came home.
     if (type === "turn.end" || type === "wakeup") refreshBackground(data.session_id);
     if (type === "approval") backgroundStrip.setApproval(data.approval);
+  }
+  if (type === "turn.end" && data.status === "done") {
+    notifier.show({
+      sessionId: data.session_id,
+      title: `Reply in “${sessionTitle(state.sessions.get(data.session_id))}”`,
+      body: String(data.content || "").slice(0, 200),
+      looking: inView(data.session_id) && document.hasFocus(),
+    });
   }
   if (type === "turn.start" || type === "turn.end") {
     const session = state.sessions.get(data.session_id);
@@ -478,6 +588,13 @@ function wire() {
   });
   composer.addEventListener("input", autosize);
   stopButton.addEventListener("click", stop);
+  $("#attach").addEventListener("click", () => $("#attach-input").click());
+  $("#attach-input").addEventListener("change", async (event) => {
+    const input = event.target;
+    await attachments.add([...input.files]);
+    input.value = "";
+    composer.focus();
+  });
   transcript.addEventListener("busychange", updateComposer);
   transcript.addEventListener("refetch", () => {
     if (state.currentId && state.view === "chat") openSession(state.currentId, { push: false, quiet: true });
@@ -491,7 +608,7 @@ function wire() {
         for (const s of state.sessions.values()) delete s._match;
       }
       try {
-        await refreshSessions();
+        await Promise.all([refreshSessions(), searchMessages()]);
       } catch (err) {
         failure(err);
       }
@@ -542,6 +659,12 @@ function wire() {
     if (session?.unread && inView(session.id)) markRead(session.id);
   });
   $("#login-form").addEventListener("submit", login);
+  $("#prompt-btn").addEventListener("click", () => ($("#prompt-panel").hidden ? openPromptPanel() : closePromptPanel()));
+  $("#prompt-cancel").addEventListener("click", closePromptPanel);
+  $("#prompt-panel").addEventListener("submit", savePrompt);
+  for (const link of [$("#export-md"), $("#export-json")]) {
+    link.addEventListener("click", () => ($("#export-menu").open = false));
+  }
   onLoginRequired(() => showLogin());
 }
 

@@ -1,7 +1,7 @@
 // The transcript of the session in view: messages, tool steps, wake-up cards, approval cards,
 // and the live stream of a running turn. Only the agent's replies go through the markdown
 // sanitizer; everything else is text.
-import { compareIds, el, formatDuration } from "/static/dom.js";
+import { compareIds, el, formatDuration, toDate } from "/static/dom.js";
 import { setMarkdown } from "/static/markdown.js";
 
 const OK = new Set(["done", "completed", "complete", "success", "succeeded", "ok", "finished"]);
@@ -116,6 +116,77 @@ function resultCard(card, testid) {
   );
 }
 
+/** A delivery row that is not a background result (an approval's answer, an expired
+ * approval, a scheduled wake-up, or a kind this page does not know): its heading, the
+ * command it names, and its text. Every field is text. */
+export function deliveryCard(item) {
+  const kind = String(item.display_kind || "");
+  return el(
+    "article",
+    { class: "delivery-card", dataset: { testid: "delivery-card", displayKind: kind, messageId: item.id } },
+    el(
+      "div",
+      { class: "wakeup-head" },
+      el("span", { class: "delivery-icon", "aria-hidden": "true" }),
+      el("span", { class: "wakeup-kind", dataset: { field: "title" }, text: String(item.title || kind || "Delivery") }),
+      item.status ? el("span", { class: `pill ${statusTone(item.status)}`, dataset: { field: "status" }, text: String(item.status) }) : null,
+      stamp(item.created_at),
+    ),
+    item.command
+      ? el("p", { class: "wakeup-command" }, el("code", { dataset: { field: "command" }, text: String(item.command) }))
+      : null,
+    el("div", { class: "delivery-text", dataset: { field: "text" }, text: String(item.text ?? "") }),
+  );
+}
+
+/** A message's time: short on the page, in full as its tooltip. */
+function stamp(value) {
+  const date = toDate(value);
+  if (!date) return null;
+  const sameDay = date.toDateString() === new Date().toDateString();
+  const short = sameDay
+    ? date.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" })
+    : date.toLocaleString(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+  // Drawn from data-label (CSS), not text: a message's text stays exactly what was written.
+  return el("time", {
+    class: "stamp",
+    datetime: date.toISOString(),
+    title: date.toLocaleString(),
+    dataset: { testid: "timestamp", label: short },
+  });
+}
+
+/** A small action under a message; its label is drawn from data-label (see `stamp`). */
+export function metaButton(label, testid, ariaLabel, onClick) {
+  return el("button", {
+    type: "button",
+    class: "meta-btn",
+    "aria-label": ariaLabel,
+    title: ariaLabel,
+    dataset: { testid, label },
+    on: { click: onClick },
+  });
+}
+
+/** Put `text` on the clipboard (the Clipboard API, or the old copy command where it is missing). */
+export async function copyText(text) {
+  if (navigator.clipboard?.writeText) {
+    try {
+      await navigator.clipboard.writeText(text);
+      return true;
+    } catch {
+      // not allowed here: try the old way
+    }
+  }
+  const area = el("textarea", { class: "sr-only", "aria-hidden": "true" });
+  area.value = text;
+  document.body.append(area);
+  area.select();
+  const ok = document.execCommand("copy");
+  area.remove();
+  return ok;
+}
+
 function toolStep({ name, status, summary }) {
   const node = el(
     "div",
@@ -143,9 +214,12 @@ function isRunning(status) {
 }
 
 export class ChatView {
-  constructor(root, { onDecide, onOlder, onRetry }) {
+  constructor(root, { onDecide, onOlder, onRetry, onRevise }) {
     this.root = root;
     this.onDecide = onDecide;
+    // (how: "edit" | "regenerate", messageId: "m12" | "last", text) → Promise<bool>
+    this.onRevise = onRevise;
+    this.revisable = false; // whether the last turn may be edited or answered again now
     this.onRetry = onRetry; // (text, node) → Promise<bool>: send a failed message again
     this.onOlder = onOlder;
     this.older = null; // the cursor of the transcript's page before the first one shown
@@ -212,8 +286,9 @@ export class ChatView {
       });
       stream.question = question;
       // An older server's active stream lacks user_text / wakeup: refetch once it ends, so
-      // the question and the wake-up mark come from the stored transcript.
+      // the question and the wake-up mark come from the stored transcript (so do images).
       stream.refetchAtEnd = !("user_text" in active) || !("wakeup" in active);
+      stream.imagesAtEnd = Number(active.images) > 0;
       if (active.last_event_id && compareIds(active.last_event_id, this.lastEventId) > 0) {
         this.lastEventId = String(active.last_event_id);
       }
@@ -267,9 +342,33 @@ export class ChatView {
     this.fetchingOlder = false;
   }
 
+  /** Show the message `messageId` (fetching earlier pages until it is there), marked. */
+  async focusMessage(messageId) {
+    const sessionId = this.sessionId;
+    const find = () => this.root.querySelector(`[data-message-id="${CSS.escape(messageId)}"]`);
+    for (let page = 0; !find() && this.older && page < 50; page += 1) {
+      await this.loadOlder();
+      if (sessionId !== this.sessionId) return false;
+    }
+    const node = find();
+    if (!node) return false;
+    for (const old of this.root.querySelectorAll(".found")) old.classList.remove("found");
+    node.classList.add("found");
+    node.dataset.found = "true";
+    node.scrollIntoView({ block: "center" });
+    return true;
+  }
+
   renderItem(item, target = this.root) {
     if (item.kind === "message") {
-      const node = this.message(item.role, item.content, { wakeup: item.wakeup, id: item.id });
+      const node = this.message(item.role, item.content, {
+        wakeup: item.wakeup,
+        id: item.id,
+        createdAt: item.created_at,
+        images: item.images,
+        edited: item.superseded ? "earlier version" : item.edited,
+      });
+      if (item.superseded) node.dataset.superseded = "true";
       if (item.stopped) {
         node.dataset.status = "stopped";
         node.append(el("p", { class: "message-note", text: "Stopped" }));
@@ -299,30 +398,156 @@ export class ChatView {
       this.approvals.get(item.approval.id)?.remove();
       this.approvals.set(item.approval.id, node);
       target.append(node);
+    } else if (item.kind === "delivery") {
+      target.append(deliveryCard(item));
     } else if (item.kind === "tool") {
       target.append(toolStep(item));
     }
   }
 
-  message(role, content, { wakeup = false, id = null, streaming = false } = {}) {
+  message(role, content, { wakeup = false, id = null, streaming = false, createdAt = null, images = null, edited = null } = {}) {
     const body = el("div", { class: "message-body" });
     const node = el(
       "div",
       {
         class: `message ${role}${wakeup ? " wakeup-reply" : ""}${streaming ? " streaming" : ""}`,
-        dataset: { testid: "message", role, messageId: id, wakeup: wakeup ? "true" : null },
+        dataset: { testid: "message", role, messageId: id, wakeup: wakeup ? "true" : null, edited: edited || null },
       },
       role === "assistant" ? el("span", { class: "avatar", "aria-hidden": "true" }) : null,
       body,
     );
     if (role === "assistant") setMarkdown(body, content || "");
     else body.textContent = String(content ?? "");
+    if (Array.isArray(images) && images.length) node.append(thumbnails(images));
+    node.rawText = String(content ?? "");
+    node.append(this.messageMeta(node, createdAt ?? Date.now() / 1000, edited));
     return node;
   }
 
+  /** Below a message: when it was written, Copy, and (set by `markLast`) Edit or Regenerate. */
+  messageMeta(node, createdAt, edited) {
+    const copy = metaButton("Copy", "copy-message", "Copy this message", async () => {
+      const ok = await copyText(node.rawText || "");
+      copy.dataset.label = ok ? "Copied" : "Copy failed";
+      setTimeout(() => (copy.dataset.label = "Copy"), 1500);
+    });
+    return el(
+      "div",
+      { class: "message-meta" },
+      stamp(createdAt),
+      edited ? el("span", { class: "edited-mark", dataset: { label: String(edited) } }) : null,
+      copy,
+    );
+  }
+
+  /** Edit (the last message) and Regenerate (its reply) only on the last turn, while the
+   * session is free; `allowed` says whether it is. */
+  setRevisable(allowed) {
+    this.revisable = allowed;
+    for (const button of this.root.querySelectorAll(".meta-btn.revise")) button.remove();
+    if (!allowed || this.root.querySelector(".edit-form")) return;
+    const live = (n) => n.dataset.superseded !== "true" && !n.classList.contains("pending") && !n.classList.contains("streaming");
+    const users = [...this.root.querySelectorAll(".message.user")].filter(live);
+    const question = users.at(-1);
+    if (!question || question.dataset.wakeup === "true") return;
+    question.querySelector(".message-meta")?.append(
+      metaButton("Edit", "edit-message", "Edit this message and send it again", () => this.startEdit(question)),
+    );
+    let reply = null;
+    for (let n = question.nextElementSibling; n; n = n.nextElementSibling) {
+      if (n.matches(".message.assistant") && live(n)) reply = n;
+    }
+    reply?.querySelector(".message-meta")?.append(
+      metaButton("Regenerate", "regenerate", "Answer the last message again", () => this.regenerate(question, reply)),
+    );
+    for (const button of this.root.querySelectorAll("[data-testid=edit-message], [data-testid=regenerate]")) {
+      button.classList.add("revise");
+    }
+  }
+
+  /** The nodes of the turn that starts at `question`: it and the replies after it. */
+  turnNodes(question) {
+    const nodes = [question];
+    for (let n = question.nextElementSibling; n; n = n.nextElementSibling) {
+      if (n.matches(".message.assistant, .tool-step")) nodes.push(n);
+    }
+    return nodes;
+  }
+
+  supersede(nodes) {
+    for (const node of nodes) {
+      node.dataset.superseded = "true";
+      const meta = node.querySelector(".message-meta");
+      if (meta && !meta.querySelector(".edited-mark")) {
+        meta.insertBefore(el("span", { class: "edited-mark", dataset: { label: "earlier version" } }), meta.children[1] || null);
+      }
+    }
+  }
+
+  /** The last message becomes a text field; "Save & send" replaces the turn with a new one. */
+  startEdit(question) {
+    const body = question.querySelector(".message-body");
+    const input = el("textarea", { class: "edit-input", rows: "3", "aria-label": "Edited message", dataset: { testid: "edit-input" } });
+    input.value = question.rawText || "";
+    const form = el(
+      "form",
+      { class: "edit-form" },
+      input,
+      el(
+        "div",
+        { class: "edit-actions" },
+        el("button", { type: "button", class: "btn btn-small", dataset: { testid: "cancel-edit" }, text: "Cancel", on: { click: () => close() } }),
+        el("button", { type: "submit", class: "btn btn-small btn-primary", dataset: { testid: "save-edit" }, text: "Save & send" }),
+      ),
+    );
+    const close = () => {
+      form.remove();
+      body.hidden = false;
+      this.setRevisable(this.revisable);
+    };
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const text = input.value;
+      if (!text.trim()) return;
+      form.querySelector("[type=submit]").disabled = true;
+      const nodes = this.turnNodes(question);
+      if (await this.onRevise("edit", question.dataset.messageId || "last", text)) {
+        form.remove();
+        body.hidden = false;
+        this.supersede(nodes);
+      } else {
+        form.querySelector("[type=submit]").disabled = false;
+      }
+    });
+    // As in the composer: Enter sends, Shift+Enter starts a new line; Escape keeps the old text.
+    input.addEventListener("keydown", (event) => {
+      if (event.key === "Escape") {
+        event.stopPropagation();
+        close();
+      } else if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        form.requestSubmit();
+      }
+    });
+    body.hidden = true;
+    body.after(form);
+    for (const button of this.root.querySelectorAll(".meta-btn.revise")) button.remove();
+    input.focus();
+  }
+
+  async regenerate(question, reply) {
+    const nodes = this.turnNodes(question);
+    if (await this.onRevise("regenerate", question.dataset.messageId || "last", "")) {
+      // Asked again as it was: the new turn shows the same question; the old reply stays.
+      question.remove();
+      this.supersede(nodes.filter((n) => n !== question));
+    }
+    return reply;
+  }
+
   /** An optimistic user message, shown at once and confirmed by its turn.start. */
-  addPendingUser(text) {
-    const node = this.message("user", text);
+  addPendingUser(text, images = []) {
+    const node = this.message("user", text, { images });
     node.classList.add("pending");
     this.root.append(node);
     this.pendingUser.push({ text, node });
@@ -427,6 +652,8 @@ export class ChatView {
     }
     const stream = this.startStream(data.stream_id, { wakeup: Boolean(data.wakeup), text: "" });
     stream.question = question;
+    // Another tab's question with images: they come from the stored transcript at the end.
+    if (Number(data.images) > 0 && question && !question.querySelector(".thumbs")) stream.imagesAtEnd = true;
   }
 
   startStream(streamId, { wakeup, text }) {
@@ -487,6 +714,7 @@ export class ChatView {
     stream.done = true;
     const content = typeof data.content === "string" ? data.content : stream.text;
     stream.text = content;
+    stream.node.rawText = content;
     stream.node.classList.remove("streaming");
     stream.node.removeAttribute("aria-busy");
     stream.node.dataset.status = data.status || "done";
@@ -512,7 +740,7 @@ export class ChatView {
     }
     if (this.activeStreamId === data.stream_id) this.activeStreamId = null;
     this.root.dispatchEvent(new CustomEvent("busychange"));
-    if (stream.refetchAtEnd) this.root.dispatchEvent(new CustomEvent("refetch"));
+    if (stream.refetchAtEnd || stream.imagesAtEnd) this.root.dispatchEvent(new CustomEvent("refetch"));
   }
 
   addCard(card, target = this.root) {
@@ -591,6 +819,20 @@ export class ChatView {
   scrollToEnd(force = false) {
     if (force || this.nearEnd(400)) this.root.scrollTop = this.root.scrollHeight;
   }
+}
+
+/** Image attachments as thumbnails; only data: URLs of images are shown (the page's policy
+ * allows no other source), each opens full size in place. */
+export function thumbnails(images) {
+  const box = el("div", { class: "thumbs", dataset: { testid: "thumbnails" } });
+  for (const image of images) {
+    const url = String(image?.url ?? image ?? "");
+    if (!/^data:image\/(png|jpeg|gif|webp);base64,/i.test(url)) continue;
+    const img = el("img", { class: "thumb", src: url, alt: String(image?.name || "image"), dataset: { testid: "thumbnail" } });
+    img.addEventListener("click", () => img.classList.toggle("large"));
+    box.append(img);
+  }
+  return box;
 }
 
 function typingDots() {

@@ -19,7 +19,7 @@ export class Sidebar {
   }
 
   /** Render `sessions` (already ordered); `currentId` is marked aria-current. */
-  render(sessions, currentId) {
+  render(sessions, currentId, emptyText = "No sessions here.") {
     const seen = new Set();
     let previous = null;
     for (const session of sessions) {
@@ -41,9 +41,8 @@ export class Sidebar {
       }
     }
     if (!sessions.length) {
-      if (!this.list.querySelector(".empty-line")) {
-        this.list.append(el("p", { class: "empty-line", text: "No sessions here." }));
-      }
+      const empty = this.list.querySelector(".empty-line") || this.list.appendChild(el("p", { class: "empty-line" }));
+      empty.textContent = emptyText;
     } else {
       this.list.querySelector(".empty-line")?.remove();
     }

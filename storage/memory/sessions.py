@@ -22,6 +22,7 @@ from delivery.session_backend import (
     ApprovalStatus,
     Compaction,
     IdempotencyRecord,
+    MessageHit,
     MessageRecord,
     NewMessage,
     NewSession,
@@ -35,6 +36,8 @@ from delivery.session_backend import (
     TurnLease,
     TurnStart,
     decode_json,
+    encode_json,
+    mark_snippet,
 )
 
 T = TypeVar("T")
@@ -80,6 +83,7 @@ class _Session:
     created_at: float
     updated_at: float
     messages: list[_Message] = field(default_factory=list)
+    system_prompt: str | None = None
     by_dedupe: dict[str, _Message] = field(default_factory=dict)
 
     def record(self) -> SessionRecord:
@@ -90,6 +94,7 @@ class _Session:
             title=self.title,
             created_at=self.created_at,
             updated_at=self.updated_at,
+            system_prompt=self.system_prompt,
         )
 
 
@@ -279,6 +284,16 @@ class MemorySessions:
 
         return self._write(op)
 
+    async def aset_system_prompt(self, session_id: str, prompt: str | None) -> bool:
+        def op() -> bool:
+            s = self._sessions.get(session_id)
+            if s is None:
+                return False
+            s.system_prompt = prompt
+            return True
+
+        return self._write(op)
+
     def delete_session(self, session_id: str) -> bool:
         now = self._clock()
 
@@ -312,6 +327,38 @@ class MemorySessions:
         def op() -> list[MessageRecord]:
             rows = [m for m in self._live(session_id).messages if m.id < before_id]
             return [m.record() for m in rows[len(rows) - limit :]] if limit else []
+
+        return self._read(op)
+
+    def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
+        def op() -> int:
+            wanted = set(ids)
+            rows = [
+                m for m in self._live(session_id).messages if m.id in wanted and not m.display_kind
+            ]
+            for m in rows:
+                meta = decode_json(m.metadata_json) or {}
+                m.metadata_json = encode_json({**meta, "superseded": how})
+            return len(rows)
+
+        return self._write(op)
+
+    # -- search
+
+    def search_messages(self, terms: Sequence[str], limit: int) -> list[MessageHit]:
+        def op() -> list[MessageHit]:
+            rows = sorted(
+                ((s.id, m) for s in self._sessions.values() for m in s.messages),
+                key=lambda pair: -pair[1].id,
+            )
+            hits: list[MessageHit] = []
+            for session_id, m in rows:
+                snippet = mark_snippet(m.content, terms)
+                if snippet is not None:
+                    hits.append(MessageHit(session_id, m.id, m.role, m.created_at, snippet))
+                    if len(hits) >= limit:
+                        break
+            return hits
 
         return self._read(op)
 

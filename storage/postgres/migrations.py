@@ -290,6 +290,19 @@ CREATE INDEX IF NOT EXISTS idx_approvals_unit_pending ON approvals (created_at)
     WHERE status = 'pending' AND unit_id <> '';
 """,
     ),
+    Migration(
+        10,
+        "web UI: full-text search over messages (a generated tsvector, its GIN index);"
+        " a chat's own system prompt",
+        # A stored generated column: the rows already there are indexed by this ALTER (the
+        # backfill), every later insert and edit by PostgreSQL itself, in its own statement.
+        """
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS content_tsv tsvector
+    GENERATED ALWAYS AS (to_tsvector('simple', content)) STORED;
+CREATE INDEX IF NOT EXISTS idx_messages_search ON messages USING GIN (content_tsv);
+ALTER TABLE sessions ADD COLUMN IF NOT EXISTS system_prompt TEXT;
+""",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

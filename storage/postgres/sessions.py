@@ -25,6 +25,7 @@ from delivery.session_backend import (
     ApprovalRecord,
     Compaction,
     IdempotencyRecord,
+    MessageHit,
     MessageRecord,
     NewMessage,
     NewSession,
@@ -55,8 +56,8 @@ class PostgresSessionsUnavailable(SessionStoreError):
 
 
 def _session(row: tuple[Any, ...]) -> SessionRecord:
-    sid, source, key, title, created, updated = row
-    return SessionRecord(sid, decode_json(source), key, title, created, updated)
+    sid, source, key, title, created, updated, prompt = row
+    return SessionRecord(sid, decode_json(source), key, title, created, updated, prompt)
 
 
 def _message(row: tuple[Any, ...]) -> MessageRecord:
@@ -267,6 +268,12 @@ class PostgresSessions:
 
         return await asyncio.to_thread(self._write, session_id, op)
 
+    async def aset_system_prompt(self, session_id: str, prompt: str | None) -> bool:
+        def op(conn: Conn) -> bool:
+            return bool(conn.execute(q.SQL_SET_SYSTEM_PROMPT, (prompt, session_id)).rowcount > 0)
+
+        return await asyncio.to_thread(self._write, session_id, op)
+
     def delete_session(self, session_id: str) -> bool:
         now = self._clock()
 
@@ -306,6 +313,20 @@ class PostgresSessions:
             return [_message(r) for r in reversed(rows)]
 
         return self._read(op)
+
+    def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
+        def op(conn: Conn) -> int:
+            _require_live(conn, session_id)
+            return int(conn.execute(q.SQL_SUPERSEDE, (how, session_id, list(ids))).rowcount)
+
+        return self._write(session_id, op)
+
+    # -- search
+
+    def search_messages(self, terms: Sequence[str], limit: int) -> list[MessageHit]:
+        params = {"q": q.tsquery(list(terms)), "limit": limit}
+        rows = self._read(lambda c: c.execute(q.SQL_SEARCH, params).fetchall())
+        return [MessageHit(r[0], int(r[1]), r[2], float(r[3]), r[4]) for r in rows]
 
     # -- turns
 

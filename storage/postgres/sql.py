@@ -59,23 +59,45 @@ _MSG = (
     " seen_at, archived_at, summary_id"
 )
 _SES = "id, source, session_key, title, created_at, updated_at"
+_SES_READ = _SES + ", system_prompt"  # migration 9
 _IDEM = "key, state, owner, session_id, response, created_at, updated_at"
 _MSG_VALUES = "(%s, %s, %s, %s, %s, %s, %s)"
 
 # Every write of one session (or one idempotency key) first takes this transaction lock, so
 # a delete, a creation and a fold of the same id never interleave, across processes too.
 SQL_LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtext(%s))"
-SQL_SESSION = f"SELECT {_SES} FROM sessions WHERE id = %s"
+SQL_SESSION = f"SELECT {_SES_READ} FROM sessions WHERE id = %s"
 SQL_SESSION_EXISTS = "SELECT 1 FROM sessions WHERE id = %s"
 SQL_TOMBSTONED = "SELECT 1 FROM tombstones WHERE id = %s"
 SQL_INSERT_SESSION = (
     f"INSERT INTO sessions ({_SES}) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING"
 )
-SQL_LIST_SESSIONS = (
-    f"SELECT {_SES} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT %s OFFSET %s"
+# Full-text search (migration 9): the newest matches first, a snippet of each with the
+# matched words between \x02 and \x03 (``delivery.session_backend.SNIPPET_START``/_END),
+# made only for the rows returned.
+SQL_SEARCH = (
+    "SELECT h.session_id, h.id, h.role, h.created_at,"
+    " ts_headline('simple', h.content, to_tsquery('simple', %(q)s),"
+    " 'StartSel=' || chr(2) || ', StopSel=' || chr(3) || ', MaxWords=18, MinWords=6,"
+    " MaxFragments=1, FragmentDelimiter=…')"
+    " FROM (SELECT session_id, id, role, created_at, content FROM messages"
+    " WHERE content_tsv @@ to_tsquery('simple', %(q)s) ORDER BY id DESC LIMIT %(limit)s) h"
+    " ORDER BY h.id DESC"
 )
+
+
+def tsquery(terms: tuple[str, ...] | list[str]) -> str:
+    """A ``to_tsquery`` text in which every term must start a word (terms are letters and
+    digits only, ``search_terms``: none is an operator)."""
+    return " & ".join(f"{term}:*" for term in terms)
+
+
+SQL_LIST_SESSIONS = (
+    f"SELECT {_SES_READ} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT %s OFFSET %s"
+)
+_NEWEST_FIRST = "ORDER BY updated_at DESC, id ASC"
 SQL_SESSION_BY_KEY = (
-    f"SELECT {_SES} FROM sessions WHERE session_key = %s ORDER BY updated_at DESC, id ASC LIMIT 1"
+    f"SELECT {_SES_READ} FROM sessions WHERE session_key = %s {_NEWEST_FIRST} LIMIT 1"
 )
 SQL_SESSIONS_BY_PREFIX = (
     "SELECT id FROM sessions WHERE id = %s OR (id > %s AND id < %s)"
@@ -85,6 +107,12 @@ SQL_TOUCH_SESSION = "UPDATE sessions SET updated_at = %s WHERE id = %s"
 SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = %s"
 SQL_SET_TITLE = "UPDATE sessions SET title = %s WHERE id = %s"
 SQL_SET_TITLE_IF_UNTITLED = "UPDATE sessions SET title = %s WHERE id = %s AND title IS NULL"
+SQL_SET_SYSTEM_PROMPT = "UPDATE sessions SET system_prompt = %s WHERE id = %s"
+SQL_SUPERSEDE = (
+    "UPDATE messages SET display_metadata = (COALESCE(display_metadata, '{}')::jsonb"
+    " || jsonb_build_object('superseded', %s::text))::text"
+    " WHERE session_id = %s AND id = ANY(%s) AND display_kind IS NULL"
+)
 SQL_TOMBSTONE = (
     "INSERT INTO tombstones (id, deleted_at) VALUES (%s, %s)"
     " ON CONFLICT (id) DO UPDATE SET deleted_at = excluded.deleted_at"

@@ -22,6 +22,7 @@ from delivery.session_backend import (
     ApprovalRecord,
     Compaction,
     IdempotencyRecord,
+    MessageHit,
     MessageRecord,
     NewMessage,
     NewSession,
@@ -45,6 +46,7 @@ from storage.sqlite.sessions_sql import (
     REQUIRED_COLUMNS,
     RETENTION_DDL,
     SCHEMA_VERSION,
+    SEARCH_DDL,
     SQL_DELETE_SESSION,
     SQL_FOLD,
     SQL_IDEM,
@@ -62,12 +64,17 @@ from storage.sqlite.sessions_sql import (
     SQL_PICK_TOMBSTONES,
     SQL_PRUNE_IDEM,
     SQL_PRUNE_TOMBSTONES,
+    SQL_SEARCH,
+    SQL_SEARCH_BACKFILL,
+    SQL_SEARCH_EXISTS,
     SQL_SESSION,
     SQL_SESSION_BY_KEY,
     SQL_SESSION_EXISTS,
     SQL_SESSIONS_BY_PREFIX,
+    SQL_SET_SYSTEM_PROMPT,
     SQL_SET_TITLE,
     SQL_SET_TITLE_IF_UNTITLED,
+    SQL_SUPERSEDE,
     SQL_TOMBSTONE,
     SQL_TOMBSTONED,
     SQL_TOUCH_SESSION,
@@ -76,6 +83,7 @@ from storage.sqlite.sessions_sql import (
     SQL_UNFOLDED_BY_DEDUPE,
     SQL_UNTOMBSTONE,
     UPGRADE_COLUMNS,
+    fts_query,
     sql_insert_messages,
 )
 from storage.sqlite.writer import GroupCommitWriter
@@ -93,6 +101,7 @@ def _session(row: sqlite3.Row) -> SessionRecord:
         title=row["title"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        system_prompt=row["system_prompt"],
     )
 
 
@@ -213,6 +222,38 @@ def _add_columns(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> Non
         raise sqlite_files.classify(exc, spec) from exc
 
 
+def _add_search(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> None:
+    """Give the file its full-text index (``SEARCH_DDL``) with every message already there
+    indexed, in one transaction that looks again first: two processes opening an older
+    file at once build it once."""
+    try:
+        if conn.execute(SQL_SEARCH_EXISTS).fetchone() is not None:
+            return  # the usual case: no write lock taken to find it there
+        conn.execute("BEGIN IMMEDIATE")
+        if conn.execute(SQL_SEARCH_EXISTS).fetchone() is None:
+            for statement in _statements(SEARCH_DDL):
+                conn.execute(statement)
+            conn.execute(SQL_SEARCH_BACKFILL)
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise sqlite_files.classify(exc, spec) from exc
+
+
+def _statements(script: str) -> list[str]:
+    """A script's statements, a trigger's body (``BEGIN ... END;``) kept whole."""
+    out: list[str] = []
+    current = ""
+    for piece in script.split(";"):
+        current += piece + ";"
+        if sqlite3.complete_statement(current):
+            if current.strip(" \n;"):
+                out.append(current.strip())
+            current = ""
+    return out
+
+
 def _not_ours(msg: str) -> SessionStoreError:
     return SessionStoreError(
         f"not a usable SQLite database: {msg}; refusing to modify it — move it aside or "
@@ -252,6 +293,7 @@ class SqliteSessions:
         try:
             _add_columns(conn, self._spec)
             sqlite_files.stamp_schema(conn, self._spec, DDL + ";" + RETENTION_DDL)
+            _add_search(conn, self._spec)
         except BaseException:
             conn.close()
             raise
@@ -400,6 +442,12 @@ class SqliteSessions:
 
         return await self._awrite(op)
 
+    async def aset_system_prompt(self, session_id: str, prompt: str | None) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            return bool(conn.execute(SQL_SET_SYSTEM_PROMPT, (prompt, session_id)).rowcount > 0)
+
+        return await self._awrite(op)
+
     def delete_session(self, session_id: str) -> bool:
         now = self._clock()
 
@@ -435,6 +483,23 @@ class SqliteSessions:
             _require_live(conn, session_id)
             rows = conn.execute(SQL_MESSAGES_BEFORE, (session_id, before_id, limit)).fetchall()
         return [_message(r) for r in reversed(rows)]
+
+    def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            _require_live(conn, session_id)
+            return sum(
+                conn.execute(SQL_SUPERSEDE, (how, session_id, message_id)).rowcount
+                for message_id in ids
+            )
+
+        return self._write(op)
+
+    # -- search
+
+    def search_messages(self, terms: Sequence[str], limit: int) -> list[MessageHit]:
+        with self._read() as conn:
+            rows = conn.execute(SQL_SEARCH, (fts_query(list(terms)), limit)).fetchall()
+        return [MessageHit(r[0], int(r[1]), r[2], float(r[3]), r[4]) for r in rows]
 
     # -- turns
 

@@ -11,9 +11,10 @@ import functools
 
 # v2 added the tombstones table, v3 running_turns and approvals, v4 compaction's columns of
 # messages (seen_at, archived_at, summary_id), v5 RETENTION_DDL (the indexes retention reads
-# by age). A file written by a newer build is refused rather than silently misread; an older
-# file gains the tables (and ``UPGRADE_COLUMNS``) on open.
-SCHEMA_VERSION = 5
+# by age), v6 SEARCH_DDL (full-text search over messages) and sessions.system_prompt. A file
+# written by a newer build is refused rather than silently misread; an older file gains the
+# tables (and ``UPGRADE_COLUMNS``) on open.
+SCHEMA_VERSION = 6
 
 # Columns added to existing tables since v1, in order: (table, column, type). Added on open
 # when missing (``storage.sqlite.sessions``), before the DDL's indexes that name them.
@@ -25,6 +26,7 @@ UPGRADE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("approvals", "unit_id", "TEXT NOT NULL DEFAULT ''"),
     ("approvals", "owner", "TEXT NOT NULL DEFAULT ''"),
     ("approvals", "expires_at", "REAL NOT NULL DEFAULT 0"),
+    ("sessions", "system_prompt", "TEXT"),  # v6: a chat's own system prompt
 )
 
 DDL = """
@@ -34,7 +36,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     session_key TEXT,
     title       TEXT,
     created_at  REAL NOT NULL,
-    updated_at  REAL NOT NULL
+    updated_at  REAL NOT NULL,
+    system_prompt TEXT
 );
 -- AUTOINCREMENT so ids are never reused after deletes: clients page transcripts with
 -- after_id and a reused id could hide a new message behind an old cursor.
@@ -110,6 +113,42 @@ CREATE INDEX IF NOT EXISTS idx_idempotency_done ON idempotency (updated_at) WHER
 CREATE INDEX IF NOT EXISTS idx_tombstones_deleted ON tombstones (deleted_at)
 """
 
+# v6 (search): an FTS5 index over messages' text, external content (the text is kept once,
+# in messages), kept in step by triggers in the same transaction as every insert, delete
+# (a session's, by cascade, and retention's) and edit. Created with the rows already there
+# indexed (``SQL_SEARCH_BACKFILL``), once, by whichever process opens the file first.
+SEARCH_DDL = """
+CREATE VIRTUAL TABLE messages_fts USING fts5(
+    content, content = 'messages', content_rowid = 'id', tokenize = 'unicode61'
+);
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+END;
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+END;
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+END;
+"""
+SQL_SEARCH_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'messages_fts'"
+SQL_SEARCH_BACKFILL = "INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')"
+# \x02 and \x03 mark the matched words (``delivery.session_backend.SNIPPET_START``/_END).
+SQL_SEARCH = (
+    "SELECT m.session_id, m.id, m.role, m.created_at,"
+    " snippet(messages_fts, 0, char(2), char(3), '\u2026', 12)"
+    " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
+    " WHERE messages_fts MATCH ? ORDER BY messages_fts.rowid DESC LIMIT ?"
+)
+
+
+def fts_query(terms: tuple[str, ...] | list[str]) -> str:
+    """An FTS5 query in which every term must start a word: each a quoted prefix (terms are
+    letters and digits only, ``search_terms``, so none can close its quotes)."""
+    return " ".join(f'"{term}"*' for term in terms)
+
+
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
     "sessions": frozenset({"id", "source", "session_key", "title", "created_at", "updated_at"}),
     "messages": frozenset(
@@ -140,19 +179,23 @@ _MSG = (
     " seen_at, archived_at, summary_id"
 )
 _SES = "id, source, session_key, title, created_at, updated_at"
+_SES_READ = _SES + ", system_prompt"
 _IDEM = "key, state, owner, session_id, response, created_at, updated_at"
 _MSG_VALUES = "(?, ?, ?, ?, ?, ?, ?)"
 
 # -- named queries
-SQL_SESSION = f"SELECT {_SES} FROM sessions WHERE id = ?"
+SQL_SESSION = f"SELECT {_SES_READ} FROM sessions WHERE id = ?"
 SQL_SESSION_EXISTS = "SELECT 1 FROM sessions WHERE id = ?"
 SQL_TOMBSTONED = "SELECT 1 FROM tombstones WHERE id = ?"
 SQL_INSERT_SESSION = (
     f"INSERT INTO sessions ({_SES}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
 )
-SQL_LIST_SESSIONS = f"SELECT {_SES} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT ? OFFSET ?"
+SQL_LIST_SESSIONS = (
+    f"SELECT {_SES_READ} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT ? OFFSET ?"
+)
+_NEWEST_FIRST = "ORDER BY updated_at DESC, id ASC"
 SQL_SESSION_BY_KEY = (
-    f"SELECT {_SES} FROM sessions WHERE session_key = ? ORDER BY updated_at DESC, id ASC LIMIT 1"
+    f"SELECT {_SES_READ} FROM sessions WHERE session_key = ? {_NEWEST_FIRST} LIMIT 1"
 )
 # A range on the primary key: ids equal to the prefix or starting with prefix + "_"
 # ("_" < "`", so [prefix, prefix + "`") holds exactly those and the prefix itself).
@@ -163,6 +206,12 @@ SQL_TOUCH_SESSION = "UPDATE sessions SET updated_at = ? WHERE id = ?"
 SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = ?"
 SQL_SET_TITLE = "UPDATE sessions SET title = ? WHERE id = ?"
 SQL_SET_TITLE_IF_UNTITLED = "UPDATE sessions SET title = ? WHERE id = ? AND title IS NULL"
+SQL_SET_SYSTEM_PROMPT = "UPDATE sessions SET system_prompt = ? WHERE id = ?"
+SQL_SUPERSEDE = (
+    "UPDATE messages SET display_metadata ="
+    " json_set(COALESCE(display_metadata, '{}'), '$.superseded', ?)"
+    " WHERE session_id = ? AND id = ? AND display_kind IS NULL"
+)
 SQL_TOMBSTONE = (
     "INSERT INTO tombstones (id, deleted_at) VALUES (?, ?)"
     " ON CONFLICT (id) DO UPDATE SET deleted_at = excluded.deleted_at"

@@ -241,3 +241,34 @@ def test_an_empty_session_is_joined_only_by_a_retry() -> None:
     )
     follow_up = [*opening, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "?"}]
     assert pick_session(follow_up, [(home, reply)]) == home
+
+
+async def test_a_conversation_is_named_after_its_first_message(store) -> None:
+    async with running_adapter(store, api_key="") as (adapter, _provider, _runner):
+        client = client_for(adapter.port, key=None)
+        sid, reply = await _ask(
+            client, [*OPENING[:1], {"role": "user", "content": "Plan <b>it</b>"}]
+        )
+        record = store.get_session(sid)
+        assert record is not None and record.title == "Plan <b>it</b>"
+        history = [
+            *OPENING[:1],
+            {"role": "user", "content": "Plan <b>it</b>"},
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "and then?"},
+        ]
+        same, _ = await _ask(client, history)
+        assert same == sid
+        record = store.get_session(sid)
+        assert record is not None and record.title == "Plan <b>it</b>"  # named once
+        # A client that resends a history the server never stored: its first message.
+        other, _ = await _ask(
+            client,
+            [
+                {"role": "user", "content": "first thing\nmore"},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "second thing"},
+            ],
+        )
+        record = store.get_session(other)
+        assert record is not None and record.title == "first thing"

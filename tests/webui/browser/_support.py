@@ -196,6 +196,7 @@ class SlowModel:
         self.words = words
         self.delay = delay
         self.requests = 0
+        self.bodies: list[dict[str, Any]] = []  # what each request sent (its messages...)
         self.failing = False  # answer 500, as a provider that is down does
         model = self
 
@@ -209,6 +210,7 @@ class SlowModel:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 model.requests += 1
+                model.bodies.append(body)
                 if model.failing:
                     self._fail()
                 elif body.get("stream"):

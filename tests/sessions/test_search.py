@@ -1,0 +1,154 @@
+"""Full-text search over messages, on every backend: every word must start a word of the
+message, newest first, a snippet with the matched words marked; deleted sessions and
+pruned rows are gone from it; text without words finds nothing; query syntax is text.
+Also the web UI's other message-level store operation: superseding (edit, regenerate)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from delivery.session_backend import SNIPPET_END, SNIPPET_START, search_terms
+from gateway.session import SessionStore
+from tests.sessions._support import run_sync
+from tests.stores import session_file_store
+
+
+def _marked(snippet: str) -> list[str]:
+    return [part.split(SNIPPET_END)[0] for part in snippet.split(SNIPPET_START)[1:]]
+
+
+def test_search_finds_every_word_newest_first(store: SessionStore) -> None:
+    store.create_session("s1", title="one")
+    store.create_session("s2", title="two")
+    store.append_turn(
+        "s1",
+        [
+            {"role": "user", "content": "Deploy the staging cluster tonight"},
+            {"role": "assistant", "content": "The staging cluster is deployed."},
+        ],
+    )
+    store.append_message("s2", "user", "Production cluster: deploying later")
+    hits = store.search_messages("deploy cluster")
+    assert [(h.session_id, h.role) for h in hits] == [
+        ("s2", "user"),
+        ("s1", "assistant"),
+        ("s1", "user"),
+    ]
+    assert hits[0].message_id > hits[1].message_id > hits[2].message_id
+    assert {w.lower() for w in _marked(hits[2].snippet)} >= {"deploy", "cluster"}
+    assert [h.session_id for h in store.search_messages("STAGING")] == ["s1", "s1"]
+    assert store.search_messages("staging production") == []
+    assert store.search_messages("taging") == []  # a term starts a word
+    assert len(store.search_messages("cluster", limit=1)) == 1
+
+
+def test_search_text_is_never_query_syntax(store: SessionStore) -> None:
+    store.create_session("s", title="t")
+    store.append_message("s", "user", 'he said "quote" AND NOT (this) OR * near:me')
+    for text in ['"quote', "NOT", "(this)", "near:me", "AND OR", "*", "' OR 1=1 --", "\\"]:
+        found = store.search_messages(text)
+        assert len(found) == (0 if text in ("*", "\\", "' OR 1=1 --") else 1), text
+    assert store.search_messages("   ") == []
+    assert search_terms("a_b-c  A") == ("a", "b", "c")
+
+
+def test_deleted_sessions_are_not_found(store: SessionStore) -> None:
+    store.create_session("gone", title="t")
+    store.append_message("gone", "user", "secret plans")
+    store.create_session("kept", title="t")
+    store.append_message("kept", "user", "public plans")
+    assert len(store.search_messages("plans")) == 2
+    store.delete_session("gone")
+    assert [h.session_id for h in store.search_messages("plans")] == ["kept"]
+
+
+def test_existing_rows_are_indexed_when_an_older_file_is_opened(tmp_path: Path) -> None:
+    """A v5 file (no search index, no system prompts) gains an index holding the messages
+    it already has, and the column."""
+    path = tmp_path / "sessions.db"
+    with session_file_store(path) as store:
+        store.create_session("old", title="t")
+        store.append_message("old", "user", "written before search existed")
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "DROP TRIGGER messages_fts_insert; DROP TRIGGER messages_fts_delete;"
+        " DROP TRIGGER messages_fts_update; DROP TABLE messages_fts; PRAGMA user_version = 5;"
+        " ALTER TABLE sessions DROP COLUMN system_prompt;"
+    )
+    conn.execute(
+        "INSERT INTO messages (session_id, role, content, created_at)"
+        " VALUES ('old', 'user', 'also unindexed', 1.0)"
+    )
+    conn.commit()
+    conn.close()
+    with session_file_store(path) as store:
+        assert [h.role for h in store.search_messages("before search")] == ["user"]
+        assert len(store.search_messages("unindexed")) == 1
+        store.append_message("old", "assistant", "after the upgrade")
+        assert len(store.search_messages("upgrade")) == 1
+        assert run_sync(store.aset_system_prompt("old", "Be kind."))
+        record = store.get_session("old")
+        assert record is not None and record.system_prompt == "Be kind."
+
+
+def test_superseded_messages_stay_but_leave_the_model_context(store: SessionStore) -> None:
+    from gateway.conversation import build_context
+
+    store.create_session("s", title="t")
+    rows = store.append_turn(
+        "s", [{"role": "user", "content": "first"}, {"role": "assistant", "content": "one"}]
+    )
+    store.append_message(
+        "s", "system", "a result", display_kind="async_delegation_complete", dedupe_key="d:1"
+    )
+    delivery = store.messages("s")[-1]
+    marked = run_sync(store.asupersede("s", [r.id for r in rows] + [delivery.id], "edited"))
+    assert marked == 2  # a delivery row is never superseded
+    after = store.messages("s")
+    assert [(m.content, (m.display_metadata or {}).get("superseded")) for m in after] == [
+        ("first", "edited"),
+        ("one", "edited"),
+        ("a result", None),
+    ]
+    history = [m.as_dict() for m in after if not m.is_delivery]
+    user = {"role": "user", "content": "second"}
+    context = build_context(history, [], [user], user)
+    assert [m["content"] for m in context] == ["second"]
+
+
+def test_postgres_migration_indexes_the_messages_already_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A database at version 8 (before search) gains an index that holds its messages."""
+    import psycopg
+
+    from storage.postgres import migrations
+    from tests.pg_support import fresh_url
+    from tests.stores import pg_sessions
+
+    url = fresh_url()
+    before = tuple(m for m in migrations.MIGRATIONS if m.version <= 8)
+    with monkeypatch.context() as patch:
+        patch.setattr(migrations, "MIGRATIONS", before)
+        patch.setattr(migrations, "SCHEMA_VERSION", 8)
+        with psycopg.connect(url, autocommit=True) as conn:
+            migrations.migrate(conn)
+            conn.execute(
+                "INSERT INTO sessions (id, source, session_key, title, created_at, updated_at)"
+                " VALUES ('old', NULL, NULL, 't', 1, 1)"
+            )
+            conn.execute(
+                "INSERT INTO messages (session_id, role, content, created_at)"
+                " VALUES ('old', 'user', 'written before search existed', 1)"
+            )
+    backend = pg_sessions(url)  # migrates to the newest version
+    try:
+        store = SessionStore(backend)
+        assert [h.session_id for h in store.search_messages("before search")] == ["old"]
+        record = store.get_session("old")
+        assert record is not None and record.system_prompt is None
+    finally:
+        backend.close()
