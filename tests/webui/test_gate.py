@@ -53,12 +53,16 @@ async def test_with_an_api_key_and_no_password_the_web_ui_shows_only_its_own(web
             ("GET", f"/api/sessions/{session_id}/background"),
             ("POST", f"/api/sessions/{session_id}/read"),
             ("POST", f"/api/sessions/{session_id}/stop"),
+            ("GET", f"/api/sessions/{session_id}/export?format=json"),
         ):
             status, answer = await _json(web, method, path, {})
             assert status == 403, (path, answer)
             assert answer["error"]["code"] == "webui_password_required"
             assert "REVEILLE_WEBUI_PASSWORD" in answer["error"]["message"]
             assert "secret plan" not in str(answer)
+    # Search over messages finds nothing of another surface's transcript either.
+    status, found = await _json(web, "GET", "/api/search?q=secret")
+    assert status == 200 and found["results"] == []
     status, answer = await _json(
         web, "POST", f"/api/approvals/{approval.id}", {"decision": "approve"}
     )
