@@ -7,13 +7,19 @@ response's session, so background results of the conversation are folded into th
 response exactly once, as for chat.
 
 Background responses are queued rows. Every server runs a worker: it claims queued rows
-while its turn service has room (the server that took the request is poked at once), holds
+while it has room in its own pool of ``background_concurrency`` runs (the server that took
+the request is poked at once; these turns take none of the API's ``max_concurrent_runs``
+slots, so queued work never refuses a chat request or a wake-up), holds
 a lease on each running one (renewed every third of ``lease_seconds``), and stores every
 streamed event in order. A running row whose lease ran out, or whose owner is a dead
 process on this host, ends ``failed`` with a reason: part of its output may already have
 been streamed and billed, so it is not silently run a second time. A cancel (or delete)
 moves the row first; its runner learns it from the store (a poke, else the next renewal)
-and cancels the turn, whose results are then never stored.
+and cancels the turn, whose results are then never stored. Cancel wins only before the
+store: a finished turn's store begins with a compare-and-set of the row to its storing
+owner (``storing_owner``, the turn's ``before_store``), which the cancel's own
+compare-and-set excludes; a cancel that finds the row storing waits for its end and answers
+with it (``completed``: already completed).
 
 Streams follow the store: a reader replays the stored events after its ``starting_after``
 and then waits for pokes (this server's appends, the store's notifier for the others;
@@ -48,6 +54,8 @@ from delivery.responses_backend import (
     ResponseEvent,
     ResponseRow,
     ResponsesBackend,
+    is_storing,
+    storing_owner,
 )
 from gateway.config import Platform
 from gateway.conversation import well_formed
@@ -114,12 +122,16 @@ class ResponsesService:
         on_terminal: TerminalHook | None = None,
         lease_seconds: float = 30.0,
         poll_seconds: float = 1.0,
+        background_concurrency: int = 4,
     ) -> None:
+        if background_concurrency < 1:
+            raise ValueError("background_concurrency must be at least 1")
         self.store = store
         self.turns = turns
         self._on_terminal = on_terminal
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
+        self.background_concurrency = background_concurrency
         # The process identity the ledger's claims use (host, boot, pid, start time), so a
         # dead owner on this host is recognised at once, and a reused pid is not mistaken
         # for it; the token tells this service apart from another in the same process.
@@ -136,7 +148,8 @@ class ResponsesService:
         self._paused = False  # draining: no new claims
         self._stopped = False
         self._last_hook_check = 0.0
-        self._unstarted: set[str] = set()  # claimed here, their turns not started yet
+        self._claimed: set[str] = set()  # background runs of this server (its own pool)
+        self._storing: set[str] = set()  # runs past their store's fence (storing owner)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -274,9 +287,8 @@ class ResponsesService:
         return await asyncio.shield(task)
 
     def _has_room(self) -> bool:
-        """The turn service can take one more turn, counting the claimed runs whose turns
-        have not started yet."""
-        return self.turns.active_runs + len(self._unstarted) < self.turns.max_concurrent_runs
+        """This server's pool of background runs can take one more."""
+        return len(self._claimed) < self.background_concurrency
 
     async def _execute(self, row: ResponseRow, sink: EventSink) -> dict[str, Any]:
         request = ResponsesRequest.from_json(row.request)
@@ -285,18 +297,17 @@ class ResponsesService:
         lease = asyncio.create_task(self._keep_lease(row.id, asyncio.current_task()))
         turn_task: asyncio.Task[dict[str, Any]] | None = None
         try:
-            try:
-                started = await self.turns.start(
-                    TurnRequest(
-                        session_id=row.session_id,
-                        messages=request.messages,
-                        create=SessionSource(platform=Platform.API_SERVER, chat_id=row.session_id),
-                        stream=True,
-                        model_options=request.model_options(),
-                    )
+            started = await self.turns.start(
+                TurnRequest(
+                    session_id=row.session_id,
+                    messages=request.messages,
+                    create=SessionSource(platform=Platform.API_SERVER, chat_id=row.session_id),
+                    stream=True,
+                    model_options=request.model_options(),
+                    before_store=lambda: self._enter_store(row),
+                    own_slot=row.background,
                 )
-            finally:
-                self._unstarted.discard(row.id)
+            )
             # No idempotency key goes to the turn service, so it never answers a replay.
             assert isinstance(started, StartedTurn) and started.deltas is not None
             turn_task, deltas = started.task, started.deltas
@@ -331,11 +342,6 @@ class ResponsesService:
                 )
             raise
         except TurnError as exc:
-            if exc.kind == "too_many_turns" and row.background and turn_task is None:
-                # The turn service filled up between the claim and the start (a request
-                # took the last slot): the row goes back to the queue, nothing ran.
-                await self._requeue(row)
-                return json.loads(row.body)
             return await self._finish(
                 row, request, "failed", Output(out.message_id, "".join(pieces)), exc.message, [],
                 sink,
@@ -353,6 +359,30 @@ class ResponsesService:
             )
         finally:
             lease.cancel()
+
+    async def _enter_store(self, row: ResponseRow) -> bool:
+        """The turn's reply is ready: take the row to its storing owner, so that a cancel
+        can no longer move it; False when a cancel (or a takeover) moved it first."""
+        # Before the write: the sweep and the lease keeper must not stop the run meanwhile.
+        self._finishing.add(row.id)
+        entered = await self._write(
+            self.store.transition,
+            row.id,
+            expect=("in_progress",),
+            owner=self.owner,
+            change=Change(
+                "in_progress",
+                row.body,
+                storing_owner(self.owner),
+                time.time() + self.lease_seconds,
+            ),
+            poke=False,
+        )
+        if entered:
+            self._storing.add(row.id)
+        else:
+            self._finishing.discard(row.id)
+        return entered
 
     async def _finish(
         self,
@@ -405,7 +435,7 @@ class ResponsesService:
             self.store.transition,
             row.id,
             expect=("in_progress",),
-            owner=self.owner,
+            owner=storing_owner(self.owner) if row.id in self._storing else self.owner,
             change=Change(status, _dumps(body), completed_at=now, notified=self._silent),
             events=[(t, _dumps(d)) for t, d in events] if row.background else None,
             poke=row.background,
@@ -436,7 +466,9 @@ class ResponsesService:
     def _ran(self, response_id: str) -> None:
         """A run ended: its turn's slot is free, so a queued response may be claimed now."""
         self._running.pop(response_id, None)
-        self._unstarted.discard(response_id)  # a run cancelled before it began
+        self._claimed.discard(response_id)
+        self._storing.discard(response_id)
+        self._finishing.discard(response_id)
         self._wake.set()
 
     async def _keep_lease(self, response_id: str, runner: asyncio.Task[Any] | None) -> None:
@@ -533,20 +565,10 @@ class ResponsesService:
         if not claimed:
             return
         mine = replace(row, status="in_progress", owner=self.owner, body=_dumps(body))
-        self._unstarted.add(row.id)  # takes room in the turn service until its turn starts
+        self._claimed.add(row.id)  # room in this server's pool until the run ends
         task = asyncio.create_task(self._run_background(mine))
         self._running[row.id] = task
         task.add_done_callback(lambda _: self._ran(row.id))
-
-    async def _requeue(self, row: ResponseRow) -> None:
-        body = {**json.loads(row.body), "status": "queued"}
-        await self._write(
-            self.store.transition,
-            row.id,
-            expect=("in_progress",),
-            owner=self.owner,
-            change=Change("queued", _dumps(body)),
-        )
 
     async def _end_abandoned(self, row: ResponseRow) -> None:
         request = ResponsesRequest.from_json(row.request)
@@ -580,11 +602,15 @@ class ResponsesService:
     # ----------------------------------------------------------------- cancel, delete
 
     async def cancel(self, response_id: str) -> ResponseRow | None:
-        """Cancel a background response (idempotent): the row first, then its run stops."""
+        """Cancel a background response (idempotent): the row first, then its run stops.
+        A response whose reply is being stored is not cancelled: the answer is the row as
+        it ends (``completed``: already completed)."""
         while True:
             row = await self._db(self.store.get, response_id)
             if row is None or row.status in TERMINAL:
                 return row
+            if is_storing(row.owner):
+                return await self._ended(response_id)
             now = time.time()
             body = {**json.loads(row.body), "status": "cancelled", "completed_at": int(now)}
             moved = await self._write(
@@ -593,7 +619,8 @@ class ResponsesService:
                 expect=(row.status,),
                 owner=row.owner,
                 change=Change("cancelled", _dumps(body), completed_at=now, notified=self._silent),
-                check_owner=False,
+                # The owner read above: a run that entered its store since then wins.
+                check_owner=True,
             )
             if moved:
                 task = self._running.get(response_id)
@@ -602,6 +629,19 @@ class ResponsesService:
                 if not self._silent:
                     await self._told(response_id, "response.cancelled")
                 return await self._db(self.store.get, response_id)
+
+    async def _ended(self, response_id: str) -> ResponseRow | None:
+        """The row once it is terminal (its store's end pokes), or as it stands after a
+        lease: a runner that died mid-store has its row ended by a sweep, not here."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.lease_seconds
+        while True:
+            tick = self._tick
+            row = await self._db(self.store.get, response_id)
+            if row is None or row.status in TERMINAL or loop.time() >= deadline:
+                return row
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(tick.wait(), self.poll_seconds)
 
     async def delete(self, response_id: str) -> bool:
         """Remove a stored response and its events; a running one is cancelled first."""

@@ -23,6 +23,7 @@ from delivery.responses_backend import (
     Change,
     ResponseEvent,
     ResponseRow,
+    storing_owner,
 )
 
 __all__ = ["DDL", "ResponsesSql"]
@@ -64,6 +65,11 @@ _COLUMNS = (
     "previous_response_id, owner, lease_until, completed_at, idempotency_key, fingerprint, "
     "notified"
 )
+
+
+def _runs(owner: str) -> tuple[str, str]:
+    """The owners a row has while ``owner`` runs it: running, then storing its turn."""
+    return owner, storing_owner(owner)
 
 
 class Cursor(Protocol):
@@ -235,7 +241,8 @@ class ResponsesSql:
             row = run(
                 f"SELECT status, owner FROM responses WHERE id = ?{self._lock}", response_id
             ).fetchone()
-            if row is None or row[0] != "in_progress" or row[1] != owner:
+            # The run's own, also while it stores its finished turn (its storing owner).
+            if row is None or row[0] != "in_progress" or row[1] not in _runs(owner):
                 return False
             self._append(run, response_id, events)
         return True
@@ -244,10 +251,10 @@ class ResponsesSql:
         with self._run() as run:
             cur = run(
                 "UPDATE responses SET lease_until = ? "
-                "WHERE id = ? AND owner = ? AND status = 'in_progress'",
+                "WHERE id = ? AND owner IN (?, ?) AND status = 'in_progress'",
                 lease_until,
                 response_id,
-                owner,
+                *_runs(owner),
             )
             return bool(cur.rowcount == 1)
 
