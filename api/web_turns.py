@@ -6,7 +6,9 @@ background and answers a typed ``TurnAccepted`` or ``TurnRefused``; ``start_turn
 same for a caller on another thread (the seed-pinned ``api.routes``), in the dict shape. The
 turn's content deltas and tool steps become ``turn.*`` events of the durable event log while
 ``ActiveStream`` keeps the reply so far for a tab that reloads mid-turn. ``stop`` cancels
-the turn's task: the text shown so far is stored, marked stopped. A user's turn that fails
+the turn through its fence (``StartedTurn.cancel``): the text shown so far is stored, marked
+stopped; a Stop that comes once the turn's reply is being stored loses (``stopped: false``,
+the turn ends done), so a turn is never stored both whole and stopped. A user's turn that fails
 stores their message marked failed (with the error), so that a reload still shows it. A wake-up turn
 (``source="process_wakeup"``) first announces its card (``wakeup``), a ``toast`` and the
 session's unread mark; it is keyed by its delivery id so a re-offer of a wake-up that
@@ -359,7 +361,7 @@ class WebTurns:
                     stream.session_id,
                 )
                 if stream.started is not None:
-                    stream.started.task.cancel()
+                    stream.started.cancel()  # unless its store began: then it is stored
                 return
 
     async def _free(self, stream: ActiveStream) -> None:
@@ -498,13 +500,18 @@ class WebTurns:
             return await self._stop_elsewhere(session_id)
         if stream.started is None or stream.started.task.done():
             return False
-        stream.started.task.cancel()
+        if not stream.started.cancel():
+            return False  # its reply is being stored: already completed
         if stream.follower is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(stream.follower)
         return True
 
     async def _stop_elsewhere(self, session_id: str) -> bool:
+        """Ask the server running the turn (maybe this one, as its turn ends) to stop it, and
+        answer how the turn ended: True when stopped, False when it completed first. A turn
+        that has not ended within ``_STOP_WAIT_SECONDS`` was asked: True."""
+        seen = await self.log.latest_id()  # first: a turn that ends meanwhile is seen
         lease = (await asyncio.to_thread(self.store.running_turns)).get(session_id)
         if lease is None:
             return False
@@ -513,9 +520,10 @@ class WebTurns:
         deadline = loop.time() + _STOP_WAIT_SECONDS
         while loop.time() < deadline:
             await asyncio.sleep(0.05)
-            current = (await asyncio.to_thread(self.store.running_turns)).get(session_id)
-            if current is None or current.stream_id != lease.stream_id:
-                break
+            for event in await self.log.since(seen) or []:
+                seen = max(seen, event.id)
+                if event.type == "turn.end" and event.data.get("stream_id") == lease.stream_id:
+                    return event.data.get("status") == "stopped"
         return True
 
     def _approval_decided(self, event: LoggedEvent) -> None:
@@ -533,7 +541,7 @@ class WebTurns:
         if stream is None or stream.stream_id != event.data.get("stream_id"):
             return
         if stream.started is not None and not stream.started.task.done():
-            stream.started.task.cancel()
+            stream.started.cancel()
 
     async def drain(self, grace_seconds: float) -> None:
         """Refuse new turns (retryable), let running ones end, then stop the stragglers."""
