@@ -81,6 +81,7 @@ class ResponseRow:
     idempotency_key: str | None = None
     fingerprint: str | None = None
     notified: bool = False
+    caller: str | None = None  # who asked (a digest of its key, never the key): queue caps
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +122,9 @@ class ResponsesBackend(Protocol):
         row is returned instead."""
 
     def get(self, response_id: str) -> ResponseRow | None: ...
+
+    def queued(self, caller: str | None) -> tuple[int, int]:
+        """How many rows are queued in all, and how many of them ``caller``'s."""
 
     def transition(
         self,

@@ -72,7 +72,14 @@ from gateway.response_events import EventSink, EventWriter, NoSink, follow
 from gateway.session import SessionSource
 from gateway.turns import StartedTurn, TurnError, TurnRequest, TurnService
 
-__all__ = ["Created", "EventSink", "PreviousNotUsable", "ResponsesService", "TerminalHook"]
+__all__ = [
+    "Created",
+    "EventSink",
+    "PreviousNotUsable",
+    "QueueFull",
+    "ResponsesService",
+    "TerminalHook",
+]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,6 +106,14 @@ class PreviousNotUsable(Exception):
         self.missing = missing
 
 
+class QueueFull(Exception):
+    """Too many background responses are queued, the caller's own (``per_key``) or all."""
+
+    def __init__(self, message: str, *, per_key: bool) -> None:
+        super().__init__(message)
+        self.per_key = per_key
+
+
 @dataclass(frozen=True)
 class Created:
     """A new row, or (``replayed``) the row an earlier request with the same key made."""
@@ -123,6 +138,8 @@ class ResponsesService:
         lease_seconds: float = 30.0,
         poll_seconds: float = 1.0,
         background_concurrency: int = 4,
+        max_queued: int = 1000,
+        max_queued_per_key: int = 100,
     ) -> None:
         if background_concurrency < 1:
             raise ValueError("background_concurrency must be at least 1")
@@ -132,6 +149,8 @@ class ResponsesService:
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
         self.background_concurrency = background_concurrency
+        self.max_queued = max_queued
+        self.max_queued_per_key = max_queued_per_key
         # The process identity the ledger's claims use (host, boot, pid, start time), so a
         # dead owner on this host is recognised at once, and a reused pid is not mistaken
         # for it; the token tells this service apart from another in the same process.
@@ -220,9 +239,18 @@ class ResponsesService:
     # ----------------------------------------------------------------- creating
 
     async def create(
-        self, request: ResponsesRequest, *, idempotency_key: str | None, fingerprint: str | None
+        self,
+        request: ResponsesRequest,
+        *,
+        idempotency_key: str | None,
+        fingerprint: str | None,
+        caller: str | None = None,
     ) -> Created:
-        """Write the row (queued when background, else in_progress and owned here)."""
+        """Write the row (queued when background, else in_progress and owned here). A
+        background one beyond the queue's caps is refused (``QueueFull``): ``caller``'s own
+        queued rows (``max_queued_per_key``), every caller's (``max_queued``)."""
+        if request.background:
+            await self._check_queue(caller)
         session_id = "sess_" + new_token()[:32]
         if request.previous_response_id is not None:
             previous = await self._db(self.store.get, request.previous_response_id)
@@ -256,6 +284,7 @@ class ResponsesService:
             idempotency_key=idempotency_key,
             fingerprint=fingerprint,
             notified=not request.store,
+            caller=caller,
         )
         first: list[tuple[str, str]] = []
         if request.background:
@@ -272,6 +301,24 @@ class ResponsesService:
             else:
                 self._wake.set()
         return Created(stored)
+
+    async def _check_queue(self, caller: str | None) -> None:
+        # Counted in the store, so the caps hold across servers; two creates at the same
+        # instant may each see room for one more (over by at most the creates in flight).
+        total, own = await self._db(self.store.queued, caller)
+        if own >= self.max_queued_per_key:
+            raise QueueFull(
+                f"too many background responses queued for this key "
+                f"(max_queued_per_key = {self.max_queued_per_key}); retry once some have "
+                "started or cancel some",
+                per_key=True,
+            )
+        if total >= self.max_queued:
+            raise QueueFull(
+                f"too many background responses queued (max_queued = {self.max_queued}); "
+                "retry shortly",
+                per_key=False,
+            )
 
     async def get(self, response_id: str) -> ResponseRow | None:
         return await self._db(self.store.get, response_id)

@@ -26,7 +26,7 @@ from delivery.responses_backend import (
     storing_owner,
 )
 
-__all__ = ["DDL", "ResponsesSql"]
+__all__ = ["DDL", "UPGRADE_COLUMNS", "ResponsesSql", "add_sqlite_columns"]
 
 # Shared by both dialects: PostgreSQL's migration 6 is this text, and so is SQLite's
 # responses.db version 1.
@@ -60,11 +60,30 @@ CREATE TABLE IF NOT EXISTS response_events (
 )
 """
 
+# Columns added after ``DDL`` (PostgreSQL's migration 9; SQLite's version 2): table,
+# column, type.
+UPGRADE_COLUMNS = (("responses", "caller", "TEXT"),)
+
 _COLUMNS = (
     "id, status, background, session_id, request, body, created_at, updated_at, "
     "previous_response_id, owner, lease_until, completed_at, idempotency_key, fingerprint, "
-    "notified"
+    "notified, caller"
 )
+
+
+def add_sqlite_columns(conn: Any) -> None:
+    """Give a SQLite database made from ``DDL`` the ``UPGRADE_COLUMNS`` it lacks, in one
+    transaction that reads again what it found (two processes add each column once)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table, column, kind in UPGRADE_COLUMNS:
+            have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def _runs(owner: str) -> tuple[str, str]:
@@ -101,6 +120,7 @@ def _row(r: Sequence[Any]) -> ResponseRow:
         idempotency_key=r[12],
         fingerprint=r[13],
         notified=bool(r[14]),
+        caller=r[15],
     )
 
 
@@ -170,7 +190,7 @@ class ResponsesSql:
         with self._run() as run:
             cur = run(
                 f"INSERT INTO responses ({_COLUMNS}) VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 row.id,
                 row.status,
                 int(row.background),
@@ -186,6 +206,7 @@ class ResponsesSql:
                 row.idempotency_key,
                 row.fingerprint,
                 int(row.notified),
+                row.caller,
             )
             if cur.rowcount == 1:
                 self._append(run, row.id, events)
@@ -293,6 +314,15 @@ class ResponsesSql:
         with self._run(read=True) as run:
             found = run(f"SELECT {_COLUMNS} FROM responses WHERE id = ?", response_id).fetchone()
         return None if found is None else _row(found)
+
+    def queued(self, caller: str | None) -> tuple[int, int]:
+        with self._run(read=True) as run:
+            found = run(
+                "SELECT count(*), count(CASE WHEN caller = ? THEN 1 END) FROM responses "
+                "WHERE status = 'queued'",
+                caller,
+            ).fetchone()
+        return int(found[0]), int(found[1] or 0)
 
     def events_after(self, response_id: str, after: int, limit: int) -> list[ResponseEvent]:
         with self._run(read=True) as run:

@@ -279,6 +279,11 @@ CREATE INDEX IF NOT EXISTS idx_idempotency_done ON idempotency (updated_at) WHER
 CREATE INDEX IF NOT EXISTS idx_tombstones_deleted ON tombstones (deleted_at);
 """,
     ),
+    Migration(
+        9,
+        "responses API: who asked for each response (queued responses are capped per key)",
+        "ALTER TABLE responses ADD COLUMN IF NOT EXISTS caller TEXT",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

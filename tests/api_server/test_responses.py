@@ -87,6 +87,7 @@ async def serving(
     *,
     api_key: str = KEY,
     hook: Any = None,
+    service_options: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> AsyncIterator[tuple[ApiServerAdapter, ResponsesService]]:
     adapter = ApiServerAdapter(
@@ -100,7 +101,10 @@ async def serving(
         **kwargs,
     )
     service = ResponsesService(
-        responses_backend("sqlite", directory), adapter.turns, on_terminal=hook
+        responses_backend("sqlite", directory),
+        adapter.turns,
+        on_terminal=hook,
+        **(service_options or {}),
     )
     adapter.mount_responses(service)
     await adapter.start()

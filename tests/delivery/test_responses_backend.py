@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from delivery.responses_backend import Change, ResponseRow, ResponsesBackend
+from delivery.responses_backend import (
+    Change,
+    ResponseRow,
+    ResponsesBackend,
+    is_storing,
+    storing_owner,
+)
+from storage.responses_sql import DDL
+from storage.sqlite.responses import SqliteResponses
 from tests.api_server.test_responses import responses_backend
 
 BACKENDS = ("sqlite", "memory", "postgres")
@@ -149,9 +157,61 @@ def test_a_write_pokes_the_subscribers(backend: ResponsesBackend) -> None:
 def test_the_sqlite_file_is_versioned(tmp_path: Path) -> None:
     responses_backend("sqlite", tmp_path).close()
     with sqlite3.connect(tmp_path / "responses.db") as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
     (tmp_path / "other.db").write_bytes(b"not a database at all" * 100)
     with pytest.raises(Exception, match="not a SQLite database"):
         from storage import sqlite_files
 
         sqlite_files(responses=tmp_path / "other.db").open_responses()
+
+
+def test_queued_counts_all_and_the_callers_own(backend: ResponsesBackend) -> None:
+    backend.insert(row("resp_a", caller="key:a"), [])
+    backend.insert(row("resp_b", caller="key:a"), [])
+    backend.insert(row("resp_c", caller="key:b"), [])
+    backend.insert(row("resp_d", "in_progress", caller="key:a"), [])  # running: not queued
+    assert backend.queued("key:a") == (3, 2)
+    assert backend.queued("key:z") == (3, 0)
+    found = backend.get("resp_a")
+    assert found is not None and found.caller == "key:a"
+
+
+def test_a_storing_run_still_appends_and_renews_and_a_cancel_by_the_old_owner_fails(
+    backend: ResponsesBackend,
+) -> None:
+    backend.insert(row("resp_a", "in_progress", owner="A", lease_until=500.0), [])
+    storing = Change("in_progress", "{}", owner=storing_owner("A"), lease_until=600.0)
+    assert backend.transition("resp_a", expect=("in_progress",), owner="A", change=storing)
+    found = backend.get("resp_a")
+    assert found is not None and is_storing(found.owner)
+    # The run is still the row's: its events and its lease go on.
+    assert backend.append_events("resp_a", "A", [("response.output_text.done", "{}")])
+    assert backend.renew("resp_a", "A", 700.0)
+    # A cancel that read the owner before the store began can no longer move the row.
+    cancel = Change("cancelled", "{}", completed_at=1.0)
+    assert not backend.transition("resp_a", expect=("in_progress",), owner="A", change=cancel)
+    done = Change("completed", "{}", completed_at=2.0)
+    assert backend.transition(
+        "resp_a", expect=("in_progress",), owner=storing_owner("A"), change=done
+    )
+
+
+def test_a_version_1_responses_file_gains_the_caller_column(tmp_path: Path) -> None:
+    path = tmp_path / "responses.db"
+    old = sqlite3.connect(path)
+    old.executescript(DDL + ";PRAGMA application_id = 1381126992;PRAGMA user_version = 1;")
+    old.execute(
+        "INSERT INTO responses (id, status, background, session_id, request, body, "
+        "created_at, updated_at) VALUES ('resp_old', 'queued', 1, 's', '{}', '{}', 1, 1)"
+    )
+    old.commit()
+    old.close()
+    store = SqliteResponses(path)
+    try:
+        assert store.queued(None) == (1, 0)
+        store.insert(row("resp_new", caller="key:a"), [])
+        assert store.queued("key:a") == (2, 1)
+    finally:
+        store.close()
+    again = SqliteResponses(path)  # opened once more: nothing left to add
+    again.close()
