@@ -12,7 +12,7 @@ Every string is passed as data; the browser shows it as text.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -181,10 +181,15 @@ def _tool_item(step: ToolStep) -> dict[str, Any]:
 
 
 def transcript_items(
-    messages: Iterable[MessageRecord], tool_steps: Sequence[ToolStep] = ()
+    messages: Iterable[MessageRecord],
+    tool_steps: Sequence[ToolStep] = (),
+    live_streams: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """A stored transcript as the protocol's items, in order. A turn's tool steps go right
-    before its reply; steps of the turn running now come last."""
+    before its reply; steps of the turn running now come last. A user's message kept before
+    its turn ran (``pending``: its stream) is hidden while that stream is live (the running
+    turn shows it) and once what the turn stored stands in its place; otherwise its server
+    died before answering, and it shows failed."""
     items: list[dict[str, Any]] = []
     after_wake = False
     pinned: dict[int, list[ToolStep]] = {}
@@ -234,6 +239,9 @@ def transcript_items(
         failed = row.role == "user" and isinstance(meta, Mapping) and bool(meta.get("failed"))
         if failed and _retried(row, rows[index + 1 :]):
             continue  # its retry, the same text sent later, stands in its place
+        pending = meta.get("pending") if failed else None
+        if isinstance(pending, str) and pending in live_streams:
+            continue  # its turn runs now
         role = "assistant" if row.role == "assistant" else "user"
         item: dict[str, Any] = {
             "kind": "message",

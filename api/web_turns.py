@@ -8,8 +8,13 @@ turn's content deltas and tool steps become ``turn.*`` events of the durable eve
 ``ActiveStream`` keeps the reply so far for a tab that reloads mid-turn. ``stop`` cancels
 the turn through its fence (``StartedTurn.cancel``): the text shown so far is stored, marked
 stopped; a Stop that comes once the turn's reply is being stored loses (``stopped: false``,
-the turn ends done), so a turn is never stored both whole and stopped. A user's turn that fails
-stores their message marked failed (with the error), so that a reload still shows it. A wake-up turn
+the turn ends done), so a turn is never stored both whole and stopped. A user's message is
+stored before it is accepted (202), marked failed with "the server stopped before
+answering" and ``pending`` (its stream): what the turn stores next (its message and reply,
+its stopped reply, or the message marked failed with the real error) stands in its place,
+and while the turn runs the transcript hides it (``api.views``); a server killed mid-turn
+leaves it as it was, so that after a restart (``close_orphans`` ends the dead turn) the
+message shows failed with a Retry. A wake-up turn
 (``source="process_wakeup"``) first announces its card (``wakeup``), a ``toast`` and the
 session's unread mark; it is keyed by its delivery id so a re-offer of a wake-up that
 already ran never runs it twice. When a session becomes free (its turn ended), ``on_free``
@@ -40,7 +45,7 @@ from api.routes import refusal
 from api.turn_answers import TurnAccepted, TurnAnswer, TurnRefused
 from api.views import card_of_wake_text, session_source, session_view, title_from_text
 from gateway.config import Platform
-from gateway.session import TURN_LEASE_SECONDS, SessionStore, SessionStoreError
+from gateway.session import TURN_LEASE_SECONDS, SessionGone, SessionStore, SessionStoreError
 from gateway.tasks import finish_or_cancel
 from gateway.turns import ReplayedTurn, StartedTurn, TurnError, TurnRequest, TurnService
 
@@ -49,6 +54,9 @@ __all__ = ["ActiveStream", "WebTurns"]
 logger = logging.getLogger(__name__)
 
 WAKEUP_SOURCE = "process_wakeup"
+# What a user's message says when its server died before answering (stored with it before
+# the 202, see the module docstring).
+STOPPED_BEFORE_ANSWERING = "the server stopped before answering"
 _START_TIMEOUT_SECONDS = 30.0
 _STOP_WAIT_SECONDS = 5.0  # how long a Stop waits for another server's turn to end
 
@@ -196,7 +204,8 @@ class WebTurns:
     async def close_orphans(self) -> int:
         """End the streams of turns whose server died mid-turn (a tab open through the crash
         still shows them running) and free their sessions. Their work is not lost: a wake-up
-        is offered again, a user's message was never stored and shows as failed."""
+        is offered again; a user's message, stored before its 202, shows failed ("the server
+        stopped before answering") with a Retry once its turn no longer runs."""
         ended = 0
         for lease in await asyncio.to_thread(self.store.orphaned_turns):
             if not await asyncio.to_thread(self.store.end_turn, lease.session_id, lease.stream_id):
@@ -276,6 +285,11 @@ class WebTurns:
         with self._lock:
             self._active[session_id] = stream
         stream.holder = asyncio.create_task(self._hold(stream))
+        if not wakeup:
+            refused = await self._keep_message(stream)
+            if refused is not None:
+                await asyncio.shield(self._free(stream))
+                return refused
         try:
             answer = await self.service.start(
                 TurnRequest(
@@ -291,6 +305,9 @@ class WebTurns:
                 )
             )
         except BaseException as exc:
+            if not wakeup and isinstance(exc, TurnError | SessionStoreError):
+                # Refused after the message was kept: it stays, with why (and a Retry).
+                await self._store_failed(stream, str(exc))
             await asyncio.shield(self._free(stream))
             if isinstance(exc, TurnError) and exc.kind in ("session_not_found", "session_deleted"):
                 return TurnRefused(404, "Session not found", "session_not_found")
@@ -340,6 +357,19 @@ class WebTurns:
         self._followers.add(stream.follower)
         stream.follower.add_done_callback(self._followers.discard)
         return accepted
+
+    async def _keep_message(self, stream: ActiveStream) -> TurnRefused | None:
+        """Store the user's message before the turn is accepted, as it would read if this
+        server died now (see the module docstring); a refusal when it cannot be stored."""
+        meta = {"failed": True, "error": STOPPED_BEFORE_ANSWERING, "pending": stream.stream_id}
+        message = {"role": "user", "content": stream.user_text, "display_metadata": meta}
+        try:
+            await self.store.aappend_turn(stream.session_id, [message])
+        except SessionGone:
+            return TurnRefused(404, "Session not found", "session_not_found")
+        except SessionStoreError as exc:
+            return TurnRefused(503, f"the session store is unavailable: {exc}", retryable=True)
+        return None
 
     async def _hold(self, stream: ActiveStream) -> None:
         """Renew the turn's lease while it runs. A turn that lost its session (this server

@@ -33,8 +33,9 @@ TIMINGS = ("before_end", "at_end", "during_store", "after_store")
 
 
 class StoreSpy:
-    """Watches the session store's turn writes: ``entered`` when one begins; it proceeds
-    once ``proceed`` is set (the cancel of a ``during_store`` race is on its way)."""
+    """Watches the session store's writes of a turn's reply: ``entered`` when one begins;
+    it proceeds once ``proceed`` is set (the cancel of a ``during_store`` race is on its
+    way). Other writes (a web UI message kept before its turn runs) pass unwatched."""
 
     def __init__(self, store: SessionStore) -> None:
         self._real = store.aappend_turn
@@ -52,11 +53,13 @@ class StoreSpy:
         else:
             self.proceed.set()
 
-    async def _append(self, *args: Any, **kwargs: Any) -> Any:
+    async def _append(self, session_id: str, messages: Any, **kwargs: Any) -> Any:
+        if not any(m.get("role") == "assistant" for m in messages):
+            return await self._real(session_id, messages, **kwargs)
         self.entered.set()
         await self.proceed.wait()
         try:
-            return await self._real(*args, **kwargs)
+            return await self._real(session_id, messages, **kwargs)
         finally:
             self.done.set()
 
