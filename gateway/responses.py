@@ -70,6 +70,7 @@ from gateway.platforms.responses_wire import (
 )
 from gateway.response_events import EventSink, EventWriter, NoSink, follow
 from gateway.session import SessionSource
+from gateway.turn_fence import finish_despite_cancel
 from gateway.turns import StartedTurn, TurnError, TurnRequest, TurnService
 
 __all__ = [
@@ -343,6 +344,7 @@ class ResponsesService:
         pieces: list[str] = []
         lease = asyncio.create_task(self._keep_lease(row.id, asyncio.current_task()))
         turn_task: asyncio.Task[dict[str, Any]] | None = None
+        opened = False
         try:
             started = await self.turns.start(
                 TurnRequest(
@@ -358,7 +360,6 @@ class ResponsesService:
             # No idempotency key goes to the turn service, so it never answers a replay.
             assert isinstance(started, StartedTurn) and started.deltas is not None
             turn_task, deltas = started.task, started.deltas
-            opened = False
             while (piece := await deltas.get()) is not None:
                 if isinstance(piece, ToolProgress) or not piece:
                     continue
@@ -369,11 +370,15 @@ class ResponsesService:
                     sink.add(*event)
                 opened = True
             completion = await turn_task
-            text = completion_text(completion)
-            out = Output(out.message_id, text, done=True, usage=completion.get("usage"))
-            closing = output_events(out, start=not opened, delta=None if opened else text)
-            return await self._finish(row, request, "completed", out, None, closing, sink)
+            return await self._complete(row, request, out, opened, completion, sink)
         except asyncio.CancelledError:
+            if turn_task is not None and row.id in self._storing:
+                # Its store began, so its turn ends whoever cancels (a shutdown past the
+                # grace): the response ends as its turn did, never failed beside a reply.
+                completion = await finish_despite_cancel(turn_task)
+                return await finish_despite_cancel(
+                    self._complete(row, request, out, opened, completion, sink)
+                )
             if turn_task is not None:
                 turn_task.cancel()
             if self._stopping:
@@ -406,6 +411,20 @@ class ResponsesService:
             )
         finally:
             lease.cancel()
+
+    async def _complete(
+        self,
+        row: ResponseRow,
+        request: ResponsesRequest,
+        out: Output,
+        opened: bool,
+        completion: dict[str, Any],
+        sink: EventSink,
+    ) -> dict[str, Any]:
+        text = completion_text(completion)
+        out = Output(out.message_id, text, done=True, usage=completion.get("usage"))
+        closing = output_events(out, start=not opened, delta=None if opened else text)
+        return await self._finish(row, request, "completed", out, None, closing, sink)
 
     async def _enter_store(self, row: ResponseRow) -> bool:
         """The turn's reply is ready: take the row to its storing owner, so that a cancel

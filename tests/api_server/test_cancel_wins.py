@@ -23,7 +23,7 @@ from gateway.session import SessionStore
 from tests.agent.test_openai_compat import FakeOpenAI
 from tests.api_server import test_responses
 from tests.api_server._support import client_for, poll
-from tests.api_server.test_responses import Gate, serving, upstream
+from tests.api_server.test_responses import Gate, responses_backend, serving, upstream
 
 fake = test_responses.fake  # the fake upstream's fixture, shared
 
@@ -137,3 +137,31 @@ async def test_a_cancel_timed_around_the_store_never_leaves_a_stored_reply(
 async def _ended(client: Any, response_id: str) -> Any:
     found = await client.responses.retrieve(response_id)
     return found if found.status in ("cancelled", "completed", "failed") else None
+
+
+async def test_a_shutdown_past_the_grace_while_the_reply_is_stored_ends_it_completed(
+    store: SessionStore, tmp_path: Any, fake: FakeOpenAI
+) -> None:
+    """The store began: a shutdown that cancels the run then loses too; the response ends
+    completed with its reply, never ``failed`` beside a reply in the session."""
+    spy = StoreSpy(store)
+    spy.arm(hold=True)
+    gate = Gate()
+    fake.script = [gate.handler()]
+    async with serving(store, tmp_path, upstream(fake)) as (adapter, service):
+        client = client_for(adapter.port)
+        made = await client.responses.create(model="fake-model", input="race", background=True)
+        await gate.started.wait()
+        gate.opened.set()
+        await spy.entered.wait()
+        stopping = asyncio.create_task(service.stop(grace_seconds=0))
+        await asyncio.sleep(0.05)  # the run is cancelled while its store is held
+        spy.proceed.set()
+        await stopping
+    again = responses_backend("sqlite", tmp_path)
+    try:
+        row = again.get(made.id)
+    finally:
+        again.close()
+    assert row is not None and row.status == "completed", row
+    assert _replies(store, row.session_id) == ["Hello world"]
