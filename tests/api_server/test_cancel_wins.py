@@ -89,10 +89,11 @@ async def test_a_cancel_timed_around_the_store_never_leaves_a_stored_reply(
                 await asyncio.wait([cancel])  # answered: then the model ends
                 gate.opened.set()
             elif timing == "at_end":
-                # The model's end and the cancel race (sent a varying moment after the end).
-                gate.opened.set()
-                await asyncio.sleep(0.001 * (i % 7))
+                # The model's end and the cancel race: the cancel is sent, and the model
+                # ends a varying moment later (0-4 ms), while the cancel is on its way.
                 cancel = asyncio.create_task(client.responses.cancel(made.id))
+                await asyncio.sleep(0.0005 * (i % 9))
+                gate.opened.set()
             elif timing == "during_store":
                 gate.opened.set()
                 await spy.entered.wait()
