@@ -16,7 +16,8 @@ streams). The service owns what every surface needs the same way:
   before the store began leaves nothing stored, one after it loses (``gateway.turn_fence``);
 * the idempotency protocol: claim, replay a finished answer, wait (then conflict) while the
   first attempt runs, forget the claim when the turn fails, take over a dead owner's claim;
-* the cap on turns running at once;
+* the cap on turns running at once (``max_concurrent_runs``; a caller with a pool of its
+  own, background responses, sets ``own_slot`` and takes none of it);
 * approvals (``hold_sessions``: the API server, Telegram): the session's lease while one
   is pending, and with ``park_on_approval`` an early answer (see ``gateway.turn_approvals``).
 
