@@ -122,7 +122,7 @@ async def test_a_cancel_timed_around_the_store_never_leaves_a_stored_reply(
                     final.status,
                     replies,
                 )
-        await poll(lambda: adapter.turns.active_runs == 0)
+        await poll(lambda: adapter.turns.background_runs == 0)
     cancelled = sum(o["cancelled"] for o in outcomes.values())
     print(
         f"\ncancel/store races: {RACES} ran, {cancelled} ended cancelled, "

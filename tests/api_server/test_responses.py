@@ -209,7 +209,7 @@ async def test_cancel_twice_stops_the_run(store, tmp_path, fake) -> None:
         second = await client.responses.cancel(created.id)
         assert first.status == second.status == "cancelled"
         # The run stopped while the upstream still had not answered.
-        await poll(lambda: adapter.turns.active_runs == 0)
+        await poll(lambda: adapter.turns.background_runs == 0)
         assert not gate.opened.is_set()
         gate.opened.set()
         assert (await client.responses.retrieve(created.id)).status == "cancelled"
