@@ -39,6 +39,8 @@ __all__ = [
     "ACTIVE",
     "TERMINAL",
     "Change",
+    "QueueCaps",
+    "QueueFull",
     "ResponseEvent",
     "ResponseRow",
     "ResponsesBackend",
@@ -85,6 +87,22 @@ class ResponseRow:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueCaps:
+    """How many rows may be queued: those of one caller, and all of them."""
+
+    per_caller: int
+    total: int
+
+
+class QueueFull(Exception):
+    """An insert beyond ``QueueCaps``: the caller's own (``per_key``) or all."""
+
+    def __init__(self, message: str, *, per_key: bool) -> None:
+        super().__init__(message)
+        self.per_key = per_key
+
+
+@dataclass(frozen=True, slots=True)
 class ResponseEvent:
     """One stored stream event: its number, its type, its data (JSON, no number in it)."""
 
@@ -116,10 +134,14 @@ class ResponsesBackend(Protocol):
     def notifier(self) -> Notifier:
         """Pokes every server sharing the store (a response changed or has new events)."""
 
-    def insert(self, row: ResponseRow, events: list[tuple[str, str]]) -> ResponseRow:
+    def insert(
+        self, row: ResponseRow, events: list[tuple[str, str]], caps: QueueCaps | None = None
+    ) -> ResponseRow:
         """Write a new row (and its first events, numbered from 0) in one transaction.
         When a row with the same ``idempotency_key`` exists, nothing is written and that
-        row is returned instead."""
+        row is returned instead. With ``caps``, a row that would queue one too many (its
+        ``caller``'s, or in all) is refused with ``QueueFull``, counted in the same
+        transaction (a repeated idempotency key is answered first, never refused)."""
 
     def get(self, response_id: str) -> ResponseRow | None: ...
 

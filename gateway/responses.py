@@ -51,6 +51,8 @@ from delivery.notifier import Subscription
 from delivery.responses_backend import (
     TERMINAL,
     Change,
+    QueueCaps,
+    QueueFull,
     ResponseEvent,
     ResponseRow,
     ResponsesBackend,
@@ -107,14 +109,6 @@ class PreviousNotUsable(Exception):
         self.missing = missing
 
 
-class QueueFull(Exception):
-    """Too many background responses are queued, the caller's own (``per_key``) or all."""
-
-    def __init__(self, message: str, *, per_key: bool) -> None:
-        super().__init__(message)
-        self.per_key = per_key
-
-
 @dataclass(frozen=True)
 class Created:
     """A new row, or (``replayed``) the row an earlier request with the same key made."""
@@ -150,8 +144,7 @@ class ResponsesService:
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
         self.background_concurrency = background_concurrency
-        self.max_queued = max_queued
-        self.max_queued_per_key = max_queued_per_key
+        self.caps = QueueCaps(per_caller=max_queued_per_key, total=max_queued)
         # The process identity the ledger's claims use (host, boot, pid, start time), so a
         # dead owner on this host is recognised at once, and a reused pid is not mistaken
         # for it; the token tells this service apart from another in the same process.
@@ -249,9 +242,8 @@ class ResponsesService:
     ) -> Created:
         """Write the row (queued when background, else in_progress and owned here). A
         background one beyond the queue's caps is refused (``QueueFull``): ``caller``'s own
-        queued rows (``max_queued_per_key``), every caller's (``max_queued``)."""
-        if request.background:
-            await self._check_queue(caller)
+        queued rows (``max_queued_per_key``), every caller's (``max_queued``), counted by
+        the store in the insert's own transaction."""
         session_id = "sess_" + new_token()[:32]
         if request.previous_response_id is not None:
             previous = await self._db(self.store.get, request.previous_response_id)
@@ -293,7 +285,8 @@ class ResponsesService:
                 ("response.created", _dumps({"response": body})),
                 ("response.queued", _dumps({"response": body})),
             ]
-        stored = await self._write(self.store.insert, row, first, poke=request.background)
+        caps = self.caps if request.background else None
+        stored = await self._write(self.store.insert, row, first, caps, poke=request.background)
         if stored.id != row.id:
             return Created(stored, replayed=True)
         if request.background and not (self._stopping or self._paused):
@@ -302,24 +295,6 @@ class ResponsesService:
             else:
                 self._wake.set()
         return Created(stored)
-
-    async def _check_queue(self, caller: str | None) -> None:
-        # Counted in the store, so the caps hold across servers; two creates at the same
-        # instant may each see room for one more (over by at most the creates in flight).
-        total, own = await self._db(self.store.queued, caller)
-        if own >= self.max_queued_per_key:
-            raise QueueFull(
-                f"too many background responses queued for this key "
-                f"(max_queued_per_key = {self.max_queued_per_key}); retry once some have "
-                "started or cancel some",
-                per_key=True,
-            )
-        if total >= self.max_queued:
-            raise QueueFull(
-                f"too many background responses queued (max_queued = {self.max_queued}); "
-                "retry shortly",
-                per_key=False,
-            )
 
     async def get(self, response_id: str) -> ResponseRow | None:
         return await self._db(self.store.get, response_id)

@@ -21,6 +21,8 @@ from delivery.responses_backend import (
     ACTIVE,
     TERMINAL,
     Change,
+    QueueCaps,
+    QueueFull,
     ResponseEvent,
     ResponseRow,
     storing_owner,
@@ -89,6 +91,30 @@ def add_sqlite_columns(conn: Any) -> None:
 def _runs(owner: str) -> tuple[str, str]:
     """The owners a row has while ``owner`` runs it: running, then storing its turn."""
     return owner, storing_owner(owner)
+
+
+def _queued(run: Callable[..., Any], caller: str | None) -> tuple[int, int]:
+    found = run(
+        "SELECT count(*), count(CASE WHEN caller = ? THEN 1 END) FROM responses "
+        "WHERE status = 'queued'",
+        caller,
+    ).fetchone()
+    return int(found[0]), int(found[1] or 0)
+
+
+def _check_caps(total: int, own: int, caps: QueueCaps) -> None:
+    if own >= caps.per_caller:
+        raise QueueFull(
+            "too many background responses queued for this key "
+            f"(max_queued_per_key = {caps.per_caller}); retry once some have started, or "
+            "cancel some",
+            per_key=True,
+        )
+    if total >= caps.total:
+        raise QueueFull(
+            f"too many background responses queued (max_queued = {caps.total}); retry shortly",
+            per_key=False,
+        )
 
 
 class Cursor(Protocol):
@@ -186,8 +212,21 @@ class ResponsesSql:
 
     # ----------------------------------------------------------------- writes
 
-    def insert(self, row: ResponseRow, events: list[tuple[str, str]]) -> ResponseRow:
+    def insert(
+        self, row: ResponseRow, events: list[tuple[str, str]], caps: QueueCaps | None = None
+    ) -> ResponseRow:
         with self._run() as run:
+            if caps is not None:
+                if row.idempotency_key is not None:
+                    found = run(
+                        f"SELECT {_COLUMNS} FROM responses WHERE idempotency_key = ?",
+                        row.idempotency_key,
+                    ).fetchone()
+                    if found is not None:
+                        return _row(found)  # a repeat: answered, never refused
+                # SQLite's write lock makes the count exact; under PostgreSQL's read
+                # committed, creates at the same instant may each see room for one more.
+                _check_caps(*_queued(run, row.caller), caps)
             cur = run(
                 f"INSERT INTO responses ({_COLUMNS}) VALUES "
                 "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -317,12 +356,7 @@ class ResponsesSql:
 
     def queued(self, caller: str | None) -> tuple[int, int]:
         with self._run(read=True) as run:
-            found = run(
-                "SELECT count(*), count(CASE WHEN caller = ? THEN 1 END) FROM responses "
-                "WHERE status = 'queued'",
-                caller,
-            ).fetchone()
-        return int(found[0]), int(found[1] or 0)
+            return _queued(run, caller)
 
     def events_after(self, response_id: str, after: int, limit: int) -> list[ResponseEvent]:
         with self._run(read=True) as run:

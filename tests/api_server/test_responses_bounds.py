@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from delivery.responses_backend import QueueFull
 from gateway.platforms.responses_wire import ResponsesRequest, parse_responses_body
-from gateway.responses import QueueFull
 from tests.agent.test_openai_compat import FakeOpenAI, _chunk, completion, sse
 from tests.api_server import test_responses
 from tests.api_server._support import KEY, client_for, poll
@@ -43,14 +43,15 @@ def slow_or_quick(gate: Gate) -> Any:
     return handle
 
 
-async def _post(port: int, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], Any]:
+async def _post(
+    port: int, path: str, body: dict[str, Any], key: str | None = None
+) -> tuple[int, dict[str, Any], Any]:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    if key is not None:
+        headers["Idempotency-Key"] = key
     async with (
         aiohttp.ClientSession() as http,
-        http.post(
-            f"http://127.0.0.1:{port}{path}",
-            json=body,
-            headers={"Authorization": f"Bearer {KEY}"},
-        ) as r,
+        http.post(f"http://127.0.0.1:{port}{path}", json=body, headers=headers) as r,
     ):
         return r.status, dict(r.headers), await r.json()
 
@@ -67,8 +68,8 @@ async def test_queued_background_responses_are_capped_per_key_and_in_all(
     ):
         service.pause()  # nothing is claimed: every create stays queued
         body = {"model": "fake-model", "input": SLOW, "background": True}
-        for _ in range(3):
-            status, _, made = await _post(adapter.port, "/v1/responses", body)
+        for i in range(3):
+            status, _, made = await _post(adapter.port, "/v1/responses", body, key=f"k{i}")
             assert status == 200 and made["status"] == "queued"
         status, headers, refused = await _post(adapter.port, "/v1/responses", body)
         assert status == 429, refused
@@ -76,6 +77,10 @@ async def test_queued_background_responses_are_capped_per_key_and_in_all(
         assert refused["error"]["code"] == "too_many_queued"
         assert "max_queued_per_key = 3" in refused["error"]["message"]
         assert int(headers["Retry-After"]) > 0
+        # A repeat of an accepted create (its Idempotency-Key) is answered, never refused.
+        status, headers, again = await _post(adapter.port, "/v1/responses", body, key="k2")
+        assert status == 200 and again["id"] == made["id"]
+        assert headers["Idempotent-Replayed"] == "true"
         # Another key's requests count in all: two more fit, the sixth does not.
         request = ResponsesRequest.from_json(json.dumps(_checked(body)))
         for _ in range(2):

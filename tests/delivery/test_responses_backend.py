@@ -15,6 +15,8 @@ import pytest
 
 from delivery.responses_backend import (
     Change,
+    QueueCaps,
+    QueueFull,
     ResponseRow,
     ResponsesBackend,
     is_storing,
@@ -174,6 +176,25 @@ def test_queued_counts_all_and_the_callers_own(backend: ResponsesBackend) -> Non
     assert backend.queued("key:z") == (3, 0)
     found = backend.get("resp_a")
     assert found is not None and found.caller == "key:a"
+
+
+def test_an_insert_beyond_the_queue_caps_is_refused_but_a_repeat_is_answered(
+    backend: ResponsesBackend,
+) -> None:
+    caps = QueueCaps(per_caller=2, total=3)
+    backend.insert(row("resp_a", caller="key:a", idempotency_key="client:a"), [], caps)
+    backend.insert(row("resp_b", caller="key:a"), [], caps)
+    with pytest.raises(QueueFull) as own:
+        backend.insert(row("resp_c", caller="key:a"), [], caps)
+    assert own.value.per_key and backend.get("resp_c") is None
+    again = backend.insert(row("resp_d", caller="key:a", idempotency_key="client:a"), [], caps)
+    assert again.id == "resp_a"  # the repeat of an accepted one
+    backend.insert(row("resp_e", caller="key:b"), [], caps)
+    with pytest.raises(QueueFull) as total:
+        backend.insert(row("resp_f", caller="key:c"), [], caps)
+    assert not total.value.per_key
+    backend.insert(row("resp_g", "in_progress", caller="key:c"), [], None)  # not queued: no cap
+    assert backend.queued("key:a") == (3, 2)
 
 
 def test_a_storing_run_still_appends_and_renews_and_a_cancel_by_the_old_owner_fails(
