@@ -666,7 +666,10 @@ class WebUIServer:
             for step in await self.log.tool_steps(session_id)
             if step.message_id in shown or (step.message_id is None and before is None)
         ]
-        return transcript_items(rows, steps), older
+        # A running turn (on any server) shows its own message: its kept copy is hidden.
+        lease = (await asyncio.to_thread(self.store.running_turns)).get(session_id)
+        live = (lease.stream_id,) if lease is not None else ()
+        return transcript_items(rows, steps, live), older
 
     async def session_background(self, request: web.Request) -> web.Response:
         session_id = await self._shown_session(request)

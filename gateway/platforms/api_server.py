@@ -626,5 +626,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                 "model": self._model_name,
                 "active_runs": self.turns.active_runs,
                 "max_concurrent_runs": self.max_concurrent_runs,
+                # Background responses, in their own pool (none of max_concurrent_runs).
+                "background_runs": self.turns.background_runs,
             }
         )

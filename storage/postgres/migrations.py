@@ -303,6 +303,11 @@ CREATE INDEX IF NOT EXISTS idx_messages_search ON messages USING GIN (content_ts
 ALTER TABLE sessions ADD COLUMN IF NOT EXISTS system_prompt TEXT;
 """,
     ),
+    Migration(
+        11,
+        "responses API: who asked for each response (queued responses are capped per key)",
+        "ALTER TABLE responses ADD COLUMN IF NOT EXISTS caller TEXT",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
