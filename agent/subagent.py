@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,19 +51,27 @@ class ToolUse:
     result: str | None = None
 
 
+ProgressReport = Callable[[str, str | None], None]
+"""Told each step of a run (what it is doing, and its last output line when it has one)."""
+
+
 class _Watch:
     """What the run did so far, and when it last moved."""
 
-    def __init__(self) -> None:
+    def __init__(self, report: ProgressReport | None = None) -> None:
+        self.report = report
         self.moved = time.monotonic()
         self.doing = "waiting for the model"
         self.texts: list[str] = []
         self.calls: list[ToolUse] = []
         self.known_tools: frozenset[str] = frozenset()
 
-    def move(self, doing: str) -> None:
+    def move(self, doing: str, output: str | None = None) -> None:
         self.moved = time.monotonic()
         self.doing = doing
+        if self.report is not None:
+            with contextlib.suppress(Exception):  # a report never stops the run
+                self.report(doing, output)
 
     def tools_used(self) -> list[dict[str, Any]]:
         counts: dict[str, int] = {}
@@ -115,7 +123,7 @@ class _WatchedProvider:
         reply = await self._inner.complete(messages, **kwargs)
         if reply.content:
             self._watch.texts.append(reply.content)
-        self._watch.move("after the model answered")
+        self._watch.move("after the model answered", reply.content)
         return reply
 
 
@@ -134,7 +142,7 @@ class _WatchedRegistry(ToolRegistry):
         self._watch.calls.append(use)
         self._watch.move(f"running the tool {name}")
         use.result = await super().call(name, arguments_json, ctx, call_id)
-        self._watch.move(f"after the tool {name}")
+        self._watch.move(f"after the tool {name}", use.result)
         return use.result
 
 
@@ -198,11 +206,13 @@ def run_subagent(
     max_steps: int = 8,
     stall_seconds: float | None = None,
     stop: StopSignal | None = None,
+    progress: ProgressReport | None = None,
 ) -> dict[str, Any]:
     """Run a sub-agent to its end on the calling thread (see the module docstring); never
     raises. ``ctx`` must be one whose hooks may be called from this thread
-    (``ToolContext.on_loop``); ``stall_seconds`` None: no stall limit."""
-    watch = _Watch()
+    (``ToolContext.on_loop``); ``stall_seconds`` None: no stall limit; ``progress`` is told
+    each step."""
+    watch = _Watch(progress)
     registry = tools if tools is not None else ToolRegistry()
 
     async def main() -> AgentResult | object | None:
@@ -307,6 +317,7 @@ def run_subagent_sync(
     ctx: ToolContext | None = None,
     stall_seconds: float | None = None,
     stop: StopSignal | None = None,
+    progress: ProgressReport | None = None,
 ) -> dict[str, Any]:
     """Run a sub-agent to completion on the calling thread; never raises.
 
@@ -322,4 +333,5 @@ def run_subagent_sync(
         max_steps=max_steps,
         stall_seconds=stall_seconds,
         stop=stop,
+        progress=progress,
     )

@@ -6,7 +6,17 @@ import argparse
 import os
 import sys
 
-from reveille import approvals, backup, db, deliveries, log_format, prune, version, webhooks_cmd
+from reveille import (
+    approvals,
+    background,
+    backup,
+    db,
+    deliveries,
+    log_format,
+    prune,
+    version,
+    webhooks_cmd,
+)
 from reveille.chat import add_chat_parser
 from reveille.serve import add_serve_parser
 from reveille.settings import SettingsError
@@ -29,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_chat_parser(sub)
     deliveries.add_parser(sub)
+    background.add_parser(sub)
     webhooks_cmd.add_parser(sub)
     approvals.add_parser(sub)
     db.add_parser(sub)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 import select
@@ -47,11 +48,18 @@ from delivery.rows import LedgerRow
 from delivery.state_dir import ensure_private_dir
 from delivery.states import State
 from tools.completion_queue import CompletionQueue, WireEvent, shared_completion_queue
-from tools.delegation_runtime import DelegationRuntime, default_state_dir, get_runtime
+from tools.delegation_runtime import (
+    PROGRESS_INTERVAL_SECONDS,
+    DelegationRuntime,
+    default_state_dir,
+    get_runtime,
+)
 
 log = logging.getLogger(__name__)
 
 OUTPUT_TAIL_BYTES = 16 * 1024
+PROGRESS_TAIL_BYTES = 2048  # enough for a last output line
+KILL_GRACE_SECONDS = 3.0  # a stopped command's group gets TERM, then KILL after this
 PROCESS_KIND = "process"
 PROCESSES_DIR = "processes"
 OUTPUT_FILE = "output"
@@ -175,6 +183,15 @@ def read_wrapper_identity(directory: Path) -> ProcessIdentity | None:
         return ProcessIdentity.parse((directory / WRAPPER_FILE).read_text().strip())
     except OSError:
         return None
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL the process group ``pgid`` if it still has members. A group's id cannot be
+    given to a new process while the group exists, so this never reaches a stranger."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, 0)
+        os.killpg(pgid, signal.SIGKILL)
+        log.info("process group %s outlived its TERM: killed", pgid)
 
 
 def _alive(ident: ProcessIdentity | None) -> bool:
@@ -304,6 +321,7 @@ class ProcessRegistry:
         running = _Running(process_id, proc.pid, command, directory, started=started, proc=proc)
         with self._lock:
             self._running[process_id] = running
+        self._runtime().watch(process_id, functools.partial(self.kill, process_id))
         threading.Thread(
             target=self._watch,
             args=(running, request, timeout),
@@ -360,10 +378,27 @@ class ProcessRegistry:
             timer = threading.Timer(timeout, self.kill, args=(running.process_id,))
             timer.daemon = True
             timer.start()
-        code = running.proc.wait()
+        code = self._wait_reporting(running, running.proc)
         if timer:
             timer.cancel()
         self._conclude(running, request, wrapper_code=code)
+
+    def _wait_reporting(self, running: _Running, proc: subprocess.Popen[bytes]) -> int:
+        """Wait for the wrapper, reporting the command's last output line as its progress
+        (at most once per ``PROGRESS_INTERVAL_SECONDS``, and only when the output grew)."""
+        seen = 0
+        while True:
+            try:
+                return proc.wait(timeout=PROGRESS_INTERVAL_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+            tail, size = read_output_tail(running.directory / OUTPUT_FILE, PROGRESS_TAIL_BYTES)
+            if size != seen or not seen:
+                seen = size or -1
+                with contextlib.suppress(Exception):  # a report never stops the watch
+                    self._runtime().progress(
+                        running.process_id, step="running the command", line=tail
+                    )
 
     # -- adopting the processes of a server that died ------------------------------------------
 
@@ -406,6 +441,7 @@ class ProcessRegistry:
             if _alive(ident):  # the pid may have been reused before it was opened
                 with self._lock:
                     self._running[process_id] = running
+                self._runtime().watch(process_id, functools.partial(self.kill, process_id))
                 log.info("adopted background process %s (pid %s): waiting", process_id, pid)
                 threading.Thread(
                     target=self._wait_adopted,
@@ -442,6 +478,8 @@ class ProcessRegistry:
         wrapper's own (a child of this process), else unknown."""
         with self._lock:
             self._running.pop(running.process_id, None)
+        with contextlib.suppress(Exception):
+            self._runtime().unwatch(running.process_id)
         output, size = running.output()
         recorded = read_exit_status(running.directory)
         error = None
@@ -560,6 +598,10 @@ class ProcessRegistry:
         running.kill_requested = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(running.pid, signal.SIGTERM)
+        # The whole tree goes: what ignores the TERM is killed once the grace is over.
+        timer = threading.Timer(KILL_GRACE_SECONDS, _kill_group, args=(running.pid,))
+        timer.daemon = True
+        timer.start()
         return True
 
     def list_running(self) -> list[ProcessInfo]:

@@ -168,6 +168,9 @@ def make_delegate_tool(
         stop = StopSignal()
 
         def run() -> dict[str, Any]:
+            # Lazy like the dispatch below; a no-op for an inline run (no unit on its thread).
+            from tools.delegation_runtime import report_progress
+
             return run_subagent_sync(
                 provider,
                 goal,
@@ -177,6 +180,7 @@ def make_delegate_tool(
                 max_steps=limits.max_steps,
                 stall_seconds=limits.stall_seconds,
                 stop=stop,
+                progress=report_progress,
             )
 
         if not as_bool(args.get("background")):

@@ -279,6 +279,11 @@ CREATE INDEX IF NOT EXISTS idx_idempotency_done ON idempotency (updated_at) WHER
 CREATE INDEX IF NOT EXISTS idx_tombstones_deleted ON tombstones (deleted_at);
 """,
     ),
+    Migration(
+        9,
+        "ledger: what a running unit last reported (progress)",
+        "ALTER TABLE deliveries ADD COLUMN IF NOT EXISTS progress TEXT;",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
