@@ -13,7 +13,8 @@ streamed event in order. A running row whose lease ran out, or whose owner is a 
 process on this host, ends ``failed`` with a reason: part of its output may already have
 been streamed and billed, so it is not silently run a second time. A cancel (or delete)
 moves the row first; its runner learns it from the store (a poke, else the next renewal)
-and cancels the turn, whose results are then never stored.
+and cancels the turn, whose results are then never stored. The background units the turn
+dispatched carry the response's id (``RESPONSE_ORIGIN``) and are cancelled with it.
 
 Streams follow the store: a reader replays the stored events after its ``starting_after``
 and then waits for pokes (this server's appends, the store's notifier for the others;
@@ -63,6 +64,7 @@ from gateway.platforms.responses_wire import (
 from gateway.response_events import EventSink, EventWriter, NoSink, follow
 from gateway.session import SessionSource
 from gateway.turns import StartedTurn, TurnError, TurnRequest, TurnService
+from tools.delegation_runtime import RESPONSE_ORIGIN, get_runtime, runtime_is_open
 
 __all__ = ["Created", "EventSink", "PreviousNotUsable", "ResponsesService", "TerminalHook"]
 
@@ -101,6 +103,9 @@ class Created:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+BY_RESPONSE = "the API client that cancelled the response which started it"
 
 
 class ResponsesService:
@@ -284,6 +289,8 @@ class ResponsesService:
         pieces: list[str] = []
         lease = asyncio.create_task(self._keep_lease(row.id, asyncio.current_task()))
         turn_task: asyncio.Task[dict[str, Any]] | None = None
+        # Work the turn dispatches records this response: cancelling it cancels that work.
+        origin = RESPONSE_ORIGIN.set(row.id)
         try:
             try:
                 started = await self.turns.start(
@@ -297,6 +304,7 @@ class ResponsesService:
                 )
             finally:
                 self._unstarted.discard(row.id)
+                RESPONSE_ORIGIN.reset(origin)
             # No idempotency key goes to the turn service, so it never answers a replay.
             assert isinstance(started, StartedTurn) and started.deltas is not None
             turn_task, deltas = started.task, started.deltas
@@ -601,6 +609,8 @@ class ResponsesService:
                     task.cancel()
                 if not self._silent:
                     await self._told(response_id, "response.cancelled")
+                if runtime_is_open():  # else nothing was dispatched through this process
+                    await self._db(get_runtime().cancel_started_by, response_id, by=BY_RESPONSE)
                 return await self._db(self.store.get, response_id)
 
     async def delete(self, response_id: str) -> bool:

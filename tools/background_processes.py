@@ -53,6 +53,7 @@ from tools.delegation_runtime import (
     DelegationRuntime,
     default_state_dir,
     get_runtime,
+    stamp_response_origin,
 )
 
 log = logging.getLogger(__name__)
@@ -289,6 +290,7 @@ class ProcessRegistry:
         }
         if traceparent := traces.turn_traceparent():
             request[traces.TRACEPARENT] = traceparent  # stored: the wake-up's span links to it
+        stamp_response_origin(request)
         ledger.create(
             process_id,
             kind=PROCESS_KIND,

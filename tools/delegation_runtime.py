@@ -15,6 +15,7 @@ delivery policy. ``configure_runtime`` opens it on an explicit file instead.
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
 import logging
 import os
@@ -34,6 +35,7 @@ from delivery.errors import LedgerError, LedgerUnavailable
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
 from delivery.reoffer import ReofferScheduler
+from delivery.rows import RowQuery
 from delivery.states import State
 from delivery.write_future import WriteFuture
 from tools.completion_queue import EventQueue, WireEvent, shared_completion_queue
@@ -58,6 +60,13 @@ PROGRESS_INTERVAL_SECONDS = 1.0
 """At most one progress write per this many seconds (all units of a process in one write)."""
 
 _current = threading.local()  # the unit a worker thread is running (``report_progress``)
+
+RESPONSE_ORIGIN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "reveille_response_origin", default=None
+)
+"""The background Response whose turn is running here (``gateway.responses`` sets it): work
+dispatched in its context records it (``response_id``), so cancelling the Response cancels
+the units it started."""
 
 
 @dataclass
@@ -183,6 +192,7 @@ class DelegationRuntime:
             else:
                 self._slots.joining += 1
         req = unit.request
+        stamp_response_origin(req)
         if traceparent := traces.turn_traceparent():
             req[traces.TRACEPARENT] = traceparent  # stored: the wake-up's span links to it
         try:
@@ -379,6 +389,17 @@ class DelegationRuntime:
             self.ledger.notify_others()  # its owner (or a server to deliver the notice) looks
         return outcome
 
+    def cancel_started_by(self, response_id: str, *, by: str) -> list[CancelOutcome]:
+        """Cancel every unit the background Response ``response_id`` started (recorded on
+        its row at dispatch); what each cancel did."""
+        rows = [
+            row
+            for state in (State.RUNNING, State.QUEUED)
+            for row in self.ledger.query(RowQuery(state=state.value, limit=10_000))
+            if (row.request or {}).get(RESPONSE_KEY) == response_id
+        ]
+        return [self.cancel(row.id, by=by) for row in rows]
+
     def watch(self, row_id: str, stop: Callable[[], object]) -> None:
         """``row_id`` runs in this process; ``stop`` stops it once its row is cancelled."""
         with self._lock:
@@ -557,6 +578,15 @@ def _completion_event(
 
 
 # -- the process's runtime -------------------------------------------------------------------
+
+
+RESPONSE_KEY = "response_id"
+
+
+def stamp_response_origin(request: dict[str, Any]) -> None:
+    """Record on a unit's request the background Response it was started by, if any."""
+    if (response_id := RESPONSE_ORIGIN.get()) is not None:
+        request[RESPONSE_KEY] = response_id
 
 
 def report_progress(step: str | None = None, line: str | None = None) -> None:
