@@ -39,7 +39,10 @@ const chat = new ChatView(transcript, {
   onRetry: (text, node) => sendText(text, { retrying: node }),
   onOlder: (id, before) => api.olderItems(id, before),
 });
-const backgroundStrip = new BackgroundStrip($("#background-strip"));
+const backgroundStrip = new BackgroundStrip($("#background-strip"), {
+  onCancel: cancelBackground,
+  onRefresh: () => state.currentId && refreshBackground(state.currentId),
+});
 const deliveries = new DeliveriesView($("#deliveries"), $("#deliveries-empty"), {
   sessionTitle: (id) => (state.sessions.has(id) ? sessionTitle(state.sessions.get(id)) : String(id)),
   onOpenSession: (id) => openSession(id),
@@ -344,6 +347,16 @@ async function stop() {
     failure(err, "Could not stop the turn");
   } finally {
     stopButton.disabled = false;
+  }
+}
+
+async function cancelBackground(unitId) {
+  try {
+    const { status } = await api.cancelBackground(unitId);
+    notice(status === "cancelled" ? "Stopped." : "It had already finished.", "ok");
+  } catch (err) {
+    failure(err, "Could not stop it");
+    throw err;
   }
 }
 
