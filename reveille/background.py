@@ -19,7 +19,7 @@ from typing import Any
 
 from delivery.cancel import ALREADY_FINISHED, CANCELLED, BackgroundUnit, active_units
 from delivery.ledger import Ledger
-from reveille.deliveries import with_ledger
+from reveille.deliveries import clip, text_table, with_ledger
 from reveille.settings import load_settings
 
 WATCH_INTERVAL_SECONDS = 1.0
@@ -90,11 +90,6 @@ def show(ledger: Ledger, args: argparse.Namespace) -> int:
         time.sleep(WATCH_INTERVAL_SECONDS)
 
 
-def _clip(text: str | None, width: int) -> str:
-    text = (text or "").replace("\n", " ")
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def _elapsed(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
@@ -109,14 +104,10 @@ def format_table(units: list[BackgroundUnit]) -> str:
             u.kind,
             u.state,
             _elapsed(u.elapsed_seconds),
-            _clip(u.step, 28),
-            _clip(u.line, 40),
-            _clip(u.goal, 40),
+            clip(u.step, 28),
+            clip(u.line, 40),
+            clip(u.goal, 40),
         )
         for u in units
     ]
-    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    for r in table:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    return "\n".join(lines)
+    return text_table(headers, table)

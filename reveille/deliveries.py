@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -79,9 +79,19 @@ def _iso(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _clip(text: str | None, width: int) -> str:
+def clip(text: str | None, width: int) -> str:
+    """``text`` on one line, cut to ``width`` characters."""
     text = (text or "").replace("\n", " ")
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def text_table(headers: Sequence[str], table: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell, headers first (the operator's tables)."""
+    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for r in table:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return "\n".join(lines)
 
 
 def _session_of(row: LedgerRow) -> str:
@@ -98,16 +108,12 @@ def format_table(rows: list[LedgerRow], now: float) -> str:
             row.delivery_state if row.completed_at else "-",
             str(row.delivery_attempts),
             _age(row.created_at, now),
-            _clip(_session_of(row), 28),
-            _clip(row.goal, 48),
+            clip(_session_of(row), 28),
+            clip(row.goal, 48),
         )
         for row in rows
     ]
-    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    for r in table:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    return "\n".join(lines)
+    return text_table(headers, table)
 
 
 def format_row(row: LedgerRow, history: list[dict[str, Any]]) -> str:

@@ -7,13 +7,9 @@ background Response cancels the sub-agent its turn started. Real servers (``reve
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import pytest
 from aiohttp import web
 
 import tools.async_delegation as ad
@@ -27,38 +23,14 @@ from reveille.settings import Settings
 from tests.agent.test_openai_compat import FakeOpenAI, _chunk, sse
 from tests.agent.test_subagent_tools import tool_call
 from tests.api_server._support import KEY, client_for, poll
+from tests.api_server.test_approvals import api
+from tests.api_server.test_responses import fake
+from tests.api_server.test_responses_app import _fresh_runtime
+from tests.tools.test_background_cancel import alive
 from tools.process_registry import process_registry
 
 HEADER = "X-Hermes-Session-Id"
-
-
-@pytest.fixture(autouse=True)
-def _fresh_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
-    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
-    ad.reset_runtime()
-    process_registry.completion_queue.drain()
-    yield
-    ad.reset_runtime()
-    process_registry.completion_queue.drain()
-
-
-async def api(
-    port: int, method: str, path: str, body: Any = None, *, key: str | None = KEY
-) -> tuple[int, dict[str, Any]]:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    async with (
-        aiohttp.ClientSession() as http,
-        http.request(method, f"http://127.0.0.1:{port}{path}", json=body, headers=headers) as resp,
-    ):
-        return resp.status, await resp.json()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except (ProcessLookupError, OSError):
-        return False
+__all__ = ["_fresh_runtime", "fake"]  # fixtures, used by name
 
 
 async def test_cancel_over_the_api_kills_the_tree_and_tells_the_session_once(
@@ -154,14 +126,6 @@ async def test_a_unit_of_another_surface_cannot_be_cancelled_over_the_api(
         assert status == 200 and body["data"] == []
         row = ledger.get("deleg_webui")
         assert row is not None and row.state == "running"
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    server = FakeOpenAI()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 async def test_cancelling_a_background_response_cancels_the_subagent_it_started(

@@ -5,21 +5,9 @@ waited, the test would time out instead of passing."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from typing import Any
-
 import tools.async_delegation as ad
 from tests.webui.conftest import settings_for, start_web, stop_web
-
-
-async def _until(pred: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await asyncio.to_thread(pred):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
+from tests.webui.test_combined_wakeups import _until
 
 
 async def test_a_lone_result_is_delivered_without_the_window(tmp_path) -> None:

@@ -5,10 +5,8 @@ conversation gets one wake-up saying the web UI stopped it, never the command's 
 
 from __future__ import annotations
 
-import os
 import time
 import urllib.error
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,15 +14,8 @@ from playwright.sync_api import expect
 
 from delivery.ledger import Ledger
 from tests.stores import sqlite_ledger
+from tests.tools.test_background_cancel import alive
 from tests.webui.browser.test_wakeup_flow import create_session
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except (ProcessLookupError, OSError):
-        return False
 
 
 def wait_until(check: Any, what: str, timeout: float = 20.0) -> None:
