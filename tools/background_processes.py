@@ -186,6 +186,16 @@ def read_wrapper_identity(directory: Path) -> ProcessIdentity | None:
         return None
 
 
+def _stop_group(pgid: int) -> None:
+    """TERM the process group ``pgid`` (the wrapper records the command's status), and KILL
+    what is left of it once ``KILL_GRACE_SECONDS`` are over: the whole tree goes."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    timer = threading.Timer(KILL_GRACE_SECONDS, _kill_group, args=(pgid,))
+    timer.daemon = True
+    timer.start()
+
+
 def _kill_group(pgid: int) -> None:
     """SIGKILL the process group ``pgid`` if it still has members. A group's id cannot be
     given to a new process while the group exists, so this never reaches a stranger."""
@@ -410,6 +420,7 @@ class ProcessRegistry:
         if directory is not None:
             self._directory_given = directory
         ledger.set_adopter(PROCESS_KIND, self.adopt)
+        self._runtime().set_orphan_stopper(PROCESS_KIND, self.kill_orphan)
 
     def detach(self) -> None:
         """Forget the directory ``attach`` was handed (its server closed)."""
@@ -598,12 +609,17 @@ class ProcessRegistry:
             if ident is None or ident.pid != running.pid or not _alive(ident):
                 return False  # ended (or its pid is no longer its): nothing to signal
         running.kill_requested = True
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(running.pid, signal.SIGTERM)
-        # The whole tree goes: what ignores the TERM is killed once the grace is over.
-        timer = threading.Timer(KILL_GRACE_SECONDS, _kill_group, args=(running.pid,))
-        timer.daemon = True
-        timer.start()
+        _stop_group(running.pid)
+        return True
+
+    def kill_orphan(self, process_id: str) -> bool:
+        """Stop the command of ``process_id`` whose server died (its row was cancelled
+        before anyone adopted it): its wrapper's group, found by the identity on disk."""
+        ident = read_wrapper_identity(self._directory(process_id))
+        if ident is None or not _alive(ident):
+            return False  # ended, or not of this host: nothing here to signal
+        _stop_group(ident.pid)
+        log.info("stopped the command of %s, whose server is gone", process_id)
         return True
 
     def list_running(self) -> list[ProcessInfo]:

@@ -148,8 +148,10 @@ class DelegationRuntime:
         self._pool = _WorkerPool()
         self.scheduler: ReofferScheduler | None = None
         self.draining = False
-        # How to stop the work of each row running in this process (units, processes).
+        # How to stop the work of each row running in this process (units, processes), and
+        # the work of a kind that outlives a dead owner (a command still running).
         self._stoppers: dict[str, Callable[[], object]] = {}
+        self._orphan_stoppers: dict[str, Callable[[str], object]] = {}
         self._progress: dict[str, Progress] = {}
         self._dirty: set[str] = set()
         self._flush_timer: threading.Timer | None = None
@@ -385,9 +387,24 @@ class DelegationRuntime:
         log.info("background %s cancelled by %s", row_id, by)
         if outcome.event is not None and deliver_here:
             self.queue.put(outcome.event)
-        if not self._stop_here(row_id):
-            self.ledger.notify_others()  # its owner (or a server to deliver the notice) looks
+        if self._stop_here(row_id):
+            return outcome
+        orphan = self._orphan_stoppers.get(outcome.kind or "")
+        if orphan is not None and self.ledger.is_dead(outcome.owner):
+            try:
+                orphan(row_id)  # nobody else will: its owner is gone
+            except Exception:
+                log.exception("could not stop the orphaned work of %s", row_id)
+        self.ledger.notify_others()  # its owner (or a server to deliver the notice) looks
         return outcome
+
+    def set_orphan_stopper(self, kind: str, stop: Callable[[str], object] | None) -> None:
+        """How to stop work of ``kind`` whose owner process died but which may still run
+        (a background command): called with the row id when such a row is cancelled."""
+        if stop is None:
+            self._orphan_stoppers.pop(kind, None)
+        else:
+            self._orphan_stoppers[kind] = stop
 
     def cancel_started_by(self, response_id: str, *, by: str) -> list[CancelOutcome]:
         """Cancel every unit the background Response ``response_id`` started (recorded on

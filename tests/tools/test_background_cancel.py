@@ -25,6 +25,8 @@ import pytest
 from delivery.cancel import ALREADY_FINISHED, CANCELLED, NOT_FOUND, active_units
 from delivery.ledger import Ledger
 from tests.stores import sqlite_ledger
+from tests.tools.test_process_adoption import Server as AdoptionServer
+from tests.tools.test_process_adoption import dead_server, live_server
 from tools.background_processes import ProcessRegistry
 from tools.completion_queue import CompletionQueue
 from tools.delegation_runtime import DelegationRuntime, Unit, report_progress
@@ -240,3 +242,26 @@ def test_a_result_recorded_first_wins_the_race(server: Server) -> None:
     assert server.runtime.cancel(row_id, by="the API").status == ALREADY_FINISHED
     gate.go.set()
     wait_for(lambda: server.runtime.running_count() == 0, "the slot to free")
+
+
+def test_a_command_whose_server_died_is_stopped_by_the_cancel_itself(tmp_path: Path) -> None:
+    """Nobody follows the command any more (its server was killed right after the spawn):
+    the server that cancels it stops its process tree itself, found by the wrapper's
+    identity on disk, and the row is settled with the notice."""
+    path = tmp_path / "ledger.db"
+    made: list[AdoptionServer] = []
+    try:
+        dead = dead_server(path, made)
+        pids = tmp_path / "pids"
+        info = dead.registry.spawn(f"echo $$ > {pids}; sleep 300 & echo $! >> {pids}; wait")
+        wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2, "the pids")
+        tree = [int(p) for p in pids.read_text().split()] + [info["pid"]]
+        live = live_server(path, made)
+        outcome = live.runtime.cancel(info["process_id"], by="the CLI")
+        assert outcome.status == CANCELLED
+        assert live.runtime.queue.get(timeout=WAIT)["status"] == "cancelled"
+        for pid in tree:
+            wait_for(lambda pid=pid: not alive(pid), f"pid {pid} to be gone")
+    finally:
+        for server in made:
+            server.close()
