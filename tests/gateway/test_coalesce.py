@@ -91,8 +91,9 @@ async def test_a_lone_result_is_flushed_without_waiting_out_the_window() -> None
     rec = Recorder()
     asked: list[str] = []
 
-    def siblings(session_id: str) -> bool:
+    def siblings(session_id: str, batch: frozenset[str]) -> bool:
         asked.append(session_id)
+        assert batch == {"a"}  # the row of the result itself is no sibling
         return False
 
     batches: Coalescer[str, str] = Coalescer(
@@ -106,7 +107,7 @@ async def test_the_window_applies_while_siblings_still_run() -> None:
     rec = Recorder()
     running = {"s1"}
     batches: Coalescer[str, str] = Coalescer(
-        rec.flush, window=3600, missing="held", siblings=lambda s: s in running
+        rec.flush, window=3600, missing="held", siblings=lambda s, batch: s in running
     )
     first = asyncio.create_task(batches.add("s1", "a", "a"))
     for _ in range(20):  # the check runs on a thread: let it answer
