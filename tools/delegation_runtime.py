@@ -5,6 +5,13 @@ at most ``cap`` run at once and beyond that a unit waits in a bounded FIFO or is
 Every unit's ledger row is written before it can start, and its completion event is written
 to the ledger before it is put on the completion queue (``record_completion``).
 
+Stopping and progress (``delivery.cancel``): ``cancel`` settles a row ``cancelled`` from any
+process; the work running here is registered with ``watch`` (a unit, a background command)
+and stopped when its row turns out cancelled, at once when the cancel is made here, else at
+the re-offer scheduler's next pass (every cancel pokes the store's servers) or at its next
+progress write. ``report_progress`` (from a unit's thread) and ``progress`` record what the
+work is doing; the runtime writes it to the store at most once per second.
+
 The bottom of this module holds the process-wide runtime behind ``get_runtime()``, the face
 that the fixed contract module (``tools.async_delegation``) and the background processes
 need. The composition root says how it is opened (``register_runtime_factory``); without
