@@ -104,6 +104,19 @@ async def test_cancel_over_the_api_kills_the_tree_and_tells_the_session_once(
         status, body = await api(port, "GET", "/api/background")
         assert body["data"] == []
 
+        # A unit of the session that finished on its own: said so, and left as it ended.
+        ledger = app.runtime.ledger
+        evt = {"type": "async_delegation", "delegation_id": "deleg_done", "status": "completed"}
+        ledger.create(
+            "deleg_done", kind="delegation", state="running", origin_session_id=session_id
+        )
+        assert ledger.finish("deleg_done", expected="running", state="completed", event=evt)
+        status, body = await api(port, "POST", "/api/background/deleg_done/cancel")
+        assert status == 200 and body["status"] == "already_finished", body
+        assert body["state"] == "completed"
+        row = ledger.get("deleg_done")
+        assert row is not None and row.state == "completed" and row.event == evt
+
 
 async def test_a_unit_of_another_surface_cannot_be_cancelled_over_the_api(
     tmp_path: Path,
