@@ -19,6 +19,7 @@ from typing import Any
 
 from agent.markers import read_wake_data
 from api.event_log import ToolStep
+from delivery.cancel import Progress
 from delivery.rows import LedgerRow
 from delivery.session_backend import SNIPPET_END, SNIPPET_START, MessageHit
 from gateway.approvals import EXPIRED_DISPLAY_KIND
@@ -351,13 +352,17 @@ def _retried(failed: MessageRecord, after: Sequence[MessageRecord]) -> bool:
 
 
 def background_view(row: LedgerRow) -> dict[str, Any]:
-    """Unfinished background work of a session, as the chat's progress strip shows it."""
+    """Unfinished background work of a session, as the chat's progress strip shows it: with
+    the step and last output line the server running it last wrote."""
+    progress = Progress.from_column(row.progress) if row.state == "running" else None
     return {
         "id": row.id,
         "kind": row.kind,
         "goal": _text(row.goal)[:300],
         "state": row.state,
         "started_at": row.started_at or row.created_at,
+        "step": progress.step if progress else None,
+        "line": progress.line if progress else None,
     }
 
 

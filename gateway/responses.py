@@ -19,7 +19,8 @@ and cancels the turn, whose results are then never stored. Cancel wins only befo
 store: a finished turn's store begins with a compare-and-set of the row to its storing
 owner (``storing_owner``, the turn's ``before_store``), which the cancel's own
 compare-and-set excludes; a cancel that finds the row storing waits for its end and answers
-with it (``completed``: already completed).
+with it (``completed``: already completed). The background units the turn dispatched
+carry the response's id (``RESPONSE_ORIGIN``) and are cancelled with it.
 
 Streams follow the store: a reader replays the stored events after its ``starting_after``
 and then waits for pokes (this server's appends, the store's notifier for the others;
@@ -74,6 +75,7 @@ from gateway.response_events import EventSink, EventWriter, NoSink, follow
 from gateway.session import SessionSource
 from gateway.turn_fence import finish_despite_cancel
 from gateway.turns import StartedTurn, TurnError, TurnRequest, TurnService
+from tools.delegation_runtime import RESPONSE_ORIGIN, get_runtime, runtime_is_open
 
 __all__ = [
     "Created",
@@ -119,6 +121,9 @@ class Created:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+BY_RESPONSE = "the API client that cancelled the response which started it"
 
 
 class ResponsesService:
@@ -320,23 +325,28 @@ class ResponsesService:
         lease = asyncio.create_task(self._keep_lease(row.id, asyncio.current_task()))
         turn_task: asyncio.Task[dict[str, Any]] | None = None
         opened = False
+        # Work the turn dispatches records this response: cancelling it cancels that work.
+        origin = RESPONSE_ORIGIN.set(row.id)
         try:
-            started = await self.turns.start(
-                TurnRequest(
-                    session_id=row.session_id,
-                    messages=request.messages,
-                    # The owner key (a keyless server's client) holds the session too.
-                    create=SessionSource(
-                        platform=Platform.API_SERVER,
-                        chat_id=row.session_id,
-                        user_id=request.owner,
-                    ),
-                    stream=True,
-                    model_options=request.model_options(),
-                    before_store=lambda: self._enter_store(row),
-                    own_slot=row.background,
+            try:
+                started = await self.turns.start(
+                    TurnRequest(
+                        session_id=row.session_id,
+                        messages=request.messages,
+                        # The owner key (a keyless server's client) holds the session too.
+                        create=SessionSource(
+                            platform=Platform.API_SERVER,
+                            chat_id=row.session_id,
+                            user_id=request.owner,
+                        ),
+                        stream=True,
+                        model_options=request.model_options(),
+                        before_store=lambda: self._enter_store(row),
+                        own_slot=row.background,
+                    )
                 )
-            )
+            finally:
+                RESPONSE_ORIGIN.reset(origin)
             # No idempotency key goes to the turn service, so it never answers a replay.
             assert isinstance(started, StartedTurn) and started.deltas is not None
             turn_task, deltas = started.task, started.deltas
@@ -674,6 +684,8 @@ class ResponsesService:
                     task.cancel()
                 if not self._silent:
                     await self._told(response_id, "response.cancelled")
+                if runtime_is_open():  # else nothing was dispatched through this process
+                    await self._db(get_runtime().cancel_started_by, response_id, by=BY_RESPONSE)
                 return await self._db(self.store.get, response_id)
 
     async def _ended(self, response_id: str) -> ResponseRow | None:

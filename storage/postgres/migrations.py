@@ -308,6 +308,11 @@ ALTER TABLE sessions ADD COLUMN IF NOT EXISTS system_prompt TEXT;
         "responses API: who asked for each response (queued responses are capped per key)",
         "ALTER TABLE responses ADD COLUMN IF NOT EXISTS caller TEXT",
     ),
+    Migration(
+        12,
+        "ledger: what a running unit last reported (progress)",
+        "ALTER TABLE deliveries ADD COLUMN IF NOT EXISTS progress TEXT;",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
