@@ -18,7 +18,7 @@ __all__ = ["NOTICE", "SurfaceGate"]
 
 NOTICE = (
     "This web UI shows only its own conversations: the API server has a key and the web UI "
-    "has no password. set REVEILLE_WEBUI_PASSWORD to see API and Telegram conversations here."
+    "has no password. Set REVEILLE_WEBUI_PASSWORD to see API and Telegram conversations here."
 )
 
 

@@ -22,10 +22,17 @@ from delivery.rows import LedgerRow
 from delivery.states import DeliveryState, State
 
 
-def mark_reoffered(event: dict[str, Any], reason: str, at: float) -> dict[str, Any]:
+def mark_reoffered(
+    event: dict[str, Any], reason: str, at: float, *, first: bool = False
+) -> dict[str, Any]:
     """A copy of ``event`` marked as offered again (``restored`` and ``_restored`` True, the
-    reason and the time), so no unrelated session adopts it. The stored event is unchanged."""
+    reason and the time), so no unrelated session adopts it. The stored event is unchanged.
+    ``first``: no consumer ever took it before (``_first_offer``): a notice another process
+    wrote (a cancel from the CLI) is offered by a server for the first time, so its wake-up
+    must not say it is delivered again."""
     marked = copy.deepcopy(event)
+    if first:
+        marked["_first_offer"] = True
     # Both spellings: hermes' and hermes-webui's consumers read ``restored``, older ones here
     # ``_restored``; a consumer that misses the mark would let a new session adopt it.
     marked["restored"] = True
@@ -128,7 +135,8 @@ def reoffer_op(
                 # The lease ran out, or its holder died: the claim is void now.
                 changes.update(claim_token=None, claim_consumer=None, claim_expires_at=0)
             if tx.update(row.id, expect, changes):
-                offered.append(mark_reoffered(row.event, reason, now))
+                first = row.restored == 0 and row.delivery_attempts == 0
+                offered.append(mark_reoffered(row.event, reason, now, first=first))
         return offered
 
     return op

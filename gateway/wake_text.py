@@ -236,8 +236,7 @@ def _format_delegation(
             "ended. It restates what was asked so you can act on it even if you are in the "
             "middle of something else."
         )
-    if evt.restored:
-        # Set by the ledger on events it offers again (restart or orphan re-offer).
+    if _redelivered(evt):
         out.append(_RESTORED_NOTE)
     out.append("")
 
@@ -289,7 +288,7 @@ def _format_process_completion(
                 else "earlier has exited."
             )
         )
-    if evt.restored:
+    if _redelivered(evt):
         out.append(_RESTORED_NOTE)
     out.append("")
     if evt.command is not None:
@@ -320,12 +319,18 @@ def _format_process_completion(
     return "\n".join(out).rstrip() + "\n"
 
 
+def _redelivered(evt: CompletionEvent) -> bool:
+    """The ledger offers this event again (a restart, an orphan re-offer) after a consumer
+    took it before; a first offer by another process than its writer is not "again"."""
+    return evt.restored and not evt.raw.get("_first_offer")
+
+
 def _format_generic(evt: CompletionEvent, *, explain: bool = True) -> str:
     kind = evt.raw.get("type")
     out = [f"[Background event: {_render_value(kind) if _present(kind) else 'unknown'}]"]
     if explain:
         out.append("This is an automatic wake-up, not a user message.")
-    if evt.restored:
+    if _redelivered(evt):
         out.append(_RESTORED_NOTE)
     out.append("")
     for key, value in evt.raw.items():

@@ -294,6 +294,10 @@ class DelegationRuntime:
         # The work is done: its slot is free now, while the terminal row is written.
         with self._lock:
             self._slots.running.pop(unit.delegation_id, None)
+        if unit.drained:
+            # The drain stopped it and writes its row (``interrupted``: the server was
+            # restarting); the stopped run's own answer must not win that write.
+            return
         self.record_completion(unit.delegation_id, event)
         self._fill_slots()
 

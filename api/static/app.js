@@ -694,6 +694,10 @@ async function boot() {
   state.boot = data;
   setCsrfToken(data.csrf_token);
   $("#model-name").textContent = data.model ? `Model: ${data.model}` : "";
+  // Why other surfaces' conversations are not listed (an API key without a web UI password).
+  const gate = $("#gate-notice");
+  gate.textContent = data.notice || "";
+  gate.hidden = !data.notice;
   if (data.auth_required && !data.logged_in) {
     showLogin();
     return;

@@ -318,3 +318,51 @@ async def test_an_approval_whose_units_server_died_expires_when_read(
         assert _sub_tool_results(fake) == []  # the command never ran
     finally:
         await asyncio.to_thread(second.stop)
+
+
+async def test_cancelling_a_unit_that_waits_for_approval_withdraws_it_through_the_api(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """``POST /api/background/{id}/cancel`` on a sub-agent whose command waits for a person:
+    the approval is withdrawn (no longer listed, never runs), the row ends cancelled and the
+    conversation gets the one notice, never a result."""
+    _delegating(fake, "echo never-run > ran.txt", "should never be said")
+    env = {
+        "REVEILLE_PROVIDER": "openai",
+        "REVEILLE_MODEL": "fake-model",
+        "OPENAI_BASE_URL": fake.base_url,
+        "OPENAI_API_KEY": "sk-test",
+        "REVEILLE_SHELL_APPROVALS": "always",
+    }
+    server = await asyncio.to_thread(Server, tmp_path / "home", extra_env=env)
+    try:
+        session_id, _ = await asyncio.to_thread(
+            chat, server.port, "run it for me", model="fake-model"
+        )
+
+        def listed() -> list[dict[str, Any]]:
+            status, _, body = call(server.port, "GET", "/api/approvals")
+            assert status == 200
+            return body["data"]
+
+        (approval,) = await asyncio.to_thread(wait_until, listed)
+        status, _, cancelled = await asyncio.to_thread(
+            call, server.port, "POST", f"/api/background/{approval['unit_id']}/cancel", {}
+        )
+        assert status == 200, cancelled
+        await asyncio.to_thread(wait_until, lambda: not listed())
+        status, _, late = await asyncio.to_thread(
+            call, server.port, "POST", f"/api/approvals/{approval['id']}", {"approve": True}
+        )
+        assert status in (404, 409), late  # withdrawn: no late click runs it
+
+        def noticed() -> list[dict[str, Any]]:
+            return [m for m in transcript(server.port, session_id) if m["display_kind"]]
+
+        (notice,) = await asyncio.to_thread(wait_until, noticed)
+        assert "should never be said" not in notice["content"]
+        await asyncio.sleep(2.5)  # a result that slipped through would land meanwhile
+        assert len(await asyncio.to_thread(noticed)) == 1
+        assert not any((tmp_path / "home").rglob("ran.txt"))
+    finally:
+        await asyncio.to_thread(server.stop)

@@ -31,6 +31,14 @@ def test_restored_note_follows_the_ledger_field() -> None:
     assert "Re-delivered" not in format_wake_text({**DELEG, "restored": 1}, now=0)
 
 
+def test_a_first_offer_by_another_process_is_not_said_to_be_delivered_again() -> None:
+    """A cancel made from the CLI writes its notice; a server offers it first (marked
+    restored, so no new session adopts it), but nothing was delivered before."""
+    for evt in (DELEG, PROC, {"type": "watch_match", "pattern": "ERROR"}):
+        first = {**evt, "restored": True, "_restored": True, "_first_offer": True}
+        assert "Re-delivered" not in format_wake_text(first, now=0)
+
+
 def test_generic_text_hides_ledger_bookkeeping() -> None:
     text = format_wake_text(
         {"type": "watch_match", "pattern": "ERROR", "_restored": True, "_reoffer_reason": "x"}

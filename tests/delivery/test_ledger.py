@@ -438,6 +438,7 @@ class TestSettleAndRestore:
             row = ledger.get(event["delegation_id"])
             assert row is not None and row.restored == 1
             assert "_restored" not in row.event  # the stored event stays as written
+            assert event["_first_offer"] is True  # nobody took it before the restart
             assert ledger.claim(event["delegation_id"], "after-restart")
 
     def test_restore_drops_rows_older_than_48h_instead_of_replaying(
@@ -487,6 +488,9 @@ class TestSettleAndRestore:
         assert offered[0]["_reoffer_reason"] == "orphan"
         assert ledger.take_due() == []  # offered once per due time, not in a hot loop
         assert ledger.claim("r1", "c")
+        clock.advance(LEASE)  # taken, never settled: offered again, and now it is "again"
+        (again,) = ledger.take_due()
+        assert "_first_offer" not in again and again["_restored"] is True
 
     def test_release_notifies_the_due_listener(self, ledger: Ledger, clock: FakeClock) -> None:
         finished_row(ledger, "r1")

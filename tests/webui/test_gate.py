@@ -43,7 +43,7 @@ async def test_with_an_api_key_and_no_password_the_web_ui_shows_only_its_own(web
     approval = _other_surfaces(web)
     mine = await web.new_session("mine")
     boot = await (await web.get("/api/bootstrap")).json()
-    assert "set REVEILLE_WEBUI_PASSWORD to see API and Telegram conversations" in boot["notice"]
+    assert "Set REVEILLE_WEBUI_PASSWORD to see API and Telegram conversations" in boot["notice"]
     sessions = (await (await web.get("/api/sessions")).json())["sessions"]
     assert [s["id"] for s in sessions] == [mine]
     for session_id in ("api-sess", TG):

@@ -52,3 +52,30 @@ def test_sidebar_sources_readonly_and_search(start_server, new_tab, shots) -> No
     page.get_by_test_id("search").fill("")
     expect(items).to_have_count(3)
     assert not tab.errors, tab.errors
+
+
+def test_with_an_api_key_and_no_password_the_sidebar_says_why_others_are_hidden(
+    start_server, new_tab, shots
+) -> None:
+    """The gate's banner: a password-less web UI beside an API key lists its own chats only
+    and says how to see the API's and Telegram's."""
+    server = start_server(demo_delay=0.2)  # the default API key, no web UI password
+    mine = server.post("/api/sessions", {"title": "Mine"})["session"]
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.api_port()}/v1/chat/completions",
+        data=json.dumps(
+            {"model": "reveille-demo", "messages": [{"role": "user", "content": "hidden"}]}
+        ).encode(),
+        headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30):
+        pass
+    tab = new_tab(server.url)
+    page = tab.open("/")
+    expect(page.get_by_test_id("gate-notice")).to_be_visible()
+    expect(page.get_by_test_id("gate-notice")).to_contain_text("REVEILLE_WEBUI_PASSWORD")
+    items = page.get_by_test_id("session-item")
+    expect(items).to_have_count(1)
+    expect(session_item(page, mine["id"])).to_contain_text("Mine")
+    shots(page, "gate-notice")
+    assert not tab.errors, tab.errors
