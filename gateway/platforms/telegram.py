@@ -19,7 +19,7 @@ chat, is one session: its id is ``build_session_key`` of the chat's ``SessionSou
   always well-formed; a piece Telegram still cannot parse is sent again as plain text), so
   model output can never break a message.
 * ``/start`` and ``/help`` answer with what the bot does; ``/new`` starts a fresh session
-  for the chat (``TelegramState.chat_sessions``): the old one stays readable and its late
+  for the chat (``TelegramState.chat_session``): the old one stays readable and its late
   results still come home to it.
 * Approvals (when the shell asks them): a command the agent wants to run is asked in the
   chat with an inline keyboard (Approve once / Deny) whose ``callback_data`` carries the
@@ -59,7 +59,7 @@ from gateway.platforms.base import BasePlatformAdapter, MessageEvent, SendResult
 from gateway.platforms.telegram_api import TelegramApi, TelegramError, thread_params
 from gateway.platforms.telegram_approvals import ApprovalKeyboard
 from gateway.platforms.telegram_format import split_message, to_html
-from gateway.platforms.telegram_intake import LongPoller, webhook_handler
+from gateway.platforms.telegram_intake import LongPoller, SharedIntake, webhook_handler
 from gateway.platforms.telegram_state import TelegramState
 from gateway.platforms.telegram_updates import BadField, telegram_id
 from gateway.session import SessionGone, SessionSource, build_session_key, is_valid_session_id
@@ -196,8 +196,8 @@ class TelegramAdapter(BasePlatformAdapter):
             )
         else:
             logger.info("Telegram: allowed users: %s", ", ".join(sorted(self.allowed_users)))
-        # Updates a previous run took but did not answer come first.
-        for update_id, update in await asyncio.to_thread(self.state.unanswered, self.bot):
+        # Updates a previous run (or a dead server) took but did not answer come first.
+        for update_id, update in await asyncio.to_thread(self.state.claim_orphans, self.bot):
             self._dispatch(update_id, update)
         self._poll_task = asyncio.create_task(self._intake(), name="telegram-intake")
 
@@ -212,11 +212,12 @@ class TelegramAdapter(BasePlatformAdapter):
                 },
             )
             logger.info("Telegram: webhook mode at %s", self.webhook_url)
+            await SharedIntake(self.state, self.bot, self._dispatch).run()
             return
         # Polling and a webhook exclude each other; updates queued meanwhile are kept.
         await self._retrying("deleteWebhook", {"drop_pending_updates": False})
-        logger.info("Telegram: polling for updates (bot %s)", self.bot)
-        await self.poller.run()
+        # Polls only while it holds the polling lease (one server of those sharing the bot).
+        await SharedIntake(self.state, self.bot, self._dispatch, self.poller).run()
 
     async def _retrying(self, method: str, params: dict[str, Any]) -> Any:
         delay = 1.0
@@ -234,6 +235,9 @@ class TelegramAdapter(BasePlatformAdapter):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._poll_task
             self._poll_task = None
+        # Handed over at once: a server standing by polls from its next tick.
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.state.release_poll_lease, self.bot)
         await finish_or_cancel(self._tasks, grace_seconds)
         await self.turns.drain(grace_seconds)
         await self.api.close()

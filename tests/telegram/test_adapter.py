@@ -20,7 +20,7 @@ from gateway.session import SessionGone, SessionSource, SessionStore
 from gateway.turns import TurnService
 from gateway.wake import WakeDeliveryError, deliver_wake
 from tests.api_server.serve_support import wait_until
-from tests.stores import memory_sessions
+from tests.stores import memory_sessions, telegram_backend
 from tests.telegram.fake_bot_api import FakeBotApi
 
 
@@ -62,7 +62,7 @@ async def setup(tmp_path: Path) -> AsyncIterator[tuple[TelegramAdapter, FakeBotA
     adapter = TelegramAdapter(
         api=TelegramApi(bot.token, base_url=bot.base_url),
         turns=turns,
-        state=TelegramState(tmp_path / "telegram.db"),
+        state=TelegramState(telegram_backend("sqlite", tmp_path)),
         allowed_users=frozenset({"42"}),
         edit_interval=0.01,
         poll_timeout=1,
