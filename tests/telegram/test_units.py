@@ -349,3 +349,22 @@ async def test_a_409_conflict_is_logged_once_with_its_cause_then_at_debug(
     assert all("another process polls this bot token" in r.getMessage() for r in loud)
     assert all(conflict in r.getMessage() for r in loud)
     assert len(conflicts) == 8  # the others are still there, at DEBUG
+
+
+async def test_the_fake_answers_the_older_of_two_concurrent_polls_with_409():
+    """As Telegram does with two pollers of one token (what the polling lease prevents)."""
+    bot = FakeBotApi().start()
+    older = TelegramApi(bot.token, base_url=bot.base_url)
+    newer = TelegramApi(bot.token, base_url=bot.base_url)
+    try:
+        first = asyncio.create_task(older.call("getUpdates", {"timeout": 1}))
+        while not bot.calls_of("getUpdates"):
+            await asyncio.sleep(0.01)
+        assert await newer.call("getUpdates", {"timeout": 0}) == []
+        with pytest.raises(TelegramError) as info:
+            await first
+        assert info.value.error_code == 409 and bot.conflicts == 1
+    finally:
+        await older.close()
+        await newer.close()
+        bot.stop()
