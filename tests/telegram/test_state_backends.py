@@ -7,16 +7,27 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 import storage
-from delivery.telegram_backend import TelegramBackend, TelegramDump, TelegramDumpInbox
+from delivery.identity import current_identity
+from delivery.telegram_backend import (
+    TelegramBackend,
+    TelegramDump,
+    TelegramDumpChat,
+    TelegramDumpDone,
+    TelegramDumpInbox,
+    TelegramDumpPart,
+)
 from gateway.platforms.telegram_state import TelegramState
 from tests.pg_support import fresh_url
+from tests.telegram.legacy_file import make_legacy_file
 
 BACKENDS = ("sqlite", "memory", "postgres")
 A, B = "host-a|boot|1|1", "host-b|boot|2|2"
@@ -185,8 +196,6 @@ def test_absorbing_a_dump_keeps_what_the_store_has(store: TelegramBackend) -> No
             TelegramDumpInbox("bot", 10, '{"update_id": 10, "old": 1}', 1.0, None),
         ],
     )
-    from delivery.telegram_backend import TelegramDumpChat, TelegramDumpDone, TelegramDumpPart
-
     dump.parts.append(TelegramDumpPart("k", 0, "1", 5))
     dump.done.append(TelegramDumpDone("k", 3.0))
     dump.chats += [TelegramDumpChat("chat", "theirs", 0.5), TelegramDumpChat("c2", "s", 0.5)]
@@ -221,35 +230,38 @@ def test_the_face_hands_orphans_out_once_and_skips_its_own(
     assert two.hold_poll_lease("bot")
 
 
+def test_a_dead_process_of_this_host_loses_its_claims_and_lease_at_once(
+    opener: Callable[[], TelegramBackend],
+) -> None:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    me = current_identity()
+    gone = f"{me.host}|{me.boot_id}|{child.pid}|1"  # proved dead by /proc, not by time
+    backend = opener()
+    now = time.time()
+    backend.take_updates("bot", [(1, "{}")], holder=gone, now=now, claim_seconds=3600.0)
+    assert backend.take_poll_lease("bot", gone, now=now, ttl_seconds=3600.0)
+    state = TelegramState(backend, holder="heir|x|1|1")
+    assert state.claim_orphans("bot") == [(1, {})]
+    assert state.hold_poll_lease("bot")
+
+
 def test_an_old_telegram_db_is_absorbed_once_and_renamed(tmp_path: Path) -> None:
     """The file the adapter kept before its state moved into the store (schema 2, as the
     old code made it): every row comes over, the file is renamed ``.migrated``, and a
     second start finds nothing to do."""
     old = tmp_path / "telegram.db"
-    conn = sqlite3.connect(old)
-    conn.executescript(
+    make_legacy_file(
+        old,
         """
-        PRAGMA application_id = 1381254961;
-        PRAGMA user_version = 2;
-        PRAGMA journal_mode = WAL;
-        CREATE TABLE offsets (bot TEXT PRIMARY KEY, next_offset INTEGER NOT NULL);
-        CREATE TABLE inbox (bot TEXT NOT NULL, update_id INTEGER NOT NULL, payload TEXT NOT
-            NULL, received_at REAL NOT NULL, answered_at REAL, PRIMARY KEY (bot, update_id));
-        CREATE TABLE reply_parts (reply_key TEXT NOT NULL, part INTEGER NOT NULL, chat_id
-            TEXT NOT NULL, message_id INTEGER NOT NULL, PRIMARY KEY (reply_key, part));
-        CREATE TABLE chat_sessions (chat_key TEXT PRIMARY KEY, session_id TEXT NOT NULL,
-            started_at REAL NOT NULL);
-        CREATE TABLE replies_done (reply_key TEXT PRIMARY KEY, done_at REAL NOT NULL);
         INSERT INTO offsets VALUES ('123456', 1006);
         INSERT INTO inbox VALUES ('123456', 1004, '{"update_id": 1004}', 1.0, 2.0);
         INSERT INTO inbox VALUES ('123456', 1005, '{"update_id": 1005}', 1.0, NULL);
         INSERT INTO reply_parts VALUES ('telegram:123456:update:1004', 0, '42', 7);
         INSERT INTO replies_done VALUES ('telegram:123456:update:1004', 3.0);
         INSERT INTO chat_sessions VALUES ('agent:main:telegram:dm:42', 'fresh-session', 4.0);
-        """
+        """,
     )
-    conn.commit()
-    conn.close()
     location = storage.open_storage(f"sqlite://{tmp_path / 'home'}")
     backend = location.open_telegram(legacy_file=old)
     try:

@@ -4,15 +4,20 @@ polls, the other stands by. Ten messages (four of them start background work) ar
 poller, which claims to run on another host, is SIGKILLed in the middle, and the survivor
 takes over its lease and its unanswered updates when their leases lapse. Every message is
 answered once, every background result delivered once, conflicts stay few, and no
-``telegram.db`` (nor ``chats.db``) is created anywhere."""
+``telegram.db`` (nor ``chats.db``) is created anywhere. In webhook mode an update may
+arrive at either server (or both): it is answered once."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
+from gateway.platforms.telegram_intake import SECRET_HEADER
 from tests.api_server.serve_support import Server, ledger_rows, wait_until
 from tests.pg_support import fresh_url
 from tests.telegram.conftest import telegram_env
@@ -104,3 +109,61 @@ def test_two_servers_share_one_bot_and_survive_the_pollers_death(
         for server in (doomed, survivor):
             if server is not None and server.proc.poll() is None:
                 server.proc.kill()
+
+
+def _post(server: Server, update: dict) -> int:
+    request = urllib.request.Request(
+        f"{server.url}/telegram/hook",
+        data=json.dumps(update).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", SECRET_HEADER: "hook-secret"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return int(resp.status)
+
+
+def test_in_webhook_mode_an_update_arriving_at_both_servers_is_answered_once(
+    tmp_path: Path, bot: FakeBotApi
+) -> None:
+    """Telegram retries a webhook POST that timed out, and a load balancer may send the retry
+    to the other server: both take it into the shared inbox, one of them answers it."""
+    url = fresh_url()
+    hook = {
+        "TELEGRAM_WEBHOOK_URL": "https://bot.example/telegram/hook",
+        "TELEGRAM_SECRET_TOKEN": "hook-secret",
+    }
+    servers = [_server(tmp_path, name, url, bot, **hook) for name in ("one", "two")]
+    try:
+        wait_until(lambda: bot.webhook is not None)
+        updates = []
+        for n in range(6):
+            bot.message(f"hooked msg{n:02d}", user_id=42 + n % 2)
+            updates.append(bot.updates[-1])
+        start = threading.Barrier(2 * len(updates))
+        statuses: list[int] = []
+
+        def deliver(server: Server, update: dict) -> None:
+            start.wait()
+            statuses.append(_post(server, update))
+
+        threads = [
+            threading.Thread(target=deliver, args=(server, update))
+            for update in updates
+            for server in servers
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert statuses == [200] * 12
+        wait_until(lambda: len(bot.sent) >= 6)
+        time.sleep(1.5)  # nothing more arrives
+        for n in range(6):
+            answers = [m for m in bot.sent if f"msg{n:02d}" in m.text]
+            assert len(answers) == 1, (n, [m.text for m in bot.sent])
+        assert len(bot.sent) == 6
+        assert bot.calls_of("getUpdates") == []
+        assert sorted(p.name for p in tmp_path.rglob("*.db*")) == []
+    finally:
+        for server in servers:
+            server.stop()
