@@ -171,6 +171,7 @@ class TelegramAdapter(BasePlatformAdapter):
         self._chat_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._poll_task: asyncio.Task[None] | None = None
+        self._in_hand: set[int] = set()  # updates dispatched and not yet answered
         self.ignored_updates = 0
         # The chat each running turn's session answers in: where its approvals are asked.
         self._sources: dict[str, SessionSource] = {}
@@ -196,6 +197,7 @@ class TelegramAdapter(BasePlatformAdapter):
             )
         else:
             logger.info("Telegram: allowed users: %s", ", ".join(sorted(self.allowed_users)))
+        await asyncio.to_thread(self.state.prune)
         # Updates a previous run (or a dead server) took but did not answer come first.
         for update_id, update in await asyncio.to_thread(self.state.claim_orphans, self.bot):
             self._dispatch(update_id, update)
@@ -212,12 +214,14 @@ class TelegramAdapter(BasePlatformAdapter):
                 },
             )
             logger.info("Telegram: webhook mode at %s", self.webhook_url)
-            await SharedIntake(self.state, self.bot, self._dispatch).run()
+            await SharedIntake(self.state, self.bot, self._dispatch, in_hand=self._in_hand).run()
             return
         # Polling and a webhook exclude each other; updates queued meanwhile are kept.
         await self._retrying("deleteWebhook", {"drop_pending_updates": False})
         # Polls only while it holds the polling lease (one server of those sharing the bot).
-        await SharedIntake(self.state, self.bot, self._dispatch, self.poller).run()
+        await SharedIntake(
+            self.state, self.bot, self._dispatch, self.poller, in_hand=self._in_hand
+        ).run()
 
     async def _retrying(self, method: str, params: dict[str, Any]) -> Any:
         delay = 1.0
@@ -245,9 +249,14 @@ class TelegramAdapter(BasePlatformAdapter):
     # ----------------------------------------------------------------- user updates
 
     def _dispatch(self, update_id: int, update: dict[str, Any]) -> None:
+        if update_id in self._in_hand:
+            return  # handed out twice (the intake and a takeover): answered once
+        self._in_hand.add(update_id)
         task = asyncio.create_task(self._process_update(update_id, update))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # Once it is marked answered (or left to a takeover, when cancelled).
+        task.add_done_callback(lambda _: self._in_hand.discard(update_id))
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._chat_locks.get(session_id)

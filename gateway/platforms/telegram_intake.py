@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from aiohttp import web
@@ -165,11 +165,14 @@ class SharedIntake:
         bot: str,
         dispatch: Dispatch,
         poller: LongPoller | None = None,
+        *,
+        in_hand: Collection[int] = (),
     ) -> None:
         self.state = state
         self.bot = bot
         self.dispatch = dispatch
         self.poller = poller
+        self.in_hand = in_hand  # the updates this server is answering now (read, never changed)
         self.polling = False
 
     async def run(self) -> None:
@@ -210,8 +213,11 @@ class SharedIntake:
 
     async def _tick(self) -> None:
         await asyncio.to_thread(self.state.renew, self.bot)
-        for update_id, update in await asyncio.to_thread(self.state.claim_orphans, self.bot):
-            logger.info("Telegram: update %s taken over from a server that died", update_id)
+        in_hand = frozenset(self.in_hand)  # a copy: the thread must not see it change
+        for update_id, update in await asyncio.to_thread(
+            self.state.claim_orphans, self.bot, in_hand
+        ):
+            logger.info("Telegram: update %s taken over (its server is gone)", update_id)
             self.dispatch(update_id, update)
 
 

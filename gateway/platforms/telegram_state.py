@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Collection
 from typing import Any
 
 from delivery.identity import current_identity, holder_is_dead
@@ -61,7 +62,6 @@ class TelegramState:
         self.backend = backend
         self.holder = holder or str(current_identity())
         self.lease_seconds = lease_seconds
-        self.prune()
 
     def close(self) -> None:
         self.backend.close()
@@ -99,16 +99,21 @@ class TelegramState:
         )
         return [(uid, u) for uid, u in valid if uid in fresh]
 
-    def claim_orphans(self, bot: str) -> list[tuple[int, dict[str, Any]]]:
+    def claim_orphans(
+        self, bot: str, in_hand: Collection[int] = ()
+    ) -> list[tuple[int, dict[str, Any]]]:
         """Unanswered updates whose holder is gone (or none), now claimed by this server,
-        oldest first. Updates this server holds are in hand already and left out."""
+        oldest first. This server's own are left out when ``in_hand`` (being answered);
+        one of its own that is not (its intake was cancelled between storing and handing
+        it out) is handed out again."""
         taken: list[tuple[int, dict[str, Any]]] = []
         for row in self.backend.unanswered(bot):
-            if row.holder == self.holder:
+            if row.holder == self.holder and row.update_id in in_hand:
                 continue
             now = time.time()
             dead = row.holder if holder_is_dead(row.holder) else None
-            if row.holder is not None and dead is None and row.claimed_until > now:
+            others = row.holder is not None and row.holder != self.holder
+            if others and dead is None and row.claimed_until > now:
                 continue  # another live server answers it
             won = self.backend.claim(
                 bot,
@@ -171,4 +176,5 @@ class TelegramState:
     # ----------------------------------------------------------------- housekeeping
 
     def prune(self, keep_seconds: float = _KEEP_SECONDS) -> None:
+        """Forget updates answered and replies finished ``keep_seconds`` ago (at start)."""
         self.backend.prune(time.time() - keep_seconds)

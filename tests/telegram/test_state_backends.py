@@ -222,9 +222,11 @@ def test_the_face_hands_orphans_out_once_and_skips_its_own(
     )
     taken = one.take_updates("bot", [{"update_id": 2}, {"update_id": "x"}])
     assert [u for u, _ in taken] == [2]
-    assert one.claim_orphans("bot") == [(1, {"update_id": 1})]
-    assert one.claim_orphans("bot") == []  # its own now
+    assert one.claim_orphans("bot", in_hand={2}) == [(1, {"update_id": 1})]
+    assert one.claim_orphans("bot", in_hand={1, 2}) == []  # its own, being answered
     assert two.claim_orphans("bot") == []  # one lives and holds both
+    # Its own, stored but never handed out (its intake was cancelled): handed out again.
+    assert one.claim_orphans("bot", in_hand={2}) == [(1, {"update_id": 1})]
     assert one.hold_poll_lease("bot") and not two.hold_poll_lease("bot")
     one.release_poll_lease("bot")
     assert two.hold_poll_lease("bot")
