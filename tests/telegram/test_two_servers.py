@@ -64,7 +64,7 @@ def test_two_servers_share_one_bot_and_survive_the_pollers_death(
         # In the middle: the first updates were taken, their answers are on their way.
         wait_until(lambda: first_ids <= set(bot.handed_out) and bot.held >= 1)
         doomed.stop(signal.SIGKILL)
-        killed_at = time.monotonic()
+        killed_at, killed_wall = time.monotonic(), time.time()
         bot.discard_held = True  # the held sends' client is gone: they never arrive
         bot.hold_sends.clear()
         time.sleep(0.2)
@@ -97,7 +97,10 @@ def test_two_servers_share_one_bot_and_survive_the_pollers_death(
         assert len(sent) == 10 + len(wake_messages), [m.text for m in sent]
         taken_over = sum("taken over (its server is gone)" in line for line in survivor.lines)
         assert taken_over >= 1  # the dead poller's updates, answered by the survivor
+        with bot._lock:
+            polled = [at for name, _, at in bot.calls if name == "getUpdates" and at > killed_wall]
         print(
+            f"the survivor polled {polled[0] - killed_wall:.1f} s after the kill; "
             f"all answered {took:.1f} s after the kill; {taken_over} update(s) taken over; "
             f"getUpdates conflicts: {bot.conflicts}; "
             f"getUpdates calls: {len(bot.calls_of('getUpdates'))}"

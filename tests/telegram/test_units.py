@@ -368,3 +368,76 @@ async def test_the_fake_answers_the_older_of_two_concurrent_polls_with_409():
         await older.close()
         await newer.close()
         bot.stop()
+
+
+# ----------------------------------------------------------------- the polling lease
+
+
+async def test_one_of_two_intakes_polls_and_the_other_takes_over_when_its_lease_lapses(
+    tmp_path: Path,
+):
+    """Two servers' intakes on one store (here one ``chats.db``): only the lease holder
+    polls; when it stops without a word (its lease is not released), the other polls once
+    the lease lapsed, from the offset the first left, and no update is handed out twice."""
+    from gateway.platforms.telegram_intake import LongPoller, SharedIntake
+
+    bot = FakeBotApi().start()
+    apis = [TelegramApi(bot.token, base_url=bot.base_url) for _ in range(2)]
+    states = [
+        TelegramState(
+            telegram_backend("sqlite", tmp_path), holder=f"h{i}|b|{i}|{i}", lease_seconds=0.6
+        )
+        for i in range(2)
+    ]
+    seen: list[list[int]] = [[], []]
+
+    def answer(i: int, update_id: int) -> None:  # as the adapter does, once answered
+        seen[i].append(update_id)
+        states[i].mark_answered(apis[i].bot_id, update_id)
+
+    intakes = [
+        SharedIntake(
+            states[i],
+            apis[i].bot_id,
+            lambda u, _, i=i: answer(i, u),
+            LongPoller(apis[i], states[i], lambda u, _, i=i: answer(i, u), timeout=1),
+        )
+        for i in range(2)
+    ]
+
+    async def until(check) -> None:
+        for _ in range(500):
+            if check():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("condition not met in time")
+
+    first = asyncio.create_task(intakes[0].run())
+    second = None
+    try:
+        await until(lambda: intakes[0].polling)
+        second = asyncio.create_task(intakes[1].run())
+        await asyncio.sleep(0.8)  # more than a lease: renewed by the first all along
+        assert not intakes[1].polling
+        before = bot.message("to the first")
+        await until(lambda: seen[0] == [before])
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await until(lambda: intakes[1].polling)
+        after = bot.message("to the second")
+        await until(lambda: seen[1] == [after])
+        await asyncio.sleep(0.3)
+        assert seen == [[before], [after]]
+        assert bot.conflicts <= 1  # at most the first's poll cut off by the takeover
+    finally:
+        for task in (first, second):
+            if task is not None and not task.done():
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+        for api in apis:
+            await api.close()
+        for state in states:
+            state.close()
+        bot.stop()
