@@ -180,6 +180,7 @@ class SharedIntake:
         standing_by = False
         try:
             while True:
+                reached = True
                 try:
                     await self._tick()
                     held = self.poller is not None and await asyncio.to_thread(
@@ -189,8 +190,13 @@ class SharedIntake:
                     # The store is out of reach: poll no more (another server may take the
                     # lease meanwhile) and try again at the next tick.
                     logger.exception("Telegram: could not reach the shared state")
-                    held = False
-                if held and (poll is None or poll.done()):
+                    held = reached = False
+                if poll is not None and poll.done():
+                    failed = None if poll.cancelled() else poll.exception()
+                    if failed is not None:
+                        logger.error("Telegram: polling stopped (%r); starting again", failed)
+                    poll = None
+                if held and poll is None:
                     assert self.poller is not None
                     logger.info("Telegram: polling for updates (bot %s)", self.bot)
                     poll = asyncio.create_task(self.poller.run(), name="telegram-poll")
@@ -198,7 +204,7 @@ class SharedIntake:
                 elif not held and poll is not None:
                     await _cancel(poll)
                     poll = None
-                if self.poller is not None and not held and not standing_by:
+                if self.poller is not None and reached and not held and not standing_by:
                     standing_by = True
                     logger.info(
                         "Telegram: another server polls bot %s; standing by to take over",

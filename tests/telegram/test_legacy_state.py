@@ -1,7 +1,7 @@
 """`reveille serve` on a state directory an older Reveille left a ``telegram.db`` in: the first
 start moves it into the store (``chats.db``) and renames it ``telegram.db.migrated``; the
 update it had taken but not answered is answered, and the chat's session chosen by ``/new``
-is kept."""
+is kept. ``chats.db`` is backed up and restored with the other stores."""
 
 from __future__ import annotations
 
@@ -53,3 +53,22 @@ def test_the_first_start_moves_the_old_file_into_the_store(tmp_path: Path, bot: 
         assert not (tmp_path / "telegram.db").exists()
     finally:
         again.stop()
+
+
+def test_backup_and_restore_carry_the_chats_state(tmp_path: Path) -> None:
+    """``chats.db`` is one of the state directory's stores: backed up with the others and
+    opened by the restore's check."""
+    from reveille.backup import backup, restore
+    from tests.stores import telegram_backend
+
+    home = tmp_path / "home"
+    state = telegram_backend("sqlite", home)
+    state.start_chat_session("agent:main:telegram:dm:42", "kept", now=1.0)
+    state.close()
+    assert "chats.db" in backup(home, tmp_path / "b")
+    assert "chats.db" in restore(tmp_path / "b", tmp_path / "restored")
+    again = telegram_backend("sqlite", tmp_path / "restored")
+    try:
+        assert again.chat_session("agent:main:telegram:dm:42") == "kept"
+    finally:
+        again.close()
