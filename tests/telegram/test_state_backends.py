@@ -248,10 +248,11 @@ def test_a_dead_process_of_this_host_loses_its_claims_and_lease_at_once(
     assert state.hold_poll_lease("bot")
 
 
-def test_an_old_telegram_db_is_absorbed_once_and_renamed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_an_old_telegram_db_is_absorbed_once_and_renamed(tmp_path: Path, kind: str) -> None:
     """The file the adapter kept before its state moved into the store (schema 2, as the
-    old code made it): every row comes over, the file is renamed ``.migrated``, and a
-    second start finds nothing to do."""
+    old code made it): every row comes over (into ``chats.db``, or the database), the file
+    is renamed ``.migrated``, and a second start finds nothing to do."""
     old = tmp_path / "telegram.db"
     make_legacy_file(
         old,
@@ -264,7 +265,8 @@ def test_an_old_telegram_db_is_absorbed_once_and_renamed(tmp_path: Path) -> None
         INSERT INTO chat_sessions VALUES ('agent:main:telegram:dm:42', 'fresh-session', 4.0);
         """,
     )
-    location = storage.open_storage(f"sqlite://{tmp_path / 'home'}")
+    url = f"sqlite://{tmp_path / 'home'}" if kind == "sqlite" else fresh_url()
+    location = storage.open_storage(url)
     backend = location.open_telegram(legacy_file=old)
     try:
         assert not old.exists() and (tmp_path / "telegram.db.migrated").is_file()
@@ -276,7 +278,12 @@ def test_an_old_telegram_db_is_absorbed_once_and_renamed(tmp_path: Path) -> None
     finally:
         backend.close()
     again = location.open_telegram(legacy_file=old)  # nothing there any more
-    again.close()
+    try:
+        assert again.next_offset("123456") == 1006
+    finally:
+        again.close()
+    if kind == "postgres":
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["telegram.db.migrated"]
 
 
 def test_a_foreign_file_named_telegram_db_is_refused_untouched(tmp_path: Path) -> None:
