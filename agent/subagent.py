@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -52,10 +52,15 @@ class ToolUse:
     result: str | None = None
 
 
+ProgressReport = Callable[[str, str | None], None]
+"""Told each step of a run (what it is doing, and its last output line when it has one)."""
+
+
 class _Watch:
     """What the run did so far, and when it last moved."""
 
-    def __init__(self) -> None:
+    def __init__(self, report: ProgressReport | None = None) -> None:
+        self.report = report
         self.moved = time.monotonic()
         self.doing = "waiting for the model"
         self.texts: list[str] = []
@@ -63,9 +68,12 @@ class _Watch:
         self.known_tools: frozenset[str] = frozenset()
         self.asking = 0  # approvals being waited for that do not count as standing still
 
-    def move(self, doing: str) -> None:
+    def move(self, doing: str, output: str | None = None) -> None:
         self.moved = time.monotonic()
         self.doing = doing
+        if self.report is not None:
+            with contextlib.suppress(Exception):  # a report never stops the run
+                self.report(doing, output)
 
     def tools_used(self) -> list[dict[str, Any]]:
         counts: dict[str, int] = {}
@@ -117,7 +125,7 @@ class _WatchedProvider:
         reply = await self._inner.complete(messages, **kwargs)
         if reply.content:
             self._watch.texts.append(reply.content)
-        self._watch.move("after the model answered")
+        self._watch.move("after the model answered", reply.content)
         return reply
 
 
@@ -136,7 +144,7 @@ class _WatchedRegistry(ToolRegistry):
         self._watch.calls.append(use)
         self._watch.move(f"running the tool {name}")
         use.result = await super().call(name, arguments_json, ctx, call_id)
-        self._watch.move(f"after the tool {name}")
+        self._watch.move(f"after the tool {name}", use.result)
         return use.result
 
 
@@ -217,13 +225,14 @@ def run_subagent(
     stall_seconds: float | None = None,
     stop: StopSignal | None = None,
     approvals_bounded: bool = False,
+    progress: ProgressReport | None = None,
 ) -> dict[str, Any]:
     """Run a sub-agent to its end on the calling thread (see the module docstring); never
     raises. ``ctx`` must be one whose hooks may be called from this thread
     (``ToolContext.on_loop``); ``stall_seconds`` None: no stall limit. With
     ``approvals_bounded`` (a background unit's approvals expire on their own) waiting for
-    an approval is not standing still."""
-    watch = _Watch()
+    an approval is not standing still; ``progress`` is told each step."""
+    watch = _Watch(progress)
     registry = tools if tools is not None else ToolRegistry()
     if approvals_bounded and ctx is not None and ctx.confirm is not None:
         ctx = replace(ctx, confirm=_asking(ctx.confirm, watch))
@@ -331,6 +340,7 @@ def run_subagent_sync(
     stall_seconds: float | None = None,
     stop: StopSignal | None = None,
     approvals_bounded: bool = False,
+    progress: ProgressReport | None = None,
 ) -> dict[str, Any]:
     """Run a sub-agent to completion on the calling thread; never raises.
 
@@ -347,4 +357,5 @@ def run_subagent_sync(
         stall_seconds=stall_seconds,
         stop=stop,
         approvals_bounded=approvals_bounded,
+        progress=progress,
     )

@@ -1,4 +1,5 @@
-"""The web UI's delivery consumer: completion events become wake-up turns in their session.
+"""The web UI's delivery consumer: completion events become wake-up turns in their session;
+and the strip's ✕ (``cancel_unit``), which stops a unit of a web UI session.
 
 For each completion of work started from the web UI:
 
@@ -26,9 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import tools.async_delegation as ad
 from api import config as cfg
 from api import process_event_utils as peu
 from api.turn_answers import TurnRefused
+from delivery.cancel import NOT_FOUND, CancelOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +110,25 @@ def work_id(evt: dict[str, Any]) -> str:
         if isinstance(value, str) and value:
             return value
     return ""
+
+
+BY_WEBUI = "the web UI"
+"""How the conversation's notice names a cancel made from the strip."""
+
+
+def cancel_unit(unit_id: str) -> CancelOutcome | None:
+    """Stop ``unit_id`` when it is the work of a web UI session (the ledger settles it
+    ``cancelled``; the server that runs it stops it); None for an unknown id or another
+    surface's unit. Blocking: run it off the event loop."""
+    runtime = ad.get_runtime()
+    try:
+        row = runtime.ledger.get(unit_id)
+    except (TypeError, ValueError):
+        return None
+    if row is None or not row.origin_ui_session_id:
+        return None
+    outcome = runtime.cancel(unit_id, by=BY_WEBUI)
+    return None if outcome.status == NOT_FOUND else outcome
 
 
 def defer(session_id: str, evt: dict[str, Any]) -> None:

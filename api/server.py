@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from api import deliveries, routes
+from api import background_process, deliveries, routes
 from api.approvals import AlreadyDecided, Approvals
 from api.attachments import AttachmentError, max_image_bytes, read_images
 from api.auth import (
@@ -270,6 +270,7 @@ class WebUIServer:
         r.add_post("/api/sessions/{id}/read", self.mark_read)
         r.add_post("/api/sessions/{id}/messages", self.post_message)
         r.add_post("/api/sessions/{id}/stop", self.stop_turn)
+        r.add_post("/api/background/{id}/cancel", self.cancel_background)
         r.add_post("/api/approvals/{id}", self.decide)
         r.add_get("/api/deliveries", self.list_deliveries)
         r.add_post("/api/deliveries/{id}/{action}", self.delivery_action)
@@ -666,7 +667,10 @@ class WebUIServer:
             for step in await self.log.tool_steps(session_id)
             if step.message_id in shown or (step.message_id is None and before is None)
         ]
-        return transcript_items(rows, steps), older
+        # A running turn (on any server) shows its own message: its kept copy is hidden.
+        lease = (await asyncio.to_thread(self.store.running_turns)).get(session_id)
+        live = (lease.stream_id,) if lease is not None else ()
+        return transcript_items(rows, steps, live), older
 
     async def session_background(self, request: web.Request) -> web.Response:
         session_id = await self._shown_session(request)
@@ -680,6 +684,16 @@ class WebUIServer:
         except LedgerError as exc:  # the strip is a courtesy: the transcript still loads
             logger.warning("could not read the background work of %s: %s", session_id, exc)
             return []
+
+    async def cancel_background(self, request: web.Request) -> web.Response:
+        """``POST /api/background/{id}/cancel``: stop a unit of a web UI session (the strip's
+        ✕); 404 for an unknown id or another surface's unit."""
+        outcome = await asyncio.to_thread(
+            background_process.cancel_unit, request.match_info["id"][:200]
+        )
+        if outcome is None:
+            return _error(404, "no such background work", "background_unit_not_found")
+        return web.json_response(outcome.as_dict())
 
     async def mark_read(self, request: web.Request) -> web.Response:
         session_id = await self._shown_session(request)

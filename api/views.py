@@ -13,12 +13,13 @@ Every string is passed as data; the browser shows it as text.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from agent.markers import read_wake_data
 from api.event_log import ToolStep
+from delivery.cancel import Progress
 from delivery.rows import LedgerRow
 from delivery.session_backend import SNIPPET_END, SNIPPET_START, MessageHit
 from gateway.approvals import EXPIRED_DISPLAY_KIND
@@ -209,10 +210,15 @@ def _expired_approval(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def transcript_items(
-    messages: Iterable[MessageRecord], tool_steps: Sequence[ToolStep] = ()
+    messages: Iterable[MessageRecord],
+    tool_steps: Sequence[ToolStep] = (),
+    live_streams: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """A stored transcript as the protocol's items, in order. A turn's tool steps go right
-    before its reply; steps of the turn running now come last."""
+    before its reply; steps of the turn running now come last. A user's message kept before
+    its turn ran (``pending``: its stream) is hidden while that stream is live (the running
+    turn shows it) and once what the turn stored stands in its place; otherwise its server
+    died before answering, and it shows failed."""
     items: list[dict[str, Any]] = []
     after_wake = False
     pinned: dict[int, list[ToolStep]] = {}
@@ -267,6 +273,9 @@ def transcript_items(
             continue  # its retry, the same text sent later, stands in its place
         if row.role == "user" and meta.get("superseded") == "regenerated":
             continue  # asked again as it was: the new turn shows the same message
+        pending = meta.get("pending") if failed else None
+        if isinstance(pending, str) and pending in live_streams:
+            continue  # its turn runs now
         role = "assistant" if row.role == "assistant" else "user"
         item: dict[str, Any] = {
             "kind": "message",
@@ -343,13 +352,17 @@ def _retried(failed: MessageRecord, after: Sequence[MessageRecord]) -> bool:
 
 
 def background_view(row: LedgerRow) -> dict[str, Any]:
-    """Unfinished background work of a session, as the chat's progress strip shows it."""
+    """Unfinished background work of a session, as the chat's progress strip shows it: with
+    the step and last output line the server running it last wrote."""
+    progress = Progress.from_column(row.progress) if row.state == "running" else None
     return {
         "id": row.id,
         "kind": row.kind,
         "goal": _text(row.goal)[:300],
         "state": row.state,
         "started_at": row.started_at or row.created_at,
+        "step": progress.step if progress else None,
+        "line": progress.line if progress else None,
     }
 
 

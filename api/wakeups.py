@@ -45,7 +45,7 @@ from api.turn_answers import TurnAccepted, TurnRefused
 from api.views import session_source
 from api.web_turns import WAKEUP_SOURCE, WebTurns
 from delivery import traces
-from gateway.coalesce import DEFAULT_COALESCE_SECONDS, Coalescer
+from gateway.coalesce import DEFAULT_COALESCE_SECONDS, Coalescer, siblings_running
 from gateway.config import Platform
 from gateway.tasks import finish_or_cancel
 from gateway.wake import format_wake_text
@@ -76,7 +76,7 @@ class WebUIDeliveryTarget:
         self._settling: set[asyncio.Task[None]] = set()
         # Not yet claimed, so a restart loses nothing: the ledger offers them again.
         self._batches: Coalescer[dict[str, Any], str] = Coalescer(
-            self._flush, window=coalesce_seconds, missing="held"
+            self._flush, window=coalesce_seconds, missing="held", siblings=siblings_running
         )
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:

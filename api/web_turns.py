@@ -6,8 +6,15 @@ background and answers a typed ``TurnAccepted`` or ``TurnRefused``; ``start_turn
 same for a caller on another thread (the seed-pinned ``api.routes``), in the dict shape. The
 turn's content deltas and tool steps become ``turn.*`` events of the durable event log while
 ``ActiveStream`` keeps the reply so far for a tab that reloads mid-turn. ``stop`` cancels
-the turn's task: the text shown so far is stored, marked stopped. A user's turn that fails
-stores their message marked failed (with the error), so that a reload still shows it. A wake-up turn
+the turn through its fence (``StartedTurn.cancel``): the text shown so far is stored, marked
+stopped; a Stop that comes once the turn's reply is being stored loses (``stopped: false``,
+the turn ends done), so a turn is never stored both whole and stopped. A user's message is
+stored before it is accepted (202), marked failed with "the server stopped before
+answering" and ``pending`` (its stream): what the turn stores next (its message and reply,
+its stopped reply, or the message marked failed with the real error) stands in its place,
+and while the turn runs the transcript hides it (``api.views``); a server killed mid-turn
+leaves it as it was, so that after a restart (``close_orphans`` ends the dead turn) the
+message shows failed with a Retry. A wake-up turn
 (``source="process_wakeup"``) first announces its card (``wakeup``), a ``toast`` and the
 session's unread mark; it is keyed by its delivery id so a re-offer of a wake-up that
 already ran never runs it twice. When a session becomes free (its turn ended), ``on_free``
@@ -55,6 +62,9 @@ __all__ = ["ActiveStream", "Revision", "WebTurns"]
 logger = logging.getLogger(__name__)
 
 WAKEUP_SOURCE = "process_wakeup"
+# What a user's message says when its server died before answering (stored with it before
+# the 202, see the module docstring).
+STOPPED_BEFORE_ANSWERING = "the server stopped before answering"
 _START_TIMEOUT_SECONDS = 30.0
 _STOP_WAIT_SECONDS = 5.0  # how long a Stop waits for another server's turn to end
 
@@ -220,7 +230,8 @@ class WebTurns:
     async def close_orphans(self) -> int:
         """End the streams of turns whose server died mid-turn (a tab open through the crash
         still shows them running) and free their sessions. Their work is not lost: a wake-up
-        is offered again, a user's message was never stored and shows as failed."""
+        is offered again; a user's message, stored before its 202, shows failed ("the server
+        stopped before answering") with a Retry once its turn no longer runs."""
         ended = 0
         for lease in await asyncio.to_thread(self.store.orphaned_turns):
             if not await asyncio.to_thread(self.store.end_turn, lease.session_id, lease.stream_id):
@@ -337,6 +348,11 @@ class WebTurns:
         with self._lock:
             self._active[session_id] = stream
         stream.holder = asyncio.create_task(self._hold(stream))
+        if not wakeup:
+            refused = await self._keep_message(stream)
+            if refused is not None:
+                await asyncio.shield(self._free(stream))
+                return refused
         try:
             answer = await self.service.start(
                 TurnRequest(
@@ -368,6 +384,9 @@ class WebTurns:
                 )
             )
         except BaseException as exc:
+            if not wakeup and isinstance(exc, TurnError | SessionStoreError):
+                # Refused after the message was kept: it stays, with why (and a Retry).
+                await self._store_failed(stream, str(exc))
             await asyncio.shield(self._free(stream))
             if isinstance(exc, TurnError) and exc.kind in ("session_not_found", "session_deleted"):
                 return TurnRefused(404, "Session not found", "session_not_found")
@@ -457,6 +476,24 @@ class WebTurns:
             return target.content, kept
         return text, images or kept
 
+    async def _keep_message(self, stream: ActiveStream) -> TurnRefused | None:
+        """Store the user's message before the turn is accepted, as it would read if this
+        server died now (see the module docstring); a refusal when it cannot be stored."""
+        meta = {
+            **stream.user_metadata,  # its images' thumbnails, an edit's mark
+            "failed": True,
+            "error": STOPPED_BEFORE_ANSWERING,
+            "pending": stream.stream_id,
+        }
+        message = {"role": "user", "content": stream.user_text, "display_metadata": meta}
+        try:
+            await self.store.aappend_turn(stream.session_id, [message])
+        except SessionGone:
+            return TurnRefused(404, "Session not found", "session_not_found")
+        except SessionStoreError as exc:
+            return TurnRefused(503, f"the session store is unavailable: {exc}", retryable=True)
+        return None
+
     async def _hold(self, stream: ActiveStream) -> None:
         """Renew the turn's lease while it runs. A turn that lost its session (this server
         stalled past the lease and another took the session over) is stopped, so that two
@@ -477,7 +514,7 @@ class WebTurns:
                     stream.session_id,
                 )
                 if stream.started is not None:
-                    stream.started.task.cancel()
+                    stream.started.cancel()  # unless its store began: then it is stored
                 return
 
     async def _free(self, stream: ActiveStream) -> None:
@@ -618,13 +655,18 @@ class WebTurns:
             return await self._stop_elsewhere(session_id)
         if stream.started is None or stream.started.task.done():
             return False
-        stream.started.task.cancel()
+        if not stream.started.cancel():
+            return False  # its reply is being stored: already completed
         if stream.follower is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(stream.follower)
         return True
 
     async def _stop_elsewhere(self, session_id: str) -> bool:
+        """Ask the server running the turn (maybe this one, as its turn ends) to stop it, and
+        answer how the turn ended: True when stopped, False when it completed first. A turn
+        that has not ended within ``_STOP_WAIT_SECONDS`` was asked: True."""
+        seen = await self.log.latest_id()  # first: a turn that ends meanwhile is seen
         lease = (await asyncio.to_thread(self.store.running_turns)).get(session_id)
         if lease is None:
             return False
@@ -633,9 +675,10 @@ class WebTurns:
         deadline = loop.time() + _STOP_WAIT_SECONDS
         while loop.time() < deadline:
             await asyncio.sleep(0.05)
-            current = (await asyncio.to_thread(self.store.running_turns)).get(session_id)
-            if current is None or current.stream_id != lease.stream_id:
-                break
+            for event in await self.log.since(seen) or []:
+                seen = max(seen, event.id)
+                if event.type == "turn.end" and event.data.get("stream_id") == lease.stream_id:
+                    return event.data.get("status") == "stopped"
         return True
 
     def _approval_decided(self, event: LoggedEvent) -> None:
@@ -653,7 +696,7 @@ class WebTurns:
         if stream is None or stream.stream_id != event.data.get("stream_id"):
             return
         if stream.started is not None and not stream.started.task.done():
-            stream.started.task.cancel()
+            stream.started.cancel()
 
     async def drain(self, grace_seconds: float) -> None:
         """Refuse new turns (retryable), let running ones end, then stop the stragglers."""

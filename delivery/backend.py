@@ -29,7 +29,7 @@ T = TypeVar("T")
 # Columns of a ledger row, in storage order: the fields of ``LedgerRow``. JSON columns hold
 # dicts.
 COLUMNS: tuple[str, ...] = FIELDS
-JSON_COLUMNS = frozenset({"request", "event"})
+JSON_COLUMNS = frozenset({"request", "event", "progress"})
 
 
 class LedgerTx(Protocol):

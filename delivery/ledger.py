@@ -16,6 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 from delivery.backend import AtMost, Below, Increment, IsSet, LedgerStore, LedgerTx, LedgerViews
+from delivery.cancel import (
+    ALREADY_FINISHED,
+    CANCELLED,
+    NOT_FOUND,
+    CancelOutcome,
+    Progress,
+    cancelled_event,
+    is_active,
+)
 from delivery.errors import (
     ClaimMismatchError,
     InvalidTransitionError,
@@ -256,6 +265,72 @@ class Ledger:
         fut = self.backend.submit(op)
         fut.add_done_callback(after)
         return fut
+
+    # -- stopping work, and its progress (``delivery.cancel``) ------------------------------
+
+    def cancel(self, row_id: str, *, by: str, deliver_here: bool = True) -> CancelOutcome:
+        """Queued or running -> ``cancelled`` with a notice saying it was ``by`` who stopped it;
+        one compare-and-set, so a result recorded first wins (``already_finished``) and one
+        recorded after finds the row terminal. Cancelling twice answers ``already_finished``.
+
+        ``deliver_here``: this process puts the notice on its own queue (a server). Without
+        it (the CLI), the notice is due now for any server sharing the store to offer.
+        """
+        _check_id(row_id)
+        if not isinstance(by, str) or not by.strip():
+            raise ValueError("a cancel must say who made it")
+        now = self.clock()
+        due = now + self.policy.lease_seconds if deliver_here else now
+
+        def op(tx: LedgerTx) -> CancelOutcome:
+            row = tx.get(row_id)
+            if row is None:
+                return CancelOutcome(row_id, NOT_FOUND)
+            kind, owner, state = row["kind"], row["owner"], row["state"]
+            if not is_active(state):
+                return CancelOutcome(row_id, ALREADY_FINISHED, state, kind, owner)
+            event: dict[str, Any] | None = cancelled_event(row, by, now)
+            changes = {
+                "state": CANCELLED,
+                "event": event,
+                "request": None,
+                "updated_at": now,
+                "completed_at": now,
+                "replay_from": now,
+                "holder": self.identity,
+                "due_at": due,
+            }
+            if row["delivery_state"] != PENDING:  # dropped while it ran: nobody is told
+                changes.update(holder=None, due_at=None)
+                event = None
+            if not tx.update(row_id, {"state": state}, changes):
+                return CancelOutcome(row_id, ALREADY_FINISHED, None, kind, owner)
+            tx.audit(row_id, "cancel", f"{state} -> cancelled by {by}", now)
+            return CancelOutcome(row_id, CANCELLED, CANCELLED, kind, owner, event)
+
+        outcome = self.backend.write(op)
+        if outcome.status == CANCELLED:
+            self._notify_due(due)
+        return outcome
+
+    def submit_progress(self, reports: dict[str, Progress]) -> WriteFuture[set[str]]:
+        """Write what running units reported, in one operation; the future holds the ids
+        whose rows are no longer running (cancelled elsewhere): their work is to stop.
+
+        Not durable: a report lost to a power cut is only a stale line on a page.
+        """
+        for row_id in reports:
+            _check_id(row_id)
+
+        def op(tx: LedgerTx) -> set[str]:
+            stale = set()
+            for row_id, progress in reports.items():
+                running = {"state": State.RUNNING.value}
+                if not tx.update(row_id, running, {"progress": progress.as_column()}):
+                    stale.add(row_id)
+            return stale
+
+        return self.backend.submit(op, durable=False)
 
     # -- delivery ---------------------------------------------------------------------------
 

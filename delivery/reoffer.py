@@ -45,8 +45,12 @@ class ReofferScheduler:
         max_sleep_seconds: float = 60.0,
         error_backoff_seconds: float = 1.0,
         label: str = "",
+        on_pass: Callable[[], object] | None = None,
     ) -> None:
         self.ledger = ledger
+        # Called at each pass (a poke from any server sharing the store starts one): the
+        # runtime stops the work here whose rows were cancelled elsewhere.
+        self._on_pass = on_pass
         self._label = label
         self.peers_at_start: list[ServerRecord] = []
         self._peer_names: dict[str, str] = {}
@@ -133,6 +137,8 @@ class ReofferScheduler:
         """Offer everything due now; return how long to sleep."""
         with self._lock:
             self._target = float("inf")
+        if self._on_pass is not None:
+            self._on_pass()
         for event in self.ledger.recover_abandoned():
             self._emit(event)
         for event in self.ledger.take_due():

@@ -15,6 +15,12 @@ its own transaction, fenced by the owner) so that a stream can be resumed from a
 after any sequence number. The stored event data carries no ``sequence_number``: the
 number is the row's ``seq``, added when the event is sent.
 
+A cancel and the store of a finished turn are ordered through ``owner``: the runner's
+first step of the store is a compare-and-set to ``storing_owner(owner)`` (still
+``in_progress``), and a cancel is a compare-and-set on the owner it read. So exactly one
+wins: a cancel that moved the row first leaves nothing to store; a row whose store began
+ends ``completed`` (or ``failed``), and its cancel answers with that.
+
 ``notified`` marks a terminal row whose terminal hook (webhooks) ran; rows that end without
 it (a crash in between) are offered to the hook again, so the hook runs at least once.
 Retention (``prune``, run by ``delivery.retention`` for ``[responses] keep_days``) never
@@ -33,13 +39,29 @@ __all__ = [
     "ACTIVE",
     "TERMINAL",
     "Change",
+    "QueueCaps",
+    "QueueFull",
     "ResponseEvent",
     "ResponseRow",
     "ResponsesBackend",
+    "is_storing",
+    "storing_owner",
 ]
 
 ACTIVE = ("queued", "in_progress")
 TERMINAL = ("completed", "failed", "cancelled", "incomplete")
+_STORING = "!storing"
+
+
+def storing_owner(owner: str) -> str:
+    """The owner a running row gets once its finished turn is being stored: a cancel that
+    read the owner before can no longer move it, and one that reads it now loses."""
+    return owner + _STORING
+
+
+def is_storing(owner: str | None) -> bool:
+    """Whether the row's finished turn is being stored (see ``storing_owner``)."""
+    return owner is not None and owner.endswith(_STORING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +83,23 @@ class ResponseRow:
     idempotency_key: str | None = None
     fingerprint: str | None = None
     notified: bool = False
+    caller: str | None = None  # who asked (a digest of its key, never the key): queue caps
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCaps:
+    """How many rows may be queued: those of one caller, and all of them."""
+
+    per_caller: int
+    total: int
+
+
+class QueueFull(Exception):
+    """An insert beyond ``QueueCaps``: the caller's own (``per_key``) or all."""
+
+    def __init__(self, message: str, *, per_key: bool) -> None:
+        super().__init__(message)
+        self.per_key = per_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +134,19 @@ class ResponsesBackend(Protocol):
     def notifier(self) -> Notifier:
         """Pokes every server sharing the store (a response changed or has new events)."""
 
-    def insert(self, row: ResponseRow, events: list[tuple[str, str]]) -> ResponseRow:
+    def insert(
+        self, row: ResponseRow, events: list[tuple[str, str]], caps: QueueCaps | None = None
+    ) -> ResponseRow:
         """Write a new row (and its first events, numbered from 0) in one transaction.
         When a row with the same ``idempotency_key`` exists, nothing is written and that
-        row is returned instead."""
+        row is returned instead. With ``caps``, a row that would queue one too many (its
+        ``caller``'s, or in all) is refused with ``QueueFull``, counted in the same
+        transaction (a repeated idempotency key is answered first, never refused)."""
 
     def get(self, response_id: str) -> ResponseRow | None: ...
+
+    def queued(self, caller: str | None) -> tuple[int, int]:
+        """How many rows are queued in all, and how many of them ``caller``'s."""
 
     def transition(
         self,
@@ -117,11 +163,12 @@ class ResponsesBackend(Protocol):
         after the stored ones, in one transaction. False when the row moved on or is gone."""
 
     def append_events(self, response_id: str, owner: str, events: list[tuple[str, str]]) -> bool:
-        """Append events after the stored ones while ``owner`` runs the row (in_progress);
-        False (nothing written) otherwise."""
+        """Append events after the stored ones while ``owner`` runs the row (in_progress,
+        storing its turn or not); False (nothing written) otherwise."""
 
     def renew(self, response_id: str, owner: str, lease_until: float) -> bool:
-        """Extend the lease of a row ``owner`` runs; False when it no longer does."""
+        """Extend the lease of a row ``owner`` runs (storing its turn or not); False when it
+        no longer does."""
 
     def events_after(self, response_id: str, after: int, limit: int) -> list[ResponseEvent]:
         """Stored events with ``seq > after``, in order, at most ``limit``."""

@@ -50,6 +50,8 @@ class LedgerRow:
     settled_reason: str | None
     replay_from: float | None
     restored: int
+    # JSON: what a running unit last reported (``step``, ``line``, ``at``; ``delivery.progress``)
+    progress: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a dict of every column, for edges that promise a dict (shallow: the

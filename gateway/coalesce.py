@@ -14,6 +14,11 @@ flushed one at a time; sessions are independent.
 
 Each ``add`` returns that item's own outcome, so the runner's per-event bookkeeping (logs,
 metrics) stays one line per result.
+
+A lone result does not wait: given ``siblings`` (``siblings_running``: has the session other
+work in the ledger that is still queued, running, or finished but not delivered yet, beyond
+the batch?), the window applies only while it has, since only then can another result join
+the batch. Without it, every batch waits.
 """
 
 from __future__ import annotations
@@ -24,9 +29,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from delivery.errors import LedgerError
+from delivery.rows import RowQuery
+from delivery.states import DeliveryState
 from gateway.tasks import finish_or_cancel
+from tools.delegation_runtime import get_runtime, runtime_is_open
 
-__all__ = ["DEFAULT_COALESCE_SECONDS", "Coalescer", "Flush"]
+__all__ = ["DEFAULT_COALESCE_SECONDS", "Coalescer", "Flush", "siblings_running"]
+
+PENDING = DeliveryState.PENDING.value
 
 # The ``[delivery] coalesce_seconds`` default: long enough for siblings that finish together
 # (their results are written one by one), short enough not to be noticed as a delay.
@@ -40,6 +51,26 @@ R = TypeVar("R")
 # flush(session_id, items in arrival order) -> each item's outcome by its key; a key missing
 # from the answer gets the coalescer's ``missing`` outcome.
 Flush = Callable[[str, Sequence[T]], Awaitable[Mapping[str, R]]]
+Siblings = Callable[[str, frozenset[str]], bool]
+"""Blocking (it reads the store): whether the session has other work on its way home."""
+
+
+def siblings_running(session_id: str, batch: frozenset[str]) -> bool:
+    """Whether the session (a routing key or either origin id) has ledger rows other than
+    ``batch`` still waiting for delivery, on any server: queued or running work (its row is
+    pending from the start) or a result whose event is not here yet (siblings that finished
+    together are written together and offered one by one). True when it cannot tell."""
+    if not runtime_is_open():
+        return True
+    views = get_runtime().ledger.views
+    wanted = RowQuery(delivery_state=PENDING, session=session_id, limit=len(batch) + 1)
+    try:
+        found = {row.id for row in views.query(wanted)}
+    except LedgerError:
+        return True
+    # Lone only when the session's pending rows are exactly the batch's: a row the query
+    # does not find under the session (written without its session) cannot be told apart.
+    return found != batch
 
 
 @dataclass
@@ -51,10 +82,13 @@ class _Waiting(Generic[T, R]):
 class Coalescer(Generic[T, R]):
     """Per-session batches of items keyed by their delivery id (see the module docstring)."""
 
-    def __init__(self, flush: Flush[T, R], *, window: float, missing: R) -> None:
+    def __init__(
+        self, flush: Flush[T, R], *, window: float, missing: R, siblings: Siblings | None = None
+    ) -> None:
         if window < 0:
             raise ValueError("the coalescing window must not be negative")
         self._flush = flush
+        self._siblings = siblings
         self.window = window
         self._missing = missing
         self._waiting: dict[str, dict[str, _Waiting[T, R]]] = {}
@@ -86,6 +120,12 @@ class Coalescer(Generic[T, R]):
 
     async def _run(self, session_id: str, delay: float) -> None:
         try:
+            # Nothing else of the session runs: no sibling can join, so do not wait.
+            siblings = self._siblings
+            if delay > 0 and siblings is not None:
+                gathered = frozenset(self._waiting.get(session_id, {}))
+                if not await asyncio.to_thread(siblings, session_id, gathered):
+                    delay = 0
             if delay > 0:
                 await asyncio.sleep(delay)
             # What arrived while a batch was delivered is the next batch, flushed at once.

@@ -7,13 +7,20 @@ response's session, so background results of the conversation are folded into th
 response exactly once, as for chat.
 
 Background responses are queued rows. Every server runs a worker: it claims queued rows
-while its turn service has room (the server that took the request is poked at once), holds
+while it has room in its own pool of ``background_concurrency`` runs (the server that took
+the request is poked at once; these turns take none of the API's ``max_concurrent_runs``
+slots, so queued work never refuses a chat request or a wake-up), holds
 a lease on each running one (renewed every third of ``lease_seconds``), and stores every
 streamed event in order. A running row whose lease ran out, or whose owner is a dead
 process on this host, ends ``failed`` with a reason: part of its output may already have
 been streamed and billed, so it is not silently run a second time. A cancel (or delete)
 moves the row first; its runner learns it from the store (a poke, else the next renewal)
-and cancels the turn, whose results are then never stored.
+and cancels the turn, whose results are then never stored. Cancel wins only before the
+store: a finished turn's store begins with a compare-and-set of the row to its storing
+owner (``storing_owner``, the turn's ``before_store``), which the cancel's own
+compare-and-set excludes; a cancel that finds the row storing waits for its end and answers
+with it (``completed``: already completed). The background units the turn dispatched
+carry the response's id (``RESPONSE_ORIGIN``) and are cancelled with it.
 
 Streams follow the store: a reader replays the stored events after its ``starting_after``
 and then waits for pokes (this server's appends, the store's notifier for the others;
@@ -45,9 +52,13 @@ from delivery.notifier import Subscription
 from delivery.responses_backend import (
     TERMINAL,
     Change,
+    QueueCaps,
+    QueueFull,
     ResponseEvent,
     ResponseRow,
     ResponsesBackend,
+    is_storing,
+    storing_owner,
 )
 from gateway.config import Platform
 from gateway.conversation import well_formed
@@ -62,9 +73,18 @@ from gateway.platforms.responses_wire import (
 )
 from gateway.response_events import EventSink, EventWriter, NoSink, follow
 from gateway.session import SessionSource
+from gateway.turn_fence import finish_despite_cancel
 from gateway.turns import StartedTurn, TurnError, TurnRequest, TurnService
+from tools.delegation_runtime import RESPONSE_ORIGIN, get_runtime, runtime_is_open
 
-__all__ = ["Created", "EventSink", "PreviousNotUsable", "ResponsesService", "TerminalHook"]
+__all__ = [
+    "Created",
+    "EventSink",
+    "PreviousNotUsable",
+    "QueueFull",
+    "ResponsesService",
+    "TerminalHook",
+]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -103,6 +123,9 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+BY_RESPONSE = "the API client that cancelled the response which started it"
+
+
 class ResponsesService:
     """Creates, runs, cancels and streams stored responses (see the module docstring)."""
 
@@ -114,12 +137,19 @@ class ResponsesService:
         on_terminal: TerminalHook | None = None,
         lease_seconds: float = 30.0,
         poll_seconds: float = 1.0,
+        background_concurrency: int = 4,
+        max_queued: int = 1000,
+        max_queued_per_key: int = 100,
     ) -> None:
+        if background_concurrency < 1:
+            raise ValueError("background_concurrency must be at least 1")
         self.store = store
         self.turns = turns
         self._on_terminal = on_terminal
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
+        self.background_concurrency = background_concurrency
+        self.caps = QueueCaps(per_caller=max_queued_per_key, total=max_queued)
         # The process identity the ledger's claims use (host, boot, pid, start time), so a
         # dead owner on this host is recognised at once, and a reused pid is not mistaken
         # for it; the token tells this service apart from another in the same process.
@@ -136,7 +166,8 @@ class ResponsesService:
         self._paused = False  # draining: no new claims
         self._stopped = False
         self._last_hook_check = 0.0
-        self._unstarted: set[str] = set()  # claimed here, their turns not started yet
+        self._claimed: set[str] = set()  # background runs of this server (its own pool)
+        self._storing: set[str] = set()  # runs past their store's fence (storing owner)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -207,9 +238,17 @@ class ResponsesService:
     # ----------------------------------------------------------------- creating
 
     async def create(
-        self, request: ResponsesRequest, *, idempotency_key: str | None, fingerprint: str | None
+        self,
+        request: ResponsesRequest,
+        *,
+        idempotency_key: str | None,
+        fingerprint: str | None,
+        caller: str | None = None,
     ) -> Created:
-        """Write the row (queued when background, else in_progress and owned here)."""
+        """Write the row (queued when background, else in_progress and owned here). A
+        background one beyond the queue's caps is refused (``QueueFull``): ``caller``'s own
+        queued rows (``max_queued_per_key``), every caller's (``max_queued``), counted by
+        the store in the insert's own transaction."""
         session_id = "sess_" + new_token()[:32]
         if request.previous_response_id is not None:
             previous = await self._db(self.store.get, request.previous_response_id)
@@ -243,6 +282,7 @@ class ResponsesService:
             idempotency_key=idempotency_key,
             fingerprint=fingerprint,
             notified=not request.store,
+            caller=caller,
         )
         first: list[tuple[str, str]] = []
         if request.background:
@@ -250,7 +290,8 @@ class ResponsesService:
                 ("response.created", _dumps({"response": body})),
                 ("response.queued", _dumps({"response": body})),
             ]
-        stored = await self._write(self.store.insert, row, first, poke=request.background)
+        caps = self.caps if request.background else None
+        stored = await self._write(self.store.insert, row, first, caps, poke=request.background)
         if stored.id != row.id:
             return Created(stored, replayed=True)
         if request.background and not (self._stopping or self._paused):
@@ -274,9 +315,8 @@ class ResponsesService:
         return await asyncio.shield(task)
 
     def _has_room(self) -> bool:
-        """The turn service can take one more turn, counting the claimed runs whose turns
-        have not started yet."""
-        return self.turns.active_runs + len(self._unstarted) < self.turns.max_concurrent_runs
+        """This server's pool of background runs can take one more."""
+        return len(self._claimed) < self.background_concurrency
 
     async def _execute(self, row: ResponseRow, sink: EventSink) -> dict[str, Any]:
         request = ResponsesRequest.from_json(row.request)
@@ -284,6 +324,9 @@ class ResponsesService:
         pieces: list[str] = []
         lease = asyncio.create_task(self._keep_lease(row.id, asyncio.current_task()))
         turn_task: asyncio.Task[dict[str, Any]] | None = None
+        opened = False
+        # Work the turn dispatches records this response: cancelling it cancels that work.
+        origin = RESPONSE_ORIGIN.set(row.id)
         try:
             try:
                 started = await self.turns.start(
@@ -298,14 +341,15 @@ class ResponsesService:
                         ),
                         stream=True,
                         model_options=request.model_options(),
+                        before_store=lambda: self._enter_store(row),
+                        own_slot=row.background,
                     )
                 )
             finally:
-                self._unstarted.discard(row.id)
+                RESPONSE_ORIGIN.reset(origin)
             # No idempotency key goes to the turn service, so it never answers a replay.
             assert isinstance(started, StartedTurn) and started.deltas is not None
             turn_task, deltas = started.task, started.deltas
-            opened = False
             while (piece := await deltas.get()) is not None:
                 if isinstance(piece, ToolProgress) or not piece:
                     continue
@@ -316,11 +360,15 @@ class ResponsesService:
                     sink.add(*event)
                 opened = True
             completion = await turn_task
-            text = completion_text(completion)
-            out = Output(out.message_id, text, done=True, usage=completion.get("usage"))
-            closing = output_events(out, start=not opened, delta=None if opened else text)
-            return await self._finish(row, request, "completed", out, None, closing, sink)
+            return await self._complete(row, request, out, opened, completion, sink)
         except asyncio.CancelledError:
+            if turn_task is not None and row.id in self._storing:
+                # Its store began, so its turn ends whoever cancels (a shutdown past the
+                # grace): the response ends as its turn did, never failed beside a reply.
+                completion = await finish_despite_cancel(turn_task)
+                return await finish_despite_cancel(
+                    self._complete(row, request, out, opened, completion, sink)
+                )
             if turn_task is not None:
                 turn_task.cancel()
             if self._stopping:
@@ -336,11 +384,6 @@ class ResponsesService:
                 )
             raise
         except TurnError as exc:
-            if exc.kind == "too_many_turns" and row.background and turn_task is None:
-                # The turn service filled up between the claim and the start (a request
-                # took the last slot): the row goes back to the queue, nothing ran.
-                await self._requeue(row)
-                return json.loads(row.body)
             return await self._finish(
                 row, request, "failed", Output(out.message_id, "".join(pieces)), exc.message, [],
                 sink,
@@ -358,6 +401,44 @@ class ResponsesService:
             )
         finally:
             lease.cancel()
+
+    async def _complete(
+        self,
+        row: ResponseRow,
+        request: ResponsesRequest,
+        out: Output,
+        opened: bool,
+        completion: dict[str, Any],
+        sink: EventSink,
+    ) -> dict[str, Any]:
+        text = completion_text(completion)
+        out = Output(out.message_id, text, done=True, usage=completion.get("usage"))
+        closing = output_events(out, start=not opened, delta=None if opened else text)
+        return await self._finish(row, request, "completed", out, None, closing, sink)
+
+    async def _enter_store(self, row: ResponseRow) -> bool:
+        """The turn's reply is ready: take the row to its storing owner, so that a cancel
+        can no longer move it; False when a cancel (or a takeover) moved it first."""
+        # Before the write: the sweep and the lease keeper must not stop the run meanwhile.
+        self._finishing.add(row.id)
+        entered = await self._write(
+            self.store.transition,
+            row.id,
+            expect=("in_progress",),
+            owner=self.owner,
+            change=Change(
+                "in_progress",
+                row.body,
+                storing_owner(self.owner),
+                time.time() + self.lease_seconds,
+            ),
+            poke=False,
+        )
+        if entered:
+            self._storing.add(row.id)
+        else:
+            self._finishing.discard(row.id)
+        return entered
 
     async def _finish(
         self,
@@ -410,7 +491,7 @@ class ResponsesService:
             self.store.transition,
             row.id,
             expect=("in_progress",),
-            owner=self.owner,
+            owner=storing_owner(self.owner) if row.id in self._storing else self.owner,
             change=Change(status, _dumps(body), completed_at=now, notified=self._silent),
             events=[(t, _dumps(d)) for t, d in events] if row.background else None,
             poke=row.background,
@@ -441,7 +522,9 @@ class ResponsesService:
     def _ran(self, response_id: str) -> None:
         """A run ended: its turn's slot is free, so a queued response may be claimed now."""
         self._running.pop(response_id, None)
-        self._unstarted.discard(response_id)  # a run cancelled before it began
+        self._claimed.discard(response_id)
+        self._storing.discard(response_id)
+        self._finishing.discard(response_id)
         self._wake.set()
 
     async def _keep_lease(self, response_id: str, runner: asyncio.Task[Any] | None) -> None:
@@ -538,20 +621,10 @@ class ResponsesService:
         if not claimed:
             return
         mine = replace(row, status="in_progress", owner=self.owner, body=_dumps(body))
-        self._unstarted.add(row.id)  # takes room in the turn service until its turn starts
+        self._claimed.add(row.id)  # room in this server's pool until the run ends
         task = asyncio.create_task(self._run_background(mine))
         self._running[row.id] = task
         task.add_done_callback(lambda _: self._ran(row.id))
-
-    async def _requeue(self, row: ResponseRow) -> None:
-        body = {**json.loads(row.body), "status": "queued"}
-        await self._write(
-            self.store.transition,
-            row.id,
-            expect=("in_progress",),
-            owner=self.owner,
-            change=Change("queued", _dumps(body)),
-        )
 
     async def _end_abandoned(self, row: ResponseRow) -> None:
         request = ResponsesRequest.from_json(row.request)
@@ -585,11 +658,15 @@ class ResponsesService:
     # ----------------------------------------------------------------- cancel, delete
 
     async def cancel(self, response_id: str) -> ResponseRow | None:
-        """Cancel a background response (idempotent): the row first, then its run stops."""
+        """Cancel a background response (idempotent): the row first, then its run stops.
+        A response whose reply is being stored is not cancelled: the answer is the row as
+        it ends (``completed``: already completed)."""
         while True:
             row = await self._db(self.store.get, response_id)
             if row is None or row.status in TERMINAL:
                 return row
+            if is_storing(row.owner):
+                return await self._ended(response_id)
             now = time.time()
             body = {**json.loads(row.body), "status": "cancelled", "completed_at": int(now)}
             moved = await self._write(
@@ -598,7 +675,8 @@ class ResponsesService:
                 expect=(row.status,),
                 owner=row.owner,
                 change=Change("cancelled", _dumps(body), completed_at=now, notified=self._silent),
-                check_owner=False,
+                # The owner read above: a run that entered its store since then wins.
+                check_owner=True,
             )
             if moved:
                 task = self._running.get(response_id)
@@ -606,7 +684,22 @@ class ResponsesService:
                     task.cancel()
                 if not self._silent:
                     await self._told(response_id, "response.cancelled")
+                if runtime_is_open():  # else nothing was dispatched through this process
+                    await self._db(get_runtime().cancel_started_by, response_id, by=BY_RESPONSE)
                 return await self._db(self.store.get, response_id)
+
+    async def _ended(self, response_id: str) -> ResponseRow | None:
+        """The row once it is terminal (its store's end pokes), or as it stands after a
+        lease: a runner that died mid-store has its row ended by a sweep, not here."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.lease_seconds
+        while True:
+            tick = self._tick
+            row = await self._db(self.store.get, response_id)
+            if row is None or row.status in TERMINAL or loop.time() >= deadline:
+                return row
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(tick.wait(), self.poll_seconds)
 
     async def delete(self, response_id: str) -> bool:
         """Remove a stored response and its events; a running one is cancelled first."""

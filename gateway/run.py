@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import tools.async_delegation as ad
 from delivery import traces
 from delivery.events import DELIVERABLE_TYPES, CompletionEvent, delivery_id, parse_event
-from gateway.coalesce import DEFAULT_COALESCE_SECONDS, Coalescer
+from gateway.coalesce import DEFAULT_COALESCE_SECONDS, Coalescer, siblings_running
 from gateway.config import Platform
 from gateway.delivery_targets import (
     BatchTarget,
@@ -132,7 +132,10 @@ class GatewayRunner:
         self._handlers: set[asyncio.Task[None]] = set()
         self._grace = shutdown_grace_seconds
         self._batches: Coalescer[_Offer, _Settled] = Coalescer(
-            self._flush_batch, window=coalesce_seconds, missing=_NOT_FLUSHED
+            self._flush_batch,
+            window=coalesce_seconds,
+            missing=_NOT_FLUSHED,
+            siblings=siblings_running,
         )
 
     # ----------------------------------------------------------------- lifecycle

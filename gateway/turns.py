@@ -11,10 +11,13 @@ streams). The service owns what every surface needs the same way:
   their place), the new deliveries as one ``[reveille:delivery]`` system message, the new
   user message;
 * running the agent, with a ``ToolContext`` that routes background work back here;
-* storing the turn: the user message, the reply and the idempotency record in one commit;
+* storing the turn: the user message, the reply and the idempotency record in one commit,
+  ordered against a cancel by the turn's ``TurnFence`` (``StartedTurn.cancel``): a cancel
+  before the store began leaves nothing stored, one after it loses (``gateway.turn_fence``);
 * the idempotency protocol: claim, replay a finished answer, wait (then conflict) while the
   first attempt runs, forget the claim when the turn fails, take over a dead owner's claim;
-* the cap on turns running at once;
+* the cap on turns running at once (``max_concurrent_runs``; a caller with a pool of its
+  own, background responses, sets ``own_slot`` and takes none of it);
 * approvals (``hold_sessions``: the API server, Telegram): the session's lease while one
   is pending, and with ``park_on_approval`` an early answer (see ``gateway.turn_approvals``).
 
@@ -74,6 +77,7 @@ from gateway.session import (
 )
 from gateway.tasks import finish_or_cancel
 from gateway.turn_approvals import Parking, TurnGate, busy_reason
+from gateway.turn_fence import TurnFence, finish_despite_cancel
 from gateway.turn_hold import TurnHold
 from gateway.wake_text import wake_row_metadata
 
@@ -193,6 +197,14 @@ class TurnRequest:
     traceparent: str | None = None
     """Set by the server for its own wake-ups only: the W3C traceparent of the delivery that
     sent it, whose child the turn's span becomes (``delivery.traces``)."""
+    before_store: Callable[[], Awaitable[bool]] | None = None
+    """Run once the reply is ready, as the first step of its store (``TurnFence``'s claim):
+    False means a cancel won in the caller's own store (a stored response cancelled through
+    another server); the turn then ends cancelled and stores nothing."""
+    own_slot: bool = False
+    """The caller counts this turn in a pool of its own (background responses,
+    ``[responses] background_concurrency``): it takes none of ``max_concurrent_runs``, so
+    background work never refuses a foreground turn or a wake-up."""
 
 
 @dataclass(frozen=True)
@@ -221,6 +233,12 @@ class StartedTurn:
     parked: asyncio.Future[dict[str, Any]] | None = field(default=None, compare=False)
     """With ``park_on_approval``: resolved with the stored answer that says an approval
     is pending, when the turn asks one before it finishes (the deltas then end too)."""
+    fence: TurnFence = field(default_factory=TurnFence, compare=False)
+
+    def cancel(self) -> bool:
+        """Cancel the turn unless its store began: True when nothing of its reply will be
+        stored, False when the reply is stored or being stored (already completed)."""
+        return self.fence.cancel()
 
 
 @dataclass
@@ -285,6 +303,8 @@ class TurnService:
         self.compactor = compactor
         self._claims = IdempotencyClaims(store, wait_seconds=idempotency_wait_seconds)
         self._active_runs = 0
+        # Turns of a caller's own pool (``TurnRequest.own_slot``): counted for the metrics only.
+        self.background_runs = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         # Ids whose first turn runs here and is not stored yet. The store cannot see them
         # until that turn's commit, so a second conversation that opens the same way
@@ -382,7 +402,7 @@ class TurnService:
                 ) from None
             if replay is not None:
                 return ReplayedTurn(replay)
-        if self._active_runs >= self.max_concurrent_runs:
+        if not request.own_slot and self._active_runs >= self.max_concurrent_runs:
             await self._claims.forget(key, owner)
             raise TurnError(
                 "too_many_turns",
@@ -391,7 +411,8 @@ class TurnService:
             )
         # Counted here, released by the turn itself: a client that goes away does not free
         # a slot while its turn still runs.
-        self._active_runs += 1
+        self._take_slot(request)
+        fence = TurnFence(request.before_store)
         deltas: asyncio.Queue[str | ToolProgress | None] | None = (
             asyncio.Queue() if request.stream else None
         )
@@ -409,7 +430,7 @@ class TurnService:
                 await self._session_writer(request.session_id, begun)()
             task = asyncio.create_task(
                 traces.traced_turn(
-                    self._run(request, begun, owner, deltas, hold, parking),
+                    self._run(request, begun, owner, deltas, fence, hold, parking),
                     session_id=request.session_id,
                     platform=self._platform.value,
                     wakeup=request.wakeup,
@@ -417,7 +438,7 @@ class TurnService:
                 )
             )
         except BaseException:
-            self._active_runs -= 1
+            self._free_slot(request)
             await self._claims.forget(key, owner)
             if hold is not None:
                 await hold.release()
@@ -426,7 +447,20 @@ class TurnService:
         task.add_done_callback(self._tasks.discard)
         # The caller may be gone by the time the turn fails; the error is logged, not lost.
         task.add_done_callback(_note_unawaited_failure)
-        return StartedTurn(task, deltas, parking.future if parking is not None else None)
+        fence.bind(task)
+        return StartedTurn(task, deltas, parking.future if parking is not None else None, fence)
+
+    def _take_slot(self, request: TurnRequest) -> None:
+        if request.own_slot:
+            self.background_runs += 1
+        else:
+            self._active_runs += 1
+
+    def _free_slot(self, request: TurnRequest) -> None:
+        if request.own_slot:
+            self.background_runs -= 1
+        else:
+            self._active_runs -= 1
 
     async def drain(self, grace_seconds: float) -> None:
         """Let running turns finish and store their results; cancel what outlasts the grace."""
@@ -460,6 +494,7 @@ class TurnService:
         begun: _Begun,
         owner: str | None,
         deltas: asyncio.Queue[str | ToolProgress | None] | None,
+        fence: TurnFence,
         hold: TurnHold | None = None,
         parking: Parking | None = None,
     ) -> dict[str, Any]:
@@ -528,13 +563,21 @@ class TurnService:
             result = well_formed_result(reply)
             response = self._render(result)
             seen = seen_delivery_ids(begun.history, begun.taken, context)
+            if not await fence.enter_store():
+                # Cancelled first (a cancel from this loop is already pending on the task).
+                raise asyncio.CancelledError
+            # From here a cancel loses: the store runs to its end, whoever cancels.
             if parking is not None:
                 parking.storing = True
                 if parking.future.done() and gate is not None:
-                    await gate.store_answer(str(result.content or ""))
+                    await finish_despite_cancel(gate.store_answer(str(result.content or "")))
+                    fence.stored()
                     self.turns_stored += 1
                     return parking.future.result()
-            await self._store(request, begun, user_message, result, response, owner, seen)
+            await finish_despite_cancel(
+                self._store(request, begun, user_message, result, response, owner, seen)
+            )
+            fence.stored()
             # One line per turn for operators: who and how long, never what was said.
             logger.info(
                 "%s turn in %s stored (%.0f ms, %d messages of context)",
@@ -555,7 +598,7 @@ class TurnService:
                 await gate.store_failure(repr(exc))
             raise
         finally:
-            self._active_runs -= 1
+            self._free_slot(request)
             if hold is not None:
                 await asyncio.shield(hold.release())
             if deltas is not None and (parking is None or not parking.future.done()):

@@ -272,7 +272,11 @@ def _format_process_completion(
 ) -> str:
     code_text = "unknown" if evt.exit_code is None else _render_value(evt.exit_code)
     lost = evt.exit_code is None and (evt.status or "").lower() == "unknown"
-    out = [f"[Background process finished] exit code {code_text}."]
+    stopped = (evt.status or "").lower() == "cancelled"
+    if stopped:  # a person stopped it: short, and says who (the error does)
+        out = ["[Background process stopped] it was cancelled before it exited."]
+    else:
+        out = [f"[Background process finished] exit code {code_text}."]
     if explain:
         out.append(
             "This is an automatic wake-up, not a user message: a background command you "
@@ -280,6 +284,8 @@ def _format_process_completion(
             + (
                 "earlier can no longer be followed; whether and how it ended is unknown."
                 if lost
+                else "earlier was stopped; do not expect its result."
+                if stopped
                 else "earlier has exited."
             )
         )

@@ -215,6 +215,9 @@ async def serve(
             adapter.turns,
             on_terminal=on_terminal,
             lease_seconds=settings.responses_lease_seconds,
+            background_concurrency=settings.responses_background_concurrency,
+            max_queued=settings.responses_max_queued,
+            max_queued_per_key=settings.responses_max_queued_per_key,
         )
         adapter.mount_responses(responses)
         metrics.watch_store(responses=responses.store.status_counts)

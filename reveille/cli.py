@@ -7,7 +7,16 @@ import os
 import sys
 from typing import Any
 
-from reveille import approvals, backup, db, deliveries, log_format, prune, webhooks_cmd
+from reveille import (
+    approvals,
+    background,
+    backup,
+    db,
+    deliveries,
+    log_format,
+    prune,
+    webhooks_cmd,
+)
 from reveille.build_info import version_line
 from reveille.chat import add_chat_parser
 from reveille.serve import add_serve_parser
@@ -44,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_chat_parser(sub)
     deliveries.add_parser(sub)
+    background.add_parser(sub)
     webhooks_cmd.add_parser(sub)
     approvals.add_parser(sub)
     db.add_parser(sub)

@@ -10,6 +10,7 @@ import datetime as dt
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from delivery.errors import LedgerError, NotALedgerError, UnknownDeliveryError
 from delivery.ledger import Ledger
 from delivery.rows import LedgerRow, RowQuery
 from delivery.states import DeliveryState, State
-from reveille.settings import load_settings
+from reveille.settings import Settings, load_settings
 from reveille.webhooks_cmd import show_webhook
 
 # Webhook delivery ids (gateway.webhooks.delivery_id_for); ledger rows are deleg_/proc_...
@@ -78,9 +79,19 @@ def _iso(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _clip(text: str | None, width: int) -> str:
+def clip(text: str | None, width: int) -> str:
+    """``text`` on one line, cut to ``width`` characters."""
     text = (text or "").replace("\n", " ")
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def text_table(headers: Sequence[str], table: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell, headers first (the operator's tables)."""
+    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for r in table:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return "\n".join(lines)
 
 
 def _session_of(row: LedgerRow) -> str:
@@ -97,16 +108,12 @@ def format_table(rows: list[LedgerRow], now: float) -> str:
             row.delivery_state if row.completed_at else "-",
             str(row.delivery_attempts),
             _age(row.created_at, now),
-            _clip(_session_of(row), 28),
-            _clip(row.goal, 48),
+            clip(_session_of(row), 28),
+            clip(row.goal, 48),
         )
         for row in rows
     ]
-    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    for r in table:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    return "\n".join(lines)
+    return text_table(headers, table)
 
 
 def format_row(row: LedgerRow, history: list[dict[str, Any]]) -> str:
@@ -146,8 +153,29 @@ def run(args: argparse.Namespace) -> int:
         return 0 if args.action == "list" else 1
     if args.action == "show" and args.id.startswith(WEBHOOK_ID_PREFIX):
         return show_webhook(settings, args.id, as_json=args.json)
+    return with_ledger(settings, "deliveries", lambda ledger: _act(ledger, args))
+
+
+def with_ledger(settings: Settings, command: str, act: Callable[[Ledger], int]) -> int:
+    """Run ``act`` on the ledger of ``settings`` (an operator's tool: PostgreSQL is never
+    migrated from here), saying what went wrong in words when it cannot."""
     if settings.database_url:
-        return _run_postgres(args, settings.database_url, settings.delivery_policy)
+        try:
+            # An operator's tool never migrates: a schema it does not know is refused.
+            backend = storage.open_storage(settings.database_url, migrate=False).open_ledger(
+                writers=1, pool_size=1
+            )
+        except LedgerError as exc:
+            print(f"reveille {command}: {exc}", file=sys.stderr)
+            return 1
+        ledger = Ledger(backend, settings.delivery_policy)
+        try:
+            return act(ledger)
+        except LedgerError as exc:
+            print(f"reveille {command}: {exc}; nothing was written", file=sys.stderr)
+            return 1
+        finally:
+            ledger.close()
     try:
         backend = storage.sqlite_files(ledger=settings.ledger_path).open_ledger()
         ledger = Ledger(backend, settings.delivery_policy)
@@ -155,26 +183,9 @@ def run(args: argparse.Namespace) -> int:
         print(explain(exc, settings.ledger_path), file=sys.stderr)
         return 1
     try:
-        return _act(ledger, args)
+        return act(ledger)
     except (LedgerError, OSError) as exc:
         print(explain(exc, settings.ledger_path), file=sys.stderr)
-        return 1
-    finally:
-        ledger.close()
-
-
-def _run_postgres(args: argparse.Namespace, url: str, policy: Any) -> int:
-    try:
-        # An operator's tool never migrates: a schema it does not know is refused.
-        backend = storage.open_storage(url, migrate=False).open_ledger(writers=1, pool_size=1)
-    except LedgerError as exc:
-        print(f"reveille deliveries: {exc}", file=sys.stderr)
-        return 1
-    ledger = Ledger(backend, policy)
-    try:
-        return _act(ledger, args)
-    except LedgerError as exc:
-        print(f"reveille deliveries: {exc}; nothing was written", file=sys.stderr)
         return 1
     finally:
         ledger.close()

@@ -134,6 +134,12 @@ class Settings:
     responses_keep_days: float = 30.0
     # a running response's lease; a server silent this long has its responses ended failed
     responses_lease_seconds: float = 30.0
+    # background responses running at once on each server, in a pool of their own (they
+    # take none of max_concurrent_runs: queued work never refuses chat or wake-ups)
+    responses_background_concurrency: int = 4
+    # queued background responses, per API key and in all (beyond: 429 with Retry-After)
+    responses_max_queued_per_key: int = 100
+    responses_max_queued: int = 1000
     # OTLP/HTTP collector root for traces (reveille.tracing); "" = no traces
     otel_endpoint: str = ""
     # setting name -> where its value came from ("$VAR", "<file> [section] key", "command
@@ -248,6 +254,9 @@ ENV_NAMES: dict[str, str] = {
     **{f"retention_{key}": f"REVEILLE_RETENTION_{key.upper()}" for key in _RETENTION_KEYS},
     "responses_keep_days": "REVEILLE_RESPONSES_KEEP_DAYS",
     "responses_lease_seconds": "REVEILLE_RESPONSES_LEASE_SECONDS",
+    "responses_background_concurrency": "REVEILLE_RESPONSES_BACKGROUND_CONCURRENCY",
+    "responses_max_queued_per_key": "REVEILLE_RESPONSES_MAX_QUEUED_PER_KEY",
+    "responses_max_queued": "REVEILLE_RESPONSES_MAX_QUEUED",
     "otel_endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
 }
 
@@ -299,6 +308,9 @@ _TOML_ALIASES = {
     **{("retention", key): f"retention_{key}" for key in _RETENTION_KEYS},
     ("responses", "keep_days"): "responses_keep_days",
     ("responses", "lease_seconds"): "responses_lease_seconds",
+    ("responses", "background_concurrency"): "responses_background_concurrency",
+    ("responses", "max_queued_per_key"): "responses_max_queued_per_key",
+    ("responses", "max_queued"): "responses_max_queued",
     ("otel", "endpoint"): "otel_endpoint",
 }
 
@@ -388,6 +400,9 @@ def _validate(s: Settings) -> None:
         "max_attempts",
         "delegation_max_depth",
         "delegation_max_steps",
+        "responses_background_concurrency",
+        "responses_max_queued_per_key",
+        "responses_max_queued",
     ):
         if getattr(s, name) < 1:
             raise bad(name, "must be at least 1")

@@ -21,11 +21,14 @@ from delivery.responses_backend import (
     ACTIVE,
     TERMINAL,
     Change,
+    QueueCaps,
+    QueueFull,
     ResponseEvent,
     ResponseRow,
+    storing_owner,
 )
 
-__all__ = ["DDL", "ResponsesSql"]
+__all__ = ["DDL", "UPGRADE_COLUMNS", "ResponsesSql", "add_sqlite_columns"]
 
 # Shared by both dialects: PostgreSQL's migration 6 is this text, and so is SQLite's
 # responses.db version 1.
@@ -59,11 +62,59 @@ CREATE TABLE IF NOT EXISTS response_events (
 )
 """
 
+# Columns added after ``DDL`` (PostgreSQL's migration 9; SQLite's version 2): table,
+# column, type.
+UPGRADE_COLUMNS = (("responses", "caller", "TEXT"),)
+
 _COLUMNS = (
     "id, status, background, session_id, request, body, created_at, updated_at, "
     "previous_response_id, owner, lease_until, completed_at, idempotency_key, fingerprint, "
-    "notified"
+    "notified, caller"
 )
+
+
+def add_sqlite_columns(conn: Any) -> None:
+    """Give a SQLite database made from ``DDL`` the ``UPGRADE_COLUMNS`` it lacks, in one
+    transaction that reads again what it found (two processes add each column once)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table, column, kind in UPGRADE_COLUMNS:
+            have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _runs(owner: str) -> tuple[str, str]:
+    """The owners a row has while ``owner`` runs it: running, then storing its turn."""
+    return owner, storing_owner(owner)
+
+
+def _queued(run: Callable[..., Any], caller: str | None) -> tuple[int, int]:
+    found = run(
+        "SELECT count(*), count(CASE WHEN caller = ? THEN 1 END) FROM responses "
+        "WHERE status = 'queued'",
+        caller,
+    ).fetchone()
+    return int(found[0]), int(found[1] or 0)
+
+
+def _check_caps(total: int, own: int, caps: QueueCaps) -> None:
+    if own >= caps.per_caller:
+        raise QueueFull(
+            "too many background responses queued for this key "
+            f"(max_queued_per_key = {caps.per_caller}); retry once some have started, or "
+            "cancel some",
+            per_key=True,
+        )
+    if total >= caps.total:
+        raise QueueFull(
+            f"too many background responses queued (max_queued = {caps.total}); retry shortly",
+            per_key=False,
+        )
 
 
 class Cursor(Protocol):
@@ -95,6 +146,7 @@ def _row(r: Sequence[Any]) -> ResponseRow:
         idempotency_key=r[12],
         fingerprint=r[13],
         notified=bool(r[14]),
+        caller=r[15],
     )
 
 
@@ -160,11 +212,24 @@ class ResponsesSql:
 
     # ----------------------------------------------------------------- writes
 
-    def insert(self, row: ResponseRow, events: list[tuple[str, str]]) -> ResponseRow:
+    def insert(
+        self, row: ResponseRow, events: list[tuple[str, str]], caps: QueueCaps | None = None
+    ) -> ResponseRow:
         with self._run() as run:
+            if caps is not None:
+                if row.idempotency_key is not None:
+                    found = run(
+                        f"SELECT {_COLUMNS} FROM responses WHERE idempotency_key = ?",
+                        row.idempotency_key,
+                    ).fetchone()
+                    if found is not None:
+                        return _row(found)  # a repeat: answered, never refused
+                # SQLite's write lock makes the count exact; under PostgreSQL's read
+                # committed, creates at the same instant may each see room for one more.
+                _check_caps(*_queued(run, row.caller), caps)
             cur = run(
                 f"INSERT INTO responses ({_COLUMNS}) VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 row.id,
                 row.status,
                 int(row.background),
@@ -180,6 +245,7 @@ class ResponsesSql:
                 row.idempotency_key,
                 row.fingerprint,
                 int(row.notified),
+                row.caller,
             )
             if cur.rowcount == 1:
                 self._append(run, row.id, events)
@@ -235,7 +301,8 @@ class ResponsesSql:
             row = run(
                 f"SELECT status, owner FROM responses WHERE id = ?{self._lock}", response_id
             ).fetchone()
-            if row is None or row[0] != "in_progress" or row[1] != owner:
+            # The run's own, also while it stores its finished turn (its storing owner).
+            if row is None or row[0] != "in_progress" or row[1] not in _runs(owner):
                 return False
             self._append(run, response_id, events)
         return True
@@ -244,10 +311,10 @@ class ResponsesSql:
         with self._run() as run:
             cur = run(
                 "UPDATE responses SET lease_until = ? "
-                "WHERE id = ? AND owner = ? AND status = 'in_progress'",
+                "WHERE id = ? AND owner IN (?, ?) AND status = 'in_progress'",
                 lease_until,
                 response_id,
-                owner,
+                *_runs(owner),
             )
             return bool(cur.rowcount == 1)
 
@@ -286,6 +353,10 @@ class ResponsesSql:
         with self._run(read=True) as run:
             found = run(f"SELECT {_COLUMNS} FROM responses WHERE id = ?", response_id).fetchone()
         return None if found is None else _row(found)
+
+    def queued(self, caller: str | None) -> tuple[int, int]:
+        with self._run(read=True) as run:
+            return _queued(run, caller)
 
     def events_after(self, response_id: str, after: int, limit: int) -> list[ResponseEvent]:
         with self._run(read=True) as run:

@@ -50,18 +50,17 @@ def dump_json(value: Any) -> str:
 
 # The positions of the JSON columns in a whole row: decoding binds them, never looks them up.
 _REQUEST, _EVENT = COLUMNS.index("request"), COLUMNS.index("event")
-assert {"request", "event"} == JSON_COLUMNS, "decode_row knows these two JSON columns"
+_PROGRESS = COLUMNS.index("progress")
+assert {"request", "event", "progress"} == JSON_COLUMNS, "decode_row knows these JSON columns"
 
 
 def decode_row(row: Iterable[Any]) -> LedgerRow:
     """A stored row (every column, in storage order) as a ``LedgerRow``: decoded once, here,
     for every reader of the SQL dialects."""
     values = list(row)
-    request, event = values[_REQUEST], values[_EVENT]
-    if request is not None:
-        values[_REQUEST] = json.loads(request)
-    if event is not None:
-        values[_EVENT] = json.loads(event)
+    for at in (_REQUEST, _EVENT, _PROGRESS):
+        if values[at] is not None:
+            values[at] = json.loads(values[at])
     return LedgerRow(*values)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 import select
@@ -47,11 +48,19 @@ from delivery.rows import LedgerRow
 from delivery.state_dir import ensure_private_dir
 from delivery.states import State
 from tools.completion_queue import CompletionQueue, WireEvent, shared_completion_queue
-from tools.delegation_runtime import DelegationRuntime, default_state_dir, get_runtime
+from tools.delegation_runtime import (
+    PROGRESS_INTERVAL_SECONDS,
+    DelegationRuntime,
+    default_state_dir,
+    get_runtime,
+    stamp_response_origin,
+)
 
 log = logging.getLogger(__name__)
 
 OUTPUT_TAIL_BYTES = 16 * 1024
+PROGRESS_TAIL_BYTES = 2048  # enough for a last output line
+KILL_GRACE_SECONDS = 3.0  # a stopped command's group gets TERM, then KILL after this
 PROCESS_KIND = "process"
 PROCESSES_DIR = "processes"
 OUTPUT_FILE = "output"
@@ -177,6 +186,25 @@ def read_wrapper_identity(directory: Path) -> ProcessIdentity | None:
         return None
 
 
+def _stop_group(pgid: int) -> None:
+    """TERM the process group ``pgid`` (the wrapper records the command's status), and KILL
+    what is left of it once ``KILL_GRACE_SECONDS`` are over: the whole tree goes."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    timer = threading.Timer(KILL_GRACE_SECONDS, _kill_group, args=(pgid,))
+    timer.daemon = True
+    timer.start()
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL the process group ``pgid`` if it still has members. A group's id cannot be
+    given to a new process while the group exists, so this never reaches a stranger."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, 0)
+        os.killpg(pgid, signal.SIGKILL)
+        log.info("process group %s outlived its TERM: killed", pgid)
+
+
 def _alive(ident: ProcessIdentity | None) -> bool:
     return ident is not None and ident.is_local() and not ident.is_known_dead()
 
@@ -272,6 +300,7 @@ class ProcessRegistry:
         }
         if traceparent := traces.turn_traceparent():
             request[traces.TRACEPARENT] = traceparent  # stored: the wake-up's span links to it
+        stamp_response_origin(request)
         ledger.create(
             process_id,
             kind=PROCESS_KIND,
@@ -311,6 +340,7 @@ class ProcessRegistry:
             origin_ui_session_id or origin_session_id or session_key,
             command[:80],  # repr: one line whatever it holds; the ledger keeps it whole
         )
+        self._runtime().watch(process_id, functools.partial(self.kill, process_id))
         threading.Thread(
             target=self._watch,
             args=(running, request, timeout),
@@ -367,10 +397,27 @@ class ProcessRegistry:
             timer = threading.Timer(timeout, self.kill, args=(running.process_id,))
             timer.daemon = True
             timer.start()
-        code = running.proc.wait()
+        code = self._wait_reporting(running, running.proc)
         if timer:
             timer.cancel()
         self._conclude(running, request, wrapper_code=code)
+
+    def _wait_reporting(self, running: _Running, proc: subprocess.Popen[bytes]) -> int:
+        """Wait for the wrapper, reporting the command's last output line as its progress
+        (at most once per ``PROGRESS_INTERVAL_SECONDS``, and only when the output grew)."""
+        seen = 0
+        while True:
+            try:
+                return proc.wait(timeout=PROGRESS_INTERVAL_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+            tail, size = read_output_tail(running.directory / OUTPUT_FILE, PROGRESS_TAIL_BYTES)
+            if size != seen or not seen:
+                seen = size or -1
+                with contextlib.suppress(Exception):  # a report never stops the watch
+                    self._runtime().progress(
+                        running.process_id, step="running the command", line=tail
+                    )
 
     # -- adopting the processes of a server that died ------------------------------------------
 
@@ -380,6 +427,7 @@ class ProcessRegistry:
         if directory is not None:
             self._directory_given = directory
         ledger.set_adopter(PROCESS_KIND, self.adopt)
+        self._runtime().set_orphan_stopper(PROCESS_KIND, self.kill_orphan)
 
     def detach(self) -> None:
         """Forget the directory ``attach`` was handed (its server closed)."""
@@ -413,6 +461,7 @@ class ProcessRegistry:
             if _alive(ident):  # the pid may have been reused before it was opened
                 with self._lock:
                     self._running[process_id] = running
+                self._runtime().watch(process_id, functools.partial(self.kill, process_id))
                 log.info("adopted background process %s (pid %s): waiting", process_id, pid)
                 threading.Thread(
                     target=self._wait_adopted,
@@ -449,6 +498,8 @@ class ProcessRegistry:
         wrapper's own (a child of this process), else unknown."""
         with self._lock:
             self._running.pop(running.process_id, None)
+        with contextlib.suppress(Exception):
+            self._runtime().unwatch(running.process_id)
         output, size = running.output()
         recorded = read_exit_status(running.directory)
         error = None
@@ -572,8 +623,17 @@ class ProcessRegistry:
             if ident is None or ident.pid != running.pid or not _alive(ident):
                 return False  # ended (or its pid is no longer its): nothing to signal
         running.kill_requested = True
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(running.pid, signal.SIGTERM)
+        _stop_group(running.pid)
+        return True
+
+    def kill_orphan(self, process_id: str) -> bool:
+        """Stop the command of ``process_id`` whose server died (its row was cancelled
+        before anyone adopted it): its wrapper's group, found by the identity on disk."""
+        ident = read_wrapper_identity(self._directory(process_id))
+        if ident is None or not _alive(ident):
+            return False  # ended, or not of this host: nothing here to signal
+        _stop_group(ident.pid)
+        log.info("stopped the command of %s, whose server is gone", process_id)
         return True
 
     def list_running(self) -> list[ProcessInfo]:

@@ -174,6 +174,9 @@ def make_delegate_tool(
         stop = StopSignal()
 
         def run() -> dict[str, Any]:
+            # Lazy like the dispatch below; a no-op for an inline run (no unit on its thread).
+            from tools.delegation_runtime import report_progress
+
             return run_subagent_sync(
                 provider,
                 goal,
@@ -184,6 +187,7 @@ def make_delegate_tool(
                 stall_seconds=limits.stall_seconds,
                 stop=stop,
                 approvals_bounded=unit is not None,
+                progress=report_progress,
             )
 
         if not background:

@@ -5,6 +5,13 @@ at most ``cap`` run at once and beyond that a unit waits in a bounded FIFO or is
 Every unit's ledger row is written before it can start, and its completion event is written
 to the ledger before it is put on the completion queue (``record_completion``).
 
+Stopping and progress (``delivery.cancel``): ``cancel`` settles a row ``cancelled`` from any
+process; the work running here is registered with ``watch`` (a unit, a background command)
+and stopped when its row turns out cancelled, at once when the cancel is made here, else at
+the re-offer scheduler's next pass (every cancel pokes the store's servers) or at its next
+progress write. ``report_progress`` (from a unit's thread) and ``progress`` record what the
+work is doing; the runtime writes it to the store at most once per second.
+
 The bottom of this module holds the process-wide runtime behind ``get_runtime()``, the face
 that the fixed contract module (``tools.async_delegation``) and the background processes
 need. The composition root says how it is opened (``register_runtime_factory``); without
@@ -15,6 +22,7 @@ delivery policy. ``configure_runtime`` opens it on an explicit file instead.
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
 import logging
 import os
@@ -29,10 +37,12 @@ from typing import Any
 
 from delivery import traces
 from delivery.backend import LedgerStore
+from delivery.cancel import CANCELLED, CancelOutcome, Progress, is_active
 from delivery.errors import LedgerError, LedgerUnavailable
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
 from delivery.reoffer import ReofferScheduler
+from delivery.rows import RowQuery
 from delivery.states import State
 from delivery.write_future import WriteFuture
 from tools.completion_queue import EventQueue, WireEvent, shared_completion_queue
@@ -53,6 +63,17 @@ DEFAULT_MAX_QUEUED = 32
 LEDGER_FILE = "ledger.db"
 _FINALIZE_RETRY_SECONDS = (0.05, 0.2, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _RESULT_STATES = {s.value for s in State} - {State.QUEUED.value, State.RUNNING.value}
+PROGRESS_INTERVAL_SECONDS = 1.0
+"""At most one progress write per this many seconds (all units of a process in one write)."""
+
+_current = threading.local()  # the unit a worker thread is running (``report_progress``)
+
+RESPONSE_ORIGIN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "reveille_response_origin", default=None
+)
+"""The background Response whose turn is running here (``gateway.responses`` sets it): work
+dispatched in its context records it (``response_id``), so cancelling the Response cancels
+the units it started."""
 
 
 @dataclass
@@ -134,6 +155,14 @@ class DelegationRuntime:
         self._pool = _WorkerPool()
         self.scheduler: ReofferScheduler | None = None
         self.draining = False
+        # How to stop the work of each row running in this process (units, processes), and
+        # the work of a kind that outlives a dead owner (a command still running).
+        self._stoppers: dict[str, Callable[[], object]] = {}
+        self._orphan_stoppers: dict[str, Callable[[str], object]] = {}
+        self._progress: dict[str, Progress] = {}
+        self._dirty: set[str] = set()
+        self._flush_timer: threading.Timer | None = None
+        self._last_flush = 0.0
 
     # -- dispatch -----------------------------------------------------------------------------
 
@@ -172,6 +201,7 @@ class DelegationRuntime:
             else:
                 self._slots.joining += 1
         req = unit.request
+        stamp_response_origin(req)
         if traceparent := traces.turn_traceparent():
             req[traces.TRACEPARENT] = traceparent  # stored: the wake-up's span links to it
         try:
@@ -236,6 +266,8 @@ class DelegationRuntime:
 
     def _run(self, unit: Unit) -> None:
         started = time.time()
+        self.watch(unit.delegation_id, functools.partial(self._stop_unit, unit))
+        _current.unit = (self, unit.delegation_id)
         try:
             result = unit.run()
             if not isinstance(result, dict):
@@ -243,6 +275,9 @@ class DelegationRuntime:
         except Exception as exc:
             log.exception("delegation %s failed", unit.delegation_id)
             result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            _current.unit = None
+            self.unwatch(unit.delegation_id)
         if unit.cancel_requested:
             result = {**result, "status": "cancelled"}
         event = _completion_event(unit.request, result, started)
@@ -337,6 +372,129 @@ class DelegationRuntime:
             unit.interrupt_fn()
         return True
 
+    @staticmethod
+    def _stop_unit(unit: Unit) -> None:
+        """Its row was cancelled: stop the runner (abort its model call, kill its command);
+        whatever it returns finds the row terminal and is never delivered."""
+        unit.cancel_requested = True
+        if unit.interrupt_fn is not None:
+            unit.interrupt_fn()
+
+    # -- cancel from any surface, any server (``delivery.cancel``) ----------------------------
+
+    def cancel(self, row_id: str, *, by: str, deliver_here: bool = True) -> CancelOutcome:
+        """Settle the row ``cancelled`` (one compare-and-set) and stop its work: here when it
+        runs here, else its owner is poked and stops it. ``deliver_here``: put the notice on
+        this process's queue (a server); otherwise any server sharing the store offers it."""
+        with self._lock:
+            self._remove_waiting(row_id)  # a unit waiting here never starts
+        outcome = self.ledger.cancel(row_id, by=by, deliver_here=deliver_here)
+        if outcome.status != CANCELLED:
+            return outcome
+        log.info("background %s cancelled by %s", row_id, by)
+        if outcome.event is not None and deliver_here:
+            self.queue.put(outcome.event)
+        if self._stop_here(row_id):
+            return outcome
+        orphan = self._orphan_stoppers.get(outcome.kind or "")
+        if orphan is not None and self.ledger.is_dead(outcome.owner):
+            try:
+                orphan(row_id)  # nobody else will: its owner is gone
+            except Exception:
+                log.exception("could not stop the orphaned work of %s", row_id)
+        self.ledger.notify_others()  # its owner (or a server to deliver the notice) looks
+        return outcome
+
+    def set_orphan_stopper(self, kind: str, stop: Callable[[str], object] | None) -> None:
+        """How to stop work of ``kind`` whose owner process died but which may still run
+        (a background command): called with the row id when such a row is cancelled."""
+        if stop is None:
+            self._orphan_stoppers.pop(kind, None)
+        else:
+            self._orphan_stoppers[kind] = stop
+
+    def cancel_started_by(self, response_id: str, *, by: str) -> list[CancelOutcome]:
+        """Cancel every unit the background Response ``response_id`` started (recorded on
+        its row at dispatch); what each cancel did."""
+        rows = [
+            row
+            for state in (State.RUNNING, State.QUEUED)
+            for row in self.ledger.query(RowQuery(state=state.value, limit=10_000))
+            if (row.request or {}).get(RESPONSE_KEY) == response_id
+        ]
+        return [self.cancel(row.id, by=by) for row in rows]
+
+    def watch(self, row_id: str, stop: Callable[[], object]) -> None:
+        """``row_id`` runs in this process; ``stop`` stops it once its row is cancelled."""
+        with self._lock:
+            self._stoppers[row_id] = stop
+
+    def unwatch(self, row_id: str) -> None:
+        with self._lock:
+            self._stoppers.pop(row_id, None)
+            self._progress.pop(row_id, None)
+            self._dirty.discard(row_id)
+
+    def _stop_here(self, row_id: str) -> bool:
+        with self._lock:
+            stop = self._stoppers.pop(row_id, None)
+        if stop is None:
+            return False
+        try:
+            stop()
+        except Exception:
+            log.exception("could not stop %s", row_id)
+        return True
+
+    def honour_cancels(self) -> list[str]:
+        """Stop the work here whose rows were cancelled elsewhere; the ids stopped. The
+        re-offer scheduler calls it at each pass (a cancel pokes every server)."""
+        with self._lock:
+            watched = list(self._stoppers)
+        stopped: list[str] = []
+        for row_id in watched:
+            try:
+                row = self.ledger.get(row_id)
+            except LedgerError:
+                return stopped
+            if (row is None or not is_active(row.state)) and self._stop_here(row_id):
+                stopped.append(row_id)
+        return stopped
+
+    # -- progress ----------------------------------------------------------------------------
+
+    def progress(self, row_id: str, *, step: str | None = None, line: str | None = None) -> None:
+        """Record what ``row_id`` is doing; written to the store at most once per
+        ``PROGRESS_INTERVAL_SECONDS`` (never blocks the caller)."""
+        now = time.time()
+        report = Progress.of(step, line, now)
+        with self._lock:
+            before = self._progress.get(row_id)
+            self._progress[row_id] = before.merged(report) if before else report
+            self._dirty.add(row_id)
+            if self._flush_timer is not None:
+                return
+            delay = max(self._last_flush + PROGRESS_INTERVAL_SECONDS - now, 0.0)
+            timer = self._flush_timer = threading.Timer(delay, self._flush_progress)
+        timer.daemon = True
+        timer.start()
+
+    def _flush_progress(self) -> None:
+        with self._lock:
+            reports = {i: self._progress[i] for i in self._dirty if i in self._progress}
+            self._dirty.clear()
+            self._flush_timer = None
+            self._last_flush = time.time()
+        if not reports:
+            return
+        try:
+            stale = self.ledger.submit_progress(reports).result()
+        except (LedgerError, OSError) as exc:
+            log.debug("progress not written: %s", exc)
+            return
+        for row_id in stale:  # cancelled elsewhere, and its poke not seen yet
+            self._stop_here(row_id)
+
     def running_count(self) -> int:
         with self._lock:
             return len(self._slots.running)
@@ -351,7 +509,9 @@ class DelegationRuntime:
         """Start re-offering this store's due rows; ``label`` names this server to its
         peers (e.g. its listening address)."""
         if self.scheduler is None:
-            self.scheduler = ReofferScheduler(self.ledger, self.queue.put, label=label)
+            self.scheduler = ReofferScheduler(
+                self.ledger, self.queue.put, label=label, on_pass=self.honour_cancels
+            )
             self.scheduler.start()
         return self.scheduler
 
@@ -442,6 +602,29 @@ def _completion_event(
 
 
 # -- the process's runtime -------------------------------------------------------------------
+
+
+RESPONSE_KEY = "response_id"
+
+
+def stamp_response_origin(request: dict[str, Any]) -> None:
+    """Record on a unit's request the background Response it was started by, if any."""
+    if (response_id := RESPONSE_ORIGIN.get()) is not None:
+        request[RESPONSE_KEY] = response_id
+
+
+def report_progress(step: str | None = None, line: str | None = None) -> None:
+    """What the unit running on this thread is doing (a model call, a tool's name) and its
+    last output line; nothing when this thread runs no unit. Never raises."""
+    found: tuple[DelegationRuntime, str] | None = getattr(_current, "unit", None)
+    if found is None:
+        return
+    runtime, row_id = found
+    try:
+        runtime.progress(row_id, step=step, line=line)
+    except Exception:
+        log.debug("progress of %s not recorded", row_id, exc_info=True)
+
 
 RuntimeFactory = Callable[[], DelegationRuntime]
 

@@ -94,6 +94,7 @@ export const api = {
   olderItems: (id, before) =>
     request("GET", `/api/sessions/${enc(id)}/items?before=${enc(before)}`),
   background: (id) => request("GET", `/api/sessions/${enc(id)}/background`),
+  cancelBackground: (unitId) => request("POST", `/api/background/${enc(unitId)}/cancel`, {}),
   markRead: (id) => request("POST", `/api/sessions/${enc(id)}/read`, {}),
   send: (id, text, images = [], extra = {}) =>
     request("POST", `/api/sessions/${enc(id)}/messages`, {

@@ -47,9 +47,12 @@ const attachments = new Attachments($("#attachments"), {
   maxBytes: () => Number(state.boot?.max_image_bytes) || 700 * 1024,
 });
 const notifier = new Notifier($("#notify-toggle"), { onOpen: (id) => openSession(id) });
-const backgroundStrip = new BackgroundStrip($("#background-strip"));
 const searchResults = new SearchResults($("#search-results"), $("#search-hits"), {
   onOpen: (id, messageId) => openSession(id, { focus: messageId }),
+});
+const backgroundStrip = new BackgroundStrip($("#background-strip"), {
+  onCancel: cancelBackground,
+  onRefresh: () => state.currentId && refreshBackground(state.currentId),
 });
 const deliveries = new DeliveriesView($("#deliveries"), $("#deliveries-empty"), {
   sessionTitle: (id) => (state.sessions.has(id) ? sessionTitle(state.sessions.get(id)) : String(id)),
@@ -440,6 +443,16 @@ async function stop() {
     failure(err, "Could not stop the turn");
   } finally {
     stopButton.disabled = false;
+  }
+}
+
+async function cancelBackground(unitId) {
+  try {
+    const { status } = await api.cancelBackground(unitId);
+    notice(status === "cancelled" ? "Stopped." : "It had already finished.", "ok");
+  } catch (err) {
+    failure(err, "Could not stop it");
+    throw err;
   }
 }
 

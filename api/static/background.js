@@ -1,20 +1,30 @@
 // The chat's progress strip: the session's background work that has not come home yet, with
-// how long each piece has been at it, and a command that waits for the user's approval (it
+// how long each piece has been at it, its step (a model call, a tool, a command) and its last
+// output line, a ✕ that stops it, and a command that waits for the user's approval (it
 // starts only once approved, so it is not running yet). The list comes from the server (the
-// ledger), the approval from the session's detail and its `approval` events; the elapsed
-// times tick in the browser, so nothing polls.
+// ledger, where whichever server runs the work writes its progress); while anything runs the
+// strip asks for it again every few seconds, and the elapsed times tick in the browser.
 
 import { clear, el, formatDuration, toDate } from "/static/dom.js";
 
+const REFRESH_MS = 2000;
+
 export class BackgroundStrip {
-  constructor(root) {
+  /**
+   * `onCancel(id)` stops a unit (a promise); `onRefresh()` fetches the list again and calls
+   * `show` with it.
+   */
+  constructor(root, { onCancel = null, onRefresh = null } = {}) {
     this.root = root;
     this.work = [];
     this.approval = null;
     this.timer = 0;
+    this.refresher = 0;
+    this.onCancel = onCancel;
+    this.onRefresh = onRefresh;
   }
 
-  /** Show `work` ([{id, kind, goal, state, started_at}]); nothing to show hides the strip. */
+  /** Show `work` ([{id, kind, goal, state, started_at, step, line}]); nothing hides it. */
   show(work) {
     this.work = Array.isArray(work) ? work : [];
     this.render();
@@ -39,6 +49,7 @@ export class BackgroundStrip {
     this.root.hidden = this.work.length === 0 && !waiting;
     for (const item of this.work) {
       const what = item.kind === "process" ? "Command" : "Task";
+      const progress = [item.step, item.line].filter(Boolean).join(" · ");
       this.root.append(
         el(
           "div",
@@ -49,8 +60,19 @@ export class BackgroundStrip {
           },
           el("span", { class: "spinner", "aria-hidden": "true" }),
           el("span", { class: "background-label", text: `${what} ${item.state}:` }),
-          el("span", { class: "background-goal", text: item.goal || item.id }),
+          el(
+            "span",
+            { class: "background-what" },
+            el("span", { class: "background-goal", text: item.goal || item.id }),
+            el("span", {
+              class: "background-progress",
+              dataset: { testid: "background-progress" },
+              text: progress,
+              title: progress,
+            }),
+          ),
           el("span", { class: "background-elapsed", dataset: { field: "elapsed" } }),
+          this.cancelButton(item),
         ),
       );
     }
@@ -71,6 +93,39 @@ export class BackgroundStrip {
     clearInterval(this.timer);
     this.timer = this.work.length ? setInterval(() => this.tick(), 1000) : 0;
     this.tick();
+    this.scheduleRefresh();
+  }
+
+  cancelButton(item) {
+    const what = item.kind === "process" ? "command" : "task";
+    const button = el("button", {
+      type: "button",
+      class: "icon-btn background-cancel",
+      text: "✕",
+      title: `Stop this ${what}`,
+      "aria-label": `Stop this ${what}: ${item.goal || item.id}`,
+      dataset: { testid: "background-cancel" },
+    });
+    button.hidden = !this.onCancel;
+    button.addEventListener("click", async () => {
+      button.disabled = true;
+      try {
+        await this.onCancel(item.id);
+        this.work = this.work.filter((w) => w.id !== item.id);
+        this.render();
+      } catch {
+        button.disabled = false; // it can be tried again; the error was said elsewhere
+      }
+    });
+    return button;
+  }
+
+  /** While anything runs, fetch the list again in a moment: progress is written by the
+   *  server that runs it, which may not be this one. */
+  scheduleRefresh() {
+    clearTimeout(this.refresher);
+    this.refresher =
+      this.work.length && this.onRefresh ? setTimeout(() => this.onRefresh(), REFRESH_MS) : 0;
   }
 
   tick() {

@@ -5,7 +5,8 @@ Streams carry content deltas as the model writes them and, as ``event: reveille.
 
 Routes: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
 ``GET /v1/models/{id}``, ``GET /health``, the sessions routes of ``api_sessions``, with
-approvals on the approvals routes of ``api_approvals``, and the Responses API of
+approvals on the approvals routes of ``api_approvals``, running background work and its
+cancel on those of ``api_background``, and the Responses API of
 ``responses_api`` once the composition root mounts it.
 
 Approvals (``gateway.turn_approvals``): a turn waiting for one answers at once with a note
@@ -62,6 +63,7 @@ from gateway.approvals import Approvals
 from gateway.config import Platform
 from gateway.platforms.api_approvals import ApprovalRoutes
 from gateway.platforms.api_auth import ApiKeyAuth, is_keyed, same_secret
+from gateway.platforms.api_background import BackgroundRoutes
 from gateway.platforms.api_sessions import MALFORMED_SESSION_ID, SessionRoutes
 from gateway.platforms.base import BasePlatformAdapter, SendResult
 from gateway.platforms.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
@@ -222,6 +224,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         app.router.add_get("/livez", self._livez)
         app.router.add_get("/readyz", self._readyz)
         SessionRoutes(self.store, read_json=self._read_json).add_to(app.router)
+        BackgroundRoutes(self.store, keyed=is_keyed).add_to(app.router)
         if self.approvals is not None:
             ApprovalRoutes(self.approvals, read_json=self._read_json, keyed=is_keyed).add_to(
                 app.router
@@ -626,5 +629,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                 "model": self._model_name,
                 "active_runs": self.turns.active_runs,
                 "max_concurrent_runs": self.max_concurrent_runs,
+                # Background responses, in their own pool (none of max_concurrent_runs).
+                "background_runs": self.turns.background_runs,
             }
         )

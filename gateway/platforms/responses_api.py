@@ -15,6 +15,10 @@ keyless server a response is bound to the bearer token that created it (its owne
 ``previous_response_id`` naming it need that token again (or the internal key); for anyone
 else it does not exist (404). Its idempotency keys are that owner's too.
 
+A background create beyond the queue's caps (``[responses] max_queued_per_key`` for the
+key it came with, ``max_queued`` for all) is refused with 429 ``too_many_queued`` and
+``Retry-After``; nothing is stored.
+
 ``Idempotency-Key`` on the create is bound to a fingerprint of the body: a repeat answers
 with the response the first request made (a background one as it stands now); another body
 with the same key is refused (422); a non-background first attempt still running answers 409.
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,7 +36,7 @@ from typing import Any
 from aiohttp import web
 
 from delivery.responses_backend import ResponseRow
-from gateway.platforms.api_auth import may_see, owner_of
+from gateway.platforms.api_auth import bearer_token, may_see, owner_of
 from gateway.platforms.http_middleware import RETRY_AFTER_SECONDS, ApiError, open_event_stream
 from gateway.platforms.responses_wire import (
     ResponsesRequest,
@@ -41,7 +46,7 @@ from gateway.platforms.responses_wire import (
     parse_responses_body,
     sse_event,
 )
-from gateway.responses import PreviousNotUsable, ResponsesService
+from gateway.responses import PreviousNotUsable, QueueFull, ResponsesService
 
 # What the routes take from the API server they are mounted on (as its sessions and
 # approvals routes do): its JSON body reader, its model check, whether it is draining.
@@ -82,6 +87,15 @@ def _not_found(response_id: str) -> ApiError:
     return ApiError(
         404, f"No response found with id {response_id!r}", code="not_found", param="response_id"
     )
+
+
+def caller_of(request: web.Request) -> str:
+    """Whose key a request came with, for the per-key queue cap: a digest of the bearer
+    token (the key itself is never stored), or ``keyless``."""
+    token = bearer_token(request)
+    if token is None:
+        return "keyless"
+    return "key:" + hashlib.sha256(token.encode("utf-8")).hexdigest()[:24]
 
 
 class _StreamSink:
@@ -181,7 +195,16 @@ class ResponsesRoutes:
                     else None
                 ),
                 fingerprint=fingerprint,
+                caller=caller_of(request),
             )
+        except QueueFull as exc:
+            raise ApiError(
+                429,
+                str(exc),
+                type_="rate_limit_error",
+                code="too_many_queued",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            ) from None
         except PreviousNotUsable as exc:
             raise ApiError(
                 404 if exc.missing else 409,

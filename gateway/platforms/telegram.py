@@ -20,7 +20,8 @@ chat, is one session: its id is ``build_session_key`` of the chat's ``SessionSou
   model output can never break a message.
 * ``/start`` and ``/help`` answer with what the bot does; ``/new`` starts a fresh session
   for the chat (``TelegramState.chat_session``): the old one stays readable and its late
-  results still come home to it.
+  results still come home to it; ``/stop`` cancels the chat's running background work
+  (``delivery.cancel``) and says what it stopped.
 * Approvals (when the shell asks them): a command the agent wants to run is asked in the
   chat with an inline keyboard (Approve once / Deny) whose ``callback_data`` carries the
   approval's opaque id only. Only an allowed user who owns the chat (the private chat's
@@ -47,12 +48,14 @@ import contextlib
 import hashlib
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from delivery.cancel import CANCELLED, BackgroundUnit, active_units
 from gateway.approvals import Approvals
 from gateway.config import Platform
 from gateway.platforms.base import BasePlatformAdapter, MessageEvent, SendResult
@@ -66,6 +69,7 @@ from gateway.session import SessionGone, SessionSource, build_session_key, is_va
 from gateway.tasks import finish_or_cancel
 from gateway.turns import ReplayedTurn, TurnError, TurnRequest, TurnService
 from gateway.wake import WakeDeliveryError
+from tools.delegation_runtime import get_runtime
 
 __all__ = ["TelegramAdapter", "source_of_message", "telegram_session_id"]
 
@@ -113,6 +117,7 @@ HELP_TEXT = (
     "Write to me as you would to anyone. Ask for something long 'in the background' and "
     "go on talking: when the work is done, its result comes back here as a new message.\n\n"
     "/new starts a fresh conversation (the old one is kept).\n"
+    "/stop stops what this chat has running in the background.\n"
     "/help shows this again."
 )
 
@@ -302,11 +307,13 @@ class TelegramAdapter(BasePlatformAdapter):
             )
             return
         command = _command(text)
-        if command in ("start", "help", "new"):
+        if command in ("start", "help", "new", "stop"):
             # Answered by the bot itself: no turn, nothing stored.
             try:
                 if command == "new":
                     await self._new_session(source)
+                elif command == "stop":
+                    await self._stop_background(source)
                 else:
                     await self.send_text(source, HELP_TEXT)
             except TelegramError as exc:
@@ -362,6 +369,27 @@ class TelegramAdapter(BasePlatformAdapter):
             source,
             "Started a new conversation: I no longer see what we said before. The previous "
             f"one is kept (session `{old}`).",
+        )
+
+    async def _stop_background(self, source: SessionSource) -> None:
+        """``/stop``: cancel the chat's queued and running background units and say which.
+        Each one's conversation notice (one per unit) comes home like any result."""
+        session_id = await self._session_of(source)
+        who = f"{source.user_name or source.user_id} on Telegram"
+
+        def stop_all() -> list[BackgroundUnit]:
+            runtime = get_runtime()
+            units = active_units(runtime.ledger.views, time.time(), session=session_id)
+            return [u for u in units if runtime.cancel(u.id, by=who).status == CANCELLED]
+
+        stopped = await asyncio.to_thread(stop_all)
+        if not stopped:
+            await self.send_text(source, "Nothing is running in the background here.")
+            return
+        lines = [f"• {u.goal or u.id}" for u in stopped]
+        noun = "task" if len(stopped) == 1 else "tasks"
+        await self.send_text(
+            source, f"Stopped {len(stopped)} background {noun}:\n" + "\n".join(lines)
         )
 
     # ----------------------------------------------------------------- wake-ups

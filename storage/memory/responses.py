@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from delivery.notifier import LocalNotifier
 from delivery.responses_backend import ResponsesBackend
-from storage.responses_sql import DDL, ResponsesSql
+from storage.responses_sql import DDL, ResponsesSql, add_sqlite_columns
 
 __all__ = ["MemoryResponses"]
 
@@ -26,6 +26,7 @@ class MemoryResponses(ResponsesSql):
     def __init__(self) -> None:
         self._conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         self._conn.executescript(DDL)
+        add_sqlite_columns(self._conn)
         self._guard = threading.Lock()
         super().__init__(
             self._transaction, mark="?", lock="", notifier=LocalNotifier(), close=lambda: None

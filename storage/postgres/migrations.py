@@ -305,6 +305,16 @@ ALTER TABLE sessions ADD COLUMN IF NOT EXISTS system_prompt TEXT;
     ),
     Migration(
         11,
+        "responses API: who asked for each response (queued responses are capped per key)",
+        "ALTER TABLE responses ADD COLUMN IF NOT EXISTS caller TEXT",
+    ),
+    Migration(
+        12,
+        "ledger: what a running unit last reported (progress)",
+        "ALTER TABLE deliveries ADD COLUMN IF NOT EXISTS progress TEXT;",
+    ),
+    Migration(
+        13,
         "telegram: the adapter's state in the store (inbox with claims, offset, replies,"
         " chat sessions); its polling lease is a row of leases",
         """

@@ -56,7 +56,8 @@ APPLICATION_ID = 0x52564C4C  # "RVLL": marks a file as ours so we never write in
 # 2: the webhook tables (storage.sqlite.webhooks_sql), added to version-1 files on open.
 # 3: RETENTION_SCHEMA (retention); every statement is IF NOT EXISTS, so a v1 or v2 file
 # gains it on open and nothing else changes.
-SCHEMA_VERSION = 3
+# 4: ``deliveries.progress`` (what a running unit last reported), added to older files on open.
+SCHEMA_VERSION = 4
 
 _LEDGER_SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -87,7 +88,8 @@ CREATE TABLE IF NOT EXISTS deliveries (
     settled_at REAL,
     settled_reason TEXT,
     replay_from REAL,
-    restored INTEGER NOT NULL DEFAULT 0
+    restored INTEGER NOT NULL DEFAULT 0,
+    progress TEXT
 );
 CREATE INDEX IF NOT EXISTS ix_pending_due ON deliveries(due_at)
     WHERE delivery_state = 'pending';
@@ -173,6 +175,14 @@ def _params(values: dict[str, Any], cols: tuple[str, ...]) -> list[Any]:
 _FILE_ERRORS = sqlite_files.FileErrors(
     not_ours=NotALedgerError, unavailable=LedgerUnavailable, too_new=LedgerError
 )
+
+
+def _add_progress_column(conn: sqlite3.Connection) -> None:
+    """Version 4: a file written before ``progress`` existed gains the column (SQLite has no
+    ``ADD COLUMN IF NOT EXISTS``, so the table is looked at first)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(deliveries)")}
+    if columns and "progress" not in columns:
+        conn.execute("ALTER TABLE deliveries ADD COLUMN progress TEXT")
 
 
 class _SqliteTx:
@@ -286,6 +296,7 @@ class SqliteBackend:
     def _open_writer(self) -> sqlite3.Connection:
         conn = self._connect(check_owner=True)
         try:
+            _add_progress_column(conn)
             sqlite_files.stamp_schema(conn, self._file, _SCHEMA + RETENTION_SCHEMA)
         except BaseException:
             conn.close()

@@ -1,6 +1,7 @@
 """The Responses API's tables in one SQLite file (``responses.db`` beside the ledger).
 
-WAL, 0600, opened through ``storage.sqlite.files`` with its own ``user_version`` (1).
+WAL, 0600, opened through ``storage.sqlite.files`` with its own ``user_version`` (2: the
+``caller`` column, added to a version 1 file when it is opened).
 ``synchronous=FULL``: a response row is written before its work starts and must survive a
 crash. One connection, one statement at a time; every write is a ``BEGIN IMMEDIATE``
 transaction, so servers sharing the file draw event numbers one after the other. The
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from delivery.notifier import SocketDirNotifier, wake_dir_for
 from delivery.responses_backend import ResponsesBackend
-from storage.responses_sql import DDL, ResponsesSql
+from storage.responses_sql import DDL, ResponsesSql, add_sqlite_columns
 from storage.sqlite.files import (
     FileErrors,
     SqliteFile,
@@ -31,7 +32,7 @@ from storage.sqlite.files import (
 __all__ = ["ResponsesStoreError", "SqliteResponses"]
 
 _APPLICATION_ID = 0x52525350  # "RRSP"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class ResponsesStoreError(Exception):
@@ -53,6 +54,10 @@ class SqliteResponses(ResponsesSql):
         conn = connect(self.spec, check_owner=True)
         try:
             stamp_schema(conn, self.spec, DDL)
+            add_sqlite_columns(conn)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise classify(exc, self.spec, "use") from exc
         except BaseException:
             conn.close()
             raise

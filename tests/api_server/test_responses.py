@@ -88,6 +88,7 @@ async def serving(
     *,
     api_key: str = KEY,
     hook: Any = None,
+    service_options: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> AsyncIterator[tuple[ApiServerAdapter, ResponsesService]]:
     adapter = ApiServerAdapter(
@@ -101,7 +102,10 @@ async def serving(
         **kwargs,
     )
     service = ResponsesService(
-        responses_backend("sqlite", directory), adapter.turns, on_terminal=hook
+        responses_backend("sqlite", directory),
+        adapter.turns,
+        on_terminal=hook,
+        **(service_options or {}),
     )
     adapter.mount_responses(service)
     await adapter.start()
@@ -206,7 +210,7 @@ async def test_cancel_twice_stops_the_run(store, tmp_path, fake) -> None:
         second = await client.responses.cancel(created.id)
         assert first.status == second.status == "cancelled"
         # The run stopped while the upstream still had not answered.
-        await poll(lambda: adapter.turns.active_runs == 0)
+        await poll(lambda: adapter.turns.background_runs == 0)
         assert not gate.opened.is_set()
         gate.opened.set()
         assert (await client.responses.retrieve(created.id)).status == "cancelled"

@@ -133,7 +133,7 @@ def test_two_servers_on_one_postgres_answer_for_each_other(
         wait_until(lambda: upstream.second.started.is_set())
         assert client(b).responses.cancel(running.id).status == "cancelled"
         assert client(b).responses.cancel(running.id).status == "cancelled"
-        wait_until(lambda: call(a.port, "GET", "/health")[2]["active_runs"] == 0)
+        wait_until(lambda: call(a.port, "GET", "/health")[2]["background_runs"] == 0)
         assert not upstream.second.opened.is_set()  # stopped, not finished
         assert status_of(a, running.id) == "cancelled"
     finally:

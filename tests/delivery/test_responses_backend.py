@@ -13,7 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from delivery.responses_backend import Change, ResponseRow, ResponsesBackend
+from delivery.responses_backend import (
+    Change,
+    QueueCaps,
+    QueueFull,
+    ResponseRow,
+    ResponsesBackend,
+    is_storing,
+    storing_owner,
+)
+from storage.responses_sql import DDL
+from storage.sqlite.responses import SqliteResponses
 from tests.api_server.test_responses import responses_backend
 
 BACKENDS = ("sqlite", "memory", "postgres")
@@ -149,7 +159,7 @@ def test_a_write_pokes_the_subscribers(backend: ResponsesBackend) -> None:
 def test_the_sqlite_file_is_versioned(tmp_path: Path) -> None:
     responses_backend("sqlite", tmp_path).close()
     with sqlite3.connect(tmp_path / "responses.db") as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
     (tmp_path / "other.db").write_bytes(b"not a database at all" * 100)
     with pytest.raises(Exception, match="not a SQLite database"):
         from storage import sqlite_files
@@ -165,3 +175,74 @@ def test_status_counts_count_every_stored_response_by_status(backend: ResponsesB
     claim = Change("in_progress", "{}", owner="A", lease_until=500.0)
     assert backend.transition("r1", expect=("queued",), owner=None, change=claim, check_owner=False)
     assert backend.status_counts() == {"queued": 1, "in_progress": 1, "completed": 1, "failed": 1}
+
+
+def test_queued_counts_all_and_the_callers_own(backend: ResponsesBackend) -> None:
+    backend.insert(row("resp_a", caller="key:a"), [])
+    backend.insert(row("resp_b", caller="key:a"), [])
+    backend.insert(row("resp_c", caller="key:b"), [])
+    backend.insert(row("resp_d", "in_progress", caller="key:a"), [])  # running: not queued
+    assert backend.queued("key:a") == (3, 2)
+    assert backend.queued("key:z") == (3, 0)
+    found = backend.get("resp_a")
+    assert found is not None and found.caller == "key:a"
+
+
+def test_an_insert_beyond_the_queue_caps_is_refused_but_a_repeat_is_answered(
+    backend: ResponsesBackend,
+) -> None:
+    caps = QueueCaps(per_caller=2, total=3)
+    backend.insert(row("resp_a", caller="key:a", idempotency_key="client:a"), [], caps)
+    backend.insert(row("resp_b", caller="key:a"), [], caps)
+    with pytest.raises(QueueFull) as own:
+        backend.insert(row("resp_c", caller="key:a"), [], caps)
+    assert own.value.per_key and backend.get("resp_c") is None
+    again = backend.insert(row("resp_d", caller="key:a", idempotency_key="client:a"), [], caps)
+    assert again.id == "resp_a"  # the repeat of an accepted one
+    backend.insert(row("resp_e", caller="key:b"), [], caps)
+    with pytest.raises(QueueFull) as total:
+        backend.insert(row("resp_f", caller="key:c"), [], caps)
+    assert not total.value.per_key
+    backend.insert(row("resp_g", "in_progress", caller="key:c"), [], None)  # not queued: no cap
+    assert backend.queued("key:a") == (3, 2)
+
+
+def test_a_storing_run_still_appends_and_renews_and_a_cancel_by_the_old_owner_fails(
+    backend: ResponsesBackend,
+) -> None:
+    backend.insert(row("resp_a", "in_progress", owner="A", lease_until=500.0), [])
+    storing = Change("in_progress", "{}", owner=storing_owner("A"), lease_until=600.0)
+    assert backend.transition("resp_a", expect=("in_progress",), owner="A", change=storing)
+    found = backend.get("resp_a")
+    assert found is not None and is_storing(found.owner)
+    # The run is still the row's: its events and its lease go on.
+    assert backend.append_events("resp_a", "A", [("response.output_text.done", "{}")])
+    assert backend.renew("resp_a", "A", 700.0)
+    # A cancel that read the owner before the store began can no longer move the row.
+    cancel = Change("cancelled", "{}", completed_at=1.0)
+    assert not backend.transition("resp_a", expect=("in_progress",), owner="A", change=cancel)
+    done = Change("completed", "{}", completed_at=2.0)
+    assert backend.transition(
+        "resp_a", expect=("in_progress",), owner=storing_owner("A"), change=done
+    )
+
+
+def test_a_version_1_responses_file_gains_the_caller_column(tmp_path: Path) -> None:
+    path = tmp_path / "responses.db"
+    old = sqlite3.connect(path)
+    old.executescript(DDL + ";PRAGMA application_id = 1381126992;PRAGMA user_version = 1;")
+    old.execute(
+        "INSERT INTO responses (id, status, background, session_id, request, body, "
+        "created_at, updated_at) VALUES ('resp_old', 'queued', 1, 's', '{}', '{}', 1, 1)"
+    )
+    old.commit()
+    old.close()
+    store = SqliteResponses(path)
+    try:
+        assert store.queued(None) == (1, 0)
+        store.insert(row("resp_new", caller="key:a"), [])
+        assert store.queued("key:a") == (2, 1)
+    finally:
+        store.close()
+    again = SqliteResponses(path)  # opened once more: nothing left to add
+    again.close()

@@ -35,6 +35,7 @@ from delivery.session_backend import NewMessage, NewSession, SessionBackend
 from delivery.webui_state import WebUIStateBackend
 from gateway.session import SessionStore
 from gateway.wake import persist_delegation_delivery
+from storage.sqlite.ledger import SCHEMA_VERSION
 from tests.delivery._support import BACKENDS, FakeClock, delegation_event, finished_row
 from tests.pg_support import fresh_url
 from tests.sessions._support import begin, delivery, run_sync
@@ -450,7 +451,7 @@ def test_an_older_file_is_upgraded_and_switched_to_incremental_vacuum(tmp_path: 
     assert report.converted and not report.needs_conversion
     raw = sqlite3.connect(path)
     assert raw.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     raw.close()
 
 

@@ -83,3 +83,38 @@ async def test_a_failing_flush_and_a_shutdown_answer_every_waiter() -> None:
 def test_a_negative_window_is_refused() -> None:
     with pytest.raises(ValueError):
         Coalescer(Recorder().flush, window=-1, missing="held")
+
+
+async def test_a_lone_result_is_flushed_without_waiting_out_the_window() -> None:
+    """Nothing else of the session runs: no sibling can join, so an hour's window is not
+    waited (were it, this would hang instead of passing)."""
+    rec = Recorder()
+    asked: list[str] = []
+
+    def siblings(session_id: str, batch: frozenset[str]) -> bool:
+        asked.append(session_id)
+        assert batch == {"a"}  # the row of the result itself is no sibling
+        return False
+
+    batches: Coalescer[str, str] = Coalescer(
+        rec.flush, window=3600, missing="held", siblings=siblings
+    )
+    assert await batches.add("s1", "a", "a") == "done:1"
+    assert rec.batches == [("s1", ["a"])] and asked == ["s1"]
+
+
+async def test_the_window_applies_while_siblings_still_run() -> None:
+    rec = Recorder()
+    running = {"s1"}
+    batches: Coalescer[str, str] = Coalescer(
+        rec.flush, window=3600, missing="held", siblings=lambda s, batch: s in running
+    )
+    first = asyncio.create_task(batches.add("s1", "a", "a"))
+    for _ in range(20):  # the check runs on a thread: let it answer
+        await asyncio.sleep(0.01)
+    assert batches.waiting("s1") == 1 and rec.batches == []  # waiting for its sibling
+    second = asyncio.create_task(batches.add("s1", "b", "b"))
+    await asyncio.sleep(0)
+    await batches.close(0)  # shutdown: both answered, nothing flushed (the ledger re-offers)
+    assert await first == "held" and await second == "held"
+    assert rec.batches == []

@@ -13,7 +13,6 @@ from playwright.sync_api import expect
 from gateway.config import Platform
 from gateway.session import SessionSource
 from tests.stores import session_file_store
-from tests.webui.browser._support import API_KEY
 from tests.webui.browser.test_wakeup_flow import session_item
 
 HOSTILE = "<img src=x onerror=\"window.__pwned='x'\">"
@@ -82,7 +81,8 @@ def test_delivery_rows_are_drawn_by_their_kind(
     home = tmp_path / "home"
     sid = "api-deliveries"
     _seed_api_session(home, sid)
-    server = start_server(home=home, demo_delay=0.0)
+    # No API key: a password-less web UI shows other surfaces' sessions only then (api.gate).
+    server = start_server(home=home, demo_delay=0.0, env={"API_SERVER_KEY": ""})
     tab = new_tab(server.url)
     page = tab.open(f"/?session={sid}")
     # Stored untitled (before sessions were named): named after its first message now.
@@ -90,13 +90,16 @@ def test_delivery_rows_are_drawn_by_their_kind(
     expect(page.locator("#view-title")).to_have_text("run the backup")
 
     cards = page.get_by_test_id("delivery-card")
-    expect(cards).to_have_count(4)
+    expect(cards).to_have_count(3)
     answer = page.locator("[data-testid=delivery-card][data-display-kind=approval_turn_result]")
     expect(answer.locator("[data-field=title]")).to_have_text("Answer after approval")
     expect(answer.locator("[data-field=command]")).to_have_text("tar czf /tmp/b.tgz .")
     expect(answer.locator("[data-field=text]")).to_contain_text(f"backup done {HOSTILE}")
-    expired = page.locator("[data-testid=delivery-card][data-display-kind=approval_expired]")
-    expect(expired.locator("[data-field=title]")).to_have_text("Approval expired")
+    # An expired approval is drawn as its approval card, settled (as the live one turns).
+    expired = page.locator("[data-testid=approval-card][data-approval-id=ap_2]")
+    expect(expired).to_have_attribute("data-status", "expired")
+    expect(expired.locator(".approval-command")).to_have_text("rm -rf /tmp/x")
+    expect(expired.locator(".approval-outcome")).to_contain_text("Expired")
     timer = page.locator("[data-testid=delivery-card][data-display-kind=scheduled_wakeup]")
     expect(timer.locator("[data-field=title]")).to_have_text("Scheduled wake-up")
     expect(timer.locator("[data-field=text]")).to_have_text(
@@ -117,7 +120,8 @@ def test_delivery_rows_are_drawn_by_their_kind(
 
 
 def test_api_session_title_badge_timestamps_and_copy(start_server, new_tab, shots) -> None:
-    server = start_server(demo_delay=0.0)
+    # No API key: a password-less web UI shows other surfaces' sessions only then (api.gate).
+    server = start_server(demo_delay=0.0, env={"API_SERVER_KEY": ""})
     request = urllib.request.Request(
         f"http://127.0.0.1:{server.api_port()}/v1/chat/completions",
         data=json.dumps(
@@ -126,7 +130,7 @@ def test_api_session_title_badge_timestamps_and_copy(start_server, new_tab, shot
                 "messages": [{"role": "user", "content": "Plan the <b>release</b>\nsecond line"}],
             }
         ).encode(),
-        headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+        headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=30) as resp:
         sid = resp.headers["X-Hermes-Session-Id"]
