@@ -20,9 +20,8 @@ from delivery.telegram_backend import (
 )
 from storage.sqlite.telegram import TelegramStateError
 
-__all__ = ["LEGACY_FILE", "read_legacy_file"]
+__all__ = ["read_legacy_file"]
 
-LEGACY_FILE = "telegram.db"
 _APPLICATION_ID = 0x5254_4731  # "RTG1"
 
 
