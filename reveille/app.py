@@ -40,6 +40,7 @@ from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
 from delivery.peers import ServerRecord
 from delivery.retention import RetentionScheduler, RetentionStores
+from delivery.telegram_backend import TelegramBackend
 from delivery.webui_state import WebUIStateBackend
 from gateway.approvals import ApprovalListener, ApprovalRecord, Approvals
 from gateway.compaction import Compactor, provider_summariser
@@ -60,7 +61,7 @@ from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
 from reveille.telegram_app import telegram_surfaces
 from storage import Storage
-from storage.opener import StorageUrlError
+from storage.opener import LEGACY_TELEGRAM_FILE, StorageUrlError
 from tools.background_processes import PROCESSES_DIR
 from tools.completion_queue import CompletionQueue
 from tools.delegate_tool import DelegationLimits
@@ -225,6 +226,12 @@ async def serve(
         # Built before the API server starts (Telegram's webhook adds a route to it),
         # started once it listens.
         webui_state = await asyncio.to_thread(location.open_webui) if settings.webui_port else None
+        telegram_state = None
+        if settings.telegram_bot_token:
+            # An old telegram.db in the state directory is moved into the store first.
+            legacy = settings.home / LEGACY_TELEGRAM_FILE
+            telegram_state = await asyncio.to_thread(location.open_telegram, legacy_file=legacy)
+            stack.push_async_callback(asyncio.to_thread, telegram_state.close)
         surfaces = build_surfaces(
             settings,
             store,
@@ -237,6 +244,7 @@ async def serve(
             reuse_port=reuse_port,
             connection_limits=limits,
             on_approval_requested=requested,
+            telegram_state=telegram_state,
         )
         await adapter.start()
         # Said once the server listens: a start that fails says only why it failed.
@@ -422,6 +430,7 @@ def build_surfaces(
     reuse_port: bool = False,
     connection_limits: ConnectionLimits | None = None,
     on_approval_requested: ApprovalListener | None = None,
+    telegram_state: TelegramBackend | None = None,
 ) -> list[Surface]:
     """The other front ends of this process (web UI, Telegram), each with its delivery
     target registered on the runner."""
@@ -445,7 +454,9 @@ def build_surfaces(
             if settings.shell_asks
             else None
         )
-        for chat in telegram_surfaces(settings, store, agent, adapter, metrics, approvals=asks):
+        for chat in telegram_surfaces(
+            settings, store, agent, adapter, metrics, state=telegram_state, approvals=asks
+        ):
             runner.register_target(
                 chat.platform, PushTarget(chat, wake_text_budget=settings.wake_text_budget)
             )

@@ -33,11 +33,12 @@ from typing import Any
 
 from delivery.ledger import Ledger
 from delivery.state_dir import ensure_private_dir
-from gateway.platforms.telegram_state import STATE_FILE as TELEGRAM_FILE
 from reveille.backup_check import MissingUnit, missing_units, record_lost
 from reveille.settings import load_settings
 from storage.opener import (
+    CHATS_FILE,
     LEDGER_FILE,
+    LEGACY_TELEGRAM_FILE,
     RESPONSES_FILE,
     SESSIONS_FILE,
     WEBUI_FILE,
@@ -48,9 +49,17 @@ from tools.background_processes import PROCESSES_DIR
 
 __all__ = ["STORE_FILES", "add_parsers", "backup", "pg_dump_advice", "restore"]
 
-STORE_FILES = (LEDGER_FILE, SESSIONS_FILE, WEBUI_FILE, RESPONSES_FILE, TELEGRAM_FILE)
-# With PostgreSQL only these stay in the state directory.
-LOCAL_FILES = (TELEGRAM_FILE,)
+STORE_FILES = (
+    LEDGER_FILE,
+    SESSIONS_FILE,
+    WEBUI_FILE,
+    RESPONSES_FILE,
+    CHATS_FILE,
+    LEGACY_TELEGRAM_FILE,
+)
+# With PostgreSQL only these stay in the state directory: an old Telegram file the first
+# start has not moved into the database yet.
+LOCAL_FILES = (LEGACY_TELEGRAM_FILE,)
 
 
 class BackupError(Exception):
@@ -185,6 +194,8 @@ def _restore_into(source: Path, home: Path, names: list[str], *, repair: bool) -
         storage.open_webui().close()
     if RESPONSES_FILE in names:
         storage.open_responses().close()
+    if CHATS_FILE in names:
+        storage.open_telegram().close()
     restored = list(names)
     if (source / PROCESSES_DIR).is_dir():
         restored.append(PROCESSES_DIR + "/")

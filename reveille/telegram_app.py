@@ -2,9 +2,9 @@
 
 Kept apart from ``reveille.app`` so that the root only says *that* Telegram is wired, and
 this module *how*: its own ``TurnService`` of ``Platform.TELEGRAM`` (the same turn code as
-the API server) over the agent the root built for it, the Bot API client, the durable
-state file ``telegram.db`` under the state directory, and (webhook mode) the webhook route on
-the API server's port.
+the API server) over the agent the root built for it, the Bot API client, its durable state
+in the store (the ``TelegramBackend`` the root opened: shared by every server on the store),
+and (webhook mode) the webhook route on the API server's port.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from agent import Agent
+from delivery.telegram_backend import TelegramBackend
 from gateway.approvals import Approvals
 from gateway.compaction import Compactor, provider_summariser
 from gateway.config import Platform
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.platforms.telegram import TelegramAdapter
 from gateway.platforms.telegram_api import TelegramApi
-from gateway.platforms.telegram_state import STATE_FILE, TelegramState
+from gateway.platforms.telegram_state import TelegramState
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
 from reveille.settings import Settings
@@ -37,12 +38,13 @@ def telegram_surfaces(
     api_server: ApiServerAdapter,
     metrics: Any = None,
     *,
+    state: TelegramBackend | None = None,
     approvals: Approvals | None = None,
 ) -> list[TelegramAdapter]:
-    """The Telegram adapter when a bot token is configured, else nothing. With
+    """The Telegram adapter over ``state`` when a bot token is configured, else nothing. With
     ``approvals`` its turns ask them (an inline keyboard in the chat), holding the session
     while one is pending."""
-    if not settings.telegram_bot_token:
+    if not settings.telegram_bot_token or state is None:
         return []
     turns = TurnService(
         store,
@@ -61,7 +63,7 @@ def telegram_surfaces(
     adapter = TelegramAdapter(
         api=TelegramApi(settings.telegram_bot_token, base_url=settings.telegram_base_url),
         turns=turns,
-        state=TelegramState(settings.home / STATE_FILE),
+        state=TelegramState(state),
         allowed_users=settings.telegram_allowed_user_ids,
         webhook_url=settings.telegram_webhook_url,
         secret_token=settings.telegram_secret_token,

@@ -15,8 +15,9 @@ a storage dialect.
 The returned ``Storage`` opens the backends: ``open_ledger()`` (a ``LedgerStore``: the
 ledger's work and views), ``open_sessions()`` (a ``SessionBackend``) and ``open_webui()``
 (a ``WebUIStateBackend``), ``open_webhooks()`` (a ``WebhookBackend``, in the ledger's
-file or database) and ``open_responses()`` (a ``ResponsesBackend``, ``responses.db`` with
-SQLite); keyword options
+file or database), ``open_responses()`` (a ``ResponsesBackend``, ``responses.db`` with
+SQLite) and ``open_telegram()`` (a ``TelegramBackend``, ``chats.db`` with SQLite; an old
+``telegram.db`` it is given is absorbed once and renamed ``telegram.db.migrated``); keyword options
 tune one dialect's backend (pool sizes, batch limits, a test clock) and are passed through
 as given.
 ``sqlite_files(ledger=..., sessions=...)`` describes SQLite files at paths of the caller's
@@ -26,6 +27,8 @@ a state directory's files at one point of the ledger's history (`reveille backup
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +40,7 @@ from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
 from delivery.session_backend import SessionBackend
 from delivery.state_dir import ensure_private_dir
+from delivery.telegram_backend import TelegramBackend
 from delivery.webhooks_backend import WebhookBackend
 from delivery.webui_state import WebUIStateBackend
 
@@ -51,12 +55,16 @@ __all__ = [
     "sqlite_files",
 ]
 
+logger = logging.getLogger(__name__)
+
 Dialect = Literal["sqlite", "postgres", "memory"]
 
 LEDGER_FILE = "ledger.db"
 SESSIONS_FILE = "sessions.db"
 WEBUI_FILE = "webui.db"
 RESPONSES_FILE = "responses.db"
+CHATS_FILE = "chats.db"  # the chat platforms' state (Telegram's inbox, offset, replies)
+LEGACY_TELEGRAM_FILE = "telegram.db"  # where Telegram's state lived before: absorbed once
 
 
 class StorageUrlError(ValueError):
@@ -72,6 +80,7 @@ class Storage:
     sessions_path: Path | None = None
     webui_path: Path | None = None
     responses_path: Path | None = None
+    chats_path: Path | None = None
     database_url: str | None = None
     # PostgreSQL: the schema the migrations were applied to (or checked in).
     schema: str | None = None
@@ -156,6 +165,7 @@ class Storage:
             (self.sessions_path, "session store"),
             (self.webui_path, "web UI state"),
             (self.responses_path, "responses store"),
+            (self.chats_path, "chat platforms' state"),
         )
         return [
             reclaim_file(path, name, convert=convert)
@@ -179,6 +189,52 @@ class Storage:
         if self.responses_path is None:
             raise StorageUrlError("this storage names no responses file")
         return SqliteResponses(self.responses_path)
+
+    def open_telegram(self, *, legacy_file: Path | None = None) -> TelegramBackend:
+        """The Telegram adapter's state (``delivery.telegram_backend``): ``chats.db`` (SQLite)
+        or tables in the database. ``legacy_file``, an old ``telegram.db``, is absorbed
+        into it when it exists and then renamed ``telegram.db.migrated`` (absorbing keeps
+        what the store has, so two servers starting at once may both do it)."""
+        backend: TelegramBackend
+        if self.dialect == "postgres":
+            from storage.postgres.telegram import PostgresTelegram
+
+            assert self.database_url is not None
+            backend = PostgresTelegram(self.database_url)
+        elif self.dialect == "memory":
+            from storage.memory.telegram import MemoryTelegram
+
+            backend = MemoryTelegram()
+        else:
+            from storage.sqlite.telegram import SqliteTelegram
+
+            if self.chats_path is None:
+                raise StorageUrlError("this storage names no chat platforms' state file")
+            backend = SqliteTelegram(self.chats_path)
+        if legacy_file is not None and legacy_file.is_file():
+            try:
+                _absorb_legacy_telegram(backend, legacy_file)
+            except BaseException:
+                backend.close()
+                raise
+        return backend
+
+
+def _absorb_legacy_telegram(backend: TelegramBackend, path: Path) -> None:
+    from storage.sqlite.telegram_legacy import read_legacy_file
+
+    dump = read_legacy_file(path)
+    backend.absorb(dump)
+    # Gone already: another server starting at the same time absorbed and renamed it.
+    with contextlib.suppress(FileNotFoundError):
+        path.rename(path.with_name(path.name + ".migrated"))
+    logger.info(
+        "Telegram: %s moved into the store (%d updates, %d chats); kept as %s.migrated",
+        path,
+        len(dump.inbox),
+        len(dump.chats),
+        path.name,
+    )
 
 
 def open_storage(url: str, *, migrate: bool = True) -> Storage:
@@ -219,6 +275,7 @@ def open_storage(url: str, *, migrate: bool = True) -> Storage:
         sessions_path=home / SESSIONS_FILE,
         webui_path=home / WEBUI_FILE,
         responses_path=home / RESPONSES_FILE,
+        chats_path=home / CHATS_FILE,
     )
 
 
@@ -228,6 +285,7 @@ def sqlite_files(
     sessions: str | os.PathLike[str] | None = None,
     webui: str | os.PathLike[str] | None = None,
     responses: str | os.PathLike[str] | None = None,
+    chats: str | os.PathLike[str] | None = None,
 ) -> Storage:
     """SQLite stores in files the caller names (created on open, parents 0700)."""
     return Storage(
@@ -236,6 +294,7 @@ def sqlite_files(
         sessions_path=Path(sessions) if sessions is not None else None,
         webui_path=Path(webui) if webui is not None else None,
         responses_path=Path(responses) if responses is not None else None,
+        chats_path=Path(chats) if chats is not None else None,
     )
 
 

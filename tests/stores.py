@@ -13,6 +13,7 @@ from typing import Any
 import storage
 from delivery.backend import LedgerBackend
 from delivery.session_backend import SessionBackend
+from delivery.telegram_backend import TelegramBackend
 from delivery.webui_state import WebUIStateBackend
 from gateway.session import SessionStore
 
@@ -57,3 +58,15 @@ def webui_state(kind: str, directory: PathLike) -> WebUIStateBackend:
     from tests.pg_support import fresh_url
 
     return storage.open_storage(fresh_url()).open_webui()
+
+
+def telegram_backend(kind: str, directory: PathLike) -> TelegramBackend:
+    """The Telegram state on ``kind`` ("sqlite": ``chats.db`` in ``directory``, "memory",
+    "postgres")."""
+    if kind == "sqlite":
+        return storage.sqlite_files(chats=Path(directory) / "chats.db").open_telegram()
+    if kind == "memory":
+        return storage.open_storage("memory://telegram").open_telegram()
+    from tests.pg_support import fresh_url
+
+    return storage.open_storage(fresh_url()).open_telegram()

@@ -19,7 +19,7 @@ chat, is one session: its id is ``build_session_key`` of the chat's ``SessionSou
   always well-formed; a piece Telegram still cannot parse is sent again as plain text), so
   model output can never break a message.
 * ``/start`` and ``/help`` answer with what the bot does; ``/new`` starts a fresh session
-  for the chat (``TelegramState.chat_sessions``): the old one stays readable and its late
+  for the chat (``TelegramState.chat_session``): the old one stays readable and its late
   results still come home to it; ``/stop`` cancels the chat's running background work
   (``delivery.cancel``) and says what it stopped.
 * Approvals (when the shell asks them): a command the agent wants to run is asked in the
@@ -62,7 +62,7 @@ from gateway.platforms.base import BasePlatformAdapter, MessageEvent, SendResult
 from gateway.platforms.telegram_api import TelegramApi, TelegramError, thread_params
 from gateway.platforms.telegram_approvals import ApprovalKeyboard
 from gateway.platforms.telegram_format import split_message, to_html
-from gateway.platforms.telegram_intake import LongPoller, webhook_handler
+from gateway.platforms.telegram_intake import LongPoller, SharedIntake, webhook_handler
 from gateway.platforms.telegram_state import TelegramState
 from gateway.platforms.telegram_updates import BadField, telegram_id
 from gateway.session import SessionGone, SessionSource, build_session_key, is_valid_session_id
@@ -176,6 +176,7 @@ class TelegramAdapter(BasePlatformAdapter):
         self._chat_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._poll_task: asyncio.Task[None] | None = None
+        self._in_hand: set[int] = set()  # updates dispatched and not yet answered
         self.ignored_updates = 0
         # The chat each running turn's session answers in: where its approvals are asked.
         self._sources: dict[str, SessionSource] = {}
@@ -201,8 +202,9 @@ class TelegramAdapter(BasePlatformAdapter):
             )
         else:
             logger.info("Telegram: allowed users: %s", ", ".join(sorted(self.allowed_users)))
-        # Updates a previous run took but did not answer come first.
-        for update_id, update in await asyncio.to_thread(self.state.unanswered, self.bot):
+        await asyncio.to_thread(self.state.prune)
+        # Updates a previous run (or a dead server) took but did not answer come first.
+        for update_id, update in await asyncio.to_thread(self.state.claim_orphans, self.bot):
             self._dispatch(update_id, update)
         self._poll_task = asyncio.create_task(self._intake(), name="telegram-intake")
 
@@ -217,11 +219,14 @@ class TelegramAdapter(BasePlatformAdapter):
                 },
             )
             logger.info("Telegram: webhook mode at %s", self.webhook_url)
+            await SharedIntake(self.state, self.bot, self._dispatch, in_hand=self._in_hand).run()
             return
         # Polling and a webhook exclude each other; updates queued meanwhile are kept.
         await self._retrying("deleteWebhook", {"drop_pending_updates": False})
-        logger.info("Telegram: polling for updates (bot %s)", self.bot)
-        await self.poller.run()
+        # Polls only while it holds the polling lease (one server of those sharing the bot).
+        await SharedIntake(
+            self.state, self.bot, self._dispatch, self.poller, in_hand=self._in_hand
+        ).run()
 
     async def _retrying(self, method: str, params: dict[str, Any]) -> Any:
         delay = 1.0
@@ -239,6 +244,9 @@ class TelegramAdapter(BasePlatformAdapter):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._poll_task
             self._poll_task = None
+        # Handed over at once: a server standing by polls from its next tick.
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.state.release_poll_lease, self.bot)
         await finish_or_cancel(self._tasks, grace_seconds)
         await self.turns.drain(grace_seconds)
         await self.api.close()
@@ -246,9 +254,14 @@ class TelegramAdapter(BasePlatformAdapter):
     # ----------------------------------------------------------------- user updates
 
     def _dispatch(self, update_id: int, update: dict[str, Any]) -> None:
+        if update_id in self._in_hand:
+            return  # handed out twice (the intake and a takeover): answered once
+        self._in_hand.add(update_id)
         task = asyncio.create_task(self._process_update(update_id, update))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # Once it is marked answered (or left to a takeover, when cancelled).
+        task.add_done_callback(lambda _: self._in_hand.discard(update_id))
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._chat_locks.get(session_id)

@@ -7,6 +7,11 @@ with a growing backoff, never a crash loop; a 409 (another poller on the same to
 webhook set) is logged once, plainly as what it is, and its repeats at DEBUG until a poll
 succeeds again (two servers on one token otherwise log an ERROR every few seconds).
 
+Several servers on one store (``SharedIntake``): only the holder of the polling lease runs
+the ``getUpdates`` loop, the others stand by and take over when the lease lapses or its
+holder is proved dead; every server keeps its claims on the updates it answers alive and
+takes over the updates of a server that died (its claims lapsed), webhook mode included.
+
 Webhook: Telegram POSTs each update to ``webhook_url`` with the ``secret_token`` given to
 ``setWebhook`` in ``X-Telegram-Bot-Api-Secret-Token``; the handler compares it in constant
 time on every request (401 otherwise), stores the update in the inbox and only then answers
@@ -16,9 +21,10 @@ time on every request (401 otherwise), stores the update in the inbox and only t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from aiohttp import web
@@ -33,7 +39,7 @@ from gateway.platforms.telegram_updates import (
     update_id_of,
 )
 
-__all__ = ["SECRET_HEADER", "LongPoller", "webhook_handler"]
+__all__ = ["SECRET_HEADER", "LongPoller", "SharedIntake", "webhook_handler"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +148,89 @@ class LongPoller:
             # The request outlives the long poll it asks for.
             http_timeout=self.timeout + 15.0,
         )
+
+
+class SharedIntake:
+    """This server's share of the intake of one bot; ``run()`` until cancelled.
+
+    Every ``lease_seconds / 3``: renew this server's claims, take over orphaned updates
+    (their holder died) and dispatch them, and, with a ``poller``, take or renew the
+    polling lease: the poller runs only while it is held (it is stopped when another
+    server took the lease over, so two of them never poll at once for long).
+    """
+
+    def __init__(
+        self,
+        state: TelegramState,
+        bot: str,
+        dispatch: Dispatch,
+        poller: LongPoller | None = None,
+        *,
+        in_hand: Collection[int] = (),
+    ) -> None:
+        self.state = state
+        self.bot = bot
+        self.dispatch = dispatch
+        self.poller = poller
+        self.in_hand = in_hand  # the updates this server is answering now (read, never changed)
+        self.polling = False
+
+    async def run(self) -> None:
+        poll: asyncio.Task[None] | None = None
+        standing_by = False
+        try:
+            while True:
+                reached = True
+                try:
+                    await self._tick()
+                    held = self.poller is not None and await asyncio.to_thread(
+                        self.state.hold_poll_lease, self.bot
+                    )
+                except Exception:
+                    # The store is out of reach: poll no more (another server may take the
+                    # lease meanwhile) and try again at the next tick.
+                    logger.exception("Telegram: could not reach the shared state")
+                    held = reached = False
+                if poll is not None and poll.done():
+                    failed = None if poll.cancelled() else poll.exception()
+                    if failed is not None:
+                        logger.error("Telegram: polling stopped (%r); starting again", failed)
+                    poll = None
+                if held and poll is None:
+                    assert self.poller is not None
+                    logger.info("Telegram: polling for updates (bot %s)", self.bot)
+                    poll = asyncio.create_task(self.poller.run(), name="telegram-poll")
+                    standing_by = False
+                elif not held and poll is not None:
+                    await _cancel(poll)
+                    poll = None
+                if self.poller is not None and reached and not held and not standing_by:
+                    standing_by = True
+                    logger.info(
+                        "Telegram: another server polls bot %s; standing by to take over",
+                        self.bot,
+                    )
+                self.polling = poll is not None
+                await asyncio.sleep(self.state.lease_seconds / 3)
+        finally:
+            if poll is not None:
+                await _cancel(poll)
+            self.polling = False
+
+    async def _tick(self) -> None:
+        await asyncio.to_thread(self.state.renew, self.bot)
+        in_hand = frozenset(self.in_hand)  # a copy: the thread must not see it change
+        for update_id, update in await asyncio.to_thread(
+            self.state.claim_orphans, self.bot, in_hand
+        ):
+            logger.info("Telegram: update %s taken over (its server is gone)", update_id)
+            self.dispatch(update_id, update)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
 
 
 def webhook_handler(

@@ -313,6 +313,45 @@ ALTER TABLE sessions ADD COLUMN IF NOT EXISTS system_prompt TEXT;
         "ledger: what a running unit last reported (progress)",
         "ALTER TABLE deliveries ADD COLUMN IF NOT EXISTS progress TEXT;",
     ),
+    Migration(
+        13,
+        "telegram: the adapter's state in the store (inbox with claims, offset, replies,"
+        " chat sessions); its polling lease is a row of leases",
+        """
+CREATE TABLE IF NOT EXISTS telegram_offsets (
+    bot TEXT PRIMARY KEY,
+    next_offset BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS telegram_inbox (
+    bot TEXT NOT NULL,
+    update_id BIGINT NOT NULL,
+    payload TEXT NOT NULL,
+    received_at DOUBLE PRECISION NOT NULL,
+    answered_at DOUBLE PRECISION,
+    holder TEXT,
+    claimed_until DOUBLE PRECISION NOT NULL DEFAULT 0,
+    PRIMARY KEY (bot, update_id)
+);
+CREATE INDEX IF NOT EXISTS ix_telegram_inbox_open ON telegram_inbox (bot, update_id)
+    WHERE answered_at IS NULL;
+CREATE TABLE IF NOT EXISTS telegram_reply_parts (
+    reply_key TEXT NOT NULL,
+    part INTEGER NOT NULL,
+    chat_id TEXT NOT NULL,
+    message_id BIGINT NOT NULL,
+    PRIMARY KEY (reply_key, part)
+);
+CREATE TABLE IF NOT EXISTS telegram_replies_done (
+    reply_key TEXT PRIMARY KEY,
+    done_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
+    chat_key TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    started_at DOUBLE PRECISION NOT NULL
+);
+""",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -2,7 +2,8 @@
 
 It speaks the Bot API's JSON (``{"ok": true, "result": ...}`` and ``{"ok": false,
 "error_code", "description", "parameters": {"retry_after"}}``) at ``/bot<token>/<method>``
-for getMe, getUpdates (long polling with ``offset`` confirmation), sendMessage,
+for getMe, getUpdates (long polling with ``offset`` confirmation; the older of two
+concurrent polls is answered 409 Conflict, as Telegram does), sendMessage,
 editMessageText ("message is not modified" like the real one), sendChatAction,
 deleteWebhook, setWebhook and answerCallbackQuery. Like the real one it keeps each
 message's inline keyboard (``reply_markup``; an edit without one takes it away), turns a
@@ -110,6 +111,10 @@ class FakeBotApi:
         self.hold_sends = threading.Event()
         self.discard_held = False
         self.held = 0
+        # getUpdates calls so far; a call still waiting when a newer one comes is answered
+        # 409 (counted in ``conflicts``), as Telegram answers two pollers of one token.
+        self._polls = 0
+        self.conflicts = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -263,8 +268,19 @@ class FakeBotApi:
         offset = params.get("offset")
         # Capped short, so that stopping the fake never waits for a long poll.
         deadline = time.monotonic() + min(float(params.get("timeout") or 0), 1.0)
+        with self._lock:
+            self._polls += 1
+            mine = self._polls
         while True:
             with self._lock:
+                if self._polls != mine:
+                    # Like Telegram: a newer getUpdates ends the older one still waiting.
+                    self.conflicts += 1
+                    return self._error(
+                        409,
+                        "Conflict: terminated by other getUpdates request; make sure that "
+                        "only one bot instance is running",
+                    )
                 if isinstance(offset, int):
                     # Like Telegram: an offset confirms every update before it.
                     kept = [u for u in self.updates if self._true_id(u) >= offset]

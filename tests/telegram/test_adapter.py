@@ -20,7 +20,7 @@ from gateway.session import SessionGone, SessionSource, SessionStore
 from gateway.turns import TurnService
 from gateway.wake import WakeDeliveryError, deliver_wake
 from tests.api_server.serve_support import wait_until
-from tests.stores import memory_sessions
+from tests.stores import memory_sessions, telegram_backend
 from tests.telegram.fake_bot_api import FakeBotApi
 
 
@@ -62,7 +62,7 @@ async def setup(tmp_path: Path) -> AsyncIterator[tuple[TelegramAdapter, FakeBotA
     adapter = TelegramAdapter(
         api=TelegramApi(bot.token, base_url=bot.base_url),
         turns=turns,
-        state=TelegramState(tmp_path / "telegram.db"),
+        state=TelegramState(telegram_backend("sqlite", tmp_path)),
         allowed_users=frozenset({"42"}),
         edit_interval=0.01,
         poll_timeout=1,
@@ -279,3 +279,26 @@ async def test_an_update_with_a_bad_field_is_skipped_with_one_warning(setup, cap
     warnings = [r for r in caplog.records if "skipped" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
     assert not [r for r in caplog.records if r.exc_info]  # no traceback
+
+
+async def test_an_update_stored_but_never_handed_out_is_answered_at_the_next_tick(setup):
+    """The intake was cancelled between storing an update (claimed by this server) and
+    handing it out, e.g. when the polling lease was lost mid-poll: the claim keeps anyone
+    else off it, so this server hands it out itself, once."""
+    adapter, bot, model = setup
+    update = {
+        "update_id": 5000,
+        "message": {
+            "message_id": 1,
+            "date": 1,
+            "text": "stranded",
+            "chat": {"id": 42, "type": "private"},
+            "from": {"id": 42, "is_bot": False, "first_name": "u"},
+        },
+    }
+    await asyncio.to_thread(adapter.state.take_updates, adapter.bot, [update], move_offset=False)
+    await until(lambda: bot.texts_to(42), timeout=15)
+    await asyncio.sleep(2.5)  # another tick: not handed out again
+    assert model.turns == ["stranded"]
+    assert len(bot.texts_to(42)) == 1
+    assert adapter.state.backend.unanswered(adapter.bot) == []

@@ -23,7 +23,7 @@ from gateway.platforms.telegram_state import TelegramState
 from gateway.session import SessionSource, SessionStore
 from gateway.turns import TurnService
 from tests.api_server.serve_support import wait_until
-from tests.stores import session_file_store
+from tests.stores import session_file_store, telegram_backend
 from tests.telegram.fake_bot_api import FakeBotApi
 
 
@@ -74,7 +74,7 @@ async def chat(tmp_path: Path) -> AsyncIterator[Chat]:
     adapter = TelegramAdapter(
         api=TelegramApi(bot.token, base_url=bot.base_url),
         turns=turns,
-        state=TelegramState(tmp_path / "telegram.db"),
+        state=TelegramState(telegram_backend("sqlite", tmp_path)),
         allowed_users=frozenset({"42", "43"}),
         edit_interval=0.01,
         poll_timeout=1,

@@ -15,6 +15,7 @@ from gateway.platforms.telegram_format import escape, split_message, utf16_len
 from gateway.platforms.telegram_intake import SECRET_HEADER, webhook_handler
 from gateway.platforms.telegram_state import TelegramState
 from reveille.settings import SettingsError, load_settings
+from tests.stores import telegram_backend
 from tests.telegram.fake_bot_api import FakeBotApi
 
 # ----------------------------------------------------------------- formatting
@@ -107,16 +108,24 @@ async def test_client_reads_the_bot_api_error_shape():
 # ----------------------------------------------------------------- state
 
 
+def _state(directory: Path) -> TelegramState:
+    return TelegramState(telegram_backend("sqlite", directory))
+
+
+def _unanswered(state: TelegramState) -> list[int]:
+    return [u.update_id for u in state.backend.unanswered("b")]
+
+
 def test_updates_and_offset_move_together(tmp_path: Path):
-    state = TelegramState(tmp_path / "telegram.db")
+    state = _state(tmp_path)
     updates = [{"update_id": 7, "message": {}}, {"update_id": 5, "message": {}}]
     assert [u for u, _ in state.take_updates("b", updates)] == [5, 7]
     assert state.next_offset("b") == 8
     assert state.take_updates("b", updates) == []  # handed out twice: taken once
     state.mark_answered("b", 5)
     state.close()
-    again = TelegramState(tmp_path / "telegram.db")
-    assert [u for u, _ in again.unanswered("b")] == [7]
+    again = _state(tmp_path)
+    assert _unanswered(again) == [7]
     again.record_part("k", 0, "1", 99)
     assert again.reply_parts("k") == {0: 99}
     assert not again.reply_finished("k")
@@ -129,7 +138,7 @@ def test_updates_and_offset_move_together(tmp_path: Path):
 
 
 async def test_webhook_checks_the_secret_and_stores_the_update(tmp_path: Path):
-    state = TelegramState(tmp_path / "telegram.db")
+    state = _state(tmp_path)
     seen: list[int] = []
     app = web.Application()
     app.router.add_post("/hook", webhook_handler(state, "b", "s3cret", lambda u, _: seen.append(u)))
@@ -145,7 +154,7 @@ async def test_webhook_checks_the_secret_and_stores_the_update(tmp_path: Path):
             )
             assert resp.status == 200
     assert seen == [11]
-    assert [u for u, _ in state.unanswered("b")] == [11]
+    assert _unanswered(state) == [11]
     state.close()
 
 
@@ -156,7 +165,7 @@ async def test_webhook_skips_updates_with_impossible_ids_and_records_them_once(
     one and holds every later update back behind it), logged once, and not stored; a huge
     id used to fail the inbox write with a 500."""
     caplog.set_level("WARNING", logger="gateway.platforms.telegram_intake")
-    state = TelegramState(tmp_path / "telegram.db")
+    state = _state(tmp_path)
     seen: list[int] = []
     app = web.Application()
     app.router.add_post("/hook", webhook_handler(state, "b", "s3cret", lambda u, _: seen.append(u)))
@@ -175,13 +184,13 @@ async def test_webhook_skips_updates_with_impossible_ids_and_records_them_once(
         resp = await client.post("/hook", data=json.dumps(good), headers={SECRET_HEADER: "s3cret"})
         assert resp.status == 200
     assert seen == [13]
-    assert [u for u, _ in state.unanswered("b")] == [13]
+    assert _unanswered(state) == [13]
     assert len([r for r in caplog.records if "skipped" in r.getMessage()]) == len(bad)
     state.close()
 
 
 def test_take_updates_leaves_out_ids_the_inbox_cannot_hold(tmp_path: Path):
-    state = TelegramState(tmp_path / "telegram.db")
+    state = _state(tmp_path)
     updates = [{"update_id": 2**63}, {"update_id": -3}, {"update_id": 9}, {"update_id": "10"}]
     assert [u for u, _ in state.take_updates("b", updates)] == [9]
     assert state.next_offset("b") == 10
@@ -189,7 +198,7 @@ def test_take_updates_leaves_out_ids_the_inbox_cannot_hold(tmp_path: Path):
 
 
 async def test_a_malformed_secret_header_is_a_401_never_a_500(tmp_path: Path):
-    state = TelegramState(tmp_path / "telegram.db")
+    state = _state(tmp_path)
     app = web.Application()
     app.router.add_post("/hook", webhook_handler(state, "b", "s3cret", lambda u, _: None))
     server = TestServer(app)
@@ -216,7 +225,7 @@ async def test_a_malformed_secret_header_is_a_401_never_a_500(tmp_path: Path):
             status_line = await asyncio.wait_for(reader.readline(), 5)
             writer.close()
             assert int(status_line.split()[1]) in (400, 401), (header, status_line)
-        assert state.unanswered("b") == []
+        assert _unanswered(state) == []
     finally:
         await server.close()
         state.close()
@@ -224,7 +233,7 @@ async def test_a_malformed_secret_header_is_a_401_never_a_500(tmp_path: Path):
 
 def test_webhook_mode_refuses_to_start_without_a_secret(tmp_path: Path):
     with pytest.raises(ValueError):
-        webhook_handler(TelegramState(tmp_path / "t.db"), "b", "", lambda u, _: None)
+        webhook_handler(_state(tmp_path), "b", "", lambda u, _: None)
     env = {
         "REVEILLE_HOME": str(tmp_path),
         "TELEGRAM_BOT_TOKEN": "1:x",
@@ -259,7 +268,7 @@ async def test_a_deeply_nested_webhook_update_is_skipped_with_one_warning(
     skipped (answered, so Telegram does not hold later updates behind it), logged once
     however often it comes, never stored, and the next update is taken."""
     caplog.set_level("WARNING")
-    state = TelegramState(tmp_path / "telegram.db")
+    state = _state(tmp_path)
     seen: list[int] = []
     app = web.Application()
     app.router.add_post("/hook", webhook_handler(state, "b", "s3cret", lambda u, _: seen.append(u)))
@@ -309,7 +318,7 @@ async def test_a_409_conflict_is_logged_once_with_its_cause_then_at_debug(
     caplog.set_level("DEBUG", logger="gateway.platforms.telegram_intake")
     bot = FakeBotApi().start()
     api = TelegramApi(bot.token, base_url=bot.base_url)
-    state = TelegramState(tmp_path / "telegram.db")
+    state = _state(tmp_path)
     conflict = "Conflict: terminated by other getUpdates request"
     for _ in range(6):
         bot.fail("getUpdates", 409, conflict)
@@ -340,3 +349,95 @@ async def test_a_409_conflict_is_logged_once_with_its_cause_then_at_debug(
     assert all("another process polls this bot token" in r.getMessage() for r in loud)
     assert all(conflict in r.getMessage() for r in loud)
     assert len(conflicts) == 8  # the others are still there, at DEBUG
+
+
+async def test_the_fake_answers_the_older_of_two_concurrent_polls_with_409():
+    """As Telegram does with two pollers of one token (what the polling lease prevents)."""
+    bot = FakeBotApi().start()
+    older = TelegramApi(bot.token, base_url=bot.base_url)
+    newer = TelegramApi(bot.token, base_url=bot.base_url)
+    try:
+        first = asyncio.create_task(older.call("getUpdates", {"timeout": 1}))
+        while not bot.calls_of("getUpdates"):
+            await asyncio.sleep(0.01)
+        assert await newer.call("getUpdates", {"timeout": 0}) == []
+        with pytest.raises(TelegramError) as info:
+            await first
+        assert info.value.error_code == 409 and bot.conflicts == 1
+    finally:
+        await older.close()
+        await newer.close()
+        bot.stop()
+
+
+# ----------------------------------------------------------------- the polling lease
+
+
+async def test_one_of_two_intakes_polls_and_the_other_takes_over_when_its_lease_lapses(
+    tmp_path: Path,
+):
+    """Two servers' intakes on one store (here one ``chats.db``): only the lease holder
+    polls; when it stops without a word (its lease is not released), the other polls once
+    the lease lapsed, from the offset the first left, and no update is handed out twice."""
+    from gateway.platforms.telegram_intake import LongPoller, SharedIntake
+
+    bot = FakeBotApi().start()
+    apis = [TelegramApi(bot.token, base_url=bot.base_url) for _ in range(2)]
+    states = [
+        TelegramState(
+            telegram_backend("sqlite", tmp_path), holder=f"h{i}|b|{i}|{i}", lease_seconds=0.6
+        )
+        for i in range(2)
+    ]
+    seen: list[list[int]] = [[], []]
+
+    def answer(i: int, update_id: int) -> None:  # as the adapter does, once answered
+        seen[i].append(update_id)
+        states[i].mark_answered(apis[i].bot_id, update_id)
+
+    intakes = [
+        SharedIntake(
+            states[i],
+            apis[i].bot_id,
+            lambda u, _, i=i: answer(i, u),
+            LongPoller(apis[i], states[i], lambda u, _, i=i: answer(i, u), timeout=1),
+        )
+        for i in range(2)
+    ]
+
+    async def until(check) -> None:
+        for _ in range(500):
+            if check():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("condition not met in time")
+
+    first = asyncio.create_task(intakes[0].run())
+    second = None
+    try:
+        await until(lambda: intakes[0].polling)
+        second = asyncio.create_task(intakes[1].run())
+        await asyncio.sleep(0.8)  # more than a lease: renewed by the first all along
+        assert not intakes[1].polling
+        before = bot.message("to the first")
+        await until(lambda: seen[0] == [before])
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await until(lambda: intakes[1].polling)
+        after = bot.message("to the second")
+        await until(lambda: seen[1] == [after])
+        await asyncio.sleep(0.3)
+        assert seen == [[before], [after]]
+        assert bot.conflicts <= 1  # at most the first's poll cut off by the takeover
+    finally:
+        for task in (first, second):
+            if task is not None and not task.done():
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+        for api in apis:
+            await api.close()
+        for state in states:
+            state.close()
+        bot.stop()
