@@ -8,6 +8,7 @@ except ``sql_insert_messages``, whose few shapes are cached.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 # v2 added the tombstones table, v3 running_turns and approvals, v4 compaction's columns of
 # messages (seen_at, archived_at, summary_id), v5 RETENTION_DDL (the indexes retention reads
@@ -132,7 +133,6 @@ CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
     INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
 END;
 """
-SQL_SEARCH_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'messages_fts'"
 SQL_SEARCH_BACKFILL = "INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')"
 # \x02 and \x03 mark the matched words (``delivery.session_backend.SNIPPET_START``/_END).
 SQL_SEARCH = (
@@ -143,7 +143,7 @@ SQL_SEARCH = (
 )
 
 
-def fts_query(terms: tuple[str, ...] | list[str]) -> str:
+def fts_query(terms: Sequence[str]) -> str:
     """An FTS5 query in which every term must start a word: each a quoted prefix (terms are
     letters and digits only, ``search_terms``, so none can close its quotes)."""
     return " ".join(f'"{term}"*' for term in terms)
