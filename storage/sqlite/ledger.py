@@ -47,7 +47,7 @@ from storage.sql import (
     settled_page,
 )
 from storage.sqlite import files as sqlite_files
-from storage.sqlite.sessions_sql import fts_query
+from storage.sqlite.fts import TextIndex, fts_query
 from storage.sqlite.webhooks_sql import WEBHOOK_DDL
 from storage.sqlite.writer import GroupCommitWriter
 
@@ -59,7 +59,7 @@ APPLICATION_ID = 0x52564C4C  # "RVLL": marks a file as ours so we never write in
 # 3: RETENTION_SCHEMA (retention); every statement is IF NOT EXISTS, so a v1 or v2 file
 # gains it on open and nothing else changes.
 # 4: ``deliveries.progress`` (what a running unit last reported), added to older files on open.
-# 5: ``deliveries_fts`` (GOAL_SEARCH_SCHEMA), built with the rows already there on open.
+# 5: ``deliveries_fts`` (GOALS_INDEX), built with the rows already there on open.
 SCHEMA_VERSION = 5
 
 _LEDGER_SCHEMA = """
@@ -145,27 +145,10 @@ CREATE TABLE IF NOT EXISTS leases (
 );
 """
 
-# v5: an FTS5 index over the goals (``RowQuery.text``), external content (the goal is kept
-# once, in deliveries), kept in step by triggers in the same transaction as every write of a
-# row: its insert, retention's delete and any change of its goal. An older file gets it, with
-# the rows already there, on open (``sqlite_files.add_once``). It keys on deliveries' rowid,
-# which VACUUM keeps (its transfer copies rowids as they are).
-GOAL_SEARCH_SCHEMA = """
-CREATE VIRTUAL TABLE deliveries_fts USING fts5(
-    goal, content = 'deliveries', tokenize = 'unicode61'
-);
-CREATE TRIGGER deliveries_fts_insert AFTER INSERT ON deliveries BEGIN
-    INSERT INTO deliveries_fts (rowid, goal) VALUES (new.rowid, new.goal);
-END;
-CREATE TRIGGER deliveries_fts_delete AFTER DELETE ON deliveries BEGIN
-    INSERT INTO deliveries_fts (deliveries_fts, rowid, goal) VALUES ('delete', old.rowid, old.goal);
-END;
-CREATE TRIGGER deliveries_fts_update AFTER UPDATE OF goal ON deliveries BEGIN
-    INSERT INTO deliveries_fts (deliveries_fts, rowid, goal) VALUES ('delete', old.rowid, old.goal);
-    INSERT INTO deliveries_fts (rowid, goal) VALUES (new.rowid, new.goal);
-END;
-"""
-_GOAL_SEARCH_FILL = "INSERT INTO deliveries_fts (deliveries_fts) VALUES ('rebuild')"
+# v5: an FTS5 index over the goals (``RowQuery.text``; ``storage.sqlite.fts``), kept in
+# step by triggers in the same transaction as every write of a row (its insert, retention's
+# delete, a change of its goal), built with the rows already there when an older file opens.
+GOALS_INDEX = TextIndex("deliveries_fts", "deliveries", "goal")
 GOAL_SEARCH = GoalSearch(
     "rowid IN (SELECT rowid FROM deliveries_fts WHERE deliveries_fts MATCH ?)", fts_query
 )
@@ -326,9 +309,7 @@ class SqliteBackend:
         try:
             _add_progress_column(conn)
             sqlite_files.stamp_schema(conn, self._file, _SCHEMA + RETENTION_SCHEMA)
-            sqlite_files.add_once(
-                conn, self._file, "deliveries_fts", GOAL_SEARCH_SCHEMA, _GOAL_SEARCH_FILL
-            )
+            GOALS_INDEX.add_to(conn, self._file)
         except BaseException:
             conn.close()
             raise

@@ -40,13 +40,14 @@ from delivery.session_backend import (
 from storage import compaction as compacting
 from storage import running_turns as turns
 from storage.sqlite import files as sqlite_files
+from storage.sqlite.fts import fts_query
 from storage.sqlite.reader import GroupReader
 from storage.sqlite.sessions_sql import (
     DDL,
+    MESSAGES_INDEX,
     REQUIRED_COLUMNS,
     RETENTION_DDL,
     SCHEMA_VERSION,
-    SEARCH_DDL,
     SQL_DELETE_SESSION,
     SQL_FOLD,
     SQL_IDEM,
@@ -65,7 +66,6 @@ from storage.sqlite.sessions_sql import (
     SQL_PRUNE_IDEM,
     SQL_PRUNE_TOMBSTONES,
     SQL_SEARCH,
-    SQL_SEARCH_BACKFILL,
     SQL_SESSION,
     SQL_SESSION_BY_KEY,
     SQL_SESSION_EXISTS,
@@ -82,7 +82,6 @@ from storage.sqlite.sessions_sql import (
     SQL_UNFOLDED_BY_DEDUPE,
     SQL_UNTOMBSTONE,
     UPGRADE_COLUMNS,
-    fts_query,
     sql_insert_messages,
 )
 from storage.sqlite.writer import GroupCommitWriter
@@ -222,9 +221,9 @@ def _add_columns(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> Non
 
 
 def _add_search(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> None:
-    """Give an older file its full-text index (``SEARCH_DDL``) with every message already
-    there indexed, once."""
-    sqlite_files.add_once(conn, spec, "messages_fts", SEARCH_DDL, SQL_SEARCH_BACKFILL)
+    """Give an older file its full-text index (``MESSAGES_INDEX``) with every message
+    already there indexed, once."""
+    MESSAGES_INDEX.add_to(conn, spec)
 
 
 def _not_ours(msg: str) -> SessionStoreError:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-import storage
 from delivery.ledger import Ledger
 from delivery.rows import RowQuery
 from delivery.session_backend import holds_terms, search_terms
@@ -199,12 +198,20 @@ def test_sqlite_searches_through_its_fts_index(tmp_path: Path) -> None:
     assert "SEARCH deliveries USING INTEGER PRIMARY KEY (rowid=?)" in plan, plan
 
 
-def test_an_older_sqlite_ledger_is_indexed_on_open(tmp_path: Path, clock: FakeClock) -> None:
+def _open(path: Path, clock: FakeClock) -> Ledger:
+    return Ledger(sqlite_ledger(path), clock=clock, monotonic=clock.monotonic)
+
+
+def _filled_file(tmp_path: Path, clock: FakeClock, newer: int) -> Path:
     path = tmp_path / "ledger.db"
-    location = storage.sqlite_files(ledger=path)
-    ledger = Ledger(location.open_ledger(), clock=clock, monotonic=clock.monotonic)
-    _fill(ledger, 20)
+    ledger = _open(path, clock)
+    _fill(ledger, newer)
     ledger.close()
+    return path
+
+
+def test_an_older_sqlite_ledger_is_indexed_on_open(tmp_path: Path, clock: FakeClock) -> None:
+    path = _filled_file(tmp_path, clock, 20)
     # As a version-4 build left it: the rows, no text index, no triggers.
     raw = sqlite3.connect(path, isolation_level=None)
     raw.executescript(
@@ -219,7 +226,7 @@ def test_an_older_sqlite_ledger_is_indexed_on_open(tmp_path: Path, clock: FakeCl
     )
     raw.close()
 
-    ledger = Ledger(location.open_ledger(), clock=clock, monotonic=clock.monotonic)
+    ledger = _open(path, clock)
     try:
         assert _ids(ledger, "backup") == ["deleg_old"]
         assert _ids(ledger, "version 4") == ["deleg_v4"]
@@ -236,21 +243,21 @@ def test_an_older_sqlite_ledger_is_indexed_on_open(tmp_path: Path, clock: FakeCl
 def test_the_index_follows_deletes_goal_changes_and_vacuum(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    path = tmp_path / "ledger.db"
-    location = storage.sqlite_files(ledger=path)
-    ledger = Ledger(location.open_ledger(), clock=clock, monotonic=clock.monotonic)
-    _fill(ledger, 50)
-    ledger.close()
+    path = _filled_file(tmp_path, clock, 50)
     raw = sqlite3.connect(path, isolation_level=None)
     raw.execute("DELETE FROM deliveries WHERE id LIKE 'deleg_newer000%' OR id = 'proc_none'")
     raw.execute("UPDATE deliveries SET goal = 'weekly restore' WHERE id = 'deleg_mail'")
     raw.execute("UPDATE deliveries SET goal = NULL WHERE id = 'deleg_under'")
     raw.execute("UPDATE deliveries SET goal = 'was empty' WHERE id = 'deleg_newer0010'")
+    _fts_intact(path)
+    # VACUUM (``reveille prune`` converting an old file) must keep deliveries' rowids, gaps
+    # and all, or the index would point at other rows.
+    rowids = raw.execute("SELECT rowid, id FROM deliveries ORDER BY rowid").fetchall()
+    raw.execute("VACUUM")
+    assert raw.execute("SELECT rowid, id FROM deliveries ORDER BY rowid").fetchall() == rowids
     raw.close()
     _fts_intact(path)
-    location.reclaim_space(convert=True)  # VACUUM: deliveries' rowids must stay as they were
-    _fts_intact(path)
-    ledger = Ledger(location.open_ledger(), clock=clock, monotonic=clock.monotonic)
+    ledger = _open(path, clock)
     try:
         assert _ids(ledger, "backup") == ["deleg_old"]
         assert _ids(ledger, "weekly") == ["deleg_mail"] and _ids(ledger, "quarterly") == []
