@@ -1,10 +1,11 @@
 """The Deliveries page's operations over the ledger: list, redeliver, drop; and a session's
 unfinished background work (the chat's progress strip).
 
-A search finds a row anywhere in the ledger by what an index holds: its id (the primary
-key) or its session (the routing key and the API and web UI origin ids, each indexed); the
-words of a goal, which no index holds, are matched among the newest rows only. A web UI
-restricted to its own sessions (``api.gate``) lists no row of another surface's session.
+A search finds a row anywhere in the ledger, each way through an index: by its id (the
+primary key), its session (the routing key and the API and web UI origin ids), or the words
+of its goal (``RowQuery.text``: every word the start of a word of the goal, "back" finds
+"nightly backup"). A web UI restricted to its own sessions (``api.gate``) lists no row of
+another surface's session.
 
 The same ledger calls as the operator's CLI (``reveille deliveries``): ``Ledger.query``,
 ``Ledger.redeliver`` (a dropped row goes back to pending with a fresh budget) and
@@ -67,25 +68,19 @@ def list_deliveries(
     """The rows the page lists, newest first (see the module docstring for the search)."""
     ledger = _ledger()
     needle = q.strip()
-    newest = ledger.query(RowQuery(delivery_state=state, limit=limit))
     if needle:
-        rows = {row.id: row for row in _indexed_matches(ledger, state, needle, limit)}
-        lower = needle.lower()
-        for row in newest:
-            shown = _view(ledger, row)
-            if any(lower in str(shown.get(k) or "").lower() for k in _TEXT_FIELDS):
-                rows.setdefault(row.id, row)
-        newest = sorted(rows.values(), key=lambda r: (r.created_at or 0, r.id), reverse=True)
+        found = {row.id: row for row in _indexed_matches(ledger, state, needle, limit)}
+        rows = sorted(found.values(), key=lambda r: (r.created_at or 0, r.id), reverse=True)
+    else:
+        rows = ledger.query(RowQuery(delivery_state=state, limit=limit))
     if webui_only:
-        newest = [row for row in newest if _of_webui(row)]
-    return [_view(ledger, row) for row in newest[:limit]]
-
-
-_TEXT_FIELDS = ("id", "summary", "session_id")
+        rows = [row for row in rows if _of_webui(row)]
+    return [_view(ledger, row) for row in rows[:limit]]
 
 
 def _indexed_matches(ledger: Ledger, state: str | None, needle: str, limit: int) -> list[LedgerRow]:
-    """Rows whose id or session is ``needle``, from the whole ledger, through its indexes."""
+    """Rows whose id or session is ``needle``, or whose goal holds its words, from the whole
+    ledger, through its indexes."""
     found: list[LedgerRow] = []
     try:
         row = ledger.get(needle)
@@ -94,6 +89,7 @@ def _indexed_matches(ledger: Ledger, state: str | None, needle: str, limit: int)
     if row is not None and (state is None or row.delivery_state == state):
         found.append(row)
     found.extend(ledger.query(RowQuery(delivery_state=state, session=needle, limit=limit)))
+    found.extend(ledger.query(RowQuery(delivery_state=state, text=needle, limit=limit)))
     return found
 
 

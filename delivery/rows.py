@@ -14,6 +14,8 @@ import datetime as dt
 from dataclasses import dataclass, fields
 from typing import Any
 
+from delivery.session_backend import search_terms
+
 __all__ = ["LedgerRow", "PendingCounts", "PrunedRow", "RowQuery", "SettledRow"]
 
 
@@ -65,7 +67,12 @@ FIELDS: tuple[str, ...] = tuple(f.name for f in fields(LedgerRow))
 @dataclass(frozen=True, slots=True)
 class RowQuery:
     """What an operator's ledger query asks for: rows matching every filter given, newest
-    first unless ``oldest_first``; ``session`` matches a routing key or either origin id."""
+    first unless ``oldest_first``; ``session`` matches a routing key or either origin id.
+
+    ``text``: words that must all start a word of the goal ("back" finds "nightly backup"),
+    matched through each backend's text index over the whole ledger. It is what a person
+    typed: only its words count (``terms``), never a quote or an operator, so no input can
+    be a syntax error; text without a word matches no row."""
 
     state: str | None = None
     delivery_state: str | None = None
@@ -73,6 +80,13 @@ class RowQuery:
     kind: str | None = None
     limit: int = 100
     oldest_first: bool = False
+    text: str | None = None
+
+    @property
+    def terms(self) -> tuple[str, ...] | None:
+        """The words of ``text`` as every backend matches them (lower-cased, letters and
+        digits, at most ``delivery.session_backend.MAX_SEARCH_TERMS``); None without text."""
+        return None if self.text is None else search_terms(self.text)
 
 
 @dataclass(frozen=True, slots=True)

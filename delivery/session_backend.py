@@ -61,6 +61,7 @@ __all__ = [
     "TurnLease",
     "TurnStart",
     "encode_json",
+    "holds_terms",
     "mark_snippet",
     "search_terms",
 ]
@@ -349,14 +350,20 @@ def search_terms(text: str) -> tuple[str, ...]:
     return tuple(found[:MAX_SEARCH_TERMS])
 
 
+def holds_terms(text: str, terms: Sequence[str]) -> bool:
+    """Whether every term starts a word of ``text`` (how the memory backends match)."""
+    lowered = [word.lower() for word in _WORD.findall(text)]
+    return all(any(w.startswith(t) for w in lowered) for t in terms)
+
+
 def mark_snippet(text: str, terms: Sequence[str]) -> str | None:
     """A few words of ``text`` around its first word that starts with a term, each such
     word between ``SNIPPET_START`` and ``SNIPPET_END``; None unless every term starts a word
     of it (what the memory backend matches by; the SQL backends have their own)."""
     words = [(m.start(), m.end()) for m in _WORD.finditer(text)]
-    lowered = [text[a:b].lower() for a, b in words]
-    if not all(any(w.startswith(t) for w in lowered) for t in terms):
+    if not holds_terms(text, terms):
         return None
+    lowered = [text[a:b].lower() for a, b in words]
     hits = [i for i, w in enumerate(lowered) if any(w.startswith(t) for t in terms)]
     first = max(0, hits[0] - _SNIPPET_WORDS // 3)
     last = min(len(words), first + _SNIPPET_WORDS)

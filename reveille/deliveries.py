@@ -42,6 +42,12 @@ def add_parser(subparsers: Any) -> None:
     )
     ls.add_argument("--session", help="session key, API session id or web UI session id")
     ls.add_argument("--kind", choices=["delegation", "process"], help="kind of work")
+    ls.add_argument(
+        "--search",
+        metavar="WORDS",
+        help='rows whose goal holds every word, each as the start of a word ("back" finds'
+        ' "nightly backup"); the whole ledger, through its text index',
+    )
     ls.add_argument("--limit", type=int, default=50, help="at most this many rows (50)")
     ls.add_argument("--json", action="store_true", help="JSON lines instead of a table")
 
@@ -224,6 +230,7 @@ def _act(ledger: Ledger, args: argparse.Namespace) -> int:
                 session=args.session,
                 kind=args.kind,
                 limit=args.limit,
+                text=args.search,
             )
         )
         if args.json:

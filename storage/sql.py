@@ -4,7 +4,8 @@ placeholder mark (``?`` or ``%s``).
 - ``UpdateCompiler``: the compare-and-set ``UPDATE`` of ``LedgerTx.update``; its statement
   depends only on the columns and the value types, so it is compiled once per shape and the
   hot path only binds values.
-- ``query_filter``: the ``WHERE`` clause of the operators' ledger queries (a ``RowQuery``).
+- ``query_filter``: the ``WHERE`` clause of the operators' ledger queries (a ``RowQuery``);
+  a dialect says how its text index matches a goal's words (``GoalSearch``).
 - ``dump_json`` / ``decode_row`` / ``decode_columns``: a stored row's JSON columns, both
   ways; a whole row becomes a ``LedgerRow``, a few columns (inside an operation) a dict.
 """
@@ -12,7 +13,8 @@ placeholder mark (``?`` or ``%s``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from delivery.backend import (
@@ -28,6 +30,7 @@ from delivery.rows import LedgerRow, PendingCounts, RowQuery
 
 __all__ = [
     "PENDING_COUNTS",
+    "GoalSearch",
     "Statement",
     "UpdateCompiler",
     "decode_columns",
@@ -132,10 +135,20 @@ class UpdateCompiler:
         return sql, tuple(json_at), tuple(increment_at), tuple(bind)
 
 
-def query_filter(mark: str, query: RowQuery) -> tuple[str, list[Any]]:
+@dataclass(frozen=True, slots=True)
+class GoalSearch:
+    """How a dialect finds the rows whose goal holds words, through its text index:
+    ``condition`` is SQL with one placeholder, bound to ``query(terms)`` (the words,
+    ``RowQuery.terms``, as that index's query text: each a prefix, all required)."""
+
+    condition: str
+    query: Callable[[Sequence[str]], str]
+
+
+def query_filter(mark: str, query: RowQuery, search: GoalSearch) -> tuple[str, list[Any]]:
     """The ``WHERE`` clause (empty when nothing filters) and its parameters of a
     ``LedgerViews.query`` in SQL whose placeholder is ``mark`` (``?`` or ``%s``); a session
-    matches its routing key and either origin id."""
+    matches its routing key and either origin id; text matches by the dialect's ``search``."""
     where: list[str] = []
     params: list[Any] = []
     filters = (
@@ -152,6 +165,13 @@ def query_filter(mark: str, query: RowQuery) -> tuple[str, list[Any]]:
             f"(session_key = {mark} OR origin_session_id = {mark} OR origin_ui_session_id = {mark})"
         )
         params.extend([query.session] * 3)
+    terms = query.terms
+    if terms is not None:
+        if terms:
+            where.append(search.condition)
+            params.append(search.query(terms))
+        else:
+            where.append("1 = 0")  # text without a word matches no row
     return (" WHERE " + " AND ".join(where) if where else ""), params
 
 

@@ -33,6 +33,7 @@ from delivery.errors import DuplicateDeliveryError, LedgerUnavailable
 from delivery.notifier import LocalNotifier
 from delivery.peers import ServerRecord
 from delivery.rows import LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
+from delivery.session_backend import holds_terms
 from delivery.write_future import WriteFuture
 
 T = TypeVar("T")
@@ -272,10 +273,15 @@ class MemoryBackend:
             if v is not None
         ]
         session = query.session
+        terms = query.terms
+        if terms is not None and not terms:
+            return []  # text without a word matches no row
 
         def where(r: dict[str, Any]) -> bool:
             if any(r[c] != v for c, v in filters):
                 return False
+            if terms and not holds_terms(r["goal"] or "", terms):
+                return False  # a scan: what the SQL backends' text indexes answer
             return session is None or session in (
                 r["session_key"],
                 r["origin_session_id"],

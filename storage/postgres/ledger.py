@@ -52,6 +52,7 @@ from storage.sql import (
     PENDING_COUNTS,
     SETTLED,
     TOMBSTONE_COLUMNS,
+    GoalSearch,
     decode_row,
     pending_counts,
     query_filter,
@@ -63,6 +64,8 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 _SETTLED = SETTLED.format(p="%(before)s")
+# A goal's words through the GIN index of migration 13 (``RowQuery.text``)
+_GOAL_SEARCH = GoalSearch(sql.LEDGER_GOAL_MATCH, sql.tsquery)
 # One statement: the rows go, their audit entries with them, and each leaves a tombstone.
 _SQL_PRUNE = f"""
 WITH gone AS (
@@ -341,7 +344,7 @@ class PostgresBackend:
         return rows[0] if rows else None
 
     def query(self, query: RowQuery) -> list[LedgerRow]:
-        where, params = query_filter("%s", query)
+        where, params = query_filter("%s", query, _GOAL_SEARCH)
         text = sql.LEDGER_SELECT + where
         text += f" ORDER BY seq {'ASC' if query.oldest_first else 'DESC'} LIMIT %s"
         params.append(max(int(query.limit), 0))

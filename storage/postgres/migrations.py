@@ -18,6 +18,7 @@ import psycopg
 
 from delivery.errors import LedgerError
 from storage.postgres.conn import PostgresUnavailable, connect, explain
+from storage.postgres.sql import GOAL_WORDS
 from storage.responses_sql import DDL as RESPONSES_DDL
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SchemaTooNew", "migrate", "status"]
@@ -351,6 +352,15 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
     started_at DOUBLE PRECISION NOT NULL
 );
 """,
+    ),
+    Migration(
+        14,
+        "ledger: a GIN index over the words of each goal (the deliveries page's search)",
+        # An expression index: the rows already there are indexed by this statement, later
+        # writes by PostgreSQL itself; ``storage.postgres.sql.GOAL_WORDS`` is the expression
+        # every search repeats, so it must not change without a migration of its own.
+        "CREATE INDEX IF NOT EXISTS ix_deliveries_goal_words ON deliveries"
+        f" USING GIN ({GOAL_WORDS});",
     ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version

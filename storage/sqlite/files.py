@@ -37,6 +37,12 @@ synchronous="FULL", foreign_keys=True)``
     set) and ``user_version`` in one ``BEGIN IMMEDIATE`` transaction, so two processes
     creating the same new file cannot interleave.
 
+``add_once(conn, spec, table, script, fill) -> None``
+    Gives an older file a table its schema gained later (with the triggers that keep it,
+    ``script``) and fills it from the rows already there (``fill``), in one transaction
+    that looks again first: two processes opening the same older file build it once. A
+    file that has ``table`` takes no write lock (the usual case).
+
 ``reclaim(spec, *, convert=False) -> SpaceReport``
     Gives the pages freed by deletes back to the file system: ``PRAGMA incremental_vacuum``
     and a truncating checkpoint of the log. A file made before incremental vacuum was set up
@@ -255,3 +261,38 @@ def stamp_schema(conn: sqlite3.Connection, spec: SqliteFile, ddl: str) -> None:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise classify(exc, spec) from exc
+
+
+_TABLE_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+
+
+def add_once(
+    conn: sqlite3.Connection, spec: SqliteFile, table: str, script: str, fill: str
+) -> None:
+    """Create ``table`` by ``script`` and run ``fill``, once (see the module docstring)."""
+    try:
+        if conn.execute(_TABLE_EXISTS, (table,)).fetchone() is not None:
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        if conn.execute(_TABLE_EXISTS, (table,)).fetchone() is None:
+            for statement in statements(script):
+                conn.execute(statement)
+            conn.execute(fill)
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise classify(exc, spec) from exc
+
+
+def statements(script: str) -> list[str]:
+    """A script's statements, a trigger's body (``BEGIN ... END;``) kept whole."""
+    out: list[str] = []
+    current = ""
+    for piece in script.split(";"):
+        current += piece + ";"
+        if sqlite3.complete_statement(current):
+            if current.strip(" \n;"):
+                out.append(current.strip())
+            current = ""
+    return out

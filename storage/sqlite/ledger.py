@@ -37,6 +37,7 @@ from storage.sql import (
     PENDING_COUNTS,
     SETTLED,
     TOMBSTONE_COLUMNS,
+    GoalSearch,
     UpdateCompiler,
     decode_columns,
     decode_row,
@@ -46,6 +47,7 @@ from storage.sql import (
     settled_page,
 )
 from storage.sqlite import files as sqlite_files
+from storage.sqlite.fts import TextIndex, fts_query
 from storage.sqlite.webhooks_sql import WEBHOOK_DDL
 from storage.sqlite.writer import GroupCommitWriter
 
@@ -57,7 +59,8 @@ APPLICATION_ID = 0x52564C4C  # "RVLL": marks a file as ours so we never write in
 # 3: RETENTION_SCHEMA (retention); every statement is IF NOT EXISTS, so a v1 or v2 file
 # gains it on open and nothing else changes.
 # 4: ``deliveries.progress`` (what a running unit last reported), added to older files on open.
-SCHEMA_VERSION = 4
+# 5: ``deliveries_fts`` (GOALS_INDEX), built with the rows already there on open.
+SCHEMA_VERSION = 5
 
 _LEDGER_SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -141,6 +144,14 @@ CREATE TABLE IF NOT EXISTS leases (
     expires_at REAL NOT NULL
 );
 """
+
+# v5: an FTS5 index over the goals (``RowQuery.text``; ``storage.sqlite.fts``), kept in
+# step by triggers in the same transaction as every write of a row (its insert, retention's
+# delete, a change of its goal), built with the rows already there when an older file opens.
+GOALS_INDEX = TextIndex("deliveries_fts", "deliveries", "goal")
+GOAL_SEARCH = GoalSearch(
+    "rowid IN (SELECT rowid FROM deliveries_fts WHERE deliveries_fts MATCH ?)", fts_query
+)
 
 _SETTLED = SETTLED.format(p="?")
 _PRUNE_PICK = "id IN (SELECT value FROM json_each(?))"
@@ -298,6 +309,7 @@ class SqliteBackend:
         try:
             _add_progress_column(conn)
             sqlite_files.stamp_schema(conn, self._file, _SCHEMA + RETENTION_SCHEMA)
+            GOALS_INDEX.add_to(conn, self._file)
         except BaseException:
             conn.close()
             raise
@@ -357,7 +369,7 @@ class SqliteBackend:
         return rows[0] if rows else None
 
     def query(self, query: RowQuery) -> list[LedgerRow]:
-        where, params = query_filter("?", query)
+        where, params = query_filter("?", query, GOAL_SEARCH)
         # rowid is the order rows were written in: no index on created_at needed
         sql = f"{_SELECT}{where} ORDER BY rowid {'ASC' if query.oldest_first else 'DESC'} LIMIT ?"
         params.append(int(query.limit))

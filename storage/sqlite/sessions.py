@@ -40,13 +40,14 @@ from delivery.session_backend import (
 from storage import compaction as compacting
 from storage import running_turns as turns
 from storage.sqlite import files as sqlite_files
+from storage.sqlite.fts import fts_query
 from storage.sqlite.reader import GroupReader
 from storage.sqlite.sessions_sql import (
     DDL,
+    MESSAGES_INDEX,
     REQUIRED_COLUMNS,
     RETENTION_DDL,
     SCHEMA_VERSION,
-    SEARCH_DDL,
     SQL_DELETE_SESSION,
     SQL_FOLD,
     SQL_IDEM,
@@ -65,8 +66,6 @@ from storage.sqlite.sessions_sql import (
     SQL_PRUNE_IDEM,
     SQL_PRUNE_TOMBSTONES,
     SQL_SEARCH,
-    SQL_SEARCH_BACKFILL,
-    SQL_SEARCH_EXISTS,
     SQL_SESSION,
     SQL_SESSION_BY_KEY,
     SQL_SESSION_EXISTS,
@@ -83,7 +82,6 @@ from storage.sqlite.sessions_sql import (
     SQL_UNFOLDED_BY_DEDUPE,
     SQL_UNTOMBSTONE,
     UPGRADE_COLUMNS,
-    fts_query,
     sql_insert_messages,
 )
 from storage.sqlite.writer import GroupCommitWriter
@@ -223,35 +221,9 @@ def _add_columns(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> Non
 
 
 def _add_search(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> None:
-    """Give the file its full-text index (``SEARCH_DDL``) with every message already there
-    indexed, in one transaction that looks again first: two processes opening an older
-    file at once build it once."""
-    try:
-        if conn.execute(SQL_SEARCH_EXISTS).fetchone() is not None:
-            return  # the usual case: no write lock taken to find it there
-        conn.execute("BEGIN IMMEDIATE")
-        if conn.execute(SQL_SEARCH_EXISTS).fetchone() is None:
-            for statement in _statements(SEARCH_DDL):
-                conn.execute(statement)
-            conn.execute(SQL_SEARCH_BACKFILL)
-        conn.execute("COMMIT")
-    except sqlite3.Error as exc:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise sqlite_files.classify(exc, spec) from exc
-
-
-def _statements(script: str) -> list[str]:
-    """A script's statements, a trigger's body (``BEGIN ... END;``) kept whole."""
-    out: list[str] = []
-    current = ""
-    for piece in script.split(";"):
-        current += piece + ";"
-        if sqlite3.complete_statement(current):
-            if current.strip(" \n;"):
-                out.append(current.strip())
-            current = ""
-    return out
+    """Give an older file its full-text index (``MESSAGES_INDEX``) with every message
+    already there indexed, once."""
+    MESSAGES_INDEX.add_to(conn, spec)
 
 
 def _not_ours(msg: str) -> SessionStoreError:

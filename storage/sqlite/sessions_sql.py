@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import functools
 
+from storage.sqlite.fts import TextIndex
+
 # v2 added the tombstones table, v3 running_turns and approvals, v4 compaction's columns of
 # messages (seen_at, archived_at, summary_id), v5 RETENTION_DDL (the indexes retention reads
-# by age), v6 SEARCH_DDL (full-text search over messages) and sessions.system_prompt. A file
+# by age), v6 MESSAGES_INDEX (full-text search over messages) and sessions.system_prompt. A file
 # written by a newer build is refused rather than silently misread; an older file gains the
 # tables (and ``UPGRADE_COLUMNS``) on open.
 SCHEMA_VERSION = 6
@@ -113,27 +115,11 @@ CREATE INDEX IF NOT EXISTS idx_idempotency_done ON idempotency (updated_at) WHER
 CREATE INDEX IF NOT EXISTS idx_tombstones_deleted ON tombstones (deleted_at)
 """
 
-# v6 (search): an FTS5 index over messages' text, external content (the text is kept once,
-# in messages), kept in step by triggers in the same transaction as every insert, delete
-# (a session's, by cascade, and retention's) and edit. Created with the rows already there
-# indexed (``SQL_SEARCH_BACKFILL``), once, by whichever process opens the file first.
-SEARCH_DDL = """
-CREATE VIRTUAL TABLE messages_fts USING fts5(
-    content, content = 'messages', content_rowid = 'id', tokenize = 'unicode61'
-);
-CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
-    INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
-END;
-CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
-    INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
-END;
-CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
-    INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
-    INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
-END;
-"""
-SQL_SEARCH_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'messages_fts'"
-SQL_SEARCH_BACKFILL = "INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')"
+# v6 (search): an FTS5 index over messages' text (``storage.sqlite.fts``), kept in step by
+# triggers in the same transaction as every insert, delete (a session's, by cascade, and
+# retention's) and edit, and built with the rows already there by whichever process opens
+# an older file first.
+MESSAGES_INDEX = TextIndex("messages_fts", "messages", "content", key="id")
 # \x02 and \x03 mark the matched words (``delivery.session_backend.SNIPPET_START``/_END).
 SQL_SEARCH = (
     "SELECT m.session_id, m.id, m.role, m.created_at,"
@@ -141,12 +127,6 @@ SQL_SEARCH = (
     " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid"
     " WHERE messages_fts MATCH ? ORDER BY messages_fts.rowid DESC LIMIT ?"
 )
-
-
-def fts_query(terms: tuple[str, ...] | list[str]) -> str:
-    """An FTS5 query in which every term must start a word: each a quoted prefix (terms are
-    letters and digits only, ``search_terms``, so none can close its quotes)."""
-    return " ".join(f'"{term}"*' for term in terms)
 
 
 REQUIRED_COLUMNS: dict[str, frozenset[str]] = {

@@ -73,6 +73,33 @@ def test_list_is_a_readable_table_with_filters(home: Path) -> None:
     assert "no rows match" in other.stdout
 
 
+def test_list_search_finds_goal_words_in_the_whole_ledger(home: Path) -> None:
+    """``--search`` matches a goal's words (prefixes, any case) through the ledger's text
+    index however old the row; what is typed is words only, so no input is an error."""
+    ledger = Ledger(sqlite_ledger(home / "ledger.db"))
+    futures = [
+        ledger.submit_create(f"deleg_new{i:04d}", kind="delegation", goal=f"job {i}")
+        for i in range(300)
+    ]
+    for future in futures:
+        future.result()
+    ledger.backend.close()
+
+    def search(*words: str) -> list[str]:
+        out = reveille(home, "deliveries", "list", "--json", "--limit", "5", *words)
+        assert out.returncode == 0, out.stderr
+        return [json.loads(line)["id"] for line in out.stdout.splitlines()]
+
+    assert search("--search", "REPORT writ") == ["deleg_0000"]
+    assert search("--search", "links", "--delivery-state", "pending") == ["deleg_0001"]
+    assert search("--search", "links", "--delivery-state", "delivered") == []
+    assert search("--search", '"tidy*" NEAR(') == []  # "near" is a word here: no goal holds it
+    assert search("--search", '"tidy*') == ["deleg_0002"]
+    assert search("--search", "job 29") == [f"deleg_new{i:04d}" for i in (299, 298, 297, 296, 295)]
+    table = reveille(home, "deliveries", "list", "--search", "***")
+    assert table.returncode == 0 and "no rows match" in table.stdout, table.stderr
+
+
 def test_show_prints_the_event_and_history(home: Path) -> None:
     out = reveille(home, "deliveries", "show", "deleg_0001")
     assert out.returncode == 0, out.stderr
