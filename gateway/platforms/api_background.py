@@ -106,7 +106,7 @@ class BackgroundRoutes:
 def _unknown(unit_id: str) -> ApiError:
     return ApiError(
         404,
-        f"no background unit {unit_id!r} in this server's sessions",
+        f"no background unit {unit_id[:80]!r} in this server's sessions",
         code="background_unit_not_found",
     )
 

@@ -74,6 +74,8 @@ async def test_cancel_over_the_api_kills_the_tree_and_tells_the_session_once(
         assert status == 401
         status, body = await api(port, "POST", "/api/background/proc_forged/cancel")
         assert status == 404 and body["error"]["code"] == "background_unit_not_found"
+        status, body = await api(port, "POST", "/api/background/" + "x" * 5000 + "/cancel")
+        assert status == 404 and len(body["error"]["message"]) < 200  # no echo of it whole
         status, body = await api(port, "POST", f"/api/background/{unit_id}/cancel")
         assert status == 200 and body["status"] == "cancelled", body
         status, again = await api(port, "POST", f"/api/background/{unit_id}/cancel")
