@@ -8,7 +8,7 @@ and the agent with its toolset -> the API server -> the web UI (its own turn ser
 scheduler -> the gateway runner's watcher -> the webhook sender (with ``[webhooks] urls``),
 on one ``AsyncExitStack`` that closes them in reverse. Before any of that it lifts the
 open-file limit to the hard limit and sizes both ports' connection caps from it
-(``gateway.platforms.connection_guard``), and puts the rate limit on the loggers a client
+(``gateway.http.connection_guard``), and puts the rate limit on the loggers a client
 can make talk (``reveille.log_limits``). Nothing below
 ``reveille/`` reads settings: the floors under this one receive what they need from here.
 
@@ -42,17 +42,17 @@ from delivery.peers import ServerRecord
 from delivery.retention import RetentionScheduler, RetentionStores
 from delivery.webui_state import WebUIStateBackend
 from gateway.approvals import ApprovalListener, ApprovalRecord, Approvals
-from gateway.compaction import Compactor, provider_summariser
 from gateway.config import Platform
 from gateway.delivery_targets import ApiServerTarget, PushTarget
-from gateway.platforms.api_server import ApiServerAdapter
-from gateway.platforms.connection_guard import ConnectionLimits, raise_descriptor_limit
-from gateway.platforms.http_middleware import is_loopback
-from gateway.platforms.openai_wire import completion_object
+from gateway.http.connection_guard import ConnectionLimits, raise_descriptor_limit
+from gateway.http.middleware import is_loopback
+from gateway.openai.wire import completion_object
 from gateway.responses import ResponsesService, TerminalHook
 from gateway.run import GatewayRunner, Surface
 from gateway.session import SessionStore
-from gateway.turns import TurnService, agent_turn_runner
+from gateway.surfaces.api_server.adapter import ApiServerAdapter
+from gateway.turns.compaction import Compactor, provider_summariser
+from gateway.turns.service import TurnService, agent_turn_runner
 from gateway.webhooks import APPROVAL_REQUESTED, WebhookSender
 from reveille import tracing, version
 from reveille.log_limits import rate_limited_logs

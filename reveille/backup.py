@@ -33,7 +33,7 @@ from typing import Any
 
 from delivery.ledger import Ledger
 from delivery.state_dir import ensure_private_dir
-from gateway.platforms.telegram_state import STATE_FILE as TELEGRAM_FILE
+from gateway.surfaces.telegram.state import STATE_FILE as TELEGRAM_FILE
 from reveille.backup_check import MissingUnit, missing_units, record_lost
 from reveille.settings import load_settings
 from storage.opener import (

@@ -13,14 +13,14 @@ from typing import Any
 
 from agent import Agent
 from gateway.approvals import Approvals
-from gateway.compaction import Compactor, provider_summariser
 from gateway.config import Platform
-from gateway.platforms.api_server import ApiServerAdapter
-from gateway.platforms.telegram import TelegramAdapter
-from gateway.platforms.telegram_api import TelegramApi
-from gateway.platforms.telegram_state import STATE_FILE, TelegramState
 from gateway.session import SessionStore
-from gateway.turns import TurnService, agent_turn_runner
+from gateway.surfaces.api_server.adapter import ApiServerAdapter
+from gateway.surfaces.telegram.adapter import TelegramAdapter
+from gateway.surfaces.telegram.api import TelegramApi
+from gateway.surfaces.telegram.state import STATE_FILE, TelegramState
+from gateway.turns.compaction import Compactor, provider_summariser
+from gateway.turns.service import TurnService, agent_turn_runner
 from reveille.settings import Settings
 
 __all__ = ["telegram_surfaces"]

@@ -10,7 +10,7 @@ into it, and the wake-up rules (combined results, the approvals gate, a busy cha
 not an attempt, refusals that were not the delivery's fault refunded, a gone chat dropped).
 
 A platform is a package under ``gateway/surfaces/<name>/`` whose adapter subclasses
-``gateway.platforms.base.BasePlatformAdapter`` and satisfies ``ChatSurface``; the composition
+``gateway.adapter.BasePlatformAdapter`` and satisfies ``ChatSurface``; the composition
 root adds it with one line. The adapter reports every platform failure as a ``SurfaceError``
 whose ``kind`` says what the layer above must do with it (see ``Refusal``).
 
@@ -60,9 +60,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from gateway.adapter import MessageEvent
 from gateway.approvals import ApprovalRecord
 from gateway.config import Platform
-from gateway.platforms.base import MessageEvent
 from gateway.session import SessionSource
 
 __all__ = [

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.platforms.telegram_updates import update_id_of
+from gateway.surfaces.telegram.updates import update_id_of
 from storage.sqlite import files as sqlite_files
 
 __all__ = ["STATE_FILE", "TelegramState", "TelegramStateError"]

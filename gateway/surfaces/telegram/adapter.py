@@ -4,14 +4,14 @@ Started by ``reveille serve`` when a bot token is configured (the composition ro
 it with a ``TurnService`` of ``Platform.TELEGRAM``). Each chat, and each forum topic of a
 chat, is one session: its id is ``build_session_key`` of the chat's ``SessionSource``.
 
-* Intake (``gateway.platforms.telegram_intake``): long polling or a webhook, both into the
+* Intake (``gateway.surfaces.telegram.intake``): long polling or a webhook, both into the
   durable inbox of ``TelegramState``; updates of one chat are answered in order, chats in
   parallel. Only users in ``allowed_users`` get a turn; anyone else's message is answered
   with nothing at all (it is logged and marked done). With nobody allowed the bot answers
   nobody, and says so in the log at start.
 * A turn runs under the idempotency key of its update, so after a crash the update is
   answered from the stored turn instead of running the agent again (see
-  ``gateway.platforms.telegram_state``).
+  ``gateway.surfaces.telegram.state``).
 * Replies stream into the chat by editing one message, at most one edit per
   ``edit_interval`` seconds ("message is not modified" counts as success), with the typing
   action while the agent works; the final text is split at Telegram's 4,096-character limit
@@ -56,18 +56,18 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from delivery.cancel import CANCELLED, BackgroundUnit, active_units
+from gateway.adapter import BasePlatformAdapter, MessageEvent, SendResult
 from gateway.approvals import Approvals
 from gateway.config import Platform
-from gateway.platforms.base import BasePlatformAdapter, MessageEvent, SendResult
-from gateway.platforms.telegram_api import TelegramApi, TelegramError, thread_params
-from gateway.platforms.telegram_approvals import ApprovalKeyboard
-from gateway.platforms.telegram_format import split_message, to_html
-from gateway.platforms.telegram_intake import LongPoller, webhook_handler
-from gateway.platforms.telegram_state import TelegramState
-from gateway.platforms.telegram_updates import BadField, telegram_id
 from gateway.session import SessionGone, SessionSource, build_session_key, is_valid_session_id
+from gateway.surfaces.telegram.api import TelegramApi, TelegramError, thread_params
+from gateway.surfaces.telegram.approvals import ApprovalKeyboard
+from gateway.surfaces.telegram.format import split_message, to_html
+from gateway.surfaces.telegram.intake import LongPoller, webhook_handler
+from gateway.surfaces.telegram.state import TelegramState
+from gateway.surfaces.telegram.updates import BadField, telegram_id
 from gateway.tasks import finish_or_cancel
-from gateway.turns import ReplayedTurn, TurnError, TurnRequest, TurnService
+from gateway.turns.service import ReplayedTurn, TurnError, TurnRequest, TurnService
 from gateway.wake import WakeDeliveryError
 from tools.delegation_runtime import get_runtime
 

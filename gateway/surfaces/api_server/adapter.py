@@ -9,7 +9,7 @@ approvals on the approvals routes of ``api_approvals``, running background work 
 cancel on those of ``api_background``, and the Responses API of
 ``responses_api`` once the composition root mounts it.
 
-Approvals (``gateway.turn_approvals``): a turn waiting for one answers at once with a note
+Approvals (``gateway.turns.gate``): a turn waiting for one answers at once with a note
 naming it, plus ``reveille_approval`` (a stream: an ``event: reveille.approval`` chunk);
 until it is decided a client turn in the session answers 409 ``session_busy`` and the
 server's own wake-up 503 (a wait: its attempt is refunded).
@@ -22,7 +22,7 @@ resends the whole conversation every time keeps landing in the same session. Eve
 response that belongs to a session echoes its id in ``X-Hermes-Session-Id``.
 
 The turn itself (transcript, folding of delivered background results, the agent, storing
-the turn with its ``Idempotency-Key`` record, the run cap) is ``gateway.turns``; this module
+the turn with its ``Idempotency-Key`` record, the run cap) is ``gateway.turns.service``; this module
 is HTTP only: authentication, body limits, validation, the OpenAI wire format and SSE.
 Turns run to completion and are stored even if the client goes away meanwhile.
 
@@ -59,15 +59,11 @@ from agent.loop import Agent
 from agent.tools import ToolProgress
 from delivery import traces
 from delivery.ids import new_token
+from gateway.adapter import BasePlatformAdapter, SendResult
 from gateway.approvals import Approvals
 from gateway.config import Platform
-from gateway.platforms.api_approvals import ApprovalRoutes
-from gateway.platforms.api_auth import ApiKeyAuth, is_keyed, same_secret
-from gateway.platforms.api_background import BackgroundRoutes
-from gateway.platforms.api_sessions import MALFORMED_SESSION_ID, SessionRoutes
-from gateway.platforms.base import BasePlatformAdapter, SendResult
-from gateway.platforms.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
-from gateway.platforms.http_middleware import (
+from gateway.http.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
+from gateway.http.middleware import (
     RETRY_AFTER_SECONDS,
     SESSION_HEADER,
     SESSION_REQUEST_KEY,
@@ -79,18 +75,18 @@ from gateway.platforms.http_middleware import (
     is_loopback,
     open_event_stream,
 )
-from gateway.platforms.openai_wire import chunker, completion_object, completion_text, send_sse
-from gateway.platforms.request_body import (
-    DRAIN_FACTOR,
-    ChatBody,
-    parse_chat_body,
-    read_json_body,
-)
-from gateway.platforms.responses_api import ResponsesRoutes
+from gateway.http.request_body import DRAIN_FACTOR, read_json_body
+from gateway.openai.chat_body import ChatBody, parse_chat_body
+from gateway.openai.wire import chunker, completion_object, completion_text, send_sse
 from gateway.responses import ResponsesService
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
-from gateway.turn_approvals import first_answer
-from gateway.turns import (
+from gateway.surfaces.api_server.approvals import ApprovalRoutes
+from gateway.surfaces.api_server.auth import ApiKeyAuth, is_keyed, same_secret
+from gateway.surfaces.api_server.background import BackgroundRoutes
+from gateway.surfaces.api_server.responses_api import ResponsesRoutes
+from gateway.surfaces.api_server.sessions import MALFORMED_SESSION_ID, SessionRoutes
+from gateway.turns.gate import first_answer
+from gateway.turns.service import (
     ReplayedTurn,
     TurnError,
     TurnRequest,

@@ -21,9 +21,9 @@ from typing import Any
 
 from gateway.approvals import AlreadyDecided, ApprovalRecord, Approvals, Expired
 from gateway.config import Platform
-from gateway.platforms.telegram_api import TelegramApi, TelegramError, thread_params
-from gateway.platforms.telegram_format import escape
 from gateway.session import SessionSource, SessionStore
+from gateway.surfaces.telegram.api import TelegramApi, TelegramError, thread_params
+from gateway.surfaces.telegram.format import escape
 
 __all__ = ["APPROVAL_PREFIX", "ApprovalKeyboard"]
 

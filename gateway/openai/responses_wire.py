@@ -23,8 +23,8 @@ from typing import Any
 
 from agent.providers.base import ModelOptions
 from delivery.ids import new_token
-from gateway.platforms.chat_params import model_options
-from gateway.platforms.http_middleware import ApiError
+from gateway.http.middleware import ApiError
+from gateway.openai.chat_params import model_options
 
 __all__ = [
     "Output",
