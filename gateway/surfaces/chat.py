@@ -1,7 +1,8 @@
 """Above the surface port: what every chat platform does the same way, written once.
 
 ``ChatTurns`` is built by each chat adapter over its ``ChatSurface`` (the adapter itself),
-its ``TurnService`` and its ``ReplyRecords``:
+its ``TurnService`` and its ``ReplyRecords``; the adapter installs ``wake`` as its message
+handler and hands each user message to ``answer_message``:
 
 * ``answer_message``: a user's message, answered once. The turn runs under the key that names
   the platform's message, so a message taken again after a crash is answered from the stored
@@ -30,10 +31,10 @@ import asyncio
 import contextlib
 import logging
 
-from gateway.platforms.base import MessageEvent
+from gateway.adapter import MessageEvent
 from gateway.session import SessionGone, SessionSource
 from gateway.surfaces.port import ChatSurface, Refusal, ReplyRecords, SurfaceError
-from gateway.turns import ReplayedTurn, TurnError, TurnRequest, TurnService
+from gateway.turns.service import ReplayedTurn, TurnError, TurnRequest, TurnService
 from gateway.wake import WakeDeliveryError
 
 __all__ = ["BUSY_TURN_KINDS", "ChatTurns"]
@@ -56,9 +57,12 @@ class ChatTurns:
         turns: TurnService,
         records: ReplyRecords,
         *,
+        key_prefix: str,
         wake_wait_seconds: float = 240.0,
     ) -> None:
         self.surface = surface
+        # Names this bot's turns among every surface's idempotency keys ("telegram:<bot>").
+        self.key_prefix = key_prefix
         self.turns = turns
         self.records = records
         self.wake_wait_seconds = wake_wait_seconds
@@ -126,7 +130,7 @@ class ChatTurns:
             raise ValueError(f"a {self._name} wake-up needs its session id")
         session_id = event.session_id
         ident = event.metadata.get("idempotency_key")
-        key = f"{self.surface.platform.value}:{self._bot}:wake:{ident}" if ident else None
+        key = f"{self.key_prefix}:wake:{ident}" if ident else None
         lock = self.lock(session_id)
         try:
             # The chat's running turn first; holding the claim meanwhile is no attempt lost.
@@ -212,10 +216,6 @@ class ChatTurns:
     @property
     def _name(self) -> str:
         return self.surface.platform.value.capitalize()
-
-    @property
-    def _bot(self) -> str:
-        return str(getattr(self.surface, "bot", "") or "")
 
 
 class _Reply:
