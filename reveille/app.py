@@ -55,10 +55,11 @@ from gateway.turns.compaction import Compactor, provider_summariser
 from gateway.turns.service import TurnService, agent_turn_runner
 from gateway.webhooks import APPROVAL_REQUESTED, WebhookSender
 from reveille import tracing, version
+from reveille.chat_platform import ChatPlatform
 from reveille.log_limits import rate_limited_logs
 from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
-from reveille.telegram_app import telegram_surfaces
+from reveille.telegram_app import TELEGRAM
 from storage import Storage
 from storage.opener import StorageUrlError
 from tools.background_processes import PROCESSES_DIR
@@ -71,6 +72,10 @@ from tools.toolset import build_default_registry
 __all__ = ["App", "build_webui", "check_webui_bind", "open_storage", "serve"]
 
 logger = logging.getLogger("reveille.app")
+
+# The chat platforms this process can serve, each its package under gateway/surfaces/ and
+# its wiring module (reveille.chat_platform): adding one is one line here.
+CHAT_PLATFORMS: tuple[ChatPlatform, ...] = (TELEGRAM,)
 
 
 def open_storage(url: str, origin: str | None = None) -> Storage:
@@ -438,18 +443,20 @@ def build_surfaces(
         server.approvals.on_requested = on_approval_requested
         runner.register_target(Platform.WEBUI, server.target)
         surfaces.append(server)
-    if settings.telegram_bot_token:
+    platforms = [p for p in CHAT_PLATFORMS if p.configured(settings)]
+    if platforms:
         agent = build_agent(settings, model)
         asks = (
             approvals or Approvals(store, timeout_seconds=settings.shell_approval_timeout)
             if settings.shell_asks
             else None
         )
-        for chat in telegram_surfaces(settings, store, agent, adapter, metrics, approvals=asks):
-            runner.register_target(
-                chat.platform, PushTarget(chat, wake_text_budget=settings.wake_text_budget)
-            )
-            surfaces.append(chat)
+        for platform in platforms:
+            for chat in platform.build(settings, store, agent, adapter, metrics, approvals=asks):
+                runner.register_target(
+                    chat.platform, PushTarget(chat, wake_text_budget=settings.wake_text_budget)
+                )
+                surfaces.append(chat)
     return surfaces
 
 

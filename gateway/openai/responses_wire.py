@@ -76,8 +76,9 @@ class ResponsesRequest:
     tool_choice: str = "auto"
     parallel_tool_calls: bool = True
     text: dict[str, Any] = field(default_factory=lambda: {"format": {"type": "text"}})
-    # The owner key that created it on a keyless server (``api_auth.owner_of``): reading
-    # it, its input items, continuing it need that key again. None: the server's key.
+    # The owner key that created it on a keyless server (the API server's
+    # ``auth.owner_of``): reading it, its input items, continuing it need that key again.
+    # None: the server's key.
     owner: str | None = None
 
     def to_json(self) -> str:

@@ -4,9 +4,9 @@ Streams carry content deltas as the model writes them and, as ``event: reveille.
 (a chunk with no choices plus ``reveille_tool``), each tool step when it starts and ends.
 
 Routes: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
-``GET /v1/models/{id}``, ``GET /health``, the sessions routes of ``api_sessions``, with
-approvals on the approvals routes of ``api_approvals``, running background work and its
-cancel on those of ``api_background``, and the Responses API of
+``GET /v1/models/{id}``, ``GET /health``, the sessions routes of ``sessions``, with
+approvals on the approvals routes of ``approvals``, running background work and its
+cancel on those of ``background``, and the Responses API of
 ``responses_api`` once the composition root mounts it.
 
 Approvals (``gateway.turns.gate``): a turn waiting for one answers at once with a note

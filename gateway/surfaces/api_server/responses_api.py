@@ -11,7 +11,7 @@ A response id is an unguessable capability (``resp_`` + 128 random bits): unlike
 id, which the chat endpoint derives from a conversation's opening, nobody can name another
 client's response, so ``previous_response_id`` is taken without a configured key too. On a
 keyless server a response is bound to the bearer token that created it (its owner key,
-``api_auth.owner_of``): reading, streaming, cancelling, deleting it, its input items and a
+``auth.owner_of``): reading, streaming, cancelling, deleting it, its input items and a
 ``previous_response_id`` naming it need that token again (or the internal key); for anyone
 else it does not exist (404). Its idempotency keys are that owner's too.
 

@@ -6,7 +6,7 @@ key when one is configured (the port's middleware checks it); answers that belon
 session echo its id in ``X-Hermes-Session-Id``. The session store does the work; this
 module is request parsing and answers only.
 
-One gate per surface (``api_auth.visible_to``): without the key, only API sessions are
+One gate per surface (``auth.visible_to``): without the key, only API sessions are
 listed, and another surface's session (the web UI's, a chat platform's) or one another
 owner key holds is refused (403 ``api_key_required``), never read, changed or deleted.
 """
