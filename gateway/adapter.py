@@ -114,5 +114,6 @@ class BasePlatformAdapter(ABC):
     async def start(self) -> None:  # noqa: B027 - intentionally optional hook
         """Connect/listen; no-op by default."""
 
-    async def stop(self) -> None:  # noqa: B027 - intentionally optional hook
-        """Disconnect; no-op by default."""
+    async def stop(self, *, grace_seconds: float = 10.0) -> None:  # noqa: B027 - optional hook
+        """Stop taking new work, give what runs ``grace_seconds`` to finish, disconnect;
+        no-op by default. One signature on every surface."""

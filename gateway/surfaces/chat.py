@@ -83,12 +83,14 @@ class ChatTurns:
 
     # ----------------------------------------------------------------- user messages
 
-    async def answer_message(
-        self, source: SessionSource, session_id: str, text: str, key: str
-    ) -> None:
-        """Answer a user's message once (see the module docstring); never raises for a
-        platform failure or a busy session, only for what no wait can fix (logged by the
-        caller)."""
+    async def answer_message(self, event: MessageEvent, *, key: str) -> None:
+        """Answer a user's message once (see the module docstring): ``event`` carries the
+        chat (``source``), the session it talks to (``session_id``) and the text; ``key``
+        names the platform's message once. Never raises for a platform failure or a busy
+        session, only for what no wait can fix (logged by the caller)."""
+        source, session_id, text = event.source, event.session_id, event.text
+        if source is None or not session_id:
+            raise ValueError(f"a {self._name} message needs its SessionSource and session id")
         delay = 1.0
         async with self.lock(session_id):
             while True:

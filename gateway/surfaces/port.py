@@ -19,9 +19,10 @@ Methods of ``ChatSurface`` (all coroutines raise ``SurfaceError`` for platform f
 * ``start()`` / ``stop(*, grace_seconds=...)``: connect and begin receiving; stop receiving,
   give work in flight ``grace_seconds`` to finish, disconnect. One signature on every surface.
 * receiving: the adapter turns what arrives into a ``MessageEvent`` (``source`` = the chat's
-  ``SessionSource``, ``message_id`` = the platform's id of the message) and hands it to
-  ``ChatTurns.answer_message`` with a key that names the platform's message once (the key is
-  what makes a redelivered or re-taken message answered once).
+  ``SessionSource``, ``session_id`` = the session the chat talks to now, ``message_id`` = the
+  platform's id of the message) and hands it to ``ChatTurns.answer_message(event, key=...)``
+  with a key that names the platform's message once (the key is what makes a redelivered or
+  re-taken message answered once).
 * ``limits``: ``SurfaceLimits`` of the platform (message size, whether a sent message may be
   edited, how often).
 * ``split(text)``: the pieces (each within ``limits.max_message_chars`` once sent) a reply is

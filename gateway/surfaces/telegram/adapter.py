@@ -308,7 +308,13 @@ class TelegramAdapter(BasePlatformAdapter):
             return
         session_id = await self._session_of(source)
         key = f"telegram:{self.bot}:update:{update_id}"
-        await self.chat.answer_message(source, session_id, text, key)
+        event = MessageEvent(
+            text=text,
+            source=source,
+            session_id=session_id,
+            message_id=str(message.get("message_id") or update_id),
+        )
+        await self.chat.answer_message(event, key=key)
 
     # ----------------------------------------------------------------- conversations
 
