@@ -6,7 +6,7 @@ ends it with one WAKE_DATA_MARKER line: the marker, a space, and the event's
 (the demo model, `reveille chat`) take fields instead of parsing the prose
 (``read_wake_data``). Front ends that fold delivered results into a turn's context tag them
 with DELIVERY_MARKER; sub-agent runs carry SUBAGENT_MARKER in their system message.
-Compaction (``gateway.compaction``) starts its summarisation calls' system message with
+Compaction (``gateway.turns.compaction``) starts its summarisation calls' system message with
 SUMMARISE_MARKER and every stored summary with SUMMARY_MARKER.
 
 ``defang`` is the one place that takes the meaning out of all of them (and out of the
@@ -41,7 +41,7 @@ MARKERS = (
 )
 # What opens a line of structure in a wake-up text (``gateway.wake_text``: a result's head,
 # a combined wake-up's result titles, a batch's task titles, a cut's pointer) or in a
-# summary (``gateway.compaction``: its list of finished work and its cut note).
+# summary (``gateway.turns.compaction``: its list of finished work and its cut note).
 STRUCTURE_HEADINGS = (
     "[Background ",
     "### Result ",

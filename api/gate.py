@@ -12,7 +12,7 @@ others (API, Telegram, ...) with a 403 that says how to see them, and its bootst
 from __future__ import annotations
 
 from gateway.config import Platform
-from gateway.platforms.http_middleware import ApiError
+from gateway.http.middleware import ApiError
 
 __all__ = ["NOTICE", "SurfaceGate"]
 

@@ -8,10 +8,10 @@ route but ``bootstrap`` and ``login`` needs the login cookie when a password is 
 state-changing request needs ``X-CSRF-Token``, and one that sends an ``Origin`` must come
 from the web UI's own origin; without a password, only a loopback ``Host`` is answered (a
 rebound DNS name is refused). Bodies are JSON only, size-capped, and checked for what JSON
-allows but text cannot hold (``gateway.platforms.request_body``). Errors are
+allows but text cannot hold (``gateway.http.request_body``). Errors are
 ``{"error": {"message", "code", ...}}``. The server binds ``api.routes`` to its turns when it
 starts and unbinds them when it stops. Its port has the same connection caps and read
-deadlines as the API server's (``gateway.platforms.connection_guard``).
+deadlines as the API server's (``gateway.http.connection_guard``).
 """
 
 from __future__ import annotations
@@ -47,15 +47,15 @@ from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import Revision, WebTurns
 from delivery.errors import LedgerError
 from gateway.config import Platform
-from gateway.platforms.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
-from gateway.platforms.http_middleware import (
+from gateway.http.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
+from gateway.http.middleware import (
     ApiError,
     ProtocolErrorLogger,
     error_middleware,
     host_name,
     is_loopback,
 )
-from gateway.platforms.request_body import read_json_body
+from gateway.http.request_body import read_json_body
 from gateway.session import (
     MAX_SYSTEM_PROMPT_CHARS,
     MAX_TITLE_CHARS,

@@ -236,7 +236,7 @@ def transcript_items(
         items.extend(_tool_item(step) for step in pinned.get(row.id, ()))
         summary = meta.get("summary") if row.role == "system" and not row.is_delivery else None
         if isinstance(summary, Mapping):
-            # A compaction's summary (gateway.compaction): a marker where it happened; the
+            # A compaction's summary (gateway.turns.compaction): a marker where it happened; the
             # messages it replaced for the model are still shown, marked archived.
             deliveries = summary.get("deliveries") or []
             items.append(

@@ -54,7 +54,7 @@ from api.views import (
 from gateway.config import Platform
 from gateway.session import TURN_LEASE_SECONDS, SessionGone, SessionStore, SessionStoreError
 from gateway.tasks import finish_or_cancel
-from gateway.turns import ReplayedTurn, StartedTurn, TurnError, TurnRequest, TurnService
+from gateway.turns.service import ReplayedTurn, StartedTurn, TurnError, TurnRequest, TurnService
 from gateway.wake_text import wake_row_metadata
 
 __all__ = ["ActiveStream", "Revision", "WebTurns"]
@@ -635,7 +635,7 @@ class WebTurns:
     async def _store_failed(self, stream: ActiveStream, error: str) -> None:
         """A user's turn failed: keep their message in the transcript, marked failed with
         the error, so that a reload still shows it (and its Retry). The model never sees a
-        failed message as history (``gateway.conversation.build_context``): a retry sends
+        failed message as history (``gateway.turns.conversation.build_context``): a retry sends
         the text again, and the view shows a failed message followed by its retry once."""
         meta = {**stream.user_metadata, "failed": True, "error": error[:500]}
         user = {"role": "user", "content": stream.user_text, "display_metadata": meta}

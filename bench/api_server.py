@@ -147,8 +147,8 @@ def store_trips(home: str) -> Any:
     and nothing else: the read that resolves the conversation (in the reader thread) and the
     durable commit of its first turn (group-committed by the writer thread)."""
     from gateway.config import Platform
-    from gateway.conversation import derive_session_id
     from gateway.session import SessionSource, SessionStore
+    from gateway.turns.conversation import derive_session_id
 
     store = SessionStore(storage.sqlite_files(sessions=Path(home) / "sessions.db").open_sessions())
 

@@ -27,10 +27,10 @@ from agent.loop import Agent
 from agent.markers import SUMMARISE_MARKER
 from agent.providers.base import ModelReply
 from agent.tools import ToolRegistry
-from gateway.compaction import CompactionPolicy, Compactor, provider_summariser
 from gateway.config import Platform
 from gateway.session import SessionSource, SessionStore
-from gateway.turns import StartedTurn, TurnRequest, TurnService, agent_turn_runner
+from gateway.turns.compaction import CompactionPolicy, Compactor, provider_summariser
+from gateway.turns.service import StartedTurn, TurnRequest, TurnService, agent_turn_runner
 
 SID = "api_bench"
 

@@ -2,7 +2,7 @@
 store: the update inbox, the ``getUpdates`` offset, the polling lease, the sent-reply records
 and the chat-to-session map.
 
-``gateway.platforms.telegram_state.TelegramState`` is the face the adapter uses; it speaks
+``gateway.surfaces.telegram.state.TelegramState`` is the face the adapter uses; it speaks
 this protocol to a backend opened by ``storage.open_storage(url).open_telegram()`` (tables
 in ``chats.db`` beside the ledger, or in the PostgreSQL database, or memory). The rules
 every backend keeps, proved by ``tests/telegram/test_state_backends.py``:

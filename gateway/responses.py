@@ -1,7 +1,7 @@
 """The Responses API's runner: stored responses, run by any server sharing the store.
 
 A response is a row (``delivery.responses_backend``) written before its work starts. Its
-turn runs on the API server's turn service (``gateway.turns``) in the session the response
+turn runs on the API server's turn service (``gateway.turns.service``) in the session the response
 chain maps onto: a new chain gets a new session, ``previous_response_id`` continues that
 response's session, so background results of the conversation are folded into the next
 response exactly once, as for chat.
@@ -61,9 +61,7 @@ from delivery.responses_backend import (
     storing_owner,
 )
 from gateway.config import Platform
-from gateway.conversation import well_formed
-from gateway.platforms.openai_wire import completion_text
-from gateway.platforms.responses_wire import (
+from gateway.openai.responses_wire import (
     Output,
     ResponsesRequest,
     body_of,
@@ -71,10 +69,12 @@ from gateway.platforms.responses_wire import (
     output_events,
     terminal_event,
 )
+from gateway.openai.wire import completion_text
 from gateway.response_events import EventSink, EventWriter, NoSink, follow
 from gateway.session import SessionSource
-from gateway.turn_fence import finish_despite_cancel
-from gateway.turns import StartedTurn, TurnError, TurnRequest, TurnService
+from gateway.turns.conversation import well_formed
+from gateway.turns.fence import finish_despite_cancel
+from gateway.turns.service import StartedTurn, TurnError, TurnRequest, TurnService
 from tools.delegation_runtime import RESPONSE_ORIGIN, get_runtime, runtime_is_open
 
 __all__ = [

@@ -37,7 +37,7 @@ from delivery.events import (
     parse_event,
     transcript_key,
 )
-from gateway.platforms.base import MessageEvent, MessageType
+from gateway.adapter import MessageEvent, MessageType
 from gateway.session import MessageRecord, SessionSource, SessionStore, is_valid_session_id
 
 # The rendering lives in gateway.wake_text; these names stay importable from here.

@@ -8,7 +8,7 @@ and the agent with its toolset -> the API server -> the web UI (its own turn ser
 scheduler -> the gateway runner's watcher -> the webhook sender (with ``[webhooks] urls``),
 on one ``AsyncExitStack`` that closes them in reverse. Before any of that it lifts the
 open-file limit to the hard limit and sizes both ports' connection caps from it
-(``gateway.platforms.connection_guard``), and puts the rate limit on the loggers a client
+(``gateway.http.connection_guard``), and puts the rate limit on the loggers a client
 can make talk (``reveille.log_limits``). Nothing below
 ``reveille/`` reads settings: the floors under this one receive what they need from here.
 
@@ -43,23 +43,24 @@ from delivery.retention import RetentionScheduler, RetentionStores
 from delivery.telegram_backend import TelegramBackend
 from delivery.webui_state import WebUIStateBackend
 from gateway.approvals import ApprovalListener, ApprovalRecord, Approvals
-from gateway.compaction import Compactor, provider_summariser
 from gateway.config import Platform
 from gateway.delivery_targets import ApiServerTarget, PushTarget
-from gateway.platforms.api_server import ApiServerAdapter
-from gateway.platforms.connection_guard import ConnectionLimits, raise_descriptor_limit
-from gateway.platforms.http_middleware import is_loopback
-from gateway.platforms.openai_wire import completion_object
+from gateway.http.connection_guard import ConnectionLimits, raise_descriptor_limit
+from gateway.http.middleware import is_loopback
+from gateway.openai.wire import completion_object
 from gateway.responses import ResponsesService, TerminalHook
 from gateway.run import GatewayRunner, Surface
 from gateway.session import SessionStore
-from gateway.turns import TurnService, agent_turn_runner
+from gateway.surfaces.api_server.adapter import ApiServerAdapter
+from gateway.turns.compaction import Compactor, provider_summariser
+from gateway.turns.service import TurnService, agent_turn_runner
 from gateway.webhooks import APPROVAL_REQUESTED, WebhookSender
 from reveille import tracing, version
+from reveille.chat_platform import ChatPlatform
 from reveille.log_limits import rate_limited_logs
 from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
-from reveille.telegram_app import telegram_surfaces
+from reveille.telegram_app import TELEGRAM
 from storage import Storage
 from storage.opener import LEGACY_TELEGRAM_FILE, StorageUrlError
 from tools.background_processes import PROCESSES_DIR
@@ -72,6 +73,10 @@ from tools.toolset import build_default_registry
 __all__ = ["App", "build_webui", "check_webui_bind", "open_storage", "serve"]
 
 logger = logging.getLogger("reveille.app")
+
+# The chat platforms this process can serve, each its package under gateway/surfaces/ and
+# its wiring module (reveille.chat_platform): adding one is one line here.
+CHAT_PLATFORMS: tuple[ChatPlatform, ...] = (TELEGRAM,)
 
 
 def open_storage(url: str, origin: str | None = None) -> Storage:
@@ -226,12 +231,13 @@ async def serve(
         # Built before the API server starts (Telegram's webhook adds a route to it),
         # started once it listens.
         webui_state = await asyncio.to_thread(location.open_webui) if settings.webui_port else None
-        telegram_state = None
-        if settings.telegram_bot_token:
-            # An old telegram.db in the state directory is moved into the store first.
+        chat_state = None
+        if any(platform.configured(settings) for platform in CHAT_PLATFORMS):
+            # The chat platforms' state (inbox, offsets, replies, chat map) is the store's;
+            # an old telegram.db in the state directory is moved into it first.
             legacy = settings.home / LEGACY_TELEGRAM_FILE
-            telegram_state = await asyncio.to_thread(location.open_telegram, legacy_file=legacy)
-            stack.push_async_callback(asyncio.to_thread, telegram_state.close)
+            chat_state = await asyncio.to_thread(location.open_telegram, legacy_file=legacy)
+            stack.push_async_callback(asyncio.to_thread, chat_state.close)
         surfaces = build_surfaces(
             settings,
             store,
@@ -244,7 +250,7 @@ async def serve(
             reuse_port=reuse_port,
             connection_limits=limits,
             on_approval_requested=requested,
-            telegram_state=telegram_state,
+            chat_state=chat_state,
         )
         await adapter.start()
         # Said once the server listens: a start that fails says only why it failed.
@@ -430,7 +436,7 @@ def build_surfaces(
     reuse_port: bool = False,
     connection_limits: ConnectionLimits | None = None,
     on_approval_requested: ApprovalListener | None = None,
-    telegram_state: TelegramBackend | None = None,
+    chat_state: TelegramBackend | None = None,
 ) -> list[Surface]:
     """The other front ends of this process (web UI, Telegram), each with its delivery
     target registered on the runner."""
@@ -447,20 +453,22 @@ def build_surfaces(
         server.approvals.on_requested = on_approval_requested
         runner.register_target(Platform.WEBUI, server.target)
         surfaces.append(server)
-    if settings.telegram_bot_token:
+    platforms = [p for p in CHAT_PLATFORMS if p.configured(settings)]
+    if platforms:
         agent = build_agent(settings, model)
         asks = (
             approvals or Approvals(store, timeout_seconds=settings.shell_approval_timeout)
             if settings.shell_asks
             else None
         )
-        for chat in telegram_surfaces(
-            settings, store, agent, adapter, metrics, state=telegram_state, approvals=asks
-        ):
-            runner.register_target(
-                chat.platform, PushTarget(chat, wake_text_budget=settings.wake_text_budget)
-            )
-            surfaces.append(chat)
+        for platform in platforms:
+            for chat in platform.build(
+                settings, store, agent, adapter, metrics, state=chat_state, approvals=asks
+            ):
+                runner.register_target(
+                    chat.platform, PushTarget(chat, wake_text_budget=settings.wake_text_budget)
+                )
+                surfaces.append(chat)
     return surfaces
 
 

@@ -39,10 +39,10 @@ LIMITED_LOGGERS = (
     "api.event_stream",
     "api.server",
     "api.web_turns",
-    "gateway.platforms.api_server",
-    "gateway.platforms.api_sessions",
-    "gateway.platforms.connection_guard",
-    "gateway.platforms.http_middleware",
+    "gateway.surfaces.api_server.adapter",
+    "gateway.surfaces.api_server.sessions",
+    "gateway.http.connection_guard",
+    "gateway.http.middleware",
 )
 _SUMMARY = "reveille_rate_limit_summary"
 _MAX_CONDITIONS = 1024

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from delivery.policy import DeliveryPolicy
 from delivery.retention import RetentionPolicy
-from gateway.compaction import CompactionPolicy
+from gateway.turns.compaction import CompactionPolicy
 from gateway.webhooks import check_secret
 
 
@@ -55,7 +55,7 @@ class Settings:
     shell_approval_timeout: float = 3600.0
     max_concurrent_runs: int = 10
     context_chars: int = 400_000
-    # compaction (gateway/compaction.py): the model's context window in tokens (0 = unknown:
+    # compaction (gateway/turns/compaction.py): the model's context window in tokens (0 = unknown:
     # only the provider's "context length exceeded" compacts) and the cap on a summary
     context_window: int = 0
     compaction_summary_chars: int = 8000
@@ -79,7 +79,7 @@ class Settings:
     # Characters of result text one wake-up may carry; longer results are cut, with a
     # pointer to the full one (gateway.wake_text.format_wake_batch).
     wake_text_budget: int = 24_000
-    # Telegram (gateway/platforms/telegram.py): started when a bot token is set.
+    # Telegram (gateway/surfaces/telegram/adapter.py): started when a bot token is set.
     telegram_bot_token: str = ""
     telegram_base_url: str = "https://api.telegram.org"
     telegram_allowed_users: str = ""  # comma-separated user ids; none = nobody

@@ -14,17 +14,19 @@ from typing import Any
 from agent import Agent
 from delivery.telegram_backend import TelegramBackend
 from gateway.approvals import Approvals
-from gateway.compaction import Compactor, provider_summariser
 from gateway.config import Platform
-from gateway.platforms.api_server import ApiServerAdapter
-from gateway.platforms.telegram import TelegramAdapter
-from gateway.platforms.telegram_api import TelegramApi
-from gateway.platforms.telegram_state import TelegramState
 from gateway.session import SessionStore
-from gateway.turns import TurnService, agent_turn_runner
+from gateway.surfaces.api_server.adapter import ApiServerAdapter
+from gateway.surfaces.port import ChatSurface
+from gateway.surfaces.telegram.adapter import TelegramAdapter
+from gateway.surfaces.telegram.api import TelegramApi
+from gateway.surfaces.telegram.state import TelegramState
+from gateway.turns.compaction import Compactor, provider_summariser
+from gateway.turns.service import TurnService, agent_turn_runner
+from reveille.chat_platform import ChatPlatform
 from reveille.settings import Settings
 
-__all__ = ["telegram_surfaces"]
+__all__ = ["TELEGRAM", "telegram_surfaces"]
 
 
 def _render(result: Any) -> dict[str, Any]:
@@ -40,7 +42,7 @@ def telegram_surfaces(
     *,
     state: TelegramBackend | None = None,
     approvals: Approvals | None = None,
-) -> list[TelegramAdapter]:
+) -> list[ChatSurface]:
     """The Telegram adapter over ``state`` when a bot token is configured, else nothing. With
     ``approvals`` its turns ask them (an inline keyboard in the chat), holding the session
     while one is pending."""
@@ -76,3 +78,10 @@ def telegram_surfaces(
     if metrics is not None:
         metrics.watch_turns(Platform.TELEGRAM.value, turns)
     return [adapter]
+
+
+TELEGRAM = ChatPlatform(
+    name="telegram",
+    configured=lambda settings: bool(settings.telegram_bot_token),
+    build=telegram_surfaces,
+)

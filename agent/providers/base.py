@@ -32,7 +32,7 @@ class ModelReply:
 class ModelOptions:
     """Per-request generation options a client asked for (the OpenAI names); None = unset.
 
-    Validated where the request arrives (``gateway.platforms.chat_params``); a provider
+    Validated where the request arrives (``gateway.openai.chat_params``); a provider
     passes every set field on as it is (``as_request``) or, when it cannot honour one, says
     so in its documentation (the demo model ignores them). ``tool_choice`` is about the
     server's own tools: ``"required"`` applies to the first model call of a turn only

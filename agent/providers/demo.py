@@ -37,7 +37,7 @@ def _text(message: dict[str, Any]) -> str:
 
 
 def _demo_summary(messages: list[dict[str, Any]]) -> str:
-    """A compaction summary (``gateway.compaction``): what the user asked, in short. The
+    """A compaction summary (``gateway.turns.compaction``): what the user asked, in short. The
     list of finished background work is added by the compaction itself."""
     text = _text(messages[-1]) if messages else ""
     asked = [

@@ -13,8 +13,8 @@ from agent import Agent
 from agent.markers import SUBAGENT_MARKER
 from agent.providers.demo import DemoModel
 from agent.tools import ToolContext
-from gateway.platforms.api_server import ApiServerAdapter, agent_turn_runner
 from gateway.session import SessionStore
+from gateway.surfaces.api_server.adapter import ApiServerAdapter, agent_turn_runner
 from tools.toolset import build_default_registry
 
 KEY = "test-key-123"

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from agent.markers import DELIVERY_MARKER, WAKE_DATA_MARKER
 from agent.providers.base import ProviderError
-from gateway.platforms.api_server import ApiServerAdapter, derive_session_id
+from gateway.surfaces.api_server.adapter import ApiServerAdapter, derive_session_id
 from gateway.wake import persist_delegation_delivery
 from tests.stores import session_file_store
 

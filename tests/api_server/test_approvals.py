@@ -17,7 +17,7 @@ from agent.providers.demo import DemoModel
 from delivery.session_backend import ApprovalRecord
 from gateway.config import Platform
 from gateway.session import SessionSource
-from gateway.turn_approvals import APPROVED_TURN_DISPLAY_KIND
+from gateway.turns.gate import APPROVED_TURN_DISPLAY_KIND
 from reveille.app import serve
 from reveille.settings import Settings
 from tools.async_delegation import get_durable_delegation

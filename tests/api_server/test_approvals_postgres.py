@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.turn_approvals import APPROVED_TURN_DISPLAY_KIND
+from gateway.turns.gate import APPROVED_TURN_DISPLAY_KIND
 from tests.api_server.serve_support import Server, call, transcript, wait_until
 from tests.pg_support import fresh_url
 

@@ -16,8 +16,8 @@ import tools.async_delegation as ad
 from agent.providers.demo import DemoModel
 from agent.providers.openai_compat import OpenAICompatProvider
 from delivery.cancel import BackgroundUnit, active_units
-from gateway.platforms.api_background import BY_API
 from gateway.responses import BY_RESPONSE
+from gateway.surfaces.api_server.background import BY_API
 from reveille.app import serve
 from reveille.settings import Settings
 from tests.agent.test_openai_compat import FakeOpenAI, _chunk, sse

@@ -11,9 +11,9 @@ from agent.markers import DELIVERY_MARKER
 from agent.providers.demo import DemoModel
 from delivery.rows import RowQuery
 from delivery.session_backend import MessageRecord
-from gateway.conversation import derive_session_id, pick_session
-from gateway.platforms.api_server import ApiServerAdapter, agent_turn_runner
 from gateway.session import SessionGone
+from gateway.surfaces.api_server.adapter import ApiServerAdapter, agent_turn_runner
+from gateway.turns.conversation import derive_session_id, pick_session
 from gateway.wake import persist_delegation_delivery
 from tests.api_server._support import client_for, demo_agent, running_adapter
 from tests.stores import session_file_store

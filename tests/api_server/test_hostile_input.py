@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 
-from gateway.platforms.api_server import ApiServerAdapter
 from gateway.session import SessionStore
+from gateway.surfaces.api_server.adapter import ApiServerAdapter
 from tests.api_server._support import KEY, running_adapter
 
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}

@@ -18,7 +18,7 @@ import pytest
 from agent.loop import Agent
 from agent.providers import OpenAICompatProvider
 from agent.tools import Tool, ToolRegistry
-from gateway.platforms.api_server import ApiServerAdapter
+from gateway.surfaces.api_server.adapter import ApiServerAdapter
 from tests.agent.test_openai_compat import FakeOpenAI, _chunk, completion, sse
 
 from ._support import KEY, client_for, running_adapter

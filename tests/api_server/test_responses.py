@@ -25,9 +25,9 @@ from agent import Agent
 from agent.markers import DELIVERY_MARKER
 from agent.providers.demo import DemoModel
 from agent.providers.openai_compat import OpenAICompatProvider
-from gateway.platforms.api_server import ApiServerAdapter, agent_turn_runner
 from gateway.responses import ResponsesService
 from gateway.session import SessionStore
+from gateway.surfaces.api_server.adapter import ApiServerAdapter, agent_turn_runner
 from gateway.wake import persist_delegation_delivery
 from tests.agent.test_openai_compat import FakeOpenAI, _chunk
 from tests.api_server._support import KEY, RecordingProvider, client_for, poll
@@ -434,7 +434,7 @@ async def test_hostile_requests_and_auth(store, tmp_path) -> None:
 async def test_a_sweep_leaves_this_servers_new_responses_alone(store, tmp_path) -> None:
     """Between its insert and the start of its run, a response of this server holds the
     lease the insert gave it: a sweep then (any write pokes one) must not end it."""
-    from gateway.platforms.responses_wire import parse_responses_body
+    from gateway.openai.responses_wire import parse_responses_body
 
     provider = DemoModel(delay_seconds=0)
     async with serving(store, tmp_path, provider) as (_, service):

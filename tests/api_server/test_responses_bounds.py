@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from delivery.responses_backend import QueueFull
-from gateway.platforms.responses_wire import ResponsesRequest, parse_responses_body
+from gateway.openai.responses_wire import ResponsesRequest, parse_responses_body
 from tests.agent.test_openai_compat import FakeOpenAI, _chunk, completion, sse
 from tests.api_server import test_responses
 from tests.api_server._support import KEY, client_for, poll

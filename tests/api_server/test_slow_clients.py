@@ -20,7 +20,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.platforms.connection_guard import ConnectionLimits, raise_descriptor_limit
+from gateway.http.connection_guard import ConnectionLimits, raise_descriptor_limit
 from gateway.session import SessionStore
 from tests.api_server._support import KEY, running_adapter
 from tests.api_server.serve_support import KEY as SERVE_KEY

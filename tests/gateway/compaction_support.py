@@ -22,10 +22,16 @@ from agent.loop import Agent
 from agent.markers import SUMMARISE_MARKER
 from agent.providers.openai_compat import OpenAICompatProvider
 from agent.tools import ToolRegistry
-from gateway.compaction import CompactionPolicy, Compactor, provider_summariser
 from gateway.config import Platform
 from gateway.session import SessionSource, SessionStore
-from gateway.turns import StartedTurn, TurnError, TurnRequest, TurnService, agent_turn_runner
+from gateway.turns.compaction import CompactionPolicy, Compactor, provider_summariser
+from gateway.turns.service import (
+    StartedTurn,
+    TurnError,
+    TurnRequest,
+    TurnService,
+    agent_turn_runner,
+)
 
 SESSION = "api_compaction_test"
 TOKEN = re.compile(r"RESULT-\d+")

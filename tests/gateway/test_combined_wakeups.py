@@ -19,8 +19,8 @@ import tools.async_delegation as ad
 from agent.markers import WAKE_MARKER, read_wake_data
 from agent.providers.demo import DemoModel
 from gateway.config import Platform
-from gateway.platforms.telegram import telegram_session_id
 from gateway.session import SessionSource
+from gateway.surfaces.telegram.adapter import telegram_session_id
 from reveille.app import App, serve
 from reveille.settings import Settings
 from tests.api_server.serve_support import wait_until

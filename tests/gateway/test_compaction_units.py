@@ -16,15 +16,21 @@ from agent.providers.base import ProviderError
 from agent.providers.demo import DemoModel
 from agent.tools import ToolRegistry
 from api.views import transcript_items
-from gateway.compaction import (
+from gateway.config import Platform
+from gateway.session import SessionSource, SessionStore
+from gateway.turns.compaction import (
     CompactionPolicy,
     Compactor,
     estimate_tokens,
     provider_summariser,
 )
-from gateway.config import Platform
-from gateway.session import SessionSource, SessionStore
-from gateway.turns import StartedTurn, TurnError, TurnRequest, TurnService, agent_turn_runner
+from gateway.turns.service import (
+    StartedTurn,
+    TurnError,
+    TurnRequest,
+    TurnService,
+    agent_turn_runner,
+)
 from reveille.settings import SettingsError, load_settings
 from tests.agent.test_openai_compat import FakeOpenAI, completion, provider_for
 from tests.stores import session_file_store

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.markers import DELIVERY_MARKER
-from gateway.conversation import bound_context
+from gateway.turns.conversation import bound_context
 
 
 def _msgs(n: int, size: int) -> list[dict[str, str]]:

@@ -28,10 +28,10 @@ from agent.providers.demo import DemoModel
 from agent.tools import ToolRegistry
 from api.views import card_of_wake_text, transcript_items
 from delivery.event_display import display_metadata
-from gateway.compaction import CompactionPolicy, Compactor, is_summary
 from gateway.config import Platform
 from gateway.session import SessionSource, SessionStore
-from gateway.turns import StartedTurn, TurnRequest, TurnService, agent_turn_runner
+from gateway.turns.compaction import CompactionPolicy, Compactor, is_summary
+from gateway.turns.service import StartedTurn, TurnRequest, TurnService, agent_turn_runner
 from gateway.wake_text import format_wake_batch, format_wake_text, wake_results
 from tests.stores import session_file_store
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from gateway.adapter import BasePlatformAdapter, MessageEvent, MessageType
 from gateway.config import Platform
-from gateway.platforms.base import BasePlatformAdapter, MessageEvent, MessageType
 from gateway.session import SessionSource
 from gateway.wake import adapter_supports_push
 

@@ -1,4 +1,4 @@
-"""``gateway.turn_fence``: a turn's cancel and its store, whichever comes first wins."""
+"""``gateway.turns.fence``: a turn's cancel and its store, whichever comes first wins."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.turn_fence import TurnFence, finish_despite_cancel
+from gateway.turns.fence import TurnFence, finish_despite_cancel
 
 
 async def test_a_cancel_before_the_store_wins_and_nothing_is_stored() -> None:

@@ -17,7 +17,7 @@ from agent.tools import ApprovalExpired
 from delivery.session_backend import ApprovalRecord
 from gateway.approvals import Approvals
 from gateway.session import SessionSource
-from gateway.turn_hold import TurnHold
+from gateway.turns.hold import TurnHold
 from tests.stores import session_file_store
 
 

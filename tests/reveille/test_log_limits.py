@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from gateway.platforms.api_server import ApiServerAdapter
+from gateway.surfaces.api_server.adapter import ApiServerAdapter
 from reveille.log_limits import LIMITED_LOGGERS, RateLimit, rate_limited_logs
 from tests.webui.conftest import settings_for, start_web, stop_web
 
@@ -108,7 +108,7 @@ async def test_a_500_per_request_logs_one_traceback_with_a_count(
                     assert resp.status == 500
     finally:
         await stop_web(web)
-    errors = [r for r in caplog.records if r.name == "gateway.platforms.http_middleware"]
+    errors = [r for r in caplog.records if r.name == "gateway.http.middleware"]
     assert len(errors) == 2, [r.getMessage() for r in errors]
     assert errors[0].exc_info is not None and errors[1].exc_info is None
     assert "[repeated 199 times" in errors[1].getMessage()

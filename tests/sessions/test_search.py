@@ -95,7 +95,7 @@ def test_existing_rows_are_indexed_when_an_older_file_is_opened(tmp_path: Path) 
 
 
 def test_superseded_messages_stay_but_leave_the_model_context(store: SessionStore) -> None:
-    from gateway.conversation import build_context
+    from gateway.turns.conversation import build_context
 
     store.create_session("s", title="t")
     rows = store.append_turn(

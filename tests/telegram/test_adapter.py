@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
+from gateway.adapter import MessageEvent
 from gateway.config import Platform
-from gateway.platforms.base import MessageEvent
-from gateway.platforms.telegram import TelegramAdapter, telegram_session_id
-from gateway.platforms.telegram_api import TelegramApi
-from gateway.platforms.telegram_state import TelegramState
 from gateway.session import SessionGone, SessionSource, SessionStore
-from gateway.turns import TurnService
+from gateway.surfaces.telegram.adapter import TelegramAdapter, telegram_session_id
+from gateway.surfaces.telegram.api import TelegramApi
+from gateway.surfaces.telegram.state import TelegramState
+from gateway.turns.service import TurnService
 from gateway.wake import WakeDeliveryError, deliver_wake
 from tests.api_server.serve_support import wait_until
 from tests.stores import memory_sessions, telegram_backend
@@ -220,7 +220,7 @@ async def test_updates_with_impossible_ids_are_skipped_and_recorded_once(setup, 
     the same traceback came every second); now it is skipped, logged once, and later good
     updates are answered."""
     adapter, bot, model = setup
-    caplog.set_level("WARNING", logger="gateway.platforms.telegram_intake")
+    caplog.set_level("WARNING", logger="gateway.surfaces.telegram.intake")
     for i, update_id in enumerate(BAD_UPDATE_IDS):
         bot.raw_update(_bad(update_id, f"bad {i}"))
         bot.message(f"good {i}")
@@ -235,7 +235,7 @@ async def test_updates_with_impossible_ids_are_skipped_and_recorded_once(setup, 
 
 async def test_an_impossible_update_alone_is_logged_once_and_polled_calmly(setup, caplog):
     adapter, bot, model = setup
-    caplog.set_level("WARNING", logger="gateway.platforms.telegram_intake")
+    caplog.set_level("WARNING", logger="gateway.surfaces.telegram.intake")
     bot.raw_update(_bad(2**63, "stuck?"))  # nothing after it: the offset cannot move past it
     await until(lambda: adapter.poller.skipped >= 1)
     calls = len(bot.calls_of("getUpdates"))

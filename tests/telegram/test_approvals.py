@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from delivery.session_backend import ApprovalRecord
+from gateway.adapter import MessageEvent
 from gateway.approvals import Approvals
 from gateway.config import Platform
-from gateway.platforms.base import MessageEvent
-from gateway.platforms.telegram import TelegramAdapter, telegram_session_id
-from gateway.platforms.telegram_api import TelegramApi
-from gateway.platforms.telegram_state import TelegramState
 from gateway.session import SessionSource, SessionStore
-from gateway.turns import TurnService
+from gateway.surfaces.telegram.adapter import TelegramAdapter, telegram_session_id
+from gateway.surfaces.telegram.api import TelegramApi
+from gateway.surfaces.telegram.state import TelegramState
+from gateway.turns.service import TurnService
 from tests.api_server.serve_support import wait_until
 from tests.stores import session_file_store, telegram_backend
 from tests.telegram.fake_bot_api import FakeBotApi
@@ -137,7 +137,7 @@ async def test_a_command_is_asked_with_a_keyboard_and_gates_a_wake_up(chat: Chat
         session_key_of=lambda s: s,
         hold_sessions=True,
     )
-    from gateway.turns import TurnError, TurnRequest
+    from gateway.turns.service import TurnError, TurnRequest
 
     with pytest.raises(TurnError) as refused:
         await other.start(

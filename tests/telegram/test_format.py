@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from gateway.platforms.telegram_format import split_message, to_html, utf16_len
+from gateway.surfaces.telegram.format import split_message, to_html, utf16_len
 from tests.telegram.fake_bot_api import parse_html
 
 

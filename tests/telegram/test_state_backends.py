@@ -25,7 +25,7 @@ from delivery.telegram_backend import (
     TelegramDumpInbox,
     TelegramDumpPart,
 )
-from gateway.platforms.telegram_state import TelegramState
+from gateway.surfaces.telegram.state import TelegramState
 from tests.pg_support import fresh_url
 from tests.telegram.legacy_file import make_legacy_file
 

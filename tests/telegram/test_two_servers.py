@@ -17,7 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from gateway.platforms.telegram_intake import SECRET_HEADER
+from gateway.surfaces.telegram.intake import SECRET_HEADER
 from tests.api_server.serve_support import Server, ledger_rows, wait_until
 from tests.pg_support import fresh_url
 from tests.telegram.conftest import telegram_env

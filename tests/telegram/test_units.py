@@ -10,10 +10,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.platforms.telegram_api import TelegramApi, TelegramError
-from gateway.platforms.telegram_format import escape, split_message, utf16_len
-from gateway.platforms.telegram_intake import SECRET_HEADER, webhook_handler
-from gateway.platforms.telegram_state import TelegramState
+from gateway.surfaces.telegram.api import TelegramApi, TelegramError
+from gateway.surfaces.telegram.format import escape, split_message, utf16_len
+from gateway.surfaces.telegram.intake import SECRET_HEADER, webhook_handler
+from gateway.surfaces.telegram.state import TelegramState
 from reveille.settings import SettingsError, load_settings
 from tests.stores import telegram_backend
 from tests.telegram.fake_bot_api import FakeBotApi
@@ -164,7 +164,7 @@ async def test_webhook_skips_updates_with_impossible_ids_and_records_them_once(
     """A webhook update Reveille can never take is answered 200 (Telegram resends a refused
     one and holds every later update back behind it), logged once, and not stored; a huge
     id used to fail the inbox write with a 500."""
-    caplog.set_level("WARNING", logger="gateway.platforms.telegram_intake")
+    caplog.set_level("WARNING", logger="gateway.surfaces.telegram.intake")
     state = _state(tmp_path)
     seen: list[int] = []
     app = web.Application()
@@ -313,9 +313,9 @@ async def test_a_409_conflict_is_logged_once_with_its_cause_then_at_debug(
     """Two servers on one bot token: every getUpdates of the second is a 409. That logged an
     ERROR line each retry (21 in 90 s); now the first says what it is, the rest are DEBUG,
     and a conflict that comes back after a good poll is reported again, once."""
-    from gateway.platforms.telegram_intake import LongPoller
+    from gateway.surfaces.telegram.intake import LongPoller
 
-    caplog.set_level("DEBUG", logger="gateway.platforms.telegram_intake")
+    caplog.set_level("DEBUG", logger="gateway.surfaces.telegram.intake")
     bot = FakeBotApi().start()
     api = TelegramApi(bot.token, base_url=bot.base_url)
     state = _state(tmp_path)
@@ -379,7 +379,7 @@ async def test_one_of_two_intakes_polls_and_the_other_takes_over_when_its_lease_
     """Two servers' intakes on one store (here one ``chats.db``): only the lease holder
     polls; when it stops without a word (its lease is not released), the other polls once
     the lease lapsed, from the offset the first left, and no update is handed out twice."""
-    from gateway.platforms.telegram_intake import LongPoller, SharedIntake
+    from gateway.surfaces.telegram.intake import LongPoller, SharedIntake
 
     bot = FakeBotApi().start()
     apis = [TelegramApi(bot.token, base_url=bot.base_url) for _ in range(2)]

@@ -9,8 +9,8 @@ from typing import Any
 from agent.providers.base import ProviderError
 from agent.providers.demo import DemoModel
 from gateway.config import Platform
-from gateway.conversation import build_context
 from gateway.session import MAX_TITLE_CHARS, SessionSource
+from gateway.turns.conversation import build_context
 from tests.webui.conftest import Web, settings_for, start_web, stop_web
 
 

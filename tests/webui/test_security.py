@@ -12,7 +12,7 @@ import pytest
 
 from agent.markers import WAKE_DATA_MARKER, WAKE_MARKER, wake_data_line
 from agent.providers.demo import DemoModel
-from gateway.platforms.connection_guard import ConnectionLimits
+from gateway.http.connection_guard import ConnectionLimits
 from reveille.app import check_webui_bind, serve
 from reveille.settings import Settings, SettingsError
 from tests.slow_clients import (

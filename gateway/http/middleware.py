@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.session import SessionStoreError
-from gateway.turns import TurnError
+from gateway.turns.service import TurnError
 
 __all__ = [
     "OPEN_STREAM_KEY",

@@ -18,8 +18,8 @@ from typing import Any
 
 import aiohttp
 
-from gateway.platforms.telegram_updates import TooDeep, loads_bounded
 from gateway.session import SessionSource
+from gateway.surfaces.telegram.updates import TooDeep, loads_bounded
 
 __all__ = ["DEFAULT_BASE_URL", "TelegramApi", "TelegramError", "thread_params"]
 

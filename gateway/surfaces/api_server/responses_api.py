@@ -11,7 +11,7 @@ A response id is an unguessable capability (``resp_`` + 128 random bits): unlike
 id, which the chat endpoint derives from a conversation's opening, nobody can name another
 client's response, so ``previous_response_id`` is taken without a configured key too. On a
 keyless server a response is bound to the bearer token that created it (its owner key,
-``api_auth.owner_of``): reading, streaming, cancelling, deleting it, its input items and a
+``auth.owner_of``): reading, streaming, cancelling, deleting it, its input items and a
 ``previous_response_id`` naming it need that token again (or the internal key); for anyone
 else it does not exist (404). Its idempotency keys are that owner's too.
 
@@ -36,9 +36,8 @@ from typing import Any
 from aiohttp import web
 
 from delivery.responses_backend import ResponseRow
-from gateway.platforms.api_auth import bearer_token, may_see, owner_of
-from gateway.platforms.http_middleware import RETRY_AFTER_SECONDS, ApiError, open_event_stream
-from gateway.platforms.responses_wire import (
+from gateway.http.middleware import RETRY_AFTER_SECONDS, ApiError, open_event_stream
+from gateway.openai.responses_wire import (
     ResponsesRequest,
     events_of_final,
     fingerprint_of_body,
@@ -47,6 +46,7 @@ from gateway.platforms.responses_wire import (
     sse_event,
 )
 from gateway.responses import PreviousNotUsable, QueueFull, ResponsesService
+from gateway.surfaces.api_server.auth import bearer_token, may_see, owner_of
 
 # What the routes take from the API server they are mounted on (as its sessions and
 # approvals routes do): its JSON body reader, its model check, whether it is draining.

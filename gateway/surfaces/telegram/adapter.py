@@ -1,21 +1,26 @@
-"""The Telegram adapter: a push-capable chat surface over the Bot API.
+"""The Telegram adapter: a push-capable chat surface over the Bot API, implementing the
+surface port (``gateway.surfaces.port.ChatSurface``). What is Telegram's lives here and in its
+package (intake, the Bot API client, formatting and splitting, the inline keyboard); what
+every chat platform does the same way (answering a message once, streaming the reply, the
+wake-up rules, who may answer an approval) is ``gateway.surfaces.chat.ChatTurns`` and
+``gateway.surfaces.approval_press``, which this adapter uses.
 
 Started by ``reveille serve`` when a bot token is configured (the composition root builds
 it with a ``TurnService`` of ``Platform.TELEGRAM``). Each chat, and each forum topic of a
 chat, is one session: its id is ``build_session_key`` of the chat's ``SessionSource``.
 
-* Intake (``gateway.platforms.telegram_intake``): long polling or a webhook, both into the
+* Intake (``gateway.surfaces.telegram.intake``): long polling or a webhook, both into the
   durable inbox of ``TelegramState``; updates of one chat are answered in order, chats in
   parallel. Only users in ``allowed_users`` get a turn; anyone else's message is answered
   with nothing at all (it is logged and marked done). With nobody allowed the bot answers
   nobody, and says so in the log at start.
 * A turn runs under the idempotency key of its update, so after a crash the update is
   answered from the stored turn instead of running the agent again (see
-  ``gateway.platforms.telegram_state``).
+  ``gateway.surfaces.telegram.state``).
 * Replies stream into the chat by editing one message, at most one edit per
   ``edit_interval`` seconds ("message is not modified" counts as success), with the typing
   action while the agent works; the final text is split at Telegram's 4,096-character limit
-  on paragraph boundaries and its markdown sent as Telegram HTML (``telegram_format``,
+  on paragraph boundaries and its markdown sent as Telegram HTML (``format``,
   always well-formed; a piece Telegram still cannot parse is sent again as plain text), so
   model output can never break a message.
 * ``/start`` and ``/help`` answer with what the bot does; ``/new`` starts a fresh session
@@ -32,13 +37,12 @@ chat, is one session: its id is ``build_session_key`` of the chat's ``SessionSou
   press on the old keyboard, whose turn is gone, is told it was settled as denied ("expired"
   when no turn has taken the session over yet); nothing of it runs.
 * Wake-ups arrive through ``deliver_wake``'s push path (``handle_message`` with an internal
-  ``MessageEvent``): an agent turn that restates the result, keyed by the delivery id, sent
-  to the chat. A wake-up for a chat whose turn is running waits for it (the claim is held,
-  no attempt is refused or spent) and runs once afterwards.
-* Errors map onto the ledger's rules: 429 -> wait ``retry_after``, then a retryable release;
-  5xx and connection failures -> retryable; 403 (blocked, kicked) and 400 "chat not found"
-  -> ``SessionGone`` (the runner drops the delivery, the result stays in the ledger); any
-  other 400 -> an ordinary release.
+  ``MessageEvent``) and are ``ChatTurns.wake``'s: an agent turn that restates the result,
+  keyed by the delivery id, sent to the chat, under the rules every platform shares.
+* Bot API failures become the port's ``SurfaceError`` (``surface_error``): 429 ->
+  ``RATE_LIMITED`` with its ``retry_after``; 5xx and connection failures -> ``TRANSIENT``;
+  403 (blocked, kicked) and 400 "chat not found" -> ``GONE`` (a wake-up to it is dropped,
+  the result stays in the ledger); any other 400 -> ``REFUSED``.
 """
 
 from __future__ import annotations
@@ -56,26 +60,26 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from delivery.cancel import CANCELLED, BackgroundUnit, active_units
-from gateway.approvals import Approvals
+from gateway.adapter import BasePlatformAdapter, MessageEvent, SendResult
+from gateway.approvals import ApprovalRecord, Approvals
 from gateway.config import Platform
-from gateway.platforms.base import BasePlatformAdapter, MessageEvent, SendResult
-from gateway.platforms.telegram_api import TelegramApi, TelegramError, thread_params
-from gateway.platforms.telegram_approvals import ApprovalKeyboard
-from gateway.platforms.telegram_format import split_message, to_html
-from gateway.platforms.telegram_intake import LongPoller, SharedIntake, webhook_handler
-from gateway.platforms.telegram_state import TelegramState
-from gateway.platforms.telegram_updates import BadField, telegram_id
-from gateway.session import SessionGone, SessionSource, build_session_key, is_valid_session_id
+from gateway.session import SessionSource, build_session_key, is_valid_session_id
+from gateway.surfaces.chat import ChatTurns
+from gateway.surfaces.port import Refusal, SurfaceError, SurfaceLimits
+from gateway.surfaces.telegram.api import TelegramApi, TelegramError, thread_params
+from gateway.surfaces.telegram.approvals import ApprovalKeyboard
+from gateway.surfaces.telegram.format import MAX_MESSAGE_LENGTH, split_message, to_html
+from gateway.surfaces.telegram.intake import LongPoller, SharedIntake, webhook_handler
+from gateway.surfaces.telegram.state import TelegramState
+from gateway.surfaces.telegram.updates import BadField, telegram_id
 from gateway.tasks import finish_or_cancel
-from gateway.turns import ReplayedTurn, TurnError, TurnRequest, TurnService
-from gateway.wake import WakeDeliveryError
+from gateway.turns.service import TurnService
 from tools.delegation_runtime import get_runtime
 
 __all__ = ["TelegramAdapter", "source_of_message", "telegram_session_id"]
 
 logger = logging.getLogger(__name__)
 
-_TYPING_EVERY_SECONDS = 4.0
 _MAX_UPDATE_RETRY_SECONDS = 60.0
 
 
@@ -163,8 +167,9 @@ class TelegramAdapter(BasePlatformAdapter):
         self.allowed_users = frozenset(str(u).strip() for u in allowed_users if str(u).strip())
         self.webhook_url = webhook_url
         self.secret_token = secret_token
-        self.edit_interval = edit_interval
-        self.wake_wait_seconds = wake_wait_seconds
+        self.limits = SurfaceLimits(
+            max_message_chars=MAX_MESSAGE_LENGTH, can_edit=True, edit_interval=edit_interval
+        )
         self.bot = api.bot_id
         self.poller = LongPoller(
             api,
@@ -173,18 +178,23 @@ class TelegramAdapter(BasePlatformAdapter):
             timeout=poll_timeout,
             backoff_seconds=poll_backoff_seconds,
         )
-        self._chat_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._poll_task: asyncio.Task[None] | None = None
         self._in_hand: set[int] = set()  # updates dispatched and not yet answered
         self.ignored_updates = 0
-        # The chat each running turn's session answers in: where its approvals are asked.
-        self._sources: dict[str, SessionSource] = {}
+        # Answering once, streaming, and the wake-up rules: the same for every platform.
+        self.chat = ChatTurns(
+            self,
+            turns,
+            state,
+            key_prefix=f"telegram:{self.bot}",
+            wake_wait_seconds=wake_wait_seconds,
+        )
         self.approval_keyboard = ApprovalKeyboard(
-            api, turns.store, approvals, self.allowed_users, self._sources
+            self, api, turns.store, approvals, self.allowed_users, self.chat.sources
         )
         if approvals is not None:
-            turns.on_approval = self.approval_keyboard.ask
+            turns.on_approval = self.ask_approval
         self.set_message_handler(self._on_event)
 
     # ----------------------------------------------------------------- lifecycle
@@ -263,16 +273,6 @@ class TelegramAdapter(BasePlatformAdapter):
         # Once it is marked answered (or left to a takeover, when cancelled).
         task.add_done_callback(lambda _: self._in_hand.discard(update_id))
 
-    def _lock(self, session_id: str) -> asyncio.Lock:
-        lock = self._chat_locks.get(session_id)
-        if lock is None:
-            if len(self._chat_locks) > 1024:
-                # Forget the locks of idle chats (nobody holds or waits for them).
-                for idle in [k for k, v in self._chat_locks.items() if not v.locked()]:
-                    del self._chat_locks[idle]
-            lock = self._chat_locks[session_id] = asyncio.Lock()
-        return lock
-
     async def _process_update(self, update_id: int, update: dict[str, Any]) -> None:
         try:
             await self._answer_update(update_id, update)
@@ -316,37 +316,18 @@ class TelegramAdapter(BasePlatformAdapter):
                     await self._stop_background(source)
                 else:
                     await self.send_text(source, HELP_TEXT)
-            except TelegramError as exc:
+            except SurfaceError as exc:
                 logger.warning("Telegram refused the answer to update %s: %s", update_id, exc)
             return
         session_id = await self._session_of(source)
         key = f"telegram:{self.bot}:update:{update_id}"
-        delay = 1.0
-        async with self._lock(session_id):
-            while True:
-                try:
-                    await self._answer(source, session_id, text, key, create=True)
-                    return
-                except TurnError as exc:
-                    if exc.kind not in ("too_many_turns", "in_progress", "session_busy"):
-                        raise
-                    logger.info("Telegram update %s waits: %s", update_id, exc.message)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, _MAX_UPDATE_RETRY_SECONDS)
-                except TelegramError as exc:
-                    if exc.gone:
-                        logger.info("Telegram chat %s is gone: %s", source.chat_id, exc)
-                        return
-                    if not exc.transient:
-                        logger.warning("Telegram refused the reply to %s: %s", update_id, exc)
-                        return
-                    # The turn is stored; a retry replays it and edits what was sent.
-                    wait = exc.retry_after if exc.retry_after is not None else delay
-                    logger.info(
-                        "Telegram reply to %s: %s; retrying in %.0f s", update_id, exc, wait
-                    )
-                    await asyncio.sleep(wait)
-                    delay = min(delay * 2, _MAX_UPDATE_RETRY_SECONDS)
+        event = MessageEvent(
+            text=text,
+            source=source,
+            session_id=session_id,
+            message_id=str(message.get("message_id") or update_id),
+        )
+        await self.chat.answer_message(event, key=key)
 
     # ----------------------------------------------------------------- conversations
 
@@ -395,126 +376,51 @@ class TelegramAdapter(BasePlatformAdapter):
     # ----------------------------------------------------------------- wake-ups
 
     async def _on_event(self, event: MessageEvent) -> str | None:
-        """An internal event (a wake-up from ``deliver_wake``): a turn answered in the chat."""
-        source = event.source
-        if source is None:
-            raise ValueError("a Telegram event needs its SessionSource")
-        session_id = event.session_id or telegram_session_id(source)
-        ident = event.metadata.get("idempotency_key")
-        key = f"telegram:{self.bot}:wake:{ident}" if ident else None
-        lock = self._lock(session_id)
-        try:
-            # The chat's running turn first; holding the claim meanwhile is no attempt lost.
-            async with asyncio.timeout(self.wake_wait_seconds):
-                await lock.acquire()
-        except TimeoutError:
-            raise WakeDeliveryError(
-                f"chat {source.chat_id} stayed busy for {self.wake_wait_seconds:g}s",
-                transient=True,
-            ) from None
-        try:
-            return await self._answer(
-                source, session_id, event.text, key, create=False, wakeup=True
+        """An internal event (a wake-up from ``deliver_wake``): ``ChatTurns.wake``, under
+        the wake-up rules every platform shares."""
+        if event.source is not None and not event.session_id:
+            event.session_id = telegram_session_id(event.source)
+        return await self.chat.wake(event)
+
+    # ----------------------------------------------------------------- the port
+
+    def split(self, text: str) -> list[str]:
+        return split_message(text)
+
+    def owner_of(self, source: SessionSource) -> str | None:
+        """A private chat's user; in a group, the user who started the session."""
+        return source.user_id or source.chat_id
+
+    async def ask_approval(self, approval: ApprovalRecord) -> None:
+        await self.approval_keyboard.ask(approval)
+
+    async def typing(self, to: SessionSource) -> None:
+        with contextlib.suppress(TelegramError):
+            await self.api.call(
+                "sendChatAction",
+                {"chat_id": to.chat_id, "action": "typing", **thread_params(to)},
             )
-        except TelegramError as exc:
-            if exc.gone:
-                # The chat is gone for the bot (blocked, kicked, deactivated): Telegram's
-                # own words are the reason the delivery is dropped with.
-                raise SessionGone(session_id, reason=f"Telegram: {exc.description}") from exc
-            if exc.error_code == 429:
-                # Honour the wait, then give the claim back without spending the attempt.
-                await asyncio.sleep(min(exc.retry_after or 1.0, self.wake_wait_seconds))
-            raise WakeDeliveryError(
-                str(exc), transient=exc.transient, status=exc.error_code
-            ) from exc
-        except TurnError as exc:
-            if exc.kind in ("session_not_found", "session_deleted"):
-                raise SessionGone(session_id) from exc
-            raise WakeDeliveryError(
-                exc.message,
-                transient=exc.kind in ("too_many_turns", "in_progress", "session_busy"),
-            ) from exc
-        finally:
-            lock.release()
-
-    # ----------------------------------------------------------------- one answer
-
-    async def _answer(
-        self,
-        source: SessionSource,
-        session_id: str,
-        text: str,
-        key: str | None,
-        *,
-        create: bool,
-        wakeup: bool = False,
-    ) -> str:
-        """Run (or replay) the turn and send its reply; raises ``TelegramError``."""
-        if key is not None and await asyncio.to_thread(self.state.reply_finished, key):
-            return ""
-        typing = asyncio.create_task(self._typing(source))
-        self._sources[session_id] = source
-        try:
-            turn = await self.turns.start(
-                TurnRequest(
-                    session_id=session_id,
-                    messages=[{"role": "user", "content": text}],
-                    create=source if create else None,
-                    idempotency_key=key,
-                    stream=True,
-                    bind_key_to_request=False,
-                    wakeup=wakeup,
-                )
-            )
-            reply = _Reply(self, source, key)
-            await reply.load()
-            if isinstance(turn, ReplayedTurn):
-                final = str(turn.response.get("content") or "")
-            else:
-                assert turn.deltas is not None
-                while True:
-                    piece = await turn.deltas.get()
-                    if piece is None:
-                        break
-                    if isinstance(piece, str):
-                        await reply.grow(piece)
-                final = str((await turn.task).get("content") or "")
-        finally:
-            self._sources.pop(session_id, None)
-            typing.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await typing
-        await reply.finish(final)
-        return final
-
-    async def _typing(self, source: SessionSource) -> None:
-        while True:
-            with contextlib.suppress(TelegramError):
-                await self.api.call(
-                    "sendChatAction",
-                    {"chat_id": source.chat_id, "action": "typing", **thread_params(source)},
-                )
-            await asyncio.sleep(_TYPING_EVERY_SECONDS)
 
     # ----------------------------------------------------------------- sending
 
-    async def send_text(
-        self, source: SessionSource, text: str, *, message_id: int | None = None
-    ) -> int:
-        """Send (or, with ``message_id``, edit to) one piece of markdown; its message id."""
-        if message_id is None:
-            result = await self._formatted(
-                "sendMessage", {"chat_id": source.chat_id, **thread_params(source)}, text
-            )
-            return int(result["message_id"]) if isinstance(result, dict) else 0
+    async def send_text(self, to: SessionSource, text: str, *, edit: int | None = None) -> int:
+        """Send (or, with ``edit``, edit to) one piece of markdown; its message id."""
         try:
-            await self._formatted(
-                "editMessageText", {"chat_id": source.chat_id, "message_id": message_id}, text
-            )
+            if edit is None:
+                result = await self._formatted(
+                    "sendMessage", {"chat_id": to.chat_id, **thread_params(to)}, text
+                )
+                return int(result["message_id"]) if isinstance(result, dict) else 0
+            try:
+                await self._formatted(
+                    "editMessageText", {"chat_id": to.chat_id, "message_id": edit}, text
+                )
+            except TelegramError as exc:
+                if not exc.not_modified:
+                    raise
+            return edit
         except TelegramError as exc:
-            if not exc.not_modified:
-                raise
-        return message_id
+            raise surface_error(exc) from exc
 
     async def _formatted(self, method: str, params: dict[str, Any], text: str) -> Any:
         """``text`` as Telegram HTML; as plain text when Telegram cannot parse it anyway."""
@@ -540,71 +446,21 @@ class TelegramAdapter(BasePlatformAdapter):
         try:
             for piece in split_message(text):
                 last = await self.send_text(source, piece)
-        except TelegramError as exc:
+        except SurfaceError as exc:
             return SendResult(success=False, error=str(exc), retryable=exc.transient)
         return SendResult(success=True, message_id=str(last) if last is not None else None)
 
 
-class _Reply:
-    """One reply: streamed into its first message, then split and finished durably."""
-
-    def __init__(self, adapter: TelegramAdapter, source: SessionSource, key: str | None) -> None:
-        self.adapter = adapter
-        self.source = source
-        self.key = key
-        self.parts: dict[int, int] = {}
-        self.text = ""
-        self.shown = ""
-        self.last_edit = 0.0
-        self.streaming = True
-        self.stopped_by: TelegramError | None = None
-
-    async def load(self) -> None:
-        if self.key is not None:
-            self.parts = await asyncio.to_thread(self.adapter.state.reply_parts, self.key)
-
-    async def _put(self, index: int, piece: str) -> None:
-        message_id = self.parts.get(index)
-        new_id = await self.adapter.send_text(self.source, piece, message_id=message_id)
-        if message_id is None:
-            self.parts[index] = new_id
-            if self.key is not None:
-                await asyncio.to_thread(
-                    self.adapter.state.record_part, self.key, index, self.source.chat_id, new_id
-                )
-
-    async def grow(self, piece: str) -> None:
-        """More streamed text: edit the first message, throttled; failures only pause it."""
-        self.text += piece
-        if not self.streaming or not self.text.strip():
-            return
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if self.parts and now - self.last_edit < self.adapter.edit_interval:
-            return
-        head = split_message(self.text)[0]
-        if head == self.shown:
-            return
-        try:
-            await self._put(0, head)
-        except TelegramError as exc:
-            # The final send reports what is wrong. A 429 or a chat that is gone is
-            # reported as such at once: the caller waits retry_after and tries later, or
-            # drops, instead of sending into it again.
-            self.streaming = False
-            if exc.error_code == 429 or exc.gone:
-                self.stopped_by = exc
-            return
-        self.shown = head
-        self.last_edit = loop.time()
-
-    async def finish(self, final: str) -> None:
-        if self.stopped_by is not None:
-            raise self.stopped_by
-        pieces = split_message(final or "(no reply)")
-        for index, piece in enumerate(pieces):
-            if index == 0 and piece == self.shown:
-                continue
-            await self._put(index, piece)
-        if self.key is not None:
-            await asyncio.to_thread(self.adapter.state.finish_reply, self.key)
+def surface_error(exc: TelegramError) -> SurfaceError:
+    """A Bot API failure in the port's terms (``TelegramError`` classifies it)."""
+    if exc.gone:
+        kind = Refusal.GONE
+    elif exc.error_code == 429:
+        kind = Refusal.RATE_LIMITED
+    elif exc.transient:
+        kind = Refusal.TRANSIENT
+    else:
+        kind = Refusal.REFUSED
+    return SurfaceError(
+        exc.description, kind=kind, retry_after=exc.retry_after, code=exc.error_code
+    )

@@ -34,7 +34,7 @@ __all__ = [
     "update_id_of",
 ]
 
-logger = logging.getLogger("gateway.platforms.telegram_intake")
+logger = logging.getLogger("gateway.surfaces.telegram.intake")
 
 # The offset is the id + 1 and must still fit a signed 64-bit integer.
 MAX_UPDATE_ID = 2**63 - 2

@@ -34,7 +34,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.config import Platform
-from gateway.platforms.http_middleware import ApiError, host_name, is_loopback
+from gateway.http.middleware import ApiError, host_name, is_loopback
 
 __all__ = ["ApiKeyAuth", "is_keyed", "may_see", "owner_of", "same_secret", "visible_to"]
 

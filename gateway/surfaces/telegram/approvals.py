@@ -3,13 +3,10 @@
 ``ask`` sends the keyboard (Approve once / Deny) into the chat whose turn (or background
 task, after its turn ended: the chat its session was created for) waits; each
 button's ``callback_data`` is ``appr:<approval id>:y|n``, an opaque id and never the
-command. ``on_press`` answers a callback query: only an allowed user who owns the chat of
-the approval's session (the private chat's user, or the user who started a group's
-session) decides, once, through ``gateway.approvals`` (the store); anyone else is told "not
-yours", a second press "already decided", a press whose turn is gone (a restart) that the
-record was settled as denied: "already decided: denied" once a new turn took the session
-over (which denies what the dead one asked), else "expired" (this press settles it). A
-decided keyboard's message is edited to say what was decided, which takes its buttons away.
+command. ``on_press`` turns a callback query into an ``ApprovalPress`` and decides it by the
+rule every platform shares (``gateway.surfaces.approval_press``: only the owner of the
+approval's chat, once); the presser gets the answer as the query's toast, and a decided
+keyboard's message is edited to say what was decided, which takes its buttons away.
 """
 
 from __future__ import annotations
@@ -19,11 +16,13 @@ import contextlib
 import logging
 from typing import Any
 
-from gateway.approvals import AlreadyDecided, ApprovalRecord, Approvals, Expired
+from gateway.approvals import ApprovalRecord, Approvals
 from gateway.config import Platform
-from gateway.platforms.telegram_api import TelegramApi, TelegramError, thread_params
-from gateway.platforms.telegram_format import escape
 from gateway.session import SessionSource, SessionStore
+from gateway.surfaces.approval_press import decide_press
+from gateway.surfaces.port import ApprovalPress, ChatSurface, PressAnswer
+from gateway.surfaces.telegram.api import TelegramApi, TelegramError, thread_params
+from gateway.surfaces.telegram.format import escape, to_html
 
 __all__ = ["APPROVAL_PREFIX", "ApprovalKeyboard"]
 
@@ -38,12 +37,14 @@ class ApprovalKeyboard:
 
     def __init__(
         self,
+        surface: ChatSurface,
         api: TelegramApi,
         store: SessionStore,
         approvals: Approvals | None,
         allowed_users: frozenset[str],
         sources: dict[str, SessionSource],
     ) -> None:
+        self.surface = surface
         self.api = api
         self.store = store
         self.approvals = approvals
@@ -132,12 +133,20 @@ class ApprovalKeyboard:
         raw_user = query.get("from")
         user = str(raw_user.get("id")) if isinstance(raw_user, dict) else ""
         message = query.get("message") if isinstance(query.get("message"), dict) else None
-        answer = "This button does nothing."
-        verdict: str | None = None
-        approval_id = ""
+        chat = message.get("chat") if message is not None else None
+        here = str(chat.get("id")) if isinstance(chat, dict) else ""
+        result = PressAnswer("This button does nothing.")
         if isinstance(data, str) and data.startswith(APPROVAL_PREFIX) and data[-2:] in (":y", ":n"):
-            approval_id = data[len(APPROVAL_PREFIX) : -2]
-            answer, verdict = await self._decide(approval_id, data.endswith(":y"), user, message)
+            press = ApprovalPress(
+                approval_id=data[len(APPROVAL_PREFIX) : -2],
+                approve=data.endswith(":y"),
+                user_id=user,
+                chat_id=here,
+            )
+            result = await decide_press(
+                self.surface, self.store, self.approvals, press, allowed_users=self.allowed_users
+            )
+        answer, verdict = result.answer, result.verdict
         with contextlib.suppress(TelegramError):
             await self.api.call(
                 "answerCallbackQuery", {"callback_query_id": query_id, "text": answer}
@@ -150,58 +159,7 @@ class ApprovalKeyboard:
                     {
                         "chat_id": chat.get("id") if isinstance(chat, dict) else None,
                         "message_id": message.get("message_id"),
-                        "text": verdict,
+                        "text": to_html(verdict),
                         "parse_mode": "HTML",
                     },
                 )
-
-    async def _decide(
-        self, approval_id: str, approve: bool, user: str, message: dict[str, Any] | None
-    ) -> tuple[str, str | None]:
-        """What the presser is told, and what the keyboard's message becomes (None: kept)."""
-        if self.approvals is None or user not in self.allowed_users:
-            return "Not yours to decide.", None
-        record = await asyncio.to_thread(self.store.get_approval, approval_id)
-        session = (
-            await asyncio.to_thread(self.store.get_session, record.session_id)
-            if record is not None
-            else None
-        )
-        if record is None or session is None or not isinstance(session.source, dict):
-            return "Unknown approval.", None
-        source = SessionSource.from_dict(session.source)
-        chat = message.get("chat") if message is not None else None
-        here = str(chat.get("id")) if isinstance(chat, dict) else ""
-        owner = source.user_id or source.chat_id
-        if source.platform is not Platform.TELEGRAM or source.chat_id != here or owner != user:
-            return "Not yours to decide.", None
-        command = escape(record.command)
-        try:
-            await self.approvals.decide(approval_id, approve, by=f"Telegram user {user}")
-        except Expired as exc:
-            if exc.record.background:
-                return (
-                    "Expired: nobody answered in time, or its task stopped; nothing ran.",
-                    f"Expired (not run): <code>{command}</code>",
-                )
-            return (
-                "Expired: the turn that asked it is gone (a restart). Ask again.",
-                f"Expired (not run): <code>{command}</code>",
-            )
-        except (AlreadyDecided, KeyError):
-            settled = await asyncio.to_thread(self.store.get_approval, approval_id)
-            if settled is not None and settled.status == "approved":
-                return "Already decided: approved.", None
-            if settled is not None and settled.status == "expired":
-                return (
-                    "Expired: nobody answered in time, or its task stopped; nothing ran.",
-                    f"Expired (not run): <code>{command}</code>",
-                )
-            # Denied by a person, or when its turn ended (a restart took the session over).
-            return (
-                "Already decided: denied (by you, or because its turn ended); nothing ran.",
-                f"Denied (not run): <code>{command}</code>",
-            )
-        if approve:
-            return "Approved.", f"Approved once: <code>{command}</code>"
-        return "Denied.", f"Denied (not run): <code>{command}</code>"

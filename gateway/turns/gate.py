@@ -1,7 +1,7 @@
 """One gateway turn's approval plumbing (the API server's and Telegram's ``TurnService``).
 
 ``TurnGate.confirm`` is the turn's ``ToolContext.confirm``: before asking, it makes sure
-the turn holds its session (``gateway.turn_hold``), then asks through the surface's
+the turn holds its session (``gateway.turns.hold``), then asks through the surface's
 ``confirm_for`` (``gateway.approvals.Approvals``), telling the surface of each approval
 asked (``on_approval``: Telegram sends its keyboard). With parking (the API server), the
 first approval answers the turn's client at once: ``park`` stores the turn as the client
@@ -24,7 +24,7 @@ from typing import Any
 from agent.tools import ConfirmCallback, ToolProgress
 from delivery.session_backend import ApprovalRecord
 from gateway.session import SessionGone, SessionStore
-from gateway.turn_hold import TurnHold
+from gateway.turns.hold import TurnHold
 
 __all__ = [
     "APPROVED_TURN_DISPLAY_KIND",

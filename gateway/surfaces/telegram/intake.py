@@ -29,9 +29,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.platforms.telegram_api import TelegramApi, TelegramError
-from gateway.platforms.telegram_state import TelegramState
-from gateway.platforms.telegram_updates import (
+from gateway.surfaces.telegram.api import TelegramApi, TelegramError
+from gateway.surfaces.telegram.state import TelegramState
+from gateway.surfaces.telegram.updates import (
     SkippedUpdates,
     TooDeep,
     loads_bounded,

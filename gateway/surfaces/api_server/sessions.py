@@ -6,7 +6,7 @@ key when one is configured (the port's middleware checks it); answers that belon
 session echo its id in ``X-Hermes-Session-Id``. The session store does the work; this
 module is request parsing and answers only.
 
-One gate per surface (``api_auth.visible_to``): without the key, only API sessions are
+One gate per surface (``auth.visible_to``): without the key, only API sessions are
 listed, and another surface's session (the web UI's, a chat platform's) or one another
 owner key holds is refused (403 ``api_key_required``), never read, changed or deleted.
 """
@@ -20,8 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.config import Platform
-from gateway.platforms.api_auth import visible_to
-from gateway.platforms.http_middleware import SESSION_HEADER, SESSION_REQUEST_KEY, ApiError
+from gateway.http.middleware import SESSION_HEADER, SESSION_REQUEST_KEY, ApiError
 from gateway.session import (
     MAX_TITLE_CHARS,
     SessionGone,
@@ -31,6 +30,7 @@ from gateway.session import (
     is_valid_session_id,
     new_session_id,
 )
+from gateway.surfaces.api_server.auth import visible_to
 
 __all__ = ["MALFORMED_SESSION_ID", "MAX_TITLE_CHARS", "SessionRoutes", "int_query"]
 
@@ -98,7 +98,7 @@ def _visible_page(
 
 class SessionRoutes:
     """The handlers, over a store; ``read_json`` is the server's (its key check is the
-    port's middleware, ``gateway.platforms.api_auth``)."""
+    port's middleware, ``gateway.surfaces.api_server.auth``)."""
 
     def __init__(
         self,

@@ -30,7 +30,7 @@ from gateway.approvals import (
 )
 from gateway.config import Platform
 from gateway.delivery_targets import session_platform
-from gateway.platforms.http_middleware import SESSION_HEADER, ApiError
+from gateway.http.middleware import SESSION_HEADER, ApiError
 from gateway.session import SessionStore
 
 __all__ = ["ApprovalRoutes"]

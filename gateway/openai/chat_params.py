@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 from agent.providers.base import ModelOptions
-from gateway.platforms.http_middleware import ApiError
+from gateway.http.middleware import ApiError
 
 __all__ = ["MAX_STOP_SEQUENCES", "model_options", "refuse_unsupported"]
 

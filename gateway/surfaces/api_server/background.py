@@ -23,7 +23,7 @@ from aiohttp import web
 from delivery.cancel import NOT_FOUND, BackgroundUnit, CancelOutcome, active_units
 from gateway.config import Platform
 from gateway.delivery_targets import session_platform
-from gateway.platforms.http_middleware import SESSION_HEADER, ApiError
+from gateway.http.middleware import SESSION_HEADER, ApiError
 from gateway.session import SessionStore
 from tools.delegation_runtime import DelegationRuntime, get_runtime
 

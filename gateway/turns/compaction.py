@@ -39,7 +39,7 @@ from typing import Any
 from agent.markers import SUMMARISE_MARKER, SUMMARY_MARKER, defang
 from agent.providers.base import ModelProvider, ProviderError
 from gateway.session import SessionStore, SessionStoreError
-from gateway.turn_hold import TurnHold
+from gateway.turns.hold import TurnHold
 from gateway.wake_text import WAKE_RESULTS_KEY, wake_results
 
 __all__ = [

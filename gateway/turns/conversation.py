@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.markers import DELIVERY_MARKER, defang
-from gateway.compaction import is_summary
+from gateway.turns.compaction import is_summary
 
 __all__ = [
     "build_context",
@@ -162,7 +162,7 @@ def build_context(
     earlier turns stay in the history at their place (each once, consecutive ones merged).
     Rows that arrive after the take wait for the next turn.
 
-    Compaction (``gateway.compaction``): archived rows are left out, and the summary that
+    Compaction (``gateway.turns.compaction``): archived rows are left out, and the summary that
     replaced them comes first, right after the request's system prompt.
     """
     taken_ids = {row["id"] for row in taken}

@@ -23,8 +23,8 @@ from typing import Any
 
 from agent.providers.base import ModelOptions
 from delivery.ids import new_token
-from gateway.platforms.chat_params import model_options
-from gateway.platforms.http_middleware import ApiError
+from gateway.http.middleware import ApiError
+from gateway.openai.chat_params import model_options
 
 __all__ = [
     "Output",
@@ -76,8 +76,9 @@ class ResponsesRequest:
     tool_choice: str = "auto"
     parallel_tool_calls: bool = True
     text: dict[str, Any] = field(default_factory=lambda: {"format": {"type": "text"}})
-    # The owner key that created it on a keyless server (``api_auth.owner_of``): reading
-    # it, its input items, continuing it need that key again. None: the server's key.
+    # The owner key that created it on a keyless server (the API server's
+    # ``auth.owner_of``): reading it, its input items, continuing it need that key again.
+    # None: the server's key.
     owner: str | None = None
 
     def to_json(self) -> str:

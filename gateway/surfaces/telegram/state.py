@@ -38,7 +38,7 @@ from typing import Any
 
 from delivery.identity import current_identity, holder_is_dead
 from delivery.telegram_backend import TelegramBackend
-from gateway.platforms.telegram_updates import update_id_of
+from gateway.surfaces.telegram.updates import update_id_of
 
 __all__ = ["LEASE_SECONDS", "TelegramState"]
 

@@ -13,13 +13,13 @@ streams). The service owns what every surface needs the same way:
 * running the agent, with a ``ToolContext`` that routes background work back here;
 * storing the turn: the user message, the reply and the idempotency record in one commit,
   ordered against a cancel by the turn's ``TurnFence`` (``StartedTurn.cancel``): a cancel
-  before the store began leaves nothing stored, one after it loses (``gateway.turn_fence``);
+  before the store began leaves nothing stored, one after it loses (``gateway.turns.fence``);
 * the idempotency protocol: claim, replay a finished answer, wait (then conflict) while the
   first attempt runs, forget the claim when the turn fails, take over a dead owner's claim;
 * the cap on turns running at once (``max_concurrent_runs``; a caller with a pool of its
   own, background responses, sets ``own_slot`` and takes none of it);
 * approvals (``hold_sessions``: the API server, Telegram): the session's lease while one
-  is pending, and with ``park_on_approval`` an early answer (see ``gateway.turn_approvals``).
+  is pending, and with ``park_on_approval`` an early answer (see ``gateway.turns.gate``).
 
 A session that does not exist yet is written by the commit that stores its first turn, so
 a new conversation costs one read before the model runs and one durable write after (a
@@ -46,26 +46,7 @@ from agent.providers.base import DeltaCallback, ModelOptions, ProviderError
 from agent.tools import ConfirmCallback, ToolContext, ToolProgress, UnitConfirmCallback
 from delivery import traces
 from delivery.session_backend import ApprovalRecord
-from gateway.compaction import Compactor, seen_delivery_ids
 from gateway.config import Platform
-from gateway.conversation import (
-    bound_context,
-    build_context,
-    delivery_context_text,
-    derive_session_id,
-    fork_of,
-    message_text,
-    pick_session,
-    well_formed_result,
-    with_images,
-)
-from gateway.idempotency import (
-    ANY_REQUEST,
-    IdempotencyClaims,
-    KeyReused,
-    StillRunning,
-    fingerprint_of,
-)
 from gateway.session import (
     SessionGone,
     SessionSource,
@@ -76,9 +57,28 @@ from gateway.session import (
     title_from_text,
 )
 from gateway.tasks import finish_or_cancel
-from gateway.turn_approvals import Parking, TurnGate, busy_reason
-from gateway.turn_fence import TurnFence, finish_despite_cancel
-from gateway.turn_hold import TurnHold
+from gateway.turns.compaction import Compactor, seen_delivery_ids
+from gateway.turns.conversation import (
+    bound_context,
+    build_context,
+    delivery_context_text,
+    derive_session_id,
+    fork_of,
+    message_text,
+    pick_session,
+    well_formed_result,
+    with_images,
+)
+from gateway.turns.fence import TurnFence, finish_despite_cancel
+from gateway.turns.gate import Parking, TurnGate, busy_reason
+from gateway.turns.hold import TurnHold
+from gateway.turns.idempotency import (
+    ANY_REQUEST,
+    IdempotencyClaims,
+    KeyReused,
+    StillRunning,
+    fingerprint_of,
+)
 from gateway.wake_text import wake_row_metadata
 
 __all__ = [
@@ -332,7 +332,7 @@ class TurnService:
         self, messages: list[dict[str, Any]], *, idempotency_key: str | None = None
     ) -> Conversation:
         """The session a request without a session id continues, or a new one's id (see
-        ``gateway.conversation.pick_session``). With an ``idempotency_key`` a repeat of a
+        ``gateway.turns.conversation.pick_session``). With an ``idempotency_key`` a repeat of a
         session's last turn is a retry.
 
         A new id stays reserved for this request until the turn started with it
@@ -686,7 +686,7 @@ class TurnService:
     async def _compact(
         self, request: TurnRequest, begun: _Begun, hold: TurnHold | None, *, force: bool
     ) -> list[Any]:
-        """Compact the session before the model call (``gateway.compaction``); the turn goes
+        """Compact the session before the model call (``gateway.turns.compaction``); the turn goes
         on with the compacted history (``begun.history`` is replaced), or as it was. It runs
         under the turn's own lease when the turn holds one (the web UI's; a held wake-up's),
         else the compactor takes one for itself."""

@@ -1,0 +1,1 @@
+"""The API server surface: the OpenAI-compatible HTTP adapter and its routes."""

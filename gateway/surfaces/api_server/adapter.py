@@ -1,0 +1,631 @@
+"""The OpenAI-compatible API server: the stateless platform adapter (``reveille serve``).
+
+Streams carry content deltas as the model writes them and, as ``event: reveille.tool``
+(a chunk with no choices plus ``reveille_tool``), each tool step when it starts and ends.
+
+Routes: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``,
+``GET /v1/models/{id}``, ``GET /health``, the sessions routes of ``sessions``, with
+approvals on the approvals routes of ``approvals``, running background work and its
+cancel on those of ``background``, and the Responses API of
+``responses_api`` once the composition root mounts it.
+
+Approvals (``gateway.turns.gate``): a turn waiting for one answers at once with a note
+naming it, plus ``reveille_approval`` (a stream: an ``event: reveille.approval`` chunk);
+until it is decided a client turn in the session answers 409 ``session_busy`` and the
+server's own wake-up 503 (a wait: its attempt is refunded).
+
+Sessions. ``X-Hermes-Session-Id`` continues a stored session: refused with 403 when no API
+key is configured (anyone on the machine could otherwise resume anyone's conversation),
+400 for a malformed id, 404 for an unknown one. Without the header the session id is
+derived from the conversation (its system prompt and first user message), so a client that
+resends the whole conversation every time keeps landing in the same session. Every
+response that belongs to a session echoes its id in ``X-Hermes-Session-Id``.
+
+The turn itself (transcript, folding of delivered background results, the agent, storing
+the turn with its ``Idempotency-Key`` record, the run cap) is ``gateway.turns.service``; this module
+is HTTP only: authentication, body limits, validation, the OpenAI wire format and SSE.
+Turns run to completion and are stored even if the client goes away meanwhile.
+
+The adapter cannot push a turn itself (``supports_async_delivery = False``): wake-ups come
+in through ``gateway.wake.deliver_wake``'s self-POST, which reads ``_host``, ``_port``,
+``_api_key``, ``_wake_token`` and ``_model_name``. When no key is configured the adapter
+still has a random internal key (``_api_key``) that only its own wake-ups know, so
+background-process wakes work in the keyless default setup while outside clients keep the
+403. ``_wake_token`` puts a wake-up's ``Idempotency-Key`` in a namespace of its own.
+
+Idempotency records are scoped by session (``client:<session>:<key>``): a key reused in
+another conversation is another record and never answers with that conversation's reply.
+
+The port listens through a ``connection_guard.ConnectionGuard``: caps on open connections
+(per port and per client address) and deadlines for request heads, idle connections and
+bodies (408), so slow or numerous clients cannot take the server's descriptors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+from aiohttp import web
+
+from agent.loop import Agent
+from agent.tools import ToolProgress
+from delivery import traces
+from delivery.ids import new_token
+from gateway.adapter import BasePlatformAdapter, SendResult
+from gateway.approvals import Approvals
+from gateway.config import Platform
+from gateway.http.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
+from gateway.http.middleware import (
+    RETRY_AFTER_SECONDS,
+    SESSION_HEADER,
+    SESSION_REQUEST_KEY,
+    ApiError,
+    BrowserGuard,
+    ProtocolErrorLogger,
+    api_error_of,
+    error_middleware,
+    is_loopback,
+    open_event_stream,
+)
+from gateway.http.request_body import DRAIN_FACTOR, read_json_body
+from gateway.openai.chat_body import ChatBody, parse_chat_body
+from gateway.openai.wire import chunker, completion_object, completion_text, send_sse
+from gateway.responses import ResponsesService
+from gateway.session import SessionSource, SessionStore, is_valid_session_id
+from gateway.surfaces.api_server.approvals import ApprovalRoutes
+from gateway.surfaces.api_server.auth import ApiKeyAuth, is_keyed, same_secret
+from gateway.surfaces.api_server.background import BackgroundRoutes
+from gateway.surfaces.api_server.responses_api import ResponsesRoutes
+from gateway.surfaces.api_server.sessions import MALFORMED_SESSION_ID, SessionRoutes
+from gateway.turns.gate import first_answer
+from gateway.turns.service import (
+    ReplayedTurn,
+    TurnError,
+    TurnRequest,
+    TurnRunner,
+    TurnService,
+    agent_turn_runner,
+    derive_session_id,
+)
+
+__all__ = [
+    "DEFAULT_KEEPALIVE_SECONDS",
+    "SESSION_HEADER",
+    "ApiServerAdapter",
+    "TurnRunner",
+    "agent_turn_runner",
+    "derive_session_id",
+]
+
+logger = logging.getLogger(__name__)
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+TOOL_EVENT = "reveille.tool"
+APPROVAL_EVENT = "reveille.approval"
+WAKE_TOKEN_HEADER = "X-Reveille-Wake-Token"
+_READY_TIMEOUT_SECONDS = 2.0
+DEFAULT_KEEPALIVE_SECONDS = 15.0
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+_MAX_IDEMPOTENCY_KEY = 255
+
+
+class ApiServerAdapter(BasePlatformAdapter):
+    """OpenAI-compatible HTTP surface over a turn service and the session store.
+
+    Give it ``turns`` (the composition root's ``TurnService``), or ``agent`` /
+    ``turn_runner`` and it builds its own over ``store``.
+    """
+
+    platform = Platform.API_SERVER
+    supports_async_delivery = False
+
+    def __init__(
+        self,
+        *,
+        store: SessionStore,
+        turns: TurnService | None = None,
+        agent: Agent | Callable[[], Agent] | None = None,
+        turn_runner: TurnRunner | None = None,
+        host: str = "127.0.0.1",
+        port: int = 8642,
+        api_key: str = "",
+        model_name: str = "reveille-demo",
+        max_concurrent_runs: int = 10,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS,
+        idempotency_wait_seconds: float = 300.0,
+        allowed_origins: frozenset[str] = frozenset(),
+        reuse_port: bool = False,
+        server_secret: str | None = None,
+        connection_limits: ConnectionLimits | None = None,
+        approvals: Approvals | None = None,
+    ) -> None:
+        super().__init__()
+        given = sum(x is not None for x in (turns, agent, turn_runner))
+        if given != 1:
+            raise TypeError("ApiServerAdapter needs exactly one of turns=, agent= or turn_runner=")
+        if max_body_bytes < 1:
+            raise ValueError("max_body_bytes must be at least 1")
+        if keepalive_seconds <= 0:
+            raise ValueError("keepalive_seconds must be positive")
+        self.store = store
+        self._model_name = model_name
+        if turns is None:
+            runner = turn_runner or agent_turn_runner(agent)  # type: ignore[arg-type]
+            turns = TurnService(
+                store,
+                runner,
+                render=self.render_completion,
+                platform=Platform.API_SERVER,
+                max_concurrent_runs=max_concurrent_runs,
+                idempotency_wait_seconds=idempotency_wait_seconds,
+            )
+        self.turns = turns
+        self._host = host
+        self._port = int(port)
+        # SO_REUSEPORT: several worker processes listen on one port, the kernel spreads
+        # connections between them (``reveille serve --workers N``).
+        self._reuse_port = reuse_port
+        # ``server_secret``: shared by the workers of one port, whose wake-up self-POSTs land
+        # on any of them; otherwise a secret of this process alone.
+        secret = server_secret or secrets.token_urlsafe(32)
+        self.auth = ApiKeyAuth(api_key or "", internal_key="internal-" + secret)
+        # Proves a request is this server's own wake-up (``deliver_wake`` sends it).
+        self._wake_token = hashlib.sha256(f"wake:{secret}".encode()).hexdigest()
+        self.max_body_bytes = max_body_bytes
+        self.keepalive_seconds = keepalive_seconds
+        # Caps and deadlines of this port's connections (``connection_guard``); sized from
+        # this process's descriptor limit unless the composition root sizes them.
+        self.connections = ConnectionGuard(
+            connection_limits or ConnectionLimits.for_this_process(), name="API server"
+        )
+        self._runner: web.AppRunner | None = None
+        self._started_at = time.time()
+        self.draining = False
+        self._browsers = BrowserGuard(allowed_origins)
+        self.approvals = approvals
+        self.app = self._build_app()
+
+    def render_completion(self, result: Any) -> dict[str, Any]:
+        """The ``chat.completion`` this server answers (and stores) for an agent result."""
+        return completion_object(result, self._model_name)
+
+    @property
+    def max_concurrent_runs(self) -> int:
+        return self.turns.max_concurrent_runs
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def _build_app(self) -> web.Application:
+        # The cap plus headroom: the handler reads up to _DRAIN_FACTOR x the cap itself to
+        # answer 413 politely, then enforces max_body_bytes.
+        app = web.Application(
+            # The key check runs inside the error middleware, so a refusal has the
+            # OpenAI error shape, and before any handler reads a body.
+            middlewares=[error_middleware, self.auth.middleware],
+            client_max_size=self.max_body_bytes * DRAIN_FACTOR,
+        )
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_get("/v1/models", self._list_models)
+        app.router.add_get("/v1/models/{model_id}", self._get_model)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/livez", self._livez)
+        app.router.add_get("/readyz", self._readyz)
+        SessionRoutes(self.store, read_json=self._read_json).add_to(app.router)
+        BackgroundRoutes(self.store, keyed=is_keyed).add_to(app.router)
+        if self.approvals is not None:
+            ApprovalRoutes(self.approvals, read_json=self._read_json, keyed=is_keyed).add_to(
+                app.router
+            )
+        self._browsers.install(app)
+        self.connections.install(app)
+        return app
+
+    def mount_responses(self, service: ResponsesService) -> None:
+        """Serve the Responses API (``/v1/responses``, ``responses_api``) over ``service``."""
+        ResponsesRoutes(
+            service,
+            read_json=self._read_json,
+            check_model=self._check_model,
+            is_draining=lambda: self.draining,
+            keepalive_seconds=self.keepalive_seconds,
+        ).add_to(self.app.router)
+
+    def add_public_route(
+        self, path: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> None:
+        """A ``POST`` route that authenticates itself (a webhook with a secret of its own):
+        served on this port without the API key."""
+        self.auth.public(path)
+        self.app.router.add_post(path, handler)
+
+    @property
+    def _api_key(self) -> str:
+        """What the wake self-POST presents (``gateway.wake`` reads it): the configured key,
+        or the internal one only this process knows."""
+        return self.auth.internal_key
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def active_runs(self) -> int:
+        return self.turns.active_runs
+
+    async def start(self) -> None:
+        if not self.auth.configured_key and not is_loopback(self._host):
+            raise RuntimeError(
+                f"refusing to listen on {self._host!r} without an API key: anyone who can "
+                "reach it could use the agent. Set API_SERVER_KEY (or [server] api_key), "
+                "or bind to 127.0.0.1."
+            )
+        runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            logger=ProtocolErrorLogger(logging.getLogger("aiohttp.server"), {}),
+        )
+        await runner.setup()
+        site = GuardedSite(
+            runner, self.connections, self._host, self._port, reuse_port=self._reuse_port
+        )
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._port = site.port
+        logger.info("API server listening on http://%s:%d/v1", self._host, self._port)
+
+    async def stop(self, *, grace_seconds: float = 10.0) -> None:
+        # Turns in flight finish and store their results before the server goes away;
+        # meanwhile /readyz says draining, so a load balancer sends nothing new here.
+        self.draining = True
+        await self.turns.drain(grace_seconds)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def send(
+        self, chat_id: str, text: str, *, metadata: dict[str, Any] | None = None
+    ) -> SendResult:
+        """Always a failed result: the API server is stateless and cannot push a message;
+        wake-ups go through ``deliver_wake``'s self-POST, delegation results through
+        ``persist_delegation_delivery``."""
+        return SendResult(
+            success=False,
+            error="the API server cannot push messages; clients receive results on their "
+            "next turn (delivery rows) or as wake-up turns",
+        )
+
+    # ----------------------------------------------------------------- auth and sessions
+
+    def _scoped_key(self, request: web.Request, session_id: str, key: str) -> tuple[str, bool]:
+        """The key a request's idempotency record is stored under, and whether the request
+        is this server's own wake-up.
+
+        Scoped by who sends it and by session: the same key in another conversation is
+        another record (it never answers with that conversation's reply), and the keys of
+        this server's own wake-ups live apart from every client's, so no client can claim
+        one first. A wake-up proves itself with the token only this process knows.
+        """
+        internal = self._own_wake(request)
+        return f"{'wake' if internal else 'client'}:{session_id}:{key}", internal
+
+    def _own_wake(self, request: web.Request) -> bool:
+        """The request is this server's own wake-up: it presents the token only it knows."""
+        proof = request.headers.get(WAKE_TOKEN_HEADER)
+        return proof is not None and same_secret(proof, self._wake_token)
+
+    async def _session_from_header(self, request: web.Request, keyed: bool) -> str | None:
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is None:
+            return None
+        if not keyed:
+            raise ApiError(
+                403,
+                f"{SESSION_HEADER} is refused because no API key is configured: set "
+                "API_SERVER_KEY on the server and send it as a Bearer token to continue "
+                "sessions.",
+                code="session_continuation_requires_key",
+                param=SESSION_HEADER,
+            )
+        if not is_valid_session_id(session_id):
+            raise ApiError(
+                400, MALFORMED_SESSION_ID, code="invalid_session_id", param=SESSION_HEADER
+            )
+        if await asyncio.to_thread(self.store.get_session, session_id) is None:
+            raise ApiError(
+                404,
+                f"session {session_id!r} does not exist",
+                code="session_not_found",
+                param=SESSION_HEADER,
+            )
+        request[SESSION_REQUEST_KEY] = session_id
+        return session_id
+
+    # ----------------------------------------------------------------- request parsing
+
+    async def _read_json(self, request: web.Request) -> Any:
+        return await read_json_body(
+            request, self.max_body_bytes, timeout=self.connections.limits.body_timeout
+        )
+
+    # ----------------------------------------------------------------- chat completions
+
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        if self.draining and not self._own_wake(request):
+            # While draining, finished work still comes home (its wake-ups run); clients
+            # are sent to try again, on this server's successor or another one.
+            raise ApiError(
+                503,
+                "the server is restarting; send the request again in a moment",
+                type_="server_error",
+                code="draining",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        # The header is checked before the body is read: a refused request costs nothing.
+        session_id = await self._session_from_header(request, is_keyed(request))
+        body = await self._read_json(request)
+        options = parse_chat_body(body)
+        messages = options.messages
+        if options.model != self._model_name:
+            raise self._no_such_model(options.model)
+        idem_key = request.headers.get(IDEMPOTENCY_HEADER)
+        if idem_key is not None and not 0 < len(idem_key) <= _MAX_IDEMPOTENCY_KEY:
+            raise ApiError(
+                400,
+                f"{IDEMPOTENCY_HEADER} must be 1-{_MAX_IDEMPOTENCY_KEY} characters",
+                param=IDEMPOTENCY_HEADER,
+                code="invalid_idempotency_key",
+            )
+        create: SessionSource | None = None
+        unwritten = False
+        if session_id is None:
+            # Written by the turn's own commit, not by a refused request.
+            # Nothing can fail between here and ``start``, which releases the new id the
+            # resolution reserves.
+            conversation = await self.turns.resolve_conversation(messages, idempotency_key=idem_key)
+            session_id, unwritten = conversation.session_id, conversation.unwritten
+            request[SESSION_REQUEST_KEY] = session_id
+            create = SessionSource(platform=Platform.API_SERVER, chat_id=session_id)
+        internal = False
+        if idem_key is not None:
+            idem_key, internal = self._scoped_key(request, session_id, idem_key)
+        turn = await self._start_turn(
+            internal,
+            TurnRequest(
+                session_id=session_id,
+                messages=messages,
+                create=create,
+                idempotency_key=idem_key,
+                stream=options.stream,
+                model_options=options.options or None,
+                # A client's key is bound to its request; a wake-up's names its delivery.
+                bind_key_to_request=not internal,
+                # Only this server's own wake-up proves itself (the wake token).
+                wakeup=internal,
+                unwritten=unwritten,
+                traceparent=request.headers.get(traces.TRACEPARENT) if internal else None,
+            ),
+        )
+        if isinstance(turn, ReplayedTurn):
+            return await self._respond(request, turn.response, session_id, options, replayed=True)
+        if turn.deltas is None:
+            completion = await first_answer(turn.task, turn.parked)
+            return web.json_response(completion, headers={SESSION_HEADER: session_id})
+        return await self._stream_turn(
+            request, turn.task, turn.deltas, session_id, options, turn.parked
+        )
+
+    async def _start_turn(self, internal: bool, request: TurnRequest) -> Any:
+        try:
+            return await self.turns.start(request)
+        except TurnError as exc:
+            if exc.kind != "session_busy":
+                raise
+            if internal:
+                # This server's own wake-up: a wait, not a refusal (``deliver_wake`` gives
+                # the claim back without spending an attempt, and it is offered again).
+                raise ApiError(
+                    503,
+                    exc.message,
+                    type_="server_error",
+                    code="session_busy",
+                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+                ) from None
+            raise ApiError(409, exc.message, code="session_busy") from None
+
+    async def _respond(
+        self,
+        request: web.Request,
+        completion: dict[str, Any],
+        session_id: str,
+        options: ChatBody,
+        *,
+        replayed: bool = False,
+    ) -> web.StreamResponse:
+        headers = {SESSION_HEADER: session_id}
+        if replayed:
+            headers["Idempotent-Replayed"] = "true"
+        if not options.stream:
+            return web.json_response(completion, headers=headers)
+        response = await open_event_stream(request, headers)
+        chunk = chunker(completion)
+        await send_sse(response, chunk({"role": "assistant", "content": ""}))
+        text = completion_text(completion)
+        if text:
+            await send_sse(response, chunk({"content": text}))
+        await self._finish_stream(response, completion, options)
+        return response
+
+    async def _finish_stream(
+        self, response: web.StreamResponse, completion: dict[str, Any], options: ChatBody
+    ) -> None:
+        chunk = chunker(completion)
+        await send_sse(response, chunk({}, finish_reason="stop"))
+        if options.include_usage:
+            usage_chunk = chunk({}, finish_reason=None)
+            usage_chunk["choices"] = []
+            usage_chunk["usage"] = completion.get("usage")
+            await send_sse(response, usage_chunk)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+
+    async def _stream_turn(
+        self,
+        request: web.Request,
+        task: asyncio.Task[dict[str, Any]],
+        deltas: asyncio.Queue[str | ToolProgress | None],
+        session_id: str,
+        options: ChatBody,
+        parked: asyncio.Future[dict[str, Any]] | None = None,
+    ) -> web.StreamResponse:
+        response = await open_event_stream(request, {SESSION_HEADER: session_id})
+        stream_id = "chatcmpl-" + new_token()[:24]
+        created = int(time.time())
+
+        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+            return {
+                "id": stream_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self._model_name,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            }
+
+        try:
+            await send_sse(response, chunk({"role": "assistant", "content": ""}))
+            while True:
+                try:
+                    piece = await asyncio.wait_for(deltas.get(), self.keepalive_seconds)
+                except TimeoutError:
+                    await response.write(b": keep-alive\n\n")
+                    continue
+                if piece is None:
+                    break
+                if isinstance(piece, ToolProgress):
+                    # A named event whose data is a chunk without choices, like the usage
+                    # chunk: clients that check choices pass over it.
+                    tool_step = {**chunk({}), "choices": [], "reveille_tool": asdict(piece)}
+                    await send_sse(response, tool_step, event=TOOL_EVENT)
+                    continue
+                await send_sse(response, chunk({"content": piece}))
+            try:
+                if parked is not None and parked.done():
+                    completion = parked.result()
+                    approval = {**chunk({}), "choices": []}
+                    approval["reveille_approval"] = completion.get("reveille_approval")
+                    await send_sse(response, approval, event=APPROVAL_EVENT)
+                else:
+                    completion = await asyncio.shield(task)
+            except TurnError as exc:
+                await send_sse(response, api_error_of(exc).body())
+                await response.write(b"data: [DONE]\n\n")
+                await response.write_eof()
+                return response
+            except Exception:
+                logger.exception("streamed turn failed")
+                await send_sse(
+                    response, ApiError(500, "internal server error", type_="server_error").body()
+                )
+                await response.write(b"data: [DONE]\n\n")
+                await response.write_eof()
+                return response
+            await self._finish_stream(
+                response, {**completion, "id": stream_id, "created": created}, options
+            )
+        except (ConnectionResetError, ConnectionError):
+            # The client went away; the turn still runs to completion and is stored.
+            logger.info("client of session %s disconnected during a stream", session_id)
+        return response
+
+    # ----------------------------------------------------------------- models, health
+
+    def _model_object(self) -> dict[str, Any]:
+        return {
+            "id": self._model_name,
+            "object": "model",
+            "created": int(self._started_at),
+            "owned_by": "reveille",
+        }
+
+    async def _list_models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model_object()]})
+
+    async def _get_model(self, request: web.Request) -> web.Response:
+        model_id = request.match_info["model_id"]
+        if model_id != self._model_name:
+            raise self._no_such_model(model_id)
+        return web.json_response(self._model_object())
+
+    async def _livez(self, request: web.Request) -> web.Response:
+        """The process is up and its event loop answers."""
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        """Ready for new work: not draining, and the session store answers a read within
+        ``_READY_TIMEOUT_SECONDS``. 503 otherwise; the reason only with the key."""
+        problem = "draining" if self.draining else None
+        if problem is None:
+            try:
+                await asyncio.wait_for(
+                    asyncio.to_thread(self.store.get_session, "readyz"), _READY_TIMEOUT_SECONDS
+                )
+            except TimeoutError:
+                problem = "storage did not answer in time"
+            except Exception as exc:
+                problem = f"storage unavailable: {exc}"
+        if problem is None:
+            return web.json_response({"status": "ready"})
+        body: dict[str, Any] = {"status": "draining" if self.draining else "unavailable"}
+        if not self.auth.configured_key or is_keyed(request):
+            body["reason"] = problem
+        return web.json_response(body, status=503, headers={"Retry-After": "1"})
+
+    def _check_model(self, model_id: str) -> None:
+        if model_id != self._model_name:
+            raise self._no_such_model(model_id)
+
+    def _no_such_model(self, model_id: str) -> ApiError:
+        return ApiError(
+            404,
+            f"The model {model_id!r} does not exist: this server serves "
+            f"{self._model_name!r} (GET /v1/models)",
+            code="model_not_found",
+            param="model",
+            type_="invalid_request_error",
+        )
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if self.auth.configured_key and not is_keyed(request):
+            # Without the key: only that the server is up, nothing about what it runs.
+            return web.json_response({"status": "ok"})
+        # The process that answered: active_runs and the cap are its own, and behind
+        # ``reveille serve --workers N`` each connection may reach another worker.
+        return web.json_response(
+            {
+                "status": "ok",
+                "pid": os.getpid(),
+                "platform": self.platform.value,
+                "model": self._model_name,
+                "active_runs": self.turns.active_runs,
+                "max_concurrent_runs": self.max_concurrent_runs,
+                # Background responses, in their own pool (none of max_concurrent_runs).
+                "background_runs": self.turns.background_runs,
+            }
+        )

@@ -1,0 +1,1 @@
+"""The Telegram surface: the Bot API adapter (implements ``gateway.surfaces.port``)."""

@@ -1,0 +1,23 @@
+"""The platforms the contract suite runs against: one line each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.surfaces.contract import FakePlatform
+from tests.surfaces.telegram_fake import TelegramPlatform
+
+PLATFORMS: dict[str, Callable[[], FakePlatform]] = {
+    "telegram": TelegramPlatform,
+}
+
+
+@pytest.fixture(params=sorted(PLATFORMS))
+def platform(request: pytest.FixtureRequest) -> Iterator[FakePlatform]:
+    fake = PLATFORMS[request.param]()
+    try:
+        yield fake
+    finally:
+        fake.stop()
