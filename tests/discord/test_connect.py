@@ -1,0 +1,32 @@
+"""The Discord adapter connects to the stand-in through discord.py's own settings and
+answers a direct message."""
+
+from __future__ import annotations
+
+from tests.discord.conftest import Rig, until
+from tests.discord.fake_discord import APP_ID, BOT_ID
+
+DM = "700000000000000042"
+
+
+async def test_the_bot_identifies_gets_ready_and_registers_its_commands(rig: Rig) -> None:
+    fake = rig.fake
+    assert len(fake.identifies) == 1
+    intents = fake.identifies[0]["intents"]
+    assert intents & (1 << 15)  # MESSAGE_CONTENT
+    assert intents & (1 << 12)  # DIRECT_MESSAGES
+    assert rig.adapter.bot == BOT_ID
+    await until(lambda: {c["name"] for c in fake.commands} == {"new", "help"})
+    assert ("PUT", f"/api/v10/applications/{APP_ID}/commands") in [
+        (m, p) for m, p, _ in fake.requests
+    ]
+
+
+async def test_a_direct_message_is_answered_once(rig: Rig) -> None:
+    fake = rig.fake
+    await fake.message("hi", author="42", channel_id=DM)
+    await until(lambda: fake.texts_to(DM) == ["one two three four"])
+    [sent] = fake.messages_to(DM)
+    assert rig.model.turns == ["hi"]
+    assert sent.allowed_mentions == {"parse": []}  # nobody pinged by model output
+    assert DM in fake.typing
