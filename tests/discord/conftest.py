@@ -89,7 +89,7 @@ async def rig() -> AsyncIterator[Rig]:
     )
     await adapter.start()
     try:
-        await adapter.wait_ready(timeout=15)
+        await fake.wait_connected()  # READY and GUILD_CREATE sent
         yield Rig(adapter, fake, model, store, approvals)
     finally:
         await adapter.stop(grace_seconds=1)

@@ -30,3 +30,25 @@ async def test_a_direct_message_is_answered_once(rig: Rig) -> None:
     assert rig.model.turns == ["hi"]
     assert sent.allowed_mentions == {"parse": []}  # nobody pinged by model output
     assert DM in fake.typing
+
+
+async def test_heartbeats_are_acknowledged(rig: Rig) -> None:
+    # discord.py beats once as soon as HELLO arrives, then every heartbeat_interval.
+    await until(lambda: rig.fake.heartbeats >= 1)
+    assert rig.adapter.client.latency >= 0  # an ACK came back: the latency is measured
+
+
+async def test_a_dropped_socket_is_resumed_and_what_it_missed_is_answered_once(rig: Rig) -> None:
+    fake = rig.fake
+    await fake.message("before", channel_id=DM)
+    await until(lambda: len(fake.texts_to(DM)) == 1)
+    await fake.drop()
+    # Pushed while the bot is away: kept by the stand-in, replayed after RESUME.
+    await fake.message("while away", channel_id=DM)
+    await fake.wait_connected()
+    await until(lambda: len(fake.texts_to(DM)) == 2)
+    assert len(fake.identifies) == 1  # resumed, not identified again
+    [resume] = fake.resumes
+    assert resume["session_id"] == fake.session_id
+    assert resume["seq"] >= 3  # READY, GUILD_CREATE, the first message
+    assert rig.model.turns == ["before", "while away"]

@@ -128,7 +128,6 @@ class _Bot(discord.AutoShardedClient):
         )
         self.adapter = adapter
         self.tree = app_commands.CommandTree(self)
-        self.ready = asyncio.Event()
 
         @self.tree.command(name="new", description="Start a fresh conversation here")
         async def new(interaction: discord.Interaction[Any]) -> None:
@@ -142,7 +141,6 @@ class _Bot(discord.AutoShardedClient):
         await self.adapter.before_connect()
 
     async def on_ready(self) -> None:
-        self.ready.set()
         logger.info("Discord: connected as %s", self.user)
 
     async def on_message(self, message: discord.Message) -> None:
@@ -227,10 +225,6 @@ class DiscordAdapter(BasePlatformAdapter):
             await self.client.tree.sync()
         except _CALL_ERRORS as exc:
             logger.warning("Discord: could not register /new and /help: %s", exc)
-
-    async def wait_ready(self, timeout: float = 30.0) -> None:
-        async with asyncio.timeout(timeout):
-            await self.client.ready.wait()
 
     async def stop(self, *, grace_seconds: float = 10.0) -> None:
         if self._tasks:
