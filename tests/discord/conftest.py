@@ -29,17 +29,19 @@ class _Result:
 
 
 class ScriptedModel:
-    """Answers every turn with ``reply``, streamed word by word."""
+    """Answers every turn with ``reply``, streamed word by word; a message "run <command>"
+    asks to run the command first (an approval) and answers with what came of it."""
 
     def __init__(self, reply: str = "one two three four") -> None:
         self.reply = reply
         self.turns: list[str] = []
-        self.before: Callable[[Any], Any] | None = None
 
     async def __call__(self, messages: Any, ctx: Any, on_delta: Any) -> _Result:
-        self.turns.append(messages[-1]["content"])
-        if self.before is not None:
-            await self.before(ctx)
+        text = messages[-1]["content"]
+        self.turns.append(text)
+        if text.startswith("run "):
+            ok = await ctx.confirm(text[4:])
+            return _Result(f"**ran** `{text[4:]}`" if ok else "not run: denied")
         if on_delta is not None:
             for word in self.reply.split(" "):
                 await on_delta(word + " ")
@@ -69,7 +71,7 @@ async def rig() -> AsyncIterator[Rig]:
     fake = await FakeDiscord().start()
     model = ScriptedModel()
     store = SessionStore(memory_sessions())
-    approvals = Approvals(store, timeout_seconds=30)
+    approvals = Approvals(store, timeout_seconds=30, poll_seconds=0.05)
     turns = TurnService(
         store,
         model,

@@ -203,23 +203,39 @@ class FakeDiscord:
         await self.dispatch("MESSAGE_CREATE", data)
         return message_id
 
-    async def press(self, message: Sent, custom_id: str, *, by: str = "42") -> str:
+    async def press(
+        self, message: Sent, custom_id: str, *, by: str = "42", guild_id: str | None = None
+    ) -> str:
         """A button press on ``message``: INTERACTION_CREATE of a message component."""
         return await self._interaction(
             3,
             {"custom_id": custom_id, "component_type": 2},
             channel_id=message.channel_id,
+            guild_id=guild_id,
             by=by,
             message=self._message_payload(message),
         )
 
     async def command(
-        self, name: str, *, by: str = "42", channel_id: str = "700000000000000042"
+        self,
+        name: str,
+        *,
+        by: str = "42",
+        channel_id: str = "700000000000000042",
+        guild_id: str | None = None,
     ) -> str:
         """A slash command used: INTERACTION_CREATE of an application command."""
         registered = next((c for c in self.commands if c["name"] == name), None)
         data = {"id": registered["id"] if registered else "1", "name": name, "type": 1}
-        return await self._interaction(2, data, channel_id=channel_id, by=by)
+        return await self._interaction(2, data, channel_id=channel_id, guild_id=guild_id, by=by)
+
+    def buttons(self, message: Sent) -> list[tuple[str, str]]:
+        """(label, custom_id) of each button a message carries now."""
+        return [
+            (b["label"], b["custom_id"])
+            for row in message.components
+            for b in row.get("components", [])
+        ]
 
     def messages_to(self, channel_id: str) -> list[Sent]:
         return [m for m in self.sent if m.channel_id == channel_id]
@@ -444,6 +460,7 @@ class FakeDiscord:
         data: dict[str, Any],
         *,
         channel_id: str,
+        guild_id: str | None,
         by: str,
         message: dict[str, Any] | None = None,
     ) -> str:
@@ -456,14 +473,21 @@ class FakeDiscord:
             "token": f"itoken-{interaction_id}",
             "version": 1,
             "channel_id": channel_id,
-            "channel": {"id": channel_id, "type": 1},
-            "user": user(by),
             "app_permissions": "0",
+            "attachment_size_limit": 25 * 1024 * 1024,
             "locale": "en-US",
             "entitlements": [],
             "authorizing_integration_owners": {},
             "context": 1,
         }
+        if guild_id is None:  # a direct message: the presser is a user
+            payload["channel"] = {"id": channel_id, "type": 1}
+            payload["user"] = user(by)
+        else:  # in a guild: a member
+            kind = 11 if channel_id == THREAD_ID else 0
+            payload["channel"] = {"id": channel_id, "type": kind, "guild_id": guild_id}
+            payload["guild_id"] = guild_id
+            payload["member"] = {**_member(), "user": user(by), "permissions": "0"}
         if message is not None:
             payload["message"] = message
             self._pressed[interaction_id] = message["id"]
