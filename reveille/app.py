@@ -28,7 +28,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import storage
 import tools.async_delegation as ad
@@ -49,12 +49,14 @@ from gateway.platforms.api_server import ApiServerAdapter
 from gateway.platforms.connection_guard import ConnectionLimits, raise_descriptor_limit
 from gateway.platforms.http_middleware import is_loopback
 from gateway.platforms.openai_wire import completion_object
+from gateway.platforms.telegram import TelegramAdapter
 from gateway.responses import ResponsesService, TerminalHook
 from gateway.run import GatewayRunner, Surface
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
 from gateway.webhooks import APPROVAL_REQUESTED, WebhookSender
 from reveille import tracing, version
+from reveille.discord_app import discord_surfaces
 from reveille.log_limits import rate_limited_logs
 from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
@@ -67,6 +69,9 @@ from tools.delegate_tool import DelegationLimits
 from tools.delegation_runtime import DelegationRuntime
 from tools.process_registry import process_registry
 from tools.toolset import build_default_registry
+
+if TYPE_CHECKING:
+    from gateway.surfaces.discord import DiscordAdapter
 
 __all__ = ["App", "build_webui", "check_webui_bind", "open_storage", "serve"]
 
@@ -423,7 +428,7 @@ def build_surfaces(
     connection_limits: ConnectionLimits | None = None,
     on_approval_requested: ApprovalListener | None = None,
 ) -> list[Surface]:
-    """The other front ends of this process (web UI, Telegram), each with its delivery
+    """The other front ends of this process (web UI, Telegram, Discord), each with its delivery
     target registered on the runner."""
     surfaces: list[Surface] = []
     if webui_state is not None:
@@ -438,18 +443,26 @@ def build_surfaces(
         server.approvals.on_requested = on_approval_requested
         runner.register_target(Platform.WEBUI, server.target)
         surfaces.append(server)
+    if not (settings.telegram_bot_token or settings.discord_bot_token):
+        return surfaces
+    asks = (
+        approvals or Approvals(store, timeout_seconds=settings.shell_approval_timeout)
+        if settings.shell_asks
+        else None
+    )
+    # The chat platforms, each with an agent of its own: one line per platform.
+    chats: list[TelegramAdapter | DiscordAdapter] = []
     if settings.telegram_bot_token:
         agent = build_agent(settings, model)
-        asks = (
-            approvals or Approvals(store, timeout_seconds=settings.shell_approval_timeout)
-            if settings.shell_asks
-            else None
+        chats += telegram_surfaces(settings, store, agent, adapter, metrics, approvals=asks)
+    if settings.discord_bot_token:
+        agent = build_agent(settings, model)
+        chats += discord_surfaces(settings, store, agent, metrics, approvals=asks)
+    for chat in chats:
+        runner.register_target(
+            chat.platform, PushTarget(chat, wake_text_budget=settings.wake_text_budget)
         )
-        for chat in telegram_surfaces(settings, store, agent, adapter, metrics, approvals=asks):
-            runner.register_target(
-                chat.platform, PushTarget(chat, wake_text_budget=settings.wake_text_budget)
-            )
-            surfaces.append(chat)
+        surfaces.append(chat)
     return surfaces
 
 

@@ -25,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import WSMsgType, web
 
@@ -38,6 +40,8 @@ CHANNEL_ID = "800000000000000010"
 THREAD_ID = "800000000000000020"
 TIMESTAMP = "2026-12-04T00:00:00.000000+00:00"
 MAX_CONTENT = 2000
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -599,3 +603,25 @@ class FakeDiscord:
             "system_channel_flags": 0,
             "joined_at": TIMESTAMP,
         }
+
+
+class ThreadedFakeDiscord:
+    """The stand-in on a loop of its own thread, for tests that run ``reveille serve`` and
+    wait synchronously: ``call`` runs one of its coroutines there and returns the result."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.fake = self.call(lambda: FakeDiscord().start())
+
+    def call(self, make: Callable[[], Awaitable[T]]) -> T:
+        async def run() -> T:
+            return await make()
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=30)
+
+    def stop(self) -> None:
+        self.call(self.fake.stop)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
