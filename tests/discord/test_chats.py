@@ -34,6 +34,13 @@ async def test_a_guild_channel_and_its_thread_are_two_conversations(rig: Rig) ->
     assert rig.model.turns == ["in the channel", "in the thread"]
 
 
+async def test_the_bots_own_mention_in_front_is_not_part_of_the_message(rig: Rig) -> None:
+    fake = rig.fake
+    await fake.message("<@900000000000000001> hello", channel_id=CHANNEL_ID, guild_id=GUILD_ID)
+    await until(lambda: fake.texts_to(CHANNEL_ID))
+    assert rig.model.turns == ["hello"]
+
+
 async def test_a_direct_message_is_a_conversation_of_its_own(rig: Rig) -> None:
     await rig.fake.message("hi", channel_id=DM)
     await until(lambda: rig.fake.texts_to(DM))

@@ -43,6 +43,8 @@ def test_a_background_result_wakes_the_discord_chat_exactly_once(
     )
     try:
         wait_until(lambda: fake.identifies, 30)
+        banner = "\n".join(server.lines)
+        assert f"discord: Gateway via {fake.api_base}; allowed users 42" in banner
         discord_fake.call(
             lambda: fake.message("in the background: count the moons of Mars", channel_id=DM)
         )

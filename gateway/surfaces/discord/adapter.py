@@ -68,6 +68,7 @@ from gateway.surfaces.discord.intake import (
     discord_session_id,
     source_of_interaction,
     source_of_message,
+    text_of,
 )
 from gateway.surfaces.port import Refusal, SurfaceError, SurfaceLimits
 from gateway.turns import TurnService
@@ -249,7 +250,8 @@ class DiscordAdapter(BasePlatformAdapter):
         return user_id in self.allowed_users
 
     async def on_message(self, message: discord.Message) -> None:
-        if message.author.bot or not message.content.strip():
+        text = text_of(message, self.bot)
+        if message.author.bot or not text:
             return
         source = source_of_message(message)
         if not self._allowed(str(message.author.id)):
@@ -259,15 +261,15 @@ class DiscordAdapter(BasePlatformAdapter):
                 message.author.id,
             )
             return
-        self._spawn(self._answer(source, message), f"discord-message-{message.id}")
+        self._spawn(self._answer(source, message.id, text), f"discord-message-{message.id}")
 
-    async def _answer(self, source: SessionSource, message: discord.Message) -> None:
+    async def _answer(self, source: SessionSource, message_id: int, text: str) -> None:
         session_id = await self._session_of(source)
-        key = f"discord:message:{message.id}"
+        key = f"discord:message:{message_id}"
         try:
-            await self.chat.answer_message(source, session_id, message.content, key)
+            await self.chat.answer_message(source, session_id, text, key)
         except Exception:
-            logger.exception("Discord message %s could not be answered; dropped", message.id)
+            logger.exception("Discord message %s could not be answered; dropped", message_id)
 
     async def on_command(self, interaction: discord.Interaction[Any], name: str) -> None:
         """``/new`` or ``/help``: answered by the bot itself, no turn."""

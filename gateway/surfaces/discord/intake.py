@@ -28,6 +28,7 @@ __all__ = [
     "discord_session_id",
     "source_of_interaction",
     "source_of_message",
+    "text_of",
 ]
 
 _THREAD_TYPES = frozenset({10, 11, 12})  # news, public and private threads
@@ -39,6 +40,16 @@ def discord_session_id(source: SessionSource) -> str:
     if not is_valid_session_id(key):  # snowflakes never trip this; be safe anyway
         key = "discord_" + hashlib.sha256(key.encode()).hexdigest()[:32]
     return key
+
+
+def text_of(message: discord.Message, bot_id: str) -> str:
+    """What the user wrote, without the bot's own mention in front (``@bot hello`` in a
+    guild channel is "hello" to the agent)."""
+    text = message.content.strip()
+    for mention in (f"<@{bot_id}>", f"<@!{bot_id}>"):
+        if bot_id and text.startswith(mention):
+            return text[len(mention) :].strip()
+    return text
 
 
 def _chat_type(guild_id: int | None, channel_type: int | None) -> str:
