@@ -3,10 +3,13 @@ of the conversation only) and ``/new`` and ``/help`` as application commands."""
 
 from __future__ import annotations
 
+import asyncio
+
 from gateway.config import Platform
 from gateway.session import SessionSource
 from gateway.surfaces.discord.adapter import HELP_TEXT
 from gateway.surfaces.discord.intake import discord_session_id
+from gateway.wake import deliver_wake
 from tests.discord.conftest import OTHER, STRANGER, Rig, until
 from tests.discord.fake_discord import CHANNEL_ID, GUILD_ID, Callback, Sent
 
@@ -111,3 +114,28 @@ async def test_commands_from_users_not_allowed_are_refused(rig: Rig) -> None:
         )
         is None
     )
+
+
+async def test_a_wake_up_waits_behind_a_pending_approval_and_runs_once_after(rig: Rig) -> None:
+    fake = rig.fake
+    source = SessionSource(platform=Platform.DISCORD, chat_id=DM, chat_type="dm", user_id="42")
+    await fake.message("run make test", channel_id=DM)
+    asked = await _asked(rig, DM)
+    wake = asyncio.create_task(
+        deliver_wake(
+            rig.adapter,
+            text="[reveille:wake] the build finished",
+            source=source,
+            session_id=discord_session_id(source),
+            idempotency_key="deleg_gated",
+        )
+    )
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    assert not wake.done()  # held: the turn waiting for a person keeps the chat
+    assert "[reveille:wake] the build finished" not in rig.model.turns
+    [(_, approve), _] = fake.buttons(asked)
+    await fake.press(asked, approve, by="42")
+    await wake
+    assert rig.model.turns == ["run make test", "[reveille:wake] the build finished"]
+    assert fake.texts_to(DM)[-1] == "one two three four"
