@@ -625,3 +625,4 @@ class ThreadedFakeDiscord:
         self.call(self.fake.stop)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
+        self.loop.close()

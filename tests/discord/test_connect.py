@@ -3,10 +3,16 @@ answers a direct message."""
 
 from __future__ import annotations
 
+from gateway.surfaces.port import ChatSurface
 from tests.discord.conftest import Rig, until
 from tests.discord.fake_discord import APP_ID, BOT_ID
 
 DM = "700000000000000042"
+
+
+async def test_the_adapter_implements_the_surface_port(rig: Rig) -> None:
+    assert isinstance(rig.adapter, ChatSurface)
+    assert rig.adapter.limits.max_message_chars == 2000 and rig.adapter.limits.can_edit
 
 
 async def test_the_bot_identifies_gets_ready_and_registers_its_commands(rig: Rig) -> None:
