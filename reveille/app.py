@@ -28,7 +28,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import storage
 import tools.async_delegation as ad
@@ -49,7 +49,6 @@ from gateway.platforms.api_server import ApiServerAdapter
 from gateway.platforms.connection_guard import ConnectionLimits, raise_descriptor_limit
 from gateway.platforms.http_middleware import is_loopback
 from gateway.platforms.openai_wire import completion_object
-from gateway.platforms.telegram import TelegramAdapter
 from gateway.responses import ResponsesService, TerminalHook
 from gateway.run import GatewayRunner, Surface
 from gateway.session import SessionStore
@@ -69,9 +68,6 @@ from tools.delegate_tool import DelegationLimits
 from tools.delegation_runtime import DelegationRuntime
 from tools.process_registry import process_registry
 from tools.toolset import build_default_registry
-
-if TYPE_CHECKING:
-    from gateway.surfaces.discord import DiscordAdapter
 
 __all__ = ["App", "build_webui", "check_webui_bind", "open_storage", "serve"]
 
@@ -443,26 +439,31 @@ def build_surfaces(
         server.approvals.on_requested = on_approval_requested
         runner.register_target(Platform.WEBUI, server.target)
         surfaces.append(server)
-    if not (settings.telegram_bot_token or settings.discord_bot_token):
-        return surfaces
-    asks = (
-        approvals or Approvals(store, timeout_seconds=settings.shell_approval_timeout)
-        if settings.shell_asks
-        else None
-    )
-    # The chat platforms, each with an agent of its own: one line per platform.
-    chats: list[TelegramAdapter | DiscordAdapter] = []
     if settings.telegram_bot_token:
         agent = build_agent(settings, model)
-        chats += telegram_surfaces(settings, store, agent, adapter, metrics, approvals=asks)
-    if settings.discord_bot_token:
-        agent = build_agent(settings, model)
-        chats += discord_surfaces(settings, store, agent, metrics, approvals=asks)
-    for chat in chats:
-        runner.register_target(
-            chat.platform, PushTarget(chat, wake_text_budget=settings.wake_text_budget)
+        asks = (
+            approvals or Approvals(store, timeout_seconds=settings.shell_approval_timeout)
+            if settings.shell_asks
+            else None
         )
-        surfaces.append(chat)
+        for chat in telegram_surfaces(settings, store, agent, adapter, metrics, approvals=asks):
+            runner.register_target(
+                chat.platform, PushTarget(chat, wake_text_budget=settings.wake_text_budget)
+            )
+            surfaces.append(chat)
+    if settings.discord_bot_token:
+        # As Telegram's (the surface port's one-line wiring replaces both blocks).
+        agent = build_agent(settings, model)
+        asks = (
+            approvals or Approvals(store, timeout_seconds=settings.shell_approval_timeout)
+            if settings.shell_asks
+            else None
+        )
+        for bot in discord_surfaces(settings, store, agent, metrics, approvals=asks):
+            runner.register_target(
+                bot.platform, PushTarget(bot, wake_text_budget=settings.wake_text_budget)
+            )
+            surfaces.append(bot)
     return surfaces
 
 
