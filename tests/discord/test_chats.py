@@ -7,7 +7,7 @@ from __future__ import annotations
 from gateway.config import Platform
 from gateway.session import SessionSource
 from gateway.surfaces.discord.format import code_block, split_message, to_discord
-from gateway.surfaces.discord.intake import discord_session_id
+from gateway.surfaces.discord.intake import MemoryRecords, discord_session_id
 from tests.discord.conftest import STRANGER, Rig, until
 from tests.discord.fake_discord import CHANNEL_ID, GUILD_ID, THREAD_ID
 
@@ -98,3 +98,18 @@ def test_markdown_keeps_discord_syntax_and_defuses_fences_in_commands() -> None:
     assert to_discord("###### deep ##") == "**deep**"
     block = code_block("echo ``` done")
     assert block.count("```") == 2  # the command's own fence cannot close the block
+
+
+def test_reply_records_are_kept_for_a_while_then_forgotten() -> None:
+    records = MemoryRecords(keep_seconds=0.0)
+    records.record_part("k1", 0, "c", 11)
+    records.finish_reply("k1")
+    assert records.reply_finished("k1")  # kept while it is the newest
+    records.finish_reply("k2")  # a later reply: k1 is past keep_seconds now
+    assert not records.reply_finished("k1")
+    kept = MemoryRecords()
+    kept.record_part("k", 0, "c", 11)
+    kept.record_part("k", 1, "c", 12)
+    assert kept.reply_parts("k") == {0: 11, 1: 12}
+    kept.finish_reply("k")
+    assert kept.reply_finished("k") and kept.reply_parts("k") == {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, Protocol
 
 import discord
@@ -103,13 +104,29 @@ class DiscordRecords(ReplyRecords, Protocol):
 class MemoryRecords:
     """``DiscordRecords`` in this process's memory: a message re-delivered to this server
     (a RESUME replays what the socket missed) is answered once, and a reply re-run edits the
-    pieces it sent. Not shared between servers nor kept over a restart."""
+    pieces it sent. Not shared between servers nor kept over a restart; a reply's records are
+    forgotten ``keep_seconds`` after it began (Discord replays a socket's events for minutes,
+    not days), so a long-running bot does not grow without end."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_seconds: float = 24 * 3600.0) -> None:
+        self.keep_seconds = keep_seconds
         self._lock = threading.Lock()
+        self._begun: OrderedDict[str, float] = OrderedDict()  # key -> first seen, oldest first
         self._parts: dict[str, dict[int, int]] = {}
-        self._finished: dict[str, float] = {}
+        self._finished: set[str] = set()
         self._chats: dict[str, str] = {}
+
+    def _touch(self, key: str) -> None:
+        """Note ``key`` (under the lock) and forget the replies begun too long ago."""
+        now = time.monotonic()
+        while self._begun:
+            oldest, at = next(iter(self._begun.items()))
+            if now - at < self.keep_seconds:
+                break
+            del self._begun[oldest]
+            self._parts.pop(oldest, None)
+            self._finished.discard(oldest)
+        self._begun.setdefault(key, now)
 
     def reply_finished(self, key: str) -> bool:
         with self._lock:
@@ -121,11 +138,13 @@ class MemoryRecords:
 
     def record_part(self, key: str, part: int, chat_id: str, message_id: int) -> None:
         with self._lock:
+            self._touch(key)
             self._parts.setdefault(key, {})[part] = message_id
 
     def finish_reply(self, key: str) -> None:
         with self._lock:
-            self._finished[key] = time.time()
+            self._touch(key)
+            self._finished.add(key)
             self._parts.pop(key, None)
 
     def chat_session(self, chat_key: str) -> str | None:
