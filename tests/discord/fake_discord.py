@@ -123,7 +123,7 @@ class FakeDiscord:
 
     # ----------------------------------------------------------------- lifecycle
 
-    async def start(self) -> FakeDiscord:
+    async def start(self, port: int = 0) -> FakeDiscord:
         app = web.Application()
         r = app.router
         r.add_get("/gateway", self._gateway)
@@ -138,7 +138,7 @@ class FakeDiscord:
         r.add_get("/api/v10/applications/{app}/commands", self._get_commands)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         return self

@@ -3,9 +3,19 @@ answers a direct message."""
 
 from __future__ import annotations
 
+import socket
+
+import pytest
+
+from gateway.session import SessionStore
+from gateway.surfaces.discord import DiscordAdapter
+from gateway.surfaces.discord import adapter as discord_adapter
+from gateway.surfaces.discord.adapter import DiscordTokenRefused
 from gateway.surfaces.port import ChatSurface
-from tests.discord.conftest import Rig, until
-from tests.discord.fake_discord import APP_ID, BOT_ID
+from gateway.turns import TurnService
+from tests.discord.conftest import Rig, ScriptedModel, until
+from tests.discord.fake_discord import APP_ID, BOT_ID, TOKEN, FakeDiscord
+from tests.stores import memory_sessions
 
 DM = "700000000000000042"
 
@@ -58,3 +68,45 @@ async def test_a_dropped_socket_is_resumed_and_what_it_missed_is_answered_once(r
     assert resume["session_id"] == fake.session_id
     assert resume["seq"] >= 3  # READY, GUILD_CREATE, the first message
     assert rig.model.turns == ["before", "while away"]
+
+
+async def test_a_refused_token_is_said_at_start_and_nothing_is_left_open() -> None:
+    fake = await FakeDiscord().start()
+    store = SessionStore(memory_sessions())
+    turns = TurnService(store, ScriptedModel(), render=lambda r: {"content": r.content})
+    adapter = DiscordAdapter(token="wrong", turns=turns, api_base=fake.api_base)
+    try:
+        with pytest.raises(DiscordTokenRefused, match="DISCORD_BOT_TOKEN"):
+            await adapter.start()
+        assert adapter.client.is_closed()
+        assert fake.identifies == []
+    finally:
+        store.close()
+        await fake.stop()
+
+
+async def test_discord_unreachable_at_start_does_not_stop_the_server_and_is_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(discord_adapter, "LOGIN_RETRY_SECONDS", 0.05)
+    with socket.socket() as probe:  # a loopback port nobody listens on (yet)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = SessionStore(memory_sessions())
+    turns = TurnService(store, ScriptedModel(), render=lambda r: {"content": r.content})
+    adapter = DiscordAdapter(
+        token=TOKEN,
+        turns=turns,
+        allowed_users=frozenset({"42"}),
+        api_base=f"http://127.0.0.1:{port}/api/v10",
+    )
+    await adapter.start()  # returns: the API server goes on starting
+    fake = await FakeDiscord().start(port=port)  # Discord is back
+    try:
+        await fake.wait_connected()
+        await fake.message("hi", channel_id=DM)
+        await until(lambda: fake.texts_to(DM) == ["one two three four"])
+    finally:
+        await adapter.stop(grace_seconds=1)
+        store.close()
+        await fake.stop()

@@ -73,12 +73,14 @@ from gateway.surfaces.discord.intake import (
 from gateway.surfaces.port import Refusal, SurfaceError, SurfaceLimits
 from gateway.turns import TurnService
 
-__all__ = ["HELP_TEXT", "DiscordAdapter", "surface_error"]
+__all__ = ["HELP_TEXT", "DiscordAdapter", "DiscordTokenRefused", "surface_error"]
 
 logger = logging.getLogger(__name__)
 
 # The library waits out a 429 itself up to this long (its minimum); longer is ours.
 _MAX_LIBRARY_WAIT_SECONDS = 30.0
+# The first wait before logging in again when Discord could not be reached (it doubles).
+LOGIN_RETRY_SECONDS = 1.0
 # Discord's codes for a chat the bot can no longer write to.
 _GONE_CODES = frozenset({10003, 50001, 50007, 50013})
 
@@ -89,6 +91,10 @@ HELP_TEXT = (
     "`/new` starts a fresh conversation (the old one is kept).\n"
     "`/help` shows this again."
 )
+
+
+class DiscordTokenRefused(RuntimeError):
+    """The bot token was refused at start (401 from ``users/@me``)."""
 
 
 def surface_error(exc: Exception) -> SurfaceError:
@@ -205,11 +211,42 @@ class DiscordAdapter(BasePlatformAdapter):
             logger.info("Discord: allowed users: %s", ", ".join(sorted(self.allowed_users)))
         if self.api_base:
             discord.http.Route.BASE = self.api_base
-        await self.client.login(self.token)  # LoginFailure on a bad token: said at start
-        self._connection = asyncio.create_task(self._connect(), name="discord-gateway")
-
-    async def _connect(self) -> None:
         try:
+            logged_in = await self._login()
+        except DiscordTokenRefused:
+            await self.client.close()
+            raise
+        self._connection = asyncio.create_task(self._connect(logged_in), name="discord-gateway")
+
+    async def _login(self) -> bool:
+        """Log in (``users/@me``, the application); False when Discord cannot be reached
+        now (the caller retries), ``DiscordTokenRefused`` when the token is wrong."""
+        try:
+            await self.client.login(self.token)
+            return True
+        except discord.LoginFailure as exc:
+            raise DiscordTokenRefused(
+                f"Discord refused DISCORD_BOT_TOKEN at {discord.http.Route.BASE} ({exc}); "
+                "copy the bot's token again from the developer portal"
+            ) from None
+        except _CALL_ERRORS as exc:
+            # An outage or a network blip must not keep the server from starting.
+            logger.warning(
+                "Discord: cannot log in at %s (%s); retrying", discord.http.Route.BASE, exc
+            )
+            # A client that failed to log in is not logged in again: the next try gets
+            # a fresh one (its HTTP session closed with the old).
+            await self.client.close()
+            self.client = _Bot(self)
+            return False
+
+    async def _connect(self, logged_in: bool) -> None:
+        delay = LOGIN_RETRY_SECONDS
+        try:
+            while not logged_in:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 60.0)
+                logged_in = await self._login()
             await self.client.connect(reconnect=True)
         except asyncio.CancelledError:
             raise
