@@ -14,6 +14,8 @@ connection (discord.py's ``AutoShardedClient``: the Gateway URL and shard count 
   answer. ``Client(proxy=...)`` was not chosen: an HTTP proxy tunnels TLS to discord.com, so a
   stand-in would have to impersonate discord.com's certificate. Nothing of the library is
   patched; both attributes are process-wide, as the API version is (one bot per process).
+* Start: a token Discord refuses stops the start (``DiscordTokenRefused``, one line); Discord
+  unreachable does not: the login is retried in the background, waiting longer each time.
 * Messages (direct messages, guild channels, threads; ``intake``) from users in
   ``allowed_users`` are answered through ``ChatTurns.answer_message``, keyed by the message's
   snowflake, one chat at a time in order; anyone else's message gets nothing (counted and
