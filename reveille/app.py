@@ -459,7 +459,7 @@ def build_surfaces(
             if settings.shell_asks
             else None
         )
-        for bot in discord_surfaces(settings, store, agent, metrics, approvals=asks):
+        for bot in discord_surfaces(settings, store, agent, adapter, metrics, approvals=asks):
             runner.register_target(
                 bot.platform, PushTarget(bot, wake_text_budget=settings.wake_text_budget)
             )

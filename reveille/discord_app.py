@@ -13,6 +13,7 @@ from agent import Agent
 from gateway.approvals import Approvals
 from gateway.compaction import Compactor, provider_summariser
 from gateway.config import Platform
+from gateway.platforms.api_server import ApiServerAdapter
 from gateway.session import SessionStore
 from gateway.turns import TurnService, agent_turn_runner
 from reveille.settings import Settings
@@ -31,12 +32,15 @@ def discord_surfaces(
     settings: Settings,
     store: SessionStore,
     agent: Agent,
+    api_server: ApiServerAdapter | None = None,
     metrics: Any = None,
     *,
     approvals: Approvals | None = None,
 ) -> list[DiscordAdapter]:
     """The Discord adapter when a bot token is configured, else nothing. With ``approvals``
-    its turns ask them (buttons in the chat), holding the session while one is pending."""
+    its turns ask them (buttons in the chat), holding the session while one is pending.
+    ``api_server`` is unused (Discord takes no webhooks): the signature is every chat
+    platform's builder's."""
     if not settings.discord_bot_token:
         return []
     # discord.py is imported only by a server that runs the bot (it is ~0.2 s to import).
