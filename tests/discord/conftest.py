@@ -35,10 +35,13 @@ class ScriptedModel:
     def __init__(self, reply: str = "one two three four") -> None:
         self.reply = reply
         self.turns: list[str] = []
+        self.gate: asyncio.Event | None = None  # set: turns wait for it before answering
 
     async def __call__(self, messages: Any, ctx: Any, on_delta: Any) -> _Result:
         text = messages[-1]["content"]
         self.turns.append(text)
+        if self.gate is not None:
+            await self.gate.wait()
         if text.startswith("run "):
             ok = await ctx.confirm(text[4:])
             return _Result(f"**ran** `{text[4:]}`" if ok else "not run: denied")

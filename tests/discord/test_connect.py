@@ -3,6 +3,7 @@ answers a direct message."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import pytest
@@ -110,3 +111,20 @@ async def test_discord_unreachable_at_start_does_not_stop_the_server_and_is_retr
         await adapter.stop(grace_seconds=1)
         store.close()
         await fake.stop()
+
+
+async def test_stop_lets_an_answer_in_flight_finish_and_takes_no_new_message(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = rig.fake
+    release = rig.model.gate = asyncio.Event()
+    await fake.message("slow one", channel_id=DM)
+    await until(lambda: rig.model.turns == ["slow one"])  # its turn is running
+    stopping = asyncio.create_task(rig.adapter.stop(grace_seconds=10))
+    await asyncio.sleep(0)  # stop has begun: it takes no more messages
+    await fake.message("too late", channel_id=DM)
+    await until(lambda: "not taken" in caplog.text)
+    release.set()
+    await stopping
+    assert fake.texts_to(DM) == ["one two three four"]
+    assert rig.model.turns == ["slow one"]

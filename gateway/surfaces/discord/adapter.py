@@ -191,6 +191,7 @@ class DiscordAdapter(BasePlatformAdapter):
         self.ignored_messages = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._connection: asyncio.Task[None] | None = None
+        self._stopping = False
         if approvals is not None:
             turns.on_approval = self.ask_approval
         self.set_message_handler(self.chat.wake)
@@ -267,6 +268,9 @@ class DiscordAdapter(BasePlatformAdapter):
             logger.warning("Discord: could not register /new and /help: %s", exc)
 
     async def stop(self, *, grace_seconds: float = 10.0) -> None:
+        """Take no more messages, give the answers in flight ``grace_seconds``, cancel the
+        rest, disconnect. The socket stays open meanwhile: replies need the same client."""
+        self._stopping = True
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=grace_seconds)
             for task in pending:
@@ -291,6 +295,12 @@ class DiscordAdapter(BasePlatformAdapter):
     async def on_message(self, message: discord.Message) -> None:
         text = text_of(message, self.bot)
         if message.author.bot or not text:
+            return
+        if self._stopping:
+            # Discord will not deliver it again; said, so that it is not lost silently.
+            logger.warning(
+                "Discord: stopping; message %s in %s not taken", message.id, message.channel.id
+            )
             return
         source = source_of_message(message)
         if not self._allowed(str(message.author.id)):
