@@ -194,9 +194,11 @@ class FakeDiscord:
         channel_id: str = "700000000000000042",
         guild_id: str | None = None,
         name: str | None = None,
+        message_id: str | None = None,
     ) -> str:
-        """A user's message: a MESSAGE_CREATE dispatch (a DM when ``guild_id`` is None)."""
-        message_id = self._snowflake()
+        """A user's message: a MESSAGE_CREATE dispatch (a DM when ``guild_id`` is None);
+        ``message_id`` of an earlier one dispatches it again, as a replay would."""
+        message_id = message_id or self._snowflake()
         data: dict[str, Any] = {
             **self._message_fields(message_id, channel_id, content),
             "author": user(author, name),

@@ -128,3 +128,15 @@ async def test_stop_lets_an_answer_in_flight_finish_and_takes_no_new_message(
     await stopping
     assert fake.texts_to(DM) == ["one two three four"]
     assert rig.model.turns == ["slow one"]
+
+
+async def test_a_message_dispatched_twice_is_answered_once(rig: Rig) -> None:
+    fake = rig.fake
+    first = await fake.message("hi", channel_id=DM)
+    await until(lambda: rig.adapter.records.reply_finished(f"discord:message:{first}"))
+    await fake.message("hi", channel_id=DM, message_id=first)  # the same event again
+    await fake.message("next", channel_id=DM)
+    await until(lambda: rig.model.turns == ["hi", "next"] and len(fake.texts_to(DM)) == 2)
+    later = await fake.message("last", channel_id=DM)
+    await until(lambda: rig.adapter.records.reply_finished(f"discord:message:{later}"))
+    assert len(fake.texts_to(DM)) == 3  # "hi" was answered once
