@@ -96,6 +96,21 @@ def test_split_never_loses_text_and_keeps_the_limit() -> None:
 def test_markdown_keeps_discord_syntax_and_defuses_fences_in_commands() -> None:
     assert to_discord("**bold** _it_ `code`\n### title") == "**bold** _it_ `code`\n### title"
     assert to_discord("###### deep ##") == "**deep**"
+    table = "Results:\n| name | n |\n|---|---:|\n| a | 1 |\n| b | 22 |\nDone."
+    assert to_discord(table) == (
+        "Results:\n```\n| name | n |\n|---|---:|\n| a | 1 |\n| b | 22 |\n```\nDone."
+    )
+    assert (
+        to_discord("see ![a chart](https://x.test/c.png)") == "see [a chart](https://x.test/c.png)"
+    )
+    inside = "```\n#### not a heading\n| a |\n|---|\n```"
+    assert to_discord(inside) == inside  # code is left as it is
+    for text in (table, inside, "#### h\n![i](u)"):
+        assert to_discord(to_discord(text)) == to_discord(text)
+    long_table = "| k | v |\n|---|---|\n" + "\n".join(f"| {i} | {'x' * 30} |" for i in range(120))
+    pieces = split_message(long_table)
+    assert len(pieces) > 1 and all(len(p) <= 2000 for p in pieces)
+    assert all(p.startswith("```") and p.endswith("```") for p in pieces)
     block = code_block("echo ``` done")
     assert block.count("```") == 2  # the command's own fence cannot close the block
 

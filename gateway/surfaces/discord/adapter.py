@@ -59,11 +59,7 @@ from gateway.session import SessionSource, is_valid_session_id
 from gateway.surfaces.approval_press import decide_press
 from gateway.surfaces.chat import ChatTurns
 from gateway.surfaces.discord.approvals import approval_view, parse_press, question_text
-from gateway.surfaces.discord.format import (
-    MAX_MESSAGE_LENGTH,
-    split_message,
-    to_discord,
-)
+from gateway.surfaces.discord.format import MAX_MESSAGE_LENGTH, split_message, to_discord
 from gateway.surfaces.discord.intake import (
     DiscordRecords,
     MemoryRecords,
@@ -418,6 +414,7 @@ class DiscordAdapter(BasePlatformAdapter):
 
     async def send_text(self, to: SessionSource, text: str, *, edit: int | None = None) -> int:
         channel = self.client.get_partial_messageable(int(to.chat_id))
+        # A piece of ``split`` is rewritten already (and ``to_discord`` changes it no more).
         content = to_discord(text) or "\u200b"  # Discord refuses an empty message
         try:
             if edit is None:
