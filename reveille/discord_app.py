@@ -7,7 +7,7 @@ and the REST root (``DISCORD_API_BASE``). discord.py is imported only when a tok
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent import Agent
 from gateway.approvals import Approvals
@@ -15,11 +15,9 @@ from gateway.compaction import Compactor, provider_summariser
 from gateway.config import Platform
 from gateway.platforms.api_server import ApiServerAdapter
 from gateway.session import SessionStore
+from gateway.surfaces.port import ChatSurface
 from gateway.turns import TurnService, agent_turn_runner
 from reveille.settings import Settings
-
-if TYPE_CHECKING:
-    from gateway.surfaces.discord import DiscordAdapter
 
 __all__ = ["discord_surfaces"]
 
@@ -36,7 +34,7 @@ def discord_surfaces(
     metrics: Any = None,
     *,
     approvals: Approvals | None = None,
-) -> list[DiscordAdapter]:
+) -> list[ChatSurface]:
     """The Discord adapter when a bot token is configured, else nothing. With ``approvals``
     its turns ask them (buttons in the chat), holding the session while one is pending.
     ``api_server`` is unused (Discord takes no webhooks): the signature is every chat
