@@ -23,9 +23,9 @@ the session id and last sequence replays what the client missed, then RESUMED.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -40,6 +40,7 @@ CHANNEL_ID = "800000000000000010"
 THREAD_ID = "800000000000000020"
 TIMESTAMP = "2026-12-04T00:00:00.000000+00:00"
 MAX_CONTENT = 2000
+_DISCORD_EPOCH_MS = 1_420_070_400_000
 
 T = TypeVar("T")
 
@@ -54,6 +55,7 @@ class Sent:
     components: list[dict[str, Any]] = field(default_factory=list)
     allowed_mentions: dict[str, Any] | None = None
     edits: int = 0
+    at: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -102,8 +104,16 @@ class FakeDiscord:
 
     def __init__(self) -> None:
         self.token = TOKEN
-        self._ids = itertools.count(1)
+        self._last_id = 0
         self.sent: list[Sent] = []
+        self.received: list[dict[str, Any]] = []  # users' messages, for channel history
+        # Held replies: new messages wait while ``holding``; ``discard_held`` loses them.
+        self.holding = False
+        self.discard_held = False
+        self.held = 0
+        self.blocked: set[str] = set()  # channels where every send is refused (50007)
+        self.rate_limited: list[float] = []  # when each 429 was answered (epoch seconds)
+        self._text_failures: list[tuple[str, Failure]] = []
         self.callbacks: list[Callback] = []
         self.commands: list[dict[str, Any]] = []
         self.typing: list[str] = []
@@ -131,6 +141,7 @@ class FakeDiscord:
         r.add_get("/api/v10/users/@me", self._me)
         r.add_get("/api/v10/oauth2/applications/@me", self._application)
         r.add_post("/api/v10/channels/{channel}/messages", self._create_message)
+        r.add_get("/api/v10/channels/{channel}/messages", self._channel_messages)
         r.add_patch("/api/v10/channels/{channel}/messages/{message}", self._edit_message)
         r.add_post("/api/v10/channels/{channel}/typing", self._typing)
         r.add_post("/api/v10/interactions/{id}/{token}/callback", self._callback)
@@ -175,6 +186,12 @@ class FakeDiscord:
         failure = Failure(429, {**body, "global": False}, headers)
         self._failures.setdefault(channel_id, []).extend([failure] * times)
 
+    def rate_limit_text(self, when_text: str, retry_after: float) -> None:
+        """The next message whose content holds ``when_text`` gets a 429 like Discord's."""
+        body = {"message": "You are being rate limited.", "retry_after": retry_after}
+        headers = {"Retry-After": str(retry_after), "Via": "1.1 google"}
+        self._text_failures.append((when_text, Failure(429, {**body, "global": False}, headers)))
+
     async def wait_connected(self, timeout: float = 10.0) -> None:
         async with asyncio.timeout(timeout):
             await self._connected.wait()
@@ -206,6 +223,7 @@ class FakeDiscord:
         if guild_id is not None:
             data["guild_id"] = guild_id
             data["member"] = _member()
+        self.received = [m for m in self.received if m["id"] != message_id] + [data]
         await self.dispatch("MESSAGE_CREATE", data)
         return message_id
 
@@ -327,6 +345,32 @@ class FakeDiscord:
         failure = queue.pop(0)
         return _json(failure.body, status=failure.status, headers=failure.headers)
 
+    def _refused(self, channel_id: str, content: str) -> web.Response | None:
+        """A blocked channel's refusal, or a 429 told for this text."""
+        if channel_id in self.blocked:
+            body = {"message": "Cannot send messages to this user", "code": 50007}
+            return _json(body, status=403)
+        for at, (text, failure) in enumerate(self._text_failures):
+            if text in content:
+                del self._text_failures[at]
+                self.rate_limited.append(time.time())
+                return _json(failure.body, status=failure.status, headers=failure.headers)
+        return None
+
+    async def _channel_messages(self, request: web.Request) -> web.Response:
+        """A channel's messages, newest first, as ``GET /channels/{id}/messages``."""
+        if not self._authorised(request):
+            return self._unauthorised()
+        channel_id = request.match_info["channel"]
+        limit = int(request.query.get("limit", "50"))
+        before = int(request.query.get("before") or 1 << 63)
+        after = int(request.query.get("after") or 0)
+        theirs = [m for m in self.received if m["channel_id"] == channel_id]
+        ours = [self._message_payload(m) for m in self.messages_to(channel_id)]
+        found = [m for m in theirs + ours if after < int(m["id"]) < before]
+        found.sort(key=lambda m: int(m["id"]), reverse=True)
+        return _json(found[:limit])
+
     @staticmethod
     def _unauthorised() -> web.Response:
         return _json({"message": "401: Unauthorized", "code": 0}, status=401)
@@ -368,8 +412,16 @@ class FakeDiscord:
             return failed
         body = await request.json()
         content = str(body.get("content") or "")
+        if (failed := self._refused(channel_id, content)) is not None:
+            return failed
         if len(content) > MAX_CONTENT:
             return self._too_long()
+        if self.holding:
+            self.held += 1
+            while self.holding:
+                await asyncio.sleep(0.02)
+            if self.discard_held:  # its sender was killed meanwhile: it never arrives
+                return _json({"message": "lost", "code": 0}, status=500)
         sent = Sent(
             channel_id,
             self._snowflake(),
@@ -390,6 +442,8 @@ class FakeDiscord:
         if sent is None or sent.channel_id != channel_id:
             return _json({"message": "Unknown Message", "code": 10008}, status=404)
         body = await request.json()
+        if (failed := self._refused(channel_id, str(body.get("content") or ""))) is not None:
+            return failed
         if "content" in body:
             content = str(body.get("content") or "")
             if len(content) > MAX_CONTENT:
@@ -501,7 +555,10 @@ class FakeDiscord:
         return interaction_id
 
     def _snowflake(self) -> str:
-        return str(1_000_000_000_000_000 + next(self._ids))
+        """A new id, increasing, that encodes now as Discord's do (``created_at`` reads it)."""
+        now = (int(time.time() * 1000) - _DISCORD_EPOCH_MS) << 22
+        self._last_id = max(self._last_id + 1, now)
+        return str(self._last_id)
 
     @staticmethod
     def _too_long() -> web.Response:

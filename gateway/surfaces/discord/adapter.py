@@ -20,6 +20,9 @@ connection (discord.py's ``AutoShardedClient``: the Gateway URL and shard count 
   ``allowed_users`` are answered through ``ChatTurns.answer_message``, keyed by the message's
   snowflake, one chat at a time in order; anyone else's message gets nothing (counted and
   logged). With nobody allowed the bot answers nobody, and says so at start.
+* After a crash: Discord does not deliver a message again to a new connection, so each
+  READY reads back the channels of recently active Discord sessions (``recover``) and takes
+  again what users wrote after the bot's last message there.
 * Replies are markdown (``format``): streamed into the first message by editing it, split at
   2,000 characters with code fences balanced, sent with no allowed mentions (a model's
   ``@everyone`` pings nobody).
@@ -44,6 +47,8 @@ import contextlib
 import hashlib
 import logging
 import secrets
+import time
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -79,6 +84,11 @@ logger = logging.getLogger(__name__)
 _MAX_LIBRARY_WAIT_SECONDS = 30.0
 # The first wait before logging in again when Discord could not be reached (it doubles).
 LOGIN_RETRY_SECONDS = 1.0
+# How far back a start reads a channel for messages a killed run never answered, and how
+# many of the most recently active sessions' channels (and messages of each) it reads.
+RECOVER_SECONDS = 15 * 60.0
+_RECOVER_SESSIONS = 50
+_RECOVER_MESSAGES = 50
 # Discord's codes for a chat the bot can no longer write to.
 _GONE_CODES = frozenset({10003, 50001, 50007, 50013})
 
@@ -147,6 +157,7 @@ class _Bot(discord.AutoShardedClient):
 
     async def on_ready(self) -> None:
         logger.info("Discord: connected as %s", self.user)
+        await self.adapter.recover()
 
     async def on_message(self, message: discord.Message) -> None:
         await self.adapter.on_message(message)
@@ -292,21 +303,72 @@ class DiscordAdapter(BasePlatformAdapter):
         text = text_of(message, self.bot)
         if message.author.bot or not text:
             return
+        self._take(source_of_message(message), message.id, text)
+
+    def _take(self, source: SessionSource, message_id: int, text: str) -> None:
+        """A user's message, taken to be answered (or refused: stopping, not allowed)."""
         if self._stopping:
-            # Discord will not deliver it again; said, so that it is not lost silently.
+            # Discord will not deliver it again; said, so that it is not lost silently
+            # (the next start recovers it: ``recover``).
             logger.warning(
-                "Discord: stopping; message %s in %s not taken", message.id, message.channel.id
+                "Discord: stopping; message %s in %s not taken", message_id, source.chat_id
             )
             return
-        source = source_of_message(message)
-        if not self._allowed(str(message.author.id)):
+        if source.user_id is None or not self._allowed(source.user_id):
             self.ignored_messages += 1
             logger.info(
                 "Discord: ignoring a message from user %s (not in DISCORD_ALLOWED_USERS)",
-                message.author.id,
+                source.user_id,
             )
             return
-        self._spawn(self._answer(source, message.id, text), f"discord-message-{message.id}")
+        self._spawn(self._answer(source, message_id, text), f"discord-message-{message_id}")
+
+    async def recover(self) -> None:
+        """Messages a previous run took but never answered (killed before its reply
+        reached the chat): Discord does not deliver them to a new connection, so each
+        channel of a recently active Discord session is read back, newest first, down to
+        the bot's own last message; what users wrote after it (within ``RECOVER_SECONDS``)
+        is taken again. Its turn key makes a turn that already ran answer from the store."""
+        since = time.time() - RECOVER_SECONDS
+        sessions = await asyncio.to_thread(self.turns.store.list_sessions, _RECOVER_SESSIONS, 0)
+        chats: dict[str, SessionSource] = {}
+        for session in sessions:  # most recently active first
+            if session.updated_at < since:
+                break
+            if isinstance(session.source, dict):
+                source = SessionSource.from_dict(session.source)
+                if source.platform is Platform.DISCORD:
+                    chats.setdefault(source.chat_id, source)
+        for chat_id, stored in chats.items():
+            try:
+                missed = await self._unanswered(int(chat_id), since)
+            except (*_CALL_ERRORS, ValueError) as exc:
+                logger.warning("Discord: could not read back channel %s: %s", chat_id, exc)
+                continue
+            for message in missed:
+                text = text_of(message, self.bot)
+                if message.author.bot or not text:
+                    continue
+                logger.info("Discord: message %s in %s taken again", message.id, chat_id)
+                # The stored source names the chat (a history read knows no guild).
+                source = replace(
+                    stored, user_id=str(message.author.id), user_name=str(message.author)
+                )
+                self._take(source, message.id, text)
+
+    async def _unanswered(self, channel_id: int, since: float) -> list[discord.Message]:
+        """What users wrote in a channel after the bot's last message, oldest first."""
+        me = self.client.user
+        found: list[discord.Message] = []
+        channel = self.client.get_partial_messageable(channel_id)
+        async for message in channel.history(limit=_RECOVER_MESSAGES):
+            if (me is not None and message.author.id == me.id) or (
+                message.created_at.timestamp() < since
+            ):
+                break
+            found.append(message)
+        found.reverse()
+        return found
 
     async def _answer(self, source: SessionSource, message_id: int, text: str) -> None:
         session_id = await self._session_of(source)
