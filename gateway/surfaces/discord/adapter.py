@@ -4,16 +4,18 @@ Started by ``reveille serve`` when ``DISCORD_BOT_TOKEN`` is set. The bot keeps o
 connection (discord.py's ``AutoShardedClient``: the Gateway URL and shard count come from
 ``GET /gateway/bot``) and speaks REST v10 for everything it sends.
 
-* Where Discord is: by default discord.com. ``DISCORD_API_BASE`` (a proxy, or the stand-in
-  the tests run) moves the REST root, through the one knob discord.py has for it:
+* Where Discord is: by default discord.com. ``DISCORD_API_BASE`` (a proxy, or the stand-in the
+  tests run) moves the REST root, through the one knob discord.py has for it:
   ``discord.http.Route.BASE``, the class attribute its own ``_set_api_version`` rewrites (every
-  request URL is built from it when the request is made). The Gateway needs no knob of its
-  own: the URL is the one ``GET /gateway/bot`` answers on that root, and a RESUME goes to the
-  ``resume_gateway_url`` of READY. Only a fresh IDENTIFY after an invalidated session falls
-  back to ``DiscordWebSocket.DEFAULT_GATEWAY``, so with a custom root that is set to the same
-  answer. ``Client(proxy=...)`` was not chosen: an HTTP proxy tunnels TLS to discord.com, so a
-  stand-in would have to impersonate discord.com's certificate. Nothing of the library is
-  patched; both attributes are process-wide, as the API version is (one bot per process).
+  request URL is built from it when the request is made). The Gateway needs no knob of its own:
+  the URL is the one ``GET /gateway/bot`` answers on that root (the reason for
+  ``AutoShardedClient``: the plain ``Client`` never asks, it dials ``DEFAULT_GATEWAY``), and a
+  RESUME goes to the ``resume_gateway_url`` of READY. Only a fresh IDENTIFY after an
+  invalidated session falls back to ``DiscordWebSocket.DEFAULT_GATEWAY``, so with a custom root
+  that is set to the same answer. ``Client(proxy=...)`` was not chosen: an HTTP proxy tunnels
+  TLS to discord.com, so a stand-in would have to impersonate discord.com's certificate.
+  Nothing of the library is patched; both attributes are process-wide, as the API version is
+  (one bot per process).
 * Start: a token Discord refuses stops the start (``DiscordTokenRefused``, one line); Discord
   unreachable does not: the login is retried in the background, waiting longer each time.
 * Messages (direct messages, guild channels, threads; ``intake``) from users in
