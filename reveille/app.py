@@ -57,6 +57,7 @@ from gateway.turns.service import TurnService, agent_turn_runner
 from gateway.webhooks import APPROVAL_REQUESTED, WebhookSender
 from reveille import tracing, version
 from reveille.chat_platform import ChatPlatform
+from reveille.discord_app import DISCORD
 from reveille.log_limits import rate_limited_logs
 from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
@@ -76,7 +77,7 @@ logger = logging.getLogger("reveille.app")
 
 # The chat platforms this process can serve, each its package under gateway/surfaces/ and
 # its wiring module (reveille.chat_platform): adding one is one line here.
-CHAT_PLATFORMS: tuple[ChatPlatform, ...] = (TELEGRAM,)
+CHAT_PLATFORMS: tuple[ChatPlatform, ...] = (TELEGRAM, DISCORD)
 
 
 def open_storage(url: str, origin: str | None = None) -> Storage:
@@ -438,7 +439,7 @@ def build_surfaces(
     on_approval_requested: ApprovalListener | None = None,
     chat_state: TelegramBackend | None = None,
 ) -> list[Surface]:
-    """The other front ends of this process (web UI, Telegram), each with its delivery
+    """The other front ends of this process (web UI, Telegram, Discord), each with its delivery
     target registered on the runner."""
     surfaces: list[Surface] = []
     if webui_state is not None:

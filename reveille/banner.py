@@ -7,7 +7,7 @@ from __future__ import annotations
 from gateway.wake import url_host
 from reveille.settings import Settings
 
-__all__ = ["shell_summary", "startup_banner", "telegram_summary"]
+__all__ = ["discord_summary", "shell_summary", "startup_banner", "telegram_summary"]
 
 
 def startup_banner(
@@ -55,6 +55,7 @@ def startup_banner(
         lines.append(f"  model: {model} via {endpoint}")
     lines.append(f"  shell tool: {shell_summary(settings)}")
     lines.append(f"  telegram: {telegram_summary(settings)}")
+    lines.append(f"  discord: {discord_summary(settings)}")
     lines.append(
         f"  metrics: http://{url_host(settings.host)}:{port}/metrics (Prometheus"
         + (", bearer key required)" if key else ")")
@@ -99,6 +100,15 @@ def telegram_summary(settings: Settings) -> str:
     users = sorted(settings.telegram_allowed_user_ids)
     who = f"allowed users {', '.join(users)}" if users else "NO allowed users: it answers nobody"
     return f"{mode} via {settings.telegram_base_url}; {who}"
+
+
+def discord_summary(settings: Settings) -> str:
+    """The banner's Discord line: off, or where the bot connects and who may talk to it."""
+    if not settings.discord_bot_token:
+        return "off (set DISCORD_BOT_TOKEN to start the bot)"
+    users = sorted(settings.discord_allowed_user_ids)
+    who = f"allowed users {', '.join(users)}" if users else "NO allowed users: it answers nobody"
+    return f"Gateway via {settings.discord_api_base}; {who}"
 
 
 def shell_summary(settings: Settings) -> str:

@@ -86,6 +86,10 @@ class Settings:
     telegram_webhook_url: str = ""  # webhook mode instead of long polling
     telegram_secret_token: str = ""  # required in webhook mode
     telegram_edit_interval: float = 1.5  # seconds between edits of a streamed reply
+    # Discord (gateway/surfaces/discord): started when a bot token is set.
+    discord_bot_token: str = ""
+    discord_allowed_users: str = ""  # comma-separated user ids (snowflakes); none = nobody
+    discord_api_base: str = "https://discord.com/api/v10"  # the REST root (proxy, stand-in)
 
     @property
     def webui_trusted_proxy_set(self) -> frozenset[str]:
@@ -94,6 +98,10 @@ class Settings:
     @property
     def telegram_allowed_user_ids(self) -> frozenset[str]:
         return frozenset(u.strip() for u in self.telegram_allowed_users.split(",") if u.strip())
+
+    @property
+    def discord_allowed_user_ids(self) -> frozenset[str]:
+        return frozenset(u.strip() for u in self.discord_allowed_users.split(",") if u.strip())
 
     # the web UI: its own port in the same process (0 = off); a password for beyond loopback
     webui_port: int = 8787
@@ -244,6 +252,9 @@ ENV_NAMES: dict[str, str] = {
     "telegram_webhook_url": "TELEGRAM_WEBHOOK_URL",
     "telegram_secret_token": "TELEGRAM_SECRET_TOKEN",
     "telegram_edit_interval": "TELEGRAM_EDIT_INTERVAL",
+    "discord_bot_token": "DISCORD_BOT_TOKEN",
+    "discord_allowed_users": "DISCORD_ALLOWED_USERS",
+    "discord_api_base": "DISCORD_API_BASE",
     "webui_port": "REVEILLE_WEBUI_PORT",
     "webui_password": "REVEILLE_WEBUI_PASSWORD",
     "webui_trusted_proxies": "REVEILLE_WEBUI_TRUSTED_PROXIES",
@@ -298,6 +309,9 @@ _TOML_ALIASES = {
     ("telegram", "webhook_url"): "telegram_webhook_url",
     ("telegram", "secret_token"): "telegram_secret_token",
     ("telegram", "edit_interval"): "telegram_edit_interval",
+    ("discord", "bot_token"): "discord_bot_token",
+    ("discord", "allowed_users"): "discord_allowed_users",
+    ("discord", "api_base"): "discord_api_base",
     ("webui", "port"): "webui_port",
     ("webui", "password"): "webui_password",
     ("webui", "trusted_proxies"): "webui_trusted_proxies",
@@ -451,6 +465,15 @@ def _validate(s: Settings) -> None:
         )
     if s.telegram_edit_interval < 0:
         raise bad("telegram_edit_interval", "must not be negative")
+    if s.workers > 1 and s.discord_bot_token:
+        raise bad(
+            "workers",
+            "Discord's Gateway sends every event to each connection of a bot, so each worker "
+            "would answer every message; use REVEILLE_WORKERS=1 with DISCORD_BOT_TOKEN",
+        )
+    api_base = urlsplit(s.discord_api_base)
+    if api_base.scheme not in ("http", "https") or not api_base.hostname:
+        raise bad("discord_api_base", f"{s.discord_api_base!r} is not an http(s) URL")
     for url in s.webhook_endpoints:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:

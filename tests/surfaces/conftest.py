@@ -7,10 +7,12 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.surfaces.contract import FakePlatform
+from tests.surfaces.discord_fake import DiscordPlatform
 from tests.surfaces.telegram_fake import TelegramPlatform
 
 PLATFORMS: dict[str, Callable[[], FakePlatform]] = {
     "telegram": TelegramPlatform,
+    "discord": DiscordPlatform,
 }
 
 
