@@ -17,7 +17,7 @@ import logging.handlers
 import queue
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 __all__ = ["FORMATS", "JsonFormatter", "configure", "tag_worker"]
 
@@ -62,7 +62,7 @@ class _HandOff(logging.handlers.QueueHandler):
         return record
 
 
-class _Lines(logging.StreamHandler):
+class _Lines(logging.StreamHandler[TextIO]):
     """stderr, flushed by the writer once it has written what was queued, not per line:
     a busy server's lines go out in a few writes instead of one each."""
 

@@ -220,7 +220,7 @@ async def error_middleware(
     return error.response(request.get(SESSION_REQUEST_KEY))
 
 
-class ProtocolErrorLogger(logging.LoggerAdapter):
+class ProtocolErrorLogger(logging.LoggerAdapter[logging.Logger]):
     """aiohttp's server logger, with malformed requests (an oversized header, broken
     framing) logged as one line: they are the client's fault, and a traceback for each
     would let anyone flood the log."""

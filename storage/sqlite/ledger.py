@@ -19,7 +19,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from delivery.backend import COLUMNS, JSON_COLUMNS, LedgerTx, check_columns
@@ -241,7 +241,7 @@ class _SqliteTx:
             (row_id, at, action, detail),
         )
 
-    def execute(self, sql: str, params: tuple | list = ()) -> sqlite3.Cursor:
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         """A statement of this backend's own (retention), on the writer's connection."""
         return self._conn.execute(sql, params)
 
@@ -351,14 +351,14 @@ class SqliteBackend:
                 self._readers.append(conn)
         return conn
 
-    def _rows(self, sql: str, params: tuple | list = ()) -> list[LedgerRow]:
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[LedgerRow]:
         try:
             cur = self._reader().execute(sql, params)
             return [decode_row(r) for r in cur.fetchall()]
         except sqlite3.Error as exc:
             raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
 
-    def _scalars(self, sql: str, params: tuple | list = ()) -> list[Any]:
+    def _scalars(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         try:
             return [r[0] for r in self._reader().execute(sql, params).fetchall()]
         except sqlite3.Error as exc:

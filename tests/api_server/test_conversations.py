@@ -189,8 +189,10 @@ async def test_two_servers_never_merge_alike_first_turns(store, tmp_path, stream
     nothing stored, no work started) and sent again it gets a session of its own."""
     with session_file_store(tmp_path / "sessions.db") as other_store:
         async with (
-            running_adapter(store, api_key="", delay=0.3) as (one, _p1, _r1),
-            running_adapter(other_store, api_key="", delay=0.3) as (two, _p2, _r2),
+            # The two first turns must overlap: a slow model (2 s), so that a loaded machine
+            # starting one request late still finds the other running (0.3 s did not).
+            running_adapter(store, api_key="", delay=2.0) as (one, _p1, _r1),
+            running_adapter(other_store, api_key="", delay=2.0) as (two, _p2, _r2),
         ):
             opening = [{"role": "user", "content": text}]
             clients = [client_for(a.port, key=None) for a in (one, two)]
