@@ -34,6 +34,7 @@ __all__ = [
     "active_units",
     "cancelled_event",
     "is_active",
+    "is_waiting",
 ]
 
 CANCELLED = "cancelled"
@@ -111,6 +112,18 @@ def _clip(text: str | None, limit: int) -> str | None:
 
 def is_active(state: str | None) -> bool:
     return state is not None and State(state) in ACTIVE_STATES
+
+
+def is_waiting(row: dict[str, Any], now: float) -> bool:
+    """A completion stored to be delivered later (a timer not due yet), unclaimed: it can
+    still be cancelled, although its work (setting it) has ended."""
+    not_before = row.get("not_before")
+    return (
+        not_before is not None
+        and not_before > now
+        and row.get("delivery_state") == "pending"
+        and row.get("claim_token") is None
+    )
 
 
 def cancelled_event(row: dict[str, Any], by: str, now: float) -> dict[str, Any]:
