@@ -198,6 +198,72 @@ class Ledger:
 
         return self.backend.submit(op)
 
+    def schedule(
+        self,
+        row_id: str,
+        *,
+        kind: str,
+        event: dict[str, Any],
+        not_before: float,
+        session_key: str | None = None,
+        origin_session_id: str | None = None,
+        origin_ui_session_id: str | None = None,
+        goal: str | None = None,
+    ) -> LedgerRow:
+        """Write a completion that is due later, in one insert: work whose only part is the
+        passing of time (a timer). Its event is stored now, so nothing is left to run; it
+        is claimable, offered and replay-aged from ``not_before`` on (``submit_finish``),
+        by whichever server shares the store then. Cancellable until then (``cancel``)."""
+        _check_id(row_id)
+        if not isinstance(event, dict):
+            raise TypeError("a completion event must be a dict")
+        if not isinstance(not_before, int | float) or isinstance(not_before, bool):
+            raise TypeError("not_before must be a time in seconds since the epoch")
+        now = self.clock()
+        due = max(float(not_before), now)
+        row = LedgerRow(
+            id=row_id,
+            kind=kind,
+            state=State.COMPLETED.value,
+            delivery_state=PENDING,
+            session_key=session_key,
+            origin_session_id=origin_session_id,
+            origin_ui_session_id=origin_ui_session_id,
+            goal=goal,
+            request=None,
+            event=event,
+            owner=self.identity,
+            holder=self.identity,
+            created_at=now,
+            updated_at=now,
+            started_at=now,
+            completed_at=now,
+            claim_token=None,
+            claim_consumer=None,
+            claimed_at=None,
+            claim_expires_at=0,
+            delivery_attempts=0,
+            refunds=0,
+            next_attempt_at=due,
+            due_at=due,
+            settled_at=None,
+            settled_reason=None,
+            replay_from=due,
+            restored=0,
+            not_before=float(not_before),
+        )
+        values = row.as_dict()
+
+        def op(tx: LedgerTx) -> None:
+            tx.insert(values)
+            tx.audit(row_id, "schedule", f"due at {due:.3f}", now)
+
+        self.backend.write(op)
+        self._notify_due(due)
+        # Another server may sleep until a later due time: the poke makes it look again.
+        self.notify_others()
+        return row
+
     def start(self, row_id: str) -> bool:
         """queued -> running; False when the row was cancelled or taken meanwhile."""
         return self.transition(row_id, State.QUEUED, State.RUNNING)

@@ -7,13 +7,16 @@ replay age from then, and can be cancelled until then.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from delivery.backend import LedgerBackend
 from delivery.ledger import Ledger
 from delivery.reoffer import ReofferScheduler
+from storage.sqlite.ledger import SCHEMA_VERSION, SqliteBackend
 from tests.delivery._support import REMOTE_IDENTITY, FakeClock, delegation_event
 
 HOURS_48 = 48 * 3600.0
@@ -148,3 +151,40 @@ def test_a_nearer_timer_set_by_another_server_wakes_a_sleeping_scheduler(
         assert [e["delegation_id"] for _, e in offers] == ["near"]
     finally:
         sched.stop()
+
+
+def test_an_older_sqlite_ledger_gains_not_before_on_open(tmp_path: Path) -> None:
+    """A version-5 file (written before ``not_before``) is upgraded on open: its rows read
+    as due at once, and a timer can be set in it."""
+    path = tmp_path / "old.db"
+    ledger = Ledger(SqliteBackend(path))
+    ledger.create("deleg_old", kind="delegation", state="running")
+    ledger.close()
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.executescript("ALTER TABLE deliveries DROP COLUMN not_before; PRAGMA user_version = 5;")
+    raw.close()
+
+    ledger = Ledger(SqliteBackend(path))
+    try:
+        old = ledger.get("deleg_old")
+        assert old is not None and old.not_before is None
+        row = ledger.schedule("tmr_new", kind="timer", event={"type": "x"}, not_before=1e12)
+        assert ledger.get("tmr_new") == row
+    finally:
+        ledger.close()
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    raw.close()
+
+
+def test_schedule_writes_one_row_due_later(ledger: Ledger, clock: FakeClock) -> None:
+    event = delegation_event("tmr_1")
+    row = ledger.schedule(
+        "tmr_1", kind="timer", event=event, not_before=clock() + 60, origin_session_id="s"
+    )
+    assert ledger.get("tmr_1") == row
+    assert row.state == "completed" and row.delivery_state == "pending"
+    assert [a["action"] for a in ledger.history("tmr_1")] == ["schedule"]
+    assert ledger.claim("tmr_1", "c") is None
+    clock.advance(60)
+    assert [e["delegation_id"] for e in ledger.take_due()] == ["tmr_1"]
