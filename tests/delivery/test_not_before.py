@@ -15,6 +15,7 @@ from typing import Any
 
 from delivery.backend import LedgerBackend
 from delivery.ledger import Ledger
+from delivery.policy import DeliveryPolicy
 from delivery.reoffer import ReofferScheduler
 from storage.sqlite.ledger import SCHEMA_VERSION, SqliteBackend
 from tests.delivery._support import REMOTE_IDENTITY, FakeClock, delegation_event
@@ -129,7 +130,9 @@ def test_a_nearer_timer_set_by_another_server_wakes_a_sleeping_scheduler(
     """Real time: the scheduler sleeps until a timer an hour away; another server (another
     ``Ledger`` on the store, so none of this one's due listeners) sets one 0.3 s away, and
     its poke through the store's notifier wakes the scheduler, which offers it on time."""
-    ledger = Ledger(backend)  # type: ignore[arg-type]
+    # Heartbeats an hour apart: nothing but the poke can wake the scheduler in time.
+    policy = DeliveryPolicy(peer_timeout_seconds=3600)
+    ledger = Ledger(backend, policy)  # type: ignore[arg-type]
     _timer(ledger, "far", time.time() + 3600)
     offers: list[tuple[float, dict[str, Any]]] = []
     offered = threading.Event()
@@ -142,9 +145,9 @@ def test_a_nearer_timer_set_by_another_server_wakes_a_sleeping_scheduler(
     sched.start()
     try:
         time.sleep(0.2)  # asleep until "far" (or max_sleep)
-        other = Ledger(backend, identity=REMOTE_IDENTITY)  # type: ignore[arg-type]
+        other = Ledger(backend, policy, identity=REMOTE_IDENTITY)  # type: ignore[arg-type]
         due = time.time() + 0.3
-        _timer(other, "near", due)
+        other.schedule("near", kind="timer", event=delegation_event("near"), not_before=due)
         assert offered.wait(10), "the nearer timer never fired"
         at, event = offers[0]
         assert event["delegation_id"] == "near" and at >= due
