@@ -82,6 +82,8 @@ def _number(value: Any) -> float | None:
 def card_from_metadata(meta: Mapping[str, Any]) -> WakeupCard:
     """The card of a completion's ``display_metadata`` (``delivery.event_display``)."""
     work_kind = "process" if meta.get("kind") == "process" or meta.get("command") else "delegation"
+    if meta.get("kind") == "scheduled_wakeup":
+        work_kind = "scheduled_wakeup"  # a wake-up the agent set: its note is the goal
     goals = meta.get("goals")
     goal = _text(meta.get("goal"))
     if not goal and isinstance(goals, list):
@@ -102,7 +104,7 @@ def card_from_metadata(meta: Mapping[str, Any]) -> WakeupCard:
     return WakeupCard(
         delivery_id=_text(meta.get("delegation_id") or meta.get("delivery_id")),
         work_kind=work_kind,
-        goal=goal or _text(meta.get("command")),
+        goal=goal or _text(meta.get("command")) or _text(meta.get("note")),
         status=_text(meta.get("status")) or "unknown",
         result=result,
         duration_seconds=_number(meta.get("duration_seconds")),

@@ -9,7 +9,8 @@ the row terminal and is never delivered; a result recorded first makes the cance
 ``already_finished``. So the race between the two is decided by the store, once.
 
 ``active_units`` is what every surface lists: the queued and running units with their
-progress. Progress (``Progress``) is what a running unit last reported: its step (a model call, a
+progress, and the wake-ups not due yet (state ``scheduled``, with ``due_at``).
+Progress (``Progress``) is what a running unit last reported: its step (a model call, a
 tool's name), its last output line and when. It is written to the row's ``progress``
 column, throttled by its writer, so that every server sharing the store can show it.
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delivery.backend import LedgerViews
-from delivery.events import ASYNC_DELEGATION, PROCESS_COMPLETION
+from delivery.events import ASYNC_DELEGATION, PROCESS_COMPLETION, TIMER_KIND
 from delivery.rows import LedgerRow, RowQuery
 from delivery.states import ACTIVE_STATES, State
 
@@ -34,9 +35,11 @@ __all__ = [
     "active_units",
     "cancelled_event",
     "is_active",
+    "is_waiting",
 ]
 
 CANCELLED = "cancelled"
+SCHEDULED = "scheduled"  # how a wake-up not due yet is listed
 ALREADY_FINISHED = "already_finished"
 NOT_FOUND = "not_found"
 
@@ -103,6 +106,16 @@ def last_line(text: str | None) -> str | None:
     return None
 
 
+def _in(seconds: float) -> str:
+    whole = max(int(seconds), 0)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
 def _clip(text: str | None, limit: int) -> str | None:
     if text is None:
         return None
@@ -111,6 +124,18 @@ def _clip(text: str | None, limit: int) -> str | None:
 
 def is_active(state: str | None) -> bool:
     return state is not None and State(state) in ACTIVE_STATES
+
+
+def is_waiting(row: dict[str, Any], now: float) -> bool:
+    """A completion stored to be delivered later (a timer not due yet), unclaimed: it can
+    still be cancelled, although its work (setting it) has ended."""
+    not_before = row.get("not_before")
+    return (
+        not_before is not None
+        and not_before > now
+        and row.get("delivery_state") == "pending"
+        and row.get("claim_token") is None
+    )
 
 
 def cancelled_event(row: dict[str, Any], by: str, now: float) -> dict[str, Any]:
@@ -157,11 +182,29 @@ class BackgroundUnit:
     step: str | None
     line: str | None
     progress_at: float | None
+    due_at: float | None = None
+    """A wake-up's instant (state ``scheduled``); None for work that runs."""
 
     @classmethod
     def of(cls, row: LedgerRow, now: float) -> BackgroundUnit:
         progress = Progress.from_column(row.progress) or Progress()
         since = row.started_at or row.created_at
+        if row.not_before is not None:
+            return cls(
+                id=row.id,
+                kind=row.kind,
+                state=SCHEDULED,
+                goal=row.goal,
+                session_key=row.session_key,
+                origin_session_id=row.origin_session_id,
+                origin_ui_session_id=row.origin_ui_session_id,
+                started_at=row.created_at,
+                elapsed_seconds=round(max(now - row.created_at, 0.0), 1),
+                step=f"due in {_in(row.not_before - now)}",
+                line=None,
+                progress_at=None,
+                due_at=row.not_before,
+            )
         return cls(
             id=row.id,
             kind=row.kind,
@@ -184,10 +227,12 @@ class BackgroundUnit:
 def active_units(
     views: LedgerViews, now: float, *, session: str | None = None, limit: int = 100
 ) -> list[BackgroundUnit]:
-    """The queued and running units (of ``session``: a routing key or either origin id),
-    oldest first."""
+    """The queued and running units and the wake-ups not due yet (of ``session``: a routing
+    key or either origin id), oldest first."""
     rows: list[LedgerRow] = []
     for state in (State.RUNNING, State.QUEUED):
         rows += views.query(RowQuery(state=state.value, session=session, limit=limit))
+    timers = RowQuery(kind=TIMER_KIND, delivery_state="pending", session=session, limit=limit)
+    rows += [row for row in views.query(timers) if is_waiting(row.as_dict(), now)]
     rows.sort(key=lambda r: (r.created_at, r.id))
     return [BackgroundUnit.of(row, now) for row in rows[:limit]]

@@ -19,6 +19,7 @@ from delivery.events import (
     DelegationBatchEvent,
     DelegationEvent,
     ProcessCompletionEvent,
+    ScheduledWakeupEvent,
     delegation_counts,
     delivery_id,
     is_ledger_mark,
@@ -151,6 +152,18 @@ def _process_metadata(event: ProcessCompletionEvent) -> dict[str, Any]:
     }
 
 
+def _wakeup_metadata(event: ScheduledWakeupEvent) -> dict[str, Any]:
+    return {
+        "delivery_id": event.delivery_id,
+        "status": event.status,
+        "note": _text_preview(event.note, _TEXT_PREVIEW_CHARS),
+        "due_at": _number(event.due_at),
+        "zone": _text_preview(event.zone, 64),
+        "dispatched_at": _number(event.dispatched_at),
+        "completed_at": _number(event.completed_at),
+    }
+
+
 def _pruned(item: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in item.items() if v is not None}
 
@@ -177,6 +190,8 @@ def display_metadata(evt: Any) -> dict[str, Any]:
         meta.update(_delegation_metadata(work))
     elif isinstance(work, ProcessCompletionEvent):
         meta.update(_process_metadata(work))
+    elif isinstance(work, ScheduledWakeupEvent):
+        meta.update(_wakeup_metadata(work))
     else:
         # The ledger id it is claimed under: what a wake-up card and a summary name it by.
         meta["delivery_id"] = _text_preview(delivery_id(event, strict=False), 128)

@@ -12,6 +12,8 @@ Kinds (``event.kind``) and the dataclass for each:
 * ``"delegation_batch"`` — ``DelegationBatchEvent``: several goals as one unit, with a
   ``DelegationResult`` per item;
 * ``"process"`` — ``ProcessCompletionEvent``: a background shell process exited;
+* ``"scheduled_wakeup"`` — ``ScheduledWakeupEvent``: a wake-up the agent set for itself
+  (``schedule_wakeup``) came due; ``note`` is what it wrote for its later self;
 * ``"abandoned"`` — ``AbandonedWork``: work whose owner process died before it finished
   (``delivery.recovery.abandoned_event``: state ``interrupted`` when it never started,
   ``unknown`` when it was running); ``.work`` is the delegation or process event it stands for;
@@ -37,7 +39,9 @@ __all__ = [
     "DELIVERABLE_TYPES",
     "EVENT_TYPES",
     "PROCESS_COMPLETION",
+    "SCHEDULED_WAKEUP",
     "SUCCESS_STATUSES",
+    "TIMER_KIND",
     "TRANSCRIPT_KEY_PREFIX",
     "AbandonedWork",
     "CompletionEvent",
@@ -48,6 +52,7 @@ __all__ = [
     "GenericEvent",
     "MalformedEvent",
     "ProcessCompletionEvent",
+    "ScheduledWakeupEvent",
     "delegation_counts",
     "delivery_id",
     "is_ledger_mark",
@@ -62,13 +67,19 @@ ASYNC_DELEGATION: Final = "async_delegation"
 """A delegation (single or batch) finished; claimed under its ``delegation_id``."""
 PROCESS_COMPLETION: Final = "completion"
 """A background process exited; claimed under its ``delivery_id`` (= ``process_id``)."""
-EVENT_TYPES: Final = frozenset({ASYNC_DELEGATION, PROCESS_COMPLETION})
+SCHEDULED_WAKEUP: Final = "scheduled_wakeup"
+"""A wake-up the agent set came due; claimed under its ``delivery_id`` (the timer's row)."""
+TIMER_KIND: Final = "timer"
+"""The ledger ``kind`` of a wake-up's row."""
+EVENT_TYPES: Final = frozenset({ASYNC_DELEGATION, PROCESS_COMPLETION, SCHEDULED_WAKEUP})
 """The types the ledger writes; anything else (``watch_match`` ...) parses as generic."""
 DELIVERABLE_TYPES: Final = EVENT_TYPES | frozenset({"watch_match", "watch_disabled"})
 """The types a wake-up is made of: the ledger's and a process watch's (SPEC.md's
 ``watch_match`` and friends). Any other type, or none, is refused at the router's edge."""
 
-EventKind = Literal["delegation", "delegation_batch", "process", "abandoned", "generic"]
+EventKind = Literal[
+    "delegation", "delegation_batch", "process", "scheduled_wakeup", "abandoned", "generic"
+]
 
 SUCCESS_STATUSES: Final = frozenset({"completed", "success", "succeeded", "ok", "done"})
 
@@ -261,6 +272,20 @@ class ProcessCompletionEvent(CompletionEvent):
     kind: EventKind = field(default="process", init=False)
 
 
+@dataclass(frozen=True)
+class ScheduledWakeupEvent(CompletionEvent):
+    """A wake-up the agent set for itself came due (``type == SCHEDULED_WAKEUP``): written
+    with the timer's row when it was set, deliverable from ``due_at`` on."""
+
+    delivery_id: str | None = None
+    note: str | None = None
+    due_at: float | None = None
+    """The instant it was set for (epoch seconds); ``zone`` names the zone it was given in."""
+    zone: str | None = None
+
+    kind: EventKind = field(default="scheduled_wakeup", init=False)
+
+
 WorkEvent = DelegationEvent | DelegationBatchEvent | ProcessCompletionEvent
 
 
@@ -400,6 +425,22 @@ def _process(raw: Mapping[str, Any]) -> ProcessCompletionEvent:
     )
 
 
+def _number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _scheduled_wakeup(raw: Mapping[str, Any]) -> ScheduledWakeupEvent:
+    return ScheduledWakeupEvent(
+        **_common(raw),
+        delivery_id=_opt_str(raw.get("delivery_id")),
+        note=_opt_str(raw.get("note")),
+        due_at=_number(raw.get("due_at")),
+        zone=_opt_str(raw.get("zone")),
+    )
+
+
 def parse_event(raw: Any) -> CompletionEvent:
     """The typed event of a wire dict; tolerant of every legacy spelling.
 
@@ -418,6 +459,8 @@ def parse_event(raw: Any) -> CompletionEvent:
         work = _delegation(wire)
     elif kind == PROCESS_COMPLETION:
         work = _process(wire)
+    elif kind == SCHEDULED_WAKEUP:
+        return _scheduled_wakeup(wire)
     else:
         return GenericEvent(**_common(wire))
     if wire.get("abandoned"):

@@ -24,6 +24,7 @@ from delivery.cancel import (
     Progress,
     cancelled_event,
     is_active,
+    is_waiting,
 )
 from delivery.errors import (
     ClaimMismatchError,
@@ -197,6 +198,72 @@ class Ledger:
 
         return self.backend.submit(op)
 
+    def schedule(
+        self,
+        row_id: str,
+        *,
+        kind: str,
+        event: dict[str, Any],
+        not_before: float,
+        session_key: str | None = None,
+        origin_session_id: str | None = None,
+        origin_ui_session_id: str | None = None,
+        goal: str | None = None,
+    ) -> LedgerRow:
+        """Write a completion that is due later, in one insert: work whose only part is the
+        passing of time (a timer). Its event is stored now, so nothing is left to run; it
+        is claimable, offered and replay-aged from ``not_before`` on (``submit_finish``),
+        by whichever server shares the store then. Cancellable until then (``cancel``)."""
+        _check_id(row_id)
+        if not isinstance(event, dict):
+            raise TypeError("a completion event must be a dict")
+        if not isinstance(not_before, int | float) or isinstance(not_before, bool):
+            raise TypeError("not_before must be a time in seconds since the epoch")
+        now = self.clock()
+        due = max(float(not_before), now)
+        row = LedgerRow(
+            id=row_id,
+            kind=kind,
+            state=State.COMPLETED.value,
+            delivery_state=PENDING,
+            session_key=session_key,
+            origin_session_id=origin_session_id,
+            origin_ui_session_id=origin_ui_session_id,
+            goal=goal,
+            request=None,
+            event=event,
+            owner=self.identity,
+            holder=self.identity,
+            created_at=now,
+            updated_at=now,
+            started_at=now,
+            completed_at=now,
+            claim_token=None,
+            claim_consumer=None,
+            claimed_at=None,
+            claim_expires_at=0,
+            delivery_attempts=0,
+            refunds=0,
+            next_attempt_at=due,
+            due_at=due,
+            settled_at=None,
+            settled_reason=None,
+            replay_from=due,
+            restored=0,
+            not_before=float(not_before),
+        )
+        values = row.as_dict()
+
+        def op(tx: LedgerTx) -> None:
+            tx.insert(values)
+            tx.audit(row_id, "schedule", f"due at {due:.3f}", now)
+
+        self.backend.write(op)
+        self._notify_due(due)
+        # Another server may sleep until a later due time: the poke makes it look again.
+        self.notify_others()
+        return row
+
     def start(self, row_id: str) -> bool:
         """queued -> running; False when the row was cancelled or taken meanwhile."""
         return self.transition(row_id, State.QUEUED, State.RUNNING)
@@ -221,13 +288,32 @@ class Ledger:
 
         return self.backend.write(op)
 
-    def finish(self, row_id: str, *, expected: str, state: str, event: dict[str, Any]) -> bool:
+    def finish(
+        self,
+        row_id: str,
+        *,
+        expected: str,
+        state: str,
+        event: dict[str, Any],
+        not_before: float | None = None,
+    ) -> bool:
         """Terminal compare-and-set that stores the completion event, pending delivery."""
-        return self.submit_finish(row_id, expected=expected, state=state, event=event).result()
+        return self.submit_finish(
+            row_id, expected=expected, state=state, event=event, not_before=not_before
+        ).result()
 
     def submit_finish(
-        self, row_id: str, *, expected: str, state: str, event: dict[str, Any]
+        self,
+        row_id: str,
+        *,
+        expected: str,
+        state: str,
+        event: dict[str, Any],
+        not_before: float | None = None,
     ) -> WriteFuture[bool]:
+        """``not_before``: the completion may not be claimed before then (a timer's firing
+        instant). The row is due then, for whichever server shares the store; its replay
+        age counts from then, so a timer set months ahead is never too old when it fires."""
         _check_id(row_id)
         if not isinstance(event, dict):
             raise TypeError("a completion event must be a dict")
@@ -245,6 +331,18 @@ class Ledger:
             "holder": self.identity,
             "due_at": due,
         }
+        later = not_before is not None and not_before > now
+        if not_before is not None:
+            if not isinstance(not_before, int | float) or isinstance(not_before, bool):
+                raise TypeError("not_before must be a time in seconds since the epoch")
+            # next_attempt_at is what every claim and re-offer already waits for.
+            due = max(float(not_before), now)
+            changes.update(
+                not_before=float(not_before),
+                next_attempt_at=due,
+                due_at=due,
+                replay_from=due,
+            )
 
         settled_changes = {**changes, "holder": None, "due_at": None}
 
@@ -261,6 +359,10 @@ class Ledger:
         def after(f: WriteFuture[bool]) -> None:
             if f.exception() is None:
                 self._notify_due(due)
+                if later and f.result():
+                    # A server that shares the store may be asleep until a later due time;
+                    # the poke makes it look at the new, nearer one.
+                    self.notify_others()
 
         fut = self.backend.submit(op)
         fut.add_done_callback(after)
@@ -287,6 +389,8 @@ class Ledger:
             if row is None:
                 return CancelOutcome(row_id, NOT_FOUND)
             kind, owner, state = row["kind"], row["owner"], row["state"]
+            if is_waiting(row, now):
+                return self._cancel_waiting(tx, row, by, now)
             if not is_active(state):
                 return CancelOutcome(row_id, ALREADY_FINISHED, state, kind, owner)
             event: dict[str, Any] | None = cancelled_event(row, by, now)
@@ -312,6 +416,23 @@ class Ledger:
         if outcome.status == CANCELLED:
             self._notify_due(due)
         return outcome
+
+    @staticmethod
+    def _cancel_waiting(tx: LedgerTx, row: dict[str, Any], by: str, now: float) -> CancelOutcome:
+        """A completion not due yet (a timer) is cancelled by settling it unoffered: one
+        compare-and-set that a claim at the due time races against, so it either fires
+        once or never."""
+        row_id, kind, owner = row["id"], row["kind"], row["owner"]
+        expect = {
+            "delivery_state": PENDING,
+            "claim_token": None,
+            "next_attempt_at": row["next_attempt_at"],
+        }
+        settled = _settle(DROPPED, now, f"cancelled by {by} before it was due")
+        if not tx.update(row_id, expect, settled):
+            return CancelOutcome(row_id, ALREADY_FINISHED, row["state"], kind, owner)
+        tx.audit(row_id, "cancel", f"not due yet; cancelled by {by}", now)
+        return CancelOutcome(row_id, CANCELLED, CANCELLED, kind, owner)
 
     def submit_progress(self, reports: dict[str, Progress]) -> WriteFuture[set[str]]:
         """Write what running units reported, in one operation; the future holds the ids

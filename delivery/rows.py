@@ -54,6 +54,10 @@ class LedgerRow:
     restored: int
     # JSON: what a running unit last reported (``step``, ``line``, ``at``; ``delivery.progress``)
     progress: dict[str, Any] | None = None
+    # When the completion may first be delivered (a timer's firing instant); None: at once.
+    # The rules enforce it through ``next_attempt_at`` (every claim and re-offer reads it);
+    # this column says when the row is due for people and for the replay cap.
+    not_before: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a dict of every column, for edges that promise a dict (shallow: the

@@ -32,10 +32,15 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from delivery.events import ASYNC_DELEGATION, CompletionEvent, delivery_id
+from delivery.events import ASYNC_DELEGATION, CompletionEvent, ScheduledWakeupEvent, delivery_id
 from gateway.config import Platform
 from gateway.session import SessionRecord, SessionSource, SessionStore
-from gateway.wake import deliver_wake, format_wake_text, persist_delegation_delivery
+from gateway.wake import (
+    deliver_wake,
+    format_wake_text,
+    persist_delegation_delivery,
+    persist_wakeup_delivery,
+)
 from gateway.wake_text import DEFAULT_WAKE_TEXT_BUDGET, format_wake_batch, wake_batch_key
 from gateway.webhooks import DELEGATION_COMPLETED, WebhookSender
 
@@ -76,7 +81,8 @@ class ClaimingTarget(Protocol):
 
 
 class ApiServerTarget:
-    """Transcript rows for delegations, self-POSTed wake turns for everything else."""
+    """Transcript rows for delegations and wake-ups the agent set, self-POSTed wake turns
+    for everything else."""
 
     def __init__(
         self, store: SessionStore, adapter: Any, webhooks: WebhookSender | None = None
@@ -98,6 +104,9 @@ class ApiServerTarget:
                 # write here releases the claim, and the redelivery owes the webhook once
                 # (the transcript row and the webhook's id are both keyed on the delegation).
                 await self.webhooks.aenqueue(DELEGATION_COMPLETED, delegation_id)
+            return
+        if isinstance(event, ScheduledWakeupEvent):
+            await asyncio.to_thread(persist_wakeup_delivery, self.store, session_id, event, text)
             return
         await deliver_wake(
             self.adapter,

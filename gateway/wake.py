@@ -34,6 +34,7 @@ from delivery.events import (
     ASYNC_DELEGATION,
     AbandonedWork,
     CompletionEvent,
+    ScheduledWakeupEvent,
     parse_event,
     transcript_key,
 )
@@ -47,12 +48,14 @@ __all__ = [
     "DEFAULT_API_SERVER_PORT",
     "DEFAULT_WAKE_TIMEOUT_SECONDS",
     "DELEGATION_DISPLAY_KIND",
+    "WAKEUP_DISPLAY_KIND",
     "WakeDeliveryError",
     "adapter_supports_push",
     "delegation_counts",
     "deliver_wake",
     "format_wake_text",
     "persist_delegation_delivery",
+    "persist_wakeup_delivery",
     "url_host",
 ]
 
@@ -68,6 +71,8 @@ DEFAULT_API_SERVER_PORT = 8642
 DEFAULT_WAKE_TIMEOUT_SECONDS = 240.0
 
 DELEGATION_DISPLAY_KIND = "async_delegation_complete"
+# A wake-up the agent set came due (``schedule_wakeup``): its own kind of delivery row.
+WAKEUP_DISPLAY_KIND = "scheduled_wakeup"
 
 # Gateways answering these are restarting or overloaded, not rejecting the request.
 _TRANSIENT_HTTP = frozenset({502, 503, 504})
@@ -374,4 +379,23 @@ def _persist_delegation_delivery(
         # front ends show instead of reading the text.
         display_metadata=display_metadata(event),
         dedupe_key=transcript_key(delegation_id),
+    )
+
+
+def persist_wakeup_delivery(
+    store: SessionStore, session_id: str, event: ScheduledWakeupEvent, text: str | None = None
+) -> MessageRecord:
+    """Append a wake-up that came due to an API-server session transcript as a delivery row
+    (``display_kind="scheduled_wakeup"``), folded into the next client turn like a
+    delegation's result. Keyed by the timer's ledger id, so a redelivered firing returns the
+    existing row instead of appending twice. Raises SessionGone for an unknown session."""
+    if not event.delivery_id:
+        raise ValueError("persist_wakeup_delivery: event has no delivery_id")
+    return store.append_message(
+        session_id,
+        "system",
+        text if text is not None else format_wake_text(event),
+        display_kind=WAKEUP_DISPLAY_KIND,
+        display_metadata=display_metadata(event),
+        dedupe_key=transcript_key(event.delivery_id),
     )

@@ -43,6 +43,7 @@ from delivery.events import (
     DelegationEvent,
     DelegationResult,
     ProcessCompletionEvent,
+    ScheduledWakeupEvent,
     delegation_counts,
     delivery_id,
     is_ledger_mark,
@@ -319,6 +320,30 @@ def _format_process_completion(
     return "\n".join(out).rstrip() + "\n"
 
 
+def _format_scheduled_wakeup(evt: ScheduledWakeupEvent, now: float, *, explain: bool = True) -> str:
+    """A wake-up the agent set came due: it restates the note in full (defanged: the model
+    wrote it, possibly from what a user or a tool said), when it was set and for when."""
+    out = ["[Scheduled wake-up] a wake-up you set is due."]
+    if explain:
+        out.append(
+            "This is an automatic wake-up, not a user message: earlier in this conversation "
+            "you asked to be woken now, with the note below. Act on it."
+        )
+    if _redelivered(evt):
+        out.append(_RESTORED_NOTE)
+    out.append("")
+    if evt.delivery_id is not None:
+        out.append(f"Wake-up: {_render_value(evt.delivery_id)}")
+    if evt.due_at is not None:
+        zone = f" ({_render_value(evt.zone)})" if evt.zone else ""
+        out.append(f"Due: {_when(evt.due_at, now)}{zone}")
+    if _present(evt.dispatched_at):
+        out.append("Set: " + _when(evt.dispatched_at, now))
+    out.append("")
+    out.append(_field("Note", evt.note) if evt.note else "Note: (none)")
+    return "\n".join(out).rstrip() + "\n"
+
+
 def _redelivered(evt: CompletionEvent) -> bool:
     """The ledger offers this event again (a restart, an orphan re-offer) after a consumer
     took it before; a first offer by another process than its writer is not "again"."""
@@ -347,6 +372,8 @@ def _body(event: CompletionEvent, now: float, *, explain: bool = True) -> str:
         return _format_delegation(work, now, explain=explain)
     if isinstance(work, ProcessCompletionEvent):
         return _format_process_completion(work, now, explain=explain)
+    if isinstance(work, ScheduledWakeupEvent):
+        return _format_scheduled_wakeup(work, now, explain=explain)
     return _format_generic(event, explain=explain)
 
 

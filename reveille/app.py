@@ -601,6 +601,7 @@ def build_agent(settings: Settings, model: ModelProvider) -> Agent:
             stall_seconds=settings.delegation_stall_seconds,
         ),
         shell_requires_approval=settings.shell_asks,
+        wakeup_min_delay_seconds=settings.timers_min_delay_seconds,
     )
     return Agent(model, registry)
 

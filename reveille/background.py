@@ -15,6 +15,7 @@ import getpass
 import json
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from delivery.cancel import ALREADY_FINISHED, CANCELLED, BackgroundUnit, active_units
@@ -96,8 +97,14 @@ def _elapsed(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
+def _due(when: float | None) -> str:
+    if when is None:
+        return ""
+    return datetime.fromtimestamp(when, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
 def format_table(units: list[BackgroundUnit]) -> str:
-    headers = ("ID", "KIND", "STATE", "ELAPSED", "STEP", "LAST LINE", "GOAL")
+    headers = ("ID", "KIND", "STATE", "ELAPSED", "STEP", "LAST LINE", "GOAL", "DUE")
     table = [
         (
             u.id,
@@ -107,6 +114,7 @@ def format_table(units: list[BackgroundUnit]) -> str:
             clip(u.step, 28),
             clip(u.line, 40),
             clip(u.goal, 40),
+            _due(u.due_at),
         )
         for u in units
     ]

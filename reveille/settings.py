@@ -53,6 +53,8 @@ class Settings:
     shell_approvals: str = "always"
     # how long a background unit's approval waits for a person before it expires
     shell_approval_timeout: float = 3600.0
+    # the nearest a wake-up the agent sets (schedule_wakeup) may be, in seconds
+    timers_min_delay_seconds: float = 10.0
     max_concurrent_runs: int = 10
     context_chars: int = 400_000
     # compaction (gateway/turns/compaction.py): the model's context window in tokens (0 = unknown:
@@ -229,6 +231,7 @@ ENV_NAMES: dict[str, str] = {
     "shell_workdir": "REVEILLE_SHELL_WORKDIR",
     "shell_approvals": "REVEILLE_SHELL_APPROVALS",
     "shell_approval_timeout": "REVEILLE_SHELL_APPROVAL_TIMEOUT",
+    "timers_min_delay_seconds": "REVEILLE_TIMERS_MIN_DELAY_SECONDS",
     "max_concurrent_runs": "REVEILLE_MAX_CONCURRENT_RUNS",
     "context_chars": "REVEILLE_CONTEXT_CHARS",
     "context_window": "REVEILLE_CONTEXT_WINDOW",
@@ -293,6 +296,7 @@ _TOML_ALIASES = {
     ("shell", "workdir"): "shell_workdir",
     ("shell", "approvals"): "shell_approvals",
     ("shell", "approval_timeout"): "shell_approval_timeout",
+    ("timers", "min_delay_seconds"): "timers_min_delay_seconds",
     ("delegation", "max_async_children"): "max_async_children",
     ("delegation", "max_queued"): "max_queued_delegations",
     ("delegation", "max_depth"): "delegation_max_depth",
@@ -395,6 +399,8 @@ def _validate(s: Settings) -> None:
             raise bad(name, "must be 0-65535")
     if s.shell_approvals.strip().lower() not in {"always", "never"}:
         raise bad("shell_approvals", 'must be "always" or "never"')
+    if not 1 <= s.timers_min_delay_seconds <= 3600:
+        raise bad("timers_min_delay_seconds", "must be 1-3600 seconds")
     if s.provider not in {"demo", "openai"}:
         raise bad("provider", 'must be "demo" or "openai"')
     if s.provider == "openai" and not s.openai_base_url and not s.openai_api_key:

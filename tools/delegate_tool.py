@@ -25,8 +25,11 @@ from agent.providers.base import ModelProvider
 from agent.subagent import StopSignal, run_subagent_sync
 from agent.tool_args import as_bool, as_optional_str, as_str_list
 from agent.tools import Tool, ToolContext, ToolRegistry
+from tools.wakeup_tool import WAKEUP_TOOLSET
 
 DELEGATION_TOOLSET = "delegation"
+# Toolsets a sub-agent gets only when its dispatch names them.
+_ONLY_WHEN_NAMED = frozenset({DELEGATION_TOOLSET, WAKEUP_TOOLSET})
 
 PARAMETERS: dict[str, Any] = {
     "type": "object",
@@ -47,7 +50,8 @@ PARAMETERS: dict[str, Any] = {
             "type": "array",
             "items": {"type": "string"},
             "description": "Toolsets the sub-agent may use, by toolset or tool name (e.g. "
-            '["terminal"]). Default: all of your tools except delegate_task.',
+            '["terminal"]). Default: all of your tools except delegate_task and '
+            "schedule_wakeup.",
         },
         "role": {"type": "string", "description": "A role for the sub-agent, e.g. 'researcher'."},
     },
@@ -88,11 +92,13 @@ def subagent_toolsets(
     parent: ToolRegistry, requested: list[str] | None, *, may_delegate: bool
 ) -> list[str]:
     """The toolsets a sub-agent gets: those ``requested`` (a toolset's name or one of its
-    tools' names), or by default all of ``parent``'s but ``delegation``. ToolsetError for an
-    unknown name, or for ``delegation`` when the sub-agent would be at the depth limit."""
+    tools' names), or by default all of ``parent``'s but ``delegation`` and ``timers`` (a
+    wake-up outlives the sub-agent: it is set only when the dispatch asks for it).
+    ToolsetError for an unknown name, or for ``delegation`` when the sub-agent would be at
+    the depth limit."""
     groups = parent.toolsets()
     if requested is None:
-        return [name for name in groups if name != DELEGATION_TOOLSET]
+        return [name for name in groups if name not in _ONLY_WHEN_NAMED]
     by_tool = {tool.name: tool.toolset_name for tool in parent.tools()}
     chosen: list[str] = []
     unknown: list[str] = []

@@ -10,6 +10,7 @@ from agent.providers import ModelProvider
 from agent.tools import ToolRegistry
 from tools.delegate_tool import DelegationLimits, make_delegate_tool
 from tools.shell_tool import make_shell_tool
+from tools.wakeup_tool import MIN_DELAY_SECONDS, make_wakeup_tool
 
 
 def build_default_registry(
@@ -21,11 +22,13 @@ def build_default_registry(
     max_async_children: int = 3,
     delegation: DelegationLimits | None = None,
     shell_requires_approval: bool = False,
+    wakeup_min_delay_seconds: float = MIN_DELAY_SECONDS,
 ) -> ToolRegistry:
-    """The tools a conversation gets: `delegate_task`, and `terminal` (which refuses when off).
+    """The tools a conversation gets: `delegate_task`, `terminal` (which refuses when off)
+    and `schedule_wakeup`.
 
     Sub-agents get these tools too (those their dispatch names; by default all but
-    `delegate_task`), within the ``delegation`` limits.
+    `delegate_task` and `schedule_wakeup`), within the ``delegation`` limits.
     """
     registry = ToolRegistry()
     registry.register(
@@ -44,4 +47,5 @@ def build_default_registry(
             require_approval=shell_requires_approval,
         )
     )
+    registry.register(make_wakeup_tool(min_delay_seconds=wakeup_min_delay_seconds))
     return registry

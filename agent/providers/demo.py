@@ -23,6 +23,8 @@ DELEGATE_PREFIX = "in the background:"
 SHELL_PREFIX = "run in the background:"
 DELEGATE_TOOL = "delegate_task"
 SHELL_TOOL = "terminal"
+WAKEUP_TOOL = "schedule_wakeup"
+_REMIND = re.compile(r"^\s*remind me in\s+(\d{1,9})\s+seconds?\s*:\s*(.*)$", re.I | re.S)
 _SNIPPET_CHARS = 200
 
 
@@ -106,6 +108,9 @@ class DemoModel:
     * It starts with "in the background:": calls `delegate_task` with
       {"goal": <rest>, "background": true}; once the tool answers, says the work was started
       and quotes its handle (the delegation_id).
+    * It is "remind me in <N> seconds: <text>": calls `schedule_wakeup` with
+      {"in_seconds": N, "note": <text>}; once the tool answers, says when it is due (or
+      why not). The wake-up, when it fires, is summarised as "Reminder: <text>".
     * The current turn holds a wake-up ("[reveille:wake]") or folded delivered results
       ("[reveille:delivery]"): summarises each as "Background work finished: <goal>:
       <status>. Result: <summary or first lines of output>".
@@ -205,6 +210,15 @@ class DemoModel:
                 return "I can't run commands here: the shell tool is not available.", []
             args = {"command": shell_command, "background": True, "notify_on_complete": True}
             return None, [_tool_call(position, SHELL_TOOL, args)]
+        remind = _REMIND.match(text)
+        if remind is not None:
+            note = remind.group(2).strip()
+            if not note:
+                return "Tell me what to remind you of after 'remind me in N seconds:'.", []
+            if WAKEUP_TOOL not in offered:
+                return "I can't set reminders here: schedule_wakeup is not available.", []
+            args = {"in_seconds": int(remind.group(1)), "note": note}
+            return None, [_tool_call(position, WAKEUP_TOOL, args)]
         goal = _after_prefix(text, DELEGATE_PREFIX)
         if goal is not None:
             if not goal:
@@ -271,6 +285,8 @@ def _followup(tool: str, args: dict[str, Any], result_text: str) -> str:
         return _delegation_followup(str(args.get("goal", "")), result, result_text)
     if tool == SHELL_TOOL:
         return _shell_followup(str(args.get("command", "")), result, result_text)
+    if tool == WAKEUP_TOOL:
+        return _wakeup_followup(str(args.get("note", "")), result, result_text)
     return f"{tool or 'The tool'} returned: {first_lines(result_text, 3)}"
 
 
@@ -309,3 +325,14 @@ def _shell_followup(command: str, result: dict[str, Any] | None, raw: str) -> st
         output = first_lines(str(result.get("output", "")), 3) or "(no output)"
         return f"`{command}` exited with code {result['exit_code']}. Output: {output}"
     return f"`{command}`: {first_lines(raw, 3)}"
+
+
+def _wakeup_followup(note: str, result: dict[str, Any] | None, raw: str) -> str:
+    if result is None:
+        return f"Reminder {note!r}: {first_lines(raw, 3)}"
+    if result.get("error"):
+        return f"I couldn't set the reminder: {result['error']}"
+    return (
+        f"Reminder set for {result.get('due_at')} (id {result.get('wakeup_id')}): {note}. "
+        "I'll bring it back here then."
+    )

@@ -206,6 +206,9 @@ def _single_notice(meta: Mapping[str, Any], goal: str) -> CompletionNotice:
 def summarise_metadata(meta: Mapping[str, Any]) -> list[str]:
     """One summary line per completion described by a ``display_metadata`` dict; [] when it
     describes no kind this knows (a generic event)."""
+    if meta.get("kind") == "scheduled_wakeup":
+        # A reminder the demo set (``remind me in N seconds: <text>``): restate its text.
+        return [f"Reminder: {_s(meta.get('note')) or '(no note)'}"]
     notices = [n for n in _metadata_notices(meta) if n.has_substance() or n.status]
     return [notice.one_line() for notice in notices]
 

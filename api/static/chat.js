@@ -65,7 +65,10 @@ function resultCard(card, testid) {
     "div",
     { class: "wakeup-head" },
     el("span", { class: "wakeup-icon", "aria-hidden": "true" }),
-    el("span", { class: "wakeup-kind", text: isProcess ? "Process finished" : "Background task finished" }),
+    el("span", {
+      class: "wakeup-kind",
+      text: isProcess ? "Process finished" : card.work_kind === "scheduled_wakeup" ? "Scheduled wake-up" : "Background task finished",
+    }),
     el("span", { class: `pill ${statusTone(status)}`, dataset: { field: "status" }, text: status || "unknown" }),
     duration ? el("span", { class: "wakeup-duration", dataset: { field: "duration" }, text: duration }) : null,
   );

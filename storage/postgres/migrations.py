@@ -362,6 +362,13 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
         "CREATE INDEX IF NOT EXISTS ix_deliveries_goal_words ON deliveries"
         f" USING GIN ({GOAL_WORDS});",
     ),
+    Migration(
+        15,
+        "ledger: a completion due later (not_before: a timer's firing instant)",
+        # ``due_at`` carries it for the re-offer scheduler, so the pending ``due_at`` index
+        # already answers "next due"; this column only says when, for people and replays.
+        "ALTER TABLE deliveries ADD COLUMN IF NOT EXISTS not_before DOUBLE PRECISION;",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -60,7 +60,8 @@ APPLICATION_ID = 0x52564C4C  # "RVLL": marks a file as ours so we never write in
 # gains it on open and nothing else changes.
 # 4: ``deliveries.progress`` (what a running unit last reported), added to older files on open.
 # 5: ``deliveries_fts`` (GOALS_INDEX), built with the rows already there on open.
-SCHEMA_VERSION = 5
+# 6: ``deliveries.not_before`` (a completion due later: a timer), added to older files on open.
+SCHEMA_VERSION = 6
 
 _LEDGER_SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -92,7 +93,8 @@ CREATE TABLE IF NOT EXISTS deliveries (
     settled_reason TEXT,
     replay_from REAL,
     restored INTEGER NOT NULL DEFAULT 0,
-    progress TEXT
+    progress TEXT,
+    not_before REAL
 );
 CREATE INDEX IF NOT EXISTS ix_pending_due ON deliveries(due_at)
     WHERE delivery_state = 'pending';
@@ -188,12 +190,17 @@ _FILE_ERRORS = sqlite_files.FileErrors(
 )
 
 
-def _add_progress_column(conn: sqlite3.Connection) -> None:
-    """Version 4: a file written before ``progress`` existed gains the column (SQLite has no
+# Columns added after version 1, in the order they came: an older file gains them on open.
+_ADDED_COLUMNS = (("progress", "TEXT"), ("not_before", "REAL"))  # v4, v6
+
+
+def _add_columns(conn: sqlite3.Connection) -> None:
+    """A file written before a column of ``_ADDED_COLUMNS`` existed gains it (SQLite has no
     ``ADD COLUMN IF NOT EXISTS``, so the table is looked at first)."""
     columns = {row[1] for row in conn.execute("PRAGMA table_info(deliveries)")}
-    if columns and "progress" not in columns:
-        conn.execute("ALTER TABLE deliveries ADD COLUMN progress TEXT")
+    for name, sql_type in _ADDED_COLUMNS:
+        if columns and name not in columns:
+            conn.execute(f"ALTER TABLE deliveries ADD COLUMN {name} {sql_type}")
 
 
 class _SqliteTx:
@@ -307,7 +314,7 @@ class SqliteBackend:
     def _open_writer(self) -> sqlite3.Connection:
         conn = self._connect(check_owner=True)
         try:
-            _add_progress_column(conn)
+            _add_columns(conn)
             sqlite_files.stamp_schema(conn, self._file, _SCHEMA + RETENTION_SCHEMA)
             GOALS_INDEX.add_to(conn, self._file)
         except BaseException:

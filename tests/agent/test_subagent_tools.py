@@ -172,7 +172,7 @@ async def test_the_depth_limit_bounds_fan_out(fake, real_runtime, tmp_path):
     assert "cannot delegate further" in refused["error"]
     assert "max_depth" in refused["error"]
     unknown = await delegate(registry, goal="g", toolsets=["terminal", "web"], background=True)
-    assert unknown == {"error": "unknown toolset(s): 'web'; available: terminal"}
+    assert unknown == {"error": "unknown toolset(s): 'web'; available: terminal, timers"}
     assert await delegate(registry, goal="g", toolsets=["delegate_task"]) == refused
     assert async_delegation.list_delegations() == []  # refused at dispatch: nothing ran
     assert fake.requests == []

@@ -124,4 +124,5 @@ def _view(unit: BackgroundUnit) -> dict[str, Any]:
         "step": unit.step,
         "last_line": unit.line,
         "progress_at": unit.progress_at,
+        "due_at": unit.due_at,  # a wake-up not due yet (state "scheduled"); else null
     }
