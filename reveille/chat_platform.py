@@ -17,12 +17,15 @@ from typing import Any, Protocol
 from agent import Agent
 from delivery.telegram_backend import TelegramBackend
 from gateway.approvals import Approvals
+from gateway.config import Platform
 from gateway.session import SessionStore
 from gateway.surfaces.api_server.adapter import ApiServerAdapter
 from gateway.surfaces.port import ChatSurface
+from gateway.turns.compaction import Compactor, provider_summariser
+from gateway.turns.service import TurnService, agent_turn_runner
 from reveille.settings import Settings
 
-__all__ = ["ChatPlatform", "ChatPlatformBuilder"]
+__all__ = ["ChatPlatform", "ChatPlatformBuilder", "chat_turn_service"]
 
 
 class ChatPlatformBuilder(Protocol):
@@ -52,3 +55,32 @@ class ChatPlatform:
     name: str
     configured: Callable[[Settings], bool]
     build: ChatPlatformBuilder
+
+
+def _render(result: Any) -> dict[str, Any]:
+    return {"content": str(result.content or "")}
+
+
+def chat_turn_service(
+    settings: Settings,
+    store: SessionStore,
+    agent: Agent,
+    platform: Platform,
+    approvals: Approvals | None,
+) -> TurnService:
+    """The turn service of a chat platform: a chat's session id is its routing key; with
+    ``approvals`` its turns ask them (the platform's buttons), holding the session while
+    one is pending. The same for every platform, so it is written once here."""
+    return TurnService(
+        store,
+        agent_turn_runner(agent),
+        render=_render,
+        platform=platform,
+        max_concurrent_runs=settings.max_concurrent_runs,
+        context_chars=settings.context_chars,
+        compactor=Compactor(store, provider_summariser(agent.provider), settings.compaction_policy),
+        session_key_of=lambda session_id: session_id,
+        confirm_for=approvals.confirm_for if approvals is not None else None,
+        confirm_unit_for=approvals.confirm_unit_for if approvals is not None else None,
+        hold_sessions=approvals is not None,
+    )

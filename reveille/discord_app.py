@@ -17,16 +17,10 @@ from gateway.session import SessionStore
 from gateway.surfaces.api_server.adapter import ApiServerAdapter
 from gateway.surfaces.port import ChatSurface
 from gateway.surfaces.telegram.state import TelegramState
-from gateway.turns.compaction import Compactor, provider_summariser
-from gateway.turns.service import TurnService, agent_turn_runner
-from reveille.chat_platform import ChatPlatform
+from reveille.chat_platform import ChatPlatform, chat_turn_service
 from reveille.settings import Settings
 
 __all__ = ["DISCORD", "discord_surfaces"]
-
-
-def _render(result: Any) -> dict[str, Any]:
-    return {"content": str(result.content or "")}
 
 
 def discord_surfaces(
@@ -50,20 +44,7 @@ def discord_surfaces(
     # discord.py is imported only by a server that runs the bot (it is ~0.2 s to import).
     from gateway.surfaces.discord import DiscordAdapter
 
-    turns = TurnService(
-        store,
-        agent_turn_runner(agent),
-        render=_render,
-        platform=Platform.DISCORD,
-        max_concurrent_runs=settings.max_concurrent_runs,
-        context_chars=settings.context_chars,
-        compactor=Compactor(store, provider_summariser(agent.provider), settings.compaction_policy),
-        # A Discord session's id is its routing key (discord_session_id).
-        session_key_of=lambda session_id: session_id,
-        confirm_for=approvals.confirm_for if approvals is not None else None,
-        confirm_unit_for=approvals.confirm_unit_for if approvals is not None else None,
-        hold_sessions=approvals is not None,
-    )
+    turns = chat_turn_service(settings, store, agent, Platform.DISCORD, approvals)
     adapter = DiscordAdapter(
         token=settings.discord_bot_token,
         turns=turns,

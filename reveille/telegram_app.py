@@ -21,16 +21,10 @@ from gateway.surfaces.port import ChatSurface
 from gateway.surfaces.telegram.adapter import TelegramAdapter
 from gateway.surfaces.telegram.api import TelegramApi
 from gateway.surfaces.telegram.state import TelegramState
-from gateway.turns.compaction import Compactor, provider_summariser
-from gateway.turns.service import TurnService, agent_turn_runner
-from reveille.chat_platform import ChatPlatform
+from reveille.chat_platform import ChatPlatform, chat_turn_service
 from reveille.settings import Settings
 
 __all__ = ["TELEGRAM", "telegram_surfaces"]
-
-
-def _render(result: Any) -> dict[str, Any]:
-    return {"content": str(result.content or "")}
 
 
 def telegram_surfaces(
@@ -48,20 +42,7 @@ def telegram_surfaces(
     while one is pending."""
     if not settings.telegram_bot_token or state is None:
         return []
-    turns = TurnService(
-        store,
-        agent_turn_runner(agent),
-        render=_render,
-        platform=Platform.TELEGRAM,
-        max_concurrent_runs=settings.max_concurrent_runs,
-        context_chars=settings.context_chars,
-        compactor=Compactor(store, provider_summariser(agent.provider), settings.compaction_policy),
-        # A Telegram session's id is its routing key (telegram_session_id).
-        session_key_of=lambda session_id: session_id,
-        confirm_for=approvals.confirm_for if approvals is not None else None,
-        confirm_unit_for=approvals.confirm_unit_for if approvals is not None else None,
-        hold_sessions=approvals is not None,
-    )
+    turns = chat_turn_service(settings, store, agent, Platform.TELEGRAM, approvals)
     adapter = TelegramAdapter(
         api=TelegramApi(settings.telegram_bot_token, base_url=settings.telegram_base_url),
         turns=turns,
