@@ -62,7 +62,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +134,25 @@ def classify(exc: sqlite3.Error, spec: SqliteFile, doing: str = "open") -> Excep
             f"{spec.path} exists but is not a SQLite database; it was left untouched"
         )
     return spec.errors.unavailable(f"cannot {doing} the {spec.name} {spec.path}: {exc}")
+
+
+@contextlib.contextmanager
+def immediate(conn: sqlite3.Connection, spec: SqliteFile) -> Iterator[sqlite3.Connection]:
+    """One ``BEGIN IMMEDIATE`` transaction on ``conn``: committed when the block ends,
+    rolled back when it raises; a SQLite error is classified (``classify``) for ``spec``.
+    The caller holds whatever lock guards ``conn``."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if conn.in_transaction:
+            conn.rollback()
+        raise classify(exc, spec, "use") from exc
 
 
 def check_owner(conn: sqlite3.Connection, spec: SqliteFile) -> None:

@@ -61,18 +61,8 @@ class SqliteTelegram(SqlTelegram):
             conn = self._conn
             if conn is None:
                 raise TelegramStateError("the Telegram state is closed")
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield conn
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.rollback()
-                raise sqlite_files.classify(exc, self._file, "use") from exc
+            with sqlite_files.immediate(conn, self._file):
+                yield conn
 
     def close(self) -> None:
         with self._lock:

@@ -56,18 +56,8 @@ class SqliteWebhooks(SqlWebhooks):
             conn = self._conn
             if conn is None:
                 raise LedgerUnavailable("the webhook store is closed")
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield conn
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.rollback()
-                raise sqlite_files.classify(exc, self._file, "use") from exc
+            with sqlite_files.immediate(conn, self._file):
+                yield conn
 
     @contextlib.contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
