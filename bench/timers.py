@@ -1,0 +1,256 @@
+"""Timers benchmark: many pending wake-ups, a burst due in the same second, and idle cost.
+
+A timer is a ledger row due later (``Ledger.schedule``); the re-offer scheduler sleeps until
+the earliest due time and offers what is due; a consumer claims and acknowledges each, as the
+gateway's watcher does. Prints, for one run on this machine and one store:
+
+  * setting: timers written per second (``--pending`` rows, written from several threads so
+    the writer group-commits them as the tool's calls from many turns would be);
+  * idle floor: the CPU this process spends per second with the scheduler running over an
+    empty ledger, then the same with every timer pending (the burst still ahead and the
+    rest days away): what holding them costs beyond the floor, and how many scheduler passes
+    ran meanwhile (a pass per timer would be polling);
+  * burst: ``--burst`` timers due in the same second; firing lateness (due -> offered and
+    due -> acknowledged) p50 and p99, and wake-ups per second;
+  * the same idle figure after the burst, with the rest still pending.
+
+Usage: python bench/timers.py [--pending 100000] [--burst 10000] [--idle-seconds 5]
+                              [--store sqlite|postgresql] [--url postgresql://...]
+PostgreSQL: the url defaults to REVEILLE_TEST_PG_URL; the run gets a fresh schema, dropped
+after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
+from tools import async_delegation as ad
+from tools.completion_queue import CompletionQueue
+
+LEAD_SECONDS = 3.0  # the burst is due this long after its rows are written
+WRITER_THREADS = 16
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class Consumer:
+    """Claims and acknowledges every offered wake-up; stamps when each was offered and acked."""
+
+    def __init__(self, queue: CompletionQueue, expected: int) -> None:
+        self.queue = queue
+        self.expected = expected
+        self.offered: dict[str, float] = {}
+        self.acked: dict[str, float] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _handle(self, event: dict[str, Any]) -> None:
+        claim = await ad.aclaim_event_delivery(event, "bench")
+        if not claim:
+            return
+        await ad.acomplete_event_delivery(event, claim)
+        self.acked[event["delivery_id"]] = time.time()
+        if len(self.acked) >= self.expected:
+            self.done.set()
+
+    async def _main(self) -> None:
+        tasks: set[asyncio.Task[None]] = set()
+        while True:
+            event = await self.queue.get_async()
+            if event is None:
+                break
+            self.offered.setdefault(event["delivery_id"], time.time())
+            task = asyncio.create_task(self._handle(event))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    def stop(self) -> None:
+        self.queue.put(None)  # type: ignore[arg-type]
+        self.thread.join(timeout=30)
+
+
+def _event(row_id: str, due: float) -> dict[str, Any]:
+    return {
+        "type": SCHEDULED_WAKEUP,
+        "delivery_id": row_id,
+        "status": "completed",
+        "note": "bench",
+        "due_at": due,
+        "session_key": "bench",
+        "completed_at": due,
+    }
+
+
+def _write(ledger: Any, dues: list[tuple[str, float]]) -> float:
+    """Write the timers from several threads; return the seconds it took."""
+    chunks = [dues[i::WRITER_THREADS] for i in range(WRITER_THREADS)]
+
+    def work(chunk: list[tuple[str, float]]) -> None:
+        for row_id, due in chunk:
+            ledger.schedule(
+                row_id,
+                kind=TIMER_KIND,
+                event=_event(row_id, due),
+                not_before=due,
+                session_key="bench",
+                goal="bench",
+            )
+
+    threads = [threading.Thread(target=work, args=(c,)) for c in chunks]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
+def _idle(rt: Any, seconds: float) -> tuple[float, int]:
+    """CPU seconds per second this process spent, and scheduler passes, over ``seconds``."""
+    scheduler = rt.scheduler
+    passes = [0]
+    original = scheduler._pass
+
+    def counted() -> float:
+        passes[0] += 1
+        return float(original())
+
+    scheduler._pass = counted
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    cpu = time.process_time() - cpu0
+    wall = time.perf_counter() - wall0
+    scheduler._pass = original
+    return cpu / wall, passes[0]
+
+
+def _open_backend(args: argparse.Namespace, workdir: str) -> tuple[Any, Any]:
+    """The ledger store to measure, and a function that cleans up after it."""
+    import storage
+
+    if args.store == "sqlite":
+        store = storage.open_storage(f"sqlite:///{workdir}")
+        return store.open_ledger(), lambda: None
+    import psycopg
+
+    base = args.url or os.environ.get("REVEILLE_TEST_PG_URL", "")
+    if not base:
+        sys.exit("--store postgresql needs --url or REVEILLE_TEST_PG_URL")
+    schema = f"bench_timers_{secrets.token_hex(4)}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in base else "?"
+    url = f"{base}{sep}options={quote(f'-csearch_path={schema}')}"
+
+    def drop() -> None:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+    return storage.open_storage(url).open_ledger(), drop
+
+
+def run(args: argparse.Namespace) -> None:
+    workdir = tempfile.mkdtemp(prefix="bench-timers-")
+    backend, cleanup = _open_backend(args, workdir)
+    queue = CompletionQueue()
+    rt = ad.configure_runtime(backend=backend, completion_queue=queue, max_queued=args.burst * 2)
+    try:
+        rt.start_scheduler("bench")
+        time.sleep(0.5)
+        floor_cpu, floor_passes = _idle(rt, args.idle_seconds)
+
+        now = time.time()
+        later = args.pending - args.burst
+        # The rest: spread over the next 30 days, an hour away at the nearest.
+        far = [
+            (f"tmr_far{i:07d}", now + 3600 + (30 * 86400 - 3600) * i / max(later, 1))
+            for i in range(later)
+        ]
+        far_seconds = _write(rt.ledger, far)
+        # Due once all of the burst is surely written, at the rate the rest was written.
+        due = time.time() + LEAD_SECONDS + 1.5 * args.burst * far_seconds / max(later, 1)
+        burst = [(f"tmr_burst{i:06d}", due) for i in range(args.burst)]
+        consumer = Consumer(queue, args.burst)
+        consumer.thread.start()
+        burst_seconds = _write(rt.ledger, burst)
+        written = len(far) + len(burst)
+        set_rate = written / (far_seconds + burst_seconds)
+        print(
+            f"store: {args.store}; {written:,} timers written at {set_rate:,.0f}/s "
+            f"({WRITER_THREADS} threads)"
+        )
+        if time.time() >= due:
+            print(f"  (the burst was written late: {time.time() - due:.2f} s after its due time)")
+
+        held_cpu, held_passes = _idle(rt, min(args.idle_seconds, max(due - time.time() - 0.2, 0)))
+        consumer.done.wait(timeout=120)
+        offered = [consumer.offered[r] - due for r, _ in burst if r in consumer.offered]
+        acked = [consumer.acked[r] - due for r, _ in burst if r in consumer.acked]
+        print(f"burst: {len(acked):,}/{args.burst:,} due at once acknowledged")
+        if acked:
+            span = max(acked) - min(0.0, min(acked))
+            print(
+                f"  lateness due->offered  p50 {_percentile(offered, 0.5) * 1000:8.1f} ms   "
+                f"p99 {_percentile(offered, 0.99) * 1000:8.1f} ms"
+            )
+            print(
+                f"  lateness due->acked    p50 {_percentile(acked, 0.5) * 1000:8.1f} ms   "
+                f"p99 {_percentile(acked, 0.99) * 1000:8.1f} ms   "
+                f"max {max(acked) * 1000:.1f} ms"
+            )
+            print(
+                f"  wake-ups/s             {len(acked) / span:,.0f} "
+                f"(all {len(acked):,} acknowledged {span:.2f} s after their due time)"
+            )
+        consumer.stop()
+        time.sleep(2.0)  # the burst's last commits and checkpoint are not idle cost
+        after_cpu, after_passes = _idle(rt, args.idle_seconds)
+        print(f"idle CPU (scheduler running, {args.idle_seconds:.0f} s windows):")
+        print(
+            f"  floor, empty ledger          {floor_cpu * 100:6.2f}% of a core, "
+            f"{floor_passes} scheduler passes"
+        )
+        print(
+            f"  {written:,} pending (burst ahead) {held_cpu * 100:6.2f}% of a core, "
+            f"{held_passes} scheduler passes (window cut to the burst)"
+        )
+        print(
+            f"  {later:,} pending after burst  {after_cpu * 100:6.2f}% of a core, "
+            f"{after_passes} scheduler passes; beyond the floor "
+            f"{(after_cpu - floor_cpu) * 100:+.2f} points"
+        )
+    finally:
+        ad.reset_runtime()
+        cleanup()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pending", type=int, default=100_000)
+    parser.add_argument("--burst", type=int, default=10_000)
+    parser.add_argument("--idle-seconds", type=float, default=5.0)
+    parser.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite")
+    parser.add_argument("--url", default="")
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
