@@ -13,8 +13,8 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from delivery.notifier import LocalNotifier
 from delivery.responses_backend import ResponsesBackend
+from storage.pokes import LocalNotifier
 from storage.responses_sql import DDL, ResponsesSql, add_sqlite_columns
 
 __all__ = ["MemoryResponses"]

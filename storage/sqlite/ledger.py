@@ -29,7 +29,6 @@ from delivery.errors import (
     LedgerUnavailable,
     NotALedgerError,
 )
-from delivery.notifier import SocketDirNotifier, wake_dir_for
 from delivery.peers import ServerRecord
 from delivery.rows import LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
@@ -48,6 +47,7 @@ from storage.sql import (
 )
 from storage.sqlite import files as sqlite_files
 from storage.sqlite.fts import TextIndex, fts_query
+from storage.sqlite.notifier import SocketDirNotifier, wake_dir_for
 from storage.sqlite.webhooks_sql import WEBHOOK_DDL
 from storage.sqlite.writer import GroupCommitWriter
 

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from delivery.notifier import SocketDirNotifier, wake_dir_for
 from delivery.responses_backend import ResponsesBackend
 from storage.responses_sql import DDL, ResponsesSql, add_sqlite_columns
 from storage.sqlite.files import (
@@ -28,6 +27,7 @@ from storage.sqlite.files import (
     create_private,
     stamp_schema,
 )
+from storage.sqlite.notifier import SocketDirNotifier, wake_dir_for
 
 __all__ = ["ResponsesStoreError", "SqliteResponses"]
 
