@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from delivery.responses_backend import ResponsesBackend
 from storage.responses_sql import DDL, ResponsesSql, add_sqlite_columns
+from storage.sqlite.dialect import PLACEHOLDER
 from storage.sqlite.files import (
     FileErrors,
     SqliteFile,
@@ -64,8 +65,8 @@ class SqliteResponses(ResponsesSql):
         self._conn: sqlite3.Connection | None = conn
         self._guard = threading.Lock()
         super().__init__(
+            PLACEHOLDER,
             self._transaction,
-            mark="?",
             lock="",
             notifier=SocketDirNotifier(wake_dir_for(str(path))),
             close=self._close_conn,
