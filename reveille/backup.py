@@ -42,8 +42,15 @@ from delivery.state_dir import ensure_private_dir
 from reveille.app import storage_url
 from reveille.backup_check import MissingUnit, missing_units, record_lost
 from reveille.settings import load_settings
-from storage.dialect import BackupToolMissing, BackupUnavailable, StoreName
-from storage.opener import LEGACY_TELEGRAM_FILE, Storage, open_storage, snapshot_sqlite_files
+from storage.opener import (
+    LEGACY_TELEGRAM_FILE,
+    BackupToolMissing,
+    BackupUnavailable,
+    Storage,
+    StoreName,
+    open_storage,
+    snapshot_sqlite_files,
+)
 from tools.background_processes import PROCESSES_DIR
 
 __all__ = ["BackupError", "add_parsers", "backup", "restore"]

@@ -38,6 +38,7 @@ from delivery.telegram_backend import TelegramBackend
 from delivery.webhooks_backend import WebhookBackend
 from delivery.webui_state import WebUIStateBackend
 from storage.dialect import (
+    BackupToolMissing,
     BackupUnavailable,
     Dialect,
     DialectName,
@@ -49,10 +50,12 @@ from storage.sqlite.dialect import LEGACY_TELEGRAM_FILE, SqliteDialect
 
 __all__ = [
     "LEGACY_TELEGRAM_FILE",
+    "BackupToolMissing",
     "BackupUnavailable",
     "SchemaReport",
     "Storage",
     "StorageUrlError",
+    "StoreName",
     "open_ledger_file",
     "open_storage",
     "snapshot_sqlite_files",

@@ -21,6 +21,7 @@ from delivery.webhooks_backend import WebhookBackend
 from delivery.webui_state import WebUIStateBackend
 from storage.dialect import (
     BackupUnavailable,
+    Dialect,
     DialectName,
     SchemaReport,
     StorageUrlError,
@@ -96,7 +97,7 @@ class MemoryDialect:
         raise BackupUnavailable("memory stores cannot be restored into")
 
 
-def open_url(url: str, *, migrate: bool = True, check: bool = True) -> MemoryDialect:
+def open_url(url: str, *, migrate: bool = True, check: bool = True) -> Dialect:
     try:
         parts = urlsplit(url)
     except ValueError as exc:

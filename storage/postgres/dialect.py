@@ -21,7 +21,7 @@ from delivery.session_backend import SessionBackend
 from delivery.telegram_backend import TelegramBackend
 from delivery.webhooks_backend import WebhookBackend
 from delivery.webui_state import WebUIStateBackend
-from storage.dialect import DialectName, SchemaReport, StoreName
+from storage.dialect import Dialect, DialectName, SchemaReport, StoreName
 from storage.postgres.conn import check_url, redact
 
 __all__ = ["PLACEHOLDER", "PostgresDialect", "open_url"]
@@ -126,7 +126,7 @@ class PostgresDialect:
         return restored
 
 
-def open_url(url: str, *, migrate: bool = True, check: bool = True) -> PostgresDialect:
+def open_url(url: str, *, migrate: bool = True, check: bool = True) -> Dialect:
     from storage.postgres.migrations import prepare_database
 
     check_url(url)

@@ -26,6 +26,7 @@ from delivery.webhooks_backend import WebhookBackend
 from delivery.webui_state import WebUIStateBackend
 from storage.dialect import (
     BackupUnavailable,
+    Dialect,
     DialectName,
     SchemaReport,
     StorageUrlError,
@@ -172,7 +173,7 @@ class SqliteDialect:
         return copy_consistent(files, None, self.home)
 
 
-def open_url(url: str, *, migrate: bool = True, check: bool = True) -> SqliteDialect:
+def open_url(url: str, *, migrate: bool = True, check: bool = True) -> Dialect:
     """The state directory a ``sqlite:///path`` url names, made private (``migrate=False``:
     a missing one is left missing, for operators' tools that only look)."""
     try:
