@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         # An operator's tool never migrates: a schema it does not know is refused.
         location = storage.open_storage(storage_url(settings), migrate=False)
         if not location.has("sessions"):
-            print(f"no session store at {location.describe()} yet (REVEILLE_HOME={settings.home})")
+            where = location.describe("sessions")
+            print(f"no session store at {where} yet (REVEILLE_HOME={settings.home})")
             return 0 if args.action == "list" else 1
         store = SessionStore(location.open_sessions())
     except (SessionStoreError, LedgerError, OSError, ValueError) as exc:

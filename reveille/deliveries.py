@@ -174,9 +174,9 @@ def with_ledger(
         print(f"reveille {command}: {exc}", file=sys.stderr)
         return 1
     if not location.has("ledger"):
-        print(f"no ledger at {location.describe()} yet (REVEILLE_HOME={settings.home})")
+        print(f"no ledger at {location.describe('ledger')} yet (REVEILLE_HOME={settings.home})")
         return int(absent)
-    where = location.describe()
+    where = location.describe("ledger")
     try:
         ledger = Ledger(location.open_ledger(operator=True), settings.delivery_policy)
     except (LedgerError, OSError) as exc:

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         location = open_storage(storage_url(settings), migrate=False)
         if not location.has("ledger"):
-            print(f"nothing to prune: no ledger in {location.describe()} yet")
+            print(f"nothing to prune: no ledger at {location.describe('ledger')} yet")
             return 0
         ledger = location.open_ledger()
     except (LedgerError, StorageUrlError) as exc:

@@ -79,8 +79,9 @@ class Dialect(Protocol):
         """The parameter mark of its SQL (``?``, ``%s``), given to the shared SQL of
         ``storage/`` (``sql.py``, ``responses_sql.py``, ...) as its ``mark``."""
 
-    def describe(self) -> str:
-        """Where the stores live, for messages (a directory, a url without its password)."""
+    def describe(self, store: StoreName | None = None) -> str:
+        """Where the stores (or ``store``) live, for messages: a directory or a file, a url
+        without its password."""
 
     def schema(self, *, apply: bool) -> SchemaReport | None:
         """Where the schema stands, after applying what is pending when ``apply`` (under

@@ -85,8 +85,8 @@ class Storage:
     def name(self) -> DialectName:
         return self.dialect.name
 
-    def describe(self) -> str:
-        return self.dialect.describe()
+    def describe(self, store: StoreName | None = None) -> str:
+        return self.dialect.describe(store)
 
     def has(self, store: StoreName) -> bool:
         return self.dialect.has(store)

@@ -48,7 +48,7 @@ class MemoryDialect:
     def placeholder(self) -> str:
         return PLACEHOLDER
 
-    def describe(self) -> str:
+    def describe(self, store: StoreName | None = None) -> str:
         return f"memory://{self.memory_name}"
 
     def schema(self, *, apply: bool) -> SchemaReport | None:

@@ -45,7 +45,7 @@ class PostgresDialect:
     def placeholder(self) -> str:
         return PLACEHOLDER
 
-    def describe(self) -> str:
+    def describe(self, store: StoreName | None = None) -> str:
         return redact(self.url)
 
     def schema(self, *, apply: bool) -> SchemaReport | None:

@@ -86,7 +86,9 @@ class SqliteDialect:
     def placeholder(self) -> str:
         return PLACEHOLDER
 
-    def describe(self) -> str:
+    def describe(self, store: StoreName | None = None) -> str:
+        if store is not None:
+            return str(self.path(store))
         return str(self.home) if self.home is not None else "SQLite files"
 
     def path(self, store: StoreName) -> Path:
