@@ -19,9 +19,11 @@ import time
 from typing import Any
 
 import storage
+from delivery.errors import LedgerError
 from gateway.approvals import AlreadyDecided, Expired, decide_approval, pending_approvals
 from gateway.delivery_targets import session_platform
 from gateway.session import SessionStore, SessionStoreError
+from reveille.app import storage_url
 from reveille.settings import load_settings
 
 __all__ = ["add_parser", "run"]
@@ -42,23 +44,17 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _open(settings: Any) -> SessionStore:
-    if settings.database_url:
-        # An operator's tool never migrates: a schema it does not know is refused.
-        location = storage.open_storage(settings.database_url, migrate=False)
-    else:
-        location = storage.sqlite_files(sessions=settings.sessions_path)
-    return SessionStore(location.open_sessions())
-
-
 def run(args: argparse.Namespace) -> int:
     settings = load_settings()
-    if not settings.database_url and not settings.sessions_path.exists():
-        print(f"no session store at {settings.sessions_path} yet (REVEILLE_HOME={settings.home})")
-        return 0 if args.action == "list" else 1
     try:
-        store = _open(settings)
-    except (SessionStoreError, OSError) as exc:
+        # An operator's tool never migrates: a schema it does not know is refused.
+        location = storage.open_storage(storage_url(settings), migrate=False)
+        if not location.has("sessions"):
+            where = location.describe("sessions")
+            print(f"no session store at {where} yet (REVEILLE_HOME={settings.home})")
+            return 0 if args.action == "list" else 1
+        store = SessionStore(location.open_sessions())
+    except (SessionStoreError, LedgerError, OSError, ValueError) as exc:
         print(f"reveille approvals: {exc}", file=sys.stderr)
         return 1
     try:

@@ -44,12 +44,12 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = load_settings()
-    if not settings.database_url and not settings.ledger_path.exists():
-        print(f"no ledger at {settings.ledger_path} yet (REVEILLE_HOME={settings.home})")
-        return 0 if args.action == "list" else 1
+    absent = args.action != "list"  # no ledger yet: a list is empty, an action fails
     if args.action == "cancel":
-        return with_ledger(settings, "background", lambda ledger: cancel(ledger, args.id))
-    return with_ledger(settings, "background", lambda ledger: show(ledger, args))
+        return with_ledger(
+            settings, "background", lambda ledger: cancel(ledger, args.id), absent=absent
+        )
+    return with_ledger(settings, "background", lambda ledger: show(ledger, args), absent=absent)
 
 
 def who() -> str:

@@ -1,22 +1,27 @@
-"""`reveille backup DIR` and `reveille restore DIR`: a copy of every store of a state directory.
+"""`reveille backup DIR` and `reveille restore DIR`: a copy of every store, and putting it back.
 
-A backup is taken online, while servers run. Every SQLite file (the ledger, the session
-store, the web UI's state, the Responses API's responses, Telegram's state) is copied as of
-ONE point of the ledger's history (``storage.sqlite.snapshot``: a read snapshot of every
-file is fixed while the ledger takes no write, then each is copied through it), so a
-restored transcript never names a started unit the restored ledger lacks, and a result the
-ledger calls delivered is in the transcript. The background processes' outputs are copied
+The storage is opened through the opener (``storage.open_storage``) and its dialect makes
+the copy, every store as of ONE point of the ledger's history, so a restored transcript
+never names a started unit the restored ledger lacks, and a result the ledger calls
+delivered is in the transcript:
+
+- SQLite: every file of the state directory (the ledger, the session store, the web UI's
+  state, the Responses API's responses, the chat platforms' state) is copied online, while
+  servers run (``storage.sqlite.snapshot``: a read snapshot of every file is fixed while
+  the ledger takes no write, then each is copied through it).
+- PostgreSQL: ``pg_dump`` of the store's schema in one serializable transaction, in the
+  custom format (``reveille.pgdump``), checked with ``pg_restore --list``
+  (``storage.postgres.backup``). Without ``pg_dump`` the command says so, with the manual
+  procedure, and copies nothing; ``--local-only`` copies only what is local.
+
+The background processes' outputs (and an old ``telegram.db`` not yet absorbed) are copied
 as files. The copy is private: the directory 0700, every file 0600.
 
-With PostgreSQL the ledger, the sessions and the rest are in the database, not in the state
-directory: `reveille backup` refuses and says how to take one consistent dump (``pg_dump
---serializable-deferrable``); ``--local-only`` copies only what is local (process outputs,
-Telegram's state), never stale SQLite files that a server no longer writes.
-
-A restore goes into an empty (or new) state directory only. It checks that every store it
-copied opens there, and that every started unit a transcript names has its ledger row
-(``reveille.backup_check``); a backup that fails that check is refused, and nothing is
-left behind, unless ``--repair``, which records each such unit as lost, so that its
+A restore goes into an empty (or new) state directory only, and with PostgreSQL into a
+schema that holds no Reveille store (``pg_restore --single-transaction``). It checks that
+every store opens there, and that every started unit a transcript names has its ledger row
+(``reveille.backup_check``); a SQLite backup that fails that check is refused, and nothing
+is left behind, unless ``--repair``, which records each such unit as lost, so that its
 conversation is told once. A restored ledger's pending deliveries are offered when a server
 starts on it, each delivered once (the sinks are idempotent by delivery id).
 """
@@ -29,50 +34,41 @@ import shutil
 import sqlite3
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from delivery.errors import LedgerError
 from delivery.ledger import Ledger
 from delivery.state_dir import ensure_private_dir
+from reveille.app import storage_url
 from reveille.backup_check import MissingUnit, missing_units, record_lost
 from reveille.settings import load_settings
 from storage.opener import (
-    CHATS_FILE,
-    LEDGER_FILE,
     LEGACY_TELEGRAM_FILE,
-    RESPONSES_FILE,
-    SESSIONS_FILE,
-    WEBUI_FILE,
+    BackupToolMissing,
+    BackupUnavailable,
+    Storage,
+    StoreName,
     open_storage,
     snapshot_sqlite_files,
 )
 from tools.background_processes import PROCESSES_DIR
 
-__all__ = ["STORE_FILES", "add_parsers", "backup", "pg_dump_advice", "restore"]
+__all__ = ["BackupError", "add_parsers", "backup", "restore"]
 
-STORE_FILES = (
-    LEDGER_FILE,
-    SESSIONS_FILE,
-    WEBUI_FILE,
-    RESPONSES_FILE,
-    CHATS_FILE,
-    LEGACY_TELEGRAM_FILE,
-)
-# With PostgreSQL only these stay in the state directory: an old Telegram file the first
-# start has not moved into the database yet.
-LOCAL_FILES = (LEGACY_TELEGRAM_FILE,)
+# A backup or restore that cannot be made (the message says why); the dialects raise it.
+BackupError = BackupUnavailable
 
-
-class BackupError(Exception):
-    """The backup or restore cannot be made (the message says why)."""
+# What a restore opens to check that it is usable, by the dialect's store names.
+_STORES: tuple[StoreName, ...] = ("ledger", "sessions", "webui", "responses", "chats")
 
 
 def add_parsers(subparsers: Any) -> None:
-    b = subparsers.add_parser("backup", help="copy every store of the state directory to DIR")
+    b = subparsers.add_parser("backup", help="copy every store (files or database) to DIR")
     b.add_argument("dir", help="a new or empty directory")
     b.add_argument(
         "--local-only",
         action="store_true",
-        help="with PostgreSQL: copy only the local files (the database needs pg_dump)",
+        help="copy only the local files (process outputs), not the stores",
     )
     b.set_defaults(func=_run_backup)
     r = subparsers.add_parser("restore", help="restore a backup into an empty state directory")
@@ -86,23 +82,23 @@ def add_parsers(subparsers: Any) -> None:
     r.set_defaults(func=_run_restore)
 
 
-def pg_dump_advice(target: str) -> str:
-    """How to back up a PostgreSQL deployment in one consistent snapshot."""
-    return (
-        "the ledger, the sessions and every other store are in PostgreSQL: dump them in ONE "
-        "snapshot (one transaction, so every table is at the same point of the ledger's "
-        "history): `pg_dump --serializable-deferrable --format=custom "
-        f'--file {os.path.join(target, "reveille.pgdump")} "$REVEILLE_DATABASE_URL"` '
-        "(or the [storage] url; check the dump with `pg_restore --list`); then "
-        "`reveille backup --local-only "
-        f"{target}` copies what is local (process outputs, Telegram's state)"
-    )
-
-
 def _empty_private_dir(path: Path) -> None:
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise BackupError(f"{path} is not an empty directory; nothing was written")
     ensure_private_dir(path)
+
+
+def _clear(path: Path, *, fresh: bool) -> None:
+    """Leave ``path`` as it was found (new or empty): a rerun needs it empty."""
+    if not path.is_dir():
+        return
+    for entry in path.iterdir():
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    if fresh:
+        path.rmdir()
 
 
 def _copy_tree(source: Path, target: Path) -> None:
@@ -115,18 +111,39 @@ def _copy_tree(source: Path, target: Path) -> None:
             os.chmod(os.path.join(root, name), 0o700)
 
 
-def backup(home: Path, target: Path, *, names: tuple[str, ...] = STORE_FILES) -> list[str]:
-    """Copy the stores ``names`` of ``home`` into the new or empty ``target``, all as of one
-    point of the ledger's history; what was copied."""
-    if not home.is_dir():
-        raise BackupError(f"state directory {home} does not exist")
-    _empty_private_dir(target)
-    files = [home / name for name in names if (home / name).is_file()]
-    copied = snapshot_sqlite_files(files, home / LEDGER_FILE, target)
-    if (home / PROCESSES_DIR).is_dir():
-        _copy_tree(home / PROCESSES_DIR, target / PROCESSES_DIR)
+def _copy_local(source: Path, target: Path, *, done: list[str]) -> list[str]:
+    """The local files no store holds: an old Telegram file (unless the stores' copy took
+    it) and the background processes' outputs; what was copied."""
+    copied: list[str] = []
+    legacy = source / LEGACY_TELEGRAM_FILE
+    if LEGACY_TELEGRAM_FILE not in done and legacy.is_file():
+        copied += snapshot_sqlite_files([legacy], None, target)
+    if (source / PROCESSES_DIR).is_dir():
+        _copy_tree(source / PROCESSES_DIR, target / PROCESSES_DIR)
         copied.append(PROCESSES_DIR + "/")
     return copied
+
+
+def _sqlite_url(home: Path) -> str:
+    return f"sqlite://{home.expanduser().resolve().as_posix()}"
+
+
+def backup(
+    home: Path, target: Path, *, url: str | None = None, local_only: bool = False
+) -> list[str]:
+    """Copy the stores at ``url`` (by default the SQLite state directory ``home``), all as of
+    one point of the ledger's history, and the local files of ``home`` into the new or empty
+    ``target``; what was copied. ``local_only``: the local files alone."""
+    # Opened first: a store that cannot be reached leaves no directory behind.
+    location = None if local_only else open_storage(url or _sqlite_url(home), migrate=False)
+    fresh = not target.exists()
+    _empty_private_dir(target)
+    try:
+        copied = location.backup(target) if location is not None else []
+        return copied + _copy_local(home, target, done=copied)
+    except BaseException:
+        _clear(target, fresh=fresh)
+        raise
 
 
 def _describe(missing: list[MissingUnit]) -> str:
@@ -135,10 +152,13 @@ def _describe(missing: list[MissingUnit]) -> str:
     return f"{shown}{more}"
 
 
-def _check_started_units(home: Path, *, repair: bool) -> list[MissingUnit]:
-    storage = open_storage(f"sqlite://{home.resolve()}")
-    ledger = Ledger(storage.open_ledger())
-    sessions = storage.open_sessions()
+def _check_started_units(location: Storage, *, repair: bool) -> list[MissingUnit]:
+    ledger = Ledger(location.open_ledger(operator=True))
+    try:
+        sessions = location.open_sessions()
+    except BaseException:
+        ledger.close()
+        raise
     try:
         missing = missing_units(ledger, sessions)
         if missing and not repair:
@@ -157,87 +177,84 @@ def _check_started_units(home: Path, *, repair: bool) -> list[MissingUnit]:
         ledger.close()
 
 
-def restore(source: Path, home: Path, *, repair: bool = False) -> list[str]:
-    """Copy a backup into the new or empty state directory ``home`` and check it there:
-    every store opens, every started unit a transcript names has its ledger row (else
-    ``BackupError`` and nothing is left in ``home``; with ``repair`` each is recorded as
-    lost). What was restored, with a note per repaired unit."""
-    names = [n for n in STORE_FILES if (source / n).is_file()]
-    if not names:
-        raise BackupError(f"{source} holds no Reveille store; nothing was written")
+def restore(source: Path, home: Path, *, repair: bool = False, url: str | None = None) -> list[str]:
+    """Put a backup back into the stores at ``url`` (by default the SQLite state directory
+    ``home``, which must be new or empty, as must a database's schema) and its local files
+    into ``home``, and check it there: every store opens, every started unit a transcript
+    names has its ledger row (else ``BackupError``; with ``repair`` each is recorded as
+    lost). What was restored, with a note per repaired unit. A refused SQLite restore
+    leaves ``home`` as it was found."""
+    url = url or _sqlite_url(home)
+    target = open_storage(url, migrate=False, check=False)
     fresh = not home.exists()
     _empty_private_dir(home)
     try:
-        return _restore_into(source, home, names, repair=repair)
+        restored = target.restore(source)
+        restored += _copy_local(source, home, done=restored)
+        # Opened as a server would open it: a schema it does not know is refused.
+        location = open_storage(url, migrate=False)
+        for store in _STORES:
+            if location.has(store):
+                _open_and_close(location, store)
+        if location.has("sessions") and location.has("ledger"):
+            repaired = _check_started_units(location, repair=repair)
+            restored += [f"{m.handle} recorded as lost" for m in repaired]
+        return restored
     except BaseException:
-        # Leave the directory as it was found (new or empty): a rerun needs it empty.
-        for entry in home.iterdir():
-            if entry.is_dir():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
-        if fresh:
-            home.rmdir()
+        _clear(home, fresh=fresh)
         raise
 
 
-def _restore_into(source: Path, home: Path, names: list[str], *, repair: bool) -> list[str]:
-    snapshot_sqlite_files([source / n for n in names], None, home)
-    if (source / PROCESSES_DIR).is_dir():
-        _copy_tree(source / PROCESSES_DIR, home / PROCESSES_DIR)
-    storage = open_storage(f"sqlite://{home.resolve()}")
-    if LEDGER_FILE in names:
-        storage.open_ledger().close()
-    if SESSIONS_FILE in names:
-        storage.open_sessions().close()
-    if WEBUI_FILE in names:
-        storage.open_webui().close()
-    if RESPONSES_FILE in names:
-        storage.open_responses().close()
-    if CHATS_FILE in names:
-        storage.open_telegram().close()
-    restored = list(names)
-    if (source / PROCESSES_DIR).is_dir():
-        restored.append(PROCESSES_DIR + "/")
-    if SESSIONS_FILE in names:
-        repaired = _check_started_units(home, repair=repair)
-        restored += [f"{m.handle} recorded as lost" for m in repaired]
-    return restored
+def _open_and_close(location: Storage, store: StoreName) -> None:
+    opened: Closeable
+    if store == "ledger":
+        opened = location.open_ledger(operator=True)
+    elif store == "sessions":
+        opened = location.open_sessions()
+    elif store == "webui":
+        opened = location.open_webui()
+    elif store == "responses":
+        opened = location.open_responses()
+    else:
+        opened = location.open_telegram()
+    opened.close()
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
 
 
 def _run_backup(args: argparse.Namespace) -> int:
     settings = load_settings()
-    names: tuple[str, ...] = STORE_FILES
-    if settings.database_url:
-        if not args.local_only:
-            print(
-                f"reveille backup: nothing was copied: {pg_dump_advice(args.dir)}", file=sys.stderr
-            )
-            return 2
-        names = LOCAL_FILES
+    target = Path(args.dir).expanduser()
     try:
-        copied = backup(settings.home, Path(args.dir).expanduser(), names=names)
-    except (BackupError, OSError, sqlite3.Error) as exc:
-        print(f"reveille backup: {exc}", file=sys.stderr)
+        copied = backup(
+            settings.home, target, url=storage_url(settings), local_only=args.local_only
+        )
+    except BackupToolMissing as exc:  # the procedure is in the message: the operator's turn
+        print(f"reveille backup: nothing was copied: {exc}", file=sys.stderr)
+        return 2
+    except (BackupError, LedgerError, ValueError, OSError, sqlite3.Error) as exc:
+        print(f"reveille backup: nothing was copied: {exc}", file=sys.stderr)
         return 1
     print(f"copied {', '.join(copied) or 'nothing'} from {settings.home} to {args.dir}")
-    if settings.database_url:
-        print(f"the database was not copied: {pg_dump_advice(args.dir)}")
+    if args.local_only:
+        print("the stores were not copied (--local-only): run `reveille backup` without it")
     return 0
 
 
 def _run_restore(args: argparse.Namespace) -> int:
     settings = load_settings()
-    if settings.database_url:
-        print(
-            "reveille restore: the stores are in PostgreSQL: restore the database with "
-            '`pg_restore --clean --if-exists --dbname "$REVEILLE_DATABASE_URL" '
-            "reveille.pgdump` while no server runs; nothing was restored",
-            file=sys.stderr,
-        )
-        return 2
     try:
-        restored = restore(Path(args.dir).expanduser(), settings.home, repair=args.repair)
+        restored = restore(
+            Path(args.dir).expanduser(),
+            settings.home,
+            repair=args.repair,
+            url=storage_url(settings),
+        )
+    except BackupToolMissing as exc:
+        print(f"reveille restore: nothing was restored: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # a copy that does not open is reported, in one line
         print(f"reveille restore: {exc}", file=sys.stderr)
         return 1

@@ -24,21 +24,24 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from delivery.errors import LedgerError
+    from reveille.app import storage_url
+    from storage import open_storage
+
     settings = load_settings()
-    url = settings.database_url
-    if not url:
+    try:
+        # Neither migrated nor checked on open: reporting where the schema stands (or
+        # migrating it) is this command's whole job.
+        location = open_storage(storage_url(settings), migrate=False, check=False)
+        report = location.schema(apply=args.action == "migrate")
+    except (LedgerError, ValueError) as exc:
+        print(f"reveille db: {exc}", file=sys.stderr)
+        return 1
+    if report is None:
         print(
             "reveille db: no PostgreSQL store configured (REVEILLE_DATABASE_URL or "
             "[storage] url); the SQLite files under REVEILLE_HOME migrate themselves on open"
         )
-        return 1
-    from delivery.errors import LedgerError
-    from storage.opener import migrate_database
-
-    try:
-        report = migrate_database(url, apply=args.action == "migrate")
-    except LedgerError as exc:
-        print(f"reveille db: {exc}", file=sys.stderr)
         return 1
     if args.action == "migrate":
         if report.applied:

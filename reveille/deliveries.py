@@ -20,6 +20,7 @@ from delivery.errors import LedgerError, NotALedgerError, UnknownDeliveryError
 from delivery.ledger import Ledger
 from delivery.rows import LedgerRow, RowQuery
 from delivery.states import DeliveryState, State
+from reveille.app import storage_url
 from reveille.settings import Settings, load_settings
 from reveille.webhooks_cmd import show_webhook
 
@@ -153,51 +154,44 @@ def format_row(row: LedgerRow, history: list[dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     settings = load_settings()
-    if not settings.database_url and not settings.ledger_path.exists():
-        # Said before anything opens the store: a look must not create it.
-        print(f"no ledger at {settings.ledger_path} yet (REVEILLE_HOME={settings.home})")
-        return 0 if args.action == "list" else 1
     if args.action == "show" and args.id.startswith(WEBHOOK_ID_PREFIX):
         return show_webhook(settings, args.id, as_json=args.json)
-    return with_ledger(settings, "deliveries", lambda ledger: _act(ledger, args))
+    return with_ledger(
+        settings, "deliveries", lambda ledger: _act(ledger, args), absent=args.action != "list"
+    )
 
 
-def with_ledger(settings: Settings, command: str, act: Callable[[Ledger], int]) -> int:
-    """Run ``act`` on the ledger of ``settings`` (an operator's tool: PostgreSQL is never
-    migrated from here), saying what went wrong in words when it cannot."""
-    if settings.database_url:
-        try:
-            # An operator's tool never migrates: a schema it does not know is refused.
-            backend = storage.open_storage(settings.database_url, migrate=False).open_ledger(
-                writers=1, pool_size=1
-            )
-        except LedgerError as exc:
-            print(f"reveille {command}: {exc}", file=sys.stderr)
-            return 1
-        ledger = Ledger(backend, settings.delivery_policy)
-        try:
-            return act(ledger)
-        except LedgerError as exc:
-            print(f"reveille {command}: {exc}; nothing was written", file=sys.stderr)
-            return 1
-        finally:
-            ledger.close()
+def with_ledger(
+    settings: Settings, command: str, act: Callable[[Ledger], int], *, absent: bool = False
+) -> int:
+    """Run ``act`` on the ledger of ``settings``, opened through the opener as an operator's
+    tool (a database's schema is checked, never migrated), saying what went wrong in words
+    when it cannot. No ledger yet: said, and nothing is created (a look must not create
+    it); the exit status is ``absent`` (0 for a list, 1 for an action on a row)."""
     try:
-        backend = storage.sqlite_files(ledger=settings.ledger_path).open_ledger()
-        ledger = Ledger(backend, settings.delivery_policy)
+        location = storage.open_storage(storage_url(settings), migrate=False)
+    except (LedgerError, ValueError) as exc:
+        print(f"reveille {command}: {exc}", file=sys.stderr)
+        return 1
+    if not location.has("ledger"):
+        print(f"no ledger at {location.describe('ledger')} yet (REVEILLE_HOME={settings.home})")
+        return int(absent)
+    where = location.describe("ledger")
+    try:
+        ledger = Ledger(location.open_ledger(operator=True), settings.delivery_policy)
     except (LedgerError, OSError) as exc:
-        print(explain(exc, settings.ledger_path), file=sys.stderr)
+        print(explain(exc, where), file=sys.stderr)
         return 1
     try:
         return act(ledger)
     except (LedgerError, OSError) as exc:
-        print(explain(exc, settings.ledger_path), file=sys.stderr)
+        print(explain(exc, where), file=sys.stderr)
         return 1
     finally:
         ledger.close()
 
 
-def explain(exc: BaseException, path: Path) -> str:
+def explain(exc: BaseException, path: Path | str) -> str:
     """One or two lines for an expected fault: what happened, that nothing was written,
     what to do. A healthy ledger that is only locked or read-only is never called broken."""
     text = str(exc)

@@ -65,22 +65,23 @@ def format_report(report: PruneReport) -> str:
 
 def run(args: argparse.Namespace) -> int:
     settings = load_settings()
-    if not settings.database_url and not settings.ledger_path.exists():
-        print(f"nothing to prune: no ledger at {settings.ledger_path} yet")
-        return 0
     try:
         location = open_storage(storage_url(settings), migrate=False)
+        if not location.has("ledger"):
+            print(f"nothing to prune: no ledger at {location.describe('ledger')} yet")
+            return 0
         ledger = location.open_ledger()
     except (LedgerError, StorageUrlError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     sessions = webui = responses = None
     try:
-        if settings.database_url or settings.sessions_path.exists():
+        # Only the stores that exist: pruning never makes an empty file.
+        if location.has("sessions"):
             sessions = location.open_sessions()
-        if settings.database_url or (location.webui_path and location.webui_path.exists()):
+        if location.has("webui"):
             webui = location.open_webui()
-        if settings.database_url or (location.responses_path and location.responses_path.exists()):
+        if location.has("responses"):
             responses = location.open_responses()
         stores = RetentionStores(
             ledger=ledger,

@@ -19,6 +19,7 @@ import storage
 from delivery.errors import LedgerError
 from delivery.webhooks_backend import WebhookAttempt, WebhookBackend, WebhookDelivery
 from gateway.webhooks import ROTATION_OVERLAP_SECONDS, new_secret
+from reveille.app import storage_url
 from reveille.settings import Settings, load_settings
 
 __all__ = ["add_parser", "format_webhook", "open_webhook_store", "show_webhook"]
@@ -45,12 +46,14 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def open_webhook_store(settings: Settings) -> WebhookBackend:
-    """The webhook tables where the server keeps them (an operator's tool never migrates
-    PostgreSQL: a schema it does not know is refused)."""
-    if settings.database_url:
-        return storage.open_storage(settings.database_url, migrate=False).open_webhooks()
-    return storage.sqlite_files(ledger=settings.ledger_path).open_webhooks()
+def open_webhook_store(settings: Settings, *, look: bool = False) -> WebhookBackend | None:
+    """The webhook tables where the server keeps them, opened through the opener as an
+    operator's tool (a database's schema is checked, never migrated); with ``look``, None
+    when there is no ledger yet (a look creates no store)."""
+    location = storage.open_storage(storage_url(settings), migrate=False)
+    if look and not location.has("ledger"):
+        return None
+    return location.open_webhooks()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,14 +65,14 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if args.action == "list" and not settings.database_url and not settings.ledger_path.exists():
-        print("no webhook deliveries")  # and no store created just to look
-        return 0
     try:
-        backend = open_webhook_store(settings)
-    except (LedgerError, OSError) as exc:
+        backend = open_webhook_store(settings, look=args.action == "list")
+    except (LedgerError, OSError, ValueError) as exc:
         print(f"reveille webhooks: {exc}", file=sys.stderr)
         return 1
+    if backend is None:
+        print("no webhook deliveries")  # and no store created just to look
+        return 0
     try:
         if args.action == "secret":
             return _secret(backend, rotate=args.rotate)
@@ -148,9 +151,12 @@ def show_webhook(settings: Settings, delivery_id: str, *, as_json: bool) -> int:
     import json
 
     try:
-        backend = open_webhook_store(settings)
-    except (LedgerError, OSError) as exc:
+        backend = open_webhook_store(settings, look=True)
+    except (LedgerError, OSError, ValueError) as exc:
         print(f"reveille deliveries: {exc}", file=sys.stderr)
+        return 1
+    if backend is None:
+        print(f"no ledger at {settings.home} yet (REVEILLE_HOME={settings.home})")
         return 1
     try:
         rows = backend.deliveries(delivery_id)

@@ -1,5 +1,5 @@
-"""Compaction's writes in the SQL dialects: written once, bound to a placeholder mark (``?``
-for SQLite, ``%s`` for PostgreSQL), like ``storage.running_turns``.
+"""Compaction's writes in the SQL dialects: written once with ``?``, bound to the dialect's
+placeholder ``mark`` (``storage.sql.marked``), like ``storage.running_turns``.
 
 Each function runs inside a write transaction the backend opened (SQLite's writer thread,
 a PostgreSQL connection holding the session's advisory lock) and commits nothing itself.
@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from delivery.session_backend import Compaction, MessageRecord
+from storage.sql import marked
 
 __all__ = ["archived_statements", "compact", "mark_seen"]
 
@@ -27,8 +28,8 @@ def _chunks(ids: Sequence[int]) -> Iterator[list[int]]:
         yield unique[start : start + _CHUNK]
 
 
-def _in(mark: str, n: int) -> str:
-    return "(" + ", ".join([mark] * n) + ")"
+def _in(n: int) -> str:
+    return "(" + ", ".join(["?"] * n) + ")"
 
 
 def mark_seen(conn: Any, mark: str, session_id: str, ids: Sequence[int], now: float) -> None:
@@ -36,20 +37,24 @@ def mark_seen(conn: Any, mark: str, session_id: str, ids: Sequence[int], now: fl
     the first turn that saw a row is its witness)."""
     for chunk in _chunks(ids):
         conn.execute(
-            f"UPDATE messages SET seen_at = {mark} WHERE session_id = {mark}"
-            f" AND seen_at IS NULL AND folded_at IS NOT NULL AND id IN {_in(mark, len(chunk))}",
+            marked(
+                "UPDATE messages SET seen_at = ? WHERE session_id = ?"
+                f" AND seen_at IS NULL AND folded_at IS NOT NULL AND id IN {_in(len(chunk))}",
+                mark,
+            ),
             (now, session_id, *chunk),
         )
 
 
 def _allowed(conn: Any, mark: str, session_id: str, compaction: Compaction, now: float) -> bool:
     lease = conn.execute(
-        f"SELECT stream_id, expires_at FROM running_turns WHERE session_id = {mark}",
+        marked("SELECT stream_id, expires_at FROM running_turns WHERE session_id = ?", mark),
         (session_id,),
     ).fetchone()
     if lease is None or lease[0] != compaction.stream_id or lease[1] <= now:
         return False  # not under this caller's lease: another turn may be running
-    if conn.execute(f"SELECT 1 FROM sessions WHERE id = {mark}", (session_id,)).fetchone() is None:
+    found_session = conn.execute(marked("SELECT 1 FROM sessions WHERE id = ?", mark), (session_id,))
+    if found_session.fetchone() is None:
         return False
     wanted = set(compaction.archive_ids)
     if not wanted:
@@ -57,8 +62,11 @@ def _allowed(conn: Any, mark: str, session_id: str, compaction: Compaction, now:
     found = 0
     for chunk in _chunks(compaction.archive_ids):
         rows = conn.execute(
-            "SELECT display_kind, folded_at, seen_at, archived_at FROM messages"
-            f" WHERE session_id = {mark} AND id IN {_in(mark, len(chunk))}",
+            marked(
+                "SELECT display_kind, folded_at, seen_at, archived_at FROM messages"
+                f" WHERE session_id = ? AND id IN {_in(len(chunk))}",
+                mark,
+            ),
             (session_id, *chunk),
         ).fetchall()
         for kind, folded_at, seen_at, archived_at in rows:
@@ -86,8 +94,11 @@ def compact(
     summary = insert()
     for chunk in _chunks(compaction.archive_ids):
         conn.execute(
-            f"UPDATE messages SET archived_at = {mark}, summary_id = {mark}"
-            f" WHERE session_id = {mark} AND id IN {_in(mark, len(chunk))}",
+            marked(
+                "UPDATE messages SET archived_at = ?, summary_id = ?"
+                f" WHERE session_id = ? AND id IN {_in(len(chunk))}",
+                mark,
+            ),
             (now, summary.id, session_id, *chunk),
         )
     return summary
@@ -99,9 +110,10 @@ def archived_statements(mark: str) -> tuple[str, str]:
     the ``DELETE`` of those. The live summary is not archived, so it never qualifies; the
     delivery-row clause holds by construction (compaction archives only folded, seen rows)
     and is checked again so that a bug there can never cost a result."""
-    pick = (
+    pick = marked(
         "SELECT id FROM messages WHERE archived_at IS NOT NULL"
-        f" AND archived_at < {mark} AND (display_kind IS NULL OR folded_at IS NOT NULL)"
-        f" ORDER BY archived_at, id LIMIT {mark}"
+        " AND archived_at < ? AND (display_kind IS NULL OR folded_at IS NOT NULL)"
+        " ORDER BY archived_at, id LIMIT ?",
+        mark,
     )
     return pick, f"DELETE FROM messages WHERE id IN ({pick})"

@@ -1,54 +1,61 @@
 """The one place that turns a storage url into opened stores, and so the only code that names
 a storage dialect.
 
-``open_storage(url)`` resolves where the state lives and prepares it once:
+``open_storage(url)`` picks the dialect folder once, by the url's scheme (``_DIALECTS``),
+and asks its ``open_url`` for a ``storage.dialect.Dialect``: the place checked and prepared
+(``sqlite:///abs/dir``: the state directory, 0700; ``postgresql://user:password@host/dbname``:
+the server reached and the schema migrated, once, under the advisory lock; ``memory://name``:
+in-process stores). ``migrate=False`` (operators' tools) only checks a database's schema and
+never makes a missing state directory; ``check=False`` (a restore) does neither. A bad url,
+a refused connection or wrong credentials fail with one clear message.
 
-- ``sqlite:///abs/dir``: the state directory (created 0700, or tightened); the ledger is
-  ``ledger.db``, the session store ``sessions.db`` and the web UI's state ``webui.db`` in it.
-- ``postgresql://user:password@host/dbname``: one database for every table. The server is
-  reached and the schema migrated here, once, under the advisory lock (``migrate=False``,
-  for operators' tools, only checks it), so a bad url, a refused connection or wrong
-  credentials fail the start with one clear message. The backends opened from it never
-  migrate again.
-- ``memory://name``: in-process stores (tests, embedding); each ``open_*`` is a new one.
-
-The returned ``Storage`` opens the backends: ``open_ledger()`` (a ``LedgerStore``: the
-ledger's work and views), ``open_sessions()`` (a ``SessionBackend``) and ``open_webui()``
-(a ``WebUIStateBackend``), ``open_webhooks()`` (a ``WebhookBackend``, in the ledger's
-file or database), ``open_responses()`` (a ``ResponsesBackend``, ``responses.db`` with
-SQLite) and ``open_telegram()`` (a ``TelegramBackend``, ``chats.db`` with SQLite; an old
-``telegram.db`` it is given is absorbed once and renamed ``telegram.db.migrated``); keyword options
-tune one dialect's backend (pool sizes, batch limits, a test clock) and are passed through
-as given.
+The returned ``Storage`` opens the backends through its dialect: ``open_ledger()`` (a
+``LedgerStore``), ``open_sessions()``, ``open_webui()``, ``open_webhooks()`` (in the
+ledger's file or database), ``open_responses()`` and ``open_telegram()`` (an old
+``telegram.db`` it is given is absorbed once and renamed ``telegram.db.migrated``);
+``has(store)`` says what exists already, ``schema()``, ``backup()`` and ``restore()`` serve
+the operator commands. Keyword options tune one dialect's backend and are passed as given.
 ``sqlite_files(ledger=..., sessions=...)`` describes SQLite files at paths of the caller's
-choosing (tests, benchmarks, the operator's ledger file). ``snapshot_sqlite_files`` copies
-a state directory's files at one point of the ledger's history (`reveille backup`).
+choosing (tests, benchmarks). ``snapshot_sqlite_files`` copies SQLite files at one point of
+the ledger's history.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import unquote, urlsplit
+from typing import Any
 
 from delivery.backend import LedgerStore
 from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
 from delivery.session_backend import SessionBackend
-from delivery.state_dir import ensure_private_dir
 from delivery.telegram_backend import TelegramBackend
 from delivery.webhooks_backend import WebhookBackend
 from delivery.webui_state import WebUIStateBackend
+from storage.dialect import (
+    BackupToolMissing,
+    BackupUnavailable,
+    Dialect,
+    DialectName,
+    SchemaReport,
+    StorageUrlError,
+    StoreName,
+)
+from storage.sqlite.dialect import LEGACY_TELEGRAM_FILE, SqliteDialect
 
 __all__ = [
+    "LEGACY_TELEGRAM_FILE",
+    "BackupToolMissing",
+    "BackupUnavailable",
     "SchemaReport",
     "Storage",
     "StorageUrlError",
-    "migrate_database",
+    "StoreName",
     "open_ledger_file",
     "open_storage",
     "snapshot_sqlite_files",
@@ -57,160 +64,66 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Dialect = Literal["sqlite", "postgres", "memory"]
-
-LEDGER_FILE = "ledger.db"
-SESSIONS_FILE = "sessions.db"
-WEBUI_FILE = "webui.db"
-RESPONSES_FILE = "responses.db"
-CHATS_FILE = "chats.db"  # the chat platforms' state (Telegram's inbox, offset, replies)
-LEGACY_TELEGRAM_FILE = "telegram.db"  # where Telegram's state lived before: absorbed once
-
-
-class StorageUrlError(ValueError):
-    """A storage url that names no store this build can open (the message says why)."""
+# Each url scheme's dialect folder; its ``dialect`` module has ``open_url``. Imported on
+# first use, so that a SQLite deployment never loads the PostgreSQL driver.
+_DIALECTS = {
+    "sqlite": "storage.sqlite.dialect",
+    "postgresql": "storage.postgres.dialect",
+    "postgres": "storage.postgres.dialect",
+    "memory": "storage.memory.dialect",
+}
 
 
 @dataclass(frozen=True)
 class Storage:
-    """Where the ledger and the session store live, ready to open."""
+    """Where the stores live, ready to open: a dialect, and what holds for every dialect
+    (absorbing an old Telegram file)."""
 
     dialect: Dialect
-    ledger_path: Path | None = None
-    sessions_path: Path | None = None
-    webui_path: Path | None = None
-    responses_path: Path | None = None
-    chats_path: Path | None = None
-    database_url: str | None = None
-    # PostgreSQL: the schema the migrations were applied to (or checked in).
-    schema: str | None = None
-    memory_name: str = "memory"
 
-    def open_ledger(self, **options: Any) -> LedgerStore:
-        if self.dialect == "postgres":
-            from storage.postgres.ledger import PostgresBackend
+    @property
+    def name(self) -> DialectName:
+        return self.dialect.name
 
-            assert self.database_url is not None and self.schema is not None
-            return PostgresBackend(self.database_url, schema=self.schema, **options)
-        if self.dialect == "memory":
-            from storage.memory.ledger import MemoryBackend
+    def describe(self, store: StoreName | None = None) -> str:
+        return self.dialect.describe(store)
 
-            return MemoryBackend(self.memory_name, **options)
-        from storage.sqlite.ledger import SqliteBackend
+    def has(self, store: StoreName) -> bool:
+        return self.dialect.has(store)
 
-        if self.ledger_path is None:
-            raise StorageUrlError("this storage names no ledger file")
-        return SqliteBackend(self.ledger_path, **options)
+    def schema(self, *, apply: bool = False) -> SchemaReport | None:
+        return self.dialect.schema(apply=apply)
+
+    def open_ledger(self, *, operator: bool = False, **options: Any) -> LedgerStore:
+        return self.dialect.open_ledger(operator=operator, **options)
 
     def open_sessions(self, **options: Any) -> SessionBackend:
-        if self.dialect == "postgres":
-            from storage.postgres.sessions import PostgresSessions
-
-            assert self.database_url is not None
-            return PostgresSessions(self.database_url, **options)
-        if self.dialect == "memory":
-            from storage.memory.sessions import MemorySessions
-
-            return MemorySessions(**options)
-        from storage.sqlite.sessions import SqliteSessions
-
-        if self.sessions_path is None:
-            raise StorageUrlError("this storage names no session store file")
-        return SqliteSessions(self.sessions_path, **options)
+        return self.dialect.open_sessions(**options)
 
     def open_webhooks(self) -> WebhookBackend:
         """The outgoing webhooks' store: in the ledger's file (SQLite) or database."""
-        if self.dialect == "postgres":
-            from storage.postgres.webhooks import PostgresWebhooks
-
-            assert self.database_url is not None
-            return PostgresWebhooks(self.database_url)
-        if self.dialect == "memory":
-            from storage.memory.webhooks import MemoryWebhooks
-
-            return MemoryWebhooks()
-        from storage.sqlite.webhooks import SqliteWebhooks
-
-        if self.ledger_path is None:
-            raise StorageUrlError("this storage names no ledger file")
-        return SqliteWebhooks(self.ledger_path)
+        return self.dialect.open_webhooks()
 
     def open_webui(self) -> WebUIStateBackend:
-        if self.dialect == "postgres":
-            from storage.postgres.webui import PostgresWebUIState
-
-            assert self.database_url is not None and self.schema is not None
-            return PostgresWebUIState(self.database_url, schema=self.schema)
-        if self.dialect == "memory":
-            from storage.memory.webui import MemoryWebUIState
-
-            return MemoryWebUIState()
-        from storage.sqlite.webui import SqliteWebUIState
-
-        if self.webui_path is None:
-            raise StorageUrlError("this storage names no web UI state file")
-        return SqliteWebUIState(self.webui_path)
+        return self.dialect.open_webui()
 
     def reclaim_space(self, convert: bool = False) -> list[SpaceReport]:
         """Give the pages retention freed back to the file system: SQLite's incremental
         vacuum on every file of this storage that exists (``convert``: switch a file made
         before incremental vacuum with one VACUUM). PostgreSQL reclaims by autovacuum, and
         memory has nothing to give back: empty."""
-        if self.dialect != "sqlite":
-            return []
-        from storage.sqlite.files import reclaim_file
-
-        named = (
-            (self.ledger_path, "ledger"),
-            (self.sessions_path, "session store"),
-            (self.webui_path, "web UI state"),
-            (self.responses_path, "responses store"),
-            (self.chats_path, "chat platforms' state"),
-        )
-        return [
-            reclaim_file(path, name, convert=convert)
-            for path, name in named
-            if path is not None and path.exists()
-        ]
+        return self.dialect.reclaim_space(convert)
 
     def open_responses(self) -> ResponsesBackend:
         """The Responses API's rows and stream events (``delivery.responses_backend``)."""
-        if self.dialect == "postgres":
-            from storage.postgres.responses import PostgresResponses
-
-            assert self.database_url is not None and self.schema is not None
-            return PostgresResponses(self.database_url, schema=self.schema)
-        if self.dialect == "memory":
-            from storage.memory.responses import MemoryResponses
-
-            return MemoryResponses()
-        from storage.sqlite.responses import SqliteResponses
-
-        if self.responses_path is None:
-            raise StorageUrlError("this storage names no responses file")
-        return SqliteResponses(self.responses_path)
+        return self.dialect.open_responses()
 
     def open_telegram(self, *, legacy_file: Path | None = None) -> TelegramBackend:
         """The Telegram adapter's state (``delivery.telegram_backend``): ``chats.db`` (SQLite)
         or tables in the database. ``legacy_file``, an old ``telegram.db``, is absorbed
         into it when it exists and then renamed ``telegram.db.migrated`` (absorbing keeps
         what the store has, so two servers starting at once may both do it)."""
-        backend: TelegramBackend
-        if self.dialect == "postgres":
-            from storage.postgres.telegram import PostgresTelegram
-
-            assert self.database_url is not None
-            backend = PostgresTelegram(self.database_url)
-        elif self.dialect == "memory":
-            from storage.memory.telegram import MemoryTelegram
-
-            backend = MemoryTelegram()
-        else:
-            from storage.sqlite.telegram import SqliteTelegram
-
-            if self.chats_path is None:
-                raise StorageUrlError("this storage names no chat platforms' state file")
-            backend = SqliteTelegram(self.chats_path)
+        backend = self.dialect.open_telegram()
         if legacy_file is not None and legacy_file.is_file():
             try:
                 _absorb_legacy_telegram(backend, legacy_file)
@@ -218,6 +131,15 @@ class Storage:
                 backend.close()
                 raise
         return backend
+
+    def backup(self, target: Path) -> list[str]:
+        """Every store, at one point of the ledger's history, into the new or empty private
+        directory ``target`` (``BackupUnavailable`` says why not and what to do)."""
+        return self.dialect.backup(target)
+
+    def restore(self, source: Path) -> list[str]:
+        """Put back a backup made by ``backup`` into this (empty) storage."""
+        return self.dialect.restore(source)
 
 
 def _absorb_legacy_telegram(backend: TelegramBackend, path: Path) -> None:
@@ -237,46 +159,21 @@ def _absorb_legacy_telegram(backend: TelegramBackend, path: Path) -> None:
     )
 
 
-def open_storage(url: str, *, migrate: bool = True) -> Storage:
+def open_storage(url: str, *, migrate: bool = True, check: bool = True) -> Storage:
     """Resolve and prepare a storage url (see the module docstring).
 
     An unknown scheme is refused with a message that names the accepted ones, so that a
     typo in ``[storage] url`` stops the server at start instead of writing somewhere else.
     """
     scheme = url.partition(":")[0].lower()
-    if scheme in ("postgresql", "postgres"):
-        from storage.postgres.conn import check_url
-        from storage.postgres.migrations import prepare_database
-
-        check_url(url)  # a malformed url is refused in one line, never half-parsed
-        schema = prepare_database(url, check_only=not migrate)
-        return Storage("postgres", database_url=url, schema=schema)
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:
-        raise StorageUrlError(f"storage url {url!r}: {exc}") from None
-    if parts.scheme == "memory":
-        return Storage("memory", memory_name=parts.netloc or "memory")
-    if parts.scheme != "sqlite":
+    module = _DIALECTS.get(scheme)
+    if module is None:
         raise StorageUrlError(
             f"storage url {url!r}: unknown scheme; expected sqlite:///<directory> "
             "or postgresql://user:password@host/dbname"
         )
-    if parts.netloc:
-        raise StorageUrlError(f"storage url {url!r}: a sqlite url has no host (sqlite:///path)")
-    home = Path(unquote(parts.path)).expanduser()
-    try:
-        ensure_private_dir(home)
-    except OSError as exc:
-        raise StorageUrlError(f"state directory {home}: {exc}") from None
-    return Storage(
-        "sqlite",
-        ledger_path=home / LEDGER_FILE,
-        sessions_path=home / SESSIONS_FILE,
-        webui_path=home / WEBUI_FILE,
-        responses_path=home / RESPONSES_FILE,
-        chats_path=home / CHATS_FILE,
-    )
+    dialect: Dialect = importlib.import_module(module).open_url(url, migrate=migrate, check=check)
+    return Storage(dialect)
 
 
 def sqlite_files(
@@ -288,13 +185,12 @@ def sqlite_files(
     chats: str | os.PathLike[str] | None = None,
 ) -> Storage:
     """SQLite stores in files the caller names (created on open, parents 0700)."""
+
+    def path(given: str | os.PathLike[str] | None) -> Path | None:
+        return Path(given) if given is not None else None
+
     return Storage(
-        "sqlite",
-        ledger_path=Path(ledger) if ledger is not None else None,
-        sessions_path=Path(sessions) if sessions is not None else None,
-        webui_path=Path(webui) if webui is not None else None,
-        responses_path=Path(responses) if responses is not None else None,
-        chats_path=Path(chats) if chats is not None else None,
+        SqliteDialect(path(ledger), path(sessions), path(webui), path(responses), path(chats))
     )
 
 
@@ -311,33 +207,3 @@ def open_ledger_file(path: str | os.PathLike[str]) -> LedgerStore:
     embedder that hands it a bare path (found through the ``reveille.storage`` entry point,
     so that the tools floor never names a dialect)."""
     return sqlite_files(ledger=path).open_ledger()
-
-
-@dataclass(frozen=True)
-class SchemaReport:
-    """A database's schema as ``reveille db`` shows it (``redacted_url`` has no password)."""
-
-    redacted_url: str
-    applied: list[int]
-    current: int
-    latest: int
-    too_new: bool
-    pending: list[tuple[int, str]]
-
-
-def migrate_database(url: str, *, apply: bool) -> SchemaReport:
-    """Where a PostgreSQL database's schema stands, after applying what is pending when
-    ``apply`` (under the advisory lock the servers take at start). Raises ``LedgerError``
-    (one line, never the password) when it cannot be reached or is newer than this build."""
-    from storage.postgres.conn import connect, redact
-    from storage.postgres.migrations import migrate, status
-
-    conn = connect(url)
-    try:
-        applied = migrate(conn) if apply else []
-        st = status(conn)
-    finally:
-        conn.close()
-    return SchemaReport(
-        redact(url), applied, st["current"], st["latest"], st["too_new"], list(st["pending"])
-    )

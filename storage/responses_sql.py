@@ -27,6 +27,7 @@ from delivery.responses_backend import (
     ResponseRow,
     storing_owner,
 )
+from storage.sql import marked
 
 __all__ = ["DDL", "UPGRADE_COLUMNS", "ResponsesSql", "add_sqlite_columns"]
 
@@ -156,9 +157,9 @@ class ResponsesSql:
 
     def __init__(
         self,
+        mark: str,
         tx: Callable[[], AbstractContextManager[Exec]],
         *,
-        mark: str,
         lock: str,
         notifier: Notifier,
         close: Callable[[], None] = lambda: None,
@@ -181,7 +182,7 @@ class ResponsesSql:
         self._close()
 
     def _q(self, sql: str) -> str:
-        return sql if self._mark == "?" else sql.replace("?", self._mark)
+        return marked(sql, self._mark)
 
     @contextlib.contextmanager
     def _run(self, *, read: bool = False) -> Iterator[Callable[..., Any]]:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from delivery.session_backend import ApprovalRecord, TurnLease
+from storage.sql import marked
 
 __all__ = [
     "approval_counts",
@@ -43,7 +44,7 @@ class _Sql:
 
     def __init__(self, mark: str) -> None:
         def bind(sql: str) -> str:
-            return sql.replace("?", mark)
+            return marked(sql, mark)
 
         self.turn = bind(f"SELECT {_TURN} FROM running_turns WHERE session_id = ?")
         self.take = bind(

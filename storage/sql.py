@@ -1,11 +1,17 @@
 """SQL shared by the SQL dialects (SQLite, PostgreSQL): written once, parameterized by the
 placeholder mark (``?`` or ``%s``).
 
+The placeholder, one way, for every shared SQL module of ``storage/``: the SQL is written
+with ``?``; a module gets the dialect's placeholder (``storage.<dialect>.dialect.PLACEHOLDER``,
+``Dialect.placeholder``) as ``mark``, the first argument of its constructor or function,
+and binds each statement with ``marked(sql, mark)``.
+
 - ``UpdateCompiler``: the compare-and-set ``UPDATE`` of ``LedgerTx.update``; its statement
   depends only on the columns and the value types, so it is compiled once per shape and the
   hot path only binds values.
 - ``query_filter``: the ``WHERE`` clause of the operators' ledger queries (a ``RowQuery``);
   a dialect says how its text index matches a goal's words (``GoalSearch``).
+- ``marked``: SQL written with ``?`` in a dialect's placeholder.
 - ``dump_json`` / ``decode_row`` / ``decode_columns``: a stored row's JSON columns, both
   ways; a whole row becomes a ``LedgerRow``, a few columns (inside an operation) a dict.
 """
@@ -77,6 +83,12 @@ def decode_columns(row: Iterable[Any], columns: tuple[str, ...]) -> dict[str, An
     return out
 
 
+def marked(sql: str, mark: str) -> str:
+    """``sql``, written with ``?``, with each ``?`` in the placeholder ``mark`` (``?``,
+    ``%s``, or a named ``%(name)s``). Shared SQL holds no other ``?``."""
+    return sql if mark == "?" else sql.replace("?", mark)
+
+
 class UpdateCompiler:
     """Compiles ``LedgerTx.update(row_id, expect, changes)`` into one ``UPDATE deliveries``
     whose ``WHERE`` carries every expectation, so the store applies it only where they all
@@ -87,8 +99,8 @@ class UpdateCompiler:
         # SQL of the predicates ``expect`` accepts (equality otherwise)
         self._predicates: dict[type, str] = {
             type(None): "IS NULL",
-            AtMost: f"<= {mark}",
-            Below: f"< {mark}",
+            AtMost: "<= ?",
+            Below: "< ?",
             IsSet: "IS NOT NULL",
         }
         self._plans: dict[tuple[Any, ...], _Plan] = {}
@@ -113,26 +125,25 @@ class UpdateCompiler:
     def _plan(self, changes: dict[str, Any], expect: dict[str, Any]) -> _Plan:
         check_columns(changes)
         check_columns(expect)
-        mark = self._mark
         sets, json_at, increment_at = [], [], []
         for i, (col, value) in enumerate(changes.items()):
             if type(value) is Increment:
-                sets.append(f"{col} = {col} + {mark}")
+                sets.append(f"{col} = {col} + ?")
                 increment_at.append(i)
             else:
-                sets.append(f"{col} = {mark}")
+                sets.append(f"{col} = ?")
                 if col in JSON_COLUMNS and value is not None:
                     json_at.append(i)
-        sql = f"UPDATE deliveries SET {', '.join(sets)} WHERE id = {mark}"
+        sql = f"UPDATE deliveries SET {', '.join(sets)} WHERE id = ?"
         bind: list[tuple[int, bool]] = []
         for i, (col, value) in enumerate(expect.items()):
             kind = type(value)
-            sql += f" AND {col} {self._predicates.get(kind, f'= {mark}')}"
+            sql += f" AND {col} {self._predicates.get(kind, '= ?')}"
             if kind is AtMost or kind is Below:
                 bind.append((i, True))
             elif value is not None and kind is not IsSet:
                 bind.append((i, False))
-        return sql, tuple(json_at), tuple(increment_at), tuple(bind)
+        return marked(sql, self._mark), tuple(json_at), tuple(increment_at), tuple(bind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,11 +169,11 @@ def query_filter(mark: str, query: RowQuery, search: GoalSearch) -> tuple[str, l
     )
     for col, value in filters:
         if value is not None:
-            where.append(f"{col} = {mark}")
+            where.append(marked(f"{col} = ?", mark))
             params.append(value)
     if query.session is not None:
         where.append(
-            f"(session_key = {mark} OR origin_session_id = {mark} OR origin_ui_session_id = {mark})"
+            marked("(session_key = ? OR origin_session_id = ? OR origin_ui_session_id = ?)", mark)
         )
         params.extend([query.session] * 3)
     terms = query.terms
@@ -183,7 +194,7 @@ def query_filter(mark: str, query: RowQuery, search: GoalSearch) -> tuple[str, l
 # partial index's WHERE, so that SQLite uses that index.
 SETTLED = (
     "delivery_state IN ('delivered', 'dropped') AND state NOT IN ('queued', 'running')"
-    " AND settled_at < {p} AND claim_expires_at < {p}"
+    " AND settled_at < ? AND claim_expires_at < ?"
 )
 SETTLED_COLUMNS = "id, kind, settled_at, origin_session_id"
 TOMBSTONE_COLUMNS = (
@@ -193,15 +204,16 @@ TOMBSTONE_COLUMNS = (
 
 def settled_page(mark: str) -> str:
     """One keyset page of prunable rows: params before, before, after_at, after_id, limit."""
-    return (
-        f"SELECT {SETTLED_COLUMNS} FROM deliveries WHERE {SETTLED.format(p=mark)}"
-        f" AND (settled_at, id) > ({mark}, {mark}) ORDER BY settled_at, id LIMIT {mark}"
+    return marked(
+        f"SELECT {SETTLED_COLUMNS} FROM deliveries WHERE {SETTLED}"
+        " AND (settled_at, id) > (?, ?) ORDER BY settled_at, id LIMIT ?",
+        mark,
     )
 
 
 # ``LedgerViews.pending_counts``: pending rows by lifecycle state, and those not due yet.
 PENDING_COUNTS = (
-    "SELECT state, COUNT(*), SUM(CASE WHEN next_attempt_at > {p} THEN 1 ELSE 0 END) "
+    "SELECT state, COUNT(*), SUM(CASE WHEN next_attempt_at > ? THEN 1 ELSE 0 END) "
     "FROM deliveries WHERE delivery_state = 'pending' GROUP BY state"
 )
 

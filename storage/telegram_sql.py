@@ -18,6 +18,7 @@ import contextlib
 from typing import Any
 
 from delivery.telegram_backend import InboxUpdate, PollLease, TelegramDump, poll_lease_name
+from storage.sql import marked
 
 __all__ = ["DDL", "SqlTelegram"]
 
@@ -67,7 +68,7 @@ class _Sql:
 
     def __init__(self, mark: str) -> None:
         def bind(sql: str) -> str:
-            return sql.replace("?", mark)
+            return marked(sql, mark)
 
         self.offset = bind("SELECT next_offset FROM telegram_offsets WHERE bot = ?")
         self.move_offset = bind(
@@ -149,10 +150,9 @@ class _Sql:
 class SqlTelegram:
     """``TelegramBackend`` over a SQL connection; subclasses give ``_tx`` and ``close``."""
 
-    mark = "?"
-
-    def __init__(self) -> None:
-        self._sql = _Sql(self.mark)
+    def __init__(self, mark: str) -> None:
+        """``mark``: the dialect's placeholder (``storage.sql.marked``)."""
+        self._sql = _Sql(mark)
 
     def _tx(self) -> contextlib.AbstractContextManager[Any]:
         """A connection inside one write transaction (committed when the block ends)."""

@@ -25,6 +25,7 @@ from delivery.webhooks_backend import (
     WebhookDelivery,
     WebhookSecret,
 )
+from storage.sql import marked
 
 __all__ = ["SqlWebhooks"]
 
@@ -55,8 +56,11 @@ def _delivery(row: Sequence[Any]) -> WebhookDelivery:
 class SqlWebhooks:
     """``WebhookBackend`` over a SQL connection; subclasses give ``_tx`` and ``close``."""
 
-    mark = "?"
-    lock_clause = ""  # PostgreSQL: FOR UPDATE SKIP LOCKED
+    def __init__(self, mark: str, *, lock_clause: str = "") -> None:
+        """``mark``: the dialect's placeholder (``storage.sql.marked``); ``lock_clause``:
+        what locks a claimed row (PostgreSQL: FOR UPDATE SKIP LOCKED)."""
+        self.mark = mark
+        self.lock_clause = lock_clause
 
     def _tx(self) -> contextlib.AbstractContextManager[Any]:
         raise NotImplementedError
@@ -67,7 +71,7 @@ class SqlWebhooks:
         return self._tx()
 
     def _sql(self, text: str) -> str:
-        return text.replace("?", self.mark)
+        return marked(text, self.mark)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self._snapshot() as conn:

@@ -30,11 +30,11 @@ from delivery.backend import (
     check_columns,
 )
 from delivery.errors import DuplicateDeliveryError, LedgerUnavailable
-from delivery.notifier import LocalNotifier
 from delivery.peers import ServerRecord
 from delivery.rows import LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
 from delivery.session_backend import holds_terms
 from delivery.write_future import WriteFuture
+from storage.pokes import LocalNotifier
 
 T = TypeVar("T")
 

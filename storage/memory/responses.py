@@ -13,8 +13,9 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from delivery.notifier import LocalNotifier
 from delivery.responses_backend import ResponsesBackend
+from storage.memory.dialect import PLACEHOLDER
+from storage.pokes import LocalNotifier
 from storage.responses_sql import DDL, ResponsesSql, add_sqlite_columns
 
 __all__ = ["MemoryResponses"]
@@ -29,7 +30,7 @@ class MemoryResponses(ResponsesSql):
         add_sqlite_columns(self._conn)
         self._guard = threading.Lock()
         super().__init__(
-            self._transaction, mark="?", lock="", notifier=LocalNotifier(), close=lambda: None
+            PLACEHOLDER, self._transaction, lock="", notifier=LocalNotifier(), close=lambda: None
         )
 
     @contextlib.contextmanager

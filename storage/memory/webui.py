@@ -7,8 +7,9 @@ import itertools
 import threading
 from typing import TYPE_CHECKING
 
-from delivery.notifier import LocalNotifier, Notifier
+from delivery.notifier import Notifier
 from delivery.webui_state import StoredEvent, ToolStep, WebUIStateBackend
+from storage.pokes import LocalNotifier
 
 __all__ = ["MemoryWebUIState"]
 

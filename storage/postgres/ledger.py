@@ -46,6 +46,7 @@ from storage.postgres.conn import (
     open_pool,
     redact,
 )
+from storage.postgres.dialect import PLACEHOLDER
 from storage.postgres.notifier import PostgresNotifier, channel_for
 from storage.postgres.tx import PgTx, rollback_quietly, run_each, run_pipelined
 from storage.sql import (
@@ -54,6 +55,7 @@ from storage.sql import (
     TOMBSTONE_COLUMNS,
     GoalSearch,
     decode_row,
+    marked,
     pending_counts,
     query_filter,
     settled_page,
@@ -63,9 +65,11 @@ from storage.waiters import LoopWaiter, Outcome, Waiter, resolve, still_wanted
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-_SETTLED = SETTLED.format(p="%(before)s")
+_SETTLED = marked(SETTLED, "%(before)s")
 # A goal's words through the GIN index of migration 13 (``RowQuery.text``)
 _GOAL_SEARCH = GoalSearch(sql.LEDGER_GOAL_MATCH, sql.tsquery)
+_PENDING_COUNTS = marked(PENDING_COUNTS, PLACEHOLDER)
+_SETTLED_PAGE = settled_page(PLACEHOLDER)
 # One statement: the rows go, their audit entries with them, and each leaves a tombstone.
 _SQL_PRUNE = f"""
 WITH gone AS (
@@ -344,7 +348,7 @@ class PostgresBackend:
         return rows[0] if rows else None
 
     def query(self, query: RowQuery) -> list[LedgerRow]:
-        where, params = query_filter("%s", query, _GOAL_SEARCH)
+        where, params = query_filter(PLACEHOLDER, query, _GOAL_SEARCH)
         text = sql.LEDGER_SELECT + where
         text += f" ORDER BY seq {'ASC' if query.oldest_first else 'DESC'} LIMIT %s"
         params.append(max(int(query.limit), 0))
@@ -388,7 +392,7 @@ class PostgresBackend:
         return {"pending": int(pending or 0), "claimed": int(claimed or 0)}
 
     def pending_counts(self, now: float) -> PendingCounts:
-        return pending_counts(self._fetch(PENDING_COUNTS.format(p="%s"), (now,)))
+        return pending_counts(self._fetch(_PENDING_COUNTS, (now,)))
 
     # -- retention (``LedgerRetention``) ---------------------------------------------------
     # Its writes run on a pooled connection of their own, beside the writer threads: each is
@@ -412,7 +416,7 @@ class PostgresBackend:
         self, before: float, after: SettledRow | None, limit: int
     ) -> list[SettledRow]:
         after_at, after_id = (after.settled_at, after.id) if after else (float("-inf"), "")
-        found = self._fetch(settled_page("%s"), (before, before, after_at, after_id, int(limit)))
+        found = self._fetch(_SETTLED_PAGE, (before, before, after_at, after_id, int(limit)))
         return [SettledRow(*r) for r in found]
 
     def prune_settled(self, ids: list[str], before: float, pruned_at: float, reason: str) -> int:

@@ -19,7 +19,8 @@ from typing import Any
 
 import psycopg
 
-from delivery.notifier import LocalNotifier, Subscription
+from delivery.notifier import Subscription
+from storage.pokes import LocalNotifier
 from storage.postgres.conn import connect, redact
 
 log = logging.getLogger(__name__)

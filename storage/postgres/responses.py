@@ -17,6 +17,7 @@ import psycopg_pool
 
 from delivery.responses_backend import ResponsesBackend
 from storage.postgres.conn import PostgresUnavailable, check_url, explain, open_pool
+from storage.postgres.dialect import PLACEHOLDER
 from storage.postgres.notifier import PostgresNotifier
 from storage.responses_sql import ResponsesSql
 
@@ -37,7 +38,7 @@ class PostgresResponses(ResponsesSql):
         notifier = PostgresNotifier(url, f"reveille_responses_{schema}"[:63], self._pool)
         self._pg_notifier = notifier
         super().__init__(
-            self._transaction, mark="%s", lock=" FOR UPDATE", notifier=notifier, close=self._shut
+            PLACEHOLDER, self._transaction, lock=" FOR UPDATE", notifier=notifier, close=self._shut
         )
 
     @contextlib.contextmanager

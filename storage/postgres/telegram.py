@@ -16,6 +16,7 @@ import psycopg
 import psycopg_pool
 
 from storage.postgres.conn import PostgresUnavailable, check_url, explain, open_pool
+from storage.postgres.dialect import PLACEHOLDER
 from storage.telegram_sql import SqlTelegram
 
 if TYPE_CHECKING:
@@ -27,10 +28,8 @@ __all__ = ["PostgresTelegram"]
 class PostgresTelegram(SqlTelegram):
     """``TelegramBackend`` on a PostgreSQL database (see the module docstring)."""
 
-    mark = "%s"
-
     def __init__(self, url: str) -> None:
-        super().__init__()
+        super().__init__(PLACEHOLDER)
         check_url(url)
         self._url = url
         self._pool: psycopg_pool.ConnectionPool[Any] | None = open_pool(

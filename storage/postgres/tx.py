@@ -25,6 +25,7 @@ from delivery.backend import COLUMNS, JSON_COLUMNS, check_columns
 from delivery.errors import DuplicateDeliveryError
 from delivery.peers import ServerRecord
 from storage.postgres import sql as sql
+from storage.postgres.dialect import PLACEHOLDER
 from storage.sql import Statement, UpdateCompiler, decode_columns, dump_json
 from storage.waiters import Outcome, Waiter
 
@@ -38,7 +39,7 @@ class PgTx:
         self.dirty = False  # changed something since the last ``mark``
         self._select_sql: dict[tuple[str, ...], str] = {}
         self._insert_sql: dict[tuple[str, ...], str] = {}
-        self._updates = UpdateCompiler("%s")
+        self._updates = UpdateCompiler(PLACEHOLDER)
 
     def _exec(self, query: str, params: Iterable[Any] = ()) -> psycopg.Cursor[Any]:
         return self._cur.execute(query, list(params), prepare=True)

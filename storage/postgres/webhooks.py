@@ -15,6 +15,7 @@ import psycopg
 import psycopg_pool
 
 from storage.postgres.conn import PostgresUnavailable, check_url, explain, open_pool
+from storage.postgres.dialect import PLACEHOLDER
 from storage.webhooks_sql import SqlWebhooks
 
 if TYPE_CHECKING:
@@ -26,10 +27,8 @@ __all__ = ["PostgresWebhooks"]
 class PostgresWebhooks(SqlWebhooks):
     """``WebhookBackend`` on a PostgreSQL database (see the module docstring)."""
 
-    mark = "%s"
-    lock_clause = " FOR UPDATE SKIP LOCKED"
-
     def __init__(self, url: str) -> None:
+        super().__init__(PLACEHOLDER, lock_clause=" FOR UPDATE SKIP LOCKED")
         check_url(url)
         self._url = url
         self._pool: psycopg_pool.ConnectionPool[Any] | None = open_pool(

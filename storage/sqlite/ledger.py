@@ -8,7 +8,7 @@ calling thread; WAL lets them run beside the writer.
 
 Several processes may open the same file: ``BEGIN IMMEDIATE`` with a busy timeout serialises
 their writers, and every transition is a compare-and-set, so no two of them can both win.
-They wake each other through the socket directory beside the file (``delivery.notifier``).
+They wake each other through the socket directory beside the file (``storage.sqlite.notifier``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from delivery.errors import (
     LedgerUnavailable,
     NotALedgerError,
 )
-from delivery.notifier import SocketDirNotifier, wake_dir_for
 from delivery.peers import ServerRecord
 from delivery.rows import LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
@@ -42,12 +41,15 @@ from storage.sql import (
     decode_columns,
     decode_row,
     dump_json,
+    marked,
     pending_counts,
     query_filter,
     settled_page,
 )
 from storage.sqlite import files as sqlite_files
+from storage.sqlite.dialect import PLACEHOLDER
 from storage.sqlite.fts import TextIndex, fts_query
+from storage.sqlite.notifier import SocketDirNotifier, wake_dir_for
 from storage.sqlite.webhooks_sql import WEBHOOK_DDL
 from storage.sqlite.writer import GroupCommitWriter
 
@@ -155,7 +157,9 @@ GOAL_SEARCH = GoalSearch(
     "rowid IN (SELECT rowid FROM deliveries_fts WHERE deliveries_fts MATCH ?)", fts_query
 )
 
-_SETTLED = SETTLED.format(p="?")
+_SETTLED = marked(SETTLED, PLACEHOLDER)
+_PENDING_COUNTS = marked(PENDING_COUNTS, PLACEHOLDER)
+_SETTLED_PAGE = settled_page(PLACEHOLDER)
 _PRUNE_PICK = "id IN (SELECT value FROM json_each(?))"
 _SQL_TOMBSTONE_PRUNED = (
     f"INSERT INTO delivery_tombstones ({TOMBSTONE_COLUMNS})"
@@ -208,7 +212,7 @@ class _SqliteTx:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
-        self._updates = UpdateCompiler("?")
+        self._updates = UpdateCompiler(PLACEHOLDER)
         self._select_sql: dict[tuple[str, ...], str] = {}
         self._insert_sql: dict[tuple[str, ...], str] = {}
 
@@ -376,7 +380,7 @@ class SqliteBackend:
         return rows[0] if rows else None
 
     def query(self, query: RowQuery) -> list[LedgerRow]:
-        where, params = query_filter("?", query, GOAL_SEARCH)
+        where, params = query_filter(PLACEHOLDER, query, GOAL_SEARCH)
         # rowid is the order rows were written in: no index on created_at needed
         sql = f"{_SELECT}{where} ORDER BY rowid {'ASC' if query.oldest_first else 'DESC'} LIMIT ?"
         params.append(int(query.limit))
@@ -459,7 +463,7 @@ class SqliteBackend:
 
     def pending_counts(self, now: float) -> PendingCounts:
         try:
-            rows = self._reader().execute(PENDING_COUNTS.format(p="?"), (now,)).fetchall()
+            rows = self._reader().execute(_PENDING_COUNTS, (now,)).fetchall()
         except sqlite3.Error as exc:
             raise LedgerUnavailable(f"ledger read failed: {exc}") from exc
         return pending_counts(rows)
@@ -472,7 +476,7 @@ class SqliteBackend:
         after_at, after_id = (after.settled_at, after.id) if after else (float("-inf"), "")
         try:
             rows = self._reader().execute(
-                settled_page("?"), (before, before, after_at, after_id, int(limit))
+                _SETTLED_PAGE, (before, before, after_at, after_id, int(limit))
             )
             return [SettledRow(*r) for r in rows.fetchall()]
         except sqlite3.Error as exc:

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from delivery.notifier import SocketDirNotifier, wake_dir_for
 from delivery.responses_backend import ResponsesBackend
 from storage.responses_sql import DDL, ResponsesSql, add_sqlite_columns
+from storage.sqlite.dialect import PLACEHOLDER
 from storage.sqlite.files import (
     FileErrors,
     SqliteFile,
@@ -28,6 +28,7 @@ from storage.sqlite.files import (
     create_private,
     stamp_schema,
 )
+from storage.sqlite.notifier import SocketDirNotifier, wake_dir_for
 
 __all__ = ["ResponsesStoreError", "SqliteResponses"]
 
@@ -64,8 +65,8 @@ class SqliteResponses(ResponsesSql):
         self._conn: sqlite3.Connection | None = conn
         self._guard = threading.Lock()
         super().__init__(
+            PLACEHOLDER,
             self._transaction,
-            mark="?",
             lock="",
             notifier=SocketDirNotifier(wake_dir_for(str(path))),
             close=self._close_conn,

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from storage.sqlite import files as sqlite_files
+from storage.sqlite.dialect import PLACEHOLDER
 from storage.telegram_sql import DDL, SqlTelegram
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class SqliteTelegram(SqlTelegram):
     """``TelegramBackend`` on a SQLite file (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = 5000) -> None:
-        super().__init__()
+        super().__init__(PLACEHOLDER)
         self._file = sqlite_files.SqliteFile(
             str(path),
             name="chat platforms' state",

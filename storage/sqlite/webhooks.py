@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from delivery.errors import LedgerUnavailable
 from storage.sqlite import files as sqlite_files
+from storage.sqlite.dialect import PLACEHOLDER
 from storage.sqlite.ledger import _FILE_ERRORS, _SCHEMA, APPLICATION_ID, SCHEMA_VERSION
 from storage.webhooks_sql import SqlWebhooks
 
@@ -31,6 +32,7 @@ class SqliteWebhooks(SqlWebhooks):
     """``WebhookBackend`` on the ledger's SQLite file (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = 5000) -> None:
+        super().__init__(PLACEHOLDER)
         self._file = sqlite_files.SqliteFile(
             str(path),
             name="ledger",

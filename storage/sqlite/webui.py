@@ -22,9 +22,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from delivery.notifier import Notifier, SocketDirNotifier, wake_dir_for
+from delivery.notifier import Notifier
 from delivery.webui_state import StoredEvent, ToolStep, WebUIStateBackend
 from storage.sqlite.files import FileErrors, SqliteFile, connect, create_private, stamp_schema
+from storage.sqlite.notifier import SocketDirNotifier, wake_dir_for
 
 __all__ = ["SqliteWebUIState", "WebUIStateError"]
 

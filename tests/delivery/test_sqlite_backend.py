@@ -24,10 +24,10 @@ from delivery.errors import (
     NotALedgerError,
 )
 from delivery.ledger import Ledger
-from delivery.notifier import poke_dir, wake_dir_for
 from delivery.reoffer import ReofferScheduler
 from delivery.rows import RowQuery
 from storage.sqlite.ledger import SqliteBackend
+from storage.sqlite.notifier import poke_dir, wake_dir_for
 from tests.delivery._support import REMOTE_IDENTITY, FakeClock, delegation_event, finished_row
 from tests.delivery.test_ledger import _count_passes, _Offers
 from tests.stores import sqlite_ledger

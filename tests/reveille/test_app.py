@@ -13,8 +13,8 @@ from tests.stores import session_file_store
 
 def test_a_sqlite_url_names_the_state_directory(tmp_path: Path) -> None:
     where = open_storage(f"sqlite://{tmp_path.as_posix()}")
-    assert where.ledger_path == tmp_path / "ledger.db"
-    assert where.sessions_path == tmp_path / "sessions.db"
+    assert where.dialect.path("ledger") == tmp_path / "ledger.db"
+    assert where.dialect.path("sessions") == tmp_path / "sessions.db"
 
 
 @pytest.mark.parametrize(
