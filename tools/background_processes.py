@@ -130,7 +130,7 @@ class ProcessRegistry:
         self._directory_given = directory
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
-        self._exit_listeners: list[Callable[[str], None]] = []
+        self._exit_listeners: list[Callable[[str, Path], None]] = []
 
     # -- where a process's files live -------------------------------------------------------
 
@@ -153,12 +153,12 @@ class ProcessRegistry:
             running = self._running.get(process_id)
         return None if running is None else running.directory / OUTPUT_FILE
 
-    def add_exit_listener(self, fn: Callable[[str], None]) -> None:
-        """Call ``fn(process_id)`` when a followed process has ended, while its output file
-        is still there (before its completion is recorded and the files removed)."""
+    def add_exit_listener(self, fn: Callable[[str, Path], None]) -> None:
+        """Call ``fn(process_id, output_file)`` when a followed process has ended, while its
+        output file is still there (before its completion is recorded and the files go)."""
         self._exit_listeners.append(fn)
 
-    def remove_exit_listener(self, fn: Callable[[str], None]) -> None:
+    def remove_exit_listener(self, fn: Callable[[str, Path], None]) -> None:
         with contextlib.suppress(ValueError):
             self._exit_listeners.remove(fn)
 
@@ -361,7 +361,7 @@ class ProcessRegistry:
             self._runtime().unwatch(running.process_id)
         for listener in list(self._exit_listeners):
             try:
-                listener(running.process_id)
+                listener(running.process_id, running.directory / OUTPUT_FILE)
             except Exception:  # a listener never keeps a completion from being recorded
                 log.exception("exit listener of %s failed", running.process_id)
         output, size = running.output()
