@@ -26,6 +26,7 @@ __all__ = [
     "MAX_LINE_CHARS",
     "LineScanner",
     "WatchError",
+    "WatchOrigin",
     "WatchSpec",
     "WatchState",
     "compile_guarded",
@@ -144,6 +145,15 @@ class LineScanner:
         text = self._buf.decode("utf-8", errors="replace")[: self._limit]
         self._buf.clear()
         return text.rstrip("\r")
+
+
+@dataclass(frozen=True, slots=True)
+class WatchOrigin:
+    """The conversation a watch wakes."""
+
+    session_key: str | None = None
+    origin_session_id: str | None = None
+    origin_ui_session_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

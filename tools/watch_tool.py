@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.tools import ApprovalExpired, Tool, ToolContext
 from delivery.events import WATCH_KIND
@@ -28,10 +28,13 @@ from tools.watch_rules import (
     MAX_FIRES,
     MIN_INTERVAL_SECONDS,
     WatchError,
+    WatchOrigin,
     WatchSpec,
     parse_watch,
 )
-from tools.watches import WatchManager, WatchOrigin
+
+if TYPE_CHECKING:  # the watching machinery loads when a watch is first set
+    from tools.watches import WatchManager
 
 __all__ = ["MAX_WATCHES_PER_SESSION", "make_watch_tool"]
 

@@ -45,6 +45,7 @@ from tools.watch_rules import (
     MIN_INTERVAL_SECONDS,
     LineScanner,
     WatchError,
+    WatchOrigin,
     WatchSpec,
     WatchState,
     compile_guarded,
@@ -58,15 +59,6 @@ OUTPUT_POLL_SECONDS = 0.5
 READ_CHUNK = 256 * 1024
 MATCHED_TAIL_BYTES = 2048
 SHELL_OFF_ERROR = "the shell tool is off on this server, so the watch's command cannot run"
-
-
-@dataclass(frozen=True, slots=True)
-class WatchOrigin:
-    """The conversation a watch wakes."""
-
-    session_key: str | None = None
-    origin_session_id: str | None = None
-    origin_ui_session_id: str | None = None
 
 
 @dataclass(slots=True)

@@ -13,24 +13,15 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from gateway.wake import WAKEUP_DISPLAY_KIND
 from tests.agent.test_openai_compat import FakeOpenAI, completion
-from tests.agent.test_subagent_tools import tool_call
+from tests.agent.test_subagent_tools import fake, tool_call
 from tests.api_server.serve_support import Server, chat, ledger_rows, transcript, wait_until
 
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    server = FakeOpenAI()
-    await server.start()
-    yield server
-    await server.stop()
+__all__ = ["fake"]  # the fake model's fixture, used by name
 
 
 def _env(fake: FakeOpenAI) -> dict[str, str]:

@@ -14,11 +14,12 @@ one), with real background processes and real interval commands; no model anywhe
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,15 @@ from delivery.rows import LedgerRow, RowQuery
 from tests.delivery._support import exited_identity
 from tests.pg_support import fresh_url
 from tests.stores import memory_ledger, pg_ledger, sqlite_ledger
+from tests.tools.test_process_adoption import wait_for as _wait_for
 from tools.background_processes import ProcessRegistry
 from tools.completion_queue import CompletionQueue
 from tools.delegation_runtime import DelegationRuntime
-from tools.watch_rules import WatchSpec, parse_watch
-from tools.watches import WatchManager, WatchOrigin
+from tools.watch_rules import WatchOrigin, WatchSpec, parse_watch
+from tools.watches import WatchManager
 
 WAIT = 20.0
+wait_for = functools.partial(_wait_for, timeout=WAIT)
 ORIGIN = WatchOrigin(session_key="agent:main:api:dm:s1", origin_session_id="s1")
 
 
@@ -97,15 +100,6 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
     made = Server(request.param(tmp_path), tmp_path)
     yield made
     made.close()
-
-
-def wait_for(check: Callable[[], Any], timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def _printer(lines: list[str], *, gap: float, then_sleep: float = 0.0) -> str:
