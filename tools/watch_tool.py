@@ -26,6 +26,7 @@ from tools.wakeup_tool import WAKEUP_TOOLSET
 from tools.watch_rules import (
     COMMAND,
     MAX_FIRES,
+    MAX_LINE_CHARS,
     MIN_INTERVAL_SECONDS,
     WatchError,
     WatchOrigin,
@@ -56,7 +57,8 @@ PARAMETERS: dict[str, Any] = {
         "pattern": {
             "type": "string",
             "description": "Regular expression a line of that output must match (no nested "
-            "repeats or backreferences; lines are matched on their first 1000 characters).",
+            "repeats or backreferences; lines are matched on their first "
+            f"{MAX_LINE_CHARS} characters).",
         },
         "command": {
             "type": "string",
