@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,11 +206,17 @@ def test_a_cancelled_watch_never_fires(server: Server, tmp_path: Path) -> None:
     assert notice["watch_id"] == "watch_k" and notice["status"] == "cancelled"
 
 
-def test_an_adopted_watch_keeps_its_count(tmp_path: Path) -> None:
-    """A server died after writing firing 1 of 2; the survivor adopts the watch, fires #2
-    (never #1 again) once the cooldown allows, and ends it."""
-    path = tmp_path / "ledger.db"
-    dead = Server(sqlite_ledger(str(path)), tmp_path, identity=exited_identity())
+@pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
+def test_an_adopted_watch_keeps_its_count(tmp_path: Path, dialect: str) -> None:
+    """A server died after writing firing 1 of 2; the survivor (another process sharing the
+    store) adopts the watch, fires #2 (never #1 again) and ends it."""
+    if dialect == "sqlite":
+        path = str(tmp_path / "ledger.db")
+        store: Callable[[], LedgerStore] = lambda: sqlite_ledger(path)  # noqa: E731
+    else:
+        url = fresh_url()
+        store = lambda: pg_ledger(url)  # noqa: E731
+    dead = Server(store(), tmp_path, identity=exited_identity())
     spec = parse_watch(
         {
             "note": "n",
@@ -229,7 +235,7 @@ def test_an_adopted_watch_keeps_its_count(tmp_path: Path) -> None:
         "watch_d.1", kind=WATCH_FIRE_KIND, event={"type": SCHEDULED_WAKEUP}, not_before=0
     )
     dead.runtime.close()
-    survivor = Server(sqlite_ledger(str(path)), tmp_path)
+    survivor = Server(store(), tmp_path)
     try:
         survivor.ledger.recover_abandoned()
         wait_for(lambda: survivor.ended("watch_d"))
