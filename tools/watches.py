@@ -38,11 +38,10 @@ from delivery.events import SCHEDULED_WAKEUP, WATCH_FIRE_KIND, WATCH_KIND
 from delivery.ledger import Ledger
 from delivery.rows import LedgerRow
 from delivery.states import State
-from tools.background_processes import ProcessRegistry
+from tools.background_processes import PROCESS_KIND, ProcessRegistry
 from tools.delegation_runtime import DelegationRuntime, get_runtime
 from tools.watch_rules import (
     COMMAND,
-    MIN_INTERVAL_SECONDS,
     LineScanner,
     WatchError,
     WatchOrigin,
@@ -98,7 +97,6 @@ class WatchManager:
         self._lock = threading.Lock()
         self.shell_enabled = False
         self.workdir: str | None = None
-        self.min_interval_seconds = MIN_INTERVAL_SECONDS
 
     # -- wiring ---------------------------------------------------------------------------------
 
@@ -108,13 +106,11 @@ class WatchManager:
         *,
         shell_enabled: bool,
         workdir: str | None = None,
-        min_interval_seconds: float = MIN_INTERVAL_SECONDS,
     ) -> None:
         """Adopt the watches of dead servers through ``ledger``'s recovery; run interval
         commands only when ``shell_enabled`` (in ``workdir``)."""
         self.shell_enabled = shell_enabled
         self.workdir = workdir
-        self.min_interval_seconds = min_interval_seconds
         ledger.set_adopter(WATCH_KIND, self.adopt)
         self._processes().add_exit_listener(self._process_exited)
 
@@ -135,7 +131,7 @@ class WatchManager:
             raise WatchError(SHELL_OFF_ERROR)
         if spec.kind != COMMAND:
             process = self._runtime().ledger.get(spec.process_id or "")
-            if process is None or process.kind != "process":
+            if process is None or process.kind != PROCESS_KIND:
                 raise WatchError(f"no background process {spec.process_id}")
             if process.state != State.RUNNING.value:
                 raise WatchError(f"process {spec.process_id} has already ended ({process.state})")

@@ -47,7 +47,7 @@ def runtime(tmp_path: Path) -> Iterator[DelegationRuntime]:
 @pytest.fixture
 def manager(runtime: DelegationRuntime, tmp_path: Path) -> Iterator[WatchManager]:
     made = WatchManager(runtime=lambda: runtime)
-    made.attach(runtime.ledger, shell_enabled=True, workdir=str(tmp_path), min_interval_seconds=1)
+    made.attach(runtime.ledger, shell_enabled=True, workdir=str(tmp_path))
     yield made
     made.detach()
 

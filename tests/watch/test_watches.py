@@ -54,9 +54,7 @@ class Server:
         self.watches = WatchManager(
             runtime=lambda: self.runtime, processes=lambda: self.registry, poll_seconds=0.05
         )
-        self.watches.attach(
-            self.runtime.ledger, shell_enabled=True, workdir=str(home), min_interval_seconds=0.1
-        )
+        self.watches.attach(self.runtime.ledger, shell_enabled=True, workdir=str(home))
 
     @property
     def ledger(self) -> Ledger:
