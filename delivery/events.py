@@ -13,7 +13,8 @@ Kinds (``event.kind``) and the dataclass for each:
   ``DelegationResult`` per item;
 * ``"process"`` — ``ProcessCompletionEvent``: a background shell process exited;
 * ``"scheduled_wakeup"`` — ``ScheduledWakeupEvent``: a wake-up the agent set for itself
-  (``schedule_wakeup``) came due; ``note`` is what it wrote for its later self;
+  (``schedule_wakeup``) came due, or a watch it set fired or ended (``watch_id``,
+  ``watch_event``, ``matched``); ``note`` is what it wrote for its later self;
 * ``"abandoned"`` — ``AbandonedWork``: work whose owner process died before it finished
   (``delivery.recovery.abandoned_event``: state ``interrupted`` when it never started,
   ``unknown`` when it was running); ``.work`` is the delegation or process event it stands for;
@@ -43,6 +44,8 @@ __all__ = [
     "SUCCESS_STATUSES",
     "TIMER_KIND",
     "TRANSCRIPT_KEY_PREFIX",
+    "WATCH_FIRE_KIND",
+    "WATCH_KIND",
     "AbandonedWork",
     "CompletionEvent",
     "DelegationBatchEvent",
@@ -71,6 +74,11 @@ SCHEDULED_WAKEUP: Final = "scheduled_wakeup"
 """A wake-up the agent set came due; claimed under its ``delivery_id`` (the timer's row)."""
 TIMER_KIND: Final = "timer"
 """The ledger ``kind`` of a wake-up's row."""
+WATCH_KIND: Final = "watch"
+"""The ledger ``kind`` of a watch's own row (running while it watches; its end, an expiry or
+its process exiting unmatched, is that row's completion, a ``SCHEDULED_WAKEUP`` event)."""
+WATCH_FIRE_KIND: Final = "watch_fire"
+"""The ledger ``kind`` of one firing of a watch (a ``SCHEDULED_WAKEUP`` event, due at once)."""
 EVENT_TYPES: Final = frozenset({ASYNC_DELEGATION, PROCESS_COMPLETION, SCHEDULED_WAKEUP})
 """The types the ledger writes; anything else (``watch_match`` ...) parses as generic."""
 DELIVERABLE_TYPES: Final = EVENT_TYPES | frozenset({"watch_match", "watch_disabled"})
@@ -282,6 +290,14 @@ class ScheduledWakeupEvent(CompletionEvent):
     due_at: float | None = None
     """The instant it was set for (epoch seconds); ``zone`` names the zone it was given in."""
     zone: str | None = None
+    watch_id: str | None = None
+    """Set when a watch woke the conversation (``tools.watch_tool``): which one."""
+    watch_event: str | None = None
+    """``fired``, ``expired`` (its lifetime ran out) or ``ended`` (its process exited)."""
+    matched: str | None = None
+    """What made it fire: the output line that matched, or the command that exited 0."""
+    fires: int | None = None
+    """How many times the watch has fired, this firing included."""
 
     kind: EventKind = field(default="scheduled_wakeup", init=False)
 
@@ -438,6 +454,10 @@ def _scheduled_wakeup(raw: Mapping[str, Any]) -> ScheduledWakeupEvent:
         note=_opt_str(raw.get("note")),
         due_at=_number(raw.get("due_at")),
         zone=_opt_str(raw.get("zone")),
+        watch_id=_opt_str(raw.get("watch_id")),
+        watch_event=_opt_str(raw.get("watch_event")),
+        matched=_opt_str(raw.get("matched")),
+        fires=int(fires) if (fires := _number(raw.get("fires"))) is not None else None,
     )
 
 

@@ -320,9 +320,49 @@ def _format_process_completion(
     return "\n".join(out).rstrip() + "\n"
 
 
+_WATCH_HEADS = {
+    "fired": "[Watch fired] a watch you set says now.",
+    "expired": "[Watch expired] a watch you set ran out its lifetime; it watches no more.",
+    "ended": "[Watch ended] the process a watch of yours followed has exited; it watches no more.",
+    "cancelled": "[Watch cancelled] a watch you set was cancelled; it watches no more.",
+}
+
+
+def _format_watch(evt: ScheduledWakeupEvent, now: float, *, explain: bool = True) -> str:
+    """A watch fired or ended: it restates the note and what matched (the output line, a
+    command's stdout: defanged, since a command wrote it) and what the watch does next."""
+    out = [_WATCH_HEADS.get(evt.watch_event or "", _WATCH_HEADS["fired"])]
+    if explain:
+        out.append(
+            "This is an automatic wake-up, not a user message: earlier in this conversation "
+            "you set a watch with the note below. Act on it."
+        )
+    if _redelivered(evt):
+        out.append(_RESTORED_NOTE)
+    out.append("")
+    out.append(f"Watch: {_render_value(evt.watch_id)}")
+    if evt.fires is not None:
+        out.append(f"Fired: {evt.fires} time(s) so far")
+    if _present(evt.dispatched_at):
+        out.append("Set: " + _when(evt.dispatched_at, now))
+    if _present(evt.completed_at):
+        out.append("At: " + _when(evt.completed_at, now))
+    if evt.status and evt.status.lower() not in ("completed", "expired", "ended"):
+        out.append(f"Status: {_render_value(evt.status)}")
+    if evt.error:
+        out.append(_field("Error", evt.error))
+    out.append("")
+    out.append(_field("Note", evt.note) if evt.note else "Note: (none)")
+    if evt.matched is not None:
+        out.append(_field("Matched", evt.matched))
+    return "\n".join(out).rstrip() + "\n"
+
+
 def _format_scheduled_wakeup(evt: ScheduledWakeupEvent, now: float, *, explain: bool = True) -> str:
     """A wake-up the agent set came due: it restates the note in full (defanged: the model
     wrote it, possibly from what a user or a tool said), when it was set and for when."""
+    if evt.watch_id is not None:
+        return _format_watch(evt, now, explain=explain)
     out = ["[Scheduled wake-up] a wake-up you set is due."]
     if explain:
         out.append(

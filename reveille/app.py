@@ -70,6 +70,7 @@ from tools.delegate_tool import DelegationLimits
 from tools.delegation_runtime import DelegationRuntime
 from tools.process_registry import process_registry
 from tools.toolset import build_default_registry
+from tools.watches import watch_manager
 
 __all__ = ["App", "build_webui", "check_webui_bind", "open_storage", "serve"]
 
@@ -169,6 +170,7 @@ async def serve(
         runtime = await asyncio.to_thread(_open_runtime, settings, location, queue)
         stack.push_async_callback(asyncio.to_thread, ad.reset_runtime)
         stack.callback(process_registry.detach)
+        stack.callback(watch_manager.detach)
 
         model = provider or build_provider(
             kind=settings.provider,
@@ -364,6 +366,10 @@ def _open_runtime(
     # Before the first recovery: background commands of a dead server are adopted (their
     # real exit status reported), not settled as unknown.
     process_registry.attach(runtime.ledger, directory=settings.home / PROCESSES_DIR)
+    # Likewise its watches: a survivor (or this server, restarted) follows them on.
+    watch_manager.attach(
+        runtime.ledger, shell_enabled=settings.shell_enabled, workdir=settings.shell_workdir or None
+    )
     return runtime
 
 

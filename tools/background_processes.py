@@ -22,16 +22,13 @@ per process, whichever server reports it.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import logging
 import os
 import select
 import shutil
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,11 +38,10 @@ from typing import Any
 from delivery import traces
 from delivery.errors import LedgerUnavailable
 from delivery.events import PROCESS_COMPLETION
-from delivery.identity import ProcessIdentity, current_identity, process_start_ticks
+from delivery.identity import ProcessIdentity
 from delivery.ids import new_id
 from delivery.ledger import Ledger
 from delivery.rows import LedgerRow
-from delivery.state_dir import ensure_private_dir
 from delivery.states import State
 from tools.completion_queue import CompletionQueue, WireEvent, shared_completion_queue
 from tools.delegation_runtime import (
@@ -56,16 +52,26 @@ from tools.delegation_runtime import (
     stamp_response_origin,
 )
 
+# The "X as X" names are re-exported: this module offered them before its files moved out.
+from tools.process_files import EXIT_FILE as EXIT_FILE
+from tools.process_files import (
+    OUTPUT_FILE,
+    PROCESSES_DIR,
+    WRAPPER_FILE,
+    alive,
+    read_exit_status,
+    read_output_tail,
+    read_wrapper_identity,
+    start_wrapper,
+    stop_group,
+)
+from tools.process_files import OUTPUT_TAIL_BYTES as OUTPUT_TAIL_BYTES
+from tools.process_files import _Tail as _Tail
+
 log = logging.getLogger(__name__)
 
-OUTPUT_TAIL_BYTES = 16 * 1024
 PROGRESS_TAIL_BYTES = 2048  # enough for a last output line
-KILL_GRACE_SECONDS = 3.0  # a stopped command's group gets TERM, then KILL after this
 PROCESS_KIND = "process"
-PROCESSES_DIR = "processes"
-OUTPUT_FILE = "output"
-EXIT_FILE = "exit"
-WRAPPER_FILE = "wrapper"
 
 NOT_FOUND_ERROR = (
     "The command could not be found after the restart; its exit status was never recorded. "
@@ -76,137 +82,10 @@ VANISHED_ERROR = (
     "how the command ended is unknown."
 )
 
-# argv[1]: the process directory, argv[2]: the command. The wrapper starts the command only
-# once the server has written its identity and says "go" (a server killed before that leaves
-# nothing running that no one could find). It survives a TERM (kill() signals the whole
-# group) to record the command's status, and passes on one that came before the command
-# started; the command gets the default dispositions from its first instruction
-# (posix_spawn's setsigdef; SIGPIPE and SIGXFSZ too, which Python ignores, as Popen
-# restores them), /dev/null as stdin and the caller's umask. The status is
-# Popen's: the exit code, or minus the signal that killed the command.
-WRAPPER_SCRIPT = """\
-import os, signal, sys
-d, command = sys.argv[1], sys.argv[2]
-if sys.stdin.buffer.readline() != b"go\\n":
-    sys.exit(125)
-child = 0
-got = []
-def send(signum):
-    try:
-        os.kill(child, signum)
-    except OSError:
-        pass  # it has ended (and may be reaped): nothing to pass on
-def on_signal(signum, frame):
-    got.append(signum)
-    if child:
-        send(signum)
-sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-for s in sigs:
-    signal.signal(s, on_signal)
-out = os.path.join(d, "output")
-child = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], os.environ, file_actions=[
-    (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-    (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600),
-    (os.POSIX_SPAWN_DUP2, 1, 2),
-], setsigdef=sigs + (signal.SIGPIPE, signal.SIGXFSZ))
-if got:
-    send(got[0])
-code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
-tmp = os.path.join(d, "exit.tmp")
-fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-os.write(fd, b"%d\\n" % code)
-os.close(fd)
-os.replace(tmp, os.path.join(d, "exit"))
-sys.exit(code if code >= 0 else 128 - code)
-"""
-
 ProcessRequest = dict[str, Any]
 """A process's completion event as far as it is known at spawn (stored with its row)."""
 ProcessInfo = dict[str, Any]
 """What ``spawn`` and ``poll`` answer: ``process_id``, ``status``, ``pid``, output ..."""
-
-
-class _Tail:
-    """The last ``limit`` bytes of a stream."""
-
-    def __init__(self, limit: int = OUTPUT_TAIL_BYTES) -> None:
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._size = 0
-        self._limit = limit
-        self.total = 0
-
-    def feed(self, chunk: bytes) -> None:
-        self._chunks.append(chunk)
-        self._size += len(chunk)
-        self.total += len(chunk)
-        while self._size - len(self._chunks[0]) >= self._limit:
-            self._size -= len(self._chunks.popleft())
-
-    def text(self) -> str:
-        data = b"".join(self._chunks)[-self._limit :]
-        return data.decode("utf-8", errors="replace")
-
-
-def read_output_tail(path: Path, limit: int = OUTPUT_TAIL_BYTES) -> tuple[str, int]:
-    """The last ``limit`` bytes of an output file, decoded, and the file's size."""
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            fh.seek(max(size - limit, 0))
-            data = fh.read(limit)
-    except FileNotFoundError:
-        return "", 0
-    return data.decode("utf-8", errors="replace"), size
-
-
-def read_exit_status(directory: Path) -> tuple[int, float] | None:
-    """The exit code the wrapper recorded and when (the file's mtime), or None."""
-    path = directory / EXIT_FILE
-    try:
-        text = path.read_text()
-        ended = path.stat().st_mtime
-        return int(text.split()[0]), ended
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` 0600, atomically (temp + rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
-def read_wrapper_identity(directory: Path) -> ProcessIdentity | None:
-    try:
-        return ProcessIdentity.parse((directory / WRAPPER_FILE).read_text().strip())
-    except OSError:
-        return None
-
-
-def _stop_group(pgid: int) -> None:
-    """TERM the process group ``pgid`` (the wrapper records the command's status), and KILL
-    what is left of it once ``KILL_GRACE_SECONDS`` are over: the whole tree goes."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGTERM)
-    timer = threading.Timer(KILL_GRACE_SECONDS, _kill_group, args=(pgid,))
-    timer.daemon = True
-    timer.start()
-
-
-def _kill_group(pgid: int) -> None:
-    """SIGKILL the process group ``pgid`` if it still has members. A group's id cannot be
-    given to a new process while the group exists, so this never reaches a stranger."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, 0)
-        os.killpg(pgid, signal.SIGKILL)
-        log.info("process group %s outlived its TERM: killed", pgid)
-
-
-def _alive(ident: ProcessIdentity | None) -> bool:
-    return ident is not None and ident.is_local() and not ident.is_known_dead()
 
 
 class _Running:
@@ -251,6 +130,7 @@ class ProcessRegistry:
         self._directory_given = directory
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
+        self._exit_listeners: list[Callable[[str, Path], None]] = []
 
     # -- where a process's files live -------------------------------------------------------
 
@@ -266,6 +146,21 @@ class ProcessRegistry:
 
     def _directory(self, process_id: str) -> Path:
         return self.processes_dir / process_id
+
+    def output_file(self, process_id: str) -> Path | None:
+        """The output file of ``process_id`` while this registry follows it, else None."""
+        with self._lock:
+            running = self._running.get(process_id)
+        return None if running is None else running.directory / OUTPUT_FILE
+
+    def add_exit_listener(self, fn: Callable[[str, Path], None]) -> None:
+        """Call ``fn(process_id, output_file)`` when a followed process has ended, while its
+        output file is still there (before its completion is recorded and the files go)."""
+        self._exit_listeners.append(fn)
+
+    def remove_exit_listener(self, fn: Callable[[str, Path], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._exit_listeners.remove(fn)
 
     # -- starting -----------------------------------------------------------------------------
 
@@ -317,7 +212,7 @@ class ProcessRegistry:
         directory = self._directory(process_id)
         started = time.time()
         try:
-            proc = self._start_wrapper(directory, command, cwd=cwd, env=env)
+            proc = start_wrapper(directory, command, cwd=cwd, env=env)
         except OSError as exc:
             self._finish(
                 process_id,
@@ -353,42 +248,6 @@ class ProcessRegistry:
             "status": "running",
             "notify_on_complete": notify_on_complete,
         }
-
-    @staticmethod
-    def _start_wrapper(
-        directory: Path, command: str, *, cwd: str | None, env: dict[str, str] | None
-    ) -> subprocess.Popen[bytes]:
-        """The wrapper, running ``command`` once its identity is on disk."""
-        ensure_private_dir(directory.parent)
-        ensure_private_dir(directory)
-        os.close(os.open(directory / OUTPUT_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", WRAPPER_SCRIPT, str(directory), command],
-            cwd=cwd,
-            env={**os.environ, **env} if env else None,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            # Its own session: neither a signal to the server's group nor the server's death
-            # reaches it, and kill() reaches the command's children through its group.
-            start_new_session=True,
-        )
-        assert proc.stdin is not None
-        try:
-            me = current_identity()
-            # Not reaped yet, so the pid is still this child's.
-            ticks = process_start_ticks(proc.pid) or 0
-            ident = ProcessIdentity(me.host, me.boot_id, proc.pid, ticks)
-            _write_private(directory / WRAPPER_FILE, f"{ident}\n")
-            proc.stdin.write(b"go\n")
-        except OSError:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-        return proc
 
     def _watch(self, running: _Running, request: ProcessRequest, timeout: float | None) -> None:
         assert running.proc is not None
@@ -452,13 +311,13 @@ class ProcessRegistry:
         ident = read_wrapper_identity(directory)
         pid = ident.pid if ident is not None else 0
         running = _Running(process_id, pid, command, directory, started=started, adopted=True)
-        if read_exit_status(directory) is None and _alive(ident):
+        if read_exit_status(directory) is None and alive(ident):
             assert ident is not None
             try:
                 fd: int | None = os.pidfd_open(ident.pid)
             except (OSError, AttributeError):
                 fd = None  # no pidfd support: a slow check of the identity instead
-            if _alive(ident):  # the pid may have been reused before it was opened
+            if alive(ident):  # the pid may have been reused before it was opened
                 with self._lock:
                     self._running[process_id] = running
                 self._runtime().watch(process_id, functools.partial(self.kill, process_id))
@@ -482,7 +341,7 @@ class ProcessRegistry:
             if fd is not None:
                 select.select([fd], [], [])
             else:  # pragma: no cover - kernels without pidfd_open
-                while _alive(ident):
+                while alive(ident):
                     time.sleep(1.0)
         finally:
             if fd is not None:
@@ -500,6 +359,11 @@ class ProcessRegistry:
             self._running.pop(running.process_id, None)
         with contextlib.suppress(Exception):
             self._runtime().unwatch(running.process_id)
+        for listener in list(self._exit_listeners):
+            try:
+                listener(running.process_id, running.directory / OUTPUT_FILE)
+            except Exception:  # a listener never keeps a completion from being recorded
+                log.exception("exit listener of %s failed", running.process_id)
         output, size = running.output()
         recorded = read_exit_status(running.directory)
         error = None
@@ -620,19 +484,19 @@ class ProcessRegistry:
             return False
         if running.proc is None:
             ident = read_wrapper_identity(running.directory)
-            if ident is None or ident.pid != running.pid or not _alive(ident):
+            if ident is None or ident.pid != running.pid or not alive(ident):
                 return False  # ended (or its pid is no longer its): nothing to signal
         running.kill_requested = True
-        _stop_group(running.pid)
+        stop_group(running.pid)
         return True
 
     def kill_orphan(self, process_id: str) -> bool:
         """Stop the command of ``process_id`` whose server died (its row was cancelled
         before anyone adopted it): its wrapper's group, found by the identity on disk."""
         ident = read_wrapper_identity(self._directory(process_id))
-        if ident is None or not _alive(ident):
+        if ident is None or not alive(ident):
             return False  # ended, or not of this host: nothing here to signal
-        _stop_group(ident.pid)
+        stop_group(ident.pid)
         log.info("stopped the command of %s, whose server is gone", process_id)
         return True
 

@@ -11,6 +11,7 @@ from agent.tools import ToolRegistry
 from tools.delegate_tool import DelegationLimits, make_delegate_tool
 from tools.shell_tool import make_shell_tool
 from tools.wakeup_tool import MIN_DELAY_SECONDS, make_wakeup_tool
+from tools.watch_tool import make_watch_tool
 
 
 def build_default_registry(
@@ -24,11 +25,11 @@ def build_default_registry(
     shell_requires_approval: bool = False,
     wakeup_min_delay_seconds: float = MIN_DELAY_SECONDS,
 ) -> ToolRegistry:
-    """The tools a conversation gets: `delegate_task`, `terminal` (which refuses when off)
-    and `schedule_wakeup`.
+    """The tools a conversation gets: `delegate_task`, `terminal` (which refuses when off),
+    `schedule_wakeup` and `watch`.
 
     Sub-agents get these tools too (those their dispatch names; by default all but
-    `delegate_task` and `schedule_wakeup`), within the ``delegation`` limits.
+    `delegate_task`, `schedule_wakeup` and `watch`), within the ``delegation`` limits.
     """
     registry = ToolRegistry()
     registry.register(
@@ -48,4 +49,7 @@ def build_default_registry(
         )
     )
     registry.register(make_wakeup_tool(min_delay_seconds=wakeup_min_delay_seconds))
+    registry.register(
+        make_watch_tool(shell_enabled=shell_enabled, require_approval=shell_requires_approval)
+    )
     return registry
