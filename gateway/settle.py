@@ -19,6 +19,14 @@ Claim each, deliver once, settle all, refusals refunded:
    transient), anything else releases unrefunded. Cancellation (shutdown) gives every
    claim back refunded and re-raises.
 
+The consumers: the push runner (``gateway.run``: push chats batched, the API server's
+transcript rows and self-POSTed wakes one at a time, unknown types dropped) and the web UI
+(``api.wakeups``, whose accepted turn settles ``later``). A webhook owed for a result is
+enqueued inside the API server's ``deliver`` (``gateway.delivery_targets``), before the
+claim is acknowledged (a redelivery owes it once: its id is derived); the webhook outbox itself
+(``gateway.webhooks``) is another table with another contract (rows claimed by due time,
+each POSTed on its own, a retry schedule instead of refunds) and settles through its store.
+
 A settlement that fails is logged, never raised: the claim lapses by itself and the row is
 offered again, so nothing is lost; a crash anywhere between claim and settle leaves the
 rows pending for the same reason. The events are the typed ``CompletionEvent`` throughout;
