@@ -217,3 +217,17 @@ async def test_a_later_verdict_settles_once_the_hand_off_is_stored(
         assert row.delivery_state == state
         assert row.refunds == (0 if stored else 1)
     assert announced == [["proc_1", "proc_2"]]
+
+
+async def test_two_consumers_racing_for_the_same_rows_deliver_each_once(ledger: Ledger) -> None:
+    events = [_finished(ledger, f"proc_{i}") for i in range(4)]
+    first, second = Target(), Target()
+    await asyncio.gather(
+        Settler("server-1").run("s1", events, first),
+        Settler("server-2").run("s1", list(reversed(events)), second),
+    )
+    handed = sorted(key for t in (first, second) for batch in t.batches for key in batch)
+    assert handed == [e.key for e in events]
+    for event in events:
+        row = _row(ledger, event.key)
+        assert (row.delivery_state, row.delivery_attempts) == ("delivered", 1)
