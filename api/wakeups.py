@@ -8,11 +8,11 @@ next wake-up (``gateway.coalesce``: what arrives within ``coalesce_seconds``, or
 session's wake-up is pending or running, is ONE turn listing each result,
 ``gateway.wake_text.format_wake_batch``). A batch checks busy BEFORE claiming (a busy
 session parks its results in ``DEFERRED_PROCESS_WAKEUPS`` with their ledger rows still
-pending), claims each row, starts one turn (``WebTurns.astart``) and settles every claim by
-its typed answer: acknowledged once the accepted turn is stored (a server that dies mid-turn
-leaves the rows pending), released otherwise (refunded when ``TurnRefused.refund`` says the
-refusal was transient), dropped when the session is gone. Batches of one session go one at
-a time.
+pending), then ``gateway.settle`` claims each row, starts one turn (``WebTurns.astart``) and
+settles every claim by its typed answer: acknowledged once the accepted turn is stored (a
+server that dies mid-turn leaves the rows pending), released otherwise (refunded when
+``TurnRefused.refund`` says the refusal was transient), dropped when the session is gone.
+Batches of one session go one at a time.
 The only waits off the loop are the store's: the claim and its settlement are ledger writes
 awaited on the writer, and a session's record is read in a thread.
 
@@ -30,23 +30,23 @@ The seed-pinned thread path (``api.background_process.handle_completion`` and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import tools.async_delegation as ad
 from api import background_process as bp
 from api import config as cfg
 from api import deliveries
 from api.event_log import EventLog, LoggedEvent
-from api.turn_answers import TurnAccepted, TurnRefused
+from api.turn_answers import TurnAccepted
 from api.views import session_source
 from api.web_turns import WAKEUP_SOURCE, WebTurns
 from delivery import traces
+from delivery.events import CompletionEvent, parse_event
 from gateway.coalesce import DEFAULT_COALESCE_SECONDS, Coalescer, siblings_running
 from gateway.config import Platform
+from gateway.settle import Settler, Verdict
 from gateway.tasks import finish_or_cancel
 from gateway.wake import format_wake_text
 from gateway.wake_text import DEFAULT_WAKE_TEXT_BUDGET, format_wake_batch
@@ -54,6 +54,15 @@ from gateway.wake_text import DEFAULT_WAKE_TEXT_BUDGET, format_wake_batch
 __all__ = ["WebUIDeliveryTarget"]
 
 logger = logging.getLogger(__name__)
+
+# The settle protocol's outcomes as the web UI names them: an accepted turn settles later.
+_OUTCOMES = {
+    "held": "held",
+    "later": "started",
+    "delivered": "started",
+    "released": "refused",
+    "dropped": "dropped",
+}
 
 
 class WebUIDeliveryTarget:
@@ -74,8 +83,10 @@ class WebUIDeliveryTarget:
         self.wake_text_budget = wake_text_budget
         self._loop: asyncio.AbstractEventLoop | None = None
         self._settling: set[asyncio.Task[None]] = set()
+        # Claim each, start one turn, settle all once it is stored (``gateway.settle``).
+        self.settler = Settler(bp.CONSUMER, after_late=self._announce)
         # Not yet claimed, so a restart loses nothing: the ledger offers them again.
-        self._batches: Coalescer[dict[str, Any], str] = Coalescer(
+        self._batches: Coalescer[CompletionEvent, str] = Coalescer(
             self._flush, window=coalesce_seconds, missing="held", siblings=siblings_running
         )
 
@@ -101,157 +112,85 @@ class WebUIDeliveryTarget:
         self.turns.on_free = None
         self._loop = None
 
-    async def offer(self, evt: dict[str, Any], *, window: float | None = None) -> str:
+    async def offer(self, event: CompletionEvent, *, window: float | None = None) -> str:
         """Gather a completion into its session's next wake-up (``gateway.coalesce``) and
         return what became of it once that wake-up was started or refused. ``window``
         overrides the coalescing window (0 for wake-ups that already waited)."""
         try:
-            format_wake_text(evt)  # an event that cannot be shown never reaches a batch
+            format_wake_text(event)  # an event that cannot be shown never reaches a batch
         except Exception:
-            logger.exception("cannot format a wake-up for %r", evt.get("delegation_id"))
+            logger.exception("cannot format a wake-up for %r", event.key)
             return "ignored"
-        delivery_id = bp.work_id(evt)
-        session_id = bp.route_session(evt) or await self._index_origin(evt, delivery_id)
+        session_id = bp.route_session(event.wire) or await self._index_origin(event)
         if session_id is None:
             return "foreign"
-        if not delivery_id:
+        if not event.key:
             # Nothing to dedupe a batch by: woken on its own.
-            return (await self._flush(session_id, [evt])).get("", "held")
-        return await self._batches.add(session_id, delivery_id, evt, window=window)
+            return (await self._flush(session_id, [event])).get("", "held")
+        return await self._batches.add(session_id, event.key, event, window=window)
 
-    async def _flush(self, session_id: str, evts: Sequence[dict[str, Any]]) -> dict[str, str]:
-        """One combined wake-up of ``evts``; each one's outcome by its delivery id. Batches of
-        one session run one at a time (the coalescer's), until the turn was accepted or
+    async def _flush(self, session_id: str, events: Sequence[CompletionEvent]) -> dict[str, str]:
+        """One combined wake-up of ``events``; each one's outcome by its delivery id. Batches
+        of one session run one at a time (the coalescer's), until the turn was accepted or
         refused: a result arriving meanwhile finds the session busy and waits without a
         claim, instead of claiming, being refused and backing off."""
-        outcomes = await self._wake(session_id, evts)
+        outcomes = await self._wake(session_id, events)
         if "deferred" in outcomes.values() and not await self.turns.ais_busy(session_id):
             # The session became free between the busy check and the parking. Not awaited:
             # the parked results join the coalescer's next batch, which waits for this one.
             self._track(asyncio.create_task(self.fire_deferred(session_id)))
-        for evt in evts:
-            await self.announce_delivery(bp.work_id(evt))
+        await self._announce(events)
         return outcomes
 
     def _track(self, task: asyncio.Task[None]) -> None:
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
 
-    async def _wake(self, session_id: str, evts: Sequence[dict[str, Any]]) -> dict[str, str]:
-        outcomes: dict[str, str] = {}
+    async def _wake(self, session_id: str, events: Sequence[CompletionEvent]) -> dict[str, str]:
         if await self.turns.ais_busy(session_id):
-            for evt in evts:
-                bp.defer(session_id, evt)  # no claim taken, so no attempt spent
-                outcomes[bp.work_id(evt)] = "deferred"
-            return outcomes
-        claimed: list[tuple[dict[str, Any], str]] = []
-        try:
-            for evt in evts:
-                outcomes[bp.work_id(evt)] = "held"  # another consumer holds it, or settled
-                try:
-                    claim = await ad.aclaim_event_delivery(evt, bp.CONSUMER)
-                except Exception:
-                    logger.exception("could not claim %s", bp.work_id(evt))
-                    continue
-                if claim is not None:
-                    claimed.append((evt, claim))
-            if not claimed:
-                return outcomes
-            ids = [bp.work_id(evt) for evt, _ in claimed]
-            if len(claimed) > 1:
-                logger.info(
-                    "combining %d results into one wake-up of %s: %s",
-                    len(claimed),
-                    session_id,
-                    ", ".join(ids),
-                )
-            try:
-                text = format_wake_batch([evt for evt, _ in claimed], budget=self.wake_text_budget)
-                answer = await self.turns.astart(session_id, text, WAKEUP_SOURCE)
-            except Exception:
-                logger.exception("wake-up turn for %s raised", ", ".join(ids))
-                answer = TurnRefused(500, "the wake-up turn raised")
-        except asyncio.CancelledError:
-            # Shutting down mid-batch: every claim taken goes back without an attempt spent.
-            if claimed:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self._release_all(claimed, retryable=True))
-            raise
-        if isinstance(answer, TurnAccepted):
-            now = time.time()
-            for delivery_id in ids:
-                cfg.remember(delivery_id, now)
-                outcomes[delivery_id] = "started"
-            # Settled once the turn is stored, not when it starts: a server that dies during
-            # the wake-up turn leaves every row pending, and their re-offer runs the turn
-            # (keyed by the batch's delivery ids) once.
-            self._track(asyncio.create_task(self._settle_when_stored(claimed, answer)))
-            return outcomes
-        logger.info("wake-up %s refused (%s: %s)", ", ".join(ids), answer.status, answer.error)
-        try:
+            for event in events:
+                bp.defer(session_id, event.wire)  # no claim taken, so no attempt spent
+            return {event.key: "deferred" for event in events}
+
+        async def start_turn(claimed: Sequence[CompletionEvent]) -> Verdict:
+            ids = ", ".join(event.key for event in claimed)
+            text = format_wake_batch(claimed, budget=self.wake_text_budget)
+            answer = await self.turns.astart(session_id, text, WAKEUP_SOURCE)
+            if isinstance(answer, TurnAccepted):
+                now = time.time()
+                for event in claimed:
+                    cfg.remember(event.key, now)
+                # Settled once the turn is stored (``Verdict.later``): a server that dies
+                # during the wake-up turn leaves every row pending.
+                return Verdict.later(answer.stored)
+            logger.info("wake-up %s refused (%s: %s)", ids, answer.status, answer.error)
             if answer.status == 404:
                 # The session is gone for good (deleted): nothing will ever take these
                 # wake-ups, so they are dropped at once, with the reason, instead of spending
                 # the attempt budget over minutes. Their results stay queryable in the ledger.
-                for evt, claim in claimed:
-                    await asyncio.to_thread(
-                        ad.drop_event_delivery, evt, claim, f"session {session_id} was deleted"
-                    )
-                    outcomes[bp.work_id(evt)] = "dropped"
-                return outcomes
+                return Verdict.dropped(f"session {session_id} was deleted")
             if answer.busy:
-                for evt, _ in claimed:
-                    bp.defer(session_id, evt)
-            await self._release_all(claimed, retryable=answer.refund)
-        except Exception:
-            # The claims lapse by themselves and the rows are offered again: nothing is lost.
-            logger.exception("could not settle the claims on %s", ", ".join(ids))
-        for delivery_id in ids:
-            outcomes[delivery_id] = "refused"
-        return outcomes
+                for event in claimed:
+                    bp.defer(session_id, event.wire)
+            return Verdict.released(retryable=answer.refund)
 
-    @staticmethod
-    async def _release_all(
-        claimed: Sequence[tuple[dict[str, Any], str]], *, retryable: bool
-    ) -> None:
-        """A refusal of a combined wake-up releases every claim of it by the rule a single
-        one follows."""
-        for evt, claim in claimed:
-            await ad.arelease_event_delivery(evt, claim, retryable=retryable)
-
-    async def _settle_when_stored(
-        self, claimed: Sequence[tuple[dict[str, Any], str]], answer: TurnAccepted
-    ) -> None:
-        stored = True if answer.stored is None else await answer.stored
-        for evt, claim in claimed:
-            delivery_id = bp.work_id(evt)
-            try:
-                if stored:
-                    if not await ad.acomplete_event_delivery(evt, claim):
-                        logger.warning("wake-up %s ran but its claim had lapsed", delivery_id)
-                else:
-                    # The turn failed before storing anything (the model failed: the
-                    # session's wake-ups pause until the user is back). The attempt was not
-                    # the delivery's fault: it is refunded, and the row is offered again.
-                    logger.info("wake-up turn %s stored nothing; offered again later", delivery_id)
-                    await ad.arelease_event_delivery(evt, claim, retryable=True)
-            except Exception:
-                # The claim lapses by itself and the row is offered again: nothing is lost.
-                logger.exception("could not settle the claim on %s", delivery_id)
-            await self.announce_delivery(delivery_id)
+        results = await self.settler.run(session_id, events, start_turn)
+        return {key: _OUTCOMES[settled.outcome] for key, settled in results.items()}
 
     async def settle(self, grace_seconds: float) -> None:
         """Let the wake-ups whose turns are ending settle their claims (at shutdown, after
         the turns drained); what is still open then lapses and is offered again. Results
         still gathering for a wake-up were never claimed: the ledger offers them again."""
         await self._batches.close(0)
-        await finish_or_cancel(self._settling, grace_seconds)
+        await asyncio.gather(
+            finish_or_cancel(self._settling, grace_seconds), self.settler.drain(grace_seconds)
+        )
 
-    async def _index_origin(self, evt: dict[str, Any], delivery_id: str) -> str | None:
+    async def _index_origin(self, event: CompletionEvent) -> str | None:
         """Work that names its web UI session only as ``origin_session_id`` (older turns):
         indexed in ``PROCESS_SESSION_INDEX`` when that session is a web UI one."""
-        origin = evt.get("origin_session_id")
-        if not isinstance(origin, str) or not origin or not delivery_id:
+        origin = event.origin_session_id
+        if not origin or not event.key:
             return None
         try:
             record = await asyncio.to_thread(self.turns.store.get_session, origin)
@@ -259,7 +198,7 @@ class WebUIDeliveryTarget:
             return None
         if record is None or session_source(record) != Platform.WEBUI.value:
             return None
-        cfg.index_session(delivery_id, origin)
+        cfg.index_session(event.key, origin)
         return origin
 
     async def fire_deferred(self, session_id: str) -> None:
@@ -273,7 +212,11 @@ class WebUIDeliveryTarget:
     async def _offer_traced(self, evt: dict[str, Any]) -> None:
         # Offered here, not by the runner: its own delivery span.
         with traces.delivery_span(evt):
-            traces.note_outcome(await self.offer(evt, window=0))
+            traces.note_outcome(await self.offer(parse_event(evt), window=0))
+
+    async def _announce(self, events: Sequence[CompletionEvent]) -> None:
+        for event in events:
+            await self.announce_delivery(event.key)
 
     async def announce_delivery(self, delivery_id: str) -> None:
         if not delivery_id:

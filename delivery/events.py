@@ -175,6 +175,18 @@ class CompletionEvent:
     def succeeded(self) -> bool:
         return _is_success(self.status)
 
+    @property
+    def key(self) -> str:
+        """The id a consumer knows it by (``delivery_id(self, strict=False)``; "" when it
+        has none): a batch's dedupe key, the label of its log lines."""
+        return delivery_id(self, strict=False) or ""
+
+    @property
+    def wire(self) -> dict[str, Any]:
+        """The wire dict the delivery contract (``tools.async_delegation``) is called with:
+        a shallow copy of ``raw``, or ``to_dict()`` for an event built in code."""
+        return dict(self.raw) if self.raw else self.to_dict()
+
 
 def _put(out: dict[str, Any], name: str, value: Any) -> None:
     if name == "restored":

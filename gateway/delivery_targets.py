@@ -15,15 +15,15 @@ event to the target registered for the platform that session came through:
   them over as ONE wake-up (``deliver_batch``, one text within the wake-up text budget).
 
 * A ``ClaimingTarget`` (the web UI, ``Platform.WEBUI``, registered by the composition
-  root) is offered the wire event as it is, unclaimed: it checks its session's busy state
+  root) is offered the typed event unclaimed: it checks its session's busy state
   BEFORE claiming, claims, delivers and settles by itself, so a busy session is a wait and
   never an attempt. The runner hands it every completion that names
   ``origin_ui_session_id`` (that field is final) and every one routed to one of its sessions.
 
-A target raises ``SessionGone`` when the session is gone for good (the runner drops the
-delivery, the result stays in the ledger) and ``WakeDeliveryError`` when the hand-off was
-refused (the runner releases the claim, with ``retryable`` when it was transient). Any other
-exception is a release too: only the domain error means "drop".
+A target raises ``SessionGone`` when the session is gone for good (the delivery is dropped,
+the result stays in the ledger) and ``WakeDeliveryError`` when the hand-off was refused (the
+claim is released, with ``retryable`` when it was transient). Any other exception is a
+release too: only the domain error means "drop". The rule is ``gateway.settle``'s.
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ class BatchTarget(Protocol):
 
 @runtime_checkable
 class ClaimingTarget(Protocol):
-    async def offer(self, evt: dict[str, Any]) -> str:
-        """Take an unclaimed completion (the wire dict) and settle it; returns what happened
-        ("started", "deferred", "held", ...)."""
+    async def offer(self, event: CompletionEvent) -> str:
+        """Take an unclaimed completion and settle it (``gateway.settle``); returns what
+        happened ("started", "deferred", "held", ...)."""
         ...
 
 

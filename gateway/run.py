@@ -13,8 +13,9 @@ session's platform (``gateway.delivery_targets``: the API server's transcript ro
 self-POST wake, a push adapter's ``handle_message``) and acknowledged only after the target
 accepted it.
 
-A refusal releases the claim: with ``retryable=True`` only when it was transient (429 after
-the retries, 503, the server restarting, no target for the platform in this process); a
+Claiming, delivering and settling follow ``gateway.settle`` (the one protocol every consumer
+uses): a refusal releases the claim, with ``retryable=True`` only when it was transient (429
+after the retries, 503, the server restarting, no target for the platform in this process); a
 session that is gone (``SessionGone``) drops the delivery.
 
 Combined wake-ups: completions of a session whose target is a ``BatchTarget`` (push chat
@@ -37,7 +38,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import tools.async_delegation as ad
 from delivery import traces
 from delivery.events import DELIVERABLE_TYPES, CompletionEvent, delivery_id, parse_event
 from gateway.coalesce import DEFAULT_COALESCE_SECONDS, Coalescer, siblings_running
@@ -49,7 +49,8 @@ from gateway.delivery_targets import (
     session_platform,
 )
 from gateway.outcomes import DeliveryOutcome, OutcomeObserver
-from gateway.session import SessionGone, SessionRecord, SessionStore
+from gateway.session import SessionRecord, SessionStore
+from gateway.settle import Settled, Settler, Verdict
 from gateway.tasks import finish_or_cancel
 from gateway.wake import WakeDeliveryError
 from tools.completion_queue import CompletionQueue
@@ -74,22 +75,11 @@ def _event_id(evt: Any) -> str | None:
 class _Offer:
     """A routed completion waiting for its session's combined wake-up."""
 
-    key: str
-    evt: dict[str, Any]
     event: CompletionEvent
     session: SessionRecord
 
 
-@dataclass(frozen=True)
-class _Settled:
-    """What became of one result of a combined wake-up."""
-
-    outcome: str
-    claimed: bool = False
-    retryable: bool = False
-
-
-_NOT_FLUSHED = _Settled("held")  # shut down before its batch ran: nothing was claimed
+_NOT_FLUSHED = Settled("held")  # shut down before its batch ran: nothing was claimed
 
 
 class Surface(Protocol):
@@ -131,7 +121,8 @@ class GatewayRunner:
         self._watcher: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._grace = shutdown_grace_seconds
-        self._batches: Coalescer[_Offer, _Settled] = Coalescer(
+        self.settler = Settler(self.consumer)
+        self._batches: Coalescer[_Offer, Settled] = Coalescer(
             self._flush_batch,
             window=coalesce_seconds,
             missing=_NOT_FLUSHED,
@@ -184,16 +175,15 @@ class GatewayRunner:
     async def handle_event(self, evt: dict[str, Any]) -> str:
         """Route, claim, deliver and settle one completion; returns what happened (and
         tells ``parts.on_outcome``: the one place delivery metrics hook in)."""
-        seen: dict[str, Any] = {}
         started = time.monotonic()
         with traces.delivery_span(evt):
-            outcome = await self._handle_event(evt, seen)
-            traces.note_outcome("retryable" if seen.get("retryable") else outcome)
-        platform = seen.get("platform")
+            settled, platform = await self._handle_event(evt)
+            reported = "retryable" if settled.retryable else settled.outcome
+            traces.note_outcome(reported)
         logger.info(
             "delivery %s: %s%s (%.0f ms)",
             _safe_id(evt),
-            "retryable" if seen.get("retryable") else outcome,
+            reported,
             f" via {platform.value}" if platform is not None else "",
             (time.monotonic() - started) * 1000,
         )
@@ -203,193 +193,87 @@ class GatewayRunner:
                 completed = evt.get("completed_at") if isinstance(evt, dict) else None
                 observer(
                     DeliveryOutcome(
-                        outcome="retryable" if seen.get("retryable") else outcome,
-                        platform=seen.get("platform"),
-                        claimed=bool(seen.get("claimed")),
+                        outcome=reported,
+                        platform=platform,
+                        claimed=settled.claimed,
                         completed_at=completed if isinstance(completed, int | float) else None,
                         event=evt if isinstance(evt, dict) else {},
                     )
                 )
             except Exception:
                 logger.exception("the delivery outcome observer failed")
-        return outcome
+        return settled.outcome
 
-    async def _handle_event(self, evt: dict[str, Any], seen: dict[str, Any]) -> str:
-        """Route, claim, deliver and settle one completion; returns what happened.
+    async def _handle_event(self, evt: dict[str, Any]) -> tuple[Settled, Platform | None]:
+        """Route, claim, deliver and settle one completion; returns what happened and the
+        platform of the session it went to.
 
-        The wire dict is parsed once, here: routing and the delivery target read the typed
-        event; the contract calls (claim, complete, release, drop) get the wire dict.
+        The wire dict is parsed once, here: routing, the settle protocol
+        (``gateway.settle``) and the delivery target all read the typed event.
         """
         if not isinstance(evt, dict):
             logger.error("ignoring a completion that is not a dict: %r", type(evt).__name__)
-            return "ignored"
+            return Settled("ignored"), None
         if evt.get("type") not in DELIVERABLE_TYPES:
-            return await self._refuse_unknown_type(evt)
+            return await self._refuse_unknown_type(evt), None
         event = parse_event(evt)  # a mapping always parses (unknown types are generic)
         if event.origin_ui_session_id:
             # The web UI's: ``origin_ui_session_id`` is final, and its consumer claims.
-            seen["platform"] = Platform.WEBUI
-            return await self._offer(Platform.WEBUI, evt)
+            return await self._offer(Platform.WEBUI, event), Platform.WEBUI
         route, session_id, session = await asyncio.to_thread(self._route, event)
         if route == "session" and session is not None:
             claiming = session_platform(session)
             if claiming in self.claiming_targets:
-                seen["platform"] = claiming
-                return await self._offer(claiming, evt)
+                return await self._offer(claiming, event), claiming
             if isinstance(self.targets.get(claiming), BatchTarget):
-                seen["platform"] = claiming
-                return await self._coalesce(evt, event, session, seen)
+                return await self._coalesce(event, session), claiming
         if route == "foreign":
-            logger.debug("completion %s belongs to another surface", _event_id(evt))
-            return "foreign"
+            logger.debug("completion %s belongs to another surface", event.key)
+            return Settled("foreign"), None
 
-        if session is not None:
-            seen["platform"] = session_platform(session)
-        claim = await self._claim(evt)
-        if claim is None:
-            return "held"  # someone else holds it, or it is settled already
-        seen["claimed"] = True
-        if route == "gone":
-            await self._drop(evt, claim, f"session {session_id} no longer exists")
-            return "dropped"
-        if route == "unknown" or session_id is None or session is None:
-            logger.warning(
-                "completion %s has no known origin session; released, not delivered elsewhere",
-                _event_id(evt),
-            )
-            await self._release(evt, claim, retryable=False)
-            return "released"
+        async def deliver(events: Sequence[CompletionEvent]) -> Verdict:
+            if route == "gone":
+                return Verdict.dropped(f"session {session_id} no longer exists")
+            if route == "unknown" or session is None:
+                logger.warning(
+                    "completion %s has no known origin session; released, not delivered elsewhere",
+                    event.key,
+                )
+                return Verdict.released(retryable=False)
+            await self._deliver(events[0], session)
+            return Verdict.delivered()
 
-        try:
-            await self._deliver(event, session)
-        except SessionGone as exc:
-            await self._drop(evt, claim, exc.reason or f"session {session_id} was deleted")
-            return "dropped"
-        except WakeDeliveryError as exc:
-            if exc.status == 404:
-                await self._drop(evt, claim, f"session {session_id} was deleted")
-                return "dropped"
-            logger.warning("wake for %s not delivered: %s", _event_id(evt), exc)
-            seen["retryable"] = exc.transient
-            await self._release(evt, claim, retryable=exc.transient)
-            return "released"
-        except asyncio.CancelledError:
-            # Shutting down: give the claim back without spending an attempt.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._release(evt, claim, retryable=True))
-            raise
-        except Exception:
-            logger.exception("delivery of %s failed", _event_id(evt))
-            await self._release(evt, claim, retryable=False)
-            return "released"
-        if not await self._complete(evt, claim):
-            logger.warning("completion %s was delivered but its claim had lapsed", _event_id(evt))
-        return "delivered"
+        platform = session_platform(session) if session is not None else None
+        results = await self.settler.run(session_id or event.key, [event], deliver)
+        return results[event.key], platform
 
     # ----------------------------------------------------------------- combined wake-ups
 
-    async def _coalesce(
-        self,
-        evt: dict[str, Any],
-        event: CompletionEvent,
-        session: SessionRecord,
-        seen: dict[str, Any],
-    ) -> str:
-        key = _event_id(evt)
-        if key is None:
+    async def _coalesce(self, event: CompletionEvent, session: SessionRecord) -> Settled:
+        offer = _Offer(event, session)
+        if not event.key:
             # No ledger row to claim or to dedupe by: delivered on its own, as before.
-            settled = await self._flush_batch(session.id, [_Offer("", evt, event, session)])
-            result = settled.get("", _NOT_FLUSHED)
-        else:
-            result = await self._batches.add(session.id, key, _Offer(key, evt, event, session))
-        seen["claimed"] = result.claimed
-        seen["retryable"] = result.retryable
-        return result.outcome
+            return (await self._flush_batch(session.id, [offer])).get("", _NOT_FLUSHED)
+        return await self._batches.add(session.id, event.key, offer)
 
-    async def _flush_batch(self, session_id: str, offers: Sequence[_Offer]) -> dict[str, _Settled]:
+    async def _flush_batch(self, session_id: str, offers: Sequence[_Offer]) -> dict[str, Settled]:
         """Claim every result of the batch, deliver the claimed ones as ONE wake-up and
         settle each claim by its answer; returns each result's outcome by its key."""
-        results: dict[str, _Settled] = {}
-        claimed: list[tuple[_Offer, str]] = []
-        try:
-            for offer in offers:
-                claim = await self._claim(offer.evt)
-                if claim is None:
-                    results[offer.key] = _Settled("held")  # someone else holds it, or settled
-                else:
-                    claimed.append((offer, claim))
-        except BaseException:
-            # The store failed or we are shutting down mid-batch: the claims taken so far go
-            # back without an attempt spent (the rest were never claimed).
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._settle_all(claimed, retryable=True))
-            raise
-        if not claimed:
-            return results
         # The newest routing of the session: every offer names the same one.
-        session = claimed[-1][0].session
-        settled = await self._deliver_batch(session, claimed)
-        results.update({offer.key: settled for offer, _ in claimed})
-        return results
+        session = offers[-1].session
 
-    async def _deliver_batch(
-        self, session: SessionRecord, claimed: Sequence[tuple[_Offer, str]]
-    ) -> _Settled:
-        if len(claimed) > 1:
-            logger.info(
-                "combining %d results into one wake-up of session %s: %s",
-                len(claimed),
-                session.id,
-                ", ".join(offer.key for offer, _ in claimed),
-            )
-        target = self.targets.get(session_platform(session))
-        try:
+        async def deliver(events: Sequence[CompletionEvent]) -> Verdict:
+            target = self.targets.get(session_platform(session))
             if not isinstance(target, BatchTarget):
                 raise WakeDeliveryError(
                     f"no delivery target for {session_platform(session).value} sessions in "
                     "this process",
                     transient=True,
                 )
-            await target.deliver_batch([offer.event for offer, _ in claimed], session)
-        except SessionGone as exc:
-            await self._settle_all(claimed, drop=exc.reason or f"session {session.id} was deleted")
-            return _Settled("dropped", claimed=True)
-        except WakeDeliveryError as exc:
-            if exc.status == 404:
-                await self._settle_all(claimed, drop=f"session {session.id} was deleted")
-                return _Settled("dropped", claimed=True)
-            logger.warning("wake-up of session %s not delivered: %s", session.id, exc)
-            await self._settle_all(claimed, retryable=exc.transient)
-            return _Settled("released", claimed=True, retryable=exc.transient)
-        except asyncio.CancelledError:
-            # Shutting down: give every claim back without spending an attempt.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._settle_all(claimed, retryable=True))
-            raise
-        except Exception:
-            logger.exception("wake-up of session %s failed", session.id)
-            await self._settle_all(claimed, retryable=False)
-            return _Settled("released", claimed=True)
-        for offer, claim in claimed:
-            if claim and not await self._complete(offer.evt, claim):
-                logger.warning("completion %s was delivered but its claim had lapsed", offer.key)
-        return _Settled("delivered", claimed=True)
+            await target.deliver_batch(events, session)
+            return Verdict.delivered()
 
-    async def _settle_all(
-        self,
-        claimed: Sequence[tuple[_Offer, str]],
-        *,
-        retryable: bool = False,
-        drop: str | None = None,
-    ) -> None:
-        """The one rule a single refusal follows, applied to every claim of the batch."""
-        for offer, claim in claimed:
-            if not claim:
-                continue
-            if drop is not None:
-                await self._drop(offer.evt, claim, drop)
-            else:
-                await self._release(offer.evt, claim, retryable=retryable)
+        return await self.settler.run(session_id, [offer.event for offer in offers], deliver)
 
     def _route(self, event: CompletionEvent) -> tuple[str, str | None, SessionRecord | None]:
         """("session", id, record) | ("gone", id, None) | ("foreign" | "unknown", None, None)."""
@@ -439,13 +323,13 @@ class GatewayRunner:
         else:
             self.targets[platform] = target
 
-    async def _offer(self, platform: Platform, evt: dict[str, Any]) -> str:
+    async def _offer(self, platform: Platform, event: CompletionEvent) -> Settled:
         target = self.claiming_targets.get(platform)
         if target is None:
             # Not this process's surface: the process that serves it takes the offer.
-            logger.debug("completion %s belongs to another surface", _event_id(evt))
-            return "foreign"
-        return await target.offer(evt)
+            logger.debug("completion %s belongs to another surface", event.key)
+            return Settled("foreign")
+        return Settled(await target.offer(event))
 
     async def _deliver(self, event: CompletionEvent, session: SessionRecord) -> None:
         # The record _route read: a session deleted since then is noticed by the target
@@ -460,41 +344,22 @@ class GatewayRunner:
             )
         await target.deliver(event, session)
 
-    async def _refuse_unknown_type(self, evt: dict[str, Any]) -> str:
+    async def _refuse_unknown_type(self, evt: dict[str, Any]) -> Settled:
         """A completion of an unknown or missing ``type`` would become a wake-up of generic
         text that says nothing: it is refused here. A ledger row is dropped with the reason
         (``reveille deliveries`` shows it), anything else is logged and ignored."""
         kind = evt.get("type")
         reason = f"unknown completion event type {str(kind)[:80]!r}: not delivered"
-        if _event_id(evt) is None:
+        event = parse_event(evt)
+        if not event.key:
             logger.warning("ignoring a completion without an id: %s", reason)
-            return "ignored"
-        claim = await self._claim(evt)
-        if claim is None:
-            return "held"
-        await self._drop(evt, claim, reason)
-        return "ignored"
+            return Settled("ignored")
 
-    # ----------------------------------------------------------------- the contract
+        async def refuse(_: Sequence[CompletionEvent]) -> Verdict:
+            return Verdict.dropped(reason)
 
-    async def _claim(self, evt: dict[str, Any]) -> str | None:
-        return await ad.aclaim_event_delivery(evt, self.consumer)
-
-    async def _complete(self, evt: dict[str, Any], claim: str) -> bool:
-        return bool(await ad.acomplete_event_delivery(evt, claim))
-
-    async def _release(self, evt: dict[str, Any], claim: str, *, retryable: bool) -> None:
-        try:
-            await ad.arelease_event_delivery(evt, claim, retryable=retryable)
-        except Exception:
-            logger.exception("could not release the claim on %s", _event_id(evt))
-
-    async def _drop(self, evt: dict[str, Any], claim: str, reason: str) -> None:
-        logger.info("dropping delivery of %s: %s", _event_id(evt), reason)
-        try:
-            await asyncio.to_thread(ad.drop_event_delivery, evt, claim or None, reason)
-        except Exception:
-            logger.exception("could not drop %s", _event_id(evt))
+        results = await self.settler.run(event.key, [event], refuse)
+        return Settled("held" if results[event.key].outcome == "held" else "ignored")
 
 
 def _safe_id(evt: Any) -> Any:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import pytest
 
 import tools.async_delegation as ad
 from agent.providers.demo import DemoModel
 from api import routes
+from delivery.events import CompletionEvent
 from gateway.config import Platform
 from reveille.app import runtime_watch, serve
 from reveille.banner import startup_banner
@@ -46,10 +46,10 @@ def test_banner_prints_the_web_ui_address(tmp_path) -> None:
 
 class FakeClaiming:
     def __init__(self) -> None:
-        self.offered: list[dict[str, Any]] = []
+        self.offered: list[CompletionEvent] = []
 
-    async def offer(self, evt: dict[str, Any]) -> str:
-        self.offered.append(evt)
+    async def offer(self, event: CompletionEvent) -> str:
+        self.offered.append(event)
         return "deferred"
 
 
@@ -71,7 +71,7 @@ async def test_runner_offers_web_ui_completions_unclaimed(tmp_path) -> None:
             if target.offered:
                 break
             await asyncio.sleep(0.02)
-        assert [e["delegation_id"] for e in target.offered] == [deleg]
+        assert [e.key for e in target.offered] == [deleg]
         row = ad.get_durable_delegation(deleg)
         assert row is not None and row["delivery_attempts"] == 0  # the runner claimed nothing
         assert row["delivery_state"] == "pending"
