@@ -36,6 +36,7 @@ from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from delivery.backend import LedgerStore
+from delivery.inbound_backend import HookBackend
 from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
 from delivery.session_backend import SessionBackend
@@ -134,6 +135,23 @@ class Storage:
         if self.ledger_path is None:
             raise StorageUrlError("this storage names no ledger file")
         return SqliteWebhooks(self.ledger_path)
+
+    def open_hooks(self) -> HookBackend:
+        """The inbound events' store: in the ledger's file (SQLite) or database."""
+        if self.dialect == "postgres":
+            from storage.postgres.hooks import PostgresHooks
+
+            assert self.database_url is not None
+            return PostgresHooks(self.database_url)
+        if self.dialect == "memory":
+            from storage.memory.hooks import MemoryHooks
+
+            return MemoryHooks()
+        from storage.sqlite.hooks import SqliteHooks
+
+        if self.ledger_path is None:
+            raise StorageUrlError("this storage names no ledger file")
+        return SqliteHooks(self.ledger_path)
 
     def open_webui(self) -> WebUIStateBackend:
         if self.dialect == "postgres":
