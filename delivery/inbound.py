@@ -39,6 +39,7 @@ __all__ = [
     "LOOKBACK_LIMIT",
     "OPEN_WAITS_LIMIT",
     "HookRoute",
+    "Inbox",
     "Receipt",
     "WaitMatch",
     "WaitOrigin",
@@ -60,6 +61,20 @@ class HookRoute:
 
     name: str
     session: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Inbox:
+    """What the hook endpoint and the ``wake_when`` tool share: the store, the declared
+    hooks by name, and how far back a new wait looks."""
+
+    store: HookBackend
+    routes: Mapping[str, HookRoute]
+    lookback_seconds: float = 3600.0
+
+    @classmethod
+    def of(cls, store: HookBackend, routes: Sequence[HookRoute], lookback_seconds: float) -> Inbox:
+        return cls(store, {r.name: r for r in routes}, lookback_seconds)
 
 
 @dataclass(frozen=True, slots=True)
