@@ -221,7 +221,7 @@ def receive(store: HookBackend, ledger: Ledger, route: HookRoute, event: HookEve
                 origin_session_id=route.session,
                 goal=f"inbound event {stored.webhook_id} on hook {stored.hook}",
             )
-    fired = tuple(_fire_waits(ledger, stored))
+    fired = tuple(_fire_waits(ledger, stored, repost=first is not None))
     return Receipt(first is not None, routed, fired)
 
 
@@ -237,13 +237,15 @@ def _open_waits(ledger: Ledger, hook: str) -> list[LedgerRow]:
     ]
 
 
-def _fire_waits(ledger: Ledger, event: HookEvent) -> list[str]:
+def _fire_waits(ledger: Ledger, event: HookEvent, *, repost: bool) -> list[str]:
     fired: list[str] = []
     for row in sorted(_open_waits(ledger, event.hook), key=lambda r: (r.created_at, r.id)):
         assert isinstance(row.event, dict)
-        # A re-post fires only waits that were open when the event first came: a wait set
-        # later had its own look back at it.
-        if row.created_at > event.received_at:
+        # A re-post fires only waits that were open when the event first came (its first
+        # post may have died before it got to them): a wait set later looked back at the
+        # stored event itself. A new event fires every open wait, even one stamped after
+        # it, which may have looked back before the event was stored.
+        if repost and row.created_at > event.received_at:
             continue
         if _fire(ledger, row.id, row.event, event):
             fired.append(row.id)

@@ -124,3 +124,16 @@ def test_matches() -> None:
     assert not WaitMatch(path="a").holds("not json")
     deep = "[" * 100_000 + "]" * 100_000
     assert not WaitMatch(path="0").holds(deep)
+
+
+def test_an_event_stamped_before_a_wait_but_stored_after_its_lookback_still_fires_it(
+    stores: Stores,
+) -> None:
+    """The interleaving the race test may not hit: the event is stamped, the wait is set and
+    looks back (finding nothing yet), then the event is stored: its arrival fires the wait."""
+    s = stores
+    stamped = s.clock()
+    s.clock.advance(1)
+    row_id = wait(s, WaitMatch(contains="FAILED"))
+    late = HookEvent("ci", "m1", stamped, '{"text": "FAILED"}')
+    assert receive(s.hooks, s.ledger, HookRoute("ci"), late).fired == (row_id,)
