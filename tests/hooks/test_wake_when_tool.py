@@ -189,3 +189,18 @@ def test_arrival_and_wait_racing_fire_the_wait_exactly_once(tmp_path: Path) -> N
     finally:
         hooks.close()
         ledger.close()
+
+
+def test_a_wait_is_listed_and_cancelled_like_a_reminder_and_never_fires(
+    inbox: Inbox, runtime: DelegationRuntime
+) -> None:
+    from delivery.cancel import active_units
+
+    got = _call(inbox, {"hook": "ci", "note": "ship it", "contains": "green"})
+    units = active_units(runtime.ledger.views, time.time(), session="api-session")
+    assert [u.id for u in units] == [got["wait_id"]]
+    assert runtime.cancel(got["wait_id"], by="a test").status == "cancelled"
+    event = HookEvent("ci", "m1", time.time(), '{"s": "green"}')
+    assert receive(inbox.store, runtime.ledger, HookRoute("ci"), event).fired == ()
+    row = runtime.ledger.get(got["wait_id"])
+    assert row is not None and row.delivery_state == "dropped"
