@@ -6,15 +6,10 @@ by every server on every host: an event posted to any of them is stored once, un
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
-
-import psycopg
-import psycopg_pool
+from typing import TYPE_CHECKING
 
 from storage.hooks_sql import SqlHooks
-from storage.postgres.conn import PostgresUnavailable, check_url, explain, open_pool
+from storage.postgres.pooled import PooledStore
 
 if TYPE_CHECKING:
     from delivery.inbound_backend import HookBackend
@@ -22,32 +17,14 @@ if TYPE_CHECKING:
 __all__ = ["PostgresHooks"]
 
 
-class PostgresHooks(SqlHooks):
+class PostgresHooks(PooledStore, SqlHooks):
     """``HookBackend`` on a PostgreSQL database (see the module docstring)."""
 
     mark = "%s"
+    what = "inbound-event store"
 
     def __init__(self, url: str) -> None:
-        check_url(url)
-        self._url = url
-        self._pool: psycopg_pool.ConnectionPool[Any] | None = open_pool(
-            url, name="reveille-hooks", max_size=2
-        )
-
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[psycopg.Connection[Any]]:
-        if self._pool is None:
-            raise PostgresUnavailable("the inbound-event store is closed")
-        try:
-            with self._pool.connection() as conn, conn.transaction():
-                yield conn
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-            raise explain(exc, self._url) from exc
-
-    def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
+        super().__init__(url, name="reveille-hooks")
 
 
 if TYPE_CHECKING:
