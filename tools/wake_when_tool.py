@@ -26,8 +26,12 @@ from typing import Any
 from agent.tools import Tool, ToolContext
 from delivery.events import WAIT_KIND
 from delivery.inbound import Inbox, WaitMatch, WaitOrigin, set_wait
-from delivery.rows import RowQuery
-from tools.wakeup_tool import MAX_NOTE_CHARS, MAX_PENDING_PER_SESSION, WAKEUP_TOOLSET
+from tools.wakeup_tool import (
+    MAX_NOTE_CHARS,
+    MAX_PENDING_PER_SESSION,
+    WAKEUP_TOOLSET,
+    at_pending_cap,
+)
 
 __all__ = [
     "DEFAULT_LIFETIME_SECONDS",
@@ -151,19 +155,11 @@ def _set(inbox: Inbox, ctx: ToolContext, wanted: WaitRequest) -> dict[str, Any]:
     from tools.delegation_runtime import get_runtime
 
     ledger = get_runtime().ledger
-    session = ctx.origin_ui_session_id or ctx.session_id or ctx.session_key
-    if session is not None:
-        query = RowQuery(
-            kind=WAIT_KIND,
-            delivery_state="pending",
-            session=session,
-            limit=MAX_PENDING_PER_SESSION + 1,
-        )
-        if len(ledger.query(query)) >= MAX_PENDING_PER_SESSION:
-            return {
-                "error": f"this conversation already has {MAX_PENDING_PER_SESSION} waits; "
-                "cancel one (reveille background cancel ID) or let one fire"
-            }
+    if at_pending_cap(ledger, ctx, WAIT_KIND):
+        return {
+            "error": f"this conversation already has {MAX_PENDING_PER_SESSION} waits; "
+            "cancel one (reveille background cancel ID) or let one fire"
+        }
     origin = WaitOrigin(ctx.session_key, ctx.session_id, ctx.origin_ui_session_id)
     wait_id, found = set_wait(
         inbox.store,

@@ -137,3 +137,27 @@ def test_an_event_stamped_before_a_wait_but_stored_after_its_lookback_still_fire
     row_id = wait(s, WaitMatch(contains="FAILED"))
     late = HookEvent("ci", "m1", stamped, '{"text": "FAILED"}')
     assert receive(s.hooks, s.ledger, HookRoute("ci"), late).fired == (row_id,)
+
+
+def test_the_same_event_posted_to_two_servers_at_once_is_stored_and_routed_once(
+    stores: Stores,
+) -> None:
+    import threading
+
+    s = stores
+    route = HookRoute("ci", session="s1")
+    event = HookEvent("ci", "msg_1", s.clock(), '{"build": 42}')
+    barrier = threading.Barrier(4)
+    receipts = []
+
+    def post_it() -> None:
+        barrier.wait()
+        receipts.append(receive(s.hooks, s.ledger, route, event))
+
+    threads = [threading.Thread(target=post_it) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.duplicate for r in receipts) == [False, True, True, True]
+    assert [e["delivery_id"] for e in offered(s)] == [receipts[0].routed]

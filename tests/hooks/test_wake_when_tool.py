@@ -23,7 +23,7 @@ from delivery.inbound import HookRoute, Inbox, WaitMatch, WaitOrigin, receive, s
 from delivery.inbound_backend import HookBackend, HookEvent
 from delivery.ledger import Ledger
 from delivery.rows import RowQuery
-from gateway.wake_text import format_wake_text
+from gateway.wake_text import format_wake_batch, format_wake_text
 from tools.async_delegation import configure_runtime
 from tools.completion_queue import CompletionQueue
 from tools.delegate_tool import subagent_toolsets
@@ -134,6 +134,9 @@ def test_the_wake_up_text_restates_the_event_defanged_and_says_expired() -> None
         now=1_800_000_060.0,
     )
     assert "expired" in expired and "none matched" in expired
+    # Pushed to a chat with a sibling result: one turn, both restated.
+    batch = format_wake_batch([matched, {**base, "status": "expired", "outcome": "expired"}])
+    assert batch.count("ship it") >= 2 and "m1" in batch
 
 
 def _race(ledger: Ledger, hooks: HookBackend, i: int) -> tuple[str, list[str]]:
