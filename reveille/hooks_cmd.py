@@ -60,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.action == "list" and not settings.database_url and not settings.ledger_path.exists():
+        # No store created just to look.
+        print(format_hooks(None, settings, time.time()))
+        return 0
     try:
         backend = open_hook_store(settings)
     except (LedgerError, OSError) as exc:
@@ -104,12 +108,14 @@ def _iso(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def format_hooks(backend: HookBackend, settings: Settings, now: float) -> str:
+def format_hooks(backend: HookBackend | None, settings: Settings, now: float) -> str:
+    """The table of ``reveille hooks list``; ``backend`` None: no store yet (nothing stored)."""
     declared = {r.name: r for r in settings.hooks}
-    names = sorted(set(declared) | set(backend.hooks_with_secrets(now)))
+    stored = backend.hooks_with_secrets(now) if backend is not None else []
+    names = sorted(set(declared) | set(stored))
     if not names:
         return "no hooks: declare one with [hooks.NAME] and run `reveille hooks secret NAME`"
-    last = {e.hook: e for e in backend.last_events()}
+    last = {e.hook: e for e in backend.last_events()} if backend is not None else {}
     headers = ("HOOK", "ROUTE", "SECRET", "LAST EVENT")
     table = []
     for name in names:
@@ -120,7 +126,7 @@ def format_hooks(backend: HookBackend, settings: Settings, now: float) -> str:
             where = f"session {route.session}"
         else:
             where = "wake_when waits"
-        secrets = backend.secrets(name, now)
+        secrets = backend.secrets(name, now) if backend is not None else []
         if not secrets:
             secret = "none"
         elif len(secrets) > 1:

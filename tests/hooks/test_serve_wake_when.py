@@ -6,6 +6,7 @@
   ``matched``), and a later matching event never again.
 - A wait set after its event arrived fires at once (the lookback): the tool says so, and
   the conversation gets the wake-up.
+- A wait nothing matches expires with an ``expired`` wake-up when its lifetime ends.
 """
 
 from __future__ import annotations
@@ -58,11 +59,16 @@ async def test_wake_when_fires_once_on_arrival_or_by_looking_back(
         "w1", "wake_when", hook="ci", path="build.status", equals="green", note="say it is green"
     )
     wait_deployed = tool_call("w2", "wake_when", hook="ci", contains="deployed", note="announce")
+    wait_never = tool_call(
+        "w3", "wake_when", hook="ci", contains="rollback", note="check", lifetime_seconds=10
+    )
     fake.script = [
         completion(None, [wait_green]),
         completion("I will tell you when it is green."),
         completion(None, [wait_deployed]),
         completion("It was deployed already."),
+        completion(None, [wait_never]),
+        completion("I will watch for a rollback."),
     ]
     env = {
         "REVEILLE_PROVIDER": "openai",
@@ -121,5 +127,16 @@ async def test_wake_when_fires_once_on_arrival_or_by_looking_back(
         )
         await asyncio.sleep(1.0)
         assert len(await asyncio.to_thread(_inbound, server.port, session_id)) == 2
+
+        # A wait nothing matches expires visibly: the conversation is told, never silence.
+        _, reply = await asyncio.to_thread(
+            chat, server.port, "tell me if it rolls back", session_id, model="fake-model"
+        )
+        assert reply == "I will watch for a rollback."
+        rows = await asyncio.to_thread(
+            wait_until, lambda: (r := _inbound(server.port, session_id)) and len(r) >= 3 and r, 40
+        )
+        assert rows[-1]["display_metadata"]["outcome"] == "expired"
+        assert "no matching event came" in rows[-1]["content"]
     finally:
         await asyncio.to_thread(server.stop)
