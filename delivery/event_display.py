@@ -154,7 +154,7 @@ def _process_metadata(event: ProcessCompletionEvent) -> dict[str, Any]:
 
 
 def _wakeup_metadata(event: ScheduledWakeupEvent) -> dict[str, Any]:
-    inbound: dict[str, Any] = {}
+    inbound: dict[str, object] = {}
     if isinstance(event, InboundWakeupEvent):
         inbound = {
             "hook": _text_preview(event.hook, 128),

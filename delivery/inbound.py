@@ -24,7 +24,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from delivery.errors import DuplicateDeliveryError
 from delivery.events import INBOUND_EVENT, INBOUND_KIND, WAIT_KIND
@@ -88,6 +88,23 @@ class Receipt:
     fired: tuple[str, ...]
 
 
+class MatchSpec(TypedDict):
+    """A ``WaitMatch`` as the wait's stored event keeps it (``match_spec``)."""
+
+    path: str | None
+    equals: Any
+    contains: str | None
+
+
+class EventFields(TypedDict):
+    """What a wake-up's event says of the inbound event it carries."""
+
+    hook: str
+    webhook_id: str
+    received_at: float
+    payload: str
+
+
 @dataclass(frozen=True, slots=True)
 class WaitMatch:
     """What a wait waits for: the value at ``path`` (dot-separated keys and list indices,
@@ -110,7 +127,7 @@ class WaitMatch:
             parts.append(f"containing {json.dumps(self.contains)}")
         return " ".join(parts)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> MatchSpec:
         return {"path": self.path, "equals": self.equals, "contains": self.contains}
 
     @classmethod
@@ -182,7 +199,7 @@ def routed_row_id(hook: str, webhook_id: str) -> str:
     return f"inb_{digest}"
 
 
-def _event_fields(event: HookEvent) -> dict[str, Any]:
+def _event_fields(event: HookEvent) -> EventFields:
     return {
         "hook": event.hook,
         "webhook_id": event.webhook_id,
@@ -252,7 +269,7 @@ def _fire_waits(ledger: Ledger, event: HookEvent, *, repost: bool) -> list[str]:
     return fired
 
 
-def _fire(ledger: Ledger, row_id: str, wait_event: dict[str, Any], event: HookEvent) -> bool:
+def _fire(ledger: Ledger, row_id: str, wait_event: Mapping[str, object], event: HookEvent) -> bool:
     match = WaitMatch.from_dict(wait_event.get("match_spec"))
     if not match.holds(event.body):
         return False

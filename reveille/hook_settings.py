@@ -27,10 +27,10 @@ class HookSettingsError(ValueError):
 
 def parse_hook_tables(
     table: Mapping[str, Any], where: str
-) -> tuple[dict[str, Any], tuple[HookRoute, ...]]:
+) -> tuple[dict[str, object], tuple[HookRoute, ...]]:
     """Split ``[hooks]`` into its scalar settings (key -> value, for the usual aliases) and
     the hooks its sub-tables declare, sorted by name."""
-    scalars: dict[str, Any] = {}
+    scalars: dict[str, object] = {}
     routes: list[HookRoute] = []
     for key, value in table.items():
         if not isinstance(value, Mapping):

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from agent.messages import JSONObject
 from agent.tools import Tool, ToolContext
 from delivery.events import WAIT_KIND
 from delivery.inbound import Inbox, WaitMatch, WaitOrigin, set_wait
@@ -50,7 +51,7 @@ MAX_LIFETIME_SECONDS = 30 * 86400.0
 _MAX_PATH = 200
 _MAX_CONTAINS = 1000
 
-PARAMETERS: dict[str, Any] = {
+PARAMETERS: JSONObject = {
     "type": "object",
     "properties": {
         "hook": {"type": "string", "description": "The hook's name (POST /v1/hooks/{name})."},
@@ -101,7 +102,7 @@ class WaitRequest:
     lifetime_seconds: float
 
 
-def parse_wait(args: dict[str, Any], hooks: frozenset[str]) -> WaitRequest:
+def parse_wait(args: Mapping[str, object], hooks: frozenset[str]) -> WaitRequest:
     """The wait ``args`` ask for, or WaitError saying what is wrong."""
     hook = args.get("hook")
     if not isinstance(hook, str) or hook not in hooks:
@@ -150,7 +151,7 @@ def _iso(when: float) -> str:
     return datetime.fromtimestamp(when, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _set(inbox: Inbox, ctx: ToolContext, wanted: WaitRequest) -> dict[str, Any]:
+def _set(inbox: Inbox, ctx: ToolContext, wanted: WaitRequest) -> JSONObject:
     """Write the wait and look back (blocking store work: run in a thread)."""
     from tools.delegation_runtime import get_runtime
 
