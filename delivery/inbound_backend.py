@@ -68,6 +68,12 @@ class HookBackend(Protocol):
         ``overlap_seconds`` longer (one transaction)."""
         ...
 
+    def prune_events(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        """Forget at most ``limit`` events received before ``before``, oldest first (with
+        ``dry_run`` only count them); how many. Retention's ``hook_events`` kind: a re-post
+        of a forgotten event would be taken as new, so they are kept for weeks."""
+        ...
+
     def hooks_with_secrets(self, now: float) -> list[str]:
         """Names of the hooks that have a valid secret, sorted."""
         ...

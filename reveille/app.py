@@ -301,6 +301,7 @@ async def serve(
                 processes_dir=settings.home / PROCESSES_DIR,
                 responses=responses.store,
                 reclaim=location.reclaim_space,
+                hooks=inbox.store if inbox is not None else None,
             ),
             settings.retention_policy,
             holder=runtime.ledger.identity,

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     except (LedgerError, StorageUrlError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    sessions = webui = responses = None
+    sessions = webui = responses = hooks = None
     try:
         if settings.database_url or settings.sessions_path.exists():
             sessions = location.open_sessions()
@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             webui = location.open_webui()
         if settings.database_url or (location.responses_path and location.responses_path.exists()):
             responses = location.open_responses()
+        hooks = location.open_hooks()  # in the ledger's file or database, there already
         stores = RetentionStores(
             ledger=ledger,
             sessions=sessions,
@@ -89,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             processes_dir=settings.home / PROCESSES_DIR,
             reclaim=location.reclaim_space,
             responses=responses,
+            hooks=hooks,
         )
         report = run_retention(
             stores, settings.retention_policy, dry_run=args.dry_run, convert=not args.no_vacuum
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}; what was pruned before it stays pruned", file=sys.stderr)
         return 1
     finally:
-        for opened in (responses, webui, sessions, ledger):
+        for opened in (hooks, responses, webui, sessions, ledger):
             if opened is not None:
                 opened.close()
     print(format_report(report))

@@ -141,6 +141,7 @@ class Settings:
     retention_tombstone_days: float = 90.0
     retention_webui_event_days: float = 7.0
     retention_process_output_days: float = 7.0
+    retention_hook_event_days: float = 30.0
     retention_interval_seconds: float = 3600.0
 
     @property
@@ -209,6 +210,7 @@ class Settings:
             tombstone_days=self.retention_tombstone_days,
             webui_event_days=self.retention_webui_event_days,
             process_output_days=self.retention_process_output_days,
+            hook_event_days=self.retention_hook_event_days,
             response_days=self.responses_keep_days,
             interval_seconds=self.retention_interval_seconds,
         )
@@ -222,6 +224,7 @@ _RETENTION_KEYS = (
     "tombstone_days",
     "webui_event_days",
     "process_output_days",
+    "hook_event_days",
     "interval_seconds",
 )
 

@@ -126,6 +126,21 @@ class SqlHooks:
                 (hook, secret, now),
             )
 
+    def prune_events(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        picked = (
+            "SELECT hook, webhook_id FROM hook_events WHERE received_at < ? "
+            "ORDER BY received_at LIMIT ?"
+        )
+        if dry_run:
+            rows = self._read(f"SELECT COUNT(*) FROM ({picked}) AS p", (before, int(limit)))
+            return int(rows[0][0])
+        with self._tx() as conn:
+            cur = conn.execute(
+                self._sql(f"DELETE FROM hook_events WHERE (hook, webhook_id) IN ({picked})"),
+                (before, int(limit)),
+            )
+            return int(cur.rowcount)
+
     def hooks_with_secrets(self, now: float) -> list[str]:
         rows = self._read(
             "SELECT DISTINCT hook FROM hook_secrets "

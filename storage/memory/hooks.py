@@ -64,6 +64,17 @@ class MemoryHooks:
             ]
             self._secrets.append(HookSecret(hook, secret, now))
 
+    def prune_events(self, before: float, limit: int, *, dry_run: bool = False) -> int:
+        with self._lock:
+            old = sorted(
+                (e for e in self._events.values() if e.received_at < before),
+                key=lambda e: (e.received_at, e.webhook_id),
+            )[: max(0, limit)]
+            if not dry_run:
+                for e in old:
+                    del self._events[(e.hook, e.webhook_id)]
+            return len(old)
+
     def hooks_with_secrets(self, now: float) -> list[str]:
         with self._lock:
             return sorted(

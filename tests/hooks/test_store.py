@@ -69,3 +69,26 @@ def test_awkward_bodies_are_stored_as_they_came(store: HookBackend) -> None:
     body = '{"s": "\\ud800 lone", "n": ' + "9" * 500 + ', "deep": ' + "[" * 50 + "]" * 50 + "}"
     store.record_event(HookEvent("ci", "odd", 1.0, body))
     assert store.events_since("ci", 0, 1)[0].body == body
+
+
+def test_retention_forgets_old_events_in_batches(store: HookBackend) -> None:
+    from delivery.retention import RetentionPolicy, RetentionStores, run_retention
+    from tests.stores import memory_ledger
+
+    day = 86400.0
+    now = 100 * day
+    for i in range(5):
+        store.record_event(HookEvent("ci", f"old{i}", now - 40 * day + i, "{}"))
+    store.record_event(HookEvent("ci", "new", now - day, "{}"))
+    assert store.prune_events(now - 30 * day, 10, dry_run=True) == 5
+    ledger = memory_ledger()
+    try:
+        stores = RetentionStores(ledger=ledger, hooks=store)
+        report = run_retention(stores, RetentionPolicy(batch=2), now=now)
+    finally:
+        ledger.close()
+    [kind] = [k for k in report.kinds if k.kind == "hook_events"]
+    assert kind.count == 5
+    assert [e.webhook_id for e in store.events_since("ci", 0, 10)] == ["new"]
+    # Forgotten, a re-post is new again (why they are kept for weeks).
+    assert store.record_event(HookEvent("ci", "old0", now, "{}")) is None
