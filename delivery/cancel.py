@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delivery.backend import LedgerViews
-from delivery.events import ASYNC_DELEGATION, PROCESS_COMPLETION, TIMER_KIND
+from delivery.events import ASYNC_DELEGATION, PROCESS_COMPLETION, TIMER_KIND, WAIT_KIND
 from delivery.rows import LedgerRow, RowQuery
 from delivery.states import ACTIVE_STATES, State
 
@@ -232,7 +232,8 @@ def active_units(
     rows: list[LedgerRow] = []
     for state in (State.RUNNING, State.QUEUED):
         rows += views.query(RowQuery(state=state.value, session=session, limit=limit))
-    timers = RowQuery(kind=TIMER_KIND, delivery_state="pending", session=session, limit=limit)
-    rows += [row for row in views.query(timers) if is_waiting(row.as_dict(), now)]
+    for kind in (TIMER_KIND, WAIT_KIND):  # reminders, and wake_when waits not fired yet
+        timers = RowQuery(kind=kind, delivery_state="pending", session=session, limit=limit)
+        rows += [row for row in views.query(timers) if is_waiting(row.as_dict(), now)]
     rows.sort(key=lambda r: (r.created_at, r.id))
     return [BackgroundUnit.of(row, now) for row in rows[:limit]]

@@ -18,6 +18,7 @@ from delivery.events import (
     AbandonedWork,
     DelegationBatchEvent,
     DelegationEvent,
+    InboundWakeupEvent,
     ProcessCompletionEvent,
     ScheduledWakeupEvent,
     delegation_counts,
@@ -153,7 +154,16 @@ def _process_metadata(event: ProcessCompletionEvent) -> dict[str, Any]:
 
 
 def _wakeup_metadata(event: ScheduledWakeupEvent) -> dict[str, Any]:
+    inbound: dict[str, object] = {}
+    if isinstance(event, InboundWakeupEvent):
+        inbound = {
+            "hook": _text_preview(event.hook, 128),
+            "webhook_id": _text_preview(event.webhook_id, 128),
+            "outcome": _text_preview(event.outcome, 32),
+            "received_at": _number(event.received_at),
+        }
     return {
+        **inbound,
         "delivery_id": event.delivery_id,
         "status": event.status,
         "note": _text_preview(event.note, _TEXT_PREVIEW_CHARS),

@@ -15,6 +15,10 @@ Kinds (``event.kind``) and the dataclass for each:
 * ``"scheduled_wakeup"`` — ``ScheduledWakeupEvent``: a wake-up the agent set for itself
   (``schedule_wakeup``) came due, or a watch it set fired or ended (``watch_id``,
   ``watch_event``, ``matched``); ``note`` is what it wrote for its later self;
+* ``"inbound_event"`` — ``InboundWakeupEvent``: an inbound event (``POST /v1/hooks/{name}``)
+  came for this conversation, either routed to it by the hook's settings or matching a
+  ``wake_when`` wait; or the wait's lifetime ran out (``outcome == "expired"``). It is a
+  ``ScheduledWakeupEvent`` too (delivered the same way, due at a time);
 * ``"abandoned"`` — ``AbandonedWork``: work whose owner process died before it finished
   (``delivery.recovery.abandoned_event``: state ``interrupted`` when it never started,
   ``unknown`` when it was running); ``.work`` is the delegation or process event it stands for;
@@ -39,11 +43,14 @@ __all__ = [
     "ASYNC_DELEGATION",
     "DELIVERABLE_TYPES",
     "EVENT_TYPES",
+    "INBOUND_EVENT",
+    "INBOUND_KIND",
     "PROCESS_COMPLETION",
     "SCHEDULED_WAKEUP",
     "SUCCESS_STATUSES",
     "TIMER_KIND",
     "TRANSCRIPT_KEY_PREFIX",
+    "WAIT_KIND",
     "WATCH_FIRE_KIND",
     "WATCH_KIND",
     "AbandonedWork",
@@ -53,6 +60,7 @@ __all__ = [
     "DelegationResult",
     "EventKind",
     "GenericEvent",
+    "InboundWakeupEvent",
     "MalformedEvent",
     "ProcessCompletionEvent",
     "ScheduledWakeupEvent",
@@ -79,14 +87,28 @@ WATCH_KIND: Final = "watch"
 its process exiting unmatched, is that row's completion, a ``SCHEDULED_WAKEUP`` event)."""
 WATCH_FIRE_KIND: Final = "watch_fire"
 """The ledger ``kind`` of one firing of a watch (a ``SCHEDULED_WAKEUP`` event, due at once)."""
-EVENT_TYPES: Final = frozenset({ASYNC_DELEGATION, PROCESS_COMPLETION, SCHEDULED_WAKEUP})
+INBOUND_EVENT: Final = "inbound_event"
+"""An inbound event came, or a wait for one expired; claimed under its ``delivery_id``."""
+INBOUND_KIND: Final = "inbound"
+"""The ledger ``kind`` of an inbound event routed to a configured conversation."""
+WAIT_KIND: Final = "wake_when"
+"""The ledger ``kind`` of a ``wake_when`` wait: due at its expiry, brought forward by a match."""
+EVENT_TYPES: Final = frozenset(
+    {ASYNC_DELEGATION, PROCESS_COMPLETION, SCHEDULED_WAKEUP, INBOUND_EVENT}
+)
 """The types the ledger writes; anything else (``watch_match`` ...) parses as generic."""
 DELIVERABLE_TYPES: Final = EVENT_TYPES | frozenset({"watch_match", "watch_disabled"})
 """The types a wake-up is made of: the ledger's and a process watch's (SPEC.md's
 ``watch_match`` and friends). Any other type, or none, is refused at the router's edge."""
 
 EventKind = Literal[
-    "delegation", "delegation_batch", "process", "scheduled_wakeup", "abandoned", "generic"
+    "delegation",
+    "delegation_batch",
+    "process",
+    "scheduled_wakeup",
+    "inbound_event",
+    "abandoned",
+    "generic",
 ]
 
 SUCCESS_STATUSES: Final = frozenset({"completed", "success", "succeeded", "ok", "done"})
@@ -314,6 +336,24 @@ class ScheduledWakeupEvent(CompletionEvent):
     kind: EventKind = field(default="scheduled_wakeup", init=False)
 
 
+@dataclass(frozen=True)
+class InboundWakeupEvent(ScheduledWakeupEvent):
+    """An inbound event for this conversation (``type == INBOUND_EVENT``). ``outcome``:
+    ``"event"`` (the hook routes its events here), ``"matched"`` (a ``wake_when`` wait's
+    match held) or ``"expired"`` (the wait's lifetime ran out with no match: no ``payload``).
+    ``payload`` is the event's body as it came (JSON text, untrusted: defanged wherever it
+    is shown); ``note`` is what the agent wrote when it set the wait."""
+
+    hook: str | None = None
+    webhook_id: str | None = None
+    received_at: float | None = None
+    payload: str | None = None
+    outcome: str | None = None
+    match: str | None = None
+
+    kind: EventKind = field(default="inbound_event", init=False)
+
+
 WorkEvent = DelegationEvent | DelegationBatchEvent | ProcessCompletionEvent
 
 
@@ -473,6 +513,23 @@ def _scheduled_wakeup(raw: Mapping[str, Any]) -> ScheduledWakeupEvent:
     )
 
 
+def _inbound(raw: Mapping[str, Any]) -> InboundWakeupEvent:
+    payload = raw.get("payload")
+    return InboundWakeupEvent(
+        **_common(raw),
+        delivery_id=_opt_str(raw.get("delivery_id")),
+        note=_opt_str(raw.get("note")),
+        due_at=_number(raw.get("due_at")),
+        zone=_opt_str(raw.get("zone")),
+        hook=_opt_str(raw.get("hook")),
+        webhook_id=_opt_str(raw.get("webhook_id")),
+        received_at=_number(raw.get("received_at")),
+        payload=payload if isinstance(payload, str) else None,
+        outcome=_opt_str(raw.get("outcome")),
+        match=_opt_str(raw.get("match")),
+    )
+
+
 def parse_event(raw: Any) -> CompletionEvent:
     """The typed event of a wire dict; tolerant of every legacy spelling.
 
@@ -493,6 +550,8 @@ def parse_event(raw: Any) -> CompletionEvent:
         work = _process(wire)
     elif kind == SCHEDULED_WAKEUP:
         return _scheduled_wakeup(wire)
+    elif kind == INBOUND_EVENT:
+        return _inbound(wire)
     else:
         return GenericEvent(**_common(wire))
     if wire.get("abandoned"):

@@ -264,6 +264,47 @@ class Ledger:
         self.notify_others()
         return row
 
+    def bring_forward(self, row_id: str, event: dict[str, Any]) -> bool:
+        """A completion not due yet (``schedule``) becomes due now, with ``event`` in place
+        of the one it was written with: a ``wake_when`` wait whose event came before its
+        expiry. One compare-and-set that the claim at the old due time races against (as
+        ``cancel`` does), so exactly one of the two completions is ever offered; False when
+        the row is due already, claimed, settled, brought forward before or unknown."""
+        _check_id(row_id)
+        if not isinstance(event, dict):
+            raise TypeError("a completion event must be a dict")
+        now = self.clock()
+
+        def op(tx: LedgerTx) -> bool:
+            row = tx.get(row_id)
+            if row is None or not is_waiting(row, now):
+                return False
+            expect = {
+                "delivery_state": PENDING,
+                "claim_token": None,
+                "not_before": row["not_before"],
+            }
+            changes = {
+                "event": event,
+                "not_before": now,
+                "next_attempt_at": now,
+                "due_at": now,
+                "replay_from": now,
+                "completed_at": now,
+                "updated_at": now,
+                "holder": self.identity,
+            }
+            if not tx.update(row_id, expect, changes):
+                return False
+            tx.audit(row_id, "bring_forward", "due now: the event it waited for came", now)
+            return True
+
+        fired = self.backend.write(op)
+        if fired:
+            self._notify_due(now)
+            self.notify_others()
+        return fired
+
     def start(self, row_id: str) -> bool:
         """queued -> running; False when the row was cancelled or taken meanwhile."""
         return self.transition(row_id, State.QUEUED, State.RUNNING)

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from delivery.backend import LedgerStore
 from delivery.events import transcript_key
+from delivery.inbound_backend import HookBackend
 from delivery.responses_backend import ResponsesBackend
 from delivery.rows import SettledRow
 from delivery.session_backend import SessionBackend
@@ -85,6 +86,7 @@ class RetentionPolicy:
     webui_event_days: float = 7.0
     process_output_days: float = 7.0
     response_days: float = 30.0
+    hook_event_days: float = 30.0
     interval_seconds: float = 3600.0
     batch: int = 2000
 
@@ -119,6 +121,7 @@ class RetentionStores:
     processes_dir: Path | None = None
     reclaim: Callable[[bool], list[SpaceReport]] | None = None
     responses: ResponsesBackend | None = None
+    hooks: HookBackend | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +273,13 @@ def prune_webui_events(run: PruneRun) -> int:
     return _batched(run, lambda n, dry: webui.prune_events_before(run.before, n, dry_run=dry))
 
 
+def prune_hook_events(run: PruneRun) -> int:
+    hooks = run.stores.hooks
+    if hooks is None:
+        return 0
+    return _batched(run, lambda n, dry: hooks.prune_events(run.before, n, dry_run=dry))
+
+
 def _last_touched(directory: Path) -> float:
     newest = directory.stat().st_mtime
     for child in directory.iterdir():
@@ -353,6 +363,12 @@ KINDS: tuple[RetentionKind, ...] = (
         "response_days",
         "stored API responses and their stream events, by when they ended (completed_at)",
         prune_stored_responses,
+    ),
+    RetentionKind(
+        "hook_events",
+        "hook_event_days",
+        "inbound events (POST /v1/hooks/NAME) by when they came; a re-post after this is new",
+        prune_hook_events,
     ),
 )
 

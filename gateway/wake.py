@@ -34,6 +34,7 @@ from delivery.events import (
     ASYNC_DELEGATION,
     AbandonedWork,
     CompletionEvent,
+    InboundWakeupEvent,
     ScheduledWakeupEvent,
     parse_event,
     transcript_key,
@@ -48,6 +49,7 @@ __all__ = [
     "DEFAULT_API_SERVER_PORT",
     "DEFAULT_WAKE_TIMEOUT_SECONDS",
     "DELEGATION_DISPLAY_KIND",
+    "INBOUND_DISPLAY_KIND",
     "WAKEUP_DISPLAY_KIND",
     "WakeDeliveryError",
     "adapter_supports_push",
@@ -73,6 +75,8 @@ DEFAULT_WAKE_TIMEOUT_SECONDS = 240.0
 DELEGATION_DISPLAY_KIND = "async_delegation_complete"
 # A wake-up the agent set came due (``schedule_wakeup``): its own kind of delivery row.
 WAKEUP_DISPLAY_KIND = "scheduled_wakeup"
+# An inbound event (``POST /v1/hooks/{name}``) came, or a wait for one expired.
+INBOUND_DISPLAY_KIND = "inbound_event"
 
 # Gateways answering these are restarting or overloaded, not rejecting the request.
 _TRANSIENT_HTTP = frozenset({502, 503, 504})
@@ -395,7 +399,9 @@ def persist_wakeup_delivery(
         session_id,
         "system",
         text if text is not None else format_wake_text(event),
-        display_kind=WAKEUP_DISPLAY_KIND,
+        display_kind=INBOUND_DISPLAY_KIND
+        if isinstance(event, InboundWakeupEvent)
+        else WAKEUP_DISPLAY_KIND,
         display_metadata=display_metadata(event),
         dedupe_key=transcript_key(event.delivery_id),
     )

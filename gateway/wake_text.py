@@ -42,6 +42,7 @@ from delivery.events import (
     DelegationBatchEvent,
     DelegationEvent,
     DelegationResult,
+    InboundWakeupEvent,
     ProcessCompletionEvent,
     ScheduledWakeupEvent,
     delegation_counts,
@@ -384,6 +385,45 @@ def _format_scheduled_wakeup(evt: ScheduledWakeupEvent, now: float, *, explain: 
     return "\n".join(out).rstrip() + "\n"
 
 
+def _format_inbound(evt: InboundWakeupEvent, now: float, *, explain: bool = True) -> str:
+    """An inbound event came for this conversation, or a wait for one expired. The payload
+    is restated in full and defanged: whoever holds the hook's secret wrote it."""
+    hook = _render_value(evt.hook) if evt.hook else "?"
+    if evt.outcome == "expired":
+        out = [f"[Inbound event] the wait on hook {hook} expired: no matching event came."]
+    else:
+        out = [f"[Inbound event] an event came on hook {hook}."]
+    if explain:
+        what = {
+            "matched": "earlier in this conversation you asked to be woken when it came",
+            "expired": "earlier in this conversation you asked to be woken when an event "
+            "came; none matched in time, so nothing happened. Decide what to do now",
+            "event": "this hook's events are routed to this conversation",
+        }.get(evt.outcome or "event", "an event came")
+        out.append(f"This is an automatic wake-up, not a user message: {what}.")
+    if _redelivered(evt):
+        out.append(_RESTORED_NOTE)
+    out.append("")
+    if evt.delivery_id is not None:
+        out.append(f"Wake-up: {_render_value(evt.delivery_id)}")
+    if evt.match:
+        out.append(_field("Waiting for", evt.match))
+    if evt.webhook_id:
+        out.append(_field("Event id", evt.webhook_id))
+    if evt.received_at is not None:
+        out.append("Received: " + _when(evt.received_at, now))
+    elif evt.due_at is not None and evt.outcome == "expired":
+        out.append("Expired: " + _when(evt.due_at, now))
+    if _present(evt.dispatched_at) and evt.outcome != "event":
+        out.append("Set: " + _when(evt.dispatched_at, now))
+    if evt.note:
+        out.append(_field("Note", evt.note))
+    if evt.payload is not None:
+        out.append("")
+        out.append(_field("Payload", evt.payload))
+    return "\n".join(out).rstrip() + "\n"
+
+
 def _redelivered(evt: CompletionEvent) -> bool:
     """The ledger offers this event again (a restart, an orphan re-offer) after a consumer
     took it before; a first offer by another process than its writer is not "again"."""
@@ -412,6 +452,8 @@ def _body(event: CompletionEvent, now: float, *, explain: bool = True) -> str:
         return _format_delegation(work, now, explain=explain)
     if isinstance(work, ProcessCompletionEvent):
         return _format_process_completion(work, now, explain=explain)
+    if isinstance(work, InboundWakeupEvent):
+        return _format_inbound(work, now, explain=explain)
     if isinstance(work, ScheduledWakeupEvent):
         return _format_scheduled_wakeup(work, now, explain=explain)
     return _format_generic(event, explain=explain)

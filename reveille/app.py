@@ -38,6 +38,7 @@ from api.event_log import EventLog
 from api.server import WebUIServer
 from api.wakeups import WebUIDeliveryTarget
 from api.web_turns import WebTurns
+from delivery.inbound import Inbox
 from delivery.peers import ServerRecord
 from delivery.retention import RetentionScheduler, RetentionStores
 from delivery.telegram_backend import TelegramBackend
@@ -52,6 +53,7 @@ from gateway.responses import ResponsesService, TerminalHook
 from gateway.run import GatewayRunner, Surface
 from gateway.session import SessionStore
 from gateway.surfaces.api_server.adapter import ApiServerAdapter
+from gateway.surfaces.api_server.hooks import HookRoutes
 from gateway.turns.compaction import Compactor, provider_summariser
 from gateway.turns.service import TurnService, agent_turn_runner
 from gateway.webhooks import APPROVAL_REQUESTED, WebhookSender
@@ -70,6 +72,7 @@ from tools.delegate_tool import DelegationLimits
 from tools.delegation_runtime import DelegationRuntime
 from tools.process_registry import process_registry
 from tools.toolset import build_default_registry
+from tools.wake_when_tool import install_inbox, installed_inbox
 from tools.watches import watch_manager
 
 __all__ = ["App", "build_webui", "check_webui_bind", "open_storage", "serve"]
@@ -228,6 +231,18 @@ async def serve(
             max_queued_per_key=settings.responses_max_queued_per_key,
         )
         adapter.mount_responses(responses)
+        inbox = await asyncio.to_thread(open_inbox, settings, location)
+        if inbox is not None:
+            stack.push_async_callback(asyncio.to_thread, inbox.store.close)
+            stack.callback(install_inbox, None)
+            install_inbox(inbox)  # the wake_when tools built already find it at call time
+            adapter.mount_hooks(
+                HookRoutes(
+                    inbox,
+                    max_body_bytes=settings.hooks_max_body_bytes,
+                    body_timeout=limits.body_timeout,
+                )
+            )
         metrics.watch_store(responses=responses.store.status_counts)
         # Closes its store even if the server never starts (a second stop does nothing).
         stack.push_async_callback(responses.stop, grace)
@@ -288,6 +303,7 @@ async def serve(
                 processes_dir=settings.home / PROCESSES_DIR,
                 responses=responses.store,
                 reclaim=location.reclaim_space,
+                hooks=inbox.store if inbox is not None else None,
             ),
             settings.retention_policy,
             holder=runtime.ledger.identity,
@@ -352,6 +368,14 @@ def open_webhooks(settings: Settings, location: Storage) -> WebhookSender | None
         secret=settings.webhook_secret,
         consumer=f"{socket.gethostname()}:{os.getpid()}",
     )
+
+
+def open_inbox(settings: Settings, location: Storage) -> Inbox | None:
+    """The inbound events' store and the declared hooks (``[hooks.NAME]``); None without
+    hooks (no route is served and no agent gets ``wake_when``)."""
+    if not settings.hooks:
+        return None
+    return Inbox.of(location.open_hooks(), settings.hooks, settings.hooks_lookback_seconds)
 
 
 def _open_runtime(
@@ -608,6 +632,7 @@ def build_agent(settings: Settings, model: ModelProvider) -> Agent:
         ),
         shell_requires_approval=settings.shell_asks,
         wakeup_min_delay_seconds=settings.timers_min_delay_seconds,
+        inbox=installed_inbox if settings.hooks else None,
     )
     return Agent(model, registry)
 

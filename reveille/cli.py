@@ -13,6 +13,7 @@ from reveille import (
     backup,
     db,
     deliveries,
+    hooks_cmd,
     log_format,
     prune,
     webhooks_cmd,
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     deliveries.add_parser(sub)
     background.add_parser(sub)
     webhooks_cmd.add_parser(sub)
+    hooks_cmd.add_parser(sub)
     approvals.add_parser(sub)
     db.add_parser(sub)
     backup.add_parsers(sub)

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     except (LedgerError, StorageUrlError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    sessions = webui = responses = None
+    sessions = webui = responses = hooks = None
     try:
         # Only the stores that exist: pruning never makes an empty file.
         if location.has("sessions"):
@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             webui = location.open_webui()
         if location.has("responses"):
             responses = location.open_responses()
+        hooks = location.open_hooks()  # in the ledger's file or database, there already
         stores = RetentionStores(
             ledger=ledger,
             sessions=sessions,
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             processes_dir=settings.home / PROCESSES_DIR,
             reclaim=location.reclaim_space,
             responses=responses,
+            hooks=hooks,
         )
         report = run_retention(
             stores, settings.retention_policy, dry_run=args.dry_run, convert=not args.no_vacuum
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}; what was pruned before it stays pruned", file=sys.stderr)
         return 1
     finally:
-        for opened in (responses, webui, sessions, ledger):
+        for opened in (hooks, responses, webui, sessions, ledger):
             if opened is not None:
                 opened.close()
     print(format_report(report))

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from delivery.inbound import HookRoute
 from delivery.policy import DeliveryPolicy
 from delivery.retention import RetentionPolicy
 from gateway.turns.compaction import CompactionPolicy
 from gateway.webhooks import check_secret
+from reveille.hook_settings import HookSettingsError, parse_hook_tables
 
 
 class SettingsError(ValueError):
@@ -119,6 +121,13 @@ class Settings:
     # without a secret here, the one `reveille webhooks secret` stored signs
     webhook_urls: str = ""
     webhook_secret: str = ""
+    # inbound events (POST /v1/hooks/{name}): the hooks ([hooks.NAME], reveille.hook_settings),
+    # a body cap, how long a rotated-out secret still verifies, how far back a wake_when wait
+    # looks for an event that came before it was set
+    hooks: tuple[HookRoute, ...] = ()
+    hooks_max_body_bytes: int = 256 * 1024
+    hooks_rotation_overlap_seconds: float = 86400.0
+    hooks_lookback_seconds: float = 3600.0
 
     @property
     def webhook_endpoints(self) -> tuple[str, ...]:
@@ -132,6 +141,7 @@ class Settings:
     retention_tombstone_days: float = 90.0
     retention_webui_event_days: float = 7.0
     retention_process_output_days: float = 7.0
+    retention_hook_event_days: float = 30.0
     retention_interval_seconds: float = 3600.0
 
     @property
@@ -200,6 +210,7 @@ class Settings:
             tombstone_days=self.retention_tombstone_days,
             webui_event_days=self.retention_webui_event_days,
             process_output_days=self.retention_process_output_days,
+            hook_event_days=self.retention_hook_event_days,
             response_days=self.responses_keep_days,
             interval_seconds=self.retention_interval_seconds,
         )
@@ -213,6 +224,7 @@ _RETENTION_KEYS = (
     "tombstone_days",
     "webui_event_days",
     "process_output_days",
+    "hook_event_days",
     "interval_seconds",
 )
 
@@ -265,6 +277,9 @@ ENV_NAMES: dict[str, str] = {
     "peer_timeout_seconds": "REVEILLE_PEER_TIMEOUT_SECONDS",
     "webhook_urls": "REVEILLE_WEBHOOK_URLS",
     "webhook_secret": "REVEILLE_WEBHOOK_SECRET",
+    "hooks_max_body_bytes": "REVEILLE_HOOKS_MAX_BODY_BYTES",
+    "hooks_rotation_overlap_seconds": "REVEILLE_HOOKS_ROTATION_OVERLAP_SECONDS",
+    "hooks_lookback_seconds": "REVEILLE_HOOKS_LOOKBACK_SECONDS",
     **{f"retention_{key}": f"REVEILLE_RETENTION_{key.upper()}" for key in _RETENTION_KEYS},
     "responses_keep_days": "REVEILLE_RESPONSES_KEEP_DAYS",
     "responses_lease_seconds": "REVEILLE_RESPONSES_LEASE_SECONDS",
@@ -323,6 +338,9 @@ _TOML_ALIASES = {
     ("storage", "peer_timeout_seconds"): "peer_timeout_seconds",
     ("webhooks", "urls"): "webhook_urls",
     ("webhooks", "secret"): "webhook_secret",
+    ("hooks", "max_body_bytes"): "hooks_max_body_bytes",
+    ("hooks", "rotation_overlap_seconds"): "hooks_rotation_overlap_seconds",
+    ("hooks", "lookback_seconds"): "hooks_lookback_seconds",
     **{("retention", key): f"retention_{key}" for key in _RETENTION_KEYS},
     ("responses", "keep_days"): "responses_keep_days",
     ("responses", "lease_seconds"): "responses_lease_seconds",
@@ -399,6 +417,12 @@ def _validate(s: Settings) -> None:
             raise bad(name, "must be 0-65535")
     if s.shell_approvals.strip().lower() not in {"always", "never"}:
         raise bad("shell_approvals", 'must be "always" or "never"')
+    if not 1024 <= s.hooks_max_body_bytes <= 16 * 1024 * 1024:
+        raise bad("hooks_max_body_bytes", "must be 1024 to 16777216 bytes")
+    if not 0 <= s.hooks_rotation_overlap_seconds <= 30 * 86400:
+        raise bad("hooks_rotation_overlap_seconds", "must be 0 to 2592000 seconds (30 days)")
+    if not 0 <= s.hooks_lookback_seconds <= 7 * 86400:
+        raise bad("hooks_lookback_seconds", "must be 0 to 604800 seconds (7 days)")
     if not 1 <= s.timers_min_delay_seconds <= 3600:
         raise bad("timers_min_delay_seconds", "must be 1-3600 seconds")
     if s.provider not in {"demo", "openai"}:
@@ -518,11 +542,18 @@ def load_settings(
             data = tomllib.loads(path.read_text())
         except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
             raise SettingsError(f"{path}: not valid TOML: {exc}") from None
+        hook_table = data.pop("hooks", None)
+        if isinstance(hook_table, dict):
+            try:
+                data["hooks"], values["hooks"] = parse_hook_tables(hook_table, str(path))
+            except HookSettingsError as exc:
+                raise SettingsError(str(exc)) from None
+            origins["hooks"] = f"{path} [hooks]"
         for section, table in data.items():
             items = table.items() if isinstance(table, dict) else [(None, table)]
             for key, value in items:
                 name = _TOML_ALIASES.get((section, key)) if key else section
-                if name is None or name not in types or name in ("home", "origins"):
+                if name is None or name not in types or name in ("home", "origins", "hooks"):
                     where = f"[{section}] {key}" if key else section
                     raise SettingsError(f"{path}: unknown setting {where}")
                 origin = f"{path} [{section}] {key}" if key else f"{path} {section}"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from delivery.backend import LedgerStore
+from delivery.inbound_backend import HookBackend
 from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
 from delivery.session_backend import SessionBackend
@@ -100,6 +101,9 @@ class Dialect(Protocol):
 
     def open_webhooks(self) -> WebhookBackend:
         """The outgoing webhooks' store (beside the ledger)."""
+
+    def open_hooks(self) -> HookBackend:
+        """The inbound events' store (beside the ledger)."""
 
     def open_webui(self) -> WebUIStateBackend: ...
 

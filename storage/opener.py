@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from delivery.backend import LedgerStore
+from delivery.inbound_backend import HookBackend
 from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
 from delivery.session_backend import SessionBackend
@@ -103,6 +104,10 @@ class Storage:
     def open_webhooks(self) -> WebhookBackend:
         """The outgoing webhooks' store: in the ledger's file (SQLite) or database."""
         return self.dialect.open_webhooks()
+
+    def open_hooks(self) -> HookBackend:
+        """The inbound events' store: in the ledger's file (SQLite) or database."""
+        return self.dialect.open_hooks()
 
     def open_webui(self) -> WebUIStateBackend:
         return self.dialect.open_webui()

@@ -6,10 +6,14 @@ It lives here, not in ``agent/``, because it picks concrete tools (``tools.deleg
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from agent.providers import ModelProvider
 from agent.tools import ToolRegistry
+from delivery.inbound import Inbox
 from tools.delegate_tool import DelegationLimits, make_delegate_tool
 from tools.shell_tool import make_shell_tool
+from tools.wake_when_tool import make_wake_when_tool
 from tools.wakeup_tool import MIN_DELAY_SECONDS, make_wakeup_tool
 from tools.watch_tool import make_watch_tool
 
@@ -24,9 +28,11 @@ def build_default_registry(
     delegation: DelegationLimits | None = None,
     shell_requires_approval: bool = False,
     wakeup_min_delay_seconds: float = MIN_DELAY_SECONDS,
+    inbox: Callable[[], Inbox | None] | None = None,
 ) -> ToolRegistry:
     """The tools a conversation gets: `delegate_task`, `terminal` (which refuses when off),
-    `schedule_wakeup` and `watch`.
+    `schedule_wakeup`, `watch`, and `wake_when` when given an ``inbox`` (the server has
+    hooks).
 
     Sub-agents get these tools too (those their dispatch names; by default all but
     `delegate_task`, `schedule_wakeup` and `watch`), within the ``delegation`` limits.
@@ -52,4 +58,6 @@ def build_default_registry(
     registry.register(
         make_watch_tool(shell_enabled=shell_enabled, require_approval=shell_requires_approval)
     )
+    if inbox is not None:  # the server declares hooks ([hooks.NAME])
+        registry.register(make_wake_when_tool(inbox))
     return registry

@@ -21,13 +21,16 @@ import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.tools import Tool, ToolContext
 from delivery import traces
 from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
 from delivery.ids import new_id
 from delivery.rows import RowQuery
+
+if TYPE_CHECKING:
+    from delivery.ledger import Ledger
 
 __all__ = [
     "MAX_DELAY_SECONDS",
@@ -37,6 +40,7 @@ __all__ = [
     "TIMER_KIND",
     "WAKEUP_TOOLSET",
     "WakeupRequest",
+    "at_pending_cap",
     "make_wakeup_tool",
     "parse_wakeup",
 ]
@@ -150,25 +154,29 @@ def _iso(when: float) -> str:
     return datetime.fromtimestamp(when, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+def at_pending_cap(ledger: Ledger, ctx: ToolContext, kind: str) -> bool:
+    """Whether the conversation of ``ctx`` has ``MAX_PENDING_PER_SESSION`` pending rows of
+    ``kind`` already (wake-ups, or ``wake_when`` waits)."""
+    session = ctx.origin_ui_session_id or ctx.session_id or ctx.session_key
+    if session is None:
+        return False
+    query = RowQuery(
+        kind=kind, delivery_state="pending", session=session, limit=MAX_PENDING_PER_SESSION + 1
+    )
+    return len(ledger.query(query)) >= MAX_PENDING_PER_SESSION
+
+
 def _set_wakeup(ctx: ToolContext, wanted: WakeupRequest, now: float) -> dict[str, Any]:
     """Write the row (a blocking store write: run in a thread)."""
     # Resolved at call time, like the process tool: a substituted runtime is honoured.
     from tools.delegation_runtime import get_runtime, stamp_response_origin
 
     ledger = get_runtime().ledger
-    session = ctx.origin_ui_session_id or ctx.session_id or ctx.session_key
-    if session is not None:
-        query = RowQuery(
-            kind=TIMER_KIND,
-            delivery_state="pending",
-            session=session,
-            limit=MAX_PENDING_PER_SESSION + 1,
-        )
-        if len(ledger.query(query)) >= MAX_PENDING_PER_SESSION:
-            return {
-                "error": f"this conversation already has {MAX_PENDING_PER_SESSION} pending "
-                "wake-ups; cancel one (reveille background cancel ID) or wait for one to fire"
-            }
+    if at_pending_cap(ledger, ctx, TIMER_KIND):
+        return {
+            "error": f"this conversation already has {MAX_PENDING_PER_SESSION} pending "
+            "wake-ups; cancel one (reveille background cancel ID) or wait for one to fire"
+        }
     row_id = new_id("tmr_")
     event: dict[str, Any] = {
         "type": SCHEDULED_WAKEUP,

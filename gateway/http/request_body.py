@@ -21,7 +21,7 @@ from aiohttp import web
 
 from gateway.http.middleware import ApiError, require_json
 
-__all__ = ["DRAIN_FACTOR", "read_json_body"]
+__all__ = ["DRAIN_FACTOR", "parse_json_bytes", "read_body_bytes", "read_json_body"]
 
 # A body only somewhat over the cap is read (and thrown away) before the 413, so that
 # clients that write the whole request before reading the answer see the 413 rather than
@@ -54,6 +54,14 @@ async def read_json_body(
     408 when it has not all arrived within ``timeout`` seconds, 400 for anything JSON
     allows but text cannot hold (see the module docstring)."""
     require_json(request)
+    return parse_json_bytes(await read_body_bytes(request, max_body_bytes, timeout=timeout))
+
+
+async def read_body_bytes(
+    request: web.Request, max_body_bytes: int, *, timeout: float | None = None
+) -> bytes:
+    """The raw body of ``request`` (a signed one is verified over its exact bytes): 413
+    beyond ``max_body_bytes``, 408 when it has not all arrived within ``timeout`` seconds."""
     length = request.content_length
     if length is not None and length > max_body_bytes * DRAIN_FACTOR:
         raise _too_large(max_body_bytes)
@@ -71,6 +79,12 @@ async def read_json_body(
         ) from None
     if len(raw) > max_body_bytes:
         raise _too_large(max_body_bytes)
+    return raw
+
+
+def parse_json_bytes(raw: bytes) -> Any:
+    """A body's JSON (None when empty); 400 for invalid JSON, nesting too deep to parse
+    and lone surrogate escapes."""
     try:
         body = json.loads(raw) if raw else None
     except (ValueError, UnicodeDecodeError) as exc:

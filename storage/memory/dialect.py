@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from delivery.backend import LedgerStore
+from delivery.inbound_backend import HookBackend
 from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
 from delivery.session_backend import SessionBackend
@@ -71,6 +72,11 @@ class MemoryDialect:
         from storage.memory.webhooks import MemoryWebhooks
 
         return MemoryWebhooks()
+
+    def open_hooks(self) -> HookBackend:
+        from storage.memory.hooks import MemoryHooks
+
+        return MemoryHooks()
 
     def open_webui(self) -> WebUIStateBackend:
         from storage.memory.webui import MemoryWebUIState

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from delivery.backend import LedgerStore
+from delivery.inbound_backend import HookBackend
 from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
 from delivery.session_backend import SessionBackend
@@ -91,6 +92,11 @@ class PostgresDialect:
         from storage.postgres.webhooks import PostgresWebhooks
 
         return PostgresWebhooks(self.url)
+
+    def open_hooks(self) -> HookBackend:
+        from storage.postgres.hooks import PostgresHooks
+
+        return PostgresHooks(self.url)
 
     def open_webui(self) -> WebUIStateBackend:
         from storage.postgres.webui import PostgresWebUIState

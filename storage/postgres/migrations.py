@@ -369,6 +369,28 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
         # already answers "next due"; this column only says when, for people and replays.
         "ALTER TABLE deliveries ADD COLUMN IF NOT EXISTS not_before DOUBLE PRECISION;",
     ),
+    Migration(
+        16,
+        "inbound events: POST /v1/hooks/{name}, deduplicated by (hook, webhook-id), and each"
+        " hook's verification secrets",
+        """
+        CREATE TABLE IF NOT EXISTS hook_events (
+            hook TEXT NOT NULL,
+            webhook_id TEXT NOT NULL,
+            received_at DOUBLE PRECISION NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (hook, webhook_id)
+        );
+        CREATE INDEX IF NOT EXISTS ix_hook_events_received ON hook_events(hook, received_at);
+        CREATE TABLE IF NOT EXISTS hook_secrets (
+            hook TEXT NOT NULL,
+            secret TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION,
+            PRIMARY KEY (hook, secret)
+        );
+        """,
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

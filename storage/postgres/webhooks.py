@@ -7,15 +7,10 @@ it picks with ``FOR UPDATE SKIP LOCKED``, so servers claiming at once take diffe
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import psycopg
-import psycopg_pool
-
-from storage.postgres.conn import PostgresUnavailable, check_url, explain, open_pool
 from storage.postgres.dialect import PLACEHOLDER
+from storage.postgres.pooled import PooledStore
 from storage.webhooks_sql import SqlWebhooks
 
 if TYPE_CHECKING:
@@ -24,31 +19,14 @@ if TYPE_CHECKING:
 __all__ = ["PostgresWebhooks"]
 
 
-class PostgresWebhooks(SqlWebhooks):
+class PostgresWebhooks(PooledStore, SqlWebhooks):
     """``WebhookBackend`` on a PostgreSQL database (see the module docstring)."""
 
+    what = "webhook store"
+
     def __init__(self, url: str) -> None:
-        super().__init__(PLACEHOLDER, lock_clause=" FOR UPDATE SKIP LOCKED")
-        check_url(url)
-        self._url = url
-        self._pool: psycopg_pool.ConnectionPool[Any] | None = open_pool(
-            url, name="reveille-webhooks", max_size=2
-        )
-
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[psycopg.Connection[Any]]:
-        if self._pool is None:
-            raise PostgresUnavailable("the webhook store is closed")
-        try:
-            with self._pool.connection() as conn, conn.transaction():
-                yield conn
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-            raise explain(exc, self._url) from exc
-
-    def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
+        PooledStore.__init__(self, url, name="reveille-webhooks")
+        SqlWebhooks.__init__(self, PLACEHOLDER, lock_clause=" FOR UPDATE SKIP LOCKED")
 
 
 if TYPE_CHECKING:

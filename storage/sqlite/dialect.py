@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from delivery.backend import LedgerStore
+from delivery.inbound_backend import HookBackend
 from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
 from delivery.session_backend import SessionBackend
@@ -127,6 +128,11 @@ class SqliteDialect:
         from storage.sqlite.webhooks import SqliteWebhooks
 
         return SqliteWebhooks(self.path("ledger"))  # in the ledger's file
+
+    def open_hooks(self) -> HookBackend:
+        from storage.sqlite.hooks import SqliteHooks
+
+        return SqliteHooks(self.path("ledger"))  # in the ledger's file
 
     def open_webui(self) -> WebUIStateBackend:
         from storage.sqlite.webui import SqliteWebUIState

@@ -9,17 +9,11 @@ claim at once), instead of a second group-commit writer thread.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sqlite3
-import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from delivery.errors import LedgerUnavailable
-from storage.sqlite import files as sqlite_files
 from storage.sqlite.dialect import PLACEHOLDER
-from storage.sqlite.ledger import _FILE_ERRORS, _SCHEMA, APPLICATION_ID, SCHEMA_VERSION
+from storage.sqlite.ledger_side import LedgerSideStore
 from storage.webhooks_sql import SqlWebhooks
 
 if TYPE_CHECKING:
@@ -28,56 +22,15 @@ if TYPE_CHECKING:
 __all__ = ["SqliteWebhooks"]
 
 
-class SqliteWebhooks(SqlWebhooks):
+class SqliteWebhooks(LedgerSideStore, SqlWebhooks):
     """``WebhookBackend`` on the ledger's SQLite file (see the module docstring)."""
 
+    what = "webhook store"
+
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = 5000) -> None:
-        super().__init__(PLACEHOLDER)
-        self._file = sqlite_files.SqliteFile(
-            str(path),
-            name="ledger",
-            application_id=APPLICATION_ID,
-            schema_version=SCHEMA_VERSION,
-            errors=_FILE_ERRORS,
-            busy_timeout_ms=busy_timeout_ms,
-        )
-        self.path = self._file.path
-        sqlite_files.create_private(self._file)
-        conn = sqlite_files.connect(self._file, check_owner=True)
-        try:
-            sqlite_files.stamp_schema(conn, self._file, _SCHEMA)
-        except BaseException:
-            conn.close()
-            raise
-        self._conn: sqlite3.Connection | None = conn
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise LedgerUnavailable("the webhook store is closed")
-            with sqlite_files.immediate(conn, self._file):
-                yield conn
-
-    @contextlib.contextmanager
-    def _snapshot(self) -> Iterator[sqlite3.Connection]:
-        # A plain read: WAL lets it run beside the ledger's writer instead of queueing for
-        # the write lock as BEGIN IMMEDIATE would.
-        with self._lock:
-            if self._conn is None:
-                raise LedgerUnavailable("the webhook store is closed")
-            try:
-                yield self._conn
-            except sqlite3.Error as exc:
-                raise sqlite_files.classify(exc, self._file, "read") from exc
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        # Its tables are part of the ledger's own schema (version 2): no DDL of its own.
+        LedgerSideStore.__init__(self, path, busy_timeout_ms=busy_timeout_ms)
+        SqlWebhooks.__init__(self, PLACEHOLDER)
 
 
 if TYPE_CHECKING:

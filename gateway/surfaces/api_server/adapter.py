@@ -83,6 +83,7 @@ from gateway.session import SessionSource, SessionStore, is_valid_session_id
 from gateway.surfaces.api_server.approvals import ApprovalRoutes
 from gateway.surfaces.api_server.auth import ApiKeyAuth, is_keyed, same_secret
 from gateway.surfaces.api_server.background import BackgroundRoutes
+from gateway.surfaces.api_server.hooks import HOOKS_PREFIX, HookRoutes
 from gateway.surfaces.api_server.responses_api import ResponsesRoutes
 from gateway.surfaces.api_server.sessions import MALFORMED_SESSION_ID, SessionRoutes
 from gateway.turns.gate import first_answer
@@ -238,6 +239,12 @@ class ApiServerAdapter(BasePlatformAdapter):
             is_draining=lambda: self.draining,
             keepalive_seconds=self.keepalive_seconds,
         ).add_to(self.app.router)
+
+    def mount_hooks(self, hooks: HookRoutes) -> None:
+        """Serve inbound events (``POST /v1/hooks/{name}``, ``hooks``): public, each hook
+        verifies its own signature."""
+        self.auth.public(HOOKS_PREFIX)
+        hooks.add_to(self.app.router)
 
     def add_public_route(
         self, path: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -110,8 +110,16 @@ class ApiKeyAuth:
         self._public: set[str] = set()
 
     def public(self, path: str) -> None:
-        """Let ``path`` through unauthenticated: its handler checks a secret of its own."""
+        """Let ``path`` through unauthenticated: its handler checks a secret of its own.
+        A path ending in ``/`` lets through every path one segment below it (``/v1/hooks/``:
+        each hook verifies its own signature, and an unknown one answers 404)."""
         self._public.add(path)
+
+    def _is_public(self, path: str) -> bool:
+        if path in self._public:
+            return True
+        head, _, last = path.rpartition("/")
+        return bool(last) and f"{head}/" in self._public
 
     @web.middleware
     async def middleware(
@@ -120,7 +128,7 @@ class ApiKeyAuth:
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
         path = request.path
-        if path in self._public:
+        if self._is_public(path):
             return await handler(request)
         token = bearer_token(request)
         if self.configured_key:
