@@ -10,14 +10,19 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from delivery.session_backend import ApprovalRecord
+from delivery.session_rows import SessionRows
 from gateway.session import SessionStore, SessionStoreError
+from storage.sqlite.sessions import SqliteRows, SqliteSessions
 from storage.sqlite.sessions_sql import SCHEMA_VERSION
 from tests.sessions._support import race, state_of
 from tests.stores import session_file_store, sqlite_sessions
+
+_PRAGMAS = ("synchronous", "foreign_keys", "busy_timeout")
 
 
 @pytest.fixture
@@ -45,10 +50,18 @@ def test_pragmas(store: SessionStore, tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         conn.close()
-    with store.backend._read() as c:  # type: ignore[attr-defined]  # the backend's own
-        assert c.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-        assert c.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-        assert c.execute("PRAGMA busy_timeout").fetchone()[0] >= 1000
+    backend = store.backend
+    assert isinstance(backend, SqliteSessions)
+
+    def pragmas(rows: SessionRows) -> tuple[int, int, int]:
+        c = cast(SqliteRows, rows).conn  # the reader connection, as the backend uses it
+        synchronous, foreign_keys, busy = (c.execute(f"PRAGMA {p}").fetchone()[0] for p in _PRAGMAS)
+        return int(synchronous), int(foreign_keys), int(busy)
+
+    synchronous, foreign_keys, busy_timeout = backend.tx.read(pragmas)
+    assert synchronous == 2  # FULL
+    assert foreign_keys == 1
+    assert busy_timeout >= 1000
 
 
 def test_not_a_database_is_refused_and_left_intact(tmp_path: Path) -> None:
