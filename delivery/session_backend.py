@@ -15,7 +15,7 @@ implements (``delivery.session_rows``); ``tests/sessions/`` proves them on every
   however many turns or processes race for it.
 * Tombstones: deleting a session id records a tombstone. The id's state is then "deleted"
   (as ``abegin_turn`` reports it), and writes that only *continue* a session
-  (``append_message``, ``append_turn``, and ``append_turn`` with ``create``) raise
+  (``append_message``, ``aappend_turn``, and ``aappend_turn`` with ``create``) raise
   SessionGone for it: a turn that started before the delete can never silently bring the
   session back. Only an explicit creation (``create_session``, or ``abegin_turn`` with
   ``create``, both made before a turn runs) revives the id and clears its tombstone.
@@ -23,7 +23,7 @@ implements (``delivery.session_rows``); ``tests/sessions/`` proves them on every
 * Compaction archives, never deletes: ``acompact`` writes one summary row and marks the rows
   it replaces archived (``archived_at``, and the summary's id) in one commit, and only
   while the caller's turn lease holds the session. A delivery row is archived only once a
-  stored turn saw it (``seen``: ``append_turn`` marks the rows its model call was shown, in
+  stored turn saw it (``seen``: ``aappend_turn`` marks the rows its model call was shown, in
   the turn's own commit); anything else refuses the whole compaction and writes nothing.
   Archived rows stay in every transcript read, flagged ``archived``.
 * A session's running turn is a lease (``take_turn``): one holder at a time across every
@@ -434,21 +434,6 @@ class SessionTurns(Protocol):
 
     async def abegin_turn(self, session_id: str, create: NewSession | None) -> TurnStart: ...
 
-    def append_turn(
-        self,
-        session_id: str,
-        messages: Sequence[NewMessage],
-        *,
-        create: NewSession | None = None,
-        idempotency_key: str | None = None,
-        response_json: str | None = None,
-        seen: Sequence[int] = (),
-    ) -> list[MessageRecord]:
-        """Append a turn and, with ``idempotency_key``, record its response as done, in one
-        commit. ``create`` inserts the session when absent; a tombstoned id raises
-        SessionGone whether or not ``create`` is given. ``seen``: the folded delivery rows
-        of this session the turn's model call was shown, marked seen in the same commit."""
-
     async def aappend_turn(
         self,
         session_id: str,
@@ -459,7 +444,11 @@ class SessionTurns(Protocol):
         response_json: str | None = None,
         seen: Sequence[int] = (),
     ) -> None:
-        """Like ``append_turn``; the rows are not read back."""
+        """Append a turn and, with ``idempotency_key``, record its response as done, in one
+        commit. ``create`` inserts the session when absent; a tombstoned id raises
+        SessionGone whether or not ``create`` is given. ``seen``: the folded delivery rows
+        of this session the turn's model call was shown, marked seen in the same commit.
+        The rows are not read back (a transcript read shows them)."""
 
     def claim_idempotent(
         self,

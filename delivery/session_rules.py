@@ -252,43 +252,22 @@ class SessionRules:
         idempotency_key: str | None,
         response_json: str | None,
         seen: Sequence[int],
-        *,
-        read_back: bool,
-    ) -> Callable[[SessionRows], list[MessageRecord]]:
+    ) -> Callable[[SessionRows], None]:
         now = self._clock()
 
-        def op(rows: SessionRows) -> list[MessageRecord]:
+        def op(rows: SessionRows) -> None:
             if create is not None:
                 _insert_session(rows, session_id, create, now, revive=False)
             _require_live(rows, session_id)
-            out: list[MessageRecord] = []
-            if read_back:
-                out = [rows.insert_message(session_id, m, now) for m in messages]
-            elif messages:
+            if messages:
                 rows.insert_messages(session_id, messages, now)
             rows.touch(session_id, now)
             if idempotency_key is not None:
                 rows.finish_idempotency(idempotency_key, session_id, response_json, now)
             if seen:
                 rows.mark_seen(session_id, sorted(set(seen)), now)
-            return out
 
         return op
-
-    def append_turn(
-        self,
-        session_id: str,
-        messages: Sequence[NewMessage],
-        *,
-        create: NewSession | None = None,
-        idempotency_key: str | None = None,
-        response_json: str | None = None,
-        seen: Sequence[int] = (),
-    ) -> list[MessageRecord]:
-        op = self._append_turn_op(
-            session_id, messages, create, idempotency_key, response_json, seen, read_back=True
-        )
-        return self._tx.write((session_id,), op)
 
     async def aappend_turn(
         self,
@@ -301,7 +280,7 @@ class SessionRules:
         seen: Sequence[int] = (),
     ) -> None:
         op = self._append_turn_op(
-            session_id, messages, create, idempotency_key, response_json, seen, read_back=False
+            session_id, messages, create, idempotency_key, response_json, seen
         )
         await self._tx.awrite((session_id,), op)
 

@@ -128,7 +128,7 @@ class SessionStore:
     callers use ``asyncio.to_thread``.
 
     Tombstones: ``delete_session`` records the id as deleted. Writes that continue a
-    session (``append_message``, ``append_turn`` with or without ``create``) raise
+    session (``append_message``, ``aappend_turn`` with or without ``create``) raise
     SessionGone for it, so a turn that began before the delete cannot bring the session
     back; ``abegin_turn`` reports it ``"deleted"``. ``create_session`` and ``abegin_turn``
     with ``create_with`` are explicit creations made before a turn runs: they revive the id.
@@ -336,7 +336,7 @@ class SessionStore:
         create = _new_session(create_with, None) if create_with is not None else None
         return await self._backend.abegin_turn(session_id, create)
 
-    def append_turn(
+    async def aappend_turn(
         self,
         session_id: str,
         messages: Sequence[Mapping[str, Any]],
@@ -347,8 +347,9 @@ class SessionStore:
         title: str | None = None,
         exclusive: bool = False,
         seen: Sequence[int] = (),
-    ) -> list[MessageRecord]:
-        """Append a turn's messages and, with ``idempotency_key``, record its response.
+    ) -> None:
+        """Append a turn's messages and, with ``idempotency_key``, record its response; the
+        rows are not read back (the turn goes in as one statement where the backend can).
 
         One transaction: after a crash either the whole turn and its idempotency record are
         there (a repeated request gets the stored response) or neither is (the repeat runs
@@ -366,27 +367,6 @@ class SessionStore:
         args = self._turn_args(
             session_id, messages, idempotency_key, response, create, title, exclusive
         )
-        return self._backend.append_turn(session_id, args[0], seen=seen, **args[1])
-
-    async def aappend_turn(
-        self,
-        session_id: str,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        idempotency_key: str | None = None,
-        response: Mapping[str, Any] | None = None,
-        create: SessionSource | None = None,
-        title: str | None = None,
-        exclusive: bool = False,
-        seen: Sequence[int] = (),
-    ) -> None:
-        """Like ``append_turn``, awaited without a thread hop; returns nothing.
-
-        The turn goes in as one statement, and the rows are not read back.
-        """
-        args = self._turn_args(
-            session_id, messages, idempotency_key, response, create, title, exclusive
-        )
         await self._backend.aappend_turn(session_id, args[0], seen=seen, **args[1])
 
     async def acompact(
@@ -397,7 +377,7 @@ class SessionStore:
         summary: Mapping[str, Any],
     ) -> MessageRecord | None:
         """Commit a compaction under the turn lease ``stream_id``: the ``summary`` message
-        (a mapping like ``append_turn``'s) replaces ``archive_ids`` in the model's context,
+        (a mapping like ``aappend_turn``'s) replaces ``archive_ids`` in the model's context,
         in one transaction; None, with nothing written, when the store refuses it (see
         ``delivery.session_backend.SessionBackend.acompact``)."""
         new = NewMessage.build(summary)

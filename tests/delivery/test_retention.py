@@ -38,7 +38,7 @@ from gateway.wake import persist_delegation_delivery
 from storage.sqlite.ledger import SCHEMA_VERSION
 from tests.delivery._support import BACKENDS, FakeClock, delegation_event, finished_row
 from tests.pg_support import fresh_url
-from tests.sessions._support import begin, delivery, run_sync
+from tests.sessions._support import append_turn, begin, delivery, run_sync
 
 POLICY = RetentionPolicy(
     settled_days=30,
@@ -200,12 +200,14 @@ def test_the_transcript_key_is_the_one_the_api_target_writes(w: World) -> None:
 def test_idempotency_tombstones_events_and_process_outputs(w: World) -> None:
     sessions = w.sessions
     sessions.claim_idempotent("idem_running", "me", None, None)  # a live claim
-    sessions.append_turn(
-        "s_idem",
-        [NewMessage.build({"role": "user", "content": "hi"})],
-        create=NewSession(),
-        idempotency_key="idem_done",
-        response_json=json.dumps({"ok": True}),
+    run_sync(
+        sessions.aappend_turn(
+            "s_idem",
+            [NewMessage.build({"role": "user", "content": "hi"})],
+            create=NewSession(),
+            idempotency_key="idem_done",
+            response_json=json.dumps({"ok": True}),
+        )
     )
     sessions.create_session("s_gone", NewSession())
     sessions.delete_session("s_gone")
@@ -250,7 +252,8 @@ def test_archived_transcript_rows_go_the_summary_and_live_rows_stay(w: World) ->
     answer = store.append_message("s_compact", "assistant", "the old answer")
     result = delivery(store, "s_compact", 7)
     begin(store, "s_compact")  # a turn folds the result ...
-    store.append_turn(  # ... and its stored turn saw it, so compaction may archive it
+    append_turn(
+        store,  # ... and its stored turn saw it, so compaction may archive it
         "s_compact",
         [{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}],
         seen=[result.id],
@@ -399,12 +402,14 @@ def test_sqlite_files_shrink_after_a_prune(tmp_path: Path) -> None:
             finished_row(ledger, f"deleg_{n:04d}", summary=big)
             _deliver(ledger, f"deleg_{n:04d}")
             webui.append_event("delivery", json.dumps({"text": big}), clock())
-            sessions.append_turn(
-                f"s_{n}",
-                [NewMessage.build({"role": "user", "content": "hi"})],
-                create=NewSession(),
-                idempotency_key=f"idem_{n}",
-                response_json=json.dumps({"text": big}),
+            run_sync(
+                sessions.aappend_turn(
+                    f"s_{n}",
+                    [NewMessage.build({"role": "user", "content": "hi"})],
+                    create=NewSession(),
+                    idempotency_key=f"idem_{n}",
+                    response_json=json.dumps({"text": big}),
+                )
             )
         location.reclaim_space()  # a checkpoint: the rows are in the files themselves
         files = ("ledger.db", "webui.db", "sessions.db")

@@ -12,7 +12,7 @@ import pytest
 
 from delivery.session_backend import SNIPPET_END, SNIPPET_START, search_terms
 from gateway.session import SessionStore
-from tests.sessions._support import run_sync
+from tests.sessions._support import append_turn, run_sync
 from tests.stores import session_file_store
 
 
@@ -23,7 +23,8 @@ def _marked(snippet: str) -> list[str]:
 def test_search_finds_every_word_newest_first(store: SessionStore) -> None:
     store.create_session("s1", title="one")
     store.create_session("s2", title="two")
-    store.append_turn(
+    append_turn(
+        store,
         "s1",
         [
             {"role": "user", "content": "Deploy the staging cluster tonight"},
@@ -98,8 +99,8 @@ def test_superseded_messages_stay_but_leave_the_model_context(store: SessionStor
     from gateway.turns.conversation import build_context
 
     store.create_session("s", title="t")
-    rows = store.append_turn(
-        "s", [{"role": "user", "content": "first"}, {"role": "assistant", "content": "one"}]
+    rows = append_turn(
+        store, "s", [{"role": "user", "content": "first"}, {"role": "assistant", "content": "one"}]
     )
     store.append_message(
         "s", "system", "a result", display_kind="async_delegation_complete", dedupe_key="d:1"

@@ -19,7 +19,7 @@ from gateway.session import (
     build_session_key,
     is_valid_session_id,
 )
-from tests.sessions._support import delivery, race, state_of, take_unfolded
+from tests.sessions._support import append_turn, delivery, race, state_of, take_unfolded
 
 # ----------------------------------------------------------------- sessions
 
@@ -232,14 +232,14 @@ async def test_an_exclusive_creation_never_joins_a_session_that_exists(
 ) -> None:
     source = SessionSource(platform=Platform.API_SERVER, chat_id="api_x")
     turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    store.append_turn("api_x", turn, create=source, exclusive=True)  # new: created
+    append_turn(store, "api_x", turn, create=source, exclusive=True)  # new: created
     with pytest.raises(SessionTaken):
         store.create_session("api_x", source=source, exclusive=True)
     with pytest.raises(SessionTaken):
         await store.acreate_session("api_x", source=source, exclusive=True)
     other = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "other"}]
     with pytest.raises(SessionTaken):
-        store.append_turn("api_x", other, create=source, exclusive=True)
+        append_turn(store, "api_x", other, create=source, exclusive=True)
     with pytest.raises(SessionTaken):
         await store.aappend_turn("api_x", other, create=source, exclusive=True)
     assert [m.content for m in store.messages("api_x")] == ["hi", "hello"]

@@ -12,6 +12,7 @@ from playwright.sync_api import expect
 
 from gateway.config import Platform
 from gateway.session import SessionSource
+from tests.sessions._support import append_turn
 from tests.stores import session_file_store
 from tests.webui.browser.test_wakeup_flow import session_item
 
@@ -22,7 +23,8 @@ def _seed_api_session(home: Path, sid: str) -> None:
     """An API session whose transcript holds one delivery row of each kind."""
     with session_file_store(home / "sessions.db") as store:
         store.create_session(sid, source=SessionSource(platform=Platform.API_SERVER, chat_id=sid))
-        store.append_turn(
+        append_turn(
+            store,
             sid,
             [
                 {"role": "user", "content": "run the backup"},
@@ -167,7 +169,8 @@ def test_search_over_messages_opens_the_chat_at_the_message(
             store.create_session(
                 sid, source=SessionSource(platform=Platform.WEBUI, chat_id=sid), title=title
             )
-        store.append_turn(
+        append_turn(
+            store,
             "long-chat",
             [
                 {"role": "user", "content": f"where is the zebracorn {HOSTILE} hiding?"},
@@ -175,7 +178,8 @@ def test_search_over_messages_opens_the_chat_at_the_message(
             ],
         )
         for n in range(260):  # more than a page: the hit is on an earlier one
-            store.append_turn(
+            append_turn(
+                store,
                 "long-chat",
                 [
                     {"role": "user", "content": f"filler question {n}"},
