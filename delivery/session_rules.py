@@ -244,15 +244,16 @@ class SessionRules:
 
         return await self._tx.awrite((session_id,), op)
 
-    def _append_turn_op(
+    async def aappend_turn(
         self,
         session_id: str,
         messages: Sequence[NewMessage],
-        create: NewSession | None,
-        idempotency_key: str | None,
-        response_json: str | None,
-        seen: Sequence[int],
-    ) -> Callable[[SessionRows], None]:
+        *,
+        create: NewSession | None = None,
+        idempotency_key: str | None = None,
+        response_json: str | None = None,
+        seen: Sequence[int] = (),
+    ) -> None:
         now = self._clock()
 
         def op(rows: SessionRows) -> None:
@@ -267,21 +268,6 @@ class SessionRules:
             if seen:
                 rows.mark_seen(session_id, sorted(set(seen)), now)
 
-        return op
-
-    async def aappend_turn(
-        self,
-        session_id: str,
-        messages: Sequence[NewMessage],
-        *,
-        create: NewSession | None = None,
-        idempotency_key: str | None = None,
-        response_json: str | None = None,
-        seen: Sequence[int] = (),
-    ) -> None:
-        op = self._append_turn_op(
-            session_id, messages, create, idempotency_key, response_json, seen
-        )
         await self._tx.awrite((session_id,), op)
 
     async def acompact(self, session_id: str, compaction: Compaction) -> MessageRecord | None:
