@@ -44,6 +44,9 @@ class SessionRows(Protocol):
     """The rows of one open transaction of a session store."""
 
     # -- sessions and tombstones
+    def live(self, session_id: str) -> bool:
+        """Whether a session row with this id exists (cheaper than reading it)."""
+
     def session(self, session_id: str) -> SessionRecord | None: ...
 
     def tombstoned(self, session_id: str) -> bool: ...

@@ -47,13 +47,13 @@ def _turn(session_id: str) -> str:
 
 
 def _state(rows: SessionRows, session_id: str) -> SessionState:
-    if rows.session(session_id) is not None:
+    if rows.live(session_id):
         return "live"
     return "deleted" if rows.tombstoned(session_id) else "unknown"
 
 
 def _require_live(rows: SessionRows, session_id: str) -> None:
-    if rows.session(session_id) is None:
+    if not rows.live(session_id):
         raise SessionGone(session_id)
 
 
@@ -63,7 +63,7 @@ def _insert_session(
     """Create the session unless it is live. ``revive``: an explicit creation, which clears a
     tombstone; otherwise a tombstoned id raises SessionGone. ``new.exclusive``: a live one
     raises SessionTaken. Checks come before writes."""
-    if rows.session(session_id) is not None:
+    if rows.live(session_id):
         if new.exclusive:
             raise SessionTaken(session_id)
         return
@@ -92,7 +92,7 @@ def _compaction_allowed(
     if lease is None or lease.stream_id != compaction.stream_id or lease.expires_at <= now:
         return False  # not under this caller's lease: another turn may be running
     wanted = set(compaction.archive_ids)
-    if not wanted or rows.session(session_id) is None:
+    if not wanted or not rows.live(session_id):
         return False
     found = rows.messages_by_id(session_id, sorted(wanted))
     if len(found) != len(wanted):

@@ -52,6 +52,7 @@ class SessionSql:
             return sql.replace("?", mark)
 
         self.session = bind(f"SELECT {_SES_READ} FROM sessions WHERE id = ?")
+        self.live = bind("SELECT 1 FROM sessions WHERE id = ?")
         self.tombstoned = bind("SELECT 1 FROM tombstones WHERE id = ?")
         self.insert_session = bind(
             f"INSERT INTO sessions ({_SES}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
@@ -247,6 +248,9 @@ class SqlSessionRows:
         )
 
     # -- sessions and tombstones
+
+    def live(self, session_id: str) -> bool:
+        return self._one(self.q.live, (session_id,)) is not None
 
     def session(self, session_id: str) -> SessionRecord | None:
         row = self._one(self.q.session, (session_id,))

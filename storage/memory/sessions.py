@@ -143,6 +143,9 @@ class MemoryRows:
 
     # -- sessions and tombstones
 
+    def live(self, session_id: str) -> bool:
+        return session_id in self._s.sessions
+
     def session(self, session_id: str) -> SessionRecord | None:
         s = self._s.sessions.get(session_id)
         return s.record() if s is not None else None
