@@ -17,7 +17,7 @@ implements (``delivery.session_rows``); ``tests/sessions/`` proves them on every
   (as ``abegin_turn`` reports it), and writes that only *continue* a session
   (``append_message``, ``aappend_turn``, and ``aappend_turn`` with ``create``) raise
   SessionGone for it: a turn that started before the delete can never silently bring the
-  session back. Only an explicit creation (``create_session``, or ``abegin_turn`` with
+  session back. Only an explicit creation (``acreate_session``, or ``abegin_turn`` with
   ``create``, both made before a turn runs) revives the id and clears its tombstone.
 * A begin-turn with nothing to fold only reads; it reaches the writer only to fold or create.
 * Compaction archives, never deletes: ``acompact`` writes one summary row and marks the rows
@@ -412,10 +412,8 @@ class SessionTurns(Protocol):
     callers cannot change the store through them.
     """
 
-    def create_session(self, session_id: str, new: NewSession) -> SessionRecord:
+    async def acreate_session(self, session_id: str, new: NewSession) -> SessionRecord:
         """Create (reviving a tombstoned id), or return the existing session unchanged."""
-
-    async def acreate_session(self, session_id: str, new: NewSession) -> SessionRecord: ...
 
     async def aset_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
         """Give a live session its title (only when it has none, with ``if_untitled``);

@@ -128,9 +128,7 @@ class SessionRules:
 
     # -- sessions
 
-    def _create_op(
-        self, session_id: str, new: NewSession
-    ) -> Callable[[SessionRows], SessionRecord]:
+    async def acreate_session(self, session_id: str, new: NewSession) -> SessionRecord:
         now = self._clock()
 
         def op(rows: SessionRows) -> SessionRecord:
@@ -139,13 +137,7 @@ class SessionRules:
             assert found is not None
             return found
 
-        return op
-
-    def create_session(self, session_id: str, new: NewSession) -> SessionRecord:
-        return self._tx.write((session_id,), self._create_op(session_id, new))
-
-    async def acreate_session(self, session_id: str, new: NewSession) -> SessionRecord:
-        return await self._tx.awrite((session_id,), self._create_op(session_id, new))
+        return await self._tx.awrite((session_id,), op)
 
     def get_session(self, session_id: str) -> SessionRecord | None:
         return self._tx.read(lambda rows: rows.session(session_id))

@@ -130,7 +130,7 @@ class SessionStore:
     Tombstones: ``delete_session`` records the id as deleted. Writes that continue a
     session (``append_message``, ``aappend_turn`` with or without ``create``) raise
     SessionGone for it, so a turn that began before the delete cannot bring the session
-    back; ``abegin_turn`` reports it ``"deleted"``. ``create_session`` and ``abegin_turn``
+    back; ``abegin_turn`` reports it ``"deleted"``. ``acreate_session`` and ``abegin_turn``
     with ``create_with`` are explicit creations made before a turn runs: they revive the id.
     """
 
@@ -167,7 +167,7 @@ class SessionStore:
 
     # ----------------------------------------------------------------- sessions
 
-    def create_session(
+    async def acreate_session(
         self,
         session_id: str | None = None,
         *,
@@ -180,17 +180,6 @@ class SessionStore:
 
         An explicit creation: a deleted (tombstoned) id is created afresh.
         """
-        session_id, new = self._creation(session_id, source, title, exclusive)
-        return self._backend.create_session(session_id, new)
-
-    async def acreate_session(
-        self,
-        session_id: str | None = None,
-        *,
-        source: SessionSource | None = None,
-        title: str | None = None,
-        exclusive: bool = False,
-    ) -> SessionRecord:
         session_id, new = self._creation(session_id, source, title, exclusive)
         return await self._backend.acreate_session(session_id, new)
 

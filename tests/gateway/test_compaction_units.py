@@ -33,7 +33,7 @@ from gateway.turns.service import (
 )
 from reveille.settings import SettingsError, load_settings
 from tests.agent.test_openai_compat import FakeOpenAI, completion, provider_for
-from tests.sessions._support import append_turn
+from tests.sessions._support import append_turn, make_session
 from tests.stores import session_file_store
 
 SID = "api_units"
@@ -101,7 +101,7 @@ def test_estimate_is_characters_over_four() -> None:
 
 def _store(tmp_path: Path) -> SessionStore:
     store = session_file_store(tmp_path / "sessions.db")
-    store.create_session(SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
+    make_session(store, SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
     for n in range(12):
         append_turn(
             store,
@@ -216,7 +216,7 @@ async def test_the_backstop_compacts_and_retries_once_with_an_unknown_window(
 
 async def test_a_summary_names_every_result_it_covers_and_stays_one(tmp_path: Path) -> None:
     store = session_file_store(tmp_path / "sessions.db")
-    store.create_session(SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
+    make_session(store, SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
     calls: list[list[dict[str, object]]] = []
 
     async def summarise(messages: list[dict[str, object]]) -> str:

@@ -33,7 +33,7 @@ from gateway.session import SessionSource, SessionStore
 from gateway.turns.compaction import CompactionPolicy, Compactor, is_summary
 from gateway.turns.service import StartedTurn, TurnRequest, TurnService, agent_turn_runner
 from gateway.wake_text import format_wake_batch, format_wake_text, wake_results
-from tests.sessions._support import append_turn
+from tests.sessions._support import append_turn, make_session
 from tests.stores import session_file_store
 
 NOW = 1_800_000_000.0
@@ -183,7 +183,7 @@ async def test_compaction_lists_only_the_results_the_rows_metadata_names(
     tmp_path: Path,
 ) -> None:
     store: SessionStore = session_file_store(tmp_path / "sessions.db")
-    store.create_session(SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
+    make_session(store, SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
     service = TurnService(
         store,
         agent_turn_runner(Agent(DemoModel(delay_seconds=0), ToolRegistry())),

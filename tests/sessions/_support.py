@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from delivery.session_backend import MessageRecord, SessionBackend, SessionState, TurnStart
-from gateway.session import SessionGone, SessionStore
+from gateway.session import SessionGone, SessionRecord, SessionSource, SessionStore
 from tests.pg_support import fresh_url
 from tests.stores import memory_sessions, pg_sessions, sqlite_sessions
 
@@ -47,6 +47,21 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     another thread, so a caller already inside an event loop may use it too)."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+def make_session(
+    store: SessionStore,
+    session_id: str | None = None,
+    *,
+    source: SessionSource | None = None,
+    title: str | None = None,
+    exclusive: bool = False,
+) -> SessionRecord:
+    """Create a session from synchronous test code through the store's public coroutine
+    (``acreate_session``, what every surface calls)."""
+    return run_sync(
+        store.acreate_session(session_id, source=source, title=title, exclusive=exclusive)
+    )
 
 
 def append_turn(

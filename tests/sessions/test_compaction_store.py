@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gateway.session import SessionStore
 from storage.sqlite.sessions_sql import SCHEMA_VERSION as SESSIONS_SCHEMA_VERSION
-from tests.sessions._support import append_turn, begin, delivery, run_sync
+from tests.sessions._support import append_turn, begin, delivery, make_session, run_sync
 from tests.stores import pg_sessions, session_file_store
 
 SUMMARY = {"role": "system", "content": "[reveille:summary] s", "display_metadata": {"summary": {}}}
@@ -21,7 +21,7 @@ def _compact(store: SessionStore, stream: str, ids: list[int]) -> object:
 
 
 def test_compaction_needs_the_lease_and_a_seen_result(store: SessionStore) -> None:
-    store.create_session("s")
+    make_session(store, "s")
     u = store.append_message("s", "user", "hello")
     a = store.append_message("s", "assistant", "hi")
     d = delivery(store, "s", 1)
@@ -64,7 +64,7 @@ def test_compaction_needs_the_lease_and_a_seen_result(store: SessionStore) -> No
 def test_a_v3_file_upgrades_to_the_current_version(tmp_path: Path) -> None:
     path = tmp_path / "sessions.db"
     with session_file_store(path) as store:
-        store.create_session("s")
+        make_session(store, "s")
         store.append_message("s", "user", "old")
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA foreign_keys = OFF")

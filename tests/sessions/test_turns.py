@@ -16,7 +16,15 @@ from gateway.session import (
     TurnStart,
     build_session_key,
 )
-from tests.sessions._support import append_turn, begin, delivery, run_sync, state_of, writes
+from tests.sessions._support import (
+    append_turn,
+    begin,
+    delivery,
+    make_session,
+    run_sync,
+    state_of,
+    writes,
+)
 
 API = SessionSource(platform=Platform.API_SERVER, chat_id="sess_new")
 PROBE = "probe:0:z"
@@ -38,7 +46,7 @@ TURN = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hel
 
 @pytest.fixture
 def store_a(store: SessionStore) -> SessionStore:
-    store.create_session("sess_a")
+    make_session(store, "sess_a")
     return store
 
 
@@ -120,7 +128,7 @@ def test_idempotency_record_survives_session_delete(store_a: SessionStore) -> No
 
 def test_find_session_by_key(store: SessionStore) -> None:
     source = SessionSource(platform=Platform.API_SERVER, chat_id="sess_k")
-    store.create_session("sess_k", source=source)
+    make_session(store, "sess_k", source=source)
     found = store.find_session_by_key(build_session_key(source))
     assert found is not None and found.id == "sess_k"
     assert store.find_session_by_key("agent:main:nothing") is None
@@ -131,12 +139,12 @@ def test_find_session_by_key(store: SessionStore) -> None:
 
 def test_a_turn_tells_unknown_from_deleted(store: SessionStore) -> None:
     assert state_of(store, "sess_x") == "unknown"
-    store.create_session("sess_x")
+    make_session(store, "sess_x")
     assert state_of(store, "sess_x") == "live"
     assert store.delete_session("sess_x") is True
     assert state_of(store, "sess_x") == "deleted"
     assert store.get_session("sess_x") is None
-    store.create_session("sess_x")  # explicit creation revives the id
+    make_session(store, "sess_x")  # explicit creation revives the id
     assert state_of(store, "sess_x") == "live"
 
 

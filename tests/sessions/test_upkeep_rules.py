@@ -11,7 +11,7 @@ import time
 from delivery.session_backend import SessionBackend
 from gateway.config import Platform
 from gateway.session import SessionSource, SessionStore
-from tests.sessions._support import begin, delivery, run_sync, state_of, writes
+from tests.sessions._support import begin, delivery, make_session, run_sync, state_of, writes
 
 LATER = time.time() + 3600.0  # "before" in the future: every row is old enough
 API = SessionSource(platform=Platform.API_SERVER, chat_id="c")
@@ -44,9 +44,9 @@ def test_idempotency_prune_forgets_finished_records_never_a_running_claim(
 
 def test_tombstone_prune_forgets_deleted_ids(store: SessionStore, backend: SessionBackend) -> None:
     for sid in ("gone_1", "gone_2"):
-        store.create_session(sid)
+        make_session(store, sid)
         store.delete_session(sid)
-    store.create_session("kept")
+    make_session(store, "kept")
     assert state_of(store, "gone_1") == "deleted"
     assert backend.prune_tombstones(LATER, 10, dry_run=True) == 2
     assert state_of(store, "gone_1") == "deleted"
@@ -58,7 +58,7 @@ def test_tombstone_prune_forgets_deleted_ids(store: SessionStore, backend: Sessi
 
 def _compacted(store: SessionStore) -> tuple[list[int], int]:
     """A session ``s`` whose first two rows a compaction archived: (their ids, summary id)."""
-    store.create_session("s")
+    make_session(store, "s")
     old = [store.append_message("s", "user", "hello").id]
     old.append(store.append_message("s", "assistant", "hi").id)
     store.append_message("s", "user", "newest")
@@ -88,8 +88,8 @@ def test_archived_prune_deletes_only_archived_rows(
 
 
 def test_a_compaction_naming_another_sessions_row_is_refused_whole(store: SessionStore) -> None:
-    store.create_session("s")
-    store.create_session("other")
+    make_session(store, "s")
+    make_session(store, "other")
     mine = store.append_message("s", "user", "mine").id
     theirs = store.append_message("other", "user", "theirs").id
     store.take_turn("s", "st_1")
@@ -105,7 +105,7 @@ def test_a_compaction_naming_another_sessions_row_is_refused_whole(store: Sessio
 def test_unfolded_deliveries_are_those_no_turn_folded(
     store: SessionStore, backend: SessionBackend
 ) -> None:
-    store.create_session("s")
+    make_session(store, "s")
     delivery(store, "s", 1)
     delivery(store, "s", 2)
     wanted = [("s", "deleg:1"), ("s", "deleg:2"), ("s", "deleg:3"), ("nobody", "deleg:1")]
