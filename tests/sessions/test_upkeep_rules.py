@@ -1,14 +1,16 @@
 """The upkeep side of the session store (``SessionUpkeep``), on every backend: the rules
 ``delivery.session_rules`` writes once for retention (what each prune forgets, and what it
 never touches), a dry run that only counts, and a compaction that names another session's
-row refused whole. ``delivery.retention`` drives these prunes; here they are proved on the
-store itself."""
+row refused whole; background units' approvals listed oldest first, and decided approvals
+kept a day. ``delivery.retention`` drives the prunes; here they are proved on the store
+itself."""
 
 from __future__ import annotations
 
 import time
 
-from delivery.session_backend import SessionBackend
+from delivery.session_backend import ApprovalRecord, SessionBackend
+from delivery.session_rules import KEEP_DECIDED_SECONDS
 from gateway.config import Platform
 from gateway.session import SessionSource, SessionStore
 from tests.sessions._support import begin, delivery, make_session, run_sync, state_of, writes
@@ -113,3 +115,39 @@ def test_unfolded_deliveries_are_those_no_turn_folded(
     assert len(begin(store, "s").taken) == 2
     assert backend.unfolded_deliveries(wanted) == set()
     assert backend.unfolded_deliveries([]) == set()
+
+
+def _approval(aid: str, *, created_at: float, unit: bool) -> ApprovalRecord:
+    return ApprovalRecord(
+        aid,
+        "s",
+        "" if unit else "st_1",
+        f"echo {aid}",
+        "pending",
+        created_at,
+        unit_id=f"deleg_{aid}" if unit else "",
+        owner="someone" if unit else "",
+        expires_at=created_at + 60.0 if unit else 0.0,
+    )
+
+
+def test_unit_approvals_are_listed_oldest_first_and_decided_ones_kept_a_day(
+    store: SessionStore,
+) -> None:
+    now = time.time()
+    make_session(store, "s")
+    store.take_turn("s", "st_1")
+    assert store.ask_approval(_approval("u_new", created_at=now, unit=True))
+    assert store.ask_approval(_approval("u_old", created_at=now - 5.0, unit=True))
+    assert store.ask_approval(_approval("turn", created_at=now, unit=False))  # a turn's
+    assert [a.id for a in store.pending_unit_approvals()] == ["u_old", "u_new"]
+    assert store.decide_approval("u_old", True)[1]
+    assert [a.id for a in store.pending_unit_approvals()] == ["u_new"]
+    # A day later, the next approval asked forgets what was decided before then (and
+    # nothing pending); until then a decided one stays, told apart from an unknown id.
+    assert store.get_approval("u_old") is not None
+    assert store.ask_approval(
+        _approval("u_later", created_at=now + KEEP_DECIDED_SECONDS, unit=True)
+    )
+    assert store.get_approval("u_old") is None
+    assert store.get_approval("u_new") is not None and store.get_approval("turn") is not None
