@@ -53,7 +53,7 @@ class CountingModel:
 
 async def run(turns: int, window: int, message_chars: int, directory: Path) -> dict[str, Any]:
     store = SessionStore(storage.sqlite_files(sessions=directory / "s.db").open_sessions())
-    store.create_session(SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
+    await store.acreate_session(SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
     model = CountingModel()
     compactor = (
         Compactor(store, provider_summariser(model), CompactionPolicy(context_window=window))

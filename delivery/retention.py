@@ -49,7 +49,7 @@ from delivery.events import transcript_key
 from delivery.inbound_backend import HookBackend
 from delivery.responses_backend import ResponsesBackend
 from delivery.rows import SettledRow
-from delivery.session_backend import SessionBackend
+from delivery.session_backend import SessionUpkeep
 from delivery.states import ACTIVE_STATES
 from delivery.webui_state import WebUIStateBackend
 
@@ -116,7 +116,7 @@ class RetentionStores:
     composition root passes the opener's), converting older files when ``convert``."""
 
     ledger: LedgerStore
-    sessions: SessionBackend | None = None
+    sessions: SessionUpkeep | None = None
     webui: WebUIStateBackend | None = None
     processes_dir: Path | None = None
     reclaim: Callable[[bool], list[SpaceReport]] | None = None

@@ -1,8 +1,12 @@
-"""The storage seam of the session store: what a transcript backend provides, in typed records.
+"""The storage seam of the session store: its typed records, and its protocol split by audience.
 
-``gateway.session.SessionStore`` is the face callers use; it speaks this protocol to a
-backend (``storage.sqlite.sessions`` by default, ``storage.memory.sessions`` for tests,
-PostgreSQL later). The rules every backend keeps, proved by ``tests/sessions/``:
+``gateway.session.SessionStore`` is the face callers use; it speaks ``SessionBackend`` to a
+backend the opener hands out (``storage.{sqlite,postgres,memory}.sessions``). The protocol
+is the union of three audiences, and a caller types its dependency with the narrowest:
+``SessionTurns`` (the turn service's writes), ``SessionViews`` (the read-only views of the
+web UI, operators and metrics) and ``SessionUpkeep`` (compaction and retention). Its rules
+are written once, in ``delivery.session_rules``, over the row-level port every dialect
+implements (``delivery.session_rows``); ``tests/sessions/`` proves them on every backend:
 
 * Each operation is atomic; a write that raises has written nothing.
 * Message ids grow across the whole store and are never reused (clients page with
@@ -11,15 +15,15 @@ PostgreSQL later). The rules every backend keeps, proved by ``tests/sessions/``:
   however many turns or processes race for it.
 * Tombstones: deleting a session id records a tombstone. The id's state is then "deleted"
   (as ``abegin_turn`` reports it), and writes that only *continue* a session
-  (``append_message``, ``append_turn``, and ``append_turn`` with ``create``) raise
+  (``append_message``, ``aappend_turn``, and ``aappend_turn`` with ``create``) raise
   SessionGone for it: a turn that started before the delete can never silently bring the
-  session back. Only an explicit creation (``create_session``, or ``abegin_turn`` with
+  session back. Only an explicit creation (``acreate_session``, or ``abegin_turn`` with
   ``create``, both made before a turn runs) revives the id and clears its tombstone.
 * A begin-turn with nothing to fold only reads; it reaches the writer only to fold or create.
 * Compaction archives, never deletes: ``acompact`` writes one summary row and marks the rows
   it replaces archived (``archived_at``, and the summary's id) in one commit, and only
   while the caller's turn lease holds the session. A delivery row is archived only once a
-  stored turn saw it (``seen``: ``append_turn`` marks the rows its model call was shown, in
+  stored turn saw it (``seen``: ``aappend_turn`` marks the rows its model call was shown, in
   the turn's own commit); anything else refuses the whole compaction and writes nothing.
   Archived rows stay in every transcript read, flagged ``archived``.
 * A session's running turn is a lease (``take_turn``): one holder at a time across every
@@ -58,6 +62,9 @@ __all__ = [
     "SessionState",
     "SessionStoreError",
     "SessionTaken",
+    "SessionTurns",
+    "SessionUpkeep",
+    "SessionViews",
     "TurnLease",
     "TurnStart",
     "encode_json",
@@ -395,36 +402,18 @@ class MessageHit:
 # --------------------------------------------------------------------------- protocol
 
 
-class SessionBackend(Protocol):
-    """A store of sessions, transcripts, tombstones and idempotency records.
+class SessionTurns(Protocol):
+    """The turn service's side: what conversations write. Sessions created, titled and
+    deleted; a turn begun (folding what waits) and stored with its idempotency record; the
+    turn lease and the approvals its turn asks.
 
     Every method may raise SessionStoreError (closed, unavailable). Methods with an ``a``
     prefix are coroutines that never block the event loop on I/O. Records are snapshots:
     callers cannot change the store through them.
     """
 
-    @property
-    def url(self) -> str:
-        """Where the store is, e.g. ``sqlite:///abs/path/sessions.db`` or ``memory://...``."""
-
-    # -- sessions
-    def create_session(self, session_id: str, new: NewSession) -> SessionRecord:
+    async def acreate_session(self, session_id: str, new: NewSession) -> SessionRecord:
         """Create (reviving a tombstoned id), or return the existing session unchanged."""
-
-    async def acreate_session(self, session_id: str, new: NewSession) -> SessionRecord: ...
-
-    def get_session(self, session_id: str) -> SessionRecord | None: ...
-
-    def list_sessions(self, limit: int, offset: int) -> list[SessionRecord]:
-        """Most recently active first (``updated_at`` descending, then id)."""
-
-    def find_session_by_key(self, session_key: str) -> SessionRecord | None:
-        """The most recently active session with this routing key."""
-
-    async def asessions_by_prefix(self, prefix: str, limit: int) -> PrefixSessions:
-        """Live sessions whose id is ``prefix`` or starts with ``prefix + "_"``, with their
-        transcripts, oldest session first (at most ``limit``), and whether ``prefix`` itself
-        is tombstoned: the candidates a headerless API request may be continuing."""
 
     async def aset_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
         """Give a live session its title (only when it has none, with ``if_untitled``);
@@ -438,45 +427,10 @@ class SessionBackend(Protocol):
         live: a delete racing a session's first turn still wins). True when a live session
         was removed."""
 
-    def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
-        """Mark the session's messages ``ids`` (not delivery rows) superseded (an edit or a
-        regeneration replaced them): ``display_metadata["superseded"] = how``. They stay in
-        the transcript, shown as earlier versions, and leave the model's context. How many."""
-
-    # -- search
-    def search_messages(self, terms: Sequence[str], limit: int) -> list[MessageHit]:
-        """The newest ``limit`` messages of live sessions in which every term starts a word
-        (``search_terms``), newest first: SQLite full-text search (FTS5), PostgreSQL's
-        (tsvector), a scan in memory."""
-
-    # -- messages
     def append_message(self, session_id: str, message: NewMessage) -> MessageRecord:
         """Append one message (or return the row its dedupe key already names)."""
 
-    def messages(self, session_id: str, after_id: int, limit: int | None) -> list[MessageRecord]:
-        """Transcript in order, ids > ``after_id``; SessionGone unless live."""
-
-    def messages_before(self, session_id: str, before_id: int, limit: int) -> list[MessageRecord]:
-        """The ``limit`` newest messages with ids < ``before_id``, in order (a page of the
-        transcript read from its end); SessionGone unless live."""
-
-    # -- turns
     async def abegin_turn(self, session_id: str, create: NewSession | None) -> TurnStart: ...
-
-    def append_turn(
-        self,
-        session_id: str,
-        messages: Sequence[NewMessage],
-        *,
-        create: NewSession | None = None,
-        idempotency_key: str | None = None,
-        response_json: str | None = None,
-        seen: Sequence[int] = (),
-    ) -> list[MessageRecord]:
-        """Append a turn and, with ``idempotency_key``, record its response as done, in one
-        commit. ``create`` inserts the session when absent; a tombstoned id raises
-        SessionGone whether or not ``create`` is given. ``seen``: the folded delivery rows
-        of this session the turn's model call was shown, marked seen in the same commit."""
 
     async def aappend_turn(
         self,
@@ -488,16 +442,12 @@ class SessionBackend(Protocol):
         response_json: str | None = None,
         seen: Sequence[int] = (),
     ) -> None:
-        """Like ``append_turn``; the rows are not read back."""
+        """Append a turn and, with ``idempotency_key``, record its response as done, in one
+        commit. ``create`` inserts the session when absent; a tombstoned id raises
+        SessionGone whether or not ``create`` is given. ``seen``: the folded delivery rows
+        of this session the turn's model call was shown, marked seen in the same commit.
+        The rows are not read back (a transcript read shows them)."""
 
-    async def acompact(self, session_id: str, compaction: Compaction) -> MessageRecord | None:
-        """Commit a compaction in one transaction: insert the summary row and archive the
-        rows it replaces (``archived_at`` now, ``summary_id`` the summary's id). None, with
-        nothing written, unless the lease ``compaction.stream_id`` holds the live session
-        and every row named is this session's, not archived, and (a delivery row) folded
-        and seen."""
-
-    # -- idempotency
     def claim_idempotent(
         self,
         key: str,
@@ -509,7 +459,6 @@ class SessionBackend(Protocol):
 
     def release_idempotent(self, key: str, owner: str) -> bool: ...
 
-    # -- running turns and their approvals
     def take_turn(
         self,
         session_id: str,
@@ -530,9 +479,6 @@ class SessionBackend(Protocol):
     def end_turn(self, session_id: str, stream_id: str) -> bool:
         """Free the session if the turn holds it and deny what it still asks."""
 
-    def running_turns(self) -> list[TurnLease]:
-        """The leases not lapsed (a dead holder's included: the caller judges it)."""
-
     def ask_approval(self, approval: ApprovalRecord) -> bool:
         """Record a pending approval; False (nothing written) when its turn no longer holds
         the session. A background unit's (``unit_id``) is recorded whatever holds it."""
@@ -545,20 +491,76 @@ class SessionBackend(Protocol):
         """Settle a pending approval as ``expired`` (nobody can answer it any more), like
         ``decide_approval``."""
 
-    def pending_unit_approvals(self) -> list[ApprovalRecord]:
-        """Every pending approval of a background unit, oldest first (expired ones
-        included: the caller settles them)."""
+
+class SessionViews(Protocol):
+    """The read-only side: what the web UI, operators and metrics read (sessions,
+    transcripts, search, running turns, approvals, counters). Nothing here writes."""
+
+    @property
+    def url(self) -> str:
+        """Where the store is, e.g. ``sqlite:///abs/path/sessions.db`` or ``memory://...``."""
+
+    def get_session(self, session_id: str) -> SessionRecord | None: ...
+
+    def list_sessions(self, limit: int, offset: int) -> list[SessionRecord]:
+        """Most recently active first (``updated_at`` descending, then id)."""
+
+    def find_session_by_key(self, session_key: str) -> SessionRecord | None:
+        """The most recently active session with this routing key."""
+
+    async def asessions_by_prefix(self, prefix: str, limit: int) -> PrefixSessions:
+        """Live sessions whose id is ``prefix`` or starts with ``prefix + "_"``, with their
+        transcripts, oldest session first (at most ``limit``), and whether ``prefix`` itself
+        is tombstoned: the candidates a headerless API request may be continuing."""
+
+    def search_messages(self, terms: Sequence[str], limit: int) -> list[MessageHit]:
+        """The newest ``limit`` messages of live sessions in which every term starts a word
+        (``search_terms``), newest first: SQLite full-text search (FTS5), PostgreSQL's
+        (tsvector), a scan in memory."""
+
+    def messages(self, session_id: str, after_id: int, limit: int | None) -> list[MessageRecord]:
+        """Transcript in order, ids > ``after_id``; SessionGone unless live."""
+
+    def messages_before(self, session_id: str, before_id: int, limit: int) -> list[MessageRecord]:
+        """The ``limit`` newest messages with ids < ``before_id``, in order (a page of the
+        transcript read from its end); SessionGone unless live."""
+
+    def running_turns(self) -> list[TurnLease]:
+        """The leases not lapsed (a dead holder's included: the caller judges it)."""
 
     def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
 
     def pending_approval(self, session_id: str) -> ApprovalRecord | None:
         """The approval the session's running turn waits for, if any."""
 
+    def pending_unit_approvals(self) -> list[ApprovalRecord]:
+        """Every pending approval of a background unit, oldest first (expired ones
+        included: the caller settles them)."""
+
     def approval_counts(self) -> dict[str, int]:
         """Stored approvals by status: pending, and decided ones while they are kept (the
         ``reveille_approvals`` metric)."""
 
-    # -- retention (``delivery.retention``)
+    def stats(self) -> dict[str, int]:
+        """Counters; ``writes`` counts committed write operations (reads never add to it)."""
+
+
+class SessionUpkeep(Protocol):
+    """Compaction and retention: what rewrites or forgets stored rows, never what a turn
+    needs to run (a compaction, a superseded message, the prunes of ``delivery.retention``)."""
+
+    async def acompact(self, session_id: str, compaction: Compaction) -> MessageRecord | None:
+        """Commit a compaction in one transaction: insert the summary row and archive the
+        rows it replaces (``archived_at`` now, ``summary_id`` the summary's id). None, with
+        nothing written, unless the lease ``compaction.stream_id`` holds the live session
+        and every row named is this session's, not archived, and (a delivery row) folded
+        and seen."""
+
+    def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
+        """Mark the session's messages ``ids`` (not delivery rows) superseded (an edit or a
+        regeneration replaced them): ``display_metadata["superseded"] = how``. They stay in
+        the transcript, shown as earlier versions, and leave the model's context. How many."""
+
     def prune_idempotency(self, before: float, limit: int, *, dry_run: bool = False) -> int:
         """Forget at most ``limit`` finished idempotency records last written before
         ``before`` (with ``dry_run`` only count them); a running one is a live claim and is
@@ -577,9 +579,9 @@ class SessionBackend(Protocol):
         """Of the (session id, dedupe key) pairs, those naming a delivery row that no turn
         has folded yet: results their conversation has still to see."""
 
-    # -- housekeeping
-    def stats(self) -> dict[str, int]:
-        """Counters; ``writes`` counts committed write operations (reads never add to it)."""
+
+class SessionBackend(SessionTurns, SessionViews, SessionUpkeep, Protocol):
+    """The whole session store, as the opener hands it out and ``SessionStore`` wraps it."""
 
     def close(self) -> None:
         """Idempotent; any later call raises SessionStoreError."""

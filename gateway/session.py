@@ -1,8 +1,7 @@
 """Sessions: where a conversation came from, how it is routed, and its durable transcript.
 
-* ``SessionSource`` names the origin of a conversation (platform, chat, thread, user).
-* ``build_session_key`` turns a source into the deterministic routing key that completion
-  events carry (``session_key``), so a wake-up finds the chat that started the work.
+* ``SessionSource`` names the origin of a conversation (platform, chat, thread, user) and
+  ``build_session_key`` its routing key (both in ``gateway.session_source``, named here too).
 * ``SessionStore`` is the face callers use for sessions and their transcripts, including
   the delivery rows that background completions leave in API-server sessions and that the
   next client turn folds into its context exactly once. It validates and encodes, then
@@ -17,7 +16,6 @@ import json
 import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +39,7 @@ from delivery.session_backend import (
     encode_json,
     search_terms,
 )
-from gateway.config import Platform
+from gateway.session_source import SessionSource, build_session_key
 
 __all__ = [
     "MessageRecord",
@@ -60,156 +58,6 @@ __all__ = [
 ]
 
 _SESSION_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-
-
-# --------------------------------------------------------------------------- sources
-
-
-def _coerce_text(value: Any, name: str, *, required: bool) -> str | None:
-    if value is None:
-        if required:
-            raise ValueError(f"SessionSource: missing required field {name!r}")
-        return None
-    # bool is an int subclass; True as a chat id is always a bug upstream.
-    if isinstance(value, bool):
-        raise ValueError(f"SessionSource: {name} must be a string, got bool")
-    if isinstance(value, int):
-        # Platforms such as Telegram hand out numeric ids; the key and JSON want text.
-        return str(value)
-    if not isinstance(value, str):
-        raise ValueError(f"SessionSource: {name} must be a string, got {type(value).__name__}")
-    if required and not value:
-        raise ValueError(f"SessionSource: {name} must not be empty")
-    return value
-
-
-def _coerce_platform(value: Any) -> Platform:
-    try:
-        return Platform(value)
-    except (ValueError, TypeError):
-        known = ", ".join(p.value for p in Platform)
-        raise ValueError(
-            f"SessionSource: unknown platform {value!r} (expected one of: {known})"
-        ) from None
-
-
-@dataclass
-class SessionSource:
-    """Where a conversation originates: enough to route a reply or wake-up back to it."""
-
-    platform: Platform
-    chat_id: str
-    chat_type: str = "dm"
-    user_id: str | None = None
-    user_name: str | None = None
-    thread_id: str | None = None
-    chat_name: str | None = None
-    chat_topic: str | None = None
-    """The channel's topic or description, where the platform has one."""
-    user_id_alt: str | None = None
-    """A platform's second stable user id (e.g. a Signal UUID beside the phone number)."""
-
-    def __post_init__(self) -> None:
-        # Accept "telegram" as well as Platform.TELEGRAM, and numeric ids, so that a source
-        # built by an adapter equals the same source read back from JSON.
-        self.platform = _coerce_platform(self.platform)
-        for name in ("chat_id", "user_id", "thread_id", "user_id_alt"):
-            value = getattr(self, name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                setattr(self, name, str(value))
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe form; ``from_dict(to_dict())`` returns an equal source."""
-        return {
-            "platform": self.platform.value,
-            "chat_id": self.chat_id,
-            "chat_type": self.chat_type,
-            "user_id": self.user_id,
-            "user_name": self.user_name,
-            "thread_id": self.thread_id,
-            "chat_name": self.chat_name,
-            "chat_topic": self.chat_topic,
-            "user_id_alt": self.user_id_alt,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SessionSource:
-        """Validate and build a source from persisted or wire data.
-
-        Raises ValueError for a non-mapping, an unknown platform, a missing/empty chat_id or
-        wrongly typed fields. Unknown keys are ignored so newer writers stay readable.
-        """
-        if not isinstance(d, Mapping):
-            raise ValueError(f"SessionSource.from_dict expects a mapping, got {type(d).__name__}")
-        platform = _coerce_platform(d.get("platform"))
-        user_id = _coerce_text(d.get("user_id"), "user_id", required=False)
-        # A source without a chat is anchored on its user (see build_session_key).
-        chat_id = _coerce_text(d.get("chat_id"), "chat_id", required=not user_id) or ""
-        chat_type = d.get("chat_type")
-        if chat_type is None:
-            chat_type = "dm"
-        elif not isinstance(chat_type, str) or not chat_type:
-            raise ValueError("SessionSource: chat_type must be a non-empty string")
-        return cls(
-            platform=platform,
-            chat_id=chat_id,
-            chat_type=chat_type,
-            user_id=user_id,
-            user_name=_coerce_text(d.get("user_name"), "user_name", required=False),
-            thread_id=_coerce_text(d.get("thread_id"), "thread_id", required=False),
-            chat_name=_coerce_text(d.get("chat_name"), "chat_name", required=False),
-            chat_topic=_coerce_text(d.get("chat_topic"), "chat_topic", required=False),
-            user_id_alt=_coerce_text(d.get("user_id_alt"), "user_id_alt", required=False),
-        )
-
-
-def _escape_key_part(value: str) -> str:
-    # A prefix-free substitution (only '%' and ':' change), so the escaped text never
-    # contains ':' and decodes uniquely: the key splits back into its exact components and
-    # two different sources can never produce the same key.
-    return value.replace("%", "%25").replace(":", "%3A")
-
-
-def build_session_key(
-    source: SessionSource,
-    agent: str = "main",
-    *,
-    group_sessions_per_user: bool = False,
-    thread_sessions_per_user: bool = False,
-) -> str:
-    """Deterministic routing key, e.g. ``agent:main:telegram:group:chat-1[:thread:<id>]``.
-
-    Every free-form component is escaped so chat ids containing ':' cannot collide with a
-    different chat/thread combination. An empty thread_id counts as "no thread".
-
-    A source without a chat id is anchored on its user (``...:dm::user:<id>``): one key for
-    every user of a platform would be one conversation shared by all of them. Both empty is
-    refused. ``group_sessions_per_user`` gives each participant of a group chat (outside a
-    thread) a conversation of their own, ``thread_sessions_per_user`` the same inside
-    threads (the keywords of hermes-agent's function; off by default here, where a chat or
-    forum topic is one conversation).
-    """
-    if not agent:
-        raise ValueError("build_session_key: agent must be a non-empty string")
-    platform = _coerce_platform(source.platform)
-    chat_id = str(source.chat_id or "")
-    user_id = str(source.user_id or "")
-    if not chat_id and not user_id:
-        raise ValueError("build_session_key: the source has neither a chat_id nor a user_id")
-    parts = [
-        "agent",
-        _escape_key_part(agent),
-        _escape_key_part(platform.value),
-        _escape_key_part(str(source.chat_type)),
-        _escape_key_part(chat_id),
-    ]
-    if source.thread_id:
-        parts += ["thread", _escape_key_part(str(source.thread_id))]
-    per_user = thread_sessions_per_user if source.thread_id else group_sessions_per_user
-    is_dm = str(source.chat_type) == "dm"
-    if user_id and (not chat_id or (per_user and not is_dm)):
-        parts += ["user", _escape_key_part(user_id)]
-    return ":".join(parts)
 
 
 # --------------------------------------------------------------------------- ids
@@ -280,9 +128,9 @@ class SessionStore:
     callers use ``asyncio.to_thread``.
 
     Tombstones: ``delete_session`` records the id as deleted. Writes that continue a
-    session (``append_message``, ``append_turn`` with or without ``create``) raise
+    session (``append_message``, ``aappend_turn`` with or without ``create``) raise
     SessionGone for it, so a turn that began before the delete cannot bring the session
-    back; ``abegin_turn`` reports it ``"deleted"``. ``create_session`` and ``abegin_turn``
+    back; ``abegin_turn`` reports it ``"deleted"``. ``acreate_session`` and ``abegin_turn``
     with ``create_with`` are explicit creations made before a turn runs: they revive the id.
     """
 
@@ -319,7 +167,7 @@ class SessionStore:
 
     # ----------------------------------------------------------------- sessions
 
-    def create_session(
+    async def acreate_session(
         self,
         session_id: str | None = None,
         *,
@@ -332,17 +180,6 @@ class SessionStore:
 
         An explicit creation: a deleted (tombstoned) id is created afresh.
         """
-        session_id, new = self._creation(session_id, source, title, exclusive)
-        return self._backend.create_session(session_id, new)
-
-    async def acreate_session(
-        self,
-        session_id: str | None = None,
-        *,
-        source: SessionSource | None = None,
-        title: str | None = None,
-        exclusive: bool = False,
-    ) -> SessionRecord:
         session_id, new = self._creation(session_id, source, title, exclusive)
         return await self._backend.acreate_session(session_id, new)
 
@@ -488,7 +325,7 @@ class SessionStore:
         create = _new_session(create_with, None) if create_with is not None else None
         return await self._backend.abegin_turn(session_id, create)
 
-    def append_turn(
+    async def aappend_turn(
         self,
         session_id: str,
         messages: Sequence[Mapping[str, Any]],
@@ -499,8 +336,9 @@ class SessionStore:
         title: str | None = None,
         exclusive: bool = False,
         seen: Sequence[int] = (),
-    ) -> list[MessageRecord]:
-        """Append a turn's messages and, with ``idempotency_key``, record its response.
+    ) -> None:
+        """Append a turn's messages and, with ``idempotency_key``, record its response; the
+        rows are not read back (the turn goes in as one statement where the backend can).
 
         One transaction: after a crash either the whole turn and its idempotency record are
         there (a repeated request gets the stored response) or neither is (the repeat runs
@@ -518,27 +356,6 @@ class SessionStore:
         args = self._turn_args(
             session_id, messages, idempotency_key, response, create, title, exclusive
         )
-        return self._backend.append_turn(session_id, args[0], seen=seen, **args[1])
-
-    async def aappend_turn(
-        self,
-        session_id: str,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        idempotency_key: str | None = None,
-        response: Mapping[str, Any] | None = None,
-        create: SessionSource | None = None,
-        title: str | None = None,
-        exclusive: bool = False,
-        seen: Sequence[int] = (),
-    ) -> None:
-        """Like ``append_turn``, awaited without a thread hop; returns nothing.
-
-        The turn goes in as one statement, and the rows are not read back.
-        """
-        args = self._turn_args(
-            session_id, messages, idempotency_key, response, create, title, exclusive
-        )
         await self._backend.aappend_turn(session_id, args[0], seen=seen, **args[1])
 
     async def acompact(
@@ -549,7 +366,7 @@ class SessionStore:
         summary: Mapping[str, Any],
     ) -> MessageRecord | None:
         """Commit a compaction under the turn lease ``stream_id``: the ``summary`` message
-        (a mapping like ``append_turn``'s) replaces ``archive_ids`` in the model's context,
+        (a mapping like ``aappend_turn``'s) replaces ``archive_ids`` in the model's context,
         in one transaction; None, with nothing written, when the store refuses it (see
         ``delivery.session_backend.SessionBackend.acompact``)."""
         new = NewMessage.build(summary)

@@ -22,7 +22,7 @@ from typing import Any
 from delivery.events import ASYNC_DELEGATION, PROCESS_COMPLETION
 from delivery.ids import unit_handles
 from delivery.ledger import Ledger
-from delivery.session_backend import SessionBackend, SessionRecord
+from delivery.session_backend import SessionRecord, SessionViews
 from delivery.states import State
 
 __all__ = ["LOST_ERROR", "MissingUnit", "missing_units", "record_lost"]
@@ -48,7 +48,7 @@ class MissingUnit:
         return "delegation" if self.handle.startswith("deleg_") else "process"
 
 
-def _sessions(sessions: SessionBackend) -> list[SessionRecord]:
+def _sessions(sessions: SessionViews) -> list[SessionRecord]:
     found: list[SessionRecord] = []
     while page := sessions.list_sessions(_PAGE, len(found)):
         found.extend(page)
@@ -57,7 +57,7 @@ def _sessions(sessions: SessionBackend) -> list[SessionRecord]:
     return found
 
 
-def _named(sessions: SessionBackend, session_id: str) -> list[str]:
+def _named(sessions: SessionViews, session_id: str) -> list[str]:
     """The handles the replies of one session name (the model's own words; never the
     user's, which may quote anything)."""
     handles: list[str] = []
@@ -70,7 +70,7 @@ def _named(sessions: SessionBackend, session_id: str) -> list[str]:
     return list(dict.fromkeys(handles))
 
 
-def missing_units(ledger: Ledger, sessions: SessionBackend) -> list[MissingUnit]:
+def missing_units(ledger: Ledger, sessions: SessionViews) -> list[MissingUnit]:
     """Every started unit a transcript names whose ledger row (or tombstone) is absent."""
     missing = []
     for session in _sessions(sessions):

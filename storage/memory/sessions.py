@@ -1,11 +1,12 @@
-"""An in-memory ``SessionBackend``: the SQLite backend's semantics, nothing on disk.
+"""An in-memory ``SessionBackend``: the SQL backends' semantics, nothing on disk.
 
-For tests and for embedding where no transcript must outlive the process. Every operation
-runs under one lock and checks everything before it changes anything, so an operation that
-raises has changed nothing (what a SQLite transaction gives). JSON values are kept as their
-stored text and decoded on every read, so callers never share the store's objects and get
-back exactly what SQLite would return. Coroutine variants run inline: each operation is a
-few dictionary steps under an uncontended lock, cheaper than a thread hop.
+For tests and for embedding where no transcript must outlive the process. The rules are
+``delivery.session_rules``'s; this module is ``MemoryRows``, the rows of the port kept in
+dictionaries, and a transaction that is one lock. Every rule checks before it writes, so
+an operation that raises has changed nothing (what a SQL transaction gives). JSON values are
+kept as their stored text and decoded on every read, so callers never share the store's
+objects and get back exactly what SQL would return. Coroutine variants run inline: each
+operation is a few dictionary steps under an uncontended lock, cheaper than a thread hop.
 """
 
 from __future__ import annotations
@@ -15,34 +16,28 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from delivery.session_backend import (
     ApprovalRecord,
     ApprovalStatus,
-    Compaction,
     IdempotencyRecord,
     MessageHit,
     MessageRecord,
     NewMessage,
     NewSession,
-    PrefixSessions,
-    SessionBackend,
-    SessionGone,
     SessionRecord,
-    SessionState,
     SessionStoreError,
-    SessionTaken,
     TurnLease,
-    TurnStart,
     decode_json,
     encode_json,
     mark_snippet,
 )
+from delivery.session_rows import SessionRows
+from delivery.session_rules import SessionRules
 
 T = TypeVar("T")
 _stores = itertools.count(1)
-_KEEP_DECIDED_SECONDS = 86400.0  # as long as the SQL backends keep a decided approval
 
 
 @dataclass(slots=True)
@@ -120,28 +115,340 @@ class _Idem:
         )
 
 
-def _live(s: _Session) -> tuple[MessageRecord, ...]:
-    """What a turn reads: the transcript less the rows a compaction archived."""
-    return tuple(m.record() for m in s.messages if m.archived_at is None)
-
-
 def _recency(s: _Session) -> tuple[float, str]:
     return (-s.updated_at, s.id)
 
 
-class MemorySessions:
-    """``SessionBackend`` in this process's memory (see the module docstring)."""
+class _State:
+    """Everything one memory store holds."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
+        self.sessions: dict[str, _Session] = {}
+        self.tombstones: dict[str, float] = {}
+        self.idem: dict[str, _Idem] = {}
+        self.turns: dict[str, TurnLease] = {}
+        self.approvals: dict[str, ApprovalRecord] = {}
+        self.next_id = itertools.count(1)  # store-wide, never reused (like AUTOINCREMENT)
+
+
+class MemoryRows:
+    """``SessionRows`` over a ``_State`` (the caller holds its lock)."""
+
+    def __init__(self, state: _State) -> None:
+        self._s = state
+
+    def _rows(self, session_id: str) -> list[_Message]:
+        s = self._s.sessions.get(session_id)
+        return s.messages if s is not None else []
+
+    # -- sessions and tombstones
+
+    def live(self, session_id: str) -> bool:
+        return session_id in self._s.sessions
+
+    def session(self, session_id: str) -> SessionRecord | None:
+        s = self._s.sessions.get(session_id)
+        return s.record() if s is not None else None
+
+    def tombstoned(self, session_id: str) -> bool:
+        return session_id in self._s.tombstones
+
+    def insert_session(self, session_id: str, new: NewSession, now: float) -> bool:
+        if session_id in self._s.sessions:
+            return False
+        self._s.sessions[session_id] = _Session(
+            session_id, new.source_json, new.session_key, new.title, now, now
+        )
+        return True
+
+    def delete_session(self, session_id: str) -> bool:
+        return self._s.sessions.pop(session_id, None) is not None
+
+    def tombstone(self, session_id: str, now: float) -> None:
+        self._s.tombstones[session_id] = now
+
+    def untombstone(self, session_id: str) -> None:
+        self._s.tombstones.pop(session_id, None)
+
+    def touch(self, session_id: str, now: float) -> bool:
+        s = self._s.sessions.get(session_id)
+        if s is not None:
+            s.updated_at = now
+        return s is not None
+
+    def sessions(self, limit: int, offset: int) -> list[SessionRecord]:
+        ordered = sorted(self._s.sessions.values(), key=_recency)
+        return [s.record() for s in ordered[offset : offset + limit]]
+
+    def session_by_key(self, session_key: str) -> SessionRecord | None:
+        hits = [s for s in self._s.sessions.values() if s.session_key == session_key]
+        return min(hits, key=_recency).record() if hits else None
+
+    def prefix_ids(self, prefix: str, limit: int) -> list[str]:
+        hits = sorted(
+            (
+                s
+                for sid, s in self._s.sessions.items()
+                if sid == prefix or sid.startswith(prefix + "_")
+            ),
+            key=lambda s: (s.created_at, s.id),
+        )
+        return [s.id for s in hits[:limit]]
+
+    def set_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
+        s = self._s.sessions.get(session_id)
+        if s is None or (if_untitled and s.title is not None):
+            return False
+        s.title = title
+        return True
+
+    def set_system_prompt(self, session_id: str, prompt: str | None) -> bool:
+        s = self._s.sessions.get(session_id)
+        if s is not None:
+            s.system_prompt = prompt
+        return s is not None
+
+    # -- messages
+
+    def insert_message(self, session_id: str, message: NewMessage, now: float) -> MessageRecord:
+        s = self._s.sessions[session_id]
+        if message.dedupe_key is not None and message.dedupe_key in s.by_dedupe:
+            return s.by_dedupe[message.dedupe_key].record()
+        row = _Message(
+            id=next(self._s.next_id),
+            role=message.role,
+            content=message.content,
+            created_at=now,
+            display_kind=message.display_kind,
+            metadata_json=message.metadata_json,
+            dedupe_key=message.dedupe_key,
+        )
+        s.messages.append(row)
+        if message.dedupe_key is not None:
+            s.by_dedupe[message.dedupe_key] = row
+        return row.record()
+
+    def insert_messages(self, session_id: str, messages: Sequence[NewMessage], now: float) -> None:
+        for m in messages:
+            self.insert_message(session_id, m, now)
+
+    def messages_after(
+        self, session_id: str, after_id: int, limit: int | None
+    ) -> list[MessageRecord]:
+        rows = [m for m in self._rows(session_id) if m.id > after_id]
+        return [m.record() for m in (rows if limit is None else rows[:limit])]
+
+    def messages_before(self, session_id: str, before_id: int, limit: int) -> list[MessageRecord]:
+        rows = [m for m in self._rows(session_id) if m.id < before_id]
+        return [m.record() for m in rows[len(rows) - limit :]] if limit else []
+
+    def transcript(self, session_id: str, *, live: bool) -> list[MessageRecord]:
+        return [m.record() for m in self._rows(session_id) if not live or m.archived_at is None]
+
+    def messages_by_id(self, session_id: str, ids: Sequence[int]) -> list[MessageRecord]:
+        wanted = set(ids)
+        return [m.record() for m in self._rows(session_id) if m.id in wanted]
+
+    def fold(self, session_id: str, upto: int, now: float) -> list[MessageRecord]:
+        taken = [
+            m
+            for m in self._rows(session_id)
+            if m.display_kind is not None and m.folded_at is None and m.id <= upto
+        ]
+        for m in taken:
+            m.folded_at = now
+        return [m.record() for m in taken]
+
+    def mark_seen(self, session_id: str, ids: Sequence[int], now: float) -> None:
+        wanted = set(ids)
+        for m in self._rows(session_id):
+            if m.id in wanted and m.seen_at is None and m.folded_at is not None:
+                m.seen_at = now
+
+    def archive(self, session_id: str, ids: Sequence[int], summary_id: int, now: float) -> None:
+        wanted = set(ids)
+        for m in self._rows(session_id):
+            if m.id in wanted:
+                m.archived_at, m.summary_id = now, summary_id
+
+    def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
+        wanted = set(ids)
+        rows = [m for m in self._rows(session_id) if m.id in wanted and m.display_kind is None]
+        for m in rows:
+            meta = decode_json(m.metadata_json) or {}
+            m.metadata_json = encode_json({**meta, "superseded": how})
+        return len(rows)
+
+    def search(self, terms: Sequence[str], limit: int) -> list[MessageHit]:
+        rows = sorted(
+            ((s.id, m) for s in self._s.sessions.values() for m in s.messages),
+            key=lambda pair: -pair[1].id,
+        )
+        hits: list[MessageHit] = []
+        for session_id, m in rows:
+            snippet = mark_snippet(m.content, terms)
+            if snippet is not None:
+                hits.append(MessageHit(session_id, m.id, m.role, m.created_at, snippet))
+                if len(hits) >= limit:
+                    break
+        return hits
+
+    def unfolded_by_dedupe(self, wanted: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        found = set()
+        for sid, key in wanted:
+            s = self._s.sessions.get(sid)
+            m = s.by_dedupe.get(key) if s is not None else None
+            if m is not None and m.display_kind is not None and m.folded_at is None:
+                found.add((sid, key))
+        return found
+
+    def old_archived(self, before: float, limit: int) -> list[int]:
+        old = sorted(
+            (m.archived_at, m.id)
+            for s in self._s.sessions.values()
+            for m in s.messages
+            if m.archived_at is not None
+            and m.archived_at < before
+            and (m.display_kind is None or m.folded_at is not None)
+        )
+        return [mid for _, mid in old[: max(limit, 0)]]
+
+    def delete_messages(self, ids: Sequence[int]) -> int:
+        gone, count = set(ids), 0
+        for s in self._s.sessions.values():
+            kept = [m for m in s.messages if m.id not in gone]
+            if len(kept) != len(s.messages):
+                count += len(s.messages) - len(kept)
+                s.messages = kept
+                # As a deleted SQL row frees its (session_id, dedupe_key).
+                s.by_dedupe = {k: m for k, m in s.by_dedupe.items() if m.id not in gone}
+        return count
+
+    # -- idempotency records
+
+    def idempotency(self, key: str) -> IdempotencyRecord | None:
+        row = self._s.idem.get(key)
+        return row.record() if row is not None else None
+
+    def claim_idempotency(self, key: str, owner: str, session_id: str | None, now: float) -> None:
+        row = self._s.idem.get(key)
+        if row is None:
+            self._s.idem[key] = _Idem(key, "running", owner, session_id, None, now, now)
+        else:
+            row.state, row.owner, row.session_id, row.updated_at = "running", owner, session_id, now
+
+    def finish_idempotency(
+        self, key: str, session_id: str, response_json: str | None, now: float
+    ) -> None:
+        row = self._s.idem.get(key)
+        if row is None:
+            self._s.idem[key] = _Idem(key, "done", None, session_id, response_json, now, now)
+        else:
+            row.state, row.owner, row.session_id = "done", None, session_id
+            row.response_json, row.updated_at = response_json, now
+
+    def delete_idempotency(self, key: str) -> None:
+        self._s.idem.pop(key, None)
+
+    def old_idempotency(self, before: float, limit: int) -> list[str]:
+        old = sorted(
+            (r.updated_at, r.key)
+            for r in self._s.idem.values()
+            if r.state == "done" and r.updated_at < before
+        )
+        return [key for _, key in old[: max(limit, 0)]]
+
+    def forget_idempotency(self, keys: Sequence[str]) -> int:
+        done = [k for k in keys if k in self._s.idem and self._s.idem[k].state == "done"]
+        for k in done:
+            del self._s.idem[k]
+        return len(done)
+
+    def old_tombstones(self, before: float, limit: int) -> list[str]:
+        old = sorted((at, sid) for sid, at in self._s.tombstones.items() if at < before)
+        return [sid for _, sid in old[: max(limit, 0)]]
+
+    def forget_tombstones(self, ids: Sequence[str]) -> int:
+        return sum(self._s.tombstones.pop(sid, None) is not None for sid in ids)
+
+    # -- turn leases
+
+    def lease(self, session_id: str) -> TurnLease | None:
+        return self._s.turns.get(session_id)
+
+    def put_lease(self, lease: TurnLease) -> None:
+        self._s.turns[lease.session_id] = lease
+
+    def extend_lease(self, session_id: str, stream_id: str, expires_at: float) -> bool:
+        held = self._s.turns.get(session_id)
+        if held is None or held.stream_id != stream_id:
+            return False
+        self._s.turns[session_id] = replace(held, expires_at=expires_at)
+        return True
+
+    def drop_lease(self, session_id: str, stream_id: str) -> bool:
+        held = self._s.turns.get(session_id)
+        if held is None or held.stream_id != stream_id:
+            return False
+        del self._s.turns[session_id]
+        return True
+
+    def leases(self, alive_at: float) -> list[TurnLease]:
+        return [t for t in self._s.turns.values() if t.expires_at > alive_at]
+
+    # -- approvals
+
+    def approval(self, approval_id: str) -> ApprovalRecord | None:
+        return self._s.approvals.get(approval_id)
+
+    def insert_approval(self, approval: ApprovalRecord) -> None:
+        self._s.approvals[approval.id] = approval
+
+    def settle_approval(self, approval_id: str, status: ApprovalStatus) -> bool:
+        found = self._s.approvals.get(approval_id)
+        if found is None or found.status != "pending":
+            return False
+        self._s.approvals[approval_id] = replace(found, status=status)
+        return True
+
+    def deny_pending(self, session_id: str, stream_id: str) -> None:
+        for a in list(self._s.approvals.values()):
+            if a.session_id == session_id and a.stream_id == stream_id and a.status == "pending":
+                self._s.approvals[a.id] = replace(a, status="denied")
+
+    def forget_decided(self, before: float) -> None:
+        for a in list(self._s.approvals.values()):
+            if a.status != "pending" and a.created_at < before:
+                del self._s.approvals[a.id]
+
+    def pending_of(self, session_id: str, stream_id: str) -> ApprovalRecord | None:
+        return next(
+            (
+                a
+                for a in self._s.approvals.values()
+                if a.session_id == session_id and a.stream_id == stream_id and a.status == "pending"
+            ),
+            None,
+        )
+
+    def pending_units(self) -> list[ApprovalRecord]:
+        found = [a for a in self._s.approvals.values() if a.background and a.status == "pending"]
+        return sorted(found, key=lambda a: a.created_at)
+
+    def approval_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for a in self._s.approvals.values():
+            counts[a.status] = counts.get(a.status, 0) + 1
+        return counts
+
+
+class _MemoryTx:
+    """``SessionTx`` of one memory store: a transaction is its lock held."""
+
+    def __init__(self) -> None:
         self._lock = threading.RLock()
+        self._rows = MemoryRows(_State())
         self._closed = False
-        self._sessions: dict[str, _Session] = {}
-        self._tombstones: dict[str, float] = {}
-        self._idem: dict[str, _Idem] = {}
-        self._turns: dict[str, TurnLease] = {}
-        self._approvals: dict[str, ApprovalRecord] = {}
-        self._next_id = itertools.count(1)  # store-wide, never reused (like AUTOINCREMENT)
         self._writes = 0
         self._url = f"memory://sessions-{next(_stores)}"
 
@@ -161,563 +468,27 @@ class MemorySessions:
         if self._closed:
             raise SessionStoreError(f"session store {self._url} is closed")
 
-    def _write(self, op: Callable[[], T]) -> T:
+    def write(self, locks: tuple[str, ...], op: Callable[[SessionRows], T]) -> T:
         with self._lock:
             self._check_open()
-            out = op()  # raises before it changes anything, so nothing to undo
+            out = op(self._rows)  # a rule raises before it changes anything
             self._writes += 1
             return out
 
-    def _read(self, op: Callable[[], T]) -> T:
+    async def awrite(self, locks: tuple[str, ...], op: Callable[[SessionRows], T]) -> T:
+        return self.write(locks, op)
+
+    def read(self, op: Callable[[SessionRows], T]) -> T:
         with self._lock:
             self._check_open()
-            return op()
+            return op(self._rows)
 
-    def _live(self, session_id: str) -> _Session:
-        s = self._sessions.get(session_id)
-        if s is None:
-            raise SessionGone(session_id)
-        return s
+    async def aread(self, op: Callable[[SessionRows], T]) -> T:
+        return self.read(op)
 
-    def _state(self, session_id: str) -> SessionState:
-        if session_id in self._sessions:
-            return "live"
-        return "deleted" if session_id in self._tombstones else "unknown"
 
-    def _insert_session(
-        self, session_id: str, new: NewSession, now: float, *, revive: bool
-    ) -> _Session:
-        if session_id in self._sessions:
-            if new.exclusive:
-                raise SessionTaken(session_id)
-            return self._sessions[session_id]
-        if not revive and session_id in self._tombstones:
-            raise SessionGone(session_id)
-        self._tombstones.pop(session_id, None)
-        s = _Session(session_id, new.source_json, new.session_key, new.title, now, now)
-        self._sessions[session_id] = s
-        return s
+class MemorySessions(SessionRules):
+    """``SessionBackend`` in this process's memory (see the module docstring)."""
 
-    @staticmethod
-    def _find(s: _Session, m: NewMessage) -> _Message | None:
-        return s.by_dedupe.get(m.dedupe_key) if m.dedupe_key is not None else None
-
-    def _insert_message(self, s: _Session, m: NewMessage, now: float) -> _Message:
-        found = self._find(s, m)
-        if found is not None:
-            return found
-        row = _Message(
-            id=next(self._next_id),
-            role=m.role,
-            content=m.content,
-            created_at=now,
-            display_kind=m.display_kind,
-            metadata_json=m.metadata_json,
-            dedupe_key=m.dedupe_key,
-        )
-        s.messages.append(row)
-        if m.dedupe_key is not None:
-            s.by_dedupe[m.dedupe_key] = row
-        return row
-
-    @staticmethod
-    def _fold(s: _Session, now: float) -> tuple[MessageRecord, ...]:
-        taken = [m for m in s.messages if m.display_kind is not None and m.folded_at is None]
-        for m in taken:
-            m.folded_at = now
-        return tuple(m.record() for m in taken)
-
-    # -- sessions
-
-    def create_session(self, session_id: str, new: NewSession) -> SessionRecord:
-        now = self._clock()
-        return self._write(lambda: self._insert_session(session_id, new, now, revive=True).record())
-
-    async def acreate_session(self, session_id: str, new: NewSession) -> SessionRecord:
-        return self.create_session(session_id, new)
-
-    def get_session(self, session_id: str) -> SessionRecord | None:
-        def op() -> SessionRecord | None:
-            s = self._sessions.get(session_id)
-            return s.record() if s is not None else None
-
-        return self._read(op)
-
-    def list_sessions(self, limit: int, offset: int) -> list[SessionRecord]:
-        def op() -> list[SessionRecord]:
-            ordered = sorted(self._sessions.values(), key=_recency)
-            return [s.record() for s in ordered[offset : offset + limit]]
-
-        return self._read(op)
-
-    def find_session_by_key(self, session_key: str) -> SessionRecord | None:
-        def op() -> SessionRecord | None:
-            hits = [s for s in self._sessions.values() if s.session_key == session_key]
-            return min(hits, key=_recency).record() if hits else None
-
-        return self._read(op)
-
-    async def asessions_by_prefix(self, prefix: str, limit: int) -> PrefixSessions:
-        def op() -> PrefixSessions:
-            hits = sorted(
-                (
-                    s
-                    for sid, s in self._sessions.items()
-                    if sid == prefix or sid.startswith(prefix + "_")
-                ),
-                key=lambda s: (s.created_at, s.id),
-            )[:limit]
-            return PrefixSessions(
-                tuple((s.id, tuple(m.record() for m in s.messages)) for s in hits),
-                prefix not in self._sessions and prefix in self._tombstones,
-            )
-
-        return self._read(op)
-
-    async def aset_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
-        def op() -> bool:
-            s = self._sessions.get(session_id)
-            if s is None or (if_untitled and s.title is not None):
-                return False
-            s.title = title
-            return True
-
-        return self._write(op)
-
-    async def aset_system_prompt(self, session_id: str, prompt: str | None) -> bool:
-        def op() -> bool:
-            s = self._sessions.get(session_id)
-            if s is None:
-                return False
-            s.system_prompt = prompt
-            return True
-
-        return self._write(op)
-
-    def delete_session(self, session_id: str) -> bool:
-        now = self._clock()
-
-        def op() -> bool:
-            self._tombstones[session_id] = now
-            return self._sessions.pop(session_id, None) is not None
-
-        return self._write(op)
-
-    # -- messages
-
-    def append_message(self, session_id: str, message: NewMessage) -> MessageRecord:
-        now = self._clock()
-
-        def op() -> MessageRecord:
-            s = self._live(session_id)
-            row = self._insert_message(s, message, now)
-            s.updated_at = now
-            return row.record()
-
-        return self._write(op)
-
-    def messages(self, session_id: str, after_id: int, limit: int | None) -> list[MessageRecord]:
-        def op() -> list[MessageRecord]:
-            rows = [m for m in self._live(session_id).messages if m.id > after_id]
-            return [m.record() for m in (rows if limit is None else rows[:limit])]
-
-        return self._read(op)
-
-    def messages_before(self, session_id: str, before_id: int, limit: int) -> list[MessageRecord]:
-        def op() -> list[MessageRecord]:
-            rows = [m for m in self._live(session_id).messages if m.id < before_id]
-            return [m.record() for m in rows[len(rows) - limit :]] if limit else []
-
-        return self._read(op)
-
-    def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
-        def op() -> int:
-            wanted = set(ids)
-            rows = [
-                m for m in self._live(session_id).messages if m.id in wanted and not m.display_kind
-            ]
-            for m in rows:
-                meta = decode_json(m.metadata_json) or {}
-                m.metadata_json = encode_json({**meta, "superseded": how})
-            return len(rows)
-
-        return self._write(op)
-
-    # -- search
-
-    def search_messages(self, terms: Sequence[str], limit: int) -> list[MessageHit]:
-        def op() -> list[MessageHit]:
-            rows = sorted(
-                ((s.id, m) for s in self._sessions.values() for m in s.messages),
-                key=lambda pair: -pair[1].id,
-            )
-            hits: list[MessageHit] = []
-            for session_id, m in rows:
-                snippet = mark_snippet(m.content, terms)
-                if snippet is not None:
-                    hits.append(MessageHit(session_id, m.id, m.role, m.created_at, snippet))
-                    if len(hits) >= limit:
-                        break
-            return hits
-
-        return self._read(op)
-
-    # -- turns
-
-    async def abegin_turn(self, session_id: str, create: NewSession | None) -> TurnStart:
-        now = self._clock()
-        with self._lock:
-            self._check_open()
-            state = self._state(session_id)
-            if state != "live" and create is None:
-                return TurnStart(state)
-            s = self._sessions.get(session_id)
-            if s is not None and not any(
-                m.display_kind is not None and m.folded_at is None for m in s.messages
-            ):
-                # Nothing to fold: a read, like SQLite's reader path (no write counted).
-                return TurnStart(state, _live(s))
-
-            def op() -> TurnStart:
-                live = (
-                    self._insert_session(session_id, create, now, revive=True)
-                    if (create is not None)
-                    else self._live(session_id)
-                )
-                return TurnStart(state, _live(live), self._fold(live, now))
-
-            return self._write(op)
-
-    def append_turn(
-        self,
-        session_id: str,
-        messages: Sequence[NewMessage],
-        *,
-        create: NewSession | None = None,
-        idempotency_key: str | None = None,
-        response_json: str | None = None,
-        seen: Sequence[int] = (),
-    ) -> list[MessageRecord]:
-        now = self._clock()
-
-        def op() -> list[MessageRecord]:
-            if create is not None:
-                s = self._insert_session(session_id, create, now, revive=False)
-            else:
-                s = self._live(session_id)
-            rows = [self._insert_message(s, m, now).record() for m in messages]
-            s.updated_at = now
-            if idempotency_key is not None:
-                self._put(idempotency_key, response_json, session_id, now)
-            wanted = set(seen)
-            for m in s.messages:
-                if m.id in wanted and m.seen_at is None and m.folded_at is not None:
-                    m.seen_at = now
-            return rows
-
-        return self._write(op)
-
-    async def aappend_turn(
-        self,
-        session_id: str,
-        messages: Sequence[NewMessage],
-        *,
-        create: NewSession | None = None,
-        idempotency_key: str | None = None,
-        response_json: str | None = None,
-        seen: Sequence[int] = (),
-    ) -> None:
-        self.append_turn(
-            session_id,
-            messages,
-            create=create,
-            idempotency_key=idempotency_key,
-            response_json=response_json,
-            seen=seen,
-        )
-
-    async def acompact(self, session_id: str, compaction: Compaction) -> MessageRecord | None:
-        now = self._clock()
-
-        def allowed(s: _Session | None) -> bool:
-            held = self._turns.get(session_id)
-            if s is None or held is None or held.stream_id != compaction.stream_id:
-                return False
-            if held.expires_at <= now:
-                return False
-            wanted = set(compaction.archive_ids)
-            rows = [m for m in s.messages if m.id in wanted]
-            return (
-                bool(wanted)
-                and len(rows) == len(wanted)
-                and all(
-                    m.archived_at is None
-                    and (
-                        m.display_kind is None
-                        or (m.folded_at is not None and m.seen_at is not None)
-                    )
-                    for m in rows
-                )
-            )
-
-        def op() -> MessageRecord | None:
-            s = self._sessions.get(session_id)
-            if s is None or not allowed(s):
-                return None
-            summary = self._insert_message(s, compaction.summary, now)
-            wanted = set(compaction.archive_ids)
-            for m in s.messages:
-                if m.id in wanted:
-                    m.archived_at, m.summary_id = now, summary.id
-            return summary.record()
-
-        return self._write(op)
-
-    # -- idempotency
-
-    def claim_idempotent(
-        self,
-        key: str,
-        owner: str,
-        session_id: str | None,
-        takeover: Callable[[str], bool] | None,
-    ) -> tuple[IdempotencyRecord, bool]:
-        now = self._clock()
-
-        def op() -> tuple[IdempotencyRecord, bool]:
-            row = self._idem.get(key)
-            if row is not None and not (
-                row.state == "running"
-                and row.owner != owner
-                and takeover is not None
-                and takeover(row.owner or "")
-            ):
-                return row.record(), row.owner == owner
-            if row is None:
-                row = self._idem[key] = _Idem(key, "running", owner, session_id, None, now, now)
-            else:
-                row.state, row.owner, row.session_id = "running", owner, session_id
-                row.updated_at = now
-            return row.record(), True
-
-        return self._write(op)
-
-    def _put(self, key: str, response_json: str | None, session_id: str | None, now: float) -> None:
-        row = self._idem.get(key)
-        if row is None:
-            self._idem[key] = _Idem(key, "done", None, session_id, response_json, now, now)
-        else:
-            row.state, row.owner, row.session_id = "done", None, session_id
-            row.response_json, row.updated_at = response_json, now
-
-    def release_idempotent(self, key: str, owner: str) -> bool:
-        def op() -> bool:
-            row = self._idem.get(key)
-            if row is None or row.state != "running" or row.owner != owner:
-                return False
-            del self._idem[key]
-            return True
-
-        return self._write(op)
-
-    # -- running turns and their approvals
-
-    def _deny_pending(self, session_id: str, stream_id: str) -> None:
-        for a in list(self._approvals.values()):
-            if a.session_id == session_id and a.stream_id == stream_id and a.status == "pending":
-                self._approvals[a.id] = replace(a, status="denied")
-
-    def take_turn(
-        self,
-        session_id: str,
-        stream_id: str,
-        owner: str,
-        *,
-        wakeup: bool,
-        ttl_seconds: float,
-        is_dead: Callable[[str], bool],
-    ) -> TurnLease:
-        now = self._clock()
-
-        def op() -> TurnLease:
-            held = self._turns.get(session_id)
-            if held is not None and held.expires_at > now and not is_dead(held.owner):
-                return held
-            if held is not None:
-                self._deny_pending(session_id, held.stream_id)
-            lease = TurnLease(session_id, stream_id, owner, wakeup, now, now + ttl_seconds)
-            self._turns[session_id] = lease
-            return lease
-
-        return self._write(op)
-
-    def renew_turn(self, session_id: str, stream_id: str, ttl_seconds: float) -> bool:
-        now = self._clock()
-
-        def op() -> bool:
-            held = self._turns.get(session_id)
-            if held is None or held.stream_id != stream_id:
-                return False
-            self._turns[session_id] = replace(held, expires_at=now + ttl_seconds)
-            return True
-
-        return self._write(op)
-
-    def end_turn(self, session_id: str, stream_id: str) -> bool:
-        def op() -> bool:
-            self._deny_pending(session_id, stream_id)
-            held = self._turns.get(session_id)
-            if held is None or held.stream_id != stream_id:
-                return False
-            del self._turns[session_id]
-            return True
-
-        return self._write(op)
-
-    def running_turns(self) -> list[TurnLease]:
-        now = self._clock()
-        return self._read(lambda: [t for t in self._turns.values() if t.expires_at > now])
-
-    def ask_approval(self, approval: ApprovalRecord) -> bool:
-        now = self._clock()
-
-        def op() -> bool:
-            held = self._turns.get(approval.session_id)
-            if not approval.background and (
-                held is None or held.stream_id != approval.stream_id or held.expires_at <= now
-            ):
-                return False
-            for old in [a for a in self._approvals.values() if a.status != "pending"]:
-                if old.created_at < approval.created_at - _KEEP_DECIDED_SECONDS:
-                    del self._approvals[old.id]
-            self._approvals[approval.id] = approval
-            return True
-
-        return self._write(op)
-
-    def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
-        return self._settle(approval_id, "approved" if approve else "denied")
-
-    def expire_approval(self, approval_id: str) -> tuple[ApprovalRecord, bool]:
-        return self._settle(approval_id, "expired")
-
-    def _settle(self, approval_id: str, status: ApprovalStatus) -> tuple[ApprovalRecord, bool]:
-        def op() -> tuple[ApprovalRecord, bool]:
-            approval = self._approvals[approval_id]  # KeyError: unknown
-            if approval.status != "pending":
-                return approval, False
-            decided = replace(approval, status=status)
-            self._approvals[approval_id] = decided
-            return decided, True
-
-        return self._write(op)
-
-    def pending_unit_approvals(self) -> list[ApprovalRecord]:
-        def op() -> list[ApprovalRecord]:
-            found = [a for a in self._approvals.values() if a.background and a.status == "pending"]
-            return sorted(found, key=lambda a: a.created_at)
-
-        return self._read(op)
-
-    def get_approval(self, approval_id: str) -> ApprovalRecord | None:
-        return self._read(lambda: self._approvals.get(approval_id))
-
-    def pending_approval(self, session_id: str) -> ApprovalRecord | None:
-        now = self._clock()
-
-        def op() -> ApprovalRecord | None:
-            held = self._turns.get(session_id)
-            if held is None or held.expires_at <= now:
-                return None
-            return next(
-                (
-                    a
-                    for a in self._approvals.values()
-                    if a.session_id == session_id
-                    and a.stream_id == held.stream_id
-                    and a.status == "pending"
-                ),
-                None,
-            )
-
-        return self._read(op)
-
-    def approval_counts(self) -> dict[str, int]:
-        def op() -> dict[str, int]:
-            counts: dict[str, int] = {}
-            for a in self._approvals.values():
-                counts[a.status] = counts.get(a.status, 0) + 1
-            return counts
-
-        return self._read(op)
-
-    # -- retention
-
-    def prune_idempotency(self, before: float, limit: int, *, dry_run: bool = False) -> int:
-        def op() -> int:
-            old = sorted(
-                (r for r in self._idem.values() if r.state == "done" and r.updated_at < before),
-                key=lambda r: r.updated_at,
-            )[: max(int(limit), 0)]
-            if not dry_run:
-                for r in old:
-                    del self._idem[r.key]
-            return len(old)
-
-        return self._read(op) if dry_run else self._write(op)
-
-    def prune_tombstones(self, before: float, limit: int, *, dry_run: bool = False) -> int:
-        def op() -> int:
-            old = sorted(
-                (sid for sid, at in self._tombstones.items() if at < before),
-                key=lambda sid: self._tombstones[sid],
-            )[: max(int(limit), 0)]
-            if not dry_run:
-                for sid in old:
-                    del self._tombstones[sid]
-            return len(old)
-
-        return self._read(op) if dry_run else self._write(op)
-
-    def prune_archived_messages(self, before: float, limit: int, *, dry_run: bool = False) -> int:
-        def op() -> int:
-            old = sorted(
-                (
-                    (m.archived_at, m.id, s)
-                    for s in self._sessions.values()
-                    for m in s.messages
-                    if m.archived_at is not None
-                    and m.archived_at < before
-                    and (m.display_kind is None or m.folded_at is not None)
-                ),
-                key=lambda found: (found[0], found[1]),
-            )[: max(int(limit), 0)]
-            if not dry_run:
-                gone: dict[str, set[int]] = {}
-                for _, mid, s in old:
-                    gone.setdefault(s.id, set()).add(mid)
-                for sid, ids in gone.items():
-                    s = self._sessions[sid]
-                    s.messages = [m for m in s.messages if m.id not in ids]
-                    # As a deleted SQL row frees its (session_id, dedupe_key).
-                    s.by_dedupe = {k: m for k, m in s.by_dedupe.items() if m.id not in ids}
-            return len(old)
-
-        return self._read(op) if dry_run else self._write(op)
-
-    def unfolded_deliveries(self, wanted: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
-        def op() -> set[tuple[str, str]]:
-            found = set()
-            for sid, key in wanted:
-                s = self._sessions.get(sid)
-                m = s.by_dedupe.get(key) if s is not None else None
-                if m is not None and m.display_kind is not None and m.folded_at is None:
-                    found.add((sid, key))
-            return found
-
-        return self._read(op)
-
-
-# mypy proves the backend keeps the protocol, without importing it at run time.
-if TYPE_CHECKING:
-    _conforms: type[SessionBackend] = MemorySessions
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(_MemoryTx(), clock)

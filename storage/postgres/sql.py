@@ -64,25 +64,14 @@ GOAL_WORDS = (
 LEDGER_GOAL_MATCH = f"{GOAL_WORDS} @@ to_tsquery('simple', %s)"
 
 # -- the session store --------------------------------------------------------------------------
+# Only what PostgreSQL spells its own way: the statements both SQL dialects share are
+# ``storage.session_sql``'s.
 
-_MSG = (
-    "id, role, content, created_at, display_kind, display_metadata, folded_at,"
-    " seen_at, archived_at, summary_id"
-)
-_SES = "id, source, session_key, title, created_at, updated_at"
-_SES_READ = _SES + ", system_prompt"  # migration 9
-_IDEM = "key, state, owner, session_id, response, created_at, updated_at"
-_MSG_VALUES = "(%s, %s, %s, %s, %s, %s, %s)"
-
-# Every write of one session (or one idempotency key) first takes this transaction lock, so
-# a delete, a creation and a fold of the same id never interleave, across processes too.
+# Every write of one session (or one idempotency key, one turn lease) first takes this
+# transaction lock, so a delete, a creation and a fold of the same id never interleave,
+# across processes too.
 SQL_LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtext(%s))"
-SQL_SESSION = f"SELECT {_SES_READ} FROM sessions WHERE id = %s"
-SQL_SESSION_EXISTS = "SELECT 1 FROM sessions WHERE id = %s"
-SQL_TOMBSTONED = "SELECT 1 FROM tombstones WHERE id = %s"
-SQL_INSERT_SESSION = (
-    f"INSERT INTO sessions ({_SES}) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING"
-)
+
 # Full-text search (migration 9): the newest matches first, a snippet of each with the
 # matched words between \x02 and \x03 (``delivery.session_backend.SNIPPET_START``/_END),
 # made only for the rows returned.
@@ -103,79 +92,11 @@ def tsquery(terms: Sequence[str]) -> str:
     return " & ".join(f"{term}:*" for term in terms)
 
 
-SQL_LIST_SESSIONS = (
-    f"SELECT {_SES_READ} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT %s OFFSET %s"
-)
-_NEWEST_FIRST = "ORDER BY updated_at DESC, id ASC"
-SQL_SESSION_BY_KEY = (
-    f"SELECT {_SES_READ} FROM sessions WHERE session_key = %s {_NEWEST_FIRST} LIMIT 1"
-)
-SQL_SESSIONS_BY_PREFIX = (
-    "SELECT id FROM sessions WHERE id = %s OR (id > %s AND id < %s)"
-    " ORDER BY created_at, id LIMIT %s"
-)
-SQL_TOUCH_SESSION = "UPDATE sessions SET updated_at = %s WHERE id = %s"
-SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = %s"
-SQL_SET_TITLE = "UPDATE sessions SET title = %s WHERE id = %s"
-SQL_SET_TITLE_IF_UNTITLED = "UPDATE sessions SET title = %s WHERE id = %s AND title IS NULL"
-SQL_SET_SYSTEM_PROMPT = "UPDATE sessions SET system_prompt = %s WHERE id = %s"
 SQL_SUPERSEDE = (
     "UPDATE messages SET display_metadata = (COALESCE(display_metadata, '{}')::jsonb"
     " || jsonb_build_object('superseded', %s::text))::text"
     " WHERE session_id = %s AND id = ANY(%s) AND display_kind IS NULL"
 )
-SQL_TOMBSTONE = (
-    "INSERT INTO tombstones (id, deleted_at) VALUES (%s, %s)"
-    " ON CONFLICT (id) DO UPDATE SET deleted_at = excluded.deleted_at"
-)
-SQL_UNTOMBSTONE = "DELETE FROM tombstones WHERE id = %s"
-SQL_INSERT_MESSAGE = (
-    "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
-    f" display_metadata, dedupe_key) VALUES {_MSG_VALUES}"
-    f" ON CONFLICT (session_id, dedupe_key) DO NOTHING RETURNING {_MSG}"
-)
-SQL_MESSAGE_BY_DEDUPE = f"SELECT {_MSG} FROM messages WHERE session_id = %s AND dedupe_key = %s"
-SQL_MESSAGES_AFTER = (
-    f"SELECT {_MSG} FROM messages WHERE session_id = %s AND id > %s ORDER BY id LIMIT %s"
-)
-SQL_MESSAGES_BEFORE = (
-    f"SELECT {_MSG} FROM messages WHERE session_id = %s AND id < %s ORDER BY id DESC LIMIT %s"
-)
-SQL_TRANSCRIPT = f"SELECT {_MSG} FROM messages WHERE session_id = %s ORDER BY id"
-# What a turn reads: the transcript less the rows a compaction archived.
-SQL_LIVE_TRANSCRIPT = (
-    f"SELECT {_MSG} FROM messages WHERE session_id = %s AND archived_at IS NULL ORDER BY id"
-)
-SQL_FOLD = (
-    "UPDATE messages SET folded_at = %s WHERE session_id = %s AND display_kind IS NOT NULL"
-    f" AND folded_at IS NULL AND id <= %s RETURNING {_MSG}"
-)
-SQL_FOLD_ALL = (
-    "UPDATE messages SET folded_at = %s WHERE session_id = %s AND display_kind IS NOT NULL"
-    f" AND folded_at IS NULL RETURNING {_MSG}"
-)
-SQL_IDEM = f"SELECT {_IDEM} FROM idempotency WHERE key = %s"
-SQL_IDEM_DONE = (
-    f"INSERT INTO idempotency ({_IDEM}) VALUES (%s, 'done', NULL, %s, %s, %s, %s)"
-    " ON CONFLICT (key) DO UPDATE SET state = 'done', owner = NULL,"
-    " session_id = excluded.session_id, response = excluded.response,"
-    " updated_at = excluded.updated_at"
-)
-SQL_IDEM_CLAIM = (
-    f"INSERT INTO idempotency ({_IDEM}) VALUES (%s, 'running', %s, %s, NULL, %s, %s)"
-    " ON CONFLICT (key) DO UPDATE SET state = 'running', owner = excluded.owner,"
-    " session_id = excluded.session_id, updated_at = excluded.updated_at"
-)
-SQL_IDEM_RELEASE = "DELETE FROM idempotency WHERE key = %s AND state = 'running' AND owner = %s"
-
-# -- retention (each takes before, limit)
-SQL_PICK_IDEM_DONE = (
-    "SELECT key FROM idempotency WHERE state = 'done' AND updated_at < %s"
-    " ORDER BY updated_at LIMIT %s"
-)
-SQL_PRUNE_IDEM = f"DELETE FROM idempotency WHERE state = 'done' AND key IN ({SQL_PICK_IDEM_DONE})"
-SQL_PICK_TOMBSTONES = "SELECT id FROM tombstones WHERE deleted_at < %s ORDER BY deleted_at LIMIT %s"
-SQL_PRUNE_TOMBSTONES = f"DELETE FROM tombstones WHERE id IN ({SQL_PICK_TOMBSTONES})"
 SQL_UNFOLDED_BY_DEDUPE = (
     "SELECT session_id, dedupe_key FROM messages"
     " WHERE (session_id, dedupe_key) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"

@@ -1,8 +1,8 @@
-"""The SQL of the SQLite session backend: its schema and every statement, named.
+"""The SQL of the SQLite session backend: its schema, and the statements of its own.
 
-Kept apart from ``storage.sqlite.sessions`` so the statements read as one list (and the
-backend as logic). Column lists are spelled once; nothing here formats SQL at run time
-except ``sql_insert_messages``, whose few shapes are cached.
+Only what SQLite spells its own way: the statements both SQL dialects share are
+``storage.session_sql``'s. Nothing here formats SQL at run time except
+``sql_insert_messages``, whose few shapes are cached.
 """
 
 from __future__ import annotations
@@ -154,85 +154,15 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
     "approvals": frozenset({"id", "session_id", "stream_id", "command", "status", "created_at"}),
 }
 
-_MSG = (
-    "id, role, content, created_at, display_kind, display_metadata, folded_at,"
-    " seen_at, archived_at, summary_id"
-)
-_SES = "id, source, session_key, title, created_at, updated_at"
-_SES_READ = _SES + ", system_prompt"
-_IDEM = "key, state, owner, session_id, response, created_at, updated_at"
 _MSG_VALUES = "(?, ?, ?, ?, ?, ?, ?)"
 
-# -- named queries
-SQL_SESSION = f"SELECT {_SES_READ} FROM sessions WHERE id = ?"
-SQL_SESSION_EXISTS = "SELECT 1 FROM sessions WHERE id = ?"
-SQL_TOMBSTONED = "SELECT 1 FROM tombstones WHERE id = ?"
-SQL_INSERT_SESSION = (
-    f"INSERT INTO sessions ({_SES}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
-)
-SQL_LIST_SESSIONS = (
-    f"SELECT {_SES_READ} FROM sessions ORDER BY updated_at DESC, id ASC LIMIT ? OFFSET ?"
-)
-_NEWEST_FIRST = "ORDER BY updated_at DESC, id ASC"
-SQL_SESSION_BY_KEY = (
-    f"SELECT {_SES_READ} FROM sessions WHERE session_key = ? {_NEWEST_FIRST} LIMIT 1"
-)
-# A range on the primary key: ids equal to the prefix or starting with prefix + "_"
-# ("_" < "`", so [prefix, prefix + "`") holds exactly those and the prefix itself).
-SQL_SESSIONS_BY_PREFIX = (
-    "SELECT id FROM sessions WHERE id = ? OR (id > ? AND id < ?) ORDER BY created_at, id LIMIT ?"
-)
-SQL_TOUCH_SESSION = "UPDATE sessions SET updated_at = ? WHERE id = ?"
-SQL_DELETE_SESSION = "DELETE FROM sessions WHERE id = ?"
-SQL_SET_TITLE = "UPDATE sessions SET title = ? WHERE id = ?"
-SQL_SET_TITLE_IF_UNTITLED = "UPDATE sessions SET title = ? WHERE id = ? AND title IS NULL"
-SQL_SET_SYSTEM_PROMPT = "UPDATE sessions SET system_prompt = ? WHERE id = ?"
+# What SQLite spells its own way (the rest is ``storage.session_sql``'s): the JSON edit of
+# a superseded message, one row at a time.
 SQL_SUPERSEDE = (
     "UPDATE messages SET display_metadata ="
     " json_set(COALESCE(display_metadata, '{}'), '$.superseded', ?)"
     " WHERE session_id = ? AND id = ? AND display_kind IS NULL"
 )
-SQL_TOMBSTONE = (
-    "INSERT INTO tombstones (id, deleted_at) VALUES (?, ?)"
-    " ON CONFLICT (id) DO UPDATE SET deleted_at = excluded.deleted_at"
-)
-SQL_UNTOMBSTONE = "DELETE FROM tombstones WHERE id = ?"
-SQL_INSERT_MESSAGE = (
-    "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
-    f" display_metadata, dedupe_key) VALUES {_MSG_VALUES}"
-    f" ON CONFLICT (session_id, dedupe_key) DO NOTHING RETURNING {_MSG}"
-)
-SQL_MESSAGE_BY_DEDUPE = f"SELECT {_MSG} FROM messages WHERE session_id = ? AND dedupe_key = ?"
-SQL_MESSAGES_AFTER = (
-    f"SELECT {_MSG} FROM messages WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?"
-)
-SQL_MESSAGES_BEFORE = (
-    f"SELECT {_MSG} FROM messages WHERE session_id = ? AND id < ? ORDER BY id DESC LIMIT ?"
-)
-SQL_TRANSCRIPT = f"SELECT {_MSG} FROM messages WHERE session_id = ? ORDER BY id"
-# What a turn reads: the transcript less the rows a compaction archived (a long session's
-# turn reads its summary and its newest rows, not every row it ever had).
-SQL_LIVE_TRANSCRIPT = (
-    f"SELECT {_MSG} FROM messages WHERE session_id = ? AND archived_at IS NULL ORDER BY id"
-)
-SQL_UNFOLDED = (
-    f"SELECT {_MSG} FROM messages"
-    " WHERE session_id = ? AND display_kind IS NOT NULL AND folded_at IS NULL ORDER BY id"
-)
-SQL_FOLD = "UPDATE messages SET folded_at = ? WHERE id = ? AND folded_at IS NULL"
-SQL_IDEM = f"SELECT {_IDEM} FROM idempotency WHERE key = ?"
-SQL_IDEM_DONE = (
-    f"INSERT INTO idempotency ({_IDEM}) VALUES (?, 'done', NULL, ?, ?, ?, ?)"
-    " ON CONFLICT (key) DO UPDATE SET state = 'done', owner = NULL,"
-    " session_id = excluded.session_id, response = excluded.response,"
-    " updated_at = excluded.updated_at"
-)
-SQL_IDEM_CLAIM = (
-    f"INSERT INTO idempotency ({_IDEM}) VALUES (?, 'running', ?, ?, NULL, ?, ?)"
-    " ON CONFLICT (key) DO UPDATE SET state = 'running', owner = excluded.owner,"
-    " session_id = excluded.session_id, updated_at = excluded.updated_at"
-)
-SQL_IDEM_RELEASE = "DELETE FROM idempotency WHERE key = ? AND state = 'running' AND owner = ?"
 
 
 @functools.lru_cache(maxsize=16)
@@ -244,17 +174,3 @@ def sql_insert_messages(n: int) -> str:
         + ", ".join([_MSG_VALUES] * n)
         + " ON CONFLICT (session_id, dedupe_key) DO NOTHING"
     )
-
-
-# -- retention (each takes before, limit)
-SQL_PICK_IDEM_DONE = (
-    "SELECT key FROM idempotency WHERE state = 'done' AND updated_at < ?"
-    " ORDER BY updated_at LIMIT ?"
-)
-SQL_PRUNE_IDEM = f"DELETE FROM idempotency WHERE state = 'done' AND key IN ({SQL_PICK_IDEM_DONE})"
-SQL_PICK_TOMBSTONES = "SELECT id FROM tombstones WHERE deleted_at < ? ORDER BY deleted_at LIMIT ?"
-SQL_PRUNE_TOMBSTONES = f"DELETE FROM tombstones WHERE id IN ({SQL_PICK_TOMBSTONES})"
-SQL_UNFOLDED_BY_DEDUPE = (
-    "SELECT 1 FROM messages WHERE session_id = ? AND dedupe_key = ?"
-    " AND display_kind IS NOT NULL AND folded_at IS NULL"
-)

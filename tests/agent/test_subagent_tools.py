@@ -22,6 +22,7 @@ from agent.markers import SUBAGENT_MARKER
 from agent.tools import ToolContext, ToolRegistry
 from gateway.wake_text import format_wake_text
 from tests.agent.test_openai_compat import FakeOpenAI, completion, provider_for, slow
+from tests.sessions._support import make_session
 from tools.delegate_tool import DelegationLimits
 from tools.shell_tool import DENIED_ERROR
 from tools.toolset import build_default_registry
@@ -424,7 +425,7 @@ async def test_web_ui_approvals_gate_a_subagent_like_its_parent(fake, real_runti
     from tests.stores import memory_sessions
 
     store = SessionStore(memory_sessions())
-    store.create_session("s1")
+    make_session(store, "s1")
     store.take_turn("s1", "st_1")
     answers = iter([False, True, True])
     asked: list[Any] = []
@@ -482,7 +483,7 @@ async def test_an_unanswered_background_approval_expires_and_does_not_stall(
     from tools.shell_tool import EXPIRED_ERROR
 
     store = SessionStore(memory_sessions())
-    store.create_session("s2")
+    make_session(store, "s2")
     approvals = Approvals(store, poll_seconds=0.2, timeout_seconds=2.0)
     ctx = ToolContext(
         session_id="s2",
@@ -514,7 +515,7 @@ async def test_cancelling_a_unit_that_waits_for_approval_withdraws_it(fake, real
     from tests.stores import memory_sessions
 
     store = SessionStore(memory_sessions())
-    store.create_session("s3")
+    make_session(store, "s3")
     approvals = Approvals(store, poll_seconds=0.1)
     ctx = ToolContext(
         session_id="s3",

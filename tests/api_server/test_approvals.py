@@ -20,6 +20,7 @@ from gateway.session import SessionSource
 from gateway.turns.gate import APPROVED_TURN_DISPLAY_KIND
 from reveille.app import serve
 from reveille.settings import Settings
+from tests.sessions._support import make_session
 from tools.async_delegation import get_durable_delegation
 
 from ._support import DEMO_DELAY, KEY, RecordingProvider, client_for, poll
@@ -204,7 +205,7 @@ async def test_hostile_decisions_are_refused(asking) -> None:
         assert status == 404, forged
     # Another surface's approval (a Telegram chat's) is not the API's to list or decide.
     chat = "agent:main:telegram:dm:7"
-    app.store.create_session(chat, source=SessionSource(platform=Platform.TELEGRAM, chat_id="7"))
+    make_session(app.store, chat, source=SessionSource(platform=Platform.TELEGRAM, chat_id="7"))
     app.store.take_turn(chat, "turn_tg")
     foreign = ApprovalRecord(
         "appr_telegram0001", chat, "turn_tg", "rm -rf /", "pending", time.time()

@@ -33,6 +33,7 @@ from reveille.settings import Settings
 from tests.agent.test_openai_compat import FakeOpenAI, completion, provider_for
 from tests.agent.test_subagent_tools import routed, tool_call, tool_messages
 from tests.gateway.webhook_receiver import WebhookReceiver
+from tests.sessions._support import make_session
 from tools.shell_tool import EXPIRED_ERROR
 
 from ._support import KEY, poll
@@ -201,8 +202,8 @@ async def test_a_denial_a_second_decision_and_forged_or_foreign_ids(
                 assert status == 404, forged
             # Another surface's background approval (a Telegram chat's): not the API's.
             chat_id = "agent:main:telegram:dm:7"
-            app.store.create_session(
-                chat_id, source=SessionSource(platform=Platform.TELEGRAM, chat_id="7")
+            make_session(
+                app.store, chat_id, source=SessionSource(platform=Platform.TELEGRAM, chat_id="7")
             )
             now = time.time()
             foreign = ApprovalRecord(

@@ -14,6 +14,7 @@ import pytest
 
 from reveille.settings import SettingsError, load_settings
 from tests.api_server._support import KEY, running_adapter
+from tests.sessions._support import make_session
 
 EVIL = "https://evil.example"
 FRIEND = "https://app.example"
@@ -126,7 +127,7 @@ async def test_a_rebound_host_name_reads_nothing_from_a_keyless_server(store) ->
     # DNS rebinding: a page at evil.example rebinds its name to 127.0.0.1 and reads the API
     # "same-origin". Without a key the server binds loopback only and answers loopback names
     # only; with a key, the page could not present it anyway.
-    store.create_session("secret-talk")
+    make_session(store, "secret-talk")
     async with running_adapter(store, api_key="") as (adapter, _provider, runner):
         base = f"http://127.0.0.1:{adapter.port}"
         async with aiohttp.ClientSession() as http:

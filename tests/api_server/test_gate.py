@@ -19,6 +19,7 @@ from gateway.config import Platform
 from gateway.session import SessionSource, SessionStore
 from tests.api_server._support import KEY, running_adapter
 from tests.api_server.test_responses import serving
+from tests.sessions._support import make_session
 
 TG = "agent:main:telegram:dm:7"
 
@@ -42,11 +43,11 @@ async def call(
 
 
 def _other_surfaces(store: SessionStore) -> None:
-    store.create_session("webui-1", source=SessionSource(platform=Platform.WEBUI, chat_id="w"))
+    make_session(store, "webui-1", source=SessionSource(platform=Platform.WEBUI, chat_id="w"))
     store.append_message("webui-1", "user", "the web UI user's diary")
-    store.create_session(TG, source=SessionSource(platform=Platform.TELEGRAM, chat_id="7"))
+    make_session(store, TG, source=SessionSource(platform=Platform.TELEGRAM, chat_id="7"))
     store.append_message(TG, "user", "a telegram secret")
-    store.create_session("api-1", title="api")
+    make_session(store, "api-1", title="api")
 
 
 async def test_a_keyless_api_shows_no_web_ui_or_telegram_session(store) -> None:

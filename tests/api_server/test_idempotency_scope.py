@@ -8,6 +8,7 @@ import aiohttp
 
 from gateway.wake import deliver_wake
 from tests.api_server._support import KEY, running_adapter
+from tests.sessions._support import make_session
 
 HEADER = "X-Hermes-Session-Id"
 
@@ -33,7 +34,7 @@ def _reply(answer: dict) -> str:
 
 async def test_a_client_cannot_pre_claim_a_wake_up(store) -> None:
     async with running_adapter(store) as (adapter, _provider, runner):
-        session = store.create_session().id
+        session = make_session(store).id
         # The attacker knows the process id (it is shown in replies) and sends it first.
         squatted = await _turn(adapter.port, "hello", key="proc_0123abcd", session_id=session)
         woke = await deliver_wake(
@@ -70,7 +71,7 @@ async def test_a_reused_key_never_answers_with_another_conversations_reply(store
 
 async def test_a_key_reused_with_another_request_is_refused(store) -> None:
     async with running_adapter(store) as (adapter, _provider, runner):
-        session = store.create_session().id
+        session = make_session(store).id
         first = await _turn(adapter.port, "deploy to staging", key="k-2", session_id=session)
         headers = {"Authorization": f"Bearer {KEY}", "Idempotency-Key": "k-2", HEADER: session}
         body = {
@@ -93,7 +94,7 @@ async def test_a_key_reused_with_another_request_is_refused(store) -> None:
 
 async def test_a_re_rendered_wake_up_is_still_the_same_wake_up(store) -> None:
     async with running_adapter(store) as (adapter, _provider, runner):
-        session = store.create_session().id
+        session = make_session(store).id
         first = await deliver_wake(adapter, text="done", session_id=session, idempotency_key="d1")
         # Re-offered after a restart, its text says so; the delivery id is the same.
         again = await deliver_wake(

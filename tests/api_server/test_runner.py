@@ -16,6 +16,7 @@ from gateway.wake import DELEGATION_DISPLAY_KIND, WakeDeliveryError
 from gateway.wake_text import wake_batch_key
 from reveille.app import serve
 from reveille.settings import Settings
+from tests.sessions._support import make_session
 from tools.async_delegation import (
     get_durable_delegation,
     get_runtime,
@@ -158,7 +159,7 @@ async def test_background_process_wakes_its_session_once(gateway) -> None:
 async def test_routing_rules(gateway, runtime) -> None:
     app, _provider = gateway
     store = app.store
-    store.create_session("sess_live")
+    make_session(store, "sess_live")
     ledger = runtime.ledger
 
     def pending(row_id: str, **event) -> dict:
@@ -177,7 +178,7 @@ async def test_routing_rules(gateway, runtime) -> None:
 
     # A session created after the work started (same id reused) does not adopt it.
     evt = pending("proc_adopt", origin_session_id="sess_late", dispatched_at=time.time() - 60)
-    store.create_session("sess_late")
+    make_session(store, "sess_late")
     assert await app.runner.handle_event(evt) == "dropped"
 
     # Another surface's session: not claimed at all.
@@ -192,7 +193,7 @@ async def test_an_unknown_event_type_is_refused_at_the_edge(gateway, runtime, ki
     its ledger row is dropped with the reason (what `reveille deliveries` shows) and
     nothing reaches the session; without a ledger id it is ignored."""
     app, _provider = gateway
-    app.store.create_session("sess_live")
+    make_session(app.store, "sess_live")
     evt = finished_process(runtime.ledger, "proc_odd", origin_session_id="sess_live")
     evt["type"] = kind
     assert await app.runner.handle_event(evt) == "ignored"
@@ -205,7 +206,7 @@ async def test_an_unknown_event_type_is_refused_at_the_edge(gateway, runtime, ki
 
 async def test_transient_refusal_releases_retryable(gateway, runtime, monkeypatch) -> None:
     app, _provider = gateway
-    app.store.create_session("sess_busy")
+    make_session(app.store, "sess_busy")
     evt = finished_process(runtime.ledger, "proc_busy", origin_session_id="sess_busy")
 
     async def busy(*args, **kwargs):
@@ -254,7 +255,7 @@ async def test_a_stray_key_error_releases_and_never_drops(gateway, runtime, monk
     # Only the domain error SessionGone means "the session is gone"; a KeyError from a bug
     # in a delivery target must keep the result in the ledger for another attempt.
     app, _provider = gateway
-    app.store.create_session("sess_bug")
+    make_session(app.store, "sess_bug")
     evt = finished_process(runtime.ledger, "proc_bug", origin_session_id="sess_bug")
 
     async def buggy(*args, **kwargs):
@@ -287,7 +288,7 @@ async def test_completions_route_through_the_target_of_the_sessions_platform(
 
     app, _provider = gateway
     source = SessionSource(platform=Platform.TELEGRAM, chat_id="4242", user_id="7")
-    app.store.create_session("sess_tg", source=source)
+    make_session(app.store, "sess_tg", source=source)
 
     def pending(row_id: str) -> dict:
         return finished_process(

@@ -18,6 +18,7 @@ from delivery.ledger import Ledger
 from delivery.reoffer import ReofferScheduler
 from tests.delivery._support import finished_row
 from tests.pg_support import fresh_url, require_pg
+from tests.sessions._support import run_sync
 from tests.stores import pg_ledger, pg_sessions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -252,7 +253,7 @@ def test_reads_survive_the_server_dropping_pooled_connections(url: str) -> None:
     try:
         ledger = Ledger(backend)
         finished_row(ledger, "r1")
-        sessions.create_session("s1", NewSession())
+        run_sync(sessions.acreate_session("s1", NewSession()))
         assert backend.get("r1") is not None and sessions.get_session("s1") is not None
         with _connect(url) as conn:
             conn.execute(

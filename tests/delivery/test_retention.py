@@ -38,7 +38,7 @@ from gateway.wake import persist_delegation_delivery
 from storage.sqlite.ledger import SCHEMA_VERSION
 from tests.delivery._support import BACKENDS, FakeClock, delegation_event, finished_row
 from tests.pg_support import fresh_url
-from tests.sessions._support import begin, delivery, run_sync
+from tests.sessions._support import append_turn, begin, delivery, make_session, run_sync
 
 POLICY = RetentionPolicy(
     settled_days=30,
@@ -164,7 +164,7 @@ def test_prune_removes_settled_rows_only_and_leaves_tombstones(w: World) -> None
 
 def test_a_result_not_folded_yet_is_kept_and_still_reaches_its_conversation(w: World) -> None:
     store = SessionStore(w.sessions)
-    session = store.create_session(title="api", session_id="api_sess").id
+    session = make_session(store, title="api", session_id="api_sess").id
     w.ledger.create("deleg_api", kind="delegation", state="running", origin_session_id=session)
     event = delegation_event("deleg_api", origin_session_id=session, goal="count the stars")
     assert w.ledger.finish("deleg_api", expected="running", state="completed", event=event)
@@ -190,7 +190,7 @@ def test_a_result_not_folded_yet_is_kept_and_still_reaches_its_conversation(w: W
 
 def test_the_transcript_key_is_the_one_the_api_target_writes(w: World) -> None:
     store = SessionStore(w.sessions)
-    session = store.create_session(title="api", session_id="api_key").id
+    session = make_session(store, title="api", session_id="api_key").id
     event = delegation_event("deleg_k", origin_session_id=session)
     persist_delegation_delivery(store, session, event)
     pair = (session, TRANSCRIPT_KEY_PREFIX + "deleg_k")
@@ -200,14 +200,16 @@ def test_the_transcript_key_is_the_one_the_api_target_writes(w: World) -> None:
 def test_idempotency_tombstones_events_and_process_outputs(w: World) -> None:
     sessions = w.sessions
     sessions.claim_idempotent("idem_running", "me", None, None)  # a live claim
-    sessions.append_turn(
-        "s_idem",
-        [NewMessage.build({"role": "user", "content": "hi"})],
-        create=NewSession(),
-        idempotency_key="idem_done",
-        response_json=json.dumps({"ok": True}),
+    run_sync(
+        sessions.aappend_turn(
+            "s_idem",
+            [NewMessage.build({"role": "user", "content": "hi"})],
+            create=NewSession(),
+            idempotency_key="idem_done",
+            response_json=json.dumps({"ok": True}),
+        )
     )
-    sessions.create_session("s_gone", NewSession())
+    run_sync(sessions.acreate_session("s_gone", NewSession()))
     sessions.delete_session("s_gone")
     for n in range(5):
         w.webui.append_event("delivery", json.dumps({"n": n}), w.clock())
@@ -245,12 +247,13 @@ def test_idempotency_tombstones_events_and_process_outputs(w: World) -> None:
 
 def test_archived_transcript_rows_go_the_summary_and_live_rows_stay(w: World) -> None:
     store = SessionStore(w.sessions)
-    store.create_session("s_compact")
+    make_session(store, "s_compact")
     user = store.append_message("s_compact", "user", "the old question")
     answer = store.append_message("s_compact", "assistant", "the old answer")
     result = delivery(store, "s_compact", 7)
     begin(store, "s_compact")  # a turn folds the result ...
-    store.append_turn(  # ... and its stored turn saw it, so compaction may archive it
+    append_turn(
+        store,  # ... and its stored turn saw it, so compaction may archive it
         "s_compact",
         [{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}],
         seen=[result.id],
@@ -399,12 +402,14 @@ def test_sqlite_files_shrink_after_a_prune(tmp_path: Path) -> None:
             finished_row(ledger, f"deleg_{n:04d}", summary=big)
             _deliver(ledger, f"deleg_{n:04d}")
             webui.append_event("delivery", json.dumps({"text": big}), clock())
-            sessions.append_turn(
-                f"s_{n}",
-                [NewMessage.build({"role": "user", "content": "hi"})],
-                create=NewSession(),
-                idempotency_key=f"idem_{n}",
-                response_json=json.dumps({"text": big}),
+            run_sync(
+                sessions.aappend_turn(
+                    f"s_{n}",
+                    [NewMessage.build({"role": "user", "content": "hi"})],
+                    create=NewSession(),
+                    idempotency_key=f"idem_{n}",
+                    response_json=json.dumps({"text": big}),
+                )
             )
         location.reclaim_space()  # a checkpoint: the rows are in the files themselves
         files = ("ledger.db", "webui.db", "sessions.db")

@@ -32,6 +32,7 @@ from gateway.turns.service import (
     TurnService,
     agent_turn_runner,
 )
+from tests.sessions._support import make_session
 
 SESSION = "api_compaction_test"
 TOKEN = re.compile(r"RESULT-\d+")
@@ -76,7 +77,7 @@ def service_for(store: SessionStore, base_url: str) -> TurnService:
 
 
 def open_session(store: SessionStore) -> None:
-    store.create_session(SESSION, source=SessionSource(Platform.API_SERVER, chat_id=SESSION))
+    make_session(store, SESSION, source=SessionSource(Platform.API_SERVER, chat_id=SESSION))
 
 
 async def turn(service: TurnService, n: int) -> bool:

@@ -24,6 +24,7 @@ from gateway.surfaces.telegram.adapter import telegram_session_id
 from reveille.app import App, serve
 from reveille.settings import Settings
 from tests.api_server.serve_support import wait_until
+from tests.sessions._support import make_session
 from tests.telegram.fake_bot_api import FakeBotApi
 from tools.process_registry import process_registry
 
@@ -80,7 +81,7 @@ async def stack(
     model = GatedModel()
     async with serve(settings, provider=model, shutdown_grace_seconds=0.5) as app:
         session_id = telegram_session_id(SOURCE)
-        app.store.create_session(session_id, source=SOURCE)
+        make_session(app.store, session_id, source=SOURCE)
         yield app, model, session_id
     ad.reset_runtime()
     process_registry.completion_queue.drain()

@@ -31,6 +31,7 @@ from gateway.session import SessionStore
 from tests.agent.test_openai_compat import FakeOpenAI
 from tests.gateway import compaction_support as cs
 from tests.pg_support import fresh_url
+from tests.sessions._support import append_turn
 from tests.stores import pg_sessions, sqlite_sessions
 
 CHILD = Path(__file__).with_name("compaction_child.py")
@@ -114,8 +115,10 @@ async def test_200_turns_compact_without_losing_or_repeating_a_result(
         else:
             # What the web UI keeps of a failed turn: the message, marked failed.
             meta = {"failed": True, "error": "boom"}
-            store.append_turn(
-                cs.SESSION, [{"role": "user", "content": f"failed {n}", "display_metadata": meta}]
+            append_turn(
+                store,
+                cs.SESSION,
+                [{"role": "user", "content": f"failed {n}", "display_metadata": meta}],
             )
         if n == 64:
             # Turns 65-70 fold results 65 and 70, then fail: both stay pinned, pushed back

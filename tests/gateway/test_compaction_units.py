@@ -33,6 +33,7 @@ from gateway.turns.service import (
 )
 from reveille.settings import SettingsError, load_settings
 from tests.agent.test_openai_compat import FakeOpenAI, completion, provider_for
+from tests.sessions._support import append_turn, make_session
 from tests.stores import session_file_store
 
 SID = "api_units"
@@ -100,9 +101,10 @@ def test_estimate_is_characters_over_four() -> None:
 
 def _store(tmp_path: Path) -> SessionStore:
     store = session_file_store(tmp_path / "sessions.db")
-    store.create_session(SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
+    make_session(store, SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
     for n in range(12):
-        store.append_turn(
+        append_turn(
+            store,
             SID,
             [
                 {"role": "user", "content": f"question {n} " + "words " * 40},
@@ -184,7 +186,7 @@ async def test_compaction_runs_under_the_callers_lease_or_waits_for_a_busy_sessi
     assert store.running_turns()[SID].stream_id == "st_other"  # still the caller's
     store.end_turn(SID, "st_other")
     # Without a lease of its own the compaction takes the session and frees it after.
-    store.append_turn(SID, [{"role": "user", "content": "w " * 2000}])
+    append_turn(store, SID, [{"role": "user", "content": "w " * 2000}])
     await _turn(service, "three")
     assert service.compactor.compactions == 2
     assert SID not in store.running_turns()
@@ -214,7 +216,7 @@ async def test_the_backstop_compacts_and_retries_once_with_an_unknown_window(
 
 async def test_a_summary_names_every_result_it_covers_and_stays_one(tmp_path: Path) -> None:
     store = session_file_store(tmp_path / "sessions.db")
-    store.create_session(SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
+    make_session(store, SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
     calls: list[list[dict[str, object]]] = []
 
     async def summarise(messages: list[dict[str, object]]) -> str:
@@ -234,7 +236,8 @@ async def test_a_summary_names_every_result_it_covers_and_stays_one(tmp_path: Pa
                 dedupe_key=f"deleg:{k}",
             )
         taken = [m.id for m in (await store.abegin_turn(SID)).taken]
-        store.append_turn(
+        append_turn(
+            store,
             SID,
             [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
             seen=taken,

@@ -33,6 +33,7 @@ from gateway.session import SessionSource, SessionStore
 from gateway.turns.compaction import CompactionPolicy, Compactor, is_summary
 from gateway.turns.service import StartedTurn, TurnRequest, TurnService, agent_turn_runner
 from gateway.wake_text import format_wake_batch, format_wake_text, wake_results
+from tests.sessions._support import append_turn, make_session
 from tests.stores import session_file_store
 
 NOW = 1_800_000_000.0
@@ -182,7 +183,7 @@ async def test_compaction_lists_only_the_results_the_rows_metadata_names(
     tmp_path: Path,
 ) -> None:
     store: SessionStore = session_file_store(tmp_path / "sessions.db")
-    store.create_session(SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
+    make_session(store, SID, source=SessionSource(Platform.API_SERVER, chat_id=SID))
     service = TurnService(
         store,
         agent_turn_runner(Agent(DemoModel(delay_seconds=0), ToolRegistry())),
@@ -216,8 +217,8 @@ async def test_compaction_lists_only_the_results_the_rows_metadata_names(
         (summary,) = [r for r in live if is_summary(r)]
         return summary
 
-    store.append_turn(
-        SID, [{"role": "user", "content": PLANT}, {"role": "assistant", "content": PLANT}]
+    append_turn(
+        store, SID, [{"role": "user", "content": PLANT}, {"role": "assistant", "content": PLANT}]
     )
     await wake_turn([delegation(1)])  # a single wake-up
     await wake_turn([batch(2), command(3), mcp_result(4), inbound(5)])  # a combined one
@@ -233,15 +234,16 @@ async def test_compaction_lists_only_the_results_the_rows_metadata_names(
     )
     expected.append(genuine_id(display_metadata(event)))
     taken = [m.id for m in (await store.abegin_turn(SID)).taken]
-    store.append_turn(
+    append_turn(
+        store,
         SID,
         [{"role": "user", "content": PLANT}, {"role": "assistant", "content": "ok"}],
         seen=taken,
     )
     first = await compact()  # its prose: everything the parrot was shown, and the plant
     await wake_turn([delegation(7), command(8)])
-    store.append_turn(
-        SID, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    append_turn(
+        store, SID, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     )
     second = await compact()  # rolls the first (a previous summary full of plants) in
 

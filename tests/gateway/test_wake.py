@@ -24,7 +24,7 @@ from gateway.wake import (
     format_wake_text,
     persist_delegation_delivery,
 )
-from tests.sessions._support import take_unfolded
+from tests.sessions._support import make_session, take_unfolded
 from tests.stores import session_file_store
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -457,7 +457,7 @@ def test_delegation_counts() -> None:
 
 def test_persist_delegation_delivery_once(tmp_path: Path) -> None:
     with session_file_store(tmp_path / "s.db") as store:
-        store.create_session("api-sess")
+        make_session(store, "api-sess")
         evt = _single()
         row = persist_delegation_delivery(store, "api-sess", evt)
         assert row.role == "system"
@@ -479,7 +479,7 @@ def test_persist_delegation_delivery_once(tmp_path: Path) -> None:
 
 def test_persist_batch_metadata_and_custom_text(tmp_path: Path) -> None:
     with session_file_store(tmp_path / "s.db") as store:
-        store.create_session("s")
+        make_session(store, "s")
         evt = {
             "type": "async_delegation",
             "delegation_id": "deleg_b",
@@ -499,7 +499,7 @@ def test_persist_rejects_unknown_session_and_bad_events(tmp_path: Path) -> None:
     with session_file_store(tmp_path / "s.db") as store:
         with pytest.raises(SessionGone):
             persist_delegation_delivery(store, "gone", _single())
-        store.create_session("s")
+        make_session(store, "s")
         with pytest.raises(ValueError, match="delegation_id"):
             persist_delegation_delivery(store, "s", _single(delegation_id=None))
         with pytest.raises(ValueError, match="not a delegation"):
@@ -518,7 +518,7 @@ async def test_persist_takes_hermes_agents_call_shape_too(tmp_path: Path) -> Non
         "summary": "done",
     }
     with session_file_store(tmp_path / "s.db") as store:
-        sid = store.create_session().id
+        sid = make_session(store).id
         adapter = SimpleNamespace(store=store)
         for _ in range(2):  # a redelivery appends nothing
             row = await persist_delegation_delivery(

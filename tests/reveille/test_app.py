@@ -8,6 +8,7 @@ import pytest
 
 from reveille.app import open_storage
 from reveille.settings import SettingsError
+from tests.sessions._support import make_session
 from tests.stores import session_file_store
 
 
@@ -38,7 +39,7 @@ def test_a_loose_state_directory_and_its_files_are_tightened(tmp_path) -> None:
     ensure_private_dir(home)
     assert st.S_IMODE(home.stat().st_mode) == 0o700
     with session_file_store(home / "sessions.db") as store:
-        store.create_session("s1")
+        make_session(store, "s1")
         for name in ("sessions.db", "sessions.db-wal", "sessions.db-shm"):
             assert st.S_IMODE((home / name).stat().st_mode) == 0o600, name
 

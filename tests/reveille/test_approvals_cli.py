@@ -18,6 +18,7 @@ from delivery.session_backend import ApprovalRecord
 from gateway.approvals import Approvals
 from gateway.session import SessionSource
 from gateway.turns.hold import TurnHold
+from tests.sessions._support import make_session
 from tests.stores import session_file_store
 
 
@@ -41,7 +42,7 @@ async def areveille(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 async def test_an_operator_decides_what_a_turn_waits_for(tmp_path: Path) -> None:
     store = session_file_store(tmp_path / "sessions.db")
     try:
-        store.create_session("sess_cli", source=SessionSource(platform="api_server", chat_id="x"))
+        make_session(store, "sess_cli", source=SessionSource(platform="api_server", chat_id="x"))
         hold = TurnHold(store, "sess_cli")  # renewed while the turn waits, as a server does
         assert await hold.take()
         approvals = Approvals(store, poll_seconds=0.05)
@@ -81,7 +82,7 @@ def test_an_approval_whose_turn_is_gone_expires(tmp_path: Path) -> None:
     approval settles it as denied, says so, and it is never listed as pending."""
     store = session_file_store(tmp_path / "sessions.db")
     try:
-        store.create_session("sess_dead", source=SessionSource(platform="api_server", chat_id="x"))
+        make_session(store, "sess_dead", source=SessionSource(platform="api_server", chat_id="x"))
         store.take_turn("sess_dead", "turn_dead", ttl_seconds=0.3)
         record = ApprovalRecord(
             "appr_dead000001", "sess_dead", "turn_dead", "ls", "pending", time.time()
@@ -103,7 +104,7 @@ async def test_an_operator_decides_what_a_background_unit_waits_for(tmp_path: Pa
     denied from the CLI (the unit is told so), and one past its deadline reported expired."""
     store = session_file_store(tmp_path / "sessions.db")
     try:
-        store.create_session("sess_bg", source=SessionSource(platform="api_server", chat_id="x"))
+        make_session(store, "sess_bg", source=SessionSource(platform="api_server", chat_id="x"))
         approvals = Approvals(store, poll_seconds=0.05)
         waiting = asyncio.create_task(approvals.confirm_unit_for("sess_bg")("deleg_cli1", "ls"))
         while not (await approvals.pending()):

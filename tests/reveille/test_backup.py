@@ -16,6 +16,7 @@ from agent.markers import read_wake_data
 from gateway.config import Platform
 from gateway.session import SessionSource
 from reveille.backup import BackupError, backup, restore
+from tests.sessions._support import make_session
 from tests.stores import session_file_store
 from tests.webui.test_two_processes import ROOT, Serve, _pending_completions, wait_delivered
 
@@ -36,7 +37,7 @@ def test_a_backup_taken_mid_work_restores_and_delivers_each_result_once(tmp_path
     home, copy, fresh = tmp_path / "home", tmp_path / "backup", tmp_path / "restored"
     sid = "webui-backup"
     with session_file_store(home / "sessions.db") as store:
-        store.create_session(sid, source=SessionSource(platform=Platform.WEBUI, chat_id=sid))
+        make_session(store, sid, source=SessionSource(platform=Platform.WEBUI, chat_id=sid))
     ids = _pending_completions(home, sid, 3)  # finished, not delivered: nothing serves yet
 
     made = _cli(home, "backup", str(copy))
@@ -68,7 +69,7 @@ def test_a_backup_taken_mid_work_restores_and_delivers_each_result_once(tmp_path
 def test_backup_and_restore_refuse_what_they_must(tmp_path: Path) -> None:
     home = tmp_path / "home"
     with session_file_store(home / "sessions.db") as store:
-        store.create_session("s1")
+        make_session(store, "s1")
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "something").write_text("x")

@@ -29,6 +29,7 @@ from delivery.ledger import Ledger
 from delivery.session_backend import NewMessage, NewSession
 from reveille.backup_check import LOST_ERROR
 from tests.api_server.serve_support import Server, chat, transcript, wait_until
+from tests.sessions._support import run_sync
 from tests.stores import sqlite_ledger, sqlite_sessions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +118,7 @@ class Clients:
     def _run(self, index: int) -> None:
         sid = f"api_client{index}"
         try:
-            self.sessions.create_session(sid, NewSession(session_key=f"k:{sid}"))
+            run_sync(self.sessions.acreate_session(sid, NewSession(session_key=f"k:{sid}")))
             while not self.stop.is_set():
                 handle = new_id("deleg_")
                 self.ledger.create(
@@ -202,7 +203,7 @@ def _inconsistent_backup(tmp_path: Path) -> tuple[Path, str, str]:
     ledger = Ledger(sqlite_ledger(source / "ledger.db"))
     sessions = sqlite_sessions(source / "sessions.db")
     kept, lost = new_id("deleg_"), new_id("deleg_")
-    sessions.create_session("api_s1", NewSession(session_key="k:api_s1"))
+    run_sync(sessions.acreate_session("api_s1", NewSession(session_key="k:api_s1")))
     ledger.create(kept, kind="delegation", session_key="k:api_s1", origin_session_id="api_s1")
     for handle in (kept, lost):
         text = f"Started in the background: job. Handle: {handle}."

@@ -20,6 +20,7 @@ from gateway.session import SessionStore
 from storage import open_storage
 from storage.postgres.backup import dump_schema
 from tests.pg_support import PG_URL, fresh_url
+from tests.sessions._support import make_session
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +62,7 @@ def _fill(url: str) -> None:
     store = SessionStore(location.open_sessions())
     try:
         ledger.create("deleg_backup1", kind="delegation", session_key="k", state=State.RUNNING)
-        store.create_session("s1")
+        make_session(store, "s1")
     finally:
         store.close()
         ledger.close()

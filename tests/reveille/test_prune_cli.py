@@ -19,7 +19,7 @@ from delivery.responses_backend import Change, ResponseRow
 from delivery.retention import DAY
 from tests.delivery._support import FakeClock, finished_row
 from tests.reveille.test_deliveries_cli import reveille
-from tests.sessions._support import run_sync
+from tests.sessions._support import make_session, run_sync
 from tests.stores import session_file_store, sqlite_ledger
 from tools.async_delegation import configure_runtime, get_durable_delegation, reset_runtime
 from tools.completion_queue import CompletionQueue
@@ -39,7 +39,7 @@ def home(tmp_path: Path) -> Path:
     ledger.create("deleg_busy", kind="delegation", state="running")
     ledger.backend.close()
     with session_file_store(tmp_path / "sessions.db", clock=clock) as store:
-        store.create_session("s_old")
+        make_session(store, "s_old")
         ids = [store.append_message("s_old", r, r).id for r in ("user", "assistant")]
         assert store.take_turn("s_old", "st_old").stream_id == "st_old"
         summary = {"role": "system", "content": "[reveille:summary] old", "display_metadata": {}}

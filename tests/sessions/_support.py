@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from delivery.session_backend import SessionBackend, SessionState, TurnStart
-from gateway.session import SessionGone, SessionStore
+from delivery.session_backend import MessageRecord, SessionBackend, SessionState, TurnStart
+from gateway.session import SessionGone, SessionRecord, SessionSource, SessionStore
 from tests.pg_support import fresh_url
 from tests.stores import memory_sessions, pg_sessions, sqlite_sessions
 
@@ -27,7 +27,7 @@ def make_backend(kind: str, directory: Path) -> SessionBackend:
     raise AssertionError(f"unknown backend {kind!r}")
 
 
-def delivery(store: SessionStore, sid: str, n: int) -> dict[str, Any]:
+def delivery(store: SessionStore, sid: str, n: int) -> MessageRecord:
     """A completion's delivery row (what ``gateway.wake`` appends), dedupe key ``deleg:<n>``."""
     return store.append_message(
         sid,
@@ -47,6 +47,34 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     another thread, so a caller already inside an event loop may use it too)."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+def make_session(
+    store: SessionStore,
+    session_id: str | None = None,
+    *,
+    source: SessionSource | None = None,
+    title: str | None = None,
+    exclusive: bool = False,
+) -> SessionRecord:
+    """Create a session from synchronous test code through the store's public coroutine
+    (``acreate_session``, what every surface calls)."""
+    return run_sync(
+        store.acreate_session(session_id, source=source, title=title, exclusive=exclusive)
+    )
+
+
+def append_turn(
+    store: SessionStore, sid: str, messages: Sequence[Mapping[str, Any]], **options: Any
+) -> list[MessageRecord]:
+    """Store a turn from synchronous test code through the store's one way to
+    (``aappend_turn``), and read back the rows it added (a repeated dedupe key adds none)."""
+    try:
+        last = max((m.id for m in store.latest_messages(sid, limit=1)), default=0)
+    except SessionGone:
+        last = 0
+    run_sync(store.aappend_turn(sid, messages, **options))
+    return store.messages(sid, after_id=last)
 
 
 def begin(store: SessionStore, sid: str) -> TurnStart:

@@ -1,6 +1,6 @@
 """Fixtures of the session-store tests; ``store`` runs each conformance test over every backend.
 
-A new backend (PostgreSQL) joins the conformance suite by adding one name to ``BACKENDS``
+A new backend joins the conformance suite by adding one name to ``BACKENDS``
 and one branch to ``make_backend`` (both in ``_support.py``). Facts of one backend's own
 storage (the SQLite file, its pragmas and refusals) live in ``test_sqlite_sessions.py``,
 which builds that backend directly.

@@ -23,6 +23,7 @@ from gateway.approvals import (
     settle_if_stale,
 )
 from gateway.session import SessionStore
+from tests.sessions._support import make_session
 
 
 def _ask(store: SessionStore, aid: str, session_id: str, stream_id: str, **lease) -> ApprovalRecord:
@@ -72,7 +73,7 @@ def _ask_unit(
     store: SessionStore, aid: str, session_id: str, *, ttl: float = 60.0, owner: str | None = None
 ) -> ApprovalRecord:
     if store.get_session(session_id) is None:
-        store.create_session(session_id)
+        make_session(store, session_id)
     now = time.time()
     record = ApprovalRecord(
         aid,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gateway.session import SessionStore
 from storage.sqlite.sessions_sql import SCHEMA_VERSION as SESSIONS_SCHEMA_VERSION
-from tests.sessions._support import begin, delivery, run_sync
+from tests.sessions._support import append_turn, begin, delivery, make_session, run_sync
 from tests.stores import pg_sessions, session_file_store
 
 SUMMARY = {"role": "system", "content": "[reveille:summary] s", "display_metadata": {"summary": {}}}
@@ -21,7 +21,7 @@ def _compact(store: SessionStore, stream: str, ids: list[int]) -> object:
 
 
 def test_compaction_needs_the_lease_and_a_seen_result(store: SessionStore) -> None:
-    store.create_session("s")
+    make_session(store, "s")
     u = store.append_message("s", "user", "hello")
     a = store.append_message("s", "assistant", "hi")
     d = delivery(store, "s", 1)
@@ -35,7 +35,8 @@ def test_compaction_needs_the_lease_and_a_seen_result(store: SessionStore) -> No
     begin(store, "s")  # a turn folds it ...
     assert _compact(store, "st_1", [u.id, d.id]) is None
     # ... and a stored turn that was shown it marks it seen in its own commit.
-    store.append_turn(
+    append_turn(
+        store,
         "s",
         [{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}],
         seen=[d.id],
@@ -63,7 +64,7 @@ def test_compaction_needs_the_lease_and_a_seen_result(store: SessionStore) -> No
 def test_a_v3_file_upgrades_to_the_current_version(tmp_path: Path) -> None:
     path = tmp_path / "sessions.db"
     with session_file_store(path) as store:
-        store.create_session("s")
+        make_session(store, "s")
         store.append_message("s", "user", "old")
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA foreign_keys = OFF")

@@ -12,7 +12,7 @@ import pytest
 
 from delivery.session_backend import SNIPPET_END, SNIPPET_START, search_terms
 from gateway.session import SessionStore
-from tests.sessions._support import run_sync
+from tests.sessions._support import append_turn, make_session, run_sync
 from tests.stores import session_file_store
 
 
@@ -21,9 +21,10 @@ def _marked(snippet: str) -> list[str]:
 
 
 def test_search_finds_every_word_newest_first(store: SessionStore) -> None:
-    store.create_session("s1", title="one")
-    store.create_session("s2", title="two")
-    store.append_turn(
+    make_session(store, "s1", title="one")
+    make_session(store, "s2", title="two")
+    append_turn(
+        store,
         "s1",
         [
             {"role": "user", "content": "Deploy the staging cluster tonight"},
@@ -46,7 +47,7 @@ def test_search_finds_every_word_newest_first(store: SessionStore) -> None:
 
 
 def test_search_text_is_never_query_syntax(store: SessionStore) -> None:
-    store.create_session("s", title="t")
+    make_session(store, "s", title="t")
     store.append_message("s", "user", 'he said "quote" AND NOT (this) OR * near:me')
     for text in ['"quote', "NOT", "(this)", "near:me", "AND OR", "*", "' OR 1=1 --", "\\"]:
         found = store.search_messages(text)
@@ -56,9 +57,9 @@ def test_search_text_is_never_query_syntax(store: SessionStore) -> None:
 
 
 def test_deleted_sessions_are_not_found(store: SessionStore) -> None:
-    store.create_session("gone", title="t")
+    make_session(store, "gone", title="t")
     store.append_message("gone", "user", "secret plans")
-    store.create_session("kept", title="t")
+    make_session(store, "kept", title="t")
     store.append_message("kept", "user", "public plans")
     assert len(store.search_messages("plans")) == 2
     store.delete_session("gone")
@@ -70,7 +71,7 @@ def test_existing_rows_are_indexed_when_an_older_file_is_opened(tmp_path: Path) 
     it already has, and the column."""
     path = tmp_path / "sessions.db"
     with session_file_store(path) as store:
-        store.create_session("old", title="t")
+        make_session(store, "old", title="t")
         store.append_message("old", "user", "written before search existed")
     conn = sqlite3.connect(path)
     conn.executescript(
@@ -97,9 +98,9 @@ def test_existing_rows_are_indexed_when_an_older_file_is_opened(tmp_path: Path) 
 def test_superseded_messages_stay_but_leave_the_model_context(store: SessionStore) -> None:
     from gateway.turns.conversation import build_context
 
-    store.create_session("s", title="t")
-    rows = store.append_turn(
-        "s", [{"role": "user", "content": "first"}, {"role": "assistant", "content": "one"}]
+    make_session(store, "s", title="t")
+    rows = append_turn(
+        store, "s", [{"role": "user", "content": "first"}, {"role": "assistant", "content": "one"}]
     )
     store.append_message(
         "s", "system", "a result", display_kind="async_delegation_complete", dedupe_key="d:1"

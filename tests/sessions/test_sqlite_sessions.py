@@ -10,14 +10,19 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from delivery.session_backend import ApprovalRecord
+from delivery.session_rows import SessionRows
 from gateway.session import SessionStore, SessionStoreError
+from storage.sqlite.sessions import SqliteRows, SqliteSessions
 from storage.sqlite.sessions_sql import SCHEMA_VERSION
-from tests.sessions._support import race, state_of
+from tests.sessions._support import make_session, race, state_of
 from tests.stores import session_file_store, sqlite_sessions
+
+_PRAGMAS = ("synchronous", "foreign_keys", "busy_timeout")
 
 
 @pytest.fixture
@@ -31,7 +36,7 @@ def test_creates_parent_dir_and_private_files(tmp_path: Path) -> None:
     path = tmp_path / "deep" / "er" / "state.db"
     s = session_file_store(path)
     try:
-        s.create_session("s1")
+        make_session(s, "s1")
         for p in [path, *path.parent.glob("state.db-*")]:
             assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
         assert s.path == path
@@ -45,10 +50,18 @@ def test_pragmas(store: SessionStore, tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         conn.close()
-    with store.backend._read() as c:  # type: ignore[attr-defined]  # the backend's own
-        assert c.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-        assert c.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-        assert c.execute("PRAGMA busy_timeout").fetchone()[0] >= 1000
+    backend = store.backend
+    assert isinstance(backend, SqliteSessions)
+
+    def pragmas(rows: SessionRows) -> tuple[int, int, int]:
+        c = cast(SqliteRows, rows).conn  # the reader connection, as the backend uses it
+        synchronous, foreign_keys, busy = (c.execute(f"PRAGMA {p}").fetchone()[0] for p in _PRAGMAS)
+        return int(synchronous), int(foreign_keys), int(busy)
+
+    synchronous, foreign_keys, busy_timeout = backend.tx.read(pragmas)
+    assert synchronous == 2  # FULL
+    assert foreign_keys == 1
+    assert busy_timeout >= 1000
 
 
 def test_not_a_database_is_refused_and_left_intact(tmp_path: Path) -> None:
@@ -91,7 +104,7 @@ def test_directory_path_is_a_clear_error(tmp_path: Path) -> None:
 def test_reopen_keeps_data(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     with session_file_store(path) as s:
-        s.create_session("keep", title="t")
+        make_session(s, "keep", title="t")
         s.append_message("keep", "user", "hi")
     with session_file_store(path) as s:
         assert s.get_session("keep").title == "t"
@@ -107,7 +120,7 @@ def test_closed_store_raises(tmp_path: Path) -> None:
 
 
 def test_delete_cascades_messages(store: SessionStore, tmp_path: Path) -> None:
-    store.create_session("s")
+    make_session(store, "s")
     store.append_message("s", "user", "hi")
     store.delete_session("s")
     conn = sqlite3.connect(tmp_path / "sessions.db")
@@ -123,7 +136,7 @@ def test_take_unfolded_races_across_connections(tmp_path: Path) -> None:
     a = session_file_store(tmp_path / "shared.db")
     b = session_file_store(tmp_path / "shared.db")
     try:
-        a.create_session("s")
+        make_session(a, "s")
         taken = race([a, b], "s", total=150, threads=5)
         assert len(taken) == len(set(taken)) == 150
     finally:
@@ -140,7 +153,7 @@ def test_the_opener_names_the_sqlite_file(tmp_path: Path) -> None:
 def test_v1_file_is_upgraded_in_place(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     with session_file_store(path) as s:
-        s.create_session("old")
+        make_session(s, "old")
         s.append_message("old", "user", "kept")
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE tombstones")
@@ -161,7 +174,7 @@ def test_v1_file_is_upgraded_in_place(tmp_path: Path) -> None:
 def test_an_older_approvals_table_gains_the_background_columns(tmp_path: Path) -> None:
     path = tmp_path / "v5.db"
     with session_file_store(path) as s:
-        s.create_session("old")
+        make_session(s, "old")
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE approvals")  # as a build before background approvals wrote it
     conn.execute(
@@ -185,7 +198,7 @@ def test_an_older_approvals_table_gains_the_background_columns(tmp_path: Path) -
 def test_tombstones_survive_reopen(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
     with session_file_store(path) as s:
-        s.create_session("gone")
+        make_session(s, "gone")
         s.delete_session("gone")
     with session_file_store(path) as s:
         assert state_of(s, "gone") == "deleted"
@@ -195,7 +208,7 @@ def test_locked_database_is_unavailable_and_writes_nothing(tmp_path: Path) -> No
     path = tmp_path / "locked.db"
     s = SessionStore(sqlite_sessions(path, busy_timeout_ms=50))
     try:
-        s.create_session("s")
+        make_session(s, "s")
         other = sqlite3.connect(path, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
         try:
@@ -212,7 +225,7 @@ def test_locked_database_is_unavailable_and_writes_nothing(tmp_path: Path) -> No
 def test_corrupt_database_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "corrupt.db"
     with session_file_store(path) as s:
-        s.create_session("s")
+        make_session(s, "s")
     data = bytearray(path.read_bytes())
     data[:16] = b"garbage-header!!"  # the SQLite magic string is gone
     path.write_bytes(bytes(data))
@@ -226,7 +239,7 @@ async def test_begin_turns_race_across_connections(tmp_path: Path) -> None:
     a = session_file_store(tmp_path / "shared.db")
     b = session_file_store(tmp_path / "shared.db")
     try:
-        a.create_session("s")
+        make_session(a, "s")
         ids = {a.append_message("s", "system", str(n), display_kind="d").id for n in range(30)}
         starts = await asyncio.gather(*(s.abegin_turn("s") for s in [a, b] * 6))
         taken = [m.id for start in starts for m in start.taken]

@@ -19,7 +19,14 @@ from gateway.session import (
     build_session_key,
     is_valid_session_id,
 )
-from tests.sessions._support import delivery, race, state_of, take_unfolded
+from tests.sessions._support import (
+    append_turn,
+    delivery,
+    make_session,
+    race,
+    state_of,
+    take_unfolded,
+)
 
 # ----------------------------------------------------------------- sessions
 
@@ -34,13 +41,13 @@ def test_session_id_validation() -> None:
 
 def test_create_get_list_delete(store: SessionStore) -> None:
     src = SessionSource(Platform.TELEGRAM, chat_id="c1", chat_type="group")
-    a = store.create_session(source=src, title="first")
+    a = make_session(store, source=src, title="first")
     assert a.id.startswith("sess_") and is_valid_session_id(a.id)
     assert a.source == src.to_dict()
     assert a.session_key == build_session_key(src)
     assert store.get_session(a.id) == a
 
-    b = store.create_session("api-123")
+    b = make_session(store, "api-123")
     assert b.source is None and b.session_key is None and b.title is None
     store.append_message("api-123", "user", "bump")  # most recently active first
     assert [s.id for s in store.list_sessions()] == ["api-123", a.id]
@@ -52,16 +59,16 @@ def test_create_get_list_delete(store: SessionStore) -> None:
 
 
 def test_create_existing_returns_existing_unchanged(store: SessionStore) -> None:
-    first = store.create_session("same", title="original")
-    again = store.create_session("same", title="other")
+    first = make_session(store, "same", title="original")
+    again = make_session(store, "same", title="other")
     assert again == first
 
 
 def test_create_rejects_bad_id_and_source(store: SessionStore) -> None:
     with pytest.raises(ValueError):
-        store.create_session("has space")
+        make_session(store, "has space")
     with pytest.raises(TypeError):
-        store.create_session("ok", source={"platform": "telegram"})  # type: ignore[arg-type]
+        make_session(store, "ok", source={"platform": "telegram"})  # type: ignore[arg-type]
 
 
 def test_list_rejects_negative(store: SessionStore) -> None:
@@ -70,11 +77,11 @@ def test_list_rejects_negative(store: SessionStore) -> None:
 
 
 def test_delete_takes_the_transcript(store: SessionStore) -> None:
-    store.create_session("s")
+    make_session(store, "s")
     store.append_message("s", "user", "hi")
     delivery(store, "s", 1)
     assert store.delete_session("s") is True
-    store.create_session("s")  # an explicit creation starts afresh
+    make_session(store, "s")  # an explicit creation starts afresh
     assert store.messages("s") == []
     assert take_unfolded(store, "s") == []
 
@@ -85,14 +92,14 @@ def test_closed_store_raises(store: SessionStore) -> None:
     with pytest.raises(SessionStoreError, match="closed"):
         store.get_session("x")
     with pytest.raises(SessionStoreError, match="closed"):
-        store.create_session("x")
+        make_session(store, "x")
 
 
 # ----------------------------------------------------------------- messages
 
 
 def test_append_and_read_messages(store: SessionStore) -> None:
-    store.create_session("s")
+    make_session(store, "s")
     m1 = store.append_message("s", "user", "hello")
     m2 = store.append_message("s", "assistant", "hi there")
     m3 = delivery(store, "s", 1)
@@ -126,7 +133,7 @@ def test_unknown_session_raises_key_error(store: SessionStore) -> None:
 
 
 def test_append_validates_arguments(store: SessionStore) -> None:
-    store.create_session("s")
+    make_session(store, "s")
     with pytest.raises(ValueError):
         store.append_message("s", "", "x")
     with pytest.raises(TypeError):
@@ -137,8 +144,8 @@ def test_append_validates_arguments(store: SessionStore) -> None:
 
 
 def test_dedupe_key_never_appends_twice(store: SessionStore) -> None:
-    store.create_session("s")
-    store.create_session("t")
+    make_session(store, "s")
+    make_session(store, "t")
     first = delivery(store, "s", 7)
     again = store.append_message("s", "system", "different text", dedupe_key="deleg:7")
     assert again == first
@@ -153,10 +160,10 @@ def test_dedupe_key_never_appends_twice(store: SessionStore) -> None:
 
 
 def test_message_ids_not_reused_after_delete(store: SessionStore) -> None:
-    store.create_session("s")
+    make_session(store, "s")
     last = store.append_message("s", "user", "x")
     store.delete_session("s")
-    store.create_session("s")
+    make_session(store, "s")
     assert store.append_message("s", "user", "y").id > last.id
 
 
@@ -164,7 +171,7 @@ def test_message_ids_not_reused_after_delete(store: SessionStore) -> None:
 
 
 def test_take_unfolded_deliveries_exactly_once(store: SessionStore) -> None:
-    store.create_session("s")
+    make_session(store, "s")
     store.append_message("s", "user", "plain message is not a delivery")
     d1 = delivery(store, "s", 1)
     d2 = delivery(store, "s", 2)
@@ -183,13 +190,13 @@ def test_take_unfolded_deliveries_exactly_once(store: SessionStore) -> None:
 
 
 def test_take_unfolded_races_on_one_store(store: SessionStore) -> None:
-    store.create_session("s")
+    make_session(store, "s")
     taken = race([store], "s", total=150, threads=5)
     assert len(taken) == len(set(taken)) == 150
 
 
 async def test_usable_from_async_via_to_thread(store: SessionStore) -> None:
-    await asyncio.to_thread(store.create_session, "s")
+    await store.acreate_session("s")
     await asyncio.gather(
         *(asyncio.to_thread(store.append_message, "s", "user", str(i)) for i in range(20))
     )
@@ -198,7 +205,7 @@ async def test_usable_from_async_via_to_thread(store: SessionStore) -> None:
 
 async def test_sessions_by_prefix_are_the_opening_and_its_forks(store: SessionStore) -> None:
     for sid in ("api_abc", "api_abc_1", "api_abcd", "api_ab", "api_abc_2"):
-        store.create_session(sid)
+        make_session(store, sid)
     store.append_message("api_abc_1", "user", "hello")
     store.delete_session("api_abc_2")
     found = await store.asessions_by_prefix("api_abc")
@@ -212,8 +219,8 @@ async def test_sessions_by_prefix_are_the_opening_and_its_forks(store: SessionSt
 async def test_sessions_by_prefix_tell_a_deleted_opening_from_a_new_one(
     store: SessionStore,
 ) -> None:
-    store.create_session("api_gone")
-    store.create_session("api_gone_1")
+    make_session(store, "api_gone")
+    make_session(store, "api_gone_1")
     store.delete_session("api_gone")
     found = await store.asessions_by_prefix("api_gone")
     assert [sid for sid, _ in found.transcripts] == ["api_gone_1"]
@@ -221,7 +228,7 @@ async def test_sessions_by_prefix_tell_a_deleted_opening_from_a_new_one(
     # Deleted before its first write ever landed: still a tombstone, not a new id.
     store.delete_session("api_never")
     assert (await store.asessions_by_prefix("api_never")).prefix_deleted
-    store.create_session("api_gone")  # created again: live, no longer deleted
+    make_session(store, "api_gone")  # created again: live, no longer deleted
     again = await store.asessions_by_prefix("api_gone")
     assert sorted(sid for sid, _ in again.transcripts) == ["api_gone", "api_gone_1"]
     assert not again.prefix_deleted
@@ -232,25 +239,25 @@ async def test_an_exclusive_creation_never_joins_a_session_that_exists(
 ) -> None:
     source = SessionSource(platform=Platform.API_SERVER, chat_id="api_x")
     turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    store.append_turn("api_x", turn, create=source, exclusive=True)  # new: created
+    append_turn(store, "api_x", turn, create=source, exclusive=True)  # new: created
     with pytest.raises(SessionTaken):
-        store.create_session("api_x", source=source, exclusive=True)
+        make_session(store, "api_x", source=source, exclusive=True)
     with pytest.raises(SessionTaken):
         await store.acreate_session("api_x", source=source, exclusive=True)
     other = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "other"}]
     with pytest.raises(SessionTaken):
-        store.append_turn("api_x", other, create=source, exclusive=True)
+        append_turn(store, "api_x", other, create=source, exclusive=True)
     with pytest.raises(SessionTaken):
         await store.aappend_turn("api_x", other, create=source, exclusive=True)
     assert [m.content for m in store.messages("api_x")] == ["hi", "hello"]
     # Not exclusive: the existing session is the one to write into.
-    assert store.create_session("api_x", source=source).id == "api_x"
+    assert make_session(store, "api_x", source=source).id == "api_x"
     await store.aappend_turn("api_x", other, create=source)
     assert len(store.messages("api_x")) == 4
     # An exclusive creation of an id that is new, or deleted, still creates it.
     await store.acreate_session("api_y", source=source, exclusive=True)
     assert store.delete_session("api_y")
-    store.create_session("api_y", source=source, exclusive=True)
+    make_session(store, "api_y", source=source, exclusive=True)
     assert state_of(store, "api_y") == "live"
 
 
@@ -258,7 +265,7 @@ async def test_an_exclusive_creation_never_joins_a_session_that_exists(
 
 
 async def test_a_session_is_titled_once_unless_renamed(store: SessionStore) -> None:
-    sid = store.create_session().id
+    sid = make_session(store).id
     assert await store.aset_title(sid, "first words", if_untitled=True) is True
     assert await store.aset_title(sid, "second words", if_untitled=True) is False
     assert store.get_session(sid).title == "first words"
@@ -271,14 +278,14 @@ async def test_a_session_is_titled_once_unless_renamed(store: SessionStore) -> N
 
 @pytest.mark.parametrize("title", ["", "   ", "x" * 201])
 async def test_a_title_is_text_of_bounded_length(store: SessionStore, title: str) -> None:
-    sid = store.create_session().id
+    sid = make_session(store).id
     with pytest.raises(ValueError):
         await store.aset_title(sid, title)
     assert store.get_session(sid).title is None
 
 
 def test_latest_messages_pages_the_transcript_from_its_end(store: SessionStore) -> None:
-    store.create_session("sess_page")
+    make_session(store, "sess_page")
     ids = [store.append_message("sess_page", "user", f"m{i}").id for i in range(7)]
     newest = store.latest_messages("sess_page", limit=3)
     assert [m.content for m in newest] == ["m4", "m5", "m6"]

@@ -16,7 +16,15 @@ from gateway.session import (
     TurnStart,
     build_session_key,
 )
-from tests.sessions._support import begin, delivery, run_sync, state_of, writes
+from tests.sessions._support import (
+    append_turn,
+    begin,
+    delivery,
+    make_session,
+    run_sync,
+    state_of,
+    writes,
+)
 
 API = SessionSource(platform=Platform.API_SERVER, chat_id="sess_new")
 PROBE = "probe:0:z"
@@ -38,7 +46,7 @@ TURN = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hel
 
 @pytest.fixture
 def store_a(store: SessionStore) -> SessionStore:
-    store.create_session("sess_a")
+    make_session(store, "sess_a")
     return store
 
 
@@ -46,7 +54,7 @@ def store_a(store: SessionStore) -> SessionStore:
 
 
 def test_append_turn_records_messages_and_response_together(store_a: SessionStore) -> None:
-    rows = store_a.append_turn("sess_a", TURN, idempotency_key="k1", response={"id": "c-1"})
+    rows = append_turn(store_a, "sess_a", TURN, idempotency_key="k1", response={"id": "c-1"})
     assert [r.role for r in rows] == ["user", "assistant"]
     row = idempotency_record(store_a, "k1")
     assert row is not None
@@ -56,16 +64,20 @@ def test_append_turn_records_messages_and_response_together(store_a: SessionStor
 
 def test_append_turn_to_unknown_session_writes_nothing(store_a: SessionStore) -> None:
     with pytest.raises(SessionGone):
-        store_a.append_turn(
-            "sess_gone", [{"role": "user", "content": "x"}], idempotency_key="k", response={}
+        append_turn(
+            store_a,
+            "sess_gone",
+            [{"role": "user", "content": "x"}],
+            idempotency_key="k",
+            response={},
         )
     assert idempotency_record(store_a, "k") is None
 
 
 def test_append_turn_dedupes_by_key(store_a: SessionStore) -> None:
     turn = [{"role": "user", "content": "x", "dedupe_key": "idem:k:user"}]
-    store_a.append_turn("sess_a", turn)
-    store_a.append_turn("sess_a", turn)
+    append_turn(store_a, "sess_a", turn)
+    append_turn(store_a, "sess_a", turn)
     assert len(store_a.messages("sess_a")) == 1
 
 
@@ -78,9 +90,9 @@ async def test_aappend_turn_matches_append_turn(store_a: SessionStore) -> None:
 
 def test_append_turn_validates_before_writing(store_a: SessionStore) -> None:
     with pytest.raises(TypeError):
-        store_a.append_turn("sess_a", [{"role": "user", "content": "ok"}, {"role": "user"}])
+        append_turn(store_a, "sess_a", [{"role": "user", "content": "ok"}, {"role": "user"}])
     with pytest.raises(TypeError):
-        store_a.append_turn("sess_a", TURN, idempotency_key="k", response={"x": object()})
+        append_turn(store_a, "sess_a", TURN, idempotency_key="k", response={"x": object()})
     assert store_a.messages("sess_a") == [] and idempotency_record(store_a, "k") is None
 
 
@@ -99,7 +111,7 @@ def test_claim_wait_takeover_and_release(store_a: SessionStore) -> None:
     assert idempotency_record(store, "k") is None
     store.claim_idempotent("k", "r:3:d")
     # The holder stores its turn with the response: the key is done from then on.
-    store.append_turn("sess_a", TURN, idempotency_key="k", response={"id": "done"})
+    append_turn(store, "sess_a", TURN, idempotency_key="k", response={"id": "done"})
     done = store.claim_idempotent("k", "s:4:e", takeover=lambda owner: True)
     assert not done["claimed"] and done["response"] == {"id": "done"}
     assert not store.release_idempotent("k", "s:4:e")  # a done row is never released
@@ -108,7 +120,7 @@ def test_claim_wait_takeover_and_release(store_a: SessionStore) -> None:
 
 
 def test_idempotency_record_survives_session_delete(store_a: SessionStore) -> None:
-    store_a.append_turn("sess_a", TURN, idempotency_key="k", response={"id": "c"})
+    append_turn(store_a, "sess_a", TURN, idempotency_key="k", response={"id": "c"})
     store_a.delete_session("sess_a")
     row = idempotency_record(store_a, "k")
     assert row is not None and row["response"] == {"id": "c"}
@@ -116,7 +128,7 @@ def test_idempotency_record_survives_session_delete(store_a: SessionStore) -> No
 
 def test_find_session_by_key(store: SessionStore) -> None:
     source = SessionSource(platform=Platform.API_SERVER, chat_id="sess_k")
-    store.create_session("sess_k", source=source)
+    make_session(store, "sess_k", source=source)
     found = store.find_session_by_key(build_session_key(source))
     assert found is not None and found.id == "sess_k"
     assert store.find_session_by_key("agent:main:nothing") is None
@@ -127,12 +139,12 @@ def test_find_session_by_key(store: SessionStore) -> None:
 
 def test_a_turn_tells_unknown_from_deleted(store: SessionStore) -> None:
     assert state_of(store, "sess_x") == "unknown"
-    store.create_session("sess_x")
+    make_session(store, "sess_x")
     assert state_of(store, "sess_x") == "live"
     assert store.delete_session("sess_x") is True
     assert state_of(store, "sess_x") == "deleted"
     assert store.get_session("sess_x") is None
-    store.create_session("sess_x")  # explicit creation revives the id
+    make_session(store, "sess_x")  # explicit creation revives the id
     assert state_of(store, "sess_x") == "live"
 
 
@@ -141,7 +153,7 @@ def test_delete_of_an_unwritten_id_still_tombstones(store: SessionStore) -> None
     assert store.delete_session("sess_early") is False
     assert state_of(store, "sess_early") == "deleted"
     with pytest.raises(SessionGone):
-        store.append_turn("sess_early", TURN, create=API)
+        append_turn(store, "sess_early", TURN, create=API)
 
 
 async def test_late_writes_into_a_deleted_session_raise(store_a: SessionStore) -> None:
@@ -149,9 +161,9 @@ async def test_late_writes_into_a_deleted_session_raise(store_a: SessionStore) -
     with pytest.raises(SessionGone):
         store_a.append_message("sess_a", "user", "late")
     with pytest.raises(SessionGone):
-        store_a.append_turn("sess_a", TURN)
+        append_turn(store_a, "sess_a", TURN)
     with pytest.raises(SessionGone):
-        store_a.append_turn("sess_a", TURN, create=API, idempotency_key="k", response={})
+        append_turn(store_a, "sess_a", TURN, create=API, idempotency_key="k", response={})
     with pytest.raises(SessionGone):
         await store_a.aappend_turn("sess_a", TURN, create=API)
     start = await store_a.abegin_turn("sess_a")
@@ -190,7 +202,7 @@ async def test_first_turn_creates_its_session_in_one_write(store: SessionStore) 
 
 def test_create_keeps_an_existing_session(store_a: SessionStore) -> None:
     store_a.append_message("sess_a", "user", "first")
-    rows = store_a.append_turn("sess_a", TURN, create=API, title="ignored")
+    rows = append_turn(store_a, "sess_a", TURN, create=API, title="ignored")
     assert [r.content for r in rows] == ["hi", "hello"]
     session = store_a.get_session("sess_a")
     assert session is not None and session.title is None and session.source is None
@@ -199,9 +211,9 @@ def test_create_keeps_an_existing_session(store_a: SessionStore) -> None:
 
 def test_create_refuses_a_bad_id(store: SessionStore) -> None:
     with pytest.raises(ValueError):
-        store.append_turn("bad id", TURN, create=API)
+        append_turn(store, "bad id", TURN, create=API)
     with pytest.raises(TypeError):
-        store.append_turn("ok", TURN, create={"platform": "api_server"})  # type: ignore[arg-type]
+        append_turn(store, "ok", TURN, create={"platform": "api_server"})  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------- begin turn
@@ -209,7 +221,7 @@ def test_create_refuses_a_bad_id(store: SessionStore) -> None:
 
 async def test_begin_turn_with_nothing_to_fold_only_reads(store_a: SessionStore) -> None:
     store = store_a
-    store.append_turn("sess_a", TURN)
+    append_turn(store, "sess_a", TURN)
     folded = delivery(store, "sess_a", 1)
     await store.abegin_turn("sess_a")  # folds it
     before = writes(store)

@@ -17,6 +17,7 @@ import storage
 from gateway.config import Platform
 from gateway.session import SessionSource, SessionStore
 from tests.pg_support import PG_URL, fresh_url
+from tests.sessions._support import make_session
 
 
 def _terminate(application: str) -> int:
@@ -38,7 +39,7 @@ async def test_a_turn_after_a_restart_is_not_lost_to_a_dead_connection() -> None
     store = SessionStore(located.open_sessions())
     try:
         source = SessionSource(platform=Platform.API_SERVER, chat_id="s1")
-        store.create_session("s1", source=source)
+        make_session(store, "s1", source=source)
         store.append_message("s1", "user", "before the restart")
         assert _terminate(application) >= 1
         # The first turn after it: its write, then its reads and writes.

@@ -35,6 +35,7 @@ from delivery.rows import LedgerRow
 from reveille.app import App, serve
 from reveille.settings import Settings
 from tests.api_server.serve_support import Server, call, ledger_rows, wait_until
+from tests.sessions._support import make_session
 from tests.surfaces.contract import Button, FakePlatform
 from tools.process_registry import process_registry
 
@@ -184,7 +185,7 @@ async def app(
     model = _RecordingModel(scripts)
     async with serve(settings, provider=model, shutdown_grace_seconds=0.5) as running:
         session_id = platform.session_id(platform.owner)
-        running.store.create_session(session_id, source=platform.source(platform.owner))
+        make_session(running.store, session_id, source=platform.source(platform.owner))
         yield running, model
     ad.reset_runtime()
     process_registry.completion_queue.drain()

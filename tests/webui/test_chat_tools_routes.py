@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from gateway.session import MAX_SYSTEM_PROMPT_CHARS
+from tests.sessions._support import append_turn
 from tests.webui.conftest import Web
 
 
@@ -37,8 +38,10 @@ async def test_system_prompt_is_set_kept_and_cleared(web: Web) -> None:
 
 async def test_export_answers_files_and_refuses_unknowns(web: Web) -> None:
     sid = await web.new_session("Notes / <b>2026</b>")
-    web.app.store.append_turn(
-        sid, [{"role": "user", "content": "first"}, {"role": "assistant", "content": "second"}]
+    append_turn(
+        web.app.store,
+        sid,
+        [{"role": "user", "content": "first"}, {"role": "assistant", "content": "second"}],
     )
     r = await web.get(f"/api/sessions/{sid}/export?format=md")
     assert r.status == 200

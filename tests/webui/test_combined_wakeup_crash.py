@@ -13,6 +13,7 @@ from agent.markers import read_wake_data
 from gateway.config import Platform
 from gateway.session import SessionSource
 from tests.api_server.serve_support import ledger_rows
+from tests.sessions._support import make_session
 from tests.stores import session_file_store
 from tests.webui.test_two_processes import Serve, _pending_completions, wait_delivered
 
@@ -44,7 +45,7 @@ def test_a_combined_wake_up_killed_before_its_acks_is_delivered_once(tmp_path: P
     home = tmp_path / "home"
     sid = "webui-combined-crash"
     with session_file_store(home / "sessions.db") as store:
-        store.create_session(sid, source=SessionSource(platform=Platform.WEBUI, chat_id=sid))
+        make_session(store, sid, source=SessionSource(platform=Platform.WEBUI, chat_id=sid))
     ids = _pending_completions(home, sid, 5)
 
     # The first server re-offers the five at start: one combined wake-up turn, stored; its

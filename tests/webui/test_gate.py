@@ -15,6 +15,7 @@ from typing import Any
 from delivery.session_backend import ApprovalRecord
 from gateway.config import Platform
 from gateway.session import SessionSource
+from tests.sessions._support import make_session
 from tests.webui.conftest import Web, settings_for, start_web, stop_web
 
 TG = "agent:main:telegram:dm:7"
@@ -23,9 +24,9 @@ TG = "agent:main:telegram:dm:7"
 def _other_surfaces(web: Web) -> ApprovalRecord:
     """An API session with a transcript, a Telegram chat with a pending approval."""
     store = web.app.store
-    store.create_session("api-sess", title="api")
+    make_session(store, "api-sess", title="api")
     store.append_message("api-sess", "user", "the API client's secret plan")
-    store.create_session(TG, source=SessionSource(platform=Platform.TELEGRAM, chat_id="7"))
+    make_session(store, TG, source=SessionSource(platform=Platform.TELEGRAM, chat_id="7"))
     store.take_turn(TG, "turn_tg")
     approval = ApprovalRecord(
         "appr_telegram0001", TG, "turn_tg", "rm -rf /", "pending", time.time()

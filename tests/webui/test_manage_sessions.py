@@ -11,6 +11,7 @@ from agent.providers.demo import DemoModel
 from gateway.config import Platform
 from gateway.session import MAX_TITLE_CHARS, SessionSource
 from gateway.turns.conversation import build_context
+from tests.sessions._support import make_session
 from tests.webui.conftest import Web, settings_for, start_web, stop_web
 
 
@@ -37,7 +38,7 @@ async def test_rename_a_web_ui_session(web: Web) -> None:
 
 async def test_rename_refuses_bad_input(web: Web) -> None:
     sid = await web.new_session("old")
-    web.app.store.create_session("api-sess", title="api")
+    make_session(web.app.store, "api-sess", title="api")
     for title in ("", "   ", 7, None, "x" * (MAX_TITLE_CHARS + 1)):
         r = await _patch(web, sid, {"title": title})
         assert r.status == 400, title
@@ -69,8 +70,8 @@ async def test_delete_a_web_ui_session(web: Web) -> None:
 
 async def test_delete_refuses_other_sources_unknown_ids_and_no_csrf(web: Web) -> None:
     store = web.app.store
-    store.create_session("api-sess", title="api")
-    store.create_session("tg-sess", source=SessionSource(platform=Platform.TELEGRAM, chat_id="4"))
+    make_session(store, "api-sess", title="api")
+    make_session(store, "tg-sess", source=SessionSource(platform=Platform.TELEGRAM, chat_id="4"))
     for other in ("api-sess", "tg-sess"):
         r = await _delete(web, other)
         assert r.status == 409 and (await r.json())["error"]["code"] == "not_a_webui_session"

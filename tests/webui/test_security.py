@@ -15,6 +15,7 @@ from agent.providers.demo import DemoModel
 from gateway.http.connection_guard import ConnectionLimits
 from reveille.app import check_webui_bind, serve
 from reveille.settings import Settings, SettingsError
+from tests.sessions._support import make_session
 from tests.slow_clients import (
     attacker_addresses,
     closed_by_server,
@@ -242,9 +243,9 @@ async def test_api_sessions_are_listed_with_their_source(tmp_path) -> None:
     web = await start_web(settings_for(tmp_path, api_key=""))
     try:
         store = web.app.store
-        store.create_session("api-sess", title="api")
-        store.create_session(
-            "tg-sess", source=SessionSource(platform=Platform.TELEGRAM, chat_id="42")
+        make_session(store, "api-sess", title="api")
+        make_session(
+            store, "tg-sess", source=SessionSource(platform=Platform.TELEGRAM, chat_id="42")
         )
         await web.new_session("mine")
         sessions = (await (await web.get("/api/sessions")).json())["sessions"]

@@ -15,6 +15,7 @@ import tools.async_delegation as ad
 from agent.markers import WAKE_MARKER, read_wake_data
 from gateway.config import Platform
 from gateway.session import SessionSource
+from tests.sessions._support import make_session
 from tests.stores import session_file_store, sqlite_ledger
 from tests.webui.conftest import free_port
 from tools.completion_queue import CompletionQueue
@@ -123,7 +124,7 @@ def test_two_serve_processes_start_each_wakeup_once(tmp_path: Path) -> None:
     home = tmp_path / "home"
     sid = "webui-shared"
     with session_file_store(home / "sessions.db") as store:
-        store.create_session(sid, source=SessionSource(platform=Platform.WEBUI, chat_id=sid))
+        make_session(store, sid, source=SessionSource(platform=Platform.WEBUI, chat_id=sid))
     ids = _pending_completions(home, sid, 6)
 
     first, second = Serve(home), Serve(home)

@@ -16,6 +16,7 @@ from playwright.sync_api import expect
 
 from gateway.config import Platform
 from gateway.session import SessionSource
+from tests.sessions._support import append_turn, make_session
 from tests.stores import session_file_store
 from tests.webui.browser._support import SlowModel
 from tests.webui.browser.test_wakeup_flow import (
@@ -55,12 +56,14 @@ def test_export_as_markdown_and_json(tmp_path: Path, start_server, new_tab, shot
     home = tmp_path / "home"
     sid = "export-me"
     with session_file_store(home / "sessions.db") as store:
-        store.create_session(
+        make_session(
+            store,
             sid,
             source=SessionSource(platform=Platform.WEBUI, chat_id=sid),
             title=f"Trip {HOSTILE} plans",
         )
-        store.append_turn(
+        append_turn(
+            store,
             sid,
             [
                 {"role": "user", "content": "Pack for *Oslo*\nin winter"},

@@ -11,6 +11,7 @@ from playwright.sync_api import expect
 import tools.async_delegation as ad
 from gateway.config import Platform
 from gateway.session import SessionSource
+from tests.sessions._support import make_session
 from tests.stores import session_file_store
 from tools.completion_queue import CompletionQueue
 
@@ -51,8 +52,8 @@ def test_a_combined_wake_up_is_one_card_listing_each_result(
     home = tmp_path / "home"
     sid = "webui-combined-card"
     with session_file_store(home / "sessions.db") as store:
-        store.create_session(
-            sid, source=SessionSource(platform=Platform.WEBUI, chat_id=sid), title="fleet"
+        make_session(
+            store, sid, source=SessionSource(platform=Platform.WEBUI, chat_id=sid), title="fleet"
         )
     ids = _pending_results(home, sid)
     server = start_server(home=home, demo_delay=0.0)

@@ -12,6 +12,7 @@ from playwright.sync_api import expect
 
 from gateway.config import Platform
 from gateway.session import SessionSource
+from tests.sessions._support import append_turn, make_session
 from tests.stores import session_file_store
 from tests.webui.browser.test_wakeup_flow import session_item
 
@@ -21,8 +22,9 @@ HOSTILE = "<img src=x onerror=\"window.__pwned='x'\">"
 def _seed_api_session(home: Path, sid: str) -> None:
     """An API session whose transcript holds one delivery row of each kind."""
     with session_file_store(home / "sessions.db") as store:
-        store.create_session(sid, source=SessionSource(platform=Platform.API_SERVER, chat_id=sid))
-        store.append_turn(
+        make_session(store, sid, source=SessionSource(platform=Platform.API_SERVER, chat_id=sid))
+        append_turn(
+            store,
             sid,
             [
                 {"role": "user", "content": "run the backup"},
@@ -164,10 +166,11 @@ def test_search_over_messages_opens_the_chat_at_the_message(
     home = tmp_path / "home"
     with session_file_store(home / "sessions.db") as store:
         for sid, title in (("long-chat", "Long <i>chat</i>"), ("other-chat", "Other")):
-            store.create_session(
-                sid, source=SessionSource(platform=Platform.WEBUI, chat_id=sid), title=title
+            make_session(
+                store, sid, source=SessionSource(platform=Platform.WEBUI, chat_id=sid), title=title
             )
-        store.append_turn(
+        append_turn(
+            store,
             "long-chat",
             [
                 {"role": "user", "content": f"where is the zebracorn {HOSTILE} hiding?"},
@@ -175,7 +178,8 @@ def test_search_over_messages_opens_the_chat_at_the_message(
             ],
         )
         for n in range(260):  # more than a page: the hit is on an earlier one
-            store.append_turn(
+            append_turn(
+                store,
                 "long-chat",
                 [
                     {"role": "user", "content": f"filler question {n}"},

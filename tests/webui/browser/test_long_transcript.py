@@ -7,6 +7,7 @@ from playwright.sync_api import expect
 
 from gateway.config import Platform
 from gateway.session import SessionSource
+from tests.sessions._support import make_session
 from tests.stores import session_file_store
 from tests.webui.browser.test_wakeup_flow import session_item
 
@@ -18,8 +19,8 @@ def test_a_long_transcript_loads_newest_first_and_earlier_on_demand(
 ) -> None:
     home = tmp_path / "long"
     with session_file_store(home / "sessions.db") as store:
-        store.create_session(
-            "webui-long", source=SessionSource(platform=Platform.WEBUI, chat_id="webui-long")
+        make_session(
+            store, "webui-long", source=SessionSource(platform=Platform.WEBUI, chat_id="webui-long")
         )
         for i in range(MESSAGES):
             store.append_message("webui-long", "user" if i % 2 == 0 else "assistant", f"m{i}")
