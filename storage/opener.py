@@ -38,6 +38,7 @@ from urllib.parse import unquote, urlsplit
 from delivery.backend import LedgerStore
 from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
+from delivery.schedules_backend import ScheduleBackend
 from delivery.session_backend import SessionBackend
 from delivery.state_dir import ensure_private_dir
 from delivery.telegram_backend import TelegramBackend
@@ -134,6 +135,23 @@ class Storage:
         if self.ledger_path is None:
             raise StorageUrlError("this storage names no ledger file")
         return SqliteWebhooks(self.ledger_path)
+
+    def open_schedules(self) -> ScheduleBackend:
+        """The recurring schedules' store: in the ledger's file (SQLite) or database."""
+        if self.dialect == "postgres":
+            from storage.postgres.schedules import PostgresSchedules
+
+            assert self.database_url is not None
+            return PostgresSchedules(self.database_url)
+        if self.dialect == "memory":
+            from storage.memory.schedules import MemorySchedules
+
+            return MemorySchedules()
+        from storage.sqlite.schedules import SqliteSchedules
+
+        if self.ledger_path is None:
+            raise StorageUrlError("this storage names no ledger file")
+        return SqliteSchedules(self.ledger_path)
 
     def open_webui(self) -> WebUIStateBackend:
         if self.dialect == "postgres":

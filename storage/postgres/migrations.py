@@ -20,6 +20,7 @@ from delivery.errors import LedgerError
 from storage.postgres.conn import PostgresUnavailable, connect, explain
 from storage.postgres.sql import GOAL_WORDS
 from storage.responses_sql import DDL as RESPONSES_DDL
+from storage.schedules_sql import SCHEDULES_DDL
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SchemaTooNew", "migrate", "status"]
 
@@ -368,6 +369,9 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
         # ``due_at`` carries it for the re-offer scheduler, so the pending ``due_at`` index
         # already answers "next due"; this column only says when, for people and replays.
         "ALTER TABLE deliveries ADD COLUMN IF NOT EXISTS not_before DOUBLE PRECISION;",
+    ),
+    Migration(
+        16, "schedules: recurring wake-ups (their occurrences are ledger rows)", SCHEDULES_DDL
     ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
