@@ -311,6 +311,7 @@ DELIVERY_TITLES = {
     "approval_turn_result": "Answer after approval",
     "approval_expired": "Approval expired",
     "scheduled_wakeup": "Scheduled wake-up",
+    "schedule_missed": "Missed occurrence",
 }
 _RESULT_KINDS = frozenset({"async_delegation_complete"})
 

@@ -282,6 +282,12 @@ class ScheduledWakeupEvent(CompletionEvent):
     due_at: float | None = None
     """The instant it was set for (epoch seconds); ``zone`` names the zone it was given in."""
     zone: str | None = None
+    schedule_id: str | None = None
+    """Set for an occurrence of a recurring schedule (``delivery.schedules_engine``), with
+    ``schedule`` (its spec, for people) and ``missed``: how many occurrences were missed
+    with this one. ``status == "missed"``: this occurrence did not run (its misfire policy)."""
+    schedule: str | None = None
+    missed: int = 0
 
     kind: EventKind = field(default="scheduled_wakeup", init=False)
 
@@ -438,6 +444,9 @@ def _scheduled_wakeup(raw: Mapping[str, Any]) -> ScheduledWakeupEvent:
         note=_opt_str(raw.get("note")),
         due_at=_number(raw.get("due_at")),
         zone=_opt_str(raw.get("zone")),
+        schedule_id=_opt_str(raw.get("schedule_id")),
+        schedule=_opt_str(raw.get("schedule")),
+        missed=int(_number(raw.get("missed")) or 0),
     )
 
 

@@ -73,6 +73,7 @@ DEFAULT_WAKE_TIMEOUT_SECONDS = 240.0
 DELEGATION_DISPLAY_KIND = "async_delegation_complete"
 # A wake-up the agent set came due (``schedule_wakeup``): its own kind of delivery row.
 WAKEUP_DISPLAY_KIND = "scheduled_wakeup"
+MISSED_DISPLAY_KIND = "schedule_missed"  # an occurrence its misfire policy did not run
 
 # Gateways answering these are restarting or overloaded, not rejecting the request.
 _TRANSIENT_HTTP = frozenset({502, 503, 504})
@@ -395,7 +396,7 @@ def persist_wakeup_delivery(
         session_id,
         "system",
         text if text is not None else format_wake_text(event),
-        display_kind=WAKEUP_DISPLAY_KIND,
+        display_kind=MISSED_DISPLAY_KIND if event.status == "missed" else WAKEUP_DISPLAY_KIND,
         display_metadata=display_metadata(event),
         dedupe_key=transcript_key(event.delivery_id),
     )

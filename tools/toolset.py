@@ -9,6 +9,7 @@ from __future__ import annotations
 from agent.providers import ModelProvider
 from agent.tools import ToolRegistry
 from tools.delegate_tool import DelegationLimits, make_delegate_tool
+from tools.schedule_tool import make_schedule_tool
 from tools.shell_tool import make_shell_tool
 from tools.wakeup_tool import MIN_DELAY_SECONDS, make_wakeup_tool
 
@@ -24,11 +25,11 @@ def build_default_registry(
     shell_requires_approval: bool = False,
     wakeup_min_delay_seconds: float = MIN_DELAY_SECONDS,
 ) -> ToolRegistry:
-    """The tools a conversation gets: `delegate_task`, `terminal` (which refuses when off)
-    and `schedule_wakeup`.
+    """The tools a conversation gets: `delegate_task`, `terminal` (which refuses when off),
+    `schedule_wakeup` and `schedule`.
 
     Sub-agents get these tools too (those their dispatch names; by default all but
-    `delegate_task` and `schedule_wakeup`), within the ``delegation`` limits.
+    `delegate_task` and the timers), within the ``delegation`` limits.
     """
     registry = ToolRegistry()
     registry.register(
@@ -48,4 +49,5 @@ def build_default_registry(
         )
     )
     registry.register(make_wakeup_tool(min_delay_seconds=wakeup_min_delay_seconds))
+    registry.register(make_schedule_tool(min_delay_seconds=wakeup_min_delay_seconds))
     return registry
