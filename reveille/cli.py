@@ -15,6 +15,7 @@ from reveille import (
     deliveries,
     log_format,
     prune,
+    schedules_cmd,
     webhooks_cmd,
 )
 from reveille.build_info import version_line
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_parser(sub)
     deliveries.add_parser(sub)
     background.add_parser(sub)
+    schedules_cmd.add_parser(sub)
     webhooks_cmd.add_parser(sub)
     approvals.add_parser(sub)
     db.add_parser(sub)

@@ -1,0 +1,112 @@
+"""Recurring schedules through real `reveille serve` processes and the demo model.
+
+"every 2 seconds: ..." (with a test-lowered ``[timers] min_delay_seconds``) fires at its
+period, each occurrence one ``scheduled_wakeup`` row of the API session's transcript; `reveille
+schedules list` and ``GET /api/schedules`` show it with its next due time; after `reveille
+schedules cancel ID` it never fires again; ``DELETE /api/schedules/{id}`` cancels another.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from delivery.schedules import SCHEDULE_KIND
+from gateway.wake import WAKEUP_DISPLAY_KIND
+from tests.api_server.serve_support import Server, call, chat, ledger_rows, transcript, wait_until
+
+FAST = {"REVEILLE_TIMERS_MIN_DELAY_SECONDS": "1"}
+_SCHEDULE_ID = re.compile(r"Schedule (sch_\w+) set")
+
+
+def _reveille(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reveille.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "REVEILLE_HOME": str(home)},
+        timeout=60,
+    )
+
+
+def _fired(home: Path, schedule_id: str) -> list[float]:
+    """The instants of the schedule's occurrences that were delivered, in order."""
+    rows = [
+        r
+        for r in ledger_rows(home)
+        if r.kind == SCHEDULE_KIND
+        and r.id.startswith(schedule_id + "-")
+        and r.delivery_state == "delivered"
+    ]
+    return sorted(r.not_before or 0.0 for r in rows)
+
+
+def _wakeups(port: int, session_id: str) -> list[dict]:
+    return [m for m in transcript(port, session_id) if m["display_kind"] == WAKEUP_DISPLAY_KIND]
+
+
+def test_a_schedule_fires_at_its_period_until_cancelled(tmp_path: Path) -> None:
+    server = Server(tmp_path, extra_env=FAST)
+    try:
+        session_id, reply = chat(server.port, "every 2 seconds: drink water")
+        match = _SCHEDULE_ID.search(reply)
+        assert match, reply
+        schedule_id = match.group(1)
+        wait_until(lambda: len(_fired(tmp_path, schedule_id)) >= 3, timeout=30)
+        fired = _fired(tmp_path, schedule_id)
+        assert [b - a for a, b in itertools.pairwise(fired)] == [2.0] * (len(fired) - 1)
+        wakeups = _wakeups(server.port, session_id)
+        assert len(wakeups) >= 3 and all("drink water" in w["content"] for w in wakeups)
+        ids = [w["display_metadata"]["delivery_id"] for w in wakeups]
+        assert len(set(ids)) == len(ids)  # each occurrence once
+
+        listed = _reveille(tmp_path, "schedules", "list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        [entry] = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert entry["id"] == schedule_id and entry["note"] == "drink water"
+        assert entry["state"] == "active" and entry["session"] == session_id
+        assert entry["next_due"].endswith(" UTC")
+        table = _reveille(tmp_path, "schedules", "list").stdout
+        assert table.splitlines()[1].startswith(schedule_id)
+
+        status, _, body = call(server.port, "GET", f"/api/schedules?session={session_id}")
+        assert status == 200, body
+        [item] = body["data"]
+        assert item["id"] == schedule_id and item["every_seconds"] == 2.0
+        assert item["next_due_epoch"] > fired[-1]
+        status, _, one = call(server.port, "GET", f"/api/schedules/{schedule_id}")
+        assert status == 200 and one["state"] == "active"
+
+        cancelled = _reveille(tmp_path, "schedules", "cancel", schedule_id)
+        assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout, cancelled
+        after_cancel = len(_fired(tmp_path, schedule_id))
+        pending = [
+            r
+            for r in ledger_rows(tmp_path)
+            if r.id.startswith(schedule_id + "-") and r.delivery_state == "pending"
+        ]
+        assert all(r.not_before is not None and r.not_before <= time.time() for r in pending)
+        time.sleep(6)  # three periods: nothing more may fire
+        assert len(_fired(tmp_path, schedule_id)) <= after_cancel + len(pending)
+        assert _reveille(tmp_path, "schedules", "list", "--json").stdout == ""
+        everything = _reveille(tmp_path, "schedules", "list", "--all").stdout
+        assert schedule_id in everything and "cancelled" in everything and "fired" in everything
+
+        _, second = chat(server.port, "every 600 seconds: stand up", session_id=session_id)
+        other_id = _SCHEDULE_ID.search(second).group(1)  # type: ignore[union-attr]
+        status, _, gone = call(server.port, "DELETE", f"/api/schedules/{other_id}")
+        assert status == 200 and gone["state"] == "cancelled", gone
+        status, _, missing = call(server.port, "DELETE", "/api/schedules/sch_nope")
+        assert status == 404 and missing["error"]["code"] == "schedule_not_found"
+        status, _, unkeyed = call(
+            server.port, "GET", "/api/schedules", headers={"Authorization": "Bearer wrong"}
+        )
+        assert status == 401, unkeyed
+    finally:
+        assert server.stop() == 0
