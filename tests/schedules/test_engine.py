@@ -146,3 +146,45 @@ def test_a_crash_between_the_schedule_and_its_row_is_repaired(stores: Stores) ->
     clock.advance(60)
     assert engine.advance_due() == 1  # ... the pass moves on all the same
     assert pending_rows(ledger) == [occurrence_id(s.id, s.next_at + 60)]
+
+
+def test_servers_racing_at_once_fire_each_occurrence_once(stores: Stores) -> None:
+    """Four servers pass at the same moments on threads (on PostgreSQL: four connections
+    locking the same rows): every occurrence is decided, written and delivered once."""
+    import threading
+
+    clock, ledger = stores.clock, stores.ledger
+    servers = [
+        (
+            other := Ledger(
+                ledger.backend,
+                clock=clock,
+                monotonic=clock.monotonic,
+                identity=f"{REMOTE_IDENTITY}{i}",
+            ),
+            ScheduleEngine(other, stores.schedules),
+        )
+        for i in range(4)
+    ]
+    s = stores.engine.create(note="n", every_seconds=30, session_key="k")
+    delivered: list[str] = []
+    lock = threading.Lock()
+    for _ in range(6):
+        clock.advance(30)
+        start = threading.Barrier(len(servers))
+
+        def serve(server: tuple[Ledger, ScheduleEngine], start: threading.Barrier) -> None:
+            start.wait()
+            got = deliver(*server)
+            with lock:
+                delivered.extend(e["delivery_id"] for e in got)
+
+        threads = [threading.Thread(target=serve, args=(srv, start)) for srv in servers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert s.next_at is not None
+    assert sorted(delivered) == [occurrence_id(s.id, s.next_at + 30 * i) for i in range(6)]
+    after = stores.engine.get(s.id)
+    assert after.fired == 6 and after.missed == 0
