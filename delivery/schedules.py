@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -70,7 +71,7 @@ down or stopped), not merely a little late."""
 
 # Counting missed occurrences is bounded: an outage of years on a minutely schedule is
 # reported as "at least" this many instead of walking every minute.
-_MAX_COUNT = 100_000
+_MAX_COUNT = 10_000
 _MAX_STEPS = 10_000  # wall times tried before an expression is declared never to fire
 
 
@@ -230,6 +231,28 @@ def wall_to_instant(wall: dt.datetime, zone: ZoneInfo) -> float:
     return float(hi)
 
 
+def _cron_instants(schedule: Schedule, after: float) -> Iterator[float]:
+    """The cron schedule's occurrences after ``after``, in order, each once."""
+    assert schedule.cron is not None
+    zone = zone_of(schedule.zone)
+    # Start one second back so a wall time equal to ``after``'s is tried, then keep those
+    # whose instant is later: in a repeated hour, the wall times of its first pass map
+    # before ``after`` and are passed over (they fired, at their first occurrence). Wall
+    # times inside one gap map to one instant, yielded once.
+    start = dt.datetime.fromtimestamp(math.floor(after) - 1, zone).replace(tzinfo=None, fold=0)
+    last, idle = after, 0
+    for wall in CronSim(schedule.cron, start):
+        instant = wall_to_instant(wall, zone)
+        if instant > last:
+            last, idle = instant, 0
+            yield instant
+        else:
+            idle += 1
+            if idle > _MAX_STEPS:
+                break
+    raise ScheduleError(f"cron {schedule.cron!r} has no occurrence after {after:.0f}")
+
+
 def next_instant(schedule: Schedule, after: float) -> float:
     """The first occurrence strictly after ``after`` (epoch seconds)."""
     if schedule.every_seconds is not None:
@@ -239,39 +262,22 @@ def next_instant(schedule: Schedule, after: float) -> float:
         while instant <= after:  # float rounding
             instant += period
         return instant
-    assert schedule.cron is not None
-    zone = zone_of(schedule.zone)
-    # Start one second back so a wall time equal to ``after``'s is tried, then keep the
-    # first whose instant is later: in a repeated hour, the wall times of its first pass
-    # map before ``after`` and are passed over (they fired, at their first occurrence).
-    start = dt.datetime.fromtimestamp(math.floor(after) - 1, zone).replace(tzinfo=None, fold=0)
-    walls = CronSim(schedule.cron, start)
-    for _ in range(_MAX_STEPS):
-        try:
-            wall = next(walls)
-        except StopIteration:
-            break
-        instant = wall_to_instant(wall, zone)
-        if instant > after:
-            return instant
-    raise ScheduleError(f"cron {schedule.cron!r} has no occurrence after {after:.0f}")
+    return next(_cron_instants(schedule, after))
 
 
 def instants_between(schedule: Schedule, after: float, until: float) -> tuple[int, float]:
-    """How many occurrences lie in (``after``, ``until``] (at most ``_MAX_COUNT``), and the
-    first one after ``until``."""
-    count = 0
-    instant = next_instant(schedule, after)
-    if schedule.every_seconds is not None and instant <= until:
-        period = schedule.every_seconds
-        count = math.floor((until - instant) / period) + 1
-        return count, next_instant(schedule, until)
-    while instant <= until and count < _MAX_COUNT:
-        count += 1
-        instant = next_instant(schedule, instant)
-    if instant <= until:
-        instant = next_instant(schedule, until)
-    return count, instant
+    """How many occurrences lie in (``after``, ``until``] (counted up to ``_MAX_COUNT``, then
+    skipped over), and the first one after ``until``."""
+    if schedule.every_seconds is not None:
+        instant = next_instant(schedule, after)
+        count = 0 if instant > until else math.floor((until - instant) / schedule.every_seconds) + 1
+        return count, next_instant(schedule, max(until, after))
+    for count, instant in enumerate(_cron_instants(schedule, after)):
+        if instant > until:
+            return count, instant
+        if count + 1 >= _MAX_COUNT:
+            return count + 1, next_instant(schedule, until)
+    raise AssertionError("unreachable: _cron_instants raises when it ends")
 
 
 @dataclass(frozen=True, slots=True)

@@ -150,3 +150,12 @@ def test_bad_cron_and_unknown_zones_get_clear_errors() -> None:
         zone_of("Mars/Olympus_Mons")
     with pytest.raises(ScheduleError, match="bad cron expression"):
         check_cron("0 0 30 2 *")  # never fires
+
+
+def test_a_long_outage_of_a_minutely_cron_is_counted_without_walking_forever() -> None:
+    s = cron("* * * * *", "Europe/Berlin")
+    start = utc(2026, 1, 1)
+    count, nxt = instants_between(s, start, start + 365 * 86400)
+    assert count == 10_000  # counted up to the cap, then skipped over
+    assert nxt == start + 365 * 86400 + 60
+    assert instants_between(s, start, start + 3600) == (60, start + 3660)
