@@ -42,6 +42,7 @@ __all__ = [
     "TARGETS",
     "Firing",
     "Misfire",
+    "Origin",
     "Schedule",
     "ScheduleError",
     "decide",
@@ -73,6 +74,15 @@ down or stopped), not merely a little late."""
 # reported as "at least" this many instead of walking every minute.
 _MAX_COUNT = 10_000
 _MAX_STEPS = 10_000  # wall times tried before an expression is declared never to fire
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The conversation a schedule's occurrences come home to, as the ledger routes them."""
+
+    session_key: str | None
+    origin_session_id: str | None
+    origin_ui_session_id: str | None
 
 
 class ScheduleError(ValueError):

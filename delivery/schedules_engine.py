@@ -45,7 +45,9 @@ from delivery.schedules import (
     SCHEDULE_KIND,
     Firing,
     Misfire,
+    Origin,
     Schedule,
+    ScheduleError,
     Target,
     decide,
     next_instant,
@@ -80,11 +82,20 @@ class ScheduleEngine:
     """Schedules of one store, fired through one ledger (see the module docstring)."""
 
     def __init__(
-        self, ledger: Ledger, store: ScheduleBackend, *, clock: Callable[[], float] | None = None
+        self,
+        ledger: Ledger,
+        store: ScheduleBackend,
+        *,
+        clock: Callable[[], float] | None = None,
+        open_conversation: Callable[[Origin, str], Origin] | None = None,
     ) -> None:
+        """``open_conversation(asking, title)``: a new conversation on the surface of
+        ``asking``, for a schedule whose target is ``own`` (ScheduleError where the surface
+        has none); None: no such target here."""
         self.ledger = ledger
         self.store = store
         self.clock = clock or ledger.clock
+        self.open_conversation = open_conversation
 
     # -- making and steering ----------------------------------------------------------------
 
@@ -105,6 +116,16 @@ class ScheduleEngine:
         caller: ``tools.schedule_tool``)."""
         if (cron is None) == (every_seconds is None):
             raise ValueError("a schedule has a cron expression or an interval, not both")
+        if target == "own":
+            # Its occurrences come home to a conversation of its own, which the user can
+            # continue like any other; it is made before the schedule, so none is lost.
+            if self.open_conversation is None:
+                raise ScheduleError("a conversation of its own is not available here")
+            own = self.open_conversation(
+                Origin(session_key, origin_session_id, origin_ui_session_id), note
+            )
+            session_key, origin_session_id = own.session_key, own.origin_session_id
+            origin_ui_session_id = own.origin_ui_session_id
         now = self.clock()
         draft = Schedule(
             id=new_id("sch_"),

@@ -51,6 +51,7 @@ from gateway.http.middleware import is_loopback
 from gateway.openai.wire import completion_object
 from gateway.responses import ResponsesService, TerminalHook
 from gateway.run import GatewayRunner, Surface
+from gateway.schedule_conversations import conversation_opener
 from gateway.session import SessionStore
 from gateway.surfaces.api_server.adapter import ApiServerAdapter
 from gateway.turns.compaction import Compactor, provider_summariser
@@ -171,7 +172,11 @@ async def serve(
         runtime = await asyncio.to_thread(_open_runtime, settings, location, queue)
         stack.push_async_callback(asyncio.to_thread, ad.reset_runtime)
         stack.callback(process_registry.detach)
-        schedules = ScheduleEngine(runtime.ledger, await asyncio.to_thread(location.open_schedules))
+        schedules = ScheduleEngine(
+            runtime.ledger,
+            await asyncio.to_thread(location.open_schedules),
+            open_conversation=conversation_opener(store),
+        )
         schedule_tool.install(schedules)
         stack.callback(schedule_tool.install, None)
         stack.push_async_callback(asyncio.to_thread, schedules.store.close)

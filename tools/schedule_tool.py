@@ -89,8 +89,9 @@ PARAMETERS: dict[str, Any] = {
         },
         "target": {
             "type": "string",
-            "enum": ["this"],
-            "description": "create: where occurrences come home: this conversation.",
+            "enum": ["this", "own"],
+            "description": "create: where occurrences come home: this conversation "
+            "(default) or 'own', a new conversation per schedule that the user can continue.",
         },
         "id": {"type": "string", "description": "pause, resume, cancel: the schedule's id."},
     },
@@ -157,11 +158,10 @@ def _spec(args: dict[str, Any], now: float, min_delay: float) -> dict[str, Any]:
     cron, every = args.get("cron"), args.get("every_seconds")
     if (cron is None) == (every is None):
         raise ScheduleError("give exactly one of cron (with tz) or every_seconds")
-    target = args.get("target", "this")
-    if target != "this":
+    target = args.get("target") or "this"
+    if target not in ("this", "own"):
         raise ScheduleError(
-            "target must be 'this' (this conversation); a conversation of its own per "
-            "schedule is not available yet"
+            "target must be 'this' (this conversation) or 'own' (a conversation of its own)"
         )
     misfire: Misfire = parse_misfire(args.get("misfire"))
     if every is not None:
@@ -174,7 +174,7 @@ def _spec(args: dict[str, Any], now: float, min_delay: float) -> dict[str, Any]:
             )
         if period > 365 * 86400:
             raise ScheduleError("every_seconds must be at most 365 days")
-        return {"note": note, "every_seconds": period, "misfire": misfire}
+        return {"note": note, "every_seconds": period, "misfire": misfire, "target": target}
     expr = check_cron(str(cron))
     tz = args.get("tz") or "UTC"
     zone_of(str(tz))
@@ -189,7 +189,7 @@ def _spec(args: dict[str, Any], now: float, min_delay: float) -> dict[str, Any]:
             f"cron {expr!r} fires {second - first:g} s apart; the period must be at least "
             f"{min_delay:g} s (the timers' min delay)"
         )
-    return {"note": note, "cron": expr, "zone": str(tz), "misfire": misfire}
+    return {"note": note, "cron": expr, "zone": str(tz), "misfire": misfire, "target": target}
 
 
 def _run(

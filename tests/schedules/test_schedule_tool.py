@@ -17,7 +17,13 @@ from agent.providers.demo import DemoModel
 from agent.tools import ToolContext
 from api.views import DELIVERY_TITLES
 from delivery.events import SCHEDULED_WAKEUP
+from delivery.rows import RowQuery
+from delivery.schedules import SCHEDULE_KIND
 from delivery.schedules_engine import ScheduleEngine
+from gateway.config import Platform
+from gateway.delivery_targets import session_platform
+from gateway.schedule_conversations import conversation_opener
+from gateway.session import SessionSource, SessionStore
 from gateway.wake_text import format_wake_text
 from tools import schedule_tool
 from tools.async_delegation import configure_runtime
@@ -60,6 +66,7 @@ def call(args: dict[str, Any], session: str = "api-1") -> dict[str, Any]:
         ({"action": "create", "note": "x", "cron": "* * * * * */5"}, "the period must be"),
         ({"action": "create", "note": "x", "every_seconds": 60, "misfire": "later"}, "misfire"),
         ({"action": "create", "note": "x", "every_seconds": 60, "target": "own"}, "not available"),
+        ({"action": "create", "note": "x", "every_seconds": 60, "target": "far"}, "target must"),
         ({"action": "pause"}, "needs the schedule's id"),
         ({"action": "cancel", "id": "sch_nope"}, "not found"),
     ],
@@ -160,3 +167,52 @@ def test_a_missed_occurrence_is_a_visible_notice_not_an_order() -> None:
     model = DemoModel(delay_seconds=0)
     answer = asyncio.run(model.complete([{"role": "user", "content": text}], tools=[]))
     assert answer.content == "Missed (not run): drink water"
+
+
+@pytest.fixture
+def sessions() -> Iterator[SessionStore]:
+    store = SessionStore(storage.open_storage("memory://own").open_sessions())
+    yield store
+    store.close()
+
+
+def test_target_own_opens_a_conversation_of_its_own(
+    engine: ScheduleEngine, sessions: SessionStore
+) -> None:
+    engine.open_conversation = conversation_opener(sessions)
+    sessions.create_session("api-1", title="asking")
+    made = call({"action": "create", "note": "daily digest", "every_seconds": 60, "target": "own"})
+    assert made["status"] == "scheduled" and made["target"] == "own", made
+    own_id = made["session"]
+    assert own_id != "api-1"
+    own = sessions.get_session(own_id)
+    assert own is not None and session_platform(own) is Platform.API_SERVER
+    assert own.title == "Schedule: daily digest"
+    [row] = engine.ledger.query(RowQuery(kind=SCHEDULE_KIND, delivery_state="pending"))
+    assert row.origin_session_id == own_id  # its occurrences come home there
+    # The asking conversation lists it no more; the new one does.
+    assert call({"action": "list"})["schedules"] == []
+    assert [s["id"] for s in call({"action": "list"}, session=own_id)["schedules"]] == [made["id"]]
+
+
+def test_target_own_from_the_web_ui_is_a_web_ui_session(
+    engine: ScheduleEngine, sessions: SessionStore
+) -> None:
+    engine.open_conversation = conversation_opener(sessions)
+    ctx = ToolContext(session_id="ui-1", session_key="k", origin_ui_session_id="ui-1")
+    args = {"action": "create", "note": "stretch", "every_seconds": 60, "target": "own"}
+    made = asyncio.run(make_schedule_tool().handler(args, ctx))
+    own = sessions.get_session(made["session"])  # type: ignore[index]
+    assert own is not None and session_platform(own) is Platform.WEBUI
+
+
+def test_target_own_is_refused_on_a_chat_platform(
+    engine: ScheduleEngine, sessions: SessionStore
+) -> None:
+    engine.open_conversation = conversation_opener(sessions)
+    source = SessionSource(platform=Platform.TELEGRAM, chat_id="42")
+    sessions.create_session("tg-1", source=source)
+    args = {"action": "create", "note": "n", "every_seconds": 60, "target": "own"}
+    refused = call(args, session="tg-1")
+    assert "API and web UI conversations only" in refused["error"]
+    assert engine.find(include_cancelled=True) == []
