@@ -16,7 +16,7 @@ Missed occurrences (the server was down): ``Misfire`` says what a late occurrenc
 ``fire_once`` (the default) fires it once, saying how many more were missed; ``skip`` turns
 it into a visible ``missed`` event; ``fire_if_within D`` fires when late by less than D, else
 as ``skip``. An occurrence is late when it is looked at more than ``GRACE_SECONDS`` after its
-instant.
+instant (or half its period, when that is shorter).
 """
 
 from __future__ import annotations
@@ -308,7 +308,10 @@ def decide(schedule: Schedule, instant: float, now: float) -> Firing:
     missed, next_at = instants_between(schedule, instant, now)
     late = max(now - instant, 0.0)
     policy = schedule.misfire
-    if late <= GRACE_SECONDS or policy.policy == "fire_once":
+    # Late is later than the grace, or than half the period for a short one: an occurrence
+    # looked at when the next is nearer than it is was missed.
+    grace = min(GRACE_SECONDS, (next_instant(schedule, instant) - instant) / 2)
+    if late <= grace or policy.policy == "fire_once":
         runs = True
     elif policy.policy == "fire_if_within":
         runs = policy.within_seconds is not None and late < policy.within_seconds

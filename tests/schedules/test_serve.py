@@ -12,13 +12,19 @@ import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from delivery.schedules import SCHEDULE_KIND
-from gateway.wake import WAKEUP_DISPLAY_KIND
+import storage
+from delivery.ledger import Ledger
+from delivery.schedules import SCHEDULE_KIND, Misfire
+from delivery.schedules_engine import ScheduleEngine
+from gateway.config import Platform
+from gateway.session import SessionSource, build_session_key
+from gateway.wake import MISSED_DISPLAY_KIND, WAKEUP_DISPLAY_KIND
 from tests.api_server.serve_support import Server, call, chat, ledger_rows, transcript, wait_until
 
 FAST = {"REVEILLE_TIMERS_MIN_DELAY_SECONDS": "1"}
@@ -110,3 +116,41 @@ def test_a_schedule_fires_at_its_period_until_cancelled(tmp_path: Path) -> None:
         assert status == 401, unkeyed
     finally:
         assert server.stop() == 0
+
+
+def test_after_an_outage_fire_once_says_how_many_were_missed_and_skip_shows_missed(
+    tmp_path: Path,
+) -> None:
+    server = Server(tmp_path, extra_env=FAST)
+    session_id, _ = chat(server.port, "hello")
+    location = storage.sqlite_files(ledger=tmp_path / "ledger.db")
+    ledger = Ledger(location.open_ledger())
+    engine = ScheduleEngine(ledger, location.open_schedules())
+    origin = {
+        "session_key": build_session_key(SessionSource(Platform.API_SERVER, chat_id=session_id)),
+        "origin_session_id": session_id,
+    }
+    server.stop(signal.SIGKILL)  # the outage starts before the first occurrence
+    engine.create(note="collapse me", every_seconds=2, **origin)
+    engine.create(note="skip me", every_seconds=2, misfire=Misfire("skip"), **origin)
+    engine.store.close()
+    ledger.close()
+    time.sleep(7)  # three periods and more pass while no server runs
+
+    again = Server(tmp_path, extra_env=FAST)
+    try:
+
+        def first(note: str) -> dict | None:
+            rows = [m for m in transcript(again.port, session_id) if note in m["content"]]
+            return rows[0] if rows else None
+
+        wait_until(lambda: first("collapse me") and first("skip me"), timeout=30)
+        fired, missed = first("collapse me"), first("skip me")
+        assert fired is not None and missed is not None
+        assert fired["display_kind"] == WAKEUP_DISPLAY_KIND
+        assert re.search(r"Missed: [2-9] more occurrence\(s\)", fired["content"]), fired
+        assert missed["display_kind"] == MISSED_DISPLAY_KIND
+        assert "[Missed occurrence]" in missed["content"]
+        assert re.search(r"Missed: [2-9] more occurrence\(s\)", missed["content"]), missed
+    finally:
+        again.stop()
