@@ -246,7 +246,10 @@ class ScheduleEngine:
                     float(event[_DECISION]),
                 )
             event.update(_decided(firing))
-            if not tx.update(row_id, {"updated_at": row["updated_at"]}, {"event": event}):
+            # The replay cap counts from the decision: an occurrence fired (or shown missed)
+            # after an outage of days is news now, not a stale replay to drop.
+            changes = {"event": event, "replay_from": max(now, row["replay_from"] or now)}
+            if not tx.update(row_id, {"updated_at": row["updated_at"]}, changes):
                 return None
             tx.audit(row_id, "schedule", _describe(firing), now)
             return _Decision(firing.runs, firing.missed, firing.next_at)

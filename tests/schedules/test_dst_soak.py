@@ -5,7 +5,8 @@ and the test passes each step's time to both processes (``soak_worker.py``).
 
 Every occurrence fires exactly once, at the instant an independent oracle (a walk over every
 UTC minute, ``daily_oracle``) says: a wall time that does not exist at the end of the gap, a
-repeated one at its first occurrence, nothing twice, nothing missing.
+repeated one at its first occurrence, nothing twice, nothing missing; and an outage of both
+servers inside the run is handled by each schedule's misfire policy.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 import storage
 from delivery.ledger import Ledger
 from delivery.rows import RowQuery
-from delivery.schedules import SCHEDULE_KIND, occurrence_id
+from delivery.schedules import SCHEDULE_KIND, occurrence_id, parse_misfire
 from delivery.schedules_engine import ScheduleEngine
 from tests.schedules._support import daily_oracle, utc
 
@@ -32,14 +33,19 @@ DAYS = 30
 # (zone, cron, hour, minute, sundays only): 02:30 falls in both spring gaps and Berlin's
 # repeated hour, 01:30 in New York's; 02:45 on Sundays only is on every transition day.
 SPECS = [
-    (zone, cron, hour, minute, sunday)
+    (zone, cron, hour, minute, sunday, misfire)
     for zone in ("Europe/Berlin", "America/New_York")
-    for cron, hour, minute, sunday in (
-        ("30 2 * * *", 2, 30, False),
-        ("30 1 * * *", 1, 30, False),
-        ("45 2 * * 0", 2, 45, True),
+    for cron, hour, minute, sunday, misfire in (
+        ("30 2 * * *", 2, 30, False, "fire_once"),
+        ("30 1 * * *", 1, 30, False, "fire_once"),
+        ("45 2 * * 0", 2, 45, True, "fire_once"),
+        ("30 2 * * *", 2, 30, False, "skip"),
     )
 ]
+# An outage of both servers from day 10 to day 12 noon (UTC): the occurrences inside it are
+# missed, each schedule's first one fired late (fire_once, saying how many more were missed)
+# or shown as missed (skip), the others never written.
+OUTAGE = (10 * 86400.0, 12.5 * 86400.0)
 
 
 class Worker:
@@ -98,18 +104,32 @@ def test_every_occurrence_fires_exactly_once_across_dst_a_race_and_a_sigkill(
     ledger = Ledger(location.open_ledger(), clock=lambda: start, monotonic=lambda: start)
     engine = ScheduleEngine(ledger, location.open_schedules())
     made = {
-        engine.create(note=f"{zone} {cron}", cron=cron, zone=zone, session_key="k").id: (
-            _expected(zone, hour, minute, sunday, start, end)
-        )
-        for zone, cron, hour, minute, sunday in SPECS
+        engine.create(
+            note=f"{zone} {cron} {misfire}",
+            cron=cron,
+            zone=zone,
+            misfire=parse_misfire(misfire),
+            session_key="k",
+        ).id: (_expected(zone, hour, minute, sunday, start, end), misfire)
+        for zone, cron, hour, minute, sunday, misfire in SPECS
     }
     engine.store.close()
     ledger.close()
 
-    expected = {occurrence_id(sid, t) for sid, instants in made.items() for t in instants}
-    steps = sorted({t for instants in made.values() for t in instants})
+    down, up = start + OUTAGE[0], start + OUTAGE[1]
+    expected: dict[str, tuple[str, int]] = {}  # occurrence id -> (status, missed with it)
+    for sid, (instants, misfire) in made.items():
+        lost = [t for t in instants if down < t <= up]
+        for t in instants:
+            if not down < t <= up:
+                expected[occurrence_id(sid, t)] = ("completed", 0)
+        if lost:
+            status = "completed" if misfire == "fire_once" else "missed"
+            expected[occurrence_id(sid, lost[0])] = (status, len(lost) - 1)
+    steps = sorted({t for instants, _ in made.values() for t in instants if not down < t <= up})
+    steps = sorted([*steps, up])
     assert len(steps) > 100
-    killed_at, restarted_at = len(steps) // 3, 2 * len(steps) // 3
+    killed_at, restarted_at = len(steps) // 4, 2 * len(steps) // 3
     workers = [Worker(path), Worker(path)]
     dead: list[Worker] = []
     for i, t in enumerate(steps):
@@ -132,15 +152,20 @@ def test_every_occurrence_fires_exactly_once_across_dst_a_race_and_a_sigkill(
     assert [row_id for row_id, n in acks.items() if n > 1] == []  # nothing twice
     ledger = Ledger(location.open_ledger(), clock=lambda: end)
     rows = ledger.query(RowQuery(kind=SCHEDULE_KIND, limit=10_000))
-    delivered = {r.id for r in rows if r.delivery_state == "delivered"}
-    assert delivered == expected  # nothing missing, nothing extra, each at its instant
-    assert set(acks) <= delivered
-    assert all(
-        r.event is not None and r.event.get("missed") == 0 for r in rows if r.id in delivered
-    )
+    delivered = {
+        r.id: (str(r.event["status"]), int(r.event["missed"]))
+        for r in rows
+        if r.delivery_state == "delivered" and r.event is not None
+    }
+    # Nothing missing, nothing extra, each at its instant and by its policy.
+    assert delivered == expected
+    assert set(acks) <= set(delivered)
     store = location.open_schedules()
-    for sid, instants in made.items():
+    for sid, (instants, misfire) in made.items():
         schedule = store.get(sid)
-        assert schedule is not None and schedule.fired == len(instants) and schedule.missed == 0
+        assert schedule is not None
+        lost = sum(1 for t in instants if down < t <= up)
+        ran = len(instants) - lost + (1 if lost and misfire == "fire_once" else 0)
+        assert (schedule.fired, schedule.fired + schedule.missed) == (ran, len(instants))
     store.close()
     ledger.close()

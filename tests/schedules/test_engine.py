@@ -188,3 +188,13 @@ def test_servers_racing_at_once_fire_each_occurrence_once(stores: Stores) -> Non
     assert sorted(delivered) == [occurrence_id(s.id, s.next_at + 30 * i) for i in range(6)]
     after = stores.engine.get(s.id)
     assert after.fired == 6 and after.missed == 0
+
+
+def test_an_outage_longer_than_the_replay_cap_still_fires_once(stores: Stores) -> None:
+    """The ledger drops rows older than 48 h instead of replaying them; an occurrence decided
+    after a longer outage is news, so its age counts from the decision (found by the soak)."""
+    clock, engine, ledger = stores.clock, stores.engine, stores.ledger
+    engine.create(note="n", every_seconds=3600, session_key="k")
+    clock.advance(3 * 86400 + 600)
+    (event,) = deliver(ledger, engine)
+    assert event["status"] == "completed" and event["missed"] == 71
