@@ -30,7 +30,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Final
 
 from delivery.backend import LedgerTx
 from delivery.errors import DuplicateDeliveryError
@@ -264,7 +264,7 @@ class ScheduleEngine:
         row_id = occurrence_id(schedule.id, instant)
         if self.ledger.get(row_id) is not None:
             return row_id
-        event: dict[str, Any] = {
+        event: dict[str, object] = {
             "type": SCHEDULED_WAKEUP,
             "delivery_id": row_id,
             "status": "completed",
@@ -311,8 +311,8 @@ class ScheduleEngine:
                 self.ledger.cancel(row.id, by=by, deliver_here=False)
 
 
-def _decided(firing: Firing) -> dict[str, Any]:
-    changes: dict[str, Any] = {
+def _decided(firing: Firing) -> dict[str, object]:
+    changes: dict[str, object] = {
         _DECISION: firing.next_at,
         "missed": firing.missed,
         "late_seconds": round(firing.late_seconds, 3),

@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from zoneinfo import ZoneInfo
 
+from agent.messages import JSONObject
 from agent.tools import Tool, ToolContext
 from delivery.schedules import (
     Misfire,
     Schedule,
     ScheduleError,
+    Target,
     check_cron,
     next_instant,
     parse_misfire,
@@ -62,7 +65,7 @@ def installed() -> ScheduleEngine | None:
     return _engine
 
 
-PARAMETERS: dict[str, Any] = {
+PARAMETERS: JSONObject = {
     "type": "object",
     "properties": {
         "action": {"type": "string", "enum": list(_ACTIONS)},
@@ -113,7 +116,7 @@ def _iso(when: float | None, zone: str = "UTC") -> str | None:
     return datetime.fromtimestamp(when, ZoneInfo(zone)).isoformat(timespec="seconds")
 
 
-def describe(schedule: Schedule) -> dict[str, Any]:
+def describe(schedule: Schedule) -> JSONObject:
     """A schedule as the tool, the API and the CLI show it (JSON)."""
     return {
         "id": schedule.id,
@@ -147,7 +150,19 @@ def _number(value: object) -> float | None:
     return None
 
 
-def _spec(args: dict[str, Any], now: float, min_delay: float) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """A valid create request: the keywords of ``ScheduleEngine.create``."""
+
+    note: str
+    cron: str | None
+    zone: str
+    every_seconds: float | None
+    misfire: Misfire
+    target: Target
+
+
+def _spec(args: Mapping[str, object], now: float, min_delay: float) -> _Spec:
     """The keywords of ``ScheduleEngine.create`` that ``args`` ask for, or ScheduleError."""
     note = args.get("note")
     if not isinstance(note, str) or not note.strip():
@@ -174,7 +189,7 @@ def _spec(args: dict[str, Any], now: float, min_delay: float) -> dict[str, Any]:
             )
         if period > 365 * 86400:
             raise ScheduleError("every_seconds must be at most 365 days")
-        return {"note": note, "every_seconds": period, "misfire": misfire, "target": target}
+        return _Spec(note, None, "UTC", period, misfire, target)
     expr = check_cron(str(cron))
     tz = args.get("tz") or "UTC"
     zone_of(str(tz))
@@ -189,12 +204,12 @@ def _spec(args: dict[str, Any], now: float, min_delay: float) -> dict[str, Any]:
             f"cron {expr!r} fires {second - first:g} s apart; the period must be at least "
             f"{min_delay:g} s (the timers' min delay)"
         )
-    return {"note": note, "cron": expr, "zone": str(tz), "misfire": misfire, "target": target}
+    return _Spec(note, expr, str(tz), None, misfire, target)
 
 
 def _run(
-    engine: ScheduleEngine, args: dict[str, Any], ctx: ToolContext, min_delay: float
-) -> dict[str, Any]:
+    engine: ScheduleEngine, args: Mapping[str, object], ctx: ToolContext, min_delay: float
+) -> JSONObject:
     """The action (blocking store work: run in a thread)."""
     session = ctx.origin_ui_session_id or ctx.session_id or ctx.session_key
     action = args.get("action")
@@ -212,7 +227,12 @@ def _run(
                 "schedules; cancel one first"
             }
         made = engine.create(
-            **spec,
+            note=spec.note,
+            cron=spec.cron,
+            zone=spec.zone,
+            every_seconds=spec.every_seconds,
+            misfire=spec.misfire,
+            target=spec.target,
             session_key=ctx.session_key,
             origin_session_id=ctx.session_id,
             origin_ui_session_id=ctx.origin_ui_session_id,
@@ -236,7 +256,7 @@ def _run(
 def make_schedule_tool(*, min_delay_seconds: float = MIN_DELAY_SECONDS) -> Tool:
     """`schedule`, in the ``timers`` toolset beside `schedule_wakeup`."""
 
-    async def handler(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    async def handler(args: Mapping[str, object], ctx: ToolContext) -> JSONObject:
         engine = _engine
         if engine is None:
             return {"error": "schedules are not available in this process"}
