@@ -172,6 +172,12 @@ class ScheduleEngine:
         found = self.get(schedule_id, session=session)
         now = self.clock()
         next_at = next_instant(found, now)
+        # An occurrence whose row the pause settled cannot fire again (its id is taken):
+        # resume from the first one after it.
+        while (row := self.ledger.get(occurrence_id(found.id, next_at))) is not None and (
+            row.delivery_state != "pending"
+        ):
+            next_at = next_instant(found, next_at)
         if found.state == PAUSED and self.store.set_state(found.id, [PAUSED], ACTIVE, next_at, now):
             self._write_occurrence(found, next_at)
             self._stop_if_stopped(found.id, next_at)

@@ -198,3 +198,13 @@ def test_an_outage_longer_than_the_replay_cap_still_fires_once(stores: Stores) -
     clock.advance(3 * 86400 + 600)
     (event,) = deliver(ledger, engine)
     assert event["status"] == "completed" and event["missed"] == 71
+
+
+def test_a_quick_pause_and_resume_loses_no_occurrence(stores: Stores) -> None:
+    clock, engine, ledger = stores.clock, stores.engine, stores.ledger
+    s = engine.create(note="n", every_seconds=60, session_key="k")
+    engine.pause(s.id)  # settles the row of the coming occurrence ...
+    resumed = engine.resume(s.id)  # ... so it resumes from the one after
+    assert resumed.next_at == (s.next_at or 0) + 60
+    clock.advance(120)
+    assert [e["due_at"] for e in deliver(ledger, engine)] == [resumed.next_at]
