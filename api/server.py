@@ -41,6 +41,7 @@ from api.event_log import EventLog, LoggedEvent
 from api.event_stream import stream_events
 from api.export import FORMATS, export_filename, export_json, export_markdown
 from api.gate import SurfaceGate
+from api.schedules import WebSchedules
 from api.turn_answers import TurnAccepted
 from api.views import search_view, session_source, session_view, transcript_items
 from api.wakeups import WebUIDeliveryTarget
@@ -271,6 +272,7 @@ class WebUIServer:
         r.add_post("/api/sessions/{id}/messages", self.post_message)
         r.add_post("/api/sessions/{id}/stop", self.stop_turn)
         r.add_post("/api/background/{id}/cancel", self.cancel_background)
+        WebSchedules().add_to(r)
         r.add_post("/api/approvals/{id}", self.decide)
         r.add_get("/api/deliveries", self.list_deliveries)
         r.add_post("/api/deliveries/{id}/{action}", self.delivery_action)

@@ -312,6 +312,7 @@ DELIVERY_TITLES = {
     "approval_expired": "Approval expired",
     "scheduled_wakeup": "Scheduled wake-up",
     "inbound_event": "Inbound event",
+    "schedule_missed": "Missed occurrence",
 }
 _RESULT_KINDS = frozenset({"async_delegation_complete"})
 

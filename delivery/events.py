@@ -332,6 +332,12 @@ class ScheduledWakeupEvent(CompletionEvent):
     """What made it fire: the output line that matched, or the command that exited 0."""
     fires: int | None = None
     """How many times the watch has fired, this firing included."""
+    schedule_id: str | None = None
+    """Set for an occurrence of a recurring schedule (``delivery.schedules_engine``), with
+    ``schedule`` (its spec, for people) and ``missed``: how many occurrences were missed
+    with this one. ``status == "missed"``: this occurrence did not run (its misfire policy)."""
+    schedule: str | None = None
+    missed: int = 0
 
     kind: EventKind = field(default="scheduled_wakeup", init=False)
 
@@ -510,6 +516,9 @@ def _scheduled_wakeup(raw: Mapping[str, Any]) -> ScheduledWakeupEvent:
         watch_event=_opt_str(raw.get("watch_event")),
         matched=_opt_str(raw.get("matched")),
         fires=int(fires) if (fires := _number(raw.get("fires"))) is not None else None,
+        schedule_id=_opt_str(raw.get("schedule_id")),
+        schedule=_opt_str(raw.get("schedule")),
+        missed=int(_number(raw.get("missed")) or 0),
     )
 
 

@@ -415,6 +415,10 @@ class SessionTurns(Protocol):
     async def acreate_session(self, session_id: str, new: NewSession) -> SessionRecord:
         """Create (reviving a tombstoned id), or return the existing session unchanged."""
 
+    def create_session(self, session_id: str, new: NewSession) -> SessionRecord:
+        """``acreate_session`` from a thread that may block (a schedule's own conversation
+        is opened inside a tool's blocking store work)."""
+
     async def aset_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
         """Give a live session its title (only when it has none, with ``if_untitled``);
         True when the title was set."""

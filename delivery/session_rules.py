@@ -129,6 +129,14 @@ class SessionRules:
     # -- sessions
 
     async def acreate_session(self, session_id: str, new: NewSession) -> SessionRecord:
+        return await self._tx.awrite((session_id,), self._creation(session_id, new))
+
+    def create_session(self, session_id: str, new: NewSession) -> SessionRecord:
+        return self._tx.write((session_id,), self._creation(session_id, new))
+
+    def _creation(
+        self, session_id: str, new: NewSession
+    ) -> Callable[[SessionRows], SessionRecord]:
         now = self._clock()
 
         def op(rows: SessionRows) -> SessionRecord:
@@ -137,7 +145,7 @@ class SessionRules:
             assert found is not None
             return found
 
-        return await self._tx.awrite((session_id,), op)
+        return op
 
     def get_session(self, session_id: str) -> SessionRecord | None:
         return self._tx.read(lambda rows: rows.session(session_id))

@@ -183,6 +183,19 @@ class SessionStore:
         session_id, new = self._creation(session_id, source, title, exclusive)
         return await self._backend.acreate_session(session_id, new)
 
+    def create_session(
+        self,
+        session_id: str | None = None,
+        *,
+        source: SessionSource | None = None,
+        title: str | None = None,
+        exclusive: bool = False,
+    ) -> SessionRecord:
+        """``acreate_session`` for a caller on a thread that may block (never the event
+        loop): a schedule's conversation of its own, opened inside the tool's store work."""
+        session_id, new = self._creation(session_id, source, title, exclusive)
+        return self._backend.create_session(session_id, new)
+
     @staticmethod
     def _creation(
         session_id: str | None, source: SessionSource | None, title: str | None, exclusive: bool

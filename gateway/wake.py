@@ -77,6 +77,7 @@ DELEGATION_DISPLAY_KIND = "async_delegation_complete"
 WAKEUP_DISPLAY_KIND = "scheduled_wakeup"
 # An inbound event (``POST /v1/hooks/{name}``) came, or a wait for one expired.
 INBOUND_DISPLAY_KIND = "inbound_event"
+MISSED_DISPLAY_KIND = "schedule_missed"  # an occurrence its misfire policy did not run
 
 # Gateways answering these are restarting or overloaded, not rejecting the request.
 _TRANSIENT_HTTP = frozenset({502, 503, 504})
@@ -401,6 +402,8 @@ def persist_wakeup_delivery(
         text if text is not None else format_wake_text(event),
         display_kind=INBOUND_DISPLAY_KIND
         if isinstance(event, InboundWakeupEvent)
+        else MISSED_DISPLAY_KIND
+        if event.status == "missed"
         else WAKEUP_DISPLAY_KIND,
         display_metadata=display_metadata(event),
         dedupe_key=transcript_key(event.delivery_id),

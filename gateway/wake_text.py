@@ -364,8 +364,20 @@ def _format_scheduled_wakeup(evt: ScheduledWakeupEvent, now: float, *, explain: 
     wrote it, possibly from what a user or a tool said), when it was set and for when."""
     if evt.watch_id is not None:
         return _format_watch(evt, now, explain=explain)
-    out = ["[Scheduled wake-up] a wake-up you set is due."]
-    if explain:
+    missed = evt.status == "missed"
+    if missed:
+        out = ["[Missed occurrence] an occurrence of a schedule you set did not run."]
+    elif evt.schedule_id is not None:
+        out = ["[Scheduled wake-up] an occurrence of a schedule you set is due."]
+    else:
+        out = ["[Scheduled wake-up] a wake-up you set is due."]
+    if explain and missed:
+        out.append(
+            "This is an automatic notice, not a user message: no server was running at its "
+            "time and its misfire policy skips late occurrences. Do not act on the note; "
+            "tell the user it was missed if that matters."
+        )
+    elif explain:
         out.append(
             "This is an automatic wake-up, not a user message: earlier in this conversation "
             "you asked to be woken now, with the note below. Act on it."
@@ -375,9 +387,17 @@ def _format_scheduled_wakeup(evt: ScheduledWakeupEvent, now: float, *, explain: 
     out.append("")
     if evt.delivery_id is not None:
         out.append(f"Wake-up: {_render_value(evt.delivery_id)}")
+    if evt.schedule_id is not None:
+        spec = f" ({_render_value(evt.schedule)})" if evt.schedule else ""
+        out.append(f"Schedule: {_render_value(evt.schedule_id)}{spec}")
     if evt.due_at is not None:
         zone = f" ({_render_value(evt.zone)})" if evt.zone else ""
         out.append(f"Due: {_when(evt.due_at, now)}{zone}")
+    if evt.missed:
+        out.append(
+            f"Missed: {evt.missed} more occurrence(s) while no server was running"
+            + ("" if missed else "; this one firing stands for them")
+        )
     if _present(evt.dispatched_at):
         out.append("Set: " + _when(evt.dispatched_at, now))
     out.append("")

@@ -41,6 +41,7 @@ from api.web_turns import WebTurns
 from delivery.inbound import Inbox
 from delivery.peers import ServerRecord
 from delivery.retention import RetentionScheduler, RetentionStores
+from delivery.schedules_engine import ScheduleEngine
 from delivery.telegram_backend import TelegramBackend
 from delivery.webui_state import WebUIStateBackend
 from gateway.approvals import ApprovalListener, ApprovalRecord, Approvals
@@ -51,6 +52,7 @@ from gateway.http.middleware import is_loopback
 from gateway.openai.wire import completion_object
 from gateway.responses import ResponsesService, TerminalHook
 from gateway.run import GatewayRunner, Surface
+from gateway.schedule_conversations import conversation_opener
 from gateway.session import SessionStore
 from gateway.surfaces.api_server.adapter import ApiServerAdapter
 from gateway.surfaces.api_server.hooks import HookRoutes
@@ -66,6 +68,7 @@ from reveille.settings import Settings, SettingsError
 from reveille.telegram_app import TELEGRAM
 from storage import Storage
 from storage.opener import LEGACY_TELEGRAM_FILE, StorageUrlError
+from tools import schedule_tool
 from tools.background_processes import PROCESSES_DIR
 from tools.completion_queue import CompletionQueue
 from tools.delegate_tool import DelegationLimits
@@ -174,6 +177,14 @@ async def serve(
         stack.push_async_callback(asyncio.to_thread, ad.reset_runtime)
         stack.callback(process_registry.detach)
         stack.callback(watch_manager.detach)
+        schedules = ScheduleEngine(
+            runtime.ledger,
+            await asyncio.to_thread(location.open_schedules),
+            open_conversation=conversation_opener(store),
+        )
+        schedule_tool.install(schedules)
+        stack.callback(schedule_tool.install, None)
+        stack.push_async_callback(asyncio.to_thread, schedules.store.close)
 
         model = provider or build_provider(
             kind=settings.provider,
@@ -287,12 +298,18 @@ async def serve(
             await surface.start()
             stack.push_async_callback(_stop_surface, surface, grace)
 
-        # The servers listen first: restored wake-ups self-POST to them.
+        # The servers listen first: restored wake-ups self-POST to them. Occurrences of
+        # schedules that came due while no server ran are decided first (misfire policy).
+        await asyncio.to_thread(schedules.advance_due)
         restored = await asyncio.to_thread(ad.restore_undelivered_completions, queue)
         if restored:
             logger.info("re-offering %d undelivered completion(s)", restored)
         scheduler = await asyncio.to_thread(
-            runtime.start_scheduler, f"api {adapter.host}:{adapter.port}"
+            functools.partial(
+                runtime.start_scheduler,
+                f"api {adapter.host}:{adapter.port}",
+                before_pass=schedules.advance_due,
+            )
         )
         log_peers(scheduler.peers_at_start)
         retention = RetentionScheduler(

@@ -16,6 +16,7 @@ from reveille import (
     hooks_cmd,
     log_format,
     prune,
+    schedules_cmd,
     webhooks_cmd,
 )
 from reveille.build_info import version_line
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_parser(sub)
     deliveries.add_parser(sub)
     background.add_parser(sub)
+    schedules_cmd.add_parser(sub)
     webhooks_cmd.add_parser(sub)
     hooks_cmd.add_parser(sub)
     approvals.add_parser(sub)

@@ -22,6 +22,7 @@ from delivery.backend import LedgerStore
 from delivery.inbound_backend import HookBackend
 from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
+from delivery.schedules_backend import ScheduleBackend
 from delivery.session_backend import SessionBackend
 from delivery.telegram_backend import TelegramBackend
 from delivery.webhooks_backend import WebhookBackend
@@ -104,6 +105,9 @@ class Dialect(Protocol):
 
     def open_hooks(self) -> HookBackend:
         """The inbound events' store (beside the ledger)."""
+
+    def open_schedules(self) -> ScheduleBackend:
+        """The recurring schedules' store (beside the ledger)."""
 
     def open_webui(self) -> WebUIStateBackend: ...
 

@@ -34,6 +34,7 @@ from delivery.backend import LedgerStore
 from delivery.inbound_backend import HookBackend
 from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
+from delivery.schedules_backend import ScheduleBackend
 from delivery.session_backend import SessionBackend
 from delivery.telegram_backend import TelegramBackend
 from delivery.webhooks_backend import WebhookBackend
@@ -108,6 +109,10 @@ class Storage:
     def open_hooks(self) -> HookBackend:
         """The inbound events' store: in the ledger's file (SQLite) or database."""
         return self.dialect.open_hooks()
+
+    def open_schedules(self) -> ScheduleBackend:
+        """The recurring schedules' store: in the ledger's file (SQLite) or database."""
+        return self.dialect.open_schedules()
 
     def open_webui(self) -> WebUIStateBackend:
         return self.dialect.open_webui()

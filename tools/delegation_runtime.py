@@ -509,12 +509,21 @@ class DelegationRuntime:
 
     # -- background re-offers -------------------------------------------------------------
 
-    def start_scheduler(self, label: str = "") -> ReofferScheduler:
+    def start_scheduler(
+        self, label: str = "", *, before_pass: Callable[[], object] | None = None
+    ) -> ReofferScheduler:
         """Start re-offering this store's due rows; ``label`` names this server to its
-        peers (e.g. its listening address)."""
+        peers (e.g. its listening address). ``before_pass`` runs at each pass before due
+        rows are offered (the recurring schedules write their next occurrence there)."""
         if self.scheduler is None:
+
+            def on_pass() -> None:
+                self.honour_cancels()
+                if before_pass is not None:
+                    before_pass()
+
             self.scheduler = ReofferScheduler(
-                self.ledger, self.queue.put, label=label, on_pass=self.honour_cancels
+                self.ledger, self.queue.put, label=label, on_pass=on_pass
             )
             self.scheduler.start()
         return self.scheduler

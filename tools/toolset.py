@@ -12,6 +12,7 @@ from agent.providers import ModelProvider
 from agent.tools import ToolRegistry
 from delivery.inbound import Inbox
 from tools.delegate_tool import DelegationLimits, make_delegate_tool
+from tools.schedule_tool import make_schedule_tool
 from tools.shell_tool import make_shell_tool
 from tools.wake_when_tool import make_wake_when_tool
 from tools.wakeup_tool import MIN_DELAY_SECONDS, make_wakeup_tool
@@ -31,11 +32,11 @@ def build_default_registry(
     inbox: Callable[[], Inbox | None] | None = None,
 ) -> ToolRegistry:
     """The tools a conversation gets: `delegate_task`, `terminal` (which refuses when off),
-    `schedule_wakeup`, `watch`, and `wake_when` when given an ``inbox`` (the server has
-    hooks).
+    `schedule_wakeup`, `schedule`, `watch`, and `wake_when` when given an ``inbox`` (the
+    server has hooks).
 
     Sub-agents get these tools too (those their dispatch names; by default all but
-    `delegate_task`, `schedule_wakeup` and `watch`), within the ``delegation`` limits.
+    `delegate_task` and the timers), within the ``delegation`` limits.
     """
     registry = ToolRegistry()
     registry.register(
@@ -55,6 +56,7 @@ def build_default_registry(
         )
     )
     registry.register(make_wakeup_tool(min_delay_seconds=wakeup_min_delay_seconds))
+    registry.register(make_schedule_tool(min_delay_seconds=wakeup_min_delay_seconds))
     registry.register(
         make_watch_tool(shell_enabled=shell_enabled, require_approval=shell_requires_approval)
     )

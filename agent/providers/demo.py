@@ -24,6 +24,8 @@ SHELL_PREFIX = "run in the background:"
 DELEGATE_TOOL = "delegate_task"
 SHELL_TOOL = "terminal"
 WAKEUP_TOOL = "schedule_wakeup"
+SCHEDULE_TOOL = "schedule"
+_EVERY = re.compile(r"^\s*every\s+(\d{1,9})\s+seconds?\s*:\s*(.*)$", re.I | re.S)
 _REMIND = re.compile(r"^\s*remind me in\s+(\d{1,9})\s+seconds?\s*:\s*(.*)$", re.I | re.S)
 _SNIPPET_CHARS = 200
 
@@ -111,6 +113,8 @@ class DemoModel:
     * It is "remind me in <N> seconds: <text>": calls `schedule_wakeup` with
       {"in_seconds": N, "note": <text>}; once the tool answers, says when it is due (or
       why not). The wake-up, when it fires, is summarised as "Reminder: <text>".
+    * It is "every <N> seconds: <text>": calls `schedule` with {"action": "create",
+      "every_seconds": N, "note": <text>}; each occurrence is summarised like a reminder.
     * The current turn holds a wake-up ("[reveille:wake]") or folded delivered results
       ("[reveille:delivery]"): summarises each as "Background work finished: <goal>:
       <status>. Result: <summary or first lines of output>".
@@ -219,6 +223,15 @@ class DemoModel:
                 return "I can't set reminders here: schedule_wakeup is not available.", []
             args = {"in_seconds": int(remind.group(1)), "note": note}
             return None, [_tool_call(position, WAKEUP_TOOL, args)]
+        every = _EVERY.match(text)
+        if every is not None:
+            note = every.group(2).strip()
+            if not note:
+                return "Tell me what to repeat after 'every N seconds:'.", []
+            if SCHEDULE_TOOL not in offered:
+                return "I can't set schedules here: the schedule tool is not available.", []
+            args = {"action": "create", "every_seconds": int(every.group(1)), "note": note}
+            return None, [_tool_call(position, SCHEDULE_TOOL, args)]
         goal = _after_prefix(text, DELEGATE_PREFIX)
         if goal is not None:
             if not goal:
@@ -287,6 +300,14 @@ def _followup(tool: str, args: dict[str, Any], result_text: str) -> str:
         return _shell_followup(str(args.get("command", "")), result, result_text)
     if tool == WAKEUP_TOOL:
         return _wakeup_followup(str(args.get("note", "")), result, result_text)
+    if tool == SCHEDULE_TOOL and result is not None:
+        if result.get("error"):
+            return f"I couldn't set the schedule: {result['error']}"
+        return (
+            f"Schedule {result.get('id')} set: every {args.get('every_seconds')} seconds, "
+            f"next at {result.get('next_due_at')}: {args.get('note')}. "
+            "Each time, I'll bring it back here."
+        )
     return f"{tool or 'The tool'} returned: {first_lines(result_text, 3)}"
 
 

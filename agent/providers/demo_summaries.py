@@ -208,7 +208,10 @@ def summarise_metadata(meta: Mapping[str, Any]) -> list[str]:
     describes no kind this knows (a generic event)."""
     if meta.get("kind") == "scheduled_wakeup":
         # A reminder the demo set (``remind me in N seconds: <text>``): restate its text.
-        return [f"Reminder: {_s(meta.get('note')) or '(no note)'}"]
+        note = _s(meta.get("note")) or "(no note)"
+        if meta.get("status") == "missed":  # a schedule's occurrence its policy skipped
+            return [f"Missed (not run): {note}"]
+        return [f"Reminder: {note}"]
     notices = [n for n in _metadata_notices(meta) if n.has_substance() or n.status]
     return [notice.one_line() for notice in notices]
 

@@ -95,6 +95,8 @@ export const api = {
     request("GET", `/api/sessions/${enc(id)}/items?before=${enc(before)}`),
   background: (id) => request("GET", `/api/sessions/${enc(id)}/background`),
   cancelBackground: (unitId) => request("POST", `/api/background/${enc(unitId)}/cancel`, {}),
+  schedules: (id) => request("GET", `/api/schedules?session=${enc(id)}`),
+  cancelSchedule: (id) => request("DELETE", `/api/schedules/${enc(id)}`),
   markRead: (id) => request("POST", `/api/sessions/${enc(id)}/read`, {}),
   send: (id, text, images = [], extra = {}) =>
     request("POST", `/api/sessions/${enc(id)}/messages`, {

@@ -3,6 +3,7 @@
 import { api, onLoginRequired, setCsrfToken } from "/static/api.js";
 import { Attachments } from "/static/attachments.js";
 import { BackgroundStrip } from "/static/background.js";
+import { SchedulePanel } from "/static/schedules.js";
 import { ChatView } from "/static/chat.js";
 import { streamStateChanged, watchConnection } from "/static/connection.js";
 import { DeliveriesView } from "/static/deliveries.js";
@@ -54,6 +55,10 @@ const backgroundStrip = new BackgroundStrip($("#background-strip"), {
   onCancel: cancelBackground,
   onRefresh: () => state.currentId && refreshBackground(state.currentId),
 });
+const schedulePanel = new SchedulePanel($("#schedule-panel"), {
+  load: (id) => api.schedules(id),
+  onCancel: (id) => api.cancelSchedule(id),
+});
 const deliveries = new DeliveriesView($("#deliveries"), $("#deliveries-empty"), {
   sessionTitle: (id) => (state.sessions.has(id) ? sessionTitle(state.sessions.get(id)) : String(id)),
   onOpenSession: (id) => openSession(id),
@@ -69,6 +74,7 @@ function showView(name) {
   }
   $("#nav-deliveries").toggleAttribute("aria-current", name === "deliveries");
   if (name !== "chat") backgroundStrip.clear();
+  if (name !== "chat") schedulePanel.clear();
   closeSidebar();
 }
 
@@ -122,6 +128,7 @@ function showNoSession() {
   chat.begin(null);
   chat.loading = false;
   backgroundStrip.clear();
+  schedulePanel.clear();
   showView("chat");
   setTitle("New chat", "");
   renderSidebar();
@@ -220,6 +227,7 @@ async function openSession(id, { push = true, quiet = false, focus = null } = {}
   else {
     chat.begin(id);
     backgroundStrip.clear();
+    schedulePanel.clear();
   }
   chatEmpty.hidden = true;
   renderSidebar();
@@ -245,6 +253,7 @@ async function openSession(id, { push = true, quiet = false, focus = null } = {}
   chat.load(detail);
   backgroundStrip.show(detail.background);
   backgroundStrip.setApproval(detail.pending_approval);
+  schedulePanel.refresh(id);
   if (detail.session.unread && document.visibilityState === "visible") markRead(id);
   renderSidebar();
   updateComposer();
@@ -506,6 +515,7 @@ function onEvent(type, data, id) {
     if (type === "turn.start" || type === "turn.end" || type === "wakeup") updateComposer();
     // A turn may have started background work; a wake-up means some of it came home.
     if (type === "turn.end" || type === "wakeup") refreshBackground(data.session_id);
+    if (type === "turn.end" || type === "wakeup") schedulePanel.refresh(data.session_id);
     if (type === "approval") backgroundStrip.setApproval(data.approval);
   }
   if (type === "turn.end" && data.status === "done") {

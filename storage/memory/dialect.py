@@ -16,6 +16,7 @@ from delivery.backend import LedgerStore
 from delivery.inbound_backend import HookBackend
 from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
+from delivery.schedules_backend import ScheduleBackend
 from delivery.session_backend import SessionBackend
 from delivery.telegram_backend import TelegramBackend
 from delivery.webhooks_backend import WebhookBackend
@@ -77,6 +78,11 @@ class MemoryDialect:
         from storage.memory.hooks import MemoryHooks
 
         return MemoryHooks()
+
+    def open_schedules(self) -> ScheduleBackend:
+        from storage.memory.schedules import MemorySchedules
+
+        return MemorySchedules()
 
     def open_webui(self) -> WebUIStateBackend:
         from storage.memory.webui import MemoryWebUIState

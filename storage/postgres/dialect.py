@@ -18,6 +18,7 @@ from delivery.backend import LedgerStore
 from delivery.inbound_backend import HookBackend
 from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
+from delivery.schedules_backend import ScheduleBackend
 from delivery.session_backend import SessionBackend
 from delivery.telegram_backend import TelegramBackend
 from delivery.webhooks_backend import WebhookBackend
@@ -97,6 +98,11 @@ class PostgresDialect:
         from storage.postgres.hooks import PostgresHooks
 
         return PostgresHooks(self.url)
+
+    def open_schedules(self) -> ScheduleBackend:
+        from storage.postgres.schedules import PostgresSchedules
+
+        return PostgresSchedules(self.url)
 
     def open_webui(self) -> WebUIStateBackend:
         from storage.postgres.webui import PostgresWebUIState

@@ -20,6 +20,7 @@ from delivery.errors import LedgerError
 from storage.postgres.conn import PostgresUnavailable, connect, explain
 from storage.postgres.sql import GOAL_WORDS
 from storage.responses_sql import DDL as RESPONSES_DDL
+from storage.schedules_sql import SCHEDULES_DDL
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SchemaTooNew", "migrate", "status"]
 
@@ -390,6 +391,9 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
             PRIMARY KEY (hook, secret)
         );
         """,
+    ),
+    Migration(
+        17, "schedules: recurring wake-ups (their occurrences are ledger rows)", SCHEDULES_DDL
     ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version

@@ -20,6 +20,7 @@ from delivery.backend import LedgerStore
 from delivery.inbound_backend import HookBackend
 from delivery.responses_backend import ResponsesBackend
 from delivery.retention import SpaceReport
+from delivery.schedules_backend import ScheduleBackend
 from delivery.session_backend import SessionBackend
 from delivery.state_dir import ensure_private_dir
 from delivery.telegram_backend import TelegramBackend
@@ -133,6 +134,11 @@ class SqliteDialect:
         from storage.sqlite.hooks import SqliteHooks
 
         return SqliteHooks(self.path("ledger"))  # in the ledger's file
+
+    def open_schedules(self) -> ScheduleBackend:
+        from storage.sqlite.schedules import SqliteSchedules
+
+        return SqliteSchedules(self.path("ledger"))  # in the ledger's file
 
     def open_webui(self) -> WebUIStateBackend:
         from storage.sqlite.webui import SqliteWebUIState

@@ -206,7 +206,7 @@ async def test_demo_turn_end_to_end_with_the_default_registry(real_runtime, tmp_
 async def test_demo_turn_with_the_shell_disabled_runs_nothing(tmp_path):
     provider = DemoModel(delay_seconds=0)
     registry = build_default_registry(provider, shell_enabled=False, workdir=str(tmp_path))
-    assert registry.names() == ["delegate_task", "terminal", "schedule_wakeup", "watch"]
+    assert registry.names() == ["delegate_task", "terminal", "schedule_wakeup", "schedule", "watch"]
     result = await Agent(provider, registry).run(
         [{"role": "user", "content": f"run in the background: touch {tmp_path}/marker"}], CTX
     )

@@ -111,7 +111,7 @@ async def test_handler_exception_is_returned_not_raised():
 
 async def test_the_default_toolset_comes_from_the_tools_floor():
     registry = build_default_registry(DemoModel(delay_seconds=0), shell_enabled=False)
-    assert registry.names() == ["delegate_task", "terminal", "schedule_wakeup", "watch"]
+    assert registry.names() == ["delegate_task", "terminal", "schedule_wakeup", "schedule", "watch"]
     refused = json.loads(await registry.call("terminal", '{"command": "true"}', CTX))
     assert "disabled" in refused["error"]
 

@@ -85,6 +85,7 @@ from gateway.surfaces.api_server.auth import ApiKeyAuth, is_keyed, same_secret
 from gateway.surfaces.api_server.background import BackgroundRoutes
 from gateway.surfaces.api_server.hooks import HOOKS_PREFIX, HookRoutes
 from gateway.surfaces.api_server.responses_api import ResponsesRoutes
+from gateway.surfaces.api_server.schedules import ScheduleRoutes
 from gateway.surfaces.api_server.sessions import MALFORMED_SESSION_ID, SessionRoutes
 from gateway.turns.gate import first_answer
 from gateway.turns.service import (
@@ -222,6 +223,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         app.router.add_get("/readyz", self._readyz)
         SessionRoutes(self.store, read_json=self._read_json).add_to(app.router)
         BackgroundRoutes(self.store, keyed=is_keyed).add_to(app.router)
+        ScheduleRoutes(self.store, keyed=is_keyed).add_to(app.router)
         if self.approvals is not None:
             ApprovalRoutes(self.approvals, read_json=self._read_json, keyed=is_keyed).add_to(
                 app.router

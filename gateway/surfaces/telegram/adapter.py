@@ -23,7 +23,8 @@ chat, is one session: its id is ``build_session_key`` of the chat's ``SessionSou
   on paragraph boundaries and its markdown sent as Telegram HTML (``format``,
   always well-formed; a piece Telegram still cannot parse is sent again as plain text), so
   model output can never break a message.
-* ``/start`` and ``/help`` answer with what the bot does; ``/new`` starts a fresh session
+* ``/start`` and ``/help`` answer with what the bot does, ``/timers`` what is scheduled
+  (``gateway.surfaces.timers``); ``/new`` starts a fresh session
   for the chat (``TelegramState.chat_session``): the old one stays readable and its late
   results still come home to it; ``/stop`` cancels the chat's running background work
   (``delivery.cancel``) and says what it stopped.
@@ -72,6 +73,7 @@ from gateway.surfaces.telegram.format import MAX_MESSAGE_LENGTH, split_message, 
 from gateway.surfaces.telegram.intake import LongPoller, SharedIntake, webhook_handler
 from gateway.surfaces.telegram.state import TelegramState
 from gateway.surfaces.telegram.updates import BadField, telegram_id
+from gateway.surfaces.timers import timers_text
 from gateway.tasks import finish_or_cancel
 from gateway.turns.service import TurnService
 from tools.delegation_runtime import get_runtime
@@ -122,6 +124,7 @@ HELP_TEXT = (
     "go on talking: when the work is done, its result comes back here as a new message.\n\n"
     "/new starts a fresh conversation (the old one is kept).\n"
     "/stop stops what this chat has running in the background.\n"
+    "/timers lists the reminders and schedules of this chat.\n"
     "/help shows this again."
 )
 
@@ -307,13 +310,16 @@ class TelegramAdapter(BasePlatformAdapter):
             )
             return
         command = _command(text)
-        if command in ("start", "help", "new", "stop"):
+        if command in ("start", "help", "new", "stop", "timers"):
             # Answered by the bot itself: no turn, nothing stored.
             try:
                 if command == "new":
                     await self._new_session(source)
                 elif command == "stop":
                     await self._stop_background(source)
+                elif command == "timers":
+                    session_id = await self._session_of(source)
+                    await self.send_text(source, await asyncio.to_thread(timers_text, session_id))
                 else:
                     await self.send_text(source, HELP_TEXT)
             except SurfaceError as exc:
