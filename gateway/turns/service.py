@@ -37,7 +37,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -171,7 +171,7 @@ class TurnRequest:
     """
 
     session_id: str
-    messages: list[dict[str, Any]]
+    messages: Sequence[Mapping[str, Any]]  # as the client sent them (checked where parsed)
     create: SessionSource | None = None
     idempotency_key: str | None = None
     stream: bool = False
@@ -330,7 +330,7 @@ class TurnService:
     # ----------------------------------------------------------------- which session
 
     async def resolve_conversation(
-        self, messages: list[dict[str, Any]], *, idempotency_key: str | None = None
+        self, messages: Sequence[Mapping[str, Any]], *, idempotency_key: str | None = None
     ) -> Conversation:
         """The session a request without a session id continues, or a new one's id (see
         ``gateway.turns.conversation.pick_session``). With an ``idempotency_key`` a repeat of a
@@ -609,7 +609,7 @@ class TurnService:
         self,
         request: TurnRequest,
         begun: _Begun,
-        user_message: dict[str, Any],
+        user_message: Mapping[str, Any],
         owner: str | None,
         hold: TurnHold,
         parking: Parking | None,
@@ -723,7 +723,7 @@ class TurnService:
         self,
         request: TurnRequest,
         begun: _Begun,
-        user_message: dict[str, Any],
+        user_message: Mapping[str, Any],
         result: Any,
         response: dict[str, Any],
         owner: str | None,
