@@ -157,12 +157,7 @@ class Agent:
         options: ModelOptions | None = None,
     ) -> ModelReply:
         # Every step streams live, the text before a tool call too (see _LiveText).
-        # Keywords go only when set: providers written before them still work.
-        extra: CompleteKeywords = {}
-        if on_delta is not None:
-            extra["on_delta"] = on_delta
-        if options:
-            extra["options"] = options
+        extra = complete_keywords(on_delta, options)
         return await self.provider.complete(conversation, tools=tools, **extra)
 
     async def _run_tool_calls(self, reply: ModelReply, ctx: ToolContext) -> list[ChatMessage]:
@@ -185,6 +180,19 @@ class CompleteKeywords(TypedDict, total=False):
 
     on_delta: DeltaCallback
     options: ModelOptions
+
+
+def complete_keywords(
+    on_delta: DeltaCallback | None, options: ModelOptions | None
+) -> CompleteKeywords:
+    """The optional keywords of ``ModelProvider.complete`` that are set: they go only when
+    set, so providers written before them still work."""
+    extra: CompleteKeywords = {}
+    if on_delta is not None:
+        extra["on_delta"] = on_delta
+    if options:
+        extra["options"] = options
+    return extra
 
 
 def _normalised_call(index: int, call: Mapping[str, object]) -> ToolCall:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypedDict
 
-from agent.loop import Agent, AgentResult, CompleteKeywords, subagent_messages
+from agent.loop import Agent, AgentResult, complete_keywords, subagent_messages
 from agent.messages import ChatMessage, ToolSchema
 from agent.providers.base import DeltaCallback, ModelOptions, ModelProvider, ModelReply
 from agent.tools import ConfirmCallback, ToolContext, ToolRegistry
@@ -145,11 +145,7 @@ class _WatchedProvider:
         options: ModelOptions | None = None,
     ) -> ModelReply:  # the ModelProvider protocol, passing keywords on only when set
         self._watch.move("waiting for the model")
-        extra: CompleteKeywords = {}
-        if on_delta is not None:
-            extra["on_delta"] = on_delta
-        if options is not None:
-            extra["options"] = options
+        extra = complete_keywords(on_delta, options)
         reply = await self._inner.complete(messages, tools=tools, **extra)
         if reply.content:
             self._watch.texts.append(reply.content)
