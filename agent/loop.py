@@ -7,10 +7,12 @@ run them and feed the results back; stop at a plain answer or at the step limit.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TypedDict
 
 from agent.markers import SUBAGENT_MARKER
+from agent.messages import ChatMessage, ToolCall, ToolSchema
 from agent.providers.base import (
     DeltaCallback,
     ModelOptions,
@@ -33,7 +35,7 @@ class AgentResult:
     """The outcome of one turn; `new_messages` is what the turn adds to the transcript."""
 
     content: str
-    new_messages: list[dict[str, Any]] = field(default_factory=list)
+    new_messages: list[ChatMessage] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=empty_usage)
     steps: int = 0
     step_limit_reached: bool = False
@@ -99,20 +101,20 @@ class Agent:
         self.max_steps = max_steps
         self.system_prompt = system_prompt
 
-    def _with_system_prompt(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _with_system_prompt(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         if not self.system_prompt:
             return list(messages)
         # Merged into a leading system message rather than stacked: some local chat
         # templates (llama.cpp, Ollama) reject a second system message.
         if messages and messages[0].get("role") == "system":
-            first = dict(messages[0])
+            first = messages[0].copy()
             first["content"] = f"{self.system_prompt}\n\n{first.get('content') or ''}"
             return [first, *messages[1:]]
         return [{"role": "system", "content": self.system_prompt}, *messages]
 
     async def run(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[ChatMessage],
         ctx: ToolContext,
         *,
         on_delta: DeltaCallback | None = None,
@@ -121,7 +123,7 @@ class Agent:
         """One turn; ``options`` (the client's generation options) go to every model call,
         except that ``tool_choice="required"`` holds for the first call only."""
         conversation = self._with_system_prompt(messages)
-        new_messages: list[dict[str, Any]] = []
+        new_messages: list[ChatMessage] = []
         usage = empty_usage()
         tools = self.registry.schemas() or None
 
@@ -136,7 +138,7 @@ class Agent:
             add_usage(usage, reply.usage)
             await live.end_step(reply.content)
             if not reply.tool_calls:
-                final = {"role": "assistant", "content": reply.content or ""}
+                final: ChatMessage = {"role": "assistant", "content": reply.content or ""}
                 new_messages.append(final)
                 return AgentResult(live.text, new_messages, usage, step)
             step_messages = await self._run_tool_calls(reply, ctx)
@@ -149,23 +151,18 @@ class Agent:
 
     async def _ask(
         self,
-        conversation: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        conversation: list[ChatMessage],
+        tools: list[ToolSchema] | None,
         on_delta: DeltaCallback | None,
         options: ModelOptions | None = None,
     ) -> ModelReply:
         # Every step streams live, the text before a tool call too (see _LiveText).
-        # Keywords go only when set: providers written before them still work.
-        extra: dict[str, Any] = {}
-        if on_delta is not None:
-            extra["on_delta"] = on_delta
-        if options:
-            extra["options"] = options
+        extra = complete_keywords(on_delta, options)
         return await self.provider.complete(conversation, tools=tools, **extra)
 
-    async def _run_tool_calls(self, reply: ModelReply, ctx: ToolContext) -> list[dict[str, Any]]:
+    async def _run_tool_calls(self, reply: ModelReply, ctx: ToolContext) -> list[ChatMessage]:
         calls = [_normalised_call(index, call) for index, call in enumerate(reply.tool_calls)]
-        messages: list[dict[str, Any]] = [
+        messages: list[ChatMessage] = [
             {"role": "assistant", "content": reply.content, "tool_calls": calls}
         ]
         # One after another, in the model's order: a later call may depend on an earlier one.
@@ -178,20 +175,44 @@ class Agent:
         return messages
 
 
-def _normalised_call(index: int, call: dict[str, Any]) -> dict[str, Any]:
+class CompleteKeywords(TypedDict, total=False):
+    """The optional keywords of ``ModelProvider.complete``, passed only when set."""
+
+    on_delta: DeltaCallback
+    options: ModelOptions
+
+
+def complete_keywords(
+    on_delta: DeltaCallback | None, options: ModelOptions | None
+) -> CompleteKeywords:
+    """The optional keywords of ``ModelProvider.complete`` that are set: they go only when
+    set, so providers written before them still work."""
+    extra: CompleteKeywords = {}
+    if on_delta is not None:
+        extra["on_delta"] = on_delta
+    if options:
+        extra["options"] = options
+    return extra
+
+
+def _normalised_call(index: int, call: Mapping[str, object]) -> ToolCall:
     """A tool call in the exact OpenAI shape, whatever liberties the provider took."""
-    function = call.get("function") or {}
+    function = call.get("function")
+    if not isinstance(function, Mapping):
+        function = {}
     arguments = function.get("arguments")
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments if arguments is not None else {})
+    call_id = call.get("id")
+    name = function.get("name")
     return {
-        "id": call.get("id") or f"call_{index}",
+        "id": call_id if isinstance(call_id, str) and call_id else f"call_{index}",
         "type": "function",
-        "function": {"name": function.get("name") or "", "arguments": arguments},
+        "function": {"name": name if isinstance(name, str) else "", "arguments": arguments},
     }
 
 
-def subagent_messages(goal: str, context: str | None) -> list[dict[str, Any]]:
+def subagent_messages(goal: str, context: str | None) -> list[ChatMessage]:
     task = f"Goal: {goal}"
     if context:
         task += f"\n\nContext:\n{context}"

@@ -23,6 +23,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from agent.messages import JSONObject
+
 WAKE_MARKER = "[reveille:wake]"
 WAKE_DATA_MARKER = "[reveille:wake-data]"
 DELIVERY_MARKER = "[reveille:delivery]"
@@ -86,10 +88,10 @@ def wake_data_line(metadata: Mapping[str, Any]) -> str:
     )
 
 
-def read_wake_data(text: str) -> list[dict[str, Any]]:
+def read_wake_data(text: str) -> list[JSONObject]:
     """The structured summaries of the WAKE_DATA_MARKER lines in ``text``, in order; lines
     that do not hold a JSON object are skipped."""
-    found: list[dict[str, Any]] = []
+    found: list[JSONObject] = []
     for line in text.splitlines():
         stripped = line.strip()
         if not stripped.startswith(WAKE_DATA_MARKER):

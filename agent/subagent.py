@@ -27,10 +27,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
-from agent.loop import Agent, AgentResult, subagent_messages
-from agent.providers.base import ModelProvider, ModelReply
+from agent.loop import Agent, AgentResult, complete_keywords, subagent_messages
+from agent.messages import ChatMessage, ToolSchema
+from agent.providers.base import DeltaCallback, ModelOptions, ModelProvider, ModelReply
 from agent.tools import ConfirmCallback, ToolContext, ToolRegistry
 
 # What a stopped run reports of its tool calls: bounded, so a chatty tool cannot make the
@@ -41,6 +42,23 @@ _RESULT_CHARS = 2000
 # How long a cancelled run gets to unwind (kill its command, close its model call).
 _CANCEL_GRACE_SECONDS = 5.0
 _STOPPED = object()  # what a run told to stop ends with
+
+
+class ToolCount(TypedDict):
+    """How often a sub-agent called one of its tools."""
+
+    name: str
+    calls: int
+
+
+class SubagentOutcome(TypedDict, total=False):
+    """What ``run_subagent`` returns: the runner result a delegation records."""
+
+    status: str  # "completed", "failed", "interrupted" or "stalled"
+    summary: str
+    error: str
+    step_limit_reached: bool
+    tools_used: list[ToolCount]
 
 
 @dataclass
@@ -75,7 +93,7 @@ class _Watch:
             with contextlib.suppress(Exception):  # a report never stops the run
                 self.report(doing, output)
 
-    def tools_used(self) -> list[dict[str, Any]]:
+    def tools_used(self) -> list[ToolCount]:
         counts: dict[str, int] = {}
         for call in self.calls:
             # A call to a tool it was not given is an error the model read, not a use.
@@ -119,10 +137,16 @@ class _WatchedProvider:
         self._watch = watch
 
     async def complete(
-        self, messages: list[dict[str, Any]], **kwargs: Any
-    ) -> ModelReply:  # the ModelProvider protocol, passing keywords on as given
+        self,
+        messages: list[ChatMessage],
+        *,
+        tools: list[ToolSchema] | None = None,
+        on_delta: DeltaCallback | None = None,
+        options: ModelOptions | None = None,
+    ) -> ModelReply:  # the ModelProvider protocol, passing keywords on only when set
         self._watch.move("waiting for the model")
-        reply = await self._inner.complete(messages, **kwargs)
+        extra = complete_keywords(on_delta, options)
+        reply = await self._inner.complete(messages, tools=tools, **extra)
         if reply.content:
             self._watch.texts.append(reply.content)
         self._watch.move("after the model answered", reply.content)
@@ -226,7 +250,7 @@ def run_subagent(
     stop: StopSignal | None = None,
     approvals_bounded: bool = False,
     progress: ProgressReport | None = None,
-) -> dict[str, Any]:
+) -> SubagentOutcome:
     """Run a sub-agent to its end on the calling thread (see the module docstring); never
     raises. ``ctx`` must be one whose hooks may be called from this thread
     (``ToolContext.on_loop``); ``stall_seconds`` None: no stall limit. With
@@ -282,7 +306,7 @@ def _outcome(
     *,
     max_steps: int,
     stall_seconds: float | None,
-) -> dict[str, Any]:
+) -> SubagentOutcome:
     if result is _STOPPED:
         return _with_what_it_had(
             {"status": "interrupted", "error": "the sub-agent was told to stop"},
@@ -307,7 +331,7 @@ def _outcome(
     return {"status": "completed", "summary": result.content}
 
 
-def _with_what_it_had(outcome: dict[str, Any], watch: _Watch, when: str) -> dict[str, Any]:
+def _with_what_it_had(outcome: SubagentOutcome, watch: _Watch, when: str) -> SubagentOutcome:
     if had := watch.so_far():
         outcome["summary"] = f"What the sub-agent had {when}:\n\n{had}"
     return outcome
@@ -341,7 +365,7 @@ def run_subagent_sync(
     stop: StopSignal | None = None,
     approvals_bounded: bool = False,
     progress: ProgressReport | None = None,
-) -> dict[str, Any]:
+) -> SubagentOutcome:
     """Run a sub-agent to completion on the calling thread; never raises.
 
     Meant for worker threads, which have no event loop: it starts its own. With ``tools``

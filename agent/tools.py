@@ -16,6 +16,8 @@ from typing import Any
 
 from opentelemetry import trace
 
+from agent.messages import JSONObject, ToolSchema
+
 logger = logging.getLogger(__name__)
 
 
@@ -57,7 +59,7 @@ class ToolContext:
     session_key: str | None = None
     origin_ui_session_id: str | None = None
     platform: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JSONObject = field(default_factory=dict)
     before_background: Callable[[], Awaitable[None]] | None = None
     on_progress: ProgressCallback | None = None
     """Told when each tool call starts and ends, so a surface can show tool steps live."""
@@ -144,7 +146,9 @@ def _confirm_on_loop(
     return _ConfirmOnLoop(confirm, loop)
 
 
-ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable["str | dict[str, Any]"]]
+ToolHandler = Callable[[JSONObject, ToolContext], Awaitable["str | JSONObject"]]
+"""(the arguments object the model sent, where the call comes from) -> the result: text,
+or a JSON object the registry writes out."""
 
 
 @dataclass
@@ -153,7 +157,7 @@ class Tool:
 
     name: str
     description: str
-    parameters: dict[str, Any]
+    parameters: JSONObject
     handler: ToolHandler
     toolset: str | None = None
     """The group a delegation names to hand this tool to a sub-agent; None: its own name."""
@@ -162,7 +166,7 @@ class Tool:
     def toolset_name(self) -> str:
         return self.toolset or self.name
 
-    def schema(self) -> dict[str, Any]:
+    def schema(self) -> ToolSchema:
         return {
             "type": "function",
             "function": {
@@ -177,9 +181,11 @@ def tool_error(message: str) -> str:
     return json.dumps({"error": message}, ensure_ascii=False)
 
 
-def _missing_required(tool: Tool, args: dict[str, Any]) -> list[str]:
-    required = tool.parameters.get("required") or []
-    return [key for key in required if args.get(key) is None]
+def _missing_required(tool: Tool, args: JSONObject) -> list[str]:
+    required = tool.parameters.get("required")
+    if not isinstance(required, list):
+        return []
+    return [key for key in required if isinstance(key, str) and args.get(key) is None]
 
 
 class ToolRegistry:
@@ -187,7 +193,7 @@ class ToolRegistry:
 
     def __init__(self, tools: list[Tool] | None = None) -> None:
         self._tools: dict[str, Tool] = {}
-        self._schemas: list[dict[str, Any]] | None = None
+        self._schemas: list[ToolSchema] | None = None
         for tool in tools or []:
             self.register(tool)
 
@@ -219,7 +225,7 @@ class ToolRegistry:
     def __contains__(self, name: object) -> bool:
         return name in self._tools
 
-    def schemas(self) -> list[dict[str, Any]]:
+    def schemas(self) -> list[ToolSchema]:
         """The tools in the chat-completions `tools` request format."""
         # Asked for on every model call; rebuilt only when the registry changes.
         if self._schemas is None:

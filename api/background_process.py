@@ -23,11 +23,12 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import tools.async_delegation as ad
+from agent.messages import JSONObject
 from api import config as cfg
 from api import process_event_utils as peu
 from api.turn_answers import TurnRefused
@@ -88,7 +89,7 @@ def classify_turn_answer(answer: Any) -> Verdict:
     return Verdict(accepted=False, retryable=refused.refund, busy=refused.busy, reason=reason)
 
 
-def route_session(evt: dict[str, Any]) -> str | None:
+def route_session(evt: Mapping[str, Any]) -> str | None:
     """The web UI session a completion belongs to, or None when it is not the web UI's."""
     origin = evt.get("origin_ui_session_id")
     if isinstance(origin, str) and origin:
@@ -103,7 +104,7 @@ def route_session(evt: dict[str, Any]) -> str | None:
     return None
 
 
-def work_id(evt: dict[str, Any]) -> str:
+def work_id(evt: Mapping[str, Any]) -> str:
     """The ledger id a completion is delivered by (its delegation's, else its delivery's)."""
     for field in ("delegation_id", "delivery_id", "process_id"):
         value = evt.get(field)
@@ -131,7 +132,7 @@ def cancel_unit(unit_id: str) -> CancelOutcome | None:
     return None if outcome.status == NOT_FOUND else outcome
 
 
-def defer(session_id: str, evt: dict[str, Any]) -> None:
+def defer(session_id: str, evt: JSONObject) -> None:
     """Park a wake-up until its session is free; its ledger row stays pending (unclaimed)."""
     with cfg.MAPS_LOCK:
         cfg.DEFERRED_PROCESS_WAKEUPS.setdefault(session_id, {})[work_id(evt)] = evt
@@ -142,7 +143,7 @@ def _routes() -> Any:
 
 
 def handle_completion(
-    evt: dict[str, Any], text: str, *, process_registry: Any, consumer: str = CONSUMER
+    evt: JSONObject, text: str, *, process_registry: Any, consumer: str = CONSUMER
 ) -> str:
     """Route, check busy, claim and start the wake-up; returns what happened."""
     session_id = route_session(evt)
@@ -170,7 +171,7 @@ def _start_async_delegation_wakeup_turn(
     text: str,
     *,
     delegation_id: str,
-    evt: dict[str, Any],
+    evt: JSONObject,
     claim: str,
     process_registry: Any,
 ) -> threading.Thread:
@@ -189,7 +190,7 @@ def _run_wakeup(
     session_id: str,
     text: str,
     delegation_id: str,
-    evt: dict[str, Any],
+    evt: JSONObject,
     claim: str,
     process_registry: Any,
 ) -> None:

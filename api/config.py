@@ -11,21 +11,25 @@ go through ``remember``, ``index_session`` and ``add_card``.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TypeVar
+
+from agent.messages import JSONObject
+
+_V = TypeVar("_V")
 
 MAPS_LOCK = threading.RLock()
 
 PROCESS_SESSION_INDEX: dict[str, str] = {}
 """Background work id (``proc_...``, ``deleg_...``) -> the web UI session that started it."""
 
-PENDING_BG_TASK_COMPLETIONS: dict[str, list[dict[str, Any]]] = {}
+PENDING_BG_TASK_COMPLETIONS: dict[str, list[JSONObject]] = {}
 """Web UI session id -> completions that landed while no tab was looking (toast, unread)."""
 
 BG_TASK_COMPLETE_EVENTS_SEEN: dict[str, float] = {}
 """Delivery id -> when this process started its wake-up turn. Diagnostics only: what keeps a
 wake-up from running twice is the ledger's claim and the turn keyed by its delivery id."""
 
-DEFERRED_PROCESS_WAKEUPS: dict[str, dict[str, dict[str, Any]]] = {}
+DEFERRED_PROCESS_WAKEUPS: dict[str, dict[str, JSONObject]] = {}
 """Web UI session id -> {delivery id: event} of wake-ups waiting for the session to be free
 (a running turn, a pending approval); their ledger rows stay pending, so a restart re-offers
 them."""
@@ -47,7 +51,7 @@ __all__ = [
 ]
 
 
-def _bound(mapping: dict[str, Any]) -> None:
+def _bound(mapping: dict[str, _V]) -> None:
     # Dicts keep insertion order: the first keys are the oldest.
     while len(mapping) > MAX_ENTRIES:
         del mapping[next(iter(mapping))]
@@ -70,7 +74,7 @@ def index_session(work_id: str, session_id: str) -> None:
         _bound(PROCESS_SESSION_INDEX)
 
 
-def add_card(session_id: str, card: dict[str, Any]) -> None:
+def add_card(session_id: str, card: JSONObject) -> None:
     """A completion that landed while no tab looked; the newest ``MAX_CARDS`` are kept."""
     with MAPS_LOCK:
         cards = PENDING_BG_TASK_COMPLETIONS.setdefault(session_id, [])

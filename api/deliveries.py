@@ -16,9 +16,8 @@ event loop.
 
 from __future__ import annotations
 
-from typing import Any
-
 import tools.async_delegation as ad
+from agent.messages import JSONObject
 from api.views import background_view, delivery_view
 from delivery.errors import InvalidTransitionError, UnknownDeliveryError
 from delivery.ledger import Ledger
@@ -58,13 +57,13 @@ def _ledger() -> Ledger:
     return ledger
 
 
-def _view(ledger: Ledger, row: LedgerRow) -> dict[str, Any]:
+def _view(ledger: Ledger, row: LedgerRow) -> JSONObject:
     return delivery_view(row, max_attempts=ledger.policy.max_attempts)
 
 
 def list_deliveries(
     state: str | None, q: str, limit: int = 200, *, webui_only: bool = False
-) -> list[dict[str, Any]]:
+) -> list[JSONObject]:
     """The rows the page lists, newest first (see the module docstring for the search)."""
     ledger = _ledger()
     needle = q.strip()
@@ -119,7 +118,7 @@ def of_webui(delivery_id: str) -> bool:
     return row is None or _of_webui(row)
 
 
-def unfinished_work(session_id: str, limit: int = 20) -> list[dict[str, Any]]:
+def unfinished_work(session_id: str, limit: int = 20) -> list[JSONObject]:
     """The session's background work that has not finished yet (queued or running), oldest
     first."""
     ledger = _ledger()
@@ -134,7 +133,7 @@ def unfinished_work(session_id: str, limit: int = 20) -> list[dict[str, Any]]:
     return [background_view(row) for row in rows[:limit]]
 
 
-def get(delivery_id: str) -> dict[str, Any]:
+def get(delivery_id: str) -> JSONObject:
     ledger = _ledger()
     try:
         row = ledger.get(delivery_id)
@@ -146,7 +145,7 @@ def get(delivery_id: str) -> dict[str, Any]:
     return _view(ledger, row)
 
 
-def redeliver(delivery_id: str) -> dict[str, Any]:
+def redeliver(delivery_id: str) -> JSONObject:
     ledger = _ledger()
     get(delivery_id)
     try:
@@ -157,7 +156,7 @@ def redeliver(delivery_id: str) -> dict[str, Any]:
     return get(delivery_id)
 
 
-def drop(delivery_id: str) -> dict[str, Any]:
+def drop(delivery_id: str) -> JSONObject:
     ledger = _ledger()
     row = get(delivery_id)
     if not ledger.drop(delivery_id, DROP_REASON):

@@ -23,11 +23,12 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from agent.messages import JSONObject
 from delivery.notifier import Subscription as Pokes
 from delivery.webui_state import StoredEvent, ToolStep, WebUIStateBackend
 
@@ -47,7 +48,7 @@ class LoggedEvent:
 
     id: int
     type: str
-    data: dict[str, Any]
+    data: JSONObject
 
     def sse(self) -> bytes:
         """The event in Server-Sent-Events framing (JSON data: never live HTML)."""
@@ -137,7 +138,7 @@ class EventLog:
 
     # ----------------------------------------------------------------- events
 
-    async def append(self, type_: str, data: dict[str, Any]) -> LoggedEvent:
+    async def append(self, type_: str, data: Mapping[str, object]) -> LoggedEvent:
         """Write the event and publish it to every live stream of every server; returns it
         with its id."""
         text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)

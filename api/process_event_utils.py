@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -38,7 +38,7 @@ def _release_accepts_retryable(release: Callable[..., Any]) -> bool:
     )
 
 
-def claim_async_delegation_delivery(evt: dict[str, Any], consumer: str) -> str | None:
+def claim_async_delegation_delivery(evt: Mapping[str, Any], consumer: str) -> str | None:
     """A claim on ``evt``'s delivery, or None when another consumer holds it or it is settled."""
     try:
         claim = _core().claim_event_delivery(evt, consumer)
@@ -48,13 +48,15 @@ def claim_async_delegation_delivery(evt: dict[str, Any], consumer: str) -> str |
     return claim if isinstance(claim, str) else None
 
 
-def complete_async_delegation_delivery(evt: dict[str, Any], claim: str) -> bool:
+def complete_async_delegation_delivery(evt: Mapping[str, Any], claim: str) -> bool:
     """Acknowledge: the wake-up turn was accepted. False when the claim had lapsed."""
     result = _core().complete_event_delivery(evt, claim)
     return result is not False
 
 
-def release_async_delegation_delivery(evt: dict[str, Any], claim: str, *, retryable: bool) -> None:
+def release_async_delegation_delivery(
+    evt: Mapping[str, Any], claim: str, *, retryable: bool
+) -> None:
     """Give the claim back; ``retryable`` refunds the attempt where the core can."""
     release = _core().release_event_delivery
     if _release_accepts_retryable(release):

@@ -16,13 +16,15 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
+from agent.messages import JSONObject
+
 __all__ = ["SessionTurns", "bind", "session_is_busy", "start_session_turn", "unbind"]
 
 
 class SessionTurns(Protocol):
     """What the web UI server provides to start turns from outside a request."""
 
-    def start_turn(self, session_id: str, text: str, *, source: str) -> dict[str, Any]: ...
+    def start_turn(self, session_id: str, text: str, *, source: str) -> JSONObject: ...
 
     def is_busy(self, session_id: str) -> bool: ...
 
@@ -49,11 +51,11 @@ def _current() -> SessionTurns | None:
         return _bound
 
 
-def refusal(status: int, error: str, **extra: Any) -> dict[str, Any]:
+def refusal(status: int, error: str, **extra: Any) -> JSONObject:
     return {"_status": status, "error": error, **extra}
 
 
-def start_session_turn(session_id: str, text: str, *, source: str = "webui") -> dict[str, Any]:
+def start_session_turn(session_id: str, text: str, *, source: str = "webui") -> JSONObject:
     """Start a turn in a web UI session; see the module docstring for the answers."""
     if not isinstance(text, str) or not text.strip():
         return refusal(400, "message is required")

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+
+from agent.messages import JSONObject
 
 __all__ = ["TurnAccepted", "TurnAnswer", "TurnRefused"]
 
@@ -34,7 +35,7 @@ class TurnAccepted:
     turn_id: str
     stored: Awaitable[bool] | None = field(default=None, compare=False, repr=False)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"stream_id": self.stream_id, "session_id": self.session_id, "turn_id": self.turn_id}
 
 
@@ -60,8 +61,8 @@ class TurnRefused:
         paused = self.status == 409 and PAUSED in (self.kind, self.error)
         return self.retryable or paused or self.busy
 
-    def as_dict(self) -> dict[str, Any]:
-        answer: dict[str, Any] = {"_status": self.status, "error": self.error}
+    def as_dict(self) -> JSONObject:
+        answer: JSONObject = {"_status": self.status, "error": self.error}
         if self.kind is not None:
             answer["type"] = self.kind
         if self.retryable:
@@ -71,7 +72,7 @@ class TurnRefused:
         return answer
 
     @classmethod
-    def from_dict(cls, answer: dict[str, Any]) -> TurnRefused:
+    def from_dict(cls, answer: JSONObject) -> TurnRefused:
         """A refusal in the dict shape (anything without ``_status`` reads as a 500)."""
         status = answer.get("_status")
         kind, stream = answer.get("type"), answer.get("active_stream_id")

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from agent.markers import read_wake_data
+from agent.messages import JSONObject
 from api.event_log import ToolStep
 from delivery.cancel import Progress
 from delivery.rows import LedgerRow
@@ -63,7 +64,7 @@ class WakeupCard:
     exit_code: int | None
     results: tuple[WakeupCard, ...] = ()
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         out = asdict(self)
         out["results"] = [card.as_dict() for card in self.results]
         return out
@@ -153,7 +154,7 @@ def session_source(record: SessionRecord) -> str:
     return Platform.API_SERVER.value
 
 
-def session_view(record: SessionRecord, *, unread: bool, busy: bool) -> dict[str, Any]:
+def session_view(record: SessionRecord, *, unread: bool, busy: bool) -> JSONObject:
     source = session_source(record)
     return {
         "id": record.id,
@@ -168,7 +169,7 @@ def session_view(record: SessionRecord, *, unread: bool, busy: bool) -> dict[str
     }
 
 
-def snippet_parts(snippet: str) -> list[dict[str, Any]]:
+def snippet_parts(snippet: str) -> list[JSONObject]:
     """A search snippet as pieces of text, ``hit`` for the matched words: the browser shows
     each as text (the marks never reach it)."""
     first, *rest = snippet.split(SNIPPET_START)
@@ -179,7 +180,7 @@ def snippet_parts(snippet: str) -> list[dict[str, Any]]:
     return [{"text": text.replace(SNIPPET_END, ""), "hit": hit} for text, hit in pieces if text]
 
 
-def search_view(hit: MessageHit, record: SessionRecord) -> dict[str, Any]:
+def search_view(hit: MessageHit, record: SessionRecord) -> JSONObject:
     """A message a search found, with its session's title and source to show beside it."""
     return {
         "session_id": hit.session_id,
@@ -188,11 +189,11 @@ def search_view(hit: MessageHit, record: SessionRecord) -> dict[str, Any]:
         "message_id": f"m{hit.message_id}",
         "role": hit.role,
         "created_at": hit.created_at,
-        "snippet": snippet_parts(hit.snippet),
+        "snippet": [*snippet_parts(hit.snippet)],
     }
 
 
-def _tool_item(step: ToolStep) -> dict[str, Any]:
+def _tool_item(step: ToolStep) -> JSONObject:
     return {
         "kind": "tool",
         "id": f"t{step.id}",
@@ -202,7 +203,7 @@ def _tool_item(step: ToolStep) -> dict[str, Any]:
     }
 
 
-def _expired_approval(meta: Mapping[str, Any]) -> dict[str, Any]:
+def _expired_approval(meta: Mapping[str, Any]) -> JSONObject:
     return {
         "id": _text(meta.get("approval_id")),
         "command": _text(meta.get("command")),
@@ -215,13 +216,13 @@ def transcript_items(
     messages: Iterable[MessageRecord],
     tool_steps: Sequence[ToolStep] = (),
     live_streams: Collection[str] = (),
-) -> list[dict[str, Any]]:
+) -> list[JSONObject]:
     """A stored transcript as the protocol's items, in order. A turn's tool steps go right
     before its reply; steps of the turn running now come last. A user's message kept before
     its turn ran (``pending``: its stream) is hidden while that stream is live (the running
     turn shows it) and once what the turn stored stands in its place; otherwise its server
     died before answering, and it shows failed."""
-    items: list[dict[str, Any]] = []
+    items: list[JSONObject] = []
     after_wake = False
     pinned: dict[int, list[ToolStep]] = {}
     running: list[ToolStep] = []
@@ -279,7 +280,7 @@ def transcript_items(
         if isinstance(pending, str) and pending in live_streams:
             continue  # its turn runs now
         role = "assistant" if row.role == "assistant" else "user"
-        item: dict[str, Any] = {
+        item: JSONObject = {
             "kind": "message",
             "id": row_id,
             "role": role,
@@ -290,7 +291,7 @@ def transcript_items(
         if isinstance(meta, Mapping) and meta.get("stopped"):
             item["stopped"] = True
         if images := stored_images(meta):
-            item["images"] = images
+            item["images"] = [{**image} for image in images]
         if meta.get("superseded"):
             item["superseded"] = _text(meta["superseded"])
         if meta.get("edited"):
@@ -317,7 +318,7 @@ DELIVERY_TITLES = {
 _RESULT_KINDS = frozenset({"async_delegation_complete"})
 
 
-def delivery_item(row: MessageRecord) -> dict[str, Any]:
+def delivery_item(row: MessageRecord) -> JSONObject:
     """A delivery row as its transcript item: a background result (a sub-agent's or a
     process's, ``display_kind`` ``async_delegation_complete``) as its wake-up card; any
     other kind as a ``delivery`` item with a heading, its text and the command it names."""
@@ -355,7 +356,7 @@ def _retried(failed: MessageRecord, after: Sequence[MessageRecord]) -> bool:
     return any(m.role == "user" and m.content == failed.content for m in after)
 
 
-def background_view(row: LedgerRow) -> dict[str, Any]:
+def background_view(row: LedgerRow) -> JSONObject:
     """Unfinished background work of a session, as the chat's progress strip shows it: with
     the step and last output line the server running it last wrote."""
     progress = Progress.from_column(row.progress) if row.state == "running" else None
@@ -370,7 +371,7 @@ def background_view(row: LedgerRow) -> dict[str, Any]:
     }
 
 
-def delivery_view(row: LedgerRow, *, max_attempts: int) -> dict[str, Any]:
+def delivery_view(row: LedgerRow, *, max_attempts: int) -> JSONObject:
     """A ledger row as the Deliveries page shows it."""
     session = row.origin_ui_session_id or row.origin_session_id or row.session_key
     last_error = row.settled_reason if row.delivery_state == "dropped" else None

@@ -21,7 +21,15 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from delivery.notifier import Notifier
 from delivery.peers import ServerRecord
-from delivery.rows import FIELDS, LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
+from delivery.rows import (
+    FIELDS,
+    AuditEntry,
+    LedgerRow,
+    PendingCounts,
+    PrunedRow,
+    RowQuery,
+    SettledRow,
+)
 from delivery.write_future import WriteFuture
 
 T = TypeVar("T")
@@ -129,7 +137,7 @@ class LedgerViews(Protocol):
     def query(self, query: RowQuery) -> list[LedgerRow]:
         """Rows matching ``query`` (see ``RowQuery``)."""
 
-    def audit_log(self, row_id: str) -> list[dict[str, Any]]:
+    def audit_log(self, row_id: str) -> list[AuditEntry]:
         """The row's audit entries (``at``, ``action``, ``detail``), oldest first."""
 
     def servers(self) -> list[ServerRecord]:

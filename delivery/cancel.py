@@ -17,11 +17,13 @@ column, throttled by its writer, so that every server sharing the store can show
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from delivery.backend import LedgerViews
 from delivery.events import ASYNC_DELEGATION, PROCESS_COMPLETION, TIMER_KIND, WAIT_KIND
+from delivery.json_types import JSONObject
 from delivery.rows import LedgerRow, RowQuery
 from delivery.states import ACTIVE_STATES, State
 
@@ -57,9 +59,9 @@ class CancelOutcome:
     state: str | None = None
     kind: str | None = None
     owner: str | None = None
-    event: dict[str, Any] | None = None
+    event: JSONObject | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {"id": self.id, "status": self.status, "state": self.state, "kind": self.kind}
 
 
@@ -92,7 +94,7 @@ class Progress:
         """This report with ``newer``'s fields where it has them."""
         return Progress(newer.step or self.step, newer.line or self.line, newer.at or self.at)
 
-    def as_column(self) -> dict[str, Any]:
+    def as_column(self) -> JSONObject:
         return {"step": self.step, "line": self.line, "at": self.at}
 
 
@@ -126,7 +128,7 @@ def is_active(state: str | None) -> bool:
     return state is not None and State(state) in ACTIVE_STATES
 
 
-def is_waiting(row: dict[str, Any], now: float) -> bool:
+def is_waiting(row: Mapping[str, Any], now: float) -> bool:
     """A completion stored to be delivered later (a timer not due yet), unclaimed: it can
     still be cancelled, although its work (setting it) has ended."""
     not_before = row.get("not_before")
@@ -138,13 +140,13 @@ def is_waiting(row: dict[str, Any], now: float) -> bool:
     )
 
 
-def cancelled_event(row: dict[str, Any], by: str, now: float) -> dict[str, Any]:
+def cancelled_event(row: Mapping[str, Any], by: str, now: float) -> JSONObject:
     """The completion event of work stopped by ``by`` (who, on which surface): the notice
     the conversation gets, restating what was stopped."""
     request = dict(row.get("request") or {})
     kind = row.get("kind")
     started = row.get("started_at")
-    event: dict[str, Any] = {
+    event: JSONObject = {
         **request,
         "delegation_id" if kind == "delegation" else "delivery_id": row["id"],
         "status": State.CANCELLED.value,
@@ -220,7 +222,7 @@ class BackgroundUnit:
             progress_at=progress.at,
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {name: getattr(self, name) for name in self.__slots__}
 
 

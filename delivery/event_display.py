@@ -26,6 +26,7 @@ from delivery.events import (
     is_ledger_mark,
     parse_event,
 )
+from delivery.json_types import JSONObject
 
 __all__ = ["display_metadata"]
 
@@ -100,10 +101,10 @@ def _number(value: Any) -> Any:
     return _text_preview(value, 64)
 
 
-def _delegation_metadata(event: DelegationEvent | DelegationBatchEvent) -> dict[str, Any]:
+def _delegation_metadata(event: DelegationEvent | DelegationBatchEvent) -> JSONObject:
     counts = delegation_counts(event)
     status = event.status or ("completed" if counts["failed"] == 0 else "failed")
-    meta: dict[str, Any] = {
+    meta: JSONObject = {
         "delegation_id": event.delegation_id,
         "status": status,
         **counts,
@@ -138,7 +139,7 @@ def _delegation_metadata(event: DelegationEvent | DelegationBatchEvent) -> dict[
     return meta
 
 
-def _process_metadata(event: ProcessCompletionEvent) -> dict[str, Any]:
+def _process_metadata(event: ProcessCompletionEvent) -> JSONObject:
     return {
         "delivery_id": event.delivery_id,
         "process_id": _text_preview(event.process_id, 128),
@@ -153,8 +154,8 @@ def _process_metadata(event: ProcessCompletionEvent) -> dict[str, Any]:
     }
 
 
-def _wakeup_metadata(event: ScheduledWakeupEvent) -> dict[str, Any]:
-    inbound: dict[str, object] = {}
+def _wakeup_metadata(event: ScheduledWakeupEvent) -> JSONObject:
+    inbound: JSONObject = {}
     if isinstance(event, InboundWakeupEvent):
         inbound = {
             "hook": _text_preview(event.hook, 128),
@@ -174,14 +175,14 @@ def _wakeup_metadata(event: ScheduledWakeupEvent) -> dict[str, Any]:
     }
 
 
-def _pruned(item: dict[str, Any]) -> dict[str, Any]:
+def _pruned(item: JSONObject) -> JSONObject:
     return {k: v for k, v in item.items() if v is not None}
 
 
 _KEEP_WHEN_NONE = frozenset({"delegation_id", "goal", "dispatched_at", "completed_at"})
 
 
-def display_metadata(evt: Any) -> dict[str, Any]:
+def display_metadata(evt: Any) -> JSONObject:
     """A small JSON-safe summary of a completion, stored beside its wake text.
 
     Keys: ``kind``, ``type``, the ids (``delegation_id`` | ``delivery_id``/``process_id`` |
@@ -194,7 +195,7 @@ def display_metadata(evt: Any) -> dict[str, Any]:
     anything else.
     """
     event = parse_event(evt)
-    meta: dict[str, Any] = {"kind": event.kind, "type": _text_preview(event.type, 64)}
+    meta: JSONObject = {"kind": event.kind, "type": _text_preview(event.type, 64)}
     work = event.work if isinstance(event, AbandonedWork) else event
     if isinstance(work, DelegationEvent | DelegationBatchEvent):
         meta.update(_delegation_metadata(work))
@@ -207,9 +208,10 @@ def display_metadata(evt: Any) -> dict[str, Any]:
         meta["delivery_id"] = _text_preview(delivery_id(event, strict=False), 128)
         meta["status"] = _text_preview(event.status, 64)
         meta["error"] = _text_preview(event.error, _TEXT_PREVIEW_CHARS)
-        meta["fields"] = sorted(
+        fields = sorted(
             _safe_str(k) for k, v in event.raw.items() if k != "type" and not is_ledger_mark(k, v)
-        )[:50]
+        )
+        meta["fields"] = [*fields[:50]]
     if isinstance(event, AbandonedWork):
         meta["abandoned"] = True
         meta["work_kind"] = work.kind if work is not None else "generic"

@@ -37,7 +37,9 @@ import copy
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypedDict
+
+from delivery.json_types import JSONObject
 
 __all__ = [
     "ASYNC_DELEGATION",
@@ -145,7 +147,7 @@ def _is_success(status: Any) -> bool:
     return isinstance(status, str) and status.strip().lower() in SUCCESS_STATUSES
 
 
-def _shallow(raw: Mapping[Any, Any]) -> dict[str, Any]:
+def _shallow(raw: Mapping[Any, Any]) -> JSONObject:
     return {k if isinstance(k, str) else str(k): v for k, v in raw.items()}
 
 
@@ -171,7 +173,7 @@ class CompletionEvent:
 
     kind: EventKind = field(default="generic", init=False)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The wire dict: ``raw`` unchanged, plus any field changed since parsing (under its
         canonical key)."""
         try:
@@ -210,7 +212,7 @@ class CompletionEvent:
         return dict(self.raw) if self.raw else self.to_dict()
 
 
-def _put(out: dict[str, Any], name: str, value: Any) -> None:
+def _put(out: JSONObject, name: str, value: Any) -> None:
     if name == "restored":
         if value:
             out["restored"] = out["_restored"] = True
@@ -401,7 +403,33 @@ def is_ledger_mark(key: object, value: object) -> bool:
 # -- parsing -----------------------------------------------------------------------------------
 
 
-def _common(raw: Mapping[str, Any]) -> dict[str, Any]:
+class _CommonFields(TypedDict):
+    """The keyword arguments of ``CompletionEvent`` that every parser fills."""
+
+    type: str | None
+    status: str | None
+    session_key: str | None
+    origin_session_id: str | None
+    origin_ui_session_id: str | None
+    dispatched_at: Any
+    completed_at: Any
+    error: Any
+    restored: bool
+    raw: Mapping[str, Any]
+
+
+class _DelegationCommonFields(_CommonFields):
+    """``_CommonFields`` and those of ``_DelegationFields``."""
+
+    delegation_id: str | None
+    context: Any
+    toolsets: tuple[str, ...]
+    role: Any
+    model: Any
+    parent_session_id: str | None
+
+
+def _common(raw: Mapping[str, Any]) -> _CommonFields:
     kind = raw.get("type")
     status = raw.get("status")
     return {
@@ -426,7 +454,7 @@ def _toolsets(value: Any) -> tuple[str, ...]:
     return ()
 
 
-def _delegation_common(raw: Mapping[str, Any]) -> dict[str, Any]:
+def _delegation_common(raw: Mapping[str, Any]) -> _DelegationCommonFields:
     return {
         **_common(raw),
         "delegation_id": _opt_str(raw.get("delegation_id")),

@@ -38,7 +38,7 @@ from delivery.policy import DeliveryPolicy
 from delivery.recovery import abandoned_event, redeliver_op, reoffer_op
 from delivery.recovery import settle_changes as _settle
 from delivery.roster import ServerRoster
-from delivery.rows import LedgerRow, PrunedRow, RowQuery
+from delivery.rows import AuditEntry, LedgerRow, PrunedRow, RowQuery
 from delivery.states import ACTIVE_STATES, DeliveryState, State, can_transition
 from delivery.steady import SteadyWall, boot_clock
 from delivery.write_future import WriteFuture
@@ -709,7 +709,7 @@ class Ledger:
         """Rows matching ``query`` (every filter given; newest first unless asked)."""
         return self.views.query(query)
 
-    def history(self, row_id: str) -> list[dict[str, Any]]:
+    def history(self, row_id: str) -> list[AuditEntry]:
         return self.views.audit_log(_check_id(row_id))
 
     def next_due_at(self) -> float | None:

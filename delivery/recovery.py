@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Collection
-from typing import Any
 
 from delivery.backend import LedgerTx
 from delivery.errors import InvalidTransitionError, UnknownDeliveryError
 from delivery.events import ASYNC_DELEGATION, PROCESS_COMPLETION
 from delivery.identity import holder_is_dead
+from delivery.json_types import JSONObject
 from delivery.policy import DeliveryPolicy
 from delivery.rows import LedgerRow
 from delivery.states import DeliveryState, State
 
 
-def mark_reoffered(
-    event: dict[str, Any], reason: str, at: float, *, first: bool = False
-) -> dict[str, Any]:
+def mark_reoffered(event: JSONObject, reason: str, at: float, *, first: bool = False) -> JSONObject:
     """A copy of ``event`` marked as offered again (``restored`` and ``_restored`` True, the
     reason and the time), so no unrelated session adopts it. The stored event is unchanged.
     ``first``: no consumer ever took it before (``_first_offer``): a notice another process
@@ -42,7 +40,7 @@ def mark_reoffered(
     return marked
 
 
-def abandoned_event(row: LedgerRow, state: str, now: float) -> dict[str, Any]:
+def abandoned_event(row: LedgerRow, state: str, now: float) -> JSONObject:
     """The completion event of work whose owner process died before it finished."""
     request = dict(row.request or {})
     never_started = state == State.INTERRUPTED
@@ -71,7 +69,7 @@ _PENDING = DeliveryState.PENDING.value
 _DROPPED = DeliveryState.DROPPED.value
 
 
-def settle_changes(state: str, now: float, reason: str) -> dict[str, Any]:
+def settle_changes(state: str, now: float, reason: str) -> JSONObject:
     """The changes that settle a pending row as ``state`` (delivered or dropped)."""
     return {
         "delivery_state": state,
@@ -93,7 +91,7 @@ def reoffer_op(
     lapsed: Collection[str] = (),
     *,
     replay_now: float | None = None,
-) -> Callable[[LedgerTx], list[dict[str, Any]]]:
+) -> Callable[[LedgerTx], list[JSONObject]]:
     """The operation of a restore or orphan re-offer (``reason``) of ``candidates``.
 
     ``identity`` becomes the holder of each row it offers again; rows under a live claim of
@@ -103,7 +101,7 @@ def reoffer_op(
     """
     age_now = now if replay_now is None else replay_now
 
-    def op(tx: LedgerTx) -> list[dict[str, Any]]:
+    def op(tx: LedgerTx) -> list[JSONObject]:
         offered = []
         free = tx.lock_free([row.id for row in candidates])
         for row in candidates:

@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TypedDict
 
+from delivery.json_types import JSONObject
 from delivery.session_backend import search_terms
 
-__all__ = ["LedgerRow", "PendingCounts", "PrunedRow", "RowQuery", "SettledRow"]
+__all__ = ["AuditEntry", "LedgerRow", "PendingCounts", "PrunedRow", "RowQuery", "SettledRow"]
+
+
+class AuditEntry(TypedDict):
+    """One entry of a row's audit log (``LedgerViews.audit_log``)."""
+
+    at: float
+    action: str
+    detail: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +41,8 @@ class LedgerRow:
     origin_ui_session_id: str | None
     goal: str | None
     # JSON columns: the work's request until it finishes, then its completion event
-    request: dict[str, Any] | None
-    event: dict[str, Any] | None
+    request: JSONObject | None
+    event: JSONObject | None
     owner: str | None
     holder: str | None
     created_at: float
@@ -53,13 +62,13 @@ class LedgerRow:
     replay_from: float | None
     restored: int
     # JSON: what a running unit last reported (``step``, ``line``, ``at``; ``delivery.progress``)
-    progress: dict[str, Any] | None = None
+    progress: JSONObject | None = None
     # When the completion may first be delivered (a timer's firing instant); None: at once.
     # The rules enforce it through ``next_attempt_at`` (every claim and re-offer reads it);
     # this column says when the row is due for people and for the replay cap.
     not_before: float | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         """The row as a dict of every column, for edges that promise a dict (shallow: the
         JSON columns are this row's own dicts, so a caller that edits them copies first)."""
         return {name: getattr(self, name) for name in FIELDS}

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from agent.messages import JSONObject
 from gateway.config import Platform
 
 __all__ = ["DeliveryOutcome", "OutcomeObserver"]
@@ -30,7 +30,7 @@ class DeliveryOutcome:
     platform: Platform | None
     claimed: bool
     completed_at: float | None
-    event: dict[str, Any]
+    event: JSONObject
 
 
 OutcomeObserver = Callable[[DeliveryOutcome], None]

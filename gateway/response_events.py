@@ -16,8 +16,9 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
+from agent.messages import JSONObject
 from delivery.responses_backend import TERMINAL, ResponseEvent, ResponsesBackend
 
 __all__ = ["EventSink", "EventWriter", "NoSink", "follow"]
@@ -28,7 +29,7 @@ Batch = list[tuple[str, str]]
 class EventSink(Protocol):
     """Where a running response's events go: stored (background) or sent (a stream)."""
 
-    def add(self, type_: str, data: dict[str, Any]) -> None: ...
+    def add(self, type_: str, data: JSONObject) -> None: ...
 
     async def settle(self) -> None:
         """Return once everything added so far is stored (or sent)."""
@@ -37,7 +38,7 @@ class EventSink(Protocol):
 class NoSink:
     """A non-background response answered as one JSON object: its events go nowhere."""
 
-    def add(self, type_: str, data: dict[str, Any]) -> None:
+    def add(self, type_: str, data: JSONObject) -> None:
         pass
 
     async def settle(self) -> None:
@@ -53,7 +54,7 @@ class EventWriter:
         self._flusher: asyncio.Task[None] | None = None
         self._runner = asyncio.current_task()
 
-    def add(self, type_: str, data: dict[str, Any]) -> None:
+    def add(self, type_: str, data: JSONObject) -> None:
         self._pending.append((type_, json.dumps(data, ensure_ascii=False, separators=(",", ":"))))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())

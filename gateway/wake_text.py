@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent.markers import WAKE_DATA_MARKER, WAKE_MARKER, defang, read_wake_data, wake_data_line
+from agent.messages import JSONObject
 from agent.subagent import describe_tools_used
 from delivery.event_display import display_metadata
 from delivery.events import (
@@ -625,7 +626,7 @@ WAKE_RESULTS_KEY = "results"
 _COMBINED_COUNT = re.compile(re.escape(_COMBINED_HEAD) + r"(\d{1,6}) results arrived together")
 
 
-def wake_results(text: str) -> list[dict[str, Any]]:
+def wake_results(text: str) -> list[JSONObject]:
     """The ``display_metadata`` of each result a wake-up text of this module carries, read
     only where ``format_wake_text``/``format_wake_batch`` put them: a single wake-up's last
     line, a combined one's last n lines (n from its head line). Nothing else in the text
@@ -644,9 +645,9 @@ def wake_results(text: str) -> list[dict[str, Any]]:
     return found if len(found) == count else []
 
 
-def wake_row_metadata(text: str) -> dict[str, Any]:
+def wake_row_metadata(text: str) -> JSONObject:
     """The ``display_metadata`` of the stored user row of a wake-up turn that ran ``text``
     (the server's own: only a turn the server marked as a wake-up calls this): the wake
     mark and its results' metadata, so that readers of the transcript (compaction, cards)
     take fields from the row, never from its text."""
-    return {"wake": True, WAKE_RESULTS_KEY: wake_results(text)}
+    return {"wake": True, WAKE_RESULTS_KEY: [*wake_results(text)]}

@@ -20,6 +20,8 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from agent.messages import JSONObject
+
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
@@ -89,9 +91,7 @@ class ChatClient:
     def close(self) -> None:
         self.client.close()
 
-    def _request(
-        self, method: str, path: str, body: dict[str, Any] | None = None
-    ) -> tuple[int, Any]:
+    def _request(self, method: str, path: str, body: JSONObject | None = None) -> tuple[int, Any]:
         """A small JSON request to the sessions API (stdlib only)."""
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.root + path, data=data, method=method)
@@ -175,7 +175,7 @@ class ChatClient:
                 break
         return reply
 
-    def _fetch(self, after_id: int) -> list[dict[str, Any]]:
+    def _fetch(self, after_id: int) -> list[Mapping[str, Any]]:  # transcript rows, read only
         if not self.session_id:
             return []
         status, body = self._request(
@@ -214,7 +214,7 @@ def _summaries(message: Mapping[str, Any]) -> list[str]:
     return summarise_completion_text(content) or [content.splitlines()[0] if content else ""]
 
 
-def render_message(message: dict[str, Any]) -> str:
+def render_message(message: Mapping[str, Any]) -> str:
     """One compact line (or a few) for a transcript message that arrived while idle."""
     from agent.markers import WAKE_MARKER
 

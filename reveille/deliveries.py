@@ -18,7 +18,7 @@ from typing import Any
 import storage
 from delivery.errors import LedgerError, NotALedgerError, UnknownDeliveryError
 from delivery.ledger import Ledger
-from delivery.rows import LedgerRow, RowQuery
+from delivery.rows import AuditEntry, LedgerRow, RowQuery
 from delivery.states import DeliveryState, State
 from reveille.app import storage_url
 from reveille.settings import Settings, load_settings
@@ -123,7 +123,7 @@ def format_table(rows: list[LedgerRow], now: float) -> str:
     return text_table(headers, table)
 
 
-def format_row(row: LedgerRow, history: list[dict[str, Any]]) -> str:
+def format_row(row: LedgerRow, history: list[AuditEntry]) -> str:
     fields = [
         ("id", row.id),
         ("kind", row.kind),

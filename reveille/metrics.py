@@ -27,9 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeAlias
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -46,6 +46,9 @@ from gateway.webhooks import public_endpoint
 __all__ = ["Metrics"]
 
 logger = logging.getLogger(__name__)
+
+# Named counters a store or writer reports (``stats()``, ``delivery_counts()``).
+Counts: TypeAlias = Mapping[str, float]
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, 6 * 3600)
 # Always reported, 0 when the store has none, so every series exists from the first scrape.
@@ -165,7 +168,7 @@ class _Snapshot(Collector):
             yield family
 
 
-def _with_defaults(counts: dict[str, Any], known: tuple[str, ...]) -> list[tuple[str, Any]]:
+def _with_defaults(counts: Counts, known: tuple[str, ...]) -> list[tuple[str, float]]:
     """``counts`` with every ``known`` key present (0 when absent), known keys first."""
     return [(k, counts.get(k, 0)) for k in known] + [
         (k, v) for k, v in sorted(counts.items()) if k not in known
@@ -235,7 +238,7 @@ def _by_public_endpoint(stats: Sequence[EndpointStats]) -> list[EndpointStats]:
     return list(merged.values())
 
 
-def _safe(read: Callable[[], dict[str, Any] | None] | None) -> dict[str, Any] | None:
+def _safe(read: Callable[[], Counts | None] | None) -> Counts | None:
     if read is None:
         return None
     try:
@@ -250,9 +253,9 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.turn_services: dict[str, Any] = {}
-        self.writers: dict[str, Callable[[], dict[str, Any] | None]] = {}
-        self.ledger_counts: Callable[[], dict[str, Any] | None] | None = None
+        self.turn_services: dict[str, object] = {}  # read with getattr: any turn service
+        self.writers: dict[str, Callable[[], Counts | None]] = {}
+        self.ledger_counts: Callable[[], Counts | None] | None = None
         self.webhook_stats: Callable[[], Sequence[EndpointStats]] | None = None
         # Read from the store at scrape time (``watch_store``).
         self.ledger_pending: Callable[[float], PendingCounts] | None = None
@@ -313,7 +316,7 @@ class Metrics:
     def watch_turns(self, platform: str, turns: Any) -> None:
         self.turn_services[platform] = turns
 
-    def watch_writer(self, store: str, read: Callable[[], dict[str, Any] | None]) -> None:
+    def watch_writer(self, store: str, read: Callable[[], Counts | None]) -> None:
         self.writers[store] = read
 
     def watch_store(

@@ -32,7 +32,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from reveille import log_format
 from reveille.banner import startup_banner
@@ -44,6 +44,17 @@ if TYPE_CHECKING:
 __all__ = ["Supervisor", "WorkerRole", "add_worker_arguments", "reserve_port", "supervise"]
 
 logger = logging.getLogger("reveille.workers")
+
+
+class WorkerReport(TypedDict):
+    """What a worker tells its supervisor once it listens: what the banner needs."""
+
+    pid: int
+    port: int
+    model: str
+    restored: int
+    webui_url: str | None
+
 
 _PR_SET_PDEATHSIG = 1
 SERVER_SECRET_ENV = "REVEILLE_WORKER_SECRET"
@@ -103,7 +114,7 @@ class WorkerRole:
     def report_ready(self, app: App) -> None:
         """Tells the supervisor what the banner needs, once this worker listens."""
         webui = app.webui
-        report = {
+        report: WorkerReport = {
             "pid": os.getpid(),
             "port": app.adapter.port,
             "model": app.provider.name,
@@ -225,7 +236,7 @@ class Supervisor:
         logger.info("all %d workers stopped", count)
         return code
 
-    async def _first_start(self, ready: list[asyncio.Task[dict[str, Any] | None]]) -> int | None:
+    async def _first_start(self, ready: list[asyncio.Task[WorkerReport | None]]) -> int | None:
         """Waits until every worker listens and prints the banner: None; or the exit status
         when a worker failed to start, it took too long, or a signal came first."""
         stop = asyncio.create_task(self.stopping.wait())
@@ -345,7 +356,7 @@ class Supervisor:
                 logger.error("watching a worker failed", exc_info=task.exception())
 
 
-def _announce(index: int, pid: int, ready: asyncio.Task[dict[str, Any] | None]) -> None:
+def _announce(index: int, pid: int, ready: asyncio.Task[WorkerReport | None]) -> None:
     if not ready.cancelled() and ready.exception() is None and ready.result() is not None:
         logger.info("worker %d started again: pid %d", index, pid)
 
@@ -367,7 +378,7 @@ def _ended(status: int) -> str:
     return f"exited with status {status}"
 
 
-async def _read_report(fd: int) -> dict[str, Any] | None:
+async def _read_report(fd: int) -> WorkerReport | None:
     """The worker's readiness report: everything written to the pipe until it closed; None
     when nothing was (the worker exited first)."""
     loop = asyncio.get_running_loop()
@@ -380,5 +391,5 @@ async def _read_report(fd: int) -> dict[str, Any] | None:
         transport.close()
     if not data:
         return None
-    report: dict[str, Any] = json.loads(data)
-    return report
+    # Written by our own worker (``report_ready``), from this very module.
+    return cast(WorkerReport, json.loads(data))

@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
+from agent.messages import JSONObject, JSONValue
 from delivery.errors import ClaimMismatchError
 from delivery.events import ASYNC_DELEGATION, delivery_id
 from delivery.ids import new_id
@@ -83,7 +83,7 @@ log = logging.getLogger(__name__)
 
 EVENT_TYPE = ASYNC_DELEGATION  # the one literal lives in delivery.events
 
-LedgerRow = dict[str, Any]
+LedgerRow = JSONObject
 """A ledger row as this contract hands it out: a dict (``state``, ``delivery_state``,
 ``delivery_attempts``, ``event`` ...), the ``as_dict()`` of the ``delivery.rows.LedgerRow``
 record the ledger reads; plugins index it, so it stays a dict."""
@@ -384,7 +384,7 @@ _REQUEST_KEYS = frozenset(
 )
 
 
-def _result_of(event: dict[str, Any] | None) -> dict[str, Any] | None:
+def _result_of(event: JSONValue) -> JSONObject | None:
     """The runner's result as hermes stores it (``status``, ``summary``/``error`` or
     ``results``, the runner's own fields, durations): the event less the request."""
     if not isinstance(event, dict):

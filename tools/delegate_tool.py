@@ -19,10 +19,10 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
+from agent.messages import JSONObject
 from agent.providers.base import ModelProvider
-from agent.subagent import StopSignal, run_subagent_sync
+from agent.subagent import StopSignal, SubagentOutcome, run_subagent_sync
 from agent.tool_args import as_bool, as_optional_str, as_str_list
 from agent.tools import Tool, ToolContext, ToolRegistry
 from tools.wakeup_tool import WAKEUP_TOOLSET
@@ -31,7 +31,7 @@ DELEGATION_TOOLSET = "delegation"
 # Toolsets a sub-agent gets only when its dispatch names them.
 _ONLY_WHEN_NAMED = frozenset({DELEGATION_TOOLSET, WAKEUP_TOOLSET})
 
-PARAMETERS: dict[str, Any] = {
+PARAMETERS: JSONObject = {
     "type": "object",
     "properties": {
         "goal": {"type": "string", "description": "What the sub-agent should achieve."},
@@ -153,7 +153,7 @@ def make_delegate_tool(
             registry.register(tool)
         return registry
 
-    async def handler(args: dict[str, Any], ctx: ToolContext) -> str | dict[str, Any]:
+    async def handler(args: JSONObject, ctx: ToolContext) -> str | JSONObject:
         goal = str(args.get("goal") or "").strip()
         if not goal:
             return {"error": "goal must not be empty"}
@@ -179,7 +179,7 @@ def make_delegate_tool(
         )
         stop = StopSignal()
 
-        def run() -> dict[str, Any]:
+        def run() -> SubagentOutcome:
             # Lazy like the dispatch below; a no-op for an inline run (no unit on its thread).
             from tools.delegation_runtime import report_progress
 
@@ -205,7 +205,7 @@ def make_delegate_tool(
                 raise
             if outcome.get("status") == "completed":
                 return str(outcome.get("summary", ""))
-            failure = {"error": _failure(outcome)}
+            failure: JSONObject = {"error": _failure(outcome)}
             if outcome.get("summary"):
                 failure["partial_result"] = str(outcome["summary"])
             return failure
@@ -226,7 +226,7 @@ def make_delegate_tool(
                 session_key=ctx.session_key,
                 origin_session_id=ctx.session_id,
                 origin_ui_session_id=ctx.origin_ui_session_id,
-                runner=run,
+                runner=lambda: dict(run()),
                 interrupt_fn=stop,  # a cancel, or a server that stops, stops it
                 max_async_children=max_async_children,
             )
@@ -267,7 +267,7 @@ class _UnitName:
         return replace(ctx, confirm=confirm)
 
 
-def _failure(outcome: dict[str, Any]) -> str:
+def _failure(outcome: SubagentOutcome) -> str:
     error = str(outcome.get("error") or "unknown error")
     # A stall's error already tells its story ("the sub-agent stalled: ...").
     return error if outcome.get("status") == "stalled" else f"the sub-agent failed: {error}"

@@ -15,8 +15,8 @@ import contextlib
 import json
 import os
 import signal
-from typing import Any
 
+from agent.messages import JSONObject
 from agent.tool_args import as_bool
 from agent.tools import ApprovalExpired, Tool, ToolContext
 
@@ -38,7 +38,7 @@ OUTPUT_TAIL_BYTES = 16 * 1024
 _READ_CHUNK = 4096
 _DRAIN_SECONDS = 2.0
 
-PARAMETERS: dict[str, Any] = {
+PARAMETERS: JSONObject = {
     "type": "object",
     "properties": {
         "command": {"type": "string", "description": "The shell command to run."},
@@ -90,7 +90,7 @@ def _kill_tree(process: asyncio.subprocess.Process) -> None:
             process.kill()
 
 
-async def run_foreground(command: str, *, workdir: str | None, timeout: float) -> dict[str, Any]:
+async def run_foreground(command: str, *, workdir: str | None, timeout: float) -> JSONObject:
     process = await asyncio.create_subprocess_shell(
         command,
         cwd=workdir,
@@ -123,7 +123,7 @@ async def run_foreground(command: str, *, workdir: str | None, timeout: float) -
     # A process that escaped the group can still hold the pipe: keep what was read so far.
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(reader, _DRAIN_SECONDS)
-    result: dict[str, Any] = {
+    result: JSONObject = {
         "exit_code": process.returncode,
         "output": bytes(tail.data).decode("utf-8", errors="replace"),
         "truncated": tail.truncated,
@@ -143,7 +143,7 @@ def make_shell_tool(
 ) -> Tool:
     """The `terminal` tool; with `enabled=False` every call is refused without running anything."""
 
-    async def handler(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    async def handler(args: JSONObject, ctx: ToolContext) -> JSONObject:
         if not enabled:
             return {"error": SHELL_DISABLED_ERROR}
         command = str(args.get("command") or "")

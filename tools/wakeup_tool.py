@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from agent.messages import JSONObject
 from agent.tools import Tool, ToolContext
 from delivery import traces
 from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
@@ -51,7 +52,7 @@ MAX_DELAY_SECONDS = 365 * 86400.0
 MAX_PENDING_PER_SESSION = 50
 MAX_NOTE_CHARS = 4000
 
-PARAMETERS: dict[str, Any] = {
+PARAMETERS: JSONObject = {
     "type": "object",
     "properties": {
         "note": {
@@ -105,7 +106,7 @@ def _number(value: Any) -> float | None:
 
 
 def parse_wakeup(
-    args: dict[str, Any], now: float, *, min_delay_seconds: float = MIN_DELAY_SECONDS
+    args: JSONObject, now: float, *, min_delay_seconds: float = MIN_DELAY_SECONDS
 ) -> WakeupRequest:
     """The wake-up ``args`` ask for, or WakeupError saying what is wrong."""
     note = args.get("note")
@@ -166,7 +167,7 @@ def at_pending_cap(ledger: Ledger, ctx: ToolContext, kind: str) -> bool:
     return len(ledger.query(query)) >= MAX_PENDING_PER_SESSION
 
 
-def _set_wakeup(ctx: ToolContext, wanted: WakeupRequest, now: float) -> dict[str, Any]:
+def _set_wakeup(ctx: ToolContext, wanted: WakeupRequest, now: float) -> JSONObject:
     """Write the row (a blocking store write: run in a thread)."""
     # Resolved at call time, like the process tool: a substituted runtime is honoured.
     from tools.delegation_runtime import get_runtime, stamp_response_origin
@@ -178,7 +179,7 @@ def _set_wakeup(ctx: ToolContext, wanted: WakeupRequest, now: float) -> dict[str
             "wake-ups; cancel one (reveille background cancel ID) or wait for one to fire"
         }
     row_id = new_id("tmr_")
-    event: dict[str, Any] = {
+    event: JSONObject = {
         "type": SCHEDULED_WAKEUP,
         "delivery_id": row_id,
         "status": "completed",
@@ -220,7 +221,7 @@ def make_wakeup_tool(
     when its dispatch names it. ``min_delay_seconds``: the nearest a wake-up may be (the
     setting ``[timers] min_delay_seconds``, 10 s by default)."""
 
-    async def handler(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    async def handler(args: JSONObject, ctx: ToolContext) -> JSONObject:
         now = clock()
         try:
             wanted = parse_wakeup(args, now, min_delay_seconds=min_delay_seconds)

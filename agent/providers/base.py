@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
+from agent.messages import ChatMessage, JSONObject, ToolCall, ToolSchema
+
 DeltaCallback = Callable[[str], Awaitable[None]]
 
 
@@ -22,8 +24,7 @@ class ModelReply:
     """One model answer: text, tool calls in the OpenAI shape, or both."""
 
     content: str | None
-    # Each: {"id": str, "type": "function", "function": {"name": str, "arguments": json str}}
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=empty_usage)
     finish_reason: str | None = None
 
@@ -49,9 +50,9 @@ class ModelOptions:
     tool_choice: str | None = None
     parallel_tool_calls: bool | None = None
 
-    def as_request(self) -> dict[str, Any]:
+    def as_request(self) -> JSONObject:
         """The set fields, as chat-completions request fields (``stop`` as a list)."""
-        request: dict[str, Any] = {}
+        request: JSONObject = {}
         for item in fields(self):
             value = getattr(self, item.name)
             if value is None:
@@ -121,9 +122,9 @@ class ModelProvider(Protocol):
 
     async def complete(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[ChatMessage],
         *,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[ToolSchema] | None = None,
         on_delta: DeltaCallback | None = None,
         options: ModelOptions | None = None,
     ) -> ModelReply: ...

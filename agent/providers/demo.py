@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any
 
 from agent.markers import SUBAGENT_MARKER, SUMMARISE_MARKER
+from agent.messages import ChatMessage, JSONObject, ToolCall, ToolSchema
 from agent.providers.base import DeltaCallback, ModelOptions, ModelReply
 from agent.providers.demo_summaries import (
     first_lines,
@@ -30,7 +30,7 @@ _REMIND = re.compile(r"^\s*remind me in\s+(\d{1,9})\s+seconds?\s*:\s*(.*)$", re.
 _SNIPPET_CHARS = 200
 
 
-def _text(message: dict[str, Any]) -> str:
+def _text(message: ChatMessage) -> str:
     """The text of a message, including the multi-part content form clients may send."""
     content = message.get("content")
     if isinstance(content, str):
@@ -40,7 +40,7 @@ def _text(message: dict[str, Any]) -> str:
     return ""
 
 
-def _demo_summary(messages: list[dict[str, Any]]) -> str:
+def _demo_summary(messages: list[ChatMessage]) -> str:
     """A compaction summary (``gateway.turns.compaction``): what the user asked, in short. The
     list of finished background work is added by the compaction itself."""
     text = _text(messages[-1]) if messages else ""
@@ -61,7 +61,7 @@ def _demo_summary(messages: list[dict[str, Any]]) -> str:
 IMAGE_NOTE = "I cannot see images: the demo model reads only the text of a message."
 
 
-def _has_images(message: dict[str, Any]) -> bool:
+def _has_images(message: ChatMessage) -> bool:
     content = message.get("content")
     return isinstance(content, list) and any(
         isinstance(part, dict) and part.get("type") == "image_url" for part in content
@@ -79,7 +79,7 @@ def _after_prefix(text: str, prefix: str) -> str | None:
     return None
 
 
-def _current_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _current_turn(messages: list[ChatMessage]) -> list[ChatMessage]:
     """The messages since the last final answer: earlier turns were already answered."""
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
@@ -88,7 +88,7 @@ def _current_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages
 
 
-def _json_or_none(text: str) -> dict[str, Any] | None:
+def _json_or_none(text: str) -> JSONObject | None:
     try:
         value = json.loads(text)
     except (TypeError, ValueError):
@@ -141,15 +141,13 @@ class DemoModel:
 
     async def complete(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[ChatMessage],
         *,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[ToolSchema] | None = None,
         on_delta: DeltaCallback | None = None,
         options: ModelOptions | None = None,
     ) -> ModelReply:
-        offered = {
-            tool.get("function", {}).get("name") for tool in tools or [] if isinstance(tool, dict)
-        }
+        offered = {tool["function"].get("name") for tool in tools or []}
         if options is not None and options.tool_choice == "none":
             offered = set()
         content, tool_calls = await self._decide(messages, offered)
@@ -172,8 +170,8 @@ class DemoModel:
         )
 
     async def _decide(
-        self, messages: list[dict[str, Any]], offered: set[str | None]
-    ) -> tuple[str | None, list[dict[str, Any]]]:
+        self, messages: list[ChatMessage], offered: set[str | None]
+    ) -> tuple[str | None, list[ToolCall]]:
         if any(m.get("role") == "system" and SUMMARISE_MARKER in _text(m) for m in messages):
             return _demo_summary(messages), []
         if any(m.get("role") == "system" and SUBAGENT_MARKER in _text(m) for m in messages):
@@ -205,14 +203,18 @@ class DemoModel:
 
     def _command(
         self, text: str, offered: set[str | None], position: int
-    ) -> tuple[str | None, list[dict[str, Any]]] | None:
+    ) -> tuple[str | None, list[ToolCall]] | None:
         shell_command = _after_prefix(text, SHELL_PREFIX)
         if shell_command is not None:
             if not shell_command:
                 return "Tell me which command to run after 'run in the background:'.", []
             if SHELL_TOOL not in offered:
                 return "I can't run commands here: the shell tool is not available.", []
-            args = {"command": shell_command, "background": True, "notify_on_complete": True}
+            args: JSONObject = {
+                "command": shell_command,
+                "background": True,
+                "notify_on_complete": True,
+            }
             return None, [_tool_call(position, SHELL_TOOL, args)]
         remind = _REMIND.match(text)
         if remind is not None:
@@ -221,8 +223,8 @@ class DemoModel:
                 return "Tell me what to remind you of after 'remind me in N seconds:'.", []
             if WAKEUP_TOOL not in offered:
                 return "I can't set reminders here: schedule_wakeup is not available.", []
-            args = {"in_seconds": int(remind.group(1)), "note": note}
-            return None, [_tool_call(position, WAKEUP_TOOL, args)]
+            wakeup_args: JSONObject = {"in_seconds": int(remind.group(1)), "note": note}
+            return None, [_tool_call(position, WAKEUP_TOOL, wakeup_args)]
         every = _EVERY.match(text)
         if every is not None:
             note = every.group(2).strip()
@@ -230,8 +232,12 @@ class DemoModel:
                 return "Tell me what to repeat after 'every N seconds:'.", []
             if SCHEDULE_TOOL not in offered:
                 return "I can't set schedules here: the schedule tool is not available.", []
-            args = {"action": "create", "every_seconds": int(every.group(1)), "note": note}
-            return None, [_tool_call(position, SCHEDULE_TOOL, args)]
+            schedule_args: JSONObject = {
+                "action": "create",
+                "every_seconds": int(every.group(1)),
+                "note": note,
+            }
+            return None, [_tool_call(position, SCHEDULE_TOOL, schedule_args)]
         goal = _after_prefix(text, DELEGATE_PREFIX)
         if goal is not None:
             if not goal:
@@ -242,7 +248,7 @@ class DemoModel:
         return None
 
     @staticmethod
-    def _subagent_result(messages: list[dict[str, Any]]) -> str:
+    def _subagent_result(messages: list[ChatMessage]) -> str:
         users = [_text(m) for m in messages if m.get("role") == "user"]
         task = users[-1] if users else ""
         match = re.search(r"^\s*Goal:\s*(.+)$", task, flags=re.MULTILINE)
@@ -250,7 +256,7 @@ class DemoModel:
         return f"Done: {goal.rstrip('.')}. (demo sub-agent result)"
 
 
-def _tool_call(position: int, name: str, args: dict[str, Any]) -> dict[str, Any]:
+def _tool_call(position: int, name: str, args: JSONObject) -> ToolCall:
     # The id depends only on the conversation length, so replies stay deterministic.
     return {
         "id": f"call_demo_{position}",
@@ -272,27 +278,27 @@ def _plain_reply(user_text: str) -> str:
     )
 
 
-def _tool_followups(turn: list[dict[str, Any]]) -> list[str]:
+def _tool_followups(turn: list[ChatMessage]) -> list[str]:
     """One sentence per tool result of the latest tool step, in call order."""
-    calls: dict[str, dict[str, Any]] = {}
+    calls: dict[str, ToolCall] = {}
     for message in turn:
         for call in message.get("tool_calls") or []:
             calls[call.get("id", "")] = call
-    results: list[dict[str, Any]] = []
+    results: list[ChatMessage] = []
     for message in reversed(turn):
         if message.get("role") != "tool":
             break
         results.insert(0, message)
     lines = []
     for result in results:
-        call = calls.get(result.get("tool_call_id", ""), {})
-        function = call.get("function") or {}
-        args = _json_or_none(function.get("arguments") or "") or {}
-        lines.append(_followup(function.get("name", ""), args, _text(result)))
+        found = calls.get(result.get("tool_call_id", ""))
+        name = found["function"]["name"] if found else ""
+        args = _json_or_none(found["function"]["arguments"] if found else "") or {}
+        lines.append(_followup(name, args, _text(result)))
     return lines
 
 
-def _followup(tool: str, args: dict[str, Any], result_text: str) -> str:
+def _followup(tool: str, args: JSONObject, result_text: str) -> str:
     result = _json_or_none(result_text)
     if tool == DELEGATE_TOOL:
         return _delegation_followup(str(args.get("goal", "")), result, result_text)
@@ -311,7 +317,7 @@ def _followup(tool: str, args: dict[str, Any], result_text: str) -> str:
     return f"{tool or 'The tool'} returned: {first_lines(result_text, 3)}"
 
 
-def _delegation_followup(goal: str, result: dict[str, Any] | None, raw: str) -> str:
+def _delegation_followup(goal: str, result: JSONObject | None, raw: str) -> str:
     if result is None:
         return f"Result for {goal}: {first_lines(raw, 3)}"
     handle = result.get("delegation_id")
@@ -331,7 +337,7 @@ def _delegation_followup(goal: str, result: dict[str, Any] | None, raw: str) -> 
     return f"The background work was not started{suffix}: {reason}"
 
 
-def _shell_followup(command: str, result: dict[str, Any] | None, raw: str) -> str:
+def _shell_followup(command: str, result: JSONObject | None, raw: str) -> str:
     if result is None:
         return f"`{command}`: {first_lines(raw, 3)}"
     if result.get("error"):
@@ -348,7 +354,7 @@ def _shell_followup(command: str, result: dict[str, Any] | None, raw: str) -> st
     return f"`{command}`: {first_lines(raw, 3)}"
 
 
-def _wakeup_followup(note: str, result: dict[str, Any] | None, raw: str) -> str:
+def _wakeup_followup(note: str, result: JSONObject | None, raw: str) -> str:
     if result is None:
         return f"Reminder {note!r}: {first_lines(raw, 3)}"
     if result.get("error"):

@@ -16,14 +16,18 @@ into a `ModelReply` directly.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import openai
 from openai import AsyncOpenAI, AsyncStream
 
+from agent.messages import ChatMessage, ToolCall, ToolSchema
 from agent.providers.base import (
     DeltaCallback,
     ModelOptions,
@@ -157,16 +161,17 @@ class OpenAICompatProvider:
 
     async def complete(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[ChatMessage],
         *,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[ToolSchema] | None = None,
         on_delta: DeltaCallback | None = None,
         options: ModelOptions | None = None,
     ) -> ModelReply:
         """One call; every set field of ``options`` goes into the request as it is, except
         ``tool_choice`` and ``parallel_tool_calls`` on a call that offers no tools (the
         endpoint would refuse them there)."""
-        request: dict[str, Any] = {"model": self.model, "messages": messages}
+        # Written here and only sent on, never read back: object values are enough.
+        request: dict[str, object] = {"model": self.model, "messages": messages}
         if tools:
             request["tools"] = tools
         if options:
@@ -179,7 +184,7 @@ class OpenAICompatProvider:
             return await self._complete_once(request)
         return await self._complete_streaming(request, on_delta)
 
-    async def _complete_once(self, request: dict[str, Any]) -> ModelReply:
+    async def _complete_once(self, request: dict[str, object]) -> ModelReply:
         try:
             response: Any = await self._client().post(
                 _PATH, cast_to=object, body=request, options=_OPTIONS
@@ -209,13 +214,13 @@ class OpenAICompatProvider:
         )
 
     async def _complete_streaming(
-        self, request: dict[str, Any], on_delta: DeltaCallback
+        self, request: dict[str, object], on_delta: DeltaCallback
     ) -> ModelReply:
         request["stream"] = True
         if self._stream_usage:
             request["stream_options"] = {"include_usage": True}
         content_parts: list[str] = []
-        calls: dict[int, dict[str, Any]] = {}
+        calls: dict[int, _CallDraft] = {}
         usage: Any = None
         finish_reason: str | None = None
         try:
@@ -342,38 +347,54 @@ def _provider_message(exc: openai.APIStatusError) -> str:
     return exc.message
 
 
-def _finished_call(index: int, call: dict[str, Any]) -> dict[str, Any]:
-    function = call.get("function") or {}
+def _finished_call(index: int, call: Mapping[str, object]) -> ToolCall:
+    function = call.get("function")
+    if not isinstance(function, Mapping):
+        function = {}
+    call_id = call.get("id")
+    name = function.get("name")
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        # Arguments sent as an object rather than a JSON string: written out as one.
+        arguments = json.dumps(arguments) if arguments else ""
     return {
-        "id": call.get("id") or f"call_{index}",
+        "id": call_id if isinstance(call_id, str) and call_id else f"call_{index}",
         "type": "function",
-        "function": {
-            "name": function.get("name") or "",
-            "arguments": function.get("arguments") or "{}",
-        },
+        "function": {"name": name if isinstance(name, str) else "", "arguments": arguments or "{}"},
     }
 
 
-def _merge_tool_call_fragment(calls: dict[int, dict[str, Any]], fragment: dict[str, Any]) -> None:
+@dataclass
+class _CallDraft:
+    """A streamed tool call being put together from its fragments."""
+
+    id: str | None = None
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+def _merge_tool_call_fragment(calls: dict[int, _CallDraft], fragment: Mapping[str, Any]) -> None:
     # Tool calls stream as fragments keyed by index: the id and name usually arrive once,
-    # the JSON arguments arrive in pieces that must be concatenated in order.
+    # the JSON arguments arrive in pieces that must be concatenated in order. A fragment is
+    # unchecked JSON (Any): a malformed one raises, and the caller reports the stream as
+    # malformed.
     index = fragment.get("index")
     if index is None:
         index = max(calls, default=-1) + 1
-    entry = calls.setdefault(index, {"id": None, "name": "", "arguments": []})
-    if fragment.get("id") and not entry["id"]:
-        entry["id"] = fragment["id"]
+    entry = calls.setdefault(index, _CallDraft())
+    if fragment.get("id") and not entry.id:
+        entry.id = fragment["id"]
     function = fragment.get("function")
     if function:
-        if function.get("name") and not entry["name"]:
-            entry["name"] = function["name"]
+        if function.get("name") and not entry.name:
+            entry.name = function["name"]
         if function.get("arguments"):
-            entry["arguments"].append(function["arguments"])
+            entry.arguments.append(function["arguments"])
 
 
-def _finish_tool_call(index: int, entry: dict[str, Any]) -> dict[str, Any]:
+def _finish_tool_call(index: int, entry: _CallDraft) -> ToolCall:
     return {
-        "id": entry["id"] or f"call_{index}",
+        "id": entry.id or f"call_{index}",
         "type": "function",
-        "function": {"name": entry["name"], "arguments": "".join(entry["arguments"]) or "{}"},
+        "function": {"name": entry.name, "arguments": "".join(entry.arguments) or "{}"},
     }

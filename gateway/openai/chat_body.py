@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from agent.messages import ChatMessage
 from agent.providers.base import ModelOptions
 from gateway.http.middleware import ApiError
 from gateway.openai.chat_params import model_options
@@ -37,7 +38,7 @@ def _content_ok(content: Any) -> bool:
 class ChatBody:
     """A checked chat-completions request: what the turn needs and how to answer it."""
 
-    messages: list[dict[str, Any]]
+    messages: list[ChatMessage]  # each an object with a string role and checked content
     model: str
     stream: bool
     include_usage: bool

@@ -16,8 +16,9 @@ Parameters outside this list (``user``, ``metadata``, penalties, ...) are not ch
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
 
+from agent.messages import JSONObject
 from agent.providers.base import ModelOptions
 from gateway.http.middleware import ApiError
 
@@ -32,7 +33,7 @@ def _invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
-def _number(body: dict[str, Any], param: str, low: float, high: float) -> float | None:
+def _number(body: Mapping[str, object], param: str, low: float, high: float) -> float | None:
     value = body.get(param)
     if value is None:
         return None
@@ -43,7 +44,7 @@ def _number(body: dict[str, Any], param: str, low: float, high: float) -> float 
     return float(value)
 
 
-def _integer(body: dict[str, Any], param: str, low: int | None = None) -> int | None:
+def _integer(body: Mapping[str, object], param: str, low: int | None = None) -> int | None:
     value = body.get(param)
     if value is None:
         return None
@@ -54,20 +55,23 @@ def _integer(body: dict[str, Any], param: str, low: int | None = None) -> int | 
     return value
 
 
-def _stop(body: dict[str, Any]) -> str | tuple[str, ...] | None:
+def _stop(body: Mapping[str, object]) -> str | tuple[str, ...] | None:
     value = body.get("stop")
     if value is None or isinstance(value, str):
         return value
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+    if not isinstance(value, list):
+        raise _invalid("stop", "'stop' must be a string or an array of strings", "invalid_type")
+    sequences = tuple(item for item in value if isinstance(item, str))
+    if len(sequences) != len(value):
         raise _invalid("stop", "'stop' must be a string or an array of strings", "invalid_type")
     if len(value) > MAX_STOP_SEQUENCES:
         raise _invalid(
             "stop", f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences, got {len(value)}"
         )
-    return tuple(value)
+    return sequences
 
 
-def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
+def _response_format(body: Mapping[str, object]) -> JSONObject | None:
     value = body.get("response_format")
     if value is None:
         return None
@@ -89,9 +93,11 @@ def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
     return value
 
 
-def _tool_choice(body: dict[str, Any]) -> str | None:
+def _tool_choice(body: Mapping[str, object]) -> str | None:
     value = body.get("tool_choice")
-    if value is None or value in _TOOL_CHOICES:
+    if value is None:
+        return None
+    if isinstance(value, str) and value in _TOOL_CHOICES:
         return value
     if isinstance(value, dict):
         raise _invalid(
@@ -103,16 +109,14 @@ def _tool_choice(body: dict[str, Any]) -> str | None:
     raise _invalid("tool_choice", "'tool_choice' must be 'none', 'auto' or 'required'")
 
 
-def _parallel_tool_calls(body: dict[str, Any]) -> bool | None:
+def _parallel_tool_calls(body: Mapping[str, object]) -> bool | None:
     value = body.get("parallel_tool_calls")
-    if value is not None and not isinstance(value, bool):
-        raise _invalid(
-            "parallel_tool_calls", "'parallel_tool_calls' must be a boolean", "invalid_type"
-        )
-    return value
+    if value is None or isinstance(value, bool):
+        return value
+    raise _invalid("parallel_tool_calls", "'parallel_tool_calls' must be a boolean", "invalid_type")
 
 
-def refuse_unsupported(body: dict[str, Any]) -> None:
+def refuse_unsupported(body: Mapping[str, object]) -> None:
     """400 for what the server cannot do: ``n`` other than 1, client-defined tools."""
     n = _integer(body, "n")
     if n is not None and n != 1:
@@ -128,7 +132,7 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
             )
 
 
-def model_options(body: dict[str, Any]) -> ModelOptions:
+def model_options(body: Mapping[str, object]) -> ModelOptions:
     """The generation options of ``body``, each checked (see the module docstring)."""
     refuse_unsupported(body)
     return ModelOptions(

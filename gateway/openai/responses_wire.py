@@ -18,9 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
+from agent.messages import ChatMessage, ContentPart, JSONObject, JSONValue
 from agent.providers.base import ModelOptions
 from delivery.ids import new_token
 from gateway.http.middleware import ApiError
@@ -56,26 +58,46 @@ def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
+class InputPart(TypedDict, total=False):
+    """One content part of a stored input item: ``input_text``/``output_text`` with
+    ``text``, or ``input_image`` with ``image_url`` and ``detail``."""
+
+    type: str
+    text: str
+    image_url: str
+    detail: JSONValue
+
+
+class InputItem(TypedDict):
+    """One input item as stored with its id and listed by ``input_items``."""
+
+    id: str
+    type: str
+    role: str
+    status: str
+    content: list[InputPart]
+
+
 @dataclass(frozen=True)
 class ResponsesRequest:
     """A checked ``POST /v1/responses`` body, as stored on the response's row."""
 
     model: str
-    input: list[dict[str, Any]]  # the input items with ids, as ``input_items`` lists them
-    messages: list[dict[str, Any]]  # what the turn service runs
+    input: list[InputItem]  # the input items with ids, as ``input_items`` lists them
+    messages: list[ChatMessage]  # what the turn service runs
     instructions: str | None = None
     stream: bool = False
     background: bool = False
     store: bool = True
     previous_response_id: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)  # ModelOptions.as_request()
+    options: JSONObject = field(default_factory=dict)  # ModelOptions.as_request()
     temperature: float | None = None
     top_p: float | None = None
     max_output_tokens: int | None = None
     tool_choice: str = "auto"
     parallel_tool_calls: bool = True
-    text: dict[str, Any] = field(default_factory=lambda: {"format": {"type": "text"}})
+    text: JSONObject = field(default_factory=lambda: {"format": {"type": "text"}})
     # The owner key that created it on a keyless server (the API server's
     # ``auth.owner_of``): reading it, its input items, continuing it need that key again.
     # None: the server's key.
@@ -91,13 +113,16 @@ class ResponsesRequest:
     def model_options(self) -> ModelOptions | None:
         if not self.options:
             return None
-        values = dict(self.options)
-        if isinstance(values.get("stop"), list):
-            values["stop"] = tuple(values["stop"])
+        # Checked by ``model_options`` when the request was parsed: the fields fit.
+        stop = self.options.get("stop")
+        values: Mapping[str, Any] = {
+            **self.options,
+            **({"stop": tuple(stop)} if isinstance(stop, list) else {}),
+        }
         return ModelOptions(**values)
 
 
-def _part(part: Any, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _part(part: Any, where: str) -> tuple[InputPart, ContentPart]:
     """(the stored input part, the chat part) of one content part."""
     if not isinstance(part, dict):
         raise _bad(where, f"{where} must be an object", "invalid_type")
@@ -118,7 +143,11 @@ def _part(part: Any, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
                 f"{where}.image_url must be a URL or data URL (file ids are not supported)",
                 "unsupported_value",
             )
-        stored = {"type": "input_image", "image_url": url, "detail": part.get("detail", "auto")}
+        stored: InputPart = {
+            "type": "input_image",
+            "image_url": url,
+            "detail": part.get("detail", "auto"),
+        }
         return stored, {"type": "image_url", "image_url": {"url": url}}
     raise _bad(
         where,
@@ -127,7 +156,7 @@ def _part(part: Any, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
     )
 
 
-def _item(item: Any, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def _item(item: Any, index: int) -> tuple[InputItem, ChatMessage]:
     """(the stored input item, the chat message) of one input item."""
     where = f"input[{index}]"
     if not isinstance(item, dict):
@@ -145,8 +174,8 @@ def _item(item: Any, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
     content = item.get("content")
     if isinstance(content, str):
         kind = "output_text" if role == "assistant" else "input_text"
-        parts: list[dict[str, Any]] = [{"type": kind, "text": content}]
-        chat_content: Any = content
+        parts: list[InputPart] = [{"type": kind, "text": content}]
+        chat_content: str | list[ContentPart] = content
     elif isinstance(content, list) and content:
         pairs = [_part(p, f"{where}.content[{i}]") for i, p in enumerate(content)]
         parts = [stored for stored, _ in pairs]
@@ -157,7 +186,7 @@ def _item(item: Any, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
             f"{where}.content must be a string or a non-empty array of parts",
             "invalid_type",
         )
-    stored = {
+    stored: InputItem = {
         "id": "msg_" + new_token()[:32],
         "type": "message",
         "role": role,
@@ -186,7 +215,7 @@ def _metadata(value: Any) -> dict[str, str]:
     return dict(value)
 
 
-def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+def _flag(body: Mapping[str, object], name: str, default: bool) -> bool:
     value = body.get(name)
     if value is None:
         return default
@@ -195,7 +224,7 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-def _text_format(value: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _text_format(value: Any) -> tuple[JSONObject, JSONObject | None]:
     """The ``text`` setting as the Response echoes it, and the chat ``response_format``."""
     if value is None:
         return {"format": {"type": "text"}}, None
@@ -267,7 +296,7 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         raise _bad("max_output_tokens", "'max_output_tokens' must be an integer of at least 1")
     text, response_format = _text_format(body.get("text"))
     # The chat endpoint's own checks, under the chat names (client tools are refused there).
-    chat_like = {
+    chat_like: JSONObject = {
         "tools": body.get("tools"),
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
@@ -320,8 +349,10 @@ class Output:
     usage: dict[str, int] | None = None
 
 
-def _message(out: Output) -> dict[str, Any]:
-    content = [{"type": "output_text", "text": out.text, "annotations": [], "logprobs": []}]
+def _message(out: Output) -> JSONObject:
+    content: list[JSONValue] = [
+        {"type": "output_text", "text": out.text, "annotations": [], "logprobs": []}
+    ]
     return {
         "id": out.message_id,
         "type": "message",
@@ -331,7 +362,7 @@ def _message(out: Output) -> dict[str, Any]:
     }
 
 
-def _usage(usage: dict[str, int] | None) -> dict[str, Any] | None:
+def _usage(usage: dict[str, int] | None) -> JSONObject | None:
     if usage is None:
         return None
     prompt = int(usage.get("prompt_tokens", 0) or 0)
@@ -354,7 +385,7 @@ def body_of(
     output: Output | None = None,
     error: str | None = None,
     completed_at: float | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     """The Response object of a response in ``status``."""
     return {
         "id": response_id,
@@ -367,7 +398,7 @@ def body_of(
         "incomplete_details": None,
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
-        "metadata": request.metadata,
+        "metadata": {key: value for key, value in request.metadata.items()},
         "model": request.model,
         "output": [_message(output)] if output is not None and (output.text or output.done) else [],
         "parallel_tool_calls": request.parallel_tool_calls,
@@ -383,18 +414,25 @@ def body_of(
     }
 
 
-def output_text(body: dict[str, Any]) -> str:
-    for item in body.get("output") or []:
-        for part in item.get("content") or []:
+def output_text(body: Mapping[str, object]) -> str:
+    for item in _objects(body.get("output")):
+        for part in _objects(item.get("content")):
             if part.get("type") == "output_text":
                 return str(part.get("text") or "")
     return ""
 
 
-Event = tuple[str, dict[str, Any]]
+def _objects(value: object) -> list[JSONObject]:
+    """The objects of a JSON array (nothing for anything else)."""
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, dict)]
 
 
-def _item_ref(message_id: str) -> dict[str, Any]:
+Event = tuple[str, JSONObject]
+
+
+def _item_ref(message_id: str) -> JSONObject:
     return {"item_id": message_id, "output_index": 0, "content_index": 0}
 
 
@@ -409,7 +447,7 @@ def output_events(out: Output, *, start: bool = False, delta: str | None = None)
                 {"output_index": 0, "item": _message(Output(out.message_id))},
             )
         )
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        part: JSONObject = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         events.append(("response.content_part.added", {**_item_ref(out.message_id), "part": part}))
     if delta:
         events.append(
@@ -427,23 +465,23 @@ def output_events(out: Output, *, start: bool = False, delta: str | None = None)
     return events
 
 
-def terminal_event(body: dict[str, Any]) -> Event:
+def terminal_event(body: JSONObject) -> Event:
     kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
         str(body["status"]), "response.failed"
     )
     return kind, {"response": body}
 
 
-def events_of_final(body: dict[str, Any]) -> list[Event]:
+def events_of_final(body: JSONObject) -> list[Event]:
     """The whole stream of a finished response, rebuilt from its final object (a repeated
     idempotency key asked as a stream)."""
-    opening = {**body, "status": "in_progress", "output": [], "usage": None}
+    opening: JSONObject = {**body, "status": "in_progress", "output": [], "usage": None}
     events: list[Event] = [
         ("response.created", {"response": opening}),
         ("response.in_progress", {"response": opening}),
     ]
     text = output_text(body)
-    items = body.get("output") or []
+    items = _objects(body.get("output"))
     if items:
         out = Output(str(items[0].get("id")), text, done=True)
         events += output_events(out, start=True, delta=text)
@@ -451,7 +489,7 @@ def events_of_final(body: dict[str, Any]) -> list[Event]:
     return events
 
 
-def sse_event(type_: str, data: dict[str, Any] | str, seq: int) -> bytes:
+def sse_event(type_: str, data: Mapping[str, object] | str, seq: int) -> bytes:
     """One event in SSE framing, with its ``sequence_number``."""
     payload = json.loads(data) if isinstance(data, str) else dict(data)
     payload = {"type": type_, **payload, "sequence_number": seq}

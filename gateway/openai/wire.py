@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
+from agent.messages import JSONObject
 from delivery.ids import new_token
 
 __all__ = ["chunker", "completion_object", "completion_text", "send_sse"]
 
 
-def completion_object(result: Any, model: str) -> dict[str, Any]:
+def completion_object(result: Any, model: str) -> JSONObject:
     """The ``chat.completion`` object of an agent result (``content`` and ``usage``)."""
     usage = dict(getattr(result, "usage", None) or {})
     return {
@@ -38,15 +39,18 @@ def completion_object(result: Any, model: str) -> dict[str, Any]:
     }
 
 
-def completion_text(completion: dict[str, Any]) -> str:
-    try:
-        return str(completion["choices"][0]["message"]["content"] or "")
-    except (KeyError, IndexError, TypeError):
+def completion_text(completion: Mapping[str, object]) -> str:
+    choices = completion.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return ""
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        return ""
+    return str(message.get("content") or "")
 
 
-def chunker(completion: dict[str, Any]) -> Callable[..., dict[str, Any]]:
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+def chunker(completion: JSONObject) -> Callable[..., JSONObject]:
+    def chunk(delta: JSONObject, finish_reason: str | None = None) -> JSONObject:
         return {
             "id": completion.get("id"),
             "object": "chat.completion.chunk",
@@ -59,7 +63,7 @@ def chunker(completion: dict[str, Any]) -> Callable[..., dict[str, Any]]:
 
 
 async def send_sse(
-    response: web.StreamResponse, payload: dict[str, Any], *, event: str | None = None
+    response: web.StreamResponse, payload: Mapping[str, object], *, event: str | None = None
 ) -> None:
     """One SSE message; ``event`` names it (plain OpenAI clients read unnamed ones)."""
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))

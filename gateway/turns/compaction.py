@@ -34,9 +34,10 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from agent.markers import SUMMARISE_MARKER, SUMMARY_MARKER, defang
+from agent.messages import ChatMessage
 from agent.providers.base import ModelProvider, ProviderError
 from gateway.session import SessionStore, SessionStoreError
 from gateway.turns.hold import TurnHold
@@ -110,14 +111,36 @@ class CompactionPolicy:
             raise ValueError("summary_chars must be at least 200")
 
 
+class SummaryMeta(TypedDict):
+    """What a summary row's ``display_metadata["summary"]`` records."""
+
+    messages: int
+    first_id: int
+    last_id: int
+    deliveries: list[dict[str, str]]
+    body: str
+
+
+class SummaryDisplay(TypedDict):
+    summary: SummaryMeta
+
+
+class SummaryRow(TypedDict):
+    """The summary message a compaction stores in place of the rows it archives."""
+
+    role: str
+    content: str
+    display_metadata: SummaryDisplay
+
+
 # Called with the messages of one summarisation call; returns the summary's text.
-Summarise = Callable[[list[dict[str, Any]]], Awaitable[str]]
+Summarise = Callable[[list[ChatMessage]], Awaitable[str]]
 
 
 def provider_summariser(provider: ModelProvider) -> Summarise:
     """One plain model call (no tools, no streaming) per summary."""
 
-    async def summarise(messages: list[dict[str, Any]]) -> str:
+    async def summarise(messages: list[ChatMessage]) -> str:
         reply = await provider.complete(messages)
         return str(reply.content or "")
 
@@ -163,8 +186,9 @@ def seen_delivery_ids(
 
 @dataclass(frozen=True)
 class _Plan:
-    archive: list[dict[str, Any]]  # oldest first; previous summaries among them
-    kept: list[dict[str, Any]]
+    # Transcript rows (``MessageRecord.as_dict``), read only.
+    archive: list[Mapping[str, Any]]  # oldest first; previous summaries among them
+    kept: list[Mapping[str, Any]]
 
 
 def _plan(
@@ -191,7 +215,7 @@ def _plan(
         used += cost
         cut -= 1
     older = active[:cut]
-    archive = [r for r in older if not _pinned(r, taken)]
+    archive: list[Mapping[str, Any]] = [r for r in older if not _pinned(r, taken)]
     if not any(not is_summary(r) for r in archive):
         return None  # nothing new to summarise
     # A previous summary is rolled into the new one wherever it stands: one summary at most.
@@ -328,7 +352,7 @@ class Compactor:
         *,
         lease: str | None = None,
         force: bool = False,
-    ) -> list[dict[str, Any]] | None:
+    ) -> list[dict[str, object]] | None:
         """Compact ``history`` (the transcript a turn read, ``MessageRecord.as_dict`` rows;
         ``taken`` the rows that turn folds): the history the turn goes on with (the summary
         last, where the store put it), or None when nothing was compacted (nothing to
@@ -370,17 +394,17 @@ class Compactor:
             record.as_dict(),
         ]
 
-    async def _summary_row(self, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    async def _summary_row(self, rows: list[Mapping[str, Any]]) -> SummaryRow | None:
         previous = [r for r in rows if is_summary(r)]
         prior_body = ""
         prior_count = 0
         for row in previous:
-            meta = row["display_metadata"]["summary"]
-            prior_body = f"{prior_body}\n\n{meta.get('body') or ''}".strip()
-            prior_count += int(meta.get("messages") or 0)
+            prior = row["display_metadata"]["summary"]
+            prior_body = f"{prior_body}\n\n{prior.get('body') or ''}".strip()
+            prior_count += int(prior.get("messages") or 0)
         fresh = [r for r in rows if not is_summary(r)]
         budget = max(self.policy.input_chars, 1000)
-        request = [
+        request: list[ChatMessage] = [
             {"role": "system", "content": SUMMARISE_PROMPT},
             {
                 "role": "user",
@@ -407,7 +431,7 @@ class Compactor:
         body = _bounded(defang(f"{prior_body}\n\n{text}".strip()), self.policy.summary_chars)
         deliveries = _covered(rows)
         count = prior_count + len(fresh)
-        meta = {
+        meta: SummaryDisplay = {
             "summary": {
                 "messages": count,
                 "first_id": min(r["id"] for r in rows),

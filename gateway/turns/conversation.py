@@ -17,9 +17,10 @@ import json
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from agent.markers import DELIVERY_MARKER, defang
+from agent.messages import ChatMessage, ContentPart
 from gateway.turns.compaction import is_summary
 
 __all__ = [
@@ -46,7 +47,7 @@ def message_text(message: Mapping[str, Any]) -> str:
     return ""
 
 
-def derive_session_id(messages: list[dict[str, Any]]) -> str:
+def derive_session_id(messages: Sequence[Mapping[str, Any]]) -> str:
     """A stable id for a conversation: its system prompt and first user message, hashed."""
     system = [message_text(m) for m in messages if m.get("role") == "system"]
     first_user = next((message_text(m) for m in messages if m.get("role") == "user"), "")
@@ -65,11 +66,11 @@ def delivery_context_text(contents: list[str]) -> str:
     )
 
 
-def _last_user(messages: list[dict[str, Any]]) -> dict[str, Any]:
+def _last_user(messages: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
     return next(m for m in reversed(messages) if m.get("role") == "user")
 
 
-def _sent_history(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def _sent_history(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """The conversation a request says came before its new user message."""
     last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
     return [
@@ -96,7 +97,7 @@ def _stored_history(transcript: tuple[Any, ...]) -> list[tuple[str, str]]:
 
 
 def pick_session(
-    messages: list[dict[str, Any]],
+    messages: Sequence[Mapping[str, Any]],
     candidates: Sequence[tuple[str, tuple[Any, ...]]],
     *,
     retry_key: bool = False,
@@ -144,13 +145,13 @@ def fork_of(home: str) -> str:
 
 
 def build_context(
-    history: list[dict[str, Any]],
-    taken: list[dict[str, Any]],
-    request_messages: list[dict[str, Any]],
-    user_message: dict[str, Any],
+    history: Sequence[Mapping[str, Any]],
+    taken: Sequence[Mapping[str, Any]],
+    request_messages: Sequence[Mapping[str, Any]],
+    user_message: Mapping[str, Any],
     *,
     wakeup: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[ChatMessage]:
     """The model's context: request system prompt, stored transcript, the new message.
 
     Only the server's own wake-ups (``wakeup`` for the new message; the ``wake`` mark the
@@ -166,7 +167,7 @@ def build_context(
     replaced them comes first, right after the request's system prompt.
     """
     taken_ids = {row["id"] for row in taken}
-    context: list[dict[str, Any]] = [
+    context: list[ChatMessage] = [
         {"role": "system", "content": message_text(m)}
         for m in request_messages
         if m["role"] in ("system", "developer") and message_text(m)
@@ -226,7 +227,7 @@ def build_context(
     return context
 
 
-def bound_context(context: list[dict[str, Any]], budget_chars: int) -> list[dict[str, Any]]:
+def bound_context(context: list[ChatMessage], budget_chars: int) -> list[ChatMessage]:
     """``context`` within ``budget_chars`` characters of content: never an unbounded history.
 
     The request's leading system messages, the results this turn folds and the new message
@@ -235,7 +236,7 @@ def bound_context(context: list[dict[str, Any]], budget_chars: int) -> list[dict
     left out is compaction's job; this bound only keeps every request sendable.)
     """
 
-    def size(messages: list[dict[str, Any]]) -> int:
+    def size(messages: list[ChatMessage]) -> int:
         return sum(len(str(m.get("content") or "")) for m in messages)
 
     if size(context) <= budget_chars:
@@ -271,9 +272,7 @@ def bound_context(context: list[dict[str, Any]], budget_chars: int) -> list[dict
     return [*head, *history, *end]
 
 
-def with_images(
-    context: list[dict[str, Any]], user_message: Mapping[str, Any]
-) -> list[dict[str, Any]]:
+def with_images(context: list[ChatMessage], user_message: Mapping[str, Any]) -> list[ChatMessage]:
     """``context`` whose last message (the new user message, as text) also carries the
     ``image_url`` parts ``user_message`` came with, in order after its text.
 
@@ -283,14 +282,18 @@ def with_images(
     content = user_message.get("content")
     if not isinstance(content, list):
         return context
-    images = [p for p in content if isinstance(p, dict) and p.get("type") == "image_url"]
+    images = [part for part in content if _is_image(part)]
     if not images or not context:
         return context
     last = context[-1]
-    parts: list[dict[str, Any]] = []
+    parts: list[ContentPart] = []
     if last.get("content"):
         parts.append({"type": "text", "text": str(last["content"])})
     return [*context[:-1], {**last, "content": [*parts, *images]}]
+
+
+def _is_image(part: object) -> TypeGuard[ContentPart]:
+    return isinstance(part, dict) and part.get("type") == "image_url"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.messages import JSONObject
 from agent.tools import ConfirmCallback, ToolProgress
 from delivery.session_backend import ApprovalRecord
 from gateway.session import SessionGone, SessionStore
@@ -55,7 +56,7 @@ class Parking:
     """A turn that may be answered early: what it streamed, whether it was answered
     (``future``), and whether its end is being stored (then it can no longer park)."""
 
-    future: asyncio.Future[dict[str, Any]]
+    future: asyncio.Future[JSONObject]
     streamed: list[str] = field(default_factory=list)
     storing: bool = False
     approval: ApprovalRecord | None = None
@@ -94,7 +95,7 @@ async def busy_reason(store: SessionStore, request: Any, hold: TurnHold) -> str 
 
 
 # Stores the parked turn: (the note, the rendered answer with ``reveille_approval``).
-StoreNote = Callable[[Note, dict[str, Any]], Awaitable[None]]
+StoreNote = Callable[[Note, JSONObject], Awaitable[None]]
 
 
 class TurnGate:
@@ -108,7 +109,7 @@ class TurnGate:
         confirm_for: Callable[..., ConfirmCallback],
         hold: TurnHold,
         on_approval: Callable[[ApprovalRecord], Awaitable[None]] | None,
-        render: Callable[[Any], dict[str, Any]],
+        render: Callable[[Any], JSONObject],
         parking: Parking | None,
         store_note: StoreNote,
         deltas: asyncio.Queue[str | ToolProgress | None] | None,
@@ -146,7 +147,7 @@ class TurnGate:
         note = pending_note(approval)
         shown = "".join(parking.streamed)
         text = f"{shown}\n\n{note}" if shown.strip() else note
-        response = {
+        response: JSONObject = {
             **self.render(Note(text)),
             "reveille_approval": {
                 "id": approval.id,
@@ -205,8 +206,8 @@ class TurnGate:
 
 
 async def first_answer(
-    task: asyncio.Task[dict[str, Any]], parked: asyncio.Future[dict[str, Any]] | None
-) -> dict[str, Any]:
+    task: asyncio.Task[JSONObject], parked: asyncio.Future[JSONObject] | None
+) -> JSONObject:
     """The turn's answer, or the note that it waits for an approval, whichever is first.
     Neither is cancelled when the client goes away: the turn runs on and is stored."""
     if parked is None:

@@ -15,8 +15,8 @@ import asyncio
 import logging
 import os
 import secrets
-from typing import Any
 
+from agent.messages import JSONObject
 from gateway.session import SessionStore
 
 __all__ = ["ANY_REQUEST", "IdempotencyClaims", "KeyReused", "StillRunning", "fingerprint_of"]
@@ -63,7 +63,7 @@ class IdempotencyClaims:
     def owner_for(self, fingerprint: str) -> str:
         return f"{self._boot}:{secrets.token_hex(6)}:{fingerprint}"
 
-    async def claim(self, key: str, owner: str, session_id: str) -> dict[str, Any] | None:
+    async def claim(self, key: str, owner: str, session_id: str) -> JSONObject | None:
         """None when this request runs the turn; the stored answer when it was run before.
 
         The key is bound to the request it was first sent with: the same key with another

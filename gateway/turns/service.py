@@ -37,11 +37,12 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agent.loop import Agent
+from agent.messages import ChatMessage
 from agent.providers.base import DeltaCallback, ModelOptions, ProviderError
 from agent.tools import ConfirmCallback, ToolContext, ToolProgress, UnitConfirmCallback
 from delivery import traces
@@ -130,7 +131,7 @@ def agent_turn_runner(agent: Agent | Callable[[], Agent]) -> TurnRunner:
     """A turn runner over an ``Agent``, or over a factory making one per turn."""
 
     async def run(
-        messages: list[dict[str, Any]],
+        messages: list[ChatMessage],
         ctx: ToolContext,
         on_delta: DeltaCallback | None,
         *,
@@ -170,7 +171,7 @@ class TurnRequest:
     """
 
     session_id: str
-    messages: list[dict[str, Any]]
+    messages: Sequence[Mapping[str, Any]]  # as the client sent them (checked where parsed)
     create: SessionSource | None = None
     idempotency_key: str | None = None
     stream: bool = False
@@ -329,7 +330,7 @@ class TurnService:
     # ----------------------------------------------------------------- which session
 
     async def resolve_conversation(
-        self, messages: list[dict[str, Any]], *, idempotency_key: str | None = None
+        self, messages: Sequence[Mapping[str, Any]], *, idempotency_key: str | None = None
     ) -> Conversation:
         """The session a request without a session id continues, or a new one's id (see
         ``gateway.turns.conversation.pick_session``). With an ``idempotency_key`` a repeat of a
@@ -504,15 +505,15 @@ class TurnService:
         try:
             user_message = next(m for m in reversed(request.messages) if m["role"] == "user")
 
-            def unbounded(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            def unbounded(history: list[dict[str, Any]]) -> list[ChatMessage]:
                 return build_context(
                     history, begun.taken, request.messages, user_message, wakeup=request.wakeup
                 )
 
-            def bounded(built: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            def bounded(built: list[ChatMessage]) -> list[ChatMessage]:
                 return with_images(bound_context(built, self.context_chars), user_message)
 
-            def context_of(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            def context_of(history: list[dict[str, Any]]) -> list[ChatMessage]:
                 return bounded(unbounded(history))
 
             # Judged on the whole history: the character bound would otherwise hide how
@@ -608,7 +609,7 @@ class TurnService:
         self,
         request: TurnRequest,
         begun: _Begun,
-        user_message: dict[str, Any],
+        user_message: Mapping[str, Any],
         owner: str | None,
         hold: TurnHold,
         parking: Parking | None,
@@ -638,12 +639,12 @@ class TurnService:
         request: TurnRequest,
         begun: _Begun,
         hold: TurnHold | None,
-        context_of: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
-        context: list[dict[str, Any]],
+        context_of: Callable[[list[dict[str, Any]]], list[ChatMessage]],
+        context: list[ChatMessage],
         ctx: ToolContext,
         on_delta: DeltaCallback | None,
         extra: dict[str, Any],
-    ) -> tuple[Any, list[dict[str, Any]]]:
+    ) -> tuple[Any, list[ChatMessage]]:
         """Run the agent on ``context``; its result and the context it was given. The
         backstop of compaction: when the provider refuses the context as too long, compact
         harder and run once more, unless the turn already streamed text or ran a tool
@@ -678,7 +679,7 @@ class TurnService:
         # A session not written yet has no stored turns to summarise.
         return self.compactor is not None and begun.unwritten is None and bool(begun.history)
 
-    def _compaction_due(self, begun: _Begun, context: list[dict[str, Any]]) -> bool:
+    def _compaction_due(self, begun: _Begun, context: list[ChatMessage]) -> bool:
         return (
             self._can_compact(begun) and self.compactor is not None and self.compactor.due(context)
         )
@@ -722,7 +723,7 @@ class TurnService:
         self,
         request: TurnRequest,
         begun: _Begun,
-        user_message: dict[str, Any],
+        user_message: Mapping[str, Any],
         result: Any,
         response: dict[str, Any],
         owner: str | None,

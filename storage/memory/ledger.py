@@ -31,7 +31,7 @@ from delivery.backend import (
 )
 from delivery.errors import DuplicateDeliveryError, LedgerUnavailable
 from delivery.peers import ServerRecord
-from delivery.rows import LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
+from delivery.rows import AuditEntry, LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
 from delivery.session_backend import holds_terms
 from delivery.write_future import WriteFuture
 from storage.pokes import LocalNotifier
@@ -39,7 +39,7 @@ from storage.pokes import LocalNotifier
 T = TypeVar("T")
 
 # What SQLite's schema gives a column an insert leaves out
-_DEFAULTS: dict[str, Any] = {
+_DEFAULTS: dict[str, int | None] = {
     **dict.fromkeys(COLUMNS),
     "claim_expires_at": 0,
     "delivery_attempts": 0,
@@ -341,7 +341,7 @@ class MemoryBackend:
     def rows_owned_by(self, owner: str, state: str, limit: int) -> list[LedgerRow]:
         return self._select(lambda r: r["state"] == state and r["owner"] == owner, limit=limit)
 
-    def audit_log(self, row_id: str) -> list[dict[str, Any]]:
+    def audit_log(self, row_id: str) -> list[AuditEntry]:
         with self._lock:
             return [
                 {"at": at, "action": action, "detail": detail}

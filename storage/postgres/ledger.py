@@ -35,7 +35,7 @@ import psycopg_pool
 from delivery.backend import LedgerTx
 from delivery.errors import LedgerUnavailable
 from delivery.peers import ServerRecord
-from delivery.rows import LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
+from delivery.rows import AuditEntry, LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
 from storage.postgres import sql as sql
 from storage.postgres.conn import (
@@ -376,7 +376,7 @@ class PostgresBackend:
     def rows_owned_by(self, owner: str, state: str, limit: int) -> list[LedgerRow]:
         return self._rows(sql.LEDGER_OWNED_BY, (state, owner, int(limit)))
 
-    def audit_log(self, row_id: str) -> list[dict[str, Any]]:
+    def audit_log(self, row_id: str) -> list[AuditEntry]:
         return [
             {"at": at, "action": a, "detail": d}
             for at, a, d in self._fetch(sql.LEDGER_AUDIT, (row_id,))

@@ -30,7 +30,7 @@ from delivery.errors import (
     NotALedgerError,
 )
 from delivery.peers import ServerRecord
-from delivery.rows import LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
+from delivery.rows import AuditEntry, LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
 from storage.sql import (
     PENDING_COUNTS,
@@ -426,7 +426,7 @@ class SqliteBackend:
             f"{_SELECT} WHERE state = ? AND owner = ? LIMIT ?", (state, owner, int(limit))
         )
 
-    def audit_log(self, row_id: str) -> list[dict[str, Any]]:
+    def audit_log(self, row_id: str) -> list[AuditEntry]:
         try:
             cur = self._reader().execute(
                 "SELECT at, action, detail FROM delivery_audit WHERE delivery_id = ? ORDER BY seq",

@@ -50,6 +50,7 @@ import hashlib
 import logging
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -459,7 +460,8 @@ class DiscordAdapter(BasePlatformAdapter):
         return source.user_id
 
     async def on_press(self, interaction: discord.Interaction[Any]) -> None:
-        data: dict[str, Any] = dict(interaction.data or {})
+        # discord.py's interaction payload, a TypedDict union: only ``custom_id`` is read.
+        data: Mapping[str, object] = interaction.data or {}
         custom_id = str(data.get("custom_id") or "")
         press = parse_press(custom_id, str(interaction.user.id), str(interaction.channel_id))
         if press is None:
@@ -499,7 +501,7 @@ class DiscordAdapter(BasePlatformAdapter):
             await self.client.http.send_typing(int(to.chat_id))
 
     async def send(
-        self, chat_id: str, text: str, *, metadata: dict[str, Any] | None = None
+        self, chat_id: str, text: str, *, metadata: Mapping[str, object] | None = None
     ) -> SendResult:
         source = SessionSource(platform=Platform.DISCORD, chat_id=chat_id)
         last: int | None = None

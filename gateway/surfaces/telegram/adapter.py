@@ -60,6 +60,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from agent.messages import JSONObject, JSONValue
 from delivery.cancel import CANCELLED, BackgroundUnit, active_units
 from gateway.adapter import BasePlatformAdapter, MessageEvent, SendResult
 from gateway.approvals import ApprovalRecord, Approvals
@@ -93,7 +94,7 @@ def telegram_session_id(source: SessionSource) -> str:
     return key
 
 
-def source_of_message(message: dict[str, Any]) -> SessionSource | None:
+def source_of_message(message: JSONObject) -> SessionSource | None:
     """The ``SessionSource`` of a Bot API ``Message``; None when it has no chat. ``BadField``
     when an id it names (chat, sender, forum topic) is not an integer Telegram gives: a
     topic id like "general" used to reach ``int()`` as a ValueError traceback."""
@@ -102,7 +103,7 @@ def source_of_message(message: dict[str, Any]) -> SessionSource | None:
         return None
     chat_id = telegram_id(chat["id"], "chat id", required=True)
     raw_sender = message.get("from")
-    sender: dict[str, Any] = raw_sender if isinstance(raw_sender, dict) else {}
+    sender: JSONObject = raw_sender if isinstance(raw_sender, dict) else {}
     user_id = telegram_id(sender.get("id"), "sender id")
     kind = str(chat.get("type") or "private")
     thread = message.get("message_thread_id") if message.get("is_topic_message") else None
@@ -112,10 +113,14 @@ def source_of_message(message: dict[str, Any]) -> SessionSource | None:
         chat_id=str(chat_id),
         chat_type="dm" if kind == "private" else kind,
         user_id=str(user_id) if user_id is not None else None,
-        user_name=sender.get("username") or sender.get("first_name"),
+        user_name=_text(sender.get("username")) or _text(sender.get("first_name")),
         thread_id=str(thread_id) if thread_id is not None else None,
-        chat_name=chat.get("title") or chat.get("username"),
+        chat_name=_text(chat.get("title")) or _text(chat.get("username")),
     )
+
+
+def _text(value: JSONValue) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 HELP_TEXT = (
@@ -241,7 +246,7 @@ class TelegramAdapter(BasePlatformAdapter):
             self.state, self.bot, self._dispatch, self.poller, in_hand=self._in_hand
         ).run()
 
-    async def _retrying(self, method: str, params: dict[str, Any]) -> Any:
+    async def _retrying(self, method: str, params: JSONObject) -> Any:
         delay = 1.0
         while True:
             try:
@@ -266,7 +271,7 @@ class TelegramAdapter(BasePlatformAdapter):
 
     # ----------------------------------------------------------------- user updates
 
-    def _dispatch(self, update_id: int, update: dict[str, Any]) -> None:
+    def _dispatch(self, update_id: int, update: JSONObject) -> None:
         if update_id in self._in_hand:
             return  # handed out twice (the intake and a takeover): answered once
         self._in_hand.add(update_id)
@@ -276,7 +281,7 @@ class TelegramAdapter(BasePlatformAdapter):
         # Once it is marked answered (or left to a takeover, when cancelled).
         task.add_done_callback(lambda _: self._in_hand.discard(update_id))
 
-    async def _process_update(self, update_id: int, update: dict[str, Any]) -> None:
+    async def _process_update(self, update_id: int, update: JSONObject) -> None:
         try:
             await self._answer_update(update_id, update)
         except asyncio.CancelledError:
@@ -285,7 +290,7 @@ class TelegramAdapter(BasePlatformAdapter):
             logger.exception("Telegram update %s could not be answered; dropped", update_id)
         await asyncio.to_thread(self.state.mark_answered, self.bot, update_id)
 
-    async def _answer_update(self, update_id: int, update: dict[str, Any]) -> None:
+    async def _answer_update(self, update_id: int, update: JSONObject) -> None:
         query = update.get("callback_query")
         if isinstance(query, dict):
             # Never behind the chat's lock: the turn holding it waits for this very press.
@@ -428,7 +433,7 @@ class TelegramAdapter(BasePlatformAdapter):
         except TelegramError as exc:
             raise surface_error(exc) from exc
 
-    async def _formatted(self, method: str, params: dict[str, Any], text: str) -> Any:
+    async def _formatted(self, method: str, params: JSONObject, text: str) -> Any:
         """``text`` as Telegram HTML; as plain text when Telegram cannot parse it anyway."""
         try:
             return await self.api.call(
@@ -441,12 +446,12 @@ class TelegramAdapter(BasePlatformAdapter):
             return await self.api.call(method, {**params, "text": text})
 
     async def send(
-        self, chat_id: str, text: str, *, metadata: dict[str, Any] | None = None
+        self, chat_id: str, text: str, *, metadata: JSONObject | None = None
     ) -> SendResult:
         source = SessionSource(
             platform=Platform.TELEGRAM,
             chat_id=chat_id,
-            thread_id=(metadata or {}).get("thread_id"),
+            thread_id=_text((metadata or {}).get("thread_id")),
         )
         last: int | None = None
         try:

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from agent.messages import JSONObject
 from gateway.session import SessionSource
 from gateway.surfaces.telegram.updates import TooDeep, loads_bounded
 
@@ -163,6 +164,6 @@ class TelegramApi:
         raise TelegramError(method, code, description, retry_after=retry_after)
 
 
-def thread_params(source: SessionSource) -> dict[str, Any]:
+def thread_params(source: SessionSource) -> JSONObject:
     """The Bot API parameter that keeps a message in its forum topic, if the chat has one."""
     return {"message_thread_id": int(source.thread_id)} if source.thread_id else {}

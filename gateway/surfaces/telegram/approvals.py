@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
+from agent.messages import JSONObject
 from gateway.approvals import ApprovalRecord, Approvals
 from gateway.config import Platform
 from gateway.session import SessionSource, SessionStore
@@ -126,13 +126,14 @@ class ApprovalKeyboard:
         source = SessionSource.from_dict(session.source)
         return source if source.platform is Platform.TELEGRAM else None
 
-    async def on_press(self, query: dict[str, Any]) -> None:
+    async def on_press(self, query: JSONObject) -> None:
         """A button press (callback query): decide the approval it names, once."""
         query_id = str(query.get("id") or "")
         data = query.get("data")
         raw_user = query.get("from")
         user = str(raw_user.get("id")) if isinstance(raw_user, dict) else ""
-        message = query.get("message") if isinstance(query.get("message"), dict) else None
+        raw_message = query.get("message")
+        message = raw_message if isinstance(raw_message, dict) else None
         chat = message.get("chat") if message is not None else None
         here = str(chat.get("id")) if isinstance(chat, dict) else ""
         result = PressAnswer("This button does nothing.")

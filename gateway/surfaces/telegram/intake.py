@@ -29,6 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agent.messages import JSONObject
 from gateway.surfaces.telegram.api import TelegramApi, TelegramError
 from gateway.surfaces.telegram.state import TelegramState
 from gateway.surfaces.telegram.updates import (
@@ -50,7 +51,7 @@ _MAX_BACKOFF_SECONDS = 60.0
 _SKIPPED_ONLY_MAX_WAIT_SECONDS = 5.0
 _ALLOWED_UPDATES = ["message", "callback_query"]
 
-Dispatch = Callable[[int, dict[str, Any]], None]
+Dispatch = Callable[[int, JSONObject], None]
 
 
 class LongPoller:

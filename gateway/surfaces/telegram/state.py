@@ -34,8 +34,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Collection
-from typing import Any
 
+from agent.messages import JSONObject
 from delivery.identity import current_identity, holder_is_dead
 from delivery.telegram_backend import TelegramBackend
 from gateway.surfaces.telegram.updates import update_id_of
@@ -72,8 +72,8 @@ class TelegramState:
         return self.backend.next_offset(bot)
 
     def take_updates(
-        self, bot: str, updates: list[dict[str, Any]], *, move_offset: bool = True
-    ) -> list[tuple[int, dict[str, Any]]]:
+        self, bot: str, updates: list[JSONObject], *, move_offset: bool = True
+    ) -> list[tuple[int, JSONObject]]:
         """Store ``updates`` in the inbox, claimed by this server, and (polling) move the
         offset past them, atomically.
 
@@ -84,7 +84,7 @@ class TelegramState:
         # An id no update can have (``update_id_of``) is left out: stored, it would fail
         # the whole transaction and so block every later update.
         valid = sorted(
-            ((int(u["update_id"]), u) for u in updates if update_id_of(u) is not None),
+            ((update_id, u) for u in updates if (update_id := update_id_of(u)) is not None),
             key=lambda pair: pair[0],
         )
         fresh = set(
@@ -101,12 +101,12 @@ class TelegramState:
 
     def claim_orphans(
         self, bot: str, in_hand: Collection[int] = ()
-    ) -> list[tuple[int, dict[str, Any]]]:
+    ) -> list[tuple[int, JSONObject]]:
         """Unanswered updates whose holder is gone (or none), now claimed by this server,
         oldest first. This server's own are left out when ``in_hand`` (being answered);
         one of its own that is not (its intake was cancelled between storing and handing
         it out) is handed out again."""
-        taken: list[tuple[int, dict[str, Any]]] = []
+        taken: list[tuple[int, JSONObject]] = []
         for row in self.backend.unanswered(bot):
             if row.holder == self.holder and row.update_id in in_hand:
                 continue

@@ -23,6 +23,8 @@ import re
 from collections import OrderedDict
 from typing import Any
 
+from agent.messages import JSONObject
+
 __all__ = [
     "MAX_DEPTH",
     "MAX_UPDATE_ID",
@@ -152,9 +154,9 @@ class SkippedUpdates:
         return True
 
 
-def split_updates(updates: list[Any], skipped: SkippedUpdates) -> list[tuple[int, dict[str, Any]]]:
+def split_updates(updates: list[Any], skipped: SkippedUpdates) -> list[tuple[int, JSONObject]]:
     """The updates the intake can take, with their ids; the others are recorded skipped."""
-    good: list[tuple[int, dict[str, Any]]] = []
+    good: list[tuple[int, JSONObject]] = []
     for update in updates:
         update_id = update_id_of(update)
         if update_id is None:
