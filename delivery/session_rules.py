@@ -134,9 +134,7 @@ class SessionRules:
     def create_session(self, session_id: str, new: NewSession) -> SessionRecord:
         return self._tx.write((session_id,), self._creation(session_id, new))
 
-    def _creation(
-        self, session_id: str, new: NewSession
-    ) -> Callable[[SessionRows], SessionRecord]:
+    def _creation(self, session_id: str, new: NewSession) -> Callable[[SessionRows], SessionRecord]:
         now = self._clock()
 
         def op(rows: SessionRows) -> SessionRecord:
