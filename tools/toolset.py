@@ -9,6 +9,7 @@ from __future__ import annotations
 from agent.providers import ModelProvider
 from agent.tools import ToolRegistry
 from tools.delegate_tool import DelegationLimits, make_delegate_tool
+from tools.mcp.manager import mcp_clients
 from tools.shell_tool import make_shell_tool
 from tools.wakeup_tool import MIN_DELAY_SECONDS, make_wakeup_tool
 from tools.watch_tool import make_watch_tool
@@ -26,7 +27,8 @@ def build_default_registry(
     wakeup_min_delay_seconds: float = MIN_DELAY_SECONDS,
 ) -> ToolRegistry:
     """The tools a conversation gets: `delegate_task`, `terminal` (which refuses when off),
-    `schedule_wakeup` and `watch`.
+    `schedule_wakeup` and `watch`, and the tools of the MCP servers this process connects
+    (``tools.mcp.manager``), kept current as their lists change.
 
     Sub-agents get these tools too (those their dispatch names; by default all but
     `delegate_task`, `schedule_wakeup` and `watch`), within the ``delegation`` limits.
@@ -52,4 +54,5 @@ def build_default_registry(
     registry.register(
         make_watch_tool(shell_enabled=shell_enabled, require_approval=shell_requires_approval)
     )
+    mcp_clients.attach(registry)
     return registry

@@ -24,6 +24,7 @@ SHELL_PREFIX = "run in the background:"
 DELEGATE_TOOL = "delegate_task"
 SHELL_TOOL = "terminal"
 WAKEUP_TOOL = "schedule_wakeup"
+_CALL = re.compile(r"^\s*call\s+([A-Za-z0-9_:.-]+)\s+with\s+(\{.*\})\s*$", re.I | re.S)
 _REMIND = re.compile(r"^\s*remind me in\s+(\d{1,9})\s+seconds?\s*:\s*(.*)$", re.I | re.S)
 _SNIPPET_CHARS = 200
 
@@ -210,6 +211,15 @@ class DemoModel:
                 return "I can't run commands here: the shell tool is not available.", []
             args = {"command": shell_command, "background": True, "notify_on_complete": True}
             return None, [_tool_call(position, SHELL_TOOL, args)]
+        call = _CALL.match(text)
+        if call is not None:
+            # "call <tool> with <JSON arguments>": any offered tool (an MCP server's ...)
+            name, arguments = call.group(1), _json_or_none(call.group(2))
+            if name not in offered:
+                return f"I can't call {name} here: no tool of that name is offered.", []
+            if arguments is None:
+                return f"The arguments for {name} must be one JSON object.", []
+            return None, [_tool_call(position, name, arguments)]
         remind = _REMIND.match(text)
         if remind is not None:
             note = remind.group(2).strip()

@@ -1,0 +1,106 @@
+"""The MCP servers of this process: one connection each, started on the server's event loop
+by the composition root, and their tools kept current in every agent registry attached.
+
+``mcp_clients`` is the process's one set (like ``process_registry``): ``serve`` starts it
+with ``[mcp.servers.*]`` and stops it at exit; ``build_default_registry`` attaches each
+registry it builds, so every surface's turns (and the sub-agents they start, whose
+toolsets name ``mcp:NAME``) get the tools, and a ``tools/list_changed`` reaches them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agent.tools import ToolRegistry
+from tools.mcp.adapter import make_tools, tool_name
+from tools.mcp.config import McpServerConfig
+from tools.mcp.connection import McpConnection, State
+
+logger = logging.getLogger(__name__)
+
+FIRST_CONNECT_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class McpServerStatus:
+    """One server as an operator sees it."""
+
+    name: str
+    transport: str
+    state: State
+    last_error: str
+    tools: tuple[str, ...]  # the namespaced names the agent calls
+    restarts: int
+
+
+class McpClients:
+    """The connections of this process, and the registries that offer their tools."""
+
+    def __init__(self) -> None:
+        self._connections: dict[str, McpConnection] = {}
+        self._registries: weakref.WeakSet[ToolRegistry] = weakref.WeakSet()
+
+    async def start(
+        self,
+        configs: Sequence[McpServerConfig],
+        *,
+        first_connect_seconds: float = FIRST_CONNECT_SECONDS,
+        min_backoff: float | None = None,
+    ) -> None:
+        """Connect each server on this loop; waits (at most ``first_connect_seconds``) for
+        each first attempt, so the first turn sees the tools of the servers that are up."""
+        for config in configs:
+            kwargs = {} if min_backoff is None else {"min_backoff": min_backoff}
+            connection = McpConnection(config, on_tools=self._refresh, **kwargs)
+            self._connections[config.name] = connection
+            connection.start()
+        await asyncio.gather(
+            *(c.wait_settled(first_connect_seconds) for c in self._connections.values())
+        )
+
+    async def stop(self) -> None:
+        connections = list(self._connections.values())
+        self._connections.clear()
+        await asyncio.gather(*(c.stop() for c in connections))
+        for connection in connections:
+            self._put(connection, offered=False)
+
+    def attach(self, registry: ToolRegistry) -> None:
+        """Offer the servers' tools in ``registry`` from now on (and keep them current)."""
+        self._registries.add(registry)
+        for connection in self._connections.values():
+            registry.replace_toolset(connection.config.toolset, make_tools(connection))
+
+    def connection(self, name: str) -> McpConnection | None:
+        return self._connections.get(name)
+
+    def servers(self) -> list[McpServerStatus]:
+        return [
+            McpServerStatus(
+                name=c.name,
+                transport=c.config.transport,
+                state=c.state,
+                last_error=c.last_error,
+                tools=tuple(tool_name(c.name, t.name) for t in c.tools),
+                restarts=c.restarts,
+            )
+            for c in self._connections.values()
+        ]
+
+    def _refresh(self, connection: McpConnection) -> None:
+        self._put(connection, offered=True)
+
+    def _put(self, connection: McpConnection, *, offered: bool) -> None:
+        tools = make_tools(connection) if offered else []
+        for registry in list(self._registries):
+            try:
+                registry.replace_toolset(connection.config.toolset, tools)
+            except ValueError as exc:
+                logger.warning("MCP server %s: tools not offered: %s", connection.name, exc)
+
+
+mcp_clients = McpClients()
