@@ -14,6 +14,7 @@ from reveille import (
     db,
     deliveries,
     log_format,
+    mcp_cmd,
     prune,
     webhooks_cmd,
 )
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_parser(sub)
     backup.add_parsers(sub)
     prune.add_parser(sub)
+    mcp_cmd.add_parser(sub)
     return parser
 
 

@@ -175,7 +175,7 @@ class DemoModel:
             return _demo_summary(messages), []
         if any(m.get("role") == "system" and SUBAGENT_MARKER in _text(m) for m in messages):
             await asyncio.sleep(self.delay_seconds)
-            return self._subagent_result(messages), []
+            return self._subagent_step(messages, offered)
 
         turn = _current_turn(messages)
         summaries = [
@@ -239,11 +239,29 @@ class DemoModel:
         return None
 
     @staticmethod
-    def _subagent_result(messages: list[dict[str, Any]]) -> str:
+    def _subagent_goal(messages: list[dict[str, Any]]) -> str:
         users = [_text(m) for m in messages if m.get("role") == "user"]
         task = users[-1] if users else ""
         match = re.search(r"^\s*Goal:\s*(.+)$", task, flags=re.MULTILINE)
-        goal = (match.group(1) if match else task).strip() or "the delegated goal"
+        return (match.group(1) if match else task).strip() or "the delegated goal"
+
+    def _subagent_step(
+        self, messages: list[dict[str, Any]], offered: set[str | None]
+    ) -> tuple[str | None, list[dict[str, Any]]]:
+        """A sub-agent's goal ``call <tool> with <JSON>`` calls that tool (when it has it)
+        and reports its result; any other goal is declared done."""
+        goal = self._subagent_goal(messages)
+        if messages and messages[-1].get("role") == "tool":
+            return f"Done: {goal}. Result: {first_lines(_text(messages[-1]), 3)}", []
+        call = _CALL.match(goal)
+        arguments = _json_or_none(call.group(2)) if call is not None else None
+        if call is not None and call.group(1) in offered and arguments is not None:
+            return None, [_tool_call(len(messages), call.group(1), arguments)]
+        return self._subagent_result(messages), []
+
+    @classmethod
+    def _subagent_result(cls, messages: list[dict[str, Any]]) -> str:
+        goal = cls._subagent_goal(messages)
         return f"Done: {goal.rstrip('.')}. (demo sub-agent result)"
 
 
