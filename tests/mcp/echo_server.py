@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -38,8 +39,13 @@ def build() -> MCPServer:
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
     async def slow(seconds: float) -> str:
-        """Sleep, then answer."""
-        await asyncio.sleep(seconds)
+        """Sleep, then answer; a cancelled call is written to $ECHO_CANCELLED_FILE."""
+        try:
+            await asyncio.sleep(seconds)
+        except BaseException:
+            if marker := os.environ.get("ECHO_CANCELLED_FILE"):
+                Path(marker).write_text("cancelled")
+            raise
         return "slept"
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True))

@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from agent.tools import ToolContext, ToolRegistry
 from tests.api_server._support import poll
+from tools.delegate_tool import subagent_toolsets
 from tools.mcp.config import McpServerConfig
 from tools.mcp.manager import McpClients
 
@@ -76,10 +80,16 @@ async def test_a_crashed_stdio_server_is_restarted(clients) -> None:
     assert second.isdigit() and second != first
 
 
-async def test_a_call_past_its_timeout_is_cancelled_and_the_agent_told(clients) -> None:
-    registry = await started(clients, stdio_echo(timeout_seconds=0.5))
+async def test_a_call_past_its_timeout_is_cancelled_and_the_agent_told(
+    clients, tmp_path: Path
+) -> None:
+    marker = tmp_path / "cancelled"
+    echo = stdio_echo(timeout_seconds=0.5, env={"ECHO_CANCELLED_FILE": str(marker)})
+    registry = await started(clients, echo)
     result = json.loads(await call(registry, "echo__slow", {"seconds": 30}))
     assert "took longer than 0.5 s and was cancelled" in result["error"]
+    # The server heard of it (notifications/cancelled) and stopped the work.
+    await poll(marker.exists)
     # The session is still good for the next call.
     assert await call(registry, "echo__say", {"text": "after"}) == "echo: after"
 
@@ -133,3 +143,40 @@ async def test_http_server_with_a_secret_header_never_logged(
     assert os.environ["ECHO_EXPECTED_TOKEN"] == TOKEN
     assert caplog.records and TOKEN not in caplog.text
     assert TOKEN not in repr(config)
+
+
+async def test_a_sub_agent_gets_the_servers_toolset_by_name(clients) -> None:
+    registry = await started(clients, stdio_echo(include=("say",)))
+    assert subagent_toolsets(registry, ["mcp:echo"], may_delegate=False) == ["mcp:echo"]
+    assert subagent_toolsets(registry, ["echo__say"], may_delegate=False) == ["mcp:echo"]
+    assert "mcp:echo" in subagent_toolsets(registry, None, may_delegate=False)
+
+
+def test_mcp_list_shows_servers_their_state_and_tools(tmp_path: Path) -> None:
+    echo = stdio_echo()
+    command = ", ".join(json.dumps(part) for part in echo.command)
+    (tmp_path / "config.toml").write_text(
+        f"""
+[mcp.servers.echo]
+command = [{command}]
+include = ["say", "pid"]
+env = {{ SECRET = "${{LIST_SECRET}}" }}
+
+[mcp.servers.gone]
+command = ["/nonexistent/server"]
+"""
+    )
+    env = {**os.environ, "REVEILLE_HOME": str(tmp_path), "LIST_SECRET": TOKEN}
+    env.pop("REVEILLE_CONFIG", None)
+    listed = subprocess.run(
+        [sys.executable, "-m", "reveille.cli", "mcp", "list", "--wait", "10"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 1, listed.stderr  # one server is not ready
+    out = listed.stdout
+    assert "echo (stdio): ready\n  toolset mcp:echo, 2 tool(s)\n  - echo__say\n  - echo__pid" in out
+    assert "gone (stdio): failed - FileNotFoundError" in out
+    assert TOKEN not in out and TOKEN not in listed.stderr

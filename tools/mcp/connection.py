@@ -24,7 +24,7 @@ import logging
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 import anyio
 import mcp_types as types
@@ -175,7 +175,7 @@ class McpConnection:
         if self.config.command:
             program, *args = self.config.command
             params = StdioServerParameters(command=program, args=args, env=dict(self.config.env))
-            async with stdio_client(params, errlog=sys.stderr) as streams:
+            async with stdio_client(params, errlog=_errlog()) as streams:
                 yield streams
             return
         # Header values (secrets) go only into the client; nothing here logs them.
@@ -306,6 +306,16 @@ async def _forward(
         pass
     finally:
         lost.set()
+
+
+def _errlog() -> TextIO:
+    """Where a stdio server's stderr goes: ours, or the process's own when ours is no file
+    (a captured stream has no descriptor for the child to write to)."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.__stderr__ or sys.stderr
+    return sys.stderr
 
 
 def _info(tool: types.Tool) -> McpToolInfo:
