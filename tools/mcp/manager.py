@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.tools import ToolRegistry
+from agent.tools import Tool, ToolRegistry
 from tools.mcp.adapter import make_tools, tool_name
 from tools.mcp.config import McpServerConfig
 from tools.mcp.connection import McpConnection, State
@@ -73,7 +73,7 @@ class McpClients:
         """Offer the servers' tools in ``registry`` from now on (and keep them current)."""
         self._registries.add(registry)
         for connection in self._connections.values():
-            registry.replace_toolset(connection.config.toolset, make_tools(connection))
+            _offer(registry, connection, make_tools(connection))
 
     def connection(self, name: str) -> McpConnection | None:
         return self._connections.get(name)
@@ -97,10 +97,16 @@ class McpClients:
     def _put(self, connection: McpConnection, *, offered: bool) -> None:
         tools = make_tools(connection) if offered else []
         for registry in list(self._registries):
-            try:
-                registry.replace_toolset(connection.config.toolset, tools)
-            except ValueError as exc:
-                logger.warning("MCP server %s: tools not offered: %s", connection.name, exc)
+            _offer(registry, connection, tools)
+
+
+def _offer(registry: ToolRegistry, connection: McpConnection, tools: list[Tool]) -> None:
+    """Put ``tools`` in ``registry`` as the server's toolset; names another tool already has
+    (two servers' names that meet after namespacing) leave the server's tools out, said."""
+    try:
+        registry.replace_toolset(connection.config.toolset, tools)
+    except ValueError as exc:
+        logger.warning("MCP server %s: tools not offered: %s", connection.name, exc)
 
 
 mcp_clients = McpClients()
