@@ -4,6 +4,8 @@ turn, in a background sub-agent whose result comes home, an approval asked and a
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from reveille.settings import Settings
 from tests.api_server._support import DEMO_DELAY, KEY, RecordingProvider, poll
 from tests.api_server.test_approvals import api
 from tests.api_server.test_runner import DELEGATION_DISPLAY_KIND, clean_state, messages, user
+from tools.async_delegation import cancel_delegation, get_durable_delegation
 from tools.mcp.manager import mcp_clients
 
 from ._support import stdio_echo
@@ -116,3 +119,54 @@ async def test_an_unknown_tool_is_answered_not_called(app) -> None:
     assert "no tool of that name" in reply
     reply, _ = await turn(app.adapter.port, "call echo__say with {not json}")
     assert "must be one JSON object" in reply
+
+
+@pytest.fixture
+async def slow_app(tmp_path, clean_state):  # type: ignore[no-untyped-def]
+    marker = tmp_path / "cancelled"
+    echo = stdio_echo(env={"ECHO_CANCELLED_FILE": str(marker)})
+    settings = Settings(
+        home=tmp_path,
+        port=0,
+        webui_port=0,
+        api_key=KEY,
+        demo_delay_seconds=DEMO_DELAY,
+        mcp_servers=(echo,),
+    )
+    async with serve(settings, provider=RecordingProvider(DemoModel(DEMO_DELAY))) as running:
+        yield running, marker
+
+
+async def test_a_call_in_the_background_comes_home(slow_app) -> None:
+    app, _ = slow_app
+    port = app.adapter.port
+    reply, _ = await turn(port, 'call echo__slow with {"seconds": 0.3, "background": true}')
+    started = json.loads(reply.removeprefix("echo__slow returned: "))
+    assert started["status"] == "dispatched"
+    deleg_id = started["delegation_id"]
+
+    async def delivered() -> list[dict[str, Any]]:
+        rows = []
+        for sid in await sessions(port):
+            for row in await messages(port, sid):
+                meta = row["display_metadata"] or {}
+                if meta.get("delegation_id") == deleg_id:
+                    rows.append(row)
+        return rows
+
+    (row,) = await poll(delivered, timeout=30)
+    assert row["display_metadata"]["summary"] == "slept"
+    await poll(lambda: get_durable_delegation(deleg_id)["delivery_state"] == "delivered")
+    assert get_durable_delegation(deleg_id)["state"] == "completed"
+
+
+async def test_cancelling_a_background_call_cancels_it_on_the_server(slow_app) -> None:
+    app, marker = slow_app
+    reply, _ = await turn(
+        app.adapter.port, 'call echo__slow with {"seconds": 60, "background": true}'
+    )
+    deleg_id = json.loads(reply.removeprefix("echo__slow returned: "))["delegation_id"]
+    await poll(lambda: get_durable_delegation(deleg_id)["state"] == "running")
+    assert await asyncio.to_thread(cancel_delegation, deleg_id)
+    await poll(marker.exists)
+    await poll(lambda: get_durable_delegation(deleg_id)["state"] == "cancelled")

@@ -4,7 +4,8 @@ named ``SERVER__tool`` (its inputSchema as parameters) in the toolset ``mcp:SERV
 A call asks a person first when the server's ``approvals`` setting says so (through
 ``ToolContext.confirm``, the path the shell tool takes), then runs on the connection's loop.
 The result is the text content joined; an ``isError`` result, a timeout or a lost server
-comes back as an error the model reads.
+comes back as an error the model reads. ``background: true`` (an argument Reveille adds
+unless the tool has its own) runs the call as a background unit (``tools.mcp.background``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,20 @@ import json
 import re
 from typing import Any
 
+from agent.tool_args import as_bool
 from agent.tools import ApprovalExpired, Tool, ToolContext, tool_error
+from tools.mcp.background import dispatch_call
 from tools.mcp.connection import McpConnection, McpToolInfo
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 MAX_NAME = 64  # what OpenAI-compatible endpoints accept as a function name
 _ARGS_SHOWN = 500
+BACKGROUND = "background"
+_BACKGROUND_PARAMETER = {
+    "type": "boolean",
+    "description": "true: answer at once and run the call in the background; its result "
+    "comes back to this conversation when it ends.",
+}
 
 
 def tool_name(server: str, tool: str) -> str:
@@ -39,8 +48,15 @@ def make_tools(connection: McpConnection) -> list[Tool]:
 
 def _tool(connection: McpConnection, info: McpToolInfo, name: str) -> Tool:
     config = connection.config
+    # Reveille's own argument, unless the server's tool has one of that name.
+    own = BACKGROUND in (info.parameters.get("properties") or {})
+    parameters = info.parameters
+    if not own:
+        properties = {**(parameters.get("properties") or {}), BACKGROUND: _BACKGROUND_PARAMETER}
+        parameters = {**parameters, "properties": properties}
 
-    async def handler(args: dict[str, Any], ctx: ToolContext) -> str:
+    async def handler(args: dict[str, Any], ctx: ToolContext) -> str | dict[str, Any]:
+        background = not own and as_bool(args.pop(BACKGROUND, None))
         if config.asks(info.read_only):
             if ctx.confirm is None:
                 return json.dumps(
@@ -61,6 +77,8 @@ def _tool(connection: McpConnection, info: McpToolInfo, name: str) -> Tool:
                 return json.dumps(
                     {"error": f"nobody approved {name} in time; it did not run", "expired": True}
                 )
+        if background:
+            return await dispatch_call(connection, info.name, name, args, ctx)
         result = await connection.call_from_anywhere(info.name, args, ctx)
         if result.is_error:
             return tool_error(result.text or f"{name} failed")
@@ -69,7 +87,7 @@ def _tool(connection: McpConnection, info: McpToolInfo, name: str) -> Tool:
     return Tool(
         name=name,
         description=f"[MCP {config.name}] {info.description}",
-        parameters=info.parameters,
+        parameters=parameters,
         handler=handler,
         toolset=config.toolset,
     )
