@@ -185,8 +185,8 @@ async def serve(
             stack.push_async_callback(_quietly, aclose)
 
         # Before the agents are built (each registry takes the servers' tools), on this loop.
-        await mcp_clients.start(settings.mcp_servers)
-        stack.push_async_callback(mcp_clients.stop)
+        mcp = await mcp_clients.start(settings.mcp_servers)
+        stack.push_async_callback(mcp_clients.stop, mcp)
         metrics = Metrics()
         backend = runtime.ledger.backend
         metrics.ledger_counts = backend.delivery_counts

@@ -50,23 +50,29 @@ class McpClients:
         *,
         first_connect_seconds: float = FIRST_CONNECT_SECONDS,
         min_backoff: float | None = None,
-    ) -> None:
+    ) -> list[McpConnection]:
         """Connect each server on this loop; waits (at most ``first_connect_seconds``) for
-        each first attempt, so the first turn sees the tools of the servers that are up."""
+        each first attempt, so the first turn sees the tools of the servers that are up.
+        Returns the connections started, for ``stop``."""
+        started: list[McpConnection] = []
         for config in configs:
             kwargs = {} if min_backoff is None else {"min_backoff": min_backoff}
             connection = McpConnection(config, on_tools=self._refresh, **kwargs)
             self._connections[config.name] = connection
             connection.start()
-        await asyncio.gather(
-            *(c.wait_settled(first_connect_seconds) for c in self._connections.values())
-        )
+            started.append(connection)
+        await asyncio.gather(*(c.wait_settled(first_connect_seconds) for c in started))
+        return started
 
-    async def stop(self) -> None:
-        connections = list(self._connections.values())
-        self._connections.clear()
-        await asyncio.gather(*(c.stop() for c in connections))
-        for connection in connections:
+    async def stop(self, connections: Sequence[McpConnection] | None = None) -> None:
+        """Close ``connections`` (default: all) and take their tools off the registries;
+        another ``serve`` in the same process (tests) keeps its own."""
+        closing = list(self._connections.values()) if connections is None else list(connections)
+        for connection in closing:
+            if self._connections.get(connection.name) is connection:
+                del self._connections[connection.name]
+        await asyncio.gather(*(c.stop() for c in closing))
+        for connection in closing:
             self._put(connection, offered=False)
 
     def attach(self, registry: ToolRegistry) -> None:
