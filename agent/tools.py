@@ -203,6 +203,17 @@ class ToolRegistry:
         self._tools[tool.name] = tool
         self._schemas = None
 
+    def replace_toolset(self, toolset: str, tools: list[Tool]) -> None:
+        """Put ``tools`` in place of the tools of ``toolset`` (a tool source whose list
+        changed: an MCP server's ``tools/list_changed``); the others stay as they are."""
+        kept = {n: t for n, t in self._tools.items() if t.toolset_name != toolset}
+        clash = [tool.name for tool in tools if tool.name in kept]
+        if clash:
+            raise ValueError(f"tool name(s) already registered: {', '.join(clash)}")
+        # One assignment: a reader on another thread sees the old set or the new one.
+        self._tools = {**kept, **{tool.name: tool for tool in tools}}
+        self._schemas = None
+
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 

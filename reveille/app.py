@@ -73,6 +73,7 @@ from tools.background_processes import PROCESSES_DIR
 from tools.completion_queue import CompletionQueue
 from tools.delegate_tool import DelegationLimits
 from tools.delegation_runtime import DelegationRuntime
+from tools.mcp.manager import mcp_clients
 from tools.process_registry import process_registry
 from tools.toolset import build_default_registry
 from tools.wake_when_tool import install_inbox, installed_inbox
@@ -197,6 +198,9 @@ async def serve(
         if provider is None and aclose is not None:
             stack.push_async_callback(_quietly, aclose)
 
+        # Before the agents are built (each registry takes the servers' tools), on this loop.
+        mcp = await mcp_clients.start(settings.mcp_servers)
+        stack.push_async_callback(mcp_clients.stop, mcp)
         metrics = Metrics()
         backend = runtime.ledger.backend
         metrics.ledger_counts = backend.delivery_counts
@@ -506,7 +510,7 @@ def build_surfaces(
         agent = build_agent(settings, model)
         asks = (
             approvals or Approvals(store, timeout_seconds=settings.shell_approval_timeout)
-            if settings.shell_asks
+            if settings.asks_approvals
             else None
         )
         for platform in platforms:
@@ -565,8 +569,8 @@ def build_webui(
         max_concurrent_runs=settings.max_concurrent_runs,
         context_chars=settings.context_chars,
         compactor=Compactor(store, provider_summariser(model), settings.compaction_policy),
-        confirm_for=approvals.confirm_for if settings.shell_asks else None,
-        confirm_unit_for=approvals.confirm_unit_for if settings.shell_asks else None,
+        confirm_for=approvals.confirm_for if settings.asks_approvals else None,
+        confirm_unit_for=approvals.confirm_unit_for if settings.asks_approvals else None,
     )
     turns = WebTurns(
         store, service, log, approvals, runtime_stale=runtime_watch(settings_files(settings))
@@ -611,7 +615,7 @@ def gateway_approvals(settings: Settings, approvals: Approvals, *, park: bool) -
     """The ``TurnService`` arguments that make a gateway surface's turns ask approvals
     (when the shell tool is on with ``[shell] approvals = "always"``), holding the session
     while one is pending; ``park`` answers the turn's client at once (the API server)."""
-    if not settings.shell_asks:
+    if not settings.asks_approvals:
         return {}
     return {
         "confirm_for": approvals.confirm_for,

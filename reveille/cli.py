@@ -15,6 +15,7 @@ from reveille import (
     deliveries,
     hooks_cmd,
     log_format,
+    mcp_cmd,
     prune,
     schedules_cmd,
     webhooks_cmd,
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_parser(sub)
     backup.add_parsers(sub)
     prune.add_parser(sub)
+    mcp_cmd.add_parser(sub)
     return parser
 
 

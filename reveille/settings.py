@@ -22,6 +22,7 @@ from delivery.retention import RetentionPolicy
 from gateway.turns.compaction import CompactionPolicy
 from gateway.webhooks import check_secret
 from reveille.hook_settings import HookSettingsError, parse_hook_tables
+from tools.mcp.config import McpConfigError, McpServerConfig, parse_servers
 
 
 class SettingsError(ValueError):
@@ -149,6 +150,12 @@ class Settings:
         """The shell tool is on and a person approves each command."""
         return self.shell_enabled and self.shell_approvals.strip().lower() != "never"
 
+    @property
+    def asks_approvals(self) -> bool:
+        """Some tool may ask a person: the shell tool, or an MCP server's tools (by its
+        ``approvals`` setting) or its questions (elicitation); surfaces then take answers."""
+        return self.shell_asks or bool(self.mcp_servers)
+
     # the Responses API: stored responses are kept this many days after they end (0 =
     # forever); retention's ``stored_responses`` kind reads it (one setting, not two)
     responses_keep_days: float = 30.0
@@ -165,6 +172,8 @@ class Settings:
     # setting name -> where its value came from ("$VAR", "<file> [section] key", "command
     # line"); absent: the default. Filled by ``load_settings``, for errors found later.
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    # [mcp.servers.NAME] tables (tools.mcp.config): the MCP servers whose tools agents get
+    mcp_servers: tuple[McpServerConfig, ...] = ()
 
     def origin(self, name: str) -> str:
         """Where the value of setting ``name`` came from, for an error message."""
@@ -549,11 +558,22 @@ def load_settings(
             except HookSettingsError as exc:
                 raise SettingsError(str(exc)) from None
             origins["hooks"] = f"{path} [hooks]"
+        if "mcp" in data:
+            try:
+                mcp = parse_servers(data.pop("mcp"), origin=str(path), environ=env)
+            except McpConfigError as exc:
+                raise SettingsError(str(exc)) from None
+            values["mcp_servers"] = mcp
+            origins["mcp_servers"] = f"{path} [mcp]"
         for section, table in data.items():
             items = table.items() if isinstance(table, dict) else [(None, table)]
             for key, value in items:
                 name = _TOML_ALIASES.get((section, key)) if key else section
-                if name is None or name not in types or name in ("home", "origins", "hooks"):
+                if (
+                    name is None
+                    or name not in types
+                    or name in ("home", "origins", "hooks", "mcp_servers")
+                ):
                     where = f"[{section}] {key}" if key else section
                     raise SettingsError(f"{path}: unknown setting {where}")
                 origin = f"{path} [{section}] {key}" if key else f"{path} {section}"

@@ -12,6 +12,7 @@ from agent.providers import ModelProvider
 from agent.tools import ToolRegistry
 from delivery.inbound import Inbox
 from tools.delegate_tool import DelegationLimits, make_delegate_tool
+from tools.mcp.manager import mcp_clients
 from tools.schedule_tool import make_schedule_tool
 from tools.shell_tool import make_shell_tool
 from tools.wake_when_tool import make_wake_when_tool
@@ -32,8 +33,9 @@ def build_default_registry(
     inbox: Callable[[], Inbox | None] | None = None,
 ) -> ToolRegistry:
     """The tools a conversation gets: `delegate_task`, `terminal` (which refuses when off),
-    `schedule_wakeup`, `schedule`, `watch`, and `wake_when` when given an ``inbox`` (the
-    server has hooks).
+    `schedule_wakeup`, `schedule`, `watch`, `wake_when` when given an ``inbox`` (the server
+    has hooks), and the tools of the MCP servers this process connects
+    (``tools.mcp.manager``), kept current as their lists change.
 
     Sub-agents get these tools too (those their dispatch names; by default all but
     `delegate_task` and the timers), within the ``delegation`` limits.
@@ -62,4 +64,5 @@ def build_default_registry(
     )
     if inbox is not None:  # the server declares hooks ([hooks.NAME])
         registry.register(make_wake_when_tool(inbox))
+    mcp_clients.attach(registry)
     return registry

@@ -26,6 +26,7 @@ SHELL_TOOL = "terminal"
 WAKEUP_TOOL = "schedule_wakeup"
 SCHEDULE_TOOL = "schedule"
 _EVERY = re.compile(r"^\s*every\s+(\d{1,9})\s+seconds?\s*:\s*(.*)$", re.I | re.S)
+_CALL = re.compile(r"^\s*call\s+([A-Za-z0-9_:.-]+)\s+with\s+(\{.*\})\s*$", re.I | re.S)
 _REMIND = re.compile(r"^\s*remind me in\s+(\d{1,9})\s+seconds?\s*:\s*(.*)$", re.I | re.S)
 _SNIPPET_CHARS = 200
 
@@ -176,7 +177,7 @@ class DemoModel:
             return _demo_summary(messages), []
         if any(m.get("role") == "system" and SUBAGENT_MARKER in _text(m) for m in messages):
             await asyncio.sleep(self.delay_seconds)
-            return self._subagent_result(messages), []
+            return self._subagent_step(messages, offered)
 
         turn = _current_turn(messages)
         summaries = [
@@ -216,6 +217,15 @@ class DemoModel:
                 "notify_on_complete": True,
             }
             return None, [_tool_call(position, SHELL_TOOL, args)]
+        call = _CALL.match(text)
+        if call is not None:
+            # "call <tool> with <JSON arguments>": any offered tool (an MCP server's ...)
+            name, arguments = call.group(1), _json_or_none(call.group(2))
+            if name not in offered:
+                return f"I can't call {name} here: no tool of that name is offered.", []
+            if arguments is None:
+                return f"The arguments for {name} must be one JSON object.", []
+            return None, [_tool_call(position, name, arguments)]
         remind = _REMIND.match(text)
         if remind is not None:
             note = remind.group(2).strip()
@@ -248,11 +258,29 @@ class DemoModel:
         return None
 
     @staticmethod
-    def _subagent_result(messages: list[ChatMessage]) -> str:
+    def _subagent_goal(messages: list[ChatMessage]) -> str:
         users = [_text(m) for m in messages if m.get("role") == "user"]
         task = users[-1] if users else ""
         match = re.search(r"^\s*Goal:\s*(.+)$", task, flags=re.MULTILINE)
-        goal = (match.group(1) if match else task).strip() or "the delegated goal"
+        return (match.group(1) if match else task).strip() or "the delegated goal"
+
+    def _subagent_step(
+        self, messages: list[ChatMessage], offered: set[str | None]
+    ) -> tuple[str | None, list[ToolCall]]:
+        """A sub-agent's goal ``call <tool> with <JSON>`` calls that tool (when it has it)
+        and reports its result; any other goal is declared done."""
+        goal = self._subagent_goal(messages)
+        if messages and messages[-1].get("role") == "tool":
+            return f"Done: {goal}. Result: {first_lines(_text(messages[-1]), 3)}", []
+        call = _CALL.match(goal)
+        arguments = _json_or_none(call.group(2)) if call is not None else None
+        if call is not None and call.group(1) in offered and arguments is not None:
+            return None, [_tool_call(len(messages), call.group(1), arguments)]
+        return self._subagent_result(messages), []
+
+    @classmethod
+    def _subagent_result(cls, messages: list[ChatMessage]) -> str:
+        goal = cls._subagent_goal(messages)
         return f"Done: {goal.rstrip('.')}. (demo sub-agent result)"
 
 

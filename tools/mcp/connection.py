@@ -1,0 +1,351 @@
+"""One MCP server's long-lived client session, on the event loop that started it.
+
+The connection connects (a stdio subprocess or streamable HTTP), lists the server's tools,
+keeps the session open, and re-lists them on ``notifications/tools/list_changed``. A server
+that fails to start, or whose session is lost (a stdio server that exited, a call that found
+the connection closed), is reconnected with exponential backoff. Its state is ``starting``,
+``ready`` or ``failed`` (with the last error), for ``reveille mcp list`` and the agent's
+error texts. A call that outlives the server's ``timeout_seconds`` is cancelled (the SDK
+sends ``notifications/cancelled``) and answered with an error.
+
+Elicitation (``elicitation/create``) is asked through the confirmation hook of the turn whose
+call is in flight (``ToolContext.confirm``: web UI card, Telegram keyboard, API approvals,
+CLI), which answers yes or no. Only a request a yes/no answers (no fields, or one boolean
+field) is asked; any other is declined with a log line, as is one with no call in flight or
+with nobody to ask, and one nobody answered before the approval expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TextIO
+
+import anyio
+import mcp_types as types
+from anyio.streams.memory import MemoryObjectSendStream
+from mcp.client.session import (
+    ClientRequestContext,
+    ClientSession,
+    IncomingMessage,
+    MessageHandlerFnT,
+)
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared._stream_protocols import ReadStream, WriteStream
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+
+from agent.tools import ApprovalExpired, ToolContext
+from tools.mcp.config import McpServerConfig
+
+logger = logging.getLogger(__name__)
+
+State = Literal["starting", "ready", "failed"]
+MIN_BACKOFF_SECONDS = 0.5
+MAX_BACKOFF_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class McpToolInfo:
+    """A tool as the server lists it: its own name, what the model reads, and its
+    ``readOnlyHint`` (which ``approvals = "unless_read_only"`` reads)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class McpCallResult:
+    """A call's outcome for the agent: the text content joined, and whether it failed."""
+
+    text: str
+    is_error: bool
+
+
+class McpConnection:
+    """The session with one configured server (see the module's docstring)."""
+
+    def __init__(
+        self,
+        config: McpServerConfig,
+        *,
+        on_tools: Callable[[McpConnection], None] | None = None,
+        min_backoff: float = MIN_BACKOFF_SECONDS,
+        max_backoff: float = MAX_BACKOFF_SECONDS,
+    ) -> None:
+        self.config = config
+        self.state: State = "starting"
+        self.last_error = ""
+        self.tools: tuple[McpToolInfo, ...] = ()
+        self.restarts = 0
+        self._on_tools = on_tools
+        self._min_backoff = min_backoff
+        self._max_backoff = max_backoff
+        self._session: ClientSession | None = None
+        self._lost: anyio.Event | None = None
+        self._settled = asyncio.Event()  # set once the first attempt ended either way
+        self._task: asyncio.Task[None] | None = None
+        self._callers: list[ToolContext] = []
+        self._was_ready = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._run(), name=f"mcp:{self.name}")
+
+    async def wait_settled(self, timeout: float) -> None:
+        """Wait until the first connection attempt succeeded or failed (at most ``timeout``)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._settled.wait()
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            self.state = "starting"
+            self._was_ready = False
+            try:
+                await self._session_until_lost()
+                reason = "the session ended (the server exited or closed the connection)"
+            except Exception as exc:  # any failure to connect: try again later
+                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            # A session that was up starts the backoff over; failed starts lengthen it.
+            failures = 1 if self._was_ready else failures + 1
+            self._session = None
+            self.state = "failed"
+            self.last_error = reason
+            self._settled.set()
+            delay = min(self._max_backoff, self._min_backoff * 2 ** (failures - 1))
+            logger.warning("MCP server %s: %s; reconnecting in %.1f s", self.name, reason, delay)
+            await asyncio.sleep(delay)
+            self.restarts += 1
+
+    async def _session_until_lost(self) -> None:
+        lost = anyio.Event()
+        self._lost = lost
+        async with self._transport() as (read, write):
+            # The session reads through this pipe so the end of the server's stream (a
+            # stdio server that exited) is seen even while no call is in flight.
+            send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](16)
+            async with anyio.create_task_group() as group:
+                group.start_soon(_forward, read, send, lost)
+                async with ClientSession(
+                    receive,
+                    write,
+                    message_handler=self._message_handler(group),
+                    elicitation_callback=self._elicit,
+                ) as session:
+                    await session.initialize()
+                    await self._list(session)
+                    self._session = session
+                    self.state = "ready"
+                    self._was_ready = True
+                    self.last_error = ""
+                    self._settled.set()
+                    logger.info("MCP server %s: ready, %d tool(s)", self.name, len(self.tools))
+                    await lost.wait()
+                    self.state = "failed"
+                group.cancel_scope.cancel()
+
+    @contextlib.asynccontextmanager
+    async def _transport(
+        self,
+    ) -> AsyncIterator[tuple[ReadStream[SessionMessage | Exception], WriteStream[SessionMessage]]]:
+        if self.config.command:
+            program, *args = self.config.command
+            params = StdioServerParameters(command=program, args=args, env=dict(self.config.env))
+            async with stdio_client(params, errlog=_errlog()) as streams:
+                yield streams
+            return
+        # Header values (secrets) go only into the client; nothing here logs them.
+        async with (
+            create_mcp_http_client(headers=dict(self.config.headers)) as http,
+            streamable_http_client(self.config.url, http_client=http) as streams,
+        ):
+            yield streams
+
+    def _message_handler(self, group: anyio.abc.TaskGroup) -> MessageHandlerFnT:
+        async def handle(message: IncomingMessage) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                session = self._session
+                if session is not None:
+                    group.start_soon(self._relist, session)
+
+        return handle
+
+    async def _relist(self, session: ClientSession) -> None:
+        try:
+            await self._list(session)
+        except Exception as exc:
+            logger.warning("MCP server %s: re-listing tools failed: %s", self.name, exc)
+            return
+        logger.info("MCP server %s: tools changed, now %d", self.name, len(self.tools))
+
+    async def _list(self, session: ClientSession) -> None:
+        listed: list[McpToolInfo] = []
+        cursor: str | None = None
+        while True:
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await session.list_tools(params=params)
+            listed.extend(_info(tool) for tool in page.tools if self.config.takes(tool.name))
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        self.tools = tuple(listed)
+        if self._on_tools is not None:
+            self._on_tools(self)
+
+    async def call(self, tool: str, arguments: dict[str, Any], ctx: ToolContext) -> McpCallResult:
+        """Call ``tool`` on this connection's loop (see ``call_from_anywhere``)."""
+        session = self._session
+        if session is None or self.state != "ready":
+            why = f" ({self.last_error})" if self.last_error else ""
+            return McpCallResult(
+                f"MCP server {self.name} is not available: {self.state}{why}", True
+            )
+        self._callers.append(ctx)
+        try:
+            async with asyncio.timeout(self.config.timeout_seconds):
+                result = await session.call_tool(tool, arguments)
+        except TimeoutError:
+            return McpCallResult(
+                f"{tool} on MCP server {self.name} took longer than "
+                f"{self.config.timeout_seconds:g} s and was cancelled",
+                True,
+            )
+        except MCPError as exc:
+            if exc.code == types.CONNECTION_CLOSED and self._lost is not None:
+                self._lost.set()
+            return McpCallResult(f"MCP server {self.name}: {exc.error.message}", True)
+        finally:
+            self._callers.remove(ctx)
+        return McpCallResult(_text(result), bool(result.is_error))
+
+    async def call_from_anywhere(
+        self, tool: str, arguments: dict[str, Any], ctx: ToolContext
+    ) -> McpCallResult:
+        """Call ``tool`` from any thread's loop (a sub-agent's): the session lives on the loop
+        that started the connection, so the call runs there."""
+        home = self.loop
+        if home is None or home is asyncio.get_running_loop():
+            return await self.call(tool, arguments, ctx)
+        if home.is_closed():
+            return McpCallResult(f"MCP server {self.name} is stopped", True)
+        future = asyncio.run_coroutine_threadsafe(self.call(tool, arguments, ctx), home)
+        return await asyncio.wrap_future(future)
+
+    async def _elicit(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        decline = types.ElicitResult(action="decline")
+        if not isinstance(params, types.ElicitRequestFormParams):
+            logger.warning(
+                "MCP server %s asked for a URL elicitation; declined (not supported)", self.name
+            )
+            return decline
+        schema = _schema(params.requested_schema)
+        fields = schema.get("properties") or {}
+        flag = next(iter(fields)) if len(fields) == 1 else None
+        if fields and (flag is None or fields[flag].get("type") != "boolean"):
+            logger.warning(
+                "MCP server %s asked for input a yes/no cannot give (fields: %s); declined",
+                self.name,
+                ", ".join(sorted(fields)),
+            )
+            return decline
+        ctx = self._callers[-1] if self._callers else None
+        if ctx is None or ctx.confirm is None:
+            logger.warning(
+                "MCP server %s asked a question with nobody to ask (no approvals on this "
+                "conversation's surface); declined",
+                self.name,
+            )
+            return decline
+        try:
+            yes = await ctx.confirm(f"MCP server {self.name} asks: {params.message}")
+        except ApprovalExpired:
+            logger.warning("MCP server %s's question expired unanswered; declined", self.name)
+            return decline
+        if not yes:
+            return decline
+        return types.ElicitResult(action="accept", content={flag: True} if flag else {})
+
+
+async def _forward(
+    read: ReadStream[SessionMessage | Exception],
+    send: MemoryObjectSendStream[SessionMessage | Exception],
+    lost: anyio.Event,
+) -> None:
+    """Pass the transport's messages on; when its stream ends, the session is lost."""
+    try:
+        async with send:
+            async for message in read:
+                await send.send(message)
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+        pass
+    finally:
+        lost.set()
+
+
+def _errlog() -> TextIO:
+    """Where a stdio server's stderr goes: ours, or the process's own when ours is no file
+    (a captured stream has no descriptor for the child to write to)."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.__stderr__ or sys.stderr
+    return sys.stderr
+
+
+def _info(tool: types.Tool) -> McpToolInfo:
+    schema = dict(tool.input_schema or {})
+    schema.setdefault("type", "object")
+    schema.setdefault("properties", {})
+    annotations = tool.annotations
+    return McpToolInfo(
+        name=tool.name,
+        description=tool.description or tool.title or tool.name,
+        parameters=schema,
+        read_only=bool(annotations is not None and annotations.read_only_hint),
+    )
+
+
+def _schema(requested: object) -> dict[str, Any]:
+    dump = getattr(requested, "model_dump", None)
+    value = dump(by_alias=True, exclude_none=True) if callable(dump) else requested
+    return value if isinstance(value, dict) else {}
+
+
+def _text(result: types.CallToolResult) -> str:
+    """The text content joined; other content named; structured content when no text."""
+    parts: list[str] = []
+    for block in result.content:
+        if isinstance(block, types.TextContent):
+            parts.append(block.text)
+        else:
+            parts.append(f"[{getattr(block, 'type', 'content')}]")
+    texts = any(isinstance(b, types.TextContent) for b in result.content)
+    if not texts and result.structured_content is not None:
+        parts.insert(0, json.dumps(result.structured_content, ensure_ascii=False))
+    return "\n".join(parts)
