@@ -52,8 +52,9 @@ from api.views import (
     title_from_text,
 )
 from gateway.config import Platform
-from gateway.session import TURN_LEASE_SECONDS, SessionGone, SessionStore, SessionStoreError
+from gateway.session import SessionGone, SessionStore, SessionStoreError
 from gateway.tasks import finish_or_cancel
+from gateway.turns.hold import end_lease, renew_lease
 from gateway.turns.service import ReplayedTurn, StartedTurn, TurnError, TurnRequest, TurnService
 from gateway.wake_text import wake_row_metadata
 
@@ -498,24 +499,10 @@ class WebTurns:
         """Renew the turn's lease while it runs. A turn that lost its session (this server
         stalled past the lease and another took the session over) is stopped, so that two
         turns never run in one session."""
-        while True:
-            await asyncio.sleep(TURN_LEASE_SECONDS / 3)
-            try:
-                held = await asyncio.to_thread(
-                    self.store.renew_turn, stream.session_id, stream.stream_id
-                )
-            except SessionStoreError as exc:
-                logger.warning("could not renew turn %s: %s", stream.turn_id, exc)
-                continue
-            if not held:
-                logger.warning(
-                    "turn %s lost session %s to another server; stopping it",
-                    stream.turn_id,
-                    stream.session_id,
-                )
-                if stream.started is not None:
-                    stream.started.cancel()  # unless its store began: then it is stored
-                return
+        await renew_lease(self.store, stream.session_id, stream.stream_id)
+        logger.warning("stopping turn %s of the lost session", stream.turn_id)
+        if stream.started is not None:
+            stream.started.cancel()  # unless its store began: then it is stored
 
     async def _free(self, stream: ActiveStream) -> None:
         """The turn ended: the session is free here and in the store. A lease that cannot be
@@ -525,12 +512,7 @@ class WebTurns:
         with self._lock:
             if self._active.get(stream.session_id) is stream:
                 del self._active[stream.session_id]
-        try:
-            await asyncio.to_thread(self.store.end_turn, stream.session_id, stream.stream_id)
-        except SessionStoreError as exc:
-            logger.warning(
-                "could not free session %s now (%s); its lease lapses", stream.session_id, exc
-            )
+        await end_lease(self.store, stream.session_id, stream.stream_id)
 
     # ----------------------------------------------------------------- following
 
