@@ -42,17 +42,8 @@ class LedgerRecovery:
     servers: ServerRoster
     _adopters: dict[str, Callable[[LedgerRow], None]]
     _logged_dead_holders: set[str]
-
-    def finish(
-        self,
-        row_id: str,
-        *,
-        expected: str,
-        state: str,
-        event: dict[str, Any],
-        not_before: float | None = None,
-    ) -> bool:
-        raise NotImplementedError  # the ledger's terminal compare-and-set
+    # The ledger's terminal compare-and-set (``Ledger.finish``).
+    finish: Callable[..., bool]
 
     def is_dead(self, identity: str | None) -> bool:
         """Provably gone: an exited process of this host, or a lapsed server of another."""

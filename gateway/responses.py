@@ -413,59 +413,49 @@ class ResponsesService(ResponsesRuns):
         closing: list[tuple[str, dict[str, Any]]],
         sink: EventSink,
     ) -> dict[str, Any]:
+        """Store the response's end (its run is finishing: a row moved under it meanwhile
+        does not stop it)."""
         self._finishing.add(row.id)
         try:
-            return await self._store_end(row, request, status, out, error, closing, sink)
+            now = time.time()
+            body = body_of(
+                row.id,
+                request,
+                status=status,
+                created_at=row.created_at,
+                output=out if out.text or out.done else None,
+                error=error,
+                completed_at=now,
+            )
+            events = [*closing, terminal_event(body)]
+            # Every event before the terminal ones is stored (or sent) first; a background
+            # response's terminal events are stored with its terminal status, in one commit.
+            await sink.settle()
+            if not row.background:
+                for event in events:
+                    sink.add(*event)
+            if not request.store:
+                # Kept nothing once answered (``store: false``).
+                await self._db(self.store.delete, row.id)
+                return body
+            stored = await self._write(
+                self.store.transition,
+                row.id,
+                expect=("in_progress",),
+                owner=storing_owner(self.owner) if row.id in self._storing else self.owner,
+                change=Change(status, dumps(body), completed_at=now, notified=self._silent),
+                events=[(t, dumps(d)) for t, d in events] if row.background else None,
+                poke=row.background,
+            )
+            if stored:
+                if not self._silent:
+                    await self._told(row.id, events[-1][0])
+                return body
+            # Cancelled, deleted or taken over meanwhile: what the store says stands.
+            current = await self._db(self.store.get, row.id)
+            return json.loads(current.body) if current is not None else body
         finally:
             self._finishing.discard(row.id)
-
-    async def _store_end(
-        self,
-        row: ResponseRow,
-        request: ResponsesRequest,
-        status: str,
-        out: Output,
-        error: str | None,
-        closing: list[tuple[str, dict[str, Any]]],
-        sink: EventSink,
-    ) -> dict[str, Any]:
-        now = time.time()
-        body = body_of(
-            row.id,
-            request,
-            status=status,
-            created_at=row.created_at,
-            output=out if out.text or out.done else None,
-            error=error,
-            completed_at=now,
-        )
-        events = [*closing, terminal_event(body)]
-        # Every event before the terminal ones is stored (or sent) first; a background
-        # response's terminal events are stored with its terminal status, in one commit.
-        await sink.settle()
-        if not row.background:
-            for event in events:
-                sink.add(*event)
-        if not request.store:
-            # Kept nothing once answered (``store: false``).
-            await self._db(self.store.delete, row.id)
-            return body
-        stored = await self._write(
-            self.store.transition,
-            row.id,
-            expect=("in_progress",),
-            owner=storing_owner(self.owner) if row.id in self._storing else self.owner,
-            change=Change(status, dumps(body), completed_at=now, notified=self._silent),
-            events=[(t, dumps(d)) for t, d in events] if row.background else None,
-            poke=row.background,
-        )
-        if stored:
-            if not self._silent:
-                await self._told(row.id, events[-1][0])
-            return body
-        # Cancelled, deleted or taken over meanwhile: what the store says stands.
-        current = await self._db(self.store.get, row.id)
-        return json.loads(current.body) if current is not None else body
 
     # ----------------------------------------------------------------- the worker
 

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 from delivery.states import State
 from tools.completion_queue import WireEvent
@@ -43,9 +43,17 @@ DelegationRequest = dict[str, Any]
 RunnerResult = dict[str, Any]
 """What a unit's runner returns: ``status``, ``summary`` or ``error``, or ``results[]``."""
 Runner = Callable[[], RunnerResult]
-DispatchOutcome = dict[str, Any]
-"""The answer of a dispatch: ``status`` (dispatched, queued, rejected), ``delegation_id``,
-and ``error`` when rejected."""
+
+
+class DispatchOutcome(TypedDict):
+    """The answer of a dispatch: ``status`` (dispatched, queued, rejected), the
+    ``delegation_id``, and ``error`` when rejected."""
+
+    status: Literal["dispatched", "queued", "rejected"]
+    delegation_id: str
+    error: NotRequired[str]
+
+
 Clock = Callable[[], float]
 
 

@@ -155,17 +155,7 @@ class PostgresBackend(CommitCounts):
         if slot is None:
             self._enqueue(item)
             return fut
-        try:
-            self._commit(slot, [item])
-        except Exception:
-            log.exception("ledger write failed")
-            if slot.conn.closed or slot.conn.broken:
-                self._reconnect(slot)
-        finally:
-            with self._queue.cv:
-                slot.busy = False
-                if self._queue.pending or self._queue.stopping:
-                    self._queue.cv.notify_all()
+        self._run_on(slot, [item], "ledger write")
         return fut
 
     def _take_inline(self) -> _Slot | None:
@@ -196,19 +186,28 @@ class PostgresBackend(CommitCounts):
                 if batch is None:
                     break
                 slot.busy = True
-            try:
-                self._commit(slot, batch)
-            except Exception:
-                log.exception("ledger writer failed")
-                if slot.conn.closed or slot.conn.broken:
-                    self._reconnect(slot)
-            finally:
-                with self._queue.cv:
-                    slot.busy = False
-                    if self._queue.pending:
-                        self._queue.cv.notify_all()
+            self._run_on(slot, batch, "ledger writer")
         with contextlib.suppress(Exception):
             slot.conn.close()
+
+    def _run_on(self, slot: _Slot, batch: Batch, what: str) -> None:
+        """Commit ``batch`` on the taken ``slot`` (a broken connection is replaced), then
+        free the slot: another writer may take what was queued meanwhile (and ``close`` may
+        be waiting for it)."""
+        try:
+            self._commit(slot, batch)
+        except Exception:
+            log.exception("%s failed", what)
+            if slot.conn.closed or slot.conn.broken:
+                self._reconnect(slot)
+        finally:
+            self._free(slot)
+
+    def _free(self, slot: _Slot) -> None:
+        with self._queue.cv:
+            slot.busy = False
+            if self._queue.pending or self._queue.stopping:
+                self._queue.cv.notify_all()
 
     def _reconnect(self, slot: _Slot) -> None:
         with contextlib.suppress(Exception):
