@@ -34,7 +34,7 @@ from pathlib import Path
 
 from delivery import traces
 from delivery.backend import LedgerStore
-from delivery.cancel import CANCELLED, CancelOutcome, Progress, is_active
+from delivery.cancel import CANCELLED, CancelOutcome
 from delivery.errors import LedgerError, LedgerUnavailable
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
@@ -58,14 +58,13 @@ from tools.delegation_units import (
     rejected,
     stamp_response_origin,
 )
+from tools.watched_work import PROGRESS_INTERVAL_SECONDS, WatchedWork
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUED = 32
 LEDGER_FILE = "ledger.db"
 _FINALIZE_RETRY_SECONDS = (0.05, 0.2, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-PROGRESS_INTERVAL_SECONDS = 1.0
-"""At most one progress write per this many seconds (all units of a process in one write)."""
 
 __all__ = [
     "DEFAULT_MAX_QUEUED",
@@ -112,14 +111,8 @@ class DelegationRuntime:
         self._pool = WorkerPool()
         self.scheduler: ReofferScheduler | None = None
         self.draining = False
-        # How to stop the work of each row running in this process (units, processes), and
-        # the work of a kind that outlives a dead owner (a command still running).
-        self._stoppers: dict[str, Callable[[], object]] = {}
-        self._orphan_stoppers: dict[str, Callable[[str], object]] = {}
-        self._progress: dict[str, Progress] = {}
-        self._dirty: set[str] = set()
-        self._flush_timer: threading.Timer | None = None
-        self._last_flush = 0.0
+        # How to stop the work running here once its row is cancelled, and its progress.
+        self.watched = WatchedWork(ledger)
 
     # -- dispatch -----------------------------------------------------------------------------
 
@@ -355,24 +348,10 @@ class DelegationRuntime:
         log.info("background %s cancelled by %s", row_id, by)
         if outcome.event is not None and deliver_here:
             self.queue.put(outcome.event)
-        if self._stop_here(row_id):
-            return outcome
-        orphan = self._orphan_stoppers.get(outcome.kind or "")
-        if orphan is not None and self.ledger.is_dead(outcome.owner):
-            try:
-                orphan(row_id)  # nobody else will: its owner is gone
-            except Exception:
-                log.exception("could not stop the orphaned work of %s", row_id)
-        self.ledger.notify_others()  # its owner (or a server to deliver the notice) looks
+        if not self.watched.stop_here(row_id):
+            self.watched.stop_orphan(row_id, outcome.kind, outcome.owner)
+            self.ledger.notify_others()  # its owner (or a server to deliver the notice) looks
         return outcome
-
-    def set_orphan_stopper(self, kind: str, stop: Callable[[str], object] | None) -> None:
-        """How to stop work of ``kind`` whose owner process died but which may still run
-        (a background command): called with the row id when such a row is cancelled."""
-        if stop is None:
-            self._orphan_stoppers.pop(kind, None)
-        else:
-            self._orphan_stoppers[kind] = stop
 
     def cancel_started_by(self, response_id: str, *, by: str) -> list[CancelOutcome]:
         """Cancel every unit the background Response ``response_id`` started (recorded on
@@ -385,76 +364,22 @@ class DelegationRuntime:
         ]
         return [self.cancel(row.id, by=by) for row in rows]
 
+    # -- the work running here (``tools.watched_work``) ----------------------------------------
+
+    def set_orphan_stopper(self, kind: str, stop: Callable[[str], object] | None) -> None:
+        self.watched.set_orphan_stopper(kind, stop)
+
     def watch(self, row_id: str, stop: Callable[[], object]) -> None:
-        """``row_id`` runs in this process; ``stop`` stops it once its row is cancelled."""
-        with self._lock:
-            self._stoppers[row_id] = stop
+        self.watched.watch(row_id, stop)
 
     def unwatch(self, row_id: str) -> None:
-        with self._lock:
-            self._stoppers.pop(row_id, None)
-            self._progress.pop(row_id, None)
-            self._dirty.discard(row_id)
-
-    def _stop_here(self, row_id: str) -> bool:
-        with self._lock:
-            stop = self._stoppers.pop(row_id, None)
-        if stop is None:
-            return False
-        try:
-            stop()
-        except Exception:
-            log.exception("could not stop %s", row_id)
-        return True
+        self.watched.unwatch(row_id)
 
     def honour_cancels(self) -> list[str]:
-        """Stop the work here whose rows were cancelled elsewhere; the ids stopped. The
-        re-offer scheduler calls it at each pass (a cancel pokes every server)."""
-        with self._lock:
-            watched = list(self._stoppers)
-        stopped: list[str] = []
-        for row_id in watched:
-            try:
-                row = self.ledger.get(row_id)
-            except LedgerError:
-                return stopped
-            if (row is None or not is_active(row.state)) and self._stop_here(row_id):
-                stopped.append(row_id)
-        return stopped
-
-    # -- progress ----------------------------------------------------------------------------
+        return self.watched.honour_cancels()
 
     def progress(self, row_id: str, *, step: str | None = None, line: str | None = None) -> None:
-        """Record what ``row_id`` is doing; written to the store at most once per
-        ``PROGRESS_INTERVAL_SECONDS`` (never blocks the caller)."""
-        now = time.time()
-        report = Progress.of(step, line, now)
-        with self._lock:
-            before = self._progress.get(row_id)
-            self._progress[row_id] = before.merged(report) if before else report
-            self._dirty.add(row_id)
-            if self._flush_timer is not None:
-                return
-            delay = max(self._last_flush + PROGRESS_INTERVAL_SECONDS - now, 0.0)
-            timer = self._flush_timer = threading.Timer(delay, self._flush_progress)
-        timer.daemon = True
-        timer.start()
-
-    def _flush_progress(self) -> None:
-        with self._lock:
-            reports = {i: self._progress[i] for i in self._dirty if i in self._progress}
-            self._dirty.clear()
-            self._flush_timer = None
-            self._last_flush = time.time()
-        if not reports:
-            return
-        try:
-            stale = self.ledger.submit_progress(reports).result()
-        except (LedgerError, OSError) as exc:
-            log.debug("progress not written: %s", exc)
-            return
-        for row_id in stale:  # cancelled elsewhere, and its poke not seen yet
-            self._stop_here(row_id)
+        self.watched.progress(row_id, step=step, line=line)
 
     def running_count(self) -> int:
         with self._lock:
