@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from agent.tools import ToolProgress
 from api.attachments import ImageAttachment
@@ -23,6 +23,7 @@ from gateway.wake_text import wake_row_metadata
 __all__ = [
     "ActiveStream",
     "Revision",
+    "StreamView",
     "pin_tool_steps",
     "revise_last_turn",
     "store_failed",
@@ -45,6 +46,18 @@ class Revision:
     message_id: int | None = None
 
 
+class StreamView(TypedDict):
+    """A running turn as a tab picks it up (``active_stream`` of ``GET /api/sessions/{id}``)."""
+
+    stream_id: str
+    turn_id: str
+    text: str
+    last_event_id: str
+    user_text: str | None
+    wakeup: bool
+    images: int
+
+
 @dataclass
 class ActiveStream:
     """A running turn of a session: the reply so far and the id of its last event."""
@@ -65,7 +78,7 @@ class ActiveStream:
     # Resolved when the turn ends: whether it is in the transcript.
     stored: asyncio.Future[bool] | None = field(default=None, repr=False)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> StreamView:
         return {
             "stream_id": self.stream_id,
             "turn_id": self.turn_id,
