@@ -24,6 +24,9 @@ Refusals (``api.turn_answers.TurnRefused``): 400 no message, 404 unknown session
 session that is not a web UI one, an active stream (``active_stream_id``),
 ``agent_runtime_stale`` or ``process_wakeup_paused``, 503 ``retryable`` when storage is
 unavailable or too many turns run.
+
+The running turn's record, an edit or regenerate of the last turn, and what is kept of a
+stopped or failed one are ``api.turn_stream``.
 """
 
 from __future__ import annotations
@@ -34,8 +37,7 @@ import logging
 import secrets
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from agent.tools import ToolProgress
 from api import config as cfg
@@ -44,18 +46,26 @@ from api.attachments import ImageAttachment
 from api.event_log import EventLog, LoggedEvent
 from api.routes import refusal
 from api.turn_answers import TurnAccepted, TurnAnswer, TurnRefused
+from api.turn_stream import (
+    ActiveStream,
+    Revision,
+    pin_tool_steps,
+    revise_last_turn,
+    store_failed,
+    store_stopped,
+    tool_step,
+)
 from api.views import (
     card_of_wake_text,
     session_source,
     session_view,
-    stored_images,
     title_from_text,
 )
 from gateway.config import Platform
-from gateway.session import TURN_LEASE_SECONDS, SessionGone, SessionStore, SessionStoreError
+from gateway.session import SessionGone, SessionStore, SessionStoreError
 from gateway.tasks import finish_or_cancel
+from gateway.turns.hold import end_lease, renew_lease
 from gateway.turns.service import ReplayedTurn, StartedTurn, TurnError, TurnRequest, TurnService
-from gateway.wake_text import wake_row_metadata
 
 __all__ = ["ActiveStream", "Revision", "WebTurns"]
 
@@ -67,61 +77,6 @@ WAKEUP_SOURCE = "process_wakeup"
 STOPPED_BEFORE_ANSWERING = "the server stopped before answering"
 _START_TIMEOUT_SECONDS = 30.0
 _STOP_WAIT_SECONDS = 5.0  # how long a Stop waits for another server's turn to end
-
-
-@dataclass(frozen=True)
-class Revision:
-    """A turn that replaces the last one: its user message edited (the turn sends the new
-    text) or answered again (``regenerated``: the turn sends the same message once more).
-    ``message_id`` is the message the person saw as the last one (None: whichever is)."""
-
-    how: Literal["edited", "regenerated"]
-    message_id: int | None = None
-
-
-_REVISE_WINDOW = 50  # the newest messages the last turn is looked for in
-
-
-@dataclass
-class ActiveStream:
-    """A running turn of a session: the reply so far and the id of its last event."""
-
-    stream_id: str
-    turn_id: str
-    session_id: str
-    user_text: str
-    wakeup: bool
-    text: str = ""
-    # What is stored with the user's message (its images' thumbnails): also when it fails.
-    user_metadata: dict[str, Any] = field(default_factory=dict)
-    last_event_id: int = 0
-    tool_steps: int = 0
-    started: StartedTurn | None = field(default=None, repr=False)
-    follower: asyncio.Task[None] | None = field(default=None, repr=False)
-    holder: asyncio.Task[None] | None = field(default=None, repr=False)  # renews the lease
-    # Resolved when the turn ends: whether it is in the transcript.
-    stored: asyncio.Future[bool] | None = field(default=None, repr=False)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "stream_id": self.stream_id,
-            "turn_id": self.turn_id,
-            "text": self.text,
-            "last_event_id": str(self.last_event_id),
-            # A reload mid-turn shows the running turn's question (the stored items hold
-            # finished turns only); a wake-up turn has no user question to show.
-            "user_text": None if self.wakeup else self.user_text,
-            "wakeup": self.wakeup,
-            # How many images the question carries: a tab shows them from the stored
-            # transcript once the turn ends (never sent through the event log).
-            "images": len(self.user_metadata.get("images") or ()),
-        }
-
-
-def _tool_step(step: ToolProgress) -> dict[str, str]:
-    status = "started" if step.phase == "started" else ("done" if step.ok else "failed")
-    took = f" in {step.seconds:g} s" if step.phase != "started" else ""
-    return {"name": step.name, "status": status, "summary": f"{step.name} {status}{took}"}
 
 
 class WebTurns:
@@ -331,7 +286,7 @@ class WebTurns:
             )
         if revise is not None:
             try:
-                revised = await self._revise(session_id, revise, text, images)
+                revised = await revise_last_turn(self.store, session_id, revise, text, images)
             except (SessionStoreError, SessionGone) as exc:
                 revised = TurnRefused(
                     503, f"the session store is unavailable: {exc}", retryable=True
@@ -386,7 +341,7 @@ class WebTurns:
         except BaseException as exc:
             if not wakeup and isinstance(exc, TurnError | SessionStoreError):
                 # Refused after the message was kept: it stays, with why (and a Retry).
-                await self._store_failed(stream, str(exc))
+                await store_failed(self.store, stream, str(exc))
             await asyncio.shield(self._free(stream))
             if isinstance(exc, TurnError) and exc.kind in ("session_not_found", "session_deleted"):
                 return TurnRefused(404, "Session not found", "session_not_found")
@@ -438,44 +393,6 @@ class WebTurns:
         stream.follower.add_done_callback(self._followers.discard)
         return accepted
 
-    async def _revise(
-        self,
-        session_id: str,
-        revise: Revision,
-        text: str,
-        images: tuple[ImageAttachment, ...],
-    ) -> tuple[str, tuple[ImageAttachment, ...]] | TurnRefused:
-        """Under the session's lease: mark the last turn (the person's message and the replies
-        after it) superseded; the new turn's text and images (a regeneration's are the last
-        message's own; an edit keeps the images unless it sends others)."""
-        rows = await asyncio.to_thread(self.store.latest_messages, session_id, limit=_REVISE_WINDOW)
-        people = [
-            i
-            for i, row in enumerate(rows)
-            if row.role == "user"
-            and not row.is_delivery
-            and not (row.display_metadata or {}).get("superseded")
-        ]
-        if not people:
-            return TurnRefused(409, "there is no message to edit or answer again", "no_message")
-        last = people[-1]
-        target = rows[last]
-        if (target.display_metadata or {}).get("wake") or (
-            revise.message_id is not None and revise.message_id != target.id
-        ):
-            return TurnRefused(
-                409, "only the last message can be edited or answered again", "not_last_message"
-            )
-        replies = [r.id for r in rows[last + 1 :] if r.role == "assistant" and not r.is_delivery]
-        await self.store.asupersede(session_id, [target.id, *replies], revise.how)
-        kept = tuple(
-            ImageAttachment(i["name"], i["url"])
-            for i in stored_images(target.display_metadata or {})
-        )
-        if revise.how == "regenerated":
-            return target.content, kept
-        return text, images or kept
-
     async def _keep_message(self, stream: ActiveStream) -> TurnRefused | None:
         """Store the user's message before the turn is accepted, as it would read if this
         server died now (see the module docstring); a refusal when it cannot be stored."""
@@ -498,24 +415,10 @@ class WebTurns:
         """Renew the turn's lease while it runs. A turn that lost its session (this server
         stalled past the lease and another took the session over) is stopped, so that two
         turns never run in one session."""
-        while True:
-            await asyncio.sleep(TURN_LEASE_SECONDS / 3)
-            try:
-                held = await asyncio.to_thread(
-                    self.store.renew_turn, stream.session_id, stream.stream_id
-                )
-            except SessionStoreError as exc:
-                logger.warning("could not renew turn %s: %s", stream.turn_id, exc)
-                continue
-            if not held:
-                logger.warning(
-                    "turn %s lost session %s to another server; stopping it",
-                    stream.turn_id,
-                    stream.session_id,
-                )
-                if stream.started is not None:
-                    stream.started.cancel()  # unless its store began: then it is stored
-                return
+        await renew_lease(self.store, stream.session_id, stream.stream_id)
+        logger.warning("stopping turn %s of the lost session", stream.turn_id)
+        if stream.started is not None:
+            stream.started.cancel()  # unless its store began: then it is stored
 
     async def _free(self, stream: ActiveStream) -> None:
         """The turn ended: the session is free here and in the store. A lease that cannot be
@@ -525,12 +428,7 @@ class WebTurns:
         with self._lock:
             if self._active.get(stream.session_id) is stream:
                 del self._active[stream.session_id]
-        try:
-            await asyncio.to_thread(self.store.end_turn, stream.session_id, stream.stream_id)
-        except SessionStoreError as exc:
-            logger.warning(
-                "could not free session %s now (%s); its lease lapses", stream.session_id, exc
-            )
+        await end_lease(self.store, stream.session_id, stream.stream_id)
 
     # ----------------------------------------------------------------- following
 
@@ -555,7 +453,7 @@ class WebTurns:
                     stream.text += piece
                     await self._tell(stream, "turn.delta", {**base, "text": piece})
                 else:
-                    step = _tool_step(piece)
+                    step = tool_step(piece)
                     if step["status"] != "started":
                         with contextlib.suppress(Exception):
                             await self.log.add_tool_step(stream.session_id, stream.turn_id, **step)
@@ -569,25 +467,25 @@ class WebTurns:
                 if not started.task.cancelled():
                     raise
                 end.update(status="stopped", content=stream.text)
-                stored = await self._store_stopped(stream)
+                stored = await store_stopped(self.store, stream)
             except TurnError as exc:
                 end.update(status="error", error=exc.message, content=stream.text)
                 if stream.wakeup and exc.kind == "upstream":
                     with self._lock:
                         self._paused.add(stream.session_id)
                 elif not stream.wakeup and exc.kind != "session_deleted":
-                    await self._store_failed(stream, exc.message)
+                    await store_failed(self.store, stream, exc.message)
             except Exception as exc:
                 logger.exception("turn %s failed", stream.turn_id)
                 end.update(status="error", error=type(exc).__name__, content=stream.text)
                 if not stream.wakeup:
-                    await self._store_failed(stream, type(exc).__name__)
+                    await store_failed(self.store, stream, type(exc).__name__)
         finally:
             if stream.stored is not None and not stream.stored.done():
                 stream.stored.set_result(stored)
             if stream.tool_steps:
                 # Still the session's active turn: no other turn's reply is stored yet.
-                await self._pin_tool_steps(stream, stored=stored)
+                await pin_tool_steps(self.store, self.log, stream, stored=stored)
             await self._free(stream)
             with contextlib.suppress(Exception):
                 await self.log.append("turn.end", end)
@@ -605,44 +503,6 @@ class WebTurns:
             stream.last_event_id = (await self.log.append(kind, data)).id
         except Exception as exc:
             logger.warning("could not log %s of turn %s: %s", kind, stream.turn_id, exc)
-
-    async def _pin_tool_steps(self, stream: ActiveStream, *, stored: bool) -> None:
-        """Show the turn's tool steps before its stored reply (the newest assistant message
-        now); a turn that stored nothing leaves no steps behind."""
-        try:
-            reply_id: int | None = None
-            if stored:
-                rows = await asyncio.to_thread(self.store.messages, stream.session_id)
-                reply_id = next((m.id for m in reversed(rows) if m.role == "assistant"), None)
-            await self.log.place_tool_steps(stream.turn_id, reply_id)
-        except Exception:
-            logger.exception("could not place the tool steps of %s", stream.turn_id)
-
-    async def _store_stopped(self, stream: ActiveStream) -> bool:
-        user: dict[str, Any] = {"role": "user", "content": stream.user_text}
-        if stream.user_metadata:
-            user["display_metadata"] = dict(stream.user_metadata)
-        if stream.wakeup:
-            user["display_metadata"] = wake_row_metadata(stream.user_text)
-        reply = {"role": "assistant", "content": stream.text, "display_metadata": {"stopped": True}}
-        try:
-            await self.store.aappend_turn(stream.session_id, [user, reply])
-        except Exception:
-            logger.exception("could not store the stopped turn %s", stream.turn_id)
-            return False
-        return True
-
-    async def _store_failed(self, stream: ActiveStream, error: str) -> None:
-        """A user's turn failed: keep their message in the transcript, marked failed with
-        the error, so that a reload still shows it (and its Retry). The model never sees a
-        failed message as history (``gateway.turns.conversation.build_context``): a retry sends
-        the text again, and the view shows a failed message followed by its retry once."""
-        meta = {**stream.user_metadata, "failed": True, "error": error[:500]}
-        user = {"role": "user", "content": stream.user_text, "display_metadata": meta}
-        try:
-            await self.store.aappend_turn(stream.session_id, [user])
-        except Exception:
-            logger.exception("could not store the failed turn %s", stream.turn_id)
 
     # ----------------------------------------------------------------- stopping
 

@@ -9,13 +9,12 @@ written once against ``LedgerTx`` and so holds for every backend.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from delivery.backend import AtMost, Below, Increment, IsSet, LedgerStore, LedgerTx, LedgerViews
+from delivery.backend import LedgerStore, LedgerTx, LedgerViews
 from delivery.cancel import (
     ALREADY_FINISHED,
     CANCELLED,
@@ -26,16 +25,19 @@ from delivery.cancel import (
     is_active,
     is_waiting,
 )
+from delivery.claims import check_id as _check_id
+from delivery.claims import check_token as _check_token
+from delivery.claims import claim_op, complete_op, release_op
+from delivery.claims import load as _load
+from delivery.claims import load_held as _load_held
 from delivery.errors import (
-    ClaimMismatchError,
     InvalidTransitionError,
-    UnknownDeliveryError,
 )
 from delivery.identity import current_identity
-from delivery.ids import new_token
+from delivery.ledger_recovery import LedgerRecovery
 from delivery.notifier import Subscription
 from delivery.policy import DeliveryPolicy
-from delivery.recovery import abandoned_event, redeliver_op, reoffer_op
+from delivery.recovery import redeliver_op
 from delivery.recovery import settle_changes as _settle
 from delivery.roster import ServerRoster
 from delivery.rows import AuditEntry, LedgerRow, PrunedRow, RowQuery
@@ -49,51 +51,8 @@ PENDING = DeliveryState.PENDING.value
 DELIVERED = DeliveryState.DELIVERED.value
 DROPPED = DeliveryState.DROPPED.value
 
-_SCAN_LIMIT = 10_000
-_CLAIM_COLUMNS = (
-    "delivery_state",
-    "completed_at",
-    "next_attempt_at",
-    "claim_expires_at",
-    "holder",
-    "claim_token",
-    "delivery_attempts",
-)
 
-
-def _check_id(row_id: object) -> str:
-    if not isinstance(row_id, str):
-        raise TypeError(f"a ledger id must be a string, not {type(row_id).__name__}")
-    if not row_id or len(row_id) > 200:
-        raise ValueError("a ledger id must be 1 to 200 characters")
-    return row_id
-
-
-def _check_token(token: object) -> str:
-    if not isinstance(token, str) or not token:
-        raise TypeError("a claim token must be the non-empty string claim() returned")
-    return token
-
-
-def _load(tx: LedgerTx, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any]:
-    row = tx.get(row_id, columns)
-    if row is None:
-        raise UnknownDeliveryError(f"no ledger row {row_id!r}")
-    return row
-
-
-def _load_held(tx: LedgerTx, row_id: str, token: str | None) -> dict[str, Any]:
-    """The row, provided ``token`` (when given) is its current claim's."""
-    row = _load(tx, row_id)
-    if token is not None and row["claim_token"] != token:
-        raise ClaimMismatchError(
-            f"{row_id}: that claim token is not the current holder's "
-            f"(delivery_state={row['delivery_state']}); nothing was written"
-        )
-    return row
-
-
-class Ledger:
+class Ledger(LedgerRecovery):
     """The delivery ledger of one process, over a shared backend (its rules use the
     ``LedgerBackend`` side, its reads for operators the ``LedgerViews`` side)."""
 
@@ -511,61 +470,7 @@ class Ledger:
         return await self.backend.submit_async(self._claim_op(row_id, consumer), durable=False)
 
     def _claim_op(self, row_id: str, consumer: str) -> Callable[[LedgerTx], str | None]:
-        _check_id(row_id)
-        if not isinstance(consumer, str) or not consumer:
-            raise TypeError("consumer must be a non-empty string naming who claims")
-        now = self.clock()
-        policy = self.policy
-        identity = self.identity
-
-        token = new_token()
-        expires = now + policy.lease_seconds
-        claimed = {
-            "claim_token": token,
-            "claim_consumer": consumer,
-            "claimed_at": now,
-            "claim_expires_at": expires,
-            "holder": identity,
-            "due_at": expires,
-            "updated_at": now,
-        }
-        # One statement for the common case: pending, due, unclaimed, under the budget.
-        fast_expect = {
-            "delivery_state": PENDING,
-            "completed_at": IsSet(),
-            "next_attempt_at": AtMost(now),
-            "claim_expires_at": AtMost(now),
-            "delivery_attempts": Below(policy.max_attempts),
-        }
-        fast_changes = {**claimed, "delivery_attempts": Increment(1)}
-
-        def op(tx: LedgerTx) -> str | None:
-            if tx.update(row_id, fast_expect, fast_changes):
-                return token
-            row = _load(tx, row_id, _CLAIM_COLUMNS)
-            # completed_at is written together with the event, and is cheaper to read
-            if row["delivery_state"] != PENDING or row["completed_at"] is None:
-                return None
-            if row["next_attempt_at"] > now:
-                return None  # backing off after a release: a wait, not an attempt
-            if row["claim_expires_at"] > now and not self.is_dead(row["holder"]):
-                return None
-            expect = {
-                "delivery_state": PENDING,
-                "claim_token": row["claim_token"],
-                "delivery_attempts": row["delivery_attempts"],
-            }
-            if row["delivery_attempts"] >= policy.max_attempts:
-                tx.update(row_id, expect, _settle(DROPPED, now, "attempt budget exhausted"))
-                tx.audit(row_id, "drop", "attempt budget exhausted at claim", now)
-                return None
-            # The holder died holding a live claim: break it now, not at the lease's end.
-            ok = tx.update(
-                row_id, expect, {**claimed, "delivery_attempts": row["delivery_attempts"] + 1}
-            )
-            return token if ok else None
-
-        return op
+        return claim_op(row_id, consumer, self.clock(), self.policy, self.identity, self.is_dead)
 
     def complete(self, row_id: str, token: str) -> bool:
         """Acknowledge a delivery; only the current claim's holder can."""
@@ -578,18 +483,7 @@ class Ledger:
         return await self.backend.submit_async(self._complete_op(row_id, token), durable=False)
 
     def _complete_op(self, row_id: str, token: str) -> Callable[[LedgerTx], bool]:
-        _check_id(row_id)
-        _check_token(token)
-        now = self.clock()
-        changes = {**_settle(DELIVERED, now, "acknowledged by consumer"), "claim_token": token}
-
-        def op(tx: LedgerTx) -> bool:
-            if tx.update(row_id, {"claim_token": token, "delivery_state": PENDING}, changes):
-                return True
-            row = _load_held(tx, row_id, token)
-            return row["delivery_state"] == DELIVERED  # a repeated ack is a no-op
-
-        return op
+        return complete_op(row_id, token, self.clock())
 
     def release(self, row_id: str, token: str, *, retryable: bool = False) -> str:
         """Give a claim back. Returns the row's delivery state afterwards.
@@ -615,59 +509,9 @@ class Ledger:
     def _release_op(
         self, row_id: str, token: str, retryable: bool
     ) -> Callable[[LedgerTx], tuple[str, float | None]]:
-        _check_id(row_id)
-        _check_token(token)
         now = self.clock()
         replay_now = self.steady.replay_now(now)
-        policy = self.policy
-        identity = self.identity
-
-        def op(tx: LedgerTx) -> tuple[str, float | None]:
-            row = _load_held(tx, row_id, token)
-            if row["delivery_state"] != PENDING:
-                return row["delivery_state"], None
-            attempts, refunds = row["delivery_attempts"], row["refunds"]
-            if retryable:
-                attempts, refunds = max(attempts - 1, 0), refunds + 1
-            expect = {"claim_token": token, "delivery_state": PENDING}
-            # Not ``now``: a wall clock stepped forward must not drop a fresh result.
-            age = replay_now - (row["replay_from"] or row["completed_at"] or row["created_at"])
-            reason = None
-            if not retryable and attempts >= policy.max_attempts:
-                reason = f"attempt budget of {policy.max_attempts} exhausted"
-            elif age > policy.replay_cap_seconds:
-                reason = "older than the replay age cap"
-            if reason:
-                tx.update(
-                    row_id,
-                    expect,
-                    {
-                        **_settle(DROPPED, now, reason),
-                        "delivery_attempts": attempts,
-                        "refunds": refunds,
-                    },
-                )
-                tx.audit(row_id, "drop", reason, now)
-                return DROPPED, None
-            eligible = now + policy.retry_delay(attempts + refunds)
-            tx.update(
-                row_id,
-                expect,
-                {
-                    "claim_token": None,
-                    "claim_consumer": None,
-                    "claim_expires_at": 0,
-                    "delivery_attempts": attempts,
-                    "refunds": refunds,
-                    "next_attempt_at": eligible,
-                    "due_at": eligible,
-                    "holder": identity,
-                    "updated_at": now,
-                },
-            )
-            return PENDING, eligible
-
-        return op
+        return release_op(row_id, token, retryable, now, replay_now, self.policy, self.identity)
 
     def drop(self, row_id: str, reason: str, *, token: str | None = None) -> bool:
         """The target is gone for good: settle the row as dropped (never "delivered")."""
@@ -716,10 +560,6 @@ class Ledger:
         """The earliest due time of a pending row, or None when nothing is pending."""
         return self.backend.next_due_at()
 
-    def is_dead(self, identity: str | None) -> bool:
-        """Provably gone: an exited process of this host, or a lapsed server of another."""
-        return self.servers.is_dead(identity)
-
     def live_identities(self) -> set[str]:
         """Processes other than this one that hold pending rows or own unfinished work
         (the re-offer scheduler watches each local one for its exit)."""
@@ -745,131 +585,3 @@ class Ledger:
 
     def close(self) -> None:
         self.backend.close()
-
-    # -- recovery -------------------------------------------------------------------------------
-
-    def set_adopter(self, kind: str, adopt: Callable[[LedgerRow], None] | None) -> None:
-        """Say who takes over the running rows of ``kind`` whose owner process died.
-
-        Work of such a kind can outlive its owner (a background process keeps running after
-        its server is killed). Instead of settling the row as ``unknown``, recovery makes
-        this process its owner (a compare-and-set, so one survivor only) and hands the row
-        to ``adopt``, which must finish it (``finish(expected="running")``) once its real
-        outcome is known. ``adopt`` must not block; ``None`` removes the adopter.
-        """
-        if adopt is None:
-            self._adopters.pop(kind, None)
-        else:
-            self._adopters[kind] = adopt
-
-    def take_over(self, row_id: str, owner: str) -> bool:
-        """Running row of the dead ``owner`` -> owned by this process; False if it was not
-        (another survivor took it first, or it finished meanwhile)."""
-        _check_id(row_id)
-        now = self.clock()
-        expect = {"state": State.RUNNING.value, "owner": owner}
-        changes = {"owner": self.identity, "updated_at": now}
-
-        def op(tx: LedgerTx) -> bool:
-            if not tx.update(row_id, expect, changes):
-                return False
-            tx.audit(row_id, "adopt", f"taken over from {owner}", now)
-            return True
-
-        return self.backend.write(op)
-
-    def recover_abandoned(self) -> list[dict[str, Any]]:
-        """Queued/running rows whose owner process is gone get a completion that says so.
-
-        queued -> interrupted (the work never started: safe to run again);
-        running -> unknown (it may have had effects: the user must decide), unless its kind
-        has an adopter (``set_adopter``): then this process takes the row over and the
-        adopter reports its real outcome.
-        """
-        self.servers.refresh_liveness()
-        recovered: list[dict[str, Any]] = []
-        for state, new_state in ((State.QUEUED, State.INTERRUPTED), (State.RUNNING, State.UNKNOWN)):
-            for owner in self.backend.active_owners(state):
-                if owner == self.identity or not self.is_dead(owner):
-                    continue
-                for row in self.backend.rows_owned_by(owner, state, _SCAN_LIMIT):
-                    adopt = self._adopters.get(row.kind) if state == State.RUNNING else None
-                    if adopt is not None:
-                        if self.take_over(row.id, owner):
-                            try:
-                                adopt(dataclasses.replace(row, owner=self.identity))
-                                log.info(
-                                    "recovered %s %s from dead server %s: taken over",
-                                    row.kind,
-                                    row.id,
-                                    owner,
-                                )
-                                continue
-                            except Exception:
-                                log.exception("adopting %s failed", row.id)
-                        else:
-                            continue  # another survivor took it over, or it finished
-                    event = abandoned_event(row, new_state, self.clock())
-                    if self.finish(row.id, expected=state, state=new_state, event=event):
-                        log.warning(
-                            "recovered %s %s from dead server %s: %s, its conversation is told",
-                            row.kind,
-                            row.id,
-                            owner,
-                            new_state.value,
-                        )
-                        recovered.append(event)
-        return recovered
-
-    def restore(self) -> list[dict[str, Any]]:
-        """After a restart: every pending completion, oldest first, marked as restored.
-
-        Rows past the replay age cap are dropped instead of replayed; rows under a live
-        claim of a live process are left to that process.
-        """
-        self.recover_abandoned()
-        now = self.clock()
-        return self._take(self.backend.pending_with_event(_SCAN_LIMIT), now, "restore")
-
-    def take_due(self, now: float | None = None) -> list[dict[str, Any]]:
-        """Pending rows whose due time has come, or whose holder died: offered again."""
-        now = self.clock() if now is None else now
-        rows = self.backend.due(now, _SCAN_LIMIT)
-        for holder in self.backend.pending_holders():
-            if holder != self.identity and self.is_dead(holder):
-                held = self.backend.rows_held_by(holder, _SCAN_LIMIT)
-                # Once per dead server: rows still backing off stay held by it, pass after pass.
-                if held and holder not in self._logged_dead_holders:
-                    self._logged_dead_holders.add(holder)
-                    log.info(
-                        "recovering %d undelivered result(s) held by dead server %s: %s",
-                        len(held),
-                        holder,
-                        ", ".join(r.id for r in held[:10]) + (" ..." if len(held) > 10 else ""),
-                    )
-                rows.extend(held)
-        return self._take(rows, now, "orphan")
-
-    def _take(self, rows: list[LedgerRow], now: float, reason: str) -> list[dict[str, Any]]:
-        policy, identity = self.policy, self.identity
-        seen: set[str] = set()
-        candidates = []
-        for row in sorted(rows, key=lambda r: (r.completed_at or 0, r.id)):
-            if row.id in seen or row.event is None:
-                continue
-            seen.add(row.id)
-            candidates.append(row)
-
-        if not candidates:
-            return []
-        return self.backend.write(
-            reoffer_op(
-                candidates,
-                now,
-                reason,
-                policy,
-                identity,
-                self.servers.lapsed,
-                replay_now=self.steady.replay_now(now),
-            )
-        )

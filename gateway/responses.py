@@ -32,6 +32,9 @@ state is stored; a row that ended without it (a crash in between) is offered aga
 next sweep, so the hook runs at least once. Retention is not this service's: the
 server's retention scheduler (``delivery.retention``, kind ``stored_responses``, one server
 at a time) prunes terminal rows older than ``[responses] keep_days``.
+
+The store access, the terminal hook and the claiming, leasing and abandoning of background
+runs are ``gateway.responses_runs``; this module keeps the operations and the sweep.
 """
 
 from __future__ import annotations
@@ -41,12 +44,12 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 
 from agent.tools import ToolProgress
-from delivery.identity import current_identity, holder_is_dead
+from delivery.identity import current_identity
 from delivery.ids import new_token
 from delivery.notifier import Subscription
 from delivery.responses_backend import (
@@ -70,7 +73,8 @@ from gateway.openai.responses_wire import (
     terminal_event,
 )
 from gateway.openai.wire import completion_text
-from gateway.response_events import EventSink, EventWriter, NoSink, follow
+from gateway.response_events import EventSink, NoSink, follow
+from gateway.responses_runs import ResponsesRuns, TerminalHook, dumps
 from gateway.session import SessionSource
 from gateway.turns.conversation import well_formed
 from gateway.turns.fence import finish_despite_cancel
@@ -87,20 +91,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-
 _SWEEP_BATCH = 100
 _SWEEP_GAP_SECONDS = 0.25
 # A terminal row still unnotified this long after it ended had its hook interrupted.
 _HOOK_RETRY_AFTER_SECONDS = 30.0
 _HOOK_CHECK_EVERY_SECONDS = 10.0
-
-
-class TerminalHook(Protocol):
-    """Told once a response reached a terminal state (``response.completed`` and so on); what
-    it returns (the webhook sender's delivery id) is not used."""
-
-    def __call__(self, response_id: str, event_type: str) -> object: ...
 
 
 class PreviousNotUsable(Exception):
@@ -119,14 +114,10 @@ class Created:
     replayed: bool = False
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
 BY_RESPONSE = "the API client that cancelled the response which started it"
 
 
-class ResponsesService:
+class ResponsesService(ResponsesRuns):
     """Creates, runs, cancels and streams stored responses (see the module docstring)."""
 
     def __init__(
@@ -207,34 +198,6 @@ class ResponsesService:
             self._pokes = None
         await asyncio.to_thread(self.store.close)
 
-    def _poked(self) -> None:
-        if self._pokes is not None:
-            self._pokes.drain()
-        self._changed()
-        self._wake.set()
-
-    def _changed(self) -> None:
-        tick, self._tick = self._tick, asyncio.Event()
-        tick.set()
-
-    async def _db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
-    async def _write(self, fn: Callable[..., T], *args: Any, poke: bool = True, **kwargs: Any) -> T:
-        """A write, then (``poke``) the pokes: this server's readers and every other server.
-        A non-background response's own writes poke nobody: nothing follows its row."""
-        if not poke:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-
-        def write_and_poke() -> T:
-            result = fn(*args, **kwargs)
-            self.store.notifier.notify()
-            return result
-
-        result = await asyncio.to_thread(write_and_poke)
-        self._changed()
-        return result
-
     # ----------------------------------------------------------------- creating
 
     async def create(
@@ -273,7 +236,7 @@ class ResponsesService:
             background=request.background,
             session_id=session_id,
             request=request.to_json(),
-            body=_dumps(body),
+            body=dumps(body),
             created_at=now,
             updated_at=now,
             previous_response_id=request.previous_response_id,
@@ -287,8 +250,8 @@ class ResponsesService:
         first: list[tuple[str, str]] = []
         if request.background:
             first = [
-                ("response.created", _dumps({"response": body})),
-                ("response.queued", _dumps({"response": body})),
+                ("response.created", dumps({"response": body})),
+                ("response.queued", dumps({"response": body})),
             ]
         caps = self.caps if request.background else None
         stored = await self._write(self.store.insert, row, first, caps, poke=request.background)
@@ -450,106 +413,49 @@ class ResponsesService:
         closing: list[tuple[str, dict[str, Any]]],
         sink: EventSink,
     ) -> dict[str, Any]:
+        """Store the response's end (its run is finishing: a row moved under it meanwhile
+        does not stop it)."""
         self._finishing.add(row.id)
         try:
-            return await self._store_end(row, request, status, out, error, closing, sink)
+            now = time.time()
+            body = body_of(
+                row.id,
+                request,
+                status=status,
+                created_at=row.created_at,
+                output=out if out.text or out.done else None,
+                error=error,
+                completed_at=now,
+            )
+            events = [*closing, terminal_event(body)]
+            # Every event before the terminal ones is stored (or sent) first; a background
+            # response's terminal events are stored with its terminal status, in one commit.
+            await sink.settle()
+            if not row.background:
+                for event in events:
+                    sink.add(*event)
+            if not request.store:
+                # Kept nothing once answered (``store: false``).
+                await self._db(self.store.delete, row.id)
+                return body
+            stored = await self._write(
+                self.store.transition,
+                row.id,
+                expect=("in_progress",),
+                owner=storing_owner(self.owner) if row.id in self._storing else self.owner,
+                change=Change(status, dumps(body), completed_at=now, notified=self._silent),
+                events=[(t, dumps(d)) for t, d in events] if row.background else None,
+                poke=row.background,
+            )
+            if stored:
+                if not self._silent:
+                    await self._told(row.id, events[-1][0])
+                return body
+            # Cancelled, deleted or taken over meanwhile: what the store says stands.
+            current = await self._db(self.store.get, row.id)
+            return json.loads(current.body) if current is not None else body
         finally:
             self._finishing.discard(row.id)
-
-    async def _store_end(
-        self,
-        row: ResponseRow,
-        request: ResponsesRequest,
-        status: str,
-        out: Output,
-        error: str | None,
-        closing: list[tuple[str, dict[str, Any]]],
-        sink: EventSink,
-    ) -> dict[str, Any]:
-        now = time.time()
-        body = body_of(
-            row.id,
-            request,
-            status=status,
-            created_at=row.created_at,
-            output=out if out.text or out.done else None,
-            error=error,
-            completed_at=now,
-        )
-        events = [*closing, terminal_event(body)]
-        # Every event before the terminal ones is stored (or sent) first; a background
-        # response's terminal events are stored with its terminal status, in one commit.
-        await sink.settle()
-        if not row.background:
-            for event in events:
-                sink.add(*event)
-        if not request.store:
-            # Kept nothing once answered (``store: false``).
-            await self._db(self.store.delete, row.id)
-            return body
-        stored = await self._write(
-            self.store.transition,
-            row.id,
-            expect=("in_progress",),
-            owner=storing_owner(self.owner) if row.id in self._storing else self.owner,
-            change=Change(status, _dumps(body), completed_at=now, notified=self._silent),
-            events=[(t, _dumps(d)) for t, d in events] if row.background else None,
-            poke=row.background,
-        )
-        if stored:
-            if not self._silent:
-                await self._told(row.id, events[-1][0])
-            return body
-        # Cancelled, deleted or taken over meanwhile: what the store says stands.
-        current = await self._db(self.store.get, row.id)
-        return json.loads(current.body) if current is not None else body
-
-    @property
-    def _silent(self) -> bool:
-        """No terminal hook: a terminal row is stored as notified, in the same write."""
-        return self._on_terminal is None
-
-    async def _told(self, response_id: str, event_type: str) -> None:
-        """Run the terminal hook, then mark the row notified."""
-        if self._on_terminal is not None:
-            try:
-                await asyncio.to_thread(self._on_terminal, response_id, event_type)
-            except Exception:
-                logger.exception("the terminal hook failed for %s (offered again)", response_id)
-                return
-        await self._db(self.store.mark_notified, response_id)
-
-    def _ran(self, response_id: str) -> None:
-        """A run ended: its turn's slot is free, so a queued response may be claimed now."""
-        self._running.pop(response_id, None)
-        self._claimed.discard(response_id)
-        self._storing.discard(response_id)
-        self._finishing.discard(response_id)
-        self._wake.set()
-
-    async def _keep_lease(self, response_id: str, runner: asyncio.Task[Any] | None) -> None:
-        """Renew the lease; a row that is no longer ours (cancelled, deleted, taken over)
-        stops its runner."""
-        while True:
-            await asyncio.sleep(self.lease_seconds / 3)
-            ours = await self._db(
-                self.store.renew, response_id, self.owner, time.time() + self.lease_seconds
-            )
-            if not ours and runner is not None and response_id not in self._finishing:
-                runner.cancel()
-                return
-
-    async def _run_background(self, row: ResponseRow) -> None:
-        async def append(batch: list[tuple[str, str]]) -> bool:
-            return await self._write(self.store.append_events, row.id, self.owner, batch)
-
-        writer = EventWriter(append)
-        try:
-            await self._execute(row, writer)
-        except asyncio.CancelledError:
-            pass
-        finally:
-            await writer.settle()
 
     # ----------------------------------------------------------------- the worker
 
@@ -591,70 +497,6 @@ class ResponsesService:
                     # (its stream just ends), yet its hook says response.cancelled.
                     await self._told(row.id, f"response.{row.status}")
 
-    async def _stop_lost_runs(self, seen_ours: set[str]) -> None:
-        """Stop the runs whose rows are no longer this server's to run: cancelled, deleted
-        or taken over through another server (a poke brings the sweep here at once)."""
-        for response_id, task in list(self._running.items()):
-            if response_id in seen_ours or response_id in self._finishing:
-                continue
-            row = await self._db(self.store.get, response_id)
-            if row is None or row.status != "in_progress" or row.owner != self.owner:
-                task.cancel()
-
-    def _owner_dead(self, owner: str | None) -> bool:
-        """The owner is a process on this host that is gone (no need to wait for its lease)."""
-        return not owner or holder_is_dead(owner.partition("#")[0])
-
-    async def _claim(self, row: ResponseRow) -> None:
-        body = {**json.loads(row.body), "status": "in_progress"}
-        claimed = await self._write(
-            self.store.transition,
-            row.id,
-            expect=("queued",),
-            owner=None,
-            change=Change(
-                "in_progress", _dumps(body), self.owner, time.time() + self.lease_seconds
-            ),
-            events=[("response.in_progress", _dumps({"response": body}))],
-            check_owner=False,
-        )
-        if not claimed:
-            return
-        mine = replace(row, status="in_progress", owner=self.owner, body=_dumps(body))
-        self._claimed.add(row.id)  # room in this server's pool until the run ends
-        task = asyncio.create_task(self._run_background(mine))
-        self._running[row.id] = task
-        task.add_done_callback(lambda _: self._ran(row.id))
-
-    async def _end_abandoned(self, row: ResponseRow) -> None:
-        request = ResponsesRequest.from_json(row.request)
-        now = time.time()
-        reason = (
-            "the server running this response stopped before it finished "
-            f"({row.owner}); it was not run again because part of its output may already "
-            "have been streamed. Send the request again."
-        )
-        body = body_of(
-            row.id,
-            request,
-            status="failed",
-            created_at=row.created_at,
-            error=reason,
-            completed_at=now,
-        )
-        ended = await self._write(
-            self.store.transition,
-            row.id,
-            expect=("in_progress",),
-            owner=row.owner,
-            change=Change("failed", _dumps(body), completed_at=now, notified=self._silent),
-            events=[("response.failed", _dumps({"response": body}))] if row.background else None,
-        )
-        if ended:
-            logger.warning("response %s ended failed: its server %s stopped", row.id, row.owner)
-            if not self._silent:
-                await self._told(row.id, "response.failed")
-
     # ----------------------------------------------------------------- cancel, delete
 
     async def cancel(self, response_id: str) -> ResponseRow | None:
@@ -674,7 +516,7 @@ class ResponsesService:
                 row.id,
                 expect=(row.status,),
                 owner=row.owner,
-                change=Change("cancelled", _dumps(body), completed_at=now, notified=self._silent),
+                change=Change("cancelled", dumps(body), completed_at=now, notified=self._silent),
                 # The owner read above: a run that entered its store since then wins.
                 check_owner=True,
             )

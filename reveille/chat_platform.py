@@ -2,7 +2,7 @@
 
 A platform is a package under ``gateway/surfaces/<name>/`` (its adapter implements the
 surface port, ``gateway.surfaces.port.ChatSurface``) plus a wiring module here that builds
-it from the settings (``reveille/telegram_app.py``). The root (``reveille.app``) lists the
+it from the settings (``reveille/telegram_app.py``). The root (``reveille.surfaces``) lists the
 platforms in ``CHAT_PLATFORMS``; for each one that is ``configured`` it calls ``build`` and
 registers a ``PushTarget`` for every adapter built, so wake-ups reach it. Adding a platform
 is that package, that wiring module, and one line in ``CHAT_PLATFORMS``.

@@ -17,27 +17,24 @@ that the fixed contract module (``tools.async_delegation``) and the background p
 need. The composition root says how it is opened (``register_runtime_factory``); without
 one, it is opened on ``$REVEILLE_HOME/ledger.db`` (default ``~/.reveille``) with the default
 delivery policy. ``configure_runtime`` opens it on an explicit file instead.
+
+What a unit is, the worker threads and the completion event are ``tools.delegation_units``.
 """
 
 from __future__ import annotations
 
-import collections
-import contextvars
 import functools
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
 
 from delivery import traces
 from delivery.backend import LedgerStore
-from delivery.cancel import CANCELLED, CancelOutcome, Progress, is_active
+from delivery.cancel import CANCELLED, CancelOutcome
 from delivery.errors import LedgerError, LedgerUnavailable
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
@@ -46,95 +43,54 @@ from delivery.rows import RowQuery
 from delivery.states import State
 from delivery.write_future import WriteFuture
 from tools.completion_queue import EventQueue, WireEvent, shared_completion_queue
+from tools.delegation_units import (
+    RESPONSE_KEY,
+    RESPONSE_ORIGIN,
+    Clock,
+    DelegationRequest,
+    DispatchOutcome,
+    Runner,
+    RunnerResult,
+    Slots,
+    Unit,
+    WorkerPool,
+    completion_event,
+    rejected,
+    stamp_response_origin,
+)
+from tools.watched_work import PROGRESS_INTERVAL_SECONDS, WatchedWork
 
 log = logging.getLogger(__name__)
-
-DelegationRequest = dict[str, Any]
-"""What a dispatch stores with its row: the event's fields known before the work runs."""
-RunnerResult = dict[str, Any]
-"""What a unit's runner returns: ``status``, ``summary`` or ``error``, or ``results[]``."""
-Runner = Callable[[], RunnerResult]
-DispatchOutcome = dict[str, Any]
-"""The answer of a dispatch: ``status`` (dispatched, queued, rejected), ``delegation_id``,
-and ``error`` when rejected."""
-Clock = Callable[[], float]
 
 DEFAULT_MAX_QUEUED = 32
 LEDGER_FILE = "ledger.db"
 _FINALIZE_RETRY_SECONDS = (0.05, 0.2, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-_RESULT_STATES = {s.value for s in State} - {State.QUEUED.value, State.RUNNING.value}
-PROGRESS_INTERVAL_SECONDS = 1.0
-"""At most one progress write per this many seconds (all units of a process in one write)."""
+
+__all__ = [
+    "DEFAULT_MAX_QUEUED",
+    "LEDGER_FILE",
+    "PROGRESS_INTERVAL_SECONDS",
+    "RESPONSE_KEY",
+    "RESPONSE_ORIGIN",
+    "DelegationRequest",
+    "DelegationRuntime",
+    "DispatchOutcome",
+    "Runner",
+    "RunnerResult",
+    "RuntimeFactory",
+    "Unit",
+    "configure_runtime",
+    "default_state_dir",
+    "get_runtime",
+    "open_runtime",
+    "register_runtime_factory",
+    "report_progress",
+    "reset_runtime",
+    "runtime_is_open",
+    "stamp_response_origin",
+]
 
 _current = threading.local()  # the unit a worker thread is running (``report_progress``)
-
-RESPONSE_ORIGIN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "reveille_response_origin", default=None
-)
-"""The background Response whose turn is running here (``gateway.responses`` sets it): work
-dispatched in its context records it (``response_id``), so cancelling the Response cancels
-the units it started."""
-
-
-@dataclass
-class Unit:
-    """One unit of detached work (a goal, or a batch holding one slot) and how to stop it."""
-
-    delegation_id: str
-    request: DelegationRequest
-    run: Runner
-    interrupt_fn: Callable[[], None] | None
-    cancel_requested: bool = False
-    drained: bool = False  # ended ``interrupted`` by a drain; whatever it returns later is moot
-
-
-@dataclass
-class _Slots:
-    """Running units and the bounded FIFO of those waiting for a slot."""
-
-    running: dict[str, Unit] = field(default_factory=dict)
-    waiting: collections.deque[tuple[Unit, int]] = field(default_factory=collections.deque)
-    joining: int = 0  # FIFO places reserved while their rows are being written
-
-
-class _WorkerPool:
-    """Daemon worker threads, so background work never keeps the process from exiting.
-
-    Threads are started on demand, wait on one C-level queue and leave after being idle.
-    """
-
-    _IDLE_EXIT_SECONDS = 30.0
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._idle = 0
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._lock:
-            spawn = self._idle == 0
-            if not spawn:
-                self._idle -= 1  # that idle thread is now spoken for
-        self._jobs.put(job)
-        if spawn:
-            threading.Thread(target=self._work, name="delegation-worker", daemon=True).start()
-
-    def _work(self) -> None:
-        while True:
-            try:
-                job = self._jobs.get(timeout=self._IDLE_EXIT_SECONDS)
-            except queue.Empty:
-                with self._lock:
-                    if self._idle > 0 and self._jobs.empty():
-                        self._idle -= 1
-                        return
-                continue
-            try:
-                job()
-            except Exception:
-                log.exception("delegation worker job failed")
-            with self._lock:
-                self._idle += 1
 
 
 class DelegationRuntime:
@@ -150,19 +106,13 @@ class DelegationRuntime:
         self.ledger = ledger
         self.queue = completion_queue
         self.max_queued = max_queued
-        self._slots = _Slots()
+        self._slots = Slots()
         self._lock = threading.Lock()
-        self._pool = _WorkerPool()
+        self._pool = WorkerPool()
         self.scheduler: ReofferScheduler | None = None
         self.draining = False
-        # How to stop the work of each row running in this process (units, processes), and
-        # the work of a kind that outlives a dead owner (a command still running).
-        self._stoppers: dict[str, Callable[[], object]] = {}
-        self._orphan_stoppers: dict[str, Callable[[str], object]] = {}
-        self._progress: dict[str, Progress] = {}
-        self._dirty: set[str] = set()
-        self._flush_timer: threading.Timer | None = None
-        self._last_flush = 0.0
+        # How to stop the work running here once its row is cancelled, and its progress.
+        self.watched = WatchedWork(ledger)
 
     # -- dispatch -----------------------------------------------------------------------------
 
@@ -179,7 +129,7 @@ class DelegationRuntime:
             raise ValueError("max_queued_delegations must not be negative")
         limit = self.max_queued if max_queued is None else min(self.max_queued, max_queued)
         if self.draining:
-            return _rejected(
+            return rejected(
                 unit.delegation_id,
                 "the server is restarting and takes no new background work; try again shortly",
             )
@@ -187,7 +137,7 @@ class DelegationRuntime:
             start_now = len(self._slots.running) < cap
             waiting = len(self._slots.waiting) + self._slots.joining
             if not start_now and waiting >= limit:
-                return _rejected(
+                return rejected(
                     unit.delegation_id,
                     f"{len(self._slots.running)} background tasks are running and "
                     f"{waiting} are waiting (the limit); try again later",
@@ -223,7 +173,7 @@ class DelegationRuntime:
                     self._slots.joining -= 1
             if start_now:
                 self._fill_slots()
-            return _rejected(unit.delegation_id, f"could not record the task durably: {exc}")
+            return rejected(unit.delegation_id, f"could not record the task durably: {exc}")
         where = req.get("origin_ui_session_id") or req.get("session_key") or "-"
         if start_now:
             log.info("background %s %s started (session %s)", kind, unit.delegation_id, where)
@@ -280,7 +230,7 @@ class DelegationRuntime:
             self.unwatch(unit.delegation_id)
         if unit.cancel_requested:
             result = {**result, "status": "cancelled"}
-        event = _completion_event(unit.request, result, started)
+        event = completion_event(unit.request, result, started)
         log.info(
             "background %s finished: %s in %.1f s",
             unit.delegation_id,
@@ -361,7 +311,7 @@ class DelegationRuntime:
             unit = self._slots.running.get(delegation_id)
             waiting = None if unit else self._remove_waiting(delegation_id)
         if waiting is not None:
-            event = _completion_event(
+            event = completion_event(
                 waiting.request,
                 {"status": "cancelled", "error": "cancelled before it started"},
                 time.time(),
@@ -398,24 +348,10 @@ class DelegationRuntime:
         log.info("background %s cancelled by %s", row_id, by)
         if outcome.event is not None and deliver_here:
             self.queue.put(outcome.event)
-        if self._stop_here(row_id):
-            return outcome
-        orphan = self._orphan_stoppers.get(outcome.kind or "")
-        if orphan is not None and self.ledger.is_dead(outcome.owner):
-            try:
-                orphan(row_id)  # nobody else will: its owner is gone
-            except Exception:
-                log.exception("could not stop the orphaned work of %s", row_id)
-        self.ledger.notify_others()  # its owner (or a server to deliver the notice) looks
+        if not self.watched.stop_here(row_id):
+            self.watched.stop_orphan(row_id, outcome.kind, outcome.owner)
+            self.ledger.notify_others()  # its owner (or a server to deliver the notice) looks
         return outcome
-
-    def set_orphan_stopper(self, kind: str, stop: Callable[[str], object] | None) -> None:
-        """How to stop work of ``kind`` whose owner process died but which may still run
-        (a background command): called with the row id when such a row is cancelled."""
-        if stop is None:
-            self._orphan_stoppers.pop(kind, None)
-        else:
-            self._orphan_stoppers[kind] = stop
 
     def cancel_started_by(self, response_id: str, *, by: str) -> list[CancelOutcome]:
         """Cancel every unit the background Response ``response_id`` started (recorded on
@@ -428,76 +364,22 @@ class DelegationRuntime:
         ]
         return [self.cancel(row.id, by=by) for row in rows]
 
+    # -- the work running here (``tools.watched_work``) ----------------------------------------
+
+    def set_orphan_stopper(self, kind: str, stop: Callable[[str], object] | None) -> None:
+        self.watched.set_orphan_stopper(kind, stop)
+
     def watch(self, row_id: str, stop: Callable[[], object]) -> None:
-        """``row_id`` runs in this process; ``stop`` stops it once its row is cancelled."""
-        with self._lock:
-            self._stoppers[row_id] = stop
+        self.watched.watch(row_id, stop)
 
     def unwatch(self, row_id: str) -> None:
-        with self._lock:
-            self._stoppers.pop(row_id, None)
-            self._progress.pop(row_id, None)
-            self._dirty.discard(row_id)
-
-    def _stop_here(self, row_id: str) -> bool:
-        with self._lock:
-            stop = self._stoppers.pop(row_id, None)
-        if stop is None:
-            return False
-        try:
-            stop()
-        except Exception:
-            log.exception("could not stop %s", row_id)
-        return True
+        self.watched.unwatch(row_id)
 
     def honour_cancels(self) -> list[str]:
-        """Stop the work here whose rows were cancelled elsewhere; the ids stopped. The
-        re-offer scheduler calls it at each pass (a cancel pokes every server)."""
-        with self._lock:
-            watched = list(self._stoppers)
-        stopped: list[str] = []
-        for row_id in watched:
-            try:
-                row = self.ledger.get(row_id)
-            except LedgerError:
-                return stopped
-            if (row is None or not is_active(row.state)) and self._stop_here(row_id):
-                stopped.append(row_id)
-        return stopped
-
-    # -- progress ----------------------------------------------------------------------------
+        return self.watched.honour_cancels()
 
     def progress(self, row_id: str, *, step: str | None = None, line: str | None = None) -> None:
-        """Record what ``row_id`` is doing; written to the store at most once per
-        ``PROGRESS_INTERVAL_SECONDS`` (never blocks the caller)."""
-        now = time.time()
-        report = Progress.of(step, line, now)
-        with self._lock:
-            before = self._progress.get(row_id)
-            self._progress[row_id] = before.merged(report) if before else report
-            self._dirty.add(row_id)
-            if self._flush_timer is not None:
-                return
-            delay = max(self._last_flush + PROGRESS_INTERVAL_SECONDS - now, 0.0)
-            timer = self._flush_timer = threading.Timer(delay, self._flush_progress)
-        timer.daemon = True
-        timer.start()
-
-    def _flush_progress(self) -> None:
-        with self._lock:
-            reports = {i: self._progress[i] for i in self._dirty if i in self._progress}
-            self._dirty.clear()
-            self._flush_timer = None
-            self._last_flush = time.time()
-        if not reports:
-            return
-        try:
-            stale = self.ledger.submit_progress(reports).result()
-        except (LedgerError, OSError) as exc:
-            log.debug("progress not written: %s", exc)
-            return
-        for row_id in stale:  # cancelled elsewhere, and its poke not seen yet
-            self._stop_here(row_id)
+        self.watched.progress(row_id, step=step, line=line)
 
     def running_count(self) -> int:
         with self._lock:
@@ -586,44 +468,7 @@ class DelegationRuntime:
         self.ledger.close()
 
 
-def _rejected(delegation_id: str, error: str) -> DispatchOutcome:
-    return {"status": "rejected", "delegation_id": delegation_id, "error": error}
-
-
-def _completion_event(
-    request: DelegationRequest, result: RunnerResult, started: float
-) -> WireEvent:
-    """The self-contained completion event of a unit that ran from ``started`` until now."""
-    now = time.time()
-    event = {**request, **{k: v for k, v in result.items() if k not in request}}
-    status = str(result.get("status") or "completed")
-    if request.get("is_batch"):
-        results = result.get("results") or []
-        event["results"] = results
-        ok = [r for r in results if r.get("status") == "completed"]
-        if "status" not in result:
-            status = "completed" if results and len(ok) == len(results) else "failed"
-        event["total_duration_seconds"] = round(now - started, 3)
-    else:
-        event["duration_seconds"] = round(now - started, 3)
-    if status not in _RESULT_STATES:
-        event["error"] = f"runner returned unknown status {status!r}"
-        status = "error"
-    event["status"] = status
-    event["completed_at"] = now
-    return event
-
-
 # -- the process's runtime -------------------------------------------------------------------
-
-
-RESPONSE_KEY = "response_id"
-
-
-def stamp_response_origin(request: dict[str, Any]) -> None:
-    """Record on a unit's request the background Response it was started by, if any."""
-    if (response_id := RESPONSE_ORIGIN.get()) is not None:
-        request[RESPONSE_KEY] = response_id
 
 
 def report_progress(step: str | None = None, line: str | None = None) -> None:

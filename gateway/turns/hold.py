@@ -20,9 +20,34 @@ import secrets
 
 from gateway.session import TURN_LEASE_SECONDS, SessionStore, SessionStoreError
 
-__all__ = ["TurnHold"]
+__all__ = ["TurnHold", "end_lease", "renew_lease"]
 
 logger = logging.getLogger(__name__)
+
+
+async def renew_lease(store: SessionStore, session_id: str, stream_id: str) -> None:
+    """Renew the turn lease of ``stream_id`` every third of its life; return once another
+    holder has the session (this server stalled past the lease and it was taken over). A
+    failing store is logged and tried again: the lease lasts until the next try."""
+    while True:
+        await asyncio.sleep(TURN_LEASE_SECONDS / 3)
+        try:
+            held = await asyncio.to_thread(store.renew_turn, session_id, stream_id)
+        except SessionStoreError as exc:
+            logger.warning("could not renew the turn lease of %s: %s", session_id, exc)
+            continue
+        if not held:
+            logger.warning("a turn lost session %s to another holder", session_id)
+            return
+
+
+async def end_lease(store: SessionStore, session_id: str, stream_id: str) -> None:
+    """Free the session of the turn ``stream_id``; a lease that cannot be ended now (the
+    store is failing) lapses by itself within ``TURN_LEASE_SECONDS``."""
+    try:
+        await asyncio.to_thread(store.end_turn, session_id, stream_id)
+    except SessionStoreError as exc:
+        logger.warning("could not free session %s now (%s); its lease lapses", session_id, exc)
 
 
 class TurnHold:
@@ -52,21 +77,9 @@ class TurnHold:
         return True
 
     async def _renew(self) -> None:
-        while True:
-            await asyncio.sleep(TURN_LEASE_SECONDS / 3)
-            try:
-                held = await asyncio.to_thread(
-                    self.store.renew_turn, self.session_id, self.stream_id
-                )
-            except SessionStoreError as exc:
-                logger.warning("could not renew the turn lease of %s: %s", self.session_id, exc)
-                continue
-            if not held:
-                # Another server took the session over (this one stalled past the lease):
-                # what this turn asked was denied by that takeover.
-                logger.warning("a turn lost session %s to another holder", self.session_id)
-                self.held = False
-                return
+        await renew_lease(self.store, self.session_id, self.stream_id)
+        # Another server took the session over: what this turn asked was denied by that.
+        self.held = False
 
     async def release(self) -> None:
         """End the lease (denying anything it still asks); a lease that cannot be ended now
@@ -80,9 +93,4 @@ class TurnHold:
         if not self.held:
             return
         self.held = False
-        try:
-            await asyncio.to_thread(self.store.end_turn, self.session_id, self.stream_id)
-        except SessionStoreError as exc:
-            logger.warning(
-                "could not free session %s now (%s); its lease lapses", self.session_id, exc
-            )
+        await end_lease(self.store, self.session_id, self.stream_id)

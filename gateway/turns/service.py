@@ -28,22 +28,21 @@ once). If the agent starts background work first, ``ToolContext.prepare_backgrou
 session before the work starts: a result never arrives for a session its deliverer does
 not know. Refusals are ``TurnError`` with a ``kind``; the surface maps kinds to its status
 codes. Nothing here knows HTTP.
+
+The vocabulary between a surface and this service (``TurnRequest``, ``StartedTurn``,
+``TurnError`` ...) is ``gateway.turns.requests``, re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from agent.loop import Agent
 from agent.messages import ChatMessage
-from agent.providers.base import DeltaCallback, ModelOptions, ProviderError
+from agent.providers.base import DeltaCallback, ProviderError
 from agent.tools import ConfirmCallback, ToolContext, ToolProgress, UnitConfirmCallback
 from delivery import traces
 from delivery.session_backend import ApprovalRecord
@@ -58,27 +57,39 @@ from gateway.session import (
     title_from_text,
 )
 from gateway.tasks import finish_or_cancel
+from gateway.turns.compacting import BegunTurn, TurnCompaction
 from gateway.turns.compaction import Compactor, seen_delivery_ids
 from gateway.turns.conversation import (
     bound_context,
     build_context,
     delivery_context_text,
     derive_session_id,
-    fork_of,
     message_text,
     pick_session,
     well_formed_result,
     with_images,
 )
 from gateway.turns.fence import TurnFence, finish_despite_cancel
+from gateway.turns.first_turns import FirstTurns
 from gateway.turns.gate import Parking, TurnGate, busy_reason
 from gateway.turns.hold import TurnHold
 from gateway.turns.idempotency import (
-    ANY_REQUEST,
     IdempotencyClaims,
     KeyReused,
     StillRunning,
     fingerprint_of,
+)
+from gateway.turns.requests import (
+    Conversation,
+    ReplayedTurn,
+    ResponseRenderer,
+    StartedTurn,
+    TurnError,
+    TurnRequest,
+    TurnRunner,
+    agent_turn_runner,
+    request_fingerprint,
+    session_taken,
 )
 from gateway.wake_text import wake_row_metadata
 
@@ -97,165 +108,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# Called with the model context, the tool context and a delta callback (None unless
-# streaming), and with ``options=`` (``ModelOptions``) only when the request set some;
-# returns an object with ``content`` and ``usage`` (an ``AgentResult``).
-TurnRunner = Callable[..., Awaitable[Any]]
-
-# The stored (and replayed) answer of a turn, in the surface's own shape.
-ResponseRenderer = Callable[[Any], dict[str, Any]]
-
-TurnErrorKind = Literal[
-    "session_not_found",
-    "session_deleted",
-    "too_many_turns",
-    "in_progress",
-    "key_reused",
-    "session_taken",
-    "session_busy",
-    "upstream",
-]
-
-
-class TurnError(Exception):
-    """A turn that was refused or failed; ``kind`` says which (see ``TurnErrorKind``)."""
-
-    def __init__(self, kind: TurnErrorKind, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-
-def agent_turn_runner(agent: Agent | Callable[[], Agent]) -> TurnRunner:
-    """A turn runner over an ``Agent``, or over a factory making one per turn."""
-
-    async def run(
-        messages: list[ChatMessage],
-        ctx: ToolContext,
-        on_delta: DeltaCallback | None,
-        *,
-        options: ModelOptions | None = None,
-    ) -> Any:
-        current = agent if isinstance(agent, Agent) else agent()
-        return await current.run(messages, ctx, on_delta=on_delta, options=options)
-
-    return run
-
-
-def request_fingerprint(request: TurnRequest) -> str:
-    """What makes two requests "the same request" for an idempotency key."""
-    if not request.bind_key_to_request:
-        return ANY_REQUEST
-    # Not ``stream``: a replay can be told as a stream or as one answer alike.
-    bound: list[Any] = [request.session_id, request.messages]
-    if request.model_options:
-        # Only when set, so the fingerprints of requests without options stay as they were.
-        bound.append(request.model_options.as_request())
-    material = json.dumps(
-        bound,
-        sort_keys=True,
-        separators=(",", ":"),
-        default=str,
-    )
-    return hashlib.sha256(material.encode("ascii")).hexdigest()[:32]
-
-
-@dataclass(frozen=True)
-class TurnRequest:
-    """One turn as a surface asks for it.
-
-    ``messages`` is the request's conversation (validated: it holds a user message; the
-    last one is the new turn). ``create`` is the source of a session this turn may create
-    (a conversation without an explicit session id); None means the session must exist.
-    """
-
-    session_id: str
-    messages: Sequence[Mapping[str, Any]]  # as the client sent them (checked where parsed)
-    create: SessionSource | None = None
-    idempotency_key: str | None = None
-    stream: bool = False
-    bind_key_to_request: bool = True
-    """False for a key that names one piece of work whatever text comes with it (a wake-up
-    keyed by its delivery id is re-rendered when re-offered, yet is the same wake-up)."""
-    wakeup: bool = False
-    """Set by the server, never by a client: the turn delivers background work (a wake-up).
-    Its user message is stored with the ``wake`` mark the transcript and later contexts go
-    by; text that merely looks like a wake-up is a person's text."""
-    unwritten: bool = False
-    """The surface has just read that no session, live or deleted, has this id (see
-    ``Conversation``): the turn starts empty without reading the store again. Its first
-    write creates the session and refuses an id deleted meanwhile, as after any read."""
-    model_options: ModelOptions | None = None
-    """The client's generation options, for every model call of the turn (None: defaults;
-    the web UI and Telegram send none)."""
-    lease_stream_id: str | None = None
-    """The turn lease (``SessionStore.take_turn``) the surface holds for this turn, if any
-    (the web UI's): a compaction runs under it instead of taking the session itself."""
-    user_metadata: dict[str, Any] | None = None
-    """Display metadata the surface stores with the user's message (the web UI: the images
-    it came with, shown as thumbnails; that it edits an earlier message)."""
-    traceparent: str | None = None
-    """Set by the server for its own wake-ups only: the W3C traceparent of the delivery that
-    sent it, whose child the turn's span becomes (``delivery.traces``)."""
-    before_store: Callable[[], Awaitable[bool]] | None = None
-    """Run once the reply is ready, as the first step of its store (``TurnFence``'s claim):
-    False means a cancel won in the caller's own store (a stored response cancelled through
-    another server); the turn then ends cancelled and stores nothing."""
-    own_slot: bool = False
-    """The caller counts this turn in a pool of its own (background responses,
-    ``[responses] background_concurrency``): it takes none of ``max_concurrent_runs``, so
-    background work never refuses a foreground turn or a wake-up."""
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """The session a headerless request continues, and whether that id was unwritten
-    (neither live nor tombstoned) in the snapshot it was picked from."""
-
-    session_id: str
-    unwritten: bool
-
-
-@dataclass(frozen=True)
-class ReplayedTurn:
-    """A repeated idempotency key whose first attempt finished: its stored answer."""
-
-    response: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class StartedTurn:
-    """A running turn: ``task`` gives the rendered answer; ``deltas`` (streaming only) the
-    content pieces as the agent writes them and its tool steps as they happen, then None."""
-
-    task: asyncio.Task[dict[str, Any]]
-    deltas: asyncio.Queue[str | ToolProgress | None] | None
-    parked: asyncio.Future[dict[str, Any]] | None = field(default=None, compare=False)
-    """With ``park_on_approval``: resolved with the stored answer that says an approval
-    is pending, when the turn asks one before it finishes (the deltas then end too)."""
-    fence: TurnFence = field(default_factory=TurnFence, compare=False)
-
-    def cancel(self) -> bool:
-        """Cancel the turn unless its store began: True when nothing of its reply will be
-        stored, False when the reply is stored or being stored (already completed)."""
-        return self.fence.cancel()
-
-
-@dataclass
-class _FirstTurn:
-    key: str | None  # the idempotency key the first request came with
-    holders: int = 0  # requests resolved to this id whose turn has not ended
-
-
-@dataclass
-class _Begun:
-    history: list[dict[str, Any]]
-    taken: list[dict[str, Any]]
-    # The session still has to be written (by the turn's commit or before background work).
-    unwritten: SessionSource | None
-    # ... and must be this turn's own: a new id that another server may have created since.
-    exclusive: bool = False
 
 
 class TurnService:
@@ -302,16 +154,14 @@ class TurnService:
         self.context_chars = context_chars  # what one turn sends the model, at most
         # Summarises older turns when the context nears the model's window (None: never).
         self.compactor = compactor
+        self._compaction = TurnCompaction(compactor, turn_runner)
         self._claims = IdempotencyClaims(store, wait_seconds=idempotency_wait_seconds)
         self._active_runs = 0
         # Turns of a caller's own pool (``TurnRequest.own_slot``): counted for the metrics only.
         self.background_runs = 0
         self._tasks: set[asyncio.Task[Any]] = set()
-        # Ids whose first turn runs here and is not stored yet. The store cannot see them
-        # until that turn's commit, so a second conversation that opens the same way
-        # meanwhile is told apart here (see ``resolve_conversation``), not merged into the
-        # session the first is creating.
-        self._first_turns: dict[str, _FirstTurn] = {}
+        # Ids whose first turn runs here and is not stored yet (``first_turns``).
+        self._first_turns = FirstTurns()
         # A surface whose session ids are not chat ids says how to key its sessions.
         self._session_key_of = session_key_of
         # Turns stored, and how many of them were wake-ups (read by the metrics).
@@ -350,14 +200,7 @@ class TurnService:
         deleted = session_id == home and found.prefix_deleted
         if live or deleted:
             return Conversation(session_id, unwritten=False)
-        first = self._first_turns.get(session_id)
-        if first is not None and (idempotency_key is None or first.key != idempotency_key):
-            # Another conversation's first turn is creating this id right now. Only a
-            # retry of that very request (its key) joins it; anyone else gets a fork.
-            session_id, first = fork_of(home), None
-        if first is None:
-            first = self._first_turns[session_id] = _FirstTurn(idempotency_key)
-        first.holders += 1
+        session_id = self._first_turns.reserve(session_id, home, idempotency_key)
         return Conversation(session_id, unwritten=True)
 
     # ----------------------------------------------------------------- starting a turn
@@ -377,11 +220,8 @@ class TurnService:
 
     def _end_first_turn(self, request: TurnRequest) -> None:
         """Release the reservation ``resolve_conversation`` made for this request."""
-        first = self._first_turns.get(request.session_id) if request.unwritten else None
-        if first is not None:
-            first.holders -= 1
-            if first.holders <= 0:
-                del self._first_turns[request.session_id]
+        if request.unwritten:
+            self._first_turns.release(request.session_id)
 
     async def _start(self, request: TurnRequest) -> StartedTurn | ReplayedTurn:
         owner: str | None = None
@@ -467,13 +307,13 @@ class TurnService:
         """Let running turns finish and store their results; cancel what outlasts the grace."""
         await finish_or_cancel(self._tasks, grace_seconds)
 
-    async def _begin(self, request: TurnRequest) -> _Begun:
+    async def _begin(self, request: TurnRequest) -> BegunTurn:
         session_id = request.session_id
         if request.unwritten and request.create is not None:
-            return _Begun([], [], request.create, exclusive=True)
+            return BegunTurn([], [], request.create, exclusive=True)
         turn = await self.store.abegin_turn(session_id)
         if turn.state == "live":
-            return _Begun(
+            return BegunTurn(
                 [m.as_dict() for m in turn.history], [m.as_dict() for m in turn.taken], None
             )
         if request.create is None:
@@ -482,17 +322,17 @@ class TurnService:
             # A conversation that comes back after its session was deleted starts it afresh,
             # explicitly, before the turn runs (its late results must not be adopted).
             turn = await self.store.abegin_turn(session_id, create_with=request.create)
-            return _Begun(
+            return BegunTurn(
                 [m.as_dict() for m in turn.history], [m.as_dict() for m in turn.taken], None
             )
-        return _Begun([], [], request.create)
+        return BegunTurn([], [], request.create)
 
     # ----------------------------------------------------------------- running it
 
     async def _run(
         self,
         request: TurnRequest,
-        begun: _Begun,
+        begun: BegunTurn,
         owner: str | None,
         deltas: asyncio.Queue[str | ToolProgress | None] | None,
         fence: TurnFence,
@@ -520,8 +360,8 @@ class TurnService:
             # long it grew, and a large window would never be reached (older turns dropped
             # by the bound instead of summarised).
             built = unbounded(begun.history)
-            if self._compaction_due(begun, built):
-                built = unbounded(await self._compact(request, begun, hold, force=False))
+            if self._compaction.due(begun, built):
+                built = unbounded(await self._compaction.compact(request, begun, hold, force=False))
             context = bounded(built)
             if hold is not None and self._confirm_for is not None:
                 gate = self._gate(request, begun, user_message, owner, hold, parking, deltas)
@@ -558,7 +398,7 @@ class TurnService:
                 ctx.on_progress = on_progress
 
             extra = {"options": request.model_options} if request.model_options else {}
-            reply, context = await self._run_compacting(
+            reply, context = await self._compaction.run(
                 request, begun, hold, context_of, context, ctx, on_delta, extra
             )
             result = well_formed_result(reply)
@@ -608,7 +448,7 @@ class TurnService:
     def _gate(
         self,
         request: TurnRequest,
-        begun: _Begun,
+        begun: BegunTurn,
         user_message: Mapping[str, Any],
         owner: str | None,
         hold: TurnHold,
@@ -634,79 +474,7 @@ class TurnService:
             deltas=deltas,
         )
 
-    async def _run_compacting(
-        self,
-        request: TurnRequest,
-        begun: _Begun,
-        hold: TurnHold | None,
-        context_of: Callable[[list[dict[str, Any]]], list[ChatMessage]],
-        context: list[ChatMessage],
-        ctx: ToolContext,
-        on_delta: DeltaCallback | None,
-        extra: dict[str, Any],
-    ) -> tuple[Any, list[ChatMessage]]:
-        """Run the agent on ``context``; its result and the context it was given. The
-        backstop of compaction: when the provider refuses the context as too long, compact
-        harder and run once more, unless the turn already streamed text or ran a tool
-        (running it again would repeat them)."""
-        moved: list[bool] = []
-        on_progress = ctx.on_progress
-
-        async def delta(piece: str) -> None:
-            moved.append(True)
-            if on_delta is not None:
-                await on_delta(piece)
-
-        async def progress(step: ToolProgress) -> None:
-            moved.append(True)
-            if on_progress is not None:
-                await on_progress(step)
-
-        ctx.on_progress = progress
-        tracked = delta if on_delta is not None else None
-        try:
-            return await self._run_agent(context, ctx, tracked, **extra), context
-        except ProviderError as exc:
-            if moved or not (exc.context_overflow and self._can_compact(begun)):
-                raise
-            before = begun.history
-            context = context_of(await self._compact(request, begun, hold, force=True))
-            if begun.history is before:
-                raise  # nothing could be compacted: the refusal stands
-            return await self._run_agent(context, ctx, tracked, **extra), context
-
-    def _can_compact(self, begun: _Begun) -> bool:
-        # A session not written yet has no stored turns to summarise.
-        return self.compactor is not None and begun.unwritten is None and bool(begun.history)
-
-    def _compaction_due(self, begun: _Begun, context: list[ChatMessage]) -> bool:
-        return (
-            self._can_compact(begun) and self.compactor is not None and self.compactor.due(context)
-        )
-
-    async def _compact(
-        self, request: TurnRequest, begun: _Begun, hold: TurnHold | None, *, force: bool
-    ) -> list[Any]:
-        """Compact the session before the model call (``gateway.turns.compaction``); the turn goes
-        on with the compacted history (``begun.history`` is replaced), or as it was. It runs
-        under the turn's own lease when the turn holds one (the web UI's; a held wake-up's),
-        else the compactor takes one for itself."""
-        assert self.compactor is not None
-        lease = request.lease_stream_id
-        if lease is None and hold is not None and hold.held:
-            lease = hold.stream_id
-        compacted = await self.compactor.compact(
-            request.session_id,
-            begun.history,
-            begun.taken,
-            lease=lease,
-            force=force,
-        )
-        if compacted is not None:
-            begun.history = compacted
-        return begun.history
-
-    def _session_writer(self, session_id: str, begun: _Begun) -> Callable[[], Awaitable[None]]:
+    def _session_writer(self, session_id: str, begun: BegunTurn) -> Callable[[], Awaitable[None]]:
         async def write_session() -> None:
             if begun.unwritten is not None:
                 try:
@@ -714,7 +482,7 @@ class TurnService:
                         session_id, source=begun.unwritten, exclusive=begun.exclusive
                     )
                 except SessionTaken:
-                    raise _taken(session_id) from None
+                    raise session_taken(session_id) from None
                 begun.unwritten = None
 
         return write_session
@@ -722,7 +490,7 @@ class TurnService:
     async def _store(
         self,
         request: TurnRequest,
-        begun: _Begun,
+        begun: BegunTurn,
         user_message: Mapping[str, Any],
         result: Any,
         response: dict[str, Any],
@@ -758,7 +526,7 @@ class TurnService:
                 seen=seen,
             )
         except SessionTaken:
-            raise _taken(request.session_id) from None
+            raise session_taken(request.session_id) from None
         except SessionGone:
             raise TurnError(
                 "session_deleted", f"session {request.session_id!r} was deleted while the turn ran"
@@ -781,16 +549,6 @@ class TurnService:
             await self.store.aset_title(session_id, title, if_untitled=True)
         except (SessionStoreError, ValueError) as exc:
             logger.warning("could not title session %s: %s", session_id, exc)
-
-
-def _taken(session_id: str) -> TurnError:
-    # Only another server's first turn of an alike conversation can get there first (this
-    # server's own are told apart before they run); nothing of this turn was stored.
-    return TurnError(
-        "session_taken",
-        f"another conversation that opens the same way created session {session_id!r} at "
-        "the same moment; nothing of this request was stored: send it again",
-    )
 
 
 def _note_unawaited_failure(task: asyncio.Task[Any]) -> None:

@@ -22,7 +22,6 @@ by versioned migrations (``storage.postgres.migrations``) applied under an advis
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import threading
@@ -37,6 +36,7 @@ from delivery.errors import LedgerUnavailable
 from delivery.peers import ServerRecord
 from delivery.rows import AuditEntry, LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
 from delivery.write_future import WriteFuture
+from storage.group_commit import Batch, BatchQueue, CommitCounts, Item, Live, wanted
 from storage.postgres import sql as sql
 from storage.postgres.conn import (
     PostgresUnavailable,
@@ -60,7 +60,7 @@ from storage.sql import (
     query_filter,
     settled_page,
 )
-from storage.waiters import LoopWaiter, Outcome, Waiter, resolve, still_wanted
+from storage.waiters import LoopWaiter, Outcome, Waiter
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailu
 _PIPELINE_MIN = 2
 
 
-class PostgresBackend:
+class PostgresBackend(CommitCounts):
     """``LedgerBackend`` and ``LedgerViews`` on a PostgreSQL database (see the module
     docstring)."""
 
@@ -113,16 +113,14 @@ class PostgresBackend:
         pipelined: bool = True,
     ) -> None:
         check_url(url)
+        super().__init__()
         self._url = url
         self.schema = schema
-        self._max_batch = max_batch
-        self._closed = False
-        self.commits = self.durable_commits = self.operations = 0
         # Batches sent as one pipeline (``storage.postgres.tx``); off only to measure it.
         self.pipelined = pipelined
         self.pipelined_commits = 0
-        self._pending: collections.deque[tuple[Any, Waiter, bool]] = collections.deque()
-        self._cv = threading.Condition()
+        # Operations waiting; its ``cv`` also guards each writer slot's ``busy``.
+        self._queue = BatchQueue(max_batch)
         self._pool: psycopg_pool.ConnectionPool[Any] = open_pool(
             url, name="reveille-ledger", max_size=pool_size
         )
@@ -145,12 +143,11 @@ class PostgresBackend:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def _enqueue(self, item: tuple[Any, Waiter, bool]) -> None:
-        with self._cv:
-            if self._closed:
+    def _enqueue(self, item: Item) -> None:
+        with self._queue.cv:
+            if self._queue.stopping:
                 raise LedgerUnavailable(f"the ledger {self.url} is closed")
-            self._pending.append(item)
-            self._cv.notify_all()
+            self._queue.put(item)
 
     def submit(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> WriteFuture[T]:
         """Queue ``op``; a thread (never an event loop) that finds nothing waiting and a
@@ -162,22 +159,12 @@ class PostgresBackend:
         if slot is None:
             self._enqueue(item)
             return fut
-        try:
-            self._commit(slot, [item])
-        except Exception:
-            log.exception("ledger write failed")
-            if slot.conn.closed or slot.conn.broken:
-                self._reconnect(slot)
-        finally:
-            with self._cv:
-                slot.busy = False
-                if self._pending or self._closed:
-                    self._cv.notify_all()
+        self._run_on(slot, [item], "ledger write")
         return fut
 
     def _take_inline(self) -> _Slot | None:
-        with self._cv:
-            if self._pending or self._closed:
+        with self._queue.cv:
+            if self._queue.pending or self._queue.stopping:
                 return None
             for slot in self._slots:
                 if not slot.busy:
@@ -198,27 +185,33 @@ class PostgresBackend:
 
     def _writer(self, slot: _Slot) -> None:
         while True:
-            with self._cv:
-                while slot.busy or (not self._pending and not self._closed):
-                    self._cv.wait()
-                if not self._pending:
+            with self._queue.cv:
+                batch = self._queue.next_batch(lambda: slot.busy)
+                if batch is None:
                     break
-                n = min(len(self._pending), self._max_batch)
-                batch = [self._pending.popleft() for _ in range(n)]
                 slot.busy = True
-            try:
-                self._commit(slot, batch)
-            except Exception:
-                log.exception("ledger writer failed")
-                if slot.conn.closed or slot.conn.broken:
-                    self._reconnect(slot)
-            finally:
-                with self._cv:
-                    slot.busy = False
-                    if self._pending:
-                        self._cv.notify_all()
+            self._run_on(slot, batch, "ledger writer")
         with contextlib.suppress(Exception):
             slot.conn.close()
+
+    def _run_on(self, slot: _Slot, batch: Batch, what: str) -> None:
+        """Commit ``batch`` on the taken ``slot`` (a broken connection is replaced), then
+        free the slot: another writer may take what was queued meanwhile (and ``close`` may
+        be waiting for it)."""
+        try:
+            self._commit(slot, batch)
+        except Exception:
+            log.exception("%s failed", what)
+            if slot.conn.closed or slot.conn.broken:
+                self._reconnect(slot)
+        finally:
+            self._free(slot)
+
+    def _free(self, slot: _Slot) -> None:
+        with self._queue.cv:
+            slot.busy = False
+            if self._queue.pending or self._queue.stopping:
+                self._queue.cv.notify_all()
 
     def _reconnect(self, slot: _Slot) -> None:
         with contextlib.suppress(Exception):
@@ -228,17 +221,16 @@ class PostgresBackend:
                 slot.reset(connect(self._url))
                 return
             except PostgresUnavailable as exc:
-                if self._closed:
+                if self._queue.stopping:
                     raise
                 log.warning("ledger writer reconnecting: %s", exc)
                 threading.Event().wait(1.0)
 
-    def _commit(self, slot: _Slot, batch: list[tuple[Any, Waiter, bool]]) -> None:
+    def _commit(self, slot: _Slot, batch: Batch) -> None:
         conn, tx = slot.conn, slot.tx
-        live = [(op, waiter) for op, waiter, _ in batch if still_wanted(waiter)]
+        live, durable = wanted(batch)
         if not live:
             return
-        durable = any(d for _, w, d in batch if still_wanted(w))
         outcomes: list[Outcome] | None = None
         err: Exception | None = None
         isolate = False
@@ -282,20 +274,17 @@ class PostgresBackend:
                 f"write to the ledger {self.url} failed, nothing was written: "
                 f"{' '.join(str(err).split())}"
             )
-            resolve([(waiter, False, unavailable) for _, waiter in live])
+            self.failed(live, unavailable)
             if conn.broken or conn.closed:
                 raise PostgresUnavailable("the writer's connection broke")
             return
-        self.commits += 1
-        self.durable_commits += durable
-        self.operations += len(live)
-        resolve(outcomes)
+        self.committed(live, durable, outcomes)
 
     @staticmethod
     def _run(
         conn: psycopg.Connection[Any],
         tx: PgTx,
-        live: list[tuple[Any, Waiter]],
+        live: Live,
         durable: bool,
         *,
         isolate: bool,
@@ -319,7 +308,7 @@ class PostgresBackend:
     # -- reads -----------------------------------------------------------------------------
 
     def _fetch(self, query: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
-        if self._closed:
+        if self._queue.stopping:
             raise LedgerUnavailable(f"the ledger {self.url} is closed")
         params = list(params)
         for attempt in (1, 2):
@@ -400,7 +389,7 @@ class PostgresBackend:
     # batches (and a batch of thousands of deletes would hold up the deliveries there).
 
     def _retention_write(self, query: str, params: Any) -> int:
-        if self._closed:
+        if self._queue.stopping:
             raise LedgerUnavailable(f"the ledger {self.url} is closed")
         try:
             with self._pool.connection() as conn, conn.transaction():
@@ -451,11 +440,11 @@ class PostgresBackend:
         }
 
     def close(self) -> None:
-        with self._cv:
-            if self._closed:
+        with self._queue.cv:
+            if self._queue.stopping:
                 return
-            self._closed = True
-            self._cv.notify_all()
+            self._queue.stopping = True
+            self._queue.cv.notify_all()
         for t in self._threads:
             t.join(timeout=10)
         self._notifier.close()

@@ -19,7 +19,6 @@ earlier NORMAL commit durable.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import sqlite3
@@ -29,14 +28,15 @@ from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
 from delivery.write_future import WriteFuture
-from storage.waiters import LoopWaiter, Outcome, Waiter, resolve, still_wanted
+from storage.group_commit import Batch, BatchQueue, CommitCounts, Item, Live, wanted
+from storage.waiters import LoopWaiter, Outcome
 
 T = TypeVar("T")
 C = TypeVar("C")
 log = logging.getLogger(__name__)
 
 
-class GroupCommitWriter(Generic[C]):
+class GroupCommitWriter(CommitCounts, Generic[C]):
     """The one writer of a SQLite file in this process.
 
     ``open`` runs on the writer thread and returns its connection (errors reach the
@@ -54,21 +54,16 @@ class GroupCommitWriter(Generic[C]):
         name: str = "sqlite-writer",
         max_batch: int = 1024,
     ) -> None:
+        super().__init__()  # durable_commits: each one fsync of the log (WAL, synchronous=FULL)
         self.path = path
         self._context = context
         self._unavailable = unavailable
-        self._max_batch = max_batch
         # Operations waiting, and whether a batch is being committed (by the writer thread or
-        # inline by a caller); both under ``_mu``. ``_wake`` wakes the writer thread.
-        self._mu = threading.Lock()
-        self._wake = threading.Condition(self._mu)
-        self._pending: collections.deque[tuple[Any, Waiter, bool]] = collections.deque()
+        # inline by a caller); both under the queue's ``cv``, which wakes the writer thread.
+        self._queue = BatchQueue(max_batch)
+        self._mu = self._queue.cv
         self._busy = False
-        self._stopping = False
         self._closed = False
-        self.commits = 0
-        self.durable_commits = 0  # each one fsync of the log (WAL, synchronous=FULL)
-        self.operations = 0
         self._synchronous: str | None = None  # the writer connection's current level
         self._conn: sqlite3.Connection | None = None
         self._ctx: Any = None
@@ -123,19 +118,16 @@ class GroupCommitWriter(Generic[C]):
         if self._closed:
             return
         with self._mu:
-            self._closed = self._stopping = True
-            self._wake.notify()
+            self._closed = self._queue.stopping = True
+            self._queue.cv.notify()
         self._thread.join(timeout=10)
 
-    def _enqueue(self, item: tuple[Any, Waiter, bool]) -> None:
-        with self._mu:
-            self._pending.append(item)
-            if not self._busy:
-                self._wake.notify()
+    def _enqueue(self, item: Item) -> None:
+        self._queue.put(item)
 
     def _take_inline(self) -> bool:
         with self._mu:
-            if self._busy or self._pending or self._stopping:
+            if self._busy or self._queue.pending or self._queue.stopping:
                 return False
             self._busy = True
             return True
@@ -143,8 +135,8 @@ class GroupCommitWriter(Generic[C]):
     def _release_inline(self) -> None:
         with self._mu:
             self._busy = False
-            if self._pending or self._stopping:  # queued meanwhile, or close() waits
-                self._wake.notify()
+            if self._queue.pending or self._queue.stopping:  # queued meanwhile, or close()
+                self._queue.cv.notify()
 
     # -- the writer thread ----------------------------------------------------------------
 
@@ -158,12 +150,9 @@ class GroupCommitWriter(Generic[C]):
         ready.set_result(None)
         while True:
             with self._mu:
-                while self._busy or (not self._pending and not self._stopping):
-                    self._wake.wait()
-                if not self._pending:
+                batch = self._queue.next_batch(lambda: self._busy)
+                if batch is None:
                     break  # stopping, and everything submitted before close() is written
-                n = min(len(self._pending), self._max_batch)
-                batch = [self._pending.popleft() for _ in range(n)]
                 self._busy = True
             try:
                 self._commit(conn, self._ctx, batch)
@@ -184,19 +173,16 @@ class GroupCommitWriter(Generic[C]):
             conn.execute(f"PRAGMA synchronous = {level}")
             self._synchronous = level
 
-    def _commit(
-        self, conn: sqlite3.Connection, context: C, batch: list[tuple[Any, Waiter, bool]]
-    ) -> None:
-        live = [(op, waiter) for op, waiter, _ in batch if still_wanted(waiter)]
+    def _commit(self, conn: sqlite3.Connection, context: C, batch: Batch) -> None:
+        live, durable = wanted(batch)
         if not live:
             return
-        durable = any(d for _, waiter, d in batch if still_wanted(waiter))
         if not self._file_is_ours():
             err = self._unavailable(
                 f"{self.path} was removed or replaced; refusing to write into a file nobody "
                 "can read again"
             )
-            resolve([(waiter, False, err) for _, waiter in live])
+            self.failed(live, err)
             return
         try:
             self._set_synchronous(conn, "FULL" if durable else "NORMAL")
@@ -212,16 +198,13 @@ class GroupCommitWriter(Generic[C]):
                 except sqlite3.Error:
                     log.exception("rollback after a failed commit of %s failed", self.path)
             err = self._unavailable(f"write to {self.path} failed, nothing was written: {exc}")
-            resolve([(waiter, False, err) for _, waiter in live])
+            self.failed(live, err)
             return
-        self.commits += 1
-        self.durable_commits += durable
-        self.operations += len(live)
-        resolve(outcomes)
+        self.committed(live, durable, outcomes)
 
     @staticmethod
     def _run(
-        conn: sqlite3.Connection, context: Any, live: list[tuple[Any, Waiter]], *, isolate: bool
+        conn: sqlite3.Connection, context: Any, live: Live, *, isolate: bool
     ) -> list[Outcome] | None:
         """Run every operation in one open transaction; None means "run again isolated"."""
         outcomes: list[Outcome] = []

@@ -47,6 +47,12 @@ from gateway.openai.responses_wire import (
 )
 from gateway.responses import PreviousNotUsable, QueueFull, ResponsesService
 from gateway.surfaces.api_server.auth import bearer_token, may_see, owner_of
+from gateway.surfaces.api_server.preamble import (
+    IDEMPOTENCY_HEADER,
+    idempotency_key,
+    refuse_while_draining,
+    with_keepalives,
+)
 
 # What the routes take from the API server they are mounted on (as its sessions and
 # approvals routes do): its JSON body reader, its model check, whether it is draining.
@@ -55,8 +61,6 @@ CheckModel = Callable[[str], None]
 
 __all__ = ["ResponsesRoutes"]
 
-IDEMPOTENCY_HEADER = "Idempotency-Key"
-_MAX_IDEMPOTENCY_KEY = 255
 _MAX_ITEMS_PAGE = 100
 _MAX_SEQ = 2**63 - 1  # the largest sequence number a store (a signed 64-bit integer) holds
 
@@ -144,14 +148,7 @@ class ResponsesRoutes:
     # ----------------------------------------------------------------- create
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
-        if self._is_draining():
-            raise ApiError(
-                503,
-                "the server is restarting; send the request again in a moment",
-                type_="server_error",
-                code="draining",
-                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-            )
+        refuse_while_draining(self._is_draining())
         body = await self._read_json(request)
         owner = owner_of(request)
         parsed = dataclasses.replace(parse_responses_body(body), owner=owner)
@@ -166,14 +163,7 @@ class ResponsesRoutes:
                     code="previous_response_not_found",
                     param="previous_response_id",
                 )
-        key = request.headers.get(IDEMPOTENCY_HEADER)
-        if key is not None and not 0 < len(key) <= _MAX_IDEMPOTENCY_KEY:
-            raise ApiError(
-                400,
-                f"{IDEMPOTENCY_HEADER} must be 1-{_MAX_IDEMPOTENCY_KEY} characters",
-                param=IDEMPOTENCY_HEADER,
-                code="invalid_idempotency_key",
-            )
+        key = idempotency_key(request)
         turns = self.service.turns
         if not parsed.background and turns.active_runs >= turns.max_concurrent_runs:
             raise ApiError(
@@ -264,14 +254,7 @@ class ResponsesRoutes:
         response = await open_event_stream(request)
         keepalive = self._keepalive_seconds
         try:
-            while True:
-                try:
-                    chunk = await asyncio.wait_for(sink.queue.get(), keepalive)
-                except TimeoutError:
-                    await response.write(b": keep-alive\n\n")
-                    continue
-                if chunk is None:
-                    break
+            async for chunk in with_keepalives(sink.queue, response, keepalive):
                 await response.write(chunk)
             await response.write_eof()
         except ConnectionError:

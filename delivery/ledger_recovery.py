@@ -1,0 +1,176 @@
+"""The ledger's recovery of work a dead server left behind: running rows adopted by a
+kind's adopter or settled ``unknown``, queued ones ``interrupted``; after a restart every
+pending completion offered again (``restore``); and, pass after pass, pending rows that
+are due or whose holder died (``take_due``), offered again within the replay age cap.
+
+A base of ``delivery.ledger.Ledger``: the ledger's lifecycle and claim rules stay there;
+these read the attributes declared below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from delivery.backend import LedgerStore, LedgerTx
+from delivery.claims import check_id as _check_id
+from delivery.policy import DeliveryPolicy
+from delivery.recovery import abandoned_event, reoffer_op
+from delivery.roster import ServerRoster
+from delivery.rows import LedgerRow
+from delivery.states import State
+from delivery.steady import SteadyWall
+
+__all__ = ["SCAN_LIMIT", "LedgerRecovery"]
+
+log = logging.getLogger("delivery.ledger")
+
+SCAN_LIMIT = 10_000
+_SCAN_LIMIT = SCAN_LIMIT
+
+
+class LedgerRecovery:
+    """Recovery of abandoned work and re-offers (see the module docstring)."""
+
+    backend: LedgerStore
+    policy: DeliveryPolicy
+    clock: Callable[[], float]
+    steady: SteadyWall
+    identity: str
+    servers: ServerRoster
+    _adopters: dict[str, Callable[[LedgerRow], None]]
+    _logged_dead_holders: set[str]
+    # The ledger's terminal compare-and-set (``Ledger.finish``).
+    finish: Callable[..., bool]
+
+    def is_dead(self, identity: str | None) -> bool:
+        """Provably gone: an exited process of this host, or a lapsed server of another."""
+        return self.servers.is_dead(identity)
+
+    def set_adopter(self, kind: str, adopt: Callable[[LedgerRow], None] | None) -> None:
+        """Say who takes over the running rows of ``kind`` whose owner process died.
+
+        Work of such a kind can outlive its owner (a background process keeps running after
+        its server is killed). Instead of settling the row as ``unknown``, recovery makes
+        this process its owner (a compare-and-set, so one survivor only) and hands the row
+        to ``adopt``, which must finish it (``finish(expected="running")``) once its real
+        outcome is known. ``adopt`` must not block; ``None`` removes the adopter.
+        """
+        if adopt is None:
+            self._adopters.pop(kind, None)
+        else:
+            self._adopters[kind] = adopt
+
+    def take_over(self, row_id: str, owner: str) -> bool:
+        """Running row of the dead ``owner`` -> owned by this process; False if it was not
+        (another survivor took it first, or it finished meanwhile)."""
+        _check_id(row_id)
+        now = self.clock()
+        expect = {"state": State.RUNNING.value, "owner": owner}
+        changes = {"owner": self.identity, "updated_at": now}
+
+        def op(tx: LedgerTx) -> bool:
+            if not tx.update(row_id, expect, changes):
+                return False
+            tx.audit(row_id, "adopt", f"taken over from {owner}", now)
+            return True
+
+        return self.backend.write(op)
+
+    def recover_abandoned(self) -> list[dict[str, Any]]:
+        """Queued/running rows whose owner process is gone get a completion that says so.
+
+        queued -> interrupted (the work never started: safe to run again);
+        running -> unknown (it may have had effects: the user must decide), unless its kind
+        has an adopter (``set_adopter``): then this process takes the row over and the
+        adopter reports its real outcome.
+        """
+        self.servers.refresh_liveness()
+        recovered: list[dict[str, Any]] = []
+        for state, new_state in ((State.QUEUED, State.INTERRUPTED), (State.RUNNING, State.UNKNOWN)):
+            for owner in self.backend.active_owners(state):
+                if owner == self.identity or not self.is_dead(owner):
+                    continue
+                for row in self.backend.rows_owned_by(owner, state, _SCAN_LIMIT):
+                    adopt = self._adopters.get(row.kind) if state == State.RUNNING else None
+                    if adopt is not None:
+                        if self.take_over(row.id, owner):
+                            try:
+                                adopt(dataclasses.replace(row, owner=self.identity))
+                                log.info(
+                                    "recovered %s %s from dead server %s: taken over",
+                                    row.kind,
+                                    row.id,
+                                    owner,
+                                )
+                                continue
+                            except Exception:
+                                log.exception("adopting %s failed", row.id)
+                        else:
+                            continue  # another survivor took it over, or it finished
+                    event = abandoned_event(row, new_state, self.clock())
+                    if self.finish(row.id, expected=state, state=new_state, event=event):
+                        log.warning(
+                            "recovered %s %s from dead server %s: %s, its conversation is told",
+                            row.kind,
+                            row.id,
+                            owner,
+                            new_state.value,
+                        )
+                        recovered.append(event)
+        return recovered
+
+    def restore(self) -> list[dict[str, Any]]:
+        """After a restart: every pending completion, oldest first, marked as restored.
+
+        Rows past the replay age cap are dropped instead of replayed; rows under a live
+        claim of a live process are left to that process.
+        """
+        self.recover_abandoned()
+        now = self.clock()
+        return self._take(self.backend.pending_with_event(_SCAN_LIMIT), now, "restore")
+
+    def take_due(self, now: float | None = None) -> list[dict[str, Any]]:
+        """Pending rows whose due time has come, or whose holder died: offered again."""
+        now = self.clock() if now is None else now
+        rows = self.backend.due(now, _SCAN_LIMIT)
+        for holder in self.backend.pending_holders():
+            if holder != self.identity and self.is_dead(holder):
+                held = self.backend.rows_held_by(holder, _SCAN_LIMIT)
+                # Once per dead server: rows still backing off stay held by it, pass after pass.
+                if held and holder not in self._logged_dead_holders:
+                    self._logged_dead_holders.add(holder)
+                    log.info(
+                        "recovering %d undelivered result(s) held by dead server %s: %s",
+                        len(held),
+                        holder,
+                        ", ".join(r.id for r in held[:10]) + (" ..." if len(held) > 10 else ""),
+                    )
+                rows.extend(held)
+        return self._take(rows, now, "orphan")
+
+    def _take(self, rows: list[LedgerRow], now: float, reason: str) -> list[dict[str, Any]]:
+        policy, identity = self.policy, self.identity
+        seen: set[str] = set()
+        candidates = []
+        for row in sorted(rows, key=lambda r: (r.completed_at or 0, r.id)):
+            if row.id in seen or row.event is None:
+                continue
+            seen.add(row.id)
+            candidates.append(row)
+
+        if not candidates:
+            return []
+        return self.backend.write(
+            reoffer_op(
+                candidates,
+                now,
+                reason,
+                policy,
+                identity,
+                self.servers.lapsed,
+                replay_now=self.steady.replay_now(now),
+            )
+        )
