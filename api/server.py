@@ -372,7 +372,7 @@ class WebUIServer(SessionHandlers):
         answer = await self.turns.astart(session_id, text, "webui", images=images, revise=revise)
         if isinstance(answer, TurnAccepted):
             return web.json_response(answer.as_dict(), status=202)
-        extra: dict[str, Any] = {}
+        extra: dict[str, bool | str] = {}
         if answer.retryable:
             extra["retryable"] = True
         if answer.active_stream_id is not None:

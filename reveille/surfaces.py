@@ -10,10 +10,11 @@ import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from agent import Agent
 from agent.providers.base import ModelProvider
+from agent.tools import ConfirmCallback, UnitConfirmCallback
 from api.event_log import EventLog
 from api.server import WebUIServer
 from api.wakeups import WebUIDeliveryTarget
@@ -229,7 +230,16 @@ def approval_webhook(webhooks: WebhookSender) -> ApprovalListener:
     return requested
 
 
-def gateway_approvals(settings: Settings, approvals: Approvals, *, park: bool) -> dict[str, Any]:
+class ApprovalArguments(TypedDict, total=False):
+    """The approval arguments of a ``TurnService`` (see ``gateway_approvals``)."""
+
+    confirm_for: Callable[..., ConfirmCallback]
+    confirm_unit_for: Callable[..., UnitConfirmCallback]
+    hold_sessions: bool
+    park_on_approval: bool
+
+
+def gateway_approvals(settings: Settings, approvals: Approvals, *, park: bool) -> ApprovalArguments:
     """The ``TurnService`` arguments that make a gateway surface's turns ask approvals
     (when the shell tool is on with ``[shell] approvals = "always"``), holding the session
     while one is pending; ``park`` answers the turn's client at once (the API server)."""

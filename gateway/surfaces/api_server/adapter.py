@@ -50,7 +50,7 @@ import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from aiohttp import web
 
@@ -100,6 +100,15 @@ logger = logging.getLogger(__name__)
 _READY_TIMEOUT_SECONDS = 2.0
 DEFAULT_KEEPALIVE_SECONDS = 15.0
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+
+
+class ModelObject(TypedDict):
+    """The one model this server serves, as ``GET /v1/models`` lists it."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
 
 
 class ApiServerAdapter(BasePlatformAdapter):
@@ -322,7 +331,7 @@ class ApiServerAdapter(BasePlatformAdapter):
 
     # ----------------------------------------------------------------- models, health
 
-    def _model_object(self) -> dict[str, Any]:
+    def _model_object(self) -> ModelObject:
         return {
             "id": self._model_name,
             "object": "model",
@@ -358,7 +367,7 @@ class ApiServerAdapter(BasePlatformAdapter):
                 problem = f"storage unavailable: {exc}"
         if problem is None:
             return web.json_response({"status": "ready"})
-        body: dict[str, Any] = {"status": "draining" if self.draining else "unavailable"}
+        body = {"status": "draining" if self.draining else "unavailable"}
         if not self.auth.configured_key or is_keyed(request):
             body["reason"] = problem
         return web.json_response(body, status=503, headers={"Retry-After": "1"})
