@@ -38,3 +38,18 @@ def as_str_list(value: Any) -> list[str] | None:
     else:
         return None
     return [item for item in items if item] or None
+
+
+def as_number(value: object) -> float | None:
+    """A number, or a string holding one ("90" as often as 90); None for anything else
+    (a bool is not a number here: ``true`` seconds is a mistake, not 1)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None

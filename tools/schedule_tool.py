@@ -25,6 +25,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from agent.messages import JSONObject
+from agent.tool_args import as_number
 from agent.tools import Tool, ToolContext
 from delivery.schedules import (
     Misfire,
@@ -137,19 +138,6 @@ def describe(schedule: Schedule) -> JSONObject:
     }
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class _Spec:
     """A valid create request: the keywords of ``ScheduleEngine.create``."""
@@ -180,7 +168,7 @@ def _spec(args: Mapping[str, object], now: float, min_delay: float) -> _Spec:
         )
     misfire: Misfire = parse_misfire(args.get("misfire"))
     if every is not None:
-        period = _number(every)
+        period = as_number(every)
         if period is None or not math.isfinite(period):
             raise ScheduleError("every_seconds must be a number of seconds")
         if period < min_delay:

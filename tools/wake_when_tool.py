@@ -21,7 +21,6 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from agent.messages import JSONObject
 from agent.tools import Tool, ToolContext
@@ -194,7 +193,7 @@ def make_wake_when_tool(inbox: Callable[[], Inbox | None]) -> Tool:
     """`wake_when`, in the ``timers`` toolset; ``inbox`` gives the hook store and the
     declared hooks at call time (None: this process serves no hooks)."""
 
-    async def handler(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    async def handler(args: JSONObject, ctx: ToolContext) -> JSONObject:
         current = inbox()
         if current is None or not current.routes:
             return {"error": "this server has no hooks: declare one with [hooks.NAME]"}
