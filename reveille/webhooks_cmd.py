@@ -46,7 +46,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def open_webhook_store(settings: Settings, *, look: bool = False) -> WebhookBackend | None:
-    """The hook tables where the server keeps them (``storage_to_look_at``); with ``look``,
+    """The webhook tables where the server keeps them (``storage_to_look_at``); with ``look``,
     None when there is no ledger yet."""
     location = storage_to_look_at(settings, look=look)
     return None if location is None else location.open_webhooks()
