@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypedDict
 
 from agent.messages import JSONObject
+from agent.tool_args import required_note
 
 __all__ = [
     "MAX_LINE_CHARS",
@@ -246,12 +247,12 @@ def parse_watch(
     args: Mapping[str, object], now: float, *, min_interval_seconds: float = MIN_INTERVAL_SECONDS
 ) -> WatchSpec:
     """The watch ``args`` ask for, or WatchError saying what is wrong."""
-    note = args.get("note")
-    if not isinstance(note, str) or not note.strip():
-        raise WatchError("note must be a non-empty string: what to do when it fires")
-    note = note.strip()
-    if len(note) > MAX_NOTE_CHARS:
-        raise WatchError(f"note is {len(note)} characters; at most {MAX_NOTE_CHARS}")
+    note = required_note(
+        args.get("note"),
+        purpose="what to do when it fires",
+        max_chars=MAX_NOTE_CHARS,
+        error=WatchError,
+    )
     has_output, has_command = args.get("pattern") is not None, args.get("command") is not None
     if has_output == has_command:
         raise WatchError(
