@@ -38,3 +38,30 @@ def as_str_list(value: Any) -> list[str] | None:
     else:
         return None
     return [item for item in items if item] or None
+
+
+def as_number(value: object) -> float | None:
+    """A number, or a string holding one ("90" as often as 90); None for anything else
+    (a bool is not a number here: ``true`` seconds is a mistake, not 1)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def required_note(value: object, *, purpose: str, max_chars: int, error: type[Exception]) -> str:
+    """The note a timer tool keeps for the agent's later self, stripped; ``error`` (the
+    tool's own) says why when it is missing, blank or longer than ``max_chars``. ``purpose``
+    tells the model what the note is for ("what to do when woken")."""
+    if not isinstance(value, str) or not value.strip():
+        raise error(f"note must be a non-empty string: {purpose}")
+    note = value.strip()
+    if len(note) > max_chars:
+        raise error(f"note is {len(note)} characters; at most {max_chars}")
+    return note

@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from typing import Any
 
 from aiohttp import web
 
+from agent.messages import JSONObject
 from api import deliveries
 from api.approvals import Approvals
 from api.event_log import EventLog
@@ -61,7 +61,7 @@ class SessionHandlers:
     max_body_bytes: int
     connections: ConnectionGuard
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
+    async def _body(self, request: web.Request) -> JSONObject:
         body = await read_json_body(
             request, self.max_body_bytes, timeout=self.connections.limits.body_timeout
         )
@@ -138,7 +138,7 @@ class SessionHandlers:
         search of the store), each with its session and a snippet in pieces."""
         text = request.query.get("q", "")[:MAX_QUERY]
 
-        def find() -> list[dict[str, Any]]:
+        def find() -> list[JSONObject]:
             hits = self.store.search_messages(text, _SEARCH_HITS)
             records = {sid: self.store.get_session(sid) for sid in {h.session_id for h in hits}}
             return [
@@ -284,7 +284,7 @@ class SessionHandlers:
 
     async def _transcript_page(
         self, session_id: str, before: int | None
-    ) -> tuple[list[dict[str, Any]], str | None]:
+    ) -> tuple[list[JSONObject], str | None]:
         """The transcript's items from its end (before the message ``before``), a page at a
         time, and the cursor of the page before it (None: this page starts the session). A
         huge transcript is never sent, nor rendered, whole."""
@@ -318,7 +318,7 @@ class SessionHandlers:
             raise ApiError(404, "Session not found", code="session_not_found")
         return web.json_response({"background": await self._unfinished_work(session_id)})
 
-    async def _unfinished_work(self, session_id: str) -> list[dict[str, Any]]:
+    async def _unfinished_work(self, session_id: str) -> list[JSONObject]:
         try:
             return await asyncio.to_thread(deliveries.unfinished_work, session_id)
         except LedgerError as exc:  # the strip is a courtesy: the transcript still loads

@@ -39,6 +39,7 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from agent.messages import JSONObject
 from agent.tools import ToolProgress
 from api import config as cfg
 from api.approvals import ApprovalRecord, Approvals
@@ -110,7 +111,7 @@ class WebTurns:
 
     # ----------------------------------------------------------------- api.routes.SessionTurns
 
-    def start_turn(self, session_id: str, text: str, *, source: str) -> dict[str, Any]:
+    def start_turn(self, session_id: str, text: str, *, source: str) -> JSONObject:
         """``astart`` for a caller on another thread (the seed-pinned ``api.routes`` entry),
         answered in its dict shape; the web UI's own callers await ``astart``."""
         loop = self.loop
@@ -141,7 +142,7 @@ class WebTurns:
         with self._lock:
             return self._active.get(session_id)
 
-    async def session_dict(self, session_id: str) -> dict[str, Any] | None:
+    async def session_dict(self, session_id: str) -> JSONObject | None:
         record = await asyncio.to_thread(self.store.get_session, session_id)
         if record is None:
             return None
@@ -434,7 +435,7 @@ class WebTurns:
 
     async def _follow(self, stream: ActiveStream, started: StartedTurn) -> None:
         base = {"session_id": stream.session_id, "stream_id": stream.stream_id}
-        end: dict[str, Any] = {**base, "status": "done"}
+        end: JSONObject = {**base, "status": "done"}
         stored = False  # set only once the turn is in the transcript
         try:
             assert started.deltas is not None
@@ -496,7 +497,7 @@ class WebTurns:
                 except Exception:
                     logger.exception("deferred wake-ups of %s failed", stream.session_id)
 
-    async def _tell(self, stream: ActiveStream, kind: str, data: dict[str, Any]) -> None:
+    async def _tell(self, stream: ActiveStream, kind: str, data: JSONObject) -> None:
         """Log a running turn's event. One that cannot be written (the log is failing) is
         skipped: the turn goes on, and its stored reply is what the transcript shows."""
         try:

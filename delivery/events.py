@@ -33,13 +33,38 @@ ends and the demo model read fields instead of prose.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, Final
 
-from delivery.json_types import JSONObject
+from delivery.event_base import (
+    SUCCESS_STATUSES,
+    CommonFields,
+    CompletionEvent,
+    DelegationResult,
+    EventKind,
+    MalformedEvent,
+    common_fields,
+    first,
+    is_ledger_mark,
+    is_restored,
+    opt_str,
+    present,
+    shallow,
+)
+from delivery.timer_events import (
+    INBOUND_EVENT,
+    INBOUND_KIND,
+    SCHEDULED_WAKEUP,
+    TIMER_KIND,
+    WAIT_KIND,
+    WATCH_FIRE_KIND,
+    WATCH_KIND,
+    InboundWakeupEvent,
+    ScheduledWakeupEvent,
+    parse_inbound,
+    parse_scheduled_wakeup,
+)
 
 __all__ = [
     "ASYNC_DELEGATION",
@@ -74,27 +99,12 @@ __all__ = [
     "transcript_key",
 ]
 
-# -- the ``type`` literals: defined here once -------------------------------------------------
+# -- the ``type`` literals of work (the timer family's: delivery.timer_events) -----------------
 
 ASYNC_DELEGATION: Final = "async_delegation"
 """A delegation (single or batch) finished; claimed under its ``delegation_id``."""
 PROCESS_COMPLETION: Final = "completion"
 """A background process exited; claimed under its ``delivery_id`` (= ``process_id``)."""
-SCHEDULED_WAKEUP: Final = "scheduled_wakeup"
-"""A wake-up the agent set came due; claimed under its ``delivery_id`` (the timer's row)."""
-TIMER_KIND: Final = "timer"
-"""The ledger ``kind`` of a wake-up's row."""
-WATCH_KIND: Final = "watch"
-"""The ledger ``kind`` of a watch's own row (running while it watches; its end, an expiry or
-its process exiting unmatched, is that row's completion, a ``SCHEDULED_WAKEUP`` event)."""
-WATCH_FIRE_KIND: Final = "watch_fire"
-"""The ledger ``kind`` of one firing of a watch (a ``SCHEDULED_WAKEUP`` event, due at once)."""
-INBOUND_EVENT: Final = "inbound_event"
-"""An inbound event came, or a wait for one expired; claimed under its ``delivery_id``."""
-INBOUND_KIND: Final = "inbound"
-"""The ledger ``kind`` of an inbound event routed to a configured conversation."""
-WAIT_KIND: Final = "wake_when"
-"""The ledger ``kind`` of a ``wake_when`` wait: due at its expiry, brought forward by a match."""
 EVENT_TYPES: Final = frozenset(
     {ASYNC_DELEGATION, PROCESS_COMPLETION, SCHEDULED_WAKEUP, INBOUND_EVENT}
 )
@@ -102,18 +112,6 @@ EVENT_TYPES: Final = frozenset(
 DELIVERABLE_TYPES: Final = EVENT_TYPES | frozenset({"watch_match", "watch_disabled"})
 """The types a wake-up is made of: the ledger's and a process watch's (SPEC.md's
 ``watch_match`` and friends). Any other type, or none, is refused at the router's edge."""
-
-EventKind = Literal[
-    "delegation",
-    "delegation_batch",
-    "process",
-    "scheduled_wakeup",
-    "inbound_event",
-    "abandoned",
-    "generic",
-]
-
-SUCCESS_STATUSES: Final = frozenset({"completed", "success", "succeeded", "ok", "done"})
 
 # Legacy spellings, first one wins; the first name is the canonical one.
 _EXIT_CODE_KEYS = ("exit_code", "returncode", "return_code")
@@ -123,113 +121,7 @@ _PROCESS_ID_KEYS = ("process_id", "proc_id", "session_id", "pid")
 _DURATION_KEYS = ("duration_seconds", "duration")
 
 
-class MalformedEvent(ValueError):
-    """The value is not a completion event at all (not a mapping)."""
-
-
-def _present(value: Any) -> bool:
-    return value is not None and value != "" and value != [] and value != {}
-
-
-def _first(raw: Mapping[str, Any], keys: Iterable[str]) -> Any:
-    for key in keys:
-        value = raw.get(key)
-        if _present(value):
-            return value
-    return None
-
-
-def _opt_str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _is_success(status: Any) -> bool:
-    return isinstance(status, str) and status.strip().lower() in SUCCESS_STATUSES
-
-
-def _shallow(raw: Mapping[Any, Any]) -> JSONObject:
-    return {k if isinstance(k, str) else str(k): v for k, v in raw.items()}
-
-
 # -- the dataclasses ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CompletionEvent:
-    """What every completion has. ``raw`` is the wire dict it was parsed from."""
-
-    type: str | None = None
-    status: str | None = None
-    session_key: str | None = None
-    origin_session_id: str | None = None
-    origin_ui_session_id: str | None = None
-    dispatched_at: Any = None
-    completed_at: Any = None
-    error: Any = None
-    restored: bool = False
-    """The ledger offered it again (restart, orphan re-offer): on the wire ``restored: True``
-    (the key hermes' consumers read) and the older ``_restored: True``; see ``is_restored``."""
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
-
-    kind: EventKind = field(default="generic", init=False)
-
-    def to_dict(self) -> JSONObject:
-        """The wire dict: ``raw`` unchanged, plus any field changed since parsing (under its
-        canonical key)."""
-        try:
-            out = copy.deepcopy(dict(self.raw))
-        except RecursionError:
-            out = dict(self.raw)
-        if self.raw:
-            base = parse_event(self.raw)
-            if type(base) is type(self) and base == self:
-                return out
-        else:
-            base = None
-        for f in dataclasses.fields(self):
-            if f.name in ("raw", "kind") or not f.init:
-                continue
-            value = getattr(self, f.name)
-            if base is not None and getattr(base, f.name, None) == value:
-                continue
-            _put(out, f.name, value)
-        return out
-
-    @property
-    def succeeded(self) -> bool:
-        return _is_success(self.status)
-
-    @property
-    def key(self) -> str:
-        """The id a consumer knows it by (``delivery_id(self, strict=False)``; "" when it
-        has none): a batch's dedupe key, the label of its log lines."""
-        return delivery_id(self, strict=False) or ""
-
-    @property
-    def wire(self) -> dict[str, Any]:
-        """The wire dict the delivery contract (``tools.async_delegation``) is called with:
-        a shallow copy of ``raw``, or ``to_dict()`` for an event built in code."""
-        return dict(self.raw) if self.raw else self.to_dict()
-
-
-def _put(out: JSONObject, name: str, value: Any) -> None:
-    if name == "restored":
-        if value:
-            out["restored"] = out["_restored"] = True
-        else:
-            out.pop("_restored", None)
-            if out.get("restored") is True:
-                del out["restored"]
-    elif name == "results":
-        out["results"] = [r.to_dict() if isinstance(r, DelegationResult) else r for r in value]
-    elif name == "work":
-        out.update(value.to_dict())
-        out["abandoned"] = True
-    elif isinstance(value, tuple):
-        if value or name in out:
-            out[name] = list(value)
-    elif value is not None or name in out:
-        out[name] = value
 
 
 @dataclass(frozen=True)
@@ -256,30 +148,6 @@ class DelegationEvent(_DelegationFields):
 
 
 @dataclass(frozen=True)
-class DelegationResult:
-    """One item of a batch. ``raw`` is the item as it came (it may not even be a dict)."""
-
-    goal: Any = None
-    status: str | None = None
-    summary: Any = None
-    error: Any = None
-    result: Any = None
-    duration_seconds: Any = None
-    raw: Any = field(default=None, repr=False)
-
-    @property
-    def succeeded(self) -> bool:
-        return _is_success(self.status)
-
-    def to_dict(self) -> Any:
-        if isinstance(self.raw, Mapping):
-            return dict(self.raw)
-        if self.raw is not None:
-            return self.raw
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "raw" and v is not None}
-
-
-@dataclass(frozen=True)
 class DelegationBatchEvent(_DelegationFields):
     """Several goals dispatched as one unit; one result per item."""
 
@@ -294,7 +162,7 @@ class DelegationBatchEvent(_DelegationFields):
     def goal_of(self, index: int) -> Any:
         """An item's own goal, else the batch's goal at that position."""
         own = self.results[index].goal if index < len(self.results) else None
-        if _present(own):
+        if present(own):
             return own
         return self.goals[index] if index < len(self.goals) else None
 
@@ -314,52 +182,6 @@ class ProcessCompletionEvent(CompletionEvent):
     started_at: Any = None
 
     kind: EventKind = field(default="process", init=False)
-
-
-@dataclass(frozen=True)
-class ScheduledWakeupEvent(CompletionEvent):
-    """A wake-up the agent set for itself came due (``type == SCHEDULED_WAKEUP``): written
-    with the timer's row when it was set, deliverable from ``due_at`` on."""
-
-    delivery_id: str | None = None
-    note: str | None = None
-    due_at: float | None = None
-    """The instant it was set for (epoch seconds); ``zone`` names the zone it was given in."""
-    zone: str | None = None
-    watch_id: str | None = None
-    """Set when a watch woke the conversation (``tools.watch_tool``): which one."""
-    watch_event: str | None = None
-    """``fired``, ``expired`` (its lifetime ran out) or ``ended`` (its process exited)."""
-    matched: str | None = None
-    """What made it fire: the output line that matched, or the command that exited 0."""
-    fires: int | None = None
-    """How many times the watch has fired, this firing included."""
-    schedule_id: str | None = None
-    """Set for an occurrence of a recurring schedule (``delivery.schedules_engine``), with
-    ``schedule`` (its spec, for people) and ``missed``: how many occurrences were missed
-    with this one. ``status == "missed"``: this occurrence did not run (its misfire policy)."""
-    schedule: str | None = None
-    missed: int = 0
-
-    kind: EventKind = field(default="scheduled_wakeup", init=False)
-
-
-@dataclass(frozen=True)
-class InboundWakeupEvent(ScheduledWakeupEvent):
-    """An inbound event for this conversation (``type == INBOUND_EVENT``). ``outcome``:
-    ``"event"`` (the hook routes its events here), ``"matched"`` (a ``wake_when`` wait's
-    match held) or ``"expired"`` (the wait's lifetime ran out with no match: no ``payload``).
-    ``payload`` is the event's body as it came (JSON text, untrusted: defanged wherever it
-    is shown); ``note`` is what the agent wrote when it set the wait."""
-
-    hook: str | None = None
-    webhook_id: str | None = None
-    received_at: float | None = None
-    payload: str | None = None
-    outcome: str | None = None
-    match: str | None = None
-
-    kind: EventKind = field(default="inbound_event", init=False)
 
 
 WorkEvent = DelegationEvent | DelegationBatchEvent | ProcessCompletionEvent
@@ -387,39 +209,11 @@ class GenericEvent(CompletionEvent):
     kind: EventKind = field(default="generic", init=False)
 
 
-def is_restored(raw: Mapping[str, Any]) -> bool:
-    """True when the ledger marked ``raw`` as offered again: ``restored`` exactly True (the
-    key hermes' consumers read), or the older ``_restored`` mark. Any other ``restored``
-    value (``1``, ``"yes"``, a count) is the event's own data, not the mark."""
-    return raw.get("restored") is True or bool(raw.get("_restored"))
-
-
-def is_ledger_mark(key: object, value: object) -> bool:
-    """True for the ledger's bookkeeping in an event dict, not the event's data: every
-    ``_``-prefixed key, and ``restored`` when it is exactly True (the re-offer mark)."""
-    return str(key).startswith("_") or (key == "restored" and value is True)
-
-
 # -- parsing -----------------------------------------------------------------------------------
 
 
-class _CommonFields(TypedDict):
-    """The keyword arguments of ``CompletionEvent`` that every parser fills."""
-
-    type: str | None
-    status: str | None
-    session_key: str | None
-    origin_session_id: str | None
-    origin_ui_session_id: str | None
-    dispatched_at: Any
-    completed_at: Any
-    error: Any
-    restored: bool
-    raw: Mapping[str, Any]
-
-
-class _DelegationCommonFields(_CommonFields):
-    """``_CommonFields`` and those of ``_DelegationFields``."""
+class _DelegationCommonFields(CommonFields):
+    """``CommonFields`` and those of ``_DelegationFields``."""
 
     delegation_id: str | None
     context: Any
@@ -427,23 +221,6 @@ class _DelegationCommonFields(_CommonFields):
     role: Any
     model: Any
     parent_session_id: str | None
-
-
-def _common(raw: Mapping[str, Any]) -> _CommonFields:
-    kind = raw.get("type")
-    status = raw.get("status")
-    return {
-        "type": kind if isinstance(kind, str) else None,
-        "status": status if isinstance(status, str) and status else None,
-        "session_key": _opt_str(raw.get("session_key")),
-        "origin_session_id": _opt_str(raw.get("origin_session_id")),
-        "origin_ui_session_id": _opt_str(raw.get("origin_ui_session_id")),
-        "dispatched_at": raw.get("dispatched_at"),
-        "completed_at": raw.get("completed_at"),
-        "error": raw.get("error") if _present(raw.get("error")) else None,
-        "restored": is_restored(raw),
-        "raw": raw,
-    }
 
 
 def _toolsets(value: Any) -> tuple[str, ...]:
@@ -454,15 +231,15 @@ def _toolsets(value: Any) -> tuple[str, ...]:
     return ()
 
 
-def _delegation_common(raw: Mapping[str, Any]) -> _DelegationCommonFields:
+def _delegationcommon_fields(raw: Mapping[str, Any]) -> _DelegationCommonFields:
     return {
-        **_common(raw),
-        "delegation_id": _opt_str(raw.get("delegation_id")),
+        **common_fields(raw),
+        "delegation_id": opt_str(raw.get("delegation_id")),
         "context": raw.get("context"),
         "toolsets": _toolsets(raw.get("toolsets")),
         "role": raw.get("role"),
         "model": raw.get("model"),
-        "parent_session_id": _opt_str(raw.get("parent_session_id")),
+        "parent_session_id": opt_str(raw.get("parent_session_id")),
     }
 
 
@@ -491,7 +268,7 @@ def _delegation(raw: Mapping[str, Any]) -> DelegationEvent | DelegationBatchEven
         goals = raw.get("goals")
         total = raw.get("total_duration_seconds")
         return DelegationBatchEvent(
-            **_delegation_common(raw),
+            **_delegationcommon_fields(raw),
             goals=tuple(str(g) for g in goals) if isinstance(goals, list | tuple) else (),
             results=tuple(_result_item(r) for r in results) if isinstance(results, list) else (),
             summary=raw.get("summary"),
@@ -499,13 +276,13 @@ def _delegation(raw: Mapping[str, Any]) -> DelegationEvent | DelegationBatchEven
             total_duration_seconds=total if total is not None else raw.get("duration_seconds"),
         )
     goal = raw.get("goal")
-    if not _present(goal):
+    if not present(goal):
         goals = raw.get("goals")
         if isinstance(goals, list | tuple) and goals:
             goal = str(goals[0])
     return DelegationEvent(
-        **_delegation_common(raw),
-        goal=goal if _present(goal) else None,
+        **_delegationcommon_fields(raw),
+        goal=goal if present(goal) else None,
         summary=raw.get("summary"),
         result=raw.get("result"),
         duration_seconds=raw.get("duration_seconds"),
@@ -514,56 +291,16 @@ def _delegation(raw: Mapping[str, Any]) -> DelegationEvent | DelegationBatchEven
 
 def _process(raw: Mapping[str, Any]) -> ProcessCompletionEvent:
     return ProcessCompletionEvent(
-        **_common(raw),
-        delivery_id=_opt_str(raw.get("delivery_id")),
-        process_id=_first(raw, _PROCESS_ID_KEYS),
-        command=_first(raw, _COMMAND_KEYS),
-        cwd=raw.get("cwd") if _present(raw.get("cwd")) else None,
-        exit_code=_first(raw, _EXIT_CODE_KEYS),
-        output_tail=_first(raw, _OUTPUT_KEYS),
+        **common_fields(raw),
+        delivery_id=opt_str(raw.get("delivery_id")),
+        process_id=first(raw, _PROCESS_ID_KEYS),
+        command=first(raw, _COMMAND_KEYS),
+        cwd=raw.get("cwd") if present(raw.get("cwd")) else None,
+        exit_code=first(raw, _EXIT_CODE_KEYS),
+        output_tail=first(raw, _OUTPUT_KEYS),
         output_bytes=raw.get("output_bytes"),
-        duration_seconds=_first(raw, _DURATION_KEYS),
+        duration_seconds=first(raw, _DURATION_KEYS),
         started_at=raw.get("started_at"),
-    )
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
-def _scheduled_wakeup(raw: Mapping[str, Any]) -> ScheduledWakeupEvent:
-    return ScheduledWakeupEvent(
-        **_common(raw),
-        delivery_id=_opt_str(raw.get("delivery_id")),
-        note=_opt_str(raw.get("note")),
-        due_at=_number(raw.get("due_at")),
-        zone=_opt_str(raw.get("zone")),
-        watch_id=_opt_str(raw.get("watch_id")),
-        watch_event=_opt_str(raw.get("watch_event")),
-        matched=_opt_str(raw.get("matched")),
-        fires=int(fires) if (fires := _number(raw.get("fires"))) is not None else None,
-        schedule_id=_opt_str(raw.get("schedule_id")),
-        schedule=_opt_str(raw.get("schedule")),
-        missed=int(_number(raw.get("missed")) or 0),
-    )
-
-
-def _inbound(raw: Mapping[str, Any]) -> InboundWakeupEvent:
-    payload = raw.get("payload")
-    return InboundWakeupEvent(
-        **_common(raw),
-        delivery_id=_opt_str(raw.get("delivery_id")),
-        note=_opt_str(raw.get("note")),
-        due_at=_number(raw.get("due_at")),
-        zone=_opt_str(raw.get("zone")),
-        hook=_opt_str(raw.get("hook")),
-        webhook_id=_opt_str(raw.get("webhook_id")),
-        received_at=_number(raw.get("received_at")),
-        payload=payload if isinstance(payload, str) else None,
-        outcome=_opt_str(raw.get("outcome")),
-        match=_opt_str(raw.get("match")),
     )
 
 
@@ -578,7 +315,7 @@ def parse_event(raw: Any) -> CompletionEvent:
         return raw
     if not isinstance(raw, Mapping):
         raise MalformedEvent(f"a completion event must be a mapping, not {type(raw).__name__}")
-    wire = raw if all(isinstance(k, str) for k in raw) else _shallow(raw)
+    wire = raw if all(isinstance(k, str) for k in raw) else shallow(raw)
     kind = wire.get("type")
     work: WorkEvent | None
     if kind == ASYNC_DELEGATION:
@@ -586,13 +323,13 @@ def parse_event(raw: Any) -> CompletionEvent:
     elif kind == PROCESS_COMPLETION:
         work = _process(wire)
     elif kind == SCHEDULED_WAKEUP:
-        return _scheduled_wakeup(wire)
+        return parse_scheduled_wakeup(wire)
     elif kind == INBOUND_EVENT:
-        return _inbound(wire)
+        return parse_inbound(wire)
     else:
-        return GenericEvent(**_common(wire))
+        return GenericEvent(**common_fields(wire))
     if wire.get("abandoned"):
-        return AbandonedWork(**_common(wire), work=work)
+        return AbandonedWork(**common_fields(wire), work=work)
     return work
 
 

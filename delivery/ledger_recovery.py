@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from delivery.backend import LedgerStore, LedgerTx
 from delivery.claims import check_id as _check_id
+from delivery.json_types import JSONObject
 from delivery.policy import DeliveryPolicy
 from delivery.recovery import abandoned_event, reoffer_op
 from delivery.roster import ServerRoster
@@ -79,7 +79,7 @@ class LedgerRecovery:
 
         return self.backend.write(op)
 
-    def recover_abandoned(self) -> list[dict[str, Any]]:
+    def recover_abandoned(self) -> list[JSONObject]:
         """Queued/running rows whose owner process is gone get a completion that says so.
 
         queued -> interrupted (the work never started: safe to run again);
@@ -88,7 +88,7 @@ class LedgerRecovery:
         adopter reports its real outcome.
         """
         self.servers.refresh_liveness()
-        recovered: list[dict[str, Any]] = []
+        recovered: list[JSONObject] = []
         for state, new_state in ((State.QUEUED, State.INTERRUPTED), (State.RUNNING, State.UNKNOWN)):
             for owner in self.backend.active_owners(state):
                 if owner == self.identity or not self.is_dead(owner):
@@ -122,7 +122,7 @@ class LedgerRecovery:
                         recovered.append(event)
         return recovered
 
-    def restore(self) -> list[dict[str, Any]]:
+    def restore(self) -> list[JSONObject]:
         """After a restart: every pending completion, oldest first, marked as restored.
 
         Rows past the replay age cap are dropped instead of replayed; rows under a live
@@ -132,7 +132,7 @@ class LedgerRecovery:
         now = self.clock()
         return self._take(self.backend.pending_with_event(_SCAN_LIMIT), now, "restore")
 
-    def take_due(self, now: float | None = None) -> list[dict[str, Any]]:
+    def take_due(self, now: float | None = None) -> list[JSONObject]:
         """Pending rows whose due time has come, or whose holder died: offered again."""
         now = self.clock() if now is None else now
         rows = self.backend.due(now, _SCAN_LIMIT)
@@ -151,7 +151,7 @@ class LedgerRecovery:
                 rows.extend(held)
         return self._take(rows, now, "orphan")
 
-    def _take(self, rows: list[LedgerRow], now: float, reason: str) -> list[dict[str, Any]]:
+    def _take(self, rows: list[LedgerRow], now: float, reason: str) -> list[JSONObject]:
         policy, identity = self.policy, self.identity
         seen: set[str] = set()
         candidates = []

@@ -14,10 +14,12 @@ pointer to the full one (``reveille deliveries show <id>``, the web UI's wake-up
 combined text ends with one ``WAKE_DATA_MARKER`` line per result, in order.
 
 Everything an event carries (a sub-agent's result, a command's output, an MCP result, an
-inbound event's fields, goals, ids) is defanged where it is rendered (``_render_value``,
-``agent.markers.defang``), in a single wake-up as in a combined one: only the lines this
-module writes are structure. ``wake_results`` gives the data lines this module wrote, read
-from where it wrote them (the turn that stores a wake-up keeps them in the row's metadata).
+inbound event's fields, goals, ids) is defanged where it is rendered
+(``gateway.wake_render.render_value``, ``agent.markers.defang``), in a single wake-up as in
+a combined one: only the lines this module writes are structure. ``wake_results`` gives the
+data lines this module wrote, read from where it wrote them (the turn that stores a wake-up
+keeps them in the row's metadata). The texts of timers, watches, schedules and inbound
+events are written in ``gateway.wake_text_timers``.
 
 Rendering works on the typed event (``delivery.events.parse_event``); wire dicts are parsed
 here, once.
@@ -26,11 +28,9 @@ here, once.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from agent.markers import WAKE_DATA_MARKER, WAKE_MARKER, defang, read_wake_data, wake_data_line
@@ -51,6 +51,16 @@ from delivery.events import (
     is_ledger_mark,
     parse_event,
 )
+from gateway.wake_render import (
+    RESTORED_NOTE,
+    field,
+    human_duration,
+    present,
+    redelivered,
+    render_value,
+    when,
+)
+from gateway.wake_text_timers import format_inbound, format_scheduled_wakeup
 
 __all__ = [
     "DEFAULT_WAKE_TEXT_BUDGET",
@@ -65,108 +75,17 @@ __all__ = [
 ]
 
 _ABNORMAL_STATUSES = frozenset({"interrupted", "unknown", "cancelled", "error", "stalled"})
-_RESTORED_NOTE = "(Re-delivered after a restart or an interrupted delivery.)"
-
-
-def _parse_time(value: Any) -> datetime | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        if isinstance(value, int | float):
-            return datetime.fromtimestamp(float(value), tz=UTC)
-        if isinstance(value, str):
-            text = value.strip()
-            try:
-                return datetime.fromtimestamp(float(text), tz=UTC)
-            except ValueError:
-                pass
-            dt = datetime.fromisoformat(text)
-            # Reveille writes UTC; a naive stamp is read the same way rather than as local.
-            return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
-    except (ValueError, OverflowError, OSError):
-        return None
-    return None
-
-
-def _iso(dt: datetime) -> str:
-    return dt.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _human_duration(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value)
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return _render_value(value)
-    if seconds != seconds or seconds in (float("inf"), float("-inf")):
-        return str(seconds)
-    if seconds < 0:
-        return f"{seconds:g}s"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    whole = round(seconds)
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours:02d}h {minutes:02d}m"
-    if hours:
-        return f"{hours}h {minutes:02d}m {secs:02d}s"
-    return f"{minutes}m {secs:02d}s"
-
-
-def _when(value: Any, now: float) -> str:
-    dt = _parse_time(value)
-    if dt is None:
-        return _render_value(value)
-    ago = now - dt.timestamp()
-    if ago < 0:
-        return f"{_iso(dt)} (in the future by {_human_duration(-ago)}; clock skew?)"
-    if ago < 1:
-        return f"{_iso(dt)} (just now)"
-    return f"{_iso(dt)} ({_human_duration(ago)} ago)"
-
-
-def _render_value(value: Any) -> str:
-    """Any value of an event as text, defanged (``agent.markers.defang``: it came from a
-    sub-agent, a command, an MCP server or an inbound event, never from Reveille); never
-    raises (huge ints, deep nesting, odd objects)."""
-    return defang(_as_text(value))
-
-
-def _as_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    try:
-        if isinstance(value, Mapping | list | tuple):
-            return json.dumps(value, indent=2, ensure_ascii=False, default=str)
-        return str(value)
-    except (ValueError, RecursionError, TypeError):
-        if isinstance(value, int):
-            return f"<integer of {value.bit_length()} bits>"
-        return f"<{type(value).__name__} that cannot be rendered>"
-
-
-def _field(label: str, value: Any) -> str:
-    text = _render_value(value)
-    # Multi-line values go below their label so the text stays readable.
-    return f"{label}:\n{text}" if "\n" in text else f"{label}: {text}"
-
-
-def _present(value: Any) -> bool:
-    return value is not None and value != "" and value != [] and value != {}
 
 
 def _outcome_lines(summary: Any, error: Any, extra: Any) -> list[str]:
     lines: list[str] = []
-    if _present(summary):
-        lines.append("Result:\n" + _render_value(summary))
-    if _present(error):
-        lines.append("Error:\n" + _render_value(error))
+    if present(summary):
+        lines.append("Result:\n" + render_value(summary))
+    if present(error):
+        lines.append("Error:\n" + render_value(error))
     if not lines:
-        if _present(extra):
-            lines.append("Result:\n" + _render_value(extra))
+        if present(extra):
+            lines.append("Result:\n" + render_value(extra))
         else:
             lines.append("Result: (no summary or error was returned)")
     return lines
@@ -175,16 +94,16 @@ def _outcome_lines(summary: Any, error: Any, extra: Any) -> list[str]:
 def _common_delegation_lines(evt: DelegationEvent | DelegationBatchEvent, now: float) -> list[str]:
     lines: list[str] = []
     for value, label in ((evt.context, "Context"), (evt.role, "Role"), (evt.model, "Model")):
-        if _present(value):
-            lines.append(_field(label, value))
+        if present(value):
+            lines.append(field(label, value))
     if evt.toolsets:
-        lines.append(_field("Toolsets", ", ".join(evt.toolsets)))
+        lines.append(field("Toolsets", ", ".join(evt.toolsets)))
     if tools_used := describe_tools_used(evt.raw.get("tools_used")):
         lines.append(defang(tools_used))
-    if _present(evt.dispatched_at):
-        lines.append("Dispatched: " + _when(evt.dispatched_at, now))
-    if _present(evt.completed_at):
-        lines.append("Completed: " + _when(evt.completed_at, now))
+    if present(evt.dispatched_at):
+        lines.append("Dispatched: " + when(evt.dispatched_at, now))
+    if present(evt.completed_at):
+        lines.append("Completed: " + when(evt.completed_at, now))
     return lines
 
 
@@ -204,14 +123,14 @@ def _batch_item(
     evt: DelegationBatchEvent, i: int, total: int, result: DelegationResult
 ) -> list[str]:
     if not isinstance(result.raw, Mapping):
-        return [f"### Task {i + 1} of {total}", _render_value(result.raw)]
-    head = f"### Task {i + 1} of {total}: {_render_value(result.status or 'unknown')}"
+        return [f"### Task {i + 1} of {total}", render_value(result.raw)]
+    head = f"### Task {i + 1} of {total}: {render_value(result.status or 'unknown')}"
     if result.duration_seconds is not None:
-        head += f" ({_human_duration(result.duration_seconds)})"
+        head += f" ({human_duration(result.duration_seconds)})"
     out = [head]
     goal = evt.goal_of(i)
-    if _present(goal):
-        out.append(_field("Goal", goal))
+    if present(goal):
+        out.append(field("Goal", goal))
     out.extend(_outcome_lines(result.summary, result.error, result.result))
     return out
 
@@ -219,8 +138,8 @@ def _batch_item(
 def _format_delegation(
     evt: DelegationEvent | DelegationBatchEvent, now: float, *, explain: bool = True
 ) -> str:
-    delegation_id = _render_value(evt.delegation_id or "(unknown id)")
-    status = _render_value(evt.status) if evt.status else evt.status
+    delegation_id = render_value(evt.delegation_id or "(unknown id)")
+    status = render_value(evt.status) if evt.status else evt.status
     batch = isinstance(evt, DelegationBatchEvent)
     out: list[str] = []
     if isinstance(evt, DelegationBatchEvent):
@@ -239,22 +158,22 @@ def _format_delegation(
             "ended. It restates what was asked so you can act on it even if you are in the "
             "middle of something else."
         )
-    if _redelivered(evt):
-        out.append(_RESTORED_NOTE)
+    if redelivered(evt):
+        out.append(RESTORED_NOTE)
     out.append("")
 
     if isinstance(evt, DelegationBatchEvent):
         out.append("Goals:")
-        out.extend(f"  {i}. {_render_value(goal)}" for i, goal in enumerate(evt.goals, 1))
-    elif _present(evt.goal):
-        out.append(_field("Goal", evt.goal))
+        out.extend(f"  {i}. {render_value(goal)}" for i, goal in enumerate(evt.goals, 1))
+    elif present(evt.goal):
+        out.append(field("Goal", evt.goal))
     out.extend(_common_delegation_lines(evt, now))
     if isinstance(evt, DelegationBatchEvent):
         duration = evt.total_duration_seconds
     else:
         duration = evt.duration_seconds
     if duration is not None:
-        out.append(("Total duration: " if batch else "Duration: ") + _human_duration(duration))
+        out.append(("Total duration: " if batch else "Duration: ") + human_duration(duration))
     if status:
         out.append(f"Status: {status}")
     if status and status.lower() in _ABNORMAL_STATUSES:
@@ -272,7 +191,7 @@ def _format_delegation(
 def _format_process_completion(
     evt: ProcessCompletionEvent, now: float, *, explain: bool = True
 ) -> str:
-    code_text = "unknown" if evt.exit_code is None else _render_value(evt.exit_code)
+    code_text = "unknown" if evt.exit_code is None else render_value(evt.exit_code)
     lost = evt.exit_code is None and (evt.status or "").lower() == "unknown"
     stopped = (evt.status or "").lower() == "cancelled"
     if stopped:  # a person stopped it: short, and says who (the error does)
@@ -291,179 +210,50 @@ def _format_process_completion(
                 else "earlier has exited."
             )
         )
-    if _redelivered(evt):
-        out.append(_RESTORED_NOTE)
+    if redelivered(evt):
+        out.append(RESTORED_NOTE)
     out.append("")
     if evt.command is not None:
-        out.append(_field("Command", evt.command))
+        out.append(field("Command", evt.command))
     if evt.process_id is not None:
-        out.append(f"Process: {_render_value(evt.process_id)}")
+        out.append(f"Process: {render_value(evt.process_id)}")
     if evt.cwd is not None:
-        out.append(f"Working directory: {_render_value(evt.cwd)}")
-    if _present(evt.started_at):
-        out.append("Started: " + _when(evt.started_at, now))
+        out.append(f"Working directory: {render_value(evt.cwd)}")
+    if present(evt.started_at):
+        out.append("Started: " + when(evt.started_at, now))
     out.append(f"Exit code: {code_text}")
     if evt.duration_seconds is not None:
-        out.append("Duration: " + _human_duration(evt.duration_seconds))
+        out.append("Duration: " + human_duration(evt.duration_seconds))
     if evt.status and evt.status.lower() in _ABNORMAL_STATUSES:
         out.append(
-            f"Note: the command did not finish normally ({_render_value(evt.status)}); what "
+            f"Note: the command did not finish normally ({render_value(evt.status)}); what "
             "is known is "
             "reported below."
         )
     if evt.error is not None:
-        out.append("Error:\n" + _render_value(evt.error))
+        out.append("Error:\n" + render_value(evt.error))
     out.append("")
     if evt.output_tail is not None:
         out.append("Output (tail):")
-        out.append(_render_value(evt.output_tail))
+        out.append(render_value(evt.output_tail))
     else:
         out.append("Output: (none captured)")
     return "\n".join(out).rstrip() + "\n"
 
 
-_WATCH_HEADS = {
-    "fired": "[Watch fired] a watch you set says now.",
-    "expired": "[Watch expired] a watch you set ran out its lifetime; it watches no more.",
-    "ended": "[Watch ended] the process a watch of yours followed has exited; it watches no more.",
-    "cancelled": "[Watch cancelled] a watch you set was cancelled; it watches no more.",
-}
-
-
-def _format_watch(evt: ScheduledWakeupEvent, now: float, *, explain: bool = True) -> str:
-    """A watch fired or ended: it restates the note and what matched (the output line, a
-    command's stdout: defanged, since a command wrote it) and what the watch does next."""
-    out = [_WATCH_HEADS.get(evt.watch_event or "", _WATCH_HEADS["fired"])]
-    if explain:
-        out.append(
-            "This is an automatic wake-up, not a user message: earlier in this conversation "
-            "you set a watch with the note below. Act on it."
-        )
-    if _redelivered(evt):
-        out.append(_RESTORED_NOTE)
-    out.append("")
-    out.append(f"Watch: {_render_value(evt.watch_id)}")
-    if evt.fires is not None:
-        out.append(f"Fired: {evt.fires} time(s) so far")
-    if _present(evt.dispatched_at):
-        out.append("Set: " + _when(evt.dispatched_at, now))
-    if _present(evt.completed_at):
-        out.append("At: " + _when(evt.completed_at, now))
-    if evt.status and evt.status.lower() not in ("completed", "expired", "ended"):
-        out.append(f"Status: {_render_value(evt.status)}")
-    if evt.error:
-        out.append(_field("Error", evt.error))
-    out.append("")
-    out.append(_field("Note", evt.note) if evt.note else "Note: (none)")
-    if evt.matched is not None:
-        out.append(_field("Matched", evt.matched))
-    return "\n".join(out).rstrip() + "\n"
-
-
-def _format_scheduled_wakeup(evt: ScheduledWakeupEvent, now: float, *, explain: bool = True) -> str:
-    """A wake-up the agent set came due: it restates the note in full (defanged: the model
-    wrote it, possibly from what a user or a tool said), when it was set and for when."""
-    if evt.watch_id is not None:
-        return _format_watch(evt, now, explain=explain)
-    missed = evt.status == "missed"
-    if missed:
-        out = ["[Missed occurrence] an occurrence of a schedule you set did not run."]
-    elif evt.schedule_id is not None:
-        out = ["[Scheduled wake-up] an occurrence of a schedule you set is due."]
-    else:
-        out = ["[Scheduled wake-up] a wake-up you set is due."]
-    if explain and missed:
-        out.append(
-            "This is an automatic notice, not a user message: no server was running at its "
-            "time and its misfire policy skips late occurrences. Do not act on the note; "
-            "tell the user it was missed if that matters."
-        )
-    elif explain:
-        out.append(
-            "This is an automatic wake-up, not a user message: earlier in this conversation "
-            "you asked to be woken now, with the note below. Act on it."
-        )
-    if _redelivered(evt):
-        out.append(_RESTORED_NOTE)
-    out.append("")
-    if evt.delivery_id is not None:
-        out.append(f"Wake-up: {_render_value(evt.delivery_id)}")
-    if evt.schedule_id is not None:
-        spec = f" ({_render_value(evt.schedule)})" if evt.schedule else ""
-        out.append(f"Schedule: {_render_value(evt.schedule_id)}{spec}")
-    if evt.due_at is not None:
-        zone = f" ({_render_value(evt.zone)})" if evt.zone else ""
-        out.append(f"Due: {_when(evt.due_at, now)}{zone}")
-    if evt.missed:
-        out.append(
-            f"Missed: {evt.missed} more occurrence(s) while no server was running"
-            + ("" if missed else "; this one firing stands for them")
-        )
-    if _present(evt.dispatched_at):
-        out.append("Set: " + _when(evt.dispatched_at, now))
-    out.append("")
-    out.append(_field("Note", evt.note) if evt.note else "Note: (none)")
-    return "\n".join(out).rstrip() + "\n"
-
-
-def _format_inbound(evt: InboundWakeupEvent, now: float, *, explain: bool = True) -> str:
-    """An inbound event came for this conversation, or a wait for one expired. The payload
-    is restated in full and defanged: whoever holds the hook's secret wrote it."""
-    hook = _render_value(evt.hook) if evt.hook else "?"
-    if evt.outcome == "expired":
-        out = [f"[Inbound event] the wait on hook {hook} expired: no matching event came."]
-    else:
-        out = [f"[Inbound event] an event came on hook {hook}."]
-    if explain:
-        what = {
-            "matched": "earlier in this conversation you asked to be woken when it came",
-            "expired": "earlier in this conversation you asked to be woken when an event "
-            "came; none matched in time, so nothing happened. Decide what to do now",
-            "event": "this hook's events are routed to this conversation",
-        }.get(evt.outcome or "event", "an event came")
-        out.append(f"This is an automatic wake-up, not a user message: {what}.")
-    if _redelivered(evt):
-        out.append(_RESTORED_NOTE)
-    out.append("")
-    if evt.delivery_id is not None:
-        out.append(f"Wake-up: {_render_value(evt.delivery_id)}")
-    if evt.match:
-        out.append(_field("Waiting for", evt.match))
-    if evt.webhook_id:
-        out.append(_field("Event id", evt.webhook_id))
-    if evt.received_at is not None:
-        out.append("Received: " + _when(evt.received_at, now))
-    elif evt.due_at is not None and evt.outcome == "expired":
-        out.append("Expired: " + _when(evt.due_at, now))
-    if _present(evt.dispatched_at) and evt.outcome != "event":
-        out.append("Set: " + _when(evt.dispatched_at, now))
-    if evt.note:
-        out.append(_field("Note", evt.note))
-    if evt.payload is not None:
-        out.append("")
-        out.append(_field("Payload", evt.payload))
-    return "\n".join(out).rstrip() + "\n"
-
-
-def _redelivered(evt: CompletionEvent) -> bool:
-    """The ledger offers this event again (a restart, an orphan re-offer) after a consumer
-    took it before; a first offer by another process than its writer is not "again"."""
-    return evt.restored and not evt.raw.get("_first_offer")
-
-
 def _format_generic(evt: CompletionEvent, *, explain: bool = True) -> str:
     kind = evt.raw.get("type")
-    out = [f"[Background event: {_render_value(kind) if _present(kind) else 'unknown'}]"]
+    out = [f"[Background event: {render_value(kind) if present(kind) else 'unknown'}]"]
     if explain:
         out.append("This is an automatic wake-up, not a user message.")
-    if _redelivered(evt):
-        out.append(_RESTORED_NOTE)
+    if redelivered(evt):
+        out.append(RESTORED_NOTE)
     out.append("")
     for key, value in evt.raw.items():
         # The ledger's bookkeeping (re-offer marks) is not event data.
         if key == "type" or is_ledger_mark(key, value) or value is None:
             continue
-        out.append(_field(_render_value(str(key)), value))
+        out.append(field(render_value(str(key)), value))
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -474,9 +264,9 @@ def _body(event: CompletionEvent, now: float, *, explain: bool = True) -> str:
     if isinstance(work, ProcessCompletionEvent):
         return _format_process_completion(work, now, explain=explain)
     if isinstance(work, InboundWakeupEvent):
-        return _format_inbound(work, now, explain=explain)
+        return format_inbound(work, now, explain=explain)
     if isinstance(work, ScheduledWakeupEvent):
-        return _format_scheduled_wakeup(work, now, explain=explain)
+        return format_scheduled_wakeup(work, now, explain=explain)
     return _format_generic(event, explain=explain)
 
 
@@ -558,7 +348,7 @@ def _caps(lengths: Sequence[int], available: int) -> list[int]:
 def _status_line(metas: Sequence[Mapping[str, Any]]) -> str:
     counts: dict[str, int] = {}
     for meta in metas:
-        status = _render_value(str(meta.get("status") or "unknown"))
+        status = render_value(str(meta.get("status") or "unknown"))
         counts[status] = counts.get(status, 0) + 1
     return ", ".join(f"{n} {status}" for status, n in counts.items())
 
@@ -618,7 +408,7 @@ def format_wake_batch(
 
 
 def _id_text(ident: str | None) -> str | None:
-    return None if ident is None else _render_value(ident)
+    return None if ident is None else render_value(ident)
 
 
 # The key of a stored wake-up row's metadata that lists its results' ``display_metadata``.

@@ -18,12 +18,11 @@ import sys
 import time
 from typing import Any
 
-import storage
 from delivery.errors import LedgerError
 from gateway.approvals import AlreadyDecided, Expired, decide_approval, pending_approvals
 from gateway.delivery_targets import session_platform
 from gateway.session import SessionStore, SessionStoreError
-from reveille.app import storage_url
+from reveille.operator_storage import operator_storage
 from reveille.settings import load_settings
 
 __all__ = ["add_parser", "run"]
@@ -48,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings()
     try:
         # An operator's tool never migrates: a schema it does not know is refused.
-        location = storage.open_storage(storage_url(settings), migrate=False)
+        location = operator_storage(settings)
         if not location.has("sessions"):
             where = location.describe("sessions")
             print(f"no session store at {where} yet (REVEILLE_HOME={settings.home})")

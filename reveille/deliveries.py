@@ -15,12 +15,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import storage
 from delivery.errors import LedgerError, NotALedgerError, UnknownDeliveryError
 from delivery.ledger import Ledger
 from delivery.rows import AuditEntry, LedgerRow, RowQuery
 from delivery.states import DeliveryState, State
-from reveille.app import storage_url
+from reveille.operator_storage import operator_storage
 from reveille.settings import Settings, load_settings
 from reveille.webhooks_cmd import show_webhook
 
@@ -169,7 +168,7 @@ def with_ledger(
     when it cannot. No ledger yet: said, and nothing is created (a look must not create
     it); the exit status is ``absent`` (0 for a list, 1 for an action on a row)."""
     try:
-        location = storage.open_storage(storage_url(settings), migrate=False)
+        location = operator_storage(settings)
     except (LedgerError, ValueError) as exc:
         print(f"reveille {command}: {exc}", file=sys.stderr)
         return 1

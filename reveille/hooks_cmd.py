@@ -17,12 +17,11 @@ import sys
 import time
 from typing import Any
 
-import storage
 from delivery.errors import LedgerError
 from delivery.inbound_backend import HookBackend
 from gateway.webhooks import new_secret
-from reveille.app import storage_url
 from reveille.hook_settings import HOOK_NAME
+from reveille.operator_storage import storage_to_look_at
 from reveille.settings import Settings, load_settings
 from storage.opener import StorageUrlError
 
@@ -47,13 +46,10 @@ def add_parser(subparsers: Any) -> None:
 
 
 def open_hook_store(settings: Settings, *, look: bool = False) -> HookBackend | None:
-    """The hook tables where the server keeps them, opened through the opener as an
-    operator's tool (a database's schema is checked, never migrated); with ``look``, None
-    when there is no ledger yet (a look creates no store)."""
-    location = storage.open_storage(storage_url(settings), migrate=False)
-    if look and not location.has("ledger"):
-        return None
-    return location.open_hooks()
+    """The hook tables where the server keeps them (``storage_to_look_at``); with ``look``,
+    None when there is no ledger yet."""
+    location = storage_to_look_at(settings, look=look)
+    return None if location is None else location.open_hooks()
 
 
 def run(args: argparse.Namespace) -> int:

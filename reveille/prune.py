@@ -18,9 +18,8 @@ from typing import Any
 from delivery.errors import LedgerError
 from delivery.retention import PruneReport, RetentionStores, run_retention
 from delivery.session_backend import SessionStoreError
-from reveille.app import storage_url
+from reveille.operator_storage import operator_storage
 from reveille.settings import load_settings
-from storage import open_storage
 from storage.opener import StorageUrlError
 from tools.background_processes import PROCESSES_DIR
 
@@ -66,7 +65,7 @@ def format_report(report: PruneReport) -> str:
 def run(args: argparse.Namespace) -> int:
     settings = load_settings()
     try:
-        location = open_storage(storage_url(settings), migrate=False)
+        location = operator_storage(settings)
         if not location.has("ledger"):
             print(f"nothing to prune: no ledger at {location.describe('ledger')} yet")
             return 0

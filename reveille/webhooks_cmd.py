@@ -15,11 +15,10 @@ import sys
 import time
 from typing import Any
 
-import storage
 from delivery.errors import LedgerError
 from delivery.webhooks_backend import WebhookAttempt, WebhookBackend, WebhookDelivery
 from gateway.webhooks import ROTATION_OVERLAP_SECONDS, new_secret
-from reveille.app import storage_url
+from reveille.operator_storage import storage_to_look_at
 from reveille.settings import Settings, load_settings
 
 __all__ = ["add_parser", "format_webhook", "open_webhook_store", "show_webhook"]
@@ -47,13 +46,10 @@ def add_parser(subparsers: Any) -> None:
 
 
 def open_webhook_store(settings: Settings, *, look: bool = False) -> WebhookBackend | None:
-    """The webhook tables where the server keeps them, opened through the opener as an
-    operator's tool (a database's schema is checked, never migrated); with ``look``, None
-    when there is no ledger yet (a look creates no store)."""
-    location = storage.open_storage(storage_url(settings), migrate=False)
-    if look and not location.has("ledger"):
-        return None
-    return location.open_webhooks()
+    """The webhook tables where the server keeps them (``storage_to_look_at``); with ``look``,
+    None when there is no ledger yet."""
+    location = storage_to_look_at(settings, look=look)
+    return None if location is None else location.open_webhooks()
 
 
 def run(args: argparse.Namespace) -> int:

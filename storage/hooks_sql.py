@@ -10,12 +10,11 @@ PostgreSQL form is a migration of its own.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from delivery.inbound_backend import HookEvent, HookSecret
-from storage.sql import marked
+from storage.sql_tables import SqlTables
 
 __all__ = ["HOOK_DDL", "SqlHooks"]
 
@@ -44,23 +43,8 @@ def _event(row: Sequence[Any]) -> HookEvent:
     return HookEvent(str(row[0]), str(row[1]), float(row[2]), str(row[3]))
 
 
-class SqlHooks:
+class SqlHooks(SqlTables):
     """``HookBackend`` over a SQL connection; subclasses give ``_tx`` and ``close``."""
-
-    mark = "?"  # the dialect's placeholder (storage.sql.marked); PostgreSQL sets its own
-
-    def _tx(self) -> contextlib.AbstractContextManager[Any]:
-        raise NotImplementedError
-
-    def _snapshot(self) -> contextlib.AbstractContextManager[Any]:
-        return self._tx()
-
-    def _sql(self, text: str) -> str:
-        return marked(text, self.mark)
-
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._snapshot() as conn:
-            return list(conn.execute(self._sql(sql), tuple(params)).fetchall())
 
     def record_event(self, event: HookEvent) -> HookEvent | None:
         with self._tx() as conn:

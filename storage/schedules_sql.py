@@ -5,12 +5,11 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from delivery.schedules import ACTIVE, CANCELLED, PAUSED, Misfire, Schedule
-from storage.sql import marked
+from storage.sql_tables import SqlTables
 
 __all__ = ["SCHEDULES_DDL", "SqlSchedules"]
 
@@ -84,27 +83,8 @@ _ORDER = (
 _SESSION = " AND (session_key = ? OR origin_session_id = ? OR origin_ui_session_id = ?)"
 
 
-class SqlSchedules:
+class SqlSchedules(SqlTables):
     """``ScheduleBackend`` over a SQL connection; subclasses give ``_tx`` and ``close``."""
-
-    mark = "?"
-
-    def _tx(self) -> contextlib.AbstractContextManager[Any]:
-        raise NotImplementedError
-
-    def _snapshot(self) -> contextlib.AbstractContextManager[Any]:
-        return self._tx()
-
-    def _sql(self, text: str) -> str:
-        return marked(text, self.mark)
-
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._snapshot() as conn:
-            return list(conn.execute(self._sql(sql), tuple(params)).fetchall())
-
-    def _write(self, sql: str, params: Sequence[Any]) -> int:
-        with self._tx() as conn:
-            return int(conn.execute(self._sql(sql), tuple(params)).rowcount)
 
     def add(self, schedule: Schedule) -> None:
         s = schedule

@@ -10,7 +10,6 @@ two servers claiming at once pick different rows instead of waiting on each othe
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -25,7 +24,7 @@ from delivery.webhooks_backend import (
     WebhookDelivery,
     WebhookSecret,
 )
-from storage.sql import marked
+from storage.sql_tables import SqlTables
 
 __all__ = ["SqlWebhooks"]
 
@@ -53,7 +52,7 @@ def _delivery(row: Sequence[Any]) -> WebhookDelivery:
     )
 
 
-class SqlWebhooks:
+class SqlWebhooks(SqlTables):
     """``WebhookBackend`` over a SQL connection; subclasses give ``_tx`` and ``close``."""
 
     def __init__(self, mark: str, *, lock_clause: str = "") -> None:
@@ -61,21 +60,6 @@ class SqlWebhooks:
         what locks a claimed row (PostgreSQL: FOR UPDATE SKIP LOCKED)."""
         self.mark = mark
         self.lock_clause = lock_clause
-
-    def _tx(self) -> contextlib.AbstractContextManager[Any]:
-        raise NotImplementedError
-
-    def _snapshot(self) -> contextlib.AbstractContextManager[Any]:
-        """A connection for reads; a dialect whose write transaction locks out other
-        writers (SQLite) reads outside one."""
-        return self._tx()
-
-    def _sql(self, text: str) -> str:
-        return marked(text, self.mark)
-
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._snapshot() as conn:
-            return list(conn.execute(self._sql(sql), tuple(params)).fetchall())
 
     def add(self, rows: Sequence[WebhookDelivery]) -> int:
         added = 0

@@ -25,6 +25,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from agent.messages import JSONObject
+from agent.tool_args import as_number, required_note
 from agent.tools import Tool, ToolContext
 from delivery.schedules import (
     Misfire,
@@ -137,19 +138,6 @@ def describe(schedule: Schedule) -> JSONObject:
     }
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class _Spec:
     """A valid create request: the keywords of ``ScheduleEngine.create``."""
@@ -164,12 +152,12 @@ class _Spec:
 
 def _spec(args: Mapping[str, object], now: float, min_delay: float) -> _Spec:
     """The keywords of ``ScheduleEngine.create`` that ``args`` ask for, or ScheduleError."""
-    note = args.get("note")
-    if not isinstance(note, str) or not note.strip():
-        raise ScheduleError("note must be a non-empty string: what to do at each occurrence")
-    note = note.strip()
-    if len(note) > MAX_NOTE_CHARS:
-        raise ScheduleError(f"note is {len(note)} characters; at most {MAX_NOTE_CHARS}")
+    note = required_note(
+        args.get("note"),
+        purpose="what to do at each occurrence",
+        max_chars=MAX_NOTE_CHARS,
+        error=ScheduleError,
+    )
     cron, every = args.get("cron"), args.get("every_seconds")
     if (cron is None) == (every is None):
         raise ScheduleError("give exactly one of cron (with tz) or every_seconds")
@@ -180,7 +168,7 @@ def _spec(args: Mapping[str, object], now: float, min_delay: float) -> _Spec:
         )
     misfire: Misfire = parse_misfire(args.get("misfire"))
     if every is not None:
-        period = _number(every)
+        period = as_number(every)
         if period is None or not math.isfinite(period):
             raise ScheduleError("every_seconds must be a number of seconds")
         if period < min_delay:

@@ -21,9 +21,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from agent.messages import JSONObject
+from agent.tool_args import required_note
 from agent.tools import Tool, ToolContext
 from delivery.events import WAIT_KIND
 from delivery.inbound import Inbox, WaitMatch, WaitOrigin, set_wait
@@ -108,12 +108,12 @@ def parse_wait(args: Mapping[str, object], hooks: frozenset[str]) -> WaitRequest
     if not isinstance(hook, str) or hook not in hooks:
         known = ", ".join(sorted(hooks)) or "none"
         raise WaitError(f"hook must be one of this server's hooks ({known})")
-    note = args.get("note")
-    if not isinstance(note, str) or not note.strip():
-        raise WaitError("note must be a non-empty string: what to do when the event comes")
-    note = note.strip()
-    if len(note) > MAX_NOTE_CHARS:
-        raise WaitError(f"note is {len(note)} characters; at most {MAX_NOTE_CHARS}")
+    note = required_note(
+        args.get("note"),
+        purpose="what to do when the event comes",
+        max_chars=MAX_NOTE_CHARS,
+        error=WaitError,
+    )
     path, contains, equals = args.get("path"), args.get("contains"), args.get("equals")
     if path is not None and (not isinstance(path, str) or not path or len(path) > _MAX_PATH):
         raise WaitError(f"path must be a dot-separated path of 1-{_MAX_PATH} characters")
@@ -194,7 +194,7 @@ def make_wake_when_tool(inbox: Callable[[], Inbox | None]) -> Tool:
     """`wake_when`, in the ``timers`` toolset; ``inbox`` gives the hook store and the
     declared hooks at call time (None: this process serves no hooks)."""
 
-    async def handler(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    async def handler(args: JSONObject, ctx: ToolContext) -> JSONObject:
         current = inbox()
         if current is None or not current.routes:
             return {"error": "this server has no hooks: declare one with [hooks.NAME]"}

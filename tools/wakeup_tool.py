@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from agent.messages import JSONObject
+from agent.tool_args import as_number, required_note
 from agent.tools import Tool, ToolContext
 from delivery import traces
 from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
@@ -92,34 +93,21 @@ class WakeupRequest:
     note: str
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
-    return None
-
-
 def parse_wakeup(
     args: JSONObject, now: float, *, min_delay_seconds: float = MIN_DELAY_SECONDS
 ) -> WakeupRequest:
     """The wake-up ``args`` ask for, or WakeupError saying what is wrong."""
-    note = args.get("note")
-    if not isinstance(note, str) or not note.strip():
-        raise WakeupError("note must be a non-empty string: what to do when woken")
-    note = note.strip()
-    if len(note) > MAX_NOTE_CHARS:
-        raise WakeupError(f"note is {len(note)} characters; at most {MAX_NOTE_CHARS}")
+    note = required_note(
+        args.get("note"),
+        purpose="what to do when woken",
+        max_chars=MAX_NOTE_CHARS,
+        error=WakeupError,
+    )
     at, delay = args.get("at"), args.get("in_seconds")
     if (at is None) == (delay is None):
         raise WakeupError("give exactly one of in_seconds (a number) or at (ISO 8601 with zone)")
     if delay is not None:
-        seconds = _number(delay)
+        seconds = as_number(delay)
         if seconds is None or not math.isfinite(seconds):
             raise WakeupError("in_seconds must be a number of seconds")
         due, zone = now + seconds, "UTC"

@@ -19,8 +19,12 @@ import math
 import re
 import re._constants as sre_c  # type: ignore[import-not-found]  # the parser has no stubs
 import re._parser as sre_p  # type: ignore[import-not-found]
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypedDict
+
+from agent.messages import JSONObject
+from agent.tool_args import required_note
 
 __all__ = [
     "MAX_LINE_CHARS",
@@ -95,7 +99,7 @@ def _walk(sub: Any, in_repeat: bool) -> int:
     return wide
 
 
-def compile_guarded(pattern: Any) -> re.Pattern[str]:
+def compile_guarded(pattern: object) -> re.Pattern[str]:
     """``pattern`` compiled, or WatchError when it is not a string, too long, invalid or
     able to backtrack catastrophically (see the module's docstring)."""
     if not isinstance(pattern, str) or not pattern:
@@ -173,11 +177,11 @@ class WatchSpec:
     interval_seconds: float | None = None
     timeout_seconds: float | None = None
 
-    def as_request(self) -> dict[str, Any]:
+    def as_request(self) -> JSONObject:
         return {"watch": asdict(self)}
 
     @classmethod
-    def from_request(cls, request: dict[str, Any] | None) -> WatchSpec:
+    def from_request(cls, request: Mapping[str, object] | None) -> WatchSpec:
         stored = (request or {}).get("watch")
         if not isinstance(stored, dict):
             raise WatchError("the row holds no watch")
@@ -206,13 +210,25 @@ class WatchState:
         return self.fires >= spec.max_fires
 
 
+class _CommonSpec(TypedDict):
+    """The ``WatchSpec`` fields both kinds of watch share, as ``parse_watch`` reads them."""
+
+    note: str
+    created_at: float
+    expires_at: float
+    cooldown_seconds: float
+    max_fires: int
+
+
 def fire_id(watch_id: str, number: int) -> str:
     """The ledger id of a watch's ``number``-th firing: one row per firing, whoever and
     however often (a crash, a restart) tries to write it."""
     return f"{watch_id}.{number}"
 
 
-def _seconds(args: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
+def _seconds(
+    args: Mapping[str, object], key: str, default: float, low: float, high: float
+) -> float:
     value = args.get(key)
     if value is None:
         return default
@@ -228,15 +244,15 @@ def _seconds(args: dict[str, Any], key: str, default: float, low: float, high: f
 
 
 def parse_watch(
-    args: dict[str, Any], now: float, *, min_interval_seconds: float = MIN_INTERVAL_SECONDS
+    args: Mapping[str, object], now: float, *, min_interval_seconds: float = MIN_INTERVAL_SECONDS
 ) -> WatchSpec:
     """The watch ``args`` ask for, or WatchError saying what is wrong."""
-    note = args.get("note")
-    if not isinstance(note, str) or not note.strip():
-        raise WatchError("note must be a non-empty string: what to do when it fires")
-    note = note.strip()
-    if len(note) > MAX_NOTE_CHARS:
-        raise WatchError(f"note is {len(note)} characters; at most {MAX_NOTE_CHARS}")
+    note = required_note(
+        args.get("note"),
+        purpose="what to do when it fires",
+        max_chars=MAX_NOTE_CHARS,
+        error=WatchError,
+    )
     has_output, has_command = args.get("pattern") is not None, args.get("command") is not None
     if has_output == has_command:
         raise WatchError(
@@ -254,7 +270,7 @@ def parse_watch(
     fires = args.get("max_fires", 1)
     if isinstance(fires, bool) or not isinstance(fires, int) or not 1 <= fires <= MAX_FIRES:
         raise WatchError(f"max_fires must be a whole number from 1 to {MAX_FIRES}")
-    common: dict[str, Any] = {
+    common: _CommonSpec = {
         "note": note,
         "created_at": now,
         "expires_at": now + lifetime,
@@ -265,8 +281,7 @@ def parse_watch(
         process_id = args.get("process_id")
         if not isinstance(process_id, str) or not process_id.startswith("proc_"):
             raise WatchError("process_id must be the id the terminal tool gave (proc_...)")
-        pattern = args["pattern"]
-        compile_guarded(pattern)
+        pattern = compile_guarded(args["pattern"]).pattern
         return WatchSpec(kind=OUTPUT, process_id=process_id, pattern=pattern, **common)
     command = args["command"]
     if not isinstance(command, str) or not command.strip():

@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from agent.messages import JSONObject
 from agent.tools import ApprovalExpired, Tool, ToolContext
 from delivery.events import WATCH_KIND
 from delivery.ids import new_id
@@ -41,7 +42,7 @@ __all__ = ["MAX_WATCHES_PER_SESSION", "make_watch_tool"]
 
 MAX_WATCHES_PER_SESSION = 20
 
-PARAMETERS: dict[str, Any] = {
+PARAMETERS: JSONObject = {
     "type": "object",
     "properties": {
         "action": {
@@ -105,7 +106,7 @@ def _mine(row: LedgerRow, ctx: ToolContext) -> bool:
     )
 
 
-def _listed(row: LedgerRow) -> dict[str, Any]:
+def _listed(row: LedgerRow) -> JSONObject:
     try:
         spec = WatchSpec.from_request(row.request)
     except (WatchError, TypeError):
@@ -128,7 +129,7 @@ def _running_watches(ctx: ToolContext, limit: int) -> list[LedgerRow]:
 
 def _create(
     manager: WatchManager, spec: WatchSpec, ctx: ToolContext
-) -> dict[str, Any]:  # blocking: run in a thread
+) -> JSONObject:  # blocking: run in a thread
     if (
         _session(ctx) is not None
         and len(_running_watches(ctx, MAX_WATCHES_PER_SESSION + 1)) >= MAX_WATCHES_PER_SESSION
@@ -153,7 +154,7 @@ def _create(
     }
 
 
-def _cancel(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:  # blocking
+def _cancel(args: JSONObject, ctx: ToolContext) -> JSONObject:  # blocking
     from tools.delegation_runtime import get_runtime
 
     watch_id = args.get("watch_id")
@@ -185,7 +186,7 @@ def make_watch_tool(
 
         return watch_manager
 
-    async def handler(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    async def handler(args: JSONObject, ctx: ToolContext) -> JSONObject:
         action = args.get("action") or "create"
         if action == "list":
             rows = await asyncio.to_thread(_running_watches, ctx, MAX_WATCHES_PER_SESSION)

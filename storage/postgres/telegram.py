@@ -8,15 +8,10 @@ The tables come from the migration "telegram: the adapter's state in the store"
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import psycopg
-import psycopg_pool
-
-from storage.postgres.conn import PostgresUnavailable, check_url, explain, open_pool
 from storage.postgres.dialect import PLACEHOLDER
+from storage.postgres.pooled import PooledStore
 from storage.telegram_sql import SqlTelegram
 
 if TYPE_CHECKING:
@@ -25,31 +20,14 @@ if TYPE_CHECKING:
 __all__ = ["PostgresTelegram"]
 
 
-class PostgresTelegram(SqlTelegram):
+class PostgresTelegram(PooledStore, SqlTelegram):
     """``TelegramBackend`` on a PostgreSQL database (see the module docstring)."""
 
+    what = "Telegram state"
+
     def __init__(self, url: str) -> None:
-        super().__init__(PLACEHOLDER)
-        check_url(url)
-        self._url = url
-        self._pool: psycopg_pool.ConnectionPool[Any] | None = open_pool(
-            url, name="reveille-telegram", max_size=2
-        )
-
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[psycopg.Connection[Any]]:
-        if self._pool is None:
-            raise PostgresUnavailable("the Telegram state is closed")
-        try:
-            with self._pool.connection() as conn, conn.transaction():
-                yield conn
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-            raise explain(exc, self._url) from exc
-
-    def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
+        PooledStore.__init__(self, url, name="reveille-telegram")
+        SqlTelegram.__init__(self, PLACEHOLDER)
 
 
 if TYPE_CHECKING:

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
+from agent.messages import JSONObject
 from agent.tool_args import as_bool
 from agent.tools import ApprovalExpired, Tool, ToolContext, tool_error
 from tools.mcp.background import dispatch_call
-from tools.mcp.connection import McpConnection, McpToolInfo
+from tools.mcp.connection import McpConnection, McpToolInfo, json_object
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 MAX_NAME = 64  # what OpenAI-compatible endpoints accept as a function name
 _ARGS_SHOWN = 500
 BACKGROUND = "background"
-_BACKGROUND_PARAMETER = {
+_BACKGROUND_PARAMETER: JSONObject = {
     "type": "boolean",
     "description": "true: answer at once and run the call in the background; its result "
     "comes back to this conversation when it ends.",
@@ -49,13 +49,14 @@ def make_tools(connection: McpConnection) -> list[Tool]:
 def _tool(connection: McpConnection, info: McpToolInfo, name: str) -> Tool:
     config = connection.config
     # Reveille's own argument, unless the server's tool has one of that name.
-    own = BACKGROUND in (info.parameters.get("properties") or {})
+    declared = json_object(info.parameters.get("properties"))
+    own = BACKGROUND in declared
     parameters = info.parameters
     if not own:
-        properties = {**(parameters.get("properties") or {}), BACKGROUND: _BACKGROUND_PARAMETER}
+        properties: JSONObject = {**declared, BACKGROUND: _BACKGROUND_PARAMETER}
         parameters = {**parameters, "properties": properties}
 
-    async def handler(args: dict[str, Any], ctx: ToolContext) -> str | dict[str, Any]:
+    async def handler(args: JSONObject, ctx: ToolContext) -> str | JSONObject:
         background = not own and as_bool(args.pop(BACKGROUND, None))
         if config.asks(info.read_only):
             if ctx.confirm is None:

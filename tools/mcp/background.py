@@ -18,6 +18,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from agent.messages import JSONObject
 from agent.tools import ToolContext
 from tools.mcp.connection import McpConnection
 
@@ -25,8 +26,8 @@ _GOAL_ARGS = 300
 
 
 async def dispatch_call(
-    connection: McpConnection, tool: str, name: str, arguments: dict[str, Any], ctx: ToolContext
-) -> dict[str, Any]:
+    connection: McpConnection, tool: str, name: str, arguments: JSONObject, ctx: ToolContext
+) -> JSONObject:
     """Start ``tool`` (the agent's ``name``) in the background; answers at once with the
     dispatch outcome (``dispatched`` / ``queued`` / ``rejected``, ``delegation_id``)."""
     home = connection.loop
@@ -36,7 +37,7 @@ async def dispatch_call(
     quiet = replace(ctx, confirm=None, confirm_unit=None, on_progress=None)
     running: list[concurrent.futures.Future[Any]] = []
 
-    def run() -> dict[str, Any]:
+    def run() -> JSONObject:
         future = asyncio.run_coroutine_threadsafe(connection.call(tool, arguments, quiet), home)
         running.append(future)
         try:

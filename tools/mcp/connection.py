@@ -24,7 +24,7 @@ import logging
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TextIO
+from typing import Literal, TextIO
 
 import anyio
 import mcp_types as types
@@ -42,6 +42,7 @@ from mcp.shared._stream_protocols import ReadStream, WriteStream
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
+from agent.messages import JSONObject
 from agent.tools import ApprovalExpired, ToolContext
 from tools.mcp.config import McpServerConfig
 
@@ -59,7 +60,7 @@ class McpToolInfo:
 
     name: str
     description: str
-    parameters: dict[str, Any]
+    parameters: JSONObject
     read_only: bool
 
 
@@ -216,7 +217,7 @@ class McpConnection:
         if self._on_tools is not None:
             self._on_tools(self)
 
-    async def call(self, tool: str, arguments: dict[str, Any], ctx: ToolContext) -> McpCallResult:
+    async def call(self, tool: str, arguments: JSONObject, ctx: ToolContext) -> McpCallResult:
         """Call ``tool`` on this connection's loop (see ``call_from_anywhere``)."""
         session = self._session
         if session is None or self.state != "ready":
@@ -243,7 +244,7 @@ class McpConnection:
         return McpCallResult(_text(result), bool(result.is_error))
 
     async def call_from_anywhere(
-        self, tool: str, arguments: dict[str, Any], ctx: ToolContext
+        self, tool: str, arguments: JSONObject, ctx: ToolContext
     ) -> McpCallResult:
         """Call ``tool`` from any thread's loop (a sub-agent's): the session lives on the loop
         that started the connection, so the call runs there."""
@@ -265,9 +266,9 @@ class McpConnection:
             )
             return decline
         schema = _schema(params.requested_schema)
-        fields = schema.get("properties") or {}
+        fields = json_object(schema.get("properties"))
         flag = next(iter(fields)) if len(fields) == 1 else None
-        if fields and (flag is None or fields[flag].get("type") != "boolean"):
+        if fields and (flag is None or json_object(fields[flag]).get("type") != "boolean"):
             logger.warning(
                 "MCP server %s asked for input a yes/no cannot give (fields: %s); declined",
                 self.name,
@@ -331,10 +332,15 @@ def _info(tool: types.Tool) -> McpToolInfo:
     )
 
 
-def _schema(requested: object) -> dict[str, Any]:
+def json_object(value: object) -> JSONObject:
+    """``value`` when it is a JSON object (a schema's ``properties`` ...), else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def _schema(requested: object) -> JSONObject:
     dump = getattr(requested, "model_dump", None)
     value = dump(by_alias=True, exclude_none=True) if callable(dump) else requested
-    return value if isinstance(value, dict) else {}
+    return json_object(value)
 
 
 def _text(result: types.CallToolResult) -> str:
