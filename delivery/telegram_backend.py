@@ -179,6 +179,13 @@ class TelegramBackend(Protocol):
     def start_chat_session(self, chat_key: str, session_id: str, *, now: float) -> None: ...
 
     # -- housekeeping
+    def platform_value(self, name: str) -> str | None:
+        """A chat platform's own small state under ``name`` (Matrix: its ``/sync`` token,
+        its device), None when never set."""
+
+    def set_platform_value(self, name: str, value: str) -> None:
+        """Set (or replace) the value under ``name``."""
+
     def prune(self, before: float) -> None:
         """Forget updates answered and replies finished before ``before``."""
 

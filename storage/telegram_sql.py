@@ -55,6 +55,10 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
     session_id TEXT NOT NULL,
     started_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS chat_platform_values (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
     holder TEXT NOT NULL,
@@ -122,6 +126,11 @@ class _Sql:
         self.finish = bind(
             "INSERT INTO telegram_replies_done (reply_key, done_at) VALUES (?, ?)"
             " ON CONFLICT (reply_key) DO NOTHING"
+        )
+        self.value = bind("SELECT value FROM chat_platform_values WHERE name = ?")
+        self.set_value = bind(
+            "INSERT INTO chat_platform_values (name, value) VALUES (?, ?)"
+            " ON CONFLICT (name) DO UPDATE SET value = excluded.value"
         )
         self.chat = bind("SELECT session_id FROM telegram_chat_sessions WHERE chat_key = ?")
         self.start_chat = bind(
@@ -282,6 +291,17 @@ class SqlTelegram:
     def start_chat_session(self, chat_key: str, session_id: str, *, now: float) -> None:
         with self._tx() as conn:
             conn.execute(self._sql.start_chat, (chat_key, session_id, now))
+
+    # -- a platform's own values
+
+    def platform_value(self, name: str) -> str | None:
+        with self._tx() as conn:
+            row = conn.execute(self._sql.value, (name,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_platform_value(self, name: str, value: str) -> None:
+        with self._tx() as conn:
+            conn.execute(self._sql.set_value, (name, value))
 
     # -- housekeeping
 

@@ -36,6 +36,7 @@ class MemoryTelegram:
         self._parts: dict[str, dict[int, tuple[str, int]]] = {}
         self._done: dict[str, float] = {}
         self._chats: dict[str, str] = {}
+        self._values: dict[str, str] = {}
 
     def close(self) -> None:
         pass
@@ -166,6 +167,14 @@ class MemoryTelegram:
     def start_chat_session(self, chat_key: str, session_id: str, *, now: float) -> None:
         with self._lock:
             self._chats[chat_key] = session_id
+
+    def platform_value(self, name: str) -> str | None:
+        with self._lock:
+            return self._values.get(name)
+
+    def set_platform_value(self, name: str, value: str) -> None:
+        with self._lock:
+            self._values[name] = value
 
     def prune(self, before: float) -> None:
         with self._lock:

@@ -369,6 +369,12 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
         # already answers "next due"; this column only says when, for people and replays.
         "ALTER TABLE deliveries ADD COLUMN IF NOT EXISTS not_before DOUBLE PRECISION;",
     ),
+    Migration(
+        16,
+        "chat platforms: a platform's own small values (Matrix's /sync token and device)",
+        "CREATE TABLE IF NOT EXISTS chat_platform_values ("
+        " name TEXT PRIMARY KEY, value TEXT NOT NULL);",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
