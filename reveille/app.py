@@ -59,6 +59,7 @@ from reveille import tracing, version
 from reveille.chat_platform import ChatPlatform
 from reveille.discord_app import DISCORD
 from reveille.log_limits import rate_limited_logs
+from reveille.matrix_app import MATRIX
 from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
 from reveille.telegram_app import TELEGRAM
@@ -78,7 +79,7 @@ logger = logging.getLogger("reveille.app")
 
 # The chat platforms this process can serve, each its package under gateway/surfaces/ and
 # its wiring module (reveille.chat_platform): adding one is one line here.
-CHAT_PLATFORMS: tuple[ChatPlatform, ...] = (TELEGRAM, DISCORD)
+CHAT_PLATFORMS: tuple[ChatPlatform, ...] = (TELEGRAM, DISCORD, MATRIX)
 
 
 def open_storage(url: str, origin: str | None = None) -> Storage:

@@ -1,0 +1,137 @@
+"""The Matrix adapter against a real Synapse (``scripts/synapse-test-server``), in process:
+invites (accepted from allowed users only), a message answered with safe HTML and a plain
+body beside it, an encrypted room told it is not supported, the ``/sync`` token kept in the
+store, and a password login whose device is kept for the next start."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+import storage
+import tools.async_delegation as ad
+from agent.providers.demo import DemoModel
+from gateway.surfaces.matrix.adapter import ENCRYPTED_NOTICE
+from reveille.app import App, serve
+from reveille.settings import Settings
+from tests.matrix.synapse import Json, User, register, wait_for
+from tools.process_registry import process_registry
+
+
+@pytest.fixture
+def users() -> Iterator[tuple[User, User]]:
+    yield register("bot"), register("me")
+
+
+@asynccontextmanager
+async def _serving(home: Path, bot: User, allowed: str, **login: str) -> AsyncIterator[App]:
+    ad.reset_runtime()
+    process_registry.completion_queue.drain()
+    from tests.matrix.synapse import MATRIX_URL
+
+    settings = Settings(
+        home=home,
+        port=0,
+        webui_port=0,
+        api_key="k",
+        matrix_homeserver=MATRIX_URL,
+        matrix_user_id=bot.user_id,
+        matrix_allowed_users=allowed,
+        **(login or {"matrix_access_token": bot.token}),
+    )
+    async with serve(
+        settings, provider=DemoModel(delay_seconds=0.0), shutdown_grace_seconds=0.5
+    ) as app:
+        yield app
+    ad.reset_runtime()
+    process_registry.completion_queue.drain()
+
+
+def _from(user: str, events: list[Json]) -> list[Json]:
+    return [e for e in events if e.get("sender") == user and e.get("type") == "m.room.message"]
+
+
+async def _until(check: object, timeout: float = 30.0) -> object:
+    return await asyncio.to_thread(wait_for, check, timeout)
+
+
+async def test_an_allowed_users_room_is_joined_and_answered_in_safe_html(
+    tmp_path: Path, users: tuple[User, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    bot, me = users
+    room = me.direct_room(bot.user_id)
+    async with _serving(tmp_path, bot, me.user_id):
+        await _until(lambda: bot.user_id in me.joined(room))
+        me.say(room, "hello <b>there</b> & more")
+        [reply] = await _until(lambda: _from(bot.user_id, me.events(room)))
+        content = reply["content"]
+        assert isinstance(content, dict)
+        assert "hello <b>there</b> & more" in str(content["body"])
+        assert content["format"] == "org.matrix.custom.html"
+        assert "hello &lt;b&gt;there&lt;/b&gt; &amp; more" in str(content["formatted_body"])
+        await asyncio.sleep(0.5)
+        assert len(_from(bot.user_id, me.events(room))) == 1
+    # The sync token is in the store, for the next start (or another server).
+    opened = storage.open_storage(f"sqlite://{tmp_path.resolve().as_posix()}").open_telegram()
+    try:
+        assert opened.platform_value(f"matrix:{bot.user_id}:sync")
+    finally:
+        opened.close()
+
+
+async def test_an_invite_from_a_stranger_is_rejected_and_their_messages_ignored(
+    tmp_path: Path, users: tuple[User, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    bot, me = users
+    stranger = register("stranger")
+    room = stranger.direct_room(bot.user_id)
+    async with _serving(tmp_path, bot, me.user_id):
+        await _until(lambda: stranger.membership(room, bot.user_id) == "leave")
+
+
+async def test_an_encrypted_room_is_told_it_is_not_supported(
+    tmp_path: Path, users: tuple[User, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    bot, me = users
+    answer = me.call(
+        "POST",
+        "/createRoom",
+        {
+            "preset": "private_chat",
+            "invite": [bot.user_id],
+            "is_direct": True,
+            "initial_state": [
+                {
+                    "type": "m.room.encryption",
+                    "state_key": "",
+                    "content": {"algorithm": "m.megolm.v1.aes-sha2"},
+                }
+            ],
+        },
+    )
+    room = str(answer["room_id"])
+    async with _serving(tmp_path, bot, me.user_id):
+        [notice] = await _until(lambda: _from(bot.user_id, me.events(room)))
+        assert notice["content"]["body"] == ENCRYPTED_NOTICE  # type: ignore[index]
+
+
+async def test_a_password_login_keeps_its_device_for_the_next_start(
+    tmp_path: Path, users: tuple[User, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    bot, me = users
+    room = me.direct_room(bot.user_id)
+    async with _serving(tmp_path, bot, me.user_id, matrix_password=bot.password):
+        await _until(lambda: bot.user_id in me.joined(room))
+    devices = bot.call("GET", "/devices")["devices"]
+    async with _serving(tmp_path, bot, me.user_id, matrix_password=bot.password):
+        me.say(room, "still me")
+        await _until(lambda: _from(bot.user_id, me.events(room)))
+    assert bot.call("GET", "/devices")["devices"] == devices  # no second login
