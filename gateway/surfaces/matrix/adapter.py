@@ -12,7 +12,8 @@ Started by ``reveille serve`` when ``MATRIX_HOMESERVER`` is set.
   of every batch before it has been answered. A SIGKILL anywhere therefore syncs again from
   a token before the unanswered messages, and takes them again; the turn key
   (``matrix:message:<event id>``) makes a message taken twice answered once. The first sync
-  of a bot (no token stored) answers no history: it only accepts invites and takes the token.
+  of a bot (no token stored) answers no history: only what was written after the adapter
+  started.
 * Rooms: invites are accepted from ``allowed_users`` only (rejected otherwise); none allowed
   is nobody. A room of two members is a direct chat, a larger one a group where every
   message of an allowed user is answered. An encrypted room is told once that encrypted
@@ -42,6 +43,7 @@ import hashlib
 import json
 import logging
 import secrets
+import time
 from collections import deque
 from typing import Any, Protocol
 
@@ -152,6 +154,7 @@ class MatrixAdapter(BasePlatformAdapter):
         # Batches whose messages are not all answered yet, oldest first: (token, tasks).
         self._batches: deque[tuple[str, set[asyncio.Task[Any]]]] = deque()
         self._since: str | None = None
+        self._started = time.time()
         self._stored_since: str | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -174,6 +177,7 @@ class MatrixAdapter(BasePlatformAdapter):
     async def start(self) -> None:
         await self._login()
         self._since = self._stored_since = await self._value("sync")
+        self._started = time.time()
         if not self.allowed_users:
             logger.warning("Matrix: MATRIX_ALLOWED_USERS is empty: the bot answers nobody")
         self._loop_task = asyncio.create_task(self._sync_loop(), name="matrix-sync")
@@ -260,13 +264,19 @@ class MatrixAdapter(BasePlatformAdapter):
                 continue
             delay = 1.0
             batch = parse_sync(data, self.user_id)
+            logger.debug(
+                "Matrix: /sync: %d message(s), %d invite(s), %d reaction(s)",
+                len(batch.messages),
+                len(batch.invites),
+                len(batch.reactions),
+            )
             if not batch.next_batch:
                 continue
-            await self._take(batch, history=self._since is None)
+            await self._take(batch, first=self._since is None)
             self._since = batch.next_batch
             await self._advance()
 
-    async def _take(self, batch: SyncBatch, *, history: bool) -> None:
+    async def _take(self, batch: SyncBatch, *, first: bool) -> None:
         self._members.update(batch.members)
         tasks: set[asyncio.Task[Any]] = set()
         for room_id in batch.encrypted - self._told_encrypted:
@@ -274,13 +284,14 @@ class MatrixAdapter(BasePlatformAdapter):
             tasks.add(self._spawn(self._tell_encrypted(room_id), f"matrix-encrypted-{room_id}"))
         for invite in batch.invites:
             tasks.add(self._spawn(self._invited(invite), f"matrix-invite-{invite.room_id}"))
-        if not history:  # a bot's first sync is history, answered by nobody
-            for message in batch.messages:
-                if message.room_id in self._told_encrypted:
-                    continue
-                task = self._take_message(message)
-                if task is not None:
-                    tasks.add(task)
+        for message in batch.messages:
+            # A bot's first sync is the rooms' history: only what came after the start.
+            if message.room_id in self._told_encrypted or (first and message.at < self._started):
+                continue
+            task = self._take_message(message)
+            if task is not None:
+                tasks.add(task)
+        if not first:
             for reaction in batch.reactions:
                 tasks.add(self._spawn(self._on_reaction(reaction), "matrix-reaction"))
         self._batches.append((batch.next_batch, tasks))

@@ -36,6 +36,7 @@ class RoomMessage:
     event_id: str
     sender: str
     text: str
+    at: float = 0.0  # when the homeserver took it (epoch seconds)
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,10 @@ def _take_event(batch: SyncBatch, room_id: str, event: Json, me: str) -> None:
     if relates.get("rel_type") == "m.replace":
         return
     text = _str(content.get("body")).strip()
+    ts = event.get("origin_server_ts")
+    at = float(ts) / 1000.0 if isinstance(ts, int | float) else 0.0
     if text and event_id:
-        batch.messages.append(RoomMessage(room_id, event_id, sender, text))
+        batch.messages.append(RoomMessage(room_id, event_id, sender, text, at))
 
 
 def parse_sync(data: Json, me: str) -> SyncBatch:
