@@ -11,14 +11,19 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from mautrix.api import Method
 
 import storage
 import tools.async_delegation as ad
 from agent.providers.demo import DemoModel
 from gateway.surfaces.matrix.adapter import ENCRYPTED_NOTICE
+from gateway.surfaces.matrix.client import MatrixClient
+from gateway.surfaces.port import Refusal, SurfaceError
 from reveille.app import App, serve
 from reveille.settings import Settings
+from tests.matrix import synapse
 from tests.matrix.synapse import Json, User, register, wait_for
+from tests.surfaces.matrix_fake import MatrixProxy
 from tools.process_registry import process_registry
 
 
@@ -31,14 +36,12 @@ def users() -> Iterator[tuple[User, User]]:
 async def _serving(home: Path, bot: User, allowed: str, **login: str) -> AsyncIterator[App]:
     ad.reset_runtime()
     process_registry.completion_queue.drain()
-    from tests.matrix.synapse import MATRIX_URL
-
     settings = Settings(
         home=home,
         port=0,
         webui_port=0,
         api_key="k",
-        matrix_homeserver=MATRIX_URL,
+        matrix_homeserver=synapse.MATRIX_URL,
         matrix_user_id=bot.user_id,
         matrix_allowed_users=allowed,
         **(login or {"matrix_access_token": bot.token}),
@@ -135,3 +138,38 @@ async def test_a_password_login_keeps_its_device_for_the_next_start(
         me.say(room, "still me")
         await _until(lambda: _from(bot.user_id, me.events(room)))
     assert bot.call("GET", "/devices")["devices"] == devices  # no second login
+
+
+async def test_a_rate_limited_sync_waits_the_homeservers_retry_after(
+    tmp_path: Path, users: tuple[User, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    bot, me = users
+    proxy = MatrixProxy(synapse.MATRIX_URL, bot.token)
+    monkeypatch.setattr(synapse, "MATRIX_URL", proxy.url)
+    try:
+        proxy.sync_limit = 2.0  # the first /sync is refused: M_LIMIT_EXCEEDED, 2,000 ms
+        async with _serving(tmp_path, bot, me.user_id):
+            await _until(lambda: len(proxy.syncs) >= 2)
+        [refused_at] = proxy.rate_limited
+        assert proxy.syncs[1] - refused_at >= 2.0  # retry_after_ms was waited out
+    finally:
+        proxy.stop()
+
+
+async def test_a_429_carries_the_homeservers_retry_after_ms(users: tuple[User, User]) -> None:
+    bot, _ = users
+    proxy = MatrixProxy(synapse.MATRIX_URL, bot.token)
+    client = MatrixClient(proxy.url, bot.token)
+    try:
+        proxy.sync_limit = 1.25
+        with pytest.raises(SurfaceError) as refused:
+            await client.call(Method.GET, client.v3.sync)
+        assert refused.value.kind is Refusal.RATE_LIMITED
+        assert refused.value.retry_after == 1.25  # from the body's retry_after_ms, not a guess
+        assert "M_LIMIT_EXCEEDED" in refused.value.reason
+        whoami = await client.call(Method.GET, client.v3.account.whoami)  # the next one goes
+        assert whoami["user_id"] == bot.user_id
+    finally:
+        await client.close()
+        proxy.stop()

@@ -48,6 +48,8 @@ class MatrixProxy:
         self.blocked: set[str] = set()  # room ids
         self.limit: tuple[str, float] | None = None  # (text, retry_after seconds)
         self.rate_limited: list[float] = []
+        self.sync_limit: float | None = None  # refuse the bot's next /sync, this long
+        self.syncs: list[float] = []  # when each /sync of the bot arrived
         self.loop = asyncio.new_event_loop()
         self.started = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -81,6 +83,12 @@ class MatrixProxy:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         by_bot = request.headers.get("Authorization") == f"Bearer {self.bot_token}"
+        if by_bot and request.path.endswith("/sync"):
+            self.syncs.append(time.time())
+            if self.sync_limit is not None:
+                wait, self.sync_limit = self.sync_limit, None
+                self.rate_limited.append(time.time())
+                return self._refuse(429, "M_LIMIT_EXCEEDED", retry_after_ms=int(wait * 1000))
         if by_bot and request.method == "PUT" and "/typing/" in request.path:
             self.typing += 1
         if by_bot and request.method == "PUT" and "/send/m.room.message/" in request.path:
