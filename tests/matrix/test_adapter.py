@@ -173,3 +173,29 @@ async def test_a_429_carries_the_homeservers_retry_after_ms(users: tuple[User, U
     finally:
         await client.close()
         proxy.stop()
+
+
+async def test_a_group_room_answers_allowed_users_only(
+    tmp_path: Path, users: tuple[User, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    bot, me = users
+    guest = register("guest")
+    room = str(
+        me.call(
+            "POST",
+            "/createRoom",
+            {"preset": "private_chat", "invite": [bot.user_id, guest.user_id]},
+        )["room_id"]
+    )
+    guest.call("POST", f"/rooms/{synapse.q(room)}/join", {})
+    async with _serving(tmp_path, bot, me.user_id) as app:
+        await _until(lambda: bot.user_id in me.joined(room))
+        guest.say(room, "from the guest")
+        me.say(room, "from the owner")
+        [reply] = await _until(lambda: _from(bot.user_id, me.events(room)))
+        assert "from the owner" in str(reply["content"])
+        await asyncio.sleep(0.5)
+        assert len(_from(bot.user_id, me.events(room))) == 1  # the guest got nothing
+        [session] = [s for s in app.store.list_sessions(10, 0) if isinstance(s.source, dict)]
+        assert (session.source["chat_type"], session.source["user_id"]) == ("group", me.user_id)

@@ -89,7 +89,12 @@ _FILTER = json.dumps(
     {
         "presence": {"not_types": ["*"]},
         "account_data": {"not_types": ["*"]},
-        "room": {"timeline": {"limit": 50}, "ephemeral": {"not_types": ["*"]}},
+        # Lazy-loaded members: the room's summary then carries its member count.
+        "room": {
+            "timeline": {"limit": 50, "lazy_load_members": True},
+            "state": {"lazy_load_members": True},
+            "ephemeral": {"not_types": ["*"]},
+        },
     }
 )
 APPROVE_KEY, DENY_KEY = "✅", "❌"
@@ -347,10 +352,24 @@ class MatrixAdapter(BasePlatformAdapter):
                 "Matrix: ignoring a message from %s (not in MATRIX_ALLOWED_USERS)", message.sender
             )
             return None
-        source = room_source(message.room_id, message.sender, self._members.get(message.room_id))
-        return self._spawn(self._answer(source, message), f"matrix-message-{message.event_id}")
+        return self._spawn(self._answer(message), f"matrix-message-{message.event_id}")
 
-    async def _answer(self, source: SessionSource, message: RoomMessage) -> None:
+    async def _member_count(self, room_id: str) -> int | None:
+        """How many joined the room: from the syncs, else asked once."""
+        if room_id not in self._members:
+            path = self.client.v3.rooms[room_id].joined_members
+            try:
+                joined = (await self.client.call(Method.GET, path)).get("joined")
+            except SurfaceError as exc:
+                logger.warning("Matrix: could not count the members of %s: %s", room_id, exc)
+                return None
+            if isinstance(joined, dict):
+                self._members[room_id] = len(joined)
+        return self._members.get(room_id)
+
+    async def _answer(self, message: RoomMessage) -> None:
+        members = await self._member_count(message.room_id)
+        source = room_source(message.room_id, message.sender, members)
         base = matrix_session_id(source)
         session_id = await asyncio.to_thread(self.records.chat_session, base) or base
         try:
