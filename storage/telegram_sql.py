@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
 );
 CREATE TABLE IF NOT EXISTS chat_platform_values (
     name TEXT PRIMARY KEY,
-    value TEXT NOT NULL
+    value TEXT NOT NULL,
+    written_at REAL
 );
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
@@ -129,9 +130,11 @@ class _Sql:
         )
         self.value = bind("SELECT value FROM chat_platform_values WHERE name = ?")
         self.set_value = bind(
-            "INSERT INTO chat_platform_values (name, value) VALUES (?, ?)"
-            " ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+            "INSERT INTO chat_platform_values (name, value, written_at) VALUES (?, ?, ?)"
+            " ON CONFLICT (name) DO UPDATE SET value = excluded.value,"
+            " written_at = excluded.written_at"
         )
+        self.prune_values = bind("DELETE FROM chat_platform_values WHERE written_at < ?")
         self.chat = bind("SELECT session_id FROM telegram_chat_sessions WHERE chat_key = ?")
         self.start_chat = bind(
             "INSERT INTO telegram_chat_sessions (chat_key, session_id, started_at)"
@@ -299,9 +302,9 @@ class SqlTelegram:
             row = conn.execute(self._sql.value, (name,)).fetchone()
         return None if row is None else str(row[0])
 
-    def set_platform_value(self, name: str, value: str) -> None:
+    def set_platform_value(self, name: str, value: str, *, written_at: float | None = None) -> None:
         with self._tx() as conn:
-            conn.execute(self._sql.set_value, (name, value))
+            conn.execute(self._sql.set_value, (name, value, written_at))
 
     # -- housekeeping
 
@@ -310,6 +313,7 @@ class SqlTelegram:
             conn.execute(self._sql.prune_inbox, (before,))
             conn.execute(self._sql.prune_parts, (before,))
             conn.execute(self._sql.prune_done, (before,))
+            conn.execute(self._sql.prune_values, (before,))
 
     def absorb(self, dump: TelegramDump) -> None:
         with self._tx() as conn:

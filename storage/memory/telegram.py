@@ -36,7 +36,7 @@ class MemoryTelegram:
         self._parts: dict[str, dict[int, tuple[str, int]]] = {}
         self._done: dict[str, float] = {}
         self._chats: dict[str, str] = {}
-        self._values: dict[str, str] = {}
+        self._values: dict[str, tuple[str, float | None]] = {}  # name -> (value, written_at)
 
     def close(self) -> None:
         pass
@@ -170,11 +170,12 @@ class MemoryTelegram:
 
     def platform_value(self, name: str) -> str | None:
         with self._lock:
-            return self._values.get(name)
+            found = self._values.get(name)
+            return None if found is None else found[0]
 
-    def set_platform_value(self, name: str, value: str) -> None:
+    def set_platform_value(self, name: str, value: str, *, written_at: float | None = None) -> None:
         with self._lock:
-            self._values[name] = value
+            self._values[name] = (value, written_at)
 
     def prune(self, before: float) -> None:
         with self._lock:
@@ -187,6 +188,10 @@ class MemoryTelegram:
             for reply in [k for k, at in self._done.items() if at < before]:
                 del self._done[reply]
                 self._parts.pop(reply, None)
+            for name in [
+                k for k, (_, at) in self._values.items() if at is not None and at < before
+            ]:
+                del self._values[name]
 
     def absorb(self, dump: TelegramDump) -> None:
         with self._lock:

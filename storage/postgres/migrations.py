@@ -373,7 +373,7 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
         16,
         "chat platforms: a platform's own small values (Matrix's /sync token and device)",
         "CREATE TABLE IF NOT EXISTS chat_platform_values ("
-        " name TEXT PRIMARY KEY, value TEXT NOT NULL);",
+        " name TEXT PRIMARY KEY, value TEXT NOT NULL, written_at DOUBLE PRECISION);",
     ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version

@@ -28,3 +28,16 @@ def test_values_outlive_a_reopen(opener: Callable[[], TelegramBackend]) -> None:
     first.set_platform_value("matrix:device", "DEV1")
     first.close()
     assert opener().platform_value("matrix:device") == "DEV1"
+
+
+def test_a_passing_value_is_pruned_and_a_lasting_one_kept(
+    opener: Callable[[], TelegramBackend],
+) -> None:
+    store = opener()
+    store.set_platform_value("matrix:sync", "s1")
+    store.set_platform_value("matrix:event:1", "$old", written_at=100.0)
+    store.set_platform_value("matrix:event:2", "$new", written_at=300.0)
+    store.prune(200.0)
+    assert store.platform_value("matrix:sync") == "s1"
+    assert store.platform_value("matrix:event:1") is None
+    assert store.platform_value("matrix:event:2") == "$new"

@@ -85,6 +85,8 @@ ENCRYPTED_NOTICE = (
     "Talk to me in a room without encryption."
 )
 SYNC_TIMEOUT_MS = 30_000
+# How long a sent message's event id (and a question's approval) is kept for a re-run.
+KEEP_SECONDS = 7 * 24 * 3600.0
 _FILTER = json.dumps(
     {
         "presence": {"not_types": ["*"]},
@@ -174,12 +176,19 @@ class MatrixAdapter(BasePlatformAdapter):
     async def _value(self, what: str) -> str | None:
         return await asyncio.to_thread(self.state.platform_value, self._name(what))
 
-    async def _set_value(self, what: str, value: str) -> None:
-        await asyncio.to_thread(self.state.set_platform_value, self._name(what), value)
+    async def _set_value(self, what: str, value: str, *, passing: bool = False) -> None:
+        """``passing``: forgotten by ``prune`` after ``KEEP_SECONDS`` (a sent message's
+        event id, an approval question's), not kept for good (the token, the device)."""
+        written_at = time.time() if passing else None
+        await asyncio.to_thread(
+            self.state.set_platform_value, self._name(what), value, written_at=written_at
+        )
 
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
+        # What a week-old reply or question needs no more (shared with the other chats).
+        await asyncio.to_thread(self.state.prune, time.time() - KEEP_SECONDS)
         await self._login()
         self._since = self._stored_since = await self._value("sync")
         self._started = time.time()
@@ -395,7 +404,7 @@ class MatrixAdapter(BasePlatformAdapter):
             event_id = await self._send(source.chat_id, self._content(text))
             if approval.status == "expired":
                 return
-            await self._set_value(f"approval:{event_id}", approval.id)
+            await self._set_value(f"approval:{event_id}", approval.id, passing=True)
             for key in (APPROVE_KEY, DENY_KEY):
                 relates = {"rel_type": "m.annotation", "event_id": event_id, "key": key}
                 await self._send(source.chat_id, {"m.relates_to": relates}, kind="m.reaction")
@@ -476,7 +485,7 @@ class MatrixAdapter(BasePlatformAdapter):
                 return edit
         event_id = await self._send(to.chat_id, self._content(text))
         number = int(hashlib.sha256(event_id.encode()).hexdigest()[:15], 16)
-        await self._set_value(f"event:{number}", event_id)
+        await self._set_value(f"event:{number}", event_id, passing=True)
         return number
 
     async def typing(self, to: SessionSource) -> None:
