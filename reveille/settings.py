@@ -508,12 +508,6 @@ def _validate(s: Settings) -> None:
             raise bad("matrix_user_id", "the bot's Matrix id, like @bot:example.org, is required")
         if not (s.matrix_access_token or s.matrix_password):
             raise bad("matrix_access_token", "set MATRIX_ACCESS_TOKEN or MATRIX_PASSWORD")
-        if s.workers > 1:
-            raise bad(
-                "workers",
-                "each worker would run its own /sync and answer every message; use "
-                "REVEILLE_WORKERS=1 with MATRIX_HOMESERVER",
-            )
     for url in s.webhook_endpoints:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:

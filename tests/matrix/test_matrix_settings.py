@@ -38,7 +38,6 @@ def test_file_then_environment_and_the_homeserver_starts_it(tmp_path: Path) -> N
         ({**BOT, "MATRIX_HOMESERVER": "matrix.org", "MATRIX_PASSWORD": "p"}, "not an http"),
         ({**BOT, "MATRIX_USER_ID": "bot", "MATRIX_PASSWORD": "p"}, "@bot:example.org"),
         (BOT, "MATRIX_ACCESS_TOKEN or MATRIX_PASSWORD"),
-        ({**BOT, "MATRIX_PASSWORD": "p", "REVEILLE_WORKERS": "2"}, "each worker"),
     ],
 )
 def test_refused_with_the_reason(tmp_path: Path, env: dict[str, str], message: str) -> None:

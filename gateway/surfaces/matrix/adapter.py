@@ -85,6 +85,8 @@ ENCRYPTED_NOTICE = (
     "Talk to me in a room without encryption."
 )
 SYNC_TIMEOUT_MS = 30_000
+# How often the /sync lease is renewed (it lapses after the state's lease seconds, 6 s).
+LEASE_TICK_SECONDS = 2.0
 # How long a sent message's event id (and a question's approval) is kept for a re-run.
 KEEP_SECONDS = 7 * 24 * 3600.0
 _FILTER = json.dumps(
@@ -107,6 +109,10 @@ class MatrixRecords(ReplyRecords, Protocol):
     platform state, as every chat surface reads it)."""
 
     def chat_session(self, chat_key: str) -> str | None: ...
+
+    def hold_poll_lease(self, bot: str) -> bool: ...
+
+    def release_poll_lease(self, bot: str) -> None: ...
 
 
 class MatrixLoginRefused(RuntimeError):
@@ -164,6 +170,7 @@ class MatrixAdapter(BasePlatformAdapter):
         self._started = time.time()
         self._stored_since: str | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._lease_task: asyncio.Task[None] | None = None
         self._stopping = False
         if approvals is not None:
             turns.on_approval = self.ask_approval
@@ -190,11 +197,30 @@ class MatrixAdapter(BasePlatformAdapter):
         # What a week-old reply or question needs no more (shared with the other chats).
         await asyncio.to_thread(self.state.prune, time.time() - KEEP_SECONDS)
         await self._login()
-        self._since = self._stored_since = await self._value("sync")
         self._started = time.time()
         if not self.allowed_users:
             logger.warning("Matrix: MATRIX_ALLOWED_USERS is empty: the bot answers nobody")
-        self._loop_task = asyncio.create_task(self._sync_loop(), name="matrix-sync")
+        self._lease_task = asyncio.create_task(self._lease_loop(), name="matrix-lease")
+
+    async def _lease_loop(self) -> None:
+        """Run the ``/sync`` loop while this server holds the bot's lease in the store: of
+        several servers sharing it, one syncs; when it dies, another takes over from the
+        token it stored."""
+        lease = f"matrix:{self.user_id}"
+        while not self._stopping:
+            try:
+                held = await asyncio.to_thread(self.records.hold_poll_lease, lease)
+            except Exception:
+                logger.exception("Matrix: could not reach the shared state")
+                held = False
+            running = self._loop_task is not None and not self._loop_task.done()
+            if held and not running:
+                self._since = self._stored_since = await self._value("sync")
+                self._loop_task = asyncio.create_task(self._sync_loop(), name="matrix-sync")
+            elif not held and running and self._loop_task is not None:
+                logger.warning("Matrix: another server holds the /sync lease; not syncing")
+                self._loop_task.cancel()
+            await asyncio.sleep(LEASE_TICK_SECONDS)
 
     async def _login(self) -> None:
         if not self.access_token:
@@ -242,10 +268,11 @@ class MatrixAdapter(BasePlatformAdapter):
         """Take no more messages, give the answers in flight ``grace_seconds``, store the
         token of what was answered, and disconnect."""
         self._stopping = True
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._loop_task
+        for task in (self._lease_task, self._loop_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=grace_seconds)
             for task in pending:
@@ -253,6 +280,7 @@ class MatrixAdapter(BasePlatformAdapter):
             await asyncio.gather(*pending, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self._advance()
+            await asyncio.to_thread(self.records.release_poll_lease, f"matrix:{self.user_id}")
         await self.client.close()
 
     # ----------------------------------------------------------------- intake
