@@ -7,7 +7,9 @@ Started by ``reveille serve`` when ``MATRIX_HOMESERVER`` is set.
   token and device id) is kept in the store and used again by every later start, so a
   restart is no new device. A token the homeserver refuses stops the start
   (``MatrixLoginRefused``).
-* Receiving: one long-poll ``/sync`` loop. Each batch's messages are answered in tasks, and
+* Receiving: one long-poll ``/sync`` loop, run by the one server holding the bot's lease in
+  the store (renewed every ``LEASE_TICK_SECONDS``; a dead holder's is taken over). Each
+  batch's messages are answered in tasks, and
   its ``next_batch`` token is stored (``platform_value``) only once every message of it and
   of every batch before it has been answered. A SIGKILL anywhere therefore syncs again from
   a token before the unanswered messages, and takes them again; the turn key
