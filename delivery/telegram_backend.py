@@ -179,8 +179,18 @@ class TelegramBackend(Protocol):
     def start_chat_session(self, chat_key: str, session_id: str, *, now: float) -> None: ...
 
     # -- housekeeping
+    def platform_value(self, name: str) -> str | None:
+        """A chat platform's own small state under ``name`` (Matrix: its ``/sync`` token,
+        its device), None when never set."""
+
+    def set_platform_value(self, name: str, value: str, *, written_at: float | None = None) -> None:
+        """Set (or replace) the value under ``name``. With ``written_at`` it is forgotten by
+        ``prune`` as a finished reply is (Matrix: the event id of a sent message); without,
+        it is kept until replaced (a sync token, a device)."""
+
     def prune(self, before: float) -> None:
-        """Forget updates answered and replies finished before ``before``."""
+        """Forget updates answered, replies finished and values written (``written_at``)
+        before ``before``."""
 
     def absorb(self, dump: TelegramDump) -> None:
         """Add an old file's state, keeping what the store has (a second absorb of the same

@@ -95,6 +95,12 @@ class Settings:
     discord_bot_token: str = ""
     discord_allowed_users: str = ""  # comma-separated user ids (snowflakes); none = nobody
     discord_api_base: str = "https://discord.com/api/v10"  # the REST root (proxy, stand-in)
+    # Matrix (gateway/surfaces/matrix): started when a homeserver is set.
+    matrix_homeserver: str = ""  # the homeserver's URL (https://matrix.example.org)
+    matrix_user_id: str = ""  # the bot's account (@bot:example.org)
+    matrix_access_token: str = ""  # or matrix_password: log in once, the device is kept
+    matrix_password: str = ""
+    matrix_allowed_users: str = ""  # comma-separated user ids (@me:example.org); none = nobody
 
     @property
     def webui_trusted_proxy_set(self) -> frozenset[str]:
@@ -107,6 +113,10 @@ class Settings:
     @property
     def discord_allowed_user_ids(self) -> frozenset[str]:
         return frozenset(u.strip() for u in self.discord_allowed_users.split(",") if u.strip())
+
+    @property
+    def matrix_allowed_user_ids(self) -> frozenset[str]:
+        return frozenset(u.strip() for u in self.matrix_allowed_users.split(",") if u.strip())
 
     # the web UI: its own port in the same process (0 = off); a password for beyond loopback
     webui_port: int = 8787
@@ -279,6 +289,11 @@ ENV_NAMES: dict[str, str] = {
     "discord_bot_token": "DISCORD_BOT_TOKEN",
     "discord_allowed_users": "DISCORD_ALLOWED_USERS",
     "discord_api_base": "DISCORD_API_BASE",
+    "matrix_homeserver": "MATRIX_HOMESERVER",
+    "matrix_user_id": "MATRIX_USER_ID",
+    "matrix_access_token": "MATRIX_ACCESS_TOKEN",
+    "matrix_password": "MATRIX_PASSWORD",
+    "matrix_allowed_users": "MATRIX_ALLOWED_USERS",
     "webui_port": "REVEILLE_WEBUI_PORT",
     "webui_password": "REVEILLE_WEBUI_PASSWORD",
     "webui_trusted_proxies": "REVEILLE_WEBUI_TRUSTED_PROXIES",
@@ -340,6 +355,11 @@ _TOML_ALIASES = {
     ("discord", "bot_token"): "discord_bot_token",
     ("discord", "allowed_users"): "discord_allowed_users",
     ("discord", "api_base"): "discord_api_base",
+    ("matrix", "homeserver"): "matrix_homeserver",
+    ("matrix", "user_id"): "matrix_user_id",
+    ("matrix", "access_token"): "matrix_access_token",
+    ("matrix", "password"): "matrix_password",
+    ("matrix", "allowed_users"): "matrix_allowed_users",
     ("webui", "port"): "webui_port",
     ("webui", "password"): "webui_password",
     ("webui", "trusted_proxies"): "webui_trusted_proxies",
@@ -513,6 +533,14 @@ def _validate(s: Settings) -> None:
     api_base = urlsplit(s.discord_api_base)
     if api_base.scheme not in ("http", "https") or not api_base.hostname:
         raise bad("discord_api_base", f"{s.discord_api_base!r} is not an http(s) URL")
+    if s.matrix_homeserver:
+        homeserver = urlsplit(s.matrix_homeserver)
+        if homeserver.scheme not in ("http", "https") or not homeserver.hostname:
+            raise bad("matrix_homeserver", f"{s.matrix_homeserver!r} is not an http(s) URL")
+        if not s.matrix_user_id.startswith("@") or ":" not in s.matrix_user_id:
+            raise bad("matrix_user_id", "the bot's Matrix id, like @bot:example.org, is required")
+        if not (s.matrix_access_token or s.matrix_password):
+            raise bad("matrix_access_token", "set MATRIX_ACCESS_TOKEN or MATRIX_PASSWORD")
     for url in s.webhook_endpoints:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -36,6 +36,7 @@ from gateway.webhooks import APPROVAL_REQUESTED, WebhookSender
 from reveille import version
 from reveille.chat_platform import ChatPlatform
 from reveille.discord_app import DISCORD
+from reveille.matrix_app import MATRIX
 from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
 from reveille.telegram_app import TELEGRAM
@@ -57,7 +58,7 @@ __all__ = [
 
 # The chat platforms this process can serve, each its package under gateway/surfaces/ and
 # its wiring module (reveille.chat_platform): adding one is one line here.
-CHAT_PLATFORMS: tuple[ChatPlatform, ...] = (TELEGRAM, DISCORD)
+CHAT_PLATFORMS: tuple[ChatPlatform, ...] = (TELEGRAM, DISCORD, MATRIX)
 
 
 def build_adapter(

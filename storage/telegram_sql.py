@@ -55,6 +55,11 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
     session_id TEXT NOT NULL,
     started_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS chat_platform_values (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    written_at REAL
+);
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
     holder TEXT NOT NULL,
@@ -123,6 +128,13 @@ class _Sql:
             "INSERT INTO telegram_replies_done (reply_key, done_at) VALUES (?, ?)"
             " ON CONFLICT (reply_key) DO NOTHING"
         )
+        self.value = bind("SELECT value FROM chat_platform_values WHERE name = ?")
+        self.set_value = bind(
+            "INSERT INTO chat_platform_values (name, value, written_at) VALUES (?, ?, ?)"
+            " ON CONFLICT (name) DO UPDATE SET value = excluded.value,"
+            " written_at = excluded.written_at"
+        )
+        self.prune_values = bind("DELETE FROM chat_platform_values WHERE written_at < ?")
         self.chat = bind("SELECT session_id FROM telegram_chat_sessions WHERE chat_key = ?")
         self.start_chat = bind(
             "INSERT INTO telegram_chat_sessions (chat_key, session_id, started_at)"
@@ -283,6 +295,17 @@ class SqlTelegram:
         with self._tx() as conn:
             conn.execute(self._sql.start_chat, (chat_key, session_id, now))
 
+    # -- a platform's own values
+
+    def platform_value(self, name: str) -> str | None:
+        with self._tx() as conn:
+            row = conn.execute(self._sql.value, (name,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_platform_value(self, name: str, value: str, *, written_at: float | None = None) -> None:
+        with self._tx() as conn:
+            conn.execute(self._sql.set_value, (name, value, written_at))
+
     # -- housekeeping
 
     def prune(self, before: float) -> None:
@@ -290,6 +313,7 @@ class SqlTelegram:
             conn.execute(self._sql.prune_inbox, (before,))
             conn.execute(self._sql.prune_parts, (before,))
             conn.execute(self._sql.prune_done, (before,))
+            conn.execute(self._sql.prune_values, (before,))
 
     def absorb(self, dump: TelegramDump) -> None:
         with self._tx() as conn:

@@ -36,6 +36,7 @@ class MemoryTelegram:
         self._parts: dict[str, dict[int, tuple[str, int]]] = {}
         self._done: dict[str, float] = {}
         self._chats: dict[str, str] = {}
+        self._values: dict[str, tuple[str, float | None]] = {}  # name -> (value, written_at)
 
     def close(self) -> None:
         pass
@@ -167,6 +168,15 @@ class MemoryTelegram:
         with self._lock:
             self._chats[chat_key] = session_id
 
+    def platform_value(self, name: str) -> str | None:
+        with self._lock:
+            found = self._values.get(name)
+            return None if found is None else found[0]
+
+    def set_platform_value(self, name: str, value: str, *, written_at: float | None = None) -> None:
+        with self._lock:
+            self._values[name] = (value, written_at)
+
     def prune(self, before: float) -> None:
         with self._lock:
             for update in [
@@ -178,6 +188,10 @@ class MemoryTelegram:
             for reply in [k for k, at in self._done.items() if at < before]:
                 del self._done[reply]
                 self._parts.pop(reply, None)
+            for name in [
+                k for k, (_, at) in self._values.items() if at is not None and at < before
+            ]:
+                del self._values[name]
 
     def absorb(self, dump: TelegramDump) -> None:
         with self._lock:

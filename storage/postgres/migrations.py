@@ -395,6 +395,12 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
     Migration(
         17, "schedules: recurring wake-ups (their occurrences are ledger rows)", SCHEDULES_DDL
     ),
+    Migration(
+        18,
+        "chat platforms: a platform's own small values (Matrix's /sync token and device)",
+        "CREATE TABLE IF NOT EXISTS chat_platform_values ("
+        " name TEXT PRIMARY KEY, value TEXT NOT NULL, written_at DOUBLE PRECISION);",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -8,11 +8,13 @@ import pytest
 
 from tests.surfaces.contract import FakePlatform
 from tests.surfaces.discord_fake import DiscordPlatform
+from tests.surfaces.matrix_fake import MatrixPlatform
 from tests.surfaces.telegram_fake import TelegramPlatform
 
 PLATFORMS: dict[str, Callable[[], FakePlatform]] = {
     "telegram": TelegramPlatform,
     "discord": DiscordPlatform,
+    "matrix": MatrixPlatform,
 }
 
 
