@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from agent.markers import read_wake_data
@@ -101,6 +102,8 @@ def card_from_metadata(meta: Mapping[str, Any]) -> WakeupCard:
             for r in results
             if isinstance(r, Mapping)
         )
+    if work_kind == "scheduled_wakeup" and not result:
+        result = _came_due(meta)
     exit_code = _number(meta.get("exit_code"))
     return WakeupCard(
         delivery_id=_text(meta.get("delegation_id") or meta.get("delivery_id")),
@@ -112,6 +115,16 @@ def card_from_metadata(meta: Mapping[str, Any]) -> WakeupCard:
         command=_text(meta["command"]) if meta.get("command") else None,
         exit_code=int(exit_code) if exit_code is not None else None,
     )
+
+
+def _came_due(meta: Mapping[str, Any]) -> str:
+    """What a wake-up the agent set says instead of a result: when it came due."""
+    due = _number(meta.get("due_at"))
+    if due is None:
+        return ""
+    when = datetime.fromtimestamp(due, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    zone = _text(meta.get("zone"))
+    return f"Came due at {when}" + (f" ({zone})" if zone and zone != "UTC" else "")
 
 
 _COMBINED_GOAL_CHARS = 300

@@ -7,7 +7,13 @@ from __future__ import annotations
 from gateway.wake import url_host
 from reveille.settings import Settings
 
-__all__ = ["discord_summary", "shell_summary", "startup_banner", "telegram_summary"]
+__all__ = [
+    "discord_summary",
+    "matrix_summary",
+    "shell_summary",
+    "startup_banner",
+    "telegram_summary",
+]
 
 
 def startup_banner(
@@ -50,12 +56,17 @@ def startup_banner(
                 else " ('run in the background: <command>' needs REVEILLE_SHELL_ENABLED=1)"
             )
         )
+        lines.append(
+            "       'remind me in 30 seconds: <text>' (a reminder), "
+            "'every 60 seconds: <text>' (a schedule; `reveille schedules list`)"
+        )
     else:
         endpoint = settings.openai_base_url or "https://api.openai.com/v1"
         lines.append(f"  model: {model} via {endpoint}")
     lines.append(f"  shell tool: {shell_summary(settings)}")
     lines.append(f"  telegram: {telegram_summary(settings)}")
     lines.append(f"  discord: {discord_summary(settings)}")
+    lines.append(f"  matrix: {matrix_summary(settings)}")
     lines.append(
         f"  metrics: http://{url_host(settings.host)}:{port}/metrics (Prometheus"
         + (", bearer key required)" if key else ")")
@@ -109,6 +120,15 @@ def discord_summary(settings: Settings) -> str:
     users = sorted(settings.discord_allowed_user_ids)
     who = f"allowed users {', '.join(users)}" if users else "NO allowed users: it answers nobody"
     return f"Gateway via {settings.discord_api_base}; {who}"
+
+
+def matrix_summary(settings: Settings) -> str:
+    """The banner's Matrix line: off, or which homeserver and account, and who may talk."""
+    if not settings.matrix_homeserver:
+        return "off (set MATRIX_HOMESERVER to start the bot)"
+    users = sorted(settings.matrix_allowed_user_ids)
+    who = f"allowed users {', '.join(users)}" if users else "NO allowed users: it answers nobody"
+    return f"{settings.matrix_user_id} on {settings.matrix_homeserver}; {who}"
 
 
 def shell_summary(settings: Settings) -> str:

@@ -59,7 +59,7 @@ class Server:
         }
         env.pop("API_SERVER_KEY", None)
         env.pop("REVEILLE_CONFIG", None)
-        for name in [n for n in env if n.startswith(("TELEGRAM_", "DISCORD_"))]:
+        for name in [n for n in env if n.startswith(("TELEGRAM_", "DISCORD_", "MATRIX_"))]:
             env.pop(name)  # a bot of the developer's own must not start in tests
         if key:
             env["API_SERVER_KEY"] = key

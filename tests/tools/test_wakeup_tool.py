@@ -176,3 +176,6 @@ def test_the_web_ui_card_of_a_wakeup_names_its_note() -> None:
     card = card_from_metadata(display_metadata(_event("stretch your legs")))
     assert card.work_kind == "scheduled_wakeup" and card.goal == "stretch your legs"
     assert card.delivery_id == "tmr_1" and card.status == "completed"
+    # No "(no output)": a wake-up's card says when it came due instead of a result.
+    stamp = datetime.fromtimestamp(NOW, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    assert card.result == f"Came due at {stamp} UTC"
