@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypedDict
 
@@ -62,6 +62,17 @@ def shallow(raw: Mapping[Any, Any]) -> JSONObject:
 # -- the base dataclass ---------------------------------------------------------------------
 
 
+
+# The parser of every kind (``delivery.events.parse_event``), registered by that module when
+# it is imported: it knows the kinds defined above this module, which must not import it.
+_parser: Callable[[Mapping[str, Any]], CompletionEvent] | None = None
+
+
+def use_parser(parser: Callable[[Mapping[str, Any]], CompletionEvent]) -> None:
+    """Install the parser ``to_dict`` compares a parsed event's fields against."""
+    global _parser
+    _parser = parser
+
 @dataclass(frozen=True)
 class CompletionEvent:
     """What every completion has. ``raw`` is the wire dict it was parsed from."""
@@ -88,10 +99,8 @@ class CompletionEvent:
             out = copy.deepcopy(dict(self.raw))
         except RecursionError:
             out = dict(self.raw)
-        if self.raw:
-            from delivery.events import parse_event  # the kinds are defined above this module
-
-            base = parse_event(self.raw)
+        if self.raw and _parser is not None:
+            base = _parser(self.raw)
             if type(base) is type(self) and base == self:
                 return out
         else:
@@ -113,9 +122,9 @@ class CompletionEvent:
     def key(self) -> str:
         """The id a consumer knows it by (``delivery_id(self, strict=False)``; "" when it
         has none): a batch's dedupe key, the label of its log lines."""
-        from delivery.events import delivery_id  # the ids module reads the kinds
-
-        return delivery_id(self, strict=False) or ""
+        raw = self.wire
+        value = raw.get("delegation_id") or raw.get("delivery_id") or raw.get("process_id")
+        return value if isinstance(value, str) and value else ""
 
     @property
     def wire(self) -> dict[str, Any]:

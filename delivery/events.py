@@ -51,6 +51,7 @@ from delivery.event_base import (
     opt_str,
     present,
     shallow,
+    use_parser,
 )
 from delivery.timer_events import (
     INBOUND_EVENT,
@@ -331,6 +332,9 @@ def parse_event(raw: Any) -> CompletionEvent:
     if wire.get("abandoned"):
         return AbandonedWork(**common_fields(wire), work=work)
     return work
+
+
+use_parser(parse_event)
 
 
 # -- ids, counts, display ----------------------------------------------------------------------

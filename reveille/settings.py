@@ -22,6 +22,7 @@ from delivery.retention import RetentionPolicy
 from gateway.turns.compaction import CompactionPolicy
 from gateway.webhooks import check_secret
 from reveille.hook_settings import HookSettingsError, parse_hook_tables
+from reveille.setting_names import ENV_NAMES, RETENTION_KEYS, TOML_ALIASES
 from tools.mcp.config import McpConfigError, McpServerConfig, parse_servers
 
 
@@ -235,150 +236,6 @@ class Settings:
         )
 
 
-# [retention] key -> setting name; REVEILLE_RETENTION_<KEY> is its environment variable
-_RETENTION_KEYS = (
-    "settled_days",
-    "archived_transcript_days",
-    "idempotency_days",
-    "tombstone_days",
-    "webui_event_days",
-    "process_output_days",
-    "hook_event_days",
-    "interval_seconds",
-)
-
-# setting name -> environment variable
-ENV_NAMES: dict[str, str] = {
-    "host": "REVEILLE_HOST",
-    "port": "REVEILLE_PORT",
-    "api_key": "API_SERVER_KEY",
-    "cors_origins": "REVEILLE_CORS_ORIGINS",
-    "provider": "REVEILLE_PROVIDER",
-    "model": "REVEILLE_MODEL",
-    "openai_base_url": "OPENAI_BASE_URL",
-    "openai_api_key": "OPENAI_API_KEY",
-    "demo_delay_seconds": "REVEILLE_DEMO_DELAY_SECONDS",
-    "shell_enabled": "REVEILLE_SHELL_ENABLED",
-    "shell_workdir": "REVEILLE_SHELL_WORKDIR",
-    "shell_approvals": "REVEILLE_SHELL_APPROVALS",
-    "shell_approval_timeout": "REVEILLE_SHELL_APPROVAL_TIMEOUT",
-    "timers_min_delay_seconds": "REVEILLE_TIMERS_MIN_DELAY_SECONDS",
-    "max_concurrent_runs": "REVEILLE_MAX_CONCURRENT_RUNS",
-    "context_chars": "REVEILLE_CONTEXT_CHARS",
-    "context_window": "REVEILLE_CONTEXT_WINDOW",
-    "compaction_summary_chars": "REVEILLE_COMPACTION_SUMMARY_CHARS",
-    "drain_seconds": "REVEILLE_DRAIN_SECONDS",
-    "workers": "REVEILLE_WORKERS",
-    "max_body_bytes": "REVEILLE_MAX_BODY_BYTES",
-    "max_async_children": "REVEILLE_MAX_ASYNC_CHILDREN",
-    "max_queued_delegations": "REVEILLE_MAX_QUEUED_DELEGATIONS",
-    "delegation_max_depth": "REVEILLE_DELEGATION_MAX_DEPTH",
-    "delegation_max_steps": "REVEILLE_DELEGATION_MAX_STEPS",
-    "delegation_stall_seconds": "REVEILLE_DELEGATION_STALL_SECONDS",
-    "lease_seconds": "REVEILLE_LEASE_SECONDS",
-    "max_attempts": "REVEILLE_MAX_ATTEMPTS",
-    "replay_cap_seconds": "REVEILLE_REPLAY_CAP_SECONDS",
-    "coalesce_seconds": "REVEILLE_COALESCE_SECONDS",
-    "wake_text_budget": "REVEILLE_WAKE_TEXT_BUDGET",
-    "telegram_bot_token": "TELEGRAM_BOT_TOKEN",
-    "telegram_base_url": "TELEGRAM_BASE_URL",
-    "telegram_allowed_users": "TELEGRAM_ALLOWED_USERS",
-    "telegram_webhook_url": "TELEGRAM_WEBHOOK_URL",
-    "telegram_secret_token": "TELEGRAM_SECRET_TOKEN",
-    "telegram_edit_interval": "TELEGRAM_EDIT_INTERVAL",
-    "discord_bot_token": "DISCORD_BOT_TOKEN",
-    "discord_allowed_users": "DISCORD_ALLOWED_USERS",
-    "discord_api_base": "DISCORD_API_BASE",
-    "matrix_homeserver": "MATRIX_HOMESERVER",
-    "matrix_user_id": "MATRIX_USER_ID",
-    "matrix_access_token": "MATRIX_ACCESS_TOKEN",
-    "matrix_password": "MATRIX_PASSWORD",
-    "matrix_allowed_users": "MATRIX_ALLOWED_USERS",
-    "webui_port": "REVEILLE_WEBUI_PORT",
-    "webui_password": "REVEILLE_WEBUI_PASSWORD",
-    "webui_trusted_proxies": "REVEILLE_WEBUI_TRUSTED_PROXIES",
-    "database_url": "REVEILLE_DATABASE_URL",
-    "peer_timeout_seconds": "REVEILLE_PEER_TIMEOUT_SECONDS",
-    "webhook_urls": "REVEILLE_WEBHOOK_URLS",
-    "webhook_secret": "REVEILLE_WEBHOOK_SECRET",
-    "hooks_max_body_bytes": "REVEILLE_HOOKS_MAX_BODY_BYTES",
-    "hooks_rotation_overlap_seconds": "REVEILLE_HOOKS_ROTATION_OVERLAP_SECONDS",
-    "hooks_lookback_seconds": "REVEILLE_HOOKS_LOOKBACK_SECONDS",
-    **{f"retention_{key}": f"REVEILLE_RETENTION_{key.upper()}" for key in _RETENTION_KEYS},
-    "responses_keep_days": "REVEILLE_RESPONSES_KEEP_DAYS",
-    "responses_lease_seconds": "REVEILLE_RESPONSES_LEASE_SECONDS",
-    "responses_background_concurrency": "REVEILLE_RESPONSES_BACKGROUND_CONCURRENCY",
-    "responses_max_queued_per_key": "REVEILLE_RESPONSES_MAX_QUEUED_PER_KEY",
-    "responses_max_queued": "REVEILLE_RESPONSES_MAX_QUEUED",
-    "otel_endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
-}
-
-# TOML sections map onto flat names: [server] host -> host, [shell] enabled -> shell_enabled ...
-_TOML_ALIASES = {
-    ("server", "host"): "host",
-    ("server", "port"): "port",
-    ("server", "api_key"): "api_key",
-    ("server", "cors_origins"): "cors_origins",
-    ("server", "max_concurrent_runs"): "max_concurrent_runs",
-    ("server", "workers"): "workers",
-    ("server", "drain_seconds"): "drain_seconds",
-    ("server", "max_body_bytes"): "max_body_bytes",
-    ("model", "provider"): "provider",
-    ("model", "name"): "model",
-    ("model", "base_url"): "openai_base_url",
-    ("model", "api_key"): "openai_api_key",
-    ("model", "demo_delay_seconds"): "demo_delay_seconds",
-    ("model", "context_chars"): "context_chars",
-    ("model", "context_window"): "context_window",
-    ("compaction", "summary_chars"): "compaction_summary_chars",
-    ("shell", "enabled"): "shell_enabled",
-    ("shell", "workdir"): "shell_workdir",
-    ("shell", "approvals"): "shell_approvals",
-    ("shell", "approval_timeout"): "shell_approval_timeout",
-    ("timers", "min_delay_seconds"): "timers_min_delay_seconds",
-    ("delegation", "max_async_children"): "max_async_children",
-    ("delegation", "max_queued"): "max_queued_delegations",
-    ("delegation", "max_depth"): "delegation_max_depth",
-    ("delegation", "max_steps"): "delegation_max_steps",
-    ("delegation", "stall_seconds"): "delegation_stall_seconds",
-    ("delivery", "lease_seconds"): "lease_seconds",
-    ("delivery", "max_attempts"): "max_attempts",
-    ("delivery", "replay_cap_seconds"): "replay_cap_seconds",
-    ("delivery", "coalesce_seconds"): "coalesce_seconds",
-    ("delivery", "wake_text_budget"): "wake_text_budget",
-    ("telegram", "bot_token"): "telegram_bot_token",
-    ("telegram", "base_url"): "telegram_base_url",
-    ("telegram", "allowed_users"): "telegram_allowed_users",
-    ("telegram", "webhook_url"): "telegram_webhook_url",
-    ("telegram", "secret_token"): "telegram_secret_token",
-    ("telegram", "edit_interval"): "telegram_edit_interval",
-    ("discord", "bot_token"): "discord_bot_token",
-    ("discord", "allowed_users"): "discord_allowed_users",
-    ("discord", "api_base"): "discord_api_base",
-    ("matrix", "homeserver"): "matrix_homeserver",
-    ("matrix", "user_id"): "matrix_user_id",
-    ("matrix", "access_token"): "matrix_access_token",
-    ("matrix", "password"): "matrix_password",
-    ("matrix", "allowed_users"): "matrix_allowed_users",
-    ("webui", "port"): "webui_port",
-    ("webui", "password"): "webui_password",
-    ("webui", "trusted_proxies"): "webui_trusted_proxies",
-    ("storage", "url"): "database_url",
-    ("storage", "peer_timeout_seconds"): "peer_timeout_seconds",
-    ("webhooks", "urls"): "webhook_urls",
-    ("webhooks", "secret"): "webhook_secret",
-    ("hooks", "max_body_bytes"): "hooks_max_body_bytes",
-    ("hooks", "rotation_overlap_seconds"): "hooks_rotation_overlap_seconds",
-    ("hooks", "lookback_seconds"): "hooks_lookback_seconds",
-    **{("retention", key): f"retention_{key}" for key in _RETENTION_KEYS},
-    ("responses", "keep_days"): "responses_keep_days",
-    ("responses", "lease_seconds"): "responses_lease_seconds",
-    ("responses", "background_concurrency"): "responses_background_concurrency",
-    ("responses", "max_queued_per_key"): "responses_max_queued_per_key",
-    ("responses", "max_queued"): "responses_max_queued",
-    ("otel", "endpoint"): "otel_endpoint",
-}
-
 _ORIGIN_RE = re.compile(r"https?://[a-z0-9.\-\[\]:]+")
 
 
@@ -505,7 +362,7 @@ def _validate(s: Settings) -> None:
         raise bad("coalesce_seconds", "must be 0-60 (0 = combine only while a wake-up runs)")
     if s.wake_text_budget < 2000:
         raise bad("wake_text_budget", "must be at least 2000 characters")
-    for key in _RETENTION_KEYS:
+    for key in RETENTION_KEYS:
         if getattr(s, f"retention_{key}") < 0:
             raise bad(f"retention_{key}", "must not be negative (0 keeps that kind forever)")
     if s.responses_keep_days < 0:
@@ -596,7 +453,7 @@ def load_settings(
         for section, table in data.items():
             items = table.items() if isinstance(table, dict) else [(None, table)]
             for key, value in items:
-                name = _TOML_ALIASES.get((section, key)) if key else section
+                name = TOML_ALIASES.get((section, key)) if key else section
                 if (
                     name is None
                     or name not in types

@@ -14,11 +14,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from delivery.responses_backend import ResponsesBackend
-from storage.memory.dialect import PLACEHOLDER
 from storage.pokes import LocalNotifier
 from storage.responses_sql import DDL, ResponsesSql, add_sqlite_columns
 
 __all__ = ["MemoryResponses"]
+
+
+_MARK = "?"  # the shared SQL runs on an in-memory sqlite3 database
 
 
 class MemoryResponses(ResponsesSql):
@@ -30,7 +32,7 @@ class MemoryResponses(ResponsesSql):
         add_sqlite_columns(self._conn)
         self._guard = threading.Lock()
         super().__init__(
-            PLACEHOLDER, self._transaction, lock="", notifier=LocalNotifier(), close=lambda: None
+            _MARK, self._transaction, lock="", notifier=LocalNotifier(), close=lambda: None
         )
 
     @contextlib.contextmanager

@@ -17,6 +17,9 @@ import psycopg_pool
 
 from delivery.errors import LedgerUnavailable
 
+# psycopg's parameter style: the mark shared SQL is bound with (``storage.sql.marked``).
+PLACEHOLDER = "%s"
+
 CONNECT_TIMEOUT_SECONDS = 10
 
 

@@ -24,11 +24,9 @@ from delivery.telegram_backend import TelegramBackend
 from delivery.webhooks_backend import WebhookBackend
 from delivery.webui_state import WebUIStateBackend
 from storage.dialect import Dialect, DialectName, SchemaReport, StoreName
-from storage.postgres.conn import check_url, redact
+from storage.postgres.conn import PLACEHOLDER, check_url, redact
 
 __all__ = ["PLACEHOLDER", "PostgresDialect", "open_url"]
-
-PLACEHOLDER = "%s"
 
 
 @dataclass(frozen=True)

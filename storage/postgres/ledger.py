@@ -39,6 +39,7 @@ from delivery.write_future import WriteFuture
 from storage.group_commit import Batch, BatchQueue, CommitCounts, Item, Live, wanted
 from storage.postgres import sql as sql
 from storage.postgres.conn import (
+    PLACEHOLDER,
     PostgresUnavailable,
     check_url,
     connect,
@@ -46,7 +47,6 @@ from storage.postgres.conn import (
     open_pool,
     redact,
 )
-from storage.postgres.dialect import PLACEHOLDER
 from storage.postgres.notifier import PostgresNotifier, channel_for
 from storage.postgres.tx import PgTx, rollback_quietly, run_each, run_pipelined
 from storage.sql import (

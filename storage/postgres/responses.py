@@ -16,8 +16,7 @@ import psycopg
 import psycopg_pool
 
 from delivery.responses_backend import ResponsesBackend
-from storage.postgres.conn import PostgresUnavailable, check_url, explain, open_pool
-from storage.postgres.dialect import PLACEHOLDER
+from storage.postgres.conn import PLACEHOLDER, PostgresUnavailable, check_url, explain, open_pool
 from storage.postgres.notifier import PostgresNotifier
 from storage.responses_sql import ResponsesSql
 

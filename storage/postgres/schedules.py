@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from storage.postgres.dialect import PLACEHOLDER
+from storage.postgres.conn import PLACEHOLDER
 from storage.postgres.pooled import PooledStore
 from storage.schedules_sql import SqlSchedules
 

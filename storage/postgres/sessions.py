@@ -26,8 +26,14 @@ from delivery.session_backend import MessageHit, SessionStoreError
 from delivery.session_rows import SessionRows
 from delivery.session_rules import SessionRules
 from storage.postgres import sql as q
-from storage.postgres.conn import PostgresUnavailable, check_url, explain, open_pool, redact
-from storage.postgres.dialect import PLACEHOLDER
+from storage.postgres.conn import (
+    PLACEHOLDER,
+    PostgresUnavailable,
+    check_url,
+    explain,
+    open_pool,
+    redact,
+)
 from storage.session_sql import SqlSessionRows, statements
 
 T = TypeVar("T")

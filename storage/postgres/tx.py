@@ -25,7 +25,7 @@ from delivery.backend import COLUMNS, JSON_COLUMNS, check_columns
 from delivery.errors import DuplicateDeliveryError
 from delivery.peers import ServerRecord
 from storage.postgres import sql as sql
-from storage.postgres.dialect import PLACEHOLDER
+from storage.postgres.conn import PLACEHOLDER
 from storage.sql import Statement, UpdateCompiler, decode_columns, dump_json
 from storage.waiters import Outcome, Waiter
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from storage.postgres.dialect import PLACEHOLDER
+from storage.postgres.conn import PLACEHOLDER
 from storage.postgres.pooled import PooledStore
 from storage.webhooks_sql import SqlWebhooks
 

@@ -34,10 +34,10 @@ from storage.dialect import (
     StorageUrlError,
     StoreName,
 )
+from storage.sqlite.files import PLACEHOLDER
 
 __all__ = ["FILES", "LEGACY_TELEGRAM_FILE", "PLACEHOLDER", "SqliteDialect", "open_url"]
 
-PLACEHOLDER = "?"
 
 # Each store's file in a state directory.
 FILES: dict[StoreName, str] = {

@@ -69,6 +69,9 @@ from pathlib import Path
 from delivery.retention import SpaceReport
 from delivery.state_dir import tighten
 
+# sqlite3's parameter style: the mark shared SQL is bound with (``storage.sql.marked``).
+PLACEHOLDER = "?"
+
 log = logging.getLogger(__name__)
 
 

@@ -47,7 +47,7 @@ from storage.sql import (
     settled_page,
 )
 from storage.sqlite import files as sqlite_files
-from storage.sqlite.dialect import PLACEHOLDER
+from storage.sqlite.files import PLACEHOLDER
 from storage.sqlite.fts import TextIndex, fts_query
 from storage.sqlite.notifier import SocketDirNotifier, wake_dir_for
 from storage.sqlite.webhooks_sql import WEBHOOK_DDL

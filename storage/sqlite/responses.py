@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from delivery.responses_backend import ResponsesBackend
 from storage.responses_sql import DDL, ResponsesSql, add_sqlite_columns
-from storage.sqlite.dialect import PLACEHOLDER
 from storage.sqlite.files import (
+    PLACEHOLDER,
     FileErrors,
     SqliteFile,
     classify,

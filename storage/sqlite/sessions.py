@@ -26,7 +26,7 @@ from delivery.session_rows import SessionRows
 from delivery.session_rules import SessionRules
 from storage.session_sql import SqlSessionRows, message_values, statements
 from storage.sqlite import files as sqlite_files
-from storage.sqlite.dialect import PLACEHOLDER
+from storage.sqlite.files import PLACEHOLDER
 from storage.sqlite.fts import fts_query
 from storage.sqlite.reader import GroupReader
 from storage.sqlite.sessions_sql import (

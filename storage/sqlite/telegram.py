@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING
 
 from storage.sqlite import files as sqlite_files
-from storage.sqlite.dialect import PLACEHOLDER
+from storage.sqlite.files import PLACEHOLDER
 from storage.sqlite.one_connection import OneConnectionStore
 from storage.telegram_sql import DDL, SqlTelegram
 

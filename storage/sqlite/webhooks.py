@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from storage.sqlite.dialect import PLACEHOLDER
+from storage.sqlite.files import PLACEHOLDER
 from storage.sqlite.ledger_side import LedgerSideStore
 from storage.webhooks_sql import SqlWebhooks
 
