@@ -62,7 +62,6 @@ def shallow(raw: Mapping[Any, Any]) -> JSONObject:
 # -- the base dataclass ---------------------------------------------------------------------
 
 
-
 # The parser of every kind (``delivery.events.parse_event``), registered by that module when
 # it is imported: it knows the kinds defined above this module, which must not import it.
 _parser: Callable[[Mapping[str, Any]], CompletionEvent] | None = None
@@ -72,6 +71,7 @@ def use_parser(parser: Callable[[Mapping[str, Any]], CompletionEvent]) -> None:
     """Install the parser ``to_dict`` compares a parsed event's fields against."""
     global _parser
     _parser = parser
+
 
 @dataclass(frozen=True)
 class CompletionEvent:
