@@ -132,10 +132,11 @@ class LedgerRecovery:
         now = self.clock()
         return self._take(self.backend.pending_with_event(_SCAN_LIMIT), now, "restore")
 
-    def take_due(self, now: float | None = None) -> list[JSONObject]:
-        """Pending rows whose due time has come, or whose holder died: offered again."""
+    def take_due(self, now: float | None = None, *, limit: int = _SCAN_LIMIT) -> list[JSONObject]:
+        """Pending rows whose due time has come (at most ``limit``), or whose holder died:
+        offered again."""
         now = self.clock() if now is None else now
-        rows = self.backend.due(now, _SCAN_LIMIT)
+        rows = self.backend.due(now, limit)
         for holder in self.backend.pending_holders():
             if holder != self.identity and self.is_dead(holder):
                 held = self.backend.rows_held_by(holder, _SCAN_LIMIT)

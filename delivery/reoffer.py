@@ -34,6 +34,7 @@ from delivery.peers import ServerRecord
 log = logging.getLogger(__name__)
 
 _OWN_POKES = "own pokes"  # selector data of this process's own wake-up socket
+OFFER_BATCH = 500  # due rows taken (one write) and offered at a time
 
 
 class ReofferScheduler:
@@ -141,8 +142,14 @@ class ReofferScheduler:
             self._on_pass()
         for event in self.ledger.recover_abandoned():
             self._emit(event)
-        for event in self.ledger.take_due():
-            self._emit(event)
+        # In batches, each offered as soon as it is taken: when thousands of timers fall
+        # due in one second, the first wake-ups go out while later ones are still taken.
+        while True:
+            taken = self.ledger.take_due(limit=OFFER_BATCH)
+            for event in taken:
+                self._emit(event)
+            if len(taken) < OFFER_BATCH or self._stopped.is_set():
+                break
         self._watch_processes()
         now = self.ledger.clock()
         if self._next_beat is not None and now >= self._next_beat:

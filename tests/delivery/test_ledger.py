@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from delivery import reoffer
 from delivery.backend import AtMost, Below, Increment, IsSet, LedgerBackend
 from delivery.errors import (
     ClaimMismatchError,
@@ -885,6 +886,35 @@ class TestReofferScheduler:
             assert eligible <= offered_at < eligible + 0.25, offered_at - eligible
             assert len(passes) <= 5, f"{len(passes)} passes in 0.4 s: that is polling"
             assert ledger.claim("r1", "busy-session")
+        finally:
+            sched.stop()
+
+    def test_a_burst_of_due_rows_is_offered_in_batches_in_one_pass(
+        self, real_backend: LedgerBackend, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Thousands of timers due in one second: each batch is offered as soon as it is
+        taken, and the pass goes on until none is left (not one batch per pass)."""
+        monkeypatch.setattr(reoffer, "OFFER_BATCH", 4)
+        ledger = Ledger(real_backend)
+        due = time.time() + 0.3
+        for i in range(10):
+            ledger.schedule(
+                f"tmr_{i}", kind="timer", event=delegation_event(f"tmr_{i}"), not_before=due
+            )
+        offers = _Offers()
+        takes = _count_passes(ledger)
+        sched = ReofferScheduler(ledger, offers, max_sleep_seconds=60)
+        sched.start()
+        try:
+            deadline = time.time() + 10
+            while len(offers.items) < 10 and time.time() < deadline:
+                time.sleep(0.02)
+            assert sorted(e["delegation_id"] for _, e in offers.items) == [
+                f"tmr_{i}" for i in range(10)
+            ]
+            # 4 + 4 + 2: three takes right after one another at the due time.
+            burst = [t for t in takes if t >= due]
+            assert len(burst) >= 3 and burst[2] - burst[0] < 1.0
         finally:
             sched.stop()
 
