@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -35,9 +35,9 @@ OWNER, OTHER = "U0OWNER", "U0OTHER"
 
 
 @pytest.fixture
-def fake() -> AsyncIterator[FakeSlack]:
+def fake() -> Iterator[FakeSlack]:
     slack = FakeSlack()
-    yield slack  # type: ignore[misc]
+    yield slack
     slack.stop()
 
 

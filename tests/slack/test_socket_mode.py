@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,9 @@ OWNER = "U0OWNER"
 
 
 @pytest.fixture
-def fake() -> AsyncIterator[FakeSlack]:
+def fake() -> Iterator[FakeSlack]:
     slack = FakeSlack()
-    yield slack  # type: ignore[misc]
+    yield slack
     slack.stop()
 
 
