@@ -220,8 +220,10 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
         """Every third of the lease: renew this server's claims, take over the events of a
         server that died, and (Socket Mode) hold the socket while holding the lease."""
         socket: asyncio.Task[None] | None = None
+        standing_by = False
         try:
             while True:
+                reached = True
                 try:
                     await asyncio.to_thread(self.records.renew, self.bot)
                     orphans = await asyncio.to_thread(
@@ -235,17 +237,24 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
                     )
                 except Exception:
                     logger.exception("Slack: could not reach the shared state")
-                    held = False
+                    held = reached = False
                 if socket is not None and socket.done():
                     if not socket.cancelled() and socket.exception() is not None:
                         logger.error("Slack: Socket Mode ended (%r)", socket.exception())
                     socket = None
                 if held and socket is None:
+                    logger.info("Slack: holding the Socket Mode lease (%s)", self.bot)
                     socket = asyncio.create_task(self.socket.run(), name="slack-socket")
+                    standing_by = False
                 elif not held and socket is not None:
-                    logger.info("Slack: another server holds the Socket Mode lease")
                     await _cancel(socket)
                     socket = None
+                if self.app_token and reached and not held and not standing_by:
+                    standing_by = True
+                    logger.info(
+                        "Slack: another server holds the Socket Mode lease; standing by to "
+                        "take over"
+                    )
                 await asyncio.sleep(self.records.lease_seconds / 3)
         finally:
             if socket is not None:
