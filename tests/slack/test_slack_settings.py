@@ -45,3 +45,21 @@ def test_file_then_environment_and_the_bot_token_starts_it(tmp_path: Path) -> No
 def test_refused_with_the_reason(tmp_path: Path, env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         load_settings({"REVEILLE_HOME": str(tmp_path), **env})
+
+
+def test_the_banner_says_how_events_arrive_and_who_may_talk(tmp_path: Path) -> None:
+    from reveille.banner import slack_summary
+
+    off = load_settings({"REVEILLE_HOME": str(tmp_path)})
+    assert slack_summary(off).startswith("off")
+    both = load_settings(
+        {
+            "REVEILLE_HOME": str(tmp_path),
+            "SLACK_BOT_TOKEN": "xoxb-1",
+            "SLACK_APP_TOKEN": "xapp-1",
+            "SLACK_SIGNING_SECRET": "s",
+        }
+    )
+    line = slack_summary(both)
+    assert "Socket Mode and the Events API" in line and "NO allowed users" in line
+    assert "xoxb" not in line and "xapp" not in line
