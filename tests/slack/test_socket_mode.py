@@ -19,7 +19,7 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 import tools.async_delegation as ad
 from agent.providers.demo import DemoModel
 from gateway.surfaces.port import Refusal
-from gateway.surfaces.slack.adapter import surface_error
+from gateway.surfaces.slack.adapter import SlackTokenRefused, surface_error
 from reveille.app import App, serve
 from reveille.settings import Settings
 from tests.api_server.serve_support import wait_until
@@ -123,3 +123,22 @@ def test_slacks_refusals_as_the_port_reads_them() -> None:
     assert surface_error(_error(503, "service_unavailable")).kind is Refusal.TRANSIENT
     assert surface_error(_error(200, "invalid_blocks")).kind is Refusal.REFUSED
     assert surface_error(OSError("reset")).kind is Refusal.TRANSIENT
+
+
+async def test_a_refused_bot_token_stops_the_start(
+    tmp_path: Path, fake: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    settings = Settings(
+        home=tmp_path,
+        port=0,
+        webui_port=0,
+        api_key="k",
+        slack_bot_token="xoxb-wrong",
+        slack_app_token=fake.app_token,
+        slack_base_url=fake.base_url,
+    )
+    with pytest.raises(SlackTokenRefused, match=r"SLACK_BOT_TOKEN .*invalid_auth"):
+        async with serve(settings, provider=DemoModel(delay_seconds=0.0)):
+            pass
+    assert fake.connections_opened == 0

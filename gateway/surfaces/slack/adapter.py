@@ -5,6 +5,9 @@ Started by ``reveille serve`` when ``SLACK_BOT_TOKEN`` is set.
 
 * Where Slack is: ``base_url`` (``SLACK_BASE_URL``, by default ``https://slack.com/api/``),
   the Web API root of every call, ``apps.connections.open`` included.
+* Start: a bot token Slack refuses (``auth.test``: ``invalid_auth``, ``token_revoked``...)
+  stops the start (``SlackTokenRefused``, one line); Slack unreachable does not (the calls
+  after it are retried as they come).
 * Intake: Socket Mode (``socket``, with the app-level token) and/or the Events API (``http``,
   with the signing secret). Either way an event is stored in the durable inbox of the
   store's chat-platform state by its ``event_id`` (``SlackRecords.take_updates``) before
@@ -66,7 +69,13 @@ from gateway.surfaces.slack.socket import SocketMode
 from gateway.tasks import finish_or_cancel
 from gateway.turns.service import TurnService
 
-__all__ = ["DEFAULT_BASE_URL", "SlackAdapter", "SlackRecords", "surface_error"]
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "SlackAdapter",
+    "SlackRecords",
+    "SlackTokenRefused",
+    "surface_error",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +94,14 @@ _GONE_ERRORS = frozenset(
     }
 )
 _CALL_ERRORS = (SlackApiError, aiohttp.ClientError, OSError, TimeoutError)
+# ``auth.test``'s answers for a token that will never work.
+_REFUSED_TOKEN_ERRORS = frozenset(
+    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired"}
+)
+
+
+class SlackTokenRefused(RuntimeError):
+    """Slack refused the bot token at start (``auth.test``)."""
 
 
 class SlackRecords(ReplyRecords, Protocol):
@@ -210,11 +227,30 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
             logger.warning("Slack: SLACK_ALLOWED_USERS is empty: the bot answers nobody")
         else:
             logger.info("Slack: allowed users: %s", ", ".join(sorted(self.allowed_users)))
+        await self._check_token()
         await asyncio.to_thread(self.records.prune)
         # Events a previous run (or a dead server) took but did not answer come first.
         for update_id, update in await asyncio.to_thread(self.records.claim_orphans, self.bot):
             self._dispatch(update_id, update)
         self._intake = asyncio.create_task(self._intake_loop(), name="slack-intake")
+
+    async def _check_token(self) -> None:
+        try:
+            who = await self.web.auth_test()
+        except SlackApiError as exc:
+            error = str(exc.response.get("error") or "")
+            if error in _REFUSED_TOKEN_ERRORS:
+                raise SlackTokenRefused(
+                    f"Slack refused SLACK_BOT_TOKEN at {self.base_url} ({error}); copy the "
+                    "bot token again from the app's OAuth & Permissions page"
+                ) from None
+            logger.warning("Slack: auth.test failed (%s); starting anyway", error or exc)
+            return
+        except _CALL_ERRORS as exc:
+            # An outage or a network blip must not keep the server from starting.
+            logger.warning("Slack: cannot reach %s (%s); starting anyway", self.base_url, exc)
+            return
+        logger.info("Slack: connected as %s in team %s", who.get("user_id"), who.get("team_id"))
 
     async def _intake_loop(self) -> None:
         """Every third of the lease: renew this server's claims, take over the events of a
