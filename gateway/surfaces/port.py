@@ -27,11 +27,12 @@ Methods of ``ChatSurface`` (all coroutines raise ``SurfaceError`` for platform f
   edited, how often).
 * ``split(text)``: the pieces (each within ``limits.max_message_chars`` once sent) a reply is
   sent as; on paragraph boundaries where possible.
-* ``send_text(to, text, *, edit=None)``: send ONE piece of markdown to the chat ``to`` (or,
-  with ``edit``, replace the text of the message with that id); returns the message id. The
-  adapter formats it for the platform's parser so that no model output can break it (and
-  falls back to plain text if the platform still refuses to parse it); "not modified" is a
-  success.
+* ``send_text(to, text, *, edit=None)``: send ONE piece, as ``split`` made it, to the chat
+  ``to`` (or, with ``edit``, replace the text of the message with that id); returns the
+  message id. The adapter formats it for the platform's parser so that no model output can
+  break it (and falls back to plain text if the platform still refuses to parse it), in
+  ``split`` already where the platform's measure of a piece is its formatted text (Slack's
+  escaped mrkdwn); "not modified" is a success.
 * ``typing(to)``: show that a reply is being written (best effort; never raises).
 * ``ask_approval(approval)``: ask the owner of the approval's conversation with buttons
   (approve once / deny) carrying the approval's opaque id only. The adapter takes the press,
