@@ -11,6 +11,7 @@ __all__ = [
     "discord_summary",
     "matrix_summary",
     "shell_summary",
+    "slack_summary",
     "startup_banner",
     "telegram_summary",
 ]
@@ -67,6 +68,7 @@ def startup_banner(
     lines.append(f"  telegram: {telegram_summary(settings)}")
     lines.append(f"  discord: {discord_summary(settings)}")
     lines.append(f"  matrix: {matrix_summary(settings)}")
+    lines.append(f"  slack: {slack_summary(settings)}")
     lines.append(
         f"  metrics: http://{url_host(settings.host)}:{port}/metrics (Prometheus"
         + (", bearer key required)" if key else ")")
@@ -129,6 +131,18 @@ def matrix_summary(settings: Settings) -> str:
     users = sorted(settings.matrix_allowed_user_ids)
     who = f"allowed users {', '.join(users)}" if users else "NO allowed users: it answers nobody"
     return f"{settings.matrix_user_id} on {settings.matrix_homeserver}; {who}"
+
+
+def slack_summary(settings: Settings) -> str:
+    """The banner's Slack line: off, or how events arrive and who may talk to the bot."""
+    if not settings.slack_bot_token:
+        return "off (set SLACK_BOT_TOKEN to start the bot)"
+    modes = ["Socket Mode"] if settings.slack_app_token else []
+    if settings.slack_signing_secret:
+        modes.append("the Events API at /slack/events")
+    users = sorted(settings.slack_allowed_user_ids)
+    who = f"allowed users {', '.join(users)}" if users else "NO allowed users: it answers nobody"
+    return f"{' and '.join(modes)} via {settings.slack_base_url}; {who}"
 
 
 def shell_summary(settings: Settings) -> str:

@@ -2,10 +2,14 @@
 
 A platform is a package under ``gateway/surfaces/<name>/`` (its adapter implements the
 surface port, ``gateway.surfaces.port.ChatSurface``) plus a wiring module here that builds
-it from the settings (``reveille/telegram_app.py``). The root (``reveille.surfaces``) lists the
-platforms in ``CHAT_PLATFORMS``; for each one that is ``configured`` it calls ``build`` and
-registers a ``PushTarget`` for every adapter built, so wake-ups reach it. Adding a platform
-is that package, that wiring module, and one line in ``CHAT_PLATFORMS``.
+it from the settings (``reveille/telegram_app.py``), most simply with ``chat_platform``: the
+platform's name, its ``Platform``, when it is on, and how to make its adapter from a
+``PlatformWiring`` (its settings, its own ``TurnService``, the store's chat-platform state,
+approvals, the API server); the turn service and the metrics are wired here, once. The
+root (``reveille.surfaces``) lists the platforms in ``CHAT_PLATFORMS``; for each one that is
+``configured`` it calls ``build`` and registers a ``PushTarget`` for every adapter built, so
+wake-ups reach it. Adding a platform is that package, that wiring module, and one line in
+``CHAT_PLATFORMS``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ from gateway.turns.compaction import Compactor, provider_summariser
 from gateway.turns.service import TurnService, agent_turn_runner
 from reveille.settings import Settings
 
-__all__ = ["ChatPlatform", "ChatPlatformBuilder", "chat_turn_service"]
+__all__ = [
+    "AdapterMaker",
+    "ChatPlatform",
+    "ChatPlatformBuilder",
+    "PlatformWiring",
+    "chat_platform",
+    "chat_turn_service",
+]
 
 
 class ChatPlatformBuilder(Protocol):
@@ -84,3 +95,55 @@ def chat_turn_service(
         confirm_unit_for=approvals.confirm_unit_for if approvals is not None else None,
         hold_sessions=approvals is not None,
     )
+
+
+@dataclass(frozen=True)
+class PlatformWiring:
+    """What a platform's adapter is made of: the settings, the platform's own turn service,
+    the store's chat-platform state (None where the root opened none), approvals (None when
+    the shell asks none) and the API server (for webhook routes on its port)."""
+
+    settings: Settings
+    turns: TurnService
+    state: TelegramBackend | None
+    approvals: Approvals | None
+    api_server: ApiServerAdapter | None
+
+
+AdapterMaker = Callable[[PlatformWiring], ChatSurface]
+
+
+def chat_platform(
+    name: str,
+    platform: Platform,
+    *,
+    configured: Callable[[Settings], bool],
+    make: AdapterMaker,
+    needs_state: bool = False,
+) -> ChatPlatform:
+    """A ``ChatPlatform`` whose builder, when ``configured``, makes the one adapter of
+    ``platform`` with ``make`` over its own turn service (``chat_turn_service``), watched by
+    the metrics. ``needs_state``: the adapter cannot run without the store's chat-platform
+    state (what it must keep outlives the process), so its absence is an error."""
+
+    def build(
+        settings: Settings,
+        store: SessionStore,
+        agent: Agent,
+        api_server: ApiServerAdapter | None = None,
+        metrics: Any = None,
+        *,
+        state: TelegramBackend | None = None,
+        approvals: Approvals | None = None,
+    ) -> list[ChatSurface]:
+        if not configured(settings):
+            return []
+        if needs_state and state is None:
+            raise RuntimeError(f"{name} needs the store's chat-platform state")
+        turns = chat_turn_service(settings, store, agent, platform, approvals)
+        adapter = make(PlatformWiring(settings, turns, state, approvals, api_server))
+        if metrics is not None:
+            metrics.watch_turns(platform.value, turns)
+        return [adapter]
+
+    return ChatPlatform(name=name, configured=configured, build=build)

@@ -102,6 +102,12 @@ class Settings:
     matrix_access_token: str = ""  # or matrix_password: log in once, the device is kept
     matrix_password: str = ""
     matrix_allowed_users: str = ""  # comma-separated user ids (@me:example.org); none = nobody
+    # Slack (gateway/surfaces/slack): started when a bot token is set.
+    slack_bot_token: str = ""  # xoxb-...
+    slack_app_token: str = ""  # xapp-...: Socket Mode
+    slack_signing_secret: str = ""  # the Events API and interactivity over HTTP
+    slack_base_url: str = "https://slack.com/api/"  # the Web API root (proxy, stand-in)
+    slack_allowed_users: str = ""  # comma-separated member ids (U0123ABC); none = nobody
 
     @property
     def webui_trusted_proxy_set(self) -> frozenset[str]:
@@ -118,6 +124,10 @@ class Settings:
     @property
     def matrix_allowed_user_ids(self) -> frozenset[str]:
         return frozenset(u.strip() for u in self.matrix_allowed_users.split(",") if u.strip())
+
+    @property
+    def slack_allowed_user_ids(self) -> frozenset[str]:
+        return frozenset(u.strip() for u in self.slack_allowed_users.split(",") if u.strip())
 
     # the web UI: its own port in the same process (0 = off); a password for beyond loopback
     webui_port: int = 8787
@@ -390,6 +400,15 @@ def _validate(s: Settings) -> None:
     api_base = urlsplit(s.discord_api_base)
     if api_base.scheme not in ("http", "https") or not api_base.hostname:
         raise bad("discord_api_base", f"{s.discord_api_base!r} is not an http(s) URL")
+    if s.slack_bot_token:
+        slack_root = urlsplit(s.slack_base_url)
+        if slack_root.scheme not in ("http", "https") or not slack_root.hostname:
+            raise bad("slack_base_url", f"{s.slack_base_url!r} is not an http(s) URL")
+        if not (s.slack_app_token or s.slack_signing_secret):
+            raise bad(
+                "slack_bot_token",
+                "set SLACK_APP_TOKEN (Socket Mode) or SLACK_SIGNING_SECRET (the Events API)",
+            )
     if s.matrix_homeserver:
         homeserver = urlsplit(s.matrix_homeserver)
         if homeserver.scheme not in ("http", "https") or not homeserver.hostname:

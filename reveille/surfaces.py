@@ -39,6 +39,7 @@ from reveille.discord_app import DISCORD
 from reveille.matrix_app import MATRIX
 from reveille.metrics import Metrics
 from reveille.settings import Settings, SettingsError
+from reveille.slack_app import SLACK
 from reveille.telegram_app import TELEGRAM
 from tools.delegate_tool import DelegationLimits
 from tools.process_registry import process_registry
@@ -58,7 +59,7 @@ __all__ = [
 
 # The chat platforms this process can serve, each its package under gateway/surfaces/ and
 # its wiring module (reveille.chat_platform): adding one is one line here.
-CHAT_PLATFORMS: tuple[ChatPlatform, ...] = (TELEGRAM, DISCORD, MATRIX)
+CHAT_PLATFORMS: tuple[ChatPlatform, ...] = (TELEGRAM, DISCORD, MATRIX, SLACK)
 
 
 def build_adapter(

@@ -27,11 +27,12 @@ Methods of ``ChatSurface`` (all coroutines raise ``SurfaceError`` for platform f
   edited, how often).
 * ``split(text)``: the pieces (each within ``limits.max_message_chars`` once sent) a reply is
   sent as; on paragraph boundaries where possible.
-* ``send_text(to, text, *, edit=None)``: send ONE piece of markdown to the chat ``to`` (or,
-  with ``edit``, replace the text of the message with that id); returns the message id. The
-  adapter formats it for the platform's parser so that no model output can break it (and
-  falls back to plain text if the platform still refuses to parse it); "not modified" is a
-  success.
+* ``send_text(to, text, *, edit=None)``: send ONE piece, as ``split`` made it, to the chat
+  ``to`` (or, with ``edit``, replace the text of the message with that id); returns the
+  message id. The adapter formats it for the platform's parser so that no model output can
+  break it (and falls back to plain text if the platform still refuses to parse it), in
+  ``split`` already where the platform's measure of a piece is its formatted text (Slack's
+  escaped mrkdwn); "not modified" is a success.
 * ``typing(to)``: show that a reply is being written (best effort; never raises).
 * ``ask_approval(approval)``: ask the owner of the approval's conversation with buttons
   (approve once / deny) carrying the approval's opaque id only. The adapter takes the press,
@@ -43,6 +44,10 @@ Methods of ``ChatSurface`` (all coroutines raise ``SurfaceError`` for platform f
   ``gateway.surfaces.approval_press.decide_press`` (the owner rule, once for every
   platform), whose ``PressAnswer`` the adapter shows (a short answer to the presser, and the
   text the question's message becomes).
+* ``send(chat_id, text, *, metadata=None)`` (``BasePlatformAdapter``'s, for a plain push):
+  ``SplitSend`` writes it once for every platform: the text ``split`` and each piece sent by
+  ``send_text`` to the chat (and ``metadata["thread_id"]``, when given), a failure returned
+  as a failed ``SendResult``.
 * ``handle_message(event)`` (from ``BasePlatformAdapter``): deliver a wake-up, an internal
   ``MessageEvent`` built by ``gateway.wake.deliver_wake``; the adapter's handler is
   ``ChatTurns.wake``, which applies the wake-up rules for every platform.
@@ -56,12 +61,12 @@ it is dropped in the ledger with that reason (``SessionGone``), its result kept.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from gateway.adapter import MessageEvent
+from gateway.adapter import MessageEvent, SendResult
 from gateway.approvals import ApprovalRecord
 from gateway.config import Platform
 from gateway.session import SessionSource
@@ -73,6 +78,7 @@ __all__ = [
     "PressAnswer",
     "Refusal",
     "ReplyRecords",
+    "SplitSend",
     "SurfaceError",
     "SurfaceLimits",
     "is_owner",
@@ -207,3 +213,31 @@ def is_owner(surface: ChatSurface, source: SessionSource, user_id: str | None) -
         return False
     owner = surface.owner_of(source)
     return owner is not None and owner == str(user_id)
+
+
+class SplitSend:
+    """The ``send`` of ``BasePlatformAdapter`` for a chat surface (mixed in before it): the
+    text split by the surface and each piece sent with ``send_text``, in the chat and (with
+    ``metadata["thread_id"]``) the thread; a platform failure is a failed ``SendResult``
+    (retryable when the failure is transient), never an exception."""
+
+    async def send(
+        self: ChatSurface,
+        chat_id: str,
+        text: str,
+        *,
+        metadata: Mapping[str, object] | None = None,
+    ) -> SendResult:
+        thread = (metadata or {}).get("thread_id")
+        to = SessionSource(
+            platform=self.platform,
+            chat_id=chat_id,
+            thread_id=str(thread) if isinstance(thread, str | int) and thread != "" else None,
+        )
+        last: int | None = None
+        try:
+            for piece in self.split(text):
+                last = await self.send_text(to, piece)
+        except SurfaceError as exc:
+            return SendResult(success=False, error=str(exc), retryable=exc.transient)
+        return SendResult(success=True, message_id=str(last) if last is not None else None)

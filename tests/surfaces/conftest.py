@@ -9,12 +9,14 @@ import pytest
 from tests.surfaces.contract import FakePlatform
 from tests.surfaces.discord_fake import DiscordPlatform
 from tests.surfaces.matrix_fake import MatrixPlatform
+from tests.surfaces.slack_fake import SlackPlatform
 from tests.surfaces.telegram_fake import TelegramPlatform
 
 PLATFORMS: dict[str, Callable[[], FakePlatform]] = {
     "telegram": TelegramPlatform,
     "discord": DiscordPlatform,
     "matrix": MatrixPlatform,
+    "slack": SlackPlatform,
 }
 
 

@@ -60,7 +60,7 @@ import yarl
 from discord import app_commands
 from discord.gateway import DiscordWebSocket
 
-from gateway.adapter import BasePlatformAdapter, MessageEvent, SendResult
+from gateway.adapter import BasePlatformAdapter, MessageEvent
 from gateway.approvals import ApprovalRecord, Approvals
 from gateway.config import Platform
 from gateway.session import SessionSource, is_valid_session_id
@@ -76,7 +76,7 @@ from gateway.surfaces.discord.intake import (
     source_of_message,
     text_of,
 )
-from gateway.surfaces.port import Refusal, SurfaceError, SurfaceLimits
+from gateway.surfaces.port import Refusal, SplitSend, SurfaceError, SurfaceLimits
 from gateway.turns.service import TurnService
 
 __all__ = ["HELP_TEXT", "DiscordAdapter", "DiscordTokenRefused", "surface_error"]
@@ -170,7 +170,7 @@ class _Bot(discord.AutoShardedClient):
             await self.adapter.on_press(interaction)
 
 
-class DiscordAdapter(BasePlatformAdapter):
+class DiscordAdapter(SplitSend, BasePlatformAdapter):
     """See the module docstring."""
 
     platform = Platform.DISCORD
@@ -499,15 +499,3 @@ class DiscordAdapter(BasePlatformAdapter):
     async def typing(self, to: SessionSource) -> None:
         with contextlib.suppress(*_CALL_ERRORS):
             await self.client.http.send_typing(int(to.chat_id))
-
-    async def send(
-        self, chat_id: str, text: str, *, metadata: Mapping[str, object] | None = None
-    ) -> SendResult:
-        source = SessionSource(platform=Platform.DISCORD, chat_id=chat_id)
-        last: int | None = None
-        try:
-            for piece in self.split(text):
-                last = await self.send_text(source, piece)
-        except SurfaceError as exc:
-            return SendResult(success=False, error=str(exc), retryable=exc.transient)
-        return SendResult(success=True, message_id=str(last) if last is not None else None)

@@ -52,7 +52,7 @@ from typing import Any, Protocol
 from mautrix.api import Method
 
 from delivery.telegram_backend import TelegramBackend
-from gateway.adapter import BasePlatformAdapter, MessageEvent, SendResult
+from gateway.adapter import BasePlatformAdapter, MessageEvent
 from gateway.approvals import ApprovalRecord, Approvals
 from gateway.config import Platform
 from gateway.session import SessionSource
@@ -73,6 +73,7 @@ from gateway.surfaces.port import (
     ApprovalPress,
     Refusal,
     ReplyRecords,
+    SplitSend,
     SurfaceError,
     SurfaceLimits,
 )
@@ -125,7 +126,7 @@ def _key(reaction: str) -> str:
     return reaction.replace("\ufe0f", "").strip()
 
 
-class MatrixAdapter(BasePlatformAdapter):
+class MatrixAdapter(SplitSend, BasePlatformAdapter):
     """See the module docstring."""
 
     platform = Platform.MATRIX
@@ -522,18 +523,6 @@ class MatrixAdapter(BasePlatformAdapter):
         path = self.client.v3.rooms[to.chat_id].typing[self.user_id]
         with contextlib.suppress(SurfaceError):
             await self.client.call(Method.PUT, path, {"typing": True, "timeout": 5000})
-
-    async def send(
-        self, chat_id: str, text: str, *, metadata: dict[str, Any] | None = None
-    ) -> SendResult:
-        source = SessionSource(platform=Platform.MATRIX, chat_id=chat_id)
-        last: int | None = None
-        try:
-            for piece in self.split(text):
-                last = await self.send_text(source, piece)
-        except SurfaceError as exc:
-            return SendResult(success=False, error=str(exc), retryable=exc.transient)
-        return SendResult(success=True, message_id=str(last) if last is not None else None)
 
 
 def _fence(text: str) -> str:

@@ -62,12 +62,12 @@ from aiohttp import web
 
 from agent.messages import JSONObject, JSONValue
 from delivery.cancel import CANCELLED, BackgroundUnit, active_units
-from gateway.adapter import BasePlatformAdapter, MessageEvent, SendResult
+from gateway.adapter import BasePlatformAdapter, MessageEvent
 from gateway.approvals import ApprovalRecord, Approvals
 from gateway.config import Platform
 from gateway.session import SessionSource, build_session_key, is_valid_session_id
 from gateway.surfaces.chat import ChatTurns
-from gateway.surfaces.port import Refusal, SurfaceError, SurfaceLimits
+from gateway.surfaces.port import Refusal, SplitSend, SurfaceError, SurfaceLimits
 from gateway.surfaces.telegram.api import TelegramApi, TelegramError, thread_params
 from gateway.surfaces.telegram.approvals import ApprovalKeyboard
 from gateway.surfaces.telegram.format import MAX_MESSAGE_LENGTH, split_message, to_html
@@ -142,7 +142,7 @@ def _command(text: str) -> str | None:
     return head[1:].split("@", 1)[0].lower()
 
 
-class TelegramAdapter(BasePlatformAdapter):
+class TelegramAdapter(SplitSend, BasePlatformAdapter):
     """See the module docstring."""
 
     platform = Platform.TELEGRAM
@@ -444,22 +444,6 @@ class TelegramAdapter(BasePlatformAdapter):
                 raise
             logger.info("Telegram could not parse a reply's HTML (%s); sent as plain text", exc)
             return await self.api.call(method, {**params, "text": text})
-
-    async def send(
-        self, chat_id: str, text: str, *, metadata: JSONObject | None = None
-    ) -> SendResult:
-        source = SessionSource(
-            platform=Platform.TELEGRAM,
-            chat_id=chat_id,
-            thread_id=_text((metadata or {}).get("thread_id")),
-        )
-        last: int | None = None
-        try:
-            for piece in split_message(text):
-                last = await self.send_text(source, piece)
-        except SurfaceError as exc:
-            return SendResult(success=False, error=str(exc), retryable=exc.transient)
-        return SendResult(success=True, message_id=str(last) if last is not None else None)
 
 
 def surface_error(exc: TelegramError) -> SurfaceError:
