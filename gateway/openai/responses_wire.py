@@ -39,6 +39,7 @@ __all__ = [
     "parse_responses_body",
     "sse_event",
     "terminal_event",
+    "usage_object",
 ]
 
 _RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,120}")
@@ -161,6 +162,8 @@ def _item(item: Any, index: int) -> tuple[InputItem, ChatMessage]:
     where = f"input[{index}]"
     if not isinstance(item, dict):
         raise _bad(where, f"{where} must be an object", "invalid_type")
+    if item.get("type") == "compaction":
+        return _compaction_item(item, where)
     if item.get("type", "message") != "message":
         raise _bad(
             where,
@@ -194,6 +197,27 @@ def _item(item: Any, index: int) -> tuple[InputItem, ChatMessage]:
         "content": parts,
     }
     return stored, {"role": role, "content": chat_content}
+
+
+def _compaction_item(item: Mapping[str, Any], where: str) -> tuple[InputItem, ChatMessage]:
+    """A ``compaction`` item (``POST /v1/responses/compact`` made it): its content is the
+    summary in plain text, given to the model as a system message. A client could send
+    the same text as a system message, so taking it grants nothing more."""
+    summary = item.get("encrypted_content")
+    if not isinstance(summary, str) or not summary:
+        raise _bad(
+            f"{where}.encrypted_content",
+            f"{where}: a compaction item needs its 'encrypted_content' (a non-empty string)",
+            "invalid_type",
+        )
+    stored: InputItem = {
+        "id": "msg_" + new_token()[:32],
+        "type": "message",
+        "role": "system",
+        "status": "completed",
+        "content": [{"type": "input_text", "text": summary}],
+    }
+    return stored, {"role": "system", "content": summary}
 
 
 def _metadata(value: Any) -> dict[str, str]:
@@ -362,14 +386,15 @@ def _message(out: Output) -> JSONObject:
     }
 
 
-def _usage(usage: dict[str, int] | None) -> JSONObject | None:
+def usage_object(usage: dict[str, int] | None) -> JSONObject | None:
+    """A chat ``usage`` (prompt/completion tokens) as the Responses ``usage`` object."""
     if usage is None:
         return None
     prompt = int(usage.get("prompt_tokens", 0) or 0)
     completion = int(usage.get("completion_tokens", 0) or 0)
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": int(usage.get("total_tokens", 0) or 0) or prompt + completion,
@@ -410,7 +435,7 @@ def body_of(
         "tools": [],
         "top_p": request.top_p,
         "truncation": "disabled",
-        "usage": _usage(output.usage if output else None),
+        "usage": usage_object(output.usage if output else None),
     }
 
 

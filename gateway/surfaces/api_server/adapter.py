@@ -77,6 +77,7 @@ from gateway.surfaces.api_server.background import BackgroundRoutes
 from gateway.surfaces.api_server.chat_completions import ChatCompletionsRoute
 from gateway.surfaces.api_server.hooks import HOOKS_PREFIX, HookRoutes
 from gateway.surfaces.api_server.responses_api import ResponsesRoutes
+from gateway.surfaces.api_server.responses_compact import CompactRoutes
 from gateway.surfaces.api_server.schedules import ScheduleRoutes
 from gateway.surfaces.api_server.sessions import SessionRoutes
 from gateway.turns.service import (
@@ -241,6 +242,12 @@ class ApiServerAdapter(BasePlatformAdapter):
             check_model=self._check_model,
             is_draining=lambda: self.draining,
             keepalive_seconds=self.keepalive_seconds,
+        ).add_to(self.app.router)
+        CompactRoutes(
+            service,
+            read_json=self._read_json,
+            check_model=self._check_model,
+            model_name=lambda: self._model_name,
         ).add_to(self.app.router)
 
     def mount_hooks(self, hooks: HookRoutes) -> None:
