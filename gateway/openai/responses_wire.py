@@ -32,8 +32,11 @@ __all__ = [
     "Output",
     "ResponsesRequest",
     "body_of",
+    "conversation_of",
     "events_of_final",
     "fingerprint_of_body",
+    "input_items",
+    "metadata_of",
     "new_response_id",
     "output_events",
     "parse_responses_body",
@@ -91,6 +94,8 @@ class ResponsesRequest:
     background: bool = False
     store: bool = True
     previous_response_id: str | None = None
+    # The API conversation (a session, ``gateway.conversations``) the turn runs in.
+    conversation: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     options: JSONObject = field(default_factory=dict)  # ModelOptions.as_request()
     temperature: float | None = None
@@ -220,7 +225,29 @@ def _compaction_item(item: Mapping[str, Any], where: str) -> tuple[InputItem, Ch
     return stored, {"role": "system", "content": summary}
 
 
-def _metadata(value: Any) -> dict[str, str]:
+def conversation_of(value: object) -> str | None:
+    """The conversation id of a ``conversation`` parameter (an id, or an object with
+    one); whether it names a conversation the caller may use is the route's to say."""
+    if value is None:
+        return None
+    conversation = value.get("id") if isinstance(value, dict) else value
+    if not isinstance(conversation, str) or not 0 < len(conversation) <= 128:
+        raise _bad(
+            "conversation", "'conversation' must be a conversation id or an object with its 'id'"
+        )
+    return conversation
+
+
+def input_items(raw: object, param: str = "input") -> list[tuple[InputItem, ChatMessage]]:
+    """Input items (messages, compaction items) checked as a create's ``input`` is:
+    (the stored item, the chat message) of each."""
+    if not isinstance(raw, list):
+        raise _bad(param, f"'{param}' must be an array of items", "invalid_type")
+    return [_item(item, i) for i, item in enumerate(raw)]
+
+
+def metadata_of(value: Any) -> dict[str, str]:
+    """A ``metadata`` parameter: at most 16 strings (keys up to 64, values up to 512)."""
     if value is None:
         return {}
     if (
@@ -287,7 +314,7 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
             "'input' is required: a string or a non-empty array of messages",
             "missing_required_parameter",
         )
-    pairs = [_item(item, i) for i, item in enumerate(raw)]
+    pairs = input_items(raw)
     messages = [chat for _, chat in pairs]
     if not any(m["role"] == "user" for m in messages):
         raise _bad("input", "'input' must contain a user message")
@@ -296,17 +323,14 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         raise _bad("instructions", "'instructions' must be a string", "invalid_type")
     if instructions:
         messages.insert(0, {"role": "system", "content": instructions})
-    if body.get("conversation") is not None:
-        raise _bad(
-            "conversation",
-            "'conversation' is not supported: continue with previous_response_id",
-            "unsupported_parameter",
-        )
+    conversation = conversation_of(body.get("conversation"))
     previous = body.get("previous_response_id")
     if previous is not None and (not isinstance(previous, str) or not is_response_id(previous)):
         raise _bad(
             "previous_response_id", "'previous_response_id' must be a response id (resp_...)"
         )
+    if previous is not None and conversation is not None:
+        raise _bad("conversation", "give 'conversation' or 'previous_response_id', not both")
     background = _flag(body, "background", False)
     store = _flag(body, "store", True)
     if background and not store:
@@ -339,7 +363,8 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         background=background,
         store=store,
         previous_response_id=previous,
-        metadata=_metadata(body.get("metadata")),
+        conversation=conversation,
+        metadata=metadata_of(body.get("metadata")),
         options=options.as_request(),
         temperature=options.temperature,
         top_p=options.top_p,
@@ -428,6 +453,7 @@ def body_of(
         "output": [_message(output)] if output is not None and (output.text or output.done) else [],
         "parallel_tool_calls": request.parallel_tool_calls,
         "previous_response_id": request.previous_response_id,
+        "conversation": {"id": request.conversation} if request.conversation else None,
         "store": request.store,
         "temperature": request.temperature,
         "text": request.text,

@@ -17,7 +17,6 @@ import pytest
 from openai.types.responses import CompactedResponse, InputTokenCountResponse
 
 from agent.markers import SUMMARISE_MARKER, SUMMARY_MARKER
-from agent.providers.demo import DemoModel
 from gateway.responses import ResponsesService
 from gateway.session import SessionStore
 from gateway.surfaces.api_server.adapter import ApiServerAdapter
@@ -28,15 +27,14 @@ from gateway.turns.compaction import (
     provider_summariser,
 )
 from tests.api_server._support import KEY, RecordingProvider, client_for
-from tests.api_server.test_responses import serving
+from tests.api_server.test_conversations_api import server
 
 
 @contextlib.asynccontextmanager
 async def compacting(
     store: SessionStore, directory: Path, **kwargs: Any
 ) -> AsyncIterator[tuple[ApiServerAdapter, ResponsesService, RecordingProvider]]:
-    provider = RecordingProvider(DemoModel(delay_seconds=0))
-    async with serving(store, directory, provider, **kwargs) as (adapter, service):
+    async with server(store, directory, **kwargs) as (adapter, service, provider):
         # What the composition root gives the API server's turn service (reveille.surfaces).
         adapter.turns.compactor = Compactor(
             store, provider_summariser(provider), CompactionPolicy()

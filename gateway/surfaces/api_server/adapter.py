@@ -58,6 +58,7 @@ from agent.loop import Agent
 from gateway.adapter import BasePlatformAdapter, SendResult
 from gateway.approvals import Approvals
 from gateway.config import Platform
+from gateway.conversations import Conversations
 from gateway.http.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from gateway.http.middleware import (
     SESSION_HEADER,
@@ -75,6 +76,7 @@ from gateway.surfaces.api_server.approvals import ApprovalRoutes
 from gateway.surfaces.api_server.auth import ApiKeyAuth, is_keyed
 from gateway.surfaces.api_server.background import BackgroundRoutes
 from gateway.surfaces.api_server.chat_completions import ChatCompletionsRoute
+from gateway.surfaces.api_server.conversations import ConversationRoutes
 from gateway.surfaces.api_server.hooks import HOOKS_PREFIX, HookRoutes
 from gateway.surfaces.api_server.responses_api import ResponsesRoutes
 from gateway.surfaces.api_server.responses_compact import CompactRoutes
@@ -235,19 +237,24 @@ class ApiServerAdapter(BasePlatformAdapter):
         return app
 
     def mount_responses(self, service: ResponsesService) -> None:
-        """Serve the Responses API (``/v1/responses``, ``responses_api``) over ``service``."""
+        """Serve the Responses API (``/v1/responses``, ``responses_api``) over ``service``,
+        with its conversations (``conversations``), compact and input_tokens."""
+        conversations = ConversationRoutes(Conversations(self.store), read_json=self._read_json)
+        conversations.add_to(self.app.router)
         ResponsesRoutes(
             service,
             read_json=self._read_json,
             check_model=self._check_model,
             is_draining=lambda: self.draining,
             keepalive_seconds=self.keepalive_seconds,
+            session_of=conversations.session_of,
         ).add_to(self.app.router)
         CompactRoutes(
             service,
             read_json=self._read_json,
             check_model=self._check_model,
             model_name=lambda: self._model_name,
+            session_of=conversations.session_of,
         ).add_to(self.app.router)
 
     def mount_hooks(self, hooks: HookRoutes) -> None:

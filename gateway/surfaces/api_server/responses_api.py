@@ -47,12 +47,14 @@ from gateway.openai.responses_wire import (
 )
 from gateway.responses import PreviousNotUsable, QueueFull, ResponsesService
 from gateway.surfaces.api_server.auth import bearer_token, may_see, owner_of
+from gateway.surfaces.api_server.paging import page_of
 from gateway.surfaces.api_server.preamble import (
     IDEMPOTENCY_HEADER,
     idempotency_key,
     refuse_while_draining,
     with_keepalives,
 )
+from gateway.surfaces.api_server.responses_compact import SessionOf
 
 # What the routes take from the API server they are mounted on (as its sessions and
 # approvals routes do): its JSON body reader, its model check, whether it is draining.
@@ -61,7 +63,6 @@ CheckModel = Callable[[str], None]
 
 __all__ = ["ResponsesRoutes"]
 
-_MAX_ITEMS_PAGE = 100
 _MAX_SEQ = 2**63 - 1  # the largest sequence number a store (a signed 64-bit integer) holds
 
 
@@ -131,8 +132,10 @@ class ResponsesRoutes:
         check_model: CheckModel,
         is_draining: Callable[[], bool],
         keepalive_seconds: float,
+        session_of: SessionOf | None = None,
     ) -> None:
         self.service = service
+        self._session_of = session_of
         self._read_json = read_json
         self._check_model = check_model
         self._is_draining = is_draining
@@ -163,6 +166,10 @@ class ResponsesRoutes:
                     code="previous_response_not_found",
                     param="previous_response_id",
                 )
+        if parsed.conversation is not None:
+            if self._session_of is None:
+                raise ApiError(400, "'conversation' is not supported here", param="conversation")
+            await self._session_of(request, parsed.conversation)  # 404 unless the caller's
         key = idempotency_key(request)
         turns = self.service.turns
         if not parsed.background and turns.active_runs >= turns.max_concurrent_runs:
@@ -329,35 +336,6 @@ class ResponsesRoutes:
         return web.json_response({"id": row.id, "object": "response", "deleted": True})
 
     async def _input_items(self, request: web.Request) -> web.Response:
-        query = request.query
-        try:
-            limit = int(query.get("limit", "20"))
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= _MAX_ITEMS_PAGE:
-            raise ApiError(
-                400, f"'limit' must be an integer from 1 to {_MAX_ITEMS_PAGE}", param="limit"
-            )
-        order = query.get("order", "desc")
-        if order not in ("asc", "desc"):
-            raise ApiError(400, "'order' must be asc or desc", param="order")
         row = await self._row(request)
         items = ResponsesRequest.from_json(row.request).input
-        if order == "desc":
-            items = list(reversed(items))
-        after = query.get("after")
-        if after is not None:
-            ids = [item["id"] for item in items]
-            if after not in ids:
-                raise ApiError(400, f"no input item {after!r} in this response", param="after")
-            items = items[ids.index(after) + 1 :]
-        page = items[:limit]
-        return web.json_response(
-            {
-                "object": "list",
-                "data": page,
-                "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None,
-                "has_more": len(items) > limit,
-            }
-        )
+        return web.json_response(page_of(items, request.query, what="input item"))
