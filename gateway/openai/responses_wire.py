@@ -33,6 +33,7 @@ __all__ = [
     "ResponsesRequest",
     "body_of",
     "conversation_of",
+    "event_json",
     "events_of_final",
     "fingerprint_of_body",
     "input_items",
@@ -540,9 +541,14 @@ def events_of_final(body: JSONObject) -> list[Event]:
     return events
 
 
-def sse_event(type_: str, data: Mapping[str, object] | str, seq: int) -> bytes:
-    """One event in SSE framing, with its ``sequence_number``."""
+def event_json(type_: str, data: Mapping[str, object] | str, seq: int) -> str:
+    """One event as the JSON text a client reads, with its ``type`` and ``sequence_number``
+    (an SSE ``data`` line, a WebSocket text frame)."""
     payload = json.loads(data) if isinstance(data, str) else dict(data)
     payload = {"type": type_, **payload, "sequence_number": seq}
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {type_}\ndata: {text}\n\n".encode()
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse_event(type_: str, data: Mapping[str, object] | str, seq: int) -> bytes:
+    """One event in SSE framing, with its ``sequence_number``."""
+    return f"event: {type_}\ndata: {event_json(type_, data, seq)}\n\n".encode()

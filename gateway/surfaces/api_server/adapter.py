@@ -80,6 +80,7 @@ from gateway.surfaces.api_server.conversations import ConversationRoutes
 from gateway.surfaces.api_server.hooks import HOOKS_PREFIX, HookRoutes
 from gateway.surfaces.api_server.responses_api import ResponsesRoutes
 from gateway.surfaces.api_server.responses_compact import CompactRoutes
+from gateway.surfaces.api_server.responses_ws import ResponsesSocket
 from gateway.surfaces.api_server.schedules import ScheduleRoutes
 from gateway.surfaces.api_server.sessions import SessionRoutes
 from gateway.turns.service import (
@@ -238,16 +239,24 @@ class ApiServerAdapter(BasePlatformAdapter):
 
     def mount_responses(self, service: ResponsesService) -> None:
         """Serve the Responses API (``/v1/responses``, ``responses_api``) over ``service``,
-        with its conversations (``conversations``), compact and input_tokens."""
+        with its conversations (``conversations``), compact and input_tokens, and its
+        WebSocket mode (``responses_ws``)."""
         conversations = ConversationRoutes(Conversations(self.store), read_json=self._read_json)
         conversations.add_to(self.app.router)
-        ResponsesRoutes(
+        routes = ResponsesRoutes(
             service,
             read_json=self._read_json,
             check_model=self._check_model,
             is_draining=lambda: self.draining,
             keepalive_seconds=self.keepalive_seconds,
             session_of=conversations.session_of,
+        )
+        routes.add_to(self.app.router)
+        ResponsesSocket(
+            routes,
+            max_message_bytes=self.max_body_bytes,
+            is_draining=lambda: self.draining,
+            heartbeat_seconds=self.keepalive_seconds,
         ).add_to(self.app.router)
         CompactRoutes(
             service,
