@@ -212,3 +212,14 @@ async def test_a_client_gone_mid_response_loses_nothing_stored(store, tmp_path) 
 async def _status(client: Any, response_id: str, status: str) -> Any:
     found = await client.responses.retrieve(response_id)
     return found if found.status == status else None
+
+
+async def test_a_stopping_server_closes_idle_sockets_going_away(store, tmp_path) -> None:
+    provider = RecordingProvider(DemoModel(delay_seconds=0))
+    async with aiohttp.ClientSession() as http:
+        async with serving(store, tmp_path, provider) as (adapter, _):
+            ws = await http.ws_connect(_url(adapter.port), headers=_auth())
+        # Left the block: the server stopped, without waiting for the client to leave.
+        closing = await ws.receive(timeout=30)
+        assert closing.type == aiohttp.WSMsgType.CLOSE
+        assert closing.data == aiohttp.WSCloseCode.GOING_AWAY

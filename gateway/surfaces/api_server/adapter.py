@@ -257,7 +257,7 @@ class ApiServerAdapter(BasePlatformAdapter):
             max_message_bytes=self.max_body_bytes,
             is_draining=lambda: self.draining,
             heartbeat_seconds=self.keepalive_seconds,
-        ).add_to(self.app.router)
+        ).install(self.app)
         CompactRoutes(
             service,
             read_json=self._read_json,

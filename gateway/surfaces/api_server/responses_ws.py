@@ -25,7 +25,7 @@ import contextlib
 import json
 from collections.abc import Callable
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from agent.messages import JSONObject
 from gateway.http.middleware import ApiError
@@ -60,9 +60,18 @@ class ResponsesSocket:
         self._max = max_message_bytes
         self._is_draining = is_draining
         self._heartbeat = heartbeat_seconds
+        self._open: set[web.WebSocketResponse] = set()
 
-    def add_to(self, router: web.UrlDispatcher) -> None:
-        router.add_get("/v1/responses", self._connect)
+    def install(self, app: web.Application) -> None:
+        """Serve the route on ``app``; its shutdown closes the sockets still open (going
+        away, 1001), so an idle client never holds a stopping server."""
+        app.router.add_get("/v1/responses", self._connect)
+        app.on_shutdown.append(self._close_all)
+
+    async def _close_all(self, app: web.Application) -> None:
+        for ws in list(self._open):
+            with contextlib.suppress(ConnectionError):
+                await ws.close(code=WSCloseCode.GOING_AWAY, message=b"the server is shutting down")
 
     async def _connect(self, request: web.Request) -> web.StreamResponse:
         # Past the cap, up to DRAIN_FACTOR x it, a message is read to answer it politely
@@ -76,21 +85,24 @@ class ResponsesSocket:
                 code="websocket_required",
             )
         await ws.prepare(request)
-        with contextlib.suppress(ConnectionError):
-            async for message in ws:
-                if message.type == WSMsgType.TEXT:
-                    await self._one(request, ws, message.data)
-                elif message.type == WSMsgType.BINARY:
-                    await ws.send_str(
-                        _error_event(
-                            ApiError(
-                                400,
-                                "send events as JSON text frames, not binary ones",
-                                code="invalid_frame",
-                            )
-                        )
-                    )
+        self._open.add(ws)
+        try:
+            await self._serve(request, ws)
+        except ConnectionError:
+            pass  # the client went away
+        finally:
+            self._open.discard(ws)
         return ws
+
+    async def _serve(self, request: web.Request, ws: web.WebSocketResponse) -> None:
+        async for message in ws:
+            if message.type == WSMsgType.TEXT:
+                await self._one(request, ws, message.data)
+            elif message.type == WSMsgType.BINARY:
+                refused = ApiError(
+                    400, "send events as JSON text frames, not binary ones", code="invalid_frame"
+                )
+                await ws.send_str(_error_event(refused))
 
     async def _one(self, request: web.Request, ws: web.WebSocketResponse, text: str) -> None:
         """Answer one text frame: a response.create's events, or an error event."""
