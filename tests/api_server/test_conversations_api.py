@@ -23,6 +23,7 @@ from openai.types.conversations import (
     ConversationItemList,
     Message,
 )
+from openai.types.responses import Response
 
 from agent.markers import DELIVERY_MARKER
 from agent.providers.demo import DemoModel
@@ -260,7 +261,6 @@ async def test_bad_input_is_refused_and_nothing_is_lost(store, tmp_path) -> None
                 assert response.status == 401
         assert (await client.conversations.retrieve(conv.id)).metadata == {"k": "v"}
         assert (await client.conversations.items.list(conv.id)).data == []
-        print(f"validated {validated} objects against the openai types, 0 rejected")
 
 
 async def test_a_v6_sessions_file_gains_the_metadata_column(tmp_path) -> None:
@@ -276,3 +276,21 @@ async def test_a_v6_sessions_file_gains_the_metadata_column(tmp_path) -> None:
         assert record is not None and record.metadata == {"k": "v"}
         assert await store.aset_metadata("conv_" + "a" * 32, None)
         assert store.get_session("conv_" + "a" * 32).metadata is None  # type: ignore[union-attr]
+
+
+async def test_a_second_server_sees_the_conversation(store, tmp_path) -> None:
+    async with (
+        server(store, tmp_path) as (one, _, provider),
+        server(store, tmp_path) as (two, _, _other),
+    ):
+        first, second = client_for(one.port), client_for(two.port)
+        conv = await first.conversations.create(metadata={"where": "one"})
+        raw = await second.responses.with_raw_response.create(
+            model=provider.name, input="hello from two", conversation=conv.id
+        )
+        answered = _valid(Response, raw.http_response.json())
+        assert answered.status == "completed" and answered.conversation.id == conv.id
+        items = await first.conversations.items.list(conv.id, order="asc")
+        assert [i.role for i in items.data] == ["user", "assistant"]  # type: ignore[union-attr]
+        assert (await second.conversations.retrieve(conv.id)).metadata == {"where": "one"}
+        print(f"validated {validated} objects against the openai types, 0 rejected")
