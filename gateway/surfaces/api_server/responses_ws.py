@@ -16,7 +16,9 @@ socket stays open: invalid JSON, a lone surrogate, an unknown event type, a bina
 a refused create (the status its POST would have had), a message over the server's body
 cap (``max_body_bytes``). A message over eight times the cap is not read at all: the
 socket is closed with 1009 (message too big). A client that goes away mid-response loses
-only its view: the response runs to its end and is stored, as for SSE.
+only its view: the response runs to its end and is stored, as for SSE (the socket is
+let go at the next keep-alive tick, or when the response's stream ends). A stopping
+server closes the sockets still open with 1001 (going away).
 """
 
 from __future__ import annotations
@@ -144,7 +146,11 @@ class ResponsesSocket:
             return
         try:
             async for item in events:
-                if item is not None:  # keep-alive ticks: the socket's heartbeat does that
+                if item is not None:
                     await ws.send_str(event_json(*item))
+                elif ws.closed or request.transport is None or request.transport.is_closing():
+                    # A keep-alive tick (the socket's heartbeat pings on its own): nobody is
+                    # reading any more; the response goes on without this view of it.
+                    return
         finally:
             await events.aclose()
