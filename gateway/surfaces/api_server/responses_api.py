@@ -7,6 +7,11 @@ live ones), ``POST /v1/responses/{id}/cancel``, ``DELETE /v1/responses/{id}`` an
 bearer key (its middleware), the Origin allow-list, JSON bodies within the size cap, the
 hostile-input checks of ``request_body``, the OpenAI error shape, 503 while draining.
 
+A create is one ``Outcome`` (``outcome_of``): a JSON object, or a stream of events that
+the SSE route frames here and the WebSocket mode (``responses_ws``) frames as text frames,
+so both carry the very same events. ``conversation`` names a conversation the caller may
+use (``conversations.ConversationRoutes.session_of``, 404 otherwise).
+
 A response id is an unguessable capability (``resp_`` + 128 random bits): unlike a session
 id, which the chat endpoint derives from a conversation's opening, nobody can name another
 client's response, so ``previous_response_id`` is taken without a configured key too. On a
