@@ -170,6 +170,9 @@ class SessionRecord:
     updated_at: float
     system_prompt: str | None = None
     """The chat's own system prompt (set in the web UI), given to the model on its turns."""
+    metadata: dict[str, str] | None = None
+    """An API conversation's metadata (``/v1/conversations``): up to 16 strings a client
+    attaches; never shown to the model."""
 
     def as_dict(self) -> dict[str, Any]:
         """The shape ``SessionStore`` has always returned."""
@@ -425,6 +428,9 @@ class SessionTurns(Protocol):
 
     async def aset_system_prompt(self, session_id: str, prompt: str | None) -> bool:
         """Set (None: clear) a live session's system prompt; True when it is live."""
+
+    async def aset_metadata(self, session_id: str, metadata_json: str | None) -> bool:
+        """Set (None: clear) a live session's metadata (JSON text); True when it is live."""
 
     def delete_session(self, session_id: str) -> bool:
         """Delete the session and its transcript and tombstone the id (even when it was not

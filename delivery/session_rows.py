@@ -77,6 +77,8 @@ class SessionRows(Protocol):
 
     def set_system_prompt(self, session_id: str, prompt: str | None) -> bool: ...
 
+    def set_metadata(self, session_id: str, metadata_json: str | None) -> bool: ...
+
     # -- messages
     def insert_message(self, session_id: str, message: NewMessage, now: float) -> MessageRecord:
         """Insert one row, or return the row of the session its dedupe key already names."""

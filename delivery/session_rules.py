@@ -172,6 +172,11 @@ class SessionRules:
             (session_id,), lambda rows: rows.set_system_prompt(session_id, prompt)
         )
 
+    async def aset_metadata(self, session_id: str, metadata_json: str | None) -> bool:
+        return await self._tx.awrite(
+            (session_id,), lambda rows: rows.set_metadata(session_id, metadata_json)
+        )
+
     def delete_session(self, session_id: str) -> bool:
         now = self._clock()
 

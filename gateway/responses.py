@@ -226,6 +226,9 @@ class ResponsesService(ResponsesRuns):
                     missing=False,
                 )
             session_id = previous.session_id
+        elif request.conversation is not None:
+            # A conversation is a session (``gateway.conversations``): the route found it.
+            session_id = request.conversation
         now = time.time()
         response_id = new_response_id()
         status = "queued" if request.background else "in_progress"

@@ -241,6 +241,14 @@ class SessionStore:
             session_id, prompt if prompt and prompt.strip() else None
         )
 
+    async def aset_metadata(self, session_id: str, metadata: Mapping[str, str] | None) -> bool:
+        """Give a live session its metadata (None or empty clears it: an API
+        conversation's); False when it is not live. The caller checks its bounds."""
+        _check_id(session_id)
+        return await self._backend.aset_metadata(
+            session_id, encode_json(metadata) if metadata else None
+        )
+
     def delete_session(self, session_id: str) -> bool:
         """Delete a session and its transcript and leave a tombstone. False when it did not
         exist (the id is tombstoned all the same: a delete that races a session's first
@@ -292,10 +300,10 @@ class SessionStore:
 
     async def asupersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
         """Mark messages of the session as replaced by an edit or a regeneration (``how``:
-        ``"edited"`` or ``"regenerated"``): kept and shown, no longer sent to the model.
-        Call it holding the session's turn lease. How many were marked."""
-        if how not in ("edited", "regenerated"):
-            raise ValueError('how is "edited" or "regenerated"')
+        ``"edited"`` or ``"regenerated"``; ``"deleted"``: an API conversation's item was
+        deleted): kept and shown, no longer sent to the model. How many were marked."""
+        if how not in ("edited", "regenerated", "deleted"):
+            raise ValueError('how is "edited", "regenerated" or "deleted"')
         if not ids:
             return 0
         return await asyncio.to_thread(self._backend.supersede, session_id, tuple(ids), how)

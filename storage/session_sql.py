@@ -35,7 +35,7 @@ MESSAGE_COLUMNS = (
     " seen_at, archived_at, summary_id"
 )
 _SES = "id, source, session_key, title, created_at, updated_at"
-_SES_READ = _SES + ", system_prompt"
+_SES_READ = _SES + ", system_prompt, metadata"
 _IDEM = "key, state, owner, session_id, response, created_at, updated_at"
 _TURN = "session_id, stream_id, owner, wakeup, started_at, expires_at"
 _APPROVAL = "id, session_id, stream_id, command, status, created_at, unit_id, owner, expires_at"
@@ -79,6 +79,7 @@ class SessionSql:
         self.set_title = bind("UPDATE sessions SET title = ? WHERE id = ?")
         self.set_title_if_untitled = self.set_title + " AND title IS NULL"
         self.set_system_prompt = bind("UPDATE sessions SET system_prompt = ? WHERE id = ?")
+        self.set_metadata = bind("UPDATE sessions SET metadata = ? WHERE id = ?")
         # -- messages
         self.insert_message = bind(
             "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
@@ -196,8 +197,10 @@ def message_values(session_id: str, m: NewMessage, now: float) -> tuple[Any, ...
 
 
 def _session(row: Iterable[Any]) -> SessionRecord:
-    sid, source, key, title, created, updated, prompt = row
-    return SessionRecord(sid, decode_json(source), key, title, created, updated, prompt)
+    sid, source, key, title, created, updated, prompt, metadata = row
+    return SessionRecord(
+        sid, decode_json(source), key, title, created, updated, prompt, decode_json(metadata)
+    )
 
 
 def _idem(row: Iterable[Any]) -> IdempotencyRecord:
@@ -293,6 +296,9 @@ class SqlSessionRows:
 
     def set_system_prompt(self, session_id: str, prompt: str | None) -> bool:
         return self._count(self.q.set_system_prompt, (prompt, session_id)) > 0
+
+    def set_metadata(self, session_id: str, metadata_json: str | None) -> bool:
+        return self._count(self.q.set_metadata, (metadata_json, session_id)) > 0
 
     # -- messages
 

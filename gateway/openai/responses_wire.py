@@ -32,13 +32,18 @@ __all__ = [
     "Output",
     "ResponsesRequest",
     "body_of",
+    "conversation_of",
+    "event_json",
     "events_of_final",
     "fingerprint_of_body",
+    "input_items",
+    "metadata_of",
     "new_response_id",
     "output_events",
     "parse_responses_body",
     "sse_event",
     "terminal_event",
+    "usage_object",
 ]
 
 _RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,120}")
@@ -90,6 +95,8 @@ class ResponsesRequest:
     background: bool = False
     store: bool = True
     previous_response_id: str | None = None
+    # The API conversation (a session, ``gateway.conversations``) the turn runs in.
+    conversation: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     options: JSONObject = field(default_factory=dict)  # ModelOptions.as_request()
     temperature: float | None = None
@@ -161,6 +168,8 @@ def _item(item: Any, index: int) -> tuple[InputItem, ChatMessage]:
     where = f"input[{index}]"
     if not isinstance(item, dict):
         raise _bad(where, f"{where} must be an object", "invalid_type")
+    if item.get("type") == "compaction":
+        return _compaction_item(item, where)
     if item.get("type", "message") != "message":
         raise _bad(
             where,
@@ -196,7 +205,50 @@ def _item(item: Any, index: int) -> tuple[InputItem, ChatMessage]:
     return stored, {"role": role, "content": chat_content}
 
 
-def _metadata(value: Any) -> dict[str, str]:
+def _compaction_item(item: Mapping[str, Any], where: str) -> tuple[InputItem, ChatMessage]:
+    """A ``compaction`` item (``POST /v1/responses/compact`` made it): its content is the
+    summary in plain text, given to the model as a system message. A client could send
+    the same text as a system message, so taking it grants nothing more."""
+    summary = item.get("encrypted_content")
+    if not isinstance(summary, str) or not summary:
+        raise _bad(
+            f"{where}.encrypted_content",
+            f"{where}: a compaction item needs its 'encrypted_content' (a non-empty string)",
+            "invalid_type",
+        )
+    stored: InputItem = {
+        "id": "msg_" + new_token()[:32],
+        "type": "message",
+        "role": "system",
+        "status": "completed",
+        "content": [{"type": "input_text", "text": summary}],
+    }
+    return stored, {"role": "system", "content": summary}
+
+
+def conversation_of(value: object) -> str | None:
+    """The conversation id of a ``conversation`` parameter (an id, or an object with
+    one); whether it names a conversation the caller may use is the route's to say."""
+    if value is None:
+        return None
+    conversation = value.get("id") if isinstance(value, dict) else value
+    if not isinstance(conversation, str) or not 0 < len(conversation) <= 128:
+        raise _bad(
+            "conversation", "'conversation' must be a conversation id or an object with its 'id'"
+        )
+    return conversation
+
+
+def input_items(raw: object, param: str = "input") -> list[tuple[InputItem, ChatMessage]]:
+    """Input items (messages, compaction items) checked as a create's ``input`` is:
+    (the stored item, the chat message) of each."""
+    if not isinstance(raw, list):
+        raise _bad(param, f"'{param}' must be an array of items", "invalid_type")
+    return [_item(item, i) for i, item in enumerate(raw)]
+
+
+def metadata_of(value: Any) -> dict[str, str]:
+    """A ``metadata`` parameter: at most 16 strings (keys up to 64, values up to 512)."""
     if value is None:
         return {}
     if (
@@ -263,7 +315,7 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
             "'input' is required: a string or a non-empty array of messages",
             "missing_required_parameter",
         )
-    pairs = [_item(item, i) for i, item in enumerate(raw)]
+    pairs = input_items(raw)
     messages = [chat for _, chat in pairs]
     if not any(m["role"] == "user" for m in messages):
         raise _bad("input", "'input' must contain a user message")
@@ -272,17 +324,14 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         raise _bad("instructions", "'instructions' must be a string", "invalid_type")
     if instructions:
         messages.insert(0, {"role": "system", "content": instructions})
-    if body.get("conversation") is not None:
-        raise _bad(
-            "conversation",
-            "'conversation' is not supported: continue with previous_response_id",
-            "unsupported_parameter",
-        )
+    conversation = conversation_of(body.get("conversation"))
     previous = body.get("previous_response_id")
     if previous is not None and (not isinstance(previous, str) or not is_response_id(previous)):
         raise _bad(
             "previous_response_id", "'previous_response_id' must be a response id (resp_...)"
         )
+    if previous is not None and conversation is not None:
+        raise _bad("conversation", "give 'conversation' or 'previous_response_id', not both")
     background = _flag(body, "background", False)
     store = _flag(body, "store", True)
     if background and not store:
@@ -315,7 +364,8 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         background=background,
         store=store,
         previous_response_id=previous,
-        metadata=_metadata(body.get("metadata")),
+        conversation=conversation,
+        metadata=metadata_of(body.get("metadata")),
         options=options.as_request(),
         temperature=options.temperature,
         top_p=options.top_p,
@@ -362,14 +412,15 @@ def _message(out: Output) -> JSONObject:
     }
 
 
-def _usage(usage: dict[str, int] | None) -> JSONObject | None:
+def usage_object(usage: dict[str, int] | None) -> JSONObject | None:
+    """A chat ``usage`` (prompt/completion tokens) as the Responses ``usage`` object."""
     if usage is None:
         return None
     prompt = int(usage.get("prompt_tokens", 0) or 0)
     completion = int(usage.get("completion_tokens", 0) or 0)
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": int(usage.get("total_tokens", 0) or 0) or prompt + completion,
@@ -403,6 +454,7 @@ def body_of(
         "output": [_message(output)] if output is not None and (output.text or output.done) else [],
         "parallel_tool_calls": request.parallel_tool_calls,
         "previous_response_id": request.previous_response_id,
+        "conversation": {"id": request.conversation} if request.conversation else None,
         "store": request.store,
         "temperature": request.temperature,
         "text": request.text,
@@ -410,7 +462,7 @@ def body_of(
         "tools": [],
         "top_p": request.top_p,
         "truncation": "disabled",
-        "usage": _usage(output.usage if output else None),
+        "usage": usage_object(output.usage if output else None),
     }
 
 
@@ -489,9 +541,14 @@ def events_of_final(body: JSONObject) -> list[Event]:
     return events
 
 
-def sse_event(type_: str, data: Mapping[str, object] | str, seq: int) -> bytes:
-    """One event in SSE framing, with its ``sequence_number``."""
+def event_json(type_: str, data: Mapping[str, object] | str, seq: int) -> str:
+    """One event as the JSON text a client reads, with its ``type`` and ``sequence_number``
+    (an SSE ``data`` line, a WebSocket text frame)."""
     payload = json.loads(data) if isinstance(data, str) else dict(data)
     payload = {"type": type_, **payload, "sequence_number": seq}
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {type_}\ndata: {text}\n\n".encode()
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse_event(type_: str, data: Mapping[str, object] | str, seq: int) -> bytes:
+    """One event in SSE framing, with its ``sequence_number``."""
+    return f"event: {type_}\ndata: {event_json(type_, data, seq)}\n\n".encode()

@@ -394,6 +394,12 @@ class Compactor:
             record.as_dict(),
         ]
 
+    async def summary_of(self, rows: list[Mapping[str, Any]]) -> SummaryRow | None:
+        """The summary row of ``rows`` (transcript rows, oldest first) without storing
+        anything: ``POST /v1/responses/compact`` answers with it. None when the model
+        failed or wrote nothing."""
+        return await self._summary_row(rows)
+
     async def _summary_row(self, rows: list[Mapping[str, Any]]) -> SummaryRow | None:
         previous = [r for r in rows if is_summary(r)]
         prior_body = ""

@@ -79,6 +79,7 @@ class _Session:
     updated_at: float
     messages: list[_Message] = field(default_factory=list)
     system_prompt: str | None = None
+    metadata_json: str | None = None
     by_dedupe: dict[str, _Message] = field(default_factory=dict)
 
     def record(self) -> SessionRecord:
@@ -90,6 +91,7 @@ class _Session:
             created_at=self.created_at,
             updated_at=self.updated_at,
             system_prompt=self.system_prompt,
+            metadata=decode_json(self.metadata_json),
         )
 
 
@@ -206,6 +208,12 @@ class MemoryRows:
         s = self._s.sessions.get(session_id)
         if s is not None:
             s.system_prompt = prompt
+        return s is not None
+
+    def set_metadata(self, session_id: str, metadata_json: str | None) -> bool:
+        s = self._s.sessions.get(session_id)
+        if s is not None:
+            s.metadata_json = metadata_json
         return s is not None
 
     # -- messages

@@ -401,6 +401,11 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
         "CREATE TABLE IF NOT EXISTS chat_platform_values ("
         " name TEXT PRIMARY KEY, value TEXT NOT NULL, written_at DOUBLE PRECISION);",
     ),
+    Migration(
+        19,
+        "API conversations: a session's metadata (/v1/conversations)",
+        "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS metadata TEXT;",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -13,10 +13,11 @@ from storage.sqlite.fts import TextIndex
 
 # v2 added the tombstones table, v3 running_turns and approvals, v4 compaction's columns of
 # messages (seen_at, archived_at, summary_id), v5 RETENTION_DDL (the indexes retention reads
-# by age), v6 MESSAGES_INDEX (full-text search over messages) and sessions.system_prompt. A file
-# written by a newer build is refused rather than silently misread; an older file gains the
-# tables (and ``UPGRADE_COLUMNS``) on open.
-SCHEMA_VERSION = 6
+# by age), v6 MESSAGES_INDEX (full-text search over messages) and sessions.system_prompt,
+# v7 sessions.metadata (``/v1/conversations``). A file written by a newer build is refused
+# rather than silently misread; an older file gains the tables (and ``UPGRADE_COLUMNS``) on
+# open.
+SCHEMA_VERSION = 7
 
 # Columns added to existing tables since v1, in order: (table, column, type). Added on open
 # when missing (``storage.sqlite.sessions``), before the DDL's indexes that name them.
@@ -29,6 +30,7 @@ UPGRADE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("approvals", "owner", "TEXT NOT NULL DEFAULT ''"),
     ("approvals", "expires_at", "REAL NOT NULL DEFAULT 0"),
     ("sessions", "system_prompt", "TEXT"),  # v6: a chat's own system prompt
+    ("sessions", "metadata", "TEXT"),  # v7: an API conversation's metadata (JSON)
 )
 
 DDL = """
@@ -39,7 +41,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     title       TEXT,
     created_at  REAL NOT NULL,
     updated_at  REAL NOT NULL,
-    system_prompt TEXT
+    system_prompt TEXT,
+    metadata    TEXT
 );
 -- AUTOINCREMENT so ids are never reused after deletes: clients page transcripts with
 -- after_id and a reused id could hide a new message behind an old cursor.

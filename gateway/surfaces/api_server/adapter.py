@@ -58,6 +58,7 @@ from agent.loop import Agent
 from gateway.adapter import BasePlatformAdapter, SendResult
 from gateway.approvals import Approvals
 from gateway.config import Platform
+from gateway.conversations import Conversations
 from gateway.http.connection_guard import ConnectionGuard, ConnectionLimits, GuardedSite
 from gateway.http.middleware import (
     SESSION_HEADER,
@@ -75,8 +76,11 @@ from gateway.surfaces.api_server.approvals import ApprovalRoutes
 from gateway.surfaces.api_server.auth import ApiKeyAuth, is_keyed
 from gateway.surfaces.api_server.background import BackgroundRoutes
 from gateway.surfaces.api_server.chat_completions import ChatCompletionsRoute
+from gateway.surfaces.api_server.conversations import ConversationRoutes
 from gateway.surfaces.api_server.hooks import HOOKS_PREFIX, HookRoutes
 from gateway.surfaces.api_server.responses_api import ResponsesRoutes
+from gateway.surfaces.api_server.responses_compact import CompactRoutes
+from gateway.surfaces.api_server.responses_ws import ResponsesSocket
 from gateway.surfaces.api_server.schedules import ScheduleRoutes
 from gateway.surfaces.api_server.sessions import SessionRoutes
 from gateway.turns.service import (
@@ -234,13 +238,32 @@ class ApiServerAdapter(BasePlatformAdapter):
         return app
 
     def mount_responses(self, service: ResponsesService) -> None:
-        """Serve the Responses API (``/v1/responses``, ``responses_api``) over ``service``."""
-        ResponsesRoutes(
+        """Serve the Responses API (``/v1/responses``, ``responses_api``) over ``service``,
+        with its conversations (``conversations``), compact and input_tokens, and its
+        WebSocket mode (``responses_ws``)."""
+        conversations = ConversationRoutes(Conversations(self.store), read_json=self._read_json)
+        conversations.add_to(self.app.router)
+        routes = ResponsesRoutes(
             service,
             read_json=self._read_json,
             check_model=self._check_model,
             is_draining=lambda: self.draining,
             keepalive_seconds=self.keepalive_seconds,
+            session_of=conversations.session_of,
+        )
+        routes.add_to(self.app.router)
+        ResponsesSocket(
+            routes,
+            max_message_bytes=self.max_body_bytes,
+            is_draining=lambda: self.draining,
+            heartbeat_seconds=self.keepalive_seconds,
+        ).install(self.app)
+        CompactRoutes(
+            service,
+            read_json=self._read_json,
+            check_model=self._check_model,
+            model_name=lambda: self._model_name,
+            session_of=conversations.session_of,
         ).add_to(self.app.router)
 
     def mount_hooks(self, hooks: HookRoutes) -> None:

@@ -7,6 +7,11 @@ live ones), ``POST /v1/responses/{id}/cancel``, ``DELETE /v1/responses/{id}`` an
 bearer key (its middleware), the Origin allow-list, JSON bodies within the size cap, the
 hostile-input checks of ``request_body``, the OpenAI error shape, 503 while draining.
 
+A create is one ``Outcome`` (``outcome_of``): a JSON object, or a stream of events that
+the SSE route frames here and the WebSocket mode (``responses_ws``) frames as text frames,
+so both carry the very same events. ``conversation`` names a conversation the caller may
+use (``conversations.ConversationRoutes.session_of``, 404 otherwise).
+
 A response id is an unguessable capability (``resp_`` + 128 random bits): unlike a session
 id, which the chat endpoint derives from a conversation's opening, nobody can name another
 client's response, so ``previous_response_id`` is taken without a configured key too. On a
@@ -30,11 +35,13 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from agent.messages import JSONObject
 from delivery.responses_backend import ResponseRow
 from gateway.http.middleware import RETRY_AFTER_SECONDS, ApiError, open_event_stream
 from gateway.openai.responses_wire import (
@@ -47,12 +54,13 @@ from gateway.openai.responses_wire import (
 )
 from gateway.responses import PreviousNotUsable, QueueFull, ResponsesService
 from gateway.surfaces.api_server.auth import bearer_token, may_see, owner_of
+from gateway.surfaces.api_server.paging import page_of
 from gateway.surfaces.api_server.preamble import (
     IDEMPOTENCY_HEADER,
     idempotency_key,
     refuse_while_draining,
-    with_keepalives,
 )
+from gateway.surfaces.api_server.responses_compact import SessionOf
 
 # What the routes take from the API server they are mounted on (as its sessions and
 # approvals routes do): its JSON body reader, its model check, whether it is draining.
@@ -61,7 +69,6 @@ CheckModel = Callable[[str], None]
 
 __all__ = ["ResponsesRoutes"]
 
-_MAX_ITEMS_PAGE = 100
 _MAX_SEQ = 2**63 - 1  # the largest sequence number a store (a signed 64-bit integer) holds
 
 
@@ -102,16 +109,37 @@ def caller_of(request: web.Request) -> str:
     return "key:" + hashlib.sha256(token.encode("utf-8")).hexdigest()[:24]
 
 
+# One stream event on its way to a client: (type, data, sequence number); None in a stream
+# of them is a keep-alive tick (nothing happened for ``keepalive_seconds``).
+WireEvent = tuple[str, Mapping[str, object] | str, int]
+Events = AsyncGenerator[WireEvent | None, None]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a create answers: one JSON object (``body``) or a stream of ``events``. The
+    SSE route and the WebSocket mode (``responses_ws``) each frame it their own way."""
+
+    body: JSONObject | None = None
+    events: Events | None = None
+    headers: dict[str, str] | None = None
+
+
+async def _listed(events: Sequence[WireEvent]) -> Events:
+    for event in events:
+        yield event
+
+
 class _StreamSink:
     """A non-background stream's events, numbered here, on their way to the client."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[WireEvent | None] = asyncio.Queue()
         self._seq = -1
 
     def add(self, type_: str, data: dict[str, Any]) -> None:
         self._seq += 1
-        self.queue.put_nowait(sse_event(type_, data, self._seq))
+        self.queue.put_nowait((type_, data, self._seq))
 
     async def settle(self) -> None:
         pass
@@ -131,8 +159,10 @@ class ResponsesRoutes:
         check_model: CheckModel,
         is_draining: Callable[[], bool],
         keepalive_seconds: float,
+        session_of: SessionOf | None = None,
     ) -> None:
         self.service = service
+        self._session_of = session_of
         self._read_json = read_json
         self._check_model = check_model
         self._is_draining = is_draining
@@ -150,6 +180,15 @@ class ResponsesRoutes:
     async def _create(self, request: web.Request) -> web.StreamResponse:
         refuse_while_draining(self._is_draining())
         body = await self._read_json(request)
+        outcome = await self.outcome_of(request, body, key=idempotency_key(request))
+        if outcome.events is None:
+            return web.json_response(outcome.body, headers=outcome.headers)
+        return await self._write_sse(request, outcome.events, outcome.headers)
+
+    async def outcome_of(self, request: web.Request, body: object, *, key: str | None) -> Outcome:
+        """Create a response from ``body`` (checked here) for ``request``'s caller: its JSON
+        answer, or its events when it streams. Shared by ``POST /v1/responses`` and the
+        WebSocket mode; ``key`` is the create's ``Idempotency-Key``."""
         owner = owner_of(request)
         parsed = dataclasses.replace(parse_responses_body(body), owner=owner)
         self._check_model(parsed.model)
@@ -163,7 +202,10 @@ class ResponsesRoutes:
                     code="previous_response_not_found",
                     param="previous_response_id",
                 )
-        key = idempotency_key(request)
+        if parsed.conversation is not None:
+            if self._session_of is None:
+                raise ApiError(400, "'conversation' is not supported here", param="conversation")
+            await self._session_of(request, parsed.conversation)  # 404 unless the caller's
         turns = self.service.turns
         if not parsed.background and turns.active_runs >= turns.max_concurrent_runs:
             raise ApiError(
@@ -204,18 +246,16 @@ class ResponsesRoutes:
             ) from None
         row = created.row
         if created.replayed:
-            return await self._replay(request, row, parsed, fingerprint)
+            return self._replay(row, parsed, fingerprint)
         if row.background:
             if parsed.stream:
-                return await self._follow(request, row.id, -1)
-            return web.json_response(json.loads(row.body))
+                return Outcome(events=self._followed(row.id, -1))
+            return Outcome(body=json.loads(row.body))
         if not parsed.stream:
-            return web.json_response(await self.service.run_inline(row))
-        return await self._stream_inline(request, row)
+            return Outcome(body=await self.service.run_inline(row))
+        return Outcome(events=self._inline_events(row))
 
-    async def _replay(
-        self, request: web.Request, row: ResponseRow, parsed: ResponsesRequest, fingerprint: str
-    ) -> web.StreamResponse:
+    def _replay(self, row: ResponseRow, parsed: ResponsesRequest, fingerprint: str) -> Outcome:
         if row.fingerprint != fingerprint:
             raise ApiError(
                 422,
@@ -226,8 +266,8 @@ class ResponsesRoutes:
         headers = {"Idempotent-Replayed": "true"}
         if row.background:
             if parsed.stream:
-                return await self._follow(request, row.id, -1, headers)
-            return web.json_response(json.loads(row.body), headers=headers)
+                return Outcome(events=self._followed(row.id, -1), headers=headers)
+            return Outcome(body=json.loads(row.body), headers=headers)
         if row.status == "in_progress":
             raise ApiError(
                 409,
@@ -237,28 +277,50 @@ class ResponsesRoutes:
             )
         final = json.loads(row.body)
         if not parsed.stream:
-            return web.json_response(final, headers=headers)
-        response = await open_event_stream(request, headers)
-        for seq, (type_, data) in enumerate(events_of_final(final)):
-            await response.write(sse_event(type_, data, seq))
-        await response.write_eof()
-        return response
+            return Outcome(body=final, headers=headers)
+        told = [(t, d, seq) for seq, (t, d) in enumerate(events_of_final(final))]
+        return Outcome(events=_listed(told), headers=headers)
 
-    async def _stream_inline(self, request: web.Request, row: ResponseRow) -> web.StreamResponse:
+    def _inline_events(self, row: ResponseRow) -> Events:
+        """A non-background response's events as its turn runs here: started now, it runs
+        to its end and is stored even if the client goes away before reading any."""
         sink = _StreamSink()
         opening = json.loads(row.body)
         sink.add("response.created", {"response": opening})
         sink.add("response.in_progress", {"response": opening})
         task = asyncio.create_task(self.service.run_inline(row, sink))
         task.add_done_callback(lambda _: sink.end())
-        response = await open_event_stream(request)
+        return self._drained(sink)
+
+    async def _drained(self, sink: _StreamSink) -> Events:
+        while True:
+            try:
+                event = await asyncio.wait_for(sink.queue.get(), self._keepalive_seconds)
+            except TimeoutError:
+                yield None
+                continue
+            if event is None:
+                return
+            yield event
+
+    async def _followed(self, response_id: str, after: int) -> Events:
+        """A background response's stored events after ``after``, then the live ones."""
         keepalive = self._keepalive_seconds
+        async for event in self.service.follow(response_id, after, keepalive_seconds=keepalive):
+            yield None if event is None else (event.type, event.data, event.seq)
+
+    async def _write_sse(
+        self, request: web.Request, events: Events, headers: dict[str, str] | None = None
+    ) -> web.StreamResponse:
+        response = await open_event_stream(request, headers)
         try:
-            async for chunk in with_keepalives(sink.queue, response, keepalive):
-                await response.write(chunk)
+            async for event in events:
+                await response.write(b": keep-alive\n\n" if event is None else sse_event(*event))
             await response.write_eof()
         except ConnectionError:
-            pass  # the client went away; the response still runs to its end and is stored
+            pass  # the client went away: a response still runs to its end and is stored
+        finally:
+            await events.aclose()
         return response
 
     # ----------------------------------------------------------------- one response
@@ -286,27 +348,7 @@ class ResponsesRoutes:
                 param="stream",
                 code="invalid_value",
             )
-        return await self._follow(request, row.id, after)
-
-    async def _follow(
-        self,
-        request: web.Request,
-        response_id: str,
-        after: int,
-        headers: dict[str, str] | None = None,
-    ) -> web.StreamResponse:
-        response = await open_event_stream(request, headers)
-        keepalive = self._keepalive_seconds
-        try:
-            async for event in self.service.follow(response_id, after, keepalive_seconds=keepalive):
-                if event is None:
-                    await response.write(b": keep-alive\n\n")
-                else:
-                    await response.write(sse_event(event.type, event.data, event.seq))
-            await response.write_eof()
-        except ConnectionError:
-            pass  # the client went away; it can resume with starting_after
-        return response
+        return await self._write_sse(request, self._followed(row.id, after))
 
     async def _cancel(self, request: web.Request) -> web.Response:
         row = await self._row(request)
@@ -329,35 +371,6 @@ class ResponsesRoutes:
         return web.json_response({"id": row.id, "object": "response", "deleted": True})
 
     async def _input_items(self, request: web.Request) -> web.Response:
-        query = request.query
-        try:
-            limit = int(query.get("limit", "20"))
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= _MAX_ITEMS_PAGE:
-            raise ApiError(
-                400, f"'limit' must be an integer from 1 to {_MAX_ITEMS_PAGE}", param="limit"
-            )
-        order = query.get("order", "desc")
-        if order not in ("asc", "desc"):
-            raise ApiError(400, "'order' must be asc or desc", param="order")
         row = await self._row(request)
         items = ResponsesRequest.from_json(row.request).input
-        if order == "desc":
-            items = list(reversed(items))
-        after = query.get("after")
-        if after is not None:
-            ids = [item["id"] for item in items]
-            if after not in ids:
-                raise ApiError(400, f"no input item {after!r} in this response", param="after")
-            items = items[ids.index(after) + 1 :]
-        page = items[:limit]
-        return web.json_response(
-            {
-                "object": "list",
-                "data": page,
-                "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None,
-                "has_more": len(items) > limit,
-            }
-        )
+        return web.json_response(page_of(items, request.query, what="input item"))
