@@ -10,9 +10,10 @@ sends ``notifications/cancelled``) and answered with an error.
 
 Elicitation (``elicitation/create``) is asked through the confirmation hook of the turn whose
 call is in flight (``ToolContext.confirm``: web UI card, Telegram keyboard, API approvals,
-CLI), which answers yes or no. Only a request a yes/no answers (no fields, or one boolean
-field) is asked; any other is declined with a log line, as is one with no call in flight or
-with nobody to ask, and one nobody answered before the approval expired.
+CLI), which answers yes or no: a yes accepts with the form's defaults
+(``tools.mcp.elicitation``). A form a yes cannot answer (a required field without a default)
+is declined with a log line, as is one with no call in flight or with nobody to ask, and
+one nobody answered before the approval expired.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from mcp.shared.message import SessionMessage
 from agent.messages import JSONObject
 from agent.tools import ApprovalExpired, ToolContext
 from tools.mcp.config import McpServerConfig
+from tools.mcp.elicitation import FormError, parse_form
 
 logger = logging.getLogger(__name__)
 
@@ -259,20 +261,31 @@ class McpConnection:
     async def _elicit(
         self, context: ClientRequestContext, params: types.ElicitRequestParams
     ) -> types.ElicitResult | types.ErrorData:
+        """A server's form, asked through the confirmation hook of the call in flight: a
+        yes answers with the form's defaults (``tools.mcp.elicitation``); a form a yes
+        cannot answer, no call or nobody to ask, a no, or no answer in time declines."""
         decline = types.ElicitResult(action="decline")
         if not isinstance(params, types.ElicitRequestFormParams):
             logger.warning(
                 "MCP server %s asked for a URL elicitation; declined (not supported)", self.name
             )
             return decline
-        schema = _schema(params.requested_schema)
-        fields = json_object(schema.get("properties"))
-        flag = next(iter(fields)) if len(fields) == 1 else None
-        if fields and (flag is None or json_object(fields[flag]).get("type") != "boolean"):
+        try:
+            form = parse_form(params.message, _schema(params.requested_schema))
+        except FormError as exc:
             logger.warning(
-                "MCP server %s asked for input a yes/no cannot give (fields: %s); declined",
+                "MCP server %s asked with a form Reveille cannot show (%s); declined",
                 self.name,
-                ", ".join(sorted(fields)),
+                exc,
+            )
+            return decline
+        content = form.yes_answer()
+        if content is None:
+            logger.warning(
+                "MCP server %s asked for input a yes/no cannot give (required fields without "
+                "defaults: %s); declined",
+                self.name,
+                ", ".join(f.name for f in form.fields if f.required and f.default is None),
             )
             return decline
         ctx = self._callers[-1] if self._callers else None
@@ -284,13 +297,13 @@ class McpConnection:
             )
             return decline
         try:
-            yes = await ctx.confirm(f"MCP server {self.name} asks: {params.message}")
+            yes = await ctx.confirm(form.prompt(self.name))
         except ApprovalExpired:
             logger.warning("MCP server %s's question expired unanswered; declined", self.name)
             return decline
         if not yes:
             return decline
-        return types.ElicitResult(action="accept", content={flag: True} if flag else {})
+        return types.ElicitResult(action="accept", content=content)
 
 
 async def _forward(
