@@ -14,6 +14,9 @@ CLI), which answers yes or no: a yes accepts with the form's defaults
 (``tools.mcp.elicitation``). A form a yes cannot answer (a required field without a default)
 is declined with a log line, as is one with no call in flight or with nobody to ask, and
 one nobody answered before the approval expired.
+
+Sampling (``sampling/createMessage``) is answered by the process's model provider, after a
+person's yes by default (``tools.mcp.sampling``; ``[mcp.servers.NAME] sampling``).
 """
 
 from __future__ import annotations
@@ -44,9 +47,11 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from agent.messages import JSONObject
+from agent.providers.base import ModelProvider
 from agent.tools import ApprovalExpired, ToolContext
 from tools.mcp.config import McpServerConfig
 from tools.mcp.elicitation import FormError, parse_form
+from tools.mcp.sampling import sample
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +87,7 @@ class McpConnection:
         config: McpServerConfig,
         *,
         on_tools: Callable[[McpConnection], None] | None = None,
+        model: ModelProvider | None = None,
         min_backoff: float = MIN_BACKOFF_SECONDS,
         max_backoff: float = MAX_BACKOFF_SECONDS,
     ) -> None:
@@ -91,6 +97,7 @@ class McpConnection:
         self.tools: tuple[McpToolInfo, ...] = ()
         self.restarts = 0
         self._on_tools = on_tools
+        self.model = model  # what answers the server's sampling requests
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
         self._session: ClientSession | None = None
@@ -158,6 +165,8 @@ class McpConnection:
                     write,
                     message_handler=self._message_handler(group),
                     elicitation_callback=self._elicit,
+                    # "deny": the capability is not offered at all.
+                    sampling_callback=None if self.config.sampling == "deny" else self._sample,
                 ) as session:
                     await session.initialize()
                     await self._list(session)
@@ -304,6 +313,18 @@ class McpConnection:
         if not yes:
             return decline
         return types.ElicitResult(action="accept", content=content)
+
+    async def _sample(
+        self, context: ClientRequestContext, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.ErrorData:
+        """``sampling/createMessage`` (``tools.mcp.sampling``), asked of the call in flight."""
+        return await sample(
+            self.name,
+            self.model,
+            params,
+            ask=self.config.sampling == "ask",
+            caller=self._callers[-1] if self._callers else None,
+        )
 
 
 async def _forward(
