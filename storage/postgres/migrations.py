@@ -401,6 +401,12 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
         "CREATE TABLE IF NOT EXISTS chat_platform_values ("
         " name TEXT PRIMARY KEY, value TEXT NOT NULL, written_at DOUBLE PRECISION);",
     ),
+    Migration(
+        19,
+        "approvals: an MCP server's form and the values it was approved with",
+        "ALTER TABLE approvals ADD COLUMN IF NOT EXISTS form TEXT NOT NULL DEFAULT '';"
+        " ALTER TABLE approvals ADD COLUMN IF NOT EXISTS answer TEXT NOT NULL DEFAULT '';",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

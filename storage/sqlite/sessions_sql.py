@@ -29,6 +29,9 @@ UPGRADE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("approvals", "owner", "TEXT NOT NULL DEFAULT ''"),
     ("approvals", "expires_at", "REAL NOT NULL DEFAULT 0"),
     ("sessions", "system_prompt", "TEXT"),  # v6: a chat's own system prompt
+    # an MCP server's form and the values it was approved with (tools.mcp.elicitation)
+    ("approvals", "form", "TEXT NOT NULL DEFAULT ''"),
+    ("approvals", "answer", "TEXT NOT NULL DEFAULT ''"),
 )
 
 DDL = """
@@ -104,7 +107,9 @@ CREATE TABLE IF NOT EXISTS approvals (
     created_at REAL NOT NULL,
     unit_id    TEXT NOT NULL DEFAULT '',
     owner      TEXT NOT NULL DEFAULT '',
-    expires_at REAL NOT NULL DEFAULT 0
+    expires_at REAL NOT NULL DEFAULT 0,
+    form       TEXT NOT NULL DEFAULT '',
+    answer     TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS idx_approvals_session ON approvals (session_id, stream_id)
 """

@@ -1,7 +1,7 @@
 """Form elicitation from a real SDK server (``form_server.py`` over stdio) through the call's
 confirmation hook, the way a yes/no surface (a Telegram keyboard, a web UI card) answers it:
 a yes accepts with the schema's defaults, a form a yes cannot fill (a required field without
-a default) is declined without asking, a no or an expired approval declines. And the form
+a default) is declined after a bare yes, a no or an expired approval declines. And the form
 itself: the fields Reveille reads, the answers it checks."""
 
 from __future__ import annotations
@@ -58,11 +58,17 @@ async def test_a_yes_accepts_the_forms_defaults(registry) -> None:
     ]
 
 
-async def test_a_form_a_yes_cannot_fill_is_declined_unasked(registry) -> None:
+async def test_a_bare_yes_declines_a_form_it_cannot_fill(registry) -> None:
+    """Asked (the API and the CLI can answer with values: test_elicitation_answers.py), but
+    a plain yes has nothing to put in a required field without a default."""
+    asked: list[str] = []
+
     async def confirm(text: str) -> bool:
-        raise AssertionError("not asked")
+        asked.append(text)
+        return True
 
     assert await call(registry, "signup", confirm=confirm) == "decline null"
+    assert asked and asked[0].startswith("MCP server forms asks: Sign up?\n- email (string")
 
 
 async def test_a_no_and_an_expiry_decline(registry) -> None:

@@ -10,10 +10,11 @@ sends ``notifications/cancelled``) and answered with an error.
 
 Elicitation (``elicitation/create``) is asked through the confirmation hook of the turn whose
 call is in flight (``ToolContext.confirm``: web UI card, Telegram keyboard, API approvals,
-CLI), which answers yes or no: a yes accepts with the form's defaults
-(``tools.mcp.elicitation``). A form a yes cannot answer (a required field without a default)
-is declined with a log line, as is one with no call in flight or with nobody to ask, and
-one nobody answered before the approval expired.
+CLI), with its form attached (``tools.mcp.elicitation.asking_form``): a yes with values (the
+API, the CLI) accepts with them, a bare yes with the form's defaults. A form a bare yes
+cannot fill (a required field without a default) is declined with a log line, as is one
+with no call in flight or with nobody to ask, a no, and one nobody answered before the
+approval expired.
 
 Sampling (``sampling/createMessage``) is answered by the process's model provider, after a
 person's yes by default (``tools.mcp.sampling``; ``[mcp.servers.NAME] sampling``).
@@ -50,7 +51,7 @@ from agent.messages import JSONObject
 from agent.providers.base import ModelProvider
 from agent.tools import ApprovalExpired, ToolContext
 from tools.mcp.config import McpServerConfig
-from tools.mcp.elicitation import FormError, parse_form
+from tools.mcp.elicitation import FormError, asking_form, parse_form
 from tools.mcp.sampling import sample
 
 logger = logging.getLogger(__name__)
@@ -288,15 +289,6 @@ class McpConnection:
                 exc,
             )
             return decline
-        content = form.yes_answer()
-        if content is None:
-            logger.warning(
-                "MCP server %s asked for input a yes/no cannot give (required fields without "
-                "defaults: %s); declined",
-                self.name,
-                ", ".join(f.name for f in form.fields if f.required and f.default is None),
-            )
-            return decline
         ctx = self._callers[-1] if self._callers else None
         if ctx is None or ctx.confirm is None:
             logger.warning(
@@ -306,11 +298,22 @@ class McpConnection:
             )
             return decline
         try:
-            yes = await ctx.confirm(form.prompt(self.name))
+            with asking_form(_schema(params.requested_schema)) as question:
+                yes = await ctx.confirm(form.prompt(self.name))
         except ApprovalExpired:
             logger.warning("MCP server %s's question expired unanswered; declined", self.name)
             return decline
         if not yes:
+            return decline
+        # The values a person gave (API, CLI), else what a plain yes answers.
+        content = question.answer if question.answer is not None else form.yes_answer()
+        if content is None:
+            logger.warning(
+                "MCP server %s asked for input a yes/no cannot give (required fields without "
+                "defaults: %s); declined",
+                self.name,
+                ", ".join(f.name for f in form.fields if f.required and f.default is None),
+            )
             return decline
         return types.ElicitResult(action="accept", content=content)
 

@@ -11,12 +11,23 @@ A surface that can only say yes or no (a Telegram keyboard, a web UI card) answe
 ``form.yes_answer()``: the schema's defaults (a lone boolean field without one is the yes
 itself). A form with a required field and no default cannot be answered that way: it is
 declined.
+
+``asking_form(schema)`` marks the confirmation the connection asks next, in this task, as
+one that carries a form: the approvals (``gateway.approvals``) record the schema with the
+question, so the API (``POST /api/approvals/{id}`` with ``values``) and ``reveille
+approvals approve --values`` can answer with values, checked against it when decided; the
+``FormQuestion`` then holds the values approved. A confirmation that does not go through
+the approvals (or runs on another loop: a sub-agent's) leaves it unanswered, and the
+connection falls back to the yes/no answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal
 
@@ -180,3 +191,39 @@ def _field(name: str, body: object, required: bool) -> FormField:
         options=field.options,
         default=default,
     )
+
+
+@dataclass
+class FormQuestion:
+    """A form asked with a confirmation: its schema (JSON text) and, once a person approved
+    it with values, the checked answer."""
+
+    schema: str
+    answer: FormContent | None = None
+
+
+_asking: ContextVar[FormQuestion | None] = ContextVar("reveille_mcp_form", default=None)
+
+
+@contextlib.contextmanager
+def asking_form(schema: JSONObject) -> Iterator[FormQuestion]:
+    """While inside, a confirmation asked in this task carries ``schema`` (see the module
+    docstring)."""
+    question = FormQuestion(json.dumps(schema, ensure_ascii=False, sort_keys=True))
+    token = _asking.set(question)
+    try:
+        yield question
+    finally:
+        _asking.reset(token)
+
+
+def form_asked() -> FormQuestion | None:
+    """The form the confirmation being asked now carries, if any."""
+    return _asking.get()
+
+
+def decided_answer(schema: str, values: JSONObject | None) -> FormContent | None:
+    """What a yes to the form ``schema`` answers: ``values`` checked (FormError says why
+    not), or without values the yes/no answer (None: a yes cannot fill it)."""
+    form = parse_form("", json.loads(schema))
+    return form.yes_answer() if values is None else form.answer(values)
