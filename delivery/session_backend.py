@@ -280,6 +280,10 @@ class ApprovalRecord:
     unit_id: str = ""
     owner: str = ""
     expires_at: float = 0.0
+    # An MCP server's form (``tools.mcp.elicitation``): its requestedSchema as JSON text, and
+    # the values a person approved it with (JSON text, checked against it). "" for a yes/no.
+    form: str = ""
+    answer: str = ""
 
     @property
     def background(self) -> bool:
@@ -289,6 +293,8 @@ class ApprovalRecord:
         shown: dict[str, Any] = {"id": self.id, "command": self.command, "status": self.status}
         if self.background:
             shown.update(unit_id=self.unit_id, expires_at=self.expires_at)
+        if self.form:
+            shown["form"] = json.loads(self.form)
         return shown
 
 
@@ -493,9 +499,12 @@ class SessionTurns(Protocol):
         """Record a pending approval; False (nothing written) when its turn no longer holds
         the session. A background unit's (``unit_id``) is recorded whatever holds it."""
 
-    def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
-        """Decide a pending approval: the record afterwards and whether this call decided
-        it (False: decided before). KeyError for an unknown id."""
+    def decide_approval(
+        self, approval_id: str, approve: bool, answer: str = ""
+    ) -> tuple[ApprovalRecord, bool]:
+        """Decide a pending approval (``answer``: a form's values, JSON, kept with a yes):
+        the record afterwards and whether this call decided it (False: decided before).
+        KeyError for an unknown id."""
 
     def expire_approval(self, approval_id: str) -> tuple[ApprovalRecord, bool]:
         """Settle a pending approval as ``expired`` (nobody can answer it any more), like

@@ -169,8 +169,9 @@ class SessionRows(Protocol):
 
     def insert_approval(self, approval: ApprovalRecord) -> None: ...
 
-    def settle_approval(self, approval_id: str, status: ApprovalStatus) -> bool:
-        """Set the status of a pending approval; False when it was not pending."""
+    def settle_approval(self, approval_id: str, status: ApprovalStatus, answer: str = "") -> bool:
+        """Set the status (and a form's ``answer``) of a pending approval; False when it was
+        not pending."""
 
     def deny_pending(self, session_id: str, stream_id: str) -> None:
         """Deny every pending approval the turn ``stream_id`` of the session asked."""

@@ -385,9 +385,11 @@ class SessionRules:
         locks = () if approval.background else (_turn(approval.session_id),)
         return self._tx.write(locks, op)
 
-    def _settle(self, approval_id: str, status: ApprovalStatus) -> tuple[ApprovalRecord, bool]:
+    def _settle(
+        self, approval_id: str, status: ApprovalStatus, answer: str = ""
+    ) -> tuple[ApprovalRecord, bool]:
         def op(rows: SessionRows) -> tuple[ApprovalRecord, bool]:
-            decided = rows.settle_approval(approval_id, status)
+            decided = rows.settle_approval(approval_id, status, answer)
             found = rows.approval(approval_id)
             if found is None:
                 raise KeyError(approval_id)
@@ -395,8 +397,12 @@ class SessionRules:
 
         return self._tx.write(("approval:" + approval_id,), op)
 
-    def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
-        return self._settle(approval_id, "approved" if approve else "denied")
+    def decide_approval(
+        self, approval_id: str, approve: bool, answer: str = ""
+    ) -> tuple[ApprovalRecord, bool]:
+        if approve:
+            return self._settle(approval_id, "approved", answer)
+        return self._settle(approval_id, "denied")
 
     def expire_approval(self, approval_id: str) -> tuple[ApprovalRecord, bool]:
         return self._settle(approval_id, "expired")

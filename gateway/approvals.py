@@ -24,21 +24,31 @@ or once its unit's process is gone, it is settled ``expired`` (whoever reads it 
 the unit's hook raises ``ApprovalExpired`` ("nobody answered", never "denied"), and the
 conversation gets one notice, a delivery row (``EXPIRED_DISPLAY_KIND``) its surface shows
 and its next turn folds in. Asked, decided (how, by whom) and expired are logged.
+
+A question that carries a form (an MCP server's ``elicitation/create``, marked by
+``tools.mcp.elicitation.asking_form``) is recorded with its schema (``form``). A yes may
+carry ``values`` (the API, the CLI): they are checked against the form before anything is
+written (``FormError`` says why not) and kept as the approval's ``answer``; a yes without
+values (a Telegram keyboard, a web UI card) answers with the form's defaults, and is
+settled as denied when the form has a required field without one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 
+from agent.messages import JSONObject
 from agent.tools import ApprovalExpired, ConfirmCallback, UnitConfirmCallback
 from delivery.identity import current_identity, holder_is_dead
 from delivery.session_backend import ApprovalRecord
 from gateway.session import SessionGone, SessionStore
+from tools.mcp.elicitation import FormError, FormQuestion, decided_answer, form_asked
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECONDS",
@@ -48,6 +58,7 @@ __all__ = [
     "ApprovalRecord",
     "Approvals",
     "Expired",
+    "FormError",
     "decide_approval",
     "pending_approvals",
     "settle_if_stale",
@@ -146,20 +157,42 @@ def _tell_expired(store: SessionStore, record: ApprovalRecord) -> None:
 
 
 def decide_approval(
-    store: SessionStore, approval_id: str, approve: bool, *, by: str = "a person"
+    store: SessionStore,
+    approval_id: str,
+    approve: bool,
+    *,
+    by: str = "a person",
+    values: JSONObject | None = None,
 ) -> ApprovalRecord:
     """Decide ``approval_id`` once (a store write: call it off the event loop); ``by``
-    (the surface and who) is logged.
+    (the surface and who) is logged; ``values`` answer a form with a yes (see the module
+    docstring).
 
     KeyError for an unknown id, AlreadyDecided for a decided one, Expired for one nobody
     may answer any more: a turn's that no longer holds its session (settled denied), a
-    background unit's past its deadline or whose unit is gone (settled expired).
+    background unit's past its deadline or whose unit is gone (settled expired);
+    FormError (nothing written) for values the form refuses, or values for a question
+    without a form.
     """
     record = store.get_approval(approval_id)
     if record is None:
         raise KeyError(approval_id)
     if record.status != "pending":
         raise AlreadyDecided(approval_id)
+    answer = ""
+    if values is not None and not record.form:
+        raise FormError(f"approval {approval_id} asks a yes or no, not values")
+    if approve and record.form:
+        content = decided_answer(record.form, values)
+        if content is None:
+            logger.info(
+                "approval %s: a yes without values cannot fill its form (a required field "
+                "has no default); declined",
+                approval_id,
+            )
+            approve = False
+        else:
+            answer = json.dumps(content, ensure_ascii=False)
     if record.background:
         stale = settle_if_stale(store, record)
         if stale is not None:
@@ -169,7 +202,7 @@ def decide_approval(
         if lease is None or lease.stream_id != record.stream_id:
             settled, _ = store.decide_approval(approval_id, False)
             raise Expired(settled)
-    decided, changed = store.decide_approval(approval_id, approve)
+    decided, changed = store.decide_approval(approval_id, approve, answer)
     if not changed:
         raise AlreadyDecided(approval_id)
     logger.info(
@@ -241,6 +274,7 @@ class Approvals:
         if lease is None:
             logger.warning("a command in %s asked for approval outside a turn: denied", session_id)
             return False
+        question = form_asked()
         approval = ApprovalRecord(
             id=f"appr_{secrets.token_hex(8)}",
             session_id=session_id,
@@ -248,6 +282,7 @@ class Approvals:
             command=command,
             status="pending",
             created_at=time.time(),
+            form=question.schema if question is not None else "",
         )
         if not await asyncio.to_thread(self.store.ask_approval, approval):
             return False  # the turn no longer holds its session
@@ -266,7 +301,10 @@ class Approvals:
             await self._on_change(approval)
             if on_asked is not None:
                 await on_asked(approval)
-            return await self._decision(approval.id, decided)
+            approved = await self._decision(approval.id, decided)
+            if approved and question is not None:
+                await self._answer(question, approval.id)
+            return approved
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._deny_on_stop(approval.id))
@@ -278,6 +316,7 @@ class Approvals:
         self, session_id: str, unit_id: str, command: str, on_asked: ApprovalListener | None
     ) -> bool:
         now = time.time()
+        question = form_asked()
         approval = ApprovalRecord(
             id=f"appr_{secrets.token_hex(8)}",
             session_id=session_id,
@@ -288,6 +327,7 @@ class Approvals:
             unit_id=unit_id,
             owner=str(current_identity()),
             expires_at=now + self.timeout_seconds,
+            form=question.schema if question is not None else "",
         )
         decided = asyncio.get_running_loop().create_future()
         self._waiting[approval.id] = decided
@@ -310,7 +350,10 @@ class Approvals:
                         await tell(approval)
                     except Exception:  # one surface that cannot show it must not lose it
                         logger.exception("could not announce approval %s", approval.id)
-            return await self._unit_decision(approval, decided, on_asked)
+            approved = await self._unit_decision(approval, decided, on_asked)
+            if approved and question is not None:
+                await self._answer(question, approval.id)
+            return approved
         except asyncio.CancelledError:
             # The unit was stopped: nobody can answer for it any more.
             with contextlib.suppress(Exception):
@@ -349,6 +392,12 @@ class Approvals:
                 raise ApprovalExpired(approval.id)
             return record.status == "approved"
 
+    async def _answer(self, question: FormQuestion, approval_id: str) -> None:
+        """The values the form was approved with (decided here or on another server)."""
+        record = await asyncio.to_thread(self.store.get_approval, approval_id)
+        if record is not None and record.answer:
+            question.answer = json.loads(record.answer)
+
     async def _withdraw(self, approval_id: str, written: asyncio.Future[bool]) -> None:
         await written  # raises (nothing to withdraw) when the row could not be written
         record, changed = await asyncio.to_thread(self.store.expire_approval, approval_id)
@@ -375,18 +424,24 @@ class Approvals:
             await self._on_change(record)
 
     async def decide(
-        self, approval_id: str, approve: bool, *, by: str = "a person"
+        self,
+        approval_id: str,
+        approve: bool,
+        *,
+        by: str = "a person",
+        values: JSONObject | None = None,
     ) -> ApprovalRecord:
         """KeyError for an unknown id, AlreadyDecided for a decided one, Expired (a kind of
-        AlreadyDecided) for one nobody may answer any more; ``by`` is logged."""
+        AlreadyDecided) for one nobody may answer any more, FormError for ``values`` its
+        form refuses; ``by`` is logged."""
         try:
             record = await asyncio.to_thread(
-                decide_approval, self.store, approval_id, approve, by=by
+                decide_approval, self.store, approval_id, approve, by=by, values=values
             )
         except Expired as exc:
             await self._on_change(exc.record)
             raise
-        self.settled(approval_id, approve)
+        self.settled(approval_id, record.status == "approved")
         await self._on_change(record)
         return record
 

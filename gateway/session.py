@@ -487,8 +487,10 @@ class SessionStore:
     def ask_approval(self, approval: ApprovalRecord) -> bool:
         return self._backend.ask_approval(approval)
 
-    def decide_approval(self, approval_id: str, approve: bool) -> tuple[ApprovalRecord, bool]:
-        return self._backend.decide_approval(approval_id, approve)
+    def decide_approval(
+        self, approval_id: str, approve: bool, answer: str = ""
+    ) -> tuple[ApprovalRecord, bool]:
+        return self._backend.decide_approval(approval_id, approve, answer)
 
     def expire_approval(self, approval_id: str) -> tuple[ApprovalRecord, bool]:
         return self._backend.expire_approval(approval_id)

@@ -199,7 +199,7 @@ async def serve(
             stack.push_async_callback(_quietly, aclose)
 
         # Before the agents are built (each registry takes the servers' tools), on this loop.
-        mcp = await mcp_clients.start(settings.mcp_servers)
+        mcp = await mcp_clients.start(settings.mcp_servers, model=model)
         stack.push_async_callback(mcp_clients.stop, mcp)
         metrics = Metrics()
         backend = runtime.ledger.backend

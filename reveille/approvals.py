@@ -19,7 +19,13 @@ import time
 from typing import Any
 
 from delivery.errors import LedgerError
-from gateway.approvals import AlreadyDecided, Expired, decide_approval, pending_approvals
+from gateway.approvals import (
+    AlreadyDecided,
+    Expired,
+    FormError,
+    decide_approval,
+    pending_approvals,
+)
 from gateway.delivery_targets import session_platform
 from gateway.session import SessionStore, SessionStoreError
 from reveille.operator_storage import operator_storage
@@ -40,6 +46,13 @@ def add_parser(subparsers: Any) -> None:
     for action, text in (("approve", "run the command, once"), ("deny", "do not run it")):
         one = sub.add_parser(action, help=text)
         one.add_argument("id", help="the approval id (appr_...)")
+        if action == "approve":
+            one.add_argument(
+                "--values",
+                metavar="JSON",
+                help="a form's answer (an MCP server's question), a JSON object of its "
+                "fields; without it a form gets its defaults",
+            )
     parser.set_defaults(func=run)
 
 
@@ -59,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "list":
             return _list(store, as_json=args.json)
-        return _decide(store, args.id, args.action == "approve")
+        values = getattr(args, "values", None)
+        return _decide(store, args.id, args.action == "approve", values)
     except (SessionStoreError, OSError) as exc:
         print(f"reveille approvals: {exc}; nothing was written", file=sys.stderr)
         return 1
@@ -85,6 +99,7 @@ def _list(store: SessionStore, *, as_json: bool) -> int:
                         "created_at": record.created_at,
                         "unit_id": record.unit_id or None,
                         "expires_at": record.expires_at if record.background else None,
+                        "form": json.loads(record.form) if record.form else None,
                     }
                 )
             )
@@ -106,9 +121,24 @@ def _list(store: SessionStore, *, as_json: bool) -> int:
     return 0
 
 
-def _decide(store: SessionStore, approval_id: str, approve: bool) -> int:
+def _decide(
+    store: SessionStore, approval_id: str, approve: bool, values_text: str | None = None
+) -> int:
+    values = None
+    if values_text is not None:
+        try:
+            values = json.loads(values_text)
+        except ValueError as exc:
+            print(f"error: --values is not JSON: {exc}", file=sys.stderr)
+            return 2
+        if not isinstance(values, dict):
+            print("error: --values must be a JSON object of the form's fields", file=sys.stderr)
+            return 2
     try:
-        record = decide_approval(store, approval_id, approve, by="the CLI")
+        record = decide_approval(store, approval_id, approve, by="the CLI", values=values)
+    except FormError as exc:
+        print(f"error: {approval_id}: {exc}; nothing was decided", file=sys.stderr)
+        return 1
     except KeyError:
         print(f"error: no approval {approval_id!r}", file=sys.stderr)
         return 1
@@ -134,7 +164,14 @@ def _decide(store: SessionStore, approval_id: str, approve: bool) -> int:
         else:
             print(f"error: {approval_id} was already decided ({status})", file=sys.stderr)
         return 1
-    verb = "approved: the command runs once" if approve else "denied: the command does not run"
+    if record.form:
+        verb = (
+            f"approved with {record.answer}: the server gets this answer"
+            if record.status == "approved"
+            else "declined: the server is told no"
+        )
+    else:
+        verb = "approved: the command runs once" if approve else "denied: the command does not run"
     waiter = f"background task {record.unit_id}" if record.background else "turn"
     print(f"{record.id} {verb} ({record.command!r}); the waiting {waiter} goes on within seconds")
     return 0

@@ -38,7 +38,10 @@ _SES = "id, source, session_key, title, created_at, updated_at"
 _SES_READ = _SES + ", system_prompt, metadata"
 _IDEM = "key, state, owner, session_id, response, created_at, updated_at"
 _TURN = "session_id, stream_id, owner, wakeup, started_at, expires_at"
-_APPROVAL = "id, session_id, stream_id, command, status, created_at, unit_id, owner, expires_at"
+_APPROVAL = (
+    "id, session_id, stream_id, command, status, created_at, unit_id, owner, expires_at,"
+    " form, answer"
+)
 _MSG = MESSAGE_COLUMNS
 _CHUNK = 500  # ids per statement: far below SQLite's variable limit
 
@@ -151,10 +154,12 @@ class SessionSql:
             "DELETE FROM approvals WHERE status <> 'pending' AND created_at < ?"
         )
         self.insert_approval = bind(
-            f"INSERT INTO approvals ({_APPROVAL}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            f"INSERT INTO approvals ({_APPROVAL}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         self.approval = bind(f"SELECT {_APPROVAL} FROM approvals WHERE id = ?")
-        self.settle = bind("UPDATE approvals SET status = ? WHERE id = ? AND status = 'pending'")
+        self.settle = bind(
+            "UPDATE approvals SET status = ?, answer = ? WHERE id = ? AND status = 'pending'"
+        )
         self.pending_of = bind(
             f"SELECT {_APPROVAL} FROM approvals WHERE session_id = ? AND stream_id = ?"
             " AND status = 'pending' LIMIT 1"
@@ -214,9 +219,19 @@ def _lease(row: Iterable[Any]) -> TurnLease:
 
 
 def _approval(row: Iterable[Any]) -> ApprovalRecord:
-    aid, sid, stream_id, command, status, created, unit_id, owner, expires = row
+    aid, sid, stream_id, command, status, created, unit_id, owner, expires, form, answer = row
     return ApprovalRecord(
-        aid, sid, stream_id, command, status, created, unit_id or "", owner or "", expires or 0.0
+        aid,
+        sid,
+        stream_id,
+        command,
+        status,
+        created,
+        unit_id or "",
+        owner or "",
+        expires or 0.0,
+        form or "",
+        answer or "",
     )
 
 
@@ -447,11 +462,13 @@ class SqlSessionRows:
             a.unit_id,
             a.owner,
             a.expires_at,
+            a.form,
+            a.answer,
         )
         self.conn.execute(self.q.insert_approval, values)
 
-    def settle_approval(self, approval_id: str, status: ApprovalStatus) -> bool:
-        return self._count(self.q.settle, (status, approval_id)) > 0
+    def settle_approval(self, approval_id: str, status: ApprovalStatus, answer: str = "") -> bool:
+        return self._count(self.q.settle, (status, answer, approval_id)) > 0
 
     def deny_pending(self, session_id: str, stream_id: str) -> None:
         self.conn.execute(self.q.deny_pending, (session_id, stream_id))

@@ -412,11 +412,11 @@ class MemoryRows:
     def insert_approval(self, approval: ApprovalRecord) -> None:
         self._s.approvals[approval.id] = approval
 
-    def settle_approval(self, approval_id: str, status: ApprovalStatus) -> bool:
+    def settle_approval(self, approval_id: str, status: ApprovalStatus, answer: str = "") -> bool:
         found = self._s.approvals.get(approval_id)
         if found is None or found.status != "pending":
             return False
-        self._s.approvals[approval_id] = replace(found, status=status)
+        self._s.approvals[approval_id] = replace(found, status=status, answer=answer)
         return True
 
     def deny_pending(self, session_id: str, stream_id: str) -> None:

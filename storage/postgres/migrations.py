@@ -406,6 +406,12 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
         "API conversations: a session's metadata (/v1/conversations)",
         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS metadata TEXT;",
     ),
+    Migration(
+        20,
+        "approvals: an MCP server's form and the values it was approved with",
+        "ALTER TABLE approvals ADD COLUMN IF NOT EXISTS form TEXT NOT NULL DEFAULT '';"
+        " ALTER TABLE approvals ADD COLUMN IF NOT EXISTS answer TEXT NOT NULL DEFAULT '';",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -31,6 +31,9 @@ UPGRADE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("approvals", "expires_at", "REAL NOT NULL DEFAULT 0"),
     ("sessions", "system_prompt", "TEXT"),  # v6: a chat's own system prompt
     ("sessions", "metadata", "TEXT"),  # v7: an API conversation's metadata (JSON)
+    # an MCP server's form and the values it was approved with (tools.mcp.elicitation)
+    ("approvals", "form", "TEXT NOT NULL DEFAULT ''"),
+    ("approvals", "answer", "TEXT NOT NULL DEFAULT ''"),
 )
 
 DDL = """
@@ -107,7 +110,9 @@ CREATE TABLE IF NOT EXISTS approvals (
     created_at REAL NOT NULL,
     unit_id    TEXT NOT NULL DEFAULT '',
     owner      TEXT NOT NULL DEFAULT '',
-    expires_at REAL NOT NULL DEFAULT 0
+    expires_at REAL NOT NULL DEFAULT 0,
+    form       TEXT NOT NULL DEFAULT '',
+    answer     TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS idx_approvals_session ON approvals (session_id, stream_id)
 """

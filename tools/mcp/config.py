@@ -18,11 +18,25 @@ from typing import Literal
 
 Approvals = Literal["always", "never", "unless_read_only"]
 APPROVAL_MODES: tuple[str, ...] = ("always", "never", "unless_read_only")
+# ``sampling``: whether the server may ask Reveille's model (``sampling/createMessage``):
+# after a person's yes, always, or never (the capability is then not offered).
+Sampling = Literal["ask", "allow", "deny"]
+SAMPLING_MODES: tuple[str, ...] = ("ask", "allow", "deny")
 DEFAULT_TIMEOUT_SECONDS = 60.0
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_KEYS = {"command", "env", "url", "headers", "include", "exclude", "approvals", "timeout_seconds"}
+_KEYS = {
+    "command",
+    "env",
+    "url",
+    "headers",
+    "include",
+    "exclude",
+    "approvals",
+    "sampling",
+    "timeout_seconds",
+}
 
 
 class McpConfigError(ValueError):
@@ -41,6 +55,7 @@ class McpServerConfig:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     approvals: Approvals = "unless_read_only"
+    sampling: Sampling = "ask"
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
 
     @property
@@ -108,6 +123,9 @@ def _server(name: str, body: object, where: str, environ: Mapping[str, str]) -> 
     approvals = body.get("approvals", "unless_read_only")
     if approvals not in APPROVAL_MODES:
         raise McpConfigError(f"{where}: approvals must be one of {', '.join(APPROVAL_MODES)}")
+    sampling = body.get("sampling", "ask")
+    if sampling not in SAMPLING_MODES:
+        raise McpConfigError(f"{where}: sampling must be one of {', '.join(SAMPLING_MODES)}")
     timeout = body.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
     if (
         isinstance(timeout, bool)
@@ -125,6 +143,7 @@ def _server(name: str, body: object, where: str, environ: Mapping[str, str]) -> 
         include=_strings(body.get("include", []), where, "include"),
         exclude=_strings(body.get("exclude", []), where, "exclude"),
         approvals=approvals,
+        sampling=sampling,
         timeout_seconds=float(timeout),
     )
 

@@ -10,9 +10,14 @@ sends ``notifications/cancelled``) and answered with an error.
 
 Elicitation (``elicitation/create``) is asked through the confirmation hook of the turn whose
 call is in flight (``ToolContext.confirm``: web UI card, Telegram keyboard, API approvals,
-CLI), which answers yes or no. Only a request a yes/no answers (no fields, or one boolean
-field) is asked; any other is declined with a log line, as is one with no call in flight or
-with nobody to ask, and one nobody answered before the approval expired.
+CLI), with its form attached (``tools.mcp.elicitation.asking_form``): a yes with values (the
+API, the CLI) accepts with them, a bare yes with the form's defaults. A form a bare yes
+cannot fill (a required field without a default) is declined with a log line, as is one
+with no call in flight or with nobody to ask, a no, and one nobody answered before the
+approval expired.
+
+Sampling (``sampling/createMessage``) is answered by the process's model provider, after a
+person's yes by default (``tools.mcp.sampling``; ``[mcp.servers.NAME] sampling``).
 """
 
 from __future__ import annotations
@@ -43,8 +48,11 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from agent.messages import JSONObject
+from agent.providers.base import ModelProvider
 from agent.tools import ApprovalExpired, ToolContext
 from tools.mcp.config import McpServerConfig
+from tools.mcp.elicitation import FormError, asking_form, parse_form
+from tools.mcp.sampling import sample
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +88,7 @@ class McpConnection:
         config: McpServerConfig,
         *,
         on_tools: Callable[[McpConnection], None] | None = None,
+        model: ModelProvider | None = None,
         min_backoff: float = MIN_BACKOFF_SECONDS,
         max_backoff: float = MAX_BACKOFF_SECONDS,
     ) -> None:
@@ -89,6 +98,7 @@ class McpConnection:
         self.tools: tuple[McpToolInfo, ...] = ()
         self.restarts = 0
         self._on_tools = on_tools
+        self.model = model  # what answers the server's sampling requests
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
         self._session: ClientSession | None = None
@@ -156,6 +166,8 @@ class McpConnection:
                     write,
                     message_handler=self._message_handler(group),
                     elicitation_callback=self._elicit,
+                    # "deny": the capability is not offered at all.
+                    sampling_callback=None if self.config.sampling == "deny" else self._sample,
                 ) as session:
                     await session.initialize()
                     await self._list(session)
@@ -259,20 +271,22 @@ class McpConnection:
     async def _elicit(
         self, context: ClientRequestContext, params: types.ElicitRequestParams
     ) -> types.ElicitResult | types.ErrorData:
+        """A server's form, asked through the confirmation hook of the call in flight: a
+        yes answers with the form's defaults (``tools.mcp.elicitation``); a form a yes
+        cannot answer, no call or nobody to ask, a no, or no answer in time declines."""
         decline = types.ElicitResult(action="decline")
         if not isinstance(params, types.ElicitRequestFormParams):
             logger.warning(
                 "MCP server %s asked for a URL elicitation; declined (not supported)", self.name
             )
             return decline
-        schema = _schema(params.requested_schema)
-        fields = json_object(schema.get("properties"))
-        flag = next(iter(fields)) if len(fields) == 1 else None
-        if fields and (flag is None or json_object(fields[flag]).get("type") != "boolean"):
+        try:
+            form = parse_form(params.message, _schema(params.requested_schema))
+        except FormError as exc:
             logger.warning(
-                "MCP server %s asked for input a yes/no cannot give (fields: %s); declined",
+                "MCP server %s asked with a form Reveille cannot show (%s); declined",
                 self.name,
-                ", ".join(sorted(fields)),
+                exc,
             )
             return decline
         ctx = self._callers[-1] if self._callers else None
@@ -284,13 +298,36 @@ class McpConnection:
             )
             return decline
         try:
-            yes = await ctx.confirm(f"MCP server {self.name} asks: {params.message}")
+            with asking_form(_schema(params.requested_schema)) as question:
+                yes = await ctx.confirm(form.prompt(self.name))
         except ApprovalExpired:
             logger.warning("MCP server %s's question expired unanswered; declined", self.name)
             return decline
         if not yes:
             return decline
-        return types.ElicitResult(action="accept", content={flag: True} if flag else {})
+        # The values a person gave (API, CLI), else what a plain yes answers.
+        content = question.answer if question.answer is not None else form.yes_answer()
+        if content is None:
+            logger.warning(
+                "MCP server %s asked for input a yes/no cannot give (required fields without "
+                "defaults: %s); declined",
+                self.name,
+                ", ".join(f.name for f in form.fields if f.required and f.default is None),
+            )
+            return decline
+        return types.ElicitResult(action="accept", content=content)
+
+    async def _sample(
+        self, context: ClientRequestContext, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.ErrorData:
+        """``sampling/createMessage`` (``tools.mcp.sampling``), asked of the call in flight."""
+        return await sample(
+            self.name,
+            self.model,
+            params,
+            ask=self.config.sampling == "ask",
+            caller=self._callers[-1] if self._callers else None,
+        )
 
 
 async def _forward(

@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agent.providers.base import ModelProvider
 from agent.tools import Tool, ToolRegistry
 from tools.mcp.adapter import make_tools, tool_name
 from tools.mcp.config import McpServerConfig
@@ -50,14 +51,16 @@ class McpClients:
         *,
         first_connect_seconds: float = FIRST_CONNECT_SECONDS,
         min_backoff: float | None = None,
+        model: ModelProvider | None = None,
     ) -> list[McpConnection]:
         """Connect each server on this loop; waits (at most ``first_connect_seconds``) for
         each first attempt, so the first turn sees the tools of the servers that are up.
-        Returns the connections started, for ``stop``."""
+        ``model`` answers the servers' sampling requests. Returns the connections started,
+        for ``stop``."""
         started: list[McpConnection] = []
         for config in configs:
             kwargs = {} if min_backoff is None else {"min_backoff": min_backoff}
-            connection = McpConnection(config, on_tools=self._refresh, **kwargs)
+            connection = McpConnection(config, on_tools=self._refresh, model=model, **kwargs)
             self._connections[config.name] = connection
             connection.start()
             started.append(connection)

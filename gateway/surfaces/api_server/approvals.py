@@ -11,11 +11,17 @@ second decision and 409 ``approval_expired`` for one nobody may answer any more 
 is gone: settled as denied; a unit's deadline passed or its unit is gone: settled expired).
 Both need the API key: without one configured they answer 401, since anyone on the
 machine could otherwise approve commands.
+
+A question that asks a form (an MCP server's elicitation) lists its JSON schema as
+``form``; ``{"approve": true, "values": {...}}`` answers it (checked against the form: 400
+``invalid_answer`` with nothing decided when it does not fit; a yes without values takes
+the form's defaults), and the decided approval shows the ``answer``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +32,7 @@ from gateway.approvals import (
     ApprovalRecord,
     Approvals,
     Expired,
+    FormError,
     pending_approvals,
 )
 from gateway.config import Platform
@@ -93,15 +100,29 @@ class ApprovalRoutes:
                 param="approve",
                 code="invalid_decision",
             )
+        values = body.get("values")
+        if values is not None and not isinstance(values, dict):
+            raise ApiError(
+                400,
+                '"values" must be an object of the form\'s field values',
+                param="values",
+                code="invalid_decision",
+            )
         if len(approval_id) > _MAX_ID:
             raise _unknown(approval_id[:_MAX_ID])
         record = await asyncio.to_thread(self.store.get_approval, approval_id)
         if record is None or not await asyncio.to_thread(self._ours, record):
             raise _unknown(approval_id)
         try:
-            decided = await self.approvals.decide(approval_id, body["approve"], by="the API")
+            decided = await self.approvals.decide(
+                approval_id, body["approve"], by="the API", values=values
+            )
         except KeyError:
             raise _unknown(approval_id) from None
+        except FormError as exc:
+            raise ApiError(
+                400, f"approval {approval_id}: {exc}", param="values", code="invalid_answer"
+            ) from None
         except Expired as exc:
             why = (
                 "nobody answered before its deadline, or the background task that asked it "
@@ -148,4 +169,8 @@ def _view(record: ApprovalRecord) -> dict[str, Any]:
     }
     if record.background:
         view["expires_at"] = int(record.expires_at)
+    if record.form:
+        view["form"] = json.loads(record.form)
+    if record.answer:
+        view["answer"] = json.loads(record.answer)
     return view
