@@ -80,6 +80,7 @@ __all__ = [
     "RuntimeFactory",
     "Unit",
     "configure_runtime",
+    "current_unit",
     "default_state_dir",
     "get_runtime",
     "open_runtime",
@@ -482,6 +483,13 @@ def report_progress(step: str | None = None, line: str | None = None) -> None:
         runtime.progress(row_id, step=step, line=line)
     except Exception:
         log.debug("progress of %s not recorded", row_id, exc_info=True)
+
+
+def current_unit() -> tuple[DelegationRuntime, str] | None:
+    """The runtime and row id of the unit running on this thread (work that records more
+    on its own row: an MCP task's id), or None."""
+    found: tuple[DelegationRuntime, str] | None = getattr(_current, "unit", None)
+    return found
 
 
 RuntimeFactory = Callable[[], DelegationRuntime]
