@@ -3,7 +3,7 @@ subprocess) calls the task server's ``brew`` in the background, is SIGKILLed whi
 task runs, and the server restarted on the same home (SQLite), or a second server sharing
 the PostgreSQL store (already running when the first dies), adopts the row from the task id
 stored on it and delivers the result into the conversation exactly once; the row is never
-settled ``interrupted`` or ``unknown``."""
+settled ``interrupted`` or ``unknown``, nor after a graceful restart (SIGTERM, a drain)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,11 @@ def _task_recorded(where: Path | str, deleg_id: str) -> Any:
 
 
 def _kill_then_deliver(
-    first: Server, second_start: Any, where: Path | str, tasks: TaskServer
+    first: Server,
+    second_start: Any,
+    where: Path | str,
+    tasks: TaskServer,
+    sig: int = signal.SIGKILL,
 ) -> None:
     try:
         session_id, deleg_id = _started(first.port)
@@ -63,7 +67,7 @@ def _kill_then_deliver(
         assert row.state == "running"
         assert tasks.lines("step") == [] or len(tasks.lines("step")) < 5  # still brewing
     finally:
-        first.stop(signal.SIGKILL)
+        first.stop(sig)
     assert _the_row(where, deleg_id).state == "running"
     second = second_start()
     try:
@@ -102,3 +106,13 @@ def test_another_server_on_postgresql_adopts_the_task(tmp_path: Path) -> None:
             first.stop(signal.SIGKILL)
             raise
         _kill_then_deliver(first, lambda: second, url, tasks)
+
+
+def test_a_graceful_restart_leaves_the_task_running_for_the_next_server(tmp_path: Path) -> None:
+    # A drain interrupts Reveille's own units; an MCP task goes on at its server, so its row
+    # stays running and the next server adopts it.
+    with task_server(tmp_path) as tasks:
+        home = tmp_path / "home"
+        env = {"REVEILLE_DRAIN_SECONDS": "1"}
+        first = _server(home, tasks, env)
+        _kill_then_deliver(first, lambda: _server(home, tasks, env), home, tasks, signal.SIGTERM)

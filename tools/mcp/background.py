@@ -127,6 +127,8 @@ class _TaskUnit:
             # The row ended meanwhile (cancelled before the server answered).
             self._cancel_remote()
             return {"status": "cancelled", "error": f"{self.name} was cancelled"}
+        if row_id is not None:
+            runtime.outlives_server(row_id)  # a drain leaves it to the next server
 
         def report(line: str) -> None:
             if row_id is not None:
