@@ -3,8 +3,10 @@ with the SDK's low-level server, for the tests; it serves streamable HTTP on the
 (``python task_server.py PORT LOGFILE``) so it outlives the Reveille server that calls it.
 
 Tools: ``brew`` (``seconds``, ``what``, ``forget``; ``taskSupport: optional``: as a task it
-works for ``seconds`` in five steps, each in its status message, then answers ``brewed <what>``;
-with ``forget`` the server drops the task after its first step), ``plain`` (no task support).
+works for ``seconds`` in five steps, each sent as progress (under the call's progress token)
+and as a ``notifications/tasks/status``, then answers ``brewed <what>``;
+with ``forget`` the server drops the task after its first step; ``poll_ms`` is the
+``pollInterval`` it asks for), ``plain`` (no task support).
 Each task made, step taken, ``tasks/cancel`` and ``tasks/result`` is a line of LOGFILE, so
 a test sees what reached the server. A task id the server never made is ``unknown task``.
 """
@@ -12,6 +14,7 @@ a test sees what reached the server. A task id the server never made is ``unknow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import uuid
 from dataclasses import dataclass, field
@@ -23,6 +26,7 @@ import mcp_types as types
 import uvicorn
 from mcp.server.context import CallNext, ServerRequestContext
 from mcp.server.lowlevel.server import Server
+from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
 
 POLL_MS = 200
@@ -34,11 +38,14 @@ class _Task:
     seconds: float
     what: str
     forget: bool = False
+    poll_ms: int = POLL_MS
     status: types.TaskStatus = "working"
     message: str = "brewing"
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     done: asyncio.Event = field(default_factory=asyncio.Event)
     runner: asyncio.Task[None] | None = None
+    session: ServerSession | None = None  # where its notifications go
+    progress_token: str | int | None = None
 
     def view(self) -> dict[str, Any]:
         return {
@@ -48,7 +55,7 @@ class _Task:
             "createdAt": self.created,
             "lastUpdatedAt": datetime.now(UTC).isoformat(),
             "ttl": 600_000,
-            "pollInterval": POLL_MS,
+            "pollInterval": self.poll_ms,
         }
 
 
@@ -68,6 +75,7 @@ def build(log: Path) -> Server[Any]:
                 "seconds": {"type": "number"},
                 "what": {"type": "string"},
                 "forget": {"type": "boolean"},
+                "poll_ms": {"type": "integer"},
             },
         }
         return types.ListToolsResult(
@@ -88,12 +96,28 @@ def build(log: Path) -> Server[Any]:
             ]
         )
 
+    async def tell(task: _Task, step: int | None = None, steps: int = 5) -> None:
+        """Progress under the call's token, and the task's status (the client may be gone)."""
+        session = task.session
+        if session is None:
+            return
+        with contextlib.suppress(Exception):
+            if task.progress_token is not None and step is not None:
+                await session.send_progress_notification(
+                    task.progress_token, step, total=steps, message=f"{step} of {steps} steeped"
+                )
+            status = types.TaskStatusNotification(
+                params=types.TaskStatusNotificationParams.model_validate(task.view())
+            )
+            await session.send_notification(status)  # type: ignore[arg-type]
+
     async def work(task: _Task) -> None:
         steps = 5
         for step in range(1, steps + 1):
             await asyncio.sleep(task.seconds / steps)
             task.message = f"brewing {step}/{steps}"
             record(f"step {task.task_id} {step}")
+            await tell(task, step, steps)
             if task.forget:
                 tasks.pop(task.task_id, None)
                 record(f"forgot {task.task_id}")
@@ -101,6 +125,7 @@ def build(log: Path) -> Server[Any]:
         task.status = "completed"
         task.message = "brewed"
         task.done.set()
+        await tell(task)
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
@@ -124,7 +149,11 @@ def build(log: Path) -> Server[Any]:
             float(args.get("seconds", 1)),
             str(args.get("what", "tea")),
             forget=bool(args.get("forget")),
+            poll_ms=int(args.get("poll_ms", POLL_MS)),
         )
+        task.session = ctx.session
+        meta = raw.get("_meta") or {}
+        task.progress_token = meta.get("progressToken")
         tasks[task.task_id] = task
         task.runner = asyncio.get_running_loop().create_task(work(task))
         record(f"created {task.task_id}")

@@ -23,7 +23,7 @@ from tests.api_server._support import DEMO_DELAY, KEY, RecordingProvider, poll
 from tests.api_server.test_approvals import api
 from tests.api_server.test_runner import clean_state, messages, user
 from tools.async_delegation import cancel_delegation, get_durable_delegation
-from tools.mcp.tasks import MCP_TASK
+from tools.mcp.tasks import MAX_POLL_SECONDS, MCP_TASK
 
 from ._tasks_support import TaskServer, task_server
 
@@ -95,10 +95,13 @@ async def test_a_task_call_shows_its_status_and_comes_home_once(app) -> None:
         "task_id": created.split()[1],
     }
 
-    async def status_shown() -> bool:
-        return any("brewing" in (w["line"] or "") for w in await running_view(deleg_id))
+    async def shown(key: str, text: str) -> bool:
+        return any(text in (w[key] or "") for w in await running_view(deleg_id))
 
-    await poll(status_shown, timeout=30)
+    # The task's status (tasks/get, notifications/tasks/status) and its progress
+    # (notifications/progress under the call's token), as the web UI's strip shows them.
+    await poll(lambda: shown("step", "MCP task working: brewing"), timeout=30)
+    await poll(lambda: shown("line", " steeped"), timeout=30)
     (message,) = await poll(lambda: homecomings(port, deleg_id), timeout=30)
     assert message["display_metadata"]["summary"] == "brewed oolong"
     await poll(lambda: row(deleg_id)["delivery_state"] == "delivered")
@@ -137,3 +140,14 @@ async def test_a_tool_without_task_support_runs_as_a_reveille_unit(app) -> None:
     assert message["display_metadata"]["summary"] == "plain answer"
     assert MCP_TASK not in (row(deleg_id)["request"] or {})
     assert tasks.lines("created") == []
+
+
+async def test_a_status_notification_wakes_the_follower_before_its_poll(app) -> None:
+    # The server asks to be polled every ten minutes (capped at MAX_POLL_SECONDS): the task
+    # comes home within the test's wait only because its notifications/tasks/status woke the
+    # follower.
+    running, _ = app
+    port = running.adapter.port
+    deleg_id = await start(port, "tasks__brew", {"seconds": 0.5, "poll_ms": 600_000})
+    (message,) = await poll(lambda: homecomings(port, deleg_id), timeout=MAX_POLL_SECONDS / 2)
+    assert message["display_metadata"]["summary"] == "brewed tea"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import uuid
 from dataclasses import replace
 from typing import Any
 
@@ -115,7 +116,10 @@ class _TaskUnit:
     def run(self) -> JSONObject:
         unit = current_unit()
         runtime, self.row_id = unit if unit is not None else (get_runtime(), None)
-        made = on_loop(self.connection, create_task(self.connection, self.tool, self.arguments))
+        token = self.row_id or uuid.uuid4().hex  # the task's progress comes under it
+        made = on_loop(
+            self.connection, create_task(self.connection, self.tool, self.arguments, token)
+        )
         answer = made.result()
         if isinstance(answer, McpCallResult):  # refused, or answered at once
             if answer.is_error:
@@ -130,11 +134,13 @@ class _TaskUnit:
         if row_id is not None:
             runtime.outlives_server(row_id)  # a drain leaves it to the next server
 
-        def report(line: str) -> None:
+        def report(step: str | None, line: str | None) -> None:
             if row_id is not None:
-                runtime.progress(row_id, step=f"MCP task {answer.task_id}", line=line)
+                runtime.progress(row_id, step=step, line=line)
 
-        self.following = on_loop(self.connection, follow(self.connection, answer.task_id, report))
+        self.following = on_loop(
+            self.connection, follow(self.connection, answer.task_id, report, token)
+        )
         if self.stopped:
             self.following.cancel()
         try:

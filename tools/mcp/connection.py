@@ -100,8 +100,10 @@ class McpConnection:
         self._callers: list[ToolContext] = []
         self._was_ready = False
         self.loop: asyncio.AbstractEventLoop | None = None
-        # MCP tasks followed here (``tools.mcp.tasks``): task id -> told of a status change.
+        # MCP tasks followed here (``tools.mcp.tasks``): task id -> told of a status change,
+        # progress token -> told of its progress.
         self._task_watchers: dict[str, Callable[[types.TaskStatusNotificationParams], None]] = {}
+        self._progress_watchers: dict[str, Callable[[types.ProgressNotificationParams], None]] = {}
 
     @property
     def name(self) -> str:
@@ -197,6 +199,8 @@ class McpConnection:
                 session = self._session
                 if session is not None:
                     group.start_soon(self._relist, session)
+            elif isinstance(message, types.ProgressNotification):
+                self._progressed(message.params)
 
         return handle
 
@@ -275,6 +279,21 @@ class McpConnection:
             self._task_watchers.pop(task_id, None)
         else:
             self._task_watchers[task_id] = told
+
+    def watch_progress(
+        self, token: str, told: Callable[[types.ProgressNotificationParams], None] | None
+    ) -> None:
+        """Call ``told`` with each ``notifications/progress`` of ``token`` (None: stop); a
+        task's progress goes on under its call's token after the call was answered."""
+        if told is None:
+            self._progress_watchers.pop(token, None)
+        else:
+            self._progress_watchers[token] = told
+
+    def _progressed(self, params: types.ProgressNotificationParams) -> None:
+        told = self._progress_watchers.get(str(params.progress_token))
+        if told is not None:
+            told(params)
 
     def _task_bindings(self) -> list[NotificationBinding[types.TaskStatusNotificationParams]]:
         async def status(params: types.TaskStatusNotificationParams) -> None:

@@ -89,10 +89,10 @@ def uses_task(task_support: str, background: bool) -> bool:
 
 
 async def create_task(
-    connection: McpConnection, tool: str, arguments: JSONObject
+    connection: McpConnection, tool: str, arguments: JSONObject, progress_token: str
 ) -> types.Task | McpCallResult:
-    """Send ``tool`` task-augmented; the server's task, or its answer when it ran the call
-    at once (a server may), or an error."""
+    """Send ``tool`` task-augmented, asking for progress under ``progress_token``; the
+    server's task, or its answer when it ran the call at once (a server may), or an error."""
     session = connection.ready_session()
     if session is None:
         why = f" ({connection.last_error})" if connection.last_error else ""
@@ -101,7 +101,10 @@ async def create_task(
         )
     request = types.CallToolRequest(
         params=types.CallToolRequestParams(
-            name=tool, arguments=arguments, task=types.TaskMetadata(ttl=TASK_TTL_MS)
+            name=tool,
+            arguments=arguments,
+            task=types.TaskMetadata(ttl=TASK_TTL_MS),
+            _meta=types.RequestParamsMeta(progress_token=progress_token),
         )
     )
     try:
@@ -141,14 +144,28 @@ async def cancel_task(connection: McpConnection, task_id: str) -> bool:
     return True
 
 
+Report = Callable[[str | None, str | None], None]
+"""Where a followed task's progress goes: ``(step, line)``, the task's status and its last
+progress notification (the running-work view shows both)."""
+
+
 async def follow(
-    connection: McpConnection, task_id: str, report: Callable[[str], None]
+    connection: McpConnection, task_id: str, report: Report, progress_token: str | None = None
 ) -> JSONObject:
     """Follow ``task_id`` to its end; the unit's result (``status`` and ``summary`` or
     ``error``). A lost connection is waited out; a server that no longer knows the task
     (or any other error answer to ``tasks/get``) ends it ``failed`` with that reason."""
     changed = asyncio.Event()
-    connection.watch_task(task_id, lambda params: changed.set())
+
+    def told(params: types.TaskStatusNotificationParams) -> None:
+        report(_status_line(params.status, params.status_message), None)
+        changed.set()
+
+    connection.watch_task(task_id, told)
+    if progress_token is not None:
+        connection.watch_progress(
+            progress_token, lambda params: report(None, _progress_line(params))
+        )
     last = ""
     try:
         while True:
@@ -169,10 +186,10 @@ async def follow(
                     "error": f"MCP server {connection.name} no longer knows task {task_id}: "
                     f"{exc.error.message}",
                 }
-            shown = f"{task.status}: {task.status_message}" if task.status_message else task.status
+            shown = _status_line(task.status, task.status_message)
             if shown != last:
                 last = shown
-                report(shown)
+                report(shown, None)
             if task.status == "completed":
                 return await _result(connection, session, task_id)
             if task.status in ("failed", "cancelled"):
@@ -184,6 +201,17 @@ async def follow(
                     await changed.wait()
     finally:
         connection.watch_task(task_id, None)
+        if progress_token is not None:
+            connection.watch_progress(progress_token, None)
+
+
+def _status_line(status: str, message: str | None) -> str:
+    return f"MCP task {status}: {message}" if message else f"MCP task {status}"
+
+
+def _progress_line(params: types.ProgressNotificationParams) -> str:
+    done = f"{params.progress:g}/{params.total:g}" if params.total else f"{params.progress:g}"
+    return f"{done} {params.message}" if params.message else done
 
 
 async def _result(connection: McpConnection, session: ClientSession, task_id: str) -> JSONObject:
@@ -279,7 +307,11 @@ class McpTasks:
         else:
             following = on_loop(
                 connection,
-                follow(connection, ref.task_id, lambda line: runtime.progress(row.id, line=line)),
+                follow(
+                    connection,
+                    ref.task_id,
+                    lambda step, line: runtime.progress(row.id, step=step, line=line),
+                ),
             )
             runtime.watch(row.id, lambda: self._stop(connection, ref, following))
             try:
