@@ -6,7 +6,8 @@ Tools: ``brew`` (``seconds``, ``what``, ``forget``; ``taskSupport: optional``: a
 works for ``seconds`` in five steps, each sent as progress (under the call's progress token)
 and as a ``notifications/tasks/status``, then answers ``brewed <what>``;
 with ``forget`` the server drops the task after its first step; ``poll_ms`` is the
-``pollInterval`` it asks for), ``plain`` (no task support).
+``pollInterval`` it asks for), ``steep`` (the same, ``taskSupport: required``), ``plain``
+(no task support).
 Each task made, step taken, ``tasks/cancel`` and ``tasks/result`` is a line of LOGFILE, so
 a test sees what reached the server. A task id the server never made is ``unknown task``.
 """
@@ -88,6 +89,13 @@ def build(log: Path) -> Server[Any]:
                     execution=types.ToolExecution(task_support="optional"),
                 ),
                 types.Tool(
+                    name="steep",
+                    description="Steep (task support required).",
+                    input_schema=schema,
+                    annotations=types.ToolAnnotations(read_only_hint=True),
+                    execution=types.ToolExecution(task_support="required"),
+                ),
+                types.Tool(
                     name="plain",
                     description="Answer at once (no task support).",
                     input_schema={"type": "object", "properties": {}},
@@ -131,17 +139,19 @@ def build(log: Path) -> Server[Any]:
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         args = params.arguments or {}
+        if params.name == "steep":
+            raise MCPError(types.INVALID_PARAMS, "steep must be called as a task")
         if params.name == "brew":  # not task-augmented: brewed inline
             await asyncio.sleep(float(args.get("seconds", 0)))
             return types.CallToolResult(content=[types.TextContent(text="brewed inline")])
         return types.CallToolResult(content=[types.TextContent(text="plain answer")])
 
     async def tasks_first(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> Any:
-        """A task-augmented ``brew`` is answered here with a ``CreateTaskResult``: the SDK's
+        """A task-augmented call is answered here with a ``CreateTaskResult``: the SDK's
         ``tools/call`` handler may only answer a ``CallToolResult``, and a middleware that
         answers itself owns the result."""
         raw = ctx.params if isinstance(ctx.params, dict) else {}
-        if ctx.method != "tools/call" or raw.get("name") != "brew" or "task" not in raw:
+        if ctx.method != "tools/call" or "task" not in raw:
             return await call_next(ctx)
         args = raw.get("arguments") or {}
         task = _Task(

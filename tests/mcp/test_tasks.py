@@ -45,9 +45,9 @@ async def app(tmp_path: Path, clean_state: None) -> AsyncIterator[tuple[Any, Tas
             yield running, tasks
 
 
-async def start(port: int, tool: str, args: dict[str, Any]) -> str:
-    """A turn that calls ``tool`` in the background; the unit's id."""
-    text = f"call {tool} with {json.dumps({**args, 'background': True})}"
+async def start(port: int, tool: str, args: dict[str, Any], *, background: bool = True) -> str:
+    """A turn that calls ``tool`` (in the background); the unit's id."""
+    text = f"call {tool} with {json.dumps({**args, 'background': True} if background else args)}"
     status, body = await api(
         port, "POST", "/v1/chat/completions", {"model": "reveille-demo", "messages": user(text)}
     )
@@ -151,3 +151,12 @@ async def test_a_status_notification_wakes_the_follower_before_its_poll(app) -> 
     deleg_id = await start(port, "tasks__brew", {"seconds": 0.5, "poll_ms": 600_000})
     (message,) = await poll(lambda: homecomings(port, deleg_id), timeout=MAX_POLL_SECONDS / 2)
     assert message["display_metadata"]["summary"] == "brewed tea"
+
+
+async def test_a_tool_that_requires_tasks_always_runs_as_one(app) -> None:
+    running, tasks = app
+    port = running.adapter.port
+    deleg_id = await start(port, "tasks__steep", {"seconds": 0.5}, background=False)
+    (message,) = await poll(lambda: homecomings(port, deleg_id), timeout=30)
+    assert message["display_metadata"]["summary"] == "brewed tea"
+    assert len(tasks.lines("created")) == 1

@@ -15,12 +15,10 @@ from typing import Any
 import pytest
 
 from gateway.wake import DELEGATION_DISPLAY_KIND
-from tests.api_server.serve_support import Server, chat, ledger_rows, transcript, wait_until
+from tests.api_server.serve_support import Server, call, chat, ledger_rows, transcript, wait_until
 from tools.mcp.tasks import MCP_TASK
 
 from ._tasks_support import TaskServer, task_server
-
-BREW_CALL = 'call tasks__brew with {"seconds": 5, "what": "sencha", "background": true}'
 
 
 def _server(home: Path, tasks: TaskServer, env: dict[str, str] | None = None) -> Server:
@@ -38,8 +36,9 @@ def _homecomings(port: int, session_id: str, deleg_id: str) -> list[dict[str, An
     ]
 
 
-def _started(port: int) -> tuple[str, str]:
-    session_id, reply = chat(port, BREW_CALL)
+def _started(port: int, seconds: float = 5) -> tuple[str, str]:
+    args = {"seconds": seconds, "what": "sencha", "background": True}
+    session_id, reply = chat(port, f"call tasks__brew with {json.dumps(args)}")
     started = json.loads(reply.removeprefix("tasks__brew returned: "))
     assert started["status"] == "dispatched", reply
     return session_id, str(started["delegation_id"])
@@ -116,3 +115,27 @@ def test_a_graceful_restart_leaves_the_task_running_for_the_next_server(tmp_path
         env = {"REVEILLE_DRAIN_SECONDS": "1"}
         first = _server(home, tasks, env)
         _kill_then_deliver(first, lambda: _server(home, tasks, env), home, tasks, signal.SIGTERM)
+
+
+def test_cancelling_an_adopted_task_reaches_the_mcp_server(tmp_path: Path) -> None:
+    with task_server(tmp_path) as tasks:
+        home = tmp_path / "home"
+        first = _server(home, tasks)
+        try:
+            _, deleg_id = _started(first.port, seconds=120)
+            wait_until(lambda: _task_recorded(home, deleg_id), 30)
+        finally:
+            first.stop(signal.SIGKILL)
+        second = _server(home, tasks)
+        try:
+            wait_until(lambda: "adopted MCP task" in "".join(second.lines), 30)
+            status, _, body = call(second.port, "POST", f"/api/background/{deleg_id}/cancel")
+            assert status == 200, body
+            (cancelled,) = wait_until(lambda: tasks.lines("cancelled"), 30)
+            done = wait_until(
+                lambda: (r := _the_row(home, deleg_id)) and r.state != "running" and r
+            )
+            assert done.state == "cancelled"
+            assert cancelled.split()[1] == done.event[MCP_TASK]["task_id"]
+        finally:
+            assert second.stop() == 0

@@ -133,6 +133,10 @@ class _TaskUnit:
             return {"status": "cancelled", "error": f"{self.name} was cancelled"}
         if row_id is not None:
             runtime.outlives_server(row_id)  # a drain leaves it to the next server
+        if self.stopped:  # stopped while the server was answering: nothing was sent yet
+            if not runtime.draining:
+                self._cancel_remote()
+            return {"status": "cancelled", "error": f"{self.name} was cancelled"}
 
         def report(step: str | None, line: str | None) -> None:
             if row_id is not None:
@@ -141,7 +145,7 @@ class _TaskUnit:
         self.following = on_loop(
             self.connection, follow(self.connection, answer.task_id, report, token)
         )
-        if self.stopped:
+        if self.stopped:  # stopped just now: ``stop`` found no follower to cancel
             self.following.cancel()
         try:
             result = self.following.result()
