@@ -139,3 +139,29 @@ def test_cancelling_an_adopted_task_reaches_the_mcp_server(tmp_path: Path) -> No
             assert cancelled.split()[1] == done.event[MCP_TASK]["task_id"]
         finally:
             assert second.stop() == 0
+
+
+def test_a_server_stopping_leaves_an_adopted_task_to_the_next(tmp_path: Path) -> None:
+    with task_server(tmp_path) as tasks:
+        home = tmp_path / "home"
+        first = _server(home, tasks)
+        try:
+            session_id, deleg_id = _started(first.port, seconds=12)
+            wait_until(lambda: _task_recorded(home, deleg_id), 30)
+        finally:
+            first.stop(signal.SIGKILL)
+        second = _server(home, tasks, {"REVEILLE_DRAIN_SECONDS": "1"})
+        try:
+            wait_until(lambda: "adopted MCP task" in "".join(second.lines), 30)
+        finally:
+            assert second.stop() == 0  # graceful, while the task still brews
+        assert _the_row(home, deleg_id).state == "running"
+        third = _server(home, tasks)
+        try:
+            wait_until(lambda: _homecomings(third.port, session_id, deleg_id), 60)
+            done = _the_row(home, deleg_id)
+            assert done.state == "completed" and done.event["summary"] == "brewed sencha"
+            assert len(_homecomings(third.port, session_id, deleg_id)) == 1
+            assert len(tasks.lines("cancelled")) == 0
+        finally:
+            assert third.stop() == 0

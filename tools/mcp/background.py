@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import uuid
 from dataclasses import replace
@@ -166,4 +167,5 @@ class _TaskUnit:
 
     def _cancel_remote(self) -> None:
         if self.ref is not None:
-            on_loop(self.connection, cancel_task(self.connection, self.ref.task_id))
+            with contextlib.suppress(RuntimeError):  # the connection's loop is closed
+                on_loop(self.connection, cancel_task(self.connection, self.ref.task_id))

@@ -300,38 +300,53 @@ class McpTasks:
         started = row.started_at or row.created_at
         connection = self._connection(ref.server)
         if connection is None:
-            result: JSONObject = {
+            result: JSONObject | None = {
                 "status": "failed",
                 "error": f"MCP server {ref.server} is not configured on this Reveille server",
             }
         else:
+            result = self._follow_here(runtime, row.id, connection, ref)
+        if result is None:
+            # This server is stopping: the task goes on at its server, and the row stays
+            # running for the next server to adopt.
+            log.info("stopped following MCP task %s (%s); left running", ref.task_id, row.id)
+            return
+        runtime.record_completion(
+            row.id, completion_event(request, {**result, "adopted": True}, started)
+        )
+
+    def _follow_here(
+        self, runtime: DelegationRuntime, row_id: str, connection: McpConnection, ref: TaskRef
+    ) -> JSONObject | None:
+        """The task's end, or None when following it stopped without a cancel."""
+        cancelled = threading.Event()
+        try:
             following = on_loop(
                 connection,
                 follow(
                     connection,
                     ref.task_id,
-                    lambda step, line: runtime.progress(row.id, step=step, line=line),
+                    lambda step, line: runtime.progress(row_id, step=step, line=line),
                 ),
             )
-            runtime.watch(row.id, lambda: self._stop(connection, ref, following))
-            try:
-                result = following.result()
-            except concurrent.futures.CancelledError:
-                result = {"status": "cancelled", "error": "cancelled"}
-            finally:
-                runtime.unwatch(row.id)
-        runtime.record_completion(
-            row.id, completion_event(request, {**result, "adopted": True}, started)
-        )
+        except RuntimeError:  # the connection's loop is closed: this server is stopping
+            return None
 
-    def _stop(
-        self,
-        connection: McpConnection,
-        ref: TaskRef,
-        following: concurrent.futures.Future[JSONObject],
-    ) -> None:
-        following.cancel()
-        on_loop(connection, cancel_task(connection, ref.task_id))
+        def stop() -> None:
+            cancelled.set()
+            following.cancel()
+            with contextlib.suppress(RuntimeError):
+                on_loop(connection, cancel_task(connection, ref.task_id))
+
+        runtime.watch(row_id, stop)
+        try:
+            return following.result()
+        except concurrent.futures.CancelledError:
+            if not cancelled.is_set():
+                return None  # the loop went away under it
+            return {"status": "cancelled", "error": "cancelled"}
+        finally:
+            runtime.unwatch(row_id)
 
     def cancel_orphan(self, row_id: str) -> None:
         """A cancelled row whose owner died before anyone adopted it: cancel its task."""
@@ -340,7 +355,8 @@ class McpTasks:
         ref = TaskRef.of(row.request) if row is not None else None
         connection = self._lookup(ref.server) if ref is not None else None
         if ref is not None and connection is not None:
-            on_loop(connection, cancel_task(connection, ref.task_id))
+            with contextlib.suppress(RuntimeError):
+                on_loop(connection, cancel_task(connection, ref.task_id))
 
 
 mcp_tasks = McpTasks()
