@@ -5,7 +5,8 @@ A call asks a person first when the server's ``approvals`` setting says so (thro
 ``ToolContext.confirm``, the path the shell tool takes), then runs on the connection's loop.
 The result is the text content joined; an ``isError`` result, a timeout or a lost server
 comes back as an error the model reads. ``background: true`` (an argument Reveille adds
-unless the tool has its own) runs the call as a background unit (``tools.mcp.background``).
+unless the tool has its own) runs the call as a background unit (``tools.mcp.background``),
+as an MCP task when the tool supports tasks; a tool that requires tasks always runs so.
 """
 
 from __future__ import annotations
