@@ -81,7 +81,7 @@ class Ledger(LedgerRecovery):
         self.steady = SteadyWall(clock, monotonic)
         self.identity = identity or str(current_identity())
         self._due_listeners: list[Callable[[float], None]] = []
-        self._adopters: dict[str, Callable[[LedgerRow], None]] = {}
+        self._adopters: dict[str, Callable[[LedgerRow], bool | None]] = {}
         self._logged_dead_holders: set[str] = set()
         self.servers = ServerRoster(
             backend,

@@ -40,7 +40,7 @@ class LedgerRecovery:
     steady: SteadyWall
     identity: str
     servers: ServerRoster
-    _adopters: dict[str, Callable[[LedgerRow], None]]
+    _adopters: dict[str, Callable[[LedgerRow], bool | None]]
     _logged_dead_holders: set[str]
     # The ledger's terminal compare-and-set (``Ledger.finish``).
     finish: Callable[..., bool]
@@ -49,14 +49,15 @@ class LedgerRecovery:
         """Provably gone: an exited process of this host, or a lapsed server of another."""
         return self.servers.is_dead(identity)
 
-    def set_adopter(self, kind: str, adopt: Callable[[LedgerRow], None] | None) -> None:
+    def set_adopter(self, kind: str, adopt: Callable[[LedgerRow], bool | None] | None) -> None:
         """Say who takes over the running rows of ``kind`` whose owner process died.
 
         Work of such a kind can outlive its owner (a background process keeps running after
         its server is killed). Instead of settling the row as ``unknown``, recovery makes
         this process its owner (a compare-and-set, so one survivor only) and hands the row
         to ``adopt``, which must finish it (``finish(expected="running")``) once its real
-        outcome is known. ``adopt`` must not block; ``None`` removes the adopter.
+        outcome is known. ``adopt`` must not block; ``None`` removes the adopter. An adopter
+        that returns False declines the row (not work it follows): it settles as without one.
         """
         if adopt is None:
             self._adopters.pop(kind, None)
@@ -98,7 +99,11 @@ class LedgerRecovery:
                     if adopt is not None:
                         if self.take_over(row.id, owner):
                             try:
-                                adopt(dataclasses.replace(row, owner=self.identity))
+                                taken = adopt(dataclasses.replace(row, owner=self.identity))
+                            except Exception:
+                                log.exception("adopting %s failed", row.id)
+                                taken = False
+                            if taken is not False:
                                 log.info(
                                     "recovered %s %s from dead server %s: taken over",
                                     row.kind,
@@ -106,8 +111,6 @@ class LedgerRecovery:
                                     owner,
                                 )
                                 continue
-                            except Exception:
-                                log.exception("adopting %s failed", row.id)
                         else:
                             continue  # another survivor took it over, or it finished
                     event = abandoned_event(row, new_state, self.clock())

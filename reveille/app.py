@@ -71,6 +71,7 @@ from tools.background_processes import PROCESSES_DIR
 from tools.completion_queue import CompletionQueue
 from tools.delegation_runtime import DelegationRuntime
 from tools.mcp.manager import mcp_clients
+from tools.mcp.tasks import mcp_tasks
 from tools.process_registry import process_registry
 from tools.wake_when_tool import install_inbox
 from tools.watches import watch_manager
@@ -412,6 +413,8 @@ def _open_runtime(
     # real exit status reported), not settled as unknown.
     process_registry.attach(runtime.ledger, directory=settings.home / PROCESSES_DIR)
     # Likewise its watches: a survivor (or this server, restarted) follows them on.
+    # Likewise its MCP tasks: followed on with the MCP server that keeps them.
+    mcp_tasks.attach(runtime, mcp_clients.connection)
     watch_manager.attach(
         runtime.ledger, shell_enabled=settings.shell_enabled, workdir=settings.shell_workdir or None
     )

@@ -80,6 +80,7 @@ __all__ = [
     "RuntimeFactory",
     "Unit",
     "configure_runtime",
+    "current_unit",
     "default_state_dir",
     "get_runtime",
     "open_runtime",
@@ -113,6 +114,8 @@ class DelegationRuntime:
         self.draining = False
         # How to stop the work running here once its row is cancelled, and its progress.
         self.watched = WatchedWork(ledger)
+        # Rows whose work goes on without this server (an MCP task its server keeps).
+        self._outliving: set[str] = set()
 
     # -- dispatch -----------------------------------------------------------------------------
 
@@ -228,6 +231,8 @@ class DelegationRuntime:
         finally:
             _current.unit = None
             self.unwatch(unit.delegation_id)
+            with self._lock:
+                self._outliving.discard(unit.delegation_id)
         if unit.cancel_requested:
             result = {**result, "status": "cancelled"}
         event = completion_event(unit.request, result, started)
@@ -381,6 +386,13 @@ class DelegationRuntime:
     def progress(self, row_id: str, *, step: str | None = None, line: str | None = None) -> None:
         self.watched.progress(row_id, step=step, line=line)
 
+    def outlives_server(self, row_id: str) -> None:
+        """The work of ``row_id`` goes on without this server (an MCP task the MCP server
+        keeps): a drain stops following it without waiting and leaves its row running, for
+        the adopter of the server that takes it over (``Ledger.set_adopter``)."""
+        with self._lock:
+            self._outliving.add(row_id)
+
     def running_count(self) -> int:
         with self._lock:
             return len(self._slots.running)
@@ -423,11 +435,12 @@ class DelegationRuntime:
         deadline = time.monotonic() + max(grace_seconds, 0.0)
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._slots.running:
+                if not set(self._slots.running) - self._outliving:
                     break
             time.sleep(0.05)
         with self._lock:
             left = dict(self._slots.running)
+            outliving = set(self._outliving)
             self._slots.waiting.clear()
         interrupted = []
         for delegation_id, unit in left.items():
@@ -437,6 +450,9 @@ class DelegationRuntime:
                     unit.interrupt_fn()
                 except Exception:
                     log.exception("could not interrupt %s", delegation_id)
+            if delegation_id in outliving:
+                log.info("background %s goes on without this server; left running", delegation_id)
+                continue
             event = {
                 **unit.request,
                 "status": "interrupted",
@@ -482,6 +498,13 @@ def report_progress(step: str | None = None, line: str | None = None) -> None:
         runtime.progress(row_id, step=step, line=line)
     except Exception:
         log.debug("progress of %s not recorded", row_id, exc_info=True)
+
+
+def current_unit() -> tuple[DelegationRuntime, str] | None:
+    """The runtime and row id of the unit running on this thread (work that records more
+    on its own row: an MCP task's id), or None."""
+    found: tuple[DelegationRuntime, str] | None = getattr(_current, "unit", None)
+    return found
 
 
 RuntimeFactory = Callable[[], DelegationRuntime]

@@ -5,7 +5,8 @@ A call asks a person first when the server's ``approvals`` setting says so (thro
 ``ToolContext.confirm``, the path the shell tool takes), then runs on the connection's loop.
 The result is the text content joined; an ``isError`` result, a timeout or a lost server
 comes back as an error the model reads. ``background: true`` (an argument Reveille adds
-unless the tool has its own) runs the call as a background unit (``tools.mcp.background``).
+unless the tool has its own) runs the call as a background unit (``tools.mcp.background``),
+as an MCP task when the tool supports tasks; a tool that requires tasks always runs so.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from agent.tool_args import as_bool
 from agent.tools import ApprovalExpired, Tool, ToolContext, tool_error
 from tools.mcp.background import dispatch_call
 from tools.mcp.connection import McpConnection, McpToolInfo, json_object
+from tools.mcp.tasks import uses_task
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 MAX_NAME = 64  # what OpenAI-compatible endpoints accept as a function name
@@ -78,8 +80,9 @@ def _tool(connection: McpConnection, info: McpToolInfo, name: str) -> Tool:
                 return json.dumps(
                     {"error": f"nobody approved {name} in time; it did not run", "expired": True}
                 )
-        if background:
-            return await dispatch_call(connection, info.name, name, args, ctx)
+        as_task = uses_task(info.task_support, background)
+        if background or as_task:
+            return await dispatch_call(connection, info.name, name, args, ctx, as_task=as_task)
         result = await connection.call_from_anywhere(info.name, args, ctx)
         if result.is_error:
             return tool_error(result.text or f"{name} failed")

@@ -34,6 +34,7 @@ from typing import Literal, TextIO
 import anyio
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectSendStream
+from mcp.client.extension import NotificationBinding
 from mcp.client.session import (
     ClientRequestContext,
     ClientSession,
@@ -70,6 +71,7 @@ class McpToolInfo:
     description: str
     parameters: JSONObject
     read_only: bool
+    task_support: str = "forbidden"  # MCP tasks: "forbidden" | "optional" | "required"
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,10 @@ class McpConnection:
         self._callers: list[ToolContext] = []
         self._was_ready = False
         self.loop: asyncio.AbstractEventLoop | None = None
+        # MCP tasks followed here (``tools.mcp.tasks``): task id -> told of a status change,
+        # progress token -> told of its progress.
+        self._task_watchers: dict[str, Callable[[types.TaskStatusNotificationParams], None]] = {}
+        self._progress_watchers: dict[str, Callable[[types.ProgressNotificationParams], None]] = {}
 
     @property
     def name(self) -> str:
@@ -168,6 +174,7 @@ class McpConnection:
                     elicitation_callback=self._elicit,
                     # "deny": the capability is not offered at all.
                     sampling_callback=None if self.config.sampling == "deny" else self._sample,
+                    notification_bindings=self._task_bindings(),
                 ) as session:
                     await session.initialize()
                     await self._list(session)
@@ -204,6 +211,8 @@ class McpConnection:
                 session = self._session
                 if session is not None:
                     group.start_soon(self._relist, session)
+            elif isinstance(message, types.ProgressNotification):
+                self._progressed(message.params)
 
         return handle
 
@@ -253,7 +262,7 @@ class McpConnection:
             return McpCallResult(f"MCP server {self.name}: {exc.error.message}", True)
         finally:
             self._callers.remove(ctx)
-        return McpCallResult(_text(result), bool(result.is_error))
+        return McpCallResult(result_text(result), bool(result.is_error))
 
     async def call_from_anywhere(
         self, tool: str, arguments: JSONObject, ctx: ToolContext
@@ -267,6 +276,50 @@ class McpConnection:
             return McpCallResult(f"MCP server {self.name} is stopped", True)
         future = asyncio.run_coroutine_threadsafe(self.call(tool, arguments, ctx), home)
         return await asyncio.wrap_future(future)
+
+    # -- MCP tasks: the session, and status notifications, for ``tools.mcp.tasks`` --------------
+
+    def ready_session(self) -> ClientSession | None:
+        """The session, while the server is ready (on this connection's loop)."""
+        return self._session if self.state == "ready" else None
+
+    def watch_task(
+        self, task_id: str, told: Callable[[types.TaskStatusNotificationParams], None] | None
+    ) -> None:
+        """Call ``told`` with each ``notifications/tasks/status`` of ``task_id`` (None: stop)."""
+        if told is None:
+            self._task_watchers.pop(task_id, None)
+        else:
+            self._task_watchers[task_id] = told
+
+    def watch_progress(
+        self, token: str, told: Callable[[types.ProgressNotificationParams], None] | None
+    ) -> None:
+        """Call ``told`` with each ``notifications/progress`` of ``token`` (None: stop); a
+        task's progress goes on under its call's token after the call was answered."""
+        if told is None:
+            self._progress_watchers.pop(token, None)
+        else:
+            self._progress_watchers[token] = told
+
+    def _progressed(self, params: types.ProgressNotificationParams) -> None:
+        told = self._progress_watchers.get(str(params.progress_token))
+        if told is not None:
+            told(params)
+
+    def _task_bindings(self) -> list[NotificationBinding[types.TaskStatusNotificationParams]]:
+        async def status(params: types.TaskStatusNotificationParams) -> None:
+            told = self._task_watchers.get(params.task_id)
+            if told is not None:
+                told(params)
+
+        return [
+            NotificationBinding(
+                method="notifications/tasks/status",
+                params_type=types.TaskStatusNotificationParams,
+                handler=status,
+            )
+        ]
 
     async def _elicit(
         self, context: ClientRequestContext, params: types.ElicitRequestParams
@@ -366,6 +419,7 @@ def _info(tool: types.Tool) -> McpToolInfo:
         description=tool.description or tool.title or tool.name,
         parameters=schema,
         read_only=bool(annotations is not None and annotations.read_only_hint),
+        task_support=(tool.execution.task_support if tool.execution else None) or "forbidden",
     )
 
 
@@ -380,7 +434,7 @@ def _schema(requested: object) -> JSONObject:
     return json_object(value)
 
 
-def _text(result: types.CallToolResult) -> str:
+def result_text(result: types.CallToolResult) -> str:
     """The text content joined; other content named; structured content when no text."""
     parts: list[str] = []
     for block in result.content:
