@@ -65,14 +65,16 @@ from delivery.responses_backend import (
 )
 from gateway.config import Platform
 from gateway.openai.responses_wire import (
+    INCOMPLETE_REASONS,
     Output,
     ResponsesRequest,
     body_of,
     new_response_id,
     output_events,
+    partial_output,
     terminal_event,
 )
-from gateway.openai.wire import completion_text
+from gateway.openai.wire import completion_text, finish_reason_of
 from gateway.response_events import EventSink, NoSink, follow
 from gateway.responses_runs import ResponsesRuns, TerminalHook, dumps
 from gateway.session import SessionSource
@@ -340,7 +342,7 @@ class ResponsesService(ResponsesRuns):
                     row,
                     request,
                     "failed",
-                    Output(out.message_id, "".join(pieces)),
+                    Output(out.message_id, "".join(pieces), cut=True),
                     "the server shut down before the response finished",
                     [],
                     sink,
@@ -348,8 +350,8 @@ class ResponsesService(ResponsesRuns):
             raise
         except TurnError as exc:
             return await self._finish(
-                row, request, "failed", Output(out.message_id, "".join(pieces)), exc.message, [],
-                sink,
+                row, request, "failed", Output(out.message_id, "".join(pieces), cut=True),
+                exc.message, [], sink,
             )  # fmt: skip
         except Exception:
             logger.exception("response %s failed", row.id)
@@ -357,7 +359,7 @@ class ResponsesService(ResponsesRuns):
                 row,
                 request,
                 "failed",
-                Output(out.message_id, "".join(pieces)),
+                Output(out.message_id, "".join(pieces), cut=True),
                 "internal server error",
                 [],
                 sink,
@@ -375,9 +377,14 @@ class ResponsesService(ResponsesRuns):
         sink: EventSink,
     ) -> dict[str, Any]:
         text = completion_text(completion)
-        out = Output(out.message_id, text, done=True, usage=completion.get("usage"))
+        # A model cut short (its token limit, a content filter) ends ``incomplete``.
+        reason = INCOMPLETE_REASONS.get(finish_reason_of(completion))
+        out = Output(
+            out.message_id, text, done=True, usage=completion.get("usage"), cut=reason is not None
+        )
         closing = output_events(out, start=not opened, delta=None if opened else text)
-        return await self._finish(row, request, "completed", out, None, closing, sink)
+        status = "completed" if reason is None else "incomplete"
+        return await self._finish(row, request, status, out, None, closing, sink, reason)
 
     async def _enter_store(self, row: ResponseRow) -> bool:
         """The turn's reply is ready: take the row to its storing owner, so that a cancel
@@ -412,6 +419,7 @@ class ResponsesService(ResponsesRuns):
         error: str | None,
         closing: list[tuple[str, dict[str, Any]]],
         sink: EventSink,
+        incomplete: str | None = None,
     ) -> dict[str, Any]:
         """Store the response's end (its run is finishing: a row moved under it meanwhile
         does not stop it)."""
@@ -426,6 +434,7 @@ class ResponsesService(ResponsesRuns):
                 output=out if out.text or out.done else None,
                 error=error,
                 completed_at=now,
+                incomplete=incomplete,
             )
             events = [*closing, terminal_event(body)]
             # Every event before the terminal ones is stored (or sent) first; a background
@@ -510,7 +519,7 @@ class ResponsesService(ResponsesRuns):
             if is_storing(row.owner):
                 return await self._ended(response_id)
             now = time.time()
-            body = {**json.loads(row.body), "status": "cancelled", "completed_at": int(now)}
+            body = await self._cancelled_body(row, now)
             moved = await self._write(
                 self.store.transition,
                 row.id,
@@ -529,6 +538,20 @@ class ResponsesService(ResponsesRuns):
                 if runtime_is_open():  # else nothing was dispatched through this process
                     await self._db(get_runtime().cancel_started_by, response_id, by=BY_RESPONSE)
                 return await self._db(self.store.get, response_id)
+
+    async def _cancelled_body(self, row: ResponseRow, now: float) -> dict[str, Any]:
+        """The Response of ``row`` cancelled now: with what it streamed so far (its stored
+        events), the message ``incomplete``."""
+        stored = await self._db(self.store.events_after, row.id, -1, 100_000)
+        out = partial_output((event.type, json.loads(event.data)) for event in stored)
+        return body_of(
+            row.id,
+            ResponsesRequest.from_json(row.request),
+            status="cancelled",
+            created_at=row.created_at,
+            output=out,
+            completed_at=now,
+        )
 
     async def _ended(self, response_id: str) -> ResponseRow | None:
         """The row once it is terminal (its store's end pokes), or as it stands after a

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 from delivery.identity import holder_is_dead
 from delivery.notifier import Subscription
 from delivery.responses_backend import Change, ResponseRow, ResponsesBackend
-from gateway.openai.responses_wire import ResponsesRequest, body_of
+from gateway.openai.responses_wire import ResponsesRequest, body_of, partial_output
 from gateway.response_events import EventSink, EventWriter
 
 __all__ = ["ResponsesRuns", "TerminalHook", "dumps"]
@@ -174,11 +174,14 @@ class ResponsesRuns:
             f"({row.owner}); it was not run again because part of its output may already "
             "have been streamed. Send the request again."
         )
+        # What its stream had shown stays in the object, the message ``incomplete``.
+        stored = await self._db(self.store.events_after, row.id, -1, 100_000)
         body = body_of(
             row.id,
             request,
             status="failed",
             created_at=row.created_at,
+            output=partial_output((event.type, json.loads(event.data)) for event in stored),
             error=reason,
             completed_at=now,
         )
