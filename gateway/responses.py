@@ -27,8 +27,10 @@ and then waits for pokes (this server's appends, the store's notifier for the ot
 a slow poll as the fallback) until the row is terminal. Non-background responses run in
 the request, stream straight from the turn and store only the final object.
 
-At each terminal state ``on_terminal(response_id, event_type)`` runs (webhooks) after the
-state is stored; a row that ended without it (a crash in between) is offered again by the
+At each terminal state of a background response (of a foreground one too with
+``hook_foreground``: OpenAI sends webhooks for background responses only)
+``on_terminal(response_id, event_type)`` runs (webhooks) after the state is stored; a row
+that ended without it (a crash in between) is offered again by the
 next sweep, so the hook runs at least once. Retention is not this service's: the
 server's retention scheduler (``delivery.retention``, kind ``stored_responses``, one server
 at a time) prunes terminal rows older than ``[responses] keep_days``.
@@ -133,12 +135,16 @@ class ResponsesService(ResponsesRuns):
         background_concurrency: int = 4,
         max_queued: int = 1000,
         max_queued_per_key: int = 100,
+        hook_foreground: bool = False,
     ) -> None:
         if background_concurrency < 1:
             raise ValueError("background_concurrency must be at least 1")
         self.store = store
         self.turns = turns
         self._on_terminal = on_terminal
+        # The terminal hook runs for background responses; for foreground ones too only
+        # when asked (``[webhooks] foreground``).
+        self.hook_foreground = hook_foreground
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
         self.background_concurrency = background_concurrency
@@ -452,12 +458,12 @@ class ResponsesService(ResponsesRuns):
                 row.id,
                 expect=("in_progress",),
                 owner=storing_owner(self.owner) if row.id in self._storing else self.owner,
-                change=Change(status, dumps(body), completed_at=now, notified=self._silent),
+                change=Change(status, dumps(body), completed_at=now, notified=self._quiet(row)),
                 events=[(t, dumps(d)) for t, d in events] if row.background else None,
                 poke=row.background,
             )
             if stored:
-                if not self._silent:
+                if not self._quiet(row):
                     await self._told(row.id, events[-1][0])
                 return body
             # Cancelled, deleted or taken over meanwhile: what the store says stands.
@@ -525,7 +531,9 @@ class ResponsesService(ResponsesRuns):
                 row.id,
                 expect=(row.status,),
                 owner=row.owner,
-                change=Change("cancelled", dumps(body), completed_at=now, notified=self._silent),
+                change=Change(
+                    "cancelled", dumps(body), completed_at=now, notified=self._quiet(row)
+                ),
                 # The owner read above: a run that entered its store since then wins.
                 check_owner=True,
             )
@@ -533,7 +541,7 @@ class ResponsesService(ResponsesRuns):
                 task = self._running.get(response_id)
                 if task is not None:
                     task.cancel()
-                if not self._silent:
+                if not self._quiet(row):
                     await self._told(response_id, "response.cancelled")
                 if runtime_is_open():  # else nothing was dispatched through this process
                     await self._db(get_runtime().cancel_started_by, response_id, by=BY_RESPONSE)
