@@ -47,6 +47,7 @@ __all__ = [
 _RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,120}")
 _ROLES = ("user", "assistant", "system", "developer")
 _DETAILS = ("auto", "low", "high", "original")
+_VERBOSITIES = ("low", "medium", "high")
 _MAX_METADATA = 16
 # Known parameters (the openai package's) asking for what this server does not have.
 _UNSUPPORTED = (
@@ -268,6 +269,17 @@ def _text_format(value: Any) -> tuple[JSONObject, JSONObject | None]:
     return {"format": fmt}, {"type": "json_schema", "json_schema": schema}
 
 
+def _text_setting(value: Any) -> tuple[JSONObject, JSONObject | None]:
+    """``_text_format``, with ``text.verbosity`` echoed (it is not passed to the model)."""
+    echoed, response_format = _text_format(value)
+    verbosity = value.get("verbosity") if isinstance(value, dict) else None
+    if verbosity is not None:
+        if verbosity not in _VERBOSITIES:
+            raise _bad("text.verbosity", "'text.verbosity' must be low, medium or high")
+        echoed = {**echoed, "verbosity": verbosity}
+    return echoed, response_format
+
+
 def _refuse_unsupported(body: Mapping[str, object]) -> None:
     """400 for known parameters this server cannot honour (set to anything but null)."""
     for name in _UNSUPPORTED:
@@ -336,7 +348,7 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 1
     ):
         raise _bad("max_output_tokens", "'max_output_tokens' must be an integer of at least 1")
-    text, response_format = _text_format(body.get("text"))
+    text, response_format = _text_setting(body.get("text"))
     # The chat endpoint's own checks, under the chat names (client tools are refused there).
     chat_like: JSONObject = {
         "tools": body.get("tools"),

@@ -17,7 +17,13 @@ import pytest
 
 from tests.agent.test_openai_compat import FakeOpenAI
 from tests.api_server._support import KEY, client_for, poll
-from tests.api_server.test_openai_types import Held, _has_delta, broken_after, reply
+from tests.api_server.test_openai_types import (
+    Conformance,
+    Held,
+    _has_delta,
+    broken_after,
+    reply,
+)
 from tests.api_server.test_responses import serving, upstream
 
 
@@ -62,8 +68,13 @@ async def test_the_response_echoes_what_was_asked_and_defaults_the_rest(
             prompt={"id": "pmpt_1", "version": "2", "variables": {"city": "Oslo"}},
             user="u-1",
             max_output_tokens=50,
+            text={"format": {"type": "text"}, "verbosity": "low"},
             extra_body={"presence_penalty": 0.5, "frequency_penalty": -0.25},
         )
+        check = Conformance()
+        check.response(plain)
+        check.response(asked)
+        assert check.rejects == []
         data = asked.to_dict()
         assert (data["temperature"], data["top_p"]) == (0.3, 0.9)
         assert (data["presence_penalty"], data["frequency_penalty"]) == (0.5, -0.25)
@@ -74,6 +85,7 @@ async def test_the_response_echoes_what_was_asked_and_defaults_the_rest(
         assert data["prompt_cache_key"] == "cache-1" and data["user"] == "u-1"
         assert data["prompt"] == {"id": "pmpt_1", "version": "2", "variables": {"city": "Oslo"}}
         assert data["max_output_tokens"] == 50
+        assert data["text"] == {"format": {"type": "text"}, "verbosity": "low"}
         # The stored object says the same.
         assert (await client.responses.retrieve(asked.id)).to_dict() == data
         usage = data["usage"]
