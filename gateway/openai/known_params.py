@@ -18,12 +18,15 @@ from typing import Any
 
 from gateway.http.middleware import ApiError
 
-__all__ = ["chat_params", "refuse_unknown", "responses_params"]
+__all__ = ["chat_params", "check_chat_params", "refuse_unknown", "responses_params"]
 
 # Beside the openai package's keys: ``stream`` (its streaming/non-streaming variants hold
 # it), and the penalties the Open Responses specification adds to the Responses request.
 _RESPONSES_EXTRA = frozenset({"stream", "presence_penalty", "frequency_penalty"})
 _CHAT_EXTRA = frozenset({"stream"})
+# Known chat parameters asking for output this server never produces (set to anything
+# but null): refused rather than answered without it.
+_CHAT_UNSUPPORTED = ("audio", "prediction", "web_search_options")
 
 
 def _keys(*types: Any) -> frozenset[str]:
@@ -53,6 +56,28 @@ def chat_params() -> frozenset[str]:
         _keys(params.CompletionCreateParamsStreaming, params.CompletionCreateParamsNonStreaming)
         | _CHAT_EXTRA
     )
+
+
+def _unsupported(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param=param, code="unsupported_parameter")
+
+
+def check_chat_params(body: object) -> None:
+    """A chat body's top-level parameters: each known (``refuse_unknown``), none asking
+    for what the server cannot give (audio, predicted outputs, web search, log
+    probabilities). The values of the others are checked by ``chat_params``."""
+    refuse_unknown(body, chat_params())
+    if not isinstance(body, Mapping):
+        return
+    for param in _CHAT_UNSUPPORTED:
+        if body.get(param) is not None:
+            raise _unsupported(param, f"'{param}' is not supported by this server")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise _unsupported("modalities", "only text output is supported: 'modalities': ['text']")
+    if body.get("logprobs") is True or body.get("top_logprobs"):
+        param = "logprobs" if body.get("logprobs") is True else "top_logprobs"
+        raise _unsupported(param, "log probabilities are not supported by this server")
 
 
 def refuse_unknown(body: object, known: frozenset[str]) -> None:

@@ -152,6 +152,15 @@ async def test_unknown_parameters_are_refused_by_name_and_real_clients_are_not(
             port, "/v1/responses", {"model": "fake-model", "input": "hi", "top_logprobs": 3}
         )
         assert status == 400 and body["error"]["code"] == "unsupported_value"
+        for unsupported, value in (("audio", {"voice": "alloy"}), ("logprobs", True)):
+            status, body = await _post(
+                port,
+                "/v1/chat/completions",
+                {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+                | {unsupported: value},
+            )
+            assert status == 400 and body["error"]["code"] == "unsupported_parameter"
+            assert body["error"]["param"] == unsupported
         # What Open WebUI, LibreChat and the openai client send is taken.
         client = client_for(port)
         answer = await client.chat.completions.create(
@@ -167,6 +176,9 @@ async def test_unknown_parameters_are_refused_by_name_and_real_clients_are_not(
             frequency_penalty=0.1,
             response_format={"type": "text"},
             store=False,
+            logprobs=False,
+            modalities=["text"],
+            reasoning_effort="low",
         )
         assert answer.choices[0].message.content == "ok"
         made = await client.responses.create(

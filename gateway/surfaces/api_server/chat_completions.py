@@ -32,7 +32,7 @@ from gateway.http.middleware import (
     open_event_stream,
 )
 from gateway.openai.chat_body import ChatBody, parse_chat_body
-from gateway.openai.known_params import chat_params, refuse_unknown
+from gateway.openai.known_params import check_chat_params
 from gateway.openai.wire import chunker, completion_text, finish_reason_of, send_sse
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
 from gateway.surfaces.api_server.auth import is_keyed, same_secret
@@ -137,7 +137,7 @@ class ChatCompletionsRoute:
         # The header is checked before the body is read: a refused request costs nothing.
         session_id = await self._session_from_header(request, is_keyed(request))
         body = await self._read_json(request)
-        refuse_unknown(body, chat_params())
+        check_chat_params(body)
         options = parse_chat_body(body)
         messages = options.messages
         self._check_model(options.model)
