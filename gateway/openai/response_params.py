@@ -1,4 +1,5 @@
-"""The Response fields a ``POST /v1/responses`` body sets only to have them echoed back.
+"""The Response fields a ``POST /v1/responses`` body sets only to have them echoed back,
+and the known parameters it may not set.
 
 OpenAI's Response object repeats what the request asked (``presence_penalty``,
 ``reasoning``, ``service_tier``, ``truncation``, a stored ``prompt`` reference...), and
@@ -7,6 +8,8 @@ clients and the Open Responses schema expect every one of them present with its 
 returns them with the documented defaults for those not given; ``responses_wire`` stores
 them on the request and ``body_of`` echoes them. None of them changes what the model is
 asked: README's OpenAI section says, field by field, what each one does here.
+``refuse_unsupported`` refuses (400) the known parameters asking for what this server does
+not have (``context_management``, ``moderation``...).
 """
 
 from __future__ import annotations
@@ -18,13 +21,22 @@ from dataclasses import dataclass
 from agent.messages import JSONObject, JSONValue
 from gateway.http.middleware import ApiError
 
-__all__ = ["Echoed", "echoed_params"]
+__all__ = ["Echoed", "echoed_params", "refuse_unsupported"]
 
 _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 _SUMMARIES = ("auto", "concise", "detailed")
 _TIERS = ("auto", "default", "flex", "scale", "priority")
 _TRUNCATIONS = ("auto", "disabled")
 _MAX_ID_TEXT = 512
+# Known parameters (the openai package's) asking for what this server does not have.
+_UNSUPPORTED = (
+    "access_programs",
+    "background_options",
+    "context_management",
+    "image",
+    "moderation",
+    "prompt_cache_options",
+)
 
 
 @dataclass(frozen=True)
@@ -155,3 +167,18 @@ def echoed_params(body: Mapping[str, object]) -> Echoed:
         prompt=_prompt(body),
         user=_short_text(body, "user"),
     )
+
+
+def refuse_unsupported(body: Mapping[str, object]) -> None:
+    """400 for known parameters this server cannot honour (set to anything but null)."""
+    for name in _UNSUPPORTED:
+        if body.get(name) is not None:
+            raise _bad(name, f"'{name}' is not supported by this server", "unsupported_parameter")
+    include = body.get("include")
+    if include is not None and (
+        not isinstance(include, list) or not all(isinstance(i, str) for i in include)
+    ):
+        raise _bad("include", "'include' must be an array of strings", "invalid_type")
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, dict):
+        raise _bad("stream_options", "'stream_options' must be an object", "invalid_type")

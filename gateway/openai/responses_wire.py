@@ -4,10 +4,14 @@
 for anything malformed or unsupported) into a ``ResponsesRequest``: the input items (each
 given an id, for ``input_items``), the chat messages the turn service runs (``instructions``
 as the system message), and the generation options, checked by the chat endpoint's own
-rules (``chat_params``: client-defined tools are refused the same way). The request is
-stored as JSON on the response's row, so any server can run it.
+rules (``chat_params``: client-defined tools are refused the same way). A top-level
+parameter the openai package does not know is a 400 ``unknown_parameter``
+(``known_params``); the parameters the Response only echoes are ``response_params``'.
+The request is stored as JSON on the response's row, so any server can run it.
 
-``body_of`` builds the Response object of a stored response at each step; the ``*_events``
+``body_of`` builds the Response object of a stored response at each step, every field
+present (a model cut short ends ``incomplete`` with its reason; a failed or cancelled
+response keeps its partial message, ``incomplete``); the ``*_events``
 helpers build the streamed events (``response.created`` ... ``response.completed``) as
 ``(type, data)`` pairs whose data has no ``sequence_number``: the stream adds the stored
 event's number (``sse_event``).
@@ -28,7 +32,7 @@ from delivery.ids import new_token
 from gateway.http.middleware import ApiError
 from gateway.openai.chat_params import model_options
 from gateway.openai.known_params import refuse_unknown, responses_params
-from gateway.openai.response_params import echoed_params
+from gateway.openai.response_params import echoed_params, refuse_unsupported
 
 __all__ = [
     "Output",
@@ -49,15 +53,6 @@ _ROLES = ("user", "assistant", "system", "developer")
 _DETAILS = ("auto", "low", "high", "original")
 _VERBOSITIES = ("low", "medium", "high")
 _MAX_METADATA = 16
-# Known parameters (the openai package's) asking for what this server does not have.
-_UNSUPPORTED = (
-    "access_programs",
-    "background_options",
-    "context_management",
-    "image",
-    "moderation",
-    "prompt_cache_options",
-)
 
 
 def new_response_id() -> str:
@@ -280,27 +275,12 @@ def _text_setting(value: Any) -> tuple[JSONObject, JSONObject | None]:
     return echoed, response_format
 
 
-def _refuse_unsupported(body: Mapping[str, object]) -> None:
-    """400 for known parameters this server cannot honour (set to anything but null)."""
-    for name in _UNSUPPORTED:
-        if body.get(name) is not None:
-            raise _bad(name, f"'{name}' is not supported by this server", "unsupported_parameter")
-    include = body.get("include")
-    if include is not None and (
-        not isinstance(include, list) or not all(isinstance(i, str) for i in include)
-    ):
-        raise _bad("include", "'include' must be an array of strings", "invalid_type")
-    for name in ("stream_options",):
-        if body.get(name) is not None and not isinstance(body.get(name), dict):
-            raise _bad(name, f"'{name}' must be an object", "invalid_type")
-
-
 def parse_responses_body(body: Any) -> ResponsesRequest:
     """A ``POST /v1/responses`` body, checked (see the module docstring)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     refuse_unknown(body, responses_params())
-    _refuse_unsupported(body)
+    refuse_unsupported(body)
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         raise _bad(
