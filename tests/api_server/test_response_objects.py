@@ -15,6 +15,7 @@ import aiohttp
 import openai
 import pytest
 
+from reveille.settings import load_settings
 from tests.agent.test_openai_compat import FakeOpenAI
 from tests.api_server._support import KEY, client_for, poll
 from tests.api_server.test_openai_types import (
@@ -282,3 +283,13 @@ async def test_an_unknown_parameter_via_the_client_is_a_bad_request(store, tmp_p
         with pytest.raises(openai.BadRequestError) as caught:
             await client.responses.create(model="fake-model", input="hi", extra_body={"x_y": 1})
         assert caught.value.code == "unknown_parameter"
+
+
+def test_webhooks_for_foreground_responses_is_a_setting(tmp_path) -> None:
+    home = {"REVEILLE_HOME": str(tmp_path)}
+    assert load_settings(home).webhook_foreground is False
+    (tmp_path / "config.toml").write_text("[webhooks]\nforeground = true\n")
+    assert load_settings(home).webhook_foreground is True
+    assert (
+        load_settings({**home, "REVEILLE_WEBHOOK_FOREGROUND": "false"}).webhook_foreground is False
+    )
