@@ -541,11 +541,28 @@ class ResponsesService(ResponsesRuns):
                 task = self._running.get(response_id)
                 if task is not None:
                     task.cancel()
+                await self._settle_cancelled(row, body, now)
                 if not self._quiet(row):
                     await self._told(response_id, "response.cancelled")
                 if runtime_is_open():  # else nothing was dispatched through this process
                     await self._db(get_runtime().cancel_started_by, response_id, by=BY_RESPONSE)
                 return await self._db(self.store.get, response_id)
+
+    async def _settle_cancelled(self, row: ResponseRow, body: dict[str, Any], now: float) -> None:
+        """A delta its runner stored between the cancel's read and its move is in the
+        stream: the cancelled object says it too (no event is stored after the move)."""
+        settled = await self._cancelled_body(row, now)
+        if settled != body:
+            await self._write(
+                self.store.transition,
+                row.id,
+                expect=("cancelled",),
+                owner=None,
+                change=Change(
+                    "cancelled", dumps(settled), completed_at=now, notified=self._quiet(row)
+                ),
+                check_owner=False,
+            )
 
     async def _cancelled_body(self, row: ResponseRow, now: float) -> dict[str, Any]:
         """The Response of ``row`` cancelled now: with what it streamed so far (its stored

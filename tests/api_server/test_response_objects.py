@@ -293,3 +293,36 @@ def test_webhooks_for_foreground_responses_is_a_setting(tmp_path) -> None:
     assert (
         load_settings({**home, "REVEILLE_WEBHOOK_FOREGROUND": "false"}).webhook_foreground is False
     )
+
+
+async def test_a_delta_stored_while_the_cancel_is_on_its_way_is_in_the_cancelled_object(
+    store, tmp_path, fake
+) -> None:
+    held = Held()
+    fake.script = [held]
+    async with serving(store, tmp_path, upstream(fake)) as (adapter, service):
+        client = client_for(adapter.port)
+        made = await client.responses.create(model="fake-model", input="go", background=True)
+        await held.started.wait()
+        await poll(lambda: _has_delta(service, made.id))
+        backend = service.store
+        real = backend.transition
+
+        def racing(response_id: str, **kwargs: Any) -> bool:
+            # The runner stores one more delta just before the cancel moves the row.
+            if kwargs["expect"] == ("in_progress",) and kwargs["change"].status == "cancelled":
+                row = backend.get(response_id)
+                first = backend.events_after(response_id, -1, 100)
+                added = next(e for e in first if e.type == "response.output_item.added")
+                item_id = json.loads(added.data)["item"]["id"]
+                delta = {"item_id": item_id, "output_index": 0, "content_index": 0}
+                delta |= {"delta": " there", "logprobs": []}
+                event = ("response.output_text.delta", json.dumps(delta))
+                assert backend.append_events(response_id, row.owner, [event])
+            return real(response_id, **kwargs)
+
+        backend.transition = racing
+        cancelled = await client.responses.cancel(made.id)
+        held.release.set()
+        assert cancelled.status == "cancelled" and cancelled.output_text == "Hello there"
+        assert (await client.responses.retrieve(made.id)).output_text == "Hello there"
