@@ -39,6 +39,8 @@ class AgentResult:
     usage: dict[str, int] = field(default_factory=empty_usage)
     steps: int = 0
     step_limit_reached: bool = False
+    # Why the model stopped its last answer (chat's finish_reason): "length" is a cut.
+    finish_reason: str = "stop"
 
 
 def step_limit_message(max_steps: int) -> str:
@@ -140,7 +142,8 @@ class Agent:
             if not reply.tool_calls:
                 final: ChatMessage = {"role": "assistant", "content": reply.content or ""}
                 new_messages.append(final)
-                return AgentResult(live.text, new_messages, usage, step)
+                reason = reply.finish_reason or "stop"
+                return AgentResult(live.text, new_messages, usage, step, finish_reason=reason)
             step_messages = await self._run_tool_calls(reply, ctx)
             conversation.extend(step_messages)
             new_messages.extend(step_messages)

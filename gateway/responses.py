@@ -27,8 +27,10 @@ and then waits for pokes (this server's appends, the store's notifier for the ot
 a slow poll as the fallback) until the row is terminal. Non-background responses run in
 the request, stream straight from the turn and store only the final object.
 
-At each terminal state ``on_terminal(response_id, event_type)`` runs (webhooks) after the
-state is stored; a row that ended without it (a crash in between) is offered again by the
+At each terminal state of a background response (of a foreground one too with
+``hook_foreground``: OpenAI sends webhooks for background responses only)
+``on_terminal(response_id, event_type)`` runs (webhooks) after the state is stored; a row
+that ended without it (a crash in between) is offered again by the
 next sweep, so the hook runs at least once. Retention is not this service's: the
 server's retention scheduler (``delivery.retention``, kind ``stored_responses``, one server
 at a time) prunes terminal rows older than ``[responses] keep_days``.
@@ -65,14 +67,16 @@ from delivery.responses_backend import (
 )
 from gateway.config import Platform
 from gateway.openai.responses_wire import (
+    INCOMPLETE_REASONS,
     Output,
     ResponsesRequest,
     body_of,
     new_response_id,
     output_events,
+    partial_output,
     terminal_event,
 )
-from gateway.openai.wire import completion_text
+from gateway.openai.wire import completion_text, finish_reason_of
 from gateway.response_events import EventSink, NoSink, follow
 from gateway.responses_runs import ResponsesRuns, TerminalHook, dumps
 from gateway.session import SessionSource
@@ -131,12 +135,16 @@ class ResponsesService(ResponsesRuns):
         background_concurrency: int = 4,
         max_queued: int = 1000,
         max_queued_per_key: int = 100,
+        hook_foreground: bool = False,
     ) -> None:
         if background_concurrency < 1:
             raise ValueError("background_concurrency must be at least 1")
         self.store = store
         self.turns = turns
         self._on_terminal = on_terminal
+        # The terminal hook runs for background responses; for foreground ones too only
+        # when asked (``[webhooks] foreground``).
+        self.hook_foreground = hook_foreground
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
         self.background_concurrency = background_concurrency
@@ -343,7 +351,7 @@ class ResponsesService(ResponsesRuns):
                     row,
                     request,
                     "failed",
-                    Output(out.message_id, "".join(pieces)),
+                    Output(out.message_id, "".join(pieces), cut=True),
                     "the server shut down before the response finished",
                     [],
                     sink,
@@ -351,8 +359,8 @@ class ResponsesService(ResponsesRuns):
             raise
         except TurnError as exc:
             return await self._finish(
-                row, request, "failed", Output(out.message_id, "".join(pieces)), exc.message, [],
-                sink,
+                row, request, "failed", Output(out.message_id, "".join(pieces), cut=True),
+                exc.message, [], sink,
             )  # fmt: skip
         except Exception:
             logger.exception("response %s failed", row.id)
@@ -360,7 +368,7 @@ class ResponsesService(ResponsesRuns):
                 row,
                 request,
                 "failed",
-                Output(out.message_id, "".join(pieces)),
+                Output(out.message_id, "".join(pieces), cut=True),
                 "internal server error",
                 [],
                 sink,
@@ -378,9 +386,14 @@ class ResponsesService(ResponsesRuns):
         sink: EventSink,
     ) -> dict[str, Any]:
         text = completion_text(completion)
-        out = Output(out.message_id, text, done=True, usage=completion.get("usage"))
+        # A model cut short (its token limit, a content filter) ends ``incomplete``.
+        reason = INCOMPLETE_REASONS.get(finish_reason_of(completion))
+        out = Output(
+            out.message_id, text, done=True, usage=completion.get("usage"), cut=reason is not None
+        )
         closing = output_events(out, start=not opened, delta=None if opened else text)
-        return await self._finish(row, request, "completed", out, None, closing, sink)
+        status = "completed" if reason is None else "incomplete"
+        return await self._finish(row, request, status, out, None, closing, sink, reason)
 
     async def _enter_store(self, row: ResponseRow) -> bool:
         """The turn's reply is ready: take the row to its storing owner, so that a cancel
@@ -415,6 +428,7 @@ class ResponsesService(ResponsesRuns):
         error: str | None,
         closing: list[tuple[str, dict[str, Any]]],
         sink: EventSink,
+        incomplete: str | None = None,
     ) -> dict[str, Any]:
         """Store the response's end (its run is finishing: a row moved under it meanwhile
         does not stop it)."""
@@ -429,6 +443,7 @@ class ResponsesService(ResponsesRuns):
                 output=out if out.text or out.done else None,
                 error=error,
                 completed_at=now,
+                incomplete=incomplete,
             )
             events = [*closing, terminal_event(body)]
             # Every event before the terminal ones is stored (or sent) first; a background
@@ -446,12 +461,12 @@ class ResponsesService(ResponsesRuns):
                 row.id,
                 expect=("in_progress",),
                 owner=storing_owner(self.owner) if row.id in self._storing else self.owner,
-                change=Change(status, dumps(body), completed_at=now, notified=self._silent),
+                change=Change(status, dumps(body), completed_at=now, notified=self._quiet(row)),
                 events=[(t, dumps(d)) for t, d in events] if row.background else None,
                 poke=row.background,
             )
             if stored:
-                if not self._silent:
+                if not self._quiet(row):
                     await self._told(row.id, events[-1][0])
                 return body
             # Cancelled, deleted or taken over meanwhile: what the store says stands.
@@ -513,13 +528,15 @@ class ResponsesService(ResponsesRuns):
             if is_storing(row.owner):
                 return await self._ended(response_id)
             now = time.time()
-            body = {**json.loads(row.body), "status": "cancelled", "completed_at": int(now)}
+            body = await self._cancelled_body(row, now)
             moved = await self._write(
                 self.store.transition,
                 row.id,
                 expect=(row.status,),
                 owner=row.owner,
-                change=Change("cancelled", dumps(body), completed_at=now, notified=self._silent),
+                change=Change(
+                    "cancelled", dumps(body), completed_at=now, notified=self._quiet(row)
+                ),
                 # The owner read above: a run that entered its store since then wins.
                 check_owner=True,
             )
@@ -527,11 +544,42 @@ class ResponsesService(ResponsesRuns):
                 task = self._running.get(response_id)
                 if task is not None:
                     task.cancel()
-                if not self._silent:
+                await self._settle_cancelled(row, body, now)
+                if not self._quiet(row):
                     await self._told(response_id, "response.cancelled")
                 if runtime_is_open():  # else nothing was dispatched through this process
                     await self._db(get_runtime().cancel_started_by, response_id, by=BY_RESPONSE)
                 return await self._db(self.store.get, response_id)
+
+    async def _settle_cancelled(self, row: ResponseRow, body: dict[str, Any], now: float) -> None:
+        """A delta its runner stored between the cancel's read and its move is in the
+        stream: the cancelled object says it too (no event is stored after the move)."""
+        settled = await self._cancelled_body(row, now)
+        if settled != body:
+            await self._write(
+                self.store.transition,
+                row.id,
+                expect=("cancelled",),
+                owner=None,
+                change=Change(
+                    "cancelled", dumps(settled), completed_at=now, notified=self._quiet(row)
+                ),
+                check_owner=False,
+            )
+
+    async def _cancelled_body(self, row: ResponseRow, now: float) -> dict[str, Any]:
+        """The Response of ``row`` cancelled now: with what it streamed so far (its stored
+        events), the message ``incomplete``."""
+        stored = await self._db(self.store.events_after, row.id, -1, 100_000)
+        out = partial_output((event.type, json.loads(event.data)) for event in stored)
+        return body_of(
+            row.id,
+            ResponsesRequest.from_json(row.request),
+            status="cancelled",
+            created_at=row.created_at,
+            output=out,
+            completed_at=now,
+        )
 
     async def _ended(self, response_id: str) -> ResponseRow | None:
         """The row once it is terminal (its store's end pokes), or as it stands after a

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 from delivery.identity import holder_is_dead
 from delivery.notifier import Subscription
 from delivery.responses_backend import Change, ResponseRow, ResponsesBackend
-from gateway.openai.responses_wire import ResponsesRequest, body_of
+from gateway.openai.responses_wire import ResponsesRequest, body_of, partial_output
 from gateway.response_events import EventSink, EventWriter
 
 __all__ = ["ResponsesRuns", "TerminalHook", "dumps"]
@@ -46,6 +46,7 @@ class ResponsesRuns:
     store: ResponsesBackend
     owner: str
     lease_seconds: float
+    hook_foreground: bool
     _on_terminal: TerminalHook | None
     _running: dict[str, asyncio.Task[Any]]
     _finishing: set[str]
@@ -86,10 +87,11 @@ class ResponsesRuns:
         self._changed()
         return result
 
-    @property
-    def _silent(self) -> bool:
-        """No terminal hook: a terminal row is stored as notified, in the same write."""
-        return self._on_terminal is None
+    def _quiet(self, row: ResponseRow) -> bool:
+        """No terminal hook for ``row``: none is set, or the row is a foreground response
+        and ``hook_foreground`` is off (OpenAI sends webhooks for background responses
+        only). A quiet row is stored as notified, in the same write as its end."""
+        return self._on_terminal is None or not (row.background or self.hook_foreground)
 
     async def _told(self, response_id: str, event_type: str) -> None:
         """Run the terminal hook, then mark the row notified."""
@@ -174,11 +176,14 @@ class ResponsesRuns:
             f"({row.owner}); it was not run again because part of its output may already "
             "have been streamed. Send the request again."
         )
+        # What its stream had shown stays in the object, the message ``incomplete``.
+        stored = await self._db(self.store.events_after, row.id, -1, 100_000)
         body = body_of(
             row.id,
             request,
             status="failed",
             created_at=row.created_at,
+            output=partial_output((event.type, json.loads(event.data)) for event in stored),
             error=reason,
             completed_at=now,
         )
@@ -187,10 +192,10 @@ class ResponsesRuns:
             row.id,
             expect=("in_progress",),
             owner=row.owner,
-            change=Change("failed", dumps(body), completed_at=now, notified=self._silent),
+            change=Change("failed", dumps(body), completed_at=now, notified=self._quiet(row)),
             events=[("response.failed", dumps({"response": body}))] if row.background else None,
         )
         if ended:
             logger.warning("response %s ended failed: its server %s stopped", row.id, row.owner)
-            if not self._silent:
+            if not self._quiet(row):
                 await self._told(row.id, "response.failed")

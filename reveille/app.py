@@ -245,6 +245,7 @@ async def serve(
             background_concurrency=settings.responses_background_concurrency,
             max_queued=settings.responses_max_queued,
             max_queued_per_key=settings.responses_max_queued_per_key,
+            hook_foreground=settings.webhook_foreground,
         )
         adapter.mount_responses(responses)
         inbox = await asyncio.to_thread(open_inbox, settings, location)

@@ -143,6 +143,8 @@ class Settings:
     # without a secret here, the one `reveille webhooks secret` stored signs
     webhook_urls: str = ""
     webhook_secret: str = ""
+    # webhooks for foreground (non-background) responses too; OpenAI sends background only
+    webhook_foreground: bool = False
     # inbound events (POST /v1/hooks/{name}): the hooks ([hooks.NAME], reveille.hook_settings),
     # a body cap, how long a rotated-out secret still verifies, how far back a wake_when wait
     # looks for an event that came before it was set

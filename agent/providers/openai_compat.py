@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ from agent.providers.base import (
 # accept any value, so a placeholder keeps those endpoints usable without configuration.
 _NO_KEY_PLACEHOLDER = "sk-no-key-configured"
 _MAX_ERROR_TEXT = 500
+_log = logging.getLogger(__name__)
+# An address inside an upstream's error text: API clients never see where the model is.
+_ADDRESS = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
 _PATH = "/chat/completions"
 # The bearer key is sent as `chat.completions.create` sends it.
 _OPTIONS: Any = {"security": {"bearer_auth": True}}
@@ -275,7 +279,9 @@ class OpenAICompatProvider:
         )
 
     def _label(self) -> str:
-        return f"model provider {_public_url(self.base_url)} (model {self.model})"
+        # No address: the message reaches API clients; the log line says where
+        # (``_provider_error``).
+        return f"the model provider (model {self.model})"
 
     def _redact(self, text: str) -> str:
         if self._api_key:
@@ -283,8 +289,16 @@ class OpenAICompatProvider:
         return text
 
     def _provider_error(self, exc: openai.OpenAIError) -> ProviderError:
+        """The error API clients may see (no address, no key); the operator's log has the
+        upstream's address and the underlying cause (never the key)."""
+        error = self._public_error(exc)
+        cause = self._redact(str(exc.__cause__ or exc))[:_MAX_ERROR_TEXT]
+        _log.warning("model call to %s failed: %s (%s)", _public_url(self.base_url), error, cause)
+        return error
+
+    def _public_error(self, exc: openai.OpenAIError) -> ProviderError:
         if isinstance(exc, openai.APIStatusError):
-            detail = _provider_message(exc)
+            detail = _ADDRESS.sub("<address>", _provider_message(exc))
             text = f"{self._label()} returned HTTP {exc.status_code}: {detail}"
             code = getattr(exc, "code", None)
             return ProviderError(
@@ -297,19 +311,19 @@ class OpenAICompatProvider:
             # (the connect failure arrives as the HTTP library's ConnectTimeout): say what
             # happened. Matched by name: the SDK's HTTP package has been httpx and httpx2.
             if _is_connect_failure(exc.__cause__):
-                cause = self._redact(str(exc.__cause__))
-                return ProviderError(f"{self._label()} could not be reached: {cause}")
+                return ProviderError(f"{self._label()} could not be reached")
             return ProviderError(f"{self._label()} timed out after {self.timeout:g} s")
         if isinstance(exc, openai.APIConnectionError):
-            return ProviderError(f"{self._label()} could not be reached: {self._redact(str(exc))}")
+            # The cause names the host: the log has it.
+            return ProviderError(f"{self._label()} could not be reached")
         if isinstance(exc, openai.APIError):
             # Errors reported inside a stream carry a message but no status code.
-            text = f"{self._label()} reported an error: {exc.message}"
+            text = f"{self._label()} reported an error: {_ADDRESS.sub('<address>', exc.message)}"
             code = getattr(exc, "code", None)
             return ProviderError(
                 self._redact(text)[:_MAX_ERROR_TEXT], code=code if isinstance(code, str) else None
             )
-        text = f"{self._label()} failed: {type(exc).__name__}: {exc}"
+        text = f"{self._label()} failed: {type(exc).__name__}"
         return ProviderError(self._redact(text)[:_MAX_ERROR_TEXT])
 
 

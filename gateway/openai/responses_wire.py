@@ -4,10 +4,14 @@
 for anything malformed or unsupported) into a ``ResponsesRequest``: the input items (each
 given an id, for ``input_items``), the chat messages the turn service runs (``instructions``
 as the system message), and the generation options, checked by the chat endpoint's own
-rules (``chat_params``: client-defined tools are refused the same way). The request is
-stored as JSON on the response's row, so any server can run it.
+rules (``chat_params``: client-defined tools are refused the same way). A top-level
+parameter the openai package does not know is a 400 ``unknown_parameter``
+(``known_params``); the parameters the Response only echoes are ``response_params``'.
+The request is stored as JSON on the response's row, so any server can run it.
 
-``body_of`` builds the Response object of a stored response at each step; the ``*_events``
+``body_of`` builds the Response object of a stored response at each step, every field
+present (a model cut short ends ``incomplete`` with its reason; a failed or cancelled
+response keeps its partial message, ``incomplete``); the ``*_events``
 helpers build the streamed events (``response.created`` ... ``response.completed``) as
 ``(type, data)`` pairs whose data has no ``sequence_number``: the stream adds the stored
 event's number (``sse_event``).
@@ -18,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
 
@@ -27,6 +31,8 @@ from agent.providers.base import ModelOptions
 from delivery.ids import new_token
 from gateway.http.middleware import ApiError
 from gateway.openai.chat_params import model_options
+from gateway.openai.known_params import refuse_unknown, responses_params
+from gateway.openai.response_params import echoed_params, refuse_unsupported
 
 __all__ = [
     "Output",
@@ -41,6 +47,7 @@ __all__ = [
     "new_response_id",
     "output_events",
     "parse_responses_body",
+    "partial_output",
     "sse_event",
     "terminal_event",
     "usage_object",
@@ -48,6 +55,8 @@ __all__ = [
 
 _RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,120}")
 _ROLES = ("user", "assistant", "system", "developer")
+_DETAILS = ("auto", "low", "high", "original")
+_VERBOSITIES = ("low", "medium", "high")
 _MAX_METADATA = 16
 
 
@@ -105,6 +114,18 @@ class ResponsesRequest:
     tool_choice: str = "auto"
     parallel_tool_calls: bool = True
     text: JSONObject = field(default_factory=lambda: {"format": {"type": "text"}})
+    # Echoed as asked (``echoed_params``); see README's field list for what each does.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
+    reasoning: JSONObject | None = None
+    max_tool_calls: int | None = None
+    service_tier: str = "default"
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    truncation: str = "disabled"
+    prompt: JSONObject | None = None
+    user: str | None = None
     # The owner key that created it on a keyless server (the API server's
     # ``auth.owner_of``): reading it, its input items, continuing it need that key again.
     # None: the server's key.
@@ -150,12 +171,12 @@ def _part(part: Any, where: str) -> tuple[InputPart, ContentPart]:
                 f"{where}.image_url must be a URL or data URL (file ids are not supported)",
                 "unsupported_value",
             )
-        stored: InputPart = {
-            "type": "input_image",
-            "image_url": url,
-            "detail": part.get("detail", "auto"),
-        }
-        return stored, {"type": "image_url", "image_url": {"url": url}}
+        detail = part.get("detail", "auto")
+        if detail not in _DETAILS:
+            raise _bad(f"{where}.detail", f"{where}.detail must be one of {', '.join(_DETAILS)}")
+        stored: InputPart = {"type": "input_image", "image_url": url, "detail": detail}
+        # The detail goes on to the model (chat's ``image_url.detail``).
+        return stored, {"type": "image_url", "image_url": {"url": url, "detail": detail}}
     raise _bad(
         where,
         f"{where}: content of type {kind!r} is not supported; use input_text or input_image",
@@ -295,10 +316,23 @@ def _text_format(value: Any) -> tuple[JSONObject, JSONObject | None]:
     return {"format": fmt}, {"type": "json_schema", "json_schema": schema}
 
 
+def _text_setting(value: Any) -> tuple[JSONObject, JSONObject | None]:
+    """``_text_format``, with ``text.verbosity`` echoed (it is not passed to the model)."""
+    echoed, response_format = _text_format(value)
+    verbosity = value.get("verbosity") if isinstance(value, dict) else None
+    if verbosity is not None:
+        if verbosity not in _VERBOSITIES:
+            raise _bad("text.verbosity", "'text.verbosity' must be low, medium or high")
+        echoed = {**echoed, "verbosity": verbosity}
+    return echoed, response_format
+
+
 def parse_responses_body(body: Any) -> ResponsesRequest:
     """A ``POST /v1/responses`` body, checked (see the module docstring)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    refuse_unknown(body, responses_params())
+    refuse_unsupported(body)
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         raise _bad(
@@ -343,7 +377,7 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 1
     ):
         raise _bad("max_output_tokens", "'max_output_tokens' must be an integer of at least 1")
-    text, response_format = _text_format(body.get("text"))
+    text, response_format = _text_setting(body.get("text"))
     # The chat endpoint's own checks, under the chat names (client tools are refused there).
     chat_like: JSONObject = {
         "tools": body.get("tools"),
@@ -375,6 +409,7 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         if options.parallel_tool_calls is None
         else options.parallel_tool_calls,
         text=text,
+        **asdict(echoed_params(body)),
     )
 
 
@@ -391,12 +426,25 @@ def fingerprint_of_body(body: Any) -> str:
 
 @dataclass(frozen=True)
 class Output:
-    """What the response produced so far: its message id, text and usage."""
+    """What the response produced so far: its message id, text and usage. ``cut``: the
+    message ended before the model finished it (a length cut, a failure, a cancel), so
+    its item is ``incomplete``."""
 
     message_id: str
     text: str = ""
     done: bool = False
-    usage: dict[str, int] | None = None
+    usage: Mapping[str, object] | None = None
+    cut: bool = False
+
+
+# Why a model stopped (chat's ``finish_reason``) -> the Response's ``incomplete_details``.
+INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def _item_status(out: Output) -> str:
+    if out.cut:
+        return "incomplete"
+    return "completed" if out.done else "in_progress"
 
 
 def _message(out: Output) -> JSONObject:
@@ -407,23 +455,68 @@ def _message(out: Output) -> JSONObject:
         "id": out.message_id,
         "type": "message",
         "role": "assistant",
-        "status": "completed" if out.done else "in_progress",
+        "status": _item_status(out),
         "content": content if out.done or out.text else [],
     }
 
 
-def usage_object(usage: dict[str, int] | None) -> JSONObject | None:
-    """A chat ``usage`` (prompt/completion tokens) as the Responses ``usage`` object."""
+def _count(usage: Mapping[str, object], name: str, details: str | None = None) -> int:
+    """A token count of a chat ``usage``, top-level or in its ``details`` object."""
+    value = usage.get(name)
+    if details is not None:
+        inner = usage.get(details)
+        value = inner.get(name) if isinstance(inner, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def usage_object(usage: Mapping[str, object] | None) -> JSONObject | None:
+    """A chat ``usage`` as the Responses ``usage`` object, in the shape the openai
+    package's ``ResponseUsage`` requires."""
     if usage is None:
         return None
-    prompt = int(usage.get("prompt_tokens", 0) or 0)
-    completion = int(usage.get("completion_tokens", 0) or 0)
+    prompt = _count(usage, "prompt_tokens")
+    completion = _count(usage, "completion_tokens")
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {
+            "cached_tokens": _count(usage, "cached_tokens", "prompt_tokens_details"),
+            "cache_write_tokens": 0,
+        },
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": int(usage.get("total_tokens", 0) or 0) or prompt + completion,
+        "output_tokens_details": {
+            "reasoning_tokens": _count(usage, "reasoning_tokens", "completion_tokens_details")
+        },
+        "total_tokens": _count(usage, "total_tokens") or prompt + completion,
+    }
+
+
+def _echo(request: ResponsesRequest) -> JSONObject:
+    """The request's parameters as the Response repeats them (defaults where not asked)."""
+    return {
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "top_logprobs": request.top_logprobs,
+        "reasoning": request.reasoning,
+        "max_output_tokens": request.max_output_tokens,
+        "max_tool_calls": request.max_tool_calls,
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "tool_choice": request.tool_choice,
+        "tools": [],
+        "text": request.text,
+        "truncation": request.truncation,
+        "service_tier": request.service_tier,
+        "safety_identifier": request.safety_identifier,
+        "prompt_cache_key": request.prompt_cache_key,
+        "prompt": request.prompt,
+        "user": request.user,
+        "store": request.store,
+        "background": request.background,
+        "instructions": request.instructions,
+        "previous_response_id": request.previous_response_id,
+        "metadata": {key: value for key, value in request.metadata.items()},
+        "conversation": {"id": request.conversation} if request.conversation else None,
     }
 
 
@@ -436,33 +529,22 @@ def body_of(
     output: Output | None = None,
     error: str | None = None,
     completed_at: float | None = None,
+    incomplete: str | None = None,
 ) -> JSONObject:
-    """The Response object of a response in ``status``."""
+    """The Response object of a response in ``status``; ``incomplete`` is the reason of an
+    ``incomplete`` one (``max_output_tokens``, ``content_filter``)."""
     return {
         "id": response_id,
         "object": "response",
         "created_at": int(created_at),
         "status": status,
-        "background": request.background,
         "completed_at": int(completed_at) if completed_at is not None else None,
         "error": {"code": "server_error", "message": error} if error else None,
-        "incomplete_details": None,
-        "instructions": request.instructions,
-        "max_output_tokens": request.max_output_tokens,
-        "metadata": {key: value for key, value in request.metadata.items()},
+        "incomplete_details": {"reason": incomplete} if incomplete else None,
         "model": request.model,
         "output": [_message(output)] if output is not None and (output.text or output.done) else [],
-        "parallel_tool_calls": request.parallel_tool_calls,
-        "previous_response_id": request.previous_response_id,
-        "conversation": {"id": request.conversation} if request.conversation else None,
-        "store": request.store,
-        "temperature": request.temperature,
-        "text": request.text,
-        "tool_choice": request.tool_choice,
-        "tools": [],
-        "top_p": request.top_p,
-        "truncation": "disabled",
         "usage": usage_object(output.usage if output else None),
+        **_echo(request),
     }
 
 
@@ -527,7 +609,15 @@ def terminal_event(body: JSONObject) -> Event:
 def events_of_final(body: JSONObject) -> list[Event]:
     """The whole stream of a finished response, rebuilt from its final object (a repeated
     idempotency key asked as a stream)."""
-    opening: JSONObject = {**body, "status": "in_progress", "output": [], "usage": None}
+    opening: JSONObject = {
+        **body,
+        "status": "in_progress",
+        "output": [],
+        "usage": None,
+        "completed_at": None,
+        "error": None,
+        "incomplete_details": None,
+    }
     events: list[Event] = [
         ("response.created", {"response": opening}),
         ("response.in_progress", {"response": opening}),
@@ -535,10 +625,31 @@ def events_of_final(body: JSONObject) -> list[Event]:
     text = output_text(body)
     items = _objects(body.get("output"))
     if items:
-        out = Output(str(items[0].get("id")), text, done=True)
+        # As the live stream went: a message the model ended (completed, or cut by a
+        # limit) is closed; one a failure stopped is left open, its deltas sent.
+        closed = body.get("status") in ("completed", "incomplete")
+        cut = items[0].get("status") == "incomplete"
+        out = Output(str(items[0].get("id")), text, done=closed, cut=cut)
         events += output_events(out, start=True, delta=text)
     events.append(terminal_event(body))
     return events
+
+
+def partial_output(events: Iterable[tuple[str, Mapping[str, object]]]) -> Output | None:
+    """What a stored event stream had produced: the message it opened and the text of
+    its deltas, as an ``incomplete`` item (a cancelled response keeps what it streamed)."""
+    message_id: str | None = None
+    pieces: list[str] = []
+    for type_, data in events:
+        if type_ == "response.output_item.added" and message_id is None:
+            item = data.get("item")
+            if isinstance(item, dict) and isinstance(item.get("id"), str):
+                message_id = item["id"]
+        elif type_ == "response.output_text.delta" and isinstance(data.get("delta"), str):
+            pieces.append(str(data["delta"]))
+    if message_id is None:
+        return None
+    return Output(message_id, "".join(pieces), cut=True)
 
 
 def event_json(type_: str, data: Mapping[str, object] | str, seq: int) -> str:

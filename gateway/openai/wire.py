@@ -12,12 +12,20 @@ from aiohttp import web
 from agent.messages import JSONObject
 from delivery.ids import new_token
 
-__all__ = ["chunker", "completion_object", "completion_text", "send_sse"]
+__all__ = [
+    "chat_usage",
+    "chunker",
+    "completion_object",
+    "completion_text",
+    "finish_reason_of",
+    "send_sse",
+]
 
 
 def completion_object(result: Any, model: str) -> JSONObject:
     """The ``chat.completion`` object of an agent result (``content`` and ``usage``)."""
     usage = dict(getattr(result, "usage", None) or {})
+    finish_reason = getattr(result, "finish_reason", None) or "stop"
     return {
         "id": "chatcmpl-" + new_token()[:24],
         "object": "chat.completion",
@@ -27,16 +35,43 @@ def completion_object(result: Any, model: str) -> JSONObject:
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": str(result.content or "")},
-                "finish_reason": "stop",
+                "finish_reason": finish_reason,
                 "logprobs": None,
             }
         ],
-        "usage": {
-            "prompt_tokens": int(usage.get("prompt_tokens", 0) or 0),
-            "completion_tokens": int(usage.get("completion_tokens", 0) or 0),
-            "total_tokens": int(usage.get("total_tokens", 0) or 0),
+        "usage": chat_usage(usage),
+    }
+
+
+def chat_usage(usage: Mapping[str, object]) -> JSONObject:
+    """``usage`` as the openai package's ``CompletionUsage`` has it, with its details."""
+
+    def count(name: str) -> int:
+        value = usage.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    return {
+        "prompt_tokens": count("prompt_tokens"),
+        "completion_tokens": count("completion_tokens"),
+        "total_tokens": count("total_tokens"),
+        "prompt_tokens_details": {"cached_tokens": count("cached_tokens"), "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": count("reasoning_tokens"),
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
         },
     }
+
+
+def finish_reason_of(completion: Mapping[str, object]) -> str:
+    """The ``finish_reason`` of a stored completion's first choice (``stop`` if none)."""
+    choices = completion.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        reason = choices[0].get("finish_reason")
+        if isinstance(reason, str) and reason:
+            return reason
+    return "stop"
 
 
 def completion_text(completion: Mapping[str, object]) -> str:

@@ -300,6 +300,7 @@ def _is_image(part: object) -> TypeGuard[ContentPart]:
 class _RepairedResult:
     content: str
     usage: Any
+    finish_reason: str = "stop"
 
 
 def well_formed(text: str) -> str:
@@ -318,4 +319,6 @@ def well_formed_result(result: Any) -> Any:
     repaired = well_formed(content)
     if repaired == content:
         return result
-    return _RepairedResult(repaired, getattr(result, "usage", None))
+    return _RepairedResult(
+        repaired, getattr(result, "usage", None), getattr(result, "finish_reason", "stop")
+    )

@@ -459,7 +459,12 @@ async def test_a_failed_terminal_hook_is_offered_again(store, tmp_path, monkeypa
     monkeypatch.setattr(gateway.responses, "_HOOK_RETRY_AFTER_SECONDS", -1.0)
     monkeypatch.setattr(gateway.responses, "_HOOK_CHECK_EVERY_SECONDS", 0.0)
     provider = DemoModel(delay_seconds=0)
-    async with serving(store, tmp_path, provider, hook=hook) as (adapter, service):
+    # A foreground response: its hook runs only with ``hook_foreground``.
+    foreground = {"hook_foreground": True}
+    async with serving(store, tmp_path, provider, hook=hook, service_options=foreground) as (
+        adapter,
+        service,
+    ):
         client = client_for(adapter.port)
         made = await client.responses.create(model=provider.name, input="hi")
         assert told == [(made.id, "response.completed")]

@@ -95,6 +95,10 @@ def test_a_sigkilled_servers_response_ends_failed_with_a_reason(
         events = list(client(second).responses.retrieve(made.id, stream=True, starting_after=0))
         assert events[-1].type == "response.failed"
         assert [e.sequence_number for e in events] == list(range(1, len(events) + 1))
+        # What its stream had shown stays in the object, as an incomplete message.
+        shown = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert ended.output_text == shown
+        assert all(item.status == "incomplete" for item in ended.output)
     finally:
         second.stop()
 

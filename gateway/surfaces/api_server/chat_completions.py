@@ -32,7 +32,8 @@ from gateway.http.middleware import (
     open_event_stream,
 )
 from gateway.openai.chat_body import ChatBody, parse_chat_body
-from gateway.openai.wire import chunker, completion_text, send_sse
+from gateway.openai.known_params import check_chat_params
+from gateway.openai.wire import chunker, completion_text, finish_reason_of, send_sse
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
 from gateway.surfaces.api_server.auth import is_keyed, same_secret
 from gateway.surfaces.api_server.preamble import (
@@ -136,6 +137,7 @@ class ChatCompletionsRoute:
         # The header is checked before the body is read: a refused request costs nothing.
         session_id = await self._session_from_header(request, is_keyed(request))
         body = await self._read_json(request)
+        check_chat_params(body)
         options = parse_chat_body(body)
         messages = options.messages
         self._check_model(options.model)
@@ -224,7 +226,7 @@ class ChatCompletionsRoute:
         self, response: web.StreamResponse, completion: dict[str, Any], options: ChatBody
     ) -> None:
         chunk = chunker(completion)
-        await send_sse(response, chunk({}, finish_reason="stop"))
+        await send_sse(response, chunk({}, finish_reason=finish_reason_of(completion)))
         if options.include_usage:
             usage_chunk = chunk({}, finish_reason=None)
             usage_chunk["choices"] = []
