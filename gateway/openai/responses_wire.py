@@ -95,7 +95,7 @@ class ResponsesRequest:
     temperature: float | None = None
     top_p: float | None = None
     max_output_tokens: int | None = None
-    tool_choice: str = "auto"
+    tool_choice: str | JSONObject = "auto"
     parallel_tool_calls: bool = True
     text: JSONObject = field(default_factory=lambda: {"format": {"type": "text"}})
     # The owner key that created it on a keyless server (the API server's
@@ -305,6 +305,15 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         "parallel_tool_calls": body.get("parallel_tool_calls"),
         "response_format": response_format,
     }
+    if body.get("tools"):
+        # Not yet on this endpoint: refused, never dropped (chat completions takes them).
+        raise ApiError(
+            400,
+            "client-defined 'tools' are not supported on /v1/responses yet; use "
+            "/v1/chat/completions",
+            param="tools",
+            code="unsupported_parameter",
+        )
     options = model_options(chat_like)
     return ResponsesRequest(
         model=model,
@@ -320,7 +329,9 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         temperature=options.temperature,
         top_p=options.top_p,
         max_output_tokens=max_output,
-        tool_choice=options.tool_choice or "auto",
+        tool_choice=dict(choice)
+        if isinstance(choice := options.tool_choice, Mapping)
+        else (choice or "auto"),
         parallel_tool_calls=True
         if options.parallel_tool_calls is None
         else options.parallel_tool_calls,

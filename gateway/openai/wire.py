@@ -16,8 +16,14 @@ __all__ = ["chunker", "completion_object", "completion_text", "send_sse"]
 
 
 def completion_object(result: Any, model: str) -> JSONObject:
-    """The ``chat.completion`` object of an agent result (``content`` and ``usage``)."""
+    """The ``chat.completion`` object of an agent result (``content`` and ``usage``; with
+    ``pending_calls``, client tool calls: ``tool_calls`` and ``finish_reason: "tool_calls"``)."""
     usage = dict(getattr(result, "usage", None) or {})
+    message: JSONObject = {"role": "assistant", "content": str(result.content or "")}
+    pending = getattr(result, "pending_calls", None)
+    if pending:
+        message = {"role": "assistant", "content": message["content"] or None}
+        message["tool_calls"] = [dict(call) for call in pending]
     return {
         "id": "chatcmpl-" + new_token()[:24],
         "object": "chat.completion",
@@ -26,8 +32,8 @@ def completion_object(result: Any, model: str) -> JSONObject:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": str(result.content or "")},
-                "finish_reason": "stop",
+                "message": message,
+                "finish_reason": "tool_calls" if pending else "stop",
                 "logprobs": None,
             }
         ],

@@ -1,0 +1,267 @@
+"""Issue 34 item 1: client-defined function tools beside the server's own, over the
+official ``openai`` client: the call comes back pending (chat ``tool_calls``), the turn is
+parked in the session's transcript, and the client resumes it with ``role: "tool"``.
+
+The demo model calls a client tool when told ``call client tool <name> with <JSON>`` and
+answers with the result once it has it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agent.providers.demo import DemoModel
+from gateway.surfaces.api_server.adapter import ApiServerAdapter
+from gateway.turns.client_calls import find_parked
+
+from ._support import DEMO_DELAY, KEY, RecordingProvider, client_for, demo_agent
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "the weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+ASK = 'call client tool get_weather with {"city": "Paris"}'
+
+
+class ToolsSeen(RecordingProvider):
+    """Records, besides each context, the tool names each model call was offered."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.offered: list[list[str]] = []
+
+    async def complete(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+        self.offered.append([t["function"]["name"] for t in kwargs.get("tools") or []])
+        return await super().complete(messages, **kwargs)
+
+
+@pytest.fixture
+async def served(store) -> AsyncIterator[tuple[ApiServerAdapter, ToolsSeen]]:
+    provider = ToolsSeen(DemoModel(delay_seconds=DEMO_DELAY))
+    adapter = ApiServerAdapter(
+        store=store,
+        agent=demo_agent(provider),
+        host="127.0.0.1",
+        port=0,
+        api_key=KEY,
+        model_name=provider.name,
+    )
+    await adapter.start()
+    try:
+        yield adapter, provider
+    finally:
+        await adapter.stop()
+
+
+def _resumed(first: Any, output: str) -> list[dict[str, Any]]:
+    message = first.choices[0].message
+    call = message.tool_calls[0]
+    return [
+        {"role": "user", "content": ASK},
+        {
+            "role": "assistant",
+            "content": message.content,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": call.function.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": output},
+    ]
+
+
+async def test_a_chat_round_trip_hands_the_call_back_and_resumes_with_its_result(
+    served, store
+) -> None:
+    adapter, provider = served
+    client = client_for(adapter.port)
+    first = await client.chat.completions.create(
+        model="reveille-demo", messages=[{"role": "user", "content": ASK}], tools=[WEATHER]
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    # Offered beside the server's own tools.
+    assert "get_weather" in provider.offered[0] and "delegate_task" in provider.offered[0]
+    sessions = store.list_sessions()
+    assert len(sessions) == 1
+    parked = await find_parked(store, sessions[0].id)
+    assert parked is not None and parked.call_ids == [call.id]
+
+    second = await client.chat.completions.create(
+        model="reveille-demo", messages=_resumed(first, "sunny, 21 C"), tools=[WEATHER]
+    )
+    assert second.choices[0].finish_reason == "stop"
+    assert "sunny, 21 C" in (second.choices[0].message.content or "")
+    assert len(store.list_sessions()) == 1  # the same conversation, resumed
+    assert await find_parked(store, sessions[0].id) is None
+    # The model was shown its call and the client's result, once.
+    last = provider.contexts[-1]
+    assert [m["role"] for m in last[-2:]] == ["assistant", "tool"]
+    assert last[-1]["content"] == "sunny, 21 C"
+
+
+async def test_a_streamed_round_trip_sends_tool_call_deltas(served, store) -> None:
+    adapter, _ = served
+    client = client_for(adapter.port)
+    stream = await client.chat.completions.create(
+        model="reveille-demo",
+        messages=[{"role": "user", "content": ASK}],
+        tools=[WEATHER],
+        stream=True,
+    )
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    async for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        for part in delta.tool_calls or []:
+            entry = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+            entry["id"] = part.id or entry["id"]
+            if part.function is not None:
+                entry["name"] += part.function.name or ""
+                entry["arguments"] += part.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert calls[0]["name"] == "get_weather"
+    assert json.loads(calls[0]["arguments"]) == {"city": "Paris"}
+
+    messages = [
+        {"role": "user", "content": ASK},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": calls[0]["id"],
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": calls[0]["arguments"]},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": "rain"},
+    ]
+    stream = await client.chat.completions.create(
+        model="reveille-demo", messages=messages, tools=[WEATHER], stream=True
+    )
+    text = ""
+    async for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    assert finish == "stop"
+    assert "rain" in text
+
+
+async def test_a_client_tool_named_like_a_server_tool_is_renamed_and_mapped_back(
+    served, store
+) -> None:
+    adapter, provider = served
+    mine = {"type": "function", "function": {"name": "delegate_task", "parameters": {}}}
+    first = await client_for(adapter.port).chat.completions.create(
+        model="reveille-demo",
+        messages=[{"role": "user", "content": 'call client tool delegate_task with {"x": 1}'}],
+        tools=[mine],
+    )
+    assert "client__delegate_task" in provider.offered[0]
+    assert "delegate_task" in provider.offered[0]  # the server's own, too
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function.name == "delegate_task"  # the client's name
+    assert first.choices[0].finish_reason == "tool_calls"
+
+
+async def test_server_tools_off_offers_only_the_clients(served) -> None:
+    adapter, provider = served
+    first = await client_for(adapter.port).chat.completions.create(
+        model="reveille-demo",
+        messages=[{"role": "user", "content": ASK}],
+        tools=[WEATHER],
+        extra_headers={"X-Reveille-Server-Tools": "off"},
+    )
+    assert provider.offered[0] == ["get_weather"]
+    assert first.choices[0].finish_reason == "tool_calls"
+
+
+async def _post(port: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {KEY}"},
+        ) as response,
+    ):
+        return response.status, await response.json()
+
+
+async def test_a_new_message_while_calls_are_pending_is_a_409_and_bad_results_400(
+    served, store
+) -> None:
+    adapter, _ = served
+    client = client_for(adapter.port)
+    first = await client.chat.completions.create(
+        model="reveille-demo", messages=[{"role": "user", "content": ASK}], tools=[WEATHER]
+    )
+    call_id = first.choices[0].message.tool_calls[0].id
+    base = _resumed(first, "x")[:2]
+    status, body = await _post(
+        adapter.port,
+        {"model": "reveille-demo", "messages": [*base, {"role": "user", "content": "never mind"}]},
+    )
+    assert status == 409 and body["error"]["code"] == "tool_calls_pending", body
+    status, body = await _post(
+        adapter.port,
+        {
+            "model": "reveille-demo",
+            "messages": [*base, {"role": "tool", "tool_call_id": "nope", "content": "?"}],
+        },
+    )
+    assert status == 400 and body["error"]["code"] == "unknown_call_id", body
+    # Nothing was lost: the park still waits for its call.
+    parked = await find_parked(store, store.list_sessions()[0].id)
+    assert parked is not None and parked.call_ids == [call_id]
+
+    other = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": None, "tool_calls": base[1]["tool_calls"]},
+        {"role": "tool", "tool_call_id": call_id, "content": "x"},
+    ]
+    status, body = await _post(adapter.port, {"model": "reveille-demo", "messages": other})
+    assert status == 400 and body["error"]["code"] == "no_pending_tool_calls", body
+
+
+async def test_a_park_past_its_deadline_frees_the_session(served, store) -> None:
+    adapter, provider = served
+    adapter.turns.client_tool_timeout = 0.0
+    client = client_for(adapter.port)
+    first = await client.chat.completions.create(
+        model="reveille-demo", messages=[{"role": "user", "content": ASK}], tools=[WEATHER]
+    )
+    base = _resumed(first, "late")
+    # The results come too late: nobody waits for them any more.
+    status, body = await _post(adapter.port, {"model": "reveille-demo", "messages": base})
+    assert status == 400 and body["error"]["code"] == "no_pending_tool_calls", body
+    # And a new message goes on, the agent told that the calls got no result.
+    nxt = await client.chat.completions.create(
+        model="reveille-demo",
+        messages=[*base[:2], {"role": "user", "content": "and now?"}],
+    )
+    assert nxt.choices[0].finish_reason == "stop"
+    told = " ".join(str(m.get("content")) for m in provider.contexts[-1])
+    assert "did not return results" in told
+    assert len(store.list_sessions()) == 1
