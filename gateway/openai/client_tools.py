@@ -71,26 +71,27 @@ def _function_of(tool: Mapping[str, Any], responses: bool) -> Mapping[str, Any]:
 def _client_tool(
     index: int, tool: object, responses: bool, server_names: Collection[str]
 ) -> ClientTool:
-    param = f"tools[{index}]"
+    param = "tools"
+    where = f"tools[{index}]"
     if not isinstance(tool, dict):
-        raise _bad(param, f"'{param}' must be an object", "invalid_type")
+        raise _bad(param, f"'{where}' must be an object", "invalid_type")
     kind = tool.get("type")
     if kind != "function":
         raise _bad(
             param,
-            f"tools of type {kind!r} are not supported: only 'function' tools (which the "
+            f"{where}: tools of type {kind!r} are not supported: only 'function' tools (which the "
             "client runs itself) are; this server never calls a URL or service a client names",
             "unsupported_value",
         )
     function = _function_of(tool, responses)
     name = function.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
-        raise _bad(param, f"'{param}' needs a 'name' of 1-64 letters, digits, '_', '-', '.'")
+        raise _bad(param, f"'{where}' needs a 'name' of 1-64 letters, digits, '_', '-', '.'")
     parameters = function.get("parameters")
     if parameters is None:
         parameters = {"type": "object", "properties": {}}
     if not isinstance(parameters, dict):
-        raise _bad(param, f"'{param}' parameters must be a JSON schema object", "invalid_type")
+        raise _bad(param, f"'{where}' parameters must be a JSON schema object", "invalid_type")
     description = function.get("description")
     strict = function.get("strict")
     return ClientTool(

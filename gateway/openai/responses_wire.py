@@ -27,6 +27,7 @@ from agent.providers.base import ModelOptions
 from delivery.ids import new_token
 from gateway.http.middleware import ApiError
 from gateway.openai.chat_params import model_options
+from gateway.openai.responses_calls import tool_output_of
 
 __all__ = [
     "Output",
@@ -43,6 +44,7 @@ __all__ = [
 
 _RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,120}")
 _ROLES = ("user", "assistant", "system", "developer")
+_CALL_ITEMS = ("function_call", "function_call_output")
 _MAX_METADATA = 16
 
 
@@ -102,6 +104,11 @@ class ResponsesRequest:
     # ``auth.owner_of``): reading it, its input items, continuing it need that key again.
     # None: the server's key.
     owner: str | None = None
+    # Client function tools as sent, whether the server's own are offered too, and the
+    # client's results for a parked turn's calls (``gateway.openai.responses_calls``).
+    tools: list[JSONObject] = field(default_factory=list)
+    server_tools: bool = True
+    tool_outputs: list[JSONObject] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
@@ -263,9 +270,20 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
             "'input' is required: a string or a non-empty array of messages",
             "missing_required_parameter",
         )
-    pairs = [_item(item, i) for i, item in enumerate(raw)]
+    outputs = [
+        tool_output_of(item, f"input[{i}]")
+        for i, item in enumerate(raw)
+        if isinstance(item, dict) and item.get("type") == "function_call_output"
+    ]
+    # A client's own function_call items (echoed back) say nothing the server lacks.
+    kept = [
+        (i, item)
+        for i, item in enumerate(raw)
+        if not (isinstance(item, dict) and item.get("type") in _CALL_ITEMS)
+    ]
+    pairs = [_item(item, i) for i, item in kept]
     messages = [chat for _, chat in pairs]
-    if not any(m["role"] == "user" for m in messages):
+    if not outputs and not any(m["role"] == "user" for m in messages):
         raise _bad("input", "'input' must contain a user message")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
@@ -295,9 +313,8 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
     ):
         raise _bad("max_output_tokens", "'max_output_tokens' must be an integer of at least 1")
     text, response_format = _text_format(body.get("text"))
-    # The chat endpoint's own checks, under the chat names (client tools are refused there).
+    # The chat endpoint's own checks, under the chat names (client tools: ``client_tools``).
     chat_like: JSONObject = {
-        "tools": body.get("tools"),
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
         "max_completion_tokens": max_output,
@@ -305,15 +322,9 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         "parallel_tool_calls": body.get("parallel_tool_calls"),
         "response_format": response_format,
     }
-    if body.get("tools"):
-        # Not yet on this endpoint: refused, never dropped (chat completions takes them).
-        raise ApiError(
-            400,
-            "client-defined 'tools' are not supported on /v1/responses yet; use "
-            "/v1/chat/completions",
-            param="tools",
-            code="unsupported_parameter",
-        )
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise _bad("tools", "'tools' must be an array", "invalid_type")
     options = model_options(chat_like)
     return ResponsesRequest(
         model=model,
@@ -336,6 +347,8 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         if options.parallel_tool_calls is None
         else options.parallel_tool_calls,
         text=text,
+        tools=[tool for tool in tools if isinstance(tool, dict)],
+        tool_outputs=[{"call_id": o.call_id, "output": o.output} for o in outputs],
     )
 
 
@@ -418,7 +431,7 @@ def body_of(
         "temperature": request.temperature,
         "text": request.text,
         "tool_choice": request.tool_choice,
-        "tools": [],
+        "tools": list(request.tools),
         "top_p": request.top_p,
         "truncation": "disabled",
         "usage": _usage(output.usage if output else None),

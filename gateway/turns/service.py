@@ -375,7 +375,11 @@ class TurnService:
         started = time.monotonic()
         gate: TurnGate | None = None
         try:
-            user_message = next(m for m in reversed(request.messages) if m["role"] == "user")
+            # A resumed Responses turn may send no message at all, only the client's results.
+            no_message: Mapping[str, Any] = {}
+            user_message = next(
+                (m for m in reversed(request.messages) if m["role"] == "user"), no_message
+            )
             # Resuming a parked turn: the stored exchange and the client's results take the
             # new message's place (its row, the park, is not history again).
             tail = resume_tail(parked, request.tool_outputs or ()) if parked else None

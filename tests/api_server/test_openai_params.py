@@ -222,7 +222,7 @@ _INVALID = [
     ("tool_choice", "sometimes", "tool_choice"),
     ("parallel_tool_calls", "yes", "parallel_tool_calls"),
     ("n", 2, "n"),
-    ("tools", [{"type": "web_search"}], "tools[0]"),
+    ("tools", [{"type": "web_search"}], "tools"),
     ("functions", [{"name": "mine"}], "functions"),
     ("stream_options", {"include_usage": "yes"}, "stream_options"),
 ]
@@ -255,7 +255,7 @@ async def test_tools_other_than_functions_are_refused_with_a_clear_400(adapter, 
             messages=user("hi"),
             tools=[{"type": "mcp", "server_url": "http://127.0.0.1:9/"}],  # type: ignore[list-item]
         )
-    assert caught.value.body["param"] == "tools[0]"
+    assert caught.value.body["param"] == "tools"
     assert "never calls a URL" in caught.value.message
     assert fake.requests == []
 

@@ -53,6 +53,7 @@ from gateway.surfaces.api_server.preamble import (
     refuse_while_draining,
     with_keepalives,
 )
+from gateway.surfaces.api_server.responses_tools import check_client_tools, check_park
 
 # What the routes take from the API server they are mounted on (as its sessions and
 # approvals routes do): its JSON body reader, its model check, whether it is draining.
@@ -153,7 +154,9 @@ class ResponsesRoutes:
         owner = owner_of(request)
         parsed = dataclasses.replace(parse_responses_body(body), owner=owner)
         self._check_model(parsed.model)
+        parsed = check_client_tools(request, body, parsed, self.service.turns.tool_names())
         previous_id = parsed.previous_response_id
+        previous = None
         if previous_id is not None:
             previous = await self.service.get(previous_id) if is_response_id(previous_id) else None
             if previous is not None and not _may_see(request, previous):
@@ -163,6 +166,7 @@ class ResponsesRoutes:
                     code="previous_response_not_found",
                     param="previous_response_id",
                 )
+        await check_park(self.service.turns, parsed, previous)
         key = idempotency_key(request)
         turns = self.service.turns
         if not parsed.background and turns.active_runs >= turns.max_concurrent_runs:
