@@ -123,17 +123,25 @@ def _named(choice: Mapping[str, Any], responses: bool) -> object:
 def _allowed(
     choice: Mapping[str, Any], tools: Sequence[ClientTool], server_names: Collection[str]
 ) -> tuple[frozenset[str], str]:
+    # Chat nests it ({"type": "allowed_tools", "allowed_tools": {...}}); Responses does not.
+    inner = choice.get("allowed_tools")
+    if isinstance(inner, dict):
+        choice = inner
     listed = choice.get("tools")
     if not isinstance(listed, list):
         raise _bad("tool_choice", "'allowed_tools' needs a 'tools' array", "invalid_type")
-    names = frozenset(
-        _model_name(item.get("name") if isinstance(item, dict) else None, tools, server_names)
-        for item in listed
-    )
+    names = frozenset(_model_name(_listed_name(item), tools, server_names) for item in listed)
     mode = choice.get("mode", "auto")
     if mode not in ("auto", "required"):
         raise _bad("tool_choice", "'allowed_tools.mode' must be 'auto' or 'required'")
     return names, str(mode)
+
+
+def _listed_name(item: object) -> object:
+    if not isinstance(item, dict):
+        return None
+    function = item.get("function")
+    return function.get("name") if isinstance(function, dict) else item.get("name")
 
 
 def read_tool_request(

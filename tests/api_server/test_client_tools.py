@@ -265,3 +265,78 @@ async def test_a_park_past_its_deadline_frees_the_session(served, store) -> None
     told = " ".join(str(m.get("content")) for m in provider.contexts[-1])
     assert "did not return results" in told
     assert len(store.list_sessions()) == 1
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory", "postgres"])
+async def test_every_backend_keeps_the_park(kind: str, tmp_path) -> None:
+    from gateway.session import SessionStore
+    from tests.pg_support import fresh_url
+    from tests.stores import memory_sessions, pg_sessions, sqlite_sessions
+
+    if kind == "sqlite":
+        backend = sqlite_sessions(tmp_path / "sessions.db")
+    elif kind == "memory":
+        backend = memory_sessions()
+    else:
+        backend = pg_sessions(fresh_url())
+    store = SessionStore(backend)
+    provider = ToolsSeen(DemoModel(delay_seconds=DEMO_DELAY))
+    adapter = ApiServerAdapter(
+        store=store, agent=demo_agent(provider), port=0, api_key=KEY, model_name=provider.name
+    )
+    await adapter.start()
+    try:
+        client = client_for(adapter.port)
+        first = await client.chat.completions.create(
+            model="reveille-demo", messages=[{"role": "user", "content": ASK}], tools=[WEATHER]
+        )
+        session_id = store.list_sessions()[0].id
+        parked = await find_parked(store, session_id)
+        assert parked is not None and parked.call_ids == [first.choices[0].message.tool_calls[0].id]
+        second = await client.chat.completions.create(
+            model="reveille-demo", messages=_resumed(first, "mist"), tools=[WEATHER]
+        )
+        assert "mist" in (second.choices[0].message.content or "")
+        assert await find_parked(store, session_id) is None
+    finally:
+        await adapter.stop()
+        store.close()
+
+
+async def test_allowed_tools_narrow_what_the_model_is_offered(served) -> None:
+    adapter, provider = served
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
+    await client_for(adapter.port).chat.completions.create(
+        model="reveille-demo",
+        messages=[{"role": "user", "content": ASK}],
+        tools=[WEATHER, other],
+        tool_choice={
+            "type": "allowed_tools",
+            "allowed_tools": {
+                "mode": "auto",
+                "tools": [
+                    {"type": "function", "function": {"name": "get_weather"}},
+                    {"type": "function", "function": {"name": "delegate_task"}},
+                ],
+            },
+        },
+    )
+    assert sorted(provider.offered[0]) == ["delegate_task", "get_weather"]
+
+
+async def test_a_wake_up_waits_behind_a_parked_call(served, store) -> None:
+    from gateway.turns.service import TurnError, TurnRequest
+
+    adapter, _ = served
+    await client_for(adapter.port).chat.completions.create(
+        model="reveille-demo", messages=[{"role": "user", "content": ASK}], tools=[WEATHER]
+    )
+    session_id = store.list_sessions()[0].id
+    wake = TurnRequest(
+        session_id=session_id, messages=[{"role": "user", "content": "a result"}], wakeup=True
+    )
+    with pytest.raises(TurnError) as caught:
+        await adapter.turns.start(wake)
+    # A wait (the wake-up is offered again later), not a refusal that spends an attempt.
+    assert caught.value.kind == "session_busy"
+    assert await find_parked(store, session_id) is not None
