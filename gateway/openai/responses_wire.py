@@ -27,7 +27,7 @@ from agent.providers.base import ModelOptions
 from delivery.ids import new_token
 from gateway.http.middleware import ApiError
 from gateway.openai.chat_params import model_options
-from gateway.openai.responses_calls import tool_output_of
+from gateway.openai.responses_calls import function_call_events, tool_output_of
 
 __all__ = [
     "Output",
@@ -506,9 +506,12 @@ def events_of_final(body: JSONObject) -> list[Event]:
     ]
     text = output_text(body)
     items = _objects(body.get("output"))
-    if items:
-        out = Output(str(items[0].get("id")), text, done=True)
+    messages = [item for item in items if item.get("type") == "message"]
+    if messages:
+        out = Output(str(messages[0].get("id")), text, done=True)
         events += output_events(out, start=True, delta=text)
+    calls = [item for item in items if item.get("type") == "function_call"]
+    events += function_call_events(calls, len(messages))
     events.append(terminal_event(body))
     return events
 

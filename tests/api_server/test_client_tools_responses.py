@@ -237,3 +237,16 @@ async def test_server_tools_off_on_responses(served) -> None:
     assert response.status == 200, body
     assert provider.offered[0] == ["get_weather"]
     assert body["output"][-1]["type"] == "function_call"
+
+
+async def test_a_replayed_stream_tells_the_function_call_again(served) -> None:
+    adapter, _ = served
+    client = client_for(adapter.port)
+    body = {"model": "reveille-demo", "input": ASK, "tools": [WEATHER]}
+    key = {"Idempotency-Key": "replay-1"}
+    first = await client.responses.create(**body, extra_headers=key)
+    stream = await client.responses.create(**body, stream=True, extra_headers=key)
+    kinds = [event.type async for event in stream]
+    assert "response.function_call_arguments.done" in kinds
+    assert kinds[-1] == "response.completed"
+    assert _calls(first)
