@@ -340,3 +340,15 @@ async def test_a_wake_up_waits_behind_a_parked_call(served, store) -> None:
     # A wait (the wake-up is offered again later), not a refusal that spends an attempt.
     assert caught.value.kind == "session_busy"
     assert await find_parked(store, session_id) is not None
+
+
+def test_the_client_timeout_from_file_and_environment(tmp_path) -> None:
+    from reveille.settings import SettingsError, load_settings
+
+    home = {"REVEILLE_HOME": str(tmp_path)}
+    assert load_settings(home).client_tool_timeout == 600.0
+    (tmp_path / "config.toml").write_text("[tools]\nclient_timeout = 90\n")
+    assert load_settings(home).client_tool_timeout == 90.0
+    assert load_settings({**home, "REVEILLE_CLIENT_TOOL_TIMEOUT": "5"}).client_tool_timeout == 5.0
+    with pytest.raises(SettingsError, match="client_timeout|CLIENT_TOOL_TIMEOUT"):
+        load_settings({**home, "REVEILLE_CLIENT_TOOL_TIMEOUT": "0"})
