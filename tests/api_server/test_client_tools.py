@@ -350,5 +350,5 @@ def test_the_client_timeout_from_file_and_environment(tmp_path) -> None:
     (tmp_path / "config.toml").write_text("[tools]\nclient_timeout = 90\n")
     assert load_settings(home).client_tool_timeout == 90.0
     assert load_settings({**home, "REVEILLE_CLIENT_TOOL_TIMEOUT": "5"}).client_tool_timeout == 5.0
-    with pytest.raises(SettingsError, match="client_timeout|CLIENT_TOOL_TIMEOUT"):
+    with pytest.raises(SettingsError, match=r"client_timeout|CLIENT_TOOL_TIMEOUT"):
         load_settings({**home, "REVEILLE_CLIENT_TOOL_TIMEOUT": "0"})
