@@ -28,7 +28,7 @@ from typing import Any
 from agent.messages import ChatMessage, ToolCall
 from agent.tools import ToolOutput
 from gateway.session import SessionGone, SessionStore
-from gateway.turns.conversation import CLIENT_TIMEOUT_KEY
+from gateway.turns.conversation import CLIENT_CALLS_KEY, CLIENT_TIMEOUT_KEY
 from gateway.turns.requests import TurnError
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
     "time_out",
 ]
 
-CLIENT_CALLS_KEY = "client_tool_calls"
 # The row that finished a park past its deadline: the server's, never part of a client's
 # history (``gateway.turns.conversation``).
 TIMEOUT_KEY = CLIENT_TIMEOUT_KEY

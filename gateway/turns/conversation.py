@@ -26,6 +26,7 @@ from gateway.turns.compaction import is_summary
 # The row that ends a turn parked on client calls past its deadline (see
 # ``gateway.turns.client_calls``, which imports this module's neighbours, not the reverse).
 CLIENT_TIMEOUT_KEY = "client_tool_timeout"
+CLIENT_CALLS_KEY = "client_tool_calls"
 
 __all__ = [
     "build_context",
@@ -236,6 +237,8 @@ def build_context(
                 # message an edit or a regeneration replaced (shown as an earlier version).
                 continue
             content = row["content"]
+            if not content and meta.get(CLIENT_CALLS_KEY):
+                continue  # a turn that only called client tools: its answer follows it
             if row["role"] == "user" and not meta.get("wake"):
                 content = defang(content)
             context.append({"role": row["role"], "content": content})

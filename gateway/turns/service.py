@@ -397,8 +397,13 @@ class TurnService:
                 )
 
             def bounded(built: list[ChatMessage]) -> list[ChatMessage]:
-                shown = user_message if tail is None else {}
-                return with_images(bound_context(built, self.context_chars), shown)
+                if tail:
+                    # The exchange stays whole (a tool result needs its call): the bound
+                    # shortens what comes before it.
+                    cut = len(built) - len(tail)
+                    room = self.context_chars - sum(len(str(m.get("content") or "")) for m in tail)
+                    return [*bound_context(built[:cut], max(room, 1000)), *built[cut:]]
+                return with_images(bound_context(built, self.context_chars), user_message)
 
             def context_of(history: list[dict[str, Any]]) -> list[ChatMessage]:
                 return bounded(unbounded(history))

@@ -352,3 +352,54 @@ def test_the_client_timeout_from_file_and_environment(tmp_path) -> None:
     assert load_settings({**home, "REVEILLE_CLIENT_TOOL_TIMEOUT": "5"}).client_tool_timeout == 5.0
     with pytest.raises(SettingsError, match=r"client_timeout|CLIENT_TOOL_TIMEOUT"):
         load_settings({**home, "REVEILLE_CLIENT_TOOL_TIMEOUT": "0"})
+
+
+async def test_the_conversation_goes_on_after_a_resumed_turn(served, store) -> None:
+    adapter, provider = served
+    client = client_for(adapter.port)
+    first = await client.chat.completions.create(
+        model="reveille-demo", messages=[{"role": "user", "content": ASK}], tools=[WEATHER]
+    )
+    resumed = _resumed(first, "clear skies")
+    second = await client.chat.completions.create(
+        model="reveille-demo", messages=resumed, tools=[WEATHER]
+    )
+    answer = second.choices[0].message.content
+    later = [
+        *resumed,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "thanks"},
+    ]
+    # A client that resends its whole history (no session header) lands in the same session.
+    third = await client.chat.completions.create(
+        model="reveille-demo", messages=later, tools=[WEATHER]
+    )
+    assert third.choices[0].finish_reason == "stop"
+    assert len(store.list_sessions()) == 1
+    context = provider.contexts[-1]
+    assert [m["role"] for m in context if m["role"] != "system"] == ["user", "assistant", "user"]
+    assert context[-2]["content"] == answer
+
+
+async def test_a_small_context_bound_keeps_the_call_and_its_result_together(served) -> None:
+    adapter, provider = served
+    adapter.turns.context_chars = 400
+    client = client_for(adapter.port)
+    opening = [{"role": "user", "content": "tell me about " + "clouds " * 300}]
+    reply = await client.chat.completions.create(model="reveille-demo", messages=opening)
+    history = [
+        *opening,
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": ASK},
+    ]
+    first = await client.chat.completions.create(
+        model="reveille-demo", messages=history, tools=[WEATHER]
+    )
+    resumed = _resumed(first, "ok")
+    await client.chat.completions.create(
+        model="reveille-demo", messages=[*history[:2], *resumed], tools=[WEATHER]
+    )
+    context = provider.contexts[-1]
+    assert [m["role"] for m in context[-2:]] == ["assistant", "tool"]
+    assert context[-2]["tool_calls"][0]["id"] == context[-1]["tool_call_id"]
+    assert any("left out" in str(m.get("content")) for m in context)  # the bound did cut
