@@ -403,3 +403,67 @@ async def test_a_small_context_bound_keeps_the_call_and_its_result_together(serv
     assert [m["role"] for m in context[-2:]] == ["assistant", "tool"]
     assert context[-2]["tool_calls"][0]["id"] == context[-1]["tool_call_id"]
     assert any("left out" in str(m.get("content")) for m in context)  # the bound did cut
+
+
+async def test_a_server_call_in_the_same_step_runs_first_and_is_not_handed_back(store) -> None:
+    from agent.loop import Agent
+    from agent.providers import OpenAICompatProvider
+    from agent.tools import Tool, ToolRegistry
+    from tests.agent.test_openai_compat import FakeOpenAI, completion
+
+    ran: list[dict[str, Any]] = []
+
+    async def lookup(args: dict[str, Any], ctx: Any) -> str:
+        ran.append(args)
+        return "server says 42"
+
+    fake = FakeOpenAI()
+    await fake.start()
+    both = [
+        {"id": "call_s", "type": "function", "function": {"name": "lookup", "arguments": "{}"}},
+        {
+            "id": "call_c",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+        },
+    ]
+    fake.script = [completion(None, both, "tool_calls"), completion("42 and warm")]
+    provider = OpenAICompatProvider(fake.base_url, "sk-up", "fake-model", 10.0, max_retries=0)
+    registry = ToolRegistry([Tool("lookup", "look up", {"type": "object"}, lookup)])
+    adapter = ApiServerAdapter(
+        store=store, agent=Agent(provider, registry), port=0, api_key=KEY, model_name="fake-model"
+    )
+    await adapter.start()
+    try:
+        client = client_for(adapter.port)
+        ask = [{"role": "user", "content": "weather and lookup"}]
+        first = await client.chat.completions.create(
+            model="fake-model", messages=ask, tools=[WEATHER]
+        )
+        calls = first.choices[0].message.tool_calls
+        assert [c.id for c in calls] == ["call_c"]  # only the client's
+        assert ran == [{}]  # the server's ran already
+        resumed = [
+            *ask,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [c.model_dump(exclude_none=True) for c in calls],
+            },
+            {"role": "tool", "tool_call_id": "call_c", "content": "warm"},
+        ]
+        second = await client.chat.completions.create(
+            model="fake-model", messages=resumed, tools=[WEATHER]
+        )
+        assert second.choices[0].message.content == "42 and warm"
+        sent = fake.requests[1]["body"]["messages"]
+        assert [m["role"] for m in sent[-3:]] == ["assistant", "tool", "tool"]
+        assert {m["tool_call_id"]: m["content"] for m in sent[-2:]} == {
+            "call_s": "server says 42",
+            "call_c": "warm",
+        }
+        assert ran == [{}]  # not run again on resume
+    finally:
+        await adapter.stop()
+        await provider.aclose()
+        await fake.stop()
