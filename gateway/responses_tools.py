@@ -34,7 +34,7 @@ def client_tools_of(request: ResponsesRequest, server_names: Collection[str]) ->
     offer: ToolOffer | None = tools.offer
     if not tools.offer.client and request.server_tools and tools.offer.allowed is None:
         offer = None
-    if options is not None or tools.tool_choice not in (None, "auto"):
+    if "tool_choice" in request.options:  # sent by the client: in the model's names
         options = dataclasses.replace(options or ModelOptions(), tool_choice=tools.tool_choice)
     outputs = tuple(ToolOutput(str(o["call_id"]), str(o["output"])) for o in request.tool_outputs)
     return {

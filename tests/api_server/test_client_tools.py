@@ -38,9 +38,12 @@ class ToolsSeen(RecordingProvider):
     def __init__(self, inner: Any) -> None:
         super().__init__(inner)
         self.offered: list[list[str]] = []
+        self.choices: list[Any] = []
 
     async def complete(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
         self.offered.append([t["function"]["name"] for t in kwargs.get("tools") or []])
+        options = kwargs.get("options")
+        self.choices.append(options.tool_choice if options is not None else None)
         return await super().complete(messages, **kwargs)
 
 

@@ -250,3 +250,30 @@ async def test_a_replayed_stream_tells_the_function_call_again(served) -> None:
     assert "response.function_call_arguments.done" in kinds
     assert kinds[-1] == "response.completed"
     assert _calls(first)
+
+
+async def test_responses_tool_choice_names_the_model_side_tool(served) -> None:
+    adapter, provider = served
+    mine = {"type": "function", "name": "delegate_task", "parameters": {"type": "object"}}
+    client = client_for(adapter.port)
+    await client.responses.create(
+        model="reveille-demo",
+        input="hello",
+        tools=[mine, WEATHER],
+        tool_choice={"type": "function", "name": "delegate_task"},
+    )
+    assert provider.choices[0] == {
+        "type": "function",
+        "function": {"name": "client__delegate_task"},
+    }
+    await client.responses.create(
+        model="reveille-demo",
+        input="hello",
+        tools=[mine, WEATHER],
+        tool_choice={
+            "type": "allowed_tools",
+            "mode": "auto",
+            "tools": [{"type": "function", "name": "get_weather"}],
+        },
+    )
+    assert provider.offered[-1] == ["get_weather"]
