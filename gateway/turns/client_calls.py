@@ -20,6 +20,7 @@ the session: an error result per call is written for the agent, and the session 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ __all__ = [
     "parked_in",
     "resume_tail",
     "time_out",
+    "timeout_prefix",
+    "without_park",
 ]
 
 # The row that finished a park past its deadline: the server's, never part of a client's
@@ -58,6 +61,9 @@ class ParkedCalls:
     calls: tuple[ToolCall, ...]
     steps: tuple[ChatMessage, ...]
     deadline: float
+    timed_out: bool = False
+    """Ended by this request (past its deadline): its turn tells the model each call's
+    error result before the new message (``timeout_prefix``)."""
 
     def expired(self, now: float | None = None) -> bool:
         return (time.time() if now is None else now) >= self.deadline
@@ -179,6 +185,26 @@ def resume_tail(parked: ParkedCalls, outputs: Sequence[ToolOutput]) -> list[Chat
         for call_id in parked.call_ids
     )
     return tail
+
+
+def timeout_prefix(parked: ParkedCalls) -> list[ChatMessage]:
+    """The exchange of a park that timed out, each call answered with an error result."""
+    error = json.dumps({"error": "the client did not return a result for this tool call in time"})
+    outputs = [ToolOutput(call_id, error) for call_id in parked.call_ids]
+    return resume_tail(parked, outputs)
+
+
+def without_park(
+    history: Sequence[Mapping[str, Any]], parked: ParkedCalls
+) -> list[Mapping[str, Any]]:
+    """``history`` less the park's row and the row that ended it: the model is shown the
+    exchange itself instead (``resume_tail``, ``timeout_prefix``)."""
+    return [
+        row
+        for row in history
+        if row["id"] != parked.row_id
+        and (row.get("display_metadata") or {}).get(TIMEOUT_KEY) is None
+    ]
 
 
 async def time_out(store: SessionStore, session_id: str, parked: ParkedCalls) -> None:

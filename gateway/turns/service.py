@@ -42,6 +42,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from agent.messages import ChatMessage
@@ -68,6 +69,8 @@ from gateway.turns.client_calls import (
     park_metadata,
     resume_tail,
     time_out,
+    timeout_prefix,
+    without_park,
 )
 from gateway.turns.compacting import BegunTurn, TurnCompaction
 from gateway.turns.compaction import Compactor, seen_delivery_ids
@@ -318,7 +321,8 @@ class TurnService:
             parked = await find_parked(self.store, request.session_id)
             if parked is not None and parked.expired():
                 await time_out(self.store, request.session_id, parked)
-                parked = None
+                check_request(None, request.tool_outputs, wakeup=request.wakeup)
+                return replace(parked, timed_out=True)
         check_request(parked, request.tool_outputs, wakeup=request.wakeup)
         return parked
 
@@ -381,20 +385,24 @@ class TurnService:
                 (m for m in reversed(request.messages) if m["role"] == "user"), no_message
             )
             # Resuming a parked turn: the stored exchange and the client's results take the
-            # new message's place (its row, the park, is not history again).
-            tail = resume_tail(parked, request.tool_outputs or ()) if parked else None
+            # new message's place (its row, the park, is not history again). A park this
+            # request timed out: its exchange with an error result per call comes first.
+            resumed = parked if parked is not None and not parked.timed_out else None
+            tail = resume_tail(resumed, request.tool_outputs or ()) if resumed else None
 
             def unbounded(history: list[dict[str, Any]]) -> list[ChatMessage]:
-                if parked is not None:
-                    history = [row for row in history if row["id"] != parked.row_id]
-                return build_context(
-                    history,
+                rows = without_park(history, parked) if parked is not None else history
+                built = build_context(
+                    rows,
                     begun.taken,
                     request.messages,
                     user_message,
                     wakeup=request.wakeup,
                     tail=tail,
                 )
+                if parked is not None and parked.timed_out:
+                    built[-1:-1] = timeout_prefix(parked)
+                return built
 
             def bounded(built: list[ChatMessage]) -> list[ChatMessage]:
                 if tail:
@@ -474,7 +482,7 @@ class TurnService:
                     return parking.future.result()
             await finish_despite_cancel(
                 self._store(
-                    request, begun, user_message, result, response, owner, seen, parked, park
+                    request, begun, user_message, result, response, owner, seen, resumed, park
                 )
             )
             fence.stored()

@@ -248,6 +248,40 @@ async def test_a_new_message_while_calls_are_pending_is_a_409_and_bad_results_40
     assert status == 400 and body["error"]["code"] == "no_pending_tool_calls", body
 
 
+async def test_a_new_message_after_the_deadline_gives_the_agent_an_error_result(
+    served, store
+) -> None:
+    adapter, provider = served
+    adapter.turns.client_tool_timeout = 0.0
+    client = client_for(adapter.port)
+    first = await client.chat.completions.create(
+        model="reveille-demo", messages=[{"role": "user", "content": ASK}], tools=[WEATHER]
+    )
+    call_id = first.choices[0].message.tool_calls[0].id
+    nxt = await client.chat.completions.create(
+        model="reveille-demo",
+        messages=[*_resumed(first, "")[:2], {"role": "user", "content": "and now?"}],
+    )
+    assert nxt.choices[0].finish_reason == "stop"
+    context = provider.contexts[-1]
+    assert [m["role"] for m in context[-3:]] == ["assistant", "tool", "user"]
+    assert context[-2]["tool_call_id"] == call_id
+    assert "did not return a result" in context[-2]["content"]
+    assert context[-1]["content"] == "and now?"
+    # Told once: the next turn has the note in the transcript, not the exchange again.
+    await client.chat.completions.create(
+        model="reveille-demo",
+        messages=[
+            *_resumed(first, "")[:2],
+            {"role": "user", "content": "and now?"},
+            {"role": "assistant", "content": nxt.choices[0].message.content},
+            {"role": "user", "content": "ok"},
+        ],
+    )
+    assert not any(m["role"] == "tool" for m in provider.contexts[-1])
+    assert len(store.list_sessions()) == 1
+
+
 async def test_a_park_past_its_deadline_frees_the_session(served, store) -> None:
     adapter, provider = served
     adapter.turns.client_tool_timeout = 0.0
@@ -265,9 +299,10 @@ async def test_a_park_past_its_deadline_frees_the_session(served, store) -> None
         messages=[*base[:2], {"role": "user", "content": "and now?"}],
     )
     assert nxt.choices[0].finish_reason == "stop"
-    told = " ".join(str(m.get("content")) for m in provider.contexts[-1])
-    assert "did not return results" in told
     assert len(store.list_sessions()) == 1
+    # The late results' request ended the park: the transcript says so, once.
+    rows = store.messages(store.list_sessions()[0].id)
+    assert len([row for row in rows if "did not return results" in row.content]) == 1
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "memory", "postgres"])
