@@ -283,7 +283,7 @@ async def test_a_new_message_after_the_deadline_gives_the_agent_an_error_result(
 
 
 async def test_a_park_past_its_deadline_frees_the_session(served, store) -> None:
-    adapter, provider = served
+    adapter, _ = served
     adapter.turns.client_tool_timeout = 0.0
     client = client_for(adapter.port)
     first = await client.chat.completions.create(
