@@ -113,6 +113,9 @@ class DemoModel:
       `terminal` tool with {"command": <rest>, "background": true,
       "notify_on_complete": true}; once the tool answers, says what happened (started,
       or why not, e.g. the shell tool is disabled).
+    * It is "call client tool <name> with <JSON>": calls that client-defined tool (offered
+      as `client__<name>` when a server tool has its name); after the client's result it
+      answers with it, as after any tool.
     * It starts with "in the background:": calls `delegate_task` with
       {"goal": <rest>, "background": true}; once the tool answers, says the work was started
       and quotes its handle (the delegation_id).
