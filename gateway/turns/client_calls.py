@@ -50,7 +50,8 @@ __all__ = [
 # The row that finished a park past its deadline: the server's, never part of a client's
 # history (``gateway.turns.conversation``).
 TIMEOUT_KEY = CLIENT_TIMEOUT_KEY
-_PAGE = 50
+# Rows read a trip: the park is nearly always the newest non-delivery row.
+_PAGE = 8
 
 
 @dataclass(frozen=True)

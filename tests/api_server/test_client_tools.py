@@ -505,3 +505,18 @@ async def test_a_server_call_in_the_same_step_runs_first_and_is_not_handed_back(
         await adapter.stop()
         await provider.aclose()
         await fake.stop()
+
+
+async def test_the_park_is_found_behind_many_delivery_rows(served, store) -> None:
+    adapter, _ = served
+    first = await client_for(adapter.port).chat.completions.create(
+        model="reveille-demo", messages=[{"role": "user", "content": ASK}], tools=[WEATHER]
+    )
+    session_id = store.list_sessions()[0].id
+    for index in range(30):  # results that came while the turn waited
+        store.append_message(
+            session_id, "system", f"result {index}", display_kind="async_delegation_complete"
+        )
+    parked = await find_parked(store, session_id)
+    assert parked is not None
+    assert parked.call_ids == [first.choices[0].message.tool_calls[0].id]
