@@ -14,7 +14,9 @@ behind a pending approval; background results stay pending delivery rows and the
 turn folds them in, once. The client resumes with its outputs (``ToolOutput``); the
 resumed turn continues the model's loop from the stored exchange and stores only its reply.
 A park past its deadline (``[tools] client_timeout``) is finished by the next request to
-the session: an error result per call is written for the agent, and the session is free.
+the session (a new message, a wake-up offered again): a note row ends it, that turn's model
+is shown each call answered with an error result (``timeout_prefix``), and the session is
+free.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ __all__ = [
     "check_request",
     "find_parked",
     "park_metadata",
-    "parked_in",
     "resume_tail",
     "time_out",
     "timeout_prefix",
@@ -144,15 +145,6 @@ def _parked_row(row_id: int, meta: Mapping[str, Any] | None) -> ParkedCalls | No
         steps=tuple(park.get("steps") or ()),
         deadline=float(park.get("deadline") or 0.0),
     )
-
-
-def parked_in(history: Sequence[Mapping[str, Any]]) -> ParkedCalls | None:
-    """The park of a transcript (``MessageRecord.as_dict`` rows): its newest row that is
-    not a delivery, when that row parks a turn."""
-    for row in reversed(history):
-        if row.get("display_kind") is None:
-            return _parked_row(int(row["id"]), row.get("display_metadata"))
-    return None
 
 
 async def find_parked(store: SessionStore, session_id: str) -> ParkedCalls | None:
