@@ -166,6 +166,10 @@ def read_tool_request(
     tools = [_client_tool(i, tool, responses, taken) for i, tool in enumerate(raw)]
     if len({tool.name for tool in tools}) != len(tools):
         raise _bad("tools", "two client tools have the same name")
+    if len({tool.model_name for tool in tools}) != len(tools):
+        # "x" renamed to "client__x" beside a tool of that very name: the model could not
+        # tell them apart.
+        raise _bad("tools", "a client tool's name collides with another's once namespaced")
     choice = body.get("tool_choice")
     allowed: frozenset[str] | None = None
     model_choice: str | JSONObject | None

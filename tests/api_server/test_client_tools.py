@@ -520,3 +520,16 @@ async def test_the_park_is_found_behind_many_delivery_rows(served, store) -> Non
     parked = await find_parked(store, session_id)
     assert parked is not None
     assert parked.call_ids == [first.choices[0].message.tool_calls[0].id]
+
+
+async def test_tools_that_would_collide_once_namespaced_are_a_400(served) -> None:
+    adapter, _ = served
+    tools = [
+        {"type": "function", "function": {"name": "delegate_task"}},
+        {"type": "function", "function": {"name": "client__delegate_task"}},
+    ]
+    status, body = await _post(
+        adapter.port,
+        {"model": "reveille-demo", "messages": [{"role": "user", "content": "hi"}], "tools": tools},
+    )
+    assert status == 400 and body["error"]["param"] == "tools", body
