@@ -1,7 +1,10 @@
 """The tool-calling agent loop (the synchronous sub-agent entry point is in ``agent.subagent``).
 
-One turn: ask the model (offering the registry's tools); while it answers with tool calls,
-run them and feed the results back; stop at a plain answer or at the step limit.
+One turn: ask the model (offering the registry's tools, and the client's own function tools
+when the turn has a ``ToolOffer``); while it answers with tool calls, run them and feed the
+results back; stop at a plain answer, at the step limit, or at a call of a client tool: the
+server's calls of that step run first, the client's come back as ``pending_calls`` for the
+client to run (the turn is resumed with their results, see ``gateway.turns.client_calls``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from agent.providers.base import (
     add_usage,
     empty_usage,
 )
-from agent.tools import ToolContext, ToolRegistry
+from agent.tools import ToolContext, ToolOffer, ToolRegistry, tool_error
 
 SUBAGENT_SYSTEM_PROMPT = (
     f"{SUBAGENT_MARKER}\n"
@@ -41,6 +44,9 @@ class AgentResult:
     step_limit_reached: bool = False
     # Why the model stopped its last answer (chat's finish_reason): "length" is a cut.
     finish_reason: str = "stop"
+    pending_calls: list[ToolCall] = field(default_factory=list)
+    """Calls of client tools (model names) the client must run before the turn goes on;
+    ``new_messages`` then ends with that step's assistant message and the server's results."""
 
 
 def step_limit_message(max_steps: int) -> str:
@@ -121,18 +127,20 @@ class Agent:
         *,
         on_delta: DeltaCallback | None = None,
         options: ModelOptions | None = None,
+        offer: ToolOffer | None = None,
     ) -> AgentResult:
         """One turn; ``options`` (the client's generation options) go to every model call,
-        except that ``tool_choice="required"`` holds for the first call only."""
+        except that ``tool_choice="required"`` (or a named tool) holds for the first call
+        only. ``offer``: the client's tools beside (or instead of) the server's."""
         conversation = self._with_system_prompt(messages)
         new_messages: list[ChatMessage] = []
         usage = empty_usage()
-        tools = self.registry.schemas() or None
+        tools = (offer.schemas(self.registry) if offer else self.registry.schemas()) or None
 
         live = _LiveText(on_delta)
         for step in range(1, self.max_steps + 1):
             step_options = options
-            if step > 1 and options is not None and options.tool_choice == "required":
+            if step > 1 and options is not None and _forcing(options.tool_choice):
                 step_options = replace(options, tool_choice="auto")
             reply = await self._ask(
                 conversation, tools, live if on_delta else None, step_options or None
@@ -144,9 +152,11 @@ class Agent:
                 new_messages.append(final)
                 reason = reply.finish_reason or "stop"
                 return AgentResult(live.text, new_messages, usage, step, finish_reason=reason)
-            step_messages = await self._run_tool_calls(reply, ctx)
+            step_messages, pending = await self._run_tool_calls(reply, ctx, offer)
             conversation.extend(step_messages)
             new_messages.extend(step_messages)
+            if pending:
+                return AgentResult(live.text, new_messages, usage, step, pending_calls=pending)
 
         await live.end_step(step_limit_message(self.max_steps))
         new_messages.append({"role": "assistant", "content": step_limit_message(self.max_steps)})
@@ -163,19 +173,28 @@ class Agent:
         extra = complete_keywords(on_delta, options)
         return await self.provider.complete(conversation, tools=tools, **extra)
 
-    async def _run_tool_calls(self, reply: ModelReply, ctx: ToolContext) -> list[ChatMessage]:
+    async def _run_tool_calls(
+        self, reply: ModelReply, ctx: ToolContext, offer: ToolOffer | None = None
+    ) -> tuple[list[ChatMessage], list[ToolCall]]:
+        """The step's messages (the call, the server's results) and the client's calls."""
         calls = [_normalised_call(index, call) for index, call in enumerate(reply.tool_calls)]
         messages: list[ChatMessage] = [
             {"role": "assistant", "content": reply.content, "tool_calls": calls}
         ]
+        pending: list[ToolCall] = []
         # One after another, in the model's order: a later call may depend on an earlier one.
         for call in calls:
             function = call["function"]
-            result = await self.registry.call(
-                function["name"], function["arguments"], ctx, call["id"]
-            )
+            name = function["name"]
+            if offer is not None and offer.client_tool(name) is not None and offer.offers(name):
+                pending.append(call)  # the client runs it; the turn stops after this step
+                continue
+            if offer is not None and not (offer.server_tools and offer.offers(name)):
+                result = tool_error(f"unknown tool {name!r}: it is not offered in this turn")
+            else:
+                result = await self.registry.call(name, function["arguments"], ctx, call["id"])
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
-        return messages
+        return messages, pending
 
 
 class CompleteKeywords(TypedDict, total=False):
@@ -196,6 +215,11 @@ def complete_keywords(
     if options:
         extra["options"] = options
     return extra
+
+
+def _forcing(tool_choice: object) -> bool:
+    """A tool choice that forces a call (``required`` or a named tool): for one step only."""
+    return tool_choice == "required" or isinstance(tool_choice, Mapping)
 
 
 def _normalised_call(index: int, call: Mapping[str, object]) -> ToolCall:

@@ -10,13 +10,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opentelemetry import trace
 
-from agent.messages import JSONObject, ToolSchema
+from agent.messages import JSONObject, ToolCall, ToolSchema
 
 logger = logging.getLogger(__name__)
 
@@ -310,3 +310,73 @@ async def _tell(callback: ProgressCallback, progress: ToolProgress) -> None:
         await callback(progress)
     except Exception:
         logger.exception("tool progress listener failed")
+
+
+@dataclass(frozen=True)
+class ClientTool:
+    """A function tool the client defined and runs itself: the model may call it, and the
+    turn then stops and hands the call back to the client (``agent.loop``).
+
+    ``model_name`` is the name the model sees: the client's own ``name`` unless that
+    collides with a server tool, then ``client__<name>`` (mapped back for the client).
+    """
+
+    name: str
+    model_name: str
+    description: str = ""
+    parameters: JSONObject = field(default_factory=dict)
+    strict: bool | None = None
+
+    def schema(self) -> ToolSchema:
+        function: dict[str, Any] = {"name": self.model_name, "parameters": self.parameters}
+        if self.description:
+            function["description"] = self.description
+        if self.strict is not None:
+            function["strict"] = self.strict
+        return {"type": "function", "function": function}  # type: ignore[typeddict-item]
+
+
+@dataclass(frozen=True)
+class ToolOffer:
+    """Which tools one turn offers the model: the server's own (unless ``server_tools`` is
+    off) beside the client's, narrowed to ``allowed`` (model names) when that is set."""
+
+    client: tuple[ClientTool, ...] = ()
+    server_tools: bool = True
+    allowed: frozenset[str] | None = None
+
+    def client_tool(self, model_name: str) -> ClientTool | None:
+        return next((tool for tool in self.client if tool.model_name == model_name), None)
+
+    def shown(self, call: ToolCall) -> ToolCall:
+        """``call`` as the client sees it: in the client's own name for its tool."""
+        tool = self.client_tool(call["function"]["name"])
+        if tool is None:
+            return call
+        return {**call, "function": {**call["function"], "name": tool.name}}
+
+    def offers(self, model_name: str) -> bool:
+        return self.allowed is None or model_name in self.allowed
+
+    def schemas(self, registry: ToolRegistry) -> list[ToolSchema]:
+        server = registry.schemas() if self.server_tools else []
+        every = [*server, *(tool.schema() for tool in self.client)]
+        return [schema for schema in every if self.offers(schema["function"].get("name", ""))]
+
+
+CLIENT_PREFIX = "client__"
+
+
+def client_model_name(name: str, server_names: Collection[str]) -> str:
+    """The name a client tool is offered under: its own, or namespaced when a server tool
+    (or another name already taken) has it."""
+    return f"{CLIENT_PREFIX}{name}" if name in server_names else name
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """A client's result for one of its tool calls (a chat ``role: "tool"`` message, a
+    Responses ``function_call_output`` item)."""
+
+    call_id: str
+    output: str

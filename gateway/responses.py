@@ -50,6 +50,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from agent.messages import JSONObject
 from agent.tools import ToolProgress
 from delivery.identity import current_identity
 from delivery.ids import new_token
@@ -66,6 +67,7 @@ from delivery.responses_backend import (
     storing_owner,
 )
 from gateway.config import Platform
+from gateway.openai.responses_calls import calls_of, function_call_events, function_call_items
 from gateway.openai.responses_wire import (
     INCOMPLETE_REASONS,
     Output,
@@ -79,6 +81,7 @@ from gateway.openai.responses_wire import (
 from gateway.openai.wire import completion_text, finish_reason_of
 from gateway.response_events import EventSink, NoSink, follow
 from gateway.responses_runs import ResponsesRuns, TerminalHook, dumps
+from gateway.responses_tools import client_tools_of
 from gateway.session import SessionSource
 from gateway.turns.conversation import well_formed
 from gateway.turns.fence import finish_despite_cancel
@@ -314,7 +317,7 @@ class ResponsesService(ResponsesRuns):
                             user_id=request.owner,
                         ),
                         stream=True,
-                        model_options=request.model_options(),
+                        **client_tools_of(request, self.turns.tool_names()),
                         before_store=lambda: self._enter_store(row),
                         own_slot=row.background,
                     )
@@ -388,12 +391,22 @@ class ResponsesService(ResponsesRuns):
         text = completion_text(completion)
         # A model cut short (its token limit, a content filter) ends ``incomplete``.
         reason = INCOMPLETE_REASONS.get(finish_reason_of(completion))
+        calls = function_call_items(calls_of(completion))
+        # A response that only calls the client's tools has no message item.
+        message = bool(text or opened or not calls)
         out = Output(
-            out.message_id, text, done=True, usage=completion.get("usage"), cut=reason is not None
+            out.message_id,
+            text,
+            done=message,
+            usage=completion.get("usage"),
+            cut=reason is not None,
         )
         closing = output_events(out, start=not opened, delta=None if opened else text)
+        if not message:
+            closing = []
+        closing += function_call_events(calls, 1 if message else 0)
         status = "completed" if reason is None else "incomplete"
-        return await self._finish(row, request, status, out, None, closing, sink, reason)
+        return await self._finish(row, request, status, out, None, closing, sink, reason, calls)
 
     async def _enter_store(self, row: ResponseRow) -> bool:
         """The turn's reply is ready: take the row to its storing owner, so that a cancel
@@ -429,9 +442,10 @@ class ResponsesService(ResponsesRuns):
         closing: list[tuple[str, dict[str, Any]]],
         sink: EventSink,
         incomplete: str | None = None,
+        calls: list[JSONObject] | None = None,
     ) -> dict[str, Any]:
         """Store the response's end (its run is finishing: a row moved under it meanwhile
-        does not stop it)."""
+        does not stop it); ``calls``: the client tool calls it stopped for."""
         self._finishing.add(row.id)
         try:
             now = time.time()
@@ -445,6 +459,8 @@ class ResponsesService(ResponsesRuns):
                 completed_at=now,
                 incomplete=incomplete,
             )
+            if calls:
+                body["output"] = [*body["output"], *calls]  # type: ignore[misc]
             events = [*closing, terminal_event(body)]
             # Every event before the terminal ones is stored (or sent) first; a background
             # response's terminal events are stored with its terminal status, in one commit.

@@ -57,6 +57,8 @@ class Settings:
     shell_approvals: str = "always"
     # how long a background unit's approval waits for a person before it expires
     shell_approval_timeout: float = 3600.0
+    # how long a turn parked on a client's tool calls waits for their results, in seconds
+    client_tool_timeout: float = 600.0
     # the nearest a wake-up the agent sets (schedule_wakeup) may be, in seconds
     timers_min_delay_seconds: float = 10.0
     max_concurrent_runs: int = 10
@@ -367,6 +369,7 @@ def _validate(s: Settings) -> None:
         "delegation_stall_seconds",
         "responses_lease_seconds",
         "shell_approval_timeout",
+        "client_tool_timeout",
     ):
         if getattr(s, name) <= 0:
             raise bad(name, "must be positive")

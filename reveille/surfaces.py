@@ -76,16 +76,19 @@ def build_adapter(
     """The API server over its own turn service (``Platform.API_SERVER``); with approvals
     on, its turns ask them and answer their client at once while one is pending."""
     approvals = approvals or Approvals(store, timeout_seconds=settings.shell_approval_timeout)
+    agent = build_agent(settings, model)
     turns = TurnService(
         store,
-        agent_turn_runner(build_agent(settings, model)),
+        agent_turn_runner(agent),
         render=functools.partial(completion_object, model=model.name),
         platform=Platform.API_SERVER,
         max_concurrent_runs=settings.max_concurrent_runs,
         context_chars=settings.context_chars,
         compactor=Compactor(store, provider_summariser(model), settings.compaction_policy),
+        client_tool_timeout=settings.client_tool_timeout,
         **gateway_approvals(settings, approvals, park=True),
     )
+    turns.tool_names = agent.registry.names
     adapter = ApiServerAdapter(
         store=store,
         turns=turns,

@@ -47,7 +47,7 @@ class ModelOptions:
     stop: str | tuple[str, ...] | None = None
     seed: int | None = None
     response_format: Mapping[str, Any] | None = None
-    tool_choice: str | None = None
+    tool_choice: str | Mapping[str, Any] | None = None
     parallel_tool_calls: bool | None = None
 
     def as_request(self) -> JSONObject:

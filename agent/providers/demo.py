@@ -27,6 +27,11 @@ WAKEUP_TOOL = "schedule_wakeup"
 SCHEDULE_TOOL = "schedule"
 _EVERY = re.compile(r"^\s*every\s+(\d{1,9})\s+seconds?\s*:\s*(.*)$", re.I | re.S)
 _CALL = re.compile(r"^\s*call\s+([A-Za-z0-9_:.-]+)\s+with\s+(\{.*\})\s*$", re.I | re.S)
+# "call client tool <name> with <JSON>": a tool the client defined (offered as
+# ``client__<name>`` when a server tool has its name).
+_CLIENT_CALL = re.compile(
+    r"^\s*call\s+client\s+tool\s+([A-Za-z0-9_:.-]+)\s+with\s+(\{.*\})\s*$", re.I | re.S
+)
 _REMIND = re.compile(r"^\s*remind me in\s+(\d{1,9})\s+seconds?\s*:\s*(.*)$", re.I | re.S)
 _SNIPPET_CHARS = 200
 
@@ -108,6 +113,9 @@ class DemoModel:
       `terminal` tool with {"command": <rest>, "background": true,
       "notify_on_complete": true}; once the tool answers, says what happened (started,
       or why not, e.g. the shell tool is disabled).
+    * It is "call client tool <name> with <JSON>": calls that client-defined tool (offered
+      as `client__<name>` when a server tool has its name); after the client's result it
+      answers with it, as after any tool.
     * It starts with "in the background:": calls `delegate_task` with
       {"goal": <rest>, "background": true}; once the tool answers, says the work was started
       and quotes its handle (the delegation_id).
@@ -217,6 +225,14 @@ class DemoModel:
                 "notify_on_complete": True,
             }
             return None, [_tool_call(position, SHELL_TOOL, args)]
+        client_call = _CLIENT_CALL.match(text)
+        if client_call is not None:
+            wanted = client_call.group(1)
+            name = f"client__{wanted}" if f"client__{wanted}" in offered else wanted
+            arguments = _json_or_none(client_call.group(2))
+            if name not in offered or arguments is None:
+                return f"I can't call the client tool {wanted} with that here.", []
+            return None, [_tool_call(position, name, arguments)]
         call = _CALL.match(text)
         if call is not None:
             # "call <tool> with <JSON arguments>": any offered tool (an MCP server's ...)

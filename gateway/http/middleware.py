@@ -132,6 +132,10 @@ def api_error_of(exc: TurnError) -> ApiError:
         )
     if exc.kind == "key_reused":
         return ApiError(422, exc.message, code="idempotency_key_reused", param="Idempotency-Key")
+    if exc.kind == "tool_calls_pending":
+        return ApiError(409, exc.message, code="tool_calls_pending")
+    if exc.kind in ("no_pending_tool_calls", "unknown_call_id", "missing_tool_outputs"):
+        return ApiError(400, exc.message, code=exc.kind, param="messages")
     if exc.kind == "session_taken":
         return ApiError(409, exc.message, code="conversation_conflict")
     if exc.kind == "in_progress":

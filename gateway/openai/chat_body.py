@@ -1,6 +1,10 @@
 """The chat-completions request body, checked: model, messages (each with a role and
 content: text, or parts of text and ``image_url``), stream options and the generation
 parameters (``chat_params``). Reading it off the wire is ``gateway.http.request_body``.
+
+A conversation that ends with ``role: "tool"`` messages after an assistant message with
+``tool_calls`` carries the client's results for calls of its own tools (``tool_outputs``):
+it resumes the session's parked turn (``gateway.turns.client_calls``).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from typing import Any
 
 from agent.messages import ChatMessage
 from agent.providers.base import ModelOptions
+from agent.tools import ToolOutput
 from gateway.http.middleware import ApiError
 from gateway.openai.chat_params import model_options
 
@@ -43,6 +48,7 @@ class ChatBody:
     stream: bool
     include_usage: bool
     options: ModelOptions
+    tool_outputs: tuple[ToolOutput, ...] | None = None
 
 
 def parse_chat_body(body: Any) -> ChatBody:
@@ -115,4 +121,30 @@ def parse_chat_body(body: Any) -> ChatBody:
         stream=bool(stream),
         include_usage=bool(include_usage),
         options=model_options(body),
+        tool_outputs=_tool_outputs(messages),
     )
+
+
+def _tool_outputs(messages: list[ChatMessage]) -> tuple[ToolOutput, ...] | None:
+    """The trailing ``role: "tool"`` messages (the client's results), or None."""
+    outputs: list[ToolOutput] = []
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.get("role") != "tool":
+            break
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise ApiError(
+                400,
+                f"messages[{index}] (role 'tool') needs a 'tool_call_id'",
+                param=f"messages[{index}].tool_call_id",
+                code="invalid_message",
+            )
+        outputs.insert(0, ToolOutput(call_id, _text_of(message.get("content"))))
+    return tuple(outputs) if outputs else None
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""

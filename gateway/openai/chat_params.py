@@ -6,10 +6,10 @@ value is a 400 in OpenAI's error shape naming the ``param``. What the server can
 refused the same way, never silently dropped:
 
 * ``n`` other than 1 (one answer per turn);
-* client-defined ``tools`` / ``functions`` (the server runs its own tools; the client
-  cannot be handed tool calls to run) and a ``tool_choice`` that names a tool;
 * a ``response_format`` of a type other than ``text``, ``json_object``, ``json_schema``.
 
+Client-defined ``tools`` and a ``tool_choice`` that names one (or lists ``allowed_tools``)
+are read by ``gateway.openai.client_tools``, which knows the server's tool names.
 Parameters outside this list (``user``, ``metadata``, penalties, ...) are not checked here.
 """
 
@@ -93,20 +93,15 @@ def _response_format(body: Mapping[str, object]) -> JSONObject | None:
     return value
 
 
-def _tool_choice(body: Mapping[str, object]) -> str | None:
+def _tool_choice(body: Mapping[str, object]) -> str | JSONObject | None:
     value = body.get("tool_choice")
     if value is None:
         return None
     if isinstance(value, str) and value in _TOOL_CHOICES:
         return value
     if isinstance(value, dict):
-        raise _invalid(
-            "tool_choice",
-            "a 'tool_choice' that names a tool is not supported: the server offers its own "
-            "tools; use 'none', 'auto' or 'required'",
-            "unsupported_value",
-        )
-    raise _invalid("tool_choice", "'tool_choice' must be 'none', 'auto' or 'required'")
+        return value  # a tool by name, or allowed_tools: checked by ``client_tools``
+    raise _invalid("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or an object")
 
 
 def _parallel_tool_calls(body: Mapping[str, object]) -> bool | None:
@@ -117,19 +112,10 @@ def _parallel_tool_calls(body: Mapping[str, object]) -> bool | None:
 
 
 def refuse_unsupported(body: Mapping[str, object]) -> None:
-    """400 for what the server cannot do: ``n`` other than 1, client-defined tools."""
+    """400 for what the server cannot do: ``n`` other than 1."""
     n = _integer(body, "n")
     if n is not None and n != 1:
         raise _invalid("n", f"only n=1 is supported, got n={n}", "unsupported_value")
-    for param in ("tools", "functions"):
-        if body.get(param):
-            raise _invalid(
-                param,
-                f"client-defined '{param}' are not supported: this server runs its own tools "
-                "and cannot hand tool calls back to the client to run. Leave out "
-                f"'{param}'.",
-                "unsupported_parameter",
-            )
 
 
 def model_options(body: Mapping[str, object]) -> ModelOptions:

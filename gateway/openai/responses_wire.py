@@ -33,6 +33,7 @@ from gateway.http.middleware import ApiError
 from gateway.openai.chat_params import model_options
 from gateway.openai.known_params import refuse_unknown, responses_params
 from gateway.openai.response_params import echoed_params, refuse_unsupported
+from gateway.openai.responses_calls import function_call_events, tool_output_of
 
 __all__ = [
     "Output",
@@ -57,6 +58,7 @@ _RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,120}")
 _ROLES = ("user", "assistant", "system", "developer")
 _DETAILS = ("auto", "low", "high", "original")
 _VERBOSITIES = ("low", "medium", "high")
+_CALL_ITEMS = ("function_call", "function_call_output")
 _MAX_METADATA = 16
 
 
@@ -111,7 +113,7 @@ class ResponsesRequest:
     temperature: float | None = None
     top_p: float | None = None
     max_output_tokens: int | None = None
-    tool_choice: str = "auto"
+    tool_choice: str | JSONObject = "auto"
     parallel_tool_calls: bool = True
     text: JSONObject = field(default_factory=lambda: {"format": {"type": "text"}})
     # Echoed as asked (``echoed_params``); see README's field list for what each does.
@@ -130,6 +132,11 @@ class ResponsesRequest:
     # ``auth.owner_of``): reading it, its input items, continuing it need that key again.
     # None: the server's key.
     owner: str | None = None
+    # Client function tools as sent, whether the server's own are offered too, and the
+    # client's results for a parked turn's calls (``gateway.openai.responses_calls``).
+    tools: list[JSONObject] = field(default_factory=list)
+    server_tools: bool = True
+    tool_outputs: list[JSONObject] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
@@ -349,9 +356,20 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
             "'input' is required: a string or a non-empty array of messages",
             "missing_required_parameter",
         )
-    pairs = input_items(raw)
+    outputs = [
+        tool_output_of(item, f"input[{i}]")
+        for i, item in enumerate(raw)
+        if isinstance(item, dict) and item.get("type") == "function_call_output"
+    ]
+    # A client's own function_call items (echoed back) say nothing the server lacks.
+    kept = [
+        (i, item)
+        for i, item in enumerate(raw)
+        if not (isinstance(item, dict) and item.get("type") in _CALL_ITEMS)
+    ]
+    pairs = [_item(item, i) for i, item in kept]
     messages = [chat for _, chat in pairs]
-    if not any(m["role"] == "user" for m in messages):
+    if not outputs and not any(m["role"] == "user" for m in messages):
         raise _bad("input", "'input' must contain a user message")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
@@ -378,9 +396,8 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
     ):
         raise _bad("max_output_tokens", "'max_output_tokens' must be an integer of at least 1")
     text, response_format = _text_setting(body.get("text"))
-    # The chat endpoint's own checks, under the chat names (client tools are refused there).
+    # The chat endpoint's own checks, under the chat names (client tools: ``client_tools``).
     chat_like: JSONObject = {
-        "tools": body.get("tools"),
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
         "max_completion_tokens": max_output,
@@ -388,6 +405,9 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         "parallel_tool_calls": body.get("parallel_tool_calls"),
         "response_format": response_format,
     }
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise _bad("tools", "'tools' must be an array", "invalid_type")
     options = model_options(chat_like)
     return ResponsesRequest(
         model=model,
@@ -404,12 +424,16 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
         temperature=options.temperature,
         top_p=options.top_p,
         max_output_tokens=max_output,
-        tool_choice=options.tool_choice or "auto",
+        tool_choice=dict(choice)
+        if isinstance(choice := options.tool_choice, Mapping)
+        else (choice or "auto"),
         parallel_tool_calls=True
         if options.parallel_tool_calls is None
         else options.parallel_tool_calls,
         text=text,
         **asdict(echoed_params(body)),
+        tools=[tool for tool in tools if isinstance(tool, dict)],
+        tool_outputs=[{"call_id": o.call_id, "output": o.output} for o in outputs],
     )
 
 
@@ -503,7 +527,7 @@ def _echo(request: ResponsesRequest) -> JSONObject:
         "max_tool_calls": request.max_tool_calls,
         "parallel_tool_calls": request.parallel_tool_calls,
         "tool_choice": request.tool_choice,
-        "tools": [],
+        "tools": list(request.tools),
         "text": request.text,
         "truncation": request.truncation,
         "service_tier": request.service_tier,
@@ -624,13 +648,16 @@ def events_of_final(body: JSONObject) -> list[Event]:
     ]
     text = output_text(body)
     items = _objects(body.get("output"))
-    if items:
+    messages = [item for item in items if item.get("type") == "message"]
+    if messages:
         # As the live stream went: a message the model ended (completed, or cut by a
         # limit) is closed; one a failure stopped is left open, its deltas sent.
         closed = body.get("status") in ("completed", "incomplete")
-        cut = items[0].get("status") == "incomplete"
-        out = Output(str(items[0].get("id")), text, done=closed, cut=cut)
+        cut = messages[0].get("status") == "incomplete"
+        out = Output(str(messages[0].get("id")), text, done=closed, cut=cut)
         events += output_events(out, start=True, delta=text)
+    calls = [item for item in items if item.get("type") == "function_call"]
+    events += function_call_events(calls, len(messages))
     events.append(terminal_event(body))
     return events
 

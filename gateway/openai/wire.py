@@ -23,9 +23,16 @@ __all__ = [
 
 
 def completion_object(result: Any, model: str) -> JSONObject:
-    """The ``chat.completion`` object of an agent result (``content`` and ``usage``)."""
+    """The ``chat.completion`` object of an agent result (``content`` and ``usage``; with
+    ``pending_calls``, client tool calls: ``tool_calls`` and ``finish_reason: "tool_calls"``)."""
     usage = dict(getattr(result, "usage", None) or {})
     finish_reason = getattr(result, "finish_reason", None) or "stop"
+    message: JSONObject = {"role": "assistant", "content": str(result.content or "")}
+    pending = getattr(result, "pending_calls", None)
+    if pending:
+        message = {"role": "assistant", "content": message["content"] or None}
+        message["tool_calls"] = [dict(call) for call in pending]
+        finish_reason = "tool_calls"
     return {
         "id": "chatcmpl-" + new_token()[:24],
         "object": "chat.completion",
@@ -34,7 +41,7 @@ def completion_object(result: Any, model: str) -> JSONObject:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": str(result.content or "")},
+                "message": message,
                 "finish_reason": finish_reason,
                 "logprobs": None,
             }

@@ -23,6 +23,11 @@ from agent.markers import DELIVERY_MARKER, defang
 from agent.messages import ChatMessage, ContentPart
 from gateway.turns.compaction import is_summary
 
+# The row that ends a turn parked on client calls past its deadline (see
+# ``gateway.turns.client_calls``, which imports this module's neighbours, not the reverse).
+CLIENT_TIMEOUT_KEY = "client_tool_timeout"
+CLIENT_CALLS_KEY = "client_tool_calls"
+
 __all__ = [
     "build_context",
     "delivery_context_text",
@@ -89,6 +94,8 @@ def _stored_history(transcript: tuple[Any, ...]) -> list[tuple[str, str]]:
             continue
         if m.role == "user" and m.display_metadata and m.display_metadata.get("failed"):
             continue  # never answered: no client's history holds it
+        if m.display_metadata and m.display_metadata.get(CLIENT_TIMEOUT_KEY):
+            continue  # the server ended a park: no client saw it
         if m.role == "user":
             in_wake = bool(m.display_metadata and m.display_metadata.get("wake"))
         if not in_wake and m.role in ("user", "assistant"):
@@ -115,6 +122,8 @@ def pick_session(
     """
     if home is None:  # the caller may have derived it already (a hash of the opening)
         home = derive_session_id(messages)
+    if messages and messages[-1].get("role") == "tool":
+        return _resumed_session(messages, candidates, retry_key=retry_key, home=home)
     sent = _sent_history(messages)
     new_user = ("user", message_text(_last_user(messages)).strip())
     matching = []
@@ -139,6 +148,31 @@ def pick_session(
     return fork_of(home)
 
 
+def _resumed_session(
+    messages: Sequence[Mapping[str, Any]],
+    candidates: Sequence[tuple[str, tuple[Any, ...]]],
+    *,
+    retry_key: bool,
+    home: str,
+) -> str:
+    """The session a request that ends with tool results resumes: the one whose transcript
+    is the conversation up to the assistant message that made the calls (with a retry key,
+    also one that already stored the resumed turn's reply)."""
+    cut = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+    sent = [
+        (str(m["role"]), message_text(m).strip())
+        for m in messages[: cut + 1]
+        if m.get("role") in ("user", "assistant")
+    ]
+    matching = []
+    for sid, transcript in candidates:
+        stored = _stored_history(transcript)
+        retried = retry_key and len(stored) == len(sent) + 1 and stored[: len(sent)] == sent
+        if sent and (stored == sent or retried):
+            matching.append(sid)
+    return matching[0] if len(matching) == 1 else fork_of(home)
+
+
 def fork_of(home: str) -> str:
     """A new session id of its own for a conversation that opens like ``home``'s."""
     return f"{home}_{secrets.token_hex(6)}"
@@ -151,8 +185,10 @@ def build_context(
     user_message: Mapping[str, Any],
     *,
     wakeup: bool = False,
+    tail: Sequence[ChatMessage] | None = None,
 ) -> list[ChatMessage]:
-    """The model's context: request system prompt, stored transcript, the new message.
+    """The model's context: request system prompt, stored transcript, the new message (or,
+    resuming a turn parked on client tool calls, its ``tail``: the tool exchange so far).
 
     Only the server's own wake-ups (``wakeup`` for the new message; the ``wake`` mark the
     server stored on earlier ones) reach the model with their markers; in text a person
@@ -201,6 +237,8 @@ def build_context(
                 # message an edit or a regeneration replaced (shown as an earlier version).
                 continue
             content = row["content"]
+            if not content and meta.get(CLIENT_CALLS_KEY):
+                continue  # a turn that only called client tools: its answer follows it
             if row["role"] == "user" and not meta.get("wake"):
                 content = defang(content)
             context.append({"role": row["role"], "content": content})
@@ -222,6 +260,9 @@ def build_context(
         context.append(
             {"role": "system", "content": delivery_context_text([row["content"] for row in taken])}
         )
+    if tail is not None:
+        context.extend(tail)
+        return context
     text = message_text(user_message)
     context.append({"role": "user", "content": text if wakeup else defang(text)})
     return context

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from agent.loop import Agent
 from agent.messages import ChatMessage
 from agent.providers.base import DeltaCallback, ModelOptions
-from agent.tools import ToolContext, ToolProgress
+from agent.tools import ToolContext, ToolOffer, ToolOutput, ToolProgress
 from gateway.session import SessionSource
 from gateway.turns.fence import TurnFence
 from gateway.turns.idempotency import ANY_REQUEST
@@ -54,6 +54,10 @@ TurnErrorKind = Literal[
     "session_taken",
     "session_busy",
     "upstream",
+    "tool_calls_pending",
+    "no_pending_tool_calls",
+    "unknown_call_id",
+    "missing_tool_outputs",
 ]
 
 
@@ -75,9 +79,10 @@ def agent_turn_runner(agent: Agent | Callable[[], Agent]) -> TurnRunner:
         on_delta: DeltaCallback | None,
         *,
         options: ModelOptions | None = None,
+        offer: ToolOffer | None = None,
     ) -> Any:
         current = agent if isinstance(agent, Agent) else agent()
-        return await current.run(messages, ctx, on_delta=on_delta, options=options)
+        return await current.run(messages, ctx, on_delta=on_delta, options=options, offer=offer)
 
     return run
 
@@ -88,6 +93,8 @@ def request_fingerprint(request: TurnRequest) -> str:
         return ANY_REQUEST
     # Not ``stream``: a replay can be told as a stream or as one answer alike.
     bound: list[Any] = [request.session_id, request.messages]
+    if request.tool_offer is not None:
+        bound.append(repr(request.tool_offer))
     if request.model_options:
         # Only when set, so the fingerprints of requests without options stay as they were.
         bound.append(request.model_options.as_request())
@@ -141,6 +148,12 @@ class TurnRequest:
     """Run once the reply is ready, as the first step of its store (``TurnFence``'s claim):
     False means a cancel won in the caller's own store (a stored response cancelled through
     another server); the turn then ends cancelled and stores nothing."""
+    tool_offer: ToolOffer | None = None
+    """The client's own function tools (and whether the server's are offered too): a call
+    of one parks the turn (``gateway.turns.client_calls``). None: the server's tools only."""
+    tool_outputs: tuple[ToolOutput, ...] | None = None
+    """The client's results for the pending calls of the session's parked turn: this
+    request resumes that turn instead of starting one with a new user message."""
     own_slot: bool = False
     """The caller counts this turn in a pool of its own (background responses,
     ``[responses] background_concurrency``): it takes none of ``max_concurrent_runs``, so

@@ -19,7 +19,10 @@ streams). The service owns what every surface needs the same way:
 * the cap on turns running at once (``max_concurrent_runs``; a caller with a pool of its
   own, background responses, sets ``own_slot`` and takes none of it);
 * approvals (``hold_sessions``: the API server, Telegram): the session's lease while one
-  is pending, and with ``park_on_approval`` an early answer (see ``gateway.turns.gate``).
+  is pending, and with ``park_on_approval`` an early answer (see ``gateway.turns.gate``);
+* client tools (``client_tool_timeout`` set: the API server): a turn that calls one is
+  parked in its transcript and resumed with the client's results
+  (``gateway.turns.client_calls``).
 
 A session that does not exist yet is written by the commit that stores its first turn, so
 a new conversation costs one read before the model runs and one durable write after (a
@@ -38,7 +41,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from agent.messages import ChatMessage
@@ -57,6 +61,17 @@ from gateway.session import (
     title_from_text,
 )
 from gateway.tasks import finish_or_cancel
+from gateway.turns.client_calls import (
+    ParkedCalls,
+    PendingResult,
+    check_request,
+    find_parked,
+    park_metadata,
+    resume_tail,
+    time_out,
+    timeout_prefix,
+    without_park,
+)
 from gateway.turns.compacting import BegunTurn, TurnCompaction
 from gateway.turns.compaction import Compactor, seen_delivery_ids
 from gateway.turns.conversation import (
@@ -129,6 +144,7 @@ class TurnService:
         hold_sessions: bool = False,
         park_on_approval: bool = False,
         compactor: Compactor | None = None,
+        client_tool_timeout: float | None = None,
     ) -> None:
         """``confirm_for(session_id)``, when given, is the approval hook of that session's
         tool calls (``ToolContext.confirm``). Turns of ``Platform.WEBUI`` mark the
@@ -164,6 +180,10 @@ class TurnService:
         self._first_turns = FirstTurns()
         # A surface whose session ids are not chat ids says how to key its sessions.
         self._session_key_of = session_key_of
+        # Client tools: how long a parked turn waits for the client's results (None: the
+        # surface takes no client tools); the server's tool names, which client tools avoid.
+        self.client_tool_timeout = client_tool_timeout
+        self.tool_names: Callable[[], Collection[str]] = tuple
         # Turns stored, and how many of them were wake-ups (read by the metrics).
         self.turns_stored = 0
         self.wake_turns = 0
@@ -264,6 +284,7 @@ class TurnService:
         try:
             if hold is not None and (why := await busy_reason(self.store, request, hold)):
                 raise TurnError("session_busy", why)
+            parked = await self._parked(request)
             begun = await self._begin(request)
             if request.stream:
                 # A stream answers before the turn is stored, and its client may continue
@@ -271,7 +292,7 @@ class TurnService:
                 await self._session_writer(request.session_id, begun)()
             task = asyncio.create_task(
                 traces.traced_turn(
-                    self._run(request, begun, owner, deltas, fence, hold, parking),
+                    self._run(request, begun, owner, deltas, fence, hold, parking, parked),
                     session_id=request.session_id,
                     platform=self._platform.value,
                     wakeup=request.wakeup,
@@ -290,6 +311,20 @@ class TurnService:
         task.add_done_callback(_note_unawaited_failure)
         fence.bind(task)
         return StartedTurn(task, deltas, parking.future if parking is not None else None, fence)
+
+    async def _parked(self, request: TurnRequest) -> ParkedCalls | None:
+        """The park a resuming request continues; refuses what does not fit the session's
+        park (a new message while calls are pending, results nobody waits for); finishes a
+        park past its deadline."""
+        parked: ParkedCalls | None = None
+        if self.client_tool_timeout is not None and not request.unwritten:
+            parked = await find_parked(self.store, request.session_id)
+            if parked is not None and parked.expired():
+                await time_out(self.store, request.session_id, parked)
+                check_request(None, request.tool_outputs, wakeup=request.wakeup)
+                return replace(parked, timed_out=True)
+        check_request(parked, request.tool_outputs, wakeup=request.wakeup)
+        return parked
 
     def _take_slot(self, request: TurnRequest) -> None:
         if request.own_slot:
@@ -338,19 +373,44 @@ class TurnService:
         fence: TurnFence,
         hold: TurnHold | None = None,
         parking: Parking | None = None,
+        parked: ParkedCalls | None = None,
     ) -> dict[str, Any]:
         session_id, key = request.session_id, request.idempotency_key
         started = time.monotonic()
         gate: TurnGate | None = None
         try:
-            user_message = next(m for m in reversed(request.messages) if m["role"] == "user")
+            # A resumed Responses turn may send no message at all, only the client's results.
+            no_message: Mapping[str, Any] = {}
+            user_message = next(
+                (m for m in reversed(request.messages) if m["role"] == "user"), no_message
+            )
+            # Resuming a parked turn: the stored exchange and the client's results take the
+            # new message's place (its row, the park, is not history again). A park this
+            # request timed out: its exchange with an error result per call comes first.
+            resumed = parked if parked is not None and not parked.timed_out else None
+            tail = resume_tail(resumed, request.tool_outputs or ()) if resumed else None
 
             def unbounded(history: list[dict[str, Any]]) -> list[ChatMessage]:
-                return build_context(
-                    history, begun.taken, request.messages, user_message, wakeup=request.wakeup
+                rows = without_park(history, parked) if parked is not None else history
+                built = build_context(
+                    rows,
+                    begun.taken,
+                    request.messages,
+                    user_message,
+                    wakeup=request.wakeup,
+                    tail=tail,
                 )
+                if parked is not None and parked.timed_out:
+                    built[-1:-1] = timeout_prefix(parked)
+                return built
 
             def bounded(built: list[ChatMessage]) -> list[ChatMessage]:
+                if tail:
+                    # The exchange stays whole (a tool result needs its call): the bound
+                    # shortens what comes before it.
+                    cut = len(built) - len(tail)
+                    room = self.context_chars - sum(len(str(m.get("content") or "")) for m in tail)
+                    return [*bound_context(built[:cut], max(room, 1000)), *built[cut:]]
                 return with_images(bound_context(built, self.context_chars), user_message)
 
             def context_of(history: list[dict[str, Any]]) -> list[ChatMessage]:
@@ -397,12 +457,17 @@ class TurnService:
 
                 ctx.on_progress = on_progress
 
-            extra = {"options": request.model_options} if request.model_options else {}
+            extra: dict[str, Any] = (
+                {"options": request.model_options} if request.model_options else {}
+            )
+            if request.tool_offer is not None:
+                extra["offer"] = request.tool_offer
             reply, context = await self._compaction.run(
                 request, begun, hold, context_of, context, ctx, on_delta, extra
             )
             result = well_formed_result(reply)
-            response = self._render(result)
+            park = self._park_of(request, reply, tail)
+            response = self._render(self._shown(request, result, reply))
             seen = seen_delivery_ids(begun.history, begun.taken, context)
             if not await fence.enter_store():
                 # Cancelled first (a cancel from this loop is already pending on the task).
@@ -416,7 +481,9 @@ class TurnService:
                     self.turns_stored += 1
                     return parking.future.result()
             await finish_despite_cancel(
-                self._store(request, begun, user_message, result, response, owner, seen)
+                self._store(
+                    request, begun, user_message, result, response, owner, seen, resumed, park
+                )
             )
             fence.stored()
             # One line per turn for operators: who and how long, never what was said.
@@ -444,6 +511,26 @@ class TurnService:
                 await asyncio.shield(hold.release())
             if deltas is not None and (parking is None or not parking.future.done()):
                 deltas.put_nowait(None)
+
+    def _park_of(
+        self, request: TurnRequest, reply: Any, tail: list[ChatMessage] | None
+    ) -> dict[str, Any] | None:
+        """The display metadata that parks the turn, when the model called client tools."""
+        pending = getattr(reply, "pending_calls", None)
+        if not pending or self.client_tool_timeout is None:
+            return None
+        steps = [*(tail or []), *getattr(reply, "new_messages", [])]
+        return park_metadata(pending, steps, self.client_tool_timeout)
+
+    @staticmethod
+    def _shown(request: TurnRequest, result: Any, reply: Any) -> Any:
+        """What the surface renders: with pending client calls, in the client's names."""
+        pending = getattr(reply, "pending_calls", None)
+        if not pending:
+            return result
+        offer = request.tool_offer
+        calls = [offer.shown(call) if offer is not None else call for call in pending]
+        return PendingResult(str(result.content or ""), getattr(result, "usage", None), calls)
 
     def _gate(
         self,
@@ -496,7 +583,11 @@ class TurnService:
         response: dict[str, Any],
         owner: str | None,
         seen: list[int],
+        resumed: ParkedCalls | None = None,
+        park: dict[str, Any] | None = None,
     ) -> None:
+        """Store the turn: its user message and reply; a resumed turn only its reply (its
+        user message was stored with the park); a reply that parks with the park."""
         key = request.idempotency_key
         user_text = message_text(user_message)
         user_row: dict[str, Any] = {"role": "user", "content": user_text}
@@ -509,10 +600,17 @@ class TurnService:
             # The dedupe keys make a turn stored twice (never expected) show up once.
             user_row["dedupe_key"] = f"idem:{key}:user"
             reply_row["dedupe_key"] = f"idem:{key}:assistant"
+        if park is not None:
+            reply_row["display_metadata"] = park
+        rows = [user_row, reply_row]
+        if resumed is not None:
+            # One answer per park, however often its results are sent.
+            reply_row["dedupe_key"] = f"resumed:{resumed.row_id}"
+            rows = [reply_row]
         try:
             await self.store.aappend_turn(
                 request.session_id,
-                [user_row, reply_row],
+                rows,
                 idempotency_key=key,
                 # stored only to answer a repeated idempotency key (with the same request)
                 response=(

@@ -218,11 +218,11 @@ _INVALID = [
     ("response_format", {"type": "xml"}, "response_format"),
     ("response_format", {"type": "json_schema"}, "response_format"),
     ("response_format", "json", "response_format"),
-    ("tool_choice", {"type": "function", "function": {"name": "lookup"}}, "tool_choice"),
+    ("tool_choice", {"type": "function", "function": {"name": "nothing"}}, "tool_choice"),
     ("tool_choice", "sometimes", "tool_choice"),
     ("parallel_tool_calls", "yes", "parallel_tool_calls"),
     ("n", 2, "n"),
-    ("tools", [_TOOL], "tools"),
+    ("tools", [{"type": "web_search"}], "tools"),
     ("functions", [{"name": "mine"}], "functions"),
     ("stream_options", {"include_usage": "yes"}, "stream_options"),
 ]
@@ -248,15 +248,15 @@ async def test_n_above_one_says_only_one_is_supported(adapter, fake) -> None:
         )
 
 
-async def test_client_tools_are_refused_with_a_clear_400(adapter, fake) -> None:
+async def test_tools_other_than_functions_are_refused_with_a_clear_400(adapter, fake) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         await client_for(adapter.port).chat.completions.create(
             model=MODEL,
             messages=user("hi"),
-            tools=[_TOOL],
+            tools=[{"type": "mcp", "server_url": "http://127.0.0.1:9/"}],  # type: ignore[list-item]
         )
     assert caught.value.body["param"] == "tools"
-    assert "runs its own tools" in caught.value.message
+    assert "never calls a URL" in caught.value.message
     assert fake.requests == []
 
 

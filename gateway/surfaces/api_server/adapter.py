@@ -165,7 +165,10 @@ class ApiServerAdapter(BasePlatformAdapter):
                 platform=Platform.API_SERVER,
                 max_concurrent_runs=max_concurrent_runs,
                 idempotency_wait_seconds=idempotency_wait_seconds,
+                client_tool_timeout=600.0,
             )
+            if isinstance(agent, Agent):
+                turns.tool_names = agent.registry.names
         self.turns = turns
         self._host = host
         self._port = int(port)

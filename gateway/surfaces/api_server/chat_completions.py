@@ -2,6 +2,12 @@
 tool steps as ``event: reveille.tool`` and a parked approval as ``event: reveille.approval``)
 over ``gateway.turns.service``.
 
+Client function ``tools`` are offered beside the server's own (``X-Reveille-Server-Tools:
+off``: instead of them); a call of one ends the turn with ``tool_calls`` and
+``finish_reason: "tool_calls"`` (streamed as ``delta.tool_calls`` chunks), and the client
+resumes it by sending the conversation with its ``role: "tool"`` results
+(``gateway.openai.client_tools``, ``gateway.turns.client_calls``).
+
 Which session a request continues (``X-Hermes-Session-Id``, keyed callers only, or the one
 derived from the conversation), its ``Idempotency-Key`` scoped by session and by who sends
 it, and this server's own wake-ups (proved by the wake token) answered 503 instead of 409
@@ -14,12 +20,12 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from aiohttp import web
 
-from agent.tools import ToolProgress
+from agent.tools import ToolOffer, ToolProgress
 from delivery import traces
 from delivery.ids import new_token
 from gateway.config import Platform
@@ -32,6 +38,11 @@ from gateway.http.middleware import (
     open_event_stream,
 )
 from gateway.openai.chat_body import ChatBody, parse_chat_body
+from gateway.openai.client_tools import (
+    SERVER_TOOLS_HEADER,
+    read_tool_request,
+    server_tools_wanted,
+)
 from gateway.openai.known_params import check_chat_params
 from gateway.openai.wire import chunker, completion_text, finish_reason_of, send_sse
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
@@ -141,6 +152,7 @@ class ChatCompletionsRoute:
         options = parse_chat_body(body)
         messages = options.messages
         self._check_model(options.model)
+        offer, model_options = self._tools(request, body, options)
         idem_key = idempotency_key(request)
         create: SessionSource | None = None
         unwritten = False
@@ -163,7 +175,9 @@ class ChatCompletionsRoute:
                 create=create,
                 idempotency_key=idem_key,
                 stream=options.stream,
-                model_options=options.options or None,
+                model_options=model_options or None,
+                tool_offer=offer,
+                tool_outputs=options.tool_outputs,
                 # A client's key is bound to its request; a wake-up's names its delivery.
                 bind_key_to_request=not internal,
                 # Only this server's own wake-up proves itself (the wake token).
@@ -180,6 +194,18 @@ class ChatCompletionsRoute:
         return await self._stream_turn(
             request, turn.task, turn.deltas, session_id, options, turn.parked
         )
+
+    def _tools(
+        self, request: web.Request, body: Any, options: ChatBody
+    ) -> tuple[ToolOffer | None, Any]:
+        """The request's tool offer (None: the server's tools as always) and its generation
+        options with ``tool_choice`` in the model's names."""
+        wanted = server_tools_wanted(request.headers.get(SERVER_TOOLS_HEADER))
+        tools = read_tool_request(body, self.turns.tool_names(), server_tools=wanted)
+        offer: ToolOffer | None = tools.offer
+        if not tools.offer.client and wanted and tools.offer.allowed is None:
+            offer = None
+        return offer, replace(options.options, tool_choice=tools.tool_choice)
 
     async def _start_turn(self, internal: bool, request: TurnRequest) -> Any:
         try:
@@ -222,10 +248,28 @@ class ChatCompletionsRoute:
         await self._finish_stream(response, completion, options)
         return response
 
+    @staticmethod
+    async def _send_tool_calls(
+        response: web.StreamResponse, completion: dict[str, Any], chunk: Callable[..., Any]
+    ) -> None:
+        """The client tool calls of ``completion`` as ``delta.tool_calls`` chunks (the call,
+        then its arguments)."""
+        choices = completion.get("choices") or [{}]
+        calls = (choices[0].get("message") or {}).get("tool_calls") or []
+        for index, call in enumerate(calls):
+            function = call["function"]
+            opening = {"index": index, "id": call["id"], "type": "function"}
+            opening["function"] = {"name": function["name"], "arguments": ""}
+            await send_sse(response, chunk({"tool_calls": [opening]}))
+            arguments = {"index": index, "function": {"arguments": function["arguments"]}}
+            await send_sse(response, chunk({"tool_calls": [arguments]}))
+
     async def _finish_stream(
         self, response: web.StreamResponse, completion: dict[str, Any], options: ChatBody
     ) -> None:
         chunk = chunker(completion)
+        await self._send_tool_calls(response, completion, chunk)
+        # "tool_calls" when the turn stopped for the client, "length" when the model was cut.
         await send_sse(response, chunk({}, finish_reason=finish_reason_of(completion)))
         if options.include_usage:
             usage_chunk = chunk({}, finish_reason=None)

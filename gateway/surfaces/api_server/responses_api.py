@@ -61,6 +61,7 @@ from gateway.surfaces.api_server.preamble import (
     refuse_while_draining,
 )
 from gateway.surfaces.api_server.responses_compact import SessionOf
+from gateway.surfaces.api_server.responses_tools import check_client_tools, check_park
 
 # What the routes take from the API server they are mounted on (as its sessions and
 # approvals routes do): its JSON body reader, its model check, whether it is draining.
@@ -192,7 +193,9 @@ class ResponsesRoutes:
         owner = owner_of(request)
         parsed = dataclasses.replace(parse_responses_body(body), owner=owner)
         self._check_model(parsed.model)
+        parsed = check_client_tools(request, body, parsed, self.service.turns.tool_names())
         previous_id = parsed.previous_response_id
+        previous = None
         if previous_id is not None:
             previous = await self.service.get(previous_id) if is_response_id(previous_id) else None
             if previous is not None and not _may_see(request, previous):
@@ -206,6 +209,7 @@ class ResponsesRoutes:
             if self._session_of is None:
                 raise ApiError(400, "'conversation' is not supported here", param="conversation")
             await self._session_of(request, parsed.conversation)  # 404 unless the caller's
+        await check_park(self.service.turns, parsed, previous)
         turns = self.service.turns
         if not parsed.background and turns.active_runs >= turns.max_concurrent_runs:
             raise ApiError(

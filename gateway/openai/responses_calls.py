@@ -1,0 +1,79 @@
+"""Client tool calls on the Responses wire: the ``function_call`` output items a response
+that stopped for the client's tools ends with, their stream events
+(``response.output_item.added``, ``response.function_call_arguments.delta`` / ``.done``,
+``response.output_item.done``), and the ``function_call_output`` input items that resume it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agent.messages import JSONObject
+from agent.tools import ToolOutput
+from delivery.ids import new_token
+from gateway.http.middleware import ApiError
+
+__all__ = [
+    "calls_of",
+    "function_call_events",
+    "function_call_items",
+    "tool_output_of",
+]
+
+Event = tuple[str, JSONObject]
+
+
+def calls_of(completion: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The client tool calls of a turn's chat completion (none when it answered)."""
+    choices = completion.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return []
+    message = choices[0].get("message")
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    return [call for call in calls or [] if isinstance(call, dict)]
+
+
+def function_call_items(calls: Sequence[Mapping[str, Any]]) -> list[JSONObject]:
+    """One completed ``function_call`` item per call, in the client's names."""
+    return [
+        {
+            "id": "fc_" + new_token()[:32],
+            "type": "function_call",
+            "call_id": str(call["id"]),
+            "name": str(call["function"]["name"]),
+            "arguments": str(call["function"]["arguments"]),
+            "status": "completed",
+        }
+        for call in calls
+    ]
+
+
+def function_call_events(items: Sequence[JSONObject], first_index: int) -> list[Event]:
+    """The stream events of ``items``, placed from ``first_index`` in the output."""
+    events: list[Event] = []
+    for offset, item in enumerate(items):
+        index = first_index + offset
+        ref: JSONObject = {"item_id": item["id"], "output_index": index}
+        opening = {**item, "arguments": "", "status": "in_progress"}
+        events.append(("response.output_item.added", {"output_index": index, "item": opening}))
+        events.append(
+            ("response.function_call_arguments.delta", {**ref, "delta": item["arguments"]})
+        )
+        events.append(
+            ("response.function_call_arguments.done", {**ref, "arguments": item["arguments"]})
+        )
+        events.append(("response.output_item.done", {"output_index": index, "item": item}))
+    return events
+
+
+def tool_output_of(item: Mapping[str, Any], where: str) -> ToolOutput:
+    """A ``function_call_output`` input item, checked."""
+    call_id, output = item.get("call_id"), item.get("output")
+    if not isinstance(call_id, str) or not call_id:
+        raise ApiError(400, f"{where}.call_id must be a string", param=where)
+    if isinstance(output, list):  # output parts: their text
+        output = "".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
+    if not isinstance(output, str):
+        raise ApiError(400, f"{where}.output must be a string", param=where)
+    return ToolOutput(call_id, output)
