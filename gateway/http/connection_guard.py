@@ -28,7 +28,12 @@ per connection waiting in the backlog, traceback included) are rate-limited by
 ``reveille.log_limits``. The guard counts a connection when it is made, after asyncio
 accepted a batch of them at once, so that batch is kept at a quarter of the port's cap (16
 to 128; the kernel still queues 128): caps plus batches stay under the descriptor limit,
-and that path stays the exception.
+and that path stays the exception. On uvloop, libuv handles ``EMFILE`` itself (it frees a
+reserved descriptor to accept and close the queued connections, without a log line).
+
+The guard runs on asyncio's loop and on uvloop's alike: it wraps the protocol, never the
+transport, and needs no more of a transport than the ``asyncio.Transport`` methods (uvloop's
+do not derive from that class).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import socket
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -151,12 +156,13 @@ class _Connection(asyncio.Protocol):
         self.admitted = False  # aiohttp's protocol was told the connection began
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # Not an ``isinstance`` check: uvloop's transports are transports in every respect
+        # but do not derive from ``asyncio.Transport``.
+        self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.address = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer or "")
         if not self.guard._admit(self):
-            transport.abort()
+            self.transport.abort()
             return
         self.admitted = True
         self.inner.connection_made(transport)
