@@ -66,7 +66,11 @@ MAX_PER_ADDRESS = 256
 _FALLBACK_DESCRIPTORS = 1024  # where the platform has no RLIMIT_NOFILE
 _UNLIMITED_TARGET = 65536  # what "raise to the hard limit" means when that is unlimited
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+RequestHandle = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+async def _unwired(request: web.BaseRequest) -> web.StreamResponse:
+    raise RuntimeError("the connection guard serves no application before its site starts")
 
 
 def descriptor_limit() -> int:
@@ -191,8 +195,8 @@ class _Connection(asyncio.Protocol):
 class ConnectionGuard:
     """The caps and deadlines of one port's connections (see the module docstring).
 
-    ``install(app)`` before the runner is set up (a middleware tells the guard when a
-    connection is busy in a request), then listen with ``GuardedSite``."""
+    Listen with ``GuardedSite``: it wraps aiohttp's protocol (``protocol_factory``) and the
+    server's request handler (``tracking``: when a connection is busy in a request)."""
 
     def __init__(self, limits: ConnectionLimits, *, name: str = "HTTP") -> None:
         self.limits = limits
@@ -207,6 +211,7 @@ class ConnectionGuard:
         self._idle_by_address: dict[str, OrderedDict[_Connection, None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+        self._handle: RequestHandle = _unwired
 
     @property
     def open_connections(self) -> int:
@@ -222,8 +227,14 @@ class ConnectionGuard:
 
     # ----------------------------------------------------------------- wiring
 
-    def install(self, app: web.Application) -> None:
-        app.middlewares.insert(0, self._track_requests)
+    def tracking(self, handle: RequestHandle) -> RequestHandle:
+        """``handle`` (the server's request handler) telling the guard when a connection
+        is busy in a request: one wrapper around the whole application, not a middleware
+        layer (which aiohttp dresses in more calls per request)."""
+        if getattr(handle, "__self__", None) is self:
+            return handle  # already this guard's (a second site on the same runner)
+        self._handle = handle
+        return self._track_requests
 
     def protocol_factory(self, server: Callable[[], asyncio.Protocol]) -> Callable[[], _Connection]:
         """What the listening socket makes a protocol with: aiohttp's, guarded."""
@@ -239,14 +250,14 @@ class ConnectionGuard:
             self._sweeper = None
         self._loop = None
 
-    @web.middleware
-    async def _track_requests(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        conn = self._open.get(request.transport) if request.transport is not None else None
+    async def _track_requests(self, request: web.BaseRequest) -> web.StreamResponse:
+        transport = request.transport
+        conn = self._open.get(transport) if transport is not None else None
         if conn is None:
-            return await handler(request)
+            return await self._handle(request)
         self._begin(conn)
         try:
-            return await handler(request)
+            return await self._handle(request)
         finally:
             self._end(conn)
 
@@ -417,6 +428,7 @@ class GuardedSite(web.BaseSite):
         loop = asyncio.get_running_loop()
         server: Any = self._runner.server
         assert server is not None
+        server.request_handler = self.guard.tracking(server.request_handler)
         self._server = await loop.create_server(
             self.guard.protocol_factory(server),
             self._host,
