@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -133,6 +134,10 @@ async def serve_until_signalled(settings: Settings, *, role: WorkerRole | None =
             reuse_port=role is not None,
             server_secret=role.secret if role is not None else None,
         ) as app:
+            # Everything the start built (modules, routes, clients) lives as long as the
+            # process: out of the collector's sight, so that its full collections under load
+            # walk only what turns allocate, not the 150,000 objects of the start each time.
+            gc.freeze()
             if role is not None:
                 role.report_ready(app)
                 await stopping.wait()
