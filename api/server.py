@@ -170,7 +170,6 @@ class WebUIServer(SessionHandlers):
                 logger.info("ended %d turn(s) of a server that died mid-turn", ended)
             self.target.start(loop)
             app = self.build_app()
-            self.connections.install(app)
             self._runner = web.AppRunner(
                 app,
                 access_log=None,

@@ -38,7 +38,12 @@ Responses (``--responses``): the Responses API, foreground and background, measu
 the chat path of the same server in the same run: requests/s and time to first token
 (``bench/responses_mode.py``).
 
+Event loops (``--loop asyncio,uvloop``, the default where uvloop is installed): demo and
+provider modes run once per loop, every server of the run (`reveille serve` and the floors)
+on that loop (``REVEILLE_EVENT_LOOP``), and print one block per loop.
+
 Usage: python bench/api_server.py [--provider] [--stream] [--clients 32] [--seconds 10]
+                                  [--loop asyncio,uvloop]
        python bench/api_server.py --responses [--clients 16] [--seconds 5] [--requests 20]
        python bench/api_server.py --workers 1,2 [--seconds 6]
        python bench/api_server.py --ttft [--requests 30] [--first-delay 0.3] [--interval 0.2]
@@ -127,11 +132,15 @@ async def _health(_: web.Request) -> web.Response:
 
 
 def serve_completions(port: int, complete: Any) -> None:
-    """Serve ``complete`` as ``POST /v1/chat/completions`` (and ``GET /health``) on loopback."""
+    """Serve ``complete`` as ``POST /v1/chat/completions`` (and ``GET /health``) on loopback,
+    on the event loop ``REVEILLE_EVENT_LOOP`` names, as `reveille serve` would (``--loop``)."""
+    from reveille.event_loop import choose_event_loop
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", complete)
     app.router.add_get("/health", _health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    loop = choose_event_loop().factory()
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=loop)
 
 
 def serve_canned(port: int) -> None:
@@ -643,6 +652,24 @@ def worker_counts(text: str) -> list[int]:
     return list(dict.fromkeys(counts))
 
 
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def event_loops(text: str) -> list[str]:
+    """``asyncio,uvloop`` -> ["asyncio", "uvloop"]: the event loops to measure."""
+    names = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not names or set(names) - {"asyncio", "uvloop"}:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected loops like asyncio,uvloop")
+    if "uvloop" in names and not _has_uvloop():
+        raise argparse.ArgumentTypeError("uvloop is not installed (pip install 'reveille[fast]')")
+    return names
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--clients", type=int, default=32)
@@ -674,6 +701,13 @@ def main() -> None:
         action="store_true",
         help="the Responses API (foreground and background) against the chat path, "
         "requests/s and time to first token (bench/responses_mode.py)",
+    )
+    ap.add_argument(
+        "--loop",
+        type=event_loops,
+        default=event_loops("asyncio,uvloop" if _has_uvloop() else "asyncio"),
+        help="demo and provider modes: the servers' event loops, measured one after the other "
+        "in the same run (default: asyncio,uvloop where uvloop is installed)",
     )
     ap.add_argument("--requests", type=int, default=30, help="--ttft: streamed requests")
     ap.add_argument("--first-delay", type=float, default=0.3, help="--ttft: upstream's wait")
@@ -716,7 +750,13 @@ def main() -> None:
 
         asyncio.run(responses_mode.main_async(args, sys.modules[__name__]))
         return
-    asyncio.run(provider_main_async(args) if args.provider else main_async(args))
+    for name in args.loop:
+        # Every server of the run (reveille serve and the floors) on this loop; the load
+        # generator stays on asyncio's, the same for all.
+        os.environ["REVEILLE_EVENT_LOOP"] = name
+        if len(args.loop) > 1:
+            print(f"--- event loop: {name}")
+        asyncio.run(provider_main_async(args) if args.provider else main_async(args))
 
 
 if __name__ == "__main__":

@@ -11,11 +11,12 @@ names the worker in every later line.
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import logging
 import logging.handlers
-import queue
 import sys
+import threading
 import time
 from typing import Any, TextIO
 
@@ -53,6 +54,43 @@ _handler: logging.Handler | None = None
 _fmt = "text"
 
 
+class _Records:
+    """The records on their way to the writer thread. A put wakes the writer only when it
+    waits for work: after writing what was queued it lingers a few milliseconds before it
+    waits, so a busy server's lines cost the event loop a deque append each, not a thread
+    wake-up each; a line after a quiet spell still wakes it at once."""
+
+    def __init__(self, linger: float = 0.005) -> None:
+        self._items: collections.deque[logging.LogRecord | None] = collections.deque()
+        self._linger = linger
+        self._waiting = False
+        self._wake = threading.Event()
+
+    def put_nowait(self, record: logging.LogRecord | None) -> None:
+        self._items.append(record)
+        if self._waiting:
+            self._wake.set()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def get(self, block: bool = True) -> logging.LogRecord | None:
+        items = self._items
+        while True:
+            if items:
+                return items.popleft()
+            time.sleep(self._linger)  # lines put meanwhile wake nobody
+            if items:
+                return items.popleft()
+            # Waiting from here: a put now sets the event (the check after the flag
+            # catches one that came just before it).
+            self._waiting = True
+            if not items:
+                self._wake.wait()
+            self._wake.clear()
+            self._waiting = False
+
+
 class _HandOff(logging.handlers.QueueHandler):
     """Hands the record itself to the writer thread, which formats it there: a log call
     costs the event loop a queue put, not a formatting. (Records carry their arguments as
@@ -74,7 +112,7 @@ class _Lines(logging.StreamHandler[TextIO]):
 
 
 class _Writer(logging.handlers.QueueListener):
-    def __init__(self, records: queue.SimpleQueue[logging.LogRecord], *handlers: Any) -> None:
+    def __init__(self, records: _Records, *handlers: Any) -> None:
         super().__init__(records, *handlers, respect_handler_level=False)
         self.records = records
 
@@ -93,7 +131,7 @@ def configure(*, verbose: bool = False, fmt: str = "text") -> None:
     _fmt = fmt
     stream = _Lines(sys.stderr)
     stream.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT))
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    records = _Records()
     listener = _Writer(records, stream)
     listener.start()
     atexit.register(listener.stop)  # what is queued is written before the process ends

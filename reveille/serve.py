@@ -7,6 +7,8 @@ default, ``REVEILLE_WEBUI_PORT``) with the embedded SQLite state under ``$REVEIL
 until SIGINT/SIGTERM. It logs where it listens, which model answers (saying plainly when
 that is the offline demo model) and a copy-paste example. With ``--workers N`` (N > 1)
 this process supervises N such servers on the same ports instead (``reveille.workers``).
+Each server runs on uvloop when it is installed (``reveille.event_loop``,
+``REVEILLE_EVENT_LOOP``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -58,6 +61,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_serve(args: argparse.Namespace) -> int:
     from delivery.errors import LedgerError
+    from reveille.event_loop import choose_event_loop
     from reveille.workers import WorkerRole, supervise
 
     role = WorkerRole.from_args(args)
@@ -69,6 +73,7 @@ def run_serve(args: argparse.Namespace) -> int:
         workers=1 if role is not None else getattr(args, "workers", None),
     )
     try:
+        loop = choose_event_loop()  # refused before any worker starts
         if settings.workers > 1:
             return supervise(
                 settings,
@@ -77,7 +82,9 @@ def run_serve(args: argparse.Namespace) -> int:
             )
         if role is not None:
             role.enter()
-        asyncio.run(serve_until_signalled(settings, role=role))
+        logger.debug("event loop: %s", loop.name)
+        with asyncio.Runner(loop_factory=loop.factory) as runner:
+            runner.run(serve_until_signalled(settings, role=role))
     except ValueError as exc:  # a setting the start refused (SettingsError)
         print(f"reveille serve: {exc}", file=sys.stderr)
         return 2
@@ -127,6 +134,10 @@ async def serve_until_signalled(settings: Settings, *, role: WorkerRole | None =
             reuse_port=role is not None,
             server_secret=role.secret if role is not None else None,
         ) as app:
+            # Everything the start built (modules, routes, clients) lives as long as the
+            # process: out of the collector's sight, so that its full collections under load
+            # walk only what turns allocate, not the 150,000 objects of the start each time.
+            gc.freeze()
             if role is not None:
                 role.report_ready(app)
                 await stopping.wait()

@@ -28,7 +28,12 @@ per connection waiting in the backlog, traceback included) are rate-limited by
 ``reveille.log_limits``. The guard counts a connection when it is made, after asyncio
 accepted a batch of them at once, so that batch is kept at a quarter of the port's cap (16
 to 128; the kernel still queues 128): caps plus batches stay under the descriptor limit,
-and that path stays the exception.
+and that path stays the exception. On uvloop, libuv handles ``EMFILE`` itself (it frees a
+reserved descriptor to accept and close the queued connections, without a log line).
+
+The guard runs on asyncio's loop and on uvloop's alike: it wraps the protocol, never the
+transport, and needs no more of a transport than the ``asyncio.Transport`` methods (uvloop's
+do not derive from that class).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import socket
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -61,7 +66,11 @@ MAX_PER_ADDRESS = 256
 _FALLBACK_DESCRIPTORS = 1024  # where the platform has no RLIMIT_NOFILE
 _UNLIMITED_TARGET = 65536  # what "raise to the hard limit" means when that is unlimited
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+RequestHandle = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+async def _unwired(request: web.BaseRequest) -> web.StreamResponse:
+    raise RuntimeError("the connection guard serves no application before its site starts")
 
 
 def descriptor_limit() -> int:
@@ -151,12 +160,13 @@ class _Connection(asyncio.Protocol):
         self.admitted = False  # aiohttp's protocol was told the connection began
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # Not an ``isinstance`` check: uvloop's transports are transports in every respect
+        # but do not derive from ``asyncio.Transport``.
+        self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.address = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer or "")
         if not self.guard._admit(self):
-            transport.abort()
+            self.transport.abort()
             return
         self.admitted = True
         self.inner.connection_made(transport)
@@ -185,8 +195,8 @@ class _Connection(asyncio.Protocol):
 class ConnectionGuard:
     """The caps and deadlines of one port's connections (see the module docstring).
 
-    ``install(app)`` before the runner is set up (a middleware tells the guard when a
-    connection is busy in a request), then listen with ``GuardedSite``."""
+    Listen with ``GuardedSite``: it wraps aiohttp's protocol (``protocol_factory``) and the
+    server's request handler (``tracking``: when a connection is busy in a request)."""
 
     def __init__(self, limits: ConnectionLimits, *, name: str = "HTTP") -> None:
         self.limits = limits
@@ -201,6 +211,7 @@ class ConnectionGuard:
         self._idle_by_address: dict[str, OrderedDict[_Connection, None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+        self._handle: RequestHandle = _unwired
 
     @property
     def open_connections(self) -> int:
@@ -216,8 +227,14 @@ class ConnectionGuard:
 
     # ----------------------------------------------------------------- wiring
 
-    def install(self, app: web.Application) -> None:
-        app.middlewares.insert(0, self._track_requests)
+    def tracking(self, handle: RequestHandle) -> RequestHandle:
+        """``handle`` (the server's request handler) telling the guard when a connection
+        is busy in a request: one wrapper around the whole application, not a middleware
+        layer (which aiohttp dresses in more calls per request)."""
+        if getattr(handle, "__self__", None) is self:
+            return handle  # already this guard's (a second site on the same runner)
+        self._handle = handle
+        return self._track_requests
 
     def protocol_factory(self, server: Callable[[], asyncio.Protocol]) -> Callable[[], _Connection]:
         """What the listening socket makes a protocol with: aiohttp's, guarded."""
@@ -233,14 +250,14 @@ class ConnectionGuard:
             self._sweeper = None
         self._loop = None
 
-    @web.middleware
-    async def _track_requests(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        conn = self._open.get(request.transport) if request.transport is not None else None
+    async def _track_requests(self, request: web.BaseRequest) -> web.StreamResponse:
+        transport = request.transport
+        conn = self._open.get(transport) if transport is not None else None
         if conn is None:
-            return await handler(request)
+            return await self._handle(request)
         self._begin(conn)
         try:
-            return await handler(request)
+            return await self._handle(request)
         finally:
             self._end(conn)
 
@@ -411,6 +428,7 @@ class GuardedSite(web.BaseSite):
         loop = asyncio.get_running_loop()
         server: Any = self._runner.server
         assert server is not None
+        server.request_handler = self.guard.tracking(server.request_handler)
         self._server = await loop.create_server(
             self.guard.protocol_factory(server),
             self._host,

@@ -66,8 +66,12 @@ async def read_body_bytes(
     if length is not None and length > max_body_bytes * DRAIN_FACTOR:
         raise _too_large(max_body_bytes)
     try:
-        async with asyncio.timeout(timeout):
+        if timeout is None or request.content.is_eof():
+            # Already all here (a small body comes with its head): no deadline to arm.
             raw = await request.read()
+        else:
+            async with asyncio.timeout(timeout):
+                raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(max_body_bytes) from None
     except TimeoutError:

@@ -607,6 +607,12 @@ class TurnService:
             # One answer per park, however often its results are sent.
             reply_row["dedupe_key"] = f"resumed:{resumed.row_id}"
             rows = [reply_row]
+        # A new conversation's own session (``exclusive``) is created by this commit: its
+        # title goes in with it, instead of costing the turn a second write.
+        titled = (
+            begun.unwritten is not None and begun.exclusive and self._names_sessions(request, begun)
+        )
+        title = title_from_text(self._first_text(request, user_message)) if titled else None
         try:
             await self.store.aappend_turn(
                 request.session_id,
@@ -619,6 +625,7 @@ class TurnService:
                     else None
                 ),
                 create=begun.unwritten,
+                title=title,
                 exclusive=begun.exclusive,
                 # the results this turn's model call was shown: now compaction may fold them
                 seen=seen,
@@ -632,12 +639,20 @@ class TurnService:
         self.turns_stored += 1
         if request.wakeup:
             self.wake_turns += 1
-        elif not begun.history and self._platform is not Platform.WEBUI:
-            # A conversation's first turn names it after its first message (a client that
-            # resends its history: the first one it sent), as the web UI names its own
-            # chats before they run; a title set meanwhile stays.
-            first = next((m for m in request.messages if m["role"] == "user"), user_message)
-            await self._title(request.session_id, message_text(first))
+        elif self._names_sessions(request, begun) and not titled:
+            await self._title(request.session_id, self._first_text(request, user_message))
+
+    def _names_sessions(self, request: TurnRequest, begun: BegunTurn) -> bool:
+        """A conversation's first turn names it after its first message (a client that
+        resends its history: the first one it sent), as the web UI names its own chats
+        before they run; a title set meanwhile stays."""
+        return not request.wakeup and not begun.history and self._platform is not Platform.WEBUI
+
+    @staticmethod
+    def _first_text(request: TurnRequest, user_message: Mapping[str, Any]) -> str:
+        return message_text(
+            next((m for m in request.messages if m["role"] == "user"), user_message)
+        )
 
     async def _title(self, session_id: str, text: str) -> None:
         title = title_from_text(text)

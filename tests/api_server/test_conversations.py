@@ -274,3 +274,15 @@ async def test_a_conversation_is_named_after_its_first_message(store) -> None:
         )
         record = store.get_session(other)
         assert record is not None and record.title == "first thing"
+
+
+async def test_a_new_conversations_first_turn_is_one_write_title_included(store) -> None:
+    """The session, its title and the turn go in together: a new conversation's first
+    turn costs the store one write (it used to title the session in a second one)."""
+    async with running_adapter(store, api_key="") as (adapter, _provider, _runner):
+        client = client_for(adapter.port, key=None)
+        before = store._backend.stats()["writes"]  # type: ignore[attr-defined]
+        sid, _ = await _ask(client, [{"role": "user", "content": "Name me\nnot this"}])
+        assert store._backend.stats()["writes"] - before == 1  # type: ignore[attr-defined]
+        record = store.get_session(sid)
+        assert record is not None and record.title == "Name me"

@@ -62,3 +62,36 @@ def test_serve_logs_turns_background_work_and_deliveries_as_json(tmp_path) -> No
         assert not any("secret moon" in m for m in messages)  # never what was said
     finally:
         server.stop()
+
+
+def test_the_writer_gets_every_record_in_order_after_quiet_spells_and_bursts() -> None:
+    """The records' hand-off (``_Records``): a record put while the writer waits wakes it;
+    a burst put while it lingers arrives whole and in order; the stop sentinel too."""
+    import threading
+
+    from reveille.log_format import _Records
+
+    records = _Records(linger=0.001)
+    got: list[int] = []
+
+    def writer() -> None:
+        while (record := records.get()) is not None:
+            got.append(record.lineno)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+
+    def record(n: int) -> logging.LogRecord:
+        return logging.LogRecord("reveille.x", logging.INFO, __file__, n, "m", (), None)
+
+    for spell in range(3):
+        for _ in range(200):  # until the writer waits: a put must wake it
+            if records._waiting:
+                break
+            threading.Event().wait(0.005)
+        for n in range(spell * 100, spell * 100 + 100):
+            records.put_nowait(record(n))
+    records.put_nowait(None)
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert got == list(range(300)) and records.empty()

@@ -333,6 +333,7 @@ async def _fresh(web: Web, method: str, path: str, body: object = None) -> int:
         return resp.status
 
 
+@pytest.mark.both_loops
 async def test_slow_clients_and_a_thousand_event_streams_do_not_lock_out_the_web_ui(
     tmp_path,
 ) -> None:
@@ -360,6 +361,7 @@ async def test_slow_clients_and_a_thousand_event_streams_do_not_lock_out_the_web
         await stop_web(web)
 
 
+@pytest.mark.both_loops
 async def test_over_the_address_cap_with_every_connection_busy_a_new_one_is_closed(
     tmp_path,
 ) -> None:

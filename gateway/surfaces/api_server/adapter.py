@@ -237,7 +237,6 @@ class ApiServerAdapter(BasePlatformAdapter):
                 app.router
             )
         self._browsers.install(app)
-        self.connections.install(app)
         return app
 
     def mount_responses(self, service: ResponsesService) -> None:
