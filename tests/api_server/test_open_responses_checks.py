@@ -164,6 +164,32 @@ def test_tool_calling_then_its_output_continues_the_chain(
     _clean(check)
 
 
+def test_tool_calling_in_a_conversation(check: Conformance, client: openai.OpenAI) -> None:
+    """``function_call_output`` items answer the park of the conversation they name (no
+    ``previous_response_id``): how the openai-agents SDK continues with ``conversation_id``."""
+    conversation = client.conversations.create()
+    response = client.responses.create(
+        model=MODEL, conversation=conversation.id, input=WEATHER_QUESTION, tools=[WEATHER_TOOL]
+    )
+    check.response(response)
+    [call] = [item for item in response.output if item.type == "function_call"]
+    with pytest.raises(openai.ConflictError) as refused:
+        client.responses.create(model=MODEL, conversation=conversation.id, input="And?")
+    assert refused.value.code == "tool_calls_pending"
+
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "windy"}
+    answered = client.responses.create(
+        model=MODEL, conversation=conversation.id, input=[output], tools=[WEATHER_TOOL]
+    )
+    check.response(answered)
+    assert answered.output_text == "The weather in San Francisco: windy."
+    assert answered.conversation is not None and answered.conversation.id == conversation.id
+    with pytest.raises(openai.BadRequestError) as again:
+        client.responses.create(model=MODEL, conversation=conversation.id, input=[output])
+    assert again.value.code == "no_pending_tool_calls"
+    _clean(check)
+
+
 def test_tool_calling_streaming(check: Conformance, client: openai.OpenAI) -> None:
     events = _streamed(
         check,
