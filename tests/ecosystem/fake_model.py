@@ -125,8 +125,8 @@ class AgentModel:
         words = (content or "").split(" ")
         chunks += [_chunk({"content": w if i == 0 else f" {w}"}) for i, w in enumerate(words) if w]
         for index, call in enumerate(calls):
-            head = {"id": call["id"], "type": "function", "function": {"name": "", "arguments": ""}}
-            head["function"]["name"] = call["function"]["name"]
+            name = call["function"]["name"]
+            head = {"id": call["id"], "type": "function", "function": {"name": name}}
             chunks.append(_chunk({"tool_calls": [{"index": index, **head}]}))
             arguments = call["function"]["arguments"]
             half = len(arguments) // 2
