@@ -205,11 +205,13 @@ class ResponsesRoutes:
                     code="previous_response_not_found",
                     param="previous_response_id",
                 )
+        session_id = previous.session_id if previous is not None else None
         if parsed.conversation is not None:
             if self._session_of is None:
                 raise ApiError(400, "'conversation' is not supported here", param="conversation")
-            await self._session_of(request, parsed.conversation)  # 404 unless the caller's
-        await check_park(self.service.turns, parsed, previous)
+            # 404 unless the caller's; its park is what function_call_output items answer
+            session_id = await self._session_of(request, parsed.conversation)
+        await check_park(self.service.turns, parsed, session_id)
         turns = self.service.turns
         if not parsed.background and turns.active_runs >= turns.max_concurrent_runs:
             raise ApiError(

@@ -14,7 +14,6 @@ from typing import Any
 from aiohttp import web
 
 from agent.tools import ToolOutput
-from delivery.responses_backend import ResponseRow
 from gateway.http.middleware import api_error_of
 from gateway.openai.client_tools import (
     SERVER_TOOLS_HEADER,
@@ -37,15 +36,14 @@ def check_client_tools(
     return dataclasses.replace(parsed, server_tools=wanted)
 
 
-async def check_park(
-    turns: TurnService, parsed: ResponsesRequest, previous: ResponseRow | None
-) -> None:
-    """Refuse, before anything is stored, a request that does not fit its chain's park."""
+async def check_park(turns: TurnService, parsed: ResponsesRequest, session_id: str | None) -> None:
+    """Refuse, before anything is stored, a request that does not fit the park of the
+    session it continues (its chain's, or its conversation's; None: a new session)."""
     outputs = [ToolOutput(str(o["call_id"]), str(o["output"])) for o in parsed.tool_outputs]
-    if previous is None:
+    if session_id is None:
         parked = None
     else:
-        parked = await find_parked(turns.store, previous.session_id)
+        parked = await find_parked(turns.store, session_id)
         if parked is not None and parked.expired():
             parked = None  # the turn service ends it when this request's turn begins
     try:
