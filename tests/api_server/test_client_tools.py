@@ -8,6 +8,7 @@ answers with the result once it has it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,7 +20,7 @@ from agent.providers.demo import DemoModel
 from gateway.surfaces.api_server.adapter import ApiServerAdapter
 from gateway.turns.client_calls import find_parked
 
-from ._support import DEMO_DELAY, KEY, RecordingProvider, client_for, demo_agent
+from ._support import DEMO_DELAY, KEY, RecordingProvider, client_for, demo_agent, poll
 
 WEATHER = {
     "type": "function",
@@ -533,3 +534,78 @@ async def test_tools_that_would_collide_once_namespaced_are_a_400(served) -> Non
         {"model": "reveille-demo", "messages": [{"role": "user", "content": "hi"}], "tools": tools},
     )
     assert status == 400 and body["error"]["param"] == "tools", body
+
+
+async def _parked_past_deadline(adapter: ApiServerAdapter, store: Any) -> tuple[str, str]:
+    """A park whose deadline passes a second later: (its session, its call id)."""
+    adapter.turns.client_tool_timeout = 1.0
+    first = await client_for(adapter.port).chat.completions.create(
+        model="reveille-demo", messages=[{"role": "user", "content": ASK}], tools=[WEATHER]
+    )
+    return store.list_sessions()[0].id, first.choices[0].message.tool_calls[0].id
+
+
+async def test_the_sweep_ends_a_park_past_its_deadline_and_what_waited_is_delivered(
+    served, store
+) -> None:
+    adapter, provider = served
+    session_id, call_id = await _parked_past_deadline(adapter, store)
+    # A background result that came while the turn waited: held behind the park.
+    store.append_message(
+        session_id,
+        "system",
+        "background result: the nightly build passed",
+        display_kind="async_delegation_complete",
+    )
+
+    async def ended() -> bool:
+        return await find_parked(store, session_id) is None
+
+    # Nobody sends a request: the server's sweep ends the park once past its deadline.
+    await poll(ended)
+    await poll(lambda: not adapter.turns.active_runs)
+    context = provider.contexts[-1]
+    (told,) = [m for m in context if m["role"] == "tool"]
+    assert told["tool_call_id"] == call_id and "did not return a result" in told["content"]
+    assert any("nightly build passed" in str(m.get("content")) for m in context)
+    # The turn finished and was stored; the session is free: a wake-up runs at once.
+    from gateway.turns.service import TurnRequest
+
+    wake = TurnRequest(
+        session_id=session_id, messages=[{"role": "user", "content": "a result"}], wakeup=True
+    )
+    started = await adapter.turns.start(wake)
+    await started.task  # type: ignore[union-attr]
+    # The agent was told once: the wake-up's model sees no tool exchange again.
+    assert not any(m["role"] == "tool" for m in provider.contexts[-1])
+
+
+async def test_of_two_servers_sharing_the_store_one_ends_the_park(served, store) -> None:
+    adapter, provider = served
+    other_provider = ToolsSeen(DemoModel(delay_seconds=DEMO_DELAY))
+    other = ApiServerAdapter(
+        store=store,
+        agent=demo_agent(other_provider),
+        port=0,
+        api_key=KEY,
+        model_name=other_provider.name,
+    )
+    other.turns.client_tool_timeout = 1.0
+    await other.start()
+    try:
+        session_id, _ = await _parked_past_deadline(adapter, store)
+        seen = len(provider.contexts)
+
+        async def ended() -> bool:
+            return await find_parked(store, session_id) is None
+
+        await poll(ended)
+        # Both sweep again at once (their loops run too): nothing is ended twice.
+        assert await asyncio.gather(
+            adapter.park_sweep.sweep_once(), other.park_sweep.sweep_once()
+        ) == [0, 0]
+        await poll(lambda: not adapter.turns.active_runs and not other.turns.active_runs)
+        told = len(provider.contexts) - seen + len(other_provider.contexts)
+        assert told == 1
+    finally:
+        await other.stop()
