@@ -28,16 +28,25 @@ from typing import Any, TypedDict
 
 from agent.messages import ChatMessage, ContentPart, JSONObject, JSONValue
 from agent.providers.base import ModelOptions
+from agent.tools import ToolOutput
 from delivery.ids import new_token
 from gateway.http.middleware import ApiError
 from gateway.openai.chat_params import model_options
 from gateway.openai.known_params import refuse_unknown, responses_params
 from gateway.openai.response_params import echoed_params, refuse_unsupported
-from gateway.openai.responses_calls import function_call_events, tool_output_of
+from gateway.openai.responses_calls import (
+    CallInputItem,
+    CallOutputInputItem,
+    call_input_item,
+    function_call_events,
+    output_input_item,
+    tool_output_of,
+)
 
 __all__ = [
     "Output",
     "ResponsesRequest",
+    "StoredInputItem",
     "body_of",
     "conversation_of",
     "event_json",
@@ -58,7 +67,6 @@ _RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,120}")
 _ROLES = ("user", "assistant", "system", "developer")
 _DETAILS = ("auto", "low", "high", "original")
 _VERBOSITIES = ("low", "medium", "high")
-_CALL_ITEMS = ("function_call", "function_call_output")
 _MAX_METADATA = 16
 
 
@@ -94,12 +102,16 @@ class InputItem(TypedDict):
     content: list[InputPart]
 
 
+# What ``input_items`` lists: messages, and the client's function call items and results.
+StoredInputItem = InputItem | CallInputItem | CallOutputInputItem
+
+
 @dataclass(frozen=True)
 class ResponsesRequest:
     """A checked ``POST /v1/responses`` body, as stored on the response's row."""
 
     model: str
-    input: list[InputItem]  # the input items with ids, as ``input_items`` lists them
+    input: list[StoredInputItem]  # the input items with ids, as ``input_items`` lists them
     messages: list[ChatMessage]  # what the turn service runs
     instructions: str | None = None
     stream: bool = False
@@ -356,19 +368,21 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
             "'input' is required: a string or a non-empty array of messages",
             "missing_required_parameter",
         )
-    outputs = [
-        tool_output_of(item, f"input[{i}]")
-        for i, item in enumerate(raw)
-        if isinstance(item, dict) and item.get("type") == "function_call_output"
-    ]
-    # A client's own function_call items (echoed back) say nothing the server lacks.
-    kept = [
-        (i, item)
-        for i, item in enumerate(raw)
-        if not (isinstance(item, dict) and item.get("type") in _CALL_ITEMS)
-    ]
-    pairs = [_item(item, i) for i, item in kept]
-    messages = [chat for _, chat in pairs]
+    outputs: list[ToolOutput] = []
+    stored: list[StoredInputItem] = []
+    messages: list[ChatMessage] = []
+    for i, item in enumerate(raw):
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "function_call_output":
+            outputs.append(tool_output_of(item, f"input[{i}]"))
+            stored.append(output_input_item(item, outputs[-1]))
+        elif kind == "function_call":
+            # A client's own call echoed back: listed, never run (the park holds it).
+            stored.append(call_input_item(item, f"input[{i}]"))
+        else:
+            stored_item, message = _item(item, i)
+            stored.append(stored_item)
+            messages.append(message)
     if not outputs and not any(m["role"] == "user" for m in messages):
         raise _bad("input", "'input' must contain a user message")
     instructions = body.get("instructions")
@@ -411,7 +425,7 @@ def parse_responses_body(body: Any) -> ResponsesRequest:
     options = model_options(chat_like)
     return ResponsesRequest(
         model=model,
-        input=[stored for stored, _ in pairs],
+        input=stored,
         messages=messages,
         instructions=instructions,
         stream=_flag(body, "stream", False),
