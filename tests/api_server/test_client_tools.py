@@ -8,7 +8,6 @@ answers with the result once it has it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -578,34 +577,3 @@ async def test_the_sweep_ends_a_park_past_its_deadline_and_what_waited_is_delive
     await started.task  # type: ignore[union-attr]
     # The agent was told once: the wake-up's model sees no tool exchange again.
     assert not any(m["role"] == "tool" for m in provider.contexts[-1])
-
-
-async def test_of_two_servers_sharing_the_store_one_ends_the_park(served, store) -> None:
-    adapter, provider = served
-    other_provider = ToolsSeen(DemoModel(delay_seconds=DEMO_DELAY))
-    other = ApiServerAdapter(
-        store=store,
-        agent=demo_agent(other_provider),
-        port=0,
-        api_key=KEY,
-        model_name=other_provider.name,
-    )
-    other.turns.client_tool_timeout = 1.0
-    await other.start()
-    try:
-        session_id, _ = await _parked_past_deadline(adapter, store)
-        seen = len(provider.contexts)
-
-        async def ended() -> bool:
-            return await find_parked(store, session_id) is None
-
-        await poll(ended)
-        # Both sweep again at once (their loops run too): nothing is ended twice.
-        assert await asyncio.gather(
-            adapter.park_sweep.sweep_once(), other.park_sweep.sweep_once()
-        ) == [0, 0]
-        await poll(lambda: not adapter.turns.active_runs and not other.turns.active_runs)
-        told = len(provider.contexts) - seen + len(other_provider.contexts)
-        assert told == 1
-    finally:
-        await other.stop()
