@@ -129,6 +129,10 @@ class NewSession:
     session_key: str | None = None
     title: str | None = None
     exclusive: bool = False
+    # Written in the same transaction as the session, only when this creates it (an API
+    # conversation's metadata and first items: never half made).
+    metadata_json: str | None = None
+    messages: tuple[NewMessage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

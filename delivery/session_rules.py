@@ -138,7 +138,12 @@ class SessionRules:
         now = self._clock()
 
         def op(rows: SessionRows) -> SessionRecord:
+            fresh = not rows.live(session_id)
             _insert_session(rows, session_id, new, now, revive=True)
+            if fresh and new.metadata_json is not None:
+                rows.set_metadata(session_id, new.metadata_json)
+            if fresh and new.messages:
+                rows.insert_messages(session_id, new.messages, now)
             found = rows.session(session_id)
             assert found is not None
             return found

@@ -113,18 +113,17 @@ class Conversations:
         self, owner: str | None, metadata: Mapping[str, str], items: Sequence[ChatMessage]
     ) -> SessionRecord:
         conversation_id = new_conversation_id()
-        record = await self.store.acreate_session(
+        # One transaction: a crash never leaves a conversation without its metadata or
+        # first items visible.
+        return await self.store.acreate_session(
             conversation_id,
             source=SessionSource(
                 platform=Platform.API_SERVER, chat_id=conversation_id, user_id=owner
             ),
             exclusive=True,
+            metadata=metadata,
+            messages=[(m["role"], message_text(m)) for m in items],
         )
-        if metadata:
-            await self.store.aset_metadata(conversation_id, metadata)
-        if items:
-            await self.append(conversation_id, items)
-        return await self.get(conversation_id) or record
 
     async def get(self, conversation_id: str) -> SessionRecord | None:
         if not is_conversation_id(conversation_id):

@@ -67,17 +67,16 @@ from delivery.responses_backend import (
     storing_owner,
 )
 from gateway.config import Platform
-from gateway.openai.responses_calls import calls_of, function_call_events, function_call_items
-from gateway.openai.responses_wire import (
+from gateway.openai.response_object import (
     INCOMPLETE_REASONS,
     Output,
-    ResponsesRequest,
     body_of,
-    new_response_id,
     output_events,
     partial_output,
     terminal_event,
 )
+from gateway.openai.responses_calls import calls_of, function_call_events, function_call_items
+from gateway.openai.responses_wire import ResponsesRequest, new_response_id
 from gateway.openai.wire import completion_text, finish_reason_of
 from gateway.response_events import EventSink, NoSink, follow
 from gateway.responses_runs import ResponsesRuns, TerminalHook, dumps

@@ -19,7 +19,8 @@ from typing import Any, Protocol, TypeVar
 from delivery.identity import holder_is_dead
 from delivery.notifier import Subscription
 from delivery.responses_backend import Change, ResponseRow, ResponsesBackend
-from gateway.openai.responses_wire import ResponsesRequest, body_of, partial_output
+from gateway.openai.response_object import body_of, partial_output
+from gateway.openai.responses_wire import ResponsesRequest
 from gateway.response_events import EventSink, EventWriter
 
 __all__ = ["ResponsesRuns", "TerminalHook", "dumps"]

@@ -16,6 +16,7 @@ import json
 import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -174,13 +175,26 @@ class SessionStore:
         source: SessionSource | None = None,
         title: str | None = None,
         exclusive: bool = False,
+        metadata: Mapping[str, str] | None = None,
+        messages: Sequence[tuple[str, str]] = (),
     ) -> SessionRecord:
         """Create a session, or return the existing one with that id unchanged (with
         ``exclusive``: raise SessionTaken instead).
 
-        An explicit creation: a deleted (tombstoned) id is created afresh.
+        An explicit creation: a deleted (tombstoned) id is created afresh. ``metadata``
+        and ``messages`` (role, content) are written with a session this creates, in the
+        same transaction (an API conversation's).
         """
         session_id, new = self._creation(session_id, source, title, exclusive)
+        if metadata or messages:
+            new = replace(
+                new,
+                metadata_json=encode_json(metadata) if metadata else None,
+                messages=tuple(
+                    NewMessage.build({"role": role, "content": content})
+                    for role, content in messages
+                ),
+            )
         return await self._backend.acreate_session(session_id, new)
 
     def create_session(

@@ -1,13 +1,15 @@
 """Client tool calls on the Responses wire: the ``function_call`` output items a response
 that stopped for the client's tools ends with, their stream events
 (``response.output_item.added``, ``response.function_call_arguments.delta`` / ``.done``,
-``response.output_item.done``), and the ``function_call_output`` input items that resume it.
+``response.output_item.done``), and the ``function_call_output`` input items that resume
+it, stored (with the client's echoed ``function_call`` items) as
+``GET /v1/responses/{id}/input_items`` lists them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from agent.messages import JSONObject
 from agent.tools import ToolOutput
@@ -15,13 +17,39 @@ from delivery.ids import new_token
 from gateway.http.middleware import ApiError
 
 __all__ = [
+    "CallInputItem",
+    "CallOutputInputItem",
+    "call_input_item",
     "calls_of",
     "function_call_events",
     "function_call_items",
+    "output_input_item",
     "tool_output_of",
 ]
 
 Event = tuple[str, JSONObject]
+_MAX_ITEM_ID = 128
+
+
+class CallInputItem(TypedDict):
+    """A client's echoed ``function_call`` input item, as ``input_items`` lists it."""
+
+    id: str
+    type: str
+    call_id: str
+    name: str
+    arguments: str
+    status: str
+
+
+class CallOutputInputItem(TypedDict):
+    """A ``function_call_output`` input item, as ``input_items`` lists it."""
+
+    id: str
+    type: str
+    call_id: str
+    output: str
+    status: str
 
 
 def calls_of(completion: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -77,3 +105,39 @@ def tool_output_of(item: Mapping[str, Any], where: str) -> ToolOutput:
     if not isinstance(output, str):
         raise ApiError(400, f"{where}.output must be a string", param=where)
     return ToolOutput(call_id, output)
+
+
+def _item_id(item: Mapping[str, Any], prefix: str) -> str:
+    """The client's own item id when it sent a sane one, else a new one."""
+    given = item.get("id")
+    if isinstance(given, str) and 0 < len(given) <= _MAX_ITEM_ID:
+        return given
+    return prefix + new_token()[:32]
+
+
+def call_input_item(item: Mapping[str, Any], where: str) -> CallInputItem:
+    """A client's echoed ``function_call`` input item, checked: it says nothing the server
+    lacks (the park holds the calls), yet it is part of the input the client sent."""
+    fields = {name: item.get(name) for name in ("call_id", "name", "arguments")}
+    for name, value in fields.items():
+        if not isinstance(value, str):
+            raise ApiError(400, f"{where}.{name} must be a string", param=f"{where}.{name}")
+    return {
+        "id": _item_id(item, "fc_"),
+        "type": "function_call",
+        "call_id": str(fields["call_id"]),
+        "name": str(fields["name"]),
+        "arguments": str(fields["arguments"]),
+        "status": "completed",
+    }
+
+
+def output_input_item(item: Mapping[str, Any], output: ToolOutput) -> CallOutputInputItem:
+    """A checked ``function_call_output`` input item (``tool_output_of``) as stored."""
+    return {
+        "id": _item_id(item, "fco_"),
+        "type": "function_call_output",
+        "call_id": output.call_id,
+        "output": output.output,
+        "status": "completed",
+    }

@@ -13,10 +13,13 @@ message is refused (``tool_calls_pending``) and a wake-up waits (``session_busy`
 behind a pending approval; background results stay pending delivery rows and the resumed
 turn folds them in, once. The client resumes with its outputs (``ToolOutput``); the
 resumed turn continues the model's loop from the stored exchange and stores only its reply.
-A park past its deadline (``[tools] client_timeout``) is finished by the next request to
-the session (a new message, a wake-up offered again): a note row ends it, that turn's model
-is shown each call answered with an error result (``timeout_prefix``), and the session is
-free.
+A park past its deadline (``[tools] client_timeout``) is ended by the sweep
+(``gateway.turns.park_sweep``): any server sharing the store resumes the turn itself, each
+call answered with an error result (``timeout_outputs``), once (its idempotency key); the
+turn finishes and the wake-ups held behind it flow again at their next offer. A request to
+the session that comes first (a new message, a wake-up offered again) ends it instead: a
+note row ends it, that turn's model is shown each call answered with an error result
+(``timeout_prefix``), and the session is free.
 """
 
 from __future__ import annotations
@@ -36,14 +39,17 @@ from gateway.turns.requests import TurnError
 
 __all__ = [
     "CLIENT_CALLS_KEY",
+    "TIMEOUT_ERROR",
     "TIMEOUT_KEY",
     "ParkedCalls",
     "PendingResult",
+    "answers_timeout",
     "check_request",
     "find_parked",
     "park_metadata",
     "resume_tail",
     "time_out",
+    "timeout_outputs",
     "timeout_prefix",
     "without_park",
 ]
@@ -51,6 +57,10 @@ __all__ = [
 # The row that finished a park past its deadline: the server's, never part of a client's
 # history (``gateway.turns.conversation``).
 TIMEOUT_KEY = CLIENT_TIMEOUT_KEY
+# The result the agent is shown for a call the client did not answer in time.
+TIMEOUT_ERROR = json.dumps(
+    {"error": "the client did not return a result for this tool call in time"}
+)
 # Rows read a trip: the park is nearly always the newest non-delivery row.
 _PAGE = 8
 
@@ -180,11 +190,20 @@ def resume_tail(parked: ParkedCalls, outputs: Sequence[ToolOutput]) -> list[Chat
     return tail
 
 
+def timeout_outputs(parked: ParkedCalls) -> tuple[ToolOutput, ...]:
+    """Each pending call answered with the timeout's error result."""
+    return tuple(ToolOutput(call_id, TIMEOUT_ERROR) for call_id in parked.call_ids)
+
+
+def answers_timeout(parked: ParkedCalls, outputs: Sequence[ToolOutput] | None) -> bool:
+    """Whether ``outputs`` are the timeout's own results (the sweep's resume): they may
+    resume a park past its deadline, which any other request ends instead."""
+    return outputs is not None and tuple(outputs) == timeout_outputs(parked)
+
+
 def timeout_prefix(parked: ParkedCalls) -> list[ChatMessage]:
     """The exchange of a park that timed out, each call answered with an error result."""
-    error = json.dumps({"error": "the client did not return a result for this tool call in time"})
-    outputs = [ToolOutput(call_id, error) for call_id in parked.call_ids]
-    return resume_tail(parked, outputs)
+    return resume_tail(parked, timeout_outputs(parked))
 
 
 def without_park(

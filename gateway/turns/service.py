@@ -64,6 +64,7 @@ from gateway.tasks import finish_or_cancel
 from gateway.turns.client_calls import (
     ParkedCalls,
     PendingResult,
+    answers_timeout,
     check_request,
     find_parked,
     park_metadata,
@@ -319,7 +320,12 @@ class TurnService:
         parked: ParkedCalls | None = None
         if self.client_tool_timeout is not None and not request.unwritten:
             parked = await find_parked(self.store, request.session_id)
-            if parked is not None and parked.expired():
+            # The sweep's resume (each call answered with the timeout's error) goes on.
+            if (
+                parked is not None
+                and parked.expired()
+                and not answers_timeout(parked, request.tool_outputs)
+            ):
                 await time_out(self.store, request.session_id, parked)
                 check_request(None, request.tool_outputs, wakeup=request.wakeup)
                 return replace(parked, timed_out=True)

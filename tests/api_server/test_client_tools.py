@@ -19,7 +19,7 @@ from agent.providers.demo import DemoModel
 from gateway.surfaces.api_server.adapter import ApiServerAdapter
 from gateway.turns.client_calls import find_parked
 
-from ._support import DEMO_DELAY, KEY, RecordingProvider, client_for, demo_agent
+from ._support import DEMO_DELAY, KEY, RecordingProvider, client_for, demo_agent, poll
 
 WEATHER = {
     "type": "function",
@@ -533,3 +533,47 @@ async def test_tools_that_would_collide_once_namespaced_are_a_400(served) -> Non
         {"model": "reveille-demo", "messages": [{"role": "user", "content": "hi"}], "tools": tools},
     )
     assert status == 400 and body["error"]["param"] == "tools", body
+
+
+async def _parked_past_deadline(adapter: ApiServerAdapter, store: Any) -> tuple[str, str]:
+    """A park whose deadline passes a second later: (its session, its call id)."""
+    adapter.turns.client_tool_timeout = 1.0
+    first = await client_for(adapter.port).chat.completions.create(
+        model="reveille-demo", messages=[{"role": "user", "content": ASK}], tools=[WEATHER]
+    )
+    return store.list_sessions()[0].id, first.choices[0].message.tool_calls[0].id
+
+
+async def test_the_sweep_ends_a_park_past_its_deadline_and_what_waited_is_delivered(
+    served, store
+) -> None:
+    adapter, provider = served
+    session_id, call_id = await _parked_past_deadline(adapter, store)
+    # A background result that came while the turn waited: held behind the park.
+    store.append_message(
+        session_id,
+        "system",
+        "background result: the nightly build passed",
+        display_kind="async_delegation_complete",
+    )
+
+    async def ended() -> bool:
+        return await find_parked(store, session_id) is None
+
+    # Nobody sends a request: the server's sweep ends the park once past its deadline.
+    await poll(ended)
+    await poll(lambda: not adapter.turns.active_runs)
+    context = provider.contexts[-1]
+    (told,) = [m for m in context if m["role"] == "tool"]
+    assert told["tool_call_id"] == call_id and "did not return a result" in told["content"]
+    assert any("nightly build passed" in str(m.get("content")) for m in context)
+    # The turn finished and was stored; the session is free: a wake-up runs at once.
+    from gateway.turns.service import TurnRequest
+
+    wake = TurnRequest(
+        session_id=session_id, messages=[{"role": "user", "content": "a result"}], wakeup=True
+    )
+    started = await adapter.turns.start(wake)
+    await started.task  # type: ignore[union-attr]
+    # The agent was told once: the wake-up's model sees no tool exchange again.
+    assert not any(m["role"] == "tool" for m in provider.contexts[-1])

@@ -277,3 +277,75 @@ async def test_responses_tool_choice_names_the_model_side_tool(served) -> None:
         },
     )
     assert provider.offered[-1] == ["get_weather"]
+
+
+async def test_input_items_list_the_calls_and_their_outputs(served) -> None:
+    from openai.types.responses import (
+        ResponseFunctionToolCallItem,
+        ResponseFunctionToolCallOutputItem,
+    )
+
+    adapter, _ = served
+    client = client_for(adapter.port)
+    first = await client.responses.create(model="reveille-demo", input=ASK, tools=[WEATHER])
+    (call,) = _calls(first)
+    echoed = {
+        "type": "function_call",
+        "id": call.id,
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments": call.arguments,
+    }
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "drizzle"}
+    second = await client.responses.create(
+        model="reveille-demo",
+        previous_response_id=first.id,
+        input=[echoed, output],  # type: ignore[list-item]
+        tools=[WEATHER],
+    )
+    assert "drizzle" in second.output_text
+    items = (await client.responses.input_items.list(second.id, order="asc")).data
+    assert [type(item) for item in items] == [
+        ResponseFunctionToolCallItem,
+        ResponseFunctionToolCallOutputItem,
+    ]
+    listed_call, listed_output = items
+    assert isinstance(listed_call, ResponseFunctionToolCallItem)
+    assert (listed_call.id, listed_call.call_id, listed_call.name) == (
+        call.id,
+        call.call_id,
+        "get_weather",
+    )
+    assert listed_call.arguments == call.arguments
+    assert isinstance(listed_output, ResponseFunctionToolCallOutputItem)
+    assert listed_output.call_id == call.call_id and listed_output.output == "drizzle"
+    assert listed_output.id.startswith("fco_") and listed_output.status == "completed"
+    # The first response's input is its message alone.
+    (message,) = (await client.responses.input_items.list(first.id)).data
+    assert message.type == "message"
+
+
+async def test_a_malformed_echoed_function_call_is_a_400(served) -> None:
+    adapter, _ = served
+    client = client_for(adapter.port)
+    first = await client.responses.create(model="reveille-demo", input=ASK, tools=[WEATHER])
+    (call,) = _calls(first)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(
+            model="reveille-demo",
+            previous_response_id=first.id,
+            input=[
+                {"type": "function_call", "call_id": call.call_id, "name": 7},  # type: ignore[list-item]
+                {"type": "function_call_output", "call_id": call.call_id, "output": "x"},
+            ],
+            tools=[WEATHER],
+        )
+    assert caught.value.body["param"] == "input[0].name"  # type: ignore[index]
+    # Nothing was lost: the park still waits and the right results resume it.
+    second = await client.responses.create(
+        model="reveille-demo",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sun"}],
+        tools=[WEATHER],
+    )
+    assert "sun" in second.output_text

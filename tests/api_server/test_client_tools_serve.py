@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 
 from gateway.wake import DELEGATION_DISPLAY_KIND
 from tests.api_server.serve_support import Server, call, ledger_rows, transcript, wait_until
@@ -86,3 +87,34 @@ def test_a_parked_call_survives_a_sigkill_and_background_results_wait_behind_it(
         if second.proc.poll() is None:
             second.proc.kill()
     assert re.search(r"Reveille is listening", "".join(second.lines))
+
+
+def test_of_two_servers_sharing_the_store_one_ends_a_park_past_its_deadline(tmp_path) -> None:
+    """Two `reveille serve` processes on one state, a one-second client timeout: the park
+    is ended by a sweep without any request, the agent told once, not once per server."""
+    env = {"REVEILLE_CLIENT_TOOL_TIMEOUT": "1"}
+    first = Server(tmp_path, extra_env=env)
+    second = Server(tmp_path, extra_env=env)
+    try:
+        status, headers, data = _post(first.port, [{"role": "user", "content": ASK}])
+        assert status == 200 and data["choices"][0]["finish_reason"] == "tool_calls", data
+        session_id = headers["X-Hermes-Session-Id"]
+
+        def told() -> list[dict]:
+            rows = transcript(second.port, session_id)
+            return [
+                m
+                for m in rows
+                if m["role"] == "assistant" and "did not return a result" in m["content"]
+            ]
+
+        wait_until(told)
+        # A few more passes of both sweeps: nothing is ended twice.
+        time.sleep(3.0)
+        assert len(told()) == 1
+        # The session is free: a new message is answered.
+        status, _, data = _post(second.port, [{"role": "user", "content": "and now?"}], session_id)
+        assert status == 200 and data["choices"][0]["finish_reason"] == "stop", data
+    finally:
+        first.stop(signal.SIGKILL)
+        second.stop(signal.SIGKILL)

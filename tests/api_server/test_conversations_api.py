@@ -294,3 +294,49 @@ async def test_a_second_server_sees_the_conversation(store, tmp_path) -> None:
         assert [i.role for i in items.data] == ["user", "assistant"]  # type: ignore[union-attr]
         assert (await second.conversations.retrieve(conv.id)).metadata == {"where": "one"}
         print(f"validated {validated} objects against the openai types, 0 rejected")
+
+
+class _CrashingRows:
+    """The store's rows, failing when the first items are written: a crash mid-create."""
+
+    def __init__(self, rows: Any) -> None:
+        self._rows = rows
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rows, name)
+
+    def insert_messages(self, *_: Any) -> None:
+        raise RuntimeError("the disk went away while the items were written")
+
+    insert_message = insert_messages
+
+
+async def test_a_conversation_is_made_whole_or_not_at_all(any_store, tmp_path, monkeypatch) -> None:
+    """One transaction on the durable backends (the memory one has no crash to survive:
+    a crash loses the whole store, and its rules check before they write)."""
+    if "memory" in any_store.url:
+        pytest.skip("no transaction to roll back: a crash loses the memory store whole")
+    tx = any_store._backend.tx
+    real_awrite = tx.awrite
+
+    def crashing(locks: Any, op: Any) -> Any:
+        return real_awrite(locks, lambda rows: op(_CrashingRows(rows)))
+
+    async with server(any_store, tmp_path) as (adapter, _, _provider):
+        client = client_for(adapter.port)
+        monkeypatch.setattr(tx, "awrite", crashing)
+        with pytest.raises(openai.InternalServerError):
+            await client.with_options(max_retries=0).conversations.create(
+                metadata={"topic": "cats"},
+                items=[{"type": "message", "role": "user", "content": "my cat is Biscuit"}],
+            )
+        monkeypatch.setattr(tx, "awrite", real_awrite)
+        # Nothing of it is visible: no session without its metadata or items.
+        assert any_store.list_sessions() == []
+        made = await client.conversations.create(
+            metadata={"topic": "cats"},
+            items=[{"type": "message", "role": "user", "content": "my cat is Biscuit"}],
+        )
+        assert made.metadata == {"topic": "cats"}
+        (item,) = (await client.conversations.items.list(made.id)).data
+        assert item.content[0].text == "my cat is Biscuit"  # type: ignore[union-attr]

@@ -83,6 +83,7 @@ from gateway.surfaces.api_server.responses_compact import CompactRoutes
 from gateway.surfaces.api_server.responses_ws import ResponsesSocket
 from gateway.surfaces.api_server.schedules import ScheduleRoutes
 from gateway.surfaces.api_server.sessions import SessionRoutes
+from gateway.turns.park_sweep import ParkSweep
 from gateway.turns.service import (
     TurnRunner,
     TurnService,
@@ -170,6 +171,8 @@ class ApiServerAdapter(BasePlatformAdapter):
             if isinstance(agent, Agent):
                 turns.tool_names = agent.registry.names
         self.turns = turns
+        # Ends client-tool parks past their deadline (``gateway.turns.park_sweep``).
+        self.park_sweep = ParkSweep(turns)
         self._host = host
         self._port = int(port)
         # SO_REUSEPORT: several worker processes listen on one port, the kernel spreads
@@ -324,12 +327,14 @@ class ApiServerAdapter(BasePlatformAdapter):
             raise
         self._runner = runner
         self._port = site.port
+        self.park_sweep.start()
         logger.info("API server listening on http://%s:%d/v1", self._host, self._port)
 
     async def stop(self, *, grace_seconds: float = 10.0) -> None:
         # Turns in flight finish and store their results before the server goes away;
         # meanwhile /readyz says draining, so a load balancer sends nothing new here.
         self.draining = True
+        await self.park_sweep.stop()
         await self.turns.drain(grace_seconds)
         if self._runner is not None:
             await self._runner.cleanup()

@@ -44,13 +44,12 @@ from aiohttp import web
 from agent.messages import JSONObject
 from delivery.responses_backend import ResponseRow
 from gateway.http.middleware import RETRY_AFTER_SECONDS, ApiError, open_event_stream
+from gateway.openai.response_object import events_of_final, sse_event
 from gateway.openai.responses_wire import (
     ResponsesRequest,
-    events_of_final,
     fingerprint_of_body,
     is_response_id,
     parse_responses_body,
-    sse_event,
 )
 from gateway.responses import PreviousNotUsable, QueueFull, ResponsesService
 from gateway.surfaces.api_server.auth import bearer_token, may_see, owner_of

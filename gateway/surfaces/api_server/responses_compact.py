@@ -27,12 +27,8 @@ from aiohttp import web
 from agent.messages import ChatMessage
 from delivery.ids import new_token
 from gateway.http.middleware import ApiError
-from gateway.openai.responses_wire import (
-    ResponsesRequest,
-    is_response_id,
-    parse_responses_body,
-    usage_object,
-)
+from gateway.openai.response_object import usage_object
+from gateway.openai.responses_wire import ResponsesRequest, is_response_id, parse_responses_body
 from gateway.responses import ResponsesService
 from gateway.session import SessionGone
 from gateway.surfaces.api_server.auth import may_see

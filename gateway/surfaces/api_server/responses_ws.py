@@ -32,7 +32,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from agent.messages import JSONObject
 from gateway.http.middleware import ApiError
 from gateway.http.request_body import DRAIN_FACTOR, parse_json_bytes
-from gateway.openai.responses_wire import event_json
+from gateway.openai.response_object import event_json
 from gateway.surfaces.api_server.responses_api import ResponsesRoutes
 
 __all__ = ["ResponsesSocket"]
