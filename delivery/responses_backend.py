@@ -7,7 +7,7 @@ is a compare-and-set (``transition``: the expected statuses, and for a running r
 ``owner``), so a server that lost its lease (cancelled meanwhile, taken over as dead) can no
 longer write. A running response's owner renews ``lease_until``; a row whose lease ran out
 is another server's to end. ``body`` is the OpenAI Response object as last written (JSON
-text; ``gateway.openai.responses_wire`` shapes it), ``request`` the checked request
+text; ``gateway.openai.response_object`` shapes it), ``request`` the checked request
 (JSON: the input items with their ids, the options), so the row alone can be run anywhere.
 
 Events of background responses are stored in order (``append_events`` numbers them inside
