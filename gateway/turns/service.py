@@ -509,6 +509,15 @@ class TurnService:
             # The dedupe keys make a turn stored twice (never expected) show up once.
             user_row["dedupe_key"] = f"idem:{key}:user"
             reply_row["dedupe_key"] = f"idem:{key}:assistant"
+        # A conversation's first turn names it after its first message (a client that
+        # resends its history: the first one it sent), as the web UI names its own chats
+        # before they run; a title set meanwhile stays. A session this turn creates gets it
+        # in the same commit (one transaction per turn: what a database's round trips cost).
+        title = None
+        if not request.wakeup and not begun.history and self._platform is not Platform.WEBUI:
+            first = next((m for m in request.messages if m["role"] == "user"), user_message)
+            title = title_from_text(message_text(first))
+        created = begun.unwritten is not None
         try:
             await self.store.aappend_turn(
                 request.session_id,
@@ -521,6 +530,7 @@ class TurnService:
                     else None
                 ),
                 create=begun.unwritten,
+                title=title if created else None,
                 exclusive=begun.exclusive,
                 # the results this turn's model call was shown: now compaction may fold them
                 seen=seen,
@@ -534,17 +544,10 @@ class TurnService:
         self.turns_stored += 1
         if request.wakeup:
             self.wake_turns += 1
-        elif not begun.history and self._platform is not Platform.WEBUI:
-            # A conversation's first turn names it after its first message (a client that
-            # resends its history: the first one it sent), as the web UI names its own
-            # chats before they run; a title set meanwhile stays.
-            first = next((m for m in request.messages if m["role"] == "user"), user_message)
-            await self._title(request.session_id, message_text(first))
+        elif title is not None and not created:
+            await self._title(request.session_id, title)
 
-    async def _title(self, session_id: str, text: str) -> None:
-        title = title_from_text(text)
-        if title is None:
-            return
+    async def _title(self, session_id: str, title: str) -> None:
         try:
             await self.store.aset_title(session_id, title, if_untitled=True)
         except (SessionStoreError, ValueError) as exc:
