@@ -26,6 +26,12 @@ listed (a supervisor and N worker processes on one port, SO_REUSEPORT, one state
 directory), each on a fresh state directory under the same load, and prints the demo turns/s
 of each beside the baseline lines; the load generator is one more process on the same cores.
 
+Stores (``--store postgresql``): the demo servers and the store floor run on SQLite and then
+on PostgreSQL (``--pg-url``, default ``REVEILLE_TEST_PG_URL``; each server gets a fresh
+schema, dropped after), with ``--workers`` for each store, all in one run; it prints
+PostgreSQL against SQLite and against its own floor, and the round trips to PostgreSQL per
+turn (each server counts them: ``storage.postgres.trips``).
+
 ``--load-procs N`` splits the clients over N load processes, for machines with many cores
 where one load process would saturate first.
 
@@ -41,6 +47,7 @@ the chat path of the same server in the same run: requests/s and time to first t
 Usage: python bench/api_server.py [--provider] [--stream] [--clients 32] [--seconds 10]
        python bench/api_server.py --responses [--clients 16] [--seconds 5] [--requests 20]
        python bench/api_server.py --workers 1,2 [--seconds 6]
+       python bench/api_server.py --store postgresql [--workers 1,2,4] [--seconds 5]
        python bench/api_server.py --ttft [--requests 30] [--first-delay 0.3] [--interval 0.2]
 """
 
