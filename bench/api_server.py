@@ -26,6 +26,12 @@ listed (a supervisor and N worker processes on one port, SO_REUSEPORT, one state
 directory), each on a fresh state directory under the same load, and prints the demo turns/s
 of each beside the baseline lines; the load generator is one more process on the same cores.
 
+Stores (``--store postgresql``): the demo servers and the store floor run on SQLite and then
+on PostgreSQL (``--pg-url``, default ``REVEILLE_TEST_PG_URL``; each server gets a fresh
+schema, dropped after), with ``--workers`` for each store, all in one run; it prints
+PostgreSQL against SQLite and against its own floor, and the round trips to PostgreSQL per
+turn (each server counts them: ``storage.postgres.trips``).
+
 ``--load-procs N`` splits the clients over N load processes, for machines with many cores
 where one load process would saturate first.
 
@@ -46,6 +52,7 @@ Usage: python bench/api_server.py [--provider] [--stream] [--clients 32] [--seco
                                   [--loop asyncio,uvloop]
        python bench/api_server.py --responses [--clients 16] [--seconds 5] [--requests 20]
        python bench/api_server.py --workers 1,2 [--seconds 6]
+       python bench/api_server.py --store postgresql [--workers 1,2,4] [--seconds 5]
        python bench/api_server.py --ttft [--requests 30] [--first-delay 0.3] [--interval 0.2]
 """
 
@@ -57,15 +64,17 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import secrets
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -151,15 +160,21 @@ def serve_canned(port: int) -> None:
     serve_completions(port, complete)
 
 
-def store_trips(home: str) -> Any:
+def store_trips(home: str, pg_url: str | None = None) -> Any:
     """A coroutine function making a new conversation's two trips to the real session store
     and nothing else: the read that resolves the conversation (in the reader thread) and the
-    durable commit of its first turn (group-committed by the writer thread)."""
+    durable commit of its first turn (group-committed by the writer thread). ``pg_url``: the
+    same two on the PostgreSQL session store at that url instead of SQLite's."""
     from gateway.config import Platform
     from gateway.session import SessionSource, SessionStore
     from gateway.turns.conversation import derive_session_id
 
-    store = SessionStore(storage.sqlite_files(sessions=Path(home) / "sessions.db").open_sessions())
+    where = (
+        storage.open_storage(pg_url)
+        if pg_url
+        else storage.sqlite_files(sessions=Path(home) / "sessions.db")
+    )
+    store = SessionStore(where.open_sessions())
 
     async def trips(messages: list[dict[str, Any]]) -> None:
         session_id = derive_session_id(messages)
@@ -173,11 +188,11 @@ def store_trips(home: str) -> Any:
     return trips
 
 
-def serve_store_floor(port: int, home: str) -> None:
+def serve_store_floor(port: int, home: str, pg_url: str | None = None) -> None:
     """A bare aiohttp handler that makes a new conversation's two store trips and nothing
     else: what every demo turn pays at least, whatever the turn service, agent and
     middleware cost."""
-    trips = store_trips(home)
+    trips = store_trips(home, pg_url)
 
     async def complete(request: web.Request) -> web.Response:
         body = await request.json()
@@ -499,10 +514,20 @@ async def wait_workers(url: str, workers: int, timeout: float = 60) -> None:
 async def measure(
     cmd: list[str], env: dict[str, str], port: int, args: argparse.Namespace, workers: int = 1
 ):
+    """The load against the server ``cmd`` starts; with its round trips to PostgreSQL per
+    request (``trips``) when ``env`` has them counted."""
     async with running(cmd, env, port) as url:
         if workers > 1:
             await wait_workers(url, workers)
-        return await measure_url(url, args)
+        if trips_so_far(env) is None:
+            return await measure_url(url, args)
+        await load(url, args.clients, min(2.0, args.seconds / 4), args.stream)  # warm-up
+        await asyncio.sleep(0.3)  # each process writes its count ten times a second
+        before = trips_so_far(env) or 0
+        figures = await load(url, args.clients, args.seconds, args.stream)
+        await asyncio.sleep(0.3)
+        trips = (trips_so_far(env) or 0) - before
+        return {**figures, "trips": trips / max(figures["requests"] + figures["errors"], 1)}
 
 
 def line(name: str, r: dict[str, float], width: int = 22) -> str:
@@ -595,46 +620,113 @@ async def provider_main_async(args: argparse.Namespace) -> None:
     )
 
 
+STORES = ("sqlite", "postgresql")
+TRIPS_ENV = "REVEILLE_PG_TRIPS_DIR"  # storage.postgres.trips: each process counts its trips
+
+
+@contextlib.contextmanager
+def store_for(store: str, args: argparse.Namespace) -> Iterator[tuple[str, dict[str, str]]]:
+    """A fresh state directory, and for PostgreSQL a fresh schema (no server inherits another's
+    rows; dropped after) with the server's round trips counted: the directory and the
+    environment that points a server there."""
+    with tempfile.TemporaryDirectory() as home:
+        if store == "sqlite":
+            yield home, {}
+            return
+        import psycopg
+
+        schema = f"bench_{secrets.token_hex(6)}"
+        with psycopg.connect(args.pg_url, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        sep = "&" if "?" in args.pg_url else "?"
+        url = f"{args.pg_url}{sep}options={quote('-csearch_path=' + schema)}"
+        trips = Path(home) / "trips"
+        trips.mkdir()
+        try:
+            yield home, {"REVEILLE_DATABASE_URL": url, TRIPS_ENV: str(trips)}
+        finally:
+            with psycopg.connect(args.pg_url, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def trips_so_far(env: dict[str, str]) -> int | None:
+    """The round trips the servers under ``env`` made so far (None: not counted)."""
+    where = env.get(TRIPS_ENV)
+    if where is None:
+        return None
+    return sum(int(p.read_text() or 0) for p in Path(where).glob("*.trips"))
+
+
 async def main_async(args: argparse.Namespace) -> None:
     env = {**os.environ, "PYTHONPATH": checkout_first()}
-    by_workers: dict[int, dict[str, float]] = {}
-    for workers in args.workers or [1]:
-        with tempfile.TemporaryDirectory() as home:
-            port = free_port()
-            cmd = [sys.executable, "-m", "reveille.cli", "serve", "--workers", str(workers)]
-            ours_env = reveille_env(env, home, port, args.clients)
-            by_workers[workers] = await measure(cmd, ours_env, port, args, workers)
-    ours = next(iter(by_workers.values()))
+    served: dict[str, dict[int, dict[str, float]]] = {}
+    floors: dict[str, dict[str, float]] = {}
+    for store in args.store:
+        served[store] = {}
+        for workers in args.workers or [1]:
+            with store_for(store, args) as (home, extra):
+                port = free_port()
+                cmd = [sys.executable, "-m", "reveille.cli", "serve", "--workers", str(workers)]
+                ours_env = {**reveille_env(env, home, port, args.clients), **extra}
+                served[store][workers] = await measure(cmd, ours_env, port, args, workers)
     port = free_port()
     base = await measure([sys.executable, __file__, "--serve-canned", str(port)], env, port, args)
-    with tempfile.TemporaryDirectory() as home:
-        port = free_port()
-        cmd = [sys.executable, __file__, "--serve-store-floor", str(port), "--home", home]
-        floor = await measure(cmd, env, port, args)
+    for store in args.store:
+        with store_for(store, args) as (home, extra):
+            port = free_port()
+            cmd = [sys.executable, __file__, "--serve-store-floor", str(port), "--home", home]
+            cmd += ["--pg-url", extra.get("REVEILLE_DATABASE_URL", "")]  # "": SQLite
+            floors[store] = await measure(cmd, {**env, **extra}, port, args)
 
     print(header(args))
-    width = 32 if args.workers else 22
-    first = next(iter(by_workers))
-    for workers, figures in by_workers.items():
-        name = "reveille serve (demo)" + (f", {_workers(workers)}" if args.workers else "")
-        print(line(name, figures, width))
+    both = len(args.store) > 1
+    width = 32 if args.workers or both else 22
+    for store, by_workers in served.items():
+        for workers, figures in by_workers.items():
+            name = "reveille serve (demo)" + (f", {store}" if both else "")
+            name += f", {_workers(workers)}" if args.workers else ""
+            print(line(name, figures, width))
     print(line("bare aiohttp (canned)", base, width))
-    print(line("aiohttp + 2 store trips", floor, width))
-    for workers, figures in by_workers.items():
-        name = f"ratio, {_workers(workers)}" if args.workers else "ratio"
-        scaling = (
-            f"; {figures['rps'] / ours['rps']:.2f}x {_workers(first)}" if workers != first else ""
-        )
+    for store, floor in floors.items():
+        print(line("aiohttp + 2 store trips" + (f", {store}" if both else ""), floor, width))
+    for store, by_workers in served.items():
+        ours = next(iter(by_workers.values()))
+        first = next(iter(by_workers))
+        for workers, figures in by_workers.items():
+            name = "ratio" + (f", {store}" if both else "")
+            name += f", {_workers(workers)}" if args.workers else ""
+            scaling = (
+                f"; {figures['rps'] / ours['rps']:.2f}x {_workers(first)}, p99 "
+                f"{figures['p99'] / ours['p99']:.2f}x"
+                if workers != first
+                else ""
+            )
+            print(
+                f"{name:<{width}}: {figures['rps'] / base['rps']:.2f} of the baseline's "
+                f"requests/s{scaling}"
+            )
+        floor = floors[store]
         print(
-            f"{name:<{width}}: {figures['rps'] / base['rps']:.2f} of the baseline's "
-            f"requests/s{scaling}"
+            f"{'store floor' + (f', {store}' if both else ''):<{width}}: "
+            f"{floor['rps'] / base['rps']:.2f} of the baseline (a handler making only a new "
+            "turn's read and durable write); reveille"
+            + (f" with {_workers(first)}" if args.workers else "")
+            + f" reaches {ours['rps'] / floor['rps']:.2f} of it"
         )
-    print(
-        f"{'store floor':<{width}}: {floor['rps'] / base['rps']:.2f} of the baseline (a handler "
-        "making only a new turn's read and durable write); reveille"
-        + (f" with {_workers(first)}" if args.workers else "")
-        + f" reaches {ours['rps'] / floor['rps']:.2f} of it"
-    )
+    if "postgresql" in served:
+        pg = next(iter(served["postgresql"].values()))
+        print(
+            f"{'round trips per turn':<{width}}: {pg['trips']:.1f} to PostgreSQL per demo turn "
+            f"(the store floor's handler: {floors['postgresql']['trips']:.1f})"
+        )
+    if both:
+        sq, pg = (next(iter(served[s].values())) for s in STORES)
+        print(
+            f"{'postgresql / sqlite':<{width}}: {pg['rps'] / sq['rps']:.2f} of SQLite's turns/s "
+            f"(goal 0.8); the PostgreSQL store floor is "
+            f"{floors['postgresql']['rps'] / sq['rps']:.2f} of SQLite's turns/s "
+            f"({floors['postgresql']['rps'] / floors['sqlite']['rps']:.2f} of SQLite's floor)"
+        )
 
 
 def _workers(count: int) -> str:
@@ -670,6 +762,16 @@ def event_loops(text: str) -> list[str]:
     return names
 
 
+def store_names(text: str) -> list[str]:
+    """``postgresql`` -> [sqlite, postgresql]: SQLite is always measured first, in the same
+    run, as the figure PostgreSQL's are held against."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = set(names) - set(STORES)
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected sqlite, postgresql or both")
+    return ["sqlite", *(["postgresql"] if "postgresql" in names else [])]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--clients", type=int, default=32)
@@ -690,6 +792,19 @@ def main() -> None:
         "--workers",
         type=worker_counts,
         help="demo mode: measure `reveille serve --workers N` for each N of a list, e.g. 1,2",
+    )
+    ap.add_argument(
+        "--store",
+        type=store_names,
+        default=["sqlite"],
+        help="demo mode: postgresql measures reveille serve and the store floor on "
+        "PostgreSQL (--pg-url) beside SQLite's, with the round trips per turn",
+    )
+    ap.add_argument(
+        "--pg-url",
+        default=os.environ.get("REVEILLE_TEST_PG_URL", ""),
+        help="--store postgresql: the server (each run gets a fresh schema, dropped after); "
+        "default REVEILLE_TEST_PG_URL",
     )
     ap.add_argument(
         "--ttft",
@@ -721,6 +836,8 @@ def main() -> None:
     ap.add_argument("--serve-raw-call-floor", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--upstream", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if "postgresql" in args.store and not args.pg_url and not args.serve_store_floor:
+        ap.error("--store postgresql needs --pg-url (or REVEILLE_TEST_PG_URL)")
     if args.serve_model_call_floor or args.serve_raw_call_floor:
         raw = bool(args.serve_raw_call_floor)
         serve_model_call_floor(
@@ -731,7 +848,7 @@ def main() -> None:
         )
         return
     if args.serve_store_floor:
-        serve_store_floor(args.serve_store_floor, args.home)
+        serve_store_floor(args.serve_store_floor, args.home, args.pg_url or None)
         return
     if args.serve_canned:
         serve_canned(args.serve_canned)

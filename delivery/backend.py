@@ -40,6 +40,10 @@ COLUMNS: tuple[str, ...] = FIELDS
 JSON_COLUMNS = frozenset({"request", "event", "progress"})
 
 
+# One compare-and-set of ``LedgerTx.update_many``: the row, what it must still hold, the changes.
+Update = tuple[str, dict[str, Any], dict[str, Any]]
+
+
 class LedgerTx(Protocol):
     """One atomic operation's view of the store."""
 
@@ -56,6 +60,11 @@ class LedgerTx(Protocol):
         An ``expect`` value is an equality (None: IS NULL) or ``AtMost``/``Below``/``IsSet``;
         a ``changes`` value may be ``Increment``.
         """
+
+    def update_many(self, updates: list[Update]) -> list[bool]:
+        """``update`` of each ``(row_id, expect, changes)`` in order, in this transaction: what
+        each answered. A store over a network sends them together (PostgreSQL: one pipeline,
+        one round trip), so a pass over hundreds of rows does not wait for each."""
 
     def lock_free(self, row_ids: list[str]) -> set[str]:
         """Of ``row_ids``, those no other transaction is working on now, locked for this one

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Collection
 
-from delivery.backend import LedgerTx
+from delivery.backend import LedgerTx, Update
 from delivery.errors import InvalidTransitionError, UnknownDeliveryError
 from delivery.events import ASYNC_DELEGATION, PROCESS_COMPLETION
 from delivery.identity import holder_is_dead
@@ -102,8 +102,12 @@ def reoffer_op(
     age_now = now if replay_now is None else replay_now
 
     def op(tx: LedgerTx) -> list[JSONObject]:
-        offered = []
+        # Every compare-and-set is decided first and sent together (``update_many``: one
+        # round trip on PostgreSQL for a pass over hundreds of due timers); the answers
+        # then say which rows were offered and which drops to audit.
         free = tx.lock_free([row.id for row in candidates])
+        updates: list[Update] = []
+        taken: list[tuple[LedgerRow, bool]] = []  # (row, dropped as too old)
         for row in candidates:
             if row.id not in free or row.event is None:
                 continue  # another process is offering or settling it right now
@@ -120,8 +124,8 @@ def reoffer_op(
             age = age_now - (row.replay_from or row.completed_at or row.created_at)
             if age > policy.replay_cap_seconds:
                 too_old = settle_changes(_DROPPED, now, "older than the replay age cap")
-                if tx.update(row.id, expect, too_old):
-                    tx.audit(row.id, "drop", f"not replayed on {reason}: too old", now)
+                updates.append((row.id, expect, too_old))
+                taken.append((row, True))
                 continue
             changes = {
                 "holder": identity,
@@ -132,8 +136,18 @@ def reoffer_op(
             if row.claim_expires_at:
                 # The lease ran out, or its holder died: the claim is void now.
                 changes.update(claim_token=None, claim_consumer=None, claim_expires_at=0)
-            if tx.update(row.id, expect, changes):
+            updates.append((row.id, expect, changes))
+            taken.append((row, False))
+        offered = []
+        answers = tx.update_many(updates) if updates else []
+        for (row, dropped), changed in zip(taken, answers, strict=True):
+            if not changed:
+                continue
+            if dropped:
+                tx.audit(row.id, "drop", f"not replayed on {reason}: too old", now)
+            else:
                 first = row.restored == 0 and row.delivery_attempts == 0
+                assert row.event is not None
                 offered.append(mark_reoffered(row.event, reason, now, first=first))
         return offered
 

@@ -27,6 +27,7 @@ from delivery.backend import (
     Increment,
     IsSet,
     LedgerTx,
+    Update,
     check_columns,
 )
 from delivery.errors import DuplicateDeliveryError, LedgerUnavailable
@@ -138,6 +139,9 @@ class _MemoryTx:
             else:
                 row[col] = value
         return True
+
+    def update_many(self, updates: list[Update]) -> list[bool]:
+        return [self.update(*one) for one in updates]
 
     def lock_free(self, row_ids: list[str]) -> set[str]:
         return set(row_ids)  # one lock for the whole store: nobody else is writing

@@ -16,6 +16,7 @@ import psycopg
 import psycopg_pool
 
 from delivery.errors import LedgerUnavailable
+from storage.postgres.trips import connection_class
 
 # psycopg's parameter style: the mark shared SQL is bound with (``storage.sql.marked``).
 PLACEHOLDER = "%s"
@@ -81,16 +82,20 @@ def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
     """An autocommit connection, or PostgresUnavailable with one clear line."""
     check_url(url)
     try:
-        return psycopg.connect(
+        return connection_class().connect(
             url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS, **kwargs
         )
     except psycopg.Error as exc:
         raise explain(exc, url) from None
 
 
-def open_pool(url: str, *, name: str, max_size: int) -> psycopg_pool.ConnectionPool[Any]:
+def open_pool(
+    url: str, *, name: str, max_size: int, check: bool = True
+) -> psycopg_pool.ConnectionPool[Any]:
     """An open pool of autocommit connections (at least one made before it returns), or
-    PostgresUnavailable with one clear line."""
+    PostgresUnavailable with one clear line. ``check=False``: connections are handed out
+    without the round trip that checks them, for a store that finds a dead one out by
+    its own first trip and runs again on a fresh one (``storage.postgres.sessions``)."""
     check_url(url)
     try:
         pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
@@ -98,10 +103,11 @@ def open_pool(url: str, *, name: str, max_size: int) -> psycopg_pool.ConnectionP
             min_size=1,
             max_size=max(max_size, 1),
             kwargs={"autocommit": True},
+            connection_class=connection_class(),
             # A connection the server dropped while it sat in the pool (a restart, a
             # failover, an idle timeout) is found out by one round trip as it is handed out
             # and replaced by a fresh one: the turn after a restart does not fail on it.
-            check=psycopg_pool.ConnectionPool.check_connection,
+            check=psycopg_pool.ConnectionPool.check_connection if check else None,
             open=True,
             timeout=30,
             name=name,

@@ -121,8 +121,10 @@ class PostgresBackend(CommitCounts):
         self.pipelined_commits = 0
         # Operations waiting; its ``cv`` also guards each writer slot's ``busy``.
         self._queue = BatchQueue(max_batch)
+        # No checking trip per checkout (a scheduler pass makes several reads): a read
+        # that finds its connection dropped has the pool check the rest and runs again.
         self._pool: psycopg_pool.ConnectionPool[Any] = open_pool(
-            url, name="reveille-ledger", max_size=pool_size
+            url, name="reveille-ledger", max_size=pool_size, check=False
         )
         self._notifier = PostgresNotifier(url, channel_for(schema), self._pool)
         self._slots = [_Slot(connect(url)) for _ in range(max(writers, 1))]
@@ -317,11 +319,14 @@ class PostgresBackend(CommitCounts):
                     return conn.execute(query, params, prepare=True).fetchall()
             except psycopg.OperationalError as exc:
                 # A pooled connection the server dropped (a restart, a failover): the pool
-                # discards it; a read is safe to run once more on a fresh one.
+                # discards it and checks its idle siblings, most likely dropped with it; a
+                # read is safe to run once more on a live one.
                 if attempt == 2:
                     raise LedgerUnavailable(
                         f"ledger read failed: {explain(exc, self._url)}"
                     ) from exc
+                with contextlib.suppress(psycopg.Error):
+                    self._pool.check()
             except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
                 raise LedgerUnavailable(f"ledger read failed: {explain(exc, self._url)}") from exc
         raise AssertionError("unreachable")

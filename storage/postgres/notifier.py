@@ -52,13 +52,23 @@ class PostgresNotifier:
         self.received = 0
 
     def notify(self) -> int:
-        try:
-            with self._pool.connection() as conn:
-                conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
-        except psycopg.Error as exc:
-            log.warning("could not notify the other servers: %s", exc)
-            return 0
-        return 1
+        for attempt in (1, 2):
+            try:
+                with self._pool.connection() as conn:
+                    conn.execute("SELECT pg_notify(%s, '')", (self.channel,))
+                return 1
+            except psycopg.OperationalError as exc:
+                # The pool hands connections out unchecked: one the server dropped (a
+                # restart) is found here; the pool checks the rest and it goes once more.
+                if attempt == 2:
+                    log.warning("could not notify the other servers: %s", exc)
+                    return 0
+                with contextlib.suppress(psycopg.Error):
+                    self._pool.check()
+            except psycopg.Error as exc:
+                log.warning("could not notify the other servers: %s", exc)
+                return 0
+        return 0
 
     def subscribe(self) -> Subscription | None:
         sub = self._local.subscribe()

@@ -5,7 +5,16 @@ The rules are ``delivery.session_rules``'s and the rows ``storage.session_sql``'
 is the pool and its transactions. Each write runs in one transaction that first takes a
 transaction-scoped advisory lock on each key the rule names (its session id, the session's
 turn lease, an idempotency key), so a delete, a creation, a fold and an append of one
-session never interleave, whichever server runs them. Folding is one
+session never interleave, whichever server runs them.
+
+Round trips are what a turn on PostgreSQL pays for, so a write runs in pipeline mode: BEGIN
+and the locks go in one trip, then the rule's statements, those whose answer it does not
+read travelling with the next one that it does, then COMMIT. That first trip is also how
+a connection the server dropped is found out (a restart, a failover): nothing ran, so the
+pool checks its idle connections and the write runs once more; the pool hands connections
+out without a checking trip of its own. A read is its statements in autocommit, one trip each: under
+READ COMMITTED a transaction around them would give them no common snapshot, only a BEGIN
+and a COMMIT to wait for. Folding is one
 ``UPDATE ... WHERE folded_at IS NULL RETURNING``: a delivery row goes to exactly one turn.
 Message ids come from a sequence, never reused. Coroutine variants run the same code on a
 worker thread: the event loop never waits on the database.
@@ -22,7 +31,7 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg_pool
 
-from delivery.session_backend import MessageHit, SessionStoreError
+from delivery.session_backend import MessageHit, NewMessage, SessionStoreError
 from delivery.session_rows import SessionRows
 from delivery.session_rules import SessionRules
 from storage.postgres import sql as q
@@ -34,7 +43,8 @@ from storage.postgres.conn import (
     open_pool,
     redact,
 )
-from storage.session_sql import SqlSessionRows, statements
+from storage.postgres.tx import rollback_quietly
+from storage.session_sql import SqlSessionRows, message_values, statements
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -46,10 +56,27 @@ class PostgresSessionsUnavailable(SessionStoreError):
 
 
 class PostgresRows(SqlSessionRows):
-    """The shared rows, with what PostgreSQL spells its own way."""
+    """The shared rows, with what PostgreSQL spells its own way; in a write, on a connection
+    in pipeline mode (``pipeline``)."""
+
+    def __init__(self, conn: Conn, sql: Any, pipeline: psycopg.Pipeline | None = None) -> None:
+        super().__init__(conn, sql)
+        self._pipeline = pipeline
+
+    def _count(self, query: str, params: Sequence[Any]) -> int:
+        cur = self.conn.execute(query, tuple(params))
+        if self._pipeline is not None:
+            self._pipeline.sync()  # a row count arrives with the statement's answer
+        return int(cur.rowcount)
+
+    def insert_messages(self, session_id: str, messages: Sequence[NewMessage], now: float) -> None:
+        # Nobody reads these rows back (a dedupe key that names one already is no error):
+        # in a write's pipeline they travel with the next statement whose answer is read.
+        for m in messages:
+            self.conn.execute(self.q.insert_message, message_values(session_id, m, now))
 
     def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
-        return int(self.conn.execute(q.SQL_SUPERSEDE, (how, session_id, list(ids))).rowcount)
+        return self._count(q.SQL_SUPERSEDE, (how, session_id, list(ids)))
 
     def search(self, terms: Sequence[str], limit: int) -> list[MessageHit]:
         params = {"q": q.tsquery(list(terms)), "limit": limit}
@@ -62,6 +89,10 @@ class PostgresRows(SqlSessionRows):
         return {(str(r[0]), str(r[1])) for r in rows}
 
 
+class _Dropped(Exception):
+    """A write's first trip found its connection dropped by the server: nothing ran."""
+
+
 class _PostgresTx:
     """``SessionTx`` on a PostgreSQL database (see the module docstring)."""
 
@@ -71,7 +102,7 @@ class _PostgresTx:
         self._writes = 0
         try:
             self._pool: psycopg_pool.ConnectionPool[Any] | None = open_pool(
-                url, name="reveille-sessions", max_size=pool_size
+                url, name="reveille-sessions", max_size=pool_size, check=False
             )
         except PostgresUnavailable as exc:
             raise PostgresSessionsUnavailable(str(exc)) from None
@@ -95,40 +126,68 @@ class _PostgresTx:
         return self._pool
 
     @contextlib.contextmanager
-    def _conn(self, *, write: bool) -> Iterator[Conn]:
-        pool = self._require_pool()
+    def _explained(self) -> Iterator[None]:
+        """The driver's and the pool's failures, as this store's."""
         try:
-            with pool.connection() as conn:
-                with conn.transaction():  # a write's atomicity, a read's one snapshot
-                    yield conn
-                if write:
-                    self._writes += 1
+            yield
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             err = explain(exc, self._url)
             raise PostgresSessionsUnavailable(str(err)) from exc
         except PostgresUnavailable as exc:
             raise PostgresSessionsUnavailable(str(exc)) from exc
 
+    def _write_once(self, locks: tuple[str, ...], op: Callable[[SessionRows], T]) -> T:
+        pool = self._require_pool()
+        with pool.connection() as conn:
+            try:
+                with conn.pipeline() as pipeline:
+                    try:
+                        conn.execute("BEGIN")
+                        for key in locks:
+                            conn.execute(q.SQL_LOCK_KEY, (key,))
+                        pipeline.sync()
+                    except psycopg.OperationalError as exc:
+                        raise _Dropped from exc
+                    result = op(PostgresRows(conn, _SQL, pipeline))
+                    conn.execute("COMMIT")
+            except BaseException:
+                rollback_quietly(conn)
+                raise
+        self._writes += 1
+        return result
+
     def write(self, locks: tuple[str, ...], op: Callable[[SessionRows], T]) -> T:
-        with self._conn(write=True) as conn:
-            for key in locks:
-                conn.execute(q.SQL_LOCK_KEY, (key,))
-            return op(PostgresRows(conn, _SQL))
+        with self._explained():
+            try:
+                return self._write_once(locks, op)
+            except _Dropped:
+                # Nothing ran on the dropped connection. Its idle siblings were most likely
+                # dropped with it (a restart): the pool checks them all, then the write
+                # runs once more, on a live connection.
+                self._require_pool().check()
+            try:
+                return self._write_once(locks, op)
+            except _Dropped as dropped:
+                assert dropped.__cause__ is not None
+                raise dropped.__cause__ from None
 
     async def awrite(self, locks: tuple[str, ...], op: Callable[[SessionRows], T]) -> T:
         return await asyncio.to_thread(self.write, locks, op)
 
+    def _read_once(self, op: Callable[[SessionRows], T]) -> T:
+        with self._explained(), self._require_pool().connection() as conn:
+            return op(PostgresRows(conn, _SQL))
+
     def read(self, op: Callable[[SessionRows], T]) -> T:
         try:
-            with self._conn(write=False) as conn:
-                return op(PostgresRows(conn, _SQL))
+            return self._read_once(op)
         except PostgresSessionsUnavailable as exc:
             # A pooled connection the server dropped (restart, failover) is discarded by
-            # the pool; a read is safe to run once more on a fresh one.
+            # the pool; a read is safe to run once more on a live one.
             if not isinstance(exc.__cause__, psycopg.OperationalError):
                 raise
-        with self._conn(write=False) as conn:
-            return op(PostgresRows(conn, _SQL))
+        self._require_pool().check()  # its idle siblings were most likely dropped with it
+        return self._read_once(op)
 
     async def aread(self, op: Callable[[SessionRows], T]) -> T:
         return await asyncio.to_thread(self.read, op)

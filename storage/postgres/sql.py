@@ -24,9 +24,21 @@ LEDGER_DUE = (
     f"{LEDGER_SELECT} WHERE delivery_state = 'pending' AND due_at <= %s ORDER BY due_at LIMIT %s"
 )
 LEDGER_NEXT_DUE = "SELECT min(due_at) FROM deliveries WHERE delivery_state = 'pending'"
-LEDGER_PENDING_HOLDERS = (
-    "SELECT DISTINCT holder FROM deliveries WHERE delivery_state = 'pending' AND holder IS NOT NULL"
+# The distinct holders by hopping from one to the next through ix_pending_holder (a loose
+# index scan, one probe per holder), not a DISTINCT over every pending row: every re-offer
+# batch asks, and with 100,000 timers pending that read 100,000 index entries each time.
+LEDGER_PENDING_HOLDERS = """
+WITH RECURSIVE h(holder) AS (
+    (SELECT holder FROM deliveries
+     WHERE delivery_state = 'pending' AND holder IS NOT NULL ORDER BY holder LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.holder FROM deliveries d
+            WHERE d.delivery_state = 'pending' AND d.holder > h.holder
+            ORDER BY d.holder LIMIT 1)
+    FROM h WHERE h.holder IS NOT NULL
 )
+SELECT holder FROM h WHERE holder IS NOT NULL
+"""
 LEDGER_ACTIVE_OWNERS = (
     "SELECT DISTINCT owner FROM deliveries WHERE state = %s AND owner IS NOT NULL"
 )

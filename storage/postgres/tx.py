@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from delivery.backend import COLUMNS, JSON_COLUMNS, check_columns
+from delivery.backend import COLUMNS, JSON_COLUMNS, Update, check_columns
 from delivery.errors import DuplicateDeliveryError
 from delivery.peers import ServerRecord
 from storage.postgres import sql as sql
@@ -93,6 +93,15 @@ class PgTx:
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
         return self.updated(self._exec(*self.update_statement(row_id, expect, changes)).rowcount)
 
+    def update_many(self, updates: list[Update]) -> list[bool]:
+        # One pipeline: every compare-and-set goes out before the first answer is read.
+        with self._conn.pipeline():
+            cursors = [
+                self._conn.cursor().execute(*self.update_statement(*one), prepare=True)
+                for one in updates
+            ]
+        return [self.updated(cur.rowcount) for cur in cursors]
+
     def lock_free(self, row_ids: list[str]) -> set[str]:
         if not row_ids:
             return set()
@@ -129,6 +138,9 @@ class _OneStatementOnly:
     sending its read ahead would only cost a rollback."""
 
     def get(self, row_id: str, columns: tuple[str, ...] | None = None) -> dict[str, Any] | None:
+        raise _Stop
+
+    def update_many(self, updates: list[Update]) -> list[bool]:
         raise _Stop
 
     def lock_free(self, row_ids: list[str]) -> set[str]:

@@ -754,6 +754,31 @@ class TestLedgerTx:
         with pytest.raises(ValueError, match="unknown ledger column"):
             cas({"nope": 1})
 
+    def test_update_many_answers_each_compare_and_set_in_order(
+        self, backend: LedgerBackend
+    ) -> None:
+        """What the re-offer of a burst of due timers sends in one trip: each update answers
+        as on its own, a later one sees what an earlier one of the same call changed, and a
+        miss changes nothing."""
+        for row_id in ("a", "b"):
+            backend.write(lambda tx, row_id=row_id: tx.insert(_row(row_id, due_at=5.0)))
+        answers = backend.write(
+            lambda tx: tx.update_many(
+                [
+                    ("a", {"due_at": AtMost(5.0)}, {"due_at": 9.0}),
+                    ("a", {"due_at": 5.0}, {"state": "completed"}),  # sees the 9.0: a miss
+                    ("b", {"due_at": 5.0}, {"delivery_attempts": Increment(1)}),
+                    ("missing", {}, {"updated_at": 3.0}),
+                    ("b", {"delivery_attempts": 1}, {"updated_at": 4.0}),
+                ]
+            )
+        )
+        assert answers == [True, False, True, False, True]
+        a, b = backend.get("a"), backend.get("b")
+        assert a is not None and a.due_at == 9.0 and a.state == "running"
+        assert b is not None and b.delivery_attempts == 1 and b.updated_at == 4.0
+        assert backend.write(lambda tx: tx.update_many([])) == []
+
     def test_an_operation_that_raises_changes_nothing(self, backend: LedgerBackend) -> None:
         backend.write(lambda tx: tx.insert(_row("r")))
 
