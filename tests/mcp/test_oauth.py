@@ -1,0 +1,183 @@
+"""OAuth for HTTP MCP servers: ``reveille mcp login`` against a real (small) authorization
+server on loopback (``oauth_server.py``), the tokens in the store, read back by the next
+start, refreshed when expired, and a server without a login telling the operator to log in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from delivery.telegram_backend import TelegramBackend
+from reveille.operator_storage import operator_storage
+from reveille.settings import load_settings
+from tests.mcp.oauth_server import FakeAuthServer, oauth_echo
+from tools.mcp.config import McpConfigError, McpServerConfig, parse_servers
+from tools.mcp.manager import McpClients
+from tools.mcp.oauth import server_oauth, value_name
+
+NAME = "secure"
+
+
+def _home(tmp_path: Path, url: str) -> dict[str, str]:
+    (tmp_path / "config.toml").write_text(
+        f'[mcp.servers.{NAME}]\nurl = "{url}"\nauth = "oauth"\napprovals = "never"\n'
+    )
+    env = {**os.environ, "REVEILLE_HOME": str(tmp_path)}
+    env.pop("REVEILLE_CONFIG", None)
+    env.pop("REVEILLE_DATABASE_URL", None)
+    return env
+
+
+def _store(env: dict[str, str]) -> TelegramBackend:
+    return operator_storage(load_settings(environ=env)).open_telegram()
+
+
+async def _login(env: dict[str, str]) -> tuple[int, str, str]:
+    """``reveille mcp login`` as an operator runs it, with a browser that opens the URL."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "reveille.cli",
+        "mcp",
+        "login",
+        NAME,
+        "--wait",
+        "60",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    shown = b""
+    while not shown.startswith(b"http"):
+        shown = await asyncio.wait_for(proc.stdout.readline(), 60)
+        assert shown, "the login ended without printing an authorization URL"
+    async with aiohttp.ClientSession() as browser, browser.get(shown.decode().strip()) as page:
+        assert page.status == 200
+        assert "authorized" in await page.text()
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, shown.decode() + out.decode(), err.decode()
+
+
+async def _connect(config: McpServerConfig, store: TelegramBackend) -> tuple[str, str]:
+    clients = McpClients()
+    await clients.start([config], first_connect_seconds=20.0, auth=server_oauth(store))
+    try:
+        (status,) = clients.servers()
+        return status.state, status.last_error
+    finally:
+        await clients.stop()
+
+
+def _config(env: dict[str, str]) -> McpServerConfig:
+    (config,) = load_settings(environ=env).mcp_servers
+    return config
+
+
+def _expire(store: TelegramBackend, auth: FakeAuthServer) -> str:
+    """The stored token as if its time ran out while Reveille was down (the server forgot
+    it too); returns the old access token."""
+    saved = json.loads(store.platform_value(value_name(NAME, "tokens")) or "{}")
+    saved["expires_at"] = 1.0
+    store.set_platform_value(value_name(NAME, "tokens"), json.dumps(saved))
+    old = str(saved["token"]["access_token"])
+    auth.access.discard(old)
+    return old
+
+
+async def test_login_stores_tokens_a_restart_uses_them_and_refreshes(tmp_path: Path) -> None:
+    async with oauth_echo() as (auth, url):
+        env = _home(tmp_path, url)
+        code, out, err = await _login(env)
+        assert code == 0, err
+        assert "authorize" in out and f"{NAME}: authorized" in out
+        assert auth.grants == ["authorization_code"]
+        store = _store(env)
+        try:
+            saved = json.loads(store.platform_value(value_name(NAME, "tokens")) or "{}")
+            token = saved["token"]["access_token"]
+            assert token in auth.access and token not in out + err  # never printed
+            assert store.platform_value(value_name(NAME, "client"))
+
+            # The next start (another process's store handle) reads the tokens back.
+            assert await _connect(_config(env), store) == ("ready", "")
+            assert auth.grants == ["authorization_code"]
+
+            old = _expire(store, auth)
+            assert await _connect(_config(env), store) == ("ready", "")
+            assert auth.grants == ["authorization_code", "refresh_token"]
+            renewed = json.loads(store.platform_value(value_name(NAME, "tokens")) or "{}")
+            assert renewed["token"]["access_token"] not in ("", old)
+        finally:
+            store.close()
+
+
+async def test_a_server_without_a_login_says_to_run_login(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with oauth_echo() as (auth, url):
+        env = _home(tmp_path, url)
+        store = _store(env)
+        try:
+            with caplog.at_level(logging.WARNING, logger="tools.mcp.connection"):
+                state, error = await _connect(_config(env), store)
+        finally:
+            store.close()
+        assert state == "failed"
+        assert f"run reveille mcp login {NAME}" in error
+        assert f"run reveille mcp login {NAME}" in caplog.text
+        assert auth.grants == []
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ({"command": ["x"], "auth": "oauth"}, "is for url servers"),
+        ({"url": "http://h/mcp", "auth": "basic"}, "auth must be none or oauth"),
+        ({"url": "http://h/mcp", "client_id": "c"}, 'need auth = "oauth"'),
+        (
+            {"url": "http://h/mcp", "auth": "oauth", "grant": "client_credentials"},
+            "needs client_id and client_secret",
+        ),
+        (
+            {"url": "http://h/mcp", "auth": "oauth", "client_metadata_url": "http://h/c"},
+            "https:// URL with a path",
+        ),
+    ],
+)
+def test_bad_oauth_settings_say_why(body: dict[str, object], why: str) -> None:
+    with pytest.raises(McpConfigError, match=why):
+        parse_servers({"servers": {"s": body}}, origin="test", environ={})
+
+
+def test_oauth_settings_resolve_the_secret_from_the_environment() -> None:
+    (config,) = parse_servers(
+        {
+            "servers": {
+                "s": {
+                    "url": "https://h/mcp",
+                    "auth": "oauth",
+                    "grant": "client_credentials",
+                    "client_id": "reveille",
+                    "client_secret": "${MCP_SECRET}",
+                    "scopes": ["read"],
+                }
+            }
+        },
+        origin="test",
+        environ={"MCP_SECRET": "s3cret"},
+    )
+    assert (config.grant, config.client_secret, config.scopes) == (
+        "client_credentials",
+        "s3cret",
+        ("read",),
+    )
+    assert "s3cret" not in repr(config)
