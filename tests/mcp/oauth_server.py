@@ -44,6 +44,7 @@ class FakeAuthServer:
     access: set[str] = field(default_factory=set)
     refresh: dict[str, str] = field(default_factory=dict)  # refresh token -> client
     grants: list[str] = field(default_factory=list)  # each token request's grant_type
+    scopes: list[str] = field(default_factory=list)  # each authorization request's scope
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -82,6 +83,7 @@ class FakeAuthServer:
             return web.Response(status=400, text="unknown client or redirect")
         if query.get("code_challenge_method") != "S256" or not query.get("code_challenge"):
             return web.Response(status=400, text="PKCE S256 required")
+        self.scopes.append(query.get("scope", ""))
         code = secrets.token_urlsafe(8)
         self.codes[code] = (query["client_id"], query["code_challenge"])
         back = {"code": code, "state": query.get("state", "")}

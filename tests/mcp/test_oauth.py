@@ -14,14 +14,16 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken
 
+import storage
 from delivery.telegram_backend import TelegramBackend
 from reveille.operator_storage import operator_storage
 from reveille.settings import load_settings
 from tests.mcp.oauth_server import FakeAuthServer, oauth_echo
 from tools.mcp.config import McpConfigError, McpServerConfig, parse_servers
 from tools.mcp.manager import McpClients
-from tools.mcp.oauth import server_oauth, value_name
+from tools.mcp.oauth import StoredTokens, server_oauth, value_name
 
 NAME = "secure"
 
@@ -29,6 +31,7 @@ NAME = "secure"
 def _home(tmp_path: Path, url: str) -> dict[str, str]:
     (tmp_path / "config.toml").write_text(
         f'[mcp.servers.{NAME}]\nurl = "{url}"\nauth = "oauth"\napprovals = "never"\n'
+        'scopes = ["echo:read"]\n'
     )
     env = {**os.environ, "REVEILLE_HOME": str(tmp_path)}
     env.pop("REVEILLE_CONFIG", None)
@@ -100,6 +103,7 @@ async def test_login_stores_tokens_a_restart_uses_them_and_refreshes(tmp_path: P
         assert code == 0, err
         assert "authorize" in out and f"{NAME}: authorized" in out
         assert auth.grants == ["authorization_code"]
+        assert auth.scopes == ["echo:read"]  # the server names none: the configured ones
         store = _store(env)
         try:
             saved = json.loads(store.platform_value(value_name(NAME, "tokens")) or "{}")
@@ -181,3 +185,53 @@ def test_oauth_settings_resolve_the_secret_from_the_environment() -> None:
         ("read",),
     )
     assert "s3cret" not in repr(config)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory", "postgres"])
+async def test_tokens_and_registration_are_kept_by_every_store(kind: str, tmp_path: Path) -> None:
+    if kind == "sqlite":
+        location = storage.sqlite_files(chats=tmp_path / "chats.db")
+    elif kind == "memory":
+        location = storage.open_storage("memory://oauth")
+    else:
+        from tests.pg_support import fresh_url
+
+        location = storage.open_storage(fresh_url())
+    first = location.open_telegram()
+    # Another handle on the same store: another server, or the next start (memory: itself).
+    second = first if kind == "memory" else location.open_telegram()
+    try:
+        writer = StoredTokens(first, NAME)
+        writer.discovered = lambda: OAuthMetadata.model_validate(
+            {
+                "issuer": "https://auth.example",
+                "authorization_endpoint": "https://auth.example/authorize",
+                "token_endpoint": "https://auth.example/token",
+            }
+        )
+        await writer.set_tokens(
+            OAuthToken(access_token="a-token", expires_in=60, refresh_token="r-token")
+        )
+        client = OAuthClientInformationFull.model_validate(
+            {"client_id": "c-1", "redirect_uris": ["http://127.0.0.1:9/callback"]}
+        )
+        await writer.set_client_info(client)
+
+        reader = StoredTokens(second, NAME)
+        token = await reader.get_tokens()
+        assert token is not None and (token.access_token, token.refresh_token) == (
+            "a-token",
+            "r-token",
+        )
+        assert reader.expires_at is not None and reader.expires_at > 0
+        assert reader.metadata is not None
+        assert str(reader.metadata.token_endpoint) == "https://auth.example/token"
+        got = await reader.get_client_info()
+        assert got is not None and got.client_id == "c-1"
+        await reader.forget_client()
+        assert await StoredTokens(first, NAME).get_client_info() is None
+        assert await StoredTokens(second, "other").get_tokens() is None
+    finally:
+        first.close()
+        if second is not first:
+            second.close()

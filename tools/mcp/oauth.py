@@ -145,7 +145,17 @@ class StoredTokens(TokenStorage):
 class _KeepsExpiry(OAuthClientProvider):
     """Loads the stored expiry and token endpoint with the stored tokens (the SDK's
     ``_initialize`` keeps only the tokens, so a token that expired while Reveille was down
-    would be sent as valid and refused, and its refresh sent to the MCP server's origin)."""
+    would be sent as valid and refused, and its refresh sent to the MCP server's origin).
+
+    ``fallback_scope`` (``scopes``) is asked for when the server names no scope: the SDK
+    chooses the scope from the server's challenge and metadata, and omits it otherwise."""
+
+    fallback_scope: str | None = None
+
+    async def _perform_authorization(self) -> httpx2.Request:
+        if not self.context.client_metadata.scope and self.fallback_scope:
+            self.context.client_metadata.scope = self.fallback_scope
+        return await super()._perform_authorization()
 
     async def _initialize(self) -> None:
         await super()._initialize()
@@ -190,13 +200,15 @@ def oauth_for(
         return None
     scope = " ".join(config.scopes) or None
     if config.grant == "client_credentials":
-        return ClientCredentialsAuth(
+        machine = ClientCredentialsAuth(
             server_url=config.url,
             storage=StoredTokens(store, config.name),
             client_id=config.client_id,
             client_secret=config.client_secret,
             scope=scope,
         )
+        machine.fallback_scope = scope
+        return machine
     method: Literal["client_secret_basic", "none"] = (
         "client_secret_basic" if config.client_secret else "none"
     )
@@ -223,7 +235,7 @@ def oauth_for(
     async def no_callback() -> AuthorizationCodeResult:
         raise LoginNeeded(config.name)
 
-    return CodeGrantAuth(
+    person = CodeGrantAuth(
         config.url,
         metadata,
         StoredTokens(store, config.name, preset=preset),
@@ -231,3 +243,5 @@ def oauth_for(
         callback_handler=callback_handler or no_callback,
         client_metadata_url=config.client_metadata_url or None,
     )
+    person.fallback_scope = scope
+    return person
