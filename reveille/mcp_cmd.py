@@ -22,6 +22,7 @@ from typing import Any
 from reveille.operator_storage import storage_to_look_at
 from reveille.settings import Settings, load_settings
 from tools.mcp.manager import McpClients, McpServerStatus
+from tools.mcp.oauth import server_oauth, uses_oauth
 from tools.mcp.oauth_login import login
 
 __all__ = ["add_parser", "format_status"]
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if not settings.mcp_servers:
         print("no MCP servers configured ([mcp.servers.NAME] in the settings file)")
         return 0
-    servers = asyncio.run(_look(settings.mcp_servers, args.wait))
+    servers = asyncio.run(_look(settings, args.wait))
     for server in servers:
         if args.json:
             print(json.dumps(server.__dict__ | {"tools": list(server.tools)}))
@@ -69,13 +70,22 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(s.state == "ready" for s in servers) else 1
 
 
-async def _look(configs: Any, wait: float) -> list[McpServerStatus]:
+async def _look(settings: Settings, wait: float) -> list[McpServerStatus]:
+    # OAuth servers are looked at with the store's tokens, as a server would use them.
+    values = None
+    if uses_oauth(settings.mcp_servers):
+        location = storage_to_look_at(settings, look=False)
+        values = None if location is None else await asyncio.to_thread(location.open_telegram)
     clients = McpClients()
     try:
-        await clients.start(configs, first_connect_seconds=wait)
+        await clients.start(
+            settings.mcp_servers, first_connect_seconds=wait, auth=server_oauth(values)
+        )
         return clients.servers()
     finally:
         await clients.stop()
+        if values is not None:
+            await asyncio.to_thread(values.close)
 
 
 def format_status(server: McpServerStatus) -> str:

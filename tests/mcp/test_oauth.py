@@ -111,6 +111,20 @@ async def test_login_stores_tokens_a_restart_uses_them_and_refreshes(tmp_path: P
             assert token in auth.access and token not in out + err  # never printed
             assert store.platform_value(value_name(NAME, "client"))
 
+            # ``reveille mcp list`` looks with the stored tokens.
+            listed = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "reveille.cli",
+                "mcp",
+                "list",
+                env=env,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            shown, _ = await asyncio.wait_for(listed.communicate(), 60)
+            assert f"{NAME} (http): ready" in shown.decode()
+            assert listed.returncode == 0
+
             # The next start (another process's store handle) reads the tokens back.
             assert await _connect(_config(env), store) == ("ready", "")
             assert auth.grants == ["authorization_code"]
