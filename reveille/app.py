@@ -71,6 +71,7 @@ from tools.background_processes import PROCESSES_DIR
 from tools.completion_queue import CompletionQueue
 from tools.delegation_runtime import DelegationRuntime
 from tools.mcp.manager import mcp_clients
+from tools.mcp.oauth import server_oauth, uses_oauth
 from tools.mcp.tasks import mcp_tasks
 from tools.process_registry import process_registry
 from tools.wake_when_tool import install_inbox
@@ -200,7 +201,14 @@ async def serve(
             stack.push_async_callback(_quietly, aclose)
 
         # Before the agents are built (each registry takes the servers' tools), on this loop.
-        mcp = await mcp_clients.start(settings.mcp_servers, model=model)
+        # OAuth servers' tokens and registrations are small values in the store.
+        mcp_values = None
+        if uses_oauth(settings.mcp_servers):
+            mcp_values = await asyncio.to_thread(location.open_telegram)
+            stack.push_async_callback(asyncio.to_thread, mcp_values.close)
+        mcp = await mcp_clients.start(
+            settings.mcp_servers, model=model, auth=server_oauth(mcp_values)
+        )
         stack.push_async_callback(mcp_clients.stop, mcp)
         metrics = Metrics()
         backend = runtime.ledger.backend

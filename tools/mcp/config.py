@@ -5,6 +5,13 @@ HTTP server has ``url`` (and ``headers = {...}``). ``"${ENV_NAME}"`` anywhere in
 argument, an env value, the url or a header value is taken from the environment when the
 settings load, so secrets stay out of the file; the resolved values are never logged
 (``repr=False``) and errors name the variable, never its value.
+
+An HTTP server may need OAuth (``auth = "oauth"``, ``tools.mcp.oauth``): ``grant`` says how
+tokens are got (``"authorization_code"``, the default: a person logs in once with ``reveille
+mcp login NAME``; ``"client_credentials"``: with ``client_id`` and ``client_secret``, no
+person), ``scopes`` replaces the scopes the server asks for, and ``client_id`` (with
+``client_secret`` for a confidential client) or ``client_metadata_url`` (an https URL-based
+client id) stand for dynamic client registration.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ APPROVAL_MODES: tuple[str, ...] = ("always", "never", "unless_read_only")
 Sampling = Literal["ask", "allow", "deny"]
 SAMPLING_MODES: tuple[str, ...] = ("ask", "allow", "deny")
 DEFAULT_TIMEOUT_SECONDS = 60.0
+Auth = Literal["none", "oauth"]
+Grant = Literal["authorization_code", "client_credentials"]
+GRANTS: tuple[str, ...] = ("authorization_code", "client_credentials")
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -36,7 +46,14 @@ _KEYS = {
     "approvals",
     "sampling",
     "timeout_seconds",
+    "auth",
+    "grant",
+    "client_id",
+    "client_secret",
+    "client_metadata_url",
+    "scopes",
 }
+_OAUTH_KEYS = ("grant", "client_id", "client_secret", "client_metadata_url", "scopes")
 
 
 class McpConfigError(ValueError):
@@ -57,6 +74,12 @@ class McpServerConfig:
     approvals: Approvals = "unless_read_only"
     sampling: Sampling = "ask"
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    auth: Auth = "none"
+    grant: Grant = "authorization_code"
+    client_id: str = ""
+    client_secret: str = field(default="", repr=False)
+    client_metadata_url: str = ""
+    scopes: tuple[str, ...] = ()
 
     @property
     def transport(self) -> str:
@@ -134,6 +157,27 @@ def _server(name: str, body: object, where: str, environ: Mapping[str, str]) -> 
         or timeout <= 0
     ):
         raise McpConfigError(f"{where}: timeout_seconds must be a positive number")
+    auth = body.get("auth", "none")
+    if auth not in ("none", "oauth"):
+        raise McpConfigError(f"{where}: auth must be none or oauth")
+    if auth == "oauth" and not url:
+        raise McpConfigError(f'{where}: auth = "oauth" is for url servers')
+    if auth != "oauth" and any(key in body for key in _OAUTH_KEYS):
+        raise McpConfigError(f'{where}: {", ".join(_OAUTH_KEYS)} need auth = "oauth"')
+    grant = body.get("grant", "authorization_code")
+    if grant not in GRANTS:
+        raise McpConfigError(f"{where}: grant must be one of {', '.join(GRANTS)}")
+    client_id = _text(body, "client_id", where, environ)
+    client_secret = _text(body, "client_secret", where, environ)
+    metadata_url = _text(body, "client_metadata_url", where, environ)
+    if grant == "client_credentials" and not (client_id and client_secret):
+        raise McpConfigError(
+            f'{where}: grant = "client_credentials" needs client_id and client_secret'
+        )
+    if client_secret and not client_id:
+        raise McpConfigError(f"{where}: client_secret needs client_id")
+    if metadata_url and not re.match(r"https://[^/]+/.", metadata_url):
+        raise McpConfigError(f"{where}: client_metadata_url must be an https:// URL with a path")
     return McpServerConfig(
         name=name,
         command=tuple(_resolve(arg, where, "command", environ) for arg in command),
@@ -145,7 +189,20 @@ def _server(name: str, body: object, where: str, environ: Mapping[str, str]) -> 
         approvals=approvals,
         sampling=sampling,
         timeout_seconds=float(timeout),
+        auth=auth,
+        grant=grant,
+        client_id=client_id,
+        client_secret=client_secret,
+        client_metadata_url=metadata_url,
+        scopes=_strings(body.get("scopes", []), where, "scopes"),
     )
+
+
+def _text(body: Mapping[str, object], key: str, where: str, environ: Mapping[str, str]) -> str:
+    value = body.get(key, "")
+    if not isinstance(value, str):
+        raise McpConfigError(f"{where}: {key} must be a string")
+    return _resolve(value, where, key, environ)
 
 
 def _strings(value: object, where: str, key: str) -> tuple[str, ...]:

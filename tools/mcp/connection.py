@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Literal, TextIO
 
 import anyio
+import httpx2
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp.client.extension import NotificationBinding
@@ -93,8 +94,12 @@ class McpConnection:
         model: ModelProvider | None = None,
         min_backoff: float = MIN_BACKOFF_SECONDS,
         max_backoff: float = MAX_BACKOFF_SECONDS,
+        auth: Callable[[], httpx2.Auth | None] | None = None,
     ) -> None:
         self.config = config
+        # An HTTP server's OAuth (``tools.mcp.oauth``), made anew for each connection so it
+        # starts from the store: tokens a login (or another server) put there since.
+        self._auth = auth
         self.state: State = "starting"
         self.last_error = ""
         self.tools: tuple[McpToolInfo, ...] = ()
@@ -146,7 +151,7 @@ class McpConnection:
                 await self._session_until_lost()
                 reason = "the session ended (the server exited or closed the connection)"
             except Exception as exc:  # any failure to connect: try again later
-                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                reason = _reason(exc)
             # A session that was up starts the backoff over; failed starts lengthen it.
             failures = 1 if self._was_ready else failures + 1
             self._session = None
@@ -199,8 +204,9 @@ class McpConnection:
                 yield streams
             return
         # Header values (secrets) go only into the client; nothing here logs them.
+        auth = None if self._auth is None else self._auth()
         async with (
-            create_mcp_http_client(headers=dict(self.config.headers)) as http,
+            create_mcp_http_client(headers=dict(self.config.headers), auth=auth) as http,
             streamable_http_client(self.config.url, http_client=http) as streams,
         ):
             yield streams
@@ -446,3 +452,11 @@ def result_text(result: types.CallToolResult) -> str:
     if not texts and result.structured_content is not None:
         parts.insert(0, json.dumps(result.structured_content, ensure_ascii=False))
     return "\n".join(parts)
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, for the log and ``last_error``: a task group's failure is told by
+    the first error it holds (an OAuth server's "run reveille mcp login NAME", say)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

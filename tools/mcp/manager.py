@@ -10,10 +10,13 @@ toolsets name ``mcp:NAME``) get the tools, and a ``tools/list_changed`` reaches 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import httpx2
 
 from agent.providers.base import ModelProvider
 from agent.tools import Tool, ToolRegistry
@@ -52,15 +55,23 @@ class McpClients:
         first_connect_seconds: float = FIRST_CONNECT_SECONDS,
         min_backoff: float | None = None,
         model: ModelProvider | None = None,
+        auth: Callable[[McpServerConfig], httpx2.Auth | None] | None = None,
     ) -> list[McpConnection]:
         """Connect each server on this loop; waits (at most ``first_connect_seconds``) for
         each first attempt, so the first turn sees the tools of the servers that are up.
-        ``model`` answers the servers' sampling requests. Returns the connections started,
+        ``model`` answers the servers' sampling requests; ``auth`` gives an HTTP server's
+        client its OAuth (``tools.mcp.oauth.oauth_for``). Returns the connections started,
         for ``stop``."""
         started: list[McpConnection] = []
         for config in configs:
             kwargs = {} if min_backoff is None else {"min_backoff": min_backoff}
-            connection = McpConnection(config, on_tools=self._refresh, model=model, **kwargs)
+            connection = McpConnection(
+                config,
+                on_tools=self._refresh,
+                model=model,
+                auth=None if auth is None else functools.partial(auth, config),
+                **kwargs,
+            )
             self._connections[config.name] = connection
             connection.start()
             started.append(connection)
