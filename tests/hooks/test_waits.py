@@ -217,3 +217,27 @@ def test_an_older_ledger_file_gains_the_hook_of_its_open_waits(tmp_path: Path) -
     finally:
         hooks.close()
         backend.close()
+
+
+def test_the_postgres_migration_gives_open_waits_their_hook() -> None:
+    """A wait written before the migration that adds ``hook`` (its column NULL) fires after
+    it: the migration fills in the hook of every open wait."""
+    import psycopg
+
+    from storage.postgres.migrations import MIGRATIONS
+    from tests.pg_support import fresh_url
+
+    url = fresh_url()
+    opened = storage.open_storage(url)
+    backend, hooks, clock = opened.open_ledger(), opened.open_hooks(), FakeClock()
+    try:
+        s = Stores(Ledger(backend, clock=clock, monotonic=clock.monotonic), hooks, clock)
+        row_id = wait(s, WaitMatch())
+        [adding] = [m for m in MIGRATIONS if "ADD COLUMN IF NOT EXISTS hook" in m.sql]
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("UPDATE deliveries SET hook = NULL")  # as the rows were before it
+            conn.execute(adding.sql)
+        assert post(s, "m1", {"build": 42}).fired == (row_id,)
+    finally:
+        hooks.close()
+        backend.close()
