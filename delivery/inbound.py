@@ -243,12 +243,12 @@ def receive(store: HookBackend, ledger: Ledger, route: HookRoute, event: HookEve
 
 
 def _open_waits(ledger: Ledger, hook: str) -> list[LedgerRow]:
-    rows = ledger.query(RowQuery(kind=WAIT_KIND, delivery_state="pending", limit=OPEN_WAITS_LIMIT))
+    # By the indexed hook column: the open waits on other hooks are never read.
+    query = RowQuery(kind=WAIT_KIND, delivery_state="pending", hook=hook, limit=OPEN_WAITS_LIMIT)
     return [
         r
-        for r in rows
+        for r in ledger.query(query)
         if isinstance(r.event, dict)
-        and r.event.get("hook") == hook
         and r.event.get("outcome") == "expired"  # not brought forward yet
         and r.claim_token is None
     ]
@@ -327,6 +327,7 @@ def set_wait(
         origin_session_id=origin.origin_session_id,
         origin_ui_session_id=origin.origin_ui_session_id,
         goal=note,
+        hook=hook,
     )
     for event in _lookback(store, hook, now - lookback_seconds):
         if _fire(ledger, row_id, expired, event):

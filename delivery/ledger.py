@@ -168,11 +168,13 @@ class Ledger(LedgerRecovery):
         origin_session_id: str | None = None,
         origin_ui_session_id: str | None = None,
         goal: str | None = None,
+        hook: str | None = None,
     ) -> LedgerRow:
         """Write a completion that is due later, in one insert: work whose only part is the
-        passing of time (a timer). Its event is stored now, so nothing is left to run; it
-        is claimable, offered and replay-aged from ``not_before`` on (``submit_finish``),
-        by whichever server shares the store then. Cancellable until then (``cancel``)."""
+        passing of time (a timer; a ``wake_when`` wait, found by its ``hook``). Its event is
+        stored now, so nothing is left to run; it is claimable, offered and replay-aged from
+        ``not_before`` on (``submit_finish``), by whichever server shares the store then.
+        Cancellable until then (``cancel``)."""
         _check_id(row_id)
         if not isinstance(event, dict):
             raise TypeError("a completion event must be a dict")
@@ -210,6 +212,7 @@ class Ledger(LedgerRecovery):
             replay_from=due,
             restored=0,
             not_before=float(not_before),
+            hook=hook,
         )
         values = row.as_dict()
 

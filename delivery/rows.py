@@ -67,6 +67,9 @@ class LedgerRow:
     # The rules enforce it through ``next_attempt_at`` (every claim and re-offer reads it);
     # this column says when the row is due for people and for the replay cap.
     not_before: float | None = None
+    # The hook an open ``wake_when`` wait listens on (``delivery.inbound``), so an arriving
+    # event finds its waits by an index instead of scanning every open wait; None otherwise.
+    hook: str | None = None
 
     def as_dict(self) -> JSONObject:
         """The row as a dict of every column, for edges that promise a dict (shallow: the
@@ -91,6 +94,7 @@ class RowQuery:
     delivery_state: str | None = None
     session: str | None = None
     kind: str | None = None
+    hook: str | None = None
     limit: int = 100
     oldest_first: bool = False
     text: str | None = None

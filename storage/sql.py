@@ -166,6 +166,7 @@ def query_filter(mark: str, query: RowQuery, search: GoalSearch) -> tuple[str, l
         ("state", query.state),
         ("delivery_state", query.delivery_state),
         ("kind", query.kind),
+        ("hook", query.hook),
     )
     for col, value in filters:
         if value is not None:

@@ -16,11 +16,10 @@ toolset, like ``schedule_wakeup``.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from functools import partial
 
 from agent.messages import JSONObject
 from agent.tool_args import required_note
@@ -29,9 +28,10 @@ from delivery.events import WAIT_KIND
 from delivery.inbound import Inbox, WaitMatch, WaitOrigin, set_wait
 from tools.wakeup_tool import (
     MAX_NOTE_CHARS,
-    MAX_PENDING_PER_SESSION,
     WAKEUP_TOOLSET,
-    at_pending_cap,
+    iso_utc,
+    pending_cap_error,
+    set_parsed,
 )
 
 __all__ = [
@@ -147,20 +147,13 @@ def parse_wait(args: Mapping[str, object], hooks: frozenset[str]) -> WaitRequest
     return WaitRequest(hook, WaitMatch(path, equals, contains), note, float(lifetime))
 
 
-def _iso(when: float) -> str:
-    return datetime.fromtimestamp(when, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def _set(inbox: Inbox, ctx: ToolContext, wanted: WaitRequest) -> JSONObject:
     """Write the wait and look back (blocking store work: run in a thread)."""
     from tools.delegation_runtime import get_runtime
 
     ledger = get_runtime().ledger
-    if at_pending_cap(ledger, ctx, WAIT_KIND):
-        return {
-            "error": f"this conversation already has {MAX_PENDING_PER_SESSION} waits; "
-            "cancel one (reveille background cancel ID) or let one fire"
-        }
+    if refused := pending_cap_error(ledger, ctx, WAIT_KIND, "waits", "let one fire"):
+        return refused
     origin = WaitOrigin(ctx.session_key, ctx.session_id, ctx.origin_ui_session_id)
     wait_id, found = set_wait(
         inbox.store,
@@ -179,14 +172,14 @@ def _set(inbox: Inbox, ctx: ToolContext, wanted: WaitRequest) -> JSONObject:
             "wait_id": wait_id,
             "waiting_for": waiting_for,
             "event_id": found.webhook_id,
-            "received_at": _iso(found.received_at),
+            "received_at": iso_utc(found.received_at),
             "message": "a matching event had already come; it is delivered to you as a wake-up",
         }
     return {
         "status": "waiting",
         "wait_id": wait_id,
         "waiting_for": waiting_for,
-        "expires_at": _iso(ledger.clock() + wanted.lifetime_seconds),
+        "expires_at": iso_utc(ledger.clock() + wanted.lifetime_seconds),
     }
 
 
@@ -198,12 +191,12 @@ def make_wake_when_tool(inbox: Callable[[], Inbox | None]) -> Tool:
         current = inbox()
         if current is None or not current.routes:
             return {"error": "this server has no hooks: declare one with [hooks.NAME]"}
-        try:
-            wanted = parse_wait(args, frozenset(current.routes))
-        except WaitError as exc:
-            return {"error": str(exc)}
-        await ctx.prepare_background()  # its origin session is written before any result
-        return await asyncio.to_thread(_set, current, ctx, wanted)
+        return await set_parsed(
+            ctx,
+            partial(parse_wait, args, frozenset(current.routes)),
+            WaitError,
+            partial(_set, current, ctx),
+        )
 
     return Tool(
         name="wake_when",

@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.messages import JSONObject
 from agent.tool_args import as_number, required_note
@@ -42,10 +44,14 @@ __all__ = [
     "TIMER_KIND",
     "WAKEUP_TOOLSET",
     "WakeupRequest",
-    "at_pending_cap",
+    "iso_utc",
     "make_wakeup_tool",
     "parse_wakeup",
+    "pending_cap_error",
+    "set_parsed",
 ]
+
+Wanted = TypeVar("Wanted")
 
 WAKEUP_TOOLSET = "timers"
 MIN_DELAY_SECONDS = 10.0
@@ -139,20 +145,45 @@ def parse_wakeup(
     return WakeupRequest(due, zone, note)
 
 
-def _iso(when: float) -> str:
+def iso_utc(when: float) -> str:
+    """``when`` as the timers tools tell it: ISO 8601 in UTC, to the second (``...Z``)."""
     return datetime.fromtimestamp(when, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def at_pending_cap(ledger: Ledger, ctx: ToolContext, kind: str) -> bool:
-    """Whether the conversation of ``ctx`` has ``MAX_PENDING_PER_SESSION`` pending rows of
-    ``kind`` already (wake-ups, or ``wake_when`` waits)."""
+async def set_parsed(
+    ctx: ToolContext,
+    parse: Callable[[], Wanted],
+    refused: type[ValueError],
+    write: Callable[[Wanted], JSONObject],
+) -> JSONObject:
+    """The tail the timers tools' handlers share: the arguments parsed (``refused`` is the
+    tool's error, nothing written), the origin session written before any result can come,
+    then ``write`` in a thread (blocking store work)."""
+    try:
+        wanted = parse()
+    except refused as exc:
+        return {"error": str(exc)}
+    await ctx.prepare_background()
+    return await asyncio.to_thread(write, wanted)
+
+
+def pending_cap_error(
+    ledger: Ledger, ctx: ToolContext, kind: str, many: str, or_else: str
+) -> JSONObject | None:
+    """The tool's error when the conversation of ``ctx`` has ``MAX_PENDING_PER_SESSION``
+    pending rows of ``kind`` already (``many`` wake-ups, or waits), else None."""
     session = ctx.origin_ui_session_id or ctx.session_id or ctx.session_key
     if session is None:
-        return False
+        return None
     query = RowQuery(
         kind=kind, delivery_state="pending", session=session, limit=MAX_PENDING_PER_SESSION + 1
     )
-    return len(ledger.query(query)) >= MAX_PENDING_PER_SESSION
+    if len(ledger.query(query)) < MAX_PENDING_PER_SESSION:
+        return None
+    return {
+        "error": f"this conversation already has {MAX_PENDING_PER_SESSION} {many}; "
+        f"cancel one (reveille background cancel ID) or {or_else}"
+    }
 
 
 def _set_wakeup(ctx: ToolContext, wanted: WakeupRequest, now: float) -> JSONObject:
@@ -161,11 +192,10 @@ def _set_wakeup(ctx: ToolContext, wanted: WakeupRequest, now: float) -> JSONObje
     from tools.delegation_runtime import get_runtime, stamp_response_origin
 
     ledger = get_runtime().ledger
-    if at_pending_cap(ledger, ctx, TIMER_KIND):
-        return {
-            "error": f"this conversation already has {MAX_PENDING_PER_SESSION} pending "
-            "wake-ups; cancel one (reveille background cancel ID) or wait for one to fire"
-        }
+    if refused := pending_cap_error(
+        ledger, ctx, TIMER_KIND, "pending wake-ups", "wait for one to fire"
+    ):
+        return refused
     row_id = new_id("tmr_")
     event: JSONObject = {
         "type": SCHEDULED_WAKEUP,
@@ -196,7 +226,7 @@ def _set_wakeup(ctx: ToolContext, wanted: WakeupRequest, now: float) -> JSONObje
     return {
         "status": "scheduled",
         "wakeup_id": row_id,
-        "due_at": _iso(wanted.due_at),
+        "due_at": iso_utc(wanted.due_at),
         "in_seconds": round(wanted.due_at - now, 1),
         "note": wanted.note,
     }
@@ -211,12 +241,12 @@ def make_wakeup_tool(
 
     async def handler(args: JSONObject, ctx: ToolContext) -> JSONObject:
         now = clock()
-        try:
-            wanted = parse_wakeup(args, now, min_delay_seconds=min_delay_seconds)
-        except WakeupError as exc:
-            return {"error": str(exc)}
-        await ctx.prepare_background()  # its origin session is written before any result
-        return await asyncio.to_thread(_set_wakeup, ctx, wanted, now)
+        return await set_parsed(
+            ctx,
+            partial(parse_wakeup, args, now, min_delay_seconds=min_delay_seconds),
+            WakeupError,
+            lambda wanted: _set_wakeup(ctx, wanted, now),
+        )
 
     return Tool(
         name="schedule_wakeup",

@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 OUTPUT_POLL_SECONDS = 0.5
 """How often an output watch reads what its process wrote since (a file read, no model)."""
 READ_CHUNK = 256 * 1024
+READ_PER_PASS = 16 * READ_CHUNK
+"""At most this much output is read by one pass of a watch on a running process: a flood is
+read in turns (the next pass comes at once), so no pass holds the watch's lock for long."""
 MATCHED_TAIL_BYTES = 2048
 SHELL_OFF_ERROR = "the shell tool is off on this server, so the watch's command cannot run"
 
@@ -70,6 +73,7 @@ class _Runner:
     lock: threading.Lock = field(default_factory=threading.Lock)
     process_gone: bool = False
     offset: int | None = None  # where an output watch reads on; None: not started
+    behind: bool = False  # the last pass stopped at READ_PER_PASS: the next one comes at once
     scanner: LineScanner = field(default_factory=LineScanner)
     matched: list[str] = field(default_factory=list)
 
@@ -284,7 +288,9 @@ class WatchManager:
                 return
             # Woken early by its process's exit (the listener), one more pass reads the rest;
             # otherwise it was cancelled, or this server stops.
-            if not self._wait(runner, self._poll) and not runner.process_gone:
+            if not self._wait(runner, 0.0 if runner.behind else self._poll) and (
+                not runner.process_gone
+            ):
                 return
 
     def _ended_output(self, spec: WatchSpec) -> str | None:
@@ -298,19 +304,36 @@ class WatchManager:
     def _scan(self, runner: _Runner, pattern: Any, path: Path | None = None) -> bool:
         """Read what the process wrote since the last pass and keep the lines that match
         (under ``runner.lock``); False when this server does not follow the process. The
-        first read of an adopted watch starts at the end of the output."""
+        first read of an adopted watch starts at the end of the output. Only what was
+        appended is read, at most ``READ_PER_PASS`` while the process runs (all of it once it
+        has ended: its file goes next); a file that has not grown is not even opened."""
         path = path or self._processes().output_file(runner.spec.process_id or "")
         if path is None:
             return runner.process_gone
         try:
+            read = runner.offset
+            if read is not None and read >= 0 and not runner.process_gone:
+                grown = os.stat(path).st_size > read
+            else:
+                grown = True
+            if not grown:
+                runner.behind = False
+                return True  # nothing appended since the last pass
             with open(path, "rb") as fh:
                 if runner.offset is None or runner.offset < 0:
                     runner.offset = 0 if runner.offset is None else fh.seek(0, os.SEEK_END)
                 fh.seek(runner.offset)
-                while chunk := fh.read(READ_CHUNK):
+                budget = None if runner.process_gone else READ_PER_PASS
+                runner.behind = False
+                while chunk := fh.read(READ_CHUNK if budget is None else min(READ_CHUNK, budget)):
                     runner.offset += len(chunk)
                     lines = runner.scanner.feed(chunk)
                     runner.matched += [line for line in lines if pattern.search(line)]
+                    if budget is not None:
+                        budget -= len(chunk)
+                        if budget <= 0:
+                            runner.behind = True
+                            break
         except FileNotFoundError:
             return False
         if runner.process_gone:

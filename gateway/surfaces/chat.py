@@ -20,6 +20,9 @@ handler and hands each user message to ``answer_message``:
   failing platform, ``WakeDeliveryError(transient=True)``: the runner releases the claim
   retryably, refunding the attempt. A chat that is gone, or a session deleted, is
   ``SessionGone``: the delivery is dropped with the platform's reason, the result kept.
+* ``/timers`` typed as a message: answered by the bot itself with the chat's schedules and
+  pending reminders (``gateway.surfaces.timers``), no turn; under the message's key like a
+  reply, so a message taken again is not answered twice.
 * the reply: streamed into its first message by editing it (when ``limits.can_edit``), at
   most once per ``limits.edit_interval``; the final text split by the surface and finished
   durably in the reply records.
@@ -34,6 +37,7 @@ import logging
 from gateway.adapter import MessageEvent
 from gateway.session import SessionGone, SessionSource
 from gateway.surfaces.port import ChatSurface, Refusal, ReplyRecords, SurfaceError
+from gateway.surfaces.timers import asks_for_timers, timers_answer
 from gateway.turns.service import ReplayedTurn, TurnError, TurnRequest, TurnService
 from gateway.wake import WakeDeliveryError
 
@@ -175,6 +179,13 @@ class ChatTurns:
         """Run (or replay) the turn and send its reply; raises ``SurfaceError``."""
         if key is not None and await asyncio.to_thread(self.records.reply_finished, key):
             return ""
+        if create and asks_for_timers(text):
+            # A user's command, answered by the bot itself: nothing for the agent to do.
+            reply = _Reply(self, source, key)
+            await reply.load()
+            final = await timers_answer(session_id)
+            await reply.finish(final)
+            return final
         typing = asyncio.create_task(self._typing(source))
         self.sources[session_id] = source
         try:

@@ -1,9 +1,13 @@
 """What a chat's ``/timers`` command answers: the chat's recurring schedules and the reminders
 not due yet, each with its id, its next due time in its zone and its note. Shared by the chat
-platforms (Telegram today); the operators' view of the same is `reveille schedules list`."""
+platforms: Telegram answers its bot command itself, Discord its application command, and a
+typed ``/timers`` on Discord, Matrix and Slack is answered by ``ChatTurns`` (no turn) through
+``asks_for_timers`` and ``timers_answer``. The operators' view of the same is
+`reveille schedules list`."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import datetime
 from zoneinfo import ZoneInfo
@@ -14,7 +18,7 @@ from delivery.schedules import Schedule
 from tools.delegation_runtime import get_runtime
 from tools.schedule_tool import installed
 
-__all__ = ["timers_text"]
+__all__ = ["asks_for_timers", "timers_answer", "timers_text"]
 
 _MAX_LINES = 30
 
@@ -49,3 +53,16 @@ def timers_text(session_id: str, now: float | None = None) -> str:
     more = len(lines) - _MAX_LINES
     shown = lines[:_MAX_LINES] + ([f"… and {more} more"] if more > 0 else [])
     return "Scheduled here:\n" + "\n".join(shown)
+
+
+def asks_for_timers(text: str) -> bool:
+    """Whether a chat message is the ``/timers`` command: its first word, any case, with
+    Telegram's ``@bot`` suffix allowed (``/Timers@my_bot`` asks too; words after it are
+    ignored)."""
+    words = text.split(maxsplit=1)
+    return bool(words) and words[0].split("@", 1)[0].lower() == "/timers"
+
+
+async def timers_answer(session_id: str) -> str:
+    """``timers_text`` off the event loop (it reads the store)."""
+    return await asyncio.to_thread(timers_text, session_id)

@@ -273,6 +273,7 @@ class MemoryBackend:
                 ("state", query.state),
                 ("delivery_state", query.delivery_state),
                 ("kind", query.kind),
+                ("hook", query.hook),
             )
             if v is not None
         ]

@@ -412,6 +412,16 @@ CREATE TABLE IF NOT EXISTS telegram_chat_sessions (
         "ALTER TABLE approvals ADD COLUMN IF NOT EXISTS form TEXT NOT NULL DEFAULT '';"
         " ALTER TABLE approvals ADD COLUMN IF NOT EXISTS answer TEXT NOT NULL DEFAULT '';",
     ),
+    Migration(
+        21,
+        "ledger: the hook an open wake_when wait listens on, indexed over pending rows",
+        # An arriving event reads only its hook's waits; the waits already open get theirs.
+        "ALTER TABLE deliveries ADD COLUMN IF NOT EXISTS hook TEXT;"
+        " UPDATE deliveries SET hook = event::jsonb ->> 'hook'"
+        " WHERE kind = 'wake_when' AND delivery_state = 'pending' AND hook IS NULL;"
+        " CREATE INDEX IF NOT EXISTS ix_deliveries_pending_hook ON deliveries (hook)"
+        " WHERE delivery_state = 'pending';",
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

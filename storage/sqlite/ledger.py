@@ -63,7 +63,9 @@ APPLICATION_ID = 0x52564C4C  # "RVLL": marks a file as ours so we never write in
 # 4: ``deliveries.progress`` (what a running unit last reported), added to older files on open.
 # 5: ``deliveries_fts`` (GOALS_INDEX), built with the rows already there on open.
 # 6: ``deliveries.not_before`` (a completion due later: a timer), added to older files on open.
-SCHEMA_VERSION = 6
+# 7: ``deliveries.hook`` (the hook an open ``wake_when`` wait listens on) and its index over
+# pending rows, added to older files on open with the pending waits' hooks filled in.
+SCHEMA_VERSION = 7
 
 _LEDGER_SCHEMA = """
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -96,13 +98,16 @@ CREATE TABLE IF NOT EXISTS deliveries (
     replay_from REAL,
     restored INTEGER NOT NULL DEFAULT 0,
     progress TEXT,
-    not_before REAL
+    not_before REAL,
+    hook TEXT
 );
 CREATE INDEX IF NOT EXISTS ix_pending_due ON deliveries(due_at)
     WHERE delivery_state = 'pending';
 CREATE INDEX IF NOT EXISTS ix_pending_completed ON deliveries(completed_at)
     WHERE delivery_state = 'pending';
 CREATE INDEX IF NOT EXISTS ix_pending_holder ON deliveries(holder)
+    WHERE delivery_state = 'pending';
+CREATE INDEX IF NOT EXISTS ix_pending_hook ON deliveries(hook)
     WHERE delivery_state = 'pending';
 CREATE INDEX IF NOT EXISTS ix_state_owner ON deliveries(state, owner);
 CREATE INDEX IF NOT EXISTS ix_session_key ON deliveries(session_key);
@@ -195,7 +200,13 @@ _FILE_ERRORS = sqlite_files.FileErrors(
 
 
 # Columns added after version 1, in the order they came: an older file gains them on open.
-_ADDED_COLUMNS = (("progress", "TEXT"), ("not_before", "REAL"))  # v4, v6
+_ADDED_COLUMNS = (("progress", "TEXT"), ("not_before", "REAL"), ("hook", "TEXT"))  # v4, v6, v7
+# What an added column needs filled in on the rows already there: the waits still open find
+# their events by ``hook`` from now on.
+_BACKFILLS = {
+    "hook": "UPDATE deliveries SET hook = json_extract(event, '$.hook')"
+    " WHERE kind = 'wake_when' AND delivery_state = 'pending' AND json_valid(event)"
+}
 
 
 def _add_columns(conn: sqlite3.Connection) -> None:
@@ -205,6 +216,8 @@ def _add_columns(conn: sqlite3.Connection) -> None:
     for name, sql_type in _ADDED_COLUMNS:
         if columns and name not in columns:
             conn.execute(f"ALTER TABLE deliveries ADD COLUMN {name} {sql_type}")
+            if name in _BACKFILLS:
+                conn.execute(_BACKFILLS[name])
 
 
 class _SqliteTx:

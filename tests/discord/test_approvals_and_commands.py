@@ -1,9 +1,10 @@
 """Approvals as buttons (message components, pressed as interactions; decided by the owner
-of the conversation only) and ``/new`` and ``/help`` as application commands."""
+of the conversation only) and ``/new``, ``/timers`` and ``/help`` as application commands."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from gateway.config import Platform
 from gateway.session import SessionSource
@@ -12,6 +13,7 @@ from gateway.surfaces.discord.intake import discord_session_id
 from gateway.wake import deliver_wake
 from tests.discord.conftest import OTHER, STRANGER, Rig, until
 from tests.discord.fake_discord import CHANNEL_ID, GUILD_ID, Callback, Sent
+from tools.delegation_runtime import configure_runtime, reset_runtime
 
 DM = "700000000000000042"
 EPHEMERAL = 64
@@ -77,6 +79,20 @@ async def test_help_is_an_application_command_answered_to_its_user(rig: Rig) -> 
     assert answer.data["content"] == HELP_TEXT
     assert answer.data["flags"] & EPHEMERAL
     assert rig.model.turns == []  # no turn
+
+
+async def test_timers_is_an_application_command_listing_the_chats_reminders(
+    rig: Rig, tmp_path: Path
+) -> None:
+    configure_runtime(str(tmp_path / "ledger.db"))
+    try:
+        used = await rig.fake.command("timers", by="42", channel_id=DM)
+        await until(lambda: rig.fake.callback_for(used))
+        answer = rig.fake.callback_for(used)
+        assert answer is not None and answer.data["content"] == "Nothing is scheduled here."
+        assert rig.model.turns == []  # no turn
+    finally:
+        reset_runtime()
 
 
 async def test_new_starts_a_fresh_session_and_keeps_the_old_one(rig: Rig) -> None:

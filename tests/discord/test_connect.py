@@ -33,7 +33,7 @@ async def test_the_bot_identifies_gets_ready_and_registers_its_commands(rig: Rig
     assert intents & (1 << 15)  # MESSAGE_CONTENT
     assert intents & (1 << 12)  # DIRECT_MESSAGES
     assert rig.adapter.bot == BOT_ID
-    await until(lambda: {c["name"] for c in fake.commands} == {"new", "help"})
+    await until(lambda: {c["name"] for c in fake.commands} == {"new", "timers", "help"})
     assert ("PUT", f"/api/v10/applications/{APP_ID}/commands") in [
         (m, p) for m, p, _ in fake.requests
     ]

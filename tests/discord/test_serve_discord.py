@@ -61,7 +61,7 @@ def test_a_background_result_wakes_the_discord_chat_exactly_once(
         [row] = ledger_rows(tmp_path)
         assert row.delivery_state == "delivered"
         assert row.delivery_attempts == 1
-        assert {c["name"] for c in fake.commands} == {"new", "help"}
+        assert {c["name"] for c in fake.commands} == {"new", "timers", "help"}
     finally:
         server.stop()
 

@@ -5,9 +5,17 @@ came before the wait was set (the lookback) or after (at arrival)."""
 from __future__ import annotations
 
 import json
+import sqlite3
+from pathlib import Path
 
+import pytest
+
+import storage
+from delivery import inbound
 from delivery.inbound import HookRoute, Receipt, WaitMatch, WaitOrigin, receive, set_wait
 from delivery.inbound_backend import HookEvent
+from delivery.ledger import Ledger
+from tests.delivery._support import FakeClock
 from tests.hooks.conftest import Stores
 
 ORIGIN = WaitOrigin(session_key="api:s1", origin_session_id="s1")
@@ -161,3 +169,75 @@ def test_the_same_event_posted_to_two_servers_at_once_is_stored_and_routed_once(
         t.join()
     assert sorted(r.duplicate for r in receipts) == [False, True, True, True]
     assert [e["delivery_id"] for e in offered(s)] == [receipts[0].routed]
+
+
+def test_a_wait_is_found_by_its_hook_however_many_waits_other_hooks_hold(
+    stores: Stores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The open waits are read by hook in the store: waits on other hooks, newer and more
+    than the read's cap, cannot push a wait on the event's hook out of it."""
+    s = stores
+    monkeypatch.setattr(inbound, "OPEN_WAITS_LIMIT", 3)
+    row_id = wait(s, WaitMatch())
+    for _ in range(5):
+        set_wait(
+            s.hooks,
+            s.ledger,
+            hook="deploys",
+            match=WaitMatch(),
+            note="other hook",
+            lifetime_seconds=3600,
+            lookback_seconds=0,
+            origin=ORIGIN,
+        )
+    assert s.ledger.get(row_id) is not None
+    assert post(s, "m1", {"build": 42}).fired == (row_id,)
+
+
+def test_an_older_ledger_file_gains_the_hook_of_its_open_waits(tmp_path: Path) -> None:
+    """A wait written before the ``hook`` column existed still fires once the file is
+    opened by this version: the column is added and the open waits' hooks filled in."""
+    path = tmp_path / "ledger.db"
+    opened = storage.sqlite_files(ledger=path)
+    backend, hooks, clock = opened.open_ledger(), opened.open_hooks(), FakeClock()
+    s = Stores(Ledger(backend, clock=clock, monotonic=clock.monotonic), hooks, clock)
+    row_id = wait(s, WaitMatch())
+    hooks.close()
+    backend.close()
+    with sqlite3.connect(path) as conn:  # as a version-6 file had it
+        conn.execute("DROP INDEX ix_pending_hook")
+        conn.execute("ALTER TABLE deliveries DROP COLUMN hook")
+        conn.execute("PRAGMA user_version = 6")
+    conn.close()
+    opened = storage.sqlite_files(ledger=path)
+    backend, hooks = opened.open_ledger(), opened.open_hooks()
+    try:
+        s = Stores(Ledger(backend, clock=clock, monotonic=clock.monotonic), hooks, clock)
+        assert post(s, "m1", {"build": 42}).fired == (row_id,)
+    finally:
+        hooks.close()
+        backend.close()
+
+
+def test_the_postgres_migration_gives_open_waits_their_hook() -> None:
+    """A wait written before the migration that adds ``hook`` (its column NULL) fires after
+    it: the migration fills in the hook of every open wait."""
+    import psycopg
+
+    from storage.postgres.migrations import MIGRATIONS
+    from tests.pg_support import fresh_url
+
+    url = fresh_url()
+    opened = storage.open_storage(url)
+    backend, hooks, clock = opened.open_ledger(), opened.open_hooks(), FakeClock()
+    try:
+        s = Stores(Ledger(backend, clock=clock, monotonic=clock.monotonic), hooks, clock)
+        row_id = wait(s, WaitMatch())
+        [adding] = [m for m in MIGRATIONS if "ADD COLUMN IF NOT EXISTS hook" in m.sql]
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("UPDATE deliveries SET hook = NULL")  # as the rows were before it
+            conn.execute(adding.sql)
+        assert post(s, "m1", {"build": 42}).fired == (row_id,)
+    finally:
+        hooks.close()
+        backend.close()

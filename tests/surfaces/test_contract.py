@@ -13,7 +13,8 @@ platform's stand-in on loopback:
 * formatting a model writes cannot break the platform's parser;
 * a rate limit's Retry-After is honoured, on a reply and on a wake-up (which spends no
   attempt);
-* a chat that blocked the bot is reported and its delivery dropped, the result kept.
+* a chat that blocked the bot is reported and its delivery dropped, the result kept;
+* ``/timers`` lists the chat's pending reminders, answered by the bot itself (no turn).
 """
 
 from __future__ import annotations
@@ -380,5 +381,27 @@ def test_a_chat_that_blocked_the_bot_is_reported_and_dropped(
         assert row.state == "completed"  # the result is kept
         assert (row.settled_reason or "").lower().startswith(platform.name)
         assert platform.replies() == []
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------- /timers
+
+
+def test_timers_lists_the_chats_reminders_without_a_turn(
+    tmp_path: Path, platform: FakePlatform
+) -> None:
+    server = _serve(tmp_path, platform)
+    try:
+        platform.say("/timers")
+        wait_until(lambda: any("Nothing is scheduled" in t for t in platform.replies()), 30)
+        platform.say("remind me in 600 seconds: water the plants")
+        wait_until(lambda: any("Reminder set for" in t for t in platform.replies()), 30)
+        platform.say("/timers")
+        wait_until(lambda: any("Scheduled here:" in t for t in platform.replies()), 30)
+        [listing] = [t for t in platform.replies() if "Scheduled here:" in t]
+        assert "water the plants — once" in listing and "tmr_" in listing
+        turns = _user_turns(server.port, platform.session_id(platform.owner))
+        assert not any("/timers" in t for t in turns), turns
     finally:
         server.stop()

@@ -28,10 +28,12 @@ connection (discord.py's ``AutoShardedClient``: the Gateway URL and shard count 
 * Replies are markdown (``format``): streamed into the first message by editing it, split at
   2,000 characters with code fences balanced, sent with no allowed mentions (a model's
   ``@everyone`` pings nobody).
-* ``/new`` and ``/help`` are application commands, registered at start (a bulk overwrite of
-  the global commands): ``/new`` maps the chat to a fresh session (the old one is kept and its
-  late results still come home to it), ``/help`` says what the bot does. Typed text that
-  only looks like a command is an ordinary message.
+* ``/new``, ``/timers`` and ``/help`` are application commands, registered at start (a bulk
+  overwrite of the global commands): ``/new`` maps the chat to a fresh session (the old one is
+  kept and its late results still come home to it), ``/timers`` lists the chat's reminders and
+  schedules (``gateway.surfaces.timers``; typed as text it is answered by ``ChatTurns``),
+  ``/help`` says what the bot does. Other typed text that only looks like a command is an
+  ordinary message.
 * Approvals are buttons (``approvals``); only the conversation's owner decides.
 * Wake-ups: ``handle_message`` with an internal event goes to ``ChatTurns.wake``, the rules
   every chat surface shares.
@@ -77,6 +79,7 @@ from gateway.surfaces.discord.intake import (
     text_of,
 )
 from gateway.surfaces.port import Refusal, SplitSend, SurfaceError, SurfaceLimits
+from gateway.surfaces.timers import timers_answer
 from gateway.turns.service import TurnService
 
 __all__ = ["HELP_TEXT", "DiscordAdapter", "DiscordTokenRefused", "surface_error"]
@@ -100,6 +103,7 @@ HELP_TEXT = (
     "Write to me as you would to anyone. Ask for something long 'in the background' and "
     "go on talking: when the work is done, its result comes back here as a new message.\n\n"
     "`/new` starts a fresh conversation (the old one is kept).\n"
+    "`/timers` lists the reminders and schedules of this chat.\n"
     "`/help` shows this again."
 )
 
@@ -150,6 +154,10 @@ class _Bot(discord.AutoShardedClient):
         @self.tree.command(name="new", description="Start a fresh conversation here")
         async def new(interaction: discord.Interaction[Any]) -> None:
             await adapter.on_command(interaction, "new")
+
+        @self.tree.command(name="timers", description="The reminders and schedules of this chat")
+        async def timers(interaction: discord.Interaction[Any]) -> None:
+            await adapter.on_command(interaction, "timers")
 
         @self.tree.command(name="help", description="What this bot does")
         async def help_(interaction: discord.Interaction[Any]) -> None:
@@ -277,7 +285,7 @@ class DiscordAdapter(SplitSend, BasePlatformAdapter):
         try:
             await self.client.tree.sync()
         except _CALL_ERRORS as exc:
-            logger.warning("Discord: could not register /new and /help: %s", exc)
+            logger.warning("Discord: could not register its commands: %s", exc)
 
     async def stop(self, *, grace_seconds: float = 10.0) -> None:
         """Take no more messages, give the answers in flight ``grace_seconds``, cancel the
@@ -387,7 +395,7 @@ class DiscordAdapter(SplitSend, BasePlatformAdapter):
             logger.exception("Discord message %s could not be answered; dropped", message_id)
 
     async def on_command(self, interaction: discord.Interaction[Any], name: str) -> None:
-        """``/new`` or ``/help``: answered by the bot itself, no turn."""
+        """``/new``, ``/timers`` or ``/help``: answered by the bot itself, no turn."""
         source = source_of_interaction(interaction)
         if source is None or not self._allowed(str(interaction.user.id)):
             self.ignored_messages += 1
@@ -397,6 +405,10 @@ class DiscordAdapter(SplitSend, BasePlatformAdapter):
             await self._respond(interaction, HELP_TEXT)
             return
         old = await self._session_of(source)
+        if name == "timers":
+            # One response per interaction: the listing's first 2,000 characters.
+            await self._respond(interaction, self.split(await timers_answer(old))[0])
+            return
         base = discord_session_id(source)
         fresh = f"{base}:new-{secrets.token_hex(4)}"
         if not is_valid_session_id(fresh):
