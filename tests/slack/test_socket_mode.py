@@ -142,3 +142,38 @@ async def test_a_refused_bot_token_stops_the_start(
         async with serve(settings, provider=DemoModel(delay_seconds=0.0)):
             pass
     assert fake.connections_opened == 0
+
+
+async def test_a_press_delivered_twice_is_stored_then_decided_once(
+    tmp_path: Path, fake: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    ad.reset_runtime()
+    settings = Settings(
+        home=tmp_path,
+        port=0,
+        webui_port=0,
+        api_key="k",
+        shell_enabled=True,
+        shell_approvals="always",
+        slack_bot_token=fake.bot_token,
+        slack_app_token=fake.app_token,
+        slack_base_url=fake.base_url,
+        slack_allowed_users=OWNER,
+    )
+    async with serve(settings, provider=DemoModel(delay_seconds=0.0)):
+        await _until(lambda: fake.hellos >= 1)
+        fake.say("run in the background: echo pressed", user=OWNER)
+
+        def question() -> Any:
+            return [s for s in fake.messages_to(dm_channel(OWNER)) if s.blocks]
+
+        [asked] = await _until(question)
+        fake.press(asked, "reveille_approve", by=OWNER, times=2)
+        await _until(lambda: fake.acked_types.count("interactive") == 2)
+        await _until(lambda: any("Result: pressed" in r for r in _replies(fake)))
+        await asyncio.sleep(0.5)  # a second decision would have come by now
+    assert fake.ephemeral == [(OWNER, "Approved.")]
+    assert sum("finished" in r for r in _replies(fake)) == 1
+    ad.reset_runtime()
+    process_registry.completion_queue.drain()

@@ -307,12 +307,24 @@ class FakeSlack:
             "channel": {"id": sent.channel},
             "message": message,
             "container": {"type": "message", "message_ts": sent.ts},
-            "actions": [{"action_id": action_id, "value": value, "type": "button"}],
+            "trigger_id": f"{next(self._seq)}.{secrets.token_hex(6)}",
+            "actions": [
+                {
+                    "action_id": action_id,
+                    "value": value,
+                    "type": "button",
+                    "action_ts": f"{time.time():.6f}{next(self._seq)}",
+                }
+            ],
         }
 
-    def press(self, sent: Sent, action_id: str, *, by: str) -> None:
+    def press(self, sent: Sent, action_id: str, *, by: str, times: int = 1) -> None:
+        """``by`` presses the button; ``times`` > 1: Slack delivers that one press again (a
+        new envelope, the same payload)."""
         payload = self.press_payload(sent, action_id, by=by)
-        self.push({"envelope_id": secrets.token_hex(8), "type": "interactive", "payload": payload})
+        for _ in range(times):
+            envelope = {"envelope_id": secrets.token_hex(8), "type": "interactive"}
+            self.push({**envelope, "payload": payload})
 
     def messages_to(self, channel: str) -> list[Sent]:
         return [s for s in self.sent if s.channel == channel]

@@ -24,9 +24,12 @@ Started by ``reveille serve`` when ``SLACK_BOT_TOKEN`` is set.
 * Replies are mrkdwn (``format``): ``split`` returns the pieces already as mrkdwn, which
   ``send_text`` sends as they are (``chat.postMessage``, ``chat.update`` for an edit; the
   port's integer message id is the message's ``ts`` without its dot).
-* Approvals are Block Kit buttons (``approvals``): only the conversation's owner decides
-  (``decide_press``); the presser is told the answer ephemerally, and a decided question is
-  replaced by its verdict.
+* Approvals are Block Kit buttons (``approvals``): a press (Socket Mode ``interactive`` or
+  ``/slack/interactivity``) is stored in the inbox by its stable id (``press_key``) before
+  Slack is told it arrived, and decided from there like an event: once, on whichever server
+  holds its claim (a SIGKILLed server's presses are taken over). Only the conversation's
+  owner decides (``decide_press``); the presser is told the answer ephemerally, and a
+  decided question is replaced by its verdict.
 * Wake-ups: ``handle_message`` with an internal event goes to ``ChatTurns.wake``.
 * Errors (``surface_error``): HTTP 429 (``ratelimited``) is ``RATE_LIMITED`` with its
   ``Retry-After``, honoured above the port; ``channel_not_found``, ``not_in_channel``,
@@ -59,9 +62,9 @@ from gateway.surfaces.slack.approvals import question_blocks, question_text
 from gateway.surfaces.slack.format import MAX_MESSAGE_LENGTH, split_message, to_mrkdwn
 from gateway.surfaces.slack.http import Handler, events_handler, interactivity_handler
 from gateway.surfaces.slack.intake import (
-    Press,
     inbox_id,
     message_of,
+    press_key,
     press_of,
     slack_session_id,
 )
@@ -217,7 +220,7 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
             return []
         return [
             ("/slack/events", events_handler(self.signing_secret, self.take_event)),
-            ("/slack/interactivity", interactivity_handler(self.signing_secret, self._on_press)),
+            ("/slack/interactivity", interactivity_handler(self.signing_secret, self.take_press)),
         ]
 
     # ----------------------------------------------------------------- lifecycle
@@ -314,7 +317,7 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
 
     async def _take_envelope(self, kind: str, payload: JSONObject) -> None:
         if kind == "interactive":
-            self._on_press(payload)
+            await self.take_press(payload)
         else:
             await self.take_event(payload)
 
@@ -330,6 +333,20 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
         for update_id, taken in fresh:
             self._dispatch(update_id, taken)
 
+    async def take_press(self, payload: JSONObject) -> None:
+        """Store a button press (a ``block_actions`` payload) in the inbox by its stable id
+        (``press_key``) and decide it if it is new; acknowledged only after this returns, so a
+        press Slack saw accepted survives a crash, and one sent again is decided once."""
+        key = press_key(payload)
+        if key is None:
+            return
+        update: JSONObject = {"update_id": inbox_id(key), "press": payload}
+        fresh = await asyncio.to_thread(
+            self.records.take_updates, self.bot, [update], move_offset=False
+        )
+        for update_id, taken in fresh:
+            self._dispatch(update_id, taken)
+
     def _dispatch(self, update_id: int, update: JSONObject) -> None:
         if update_id in self._in_hand:
             return  # handed out twice (the intake and a takeover): answered once
@@ -339,7 +356,13 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
 
     async def _process(self, update_id: int, update: JSONObject) -> None:
         try:
-            await self._answer(update.get("envelope"))
+            press = update.get("press")
+            if isinstance(press, dict):
+                # Its own task (this one), never behind the chat's lock: the turn holding
+                # that lock waits for this very press.
+                await self._decide(press)
+            else:
+                await self._answer(update.get("envelope"))
         except asyncio.CancelledError:
             raise  # left unanswered in the inbox: the next start (or another server) answers it
         except Exception:
@@ -394,14 +417,12 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
         thread's first writer)."""
         return source.user_id
 
-    def _on_press(self, payload: JSONObject) -> None:
-        """A button press (Socket Mode or HTTP): decided in a task of its own, never behind
-        the chat's lock (the turn holding it waits for this very press)."""
+    async def _decide(self, payload: JSONObject) -> None:
+        """Decide a stored press (``decide_press``: the owner only, once, in the store) and
+        tell the presser; the verdict replaces the question's buttons."""
         pressed = press_of(payload)
-        if pressed is not None:
-            self._spawn(self._decide(pressed), "slack-press")
-
-    async def _decide(self, pressed: Press) -> None:
+        if pressed is None:
+            return
         press = pressed.press
         answer = await decide_press(
             self, self.turns.store, self.approvals, press, allowed_users=self.allowed_users

@@ -14,8 +14,9 @@ stored.
   Slack saw accepted is durable). Slack sends an event again (``X-Slack-Retry-Num``) when
   it saw no 200 in 3 seconds; the inbox takes each ``event_id`` once, so a re-sent event,
   and a signed request replayed within the window, is answered once.
-* Interactivity: the form field ``payload`` (JSON) goes to ``press``; answered 200 at once
-  (the press is decided meanwhile, and told to the presser by the adapter).
+* Interactivity: the form field ``payload`` (JSON) goes to ``press`` (stored in the inbox by
+  its stable id, and only then answered 200, so a press Slack saw accepted is durable; the
+  press is decided meanwhile, and told to the presser by the adapter).
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def events_handler(secret: str, take: Callable[[JSONObject], Awaitable[None]]) -
     return handle
 
 
-def interactivity_handler(secret: str, press: Callable[[JSONObject], None]) -> Handler:
+def interactivity_handler(secret: str, press: Callable[[JSONObject], Awaitable[None]]) -> Handler:
     """The handler Slack POSTs button presses to (see the module docstring)."""
     if not secret:
         raise ValueError("interactivity needs the signing secret")
@@ -165,7 +166,7 @@ def interactivity_handler(secret: str, press: Callable[[JSONObject], None]) -> H
             data = _json(payloads[0])
         except _Refused as exc:
             return _refusal(exc, "interaction")
-        press(data)
+        await press(data)
         return web.Response(status=200)
 
     return handle
