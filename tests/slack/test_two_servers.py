@@ -113,7 +113,7 @@ def test_the_socket_moves_to_the_survivor_and_every_message_is_answered_once(
         for token in tokens:
             assert len(_answers(fake, token)) == 1, (token, _answers(fake, token))
         assert all(r.delivery_attempts == 1 for r in ledger_rows(url))
-        assert fake.connections_opened == 2  # one socket at a time: the holder's
+        assert fake.hellos == 2  # one socket at a time: the holder's
         taken_over = sum("taken over (its server is gone)" in line for line in survivor.lines)
         assert taken_over >= 1
     finally:

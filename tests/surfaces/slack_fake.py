@@ -83,6 +83,7 @@ class FakeSlack:
         self.limit: tuple[str, float] | None = None
         self.rate_limited: list[float] = []
         self.connections_opened = 0
+        self.connections_failing = 0  # apps.connections.open answers 503 this many times
         self.hellos = 0
         self.acked: list[str] = []  # envelope ids
         self.acked_types: list[str] = []
@@ -199,6 +200,9 @@ class FakeSlack:
             params = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
         token = request.headers.get("Authorization", "").removeprefix("Bearer ")
         if method == "apps.connections.open":
+            if self.connections_failing > 0:
+                self.connections_failing -= 1
+                return self._answer(503, ok=False, error="service_unavailable")
             if token != self.app_token:
                 return self._answer(ok=False, error="invalid_auth")
             self.connections_opened += 1

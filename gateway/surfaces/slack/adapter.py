@@ -5,9 +5,10 @@ Started by ``reveille serve`` when ``SLACK_BOT_TOKEN`` is set.
 
 * Where Slack is: ``base_url`` (``SLACK_BASE_URL``, by default ``https://slack.com/api/``),
   the Web API root of every call, ``apps.connections.open`` included.
-* Start: a bot token Slack refuses (``auth.test``: ``invalid_auth``, ``token_revoked``...)
-  stops the start (``SlackTokenRefused``, one line); Slack unreachable does not (the calls
-  after it are retried as they come).
+* Start: a bot token Slack refuses (``auth.test``: ``invalid_auth``, ``token_revoked``...),
+  or an app-level token it refuses (``apps.connections.open``), stops the start
+  (``SlackTokenRefused``, one line); Slack unreachable does not (the calls after it are
+  retried as they come; Socket Mode's connecting with a capped exponential back-off).
 * Intake: Socket Mode (``socket``, with the app-level token) and/or the Events API (``http``,
   with the signing secret). Either way an event is stored in the durable inbox of the
   store's chat-platform state by its ``event_id`` (``SlackRecords.take_updates``) before
@@ -69,6 +70,7 @@ from gateway.surfaces.slack.intake import (
     slack_session_id,
 )
 from gateway.surfaces.slack.socket import SocketMode
+from gateway.surfaces.slack.tokens import REFUSED_TOKEN_ERRORS, SlackTokenRefused
 from gateway.tasks import finish_or_cancel
 from gateway.turns.service import TurnService
 
@@ -97,14 +99,6 @@ _GONE_ERRORS = frozenset(
     }
 )
 _CALL_ERRORS = (SlackApiError, aiohttp.ClientError, OSError, TimeoutError)
-# ``auth.test``'s answers for a token that will never work.
-_REFUSED_TOKEN_ERRORS = frozenset(
-    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired"}
-)
-
-
-class SlackTokenRefused(RuntimeError):
-    """Slack refused the bot token at start (``auth.test``)."""
 
 
 class SlackRecords(ReplyRecords, Protocol):
@@ -203,6 +197,7 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
             self, turns, records, key_prefix=self.bot, wake_wait_seconds=wake_wait_seconds
         )
         self.socket = SocketMode(app_token, self.base_url, self._take_envelope)
+        self._socket_wanted = bool(app_token)
         self.ignored_messages = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._in_hand: set[int] = set()
@@ -231,6 +226,8 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
         else:
             logger.info("Slack: allowed users: %s", ", ".join(sorted(self.allowed_users)))
         await self._check_token()
+        if self.app_token:
+            await self.socket.check()
         await asyncio.to_thread(self.records.prune)
         # Events a previous run (or a dead server) took but did not answer come first.
         for update_id, update in await asyncio.to_thread(self.records.claim_orphans, self.bot):
@@ -242,7 +239,7 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
             who = await self.web.auth_test()
         except SlackApiError as exc:
             error = str(exc.response.get("error") or "")
-            if error in _REFUSED_TOKEN_ERRORS:
+            if error in REFUSED_TOKEN_ERRORS:
                 raise SlackTokenRefused(
                     f"Slack refused SLACK_BOT_TOKEN at {self.base_url} ({error}); copy the "
                     "bot token again from the app's OAuth & Permissions page"
@@ -271,15 +268,22 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
                     for update_id, update in orphans:
                         logger.info("Slack: event %s taken over (its server is gone)", update_id)
                         self._dispatch(update_id, update)
-                    held = bool(self.app_token) and await asyncio.to_thread(
+                    held = self._socket_wanted and await asyncio.to_thread(
                         self.records.hold_poll_lease, self.bot
                     )
                 except Exception:
                     logger.exception("Slack: could not reach the shared state")
                     held = reached = False
                 if socket is not None and socket.done():
-                    if not socket.cancelled() and socket.exception() is not None:
-                        logger.error("Slack: Socket Mode ended (%r)", socket.exception())
+                    ended = None if socket.cancelled() else socket.exception()
+                    if isinstance(ended, SlackTokenRefused):
+                        # Wrong, not unlucky: said once; the lease goes to nobody.
+                        logger.error("Slack: %s; Socket Mode stays off", ended)
+                        self._socket_wanted = held = False
+                        with contextlib.suppress(Exception):
+                            await asyncio.to_thread(self.records.release_poll_lease, self.bot)
+                    elif ended is not None:
+                        logger.error("Slack: Socket Mode ended (%r)", ended)
                     socket = None
                 if held and socket is None:
                     logger.info("Slack: holding the Socket Mode lease (%s)", self.bot)
@@ -288,7 +292,7 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
                 elif not held and socket is not None:
                     await _cancel(socket)
                     socket = None
-                if self.app_token and reached and not held and not standing_by:
+                if self._socket_wanted and reached and not held and not standing_by:
                     standing_by = True
                     logger.info(
                         "Slack: another server holds the Socket Mode lease; standing by to "
