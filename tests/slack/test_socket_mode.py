@@ -232,3 +232,25 @@ async def test_socket_mode_backs_off_on_failures_and_gives_up_on_a_refused_token
     with pytest.raises(SlackTokenRefused, match="SLACK_APP_TOKEN"):
         await asyncio.wait_for(refused.run(), 20)
     assert waits == []
+
+
+async def test_slash_commands_new_help_and_timers(app: App, fake: FakeSlack) -> None:
+    await _until(lambda: fake.hellos >= 1)
+
+    async def answer(text: str, user: str = OWNER) -> str:
+        envelope = fake.command(text, user=user)
+        payload = await _until(lambda: fake.ack_payloads.get(envelope))
+        assert payload["response_type"] == "ephemeral"
+        return str(payload["text"])
+
+    assert "/reveille new" in await answer("help")
+    assert "/reveille new" in await answer("")
+    assert "nothing is scheduled" in (await answer("timers")).lower()
+    first = await answer("new")
+    second = await answer("new")
+    previous = [t.split("session `")[1].rstrip("`).") for t in (first, second)]
+    # The second names the session the first made: the chat's mapping moved, in the store.
+    assert previous[0] != previous[1] and ":new-" in previous[1]
+    assert "not on this bot's list" in await answer("new", user="U0STRANGER")
+    fake.say("after new", user=OWNER)
+    await _until(lambda: any("after new" in t for t in _replies(fake)))

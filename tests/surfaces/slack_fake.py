@@ -87,6 +87,7 @@ class FakeSlack:
         self.hellos = 0
         self.acked: list[str] = []  # envelope ids
         self.acked_types: list[str] = []
+        self.ack_payloads: dict[str, Any] = {}  # envelope id: what its ack carried
         self._pending: deque[dict[str, Any]] = deque()
         self._unacked: dict[str, tuple[web.WebSocketResponse, dict[str, Any]]] = {}
         self._sockets: list[web.WebSocketResponse] = []
@@ -166,6 +167,7 @@ class FakeSlack:
                 if taken is not None:
                     self.acked.append(envelope_id)
                     self.acked_types.append(str(taken[1].get("type")))
+                    self.ack_payloads[envelope_id] = data.get("payload")
         finally:
             # What this socket did not acknowledge goes out again on the next one.
             for envelope_id, (owner, envelope) in list(self._unacked.items()):
@@ -329,6 +331,20 @@ class FakeSlack:
         for _ in range(times):
             envelope = {"envelope_id": secrets.token_hex(8), "type": "interactive"}
             self.push({**envelope, "payload": payload})
+
+    def command(self, text: str, *, user: str, channel: str | None = None) -> str:
+        """``user`` types ``/reveille {text}`` (in their direct message by default); the
+        envelope's id, whose acknowledgement carries the answer."""
+        envelope_id = secrets.token_hex(8)
+        payload = {
+            "command": "/reveille",
+            "text": text,
+            "user_id": user,
+            "channel_id": channel or dm_channel(user),
+            "trigger_id": secrets.token_hex(6),
+        }
+        self.push({"envelope_id": envelope_id, "type": "slash_commands", "payload": payload})
+        return envelope_id
 
     def messages_to(self, channel: str) -> list[Sent]:
         return [s for s in self.sent if s.channel == channel]

@@ -31,6 +31,12 @@ Started by ``reveille serve`` when ``SLACK_BOT_TOKEN`` is set.
   holds its claim (a SIGKILLed server's presses are taken over). Only the conversation's
   owner decides (``decide_press``); the presser is told the answer ephemerally, and a
   decided question is replaced by its verdict.
+* Commands: one slash command (``/reveille``, registered in the app's settings; its
+  Request URL ``/slack/commands`` when using the Events API) with a word: ``new`` maps the
+  chat to a fresh session (the old one kept, its late results still come home to it),
+  ``timers`` lists the chat's reminders and schedules, anything else (``help``) says what
+  the bot does. Answered by the bot itself, no turn, to the user who typed it only (in the
+  Socket Mode acknowledgement or the HTTP response); only ``allowed_users`` may.
 * Wake-ups: ``handle_message`` with an internal event goes to ``ChatTurns.wake``.
 * Errors (``surface_error``): HTTP 429 (``ratelimited``) is ``RATE_LIMITED`` with its
   ``Retry-After``, honoured above the port; ``channel_not_found``, ``not_in_channel``,
@@ -44,6 +50,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import secrets
 from collections.abc import Collection, Coroutine
 from typing import Any, Protocol
 
@@ -55,14 +62,20 @@ from agent.messages import JSONObject, JSONValue
 from gateway.adapter import BasePlatformAdapter, MessageEvent
 from gateway.approvals import ApprovalRecord, Approvals
 from gateway.config import Platform
-from gateway.session import SessionSource
+from gateway.session import SessionSource, is_valid_session_id
 from gateway.surfaces.approval_press import decide_press
 from gateway.surfaces.chat import ChatTurns
 from gateway.surfaces.port import Refusal, ReplyRecords, SplitSend, SurfaceError, SurfaceLimits
 from gateway.surfaces.slack.approvals import question_blocks, question_text
 from gateway.surfaces.slack.format import MAX_MESSAGE_LENGTH, split_message, to_mrkdwn
-from gateway.surfaces.slack.http import Handler, events_handler, interactivity_handler
+from gateway.surfaces.slack.http import (
+    Handler,
+    commands_handler,
+    events_handler,
+    interactivity_handler,
+)
 from gateway.surfaces.slack.intake import (
+    command_of,
     inbox_id,
     message_of,
     press_key,
@@ -71,11 +84,13 @@ from gateway.surfaces.slack.intake import (
 )
 from gateway.surfaces.slack.socket import SocketMode
 from gateway.surfaces.slack.tokens import REFUSED_TOKEN_ERRORS, SlackTokenRefused
+from gateway.surfaces.timers import timers_text
 from gateway.tasks import finish_or_cancel
 from gateway.turns.service import TurnService
 
 __all__ = [
     "DEFAULT_BASE_URL",
+    "HELP_TEXT",
     "SlackAdapter",
     "SlackRecords",
     "SlackTokenRefused",
@@ -97,6 +112,14 @@ _GONE_ERRORS = frozenset(
         "cannot_dm_bot",
         "restricted_action",
     }
+)
+HELP_TEXT = (
+    "I am Reveille: an agent whose background work comes home.\n\n"
+    "Write to me as you would to anyone. Ask for something long 'in the background' and "
+    "go on talking: when the work is done, its result comes back here as a new message.\n\n"
+    "`/reveille new` starts a fresh conversation (the old one is kept).\n"
+    "`/reveille timers` lists the reminders and schedules of this chat.\n"
+    "`/reveille help` shows this again."
 )
 _CALL_ERRORS = (SlackApiError, aiohttp.ClientError, OSError, TimeoutError)
 
@@ -125,6 +148,8 @@ class SlackRecords(ReplyRecords, Protocol):
     def release_poll_lease(self, bot: str) -> None: ...
 
     def chat_session(self, chat_key: str) -> str | None: ...
+
+    def start_chat_session(self, chat_key: str, session_id: str) -> None: ...
 
     def prune(self, keep_seconds: float = ...) -> None: ...
 
@@ -216,6 +241,7 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
         return [
             ("/slack/events", events_handler(self.signing_secret, self.take_event)),
             ("/slack/interactivity", interactivity_handler(self.signing_secret, self.take_press)),
+            ("/slack/commands", commands_handler(self.signing_secret, self.on_command)),
         ]
 
     # ----------------------------------------------------------------- lifecycle
@@ -319,11 +345,39 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
 
     # ----------------------------------------------------------------- intake
 
-    async def _take_envelope(self, kind: str, payload: JSONObject) -> None:
+    async def _take_envelope(self, kind: str, payload: JSONObject) -> JSONObject | None:
+        if kind == "slash_commands":
+            return await self.on_command(payload)
         if kind == "interactive":
             await self.take_press(payload)
         else:
             await self.take_event(payload)
+        return None
+
+    async def on_command(self, payload: JSONObject) -> JSONObject:
+        """``/reveille new|help|timers``: answered by the bot itself (no turn), to the user
+        who typed it only; ``new`` maps the chat to a fresh session, kept in the store."""
+        command = command_of(payload)
+        if command is None or command.user not in self.allowed_users:
+            self.ignored_messages += 1
+            return _ephemeral("You are not on this bot's list of users.")
+        source = command.source
+        base = slack_session_id(source)
+        old = await asyncio.to_thread(self.records.chat_session, base) or base
+        if command.word == "new":
+            fresh = f"{base}:new-{secrets.token_hex(4)}"
+            if not is_valid_session_id(fresh):
+                fresh = "slack_" + hashlib.sha256(fresh.encode()).hexdigest()[:32]
+            # Only the mapping changes: the old session stays, readable, and what it started
+            # still comes home to it.
+            await asyncio.to_thread(self.records.start_chat_session, base, fresh)
+            return _ephemeral(
+                "Started a new conversation: I no longer see what we said before. The "
+                f"previous one is kept (session `{old}`)."
+            )
+        if command.word == "timers":
+            return _ephemeral(to_mrkdwn(await asyncio.to_thread(timers_text, old)))
+        return _ephemeral(to_mrkdwn(HELP_TEXT))
 
     async def take_event(self, envelope: JSONObject) -> None:
         """Store an ``event_callback`` body in the inbox and answer it if it is new."""
@@ -473,6 +527,11 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
     async def typing(self, to: SessionSource) -> None:
         """Slack's Web API has no typing indicator for a bot: nothing to show."""
         return None
+
+
+def _ephemeral(text: str) -> JSONObject:
+    """A slash command's answer, shown to the user who typed it only."""
+    return {"response_type": "ephemeral", "text": text}
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -33,8 +33,10 @@ __all__ = [
     "APPROVE_ACTION",
     "DENY_ACTION",
     "Press",
+    "SlackCommand",
     "SlackMessage",
     "clean",
+    "command_of",
     "inbox_id",
     "message_of",
     "press_key",
@@ -167,3 +169,26 @@ def press_of(payload: JSONObject) -> Press | None:
         return None
     press = ApprovalPress(approval_id, action_id == APPROVE_ACTION, user_id, channel_id)
     return Press(press, channel_id, ts, _str(message.get("thread_ts")) or None)
+
+
+@dataclass(frozen=True)
+class SlackCommand:
+    """A slash command (``/reveille new``): who typed it, where (a channel or a direct
+    message; Slack says no thread), and its first word (``new``, ``help``, ``timers``...)."""
+
+    user: str
+    channel: str
+    word: str
+
+    @property
+    def source(self) -> SessionSource:
+        return SlackMessage(self.channel, "", self.user, self.word, "", None).source
+
+
+def command_of(payload: JSONObject) -> SlackCommand | None:
+    """The slash command a ``slash_commands`` payload (or a command's form fields) is."""
+    user, channel = _str(payload.get("user_id")), _str(payload.get("channel_id"))
+    if not (user and channel and _str(payload.get("command"))):
+        return None
+    words = _str(payload.get("text")).split()
+    return SlackCommand(user, channel, words[0].lower().lstrip("/") if words else "help")

@@ -3,8 +3,9 @@ slack-sdk's aiohttp client (``slack_sdk.socket_mode.aiohttp.SocketModeClient``).
 
 The client asks ``apps.connections.open`` (with the app-level token, on the Web API root the
 adapter was given) for the socket's URL, connects, and reads Slack's ``hello``; each
-envelope (``events_api``, ``interactive``) goes to ``take`` and is acknowledged by its
-``envelope_id`` only once ``take`` returned, so an event Slack saw acknowledged is stored
+envelope (``events_api``, ``interactive``, ``slash_commands``) goes to ``take`` and is
+acknowledged by its ``envelope_id`` (with what ``take`` returned: a command's answer) only
+once ``take`` returned, so an event Slack saw acknowledged is stored
 (Slack sends an unacknowledged one again). A ``disconnect`` message (Slack refreshing the
 socket) and a closed socket make the client open a new one. ``run()`` holds the connection
 until cancelled; the adapter runs it only while this server holds the bot's lease.
@@ -38,7 +39,9 @@ __all__ = ["SocketMode"]
 
 logger = logging.getLogger(__name__)
 
-Take = Callable[[str, JSONObject], Awaitable[None]]
+# An envelope's type and payload to what its acknowledgement carries (a slash command's answer).
+Take = Callable[[str, JSONObject], Awaitable["JSONObject | None"]]
+_TAKEN = frozenset({"events_api", "interactive", "slash_commands"})
 # The back-off's wait (a name of its own, so a test can watch the delays without waiting).
 _sleep = asyncio.sleep
 
@@ -144,11 +147,12 @@ class SocketMode:
         self, client: AsyncBaseSocketModeClient, request: SocketModeRequest
     ) -> None:
         payload = clean(request.payload)
-        if request.type in ("events_api", "interactive") and isinstance(payload, dict):
+        answer = None
+        if request.type in _TAKEN and isinstance(payload, dict):
             try:
-                await self.take(request.type, payload)
+                answer = await self.take(request.type, payload)
             except Exception:
                 # Not acknowledged: Slack sends it again.
                 logger.exception("Slack: could not take envelope %s", request.envelope_id)
                 return
-        await client.send_socket_mode_response(SocketModeResponse(request.envelope_id))
+        await client.send_socket_mode_response(SocketModeResponse(request.envelope_id, answer))
