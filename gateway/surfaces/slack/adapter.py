@@ -17,7 +17,8 @@ Started by ``reveille serve`` when ``SLACK_BOT_TOKEN`` is set.
   answered once. Each server keeps its claims on the events it answers alive and takes over
   the ones of a server that died (``claim_orphans``), its own after a SIGKILL included.
   Socket Mode runs on the one server holding the bot's lease (renewed every third of
-  the state's lease; a dead holder's is taken over).
+  the state's lease; a dead holder's is taken over): ``gateway.surfaces.leased_intake``,
+  the loop Telegram's polling shares.
 * Messages (``intake``) from users in ``allowed_users`` are answered through
   ``ChatTurns.answer_message``, keyed by the message's channel and ``ts`` (a message and its
   ``app_mention`` are one), in the channel, or in the thread the message came from; anyone
@@ -65,6 +66,7 @@ from gateway.config import Platform
 from gateway.session import SessionSource, is_valid_session_id
 from gateway.surfaces.approval_press import decide_press
 from gateway.surfaces.chat import ChatTurns
+from gateway.surfaces.leased_intake import IntakeWords, LeasedIntake
 from gateway.surfaces.port import Refusal, ReplyRecords, SplitSend, SurfaceError, SurfaceLimits
 from gateway.surfaces.slack.approvals import question_blocks, question_text
 from gateway.surfaces.slack.format import MAX_MESSAGE_LENGTH, split_message, to_mrkdwn
@@ -112,6 +114,13 @@ _GONE_ERRORS = frozenset(
         "cannot_dm_bot",
         "restricted_action",
     }
+)
+_WORDS = IntakeWords(
+    platform="Slack",
+    item="event",
+    consuming="holding the Socket Mode lease ({bot})",
+    standing_by="another server holds the Socket Mode lease; standing by to take over",
+    ended="Socket Mode ended ({error!r})",
 )
 HELP_TEXT = (
     "I am Reveille: an agent whose background work comes home.\n\n"
@@ -222,7 +231,6 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
             self, turns, records, key_prefix=self.bot, wake_wait_seconds=wake_wait_seconds
         )
         self.socket = SocketMode(app_token, self.base_url, self._take_envelope)
-        self._socket_wanted = bool(app_token)
         self.ignored_messages = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._in_hand: set[int] = set()
@@ -258,7 +266,18 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
         # Events a previous run (or a dead server) took but did not answer come first.
         for update_id, update in await asyncio.to_thread(self.records.claim_orphans, self.bot):
             self._dispatch(update_id, update)
-        self._intake = asyncio.create_task(self._intake_loop(), name="slack-intake")
+        # Socket Mode runs only while this server holds the bot's lease; a refused app token
+        # turns it off for good.
+        intake = LeasedIntake(
+            self.records,
+            self.bot,
+            self._dispatch,
+            self.socket if self.app_token else None,
+            _WORDS,
+            in_hand=self._in_hand,
+            final=(SlackTokenRefused,),
+        )
+        self._intake = asyncio.create_task(intake.run(), name="slack-intake")
 
     async def _check_token(self) -> None:
         try:
@@ -277,57 +296,6 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
             logger.warning("Slack: cannot reach %s (%s); starting anyway", self.base_url, exc)
             return
         logger.info("Slack: connected as %s in team %s", who.get("user_id"), who.get("team_id"))
-
-    async def _intake_loop(self) -> None:
-        """Every third of the lease: renew this server's claims, take over the events of a
-        server that died, and (Socket Mode) hold the socket while holding the lease."""
-        socket: asyncio.Task[None] | None = None
-        standing_by = False
-        try:
-            while True:
-                reached = True
-                try:
-                    await asyncio.to_thread(self.records.renew, self.bot)
-                    orphans = await asyncio.to_thread(
-                        self.records.claim_orphans, self.bot, frozenset(self._in_hand)
-                    )
-                    for update_id, update in orphans:
-                        logger.info("Slack: event %s taken over (its server is gone)", update_id)
-                        self._dispatch(update_id, update)
-                    held = self._socket_wanted and await asyncio.to_thread(
-                        self.records.hold_poll_lease, self.bot
-                    )
-                except Exception:
-                    logger.exception("Slack: could not reach the shared state")
-                    held = reached = False
-                if socket is not None and socket.done():
-                    ended = None if socket.cancelled() else socket.exception()
-                    if isinstance(ended, SlackTokenRefused):
-                        # Wrong, not unlucky: said once; the lease goes to nobody.
-                        logger.error("Slack: %s; Socket Mode stays off", ended)
-                        self._socket_wanted = held = False
-                        with contextlib.suppress(Exception):
-                            await asyncio.to_thread(self.records.release_poll_lease, self.bot)
-                    elif ended is not None:
-                        logger.error("Slack: Socket Mode ended (%r)", ended)
-                    socket = None
-                if held and socket is None:
-                    logger.info("Slack: holding the Socket Mode lease (%s)", self.bot)
-                    socket = asyncio.create_task(self.socket.run(), name="slack-socket")
-                    standing_by = False
-                elif not held and socket is not None:
-                    await _cancel(socket)
-                    socket = None
-                if self._socket_wanted and reached and not held and not standing_by:
-                    standing_by = True
-                    logger.info(
-                        "Slack: another server holds the Socket Mode lease; standing by to "
-                        "take over"
-                    )
-                await asyncio.sleep(self.records.lease_seconds / 3)
-        finally:
-            if socket is not None:
-                await _cancel(socket)
 
     async def stop(self, *, grace_seconds: float = 10.0) -> None:
         if self._intake is not None:
