@@ -111,7 +111,7 @@ class LeasedIntake:
                     task = None
                     if isinstance(ended, self.final):
                         # Wrong, not unlucky: said once; the lease goes to nobody.
-                        self._say(logging.ERROR, "{error}; stopped for good", error=ended)
+                        self._say(logging.ERROR, "stopped for good: {error}", error=ended)
                         self.consumer = None
                         held = False
                         with contextlib.suppress(Exception):

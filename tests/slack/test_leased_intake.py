@@ -67,7 +67,7 @@ async def test_a_refused_consumer_is_said_once_and_not_started_again(
     assert consumer.runs == 1
     assert state.released == 1
     said = [r.getMessage() for r in caplog.records if "SLACK_APP_TOKEN" in r.getMessage()]
-    assert said == ["Slack: Slack refused SLACK_APP_TOKEN; stopped for good"]
+    assert said == ["Slack: stopped for good: Slack refused SLACK_APP_TOKEN"]
     assert not intake.consuming
 
 
