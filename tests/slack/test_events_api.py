@@ -270,3 +270,23 @@ async def test_a_press_over_http_is_decided_by_the_owner_only(
         assert answers[OWNER].lower().startswith("approved")
         await _until(lambda: not question())  # the buttons are gone: the verdict replaced it
     ad.reset_runtime()
+
+
+async def test_a_slash_command_over_http_is_signed_and_answered_to_its_user(
+    app: App, fake: FakeSlack
+) -> None:
+    form = "application/x-www-form-urlencoded"
+    fields = {"command": "/reveille", "user_id": OWNER, "channel_id": dm_channel(OWNER)}
+    body = urlencode({**fields, "text": "new"}).encode()
+    secret = fake.signing_secret
+    status, _ = await _post(app, "/slack/commands", body, secret="wrong-secret", content_type=form)
+    assert status == 401
+    status, answer = await _post(app, "/slack/commands", body, secret=secret, content_type=form)
+    assert status == 200
+    assert answer["response_type"] == "ephemeral"
+    assert "new conversation" in answer["text"]
+    help_body = urlencode({**fields, "text": "help"}).encode()
+    status, answer = await _post(
+        app, "/slack/commands", help_body, secret=secret, content_type=form
+    )
+    assert "/reveille timers" in answer["text"]

@@ -6,6 +6,7 @@ Slack's refusals map onto the port (429 with ``Retry-After``, a chat that is gon
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 import tools.async_delegation as ad
 from agent.providers.demo import DemoModel
 from gateway.surfaces.port import Refusal
+from gateway.surfaces.slack import socket as socket_mode
 from gateway.surfaces.slack.adapter import SlackTokenRefused, surface_error
 from reveille.app import App, serve
 from reveille.settings import Settings
@@ -68,7 +70,7 @@ def _replies(fake: FakeSlack) -> list[str]:
 
 async def test_the_handshake_and_acknowledged_envelopes(app: App, fake: FakeSlack) -> None:
     await _until(lambda: fake.hellos >= 1)
-    assert fake.connections_opened == 1
+    assert fake.connections_opened == 2  # the start's check of the app token, the socket's
     fake.say("are you there", user=OWNER)
     await _until(lambda: any("are you there" in t for t in _replies(fake)))
     assert fake.acked_types == ["events_api"]
@@ -79,7 +81,7 @@ async def test_a_disconnect_opens_a_new_socket_and_nothing_is_lost(
 ) -> None:
     await _until(lambda: fake.hellos >= 1)
     fake.disconnect()
-    await _until(lambda: fake.connections_opened >= 2 and fake.hellos >= 2)
+    await _until(lambda: fake.connections_opened >= 3 and fake.hellos >= 2)
     fake.say("after the refresh", user=OWNER)
     await _until(lambda: any("after the refresh" in t for t in _replies(fake)))
 
@@ -142,3 +144,113 @@ async def test_a_refused_bot_token_stops_the_start(
         async with serve(settings, provider=DemoModel(delay_seconds=0.0)):
             pass
     assert fake.connections_opened == 0
+
+
+async def test_a_press_delivered_twice_is_stored_then_decided_once(
+    tmp_path: Path, fake: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    ad.reset_runtime()
+    settings = Settings(
+        home=tmp_path,
+        port=0,
+        webui_port=0,
+        api_key="k",
+        shell_enabled=True,
+        shell_approvals="always",
+        slack_bot_token=fake.bot_token,
+        slack_app_token=fake.app_token,
+        slack_base_url=fake.base_url,
+        slack_allowed_users=OWNER,
+    )
+    async with serve(settings, provider=DemoModel(delay_seconds=0.0)):
+        await _until(lambda: fake.hellos >= 1)
+        fake.say("run in the background: echo pressed", user=OWNER)
+
+        def question() -> Any:
+            return [s for s in fake.messages_to(dm_channel(OWNER)) if s.blocks]
+
+        [asked] = await _until(question)
+        fake.press(asked, "reveille_approve", by=OWNER, times=2)
+        await _until(lambda: fake.acked_types.count("interactive") == 2)
+        await _until(lambda: any("Result: pressed" in r for r in _replies(fake)))
+        await asyncio.sleep(0.5)  # a second decision would have come by now
+    assert fake.ephemeral == [(OWNER, "Approved.")]
+    assert sum("finished" in r for r in _replies(fake)) == 1
+    ad.reset_runtime()
+    process_registry.completion_queue.drain()
+
+
+async def test_a_refused_app_token_stops_the_start(
+    tmp_path: Path, fake: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    settings = Settings(
+        home=tmp_path,
+        port=0,
+        webui_port=0,
+        api_key="k",
+        slack_bot_token=fake.bot_token,
+        slack_app_token="xapp-wrong",
+        slack_base_url=fake.base_url,
+    )
+    with pytest.raises(SlackTokenRefused, match=r"SLACK_APP_TOKEN .*invalid_auth"):
+        async with serve(settings, provider=DemoModel(delay_seconds=0.0)):
+            pass
+    assert fake.hellos == 0
+
+
+async def _nothing(kind: str, payload: Any) -> None:
+    return None
+
+
+async def test_socket_mode_backs_off_on_failures_and_gives_up_on_a_refused_token(
+    fake: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await asyncio.sleep(0)
+
+    monkeypatch.setattr(socket_mode, "_sleep", sleep)
+    fake.connections_failing = 6
+    mode = socket_mode.SocketMode(
+        fake.app_token, fake.base_url, _nothing, first_delay=1.0, max_delay=8.0
+    )
+    task = asyncio.create_task(mode.run())
+    try:
+        await asyncio.wait_for(mode.connected.wait(), 20)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert waits == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    waits.clear()
+    # Refused mid-life (the token revoked): the run ends, with no retry.
+    refused = socket_mode.SocketMode("xapp-revoked", fake.base_url, _nothing)
+    with pytest.raises(SlackTokenRefused, match="SLACK_APP_TOKEN"):
+        await asyncio.wait_for(refused.run(), 20)
+    assert waits == []
+
+
+async def test_slash_commands_new_help_and_timers(app: App, fake: FakeSlack) -> None:
+    await _until(lambda: fake.hellos >= 1)
+
+    async def answer(text: str, user: str = OWNER) -> str:
+        envelope = fake.command(text, user=user)
+        payload = await _until(lambda: fake.ack_payloads.get(envelope))
+        assert payload["response_type"] == "ephemeral"
+        return str(payload["text"])
+
+    assert "/reveille new" in await answer("help")
+    assert "/reveille new" in await answer("")
+    assert "nothing is scheduled" in (await answer("timers")).lower()
+    first = await answer("new")
+    second = await answer("new")
+    previous = [t.split("session `")[1].rstrip("`).") for t in (first, second)]
+    # The second names the session the first made: the chat's mapping moved, in the store.
+    assert previous[0] != previous[1] and ":new-" in previous[1]
+    assert "not on this bot's list" in await answer("new", user="U0STRANGER")
+    fake.say("after new", user=OWNER)
+    await _until(lambda: any("after new" in t for t in _replies(fake)))

@@ -8,6 +8,10 @@ lapse. Every message is answered once, every background result delivered once.
 
 The Events API: Slack re-sends an event that timed out and a load balancer may send it to the
 other server: both take it into the shared inbox, one of them answers it.
+
+A button press that reaches the other server than the turn waiting for it is decided through
+the shared store; one acknowledged (stored) by a server SIGKILLed before it decided is taken
+over and decided by the survivor, once.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
 
+import psycopg
 import pytest
 
 from gateway.surfaces.slack.http import sign
@@ -106,7 +113,7 @@ def test_the_socket_moves_to_the_survivor_and_every_message_is_answered_once(
         for token in tokens:
             assert len(_answers(fake, token)) == 1, (token, _answers(fake, token))
         assert all(r.delivery_attempts == 1 for r in ledger_rows(url))
-        assert fake.connections_opened == 2  # one socket at a time: the holder's
+        assert fake.hellos == 2  # one socket at a time: the holder's
         taken_over = sum("taken over (its server is gone)" in line for line in survivor.lines)
         assert taken_over >= 1
     finally:
@@ -115,17 +122,25 @@ def test_the_socket_moves_to_the_survivor_and_every_message_is_answered_once(
                 server.proc.kill()
 
 
-def _post(server: Server, secret: str, body: bytes, retry: str | None) -> int:
+def _post(
+    server: Server,
+    secret: str,
+    body: bytes,
+    retry: str | None,
+    *,
+    path: str = "/slack/events",
+    content_type: str = "application/json",
+) -> int:
     stamp = str(int(time.time()))
     headers = {
-        "Content-Type": "application/json",
+        "Content-Type": content_type,
         "X-Slack-Request-Timestamp": stamp,
         "X-Slack-Signature": sign(secret, stamp, body),
     }
     if retry:
         headers["X-Slack-Retry-Num"] = retry
     request = urllib.request.Request(
-        f"{server.url}/slack/events", data=body, method="POST", headers=headers
+        f"{server.url}{path}", data=body, method="POST", headers=headers
     )
     with urllib.request.urlopen(request, timeout=10) as resp:
         return int(resp.status)
@@ -166,3 +181,67 @@ def test_an_event_arriving_at_both_servers_is_answered_once(
     finally:
         for server in servers:
             server.stop()
+
+
+def test_a_press_stored_by_a_server_killed_before_deciding_is_decided_by_the_survivor(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    url = fresh_url()
+    env = {
+        "SLACK_SIGNING_SECRET": fake.signing_secret,
+        "REVEILLE_SHELL_ENABLED": "1",
+        "REVEILLE_SHELL_APPROVALS": "always",
+    }
+    asking = _server(tmp_path, "asking", url, fake, **env)
+    doomed = _server(tmp_path, "doomed", url, fake, **env)
+    secret = fake.signing_secret
+    try:
+        body = json.dumps(fake.message_envelope("run in the background: echo pressed", user=OWNER))
+        assert _post(asking, secret, body.encode(), None) == 200
+
+        def question() -> Any:
+            return [s for s in fake.messages_to(dm_channel(OWNER)) if s.blocks]
+
+        [asked] = wait_until(question, timeout=30)
+        payload = fake.press_payload(asked, "reveille_approve", by=OWNER)
+        form = urlencode({"payload": json.dumps(payload)}).encode()
+        # The press reaches the other server, which stores it and is answered 200, then cannot
+        # decide it (its write on the approval waits on this lock) before it is SIGKILLed.
+        with psycopg.connect(url) as lock:
+            lock.execute("SELECT id FROM approvals FOR UPDATE")
+            content_type = "application/x-www-form-urlencoded"
+            status = _post(
+                doomed, secret, form, None, path="/slack/interactivity", content_type=content_type
+            )
+            assert status == 200
+
+            def waiting() -> bool:
+                with psycopg.connect(url, autocommit=True) as look:
+                    rows = look.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query ILIKE %s",
+                        ("%approvals%",),
+                    ).fetchall()
+                return bool(rows)
+
+            wait_until(waiting, timeout=30)
+            doomed.stop(signal.SIGKILL)
+            # Its database session dies with it: the write it was waiting for never happens.
+            with psycopg.connect(url, autocommit=True) as look:
+                look.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND query ILIKE %s",
+                    ("%approvals%",),
+                )
+            assert fake.ephemeral == []
+            lock.rollback()
+        replies = lambda: [visible(s.text) for s in fake.messages_to(dm_channel(OWNER))]  # noqa: E731
+        wait_until(lambda: any("Result: pressed" in r for r in replies()), timeout=60)
+        time.sleep(1.5)  # nothing more arrives
+        assert fake.ephemeral == [(OWNER, "Approved.")]
+        assert sum("Result: pressed" in r for r in replies()) == 1
+        assert any("taken over (its server is gone)" in line for line in asking.lines)
+    finally:
+        for server in (asking, doomed):
+            if server.proc.poll() is None:
+                server.proc.kill()

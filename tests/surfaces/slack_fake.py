@@ -83,9 +83,11 @@ class FakeSlack:
         self.limit: tuple[str, float] | None = None
         self.rate_limited: list[float] = []
         self.connections_opened = 0
+        self.connections_failing = 0  # apps.connections.open answers 503 this many times
         self.hellos = 0
         self.acked: list[str] = []  # envelope ids
         self.acked_types: list[str] = []
+        self.ack_payloads: dict[str, Any] = {}  # envelope id: what its ack carried
         self._pending: deque[dict[str, Any]] = deque()
         self._unacked: dict[str, tuple[web.WebSocketResponse, dict[str, Any]]] = {}
         self._sockets: list[web.WebSocketResponse] = []
@@ -165,6 +167,7 @@ class FakeSlack:
                 if taken is not None:
                     self.acked.append(envelope_id)
                     self.acked_types.append(str(taken[1].get("type")))
+                    self.ack_payloads[envelope_id] = data.get("payload")
         finally:
             # What this socket did not acknowledge goes out again on the next one.
             for envelope_id, (owner, envelope) in list(self._unacked.items()):
@@ -199,6 +202,9 @@ class FakeSlack:
             params = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
         token = request.headers.get("Authorization", "").removeprefix("Bearer ")
         if method == "apps.connections.open":
+            if self.connections_failing > 0:
+                self.connections_failing -= 1
+                return self._answer(503, ok=False, error="service_unavailable")
             if token != self.app_token:
                 return self._answer(ok=False, error="invalid_auth")
             self.connections_opened += 1
@@ -307,12 +313,38 @@ class FakeSlack:
             "channel": {"id": sent.channel},
             "message": message,
             "container": {"type": "message", "message_ts": sent.ts},
-            "actions": [{"action_id": action_id, "value": value, "type": "button"}],
+            "trigger_id": f"{next(self._seq)}.{secrets.token_hex(6)}",
+            "actions": [
+                {
+                    "action_id": action_id,
+                    "value": value,
+                    "type": "button",
+                    "action_ts": f"{time.time():.6f}{next(self._seq)}",
+                }
+            ],
         }
 
-    def press(self, sent: Sent, action_id: str, *, by: str) -> None:
+    def press(self, sent: Sent, action_id: str, *, by: str, times: int = 1) -> None:
+        """``by`` presses the button; ``times`` > 1: Slack delivers that one press again (a
+        new envelope, the same payload)."""
         payload = self.press_payload(sent, action_id, by=by)
-        self.push({"envelope_id": secrets.token_hex(8), "type": "interactive", "payload": payload})
+        for _ in range(times):
+            envelope = {"envelope_id": secrets.token_hex(8), "type": "interactive"}
+            self.push({**envelope, "payload": payload})
+
+    def command(self, text: str, *, user: str, channel: str | None = None) -> str:
+        """``user`` types ``/reveille {text}`` (in their direct message by default); the
+        envelope's id, whose acknowledgement carries the answer."""
+        envelope_id = secrets.token_hex(8)
+        payload = {
+            "command": "/reveille",
+            "text": text,
+            "user_id": user,
+            "channel_id": channel or dm_channel(user),
+            "trigger_id": secrets.token_hex(6),
+        }
+        self.push({"envelope_id": envelope_id, "type": "slash_commands", "payload": payload})
+        return envelope_id
 
     def messages_to(self, channel: str) -> list[Sent]:
         return [s for s in self.sent if s.channel == channel]

@@ -5,9 +5,10 @@ Started by ``reveille serve`` when ``SLACK_BOT_TOKEN`` is set.
 
 * Where Slack is: ``base_url`` (``SLACK_BASE_URL``, by default ``https://slack.com/api/``),
   the Web API root of every call, ``apps.connections.open`` included.
-* Start: a bot token Slack refuses (``auth.test``: ``invalid_auth``, ``token_revoked``...)
-  stops the start (``SlackTokenRefused``, one line); Slack unreachable does not (the calls
-  after it are retried as they come).
+* Start: a bot token Slack refuses (``auth.test``: ``invalid_auth``, ``token_revoked``...),
+  or an app-level token it refuses (``apps.connections.open``), stops the start
+  (``SlackTokenRefused``, one line); Slack unreachable does not (the calls after it are
+  retried as they come; Socket Mode's connecting with a capped exponential back-off).
 * Intake: Socket Mode (``socket``, with the app-level token) and/or the Events API (``http``,
   with the signing secret). Either way an event is stored in the durable inbox of the
   store's chat-platform state by its ``event_id`` (``SlackRecords.take_updates``) before
@@ -16,7 +17,8 @@ Started by ``reveille serve`` when ``SLACK_BOT_TOKEN`` is set.
   answered once. Each server keeps its claims on the events it answers alive and takes over
   the ones of a server that died (``claim_orphans``), its own after a SIGKILL included.
   Socket Mode runs on the one server holding the bot's lease (renewed every third of
-  the state's lease; a dead holder's is taken over).
+  the state's lease; a dead holder's is taken over): ``gateway.surfaces.leased_intake``,
+  the loop Telegram's polling shares.
 * Messages (``intake``) from users in ``allowed_users`` are answered through
   ``ChatTurns.answer_message``, keyed by the message's channel and ``ts`` (a message and its
   ``app_mention`` are one), in the channel, or in the thread the message came from; anyone
@@ -24,9 +26,18 @@ Started by ``reveille serve`` when ``SLACK_BOT_TOKEN`` is set.
 * Replies are mrkdwn (``format``): ``split`` returns the pieces already as mrkdwn, which
   ``send_text`` sends as they are (``chat.postMessage``, ``chat.update`` for an edit; the
   port's integer message id is the message's ``ts`` without its dot).
-* Approvals are Block Kit buttons (``approvals``): only the conversation's owner decides
-  (``decide_press``); the presser is told the answer ephemerally, and a decided question is
-  replaced by its verdict.
+* Approvals are Block Kit buttons (``approvals``): a press (Socket Mode ``interactive`` or
+  ``/slack/interactivity``) is stored in the inbox by its stable id (``press_key``) before
+  Slack is told it arrived, and decided from there like an event: once, on whichever server
+  holds its claim (a SIGKILLed server's presses are taken over). Only the conversation's
+  owner decides (``decide_press``); the presser is told the answer ephemerally, and a
+  decided question is replaced by its verdict.
+* Commands: one slash command (``/reveille``, registered in the app's settings; its
+  Request URL ``/slack/commands`` when using the Events API) with a word: ``new`` maps the
+  chat to a fresh session (the old one kept, its late results still come home to it),
+  ``timers`` lists the chat's reminders and schedules, anything else (``help``) says what
+  the bot does. Answered by the bot itself, no turn, to the user who typed it only (in the
+  Socket Mode acknowledgement or the HTTP response); only ``allowed_users`` may.
 * Wake-ups: ``handle_message`` with an internal event goes to ``ChatTurns.wake``.
 * Errors (``surface_error``): HTTP 429 (``ratelimited``) is ``RATE_LIMITED`` with its
   ``Retry-After``, honoured above the port; ``channel_not_found``, ``not_in_channel``,
@@ -40,6 +51,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import secrets
 from collections.abc import Collection, Coroutine
 from typing import Any, Protocol
 
@@ -51,26 +63,36 @@ from agent.messages import JSONObject, JSONValue
 from gateway.adapter import BasePlatformAdapter, MessageEvent
 from gateway.approvals import ApprovalRecord, Approvals
 from gateway.config import Platform
-from gateway.session import SessionSource
+from gateway.session import SessionSource, is_valid_session_id
 from gateway.surfaces.approval_press import decide_press
 from gateway.surfaces.chat import ChatTurns
+from gateway.surfaces.leased_intake import IntakeWords, LeasedIntake
 from gateway.surfaces.port import Refusal, ReplyRecords, SplitSend, SurfaceError, SurfaceLimits
 from gateway.surfaces.slack.approvals import question_blocks, question_text
 from gateway.surfaces.slack.format import MAX_MESSAGE_LENGTH, split_message, to_mrkdwn
-from gateway.surfaces.slack.http import Handler, events_handler, interactivity_handler
+from gateway.surfaces.slack.http import (
+    Handler,
+    commands_handler,
+    events_handler,
+    interactivity_handler,
+)
 from gateway.surfaces.slack.intake import (
-    Press,
+    command_of,
     inbox_id,
     message_of,
+    press_key,
     press_of,
     slack_session_id,
 )
 from gateway.surfaces.slack.socket import SocketMode
+from gateway.surfaces.slack.tokens import REFUSED_TOKEN_ERRORS, SlackTokenRefused
+from gateway.surfaces.timers import timers_text
 from gateway.tasks import finish_or_cancel
 from gateway.turns.service import TurnService
 
 __all__ = [
     "DEFAULT_BASE_URL",
+    "HELP_TEXT",
     "SlackAdapter",
     "SlackRecords",
     "SlackTokenRefused",
@@ -93,15 +115,22 @@ _GONE_ERRORS = frozenset(
         "restricted_action",
     }
 )
-_CALL_ERRORS = (SlackApiError, aiohttp.ClientError, OSError, TimeoutError)
-# ``auth.test``'s answers for a token that will never work.
-_REFUSED_TOKEN_ERRORS = frozenset(
-    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired"}
+_WORDS = IntakeWords(
+    platform="Slack",
+    item="event",
+    consuming="holding the Socket Mode lease ({bot})",
+    standing_by="another server holds the Socket Mode lease; standing by to take over",
+    ended="Socket Mode ended ({error!r})",
 )
-
-
-class SlackTokenRefused(RuntimeError):
-    """Slack refused the bot token at start (``auth.test``)."""
+HELP_TEXT = (
+    "I am Reveille: an agent whose background work comes home.\n\n"
+    "Write to me as you would to anyone. Ask for something long 'in the background' and "
+    "go on talking: when the work is done, its result comes back here as a new message.\n\n"
+    "`/reveille new` starts a fresh conversation (the old one is kept).\n"
+    "`/reveille timers` lists the reminders and schedules of this chat.\n"
+    "`/reveille help` shows this again."
+)
+_CALL_ERRORS = (SlackApiError, aiohttp.ClientError, OSError, TimeoutError)
 
 
 class SlackRecords(ReplyRecords, Protocol):
@@ -128,6 +157,8 @@ class SlackRecords(ReplyRecords, Protocol):
     def release_poll_lease(self, bot: str) -> None: ...
 
     def chat_session(self, chat_key: str) -> str | None: ...
+
+    def start_chat_session(self, chat_key: str, session_id: str) -> None: ...
 
     def prune(self, keep_seconds: float = ...) -> None: ...
 
@@ -217,7 +248,8 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
             return []
         return [
             ("/slack/events", events_handler(self.signing_secret, self.take_event)),
-            ("/slack/interactivity", interactivity_handler(self.signing_secret, self._on_press)),
+            ("/slack/interactivity", interactivity_handler(self.signing_secret, self.take_press)),
+            ("/slack/commands", commands_handler(self.signing_secret, self.on_command)),
         ]
 
     # ----------------------------------------------------------------- lifecycle
@@ -228,18 +260,31 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
         else:
             logger.info("Slack: allowed users: %s", ", ".join(sorted(self.allowed_users)))
         await self._check_token()
+        if self.app_token:
+            await self.socket.check()
         await asyncio.to_thread(self.records.prune)
         # Events a previous run (or a dead server) took but did not answer come first.
         for update_id, update in await asyncio.to_thread(self.records.claim_orphans, self.bot):
             self._dispatch(update_id, update)
-        self._intake = asyncio.create_task(self._intake_loop(), name="slack-intake")
+        # Socket Mode runs only while this server holds the bot's lease; a refused app token
+        # turns it off for good.
+        intake = LeasedIntake(
+            self.records,
+            self.bot,
+            self._dispatch,
+            self.socket if self.app_token else None,
+            _WORDS,
+            in_hand=self._in_hand,
+            final=(SlackTokenRefused,),
+        )
+        self._intake = asyncio.create_task(intake.run(), name="slack-intake")
 
     async def _check_token(self) -> None:
         try:
             who = await self.web.auth_test()
         except SlackApiError as exc:
             error = str(exc.response.get("error") or "")
-            if error in _REFUSED_TOKEN_ERRORS:
+            if error in REFUSED_TOKEN_ERRORS:
                 raise SlackTokenRefused(
                     f"Slack refused SLACK_BOT_TOKEN at {self.base_url} ({error}); copy the "
                     "bot token again from the app's OAuth & Permissions page"
@@ -251,50 +296,6 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
             logger.warning("Slack: cannot reach %s (%s); starting anyway", self.base_url, exc)
             return
         logger.info("Slack: connected as %s in team %s", who.get("user_id"), who.get("team_id"))
-
-    async def _intake_loop(self) -> None:
-        """Every third of the lease: renew this server's claims, take over the events of a
-        server that died, and (Socket Mode) hold the socket while holding the lease."""
-        socket: asyncio.Task[None] | None = None
-        standing_by = False
-        try:
-            while True:
-                reached = True
-                try:
-                    await asyncio.to_thread(self.records.renew, self.bot)
-                    orphans = await asyncio.to_thread(
-                        self.records.claim_orphans, self.bot, frozenset(self._in_hand)
-                    )
-                    for update_id, update in orphans:
-                        logger.info("Slack: event %s taken over (its server is gone)", update_id)
-                        self._dispatch(update_id, update)
-                    held = bool(self.app_token) and await asyncio.to_thread(
-                        self.records.hold_poll_lease, self.bot
-                    )
-                except Exception:
-                    logger.exception("Slack: could not reach the shared state")
-                    held = reached = False
-                if socket is not None and socket.done():
-                    if not socket.cancelled() and socket.exception() is not None:
-                        logger.error("Slack: Socket Mode ended (%r)", socket.exception())
-                    socket = None
-                if held and socket is None:
-                    logger.info("Slack: holding the Socket Mode lease (%s)", self.bot)
-                    socket = asyncio.create_task(self.socket.run(), name="slack-socket")
-                    standing_by = False
-                elif not held and socket is not None:
-                    await _cancel(socket)
-                    socket = None
-                if self.app_token and reached and not held and not standing_by:
-                    standing_by = True
-                    logger.info(
-                        "Slack: another server holds the Socket Mode lease; standing by to "
-                        "take over"
-                    )
-                await asyncio.sleep(self.records.lease_seconds / 3)
-        finally:
-            if socket is not None:
-                await _cancel(socket)
 
     async def stop(self, *, grace_seconds: float = 10.0) -> None:
         if self._intake is not None:
@@ -312,11 +313,39 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
 
     # ----------------------------------------------------------------- intake
 
-    async def _take_envelope(self, kind: str, payload: JSONObject) -> None:
+    async def _take_envelope(self, kind: str, payload: JSONObject) -> JSONObject | None:
+        if kind == "slash_commands":
+            return await self.on_command(payload)
         if kind == "interactive":
-            self._on_press(payload)
+            await self.take_press(payload)
         else:
             await self.take_event(payload)
+        return None
+
+    async def on_command(self, payload: JSONObject) -> JSONObject:
+        """``/reveille new|help|timers``: answered by the bot itself (no turn), to the user
+        who typed it only; ``new`` maps the chat to a fresh session, kept in the store."""
+        command = command_of(payload)
+        if command is None or command.user not in self.allowed_users:
+            self.ignored_messages += 1
+            return _ephemeral("You are not on this bot's list of users.")
+        source = command.source
+        base = slack_session_id(source)
+        old = await asyncio.to_thread(self.records.chat_session, base) or base
+        if command.word == "new":
+            fresh = f"{base}:new-{secrets.token_hex(4)}"
+            if not is_valid_session_id(fresh):
+                fresh = "slack_" + hashlib.sha256(fresh.encode()).hexdigest()[:32]
+            # Only the mapping changes: the old session stays, readable, and what it started
+            # still comes home to it.
+            await asyncio.to_thread(self.records.start_chat_session, base, fresh)
+            return _ephemeral(
+                "Started a new conversation: I no longer see what we said before. The "
+                f"previous one is kept (session `{old}`)."
+            )
+        if command.word == "timers":
+            return _ephemeral(to_mrkdwn(await asyncio.to_thread(timers_text, old)))
+        return _ephemeral(to_mrkdwn(HELP_TEXT))
 
     async def take_event(self, envelope: JSONObject) -> None:
         """Store an ``event_callback`` body in the inbox and answer it if it is new."""
@@ -324,6 +353,20 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
         if envelope.get("type") != "event_callback" or not isinstance(event_id, str):
             return
         update: JSONObject = {"update_id": inbox_id(event_id), "envelope": envelope}
+        fresh = await asyncio.to_thread(
+            self.records.take_updates, self.bot, [update], move_offset=False
+        )
+        for update_id, taken in fresh:
+            self._dispatch(update_id, taken)
+
+    async def take_press(self, payload: JSONObject) -> None:
+        """Store a button press (a ``block_actions`` payload) in the inbox by its stable id
+        (``press_key``) and decide it if it is new; acknowledged only after this returns, so a
+        press Slack saw accepted survives a crash, and one sent again is decided once."""
+        key = press_key(payload)
+        if key is None:
+            return
+        update: JSONObject = {"update_id": inbox_id(key), "press": payload}
         fresh = await asyncio.to_thread(
             self.records.take_updates, self.bot, [update], move_offset=False
         )
@@ -339,7 +382,13 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
 
     async def _process(self, update_id: int, update: JSONObject) -> None:
         try:
-            await self._answer(update.get("envelope"))
+            press = update.get("press")
+            if isinstance(press, dict):
+                # Its own task (this one), never behind the chat's lock: the turn holding
+                # that lock waits for this very press.
+                await self._decide(press)
+            else:
+                await self._answer(update.get("envelope"))
         except asyncio.CancelledError:
             raise  # left unanswered in the inbox: the next start (or another server) answers it
         except Exception:
@@ -394,14 +443,12 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
         thread's first writer)."""
         return source.user_id
 
-    def _on_press(self, payload: JSONObject) -> None:
-        """A button press (Socket Mode or HTTP): decided in a task of its own, never behind
-        the chat's lock (the turn holding it waits for this very press)."""
+    async def _decide(self, payload: JSONObject) -> None:
+        """Decide a stored press (``decide_press``: the owner only, once, in the store) and
+        tell the presser; the verdict replaces the question's buttons."""
         pressed = press_of(payload)
-        if pressed is not None:
-            self._spawn(self._decide(pressed), "slack-press")
-
-    async def _decide(self, pressed: Press) -> None:
+        if pressed is None:
+            return
         press = pressed.press
         answer = await decide_press(
             self, self.turns.store, self.approvals, press, allowed_users=self.allowed_users
@@ -448,6 +495,11 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
     async def typing(self, to: SessionSource) -> None:
         """Slack's Web API has no typing indicator for a bot: nothing to show."""
         return None
+
+
+def _ephemeral(text: str) -> JSONObject:
+    """A slash command's answer, shown to the user who typed it only."""
+    return {"response_type": "ephemeral", "text": text}
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -14,8 +14,11 @@ stored.
   Slack saw accepted is durable). Slack sends an event again (``X-Slack-Retry-Num``) when
   it saw no 200 in 3 seconds; the inbox takes each ``event_id`` once, so a re-sent event,
   and a signed request replayed within the window, is answered once.
-* Interactivity: the form field ``payload`` (JSON) goes to ``press``; answered 200 at once
-  (the press is decided meanwhile, and told to the presser by the adapter).
+* Interactivity: the form field ``payload`` (JSON) goes to ``press`` (stored in the inbox by
+  its stable id, and only then answered 200, so a press Slack saw accepted is durable; the
+  press is decided meanwhile, and told to the presser by the adapter).
+* Slash commands (``POST /slack/commands``): the form's fields go to ``command``, whose
+  answer is the response's body (shown to the user who typed it only).
 """
 
 from __future__ import annotations
@@ -30,13 +33,14 @@ from urllib.parse import parse_qs
 
 from aiohttp import web
 
-from agent.messages import JSONObject
+from agent.messages import JSONObject, JSONValue
 from gateway.surfaces.slack.intake import clean
 
 __all__ = [
     "MAX_BODY_BYTES",
     "REPLAY_WINDOW_SECONDS",
     "Handler",
+    "commands_handler",
     "events_handler",
     "interactivity_handler",
     "sign",
@@ -147,25 +151,50 @@ def events_handler(secret: str, take: Callable[[JSONObject], Awaitable[None]]) -
     return handle
 
 
-def interactivity_handler(secret: str, press: Callable[[JSONObject], None]) -> Handler:
+async def _form(request: web.Request, secret: str) -> dict[str, str]:
+    """The fields (one value each) of a form Slack signed, or ``_Refused``."""
+    raw = await _signed_body(request, secret)
+    try:
+        form = parse_qs(raw.decode("utf-8"), strict_parsing=True)
+    except (UnicodeDecodeError, ValueError):
+        raise _Refused(400, "not a form") from None
+    fields = {k: v[0] for k, v in form.items() if len(v) == 1}
+    cleaned = clean(dict[str, JSONValue](fields))
+    assert isinstance(cleaned, dict)
+    return {k: v for k, v in cleaned.items() if isinstance(v, str)}
+
+
+def commands_handler(
+    secret: str, command: Callable[[JSONObject], Awaitable[JSONObject]]
+) -> Handler:
+    """The handler Slack POSTs slash commands to (see the module docstring)."""
+    if not secret:
+        raise ValueError("slash commands need the signing secret")
+
+    async def handle(request: web.Request) -> web.Response:
+        try:
+            fields = await _form(request, secret)
+        except _Refused as exc:
+            return _refusal(exc, "command")
+        return web.json_response(await command(dict[str, JSONValue](fields)))
+
+    return handle
+
+
+def interactivity_handler(secret: str, press: Callable[[JSONObject], Awaitable[None]]) -> Handler:
     """The handler Slack POSTs button presses to (see the module docstring)."""
     if not secret:
         raise ValueError("interactivity needs the signing secret")
 
     async def handle(request: web.Request) -> web.Response:
         try:
-            raw = await _signed_body(request, secret)
-            try:
-                form = parse_qs(raw.decode("utf-8"), strict_parsing=True)
-            except (UnicodeDecodeError, ValueError):
-                raise _Refused(400, "not a form") from None
-            payloads = form.get("payload", [])
-            if len(payloads) != 1:
+            payload = (await _form(request, secret)).get("payload")
+            if payload is None:
                 raise _Refused(400, "no payload")
-            data = _json(payloads[0])
+            data = _json(payload)
         except _Refused as exc:
             return _refusal(exc, "interaction")
-        press(data)
+        await press(data)
         return web.Response(status=200)
 
     return handle

@@ -1,6 +1,6 @@
 """What the Slack adapter takes in: an event as a ``SlackMessage`` (its chat as a
 ``SessionSource``, the session it goes to), a button press as an ``ApprovalPress``, and the
-inbox id that makes a re-sent event taken once.
+inbox id that makes a re-sent event, or a re-sent press (``press_key``), taken once.
 
 A conversation is a channel or a thread: a direct message channel (``dm``), a channel or
 group (``channel``, one conversation for everyone in it, owned by the user who started it)
@@ -20,6 +20,7 @@ it could be stored nowhere as UTF-8): each becomes U+FFFD.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 
@@ -32,10 +33,13 @@ __all__ = [
     "APPROVE_ACTION",
     "DENY_ACTION",
     "Press",
+    "SlackCommand",
     "SlackMessage",
     "clean",
+    "command_of",
     "inbox_id",
     "message_of",
+    "press_key",
     "press_of",
     "slack_session_id",
 ]
@@ -61,6 +65,22 @@ def clean(value: JSONValue) -> JSONValue:
 def inbox_id(event_id: str) -> int:
     """The inbox's (integer) id of an event: 60 bits of its ``event_id``'s hash."""
     return int(hashlib.sha256(event_id.encode()).hexdigest()[:15], 16)
+
+
+def press_key(payload: JSONObject) -> str | None:
+    """The stable id of a ``block_actions`` payload, the same each time Slack sends the one
+    press again: its first action's ``action_ts`` (else the payload's ``trigger_id``), with
+    the presser and the action; None for a payload that is no button press of ours."""
+    if press_of(payload) is None:
+        return None
+    actions, user = payload.get("actions"), payload.get("user")
+    assert isinstance(actions, list) and isinstance(actions[0], dict) and isinstance(user, dict)
+    action = actions[0]
+    when = _str(action.get("action_ts")) or _str(payload.get("trigger_id"))
+    if not when:
+        # Nothing Slack made unique: the payload itself, so a resend is still one press.
+        when = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return f"press:{_str(user.get('id'))}:{_str(action.get('action_id'))}:{when}"
 
 
 def _str(value: JSONValue) -> str:
@@ -149,3 +169,26 @@ def press_of(payload: JSONObject) -> Press | None:
         return None
     press = ApprovalPress(approval_id, action_id == APPROVE_ACTION, user_id, channel_id)
     return Press(press, channel_id, ts, _str(message.get("thread_ts")) or None)
+
+
+@dataclass(frozen=True)
+class SlackCommand:
+    """A slash command (``/reveille new``): who typed it, where (a channel or a direct
+    message; Slack says no thread), and its first word (``new``, ``help``, ``timers``...)."""
+
+    user: str
+    channel: str
+    word: str
+
+    @property
+    def source(self) -> SessionSource:
+        return SlackMessage(self.channel, "", self.user, self.word, "", None).source
+
+
+def command_of(payload: JSONObject) -> SlackCommand | None:
+    """The slash command a ``slash_commands`` payload (or a command's form fields) is."""
+    user, channel = _str(payload.get("user_id")), _str(payload.get("channel_id"))
+    if not (user and channel and _str(payload.get("command"))):
+        return None
+    words = _str(payload.get("text")).split()
+    return SlackCommand(user, channel, words[0].lower().lstrip("/") if words else "help")

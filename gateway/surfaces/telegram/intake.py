@@ -7,10 +7,11 @@ with a growing backoff, never a crash loop; a 409 (another poller on the same to
 webhook set) is logged once, plainly as what it is, and its repeats at DEBUG until a poll
 succeeds again (two servers on one token otherwise log an ERROR every few seconds).
 
-Several servers on one store (``SharedIntake``): only the holder of the polling lease runs
-the ``getUpdates`` loop, the others stand by and take over when the lease lapses or its
-holder is proved dead; every server keeps its claims on the updates it answers alive and
-takes over the updates of a server that died (its claims lapsed), webhook mode included.
+Several servers on one store (``SharedIntake``, the loop of ``gateway.surfaces.leased_intake``
+that Slack shares): only the holder of the polling lease runs the ``getUpdates`` loop, the
+others stand by and take over when the lease lapses or its holder is proved dead; every
+server keeps its claims on the updates it answers alive and takes over the updates of a
+server that died (its claims lapsed), webhook mode included.
 
 Webhook: Telegram POSTs each update to ``webhook_url`` with the ``secret_token`` given to
 ``setWebhook`` in ``X-Telegram-Bot-Api-Secret-Token``; the handler compares it in constant
@@ -21,7 +22,6 @@ time on every request (401 otherwise), stores the update in the inbox and only t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Collection
@@ -29,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent.messages import JSONObject
+from gateway.surfaces.leased_intake import Dispatch, IntakeWords, LeasedIntake
 from gateway.surfaces.telegram.api import TelegramApi, TelegramError
 from gateway.surfaces.telegram.state import TelegramState
 from gateway.surfaces.telegram.updates import (
@@ -50,8 +50,6 @@ _MAX_BACKOFF_SECONDS = 60.0
 # again at once: ask again after a pause, short enough not to hold up a later good update.
 _SKIPPED_ONLY_MAX_WAIT_SECONDS = 5.0
 _ALLOWED_UPDATES = ["message", "callback_query"]
-
-Dispatch = Callable[[int, JSONObject], None]
 
 
 class LongPoller:
@@ -151,14 +149,18 @@ class LongPoller:
         )
 
 
-class SharedIntake:
-    """This server's share of the intake of one bot; ``run()`` until cancelled.
+_WORDS = IntakeWords(
+    platform="Telegram",
+    item="update",
+    consuming="polling for updates (bot {bot})",
+    standing_by="another server polls bot {bot}; standing by to take over",
+    ended="polling stopped ({error!r}); starting again",
+)
 
-    Every ``lease_seconds / 3``: renew this server's claims, take over orphaned updates
-    (their holder died) and dispatch them, and, with a ``poller``, take or renew the
-    polling lease: the poller runs only while it is held (it is stopped when another
-    server took the lease over, so two of them never poll at once for long).
-    """
+
+class SharedIntake(LeasedIntake):
+    """This server's share of the intake of one bot (``gateway.surfaces.leased_intake``):
+    with a ``poller``, it polls only while holding the polling lease."""
 
     def __init__(
         self,
@@ -169,69 +171,11 @@ class SharedIntake:
         *,
         in_hand: Collection[int] = (),
     ) -> None:
-        self.state = state
-        self.bot = bot
-        self.dispatch = dispatch
-        self.poller = poller
-        self.in_hand = in_hand  # the updates this server is answering now (read, never changed)
-        self.polling = False
+        super().__init__(state, bot, dispatch, poller, _WORDS, in_hand=in_hand)
 
-    async def run(self) -> None:
-        poll: asyncio.Task[None] | None = None
-        standing_by = False
-        try:
-            while True:
-                reached = True
-                try:
-                    await self._tick()
-                    held = self.poller is not None and await asyncio.to_thread(
-                        self.state.hold_poll_lease, self.bot
-                    )
-                except Exception:
-                    # The store is out of reach: poll no more (another server may take the
-                    # lease meanwhile) and try again at the next tick.
-                    logger.exception("Telegram: could not reach the shared state")
-                    held = reached = False
-                if poll is not None and poll.done():
-                    failed = None if poll.cancelled() else poll.exception()
-                    if failed is not None:
-                        logger.error("Telegram: polling stopped (%r); starting again", failed)
-                    poll = None
-                if held and poll is None:
-                    assert self.poller is not None
-                    logger.info("Telegram: polling for updates (bot %s)", self.bot)
-                    poll = asyncio.create_task(self.poller.run(), name="telegram-poll")
-                    standing_by = False
-                elif not held and poll is not None:
-                    await _cancel(poll)
-                    poll = None
-                if self.poller is not None and reached and not held and not standing_by:
-                    standing_by = True
-                    logger.info(
-                        "Telegram: another server polls bot %s; standing by to take over",
-                        self.bot,
-                    )
-                self.polling = poll is not None
-                await asyncio.sleep(self.state.lease_seconds / 3)
-        finally:
-            if poll is not None:
-                await _cancel(poll)
-            self.polling = False
-
-    async def _tick(self) -> None:
-        await asyncio.to_thread(self.state.renew, self.bot)
-        in_hand = frozenset(self.in_hand)  # a copy: the thread must not see it change
-        for update_id, update in await asyncio.to_thread(
-            self.state.claim_orphans, self.bot, in_hand
-        ):
-            logger.info("Telegram: update %s taken over (its server is gone)", update_id)
-            self.dispatch(update_id, update)
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    @property
+    def polling(self) -> bool:
+        return self.consuming
 
 
 def webhook_handler(
