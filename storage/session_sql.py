@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from delivery.session_backend import (
     ApprovalRecord,
@@ -23,6 +23,7 @@ from delivery.session_backend import (
     NewMessage,
     NewSession,
     SessionRecord,
+    SessionState,
     TurnLease,
     decode_json,
 )
@@ -58,6 +59,11 @@ class SessionSql:
         self.session = bind(f"SELECT {_SES_READ} FROM sessions WHERE id = ?")
         self.live = bind("SELECT 1 FROM sessions WHERE id = ?")
         self.tombstoned = bind("SELECT 1 FROM tombstones WHERE id = ?")
+        self.state = bind(
+            "SELECT CASE WHEN EXISTS (SELECT 1 FROM sessions WHERE id = ?) THEN 'live'"
+            " WHEN EXISTS (SELECT 1 FROM tombstones WHERE id = ?) THEN 'deleted'"
+            " ELSE 'unknown' END"
+        )
         self.insert_session = bind(
             f"INSERT INTO sessions ({_SES}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
         )
@@ -278,9 +284,16 @@ class SqlSessionRows:
     def tombstoned(self, session_id: str) -> bool:
         return self._one(self.q.tombstoned, (session_id,)) is not None
 
-    def insert_session(self, session_id: str, new: NewSession, now: float) -> bool:
+    def state(self, session_id: str) -> SessionState:
+        found = str(self._one(self.q.state, (session_id, session_id))[0])
+        assert found in ("live", "deleted", "unknown")
+        return cast(SessionState, found)
+
+    def insert_session(self, session_id: str, new: NewSession, now: float) -> None:
+        # No row count is read: in PostgreSQL's pipeline the insert travels with the next
+        # statement whose answer is read, instead of costing a trip of its own.
         values = (session_id, new.source_json, new.session_key, new.title, now, now)
-        return self._count(self.q.insert_session, values) > 0
+        self.conn.execute(self.q.insert_session, values)
 
     def delete_session(self, session_id: str) -> bool:
         return self._count(self.q.delete_session, (session_id,)) > 0
@@ -291,8 +304,8 @@ class SqlSessionRows:
     def untombstone(self, session_id: str) -> None:
         self.conn.execute(self.q.untombstone, (session_id,))
 
-    def touch(self, session_id: str, now: float) -> bool:
-        return self._count(self.q.touch, (now, session_id)) > 0
+    def touch(self, session_id: str, now: float) -> None:
+        self.conn.execute(self.q.touch, (now, session_id))  # no count read: see insert_session
 
     def sessions(self, limit: int, offset: int) -> list[SessionRecord]:
         return [_session(r) for r in self._all(self.q.sessions, (limit, offset))]

@@ -27,6 +27,7 @@ from delivery.session_backend import (
     NewMessage,
     NewSession,
     SessionRecord,
+    SessionState,
     SessionStoreError,
     TurnLease,
     decode_json,
@@ -155,13 +156,16 @@ class MemoryRows:
     def tombstoned(self, session_id: str) -> bool:
         return session_id in self._s.tombstones
 
-    def insert_session(self, session_id: str, new: NewSession, now: float) -> bool:
+    def state(self, session_id: str) -> SessionState:
         if session_id in self._s.sessions:
-            return False
-        self._s.sessions[session_id] = _Session(
-            session_id, new.source_json, new.session_key, new.title, now, now
-        )
-        return True
+            return "live"
+        return "deleted" if session_id in self._s.tombstones else "unknown"
+
+    def insert_session(self, session_id: str, new: NewSession, now: float) -> None:
+        if session_id not in self._s.sessions:
+            self._s.sessions[session_id] = _Session(
+                session_id, new.source_json, new.session_key, new.title, now, now
+            )
 
     def delete_session(self, session_id: str) -> bool:
         return self._s.sessions.pop(session_id, None) is not None
@@ -172,11 +176,10 @@ class MemoryRows:
     def untombstone(self, session_id: str) -> None:
         self._s.tombstones.pop(session_id, None)
 
-    def touch(self, session_id: str, now: float) -> bool:
+    def touch(self, session_id: str, now: float) -> None:
         s = self._s.sessions.get(session_id)
         if s is not None:
             s.updated_at = now
-        return s is not None
 
     def sessions(self, limit: int, offset: int) -> list[SessionRecord]:
         ordered = sorted(self._s.sessions.values(), key=_recency)
