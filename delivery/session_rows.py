@@ -78,8 +78,9 @@ class SessionRows(Protocol):
     def session_by_key(self, session_key: str) -> SessionRecord | None:
         """The most recently active session with this routing key."""
 
-    def prefix_ids(self, prefix: str, limit: int) -> list[str]:
-        """Ids equal to ``prefix`` or starting with ``prefix + "_"``, oldest session first."""
+    def prefix_ids(self, prefix: str, limit: int) -> tuple[list[str], bool]:
+        """Ids equal to ``prefix`` or starting with ``prefix + "_"``, oldest session first;
+        and whether ``prefix`` itself is tombstoned (asked in the same statement: one trip)."""
 
     def set_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool: ...
 

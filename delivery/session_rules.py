@@ -155,9 +155,9 @@ class SessionRules:
 
     async def asessions_by_prefix(self, prefix: str, limit: int) -> PrefixSessions:
         def op(rows: SessionRows) -> PrefixSessions:
-            ids = rows.prefix_ids(prefix, limit)
+            ids, tombstoned = rows.prefix_ids(prefix, limit)
             transcripts = tuple((sid, tuple(rows.transcript(sid, live=False))) for sid in ids)
-            return PrefixSessions(transcripts, prefix not in ids and rows.tombstoned(prefix))
+            return PrefixSessions(transcripts, prefix not in ids and tombstoned)
 
         return await self._tx.aread(op)
 

@@ -81,9 +81,14 @@ class SessionSql:
         )
         # A range on the primary key: ids equal to the prefix or starting with prefix + "_"
         # ("_" < "`", so [prefix, prefix + "`") holds exactly those and the prefix itself).
+        # With the prefix's tombstone on every row, and on the one row (id NULL) there is
+        # when no session matches: a new conversation's lookup is one trip, not two.
         self.prefix_ids = bind(
-            "SELECT id FROM sessions WHERE id = ? OR (id > ? AND id < ?)"
-            " ORDER BY created_at, id LIMIT ?"
+            "SELECT s.id, t.dead FROM"
+            " (SELECT EXISTS (SELECT 1 FROM tombstones WHERE id = ?) AS dead) AS t"
+            " LEFT JOIN (SELECT id, created_at FROM sessions WHERE id = ? OR (id > ? AND id < ?)"
+            " ORDER BY created_at, id LIMIT ?) AS s ON 1 = 1"
+            " ORDER BY s.created_at, s.id"
         )
         self.set_title = bind("UPDATE sessions SET title = ? WHERE id = ?")
         self.set_title_if_untitled = self.set_title + " AND title IS NULL"
@@ -314,9 +319,10 @@ class SqlSessionRows:
         row = self._one(self.q.session_by_key, (session_key,))
         return _session(row) if row is not None else None
 
-    def prefix_ids(self, prefix: str, limit: int) -> list[str]:
-        rows = self._all(self.q.prefix_ids, (prefix, prefix + "_", prefix + "`", limit))
-        return [str(r[0]) for r in rows]
+    def prefix_ids(self, prefix: str, limit: int) -> tuple[list[str], bool]:
+        params = (prefix, prefix, prefix + "_", prefix + "`", limit)
+        rows = self._all(self.q.prefix_ids, params)
+        return [str(r[0]) for r in rows if r[0] is not None], bool(rows[0][1])
 
     def set_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
         sql = self.q.set_title_if_untitled if if_untitled else self.q.set_title

@@ -189,7 +189,7 @@ class MemoryRows:
         hits = [s for s in self._s.sessions.values() if s.session_key == session_key]
         return min(hits, key=_recency).record() if hits else None
 
-    def prefix_ids(self, prefix: str, limit: int) -> list[str]:
+    def prefix_ids(self, prefix: str, limit: int) -> tuple[list[str], bool]:
         hits = sorted(
             (
                 s
@@ -198,7 +198,7 @@ class MemoryRows:
             ),
             key=lambda s: (s.created_at, s.id),
         )
-        return [s.id for s in hits[:limit]]
+        return [s.id for s in hits[:limit]], prefix in self._s.tombstones
 
     def set_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
         s = self._s.sessions.get(session_id)
