@@ -32,6 +32,7 @@ from delivery.session_backend import (
     NewMessage,
     NewSession,
     SessionRecord,
+    SessionState,
     TurnLease,
 )
 
@@ -51,8 +52,14 @@ class SessionRows(Protocol):
 
     def tombstoned(self, session_id: str) -> bool: ...
 
-    def insert_session(self, session_id: str, new: NewSession, now: float) -> bool:
-        """Insert the session row unless one with that id exists; True when inserted."""
+    def state(self, session_id: str) -> SessionState:
+        """``live`` (a session row), ``deleted`` (none, but a tombstone) or ``unknown``: what
+        ``live`` then ``tombstoned`` answer, asked in one statement (one trip, not two)."""
+
+    def insert_session(self, session_id: str, new: NewSession, now: float) -> None:
+        """Insert the session row unless one with that id exists. Nothing is read back, so a
+        backend may send it without waiting (PostgreSQL's pipeline): the rule checks
+        ``live`` first, under the session's lock, where it needs to know."""
 
     def delete_session(self, session_id: str) -> bool:
         """Delete the session row and its messages; True when there was one."""
@@ -61,8 +68,9 @@ class SessionRows(Protocol):
 
     def untombstone(self, session_id: str) -> None: ...
 
-    def touch(self, session_id: str, now: float) -> bool:
-        """Set ``updated_at``; False when there is no such session."""
+    def touch(self, session_id: str, now: float) -> None:
+        """Set ``updated_at`` (nothing when there is no such session); nothing is read back,
+        so a backend may send it without waiting."""
 
     def sessions(self, limit: int, offset: int) -> list[SessionRecord]:
         """Newest activity first (``updated_at`` descending, then id)."""
@@ -70,8 +78,9 @@ class SessionRows(Protocol):
     def session_by_key(self, session_key: str) -> SessionRecord | None:
         """The most recently active session with this routing key."""
 
-    def prefix_ids(self, prefix: str, limit: int) -> list[str]:
-        """Ids equal to ``prefix`` or starting with ``prefix + "_"``, oldest session first."""
+    def prefix_ids(self, prefix: str, limit: int) -> tuple[list[str], bool]:
+        """Ids equal to ``prefix`` or starting with ``prefix + "_"``, oldest session first;
+        and whether ``prefix`` itself is tombstoned (asked in the same statement: one trip)."""
 
     def set_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool: ...
 

@@ -27,7 +27,6 @@ from delivery.session_backend import (
     SessionBackend,
     SessionGone,
     SessionRecord,
-    SessionState,
     SessionTaken,
     TurnLease,
     TurnStart,
@@ -46,12 +45,6 @@ def _turn(session_id: str) -> str:
     return "turn:" + session_id
 
 
-def _state(rows: SessionRows, session_id: str) -> SessionState:
-    if rows.live(session_id):
-        return "live"
-    return "deleted" if rows.tombstoned(session_id) else "unknown"
-
-
 def _require_live(rows: SessionRows, session_id: str) -> None:
     if not rows.live(session_id):
         raise SessionGone(session_id)
@@ -63,11 +56,12 @@ def _insert_session(
     """Create the session unless it is live. ``revive``: an explicit creation, which clears a
     tombstone; otherwise a tombstoned id raises SessionGone. ``new.exclusive``: a live one
     raises SessionTaken. Checks come before writes."""
-    if rows.live(session_id):
+    state = rows.state(session_id)
+    if state == "live":
         if new.exclusive:
             raise SessionTaken(session_id)
         return
-    if rows.tombstoned(session_id):
+    if state == "deleted":
         if not revive:
             raise SessionGone(session_id)
         rows.untombstone(session_id)
@@ -76,7 +70,7 @@ def _insert_session(
 
 def _peek(rows: SessionRows, session_id: str) -> TurnStart | None:
     """A turn's start from a read alone, or None when a write must fold."""
-    state = _state(rows, session_id)
+    state = rows.state(session_id)
     if state != "live":
         return TurnStart(state)
     history = tuple(rows.transcript(session_id, live=True))
@@ -161,9 +155,9 @@ class SessionRules:
 
     async def asessions_by_prefix(self, prefix: str, limit: int) -> PrefixSessions:
         def op(rows: SessionRows) -> PrefixSessions:
-            ids = rows.prefix_ids(prefix, limit)
+            ids, tombstoned = rows.prefix_ids(prefix, limit)
             transcripts = tuple((sid, tuple(rows.transcript(sid, live=False))) for sid in ids)
-            return PrefixSessions(transcripts, prefix not in ids and rows.tombstoned(prefix))
+            return PrefixSessions(transcripts, prefix not in ids and tombstoned)
 
         return await self._tx.aread(op)
 
@@ -240,7 +234,7 @@ class SessionRules:
         def op(rows: SessionRows) -> TurnStart:
             # Read again inside the write: a racing turn may have folded meanwhile, and the
             # transaction makes this turn's take disjoint from every other one.
-            state = _state(rows, session_id)
+            state = rows.state(session_id)
             if state != "live":
                 if create is None:
                     return TurnStart(state)
@@ -266,8 +260,11 @@ class SessionRules:
 
         def op(rows: SessionRows) -> None:
             if create is not None:
+                # Live once this returns (found live, or inserted under the session's lock):
+                # asking again would only cost PostgreSQL a trip.
                 _insert_session(rows, session_id, create, now, revive=False)
-            _require_live(rows, session_id)
+            else:
+                _require_live(rows, session_id)
             if messages:
                 rows.insert_messages(session_id, messages, now)
             rows.touch(session_id, now)

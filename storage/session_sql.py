@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from delivery.session_backend import (
     ApprovalRecord,
@@ -23,6 +23,7 @@ from delivery.session_backend import (
     NewMessage,
     NewSession,
     SessionRecord,
+    SessionState,
     TurnLease,
     decode_json,
 )
@@ -58,6 +59,11 @@ class SessionSql:
         self.session = bind(f"SELECT {_SES_READ} FROM sessions WHERE id = ?")
         self.live = bind("SELECT 1 FROM sessions WHERE id = ?")
         self.tombstoned = bind("SELECT 1 FROM tombstones WHERE id = ?")
+        self.state = bind(
+            "SELECT CASE WHEN EXISTS (SELECT 1 FROM sessions WHERE id = ?) THEN 'live'"
+            " WHEN EXISTS (SELECT 1 FROM tombstones WHERE id = ?) THEN 'deleted'"
+            " ELSE 'unknown' END"
+        )
         self.insert_session = bind(
             f"INSERT INTO sessions ({_SES}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
         )
@@ -75,9 +81,14 @@ class SessionSql:
         )
         # A range on the primary key: ids equal to the prefix or starting with prefix + "_"
         # ("_" < "`", so [prefix, prefix + "`") holds exactly those and the prefix itself).
+        # With the prefix's tombstone on every row, and on the one row (id NULL) there is
+        # when no session matches: a new conversation's lookup is one trip, not two.
         self.prefix_ids = bind(
-            "SELECT id FROM sessions WHERE id = ? OR (id > ? AND id < ?)"
-            " ORDER BY created_at, id LIMIT ?"
+            "SELECT s.id, t.dead FROM"
+            " (SELECT EXISTS (SELECT 1 FROM tombstones WHERE id = ?) AS dead) AS t"
+            " LEFT JOIN (SELECT id, created_at FROM sessions WHERE id = ? OR (id > ? AND id < ?)"
+            " ORDER BY created_at, id LIMIT ?) AS s ON 1 = 1"
+            " ORDER BY s.created_at, s.id"
         )
         self.set_title = bind("UPDATE sessions SET title = ? WHERE id = ?")
         self.set_title_if_untitled = self.set_title + " AND title IS NULL"
@@ -278,9 +289,16 @@ class SqlSessionRows:
     def tombstoned(self, session_id: str) -> bool:
         return self._one(self.q.tombstoned, (session_id,)) is not None
 
-    def insert_session(self, session_id: str, new: NewSession, now: float) -> bool:
+    def state(self, session_id: str) -> SessionState:
+        found = str(self._one(self.q.state, (session_id, session_id))[0])
+        assert found in ("live", "deleted", "unknown")
+        return cast(SessionState, found)
+
+    def insert_session(self, session_id: str, new: NewSession, now: float) -> None:
+        # No row count is read: in PostgreSQL's pipeline the insert travels with the next
+        # statement whose answer is read, instead of costing a trip of its own.
         values = (session_id, new.source_json, new.session_key, new.title, now, now)
-        return self._count(self.q.insert_session, values) > 0
+        self.conn.execute(self.q.insert_session, values)
 
     def delete_session(self, session_id: str) -> bool:
         return self._count(self.q.delete_session, (session_id,)) > 0
@@ -291,8 +309,8 @@ class SqlSessionRows:
     def untombstone(self, session_id: str) -> None:
         self.conn.execute(self.q.untombstone, (session_id,))
 
-    def touch(self, session_id: str, now: float) -> bool:
-        return self._count(self.q.touch, (now, session_id)) > 0
+    def touch(self, session_id: str, now: float) -> None:
+        self.conn.execute(self.q.touch, (now, session_id))  # no count read: see insert_session
 
     def sessions(self, limit: int, offset: int) -> list[SessionRecord]:
         return [_session(r) for r in self._all(self.q.sessions, (limit, offset))]
@@ -301,9 +319,10 @@ class SqlSessionRows:
         row = self._one(self.q.session_by_key, (session_key,))
         return _session(row) if row is not None else None
 
-    def prefix_ids(self, prefix: str, limit: int) -> list[str]:
-        rows = self._all(self.q.prefix_ids, (prefix, prefix + "_", prefix + "`", limit))
-        return [str(r[0]) for r in rows]
+    def prefix_ids(self, prefix: str, limit: int) -> tuple[list[str], bool]:
+        params = (prefix, prefix, prefix + "_", prefix + "`", limit)
+        rows = self._all(self.q.prefix_ids, params)
+        return [str(r[0]) for r in rows if r[0] is not None], bool(rows[0][1])
 
     def set_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
         sql = self.q.set_title_if_untitled if if_untitled else self.q.set_title

@@ -27,6 +27,7 @@ from delivery.session_backend import (
     NewMessage,
     NewSession,
     SessionRecord,
+    SessionState,
     SessionStoreError,
     TurnLease,
     decode_json,
@@ -155,13 +156,16 @@ class MemoryRows:
     def tombstoned(self, session_id: str) -> bool:
         return session_id in self._s.tombstones
 
-    def insert_session(self, session_id: str, new: NewSession, now: float) -> bool:
+    def state(self, session_id: str) -> SessionState:
         if session_id in self._s.sessions:
-            return False
-        self._s.sessions[session_id] = _Session(
-            session_id, new.source_json, new.session_key, new.title, now, now
-        )
-        return True
+            return "live"
+        return "deleted" if session_id in self._s.tombstones else "unknown"
+
+    def insert_session(self, session_id: str, new: NewSession, now: float) -> None:
+        if session_id not in self._s.sessions:
+            self._s.sessions[session_id] = _Session(
+                session_id, new.source_json, new.session_key, new.title, now, now
+            )
 
     def delete_session(self, session_id: str) -> bool:
         return self._s.sessions.pop(session_id, None) is not None
@@ -172,11 +176,10 @@ class MemoryRows:
     def untombstone(self, session_id: str) -> None:
         self._s.tombstones.pop(session_id, None)
 
-    def touch(self, session_id: str, now: float) -> bool:
+    def touch(self, session_id: str, now: float) -> None:
         s = self._s.sessions.get(session_id)
         if s is not None:
             s.updated_at = now
-        return s is not None
 
     def sessions(self, limit: int, offset: int) -> list[SessionRecord]:
         ordered = sorted(self._s.sessions.values(), key=_recency)
@@ -186,7 +189,7 @@ class MemoryRows:
         hits = [s for s in self._s.sessions.values() if s.session_key == session_key]
         return min(hits, key=_recency).record() if hits else None
 
-    def prefix_ids(self, prefix: str, limit: int) -> list[str]:
+    def prefix_ids(self, prefix: str, limit: int) -> tuple[list[str], bool]:
         hits = sorted(
             (
                 s
@@ -195,7 +198,7 @@ class MemoryRows:
             ),
             key=lambda s: (s.created_at, s.id),
         )
-        return [s.id for s in hits[:limit]]
+        return [s.id for s in hits[:limit]], prefix in self._s.tombstones
 
     def set_title(self, session_id: str, title: str, *, if_untitled: bool) -> bool:
         s = self._s.sessions.get(session_id)

@@ -8,9 +8,10 @@ turn lease, an idempotency key), so a delete, a creation, a fold and an append o
 session never interleave, whichever server runs them.
 
 Round trips are what a turn on PostgreSQL pays for, so a write runs in pipeline mode: BEGIN
-and the locks go in one trip, then the rule's statements, those whose answer it does not
-read travelling with the next one that it does, then COMMIT. That first trip is also how
-a connection the server dropped is found out (a restart, a failover): nothing ran, so the
+and the locks travel with the rule's first statement whose answer it reads, the statements
+whose answer it does not read with the next one that it does, then COMMIT. That first trip
+(or, for a rule that reads nothing, a trip of their own before COMMIT) is also how a
+connection the server dropped is found out (a restart, a failover): nothing ran, so the
 pool checks its idle connections and the write runs once more; the pool hands connections
 out without a checking trip of its own. A read is its statements in autocommit, one trip each: under
 READ COMMITTED a transaction around them would give them no common snapshot, only a BEGIN
@@ -57,16 +58,29 @@ class PostgresSessionsUnavailable(SessionStoreError):
 
 class PostgresRows(SqlSessionRows):
     """The shared rows, with what PostgreSQL spells its own way; in a write, on a connection
-    in pipeline mode (``pipeline``)."""
+    in pipeline mode (``pipeline``). ``answered``: whether an answer has come back from the
+    server yet (the write's first trip, which BEGIN and the locks travel with)."""
 
     def __init__(self, conn: Conn, sql: Any, pipeline: psycopg.Pipeline | None = None) -> None:
         super().__init__(conn, sql)
         self._pipeline = pipeline
+        self.answered = False
+
+    def _one(self, query: str, params: Sequence[Any]) -> Any:
+        row = super()._one(query, params)
+        self.answered = True
+        return row
+
+    def _all(self, query: str, params: Sequence[Any] = ()) -> list[Any]:
+        rows = super()._all(query, params)
+        self.answered = True
+        return rows
 
     def _count(self, query: str, params: Sequence[Any]) -> int:
         cur = self.conn.execute(query, tuple(params))
         if self._pipeline is not None:
             self._pipeline.sync()  # a row count arrives with the statement's answer
+        self.answered = True
         return int(cur.rowcount)
 
     def insert_messages(self, session_id: str, messages: Sequence[NewMessage], now: float) -> None:
@@ -85,7 +99,7 @@ class PostgresRows(SqlSessionRows):
 
     def unfolded_by_dedupe(self, wanted: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
         sids, keys = [w[0] for w in wanted], [w[1] for w in wanted]
-        rows = self.conn.execute(q.SQL_UNFOLDED_BY_DEDUPE, (sids, keys)).fetchall()
+        rows = self._all(q.SQL_UNFOLDED_BY_DEDUPE, (sids, keys))
         return {(str(r[0]), str(r[1])) for r in rows}
 
 
@@ -141,14 +155,22 @@ class _PostgresTx:
         with pool.connection() as conn:
             try:
                 with conn.pipeline() as pipeline:
+                    # BEGIN and the locks travel with the rule's first statement whose answer
+                    # it reads; a rule that reads none waits for them before COMMIT. Until an
+                    # answer has come back nothing ran, so a dropped connection is found out
+                    # there, safe to run the write again.
+                    rows = PostgresRows(conn, _SQL, pipeline)
                     try:
                         conn.execute("BEGIN")
                         for key in locks:
                             conn.execute(q.SQL_LOCK_KEY, (key,))
-                        pipeline.sync()
+                        result = op(rows)
+                        if not rows.answered:
+                            pipeline.sync()
                     except psycopg.OperationalError as exc:
+                        if rows.answered:
+                            raise
                         raise _Dropped from exc
-                    result = op(PostgresRows(conn, _SQL, pipeline))
                     conn.execute("COMMIT")
             except BaseException:
                 rollback_quietly(conn)
