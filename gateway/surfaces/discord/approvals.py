@@ -17,6 +17,7 @@ from __future__ import annotations
 import discord
 
 from gateway.approvals import ApprovalRecord
+from gateway.surfaces.approval_text import question_markdown
 from gateway.surfaces.discord.format import code_block
 from gateway.surfaces.port import ApprovalPress
 
@@ -27,17 +28,7 @@ APPROVAL_PREFIX = "reveille:appr:"
 
 def question_text(approval: ApprovalRecord) -> str:
     """The question's markdown (the command in a block nothing in it can close)."""
-    if approval.status == "expired":
-        return (
-            "**Approval expired.** Nobody answered, so the background task "
-            f"`{approval.unit_id}` did not run:\n{code_block(approval.command)}"
-        )
-    if approval.background:
-        return (
-            f"**Approval needed.** A background task (`{approval.unit_id}`) wants to run:\n"
-            f"{code_block(approval.command)}"
-        )
-    return f"**Approval needed.** The agent wants to run:\n{code_block(approval.command)}"
+    return question_markdown(approval, code_block)
 
 
 def approval_view(approval_id: str) -> discord.ui.View:

@@ -57,6 +57,7 @@ from gateway.approvals import ApprovalRecord, Approvals
 from gateway.config import Platform
 from gateway.session import SessionSource
 from gateway.surfaces.approval_press import decide_press
+from gateway.surfaces.approval_text import question_markdown
 from gateway.surfaces.chat import ChatTurns
 from gateway.surfaces.matrix.client import MatrixClient
 from gateway.surfaces.matrix.format import MAX_MESSAGE_LENGTH, split_message, to_html
@@ -525,26 +526,9 @@ class MatrixAdapter(SplitSend, BasePlatformAdapter):
             await self.client.call(Method.PUT, path, {"typing": True, "timeout": 5000})
 
 
-def _fence(text: str) -> str:
-    ticks = "```"
-    while ticks in text:
-        ticks += "`"
-    return f"{ticks}\n{text}\n{ticks}"
-
-
 def _question(approval: ApprovalRecord) -> str:
-    """The question's markdown: the command in a block nothing in it can close."""
+    """The question's markdown, and how to answer it while it is open."""
+    text = question_markdown(approval)
     if approval.status == "expired":
-        return (
-            "**Approval expired.** Nobody answered, so the background task "
-            f"`{approval.unit_id}` did not run:\n{_fence(approval.command)}"
-        )
-    what = (
-        f"A background task (`{approval.unit_id}`) wants to run"
-        if approval.background
-        else "The agent wants to run"
-    )
-    return (
-        f"**Approval needed.** {what}:\n{_fence(approval.command)}\n"
-        f"React {APPROVE_KEY} to approve once, {DENY_KEY} to deny."
-    )
+        return text
+    return f"{text}\nReact {APPROVE_KEY} to approve once, {DENY_KEY} to deny."

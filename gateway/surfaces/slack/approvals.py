@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from agent.messages import JSONObject
 from gateway.approvals import ApprovalRecord
+from gateway.surfaces.approval_text import question_markdown
 from gateway.surfaces.slack.intake import APPROVE_ACTION, DENY_ACTION
 
 __all__ = ["question_blocks", "question_text"]
@@ -20,26 +21,9 @@ __all__ = ["question_blocks", "question_text"]
 _SECTION_CHARS = 3000
 
 
-def _fence(text: str) -> str:
-    ticks = "```"
-    while ticks in text:
-        ticks += "`"
-    return f"{ticks}\n{text}\n{ticks}"
-
-
 def question_text(approval: ApprovalRecord) -> str:
     """The question's markdown (the command in a block nothing in it can close)."""
-    if approval.status == "expired":
-        return (
-            "**Approval expired.** Nobody answered, so the background task "
-            f"`{approval.unit_id}` did not run:\n{_fence(approval.command)}"
-        )
-    what = (
-        f"A background task (`{approval.unit_id}`) wants to run"
-        if approval.background
-        else "The agent wants to run"
-    )
-    return f"**Approval needed.** {what}:\n{_fence(approval.command)}"
+    return question_markdown(approval)
 
 
 def _button(label: str, action_id: str, value: str, style: str) -> JSONObject:
