@@ -74,6 +74,19 @@ class ChatTurns:
         # The chat each running turn's session answers in: where its approvals are asked.
         self.sources: dict[str, SessionSource] = {}
 
+    async def source_of(self, session_id: str) -> SessionSource | None:
+        """Where ``session_id``'s chat answers on this platform: the running turn's source,
+        else the session's stored one (an approval asked after a restart, or by a server
+        that did not run the turn); None for another platform's or a gone session."""
+        source = self.sources.get(session_id)
+        if source is not None:
+            return source
+        session = await asyncio.to_thread(self.turns.store.get_session, session_id)
+        if session is None or not isinstance(session.source, dict):
+            return None
+        stored = SessionSource.from_dict(session.source)
+        return stored if stored.platform is self.surface.platform else None
+
     def lock(self, session_id: str) -> asyncio.Lock:
         """The lock that keeps one chat's turns (messages and wake-ups) in order."""
         lock = self._locks.get(session_id)

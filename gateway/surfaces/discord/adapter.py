@@ -440,7 +440,7 @@ class DiscordAdapter(SplitSend, BasePlatformAdapter):
     # ----------------------------------------------------------------- approvals
 
     async def ask_approval(self, approval: ApprovalRecord) -> None:
-        source = self.chat.sources.get(approval.session_id) or await self._stored_source(approval)
+        source = await self.chat.source_of(approval.session_id)
         if source is None:
             logger.warning("approval %s has no Discord chat to ask in", approval.id)
             return
@@ -459,13 +459,6 @@ class DiscordAdapter(SplitSend, BasePlatformAdapter):
         finally:
             if view is not None:
                 view.stop()  # the buttons are answered in on_press, by custom_id
-
-    async def _stored_source(self, approval: ApprovalRecord) -> SessionSource | None:
-        session = await asyncio.to_thread(self.turns.store.get_session, approval.session_id)
-        if session is None or not isinstance(session.source, dict):
-            return None
-        source = SessionSource.from_dict(session.source)
-        return source if source.platform is Platform.DISCORD else None
 
     def owner_of(self, source: SessionSource) -> str | None:
         """The user who started the conversation (a DM's user, a channel's first writer)."""

@@ -417,7 +417,7 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
     # ----------------------------------------------------------------- approvals
 
     async def ask_approval(self, approval: ApprovalRecord) -> None:
-        source = self.chat.sources.get(approval.session_id) or await self._stored_source(approval)
+        source = await self.chat.source_of(approval.session_id)
         if source is None:
             logger.warning("approval %s has no Slack chat to ask in", approval.id)
             return
@@ -430,13 +430,6 @@ class SlackAdapter(SplitSend, BasePlatformAdapter):
         except _CALL_ERRORS as exc:
             # Still decidable (``reveille approvals``); the turn waits for it either way.
             logger.warning("could not ask approval %s in %s: %s", approval.id, source.chat_id, exc)
-
-    async def _stored_source(self, approval: ApprovalRecord) -> SessionSource | None:
-        session = await asyncio.to_thread(self.turns.store.get_session, approval.session_id)
-        if session is None or not isinstance(session.source, dict):
-            return None
-        source = SessionSource.from_dict(session.source)
-        return source if source.platform is Platform.SLACK else None
 
     def owner_of(self, source: SessionSource) -> str | None:
         """The user who started the conversation (a direct chat's user, a channel's or a
