@@ -11,10 +11,19 @@ Prints, for one run on this machine:
   * the sequential pattern of a gateway watcher (dispatch, wait for the completion, claim,
     acknowledge; one item at a time), and the same with every write waiting for the disk;
   * what the disk allows that pattern: the median durable commit, and the ceiling of two
-    such commits per item.
+    such commits per item;
+  * the same ratio measured interleaved: blocks of the sequential pattern alternate with
+    blocks of bare durable commits on the same disk, each block's items against twice the
+    median commit of the commits next to it, and the median of those ratios. On a disk that
+    others share, the speed of an fsync drifts by several times within seconds; a ceiling
+    measured seconds apart from the pattern then says more about the drift than about the
+    pattern, and the interleaved ratio does not.
 
 Usage: python bench/ledger.py [--items 20000] [--sequential-items 5000] [--rate 500]
-                              [--seconds 6]
+                              [--seconds 6] [--sequential-only]
+
+``--sequential-only`` runs and prints only the sequential pattern's lines (sequential, seq
+FULL, seq ratio, disk, seq floor, interleaved).
 """
 
 from __future__ import annotations
@@ -191,6 +200,64 @@ def durable_commit_floor(path: str, commits: int = 1_000) -> dict:
     conn.close()
     median = statistics.median(times)
     return {"median_ms": median * 1000, "ceiling_per_s": 1 / (2 * median)}
+
+
+def interleaved(path: str, items: int, *, block: int = 100) -> dict:
+    """The sequential pattern against its ceiling, both measured in turns: ``block`` items of
+    the pattern, then ``block`` bare durable commits (``durable_commit_floor``'s, on a file
+    beside the ledger), and again. Each block of the pattern is set against twice the median
+    commit of the bare blocks before and after it; the result is the median of those
+    ratios (and the pattern's and the ceiling's items/s over the whole run)."""
+    queue = CompletionQueue()
+    ad.configure_runtime(path, completion_queue=queue, max_queued=16)
+    bare = sqlite3.connect(f"{path}-bare", isolation_level=None)
+    bare.execute("PRAGMA journal_mode = WAL")
+    bare.execute("PRAGMA synchronous = FULL")
+    bare.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+
+    def commits() -> float:
+        times = []
+        for i in range(block):
+            start = time.perf_counter()
+            bare.execute("BEGIN IMMEDIATE")
+            bare.execute("INSERT INTO t (v) VALUES (?)", (f"row {i}",))
+            bare.execute("COMMIT")
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    def pattern() -> float:
+        start = time.perf_counter()
+        for _ in range(block):
+            r = ad.dispatch_async_delegation(
+                goal="bench", runner=_runner, session_key="bench", max_async_children=3
+            )
+            if r["status"] == "rejected":
+                raise RuntimeError(r["error"])
+            evt = queue.get(timeout=30)
+            claim = ad.claim_event_delivery(evt, "bench")
+            if not (claim and ad.complete_event_delivery(evt, claim)):
+                raise RuntimeError(f"{evt['delegation_id']} was not delivered")
+        return (time.perf_counter() - start) / block
+
+    medians = [commits()]
+    per_item = []
+    for _ in range(max(items // block, 1)):
+        per_item.append(pattern())
+        medians.append(commits())
+    bare.close()
+    ad.reset_runtime()
+    # Twice the mean of the two neighbouring medians, over the block's time per item.
+    ratios = [
+        (before + after) / item
+        for item, before, after in zip(per_item, medians[:-1], medians[1:], strict=True)
+    ]
+    return {
+        "items": len(per_item) * block,
+        "blocks": len(per_item),
+        "ratio": statistics.median(ratios),
+        "items_per_s": 1 / statistics.mean(per_item),
+        "ceiling_per_s": 1 / (2 * statistics.median(medians)),
+    }
 
 
 def latency(path: str, rate: float, seconds: float) -> dict:
@@ -404,6 +471,9 @@ def main() -> None:
     ap.add_argument("--sequential-items", type=int, default=5_000)
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument(
+        "--sequential-only", action="store_true", help="only the sequential pattern's lines"
+    )
     ap.add_argument("--pipeline-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--report-fsyncs", action="store_true", help=argparse.SUPPRESS)
@@ -418,27 +488,32 @@ def main() -> None:
         print(json.dumps(result))
         return
 
+    seq_only = args.sequential_only
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
-        pipe = pipeline(f"{tmp}/pipeline.db", args.items, args.producers)
-        base = baseline(f"{tmp}/baseline.db", args.baseline_items)
+        if not seq_only:
+            pipe = pipeline(f"{tmp}/pipeline.db", args.items, args.producers)
+            base = baseline(f"{tmp}/baseline.db", args.baseline_items)
         seq_full = sequential(f"{tmp}/seq-full.db", args.sequential_items, all_durable=True)
         seq = sequential(f"{tmp}/seq.db", args.sequential_items)
-        lat = latency(f"{tmp}/latency.db", args.rate, args.seconds)
+        if not seq_only:
+            lat = latency(f"{tmp}/latency.db", args.rate, args.seconds)
         floor = durable_commit_floor(f"{tmp}/floor.db")
         seq_floor = sequential_floor(f"{tmp}/seq-floor.db", args.sequential_items)
-    fsync = count_fsyncs(args.items, args.producers)
+        mixed = interleaved(f"{tmp}/interleaved.db", args.sequential_items)
+    fsync = None if seq_only else count_fsyncs(args.items, args.producers)
 
     print(f"sqlite {sqlite3.sqlite_version}, synchronous=FULL, WAL, {os.cpu_count()} cores")
-    print(
-        f"pipeline   : {pipe['delivered']:>6} items delivered in {pipe['seconds']:.2f} s = "
-        f"{pipe['items_per_s']:,.0f} items/s  ({args.producers} producers, "
-        "1 asyncio consumer)"
-    )
-    print(
-        f"baseline   : {base['items']:>6} items (4 unbatched commits each) in "
-        f"{base['seconds']:.2f} s = {base['items_per_s']:,.0f} items/s"
-    )
-    print(f"ratio      : {pipe['items_per_s'] / base['items_per_s']:.1f}x the baseline")
+    if not seq_only:
+        print(
+            f"pipeline   : {pipe['delivered']:>6} items delivered in {pipe['seconds']:.2f} s = "
+            f"{pipe['items_per_s']:,.0f} items/s  ({args.producers} producers, "
+            "1 asyncio consumer)"
+        )
+        print(
+            f"baseline   : {base['items']:>6} items (4 unbatched commits each) in "
+            f"{base['seconds']:.2f} s = {base['items_per_s']:,.0f} items/s"
+        )
+        print(f"ratio      : {pipe['items_per_s'] / base['items_per_s']:.1f}x the baseline")
     for label, run in (("sequential", seq), ("seq, FULL ", seq_full)):
         print(
             f"{label} : {run['delivered']:>6} items one at a time in {run['seconds']:.2f} s = "
@@ -459,6 +534,14 @@ def main() -> None:
         f"and its one hand-off to a worker, raw sqlite3: {seq_floor['items_per_s']:,.0f} "
         f"items/s; the pattern reaches {seq['items_per_s'] / seq_floor['items_per_s']:.0%} of it"
     )
+    print(
+        f"interleaved: {mixed['items']} items in {mixed['blocks']} blocks, each beside bare "
+        f"durable commits: the pattern {mixed['items_per_s']:,.0f} items/s, the ceiling "
+        f"{mixed['ceiling_per_s']:,.0f}; block by block it reaches {mixed['ratio']:.0%} of "
+        "the ceiling (median)"
+    )
+    if seq_only:
+        return
     print(
         f"commits    : {pipe['commits']} for {pipe['operations']} operations = "
         f"{pipe['commits'] / max(pipe['delivered'], 1):.3f} log commits per delivered item"
