@@ -12,7 +12,8 @@ Prints, for one run on this machine:
     acknowledge; one item at a time), and the same with every write waiting for the disk;
   * what the disk allows that pattern: the median durable commit, and the ceiling of two
     such commits per item;
-  * the same ratio measured interleaved: blocks of the sequential pattern alternate with
+  * the same ratio measured interleaved, and where an item's time goes (its commits, CPU
+    outside them, waiting for threads to run): blocks of the sequential pattern alternate with
     blocks of bare durable commits on the same disk, each block's items against twice the
     median commit of the commits next to it, and the median of those ratios. On a disk that
     others share, the speed of an fsync drifts by several times within seconds; a ceiling
@@ -202,14 +203,45 @@ def durable_commit_floor(path: str, commits: int = 1_000) -> dict:
     return {"median_ms": median * 1000, "ceiling_per_s": 1 / (2 * median)}
 
 
+class CommitClock:
+    """Where a run's time goes: wraps the ledger writer's commit (one instance; the bench's
+    own probe) to sum the wall time spent in durable and in NORMAL commits and the CPU the
+    committing threads spent there."""
+
+    def __init__(self, backend: Any) -> None:
+        self.durable = self.normal = self.cpu = 0.0
+        writer = backend._writer
+        plain = writer._commit
+
+        def commit(conn: Any, context: Any, batch: list) -> None:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                plain(conn, context, batch)
+            finally:
+                wall = time.perf_counter() - wall
+                self.cpu += time.thread_time() - cpu
+                if any(durable for _, _, durable in batch):
+                    self.durable += wall
+                else:
+                    self.normal += wall
+
+        writer._commit = commit
+
+
 def interleaved(path: str, items: int, *, block: int = 100) -> dict:
     """The sequential pattern against its ceiling, both measured in turns: ``block`` items of
     the pattern, then ``block`` bare durable commits (``durable_commit_floor``'s, on a file
     beside the ledger), and again. Each block of the pattern is set against twice the median
     commit of the bare blocks before and after it; the result is the median of those
-    ratios (and the pattern's and the ceiling's items/s over the whole run)."""
+    ratios (and the pattern's and the ceiling's items/s over the whole run).
+
+    Also where an item's time goes (means over the pattern's blocks): its durable commits,
+    its NORMAL commits, the process's CPU outside commits (every thread), and the rest, which
+    is waiting for a thread to run: the two hand-offs (to the worker that runs the work and
+    back to the consumer) and the wake-ups after each fsync."""
     queue = CompletionQueue()
-    ad.configure_runtime(path, completion_queue=queue, max_queued=16)
+    rt = ad.configure_runtime(path, completion_queue=queue, max_queued=16)
+    clock = CommitClock(rt.ledger.backend)
     bare = sqlite3.connect(f"{path}-bare", isolation_level=None)
     bare.execute("PRAGMA journal_mode = WAL")
     bare.execute("PRAGMA synchronous = FULL")
@@ -225,8 +257,10 @@ def interleaved(path: str, items: int, *, block: int = 100) -> dict:
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
+    spent = {"wall": 0.0, "cpu": 0.0}
+
     def pattern() -> float:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(block):
             r = ad.dispatch_async_delegation(
                 goal="bench", runner=_runner, session_key="bench", max_async_children=3
@@ -237,7 +271,10 @@ def interleaved(path: str, items: int, *, block: int = 100) -> dict:
             claim = ad.claim_event_delivery(evt, "bench")
             if not (claim and ad.complete_event_delivery(evt, claim)):
                 raise RuntimeError(f"{evt['delegation_id']} was not delivered")
-        return (time.perf_counter() - start) / block
+        wall = time.perf_counter() - start
+        spent["wall"] += wall
+        spent["cpu"] += time.process_time() - cpu
+        return wall / block
 
     medians = [commits()]
     per_item = []
@@ -251,12 +288,20 @@ def interleaved(path: str, items: int, *, block: int = 100) -> dict:
         (before + after) / item
         for item, before, after in zip(per_item, medians[:-1], medians[1:], strict=True)
     ]
+    n = len(per_item) * block
+    outside_cpu = spent["cpu"] - clock.cpu
     return {
-        "items": len(per_item) * block,
+        "items": n,
         "blocks": len(per_item),
         "ratio": statistics.median(ratios),
         "items_per_s": 1 / statistics.mean(per_item),
         "ceiling_per_s": 1 / (2 * statistics.median(medians)),
+        "item_ms": spent["wall"] / n * 1000,
+        "bare_ms": statistics.mean(medians) * 1000,
+        "durable_ms": clock.durable / n * 1000,
+        "normal_ms": clock.normal / n * 1000,
+        "cpu_ms": outside_cpu / n * 1000,
+        "wait_ms": (spent["wall"] - clock.durable - clock.normal - outside_cpu) / n * 1000,
     }
 
 
@@ -539,6 +584,12 @@ def main() -> None:
         f"durable commits: the pattern {mixed['items_per_s']:,.0f} items/s, the ceiling "
         f"{mixed['ceiling_per_s']:,.0f}; block by block it reaches {mixed['ratio']:.0%} of "
         "the ceiling (median)"
+    )
+    print(
+        f"per item   : {mixed['item_ms']:.3f} ms = durable commits {mixed['durable_ms']:.3f} "
+        f"(two bare ones beside them: {2 * mixed['bare_ms']:.3f}) + NORMAL commits "
+        f"{mixed['normal_ms']:.3f} + CPU outside commits {mixed['cpu_ms']:.3f} + waiting for "
+        f"a thread to run (hand-offs, wake-ups) {mixed['wait_ms']:.3f}"
     )
     if seq_only:
         return
