@@ -18,13 +18,16 @@ Prints, for one run on this machine:
     median commit of the commits next to it, and the median of those ratios. On a disk that
     others share, the speed of an fsync drifts by several times within seconds; a ceiling
     measured seconds apart from the pattern then says more about the drift than about the
-    pattern, and the interleaved ratio does not.
+    pattern, and the interleaved ratio does not;
+  * interleaved too, the two durable commits alone (the row, the terminal row) on a file
+    with the ledger's whole schema (its indexes, the goals' text index): what the schema,
+    apart from the code around the commits, costs the disk per item.
 
 Usage: python bench/ledger.py [--items 20000] [--sequential-items 5000] [--rate 500]
                               [--seconds 6] [--sequential-only]
 
 ``--sequential-only`` runs and prints only the sequential pattern's lines (sequential, seq
-FULL, seq ratio, disk, seq floor, interleaved).
+FULL, seq ratio, disk, seq floor, interleaved, schema, per item).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from delivery.rows import RowQuery
 from storage.sqlite.ledger import _SCHEMA as LEDGER_SCHEMA
+from storage.sqlite.ledger import GOALS_INDEX, RETENTION_SCHEMA
 from tools import async_delegation as ad
 from tools.process_registry import CompletionQueue
 
@@ -247,6 +251,16 @@ def interleaved(path: str, items: int, *, block: int = 100) -> dict:
     bare.execute("PRAGMA synchronous = FULL")
     bare.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
 
+    # The two durable commits themselves, on a file with everything the ledger's file has
+    # (its indexes, the goals' text index, incremental vacuum): what the schema costs the
+    # disk, apart from the code around the commits.
+    schema = sqlite3.connect(f"{path}-schema", isolation_level=None)
+    schema.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    schema.execute("PRAGMA journal_mode = WAL")
+    schema.execute("PRAGMA synchronous = FULL")
+    schema.executescript(LEDGER_SCHEMA + RETENTION_SCHEMA + GOALS_INDEX.ddl)
+    made = 0
+
     def commits() -> float:
         times = []
         for i in range(block):
@@ -254,6 +268,20 @@ def interleaved(path: str, items: int, *, block: int = 100) -> dict:
             bare.execute("BEGIN IMMEDIATE")
             bare.execute("INSERT INTO t (v) VALUES (?)", (f"row {i}",))
             bare.execute("COMMIT")
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    def schema_items() -> float:
+        nonlocal made
+        times = []
+        for _ in range(block):
+            made += 1
+            row, terminal, _, _ = _item_params(made, time.time())
+            start = time.perf_counter()
+            for sql, params in ((_ITEM_WRITES[0], row), (_ITEM_WRITES[1], terminal)):
+                schema.execute("BEGIN IMMEDIATE")
+                schema.execute(sql, params)
+                schema.execute("COMMIT")
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
@@ -276,17 +304,25 @@ def interleaved(path: str, items: int, *, block: int = 100) -> dict:
         spent["cpu"] += time.process_time() - cpu
         return wall / block
 
-    medians = [commits()]
+    medians, schema_medians = [commits()], [schema_items()]
     per_item = []
     for _ in range(max(items // block, 1)):
         per_item.append(pattern())
         medians.append(commits())
+        schema_medians.append(schema_items())
     bare.close()
+    schema.close()
     ad.reset_runtime()
     # Twice the mean of the two neighbouring medians, over the block's time per item.
     ratios = [
         (before + after) / item
         for item, before, after in zip(per_item, medians[:-1], medians[1:], strict=True)
+    ]
+    schema_ratios = [
+        (before + after) / 2 / item
+        for item, before, after in zip(
+            per_item, schema_medians[:-1], schema_medians[1:], strict=True
+        )
     ]
     n = len(per_item) * block
     outside_cpu = spent["cpu"] - clock.cpu
@@ -296,6 +332,8 @@ def interleaved(path: str, items: int, *, block: int = 100) -> dict:
         "ratio": statistics.median(ratios),
         "items_per_s": 1 / statistics.mean(per_item),
         "ceiling_per_s": 1 / (2 * statistics.median(medians)),
+        "schema_ratio": statistics.median(schema_ratios),
+        "schema_ms": statistics.median(schema_medians) * 1000,
         "item_ms": spent["wall"] / n * 1000,
         "bare_ms": statistics.mean(medians) * 1000,
         "durable_ms": clock.durable / n * 1000,
@@ -584,6 +622,12 @@ def main() -> None:
         f"durable commits: the pattern {mixed['items_per_s']:,.0f} items/s, the ceiling "
         f"{mixed['ceiling_per_s']:,.0f}; block by block it reaches {mixed['ratio']:.0%} of "
         "the ceiling (median)"
+    )
+    print(
+        f"schema     : the two durable commits alone (the row, the terminal row) on a file with "
+        f"the ledger's whole schema, raw sqlite3, interleaved too: {mixed['schema_ms']:.3f} ms "
+        f"per item (median); block by block the pattern reaches {mixed['schema_ratio']:.0%} "
+        "of that"
     )
     print(
         f"per item   : {mixed['item_ms']:.3f} ms = durable commits {mixed['durable_ms']:.3f} "
