@@ -110,9 +110,12 @@ CREATE INDEX IF NOT EXISTS ix_pending_holder ON deliveries(holder)
 CREATE INDEX IF NOT EXISTS ix_pending_hook ON deliveries(hook)
     WHERE delivery_state = 'pending' AND hook IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ix_state_owner ON deliveries(state, owner);
-CREATE INDEX IF NOT EXISTS ix_session_key ON deliveries(session_key);
-CREATE INDEX IF NOT EXISTS ix_origin_session ON deliveries(origin_session_id);
-CREATE INDEX IF NOT EXISTS ix_origin_ui_session ON deliveries(origin_ui_session_id);
+CREATE INDEX IF NOT EXISTS ix_session_key ON deliveries(session_key)
+    WHERE session_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS ix_origin_session ON deliveries(origin_session_id)
+    WHERE origin_session_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS ix_origin_ui_session ON deliveries(origin_ui_session_id)
+    WHERE origin_ui_session_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS delivery_audit (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     delivery_id TEXT NOT NULL,
@@ -130,22 +133,25 @@ CREATE TABLE IF NOT EXISTS servers (
 """
 _SCHEMA = _LEDGER_SCHEMA + WEBHOOK_DDL
 
-# Three of the pending rows' indexes leave out the rows whose column is NULL: no query looks
-# a pending row up by a missing due time, holder or hook (each one compares the column, or
-# asks for it NOT NULL), and a new row has none of the three, so its insert, and the
-# acknowledgement of a row without a hook, no longer write those indexes' pages into the
-# log (4 of the 27 pages a sequential item wrote, each fsynced). ``ix_pending_completed``
-# keeps every pending row: the counts of pending rows scan it. A file made before keeps its
-# older, wider index until it is opened by this version, which rebuilds it once
-# (``_narrow_indexes``); an older version opening the file after that finds the index by its
-# name and leaves it as it is.
+# Six indexes leave out the rows whose column is NULL: no query looks a row up by a missing
+# due time, holder, hook or session (each compares the column, or asks for it NOT NULL; a
+# session's rows are found by ``session_key = ? OR origin_session_id = ? OR ...``, one
+# index per term), and a new row has no due time, holder or hook and mostly one or two of
+# the three session ids. So its insert, and the acknowledgement of a row without a hook, no
+# longer write those indexes' pages into the log: a sequential item wrote 27 pages, each
+# fsynced, and now writes 21. ``ix_pending_completed`` keeps every pending row: the counts of
+# pending rows scan it. A file made before keeps its older, wider indexes until it is opened
+# by this version, which rebuilds them once (``_narrow_indexes``); an older version opening
+# the file after that finds the indexes by their names and leaves them as they are.
 _NARROWED = {
-    name: f"CREATE INDEX {name} ON deliveries({column})"
-    f" WHERE delivery_state = 'pending' AND {column} IS NOT NULL"
-    for name, column in (
-        ("ix_pending_due", "due_at"),
-        ("ix_pending_holder", "holder"),
-        ("ix_pending_hook", "hook"),
+    name: f"CREATE INDEX {name} ON deliveries({column}) WHERE {pending}{column} IS NOT NULL"
+    for name, column, pending in (
+        ("ix_pending_due", "due_at", "delivery_state = 'pending' AND "),
+        ("ix_pending_holder", "holder", "delivery_state = 'pending' AND "),
+        ("ix_pending_hook", "hook", "delivery_state = 'pending' AND "),
+        ("ix_session_key", "session_key", ""),
+        ("ix_origin_session", "origin_session_id", ""),
+        ("ix_origin_ui_session", "origin_ui_session_id", ""),
     )
 }
 
