@@ -11,10 +11,23 @@ Prints, for one run on this machine:
   * the sequential pattern of a gateway watcher (dispatch, wait for the completion, claim,
     acknowledge; one item at a time), and the same with every write waiting for the disk;
   * what the disk allows that pattern: the median durable commit, and the ceiling of two
-    such commits per item.
+    such commits per item;
+  * the same ratio measured interleaved, and where an item's time goes (its commits, CPU
+    outside them, waiting for threads to run): blocks of the sequential pattern alternate with
+    blocks of bare durable commits on the same disk, each block's items against twice the
+    median commit of the commits next to it, and the median of those ratios. On a disk that
+    others share, the speed of an fsync drifts by several times within seconds; a ceiling
+    measured seconds apart from the pattern then says more about the drift than about the
+    pattern, and the interleaved ratio does not;
+  * interleaved too, the two durable commits alone (the row, the terminal row) on a file
+    with the ledger's whole schema (its indexes, the goals' text index): what the schema,
+    apart from the code around the commits, costs the disk per item.
 
 Usage: python bench/ledger.py [--items 20000] [--sequential-items 5000] [--rate 500]
-                              [--seconds 6]
+                              [--seconds 6] [--sequential-only]
+
+``--sequential-only`` runs and prints only the sequential pattern's lines (sequential, seq
+FULL, seq ratio, disk, seq floor, interleaved, schema, per item).
 """
 
 from __future__ import annotations
@@ -40,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from delivery.rows import RowQuery
 from storage.sqlite.ledger import _SCHEMA as LEDGER_SCHEMA
+from storage.sqlite.ledger import GOALS_INDEX, RETENTION_SCHEMA
 from tools import async_delegation as ad
 from tools.process_registry import CompletionQueue
 
@@ -191,6 +205,142 @@ def durable_commit_floor(path: str, commits: int = 1_000) -> dict:
     conn.close()
     median = statistics.median(times)
     return {"median_ms": median * 1000, "ceiling_per_s": 1 / (2 * median)}
+
+
+class CommitClock:
+    """Where a run's time goes: wraps the ledger writer's commit (one instance; the bench's
+    own probe) to sum the wall time spent in durable and in NORMAL commits and the CPU the
+    committing threads spent there."""
+
+    def __init__(self, backend: Any) -> None:
+        self.durable = self.normal = self.cpu = 0.0
+        writer = backend._writer
+        plain = writer._commit
+
+        def commit(conn: Any, context: Any, batch: list) -> None:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                plain(conn, context, batch)
+            finally:
+                wall = time.perf_counter() - wall
+                self.cpu += time.thread_time() - cpu
+                if any(durable for _, _, durable in batch):
+                    self.durable += wall
+                else:
+                    self.normal += wall
+
+        writer._commit = commit
+
+
+def interleaved(path: str, items: int, *, block: int = 100) -> dict:
+    """The sequential pattern against its ceiling, both measured in turns: ``block`` items of
+    the pattern, then ``block`` bare durable commits (``durable_commit_floor``'s, on a file
+    beside the ledger), and again. Each block of the pattern is set against twice the median
+    commit of the bare blocks before and after it; the result is the median of those
+    ratios (and the pattern's and the ceiling's items/s over the whole run).
+
+    Also where an item's time goes (means over the pattern's blocks): its durable commits,
+    its NORMAL commits, the process's CPU outside commits (every thread), and the rest, which
+    is waiting for a thread to run: the two hand-offs (to the worker that runs the work and
+    back to the consumer) and the wake-ups after each fsync."""
+    queue = CompletionQueue()
+    rt = ad.configure_runtime(path, completion_queue=queue, max_queued=16)
+    clock = CommitClock(rt.ledger.backend)
+    bare = sqlite3.connect(f"{path}-bare", isolation_level=None)
+    bare.execute("PRAGMA journal_mode = WAL")
+    bare.execute("PRAGMA synchronous = FULL")
+    bare.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+
+    # The two durable commits themselves, on a file with everything the ledger's file has
+    # (its indexes, the goals' text index, incremental vacuum): what the schema costs the
+    # disk, apart from the code around the commits.
+    schema = sqlite3.connect(f"{path}-schema", isolation_level=None)
+    schema.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    schema.execute("PRAGMA journal_mode = WAL")
+    schema.execute("PRAGMA synchronous = FULL")
+    schema.executescript(LEDGER_SCHEMA + RETENTION_SCHEMA + GOALS_INDEX.ddl)
+    made = 0
+
+    def commits() -> float:
+        times = []
+        for i in range(block):
+            start = time.perf_counter()
+            bare.execute("BEGIN IMMEDIATE")
+            bare.execute("INSERT INTO t (v) VALUES (?)", (f"row {i}",))
+            bare.execute("COMMIT")
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    def schema_items() -> float:
+        nonlocal made
+        times = []
+        for _ in range(block):
+            made += 1
+            row, terminal, _, _ = _item_params(made, time.time())
+            start = time.perf_counter()
+            for sql, params in ((_ITEM_WRITES[0], row), (_ITEM_WRITES[1], terminal)):
+                schema.execute("BEGIN IMMEDIATE")
+                schema.execute(sql, params)
+                schema.execute("COMMIT")
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    spent = {"wall": 0.0, "cpu": 0.0}
+
+    def pattern() -> float:
+        start, cpu = time.perf_counter(), time.process_time()
+        for _ in range(block):
+            r = ad.dispatch_async_delegation(
+                goal="bench", runner=_runner, session_key="bench", max_async_children=3
+            )
+            if r["status"] == "rejected":
+                raise RuntimeError(r["error"])
+            evt = queue.get(timeout=30)
+            claim = ad.claim_event_delivery(evt, "bench")
+            if not (claim and ad.complete_event_delivery(evt, claim)):
+                raise RuntimeError(f"{evt['delegation_id']} was not delivered")
+        wall = time.perf_counter() - start
+        spent["wall"] += wall
+        spent["cpu"] += time.process_time() - cpu
+        return wall / block
+
+    medians, schema_medians = [commits()], [schema_items()]
+    per_item = []
+    for _ in range(max(items // block, 1)):
+        per_item.append(pattern())
+        medians.append(commits())
+        schema_medians.append(schema_items())
+    bare.close()
+    schema.close()
+    ad.reset_runtime()
+    # Twice the mean of the two neighbouring medians, over the block's time per item.
+    ratios = [
+        (before + after) / item
+        for item, before, after in zip(per_item, medians[:-1], medians[1:], strict=True)
+    ]
+    schema_ratios = [
+        (before + after) / 2 / item
+        for item, before, after in zip(
+            per_item, schema_medians[:-1], schema_medians[1:], strict=True
+        )
+    ]
+    n = len(per_item) * block
+    outside_cpu = spent["cpu"] - clock.cpu
+    return {
+        "items": n,
+        "blocks": len(per_item),
+        "ratio": statistics.median(ratios),
+        "items_per_s": 1 / statistics.mean(per_item),
+        "ceiling_per_s": 1 / (2 * statistics.median(medians)),
+        "schema_ratio": statistics.median(schema_ratios),
+        "schema_ms": statistics.median(schema_medians) * 1000,
+        "item_ms": spent["wall"] / n * 1000,
+        "bare_ms": statistics.mean(medians) * 1000,
+        "durable_ms": clock.durable / n * 1000,
+        "normal_ms": clock.normal / n * 1000,
+        "cpu_ms": outside_cpu / n * 1000,
+        "wait_ms": (spent["wall"] - clock.durable - clock.normal - outside_cpu) / n * 1000,
+    }
 
 
 def latency(path: str, rate: float, seconds: float) -> dict:
@@ -404,6 +554,9 @@ def main() -> None:
     ap.add_argument("--sequential-items", type=int, default=5_000)
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument(
+        "--sequential-only", action="store_true", help="only the sequential pattern's lines"
+    )
     ap.add_argument("--pipeline-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--report-fsyncs", action="store_true", help=argparse.SUPPRESS)
@@ -418,27 +571,32 @@ def main() -> None:
         print(json.dumps(result))
         return
 
+    seq_only = args.sequential_only
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
-        pipe = pipeline(f"{tmp}/pipeline.db", args.items, args.producers)
-        base = baseline(f"{tmp}/baseline.db", args.baseline_items)
+        if not seq_only:
+            pipe = pipeline(f"{tmp}/pipeline.db", args.items, args.producers)
+            base = baseline(f"{tmp}/baseline.db", args.baseline_items)
         seq_full = sequential(f"{tmp}/seq-full.db", args.sequential_items, all_durable=True)
         seq = sequential(f"{tmp}/seq.db", args.sequential_items)
-        lat = latency(f"{tmp}/latency.db", args.rate, args.seconds)
+        if not seq_only:
+            lat = latency(f"{tmp}/latency.db", args.rate, args.seconds)
         floor = durable_commit_floor(f"{tmp}/floor.db")
         seq_floor = sequential_floor(f"{tmp}/seq-floor.db", args.sequential_items)
-    fsync = count_fsyncs(args.items, args.producers)
+        mixed = interleaved(f"{tmp}/interleaved.db", args.sequential_items)
+    fsync = None if seq_only else count_fsyncs(args.items, args.producers)
 
     print(f"sqlite {sqlite3.sqlite_version}, synchronous=FULL, WAL, {os.cpu_count()} cores")
-    print(
-        f"pipeline   : {pipe['delivered']:>6} items delivered in {pipe['seconds']:.2f} s = "
-        f"{pipe['items_per_s']:,.0f} items/s  ({args.producers} producers, "
-        "1 asyncio consumer)"
-    )
-    print(
-        f"baseline   : {base['items']:>6} items (4 unbatched commits each) in "
-        f"{base['seconds']:.2f} s = {base['items_per_s']:,.0f} items/s"
-    )
-    print(f"ratio      : {pipe['items_per_s'] / base['items_per_s']:.1f}x the baseline")
+    if not seq_only:
+        print(
+            f"pipeline   : {pipe['delivered']:>6} items delivered in {pipe['seconds']:.2f} s = "
+            f"{pipe['items_per_s']:,.0f} items/s  ({args.producers} producers, "
+            "1 asyncio consumer)"
+        )
+        print(
+            f"baseline   : {base['items']:>6} items (4 unbatched commits each) in "
+            f"{base['seconds']:.2f} s = {base['items_per_s']:,.0f} items/s"
+        )
+        print(f"ratio      : {pipe['items_per_s'] / base['items_per_s']:.1f}x the baseline")
     for label, run in (("sequential", seq), ("seq, FULL ", seq_full)):
         print(
             f"{label} : {run['delivered']:>6} items one at a time in {run['seconds']:.2f} s = "
@@ -459,6 +617,26 @@ def main() -> None:
         f"and its one hand-off to a worker, raw sqlite3: {seq_floor['items_per_s']:,.0f} "
         f"items/s; the pattern reaches {seq['items_per_s'] / seq_floor['items_per_s']:.0%} of it"
     )
+    print(
+        f"interleaved: {mixed['items']} items in {mixed['blocks']} blocks, each beside bare "
+        f"durable commits: the pattern {mixed['items_per_s']:,.0f} items/s, the ceiling "
+        f"{mixed['ceiling_per_s']:,.0f}; block by block it reaches {mixed['ratio']:.0%} of "
+        "the ceiling (median)"
+    )
+    print(
+        f"schema     : the two durable commits alone (the row, the terminal row) on a file with "
+        f"the ledger's whole schema, raw sqlite3, interleaved too: {mixed['schema_ms']:.3f} ms "
+        f"per item (median); block by block the pattern reaches {mixed['schema_ratio']:.0%} "
+        "of that"
+    )
+    print(
+        f"per item   : {mixed['item_ms']:.3f} ms = durable commits {mixed['durable_ms']:.3f} "
+        f"(two bare ones beside them: {2 * mixed['bare_ms']:.3f}) + NORMAL commits "
+        f"{mixed['normal_ms']:.3f} + CPU outside commits {mixed['cpu_ms']:.3f} + waiting for "
+        f"a thread to run (hand-offs, wake-ups) {mixed['wait_ms']:.3f}"
+    )
+    if seq_only:
+        return
     print(
         f"commits    : {pipe['commits']} for {pipe['operations']} operations = "
         f"{pipe['commits'] / max(pipe['delivered'], 1):.3f} log commits per delivered item"

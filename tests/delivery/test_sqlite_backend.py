@@ -82,6 +82,58 @@ class TestSqliteFile:
         finally:
             conn.close()
 
+    def test_an_older_file_gets_the_narrow_indexes_and_still_finds_its_rows(
+        self, db_path: Path, clock: FakeClock
+    ) -> None:
+        """A file whose indexes still hold every row (as files made before they were
+        narrowed do) has them rebuilt once on open, without the rows whose due time,
+        holder, hook or session id is missing; every query of those columns finds what it
+        did."""
+        backend = sqlite_ledger(db_path)
+        ledger = Ledger(backend, clock=clock)
+        finished_row(ledger, "deleg_done")
+        ledger.create("deleg_busy", kind="delegation", state="running", origin_ui_session_id="ui-1")
+        backend.close()
+        narrowed = ("ix_pending_due", "ix_pending_holder", "ix_pending_hook")
+        columns = ("due_at", "holder", "hook")
+        sessions = ("ix_session_key", "ix_origin_session", "ix_origin_ui_session")
+        session_columns = ("session_key", "origin_session_id", "origin_ui_session_id")
+        with sqlite3.connect(db_path) as conn:  # as an older version wrote them
+            for name, column in zip(narrowed, columns, strict=True):
+                conn.execute(f"DROP INDEX {name}")
+                conn.execute(
+                    f"CREATE INDEX {name} ON deliveries({column}) WHERE delivery_state = 'pending'"
+                )
+            for name, column in zip(sessions, session_columns, strict=True):
+                conn.execute(f"DROP INDEX {name}")
+                conn.execute(f"CREATE INDEX {name} ON deliveries({column})")
+        conn.close()
+
+        backend = sqlite_ledger(db_path)
+        try:
+            with sqlite3.connect(db_path) as conn:
+                found = dict(
+                    conn.execute(
+                        "SELECT name, sql FROM sqlite_master WHERE type = 'index'"
+                    ).fetchall()
+                )
+            conn.close()
+            for name, column in zip(narrowed + sessions, columns + session_columns, strict=True):
+                assert f"{column} IS NOT NULL" in found[name], found[name]
+            assert "IS NOT NULL" not in found["ix_pending_completed"]  # counts scan it
+            done = backend.get("deleg_done")
+            assert done is not None and done.due_at is not None and done.holder is not None
+            assert [r.id for r in backend.due(done.due_at, 10)] == ["deleg_done"]
+            assert backend.next_due_at() == done.due_at
+            assert backend.pending_holders() == [done.holder]
+            assert [r.id for r in backend.rows_held_by(done.holder, 10)] == ["deleg_done"]
+            assert backend.delivery_counts()["pending"] == 2
+            for session, found_ids in (("sess", ["deleg_done"]), ("ui-1", ["deleg_busy"])):
+                rows = backend.query(RowQuery(session=session))
+                assert [r.id for r in rows] == found_ids
+        finally:
+            backend.close()
+
     @pytest.mark.parametrize(
         "content",
         [b"hello, this is a text file\n", b'{"not": "sqlite"}' * 300, bytes(range(256)) * 40],
