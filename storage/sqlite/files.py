@@ -68,6 +68,7 @@ from pathlib import Path
 
 from delivery.retention import SpaceReport
 from delivery.state_dir import tighten
+from storage.sqlite.write_lock import WriteLock
 
 # sqlite3's parameter style: the mark shared SQL is bound with (``storage.sql.marked``).
 PLACEHOLDER = "?"
@@ -228,19 +229,22 @@ def reclaim(spec: SqliteFile, *, convert: bool = False) -> SpaceReport:
     before = _size(spec.path)
     conn = connect(spec)
     converted = False
+    lock = WriteLock(spec.path)  # the vacuum writes: queued with the file's other writers
     try:
-        mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
-        if mode != 2 and convert:
-            conn.execute("VACUUM")  # applies the INCREMENTAL that ``connect`` asked for
-            converted = True
-        elif mode == 2:
-            # executescript steps the pragma to its end; execute() would free one page.
-            conn.executescript("PRAGMA incremental_vacuum;")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
+        with lock:
+            mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
+            if mode != 2 and convert:
+                conn.execute("VACUUM")  # applies the INCREMENTAL that ``connect`` asked for
+                converted = True
+            elif mode == 2:
+                # executescript steps the pragma to its end; execute() would free one page.
+                conn.executescript("PRAGMA incremental_vacuum;")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
     except sqlite3.Error as exc:
         raise classify(exc, spec, "reclaim space in") from exc
     finally:
+        lock.close()
         conn.close()
     return SpaceReport(spec.path, before, _size(spec.path), converted, mode != 2)
 

@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 
 from delivery.write_future import WriteFuture
 from storage.group_commit import Batch, BatchQueue, CommitCounts, Item, Live, wanted
+from storage.sqlite.write_lock import WriteLock
 from storage.waiters import LoopWaiter, Outcome
 
 T = TypeVar("T")
@@ -74,6 +75,7 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
         self._thread.start()
         ready.result()
         self._inode = os.stat(path).st_ino
+        self._write_lock = WriteLock(path)
 
     # -- callers --------------------------------------------------------------------------
 
@@ -121,6 +123,8 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
             self._closed = self._queue.stopping = True
             self._queue.cv.notify()
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():  # else a commit may still hold it
+            self._write_lock.close()
 
     def _enqueue(self, item: Item) -> None:
         self._queue.put(item)
@@ -186,21 +190,30 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
             return
         try:
             self._set_synchronous(conn, "FULL" if durable else "NORMAL")
+            with self._write_lock:  # other processes' writers queue here, not in SQLite
+                outcomes = self._transaction(conn, context, live)
+        except sqlite3.Error as exc:
+            err = self._unavailable(f"write to {self.path} failed, nothing was written: {exc}")
+            self.failed(live, err)
+            return
+        self.committed(live, durable, outcomes)
+
+    def _transaction(self, conn: sqlite3.Connection, context: C, live: Live) -> list[Outcome]:
+        """Run ``live`` and commit; on a SQLite error roll back, then raise it."""
+        try:
             outcomes = self._run(conn, context, live, isolate=False)
             if outcomes is None:
                 outcomes = self._run(conn, context, live, isolate=True)
                 assert outcomes is not None  # an isolated run never asks to run again
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except sqlite3.Error:
             if conn.in_transaction:
                 try:
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:
                     log.exception("rollback after a failed commit of %s failed", self.path)
-            err = self._unavailable(f"write to {self.path} failed, nothing was written: {exc}")
-            self.failed(live, err)
-            return
-        self.committed(live, durable, outcomes)
+            raise
+        return outcomes
 
     @staticmethod
     def _run(
