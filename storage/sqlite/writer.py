@@ -189,14 +189,29 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
             self.failed(live, err)
             return
         try:
-            self._set_synchronous(conn, "FULL" if durable else "NORMAL")
             with self._write_lock:  # other processes' writers queue here, not in SQLite
+                live, durable = self._joined(live, durable)
+                self._set_synchronous(conn, "FULL" if durable else "NORMAL")
                 outcomes = self._transaction(conn, context, live)
         except sqlite3.Error as exc:
             err = self._unavailable(f"write to {self.path} failed, nothing was written: {exc}")
             self.failed(live, err)
             return
         self.committed(live, durable, outcomes)
+
+    def _joined(self, live: Live, durable: bool) -> tuple[Live, bool]:
+        """``live`` and the operations queued while it waited for the file's lock (another
+        process was writing), in order and up to the batch limit: one commit, one fsync."""
+        with self._mu:
+            pending = self._queue.pending
+            more = [pending.popleft() for _ in range(min(len(pending), self._max_batch(live)))]
+        if not more:
+            return live, durable
+        joined, joined_durable = wanted(more)
+        return live + joined, durable or joined_durable
+
+    def _max_batch(self, live: Live) -> int:
+        return max(0, self._queue.max_batch - len(live))
 
     def _transaction(self, conn: sqlite3.Connection, context: C, live: Live) -> list[Outcome]:
         """Run ``live`` and commit; on a SQLite error roll back, then raise it."""

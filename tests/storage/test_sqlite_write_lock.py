@@ -9,6 +9,7 @@ never meets SQLite's lock, and every row of both processes is there.
 
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import os
 import sqlite3
@@ -16,9 +17,12 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
+from storage.sqlite import files
 from storage.sqlite.write_lock import SUFFIX, WriteLock
+from storage.sqlite.writer import GroupCommitWriter
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = 200  # per writer and process
@@ -183,3 +187,44 @@ def test_no_lock_file_possible_means_sqlite_lock_alone(tmp_path: Path) -> None:
     with lock:  # nothing to take: SQLite's own lock and busy timeout decide
         pass
     lock.close()
+
+
+def test_what_queued_while_the_lock_was_waited_for_joins_the_commit(tmp_path: Path) -> None:
+    path = tmp_path / "join.db"
+    spec = files.SqliteFile(str(path), "test", None, 0, files.FileErrors(OSError, OSError))
+
+    def open_conn() -> sqlite3.Connection:
+        conn = files.connect(spec)
+        conn.execute("CREATE TABLE t (n INTEGER)")
+        return conn
+
+    writer = GroupCommitWriter(
+        spec.path, open_conn, context=lambda conn: conn, unavailable=RuntimeError
+    )
+    ran: list[int] = []
+
+    def op(n: int) -> Callable[[sqlite3.Connection], None]:
+        def run(conn: sqlite3.Connection) -> None:
+            ran.append(n)
+            conn.execute("INSERT INTO t VALUES (?)", (n,))
+
+        return run
+
+    other_process = WriteLock(spec.path)  # another process's writer, mid-commit
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        with other_process:
+            first = pool.submit(writer.write, op(0))  # taken, then waits for the lock
+            while writer._queue.pending or not writer._busy:
+                threading.Event().wait(0.001)
+            later = [writer.submit(op(n)) for n in range(1, 5)]  # queued behind it
+            assert not first.done()
+        first.result()
+        for fut in later:
+            fut.result()
+        assert ran == [0, 1, 2, 3, 4]  # in the order submitted
+        assert writer.commits == 1  # one transaction, one fsync, for all five
+    finally:
+        other_process.close()
+        pool.shutdown()
+        writer.close()
