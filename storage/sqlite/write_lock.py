@@ -17,7 +17,8 @@ lock, and whoever holds the flock then waits for it through the busy handler, as
 each other too: ``flock`` belongs to the open file, not the process); ``with lock:`` holds it.
 A thread that already holds a file's flock (a write to a file nested in another write to
 it) does not wait for itself: it goes on to SQLite's busy timeout as it did before. A lock
-file that cannot be opened (a read-only directory) means SQLite's lock alone.
+file that cannot be opened (a read-only directory) means SQLite's lock alone; so does one
+deleted while servers run (each then locks a file of its own): slower, never unsafe.
 """
 
 from __future__ import annotations
