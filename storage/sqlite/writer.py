@@ -14,6 +14,11 @@ cause a redelivery that the sinks absorb. A batch of only such writes commits un
 disk; a process crash loses nothing, a power cut may lose the last such commits); a batch
 with any durable write commits under ``FULL``, and that fsync of the log also makes every
 earlier NORMAL commit durable.
+
+Several processes writing one file (``reveille serve --workers N``): each commit holds the
+file's ``WriteLock`` (``storage.sqlite.write_lock``, a kernel queue instead of SQLite's
+sleep-and-poll) from before ``BEGIN IMMEDIATE`` until after ``COMMIT``, and takes into its
+transaction what was queued while it waited for it.
 """
 
 from __future__ import annotations
@@ -200,18 +205,18 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
         self.committed(live, durable, outcomes)
 
     def _joined(self, live: Live, durable: bool) -> tuple[Live, bool]:
-        """``live`` and the operations queued while it waited for the file's lock (another
-        process was writing), in order and up to the batch limit: one commit, one fsync."""
+        """``live`` and the operations queued since it was taken (most while it waited for
+        the file's lock: another process was committing), in order and up to the batch
+        limit: one commit, one fsync for them all. Nobody else takes from the queue while
+        this writer is busy, and whatever is queued was submitted after ``live``."""
         with self._mu:
             pending = self._queue.pending
-            more = [pending.popleft() for _ in range(min(len(pending), self._max_batch(live)))]
+            room = max(0, self._queue.max_batch - len(live))
+            more = [pending.popleft() for _ in range(min(len(pending), room))]
         if not more:
             return live, durable
         joined, joined_durable = wanted(more)
         return live + joined, durable or joined_durable
-
-    def _max_batch(self, live: Live) -> int:
-        return max(0, self._queue.max_batch - len(live))
 
     def _transaction(self, conn: sqlite3.Connection, context: C, live: Live) -> list[Outcome]:
         """Run ``live`` and commit; on a SQLite error roll back, then raise it."""
