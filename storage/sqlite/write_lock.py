@@ -12,6 +12,9 @@ caller's worker thread, never an event loop.
 SQLite's lock and busy timeout stay as they were: the flock only orders the writers that take
 it. A writer that does not (an older Reveille, the ``sqlite3`` shell) still takes SQLite's
 lock, and whoever holds the flock then waits for it through the busy handler, as before.
+Waiting for the flock has no timeout of its own: it lasts as long as the holder's
+transaction, whose own wait for SQLite's lock the busy timeout bounds; a holder that dies
+lets go at once (the kernel closes its file), one that is stopped holds the others up.
 
 ``WriteLock(db_path)``: one open file of its own (two connections of one process exclude
 each other too: ``flock`` belongs to the open file, not the process); ``with lock:`` holds it.
