@@ -4,7 +4,8 @@ Two real processes write one file as hard as they can, each through a group-comm
 (its inline path and its writer thread) and a one-connection store, with SQLite's busy
 timeout at 1 ms: without the lock the second writer to find SQLite's lock taken gives up
 ("database is locked") within a few writes; with it every writer queues in the kernel and
-never meets SQLite's lock, and every row of both processes is there.
+never meets SQLite's lock, and every row of both processes is there. And a group-commit
+writer that waited for the lock commits what queued meanwhile in the same transaction.
 """
 
 from __future__ import annotations
