@@ -34,8 +34,9 @@ synchronous="FULL", foreign_keys=True)``
 
 ``stamp_schema(conn, spec, ddl) -> None``
     Runs ``ddl`` (a script of ``CREATE ... IF NOT EXISTS``) and sets ``application_id`` (when
-    set) and ``user_version`` in one ``BEGIN IMMEDIATE`` transaction, so two processes
-    creating the same new file cannot interleave.
+    set) and ``user_version`` in one ``BEGIN IMMEDIATE`` transaction (under the file's
+    ``WriteLock``, as ``add_once`` and ``reclaim`` are), so two processes creating the same
+    new file cannot interleave.
 
 ``add_once(conn, spec, table, script, fill) -> None``
     Gives an older file a table its schema gained later (with the triggers that keep it,
@@ -281,12 +282,17 @@ def stamp_schema(conn: sqlite3.Connection, spec: SqliteFile, ddl: str) -> None:
     marks = f"PRAGMA user_version = {int(spec.schema_version)};"
     if spec.application_id is not None:
         marks = f"PRAGMA application_id = {int(spec.application_id)};" + marks
+    lock = WriteLock(spec.path)  # queued with the file's other writers (workers starting)
     try:
-        conn.executescript(f"BEGIN IMMEDIATE;{ddl};{marks}COMMIT;")
-    except sqlite3.Error as exc:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise classify(exc, spec) from exc
+        with lock:
+            try:
+                conn.executescript(f"BEGIN IMMEDIATE;{ddl};{marks}COMMIT;")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise classify(exc, spec) from exc
+    finally:
+        lock.close()
 
 
 _TABLE_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
@@ -299,16 +305,24 @@ def add_once(
     try:
         if conn.execute(_TABLE_EXISTS, (table,)).fetchone() is not None:
             return
-        conn.execute("BEGIN IMMEDIATE")
-        if conn.execute(_TABLE_EXISTS, (table,)).fetchone() is None:
-            for statement in statements(script):
-                conn.execute(statement)
-            conn.execute(fill)
-        conn.execute("COMMIT")
     except sqlite3.Error as exc:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
         raise classify(exc, spec) from exc
+    lock = WriteLock(spec.path)
+    try:
+        with lock:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                if conn.execute(_TABLE_EXISTS, (table,)).fetchone() is None:
+                    for statement in statements(script):
+                        conn.execute(statement)
+                    conn.execute(fill)
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise classify(exc, spec) from exc
+    finally:
+        lock.close()
 
 
 def statements(script: str) -> list[str]:
