@@ -282,11 +282,20 @@ def stamp_schema(conn: sqlite3.Connection, spec: SqliteFile, ddl: str) -> None:
     marks = f"PRAGMA user_version = {int(spec.schema_version)};"
     if spec.application_id is not None:
         marks = f"PRAGMA application_id = {int(spec.application_id)};" + marks
-    lock = WriteLock(spec.path)  # queued with the file's other writers (workers starting)
+    with _write_locked(conn, spec):
+        conn.executescript(f"BEGIN IMMEDIATE;{ddl};{marks}COMMIT;")
+
+
+@contextlib.contextmanager
+def _write_locked(conn: sqlite3.Connection, spec: SqliteFile) -> Iterator[None]:
+    """The block begins and commits a write transaction under the file's ``WriteLock``
+    (queued with the file's other writers: workers starting beside busy ones); a SQLite
+    error rolls it back, still under the lock, and is classified."""
+    lock = WriteLock(spec.path)
     try:
         with lock:
             try:
-                conn.executescript(f"BEGIN IMMEDIATE;{ddl};{marks}COMMIT;")
+                yield
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -307,22 +316,13 @@ def add_once(
             return
     except sqlite3.Error as exc:
         raise classify(exc, spec) from exc
-    lock = WriteLock(spec.path)
-    try:
-        with lock:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                if conn.execute(_TABLE_EXISTS, (table,)).fetchone() is None:
-                    for statement in statements(script):
-                        conn.execute(statement)
-                    conn.execute(fill)
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise classify(exc, spec) from exc
-    finally:
-        lock.close()
+    with _write_locked(conn, spec):
+        conn.execute("BEGIN IMMEDIATE")
+        if conn.execute(_TABLE_EXISTS, (table,)).fetchone() is None:
+            for statement in statements(script):
+                conn.execute(statement)
+            conn.execute(fill)
+        conn.execute("COMMIT")
 
 
 def statements(script: str) -> list[str]:
