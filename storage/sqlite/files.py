@@ -34,8 +34,9 @@ synchronous="FULL", foreign_keys=True)``
 
 ``stamp_schema(conn, spec, ddl) -> None``
     Runs ``ddl`` (a script of ``CREATE ... IF NOT EXISTS``) and sets ``application_id`` (when
-    set) and ``user_version`` in one ``BEGIN IMMEDIATE`` transaction, so two processes
-    creating the same new file cannot interleave.
+    set) and ``user_version`` in one ``BEGIN IMMEDIATE`` transaction (under the file's
+    ``WriteLock``, as ``add_once`` and ``reclaim`` are), so two processes creating the same
+    new file cannot interleave.
 
 ``add_once(conn, spec, table, script, fill) -> None``
     Gives an older file a table its schema gained later (with the triggers that keep it,
@@ -68,6 +69,7 @@ from pathlib import Path
 
 from delivery.retention import SpaceReport
 from delivery.state_dir import tighten
+from storage.sqlite.write_lock import WriteLock
 
 # sqlite3's parameter style: the mark shared SQL is bound with (``storage.sql.marked``).
 PLACEHOLDER = "?"
@@ -228,19 +230,22 @@ def reclaim(spec: SqliteFile, *, convert: bool = False) -> SpaceReport:
     before = _size(spec.path)
     conn = connect(spec)
     converted = False
+    lock = WriteLock(spec.path)  # the vacuum writes: queued with the file's other writers
     try:
-        mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
-        if mode != 2 and convert:
-            conn.execute("VACUUM")  # applies the INCREMENTAL that ``connect`` asked for
-            converted = True
-        elif mode == 2:
-            # executescript steps the pragma to its end; execute() would free one page.
-            conn.executescript("PRAGMA incremental_vacuum;")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
+        with lock:
+            mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
+            if mode != 2 and convert:
+                conn.execute("VACUUM")  # applies the INCREMENTAL that ``connect`` asked for
+                converted = True
+            elif mode == 2:
+                # executescript steps the pragma to its end; execute() would free one page.
+                conn.executescript("PRAGMA incremental_vacuum;")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
     except sqlite3.Error as exc:
         raise classify(exc, spec, "reclaim space in") from exc
     finally:
+        lock.close()
         conn.close()
     return SpaceReport(spec.path, before, _size(spec.path), converted, mode != 2)
 
@@ -277,12 +282,26 @@ def stamp_schema(conn: sqlite3.Connection, spec: SqliteFile, ddl: str) -> None:
     marks = f"PRAGMA user_version = {int(spec.schema_version)};"
     if spec.application_id is not None:
         marks = f"PRAGMA application_id = {int(spec.application_id)};" + marks
-    try:
+    with _write_locked(conn, spec):
         conn.executescript(f"BEGIN IMMEDIATE;{ddl};{marks}COMMIT;")
-    except sqlite3.Error as exc:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise classify(exc, spec) from exc
+
+
+@contextlib.contextmanager
+def _write_locked(conn: sqlite3.Connection, spec: SqliteFile) -> Iterator[None]:
+    """The block begins and commits a write transaction under the file's ``WriteLock``
+    (queued with the file's other writers: workers starting beside busy ones); a SQLite
+    error rolls it back, still under the lock, and is classified."""
+    lock = WriteLock(spec.path)
+    try:
+        with lock:
+            try:
+                yield
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise classify(exc, spec) from exc
+    finally:
+        lock.close()
 
 
 _TABLE_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
@@ -295,16 +314,15 @@ def add_once(
     try:
         if conn.execute(_TABLE_EXISTS, (table,)).fetchone() is not None:
             return
+    except sqlite3.Error as exc:
+        raise classify(exc, spec) from exc
+    with _write_locked(conn, spec):
         conn.execute("BEGIN IMMEDIATE")
         if conn.execute(_TABLE_EXISTS, (table,)).fetchone() is None:
             for statement in statements(script):
                 conn.execute(statement)
             conn.execute(fill)
         conn.execute("COMMIT")
-    except sqlite3.Error as exc:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise classify(exc, spec) from exc
 
 
 def statements(script: str) -> list[str]:

@@ -1,7 +1,8 @@
 """A SQLite store on one connection under a lock: the small stores whose rows are few and
 each write small (the ledger's side stores, the chat platforms' state). The file is created
 private and its DDL applied on open; each write is its own ``BEGIN IMMEDIATE`` transaction,
-so every process sharing the file sees it at once; no group-commit writer."""
+so every process sharing the file sees it at once (queued behind the file's other writers by
+its ``WriteLock``); no group-commit writer."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import threading
 from collections.abc import Iterator
 
 from storage.sqlite import files as sqlite_files
+from storage.sqlite.write_lock import WriteLock
 
 __all__ = ["OneConnectionStore"]
 
@@ -36,6 +38,7 @@ class OneConnectionStore:
             raise
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.Lock()
+        self._write_lock = WriteLock(file.path)  # used under ``_lock``: one holder at a time
 
     def _open_conn(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -46,7 +49,7 @@ class OneConnectionStore:
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             conn = self._open_conn()
-            with sqlite_files.immediate(conn, self._file):
+            with self._write_lock, sqlite_files.immediate(conn, self._file):
                 yield conn
 
     @contextlib.contextmanager
@@ -63,3 +66,4 @@ class OneConnectionStore:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+                self._write_lock.close()

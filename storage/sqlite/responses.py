@@ -4,7 +4,8 @@ WAL, 0600, opened through ``storage.sqlite.files`` with its own ``user_version``
 ``caller`` column, added to a version 1 file when it is opened).
 ``synchronous=FULL``: a response row is written before its work starts and must survive a
 crash. One connection, one statement at a time; every write is a ``BEGIN IMMEDIATE``
-transaction, so servers sharing the file draw event numbers one after the other. The
+transaction (queued behind the file's other writers by its ``WriteLock``), so servers
+sharing the file draw event numbers one after the other. The
 processes sharing it poke each other through unix sockets in ``responses.db.wake.d/``.
 """
 
@@ -29,6 +30,7 @@ from storage.sqlite.files import (
     stamp_schema,
 )
 from storage.sqlite.notifier import SocketDirNotifier, wake_dir_for
+from storage.sqlite.write_lock import WriteLock
 
 __all__ = ["ResponsesStoreError", "SqliteResponses"]
 
@@ -64,6 +66,7 @@ class SqliteResponses(ResponsesSql):
             raise
         self._conn: sqlite3.Connection | None = conn
         self._guard = threading.Lock()
+        self._write_lock = WriteLock(self.spec.path)  # used under ``_guard``
         super().__init__(
             PLACEHOLDER,
             self._transaction,
@@ -79,18 +82,19 @@ class SqliteResponses(ResponsesSql):
             if self._conn is None:
                 raise ResponsesStoreError("the responses store is closed")
             conn = self._conn
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                yield conn
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise classify(exc, self.spec, "use") from exc
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+            with self._write_lock:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    yield conn
+                    conn.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise classify(exc, self.spec, "use") from exc
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
 
     @contextlib.contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
@@ -109,6 +113,7 @@ class SqliteResponses(ResponsesSql):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+                self._write_lock.close()
 
 
 if TYPE_CHECKING:

@@ -9,7 +9,8 @@ ledger's copy was taken, and the restored conversation would wait for it forever
 ``copy_consistent(files, fence, target)`` fixes every file's snapshot while the ledger
 (``fence``) takes no write:
 
-1. ``BEGIN IMMEDIATE`` on the ledger: once it returns, no ledger write commits until it ends.
+1. ``BEGIN IMMEDIATE`` on the ledger, its ``WriteLock`` taken first as every writer of the
+   file does: once it returns, no ledger write commits until it ends.
 2. A read transaction on every file (the ledger too, on its own connection) is started and
    its snapshot fixed (WAL: a reader sees what was committed when it first read).
 3. The ledger's write lock is let go (ledger writers waited only for steps 2-3, a few
@@ -42,6 +43,8 @@ import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from storage.sqlite.write_lock import WriteLock
 
 __all__ = ["FENCE_TIMEOUT_SECONDS", "copy_consistent"]
 
@@ -88,14 +91,17 @@ def _fenced(fence: Path | None) -> Iterator[None]:
         yield
         return
     conn = sqlite3.connect(fence, isolation_level=None, timeout=FENCE_TIMEOUT_SECONDS)
+    lock = WriteLock(str(fence))
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(FENCE_TIMEOUT_SECONDS * 1000)}")
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        finally:
-            conn.execute("ROLLBACK")  # nothing was written: the lock only
+        with lock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            finally:
+                conn.execute("ROLLBACK")  # nothing was written: the lock only
     finally:
+        lock.close()
         conn.close()
 
 

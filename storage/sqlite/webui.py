@@ -15,10 +15,12 @@ cookie secret the file held) and makes the file again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +28,7 @@ from delivery.notifier import Notifier
 from delivery.webui_state import StoredEvent, ToolStep, WebUIStateBackend
 from storage.sqlite.files import FileErrors, SqliteFile, connect, create_private, stamp_schema
 from storage.sqlite.notifier import SocketDirNotifier, wake_dir_for
+from storage.sqlite.write_lock import WriteLock
 
 __all__ = ["SqliteWebUIState", "WebUIStateError"]
 
@@ -84,6 +87,8 @@ class SqliteWebUIState:
         self._file: tuple[int, int] | None = None
         self._closed = False
         self._open()
+        # Writes queue behind the other processes' writes to the file (``_writing``).
+        self._write_lock = WriteLock(self.spec.path)
 
     def _open(self) -> None:
         create_private(self.spec)
@@ -125,14 +130,22 @@ class SqliteWebUIState:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._write_lock.close()
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The lock for a statement that writes (it is its own transaction): this process's
+        lock, then the file's write lock shared with every other process."""
+        with self._lock, self._write_lock:
+            yield
+
     # -- the event log
 
     def append_event(self, type_: str, data_json: str, created_at: float) -> int:
-        with self._lock:
+        with self._writing():
             cur = self._db().execute(
                 "INSERT INTO events (created_at, type, data) VALUES (?, ?, ?)",
                 (created_at, type_, data_json),
@@ -163,13 +176,13 @@ class SqliteWebUIState:
 
     def prune_events(self, keep: int) -> None:
         newest = self.newest_event_id()
-        with self._lock:
+        with self._writing():
             self._db().execute("DELETE FROM events WHERE id <= ?", (newest - keep,))
 
     def prune_events_before(self, before: float, limit: int, *, dry_run: bool = False) -> int:
         # In id order: the old events are the first ids, so no index on created_at is needed.
         pick = "SELECT id FROM events WHERE created_at < ? ORDER BY id LIMIT ?"
-        with self._lock:
+        with self._writing():
             if dry_run:
                 return len(self._db().execute(pick, (before, int(limit))).fetchall())
             cur = self._db().execute(f"DELETE FROM events WHERE id IN ({pick})", (before, limit))
@@ -178,7 +191,7 @@ class SqliteWebUIState:
     # -- unread marks
 
     def set_unread(self, session_id: str, unread: bool) -> None:
-        with self._lock:
+        with self._writing():
             self._db().execute(
                 "INSERT INTO unread (session_id, unread) VALUES (?, ?) "
                 "ON CONFLICT(session_id) DO UPDATE SET unread = excluded.unread",
@@ -195,7 +208,7 @@ class SqliteWebUIState:
     def add_tool_step(
         self, session_id: str, turn_id: str, name: str, status: str, summary: str, at: float
     ) -> None:
-        with self._lock:
+        with self._writing():
             self._db().execute(
                 "INSERT INTO tool_steps (session_id, turn_id, created_at, name, status, summary)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
@@ -203,7 +216,7 @@ class SqliteWebUIState:
             )
 
     def place_tool_steps(self, turn_id: str, message_id: int | None) -> None:
-        with self._lock:
+        with self._writing():
             if message_id is None:
                 self._db().execute("DELETE FROM tool_steps WHERE turn_id = ?", (turn_id,))
             else:
@@ -232,7 +245,7 @@ class SqliteWebUIState:
         return None if row is None else str(row[0])
 
     def set_setting(self, name: str, value: str) -> None:
-        with self._lock:
+        with self._writing():
             self._db().execute(
                 "INSERT INTO meta (name, value) VALUES (?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
@@ -240,7 +253,7 @@ class SqliteWebUIState:
             )
 
     def setting_or_default(self, name: str, default: str) -> str:
-        with self._lock:
+        with self._writing():
             self._db().execute(
                 "INSERT OR IGNORE INTO meta (name, value) VALUES (?, ?)", (name, default)
             )

@@ -14,6 +14,11 @@ cause a redelivery that the sinks absorb. A batch of only such writes commits un
 disk; a process crash loses nothing, a power cut may lose the last such commits); a batch
 with any durable write commits under ``FULL``, and that fsync of the log also makes every
 earlier NORMAL commit durable.
+
+Several processes writing one file (``reveille serve --workers N``): each commit holds the
+file's ``WriteLock`` (``storage.sqlite.write_lock``, a kernel queue instead of SQLite's
+sleep-and-poll) from before ``BEGIN IMMEDIATE`` until after ``COMMIT``, and takes into its
+transaction what was queued while it waited for it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any, Generic, TypeVar
 
 from delivery.write_future import WriteFuture
 from storage.group_commit import Batch, BatchQueue, CommitCounts, Item, Live, wanted
+from storage.sqlite.write_lock import WriteLock
 from storage.waiters import LoopWaiter, Outcome
 
 T = TypeVar("T")
@@ -74,6 +80,7 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
         self._thread.start()
         ready.result()
         self._inode = os.stat(path).st_ino
+        self._write_lock = WriteLock(path)
 
     # -- callers --------------------------------------------------------------------------
 
@@ -121,6 +128,8 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
             self._closed = self._queue.stopping = True
             self._queue.cv.notify()
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():  # else a commit may still hold it
+            self._write_lock.close()
 
     def _enqueue(self, item: Item) -> None:
         self._queue.put(item)
@@ -185,22 +194,46 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
             self.failed(live, err)
             return
         try:
-            self._set_synchronous(conn, "FULL" if durable else "NORMAL")
+            with self._write_lock:  # other processes' writers queue here, not in SQLite
+                live, durable = self._joined(live, durable)
+                self._set_synchronous(conn, "FULL" if durable else "NORMAL")
+                outcomes = self._transaction(conn, context, live)
+        except sqlite3.Error as exc:
+            err = self._unavailable(f"write to {self.path} failed, nothing was written: {exc}")
+            self.failed(live, err)
+            return
+        self.committed(live, durable, outcomes)
+
+    def _joined(self, live: Live, durable: bool) -> tuple[Live, bool]:
+        """``live`` and the operations queued since it was taken (most while it waited for
+        the file's lock: another process was committing), in order and up to the batch
+        limit: one commit, one fsync for them all. Nobody else takes from the queue while
+        this writer is busy, and whatever is queued was submitted after ``live``."""
+        with self._mu:
+            pending = self._queue.pending
+            room = max(0, self._queue.max_batch - len(live))
+            more = [pending.popleft() for _ in range(min(len(pending), room))]
+        if not more:
+            return live, durable
+        joined, joined_durable = wanted(more)
+        return live + joined, durable or joined_durable
+
+    def _transaction(self, conn: sqlite3.Connection, context: C, live: Live) -> list[Outcome]:
+        """Run ``live`` and commit; on a SQLite error roll back, then raise it."""
+        try:
             outcomes = self._run(conn, context, live, isolate=False)
             if outcomes is None:
                 outcomes = self._run(conn, context, live, isolate=True)
                 assert outcomes is not None  # an isolated run never asks to run again
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except sqlite3.Error:
             if conn.in_transaction:
                 try:
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:
                     log.exception("rollback after a failed commit of %s failed", self.path)
-            err = self._unavailable(f"write to {self.path} failed, nothing was written: {exc}")
-            self.failed(live, err)
-            return
-        self.committed(live, durable, outcomes)
+            raise
+        return outcomes
 
     @staticmethod
     def _run(
