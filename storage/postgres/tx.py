@@ -10,7 +10,9 @@ result, and commits. Statements go in the order the operations were submitted, s
 every operation stops after its first statement, the outcome is exactly what running
 them one by one gives. An operation that wants a second statement (a compare-and-set
 that missed and looks at the row, say) makes the batch roll back and run the ordinary
-way: ``None`` tells the caller so.
+way: ``None`` tells the caller so. ``update_many`` over distinct rows (a re-offer pass
+marking hundreds of due timers) sends one statement per shape of update
+(``storage.postgres.cas_batch``), not one per row.
 """
 
 from __future__ import annotations
@@ -25,9 +27,14 @@ from delivery.backend import COLUMNS, JSON_COLUMNS, Update, check_columns
 from delivery.errors import DuplicateDeliveryError
 from delivery.peers import ServerRecord
 from storage.postgres import sql as sql
+from storage.postgres.cas_batch import BatchCompiler, groups
 from storage.postgres.conn import PLACEHOLDER
 from storage.sql import Statement, UpdateCompiler, decode_columns, dump_json
 from storage.waiters import Outcome, Waiter
+
+# From this many compare-and-sets ``update_many`` sends one statement per shape of them
+# (``storage.postgres.cas_batch``); fewer go one statement each.
+_BATCH_MIN = 4
 
 
 class PgTx:
@@ -40,6 +47,7 @@ class PgTx:
         self._select_sql: dict[tuple[str, ...], str] = {}
         self._insert_sql: dict[tuple[str, ...], str] = {}
         self._updates = UpdateCompiler(PLACEHOLDER)
+        self._batches = BatchCompiler()
 
     def _exec(self, query: str, params: Iterable[Any] = ()) -> psycopg.Cursor[Any]:
         return self._cur.execute(query, list(params), prepare=True)
@@ -94,6 +102,9 @@ class PgTx:
         return self.updated(self._exec(*self.update_statement(row_id, expect, changes)).rowcount)
 
     def update_many(self, updates: list[Update]) -> list[bool]:
+        ids = {row_id for row_id, _e, _c in updates}
+        if len(updates) >= _BATCH_MIN and len(ids) == len(updates):
+            return self._update_batched(updates)
         # One pipeline: every compare-and-set goes out before the first answer is read.
         with self._conn.pipeline():
             cursors = [
@@ -101,6 +112,27 @@ class PgTx:
                 for one in updates
             ]
         return [self.updated(cur.rowcount) for cur in cursors]
+
+    def _update_batched(self, updates: list[Update]) -> list[bool]:
+        """Each row its own compare-and-set, a statement per shape (``cas_batch``), all in
+        one pipeline. The rows are distinct, so no update can see another's effect and the
+        order they run in cannot change any answer."""
+        with self._conn.pipeline():
+            sent = [
+                (
+                    positions,
+                    self._conn.cursor().execute(
+                        *self._batches.statement([updates[i] for i in positions]), prepare=True
+                    ),
+                )
+                for positions in groups(updates).values()
+            ]
+        answers = [False] * len(updates)
+        for positions, cur in sent:
+            changed = {found[0] for found in cur.fetchall()}
+            for i in positions:
+                answers[i] = self.updated(1 if updates[i][0] in changed else 0)
+        return answers
 
     def lock_free(self, row_ids: list[str]) -> set[str]:
         if not row_ids:
