@@ -176,5 +176,6 @@ class LedgerRecovery:
                 identity,
                 self.servers.lapsed,
                 replay_now=self.steady.replay_now(now),
-            )
+            ),
+            apart=True,
         )

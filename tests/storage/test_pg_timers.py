@@ -8,12 +8,14 @@ columns' own, and a pass costs the same few round trips however many timers it t
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import psycopg
 import pytest
 
 import storage
+from delivery.backend import LedgerTx
 from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
 from delivery.ledger import Ledger
 from storage.postgres import trips
@@ -66,5 +68,39 @@ def test_a_pass_over_a_burst_costs_a_few_trips_however_many_timers(
                 token = ledger.claim(row_id, "test")
                 assert token is not None and ledger.complete(row_id, token)
         assert counts[1] == counts[0] <= 6, counts
+    finally:
+        ledger.close()
+
+
+def test_a_pass_written_apart_neither_waits_for_the_writer_nor_touches_its_rows() -> None:
+    """A re-offer pass commits beside a writer batch in flight (``write(apart=True)``):
+    it is not queued behind the batch, and skips the row that batch holds locked, exactly
+    as another server's pass would."""
+    backend = storage.open_storage(fresh_url()).open_ledger()
+    ledger = Ledger(backend)
+    try:
+        _timers(ledger, 2, due=0.0)
+        held, release = threading.Event(), threading.Event()
+
+        def busy(tx: LedgerTx) -> None:  # a batch of claims, say, holding tmr_2_0000
+            tx.update("tmr_2_0000", {}, {"claim_consumer": "busy"})
+            held.set()
+            release.wait(10)
+
+        in_flight = threading.Thread(target=backend.write, args=(busy,))
+        in_flight.start()
+        assert held.wait(10)
+
+        def take(tx: LedgerTx) -> list[bool]:
+            free = tx.lock_free(["tmr_2_0000", "tmr_2_0001"])
+            return tx.update_many([(r, {}, {"holder": "apart"}) for r in sorted(free)])
+
+        assert backend.write(take, apart=True) == [True]  # only the row not held
+        assert in_flight.is_alive()
+        release.set()
+        in_flight.join(10)
+        rows = [backend.get(f"tmr_2_000{n}") for n in range(2)]
+        assert [r.holder if r else None for r in rows] == [ledger.identity, "apart"]
+        assert backend.stats()["apart_commits"] == 1
     finally:
         ledger.close()
