@@ -197,10 +197,15 @@ class PostgresBackend(CommitCounts):
             raise LedgerUnavailable(f"the ledger {self.url} is closed")
         for attempt in range(6):
             try:
-                with self._pool.connection() as conn, conn.transaction():
-                    if not durable:
-                        conn.execute("SET LOCAL synchronous_commit = off")
-                    result = op(PgTx(conn))
+                with self._pool.connection() as conn:
+                    # One round trip opens the transaction (and relaxes the commit when it may).
+                    conn.execute(_BEGIN_RELAXED if not durable else "BEGIN")
+                    try:
+                        result = op(PgTx(conn))
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        rollback_quietly(conn)
+                        raise
                 self.apart_commits += 1
                 return result
             except _RETRYABLE as exc:  # crossed another transaction: nothing was written

@@ -104,7 +104,9 @@ class PgTx:
     def update_many(self, updates: list[Update]) -> list[bool]:
         ids = {row_id for row_id, _e, _c in updates}
         if len(updates) >= _BATCH_MIN and len(ids) == len(updates):
-            return self._update_batched(updates)
+            statements = self._by_shape(updates)
+            if statements is not None:
+                return self._update_batched(updates, statements)
         # One pipeline: every compare-and-set goes out before the first answer is read.
         with self._conn.pipeline():
             cursors = [
@@ -113,19 +115,30 @@ class PgTx:
             ]
         return [self.updated(cur.rowcount) for cur in cursors]
 
-    def _update_batched(self, updates: list[Update]) -> list[bool]:
+    def batch_statement(self, updates: list[Update]) -> Statement | None:
+        """One statement for updates of one shape, each of a row of its own (None: they
+        must go one by one)."""
+        return self._batches.statement(updates)
+
+    def _by_shape(self, updates: list[Update]) -> list[tuple[list[int], Statement]] | None:
+        found = []
+        for positions in groups(updates).values():
+            statement = self._batches.statement([updates[i] for i in positions])
+            if statement is None:
+                return None
+            found.append((positions, statement))
+        return found
+
+    def _update_batched(
+        self, updates: list[Update], statements: list[tuple[list[int], Statement]]
+    ) -> list[bool]:
         """Each row its own compare-and-set, a statement per shape (``cas_batch``), all in
         one pipeline. The rows are distinct, so no update can see another's effect and the
         order they run in cannot change any answer."""
         with self._conn.pipeline():
             sent = [
-                (
-                    positions,
-                    self._conn.cursor().execute(
-                        *self._batches.statement([updates[i] for i in positions]), prepare=True
-                    ),
-                )
-                for positions in groups(updates).values()
+                (positions, self._conn.cursor().execute(*statement, prepare=True))
+                for positions, statement in statements
             ]
         answers = [False] * len(updates)
         for positions, cur in sent:
@@ -196,14 +209,17 @@ class _FirstStatement(_OneStatementOnly):
         self.kind: str | None = None  # None: the first primitive is one not sent ahead
         self.statement: Statement | None = None
         self.arg: Any = None
+        self.row_id = ""
+        self.update_args: Update | None = None  # an update's, to go with others of its shape
 
     def insert(self, row: dict[str, Any]) -> None:
-        self.kind, self.arg = "insert", row
+        self.kind, self.arg, self.row_id = "insert", row, row.get("id", "")
         self.statement = self._tx.insert_statement(row)
         raise _Stop
 
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
-        self.kind = "update"
+        self.kind, self.row_id = "update", row_id
+        self.update_args = (row_id, expect, changes)
         self.statement = self._tx.update_statement(row_id, expect, changes)
         raise _Stop
 
@@ -212,10 +228,10 @@ class _Answered(_OneStatementOnly):
     """A ``LedgerTx`` that answers an operation's first primitive from its pipelined
     result, and stops the operation if it asks for anything more."""
 
-    def __init__(self, tx: PgTx, first: _FirstStatement, cur: psycopg.Cursor[Any]) -> None:
+    def __init__(self, tx: PgTx, first: _FirstStatement, rowcount: int) -> None:
         self._tx = tx
         self._first: _FirstStatement | None = first
-        self._cur = cur
+        self._rowcount = rowcount
 
     def _take(self, kind: str) -> _FirstStatement:
         first, self._first = self._first, None
@@ -225,11 +241,11 @@ class _Answered(_OneStatementOnly):
 
     def insert(self, row: dict[str, Any]) -> None:
         first = self._take("insert")
-        self._tx.inserted(first.arg, self._cur.rowcount)
+        self._tx.inserted(first.arg, self._rowcount)
 
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
         self._take("update")
-        return self._tx.updated(self._cur.rowcount)
+        return self._tx.updated(self._rowcount)
 
 
 def run_pipelined(
@@ -254,12 +270,16 @@ def run_pipelined(
             conn.execute("BEGIN")
             if not durable:
                 conn.execute("SET LOCAL synchronous_commit = off")
-            cursors = []
-            for first in firsts:
-                assert first.statement is not None
-                query, params = first.statement
-                cursors.append(conn.cursor().execute(query, params, prepare=True))
-        answered = [_Answered(tx, f, cur) for f, cur in zip(firsts, cursors, strict=True)]
+            sent = _send_firsts(conn, tx, firsts)
+        rowcounts = [0] * len(firsts)
+        for positions, cur, grouped in sent:
+            if grouped:  # one statement of several updates: each row it returned changed
+                changed = {found[0] for found in cur.fetchall()}
+                for i in positions:
+                    rowcounts[i] = 1 if firsts[i].row_id in changed else 0
+            else:
+                rowcounts[positions[0]] = cur.rowcount
+        answered = [_Answered(tx, f, n) for f, n in zip(firsts, rowcounts, strict=True)]
         try:
             outcomes = run_each(conn, tx, live, views=answered)
         except _Stop:
@@ -271,6 +291,39 @@ def run_pipelined(
         rollback_quietly(conn)
         raise
     return outcomes
+
+
+def _send_firsts(
+    conn: psycopg.Connection[Any], tx: PgTx, firsts: list[_FirstStatement]
+) -> list[tuple[list[int], psycopg.Cursor[Any], bool]]:
+    """Send the first statements of a batch, in the open pipeline: (the positions each
+    cursor answers for, the cursor, whether it is one statement of several updates).
+
+    When every statement touches a row of its own (the claims and acknowledgements of a
+    burst of timers firing, each a compare-and-set of the same shape), no statement can see
+    another's effect, so their order cannot change an answer: the updates of one shape go
+    as one statement (``storage.postgres.cas_batch``). Otherwise each goes as it is, in the
+    order submitted."""
+    sent: list[tuple[list[int], psycopg.Cursor[Any], bool]] = []
+    ids = {first.row_id for first in firsts}
+    by_shape: dict[tuple[Any, ...], list[int]] = {}
+    if len(firsts) >= _BATCH_MIN and len(ids) == len(firsts) and "" not in ids:
+        updates = {i: f.update_args for i, f in enumerate(firsts) if f.update_args is not None}
+        by_shape = groups(updates.values(), positions=list(updates))
+    grouped: set[int] = set()
+    for positions in by_shape.values():
+        if len(positions) > 1:
+            batch = [firsts[i].update_args for i in positions]
+            statement = tx.batch_statement([u for u in batch if u is not None])
+            if statement is not None:
+                sent.append((positions, conn.cursor().execute(*statement, prepare=True), True))
+                grouped.update(positions)
+    for i, first in enumerate(firsts):
+        if i not in grouped:
+            assert first.statement is not None
+            query, params = first.statement
+            sent.append(([i], conn.cursor().execute(query, params, prepare=True), False))
+    return sent
 
 
 def run_each(

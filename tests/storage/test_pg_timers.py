@@ -8,24 +8,27 @@ columns' own, and a pass costs the same few round trips however many timers it t
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 import storage
-from delivery.backend import LedgerTx
+from delivery.backend import AtMost, Increment, LedgerTx
 from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
 from delivery.ledger import Ledger
 from storage.postgres import trips
-from storage.postgres.cas_batch import ARRAY_TYPES
+from storage.postgres.cas_batch import SQL_TYPES
 from tests.pg_support import fresh_url
 
-_PG_TYPES = {"double precision": "float8[]", "integer": "int4[]", "text": "text[]"}
+_PG_TYPES = {"double precision": "float8", "integer": "int4", "text": "text"}
 
 
-def test_the_array_types_of_a_batch_are_the_columns_own() -> None:
+def test_the_types_a_batch_reads_its_values_as_are_the_columns_own() -> None:
     url = fresh_url()
     storage.open_storage(url).open_ledger().close()  # migrates the schema
     with psycopg.connect(url) as conn:
@@ -34,7 +37,7 @@ def test_the_array_types_of_a_batch_are_the_columns_own() -> None:
             " WHERE table_name = 'deliveries' AND table_schema = current_schema()"
         ).fetchall()
     stored = {name: _PG_TYPES.get(kind, kind) for name, kind in found if name != "seq"}
-    assert stored == ARRAY_TYPES
+    assert stored == SQL_TYPES
 
 
 def _timers(ledger: Ledger, count: int, due: float) -> list[str]:
@@ -102,5 +105,57 @@ def test_a_pass_written_apart_neither_waits_for_the_writer_nor_touches_its_rows(
         rows = [backend.get(f"tmr_2_000{n}") for n in range(2)]
         assert [r.holder if r else None for r in rows] == [ledger.identity, "apart"]
         assert backend.stats()["apart_commits"] == 1
+    finally:
+        ledger.close()
+
+
+async def test_a_writer_batch_of_compare_and_sets_answers_each_as_alone() -> None:
+    """The claims and acknowledgements of a burst reach the writer hundreds to a batch, each
+    on a row of its own: the updates of one shape go as one statement, and each still
+    answers (and changes its row) as it would alone; a batch where two touch one row goes
+    statement by statement, in order."""
+    backend = storage.open_storage(fresh_url()).open_ledger()
+    ledger = Ledger(backend)
+    try:
+        ids = _timers(ledger, 6, due=0.0)
+
+        async def batch(*ops: Callable[[LedgerTx], object]) -> list[object]:
+            running, go = threading.Event(), threading.Event()
+
+            def hold(tx: LedgerTx) -> None:  # holds the writer until every op is queued
+                running.set()
+                go.wait(10)
+
+            held = backend.submit_async(hold)
+            await asyncio.to_thread(running.wait, 10)
+            futures = [backend.submit_async(op) for op in ops]
+            go.set()
+            await held
+            return list(await asyncio.gather(*futures))
+
+        def cas(row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> Any:
+            return lambda tx: tx.update(row_id, expect, changes)
+
+        answers = await batch(
+            cas(ids[0], {"claim_expires_at": AtMost(0)}, {"claim_consumer": "a"}),
+            cas(ids[1], {"claim_expires_at": AtMost(-1.5)}, {"claim_consumer": "b"}),  # miss
+            cas(ids[2], {"claim_expires_at": AtMost(0.5)}, {"claim_consumer": "c"}),
+            cas(ids[3], {"holder": None}, {"delivery_attempts": Increment(2)}),  # miss
+            cas(ids[4], {"holder": ledger.identity}, {"delivery_attempts": Increment(2)}),
+            cas("missing", {"claim_expires_at": AtMost(0)}, {"claim_consumer": "m"}),  # miss
+        )
+        assert answers == [True, False, True, False, True, False]
+        rows = {r: backend.get(r) for r in ids}
+        assert [rows[r].claim_consumer for r in ids[:3]] == ["a", None, "c"]  # type: ignore[union-attr]
+        assert [rows[r].delivery_attempts for r in ids[3:5]] == [0, 2]  # type: ignore[union-attr]
+
+        answers = await batch(  # one row twice: the second sees the first's change
+            cas(ids[5], {"claim_consumer": None}, {"claim_consumer": "x"}),
+            cas(ids[5], {"claim_consumer": None}, {"claim_consumer": "y"}),
+            cas(ids[0], {"claim_consumer": "a"}, {"claim_consumer": "z"}),
+            cas(ids[2], {"claim_consumer": "c"}, {"claim_consumer": "w"}),
+        )
+        assert answers == [True, False, True, True]
+        assert [backend.get(r).claim_consumer for r in (ids[5], ids[0])] == ["x", "z"]  # type: ignore[union-attr]
     finally:
         ledger.close()
