@@ -101,8 +101,14 @@ class LedgerBackend(Protocol):
     def notifier(self) -> Notifier:
         """Pokes every process sharing this store (the re-offer schedulers subscribe)."""
 
-    def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> T:
-        """Run ``op`` atomically; returns once it is committed."""
+    def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True, apart: bool = False) -> T:
+        """Run ``op`` atomically; returns once it is committed.
+
+        ``apart``: ``op`` picks its rows with ``lock_free`` and changes each by a
+        compare-and-set, so it is as safe beside this process's other writes as beside
+        another server's: a store with several connections may commit it in a transaction
+        of its own instead of queued among them (a re-offer pass over a burst of due
+        timers, which would otherwise wait for the consumers' claims of the last one)."""
 
     def submit(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> WriteFuture[T]:
         """Queue ``op`` for the next commit without waiting (coroutines: ``submit_async``)."""

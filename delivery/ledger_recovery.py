@@ -176,5 +176,9 @@ class LedgerRecovery:
                 identity,
                 self.servers.lapsed,
                 replay_now=self.steady.replay_now(now),
-            )
+            ),
+            # Losing it in a power cut loses no result: the rows stay due and are offered
+            # again (a redelivery, which the sinks absorb), as a lost claim would be.
+            durable=False,
+            apart=True,
         )

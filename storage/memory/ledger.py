@@ -217,8 +217,8 @@ class MemoryBackend:
             self._commits += 1
             return result
 
-    def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> T:
-        return self._run(op)
+    def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True, apart: bool = False) -> T:
+        return self._run(op)  # every operation runs at once under one lock: ``apart`` is moot
 
     def submit(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> WriteFuture[T]:
         fut: WriteFuture[T] = WriteFuture()

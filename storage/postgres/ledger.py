@@ -119,6 +119,7 @@ class PostgresBackend(CommitCounts):
         # Batches sent as one pipeline (``storage.postgres.tx``); off only to measure it.
         self.pipelined = pipelined
         self.pipelined_commits = 0
+        self.apart_commits = 0  # ``write(apart=True)``: beside the writers' batches
         # Operations waiting; its ``cv`` also guards each writer slot's ``busy``.
         self._queue = BatchQueue(max_batch)
         # No checking trip per checkout (a scheduler pass makes several reads): a read
@@ -182,8 +183,39 @@ class PostgresBackend(CommitCounts):
         self._enqueue((op, LoopWaiter(loop, fut), durable))
         return fut
 
-    def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> T:
+    def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True, apart: bool = False) -> T:
+        if apart:
+            return self._write_apart(op, durable)
         return self.submit(op, durable=durable).result()
+
+    def _write_apart(self, op: Callable[[LedgerTx], T], durable: bool) -> T:
+        """``op`` in a transaction of its own on a pooled connection, beside the writers'
+        batches (``LedgerBackend.write``'s ``apart``). Queued, a re-offer pass over a burst
+        of due timers waited for the batch of claims in flight, and then, being more than one
+        statement, made the next batch give up its pipeline: a round trip per claim."""
+        if self._queue.stopping:
+            raise LedgerUnavailable(f"the ledger {self.url} is closed")
+        for attempt in range(6):
+            try:
+                with self._pool.connection() as conn:
+                    # One round trip opens the transaction (and relaxes the commit when it may).
+                    conn.execute(_BEGIN_RELAXED if not durable else "BEGIN")
+                    try:
+                        result = op(PgTx(conn))
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        rollback_quietly(conn)
+                        raise
+                self.apart_commits += 1
+                return result
+            except _RETRYABLE as exc:  # crossed another transaction: nothing was written
+                log.info("ledger write retried after %s (attempt %d)", type(exc).__name__, attempt)
+            except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+                raise LedgerUnavailable(
+                    f"write to the ledger {self.url} failed, nothing was written: "
+                    f"{explain(exc, self._url)}"
+                ) from exc
+        raise LedgerUnavailable(f"write to the ledger {self.url} kept crossing others")
 
     def _writer(self, slot: _Slot) -> None:
         while True:
@@ -442,6 +474,7 @@ class PostgresBackend(CommitCounts):
             "durable_commits": self.durable_commits,
             "operations": self.operations,
             "pipelined_commits": self.pipelined_commits,
+            "apart_commits": self.apart_commits,
         }
 
     def close(self) -> None:

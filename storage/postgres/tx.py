@@ -10,7 +10,9 @@ result, and commits. Statements go in the order the operations were submitted, s
 every operation stops after its first statement, the outcome is exactly what running
 them one by one gives. An operation that wants a second statement (a compare-and-set
 that missed and looks at the row, say) makes the batch roll back and run the ordinary
-way: ``None`` tells the caller so.
+way: ``None`` tells the caller so. ``update_many`` over distinct rows (a re-offer pass
+marking hundreds of due timers) sends one statement per shape of update
+(``storage.postgres.cas_batch``), not one per row.
 """
 
 from __future__ import annotations
@@ -25,9 +27,14 @@ from delivery.backend import COLUMNS, JSON_COLUMNS, Update, check_columns
 from delivery.errors import DuplicateDeliveryError
 from delivery.peers import ServerRecord
 from storage.postgres import sql as sql
+from storage.postgres.cas_batch import BatchCompiler, groups
 from storage.postgres.conn import PLACEHOLDER
 from storage.sql import Statement, UpdateCompiler, decode_columns, dump_json
 from storage.waiters import Outcome, Waiter
+
+# From this many compare-and-sets ``update_many`` sends one statement per shape of them
+# (``storage.postgres.cas_batch``); fewer go one statement each.
+_BATCH_MIN = 4
 
 
 class PgTx:
@@ -40,6 +47,7 @@ class PgTx:
         self._select_sql: dict[tuple[str, ...], str] = {}
         self._insert_sql: dict[tuple[str, ...], str] = {}
         self._updates = UpdateCompiler(PLACEHOLDER)
+        self._batches = BatchCompiler()
 
     def _exec(self, query: str, params: Iterable[Any] = ()) -> psycopg.Cursor[Any]:
         return self._cur.execute(query, list(params), prepare=True)
@@ -94,6 +102,11 @@ class PgTx:
         return self.updated(self._exec(*self.update_statement(row_id, expect, changes)).rowcount)
 
     def update_many(self, updates: list[Update]) -> list[bool]:
+        ids = {row_id for row_id, _e, _c in updates}
+        if len(updates) >= _BATCH_MIN and len(ids) == len(updates):
+            statements = self._by_shape(updates)
+            if statements is not None:
+                return self._update_batched(updates, statements)
         # One pipeline: every compare-and-set goes out before the first answer is read.
         with self._conn.pipeline():
             cursors = [
@@ -101,6 +114,38 @@ class PgTx:
                 for one in updates
             ]
         return [self.updated(cur.rowcount) for cur in cursors]
+
+    def batch_statement(self, updates: list[Update]) -> Statement | None:
+        """One statement for updates of one shape, each of a row of its own (None: they
+        must go one by one)."""
+        return self._batches.statement(updates)
+
+    def _by_shape(self, updates: list[Update]) -> list[tuple[list[int], Statement]] | None:
+        found = []
+        for positions in groups(updates).values():
+            statement = self._batches.statement([updates[i] for i in positions])
+            if statement is None:
+                return None
+            found.append((positions, statement))
+        return found
+
+    def _update_batched(
+        self, updates: list[Update], statements: list[tuple[list[int], Statement]]
+    ) -> list[bool]:
+        """Each row its own compare-and-set, a statement per shape (``cas_batch``), all in
+        one pipeline. The rows are distinct, so no update can see another's effect and the
+        order they run in cannot change any answer."""
+        with self._conn.pipeline():
+            sent = [
+                (positions, self._conn.cursor().execute(*statement, prepare=True))
+                for positions, statement in statements
+            ]
+        answers = [False] * len(updates)
+        for positions, cur in sent:
+            changed = {found[0] for found in cur.fetchall()}
+            for i in positions:
+                answers[i] = self.updated(1 if updates[i][0] in changed else 0)
+        return answers
 
     def lock_free(self, row_ids: list[str]) -> set[str]:
         if not row_ids:
@@ -164,14 +209,17 @@ class _FirstStatement(_OneStatementOnly):
         self.kind: str | None = None  # None: the first primitive is one not sent ahead
         self.statement: Statement | None = None
         self.arg: Any = None
+        self.row_id = ""
+        self.update_args: Update | None = None  # an update's, to go with others of its shape
 
     def insert(self, row: dict[str, Any]) -> None:
-        self.kind, self.arg = "insert", row
+        self.kind, self.arg, self.row_id = "insert", row, row.get("id", "")
         self.statement = self._tx.insert_statement(row)
         raise _Stop
 
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
-        self.kind = "update"
+        self.kind, self.row_id = "update", row_id
+        self.update_args = (row_id, expect, changes)
         self.statement = self._tx.update_statement(row_id, expect, changes)
         raise _Stop
 
@@ -180,10 +228,10 @@ class _Answered(_OneStatementOnly):
     """A ``LedgerTx`` that answers an operation's first primitive from its pipelined
     result, and stops the operation if it asks for anything more."""
 
-    def __init__(self, tx: PgTx, first: _FirstStatement, cur: psycopg.Cursor[Any]) -> None:
+    def __init__(self, tx: PgTx, first: _FirstStatement, rowcount: int) -> None:
         self._tx = tx
         self._first: _FirstStatement | None = first
-        self._cur = cur
+        self._rowcount = rowcount
 
     def _take(self, kind: str) -> _FirstStatement:
         first, self._first = self._first, None
@@ -193,11 +241,11 @@ class _Answered(_OneStatementOnly):
 
     def insert(self, row: dict[str, Any]) -> None:
         first = self._take("insert")
-        self._tx.inserted(first.arg, self._cur.rowcount)
+        self._tx.inserted(first.arg, self._rowcount)
 
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
         self._take("update")
-        return self._tx.updated(self._cur.rowcount)
+        return self._tx.updated(self._rowcount)
 
 
 def run_pipelined(
@@ -222,12 +270,16 @@ def run_pipelined(
             conn.execute("BEGIN")
             if not durable:
                 conn.execute("SET LOCAL synchronous_commit = off")
-            cursors = []
-            for first in firsts:
-                assert first.statement is not None
-                query, params = first.statement
-                cursors.append(conn.cursor().execute(query, params, prepare=True))
-        answered = [_Answered(tx, f, cur) for f, cur in zip(firsts, cursors, strict=True)]
+            sent = _send_firsts(conn, tx, firsts)
+        rowcounts = [0] * len(firsts)
+        for positions, cur, grouped in sent:
+            if grouped:  # one statement of several updates: each row it returned changed
+                changed = {found[0] for found in cur.fetchall()}
+                for i in positions:
+                    rowcounts[i] = 1 if firsts[i].row_id in changed else 0
+            else:
+                rowcounts[positions[0]] = cur.rowcount
+        answered = [_Answered(tx, f, n) for f, n in zip(firsts, rowcounts, strict=True)]
         try:
             outcomes = run_each(conn, tx, live, views=answered)
         except _Stop:
@@ -239,6 +291,39 @@ def run_pipelined(
         rollback_quietly(conn)
         raise
     return outcomes
+
+
+def _send_firsts(
+    conn: psycopg.Connection[Any], tx: PgTx, firsts: list[_FirstStatement]
+) -> list[tuple[list[int], psycopg.Cursor[Any], bool]]:
+    """Send the first statements of a batch, in the open pipeline: (the positions each
+    cursor answers for, the cursor, whether it is one statement of several updates).
+
+    When every statement touches a row of its own (the claims and acknowledgements of a
+    burst of timers firing, each a compare-and-set of the same shape), no statement can see
+    another's effect, so their order cannot change an answer: the updates of one shape go
+    as one statement (``storage.postgres.cas_batch``). Otherwise each goes as it is, in the
+    order submitted."""
+    sent: list[tuple[list[int], psycopg.Cursor[Any], bool]] = []
+    ids = {first.row_id for first in firsts}
+    by_shape: dict[tuple[Any, ...], list[int]] = {}
+    if len(firsts) >= _BATCH_MIN and len(ids) == len(firsts) and "" not in ids:
+        updates = {i: f.update_args for i, f in enumerate(firsts) if f.update_args is not None}
+        by_shape = groups(updates.values(), positions=list(updates))
+    grouped: set[int] = set()
+    for positions in by_shape.values():
+        if len(positions) > 1:
+            batch = [firsts[i].update_args for i in positions]
+            statement = tx.batch_statement([u for u in batch if u is not None])
+            if statement is not None:
+                sent.append((positions, conn.cursor().execute(*statement, prepare=True), True))
+                grouped.update(positions)
+    for i, first in enumerate(firsts):
+        if i not in grouped:
+            assert first.statement is not None
+            query, params = first.statement
+            sent.append(([i], conn.cursor().execute(query, params, prepare=True), False))
+    return sent
 
 
 def run_each(

@@ -414,7 +414,8 @@ class SqliteBackend:
     ) -> asyncio.Future[T]:
         return self._writer.submit_async(op, durable=durable)
 
-    def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True) -> T:
+    def write(self, op: Callable[[LedgerTx], T], *, durable: bool = True, apart: bool = False) -> T:
+        # One writer connection: ``apart`` has no other to run on.
         return self._writer.submit(op, durable=durable).result()
 
     # -- reads -----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ the re-offer scheduler tests at the end, which check real wake-up times.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import select
 import threading
@@ -778,6 +779,59 @@ class TestLedgerTx:
         assert a is not None and a.due_at == 9.0 and a.state == "running"
         assert b is not None and b.delivery_attempts == 1 and b.updated_at == 4.0
         assert backend.write(lambda tx: tx.update_many([])) == []
+
+    def test_update_many_of_distinct_rows_answers_as_each_update_alone(
+        self, backend: LedgerBackend
+    ) -> None:
+        """A re-offer pass's shape: many distinct rows, a few shapes of compare-and-set
+        (PostgreSQL sends each shape as one statement). Every row must end exactly as the
+        same update alone leaves its twin, and answer the same."""
+        rows = [
+            {"holder": None, "due_at": 5.0},
+            {"holder": "h1", "due_at": 5.0, "claim_token": "t1", "claim_expires_at": 4.5},
+            {"holder": "h1", "due_at": 6.0},  # its due time moved: a miss
+            {"holder": None, "due_at": 5.0, "delivery_state": "delivered"},  # settled: a miss
+            {"holder": "h2", "due_at": 5.0, "delivery_attempts": 2},
+            {"holder": None, "due_at": 5.0, "delivery_attempts": 3},  # at the budget: a miss
+        ]
+
+        def updates(prefix: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+            out: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+            for i, row in enumerate(rows):
+                expect = {
+                    "delivery_state": "pending",
+                    "holder": row["holder"],
+                    "due_at": 5.0,
+                    "claim_token": row.get("claim_token"),
+                    "delivery_attempts": Below(3),
+                    "claim_expires_at": AtMost(4.5),
+                }
+                if i % 2:
+                    expect["created_at"] = IsSet()
+                changes: dict[str, Any] = {
+                    "holder": "me",
+                    "due_at": 9.0 + i,
+                    "restored": Increment(1),
+                    "updated_at": 2.0,
+                    "event": {"n": i, "text": 'it\'s "quoted"'},
+                }
+                if row.get("claim_token"):
+                    changes.update(claim_token=None, claim_consumer=None, claim_expires_at=0)
+                out.append((f"{prefix}{i}", expect, changes))
+            out.append((f"{prefix}missing", {"delivery_state": "pending"}, {"updated_at": 3.0}))
+            return out
+
+        for prefix in ("many", "one"):
+            for i, row in enumerate(rows):
+                new = _row(f"{prefix}{i}", **row)
+                backend.write(lambda tx, new=new: tx.insert(new))
+        batched = backend.write(lambda tx: tx.update_many(updates("many")))
+        alone = [backend.write(lambda tx, u=u: tx.update(*u)) for u in updates("one")]
+        assert batched == alone == [True, True, False, False, True, False, False]
+        for i in range(len(rows)):
+            many, one = backend.get(f"many{i}"), backend.get(f"one{i}")
+            assert many is not None and one is not None
+            assert dataclasses.replace(many, id="") == dataclasses.replace(one, id="")
 
     def test_an_operation_that_raises_changes_nothing(self, backend: LedgerBackend) -> None:
         backend.write(lambda tx: tx.insert(_row("r")))

@@ -1,0 +1,161 @@
+"""Timers at scale on PostgreSQL: a re-offer pass over a burst of due timers.
+
+``bench/timers.py --store postgresql`` measures the firing lateness of 10,000 timers due in
+one second; these hold the pieces it relies on: the compare-and-sets of a pass go as one
+statement per shape of them (``storage.postgres.cas_batch``), whose array types must be the
+columns' own, and a pass costs the same few round trips however many timers it takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import storage
+from delivery.backend import AtMost, Increment, LedgerTx
+from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
+from delivery.ledger import Ledger
+from storage.postgres import trips
+from storage.postgres.cas_batch import SQL_TYPES
+from tests.pg_support import fresh_url
+
+_PG_TYPES = {"double precision": "float8", "integer": "int4", "text": "text"}
+
+
+def test_the_types_a_batch_reads_its_values_as_are_the_columns_own() -> None:
+    url = fresh_url()
+    storage.open_storage(url).open_ledger().close()  # migrates the schema
+    with psycopg.connect(url) as conn:
+        found = conn.execute(
+            "SELECT column_name, data_type FROM information_schema.columns"
+            " WHERE table_name = 'deliveries' AND table_schema = current_schema()"
+        ).fetchall()
+    stored = {name: _PG_TYPES.get(kind, kind) for name, kind in found if name != "seq"}
+    assert stored == SQL_TYPES
+
+
+def _timers(ledger: Ledger, count: int, due: float) -> list[str]:
+    ids = [f"tmr_{count}_{n:04d}" for n in range(count)]
+    for row_id in ids:
+        event = {"type": SCHEDULED_WAKEUP, "delivery_id": row_id, "status": "completed"}
+        ledger.schedule(row_id, kind=TIMER_KIND, event=event, not_before=due, session_key="s")
+    return ids
+
+
+def test_a_pass_over_a_burst_costs_a_few_trips_however_many_timers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(trips.ENV, str(tmp_path))  # the stores open counting connections
+    clock = [1000.0]
+    ledger = Ledger(storage.open_storage(fresh_url()).open_ledger(), clock=lambda: clock[0])
+    try:
+        counts = []
+        for size in (5, 300):
+            ids = _timers(ledger, size, due=clock[0] + 10)
+            clock[0] += 20
+            before = trips.total()
+            offered = ledger.take_due(limit=500)
+            counts.append(trips.total() - before)
+            assert sorted(e["delivery_id"] for e in offered) == ids
+            assert all(e["restored"] and e["_first_offer"] for e in offered)
+            for row_id in ids:
+                row = ledger.get(row_id)
+                assert row is not None and row.holder == ledger.identity
+                assert row.due_at == clock[0] + ledger.policy.lease_seconds and row.restored == 1
+                token = ledger.claim(row_id, "test")
+                assert token is not None and ledger.complete(row_id, token)
+        assert counts[1] == counts[0] <= 6, counts
+    finally:
+        ledger.close()
+
+
+def test_a_pass_written_apart_neither_waits_for_the_writer_nor_touches_its_rows() -> None:
+    """A re-offer pass commits beside a writer batch in flight (``write(apart=True)``):
+    it is not queued behind the batch, and skips the row that batch holds locked, exactly
+    as another server's pass would."""
+    backend = storage.open_storage(fresh_url()).open_ledger()
+    ledger = Ledger(backend)
+    try:
+        _timers(ledger, 2, due=0.0)
+        held, release = threading.Event(), threading.Event()
+
+        def busy(tx: LedgerTx) -> None:  # a batch of claims, say, holding tmr_2_0000
+            tx.update("tmr_2_0000", {}, {"claim_consumer": "busy"})
+            held.set()
+            release.wait(10)
+
+        in_flight = threading.Thread(target=backend.write, args=(busy,))
+        in_flight.start()
+        assert held.wait(10)
+
+        def take(tx: LedgerTx) -> list[bool]:
+            free = tx.lock_free(["tmr_2_0000", "tmr_2_0001"])
+            return tx.update_many([(r, {}, {"holder": "apart"}) for r in sorted(free)])
+
+        assert backend.write(take, apart=True) == [True]  # only the row not held
+        assert in_flight.is_alive()
+        release.set()
+        in_flight.join(10)
+        rows = [backend.get(f"tmr_2_000{n}") for n in range(2)]
+        assert [r.holder if r else None for r in rows] == [ledger.identity, "apart"]
+        assert backend.stats()["apart_commits"] == 1
+    finally:
+        ledger.close()
+
+
+async def test_a_writer_batch_of_compare_and_sets_answers_each_as_alone() -> None:
+    """The claims and acknowledgements of a burst reach the writer hundreds to a batch, each
+    on a row of its own: the updates of one shape go as one statement, and each still
+    answers (and changes its row) as it would alone; a batch where two touch one row goes
+    statement by statement, in order."""
+    backend = storage.open_storage(fresh_url()).open_ledger()
+    ledger = Ledger(backend)
+    try:
+        ids = _timers(ledger, 6, due=0.0)
+
+        async def batch(*ops: Callable[[LedgerTx], object]) -> list[object]:
+            running, go = threading.Event(), threading.Event()
+
+            def hold(tx: LedgerTx) -> None:  # holds the writer until every op is queued
+                running.set()
+                go.wait(10)
+
+            held = backend.submit_async(hold)
+            await asyncio.to_thread(running.wait, 10)
+            futures = [backend.submit_async(op) for op in ops]
+            go.set()
+            await held
+            return list(await asyncio.gather(*futures))
+
+        def cas(row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> Any:
+            return lambda tx: tx.update(row_id, expect, changes)
+
+        answers = await batch(
+            cas(ids[0], {"claim_expires_at": AtMost(0)}, {"claim_consumer": "a"}),
+            cas(ids[1], {"claim_expires_at": AtMost(-1.5)}, {"claim_consumer": "b"}),  # miss
+            cas(ids[2], {"claim_expires_at": AtMost(0.5)}, {"claim_consumer": "c"}),
+            cas(ids[3], {"holder": None}, {"delivery_attempts": Increment(2)}),  # miss
+            cas(ids[4], {"holder": ledger.identity}, {"delivery_attempts": Increment(2)}),
+            cas("missing", {"claim_expires_at": AtMost(0)}, {"claim_consumer": "m"}),  # miss
+        )
+        assert answers == [True, False, True, False, True, False]
+        rows = {r: backend.get(r) for r in ids}
+        assert [rows[r].claim_consumer for r in ids[:3]] == ["a", None, "c"]  # type: ignore[union-attr]
+        assert [rows[r].delivery_attempts for r in ids[3:5]] == [0, 2]  # type: ignore[union-attr]
+
+        answers = await batch(  # one row twice: the second sees the first's change
+            cas(ids[5], {"claim_consumer": None}, {"claim_consumer": "x"}),
+            cas(ids[5], {"claim_consumer": None}, {"claim_consumer": "y"}),
+            cas(ids[0], {"claim_consumer": "a"}, {"claim_consumer": "z"}),
+            cas(ids[2], {"claim_consumer": "c"}, {"claim_consumer": "w"}),
+        )
+        assert answers == [True, False, True, True]
+        assert [backend.get(r).claim_consumer for r in (ids[5], ids[0])] == ["x", "z"]  # type: ignore[union-attr]
+    finally:
+        ledger.close()
