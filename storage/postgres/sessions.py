@@ -17,8 +17,10 @@ out without a checking trip of its own. A read is its statements in autocommit, 
 READ COMMITTED a transaction around them would give them no common snapshot, only a BEGIN
 and a COMMIT to wait for. Folding is one
 ``UPDATE ... WHERE folded_at IS NULL RETURNING``: a delivery row goes to exactly one turn.
-Message ids come from a sequence, never reused. Coroutine variants run the same code on a
-worker thread: the event loop never waits on the database.
+Message ids come from a sequence, never reused. A coroutine's read runs the same code on a
+worker thread; its write is queued to the writer threads, which commit the writes waiting
+together as one transaction (``storage.postgres.session_batches``): the event loop never
+waits on the database.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from storage.postgres.conn import (
     open_pool,
     redact,
 )
+from storage.postgres.session_batches import SessionBatches
 from storage.postgres.tx import rollback_quietly
 from storage.session_sql import SqlSessionRows, message_values, statements
 
@@ -110,7 +113,7 @@ class _Dropped(Exception):
 class _PostgresTx:
     """``SessionTx`` on a PostgreSQL database (see the module docstring)."""
 
-    def __init__(self, url: str, *, pool_size: int) -> None:
+    def __init__(self, url: str, *, pool_size: int, writers: int) -> None:
         check_url(url)
         self._url = url
         self._writes = 0
@@ -120,6 +123,14 @@ class _PostgresTx:
             )
         except PostgresUnavailable as exc:
             raise PostgresSessionsUnavailable(str(exc)) from None
+        self._batches = SessionBatches(
+            self._require_pool,
+            lambda conn, pipeline: PostgresRows(conn, _SQL, pipeline),
+            self.write,
+            closed=self._closed,
+            lost=self._unavailable,
+            writers=writers,
+        )
 
     @property
     def url(self) -> str:
@@ -127,16 +138,25 @@ class _PostgresTx:
 
     def stats(self) -> dict[str, int]:
         self._require_pool()
-        return {"writes": self._writes, "commits": self._writes, "durable_commits": self._writes}
+        writes = self._writes + self._batches.batched
+        commits = self._writes + self._batches.batches
+        return {"writes": writes, "commits": commits, "durable_commits": commits}
 
     def close(self) -> None:
+        self._batches.close()  # what coroutines queued is written first
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
 
+    def _closed(self) -> SessionStoreError:
+        return SessionStoreError(f"session store {self.url} is closed")
+
+    def _unavailable(self, exc: Exception) -> PostgresSessionsUnavailable:
+        return PostgresSessionsUnavailable(str(explain(exc, self._url)))
+
     def _require_pool(self) -> psycopg_pool.ConnectionPool[Any]:
         if self._pool is None:
-            raise SessionStoreError(f"session store {self.url} is closed")
+            raise self._closed()
         return self._pool
 
     @contextlib.contextmanager
@@ -162,8 +182,10 @@ class _PostgresTx:
                     rows = PostgresRows(conn, _SQL, pipeline)
                     try:
                         conn.execute("BEGIN")
-                        for key in locks:
-                            conn.execute(q.SQL_LOCK_KEY, (key,))
+                        if len(locks) == 1:
+                            conn.execute(q.SQL_LOCK_KEY, locks)
+                        elif locks:  # in the one order every writer takes them in
+                            conn.execute(q.SQL_LOCK_KEYS, (list(locks),))
                         result = op(rows)
                         if not rows.answered:
                             pipeline.sync()
@@ -193,8 +215,9 @@ class _PostgresTx:
                 assert dropped.__cause__ is not None
                 raise dropped.__cause__ from None
 
-    async def awrite(self, locks: tuple[str, ...], op: Callable[[SessionRows], T]) -> T:
-        return await asyncio.to_thread(self.write, locks, op)
+    def awrite(self, locks: tuple[str, ...], op: Callable[[SessionRows], T]) -> asyncio.Future[T]:
+        # Queued for the writer threads: the writes waiting together commit together.
+        return self._batches.submit(locks, op)
 
     def _read_once(self, op: Callable[[SessionRows], T]) -> T:
         with self._explained(), self._require_pool().connection() as conn:
@@ -223,6 +246,7 @@ class PostgresSessions(SessionRules):
         url: str,
         *,
         pool_size: int = 8,
+        writers: int = 2,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(_PostgresTx(url, pool_size=pool_size), clock)
+        super().__init__(_PostgresTx(url, pool_size=pool_size, writers=writers), clock)

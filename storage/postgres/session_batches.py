@@ -1,0 +1,193 @@
+"""Group commit for the PostgreSQL session store: the writes coroutines are waiting for, run
+by a few writer threads, each taking every write that is waiting as one transaction.
+
+A turn's write on its own costs a pool checkout, a hop to an executor thread and back, and
+two round trips (BEGIN, the locks and its first read; COMMIT with its fsync). A batch of n
+pays one checkout, one hop out and one wake-up of each event loop, and n + 1 round trips:
+BEGIN and every lock of the batch travel with the first operation's first read, each
+operation's writes with the next operation's first read, and one COMMIT (one WAL flush)
+ends them all.
+
+The locks of a batch are taken in one statement, in the order of their hashes, and so is
+every lock set of a single write (``SQL_LOCK_KEYS``): writers that take several locks
+(a batch here, or another server's) always take them in the same order, so advisory locks
+cannot deadlock. Operations run one after the other in the order they were queued, each
+seeing what the ones before it wrote, exactly as if each ran alone in that order.
+
+A batch never decides what a failure means. When an operation raises, or a statement
+fails, the batch is rolled back with nothing written and each of its operations runs again
+on its own (``alone``: the store's single write, with its own retry on a dropped
+connection), so each gets exactly the outcome it would have had without batching. Only a
+connection lost while COMMIT was on its way leaves the outcome unknown: then every waiter
+hears that, as a single write's caller would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+
+from delivery.session_rows import SessionRows
+from storage.group_commit import Batch, BatchQueue, Live, wanted
+from storage.postgres import sql as q
+from storage.postgres.tx import rollback_quietly
+from storage.waiters import LoopWaiter, Outcome, resolve
+
+__all__ = ["SessionBatches"]
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# An operation and the locks it takes: what a batch item carries.
+Write = tuple[tuple[str, ...], Callable[[SessionRows], Any]]
+Rows = Callable[[psycopg.Connection[Any], psycopg.Pipeline], Any]
+
+
+class _RunAlone(Exception):
+    """The batch is rolled back, nothing written: each operation runs on its own."""
+
+
+class _Lost(Exception):
+    """COMMIT's answer was lost with the connection: ``error`` is what every waiter hears."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class SessionBatches:
+    """The write queue of one session store and its writer threads (see the module docstring).
+
+    ``pool`` lends each batch its connection; ``rows`` makes the ``SessionRows`` of a
+    connection in pipeline mode (and says, by its ``answered``, whether an answer came back);
+    ``alone`` runs one operation as the store's single write; ``closed`` builds the error for
+    a write queued after ``close``, ``lost`` the one for a batch whose COMMIT's answer was
+    lost with its connection.
+    """
+
+    def __init__(
+        self,
+        pool: Callable[[], psycopg_pool.ConnectionPool[Any]],
+        rows: Rows,
+        alone: Callable[[tuple[str, ...], Callable[[SessionRows], Any]], Any],
+        closed: Callable[[], Exception],
+        lost: Callable[[Exception], Exception],
+        *,
+        writers: int = 2,
+        max_batch: int = 64,
+    ) -> None:
+        self._pool = pool
+        self._rows = rows
+        self._alone = alone
+        self._closed = closed
+        self._lost = lost
+        self._queue = BatchQueue(max_batch)
+        self.batches = 0  # transactions of more than one write
+        self.batched = 0  # the writes they committed
+        self._threads = [
+            threading.Thread(target=self._writer, name=f"pg-sessions-{i}", daemon=True)
+            for i in range(max(writers, 1))
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, locks: tuple[str, ...], op: Callable[[SessionRows], T]) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        with self._queue.cv:
+            if self._queue.stopping:
+                raise self._closed()
+            self._queue.put(((locks, op), LoopWaiter(loop, fut), True))
+        return fut
+
+    def close(self) -> None:
+        """Let the writers finish what is queued, and wait for them."""
+        with self._queue.cv:
+            self._queue.stopping = True
+            self._queue.cv.notify_all()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join()
+
+    def _writer(self) -> None:
+        while True:
+            with self._queue.cv:
+                batch = self._queue.next_batch(lambda: False)
+            if batch is None:
+                return
+            try:
+                self._commit(batch)
+            except BaseException:  # never leave a waiter hanging, whatever happened
+                log.exception("session writer failed")
+                live, _ = wanted(batch)
+                resolve([(w, False, self._closed()) for _, w in live])
+
+    def _commit(self, batch: Batch) -> None:
+        live, _ = wanted(batch)
+        if not live:
+            return
+        if len(live) > 1:
+            try:
+                outcomes = self._run_batch(live)
+            except _RunAlone:
+                pass
+            except _Lost as lost:  # COMMIT's answer was lost: nobody knows what holds
+                exc = lost.error
+                resolve([(waiter, False, exc) for _, waiter in live])
+                return
+            else:
+                self.batches += 1
+                self.batched += len(live)
+                resolve(outcomes)
+                return
+        resolve([self._one_alone(write, waiter) for write, waiter in live])
+
+    def _one_alone(self, write: Write, waiter: Any) -> Outcome:
+        locks, op = write
+        try:
+            return waiter, True, self._alone(locks, op)
+        except Exception as exc:
+            return waiter, False, exc
+
+    def _run_batch(self, live: Live) -> list[Outcome]:
+        keys = sorted({key for (locks, _op), _w in live for key in locks})
+        committing = False
+        try:
+            with self._pool().connection() as conn:
+                try:
+                    with conn.pipeline() as pipeline:
+                        rows = self._rows(conn, pipeline)
+                        conn.execute("BEGIN")
+                        if keys:
+                            conn.execute(q.SQL_LOCK_KEYS, (keys,))
+                        outcomes: list[Outcome] = []
+                        for (_locks, op), waiter in live:
+                            try:
+                                outcomes.append((waiter, True, op(rows)))
+                            except psycopg.Error:
+                                raise
+                            except Exception as exc:
+                                # Whether it wrote before raising is not known here: its
+                                # outcome is the one it gets alone.
+                                raise _RunAlone from exc
+                        if not rows.answered:
+                            pipeline.sync()  # a dropped connection shows here, not at COMMIT
+                        committing = True
+                        conn.execute("COMMIT")
+                except BaseException as exc:
+                    if committing and conn.broken and isinstance(exc, psycopg.Error):
+                        # The connection went while COMMIT was on its way.
+                        raise _Lost(self._lost(exc)) from exc
+                    rollback_quietly(conn)
+                    raise
+        except (psycopg.Error, psycopg_pool.PoolTimeout):
+            # The server answered with an error, so nothing was committed (a statement
+            # failed, a deadlock with another kind of writer), or no connection came.
+            raise _RunAlone from None
+        return outcomes
