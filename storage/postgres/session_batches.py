@@ -25,6 +25,7 @@ hears that, as a single write's caller would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -34,7 +35,7 @@ import psycopg
 import psycopg_pool
 
 from delivery.session_rows import SessionRows
-from storage.group_commit import Batch, BatchQueue, Live, wanted
+from storage.group_commit import BatchQueue, Live, wanted
 from storage.postgres import sql as q
 from storage.postgres.tx import rollback_quietly
 from storage.waiters import LoopWaiter, Outcome, resolve
@@ -61,7 +62,109 @@ class _Lost(Exception):
         self.error = error
 
 
-class SessionBatches:
+class _Threads:
+    """A queue of coroutines' operations and the threads that take them in batches:
+    ``_run`` answers a batch's waiters."""
+
+    def __init__(self, closed: Callable[[], Exception], *, threads: int, name: str) -> None:
+        self._closed = closed
+        self._queue = BatchQueue(max_batch=64)
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
+            for i in range(max(threads, 1))
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _submit(self, item: Any) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        queue = self._queue
+        with queue.cv:
+            if queue.stopping:
+                raise self._closed()
+            queue.pending.append((item, LoopWaiter(loop, fut), True))
+            # One idle thread is enough (any of them takes any batch), and none is woken
+            # while all are busy: each looks at the queue again when it is done.
+            queue.cv.notify()
+        return fut
+
+    def close(self) -> None:
+        """Let the threads finish what is queued, and wait for them."""
+        with self._queue.cv:
+            self._queue.stopping = True
+            self._queue.cv.notify_all()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join()
+
+    def _serve(self) -> None:
+        while True:
+            with self._queue.cv:
+                batch = self._queue.next_batch(lambda: False)
+            if batch is None:
+                return
+            live, _ = wanted(batch)
+            if not live:
+                continue
+            try:
+                self._run(live)
+            except BaseException:  # never leave a waiter hanging, whatever happened
+                log.exception("%s failed", threading.current_thread().name)
+                resolve([(w, False, self._closed()) for _, w in live])
+
+    def _run(self, live: Live) -> None:
+        raise NotImplementedError
+
+
+class SessionReads(_Threads):
+    """The read queue of one session store and its reader threads: a reader answers every
+    read waiting, one after the other on one pooled connection (autocommit, as a single
+    read), and wakes each event loop once per batch. A read the driver fails, and every
+    one after it in the batch, runs again as the store's single read (``alone``, with its
+    retry on a dropped connection)."""
+
+    def __init__(
+        self,
+        pool: Callable[[], psycopg_pool.ConnectionPool[Any]],
+        rows: Callable[[psycopg.Connection[Any]], SessionRows],
+        alone: Callable[[Callable[[SessionRows], Any]], Any],
+        closed: Callable[[], Exception],
+        *,
+        readers: int = 2,
+    ) -> None:
+        self._pool = pool
+        self._rows = rows
+        self._alone = alone
+        super().__init__(closed, threads=readers, name="pg-session-reads")
+
+    def submit(self, op: Callable[[SessionRows], T]) -> asyncio.Future[T]:
+        return self._submit(op)
+
+    def _run(self, live: Live) -> None:
+        outcomes: list[Outcome] = []
+        # A driver's failure ends the batch's run: what is left runs alone.
+        with (
+            contextlib.suppress(psycopg.Error, psycopg_pool.PoolTimeout),
+            self._pool().connection() as conn,
+        ):
+            rows = self._rows(conn)
+            for op, waiter in live:
+                try:
+                    outcomes.append((waiter, True, op(rows)))
+                except psycopg.Error:
+                    raise
+                except Exception as exc:
+                    outcomes.append((waiter, False, exc))
+        for op, waiter in live[len(outcomes) :]:
+            try:
+                outcomes.append((waiter, True, self._alone(op)))
+            except Exception as exc:
+                outcomes.append((waiter, False, exc))
+        resolve(outcomes)
+
+
+class SessionBatches(_Threads):
     """The write queue of one session store and its writer threads (see the module docstring).
 
     ``pool`` lends each batch its connection; ``rows`` makes the ``SessionRows`` of a
@@ -80,58 +183,19 @@ class SessionBatches:
         lost: Callable[[Exception], Exception],
         *,
         writers: int = 2,
-        max_batch: int = 64,
     ) -> None:
         self._pool = pool
         self._rows = rows
         self._alone = alone
-        self._closed = closed
         self._lost = lost
-        self._queue = BatchQueue(max_batch)
         self.batches = 0  # transactions of more than one write
         self.batched = 0  # the writes they committed
-        self._threads = [
-            threading.Thread(target=self._writer, name=f"pg-sessions-{i}", daemon=True)
-            for i in range(max(writers, 1))
-        ]
-        for t in self._threads:
-            t.start()
+        super().__init__(closed, threads=writers, name="pg-session-writes")
 
     def submit(self, locks: tuple[str, ...], op: Callable[[SessionRows], T]) -> asyncio.Future[T]:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
-        with self._queue.cv:
-            if self._queue.stopping:
-                raise self._closed()
-            self._queue.put(((locks, op), LoopWaiter(loop, fut), True))
-        return fut
+        return self._submit((locks, op))
 
-    def close(self) -> None:
-        """Let the writers finish what is queued, and wait for them."""
-        with self._queue.cv:
-            self._queue.stopping = True
-            self._queue.cv.notify_all()
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join()
-
-    def _writer(self) -> None:
-        while True:
-            with self._queue.cv:
-                batch = self._queue.next_batch(lambda: False)
-            if batch is None:
-                return
-            try:
-                self._commit(batch)
-            except BaseException:  # never leave a waiter hanging, whatever happened
-                log.exception("session writer failed")
-                live, _ = wanted(batch)
-                resolve([(w, False, self._closed()) for _, w in live])
-
-    def _commit(self, batch: Batch) -> None:
-        live, _ = wanted(batch)
-        if not live:
-            return
+    def _run(self, live: Live) -> None:
         if len(live) > 1:
             try:
                 outcomes = self._run_batch(live)

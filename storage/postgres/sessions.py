@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -34,7 +35,7 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg_pool
 
-from delivery.session_backend import MessageHit, NewMessage, SessionStoreError
+from delivery.session_backend import MessageHit, NewMessage, NewSession, SessionStoreError
 from delivery.session_rows import SessionRows
 from delivery.session_rules import SessionRules
 from storage.postgres import sql as q
@@ -46,7 +47,7 @@ from storage.postgres.conn import (
     open_pool,
     redact,
 )
-from storage.postgres.session_batches import SessionBatches
+from storage.postgres.session_batches import SessionBatches, SessionReads
 from storage.postgres.tx import rollback_quietly
 from storage.session_sql import SqlSessionRows, message_values, statements
 
@@ -59,6 +60,32 @@ class PostgresSessionsUnavailable(SessionStoreError):
     """The session store's database cannot be used now."""
 
 
+_ROWS_PER_INSERT = 64
+
+
+@functools.lru_cache(maxsize=_ROWS_PER_INSERT)
+def _insert_messages(rows: int) -> str:
+    """``rows`` messages in one INSERT (the shared statement's columns and conflict rule)."""
+    one = "(" + ", ".join([PLACEHOLDER] * len(_MESSAGE_COLUMNS)) + ")"
+    return (
+        f"INSERT INTO messages ({', '.join(_MESSAGE_COLUMNS)}) VALUES "
+        + ", ".join([one] * rows)
+        + " ON CONFLICT (session_id, dedupe_key) DO NOTHING"
+    )
+
+
+# ``storage.session_sql.message_values``'s order.
+_MESSAGE_COLUMNS = (
+    "session_id",
+    "role",
+    "content",
+    "created_at",
+    "display_kind",
+    "display_metadata",
+    "dedupe_key",
+)
+
+
 class PostgresRows(SqlSessionRows):
     """The shared rows, with what PostgreSQL spells its own way; in a write, on a connection
     in pipeline mode (``pipeline``). ``answered``: whether an answer has come back from the
@@ -68,6 +95,7 @@ class PostgresRows(SqlSessionRows):
         super().__init__(conn, sql)
         self._pipeline = pipeline
         self.answered = False
+        self._created: dict[str, float] = {}  # sessions this transaction inserted, and when
 
     def _one(self, query: str, params: Sequence[Any]) -> Any:
         row = super()._one(query, params)
@@ -86,11 +114,24 @@ class PostgresRows(SqlSessionRows):
         self.answered = True
         return int(cur.rowcount)
 
+    def insert_session(self, session_id: str, new: NewSession, now: float) -> None:
+        super().insert_session(session_id, new, now)
+        self._created[session_id] = now
+
+    def touch(self, session_id: str, now: float) -> None:
+        # A session this transaction created at ``now`` was updated at ``now``: the
+        # statement would change nothing, and it is one less for the server to run.
+        if self._created.get(session_id) != now:
+            super().touch(session_id, now)
+
     def insert_messages(self, session_id: str, messages: Sequence[NewMessage], now: float) -> None:
         # Nobody reads these rows back (a dedupe key that names one already is no error):
         # in a write's pipeline they travel with the next statement whose answer is read.
-        for m in messages:
-            self.conn.execute(self.q.insert_message, message_values(session_id, m, now))
+        # One statement for a turn's messages (ids are drawn in the order of its rows).
+        for start in range(0, len(messages), _ROWS_PER_INSERT):
+            chunk = messages[start : start + _ROWS_PER_INSERT]
+            values = [v for m in chunk for v in message_values(session_id, m, now)]
+            self.conn.execute(_insert_messages(len(chunk)), values)
 
     def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
         return self._count(q.SQL_SUPERSEDE, (how, session_id, list(ids)))
@@ -131,6 +172,9 @@ class _PostgresTx:
             lost=self._unavailable,
             writers=writers,
         )
+        self._reads = SessionReads(
+            self._require_pool, lambda conn: PostgresRows(conn, _SQL), self.read, self._closed
+        )
 
     @property
     def url(self) -> str:
@@ -143,6 +187,7 @@ class _PostgresTx:
         return {"writes": writes, "commits": commits, "durable_commits": commits}
 
     def close(self) -> None:
+        self._reads.close()
         self._batches.close()  # what coroutines queued is written first
         pool, self._pool = self._pool, None
         if pool is not None:
@@ -234,8 +279,9 @@ class _PostgresTx:
         self._require_pool().check()  # its idle siblings were most likely dropped with it
         return self._read_once(op)
 
-    async def aread(self, op: Callable[[SessionRows], T]) -> T:
-        return await asyncio.to_thread(self.read, op)
+    def aread(self, op: Callable[[SessionRows], T]) -> asyncio.Future[T]:
+        # Queued for the reader threads: one hand-off and one wake-up per batch of reads.
+        return self._reads.submit(op)
 
 
 class PostgresSessions(SessionRules):

@@ -113,3 +113,19 @@ async def test_a_write_queued_after_close_is_refused(url: str) -> None:
     store.close()
     with pytest.raises(Exception, match="closed"):
         await store.aappend_turn("a", _says("late"), create=NewSession())
+
+
+async def test_a_turns_messages_go_in_one_insert_in_their_order_and_touch_the_session(
+    backend: PostgresSessions,
+) -> None:
+    many = [NewMessage("user", f"m{n}", dedupe_key=f"k{n % 70}") for n in range(75)]
+    await backend.aappend_turn("s", many, create=NewSession())
+    stored = backend.messages("s", 0, None)
+    # 70 distinct keys: the 5 repeated ones (in the second chunk) are no error, and skipped.
+    assert [m.content for m in stored] == [f"m{n}" for n in range(70)]
+    assert [m.id for m in stored] == sorted(m.id for m in stored)
+    created = backend.get_session("s")
+    assert created is not None and created.updated_at == created.created_at
+    await backend.aappend_turn("s", _says("later"))
+    touched = backend.get_session("s")
+    assert touched is not None and touched.updated_at > created.updated_at
