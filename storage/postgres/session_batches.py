@@ -69,6 +69,7 @@ class _Threads:
     def __init__(self, closed: Callable[[], Exception], *, threads: int, name: str) -> None:
         self._closed = closed
         self._queue = BatchQueue(max_batch=64)
+        self._waking: set[asyncio.AbstractEventLoop] = set()  # loops that will wake a thread
         self._threads = [
             threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
             for i in range(max(threads, 1))
@@ -84,10 +85,20 @@ class _Threads:
             if queue.stopping:
                 raise self._closed()
             queue.pending.append((item, LoopWaiter(loop, fut), True))
+            if loop in self._waking:
+                return fut
+            self._waking.add(loop)
+        # A thread is woken once for everything this loop queues until its next turn, not
+        # once per operation: waking one costs the loop more than queueing does.
+        loop.call_soon(self._wake, loop)
+        return fut
+
+    def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._queue.cv:
+            self._waking.discard(loop)
             # One idle thread is enough (any of them takes any batch), and none is woken
             # while all are busy: each looks at the queue again when it is done.
-            queue.cv.notify()
-        return fut
+            self._queue.cv.notify()
 
     def close(self) -> None:
         """Let the threads finish what is queued, and wait for them."""
