@@ -130,15 +130,18 @@ class _Threads:
 
 class SessionReads(_Threads):
     """The read queue of one session store and its reader threads: a reader answers every
-    read waiting, one after the other on one pooled connection (autocommit, as a single
-    read), and wakes each event loop once per batch. A read the driver fails, and every
-    one after it in the batch, runs again as the store's single read (``alone``, with its
-    retry on a dropped connection)."""
+    read waiting on one pooled connection (autocommit, as a single read) and wakes each
+    event loop once per batch. The first statement of each read goes to the server
+    together, in one pipeline (``first_read`` finds it by a dry run); each read then runs
+    with its first answer at hand, and any further statement of its own one trip each. A
+    read the driver fails, and every one after it in the batch, runs again as the store's
+    single read (``alone``, with its retry on a dropped connection)."""
 
     def __init__(
         self,
         pool: Callable[[], psycopg_pool.ConnectionPool[Any]],
-        rows: Callable[[psycopg.Connection[Any]], SessionRows],
+        rows: Callable[[psycopg.Connection[Any], Any], SessionRows],
+        first_read: Callable[[Callable[[SessionRows], Any]], tuple[str, tuple[Any, ...]] | None],
         alone: Callable[[Callable[[SessionRows], Any]], Any],
         closed: Callable[[], Exception],
         *,
@@ -146,6 +149,7 @@ class SessionReads(_Threads):
     ) -> None:
         self._pool = pool
         self._rows = rows
+        self._first_read = first_read
         self._alone = alone
         super().__init__(closed, threads=readers, name="pg-session-reads")
 
@@ -154,15 +158,21 @@ class SessionReads(_Threads):
 
     def _run(self, live: Live) -> None:
         outcomes: list[Outcome] = []
+        firsts = [self._first_read(op) for op, _ in live] if len(live) > 1 else [None]
         # A driver's failure ends the batch's run: what is left runs alone.
         with (
             contextlib.suppress(psycopg.Error, psycopg_pool.PoolTimeout),
             self._pool().connection() as conn,
         ):
-            rows = self._rows(conn)
-            for op, waiter in live:
+            aheads: list[Any] = [None] * len(live)
+            if any(first is not None for first in firsts):
+                with conn.pipeline():  # one trip for every first read
+                    for i, first in enumerate(firsts):
+                        if first is not None:
+                            aheads[i] = (*first, conn.execute(first[0], first[1]))
+            for (op, waiter), ahead in zip(live, aheads, strict=True):
                 try:
-                    outcomes.append((waiter, True, op(rows)))
+                    outcomes.append((waiter, True, op(self._rows(conn, ahead))))
                 except psycopg.Error:
                     raise
                 except Exception as exc:

@@ -86,24 +86,45 @@ _MESSAGE_COLUMNS = (
 )
 
 
+# A read sent ahead: its statement, its parameters and the cursor its answer is on.
+Ahead = tuple[str, tuple[Any, ...], psycopg.Cursor[Any]]
+
+
 class PostgresRows(SqlSessionRows):
     """The shared rows, with what PostgreSQL spells its own way; in a write, on a connection
     in pipeline mode (``pipeline``). ``answered``: whether an answer has come back from the
     server yet (the write's first trip, which BEGIN and the locks travel with)."""
 
-    def __init__(self, conn: Conn, sql: Any, pipeline: psycopg.Pipeline | None = None) -> None:
+    def __init__(
+        self,
+        conn: Conn,
+        sql: Any,
+        pipeline: psycopg.Pipeline | None = None,
+        ahead: Ahead | None = None,
+    ) -> None:
         super().__init__(conn, sql)
         self._pipeline = pipeline
+        # The answer to this operation's first read, already sent in a batch's pipeline
+        # (``first_read``): used when that read is the first one it makes.
+        self._ahead = ahead
         self.answered = False
         self._created: dict[str, float] = {}  # sessions this transaction inserted, and when
 
+    def _sent_ahead(self, query: str, params: Sequence[Any]) -> psycopg.Cursor[Any] | None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == query and ahead[1] == tuple(params):
+            return ahead[2]
+        return None
+
     def _one(self, query: str, params: Sequence[Any]) -> Any:
-        row = super()._one(query, params)
+        cur = self._sent_ahead(query, params)
+        row = cur.fetchone() if cur is not None else super()._one(query, params)
         self.answered = True
         return row
 
     def _all(self, query: str, params: Sequence[Any] = ()) -> list[Any]:
-        rows = super()._all(query, params)
+        cur = self._sent_ahead(query, params)
+        rows = list(cur.fetchall()) if cur is not None else super()._all(query, params)
         self.answered = True
         return rows
 
@@ -147,6 +168,49 @@ class PostgresRows(SqlSessionRows):
         return {(str(r[0]), str(r[1])) for r in rows}
 
 
+class _FirstRead(BaseException):
+    """Ends an operation's dry run at its first read (``statement``; None: it needs
+    something other than a plain read first). A BaseException, so that no ``except
+    Exception`` of the operation takes it for a failure of its own."""
+
+    def __init__(self, statement: tuple[str, tuple[Any, ...]] | None) -> None:
+        super().__init__()
+        self.statement = statement
+
+
+class _NoConnection:
+    """The connection of a dry run: any direct use of it ends the run."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise _FirstRead(None)
+
+
+class _FindFirstRead(PostgresRows):
+    def __init__(self) -> None:
+        super().__init__(_NoConnection(), _SQL)  # type: ignore[arg-type]
+
+    def _one(self, query: str, params: Sequence[Any]) -> Any:
+        raise _FirstRead((query, tuple(params)))
+
+    def _all(self, query: str, params: Sequence[Any] = ()) -> list[Any]:
+        raise _FirstRead((query, tuple(params)))
+
+    def _count(self, query: str, params: Sequence[Any]) -> int:
+        raise _FirstRead(None)
+
+
+def first_read(op: Callable[[SessionRows], Any]) -> tuple[str, tuple[Any, ...]] | None:
+    """The statement a read operation starts with, found by running it against rows that
+    stop it there (a read has no effects to undo); None when it starts otherwise."""
+    try:
+        op(_FindFirstRead())
+    except _FirstRead as first:
+        return first.statement
+    except Exception:
+        return None  # its real run says what went wrong
+    return None
+
+
 class _Dropped(Exception):
     """A write's first trip found its connection dropped by the server: nothing ran."""
 
@@ -154,7 +218,7 @@ class _Dropped(Exception):
 class _PostgresTx:
     """``SessionTx`` on a PostgreSQL database (see the module docstring)."""
 
-    def __init__(self, url: str, *, pool_size: int, writers: int) -> None:
+    def __init__(self, url: str, *, pool_size: int, writers: int, readers: int) -> None:
         check_url(url)
         self._url = url
         self._writes = 0
@@ -173,7 +237,12 @@ class _PostgresTx:
             writers=writers,
         )
         self._reads = SessionReads(
-            self._require_pool, lambda conn: PostgresRows(conn, _SQL), self.read, self._closed
+            self._require_pool,
+            lambda conn, ahead: PostgresRows(conn, _SQL, ahead=ahead),
+            first_read,
+            self.read,
+            self._closed,
+            readers=readers,
         )
 
     @property
@@ -293,6 +362,8 @@ class PostgresSessions(SessionRules):
         *,
         pool_size: int = 8,
         writers: int = 2,
+        readers: int = 2,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(_PostgresTx(url, pool_size=pool_size, writers=writers), clock)
+        tx = _PostgresTx(url, pool_size=pool_size, writers=writers, readers=readers)
+        super().__init__(tx, clock)

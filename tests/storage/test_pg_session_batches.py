@@ -10,7 +10,9 @@ on it while the rest queue behind, then takes them all at once.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -18,6 +20,7 @@ import pytest
 import storage
 from delivery.session_backend import NewMessage, NewSession, SessionGone
 from storage.postgres import sql as q
+from storage.postgres import trips
 from storage.postgres.sessions import PostgresSessions
 from tests.pg_support import fresh_url
 
@@ -129,3 +132,36 @@ async def test_a_turns_messages_go_in_one_insert_in_their_order_and_touch_the_se
     await backend.aappend_turn("s", _says("later"))
     touched = backend.get_session("s")
     assert touched is not None and touched.updated_at > created.updated_at
+
+
+async def test_reads_waiting_together_send_their_first_statements_in_one_trip(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str
+) -> None:
+    monkeypatch.setenv(trips.ENV, str(tmp_path))  # the store opens counting connections
+    store = storage.open_storage(url).open_sessions(readers=1)
+    assert isinstance(store, PostgresSessions)
+    try:
+        await store.aappend_turn("a", _says("hello"), create=NewSession())
+        alone = [await store.asessions_by_prefix(p, 10) for p in ("a", "zz", "b")]
+        # The only reader is held by a read of our own while the rest queue behind it.
+        held, release = threading.Event(), threading.Event()
+
+        def hold(_rows: object) -> None:
+            held.set()
+            release.wait()
+
+        reads = store.tx._reads  # type: ignore[attr-defined]
+        holding = reads.submit(hold)
+        await asyncio.to_thread(held.wait)
+        queued = [asyncio.ensure_future(store.asessions_by_prefix(p, 10)) for p in ("a", "zz", "b")]
+        while len(reads._queue.pending) < len(queued):
+            await asyncio.sleep(0.01)
+        before = trips.total()
+        release.set()
+        await holding
+        together = await asyncio.gather(*queued)
+        assert together == alone
+        # One trip for the three lookups, one for the transcript of the session found.
+        assert trips.total() - before == 2
+    finally:
+        store.close()
