@@ -1,5 +1,6 @@
 """Group commit for the PostgreSQL session store: the writes coroutines are waiting for, run
-by a few writer threads, each taking every write that is waiting as one transaction.
+by a few writer threads, each taking every write that is waiting as one transaction; and
+the reads they wait for, batched the same way.
 
 A turn's write on its own costs a pool checkout, a hop to an executor thread and back, and
 two round trips (BEGIN, the locks and its first read; COMMIT with its fsync). A batch of n
@@ -13,6 +14,10 @@ every lock set of a single write (``SQL_LOCK_KEYS``): writers that take several 
 (a batch here, or another server's) always take them in the same order, so advisory locks
 cannot deadlock. Operations run one after the other in the order they were queued, each
 seeing what the ones before it wrote, exactly as if each ran alone in that order.
+
+Reads are queued the same way to reader threads (``SessionReads``): the first statement of
+every read waiting goes to the server in one pipeline, so a batch of new conversations'
+lookups is one trip, not one each.
 
 A batch never decides what a failure means. When an operation raises, or a statement
 fails, the batch is rolled back with nothing written and each of its operations runs again
@@ -40,7 +45,7 @@ from storage.postgres import sql as q
 from storage.postgres.tx import rollback_quietly
 from storage.waiters import LoopWaiter, Outcome, resolve
 
-__all__ = ["SessionBatches"]
+__all__ = ["SessionBatches", "SessionReads"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
