@@ -4,10 +4,11 @@ the reads they wait for, batched the same way.
 
 A turn's write on its own costs a pool checkout, a hop to an executor thread and back, and
 two round trips (BEGIN, the locks and its first read; COMMIT with its fsync). A batch of n
-pays one checkout, one hop out and one wake-up of each event loop, and n + 1 round trips:
-BEGIN and every lock of the batch travel with the first operation's first read, each
-operation's writes with the next operation's first read, and one COMMIT (one WAL flush)
-ends them all.
+pays one checkout, one hop out and one wake-up of each event loop, and when its operations
+take disjoint locks (n turns of n conversations) two round trips: BEGIN, every lock and
+every operation's first read (found by a dry run, ``first_read``) in one, then their
+writes and one COMMIT (one WAL flush). Operations that share a lock run one after the
+other instead, each one's writes travelling with the next one's first read: n + 1 trips.
 
 The locks of a batch are taken in one statement, in the order of their hashes, and so is
 every lock set of a single write (``SQL_LOCK_KEYS``): writers that take several locks
@@ -52,7 +53,10 @@ log = logging.getLogger(__name__)
 
 # An operation and the locks it takes: what a batch item carries.
 Write = tuple[tuple[str, ...], Callable[[SessionRows], Any]]
-Rows = Callable[[psycopg.Connection[Any], psycopg.Pipeline], Any]
+# The ``SessionRows`` of an operation in a batch: its connection, in pipeline mode, and the
+# answer to its first read when that was sent ahead.
+Rows = Callable[[psycopg.Connection[Any], psycopg.Pipeline, Any], Any]
+FirstRead = Callable[[Callable[[SessionRows], Any]], tuple[str, tuple[Any, ...]] | None]
 
 
 class _RunAlone(Exception):
@@ -146,7 +150,7 @@ class SessionReads(_Threads):
         self,
         pool: Callable[[], psycopg_pool.ConnectionPool[Any]],
         rows: Callable[[psycopg.Connection[Any], Any], SessionRows],
-        first_read: Callable[[Callable[[SessionRows], Any]], tuple[str, tuple[Any, ...]] | None],
+        first_read: FirstRead,
         alone: Callable[[Callable[[SessionRows], Any]], Any],
         closed: Callable[[], Exception],
         *,
@@ -204,6 +208,7 @@ class SessionBatches(_Threads):
         self,
         pool: Callable[[], psycopg_pool.ConnectionPool[Any]],
         rows: Rows,
+        first_read: FirstRead,
         alone: Callable[[tuple[str, ...], Callable[[SessionRows], Any]], Any],
         closed: Callable[[], Exception],
         lost: Callable[[Exception], Exception],
@@ -212,6 +217,7 @@ class SessionBatches(_Threads):
     ) -> None:
         self._pool = pool
         self._rows = rows
+        self._first_read = first_read
         self._alone = alone
         self._lost = lost
         self.batches = 0  # transactions of more than one write
@@ -245,19 +251,40 @@ class SessionBatches(_Threads):
         except Exception as exc:
             return waiter, False, exc
 
+    def _firsts(self, live: Live) -> list[tuple[str, tuple[Any, ...]] | None]:
+        """Each operation's first read, to send ahead; none when two operations share a
+        lock or one takes none. A rule reads only rows under its own locks, so with
+        disjoint locks no operation's first read can see what another of the batch
+        writes: sent before any of those writes, it answers exactly as it would after."""
+        seen: set[str] = set()
+        for (locks, _op), _waiter in live:
+            if not locks or seen.intersection(locks):
+                return [None] * len(live)
+            seen.update(locks)
+        return [self._first_read(op) for (_locks, op), _waiter in live]
+
     def _run_batch(self, live: Live) -> list[Outcome]:
         keys = sorted({key for (locks, _op), _w in live for key in locks})
+        firsts = self._firsts(live)
         committing = False
         try:
             with self._pool().connection() as conn:
                 try:
+                    aheads: list[Any] = [None] * len(live)
+                    answered = any(first is not None for first in firsts)
+                    if answered:
+                        # BEGIN, the locks and every operation's first read: one trip.
+                        with conn.pipeline():
+                            self._begin(conn, keys)
+                            for i, first in enumerate(firsts):
+                                if first is not None:
+                                    aheads[i] = (*first, conn.execute(first[0], first[1]))
                     with conn.pipeline() as pipeline:
-                        rows = self._rows(conn, pipeline)
-                        conn.execute("BEGIN")
-                        if keys:
-                            conn.execute(q.SQL_LOCK_KEYS, (keys,))
+                        if not answered:
+                            self._begin(conn, keys)
                         outcomes: list[Outcome] = []
-                        for (_locks, op), waiter in live:
+                        for ((_locks, op), waiter), ahead in zip(live, aheads, strict=True):
+                            rows = self._rows(conn, pipeline, ahead)
                             try:
                                 outcomes.append((waiter, True, op(rows)))
                             except psycopg.Error:
@@ -266,7 +293,8 @@ class SessionBatches(_Threads):
                                 # Whether it wrote before raising is not known here: its
                                 # outcome is the one it gets alone.
                                 raise _RunAlone from exc
-                        if not rows.answered:
+                            answered = answered or rows.answered
+                        if not answered:
                             pipeline.sync()  # a dropped connection shows here, not at COMMIT
                         committing = True
                         conn.execute("COMMIT")
@@ -281,3 +309,9 @@ class SessionBatches(_Threads):
             # failed, a deadlock with another kind of writer), or no connection came.
             raise _RunAlone from None
         return outcomes
+
+    @staticmethod
+    def _begin(conn: psycopg.Connection[Any], keys: list[str]) -> None:
+        conn.execute("BEGIN")
+        if keys:
+            conn.execute(q.SQL_LOCK_KEYS, (keys,))

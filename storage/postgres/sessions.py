@@ -230,7 +230,8 @@ class _PostgresTx:
             raise PostgresSessionsUnavailable(str(exc)) from None
         self._batches = SessionBatches(
             self._require_pool,
-            lambda conn, pipeline: PostgresRows(conn, _SQL, pipeline),
+            lambda conn, pipeline, ahead: PostgresRows(conn, _SQL, pipeline, ahead),
+            first_read,
             self.write,
             closed=self._closed,
             lost=self._unavailable,

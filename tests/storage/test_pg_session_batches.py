@@ -165,3 +165,24 @@ async def test_reads_waiting_together_send_their_first_statements_in_one_trip(
         assert trips.total() - before == 2
     finally:
         store.close()
+
+
+async def test_writes_of_distinct_sessions_in_a_batch_cost_two_trips(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str
+) -> None:
+    monkeypatch.setenv(trips.ENV, str(tmp_path))  # the store opens counting connections
+    store = storage.open_storage(url).open_sessions(writers=1)
+    assert isinstance(store, PostgresSessions)
+    try:
+        await store.aappend_turn("c", _says("earlier"), create=NewSession())
+        before = trips.total()
+        writes = [("a", "one", True), ("b", "two", True), ("c", "three", False), ("d", "x", True)]
+        results = await _queued_behind_a_lock(url, store, writes)
+        assert results == [None, None, None, None]
+        # The first write alone (its lock's answer, then COMMIT), then the batch of three:
+        # BEGIN, the locks and every first read in one trip, their writes and COMMIT in one.
+        assert trips.total() - before == 4
+        assert _texts(store, "c") == ["earlier", "three"]  # its first read found it live
+        assert [_texts(store, s) for s in "abd"] == [["one"], ["two"], ["x"]]
+    finally:
+        store.close()
