@@ -17,14 +17,17 @@ out without a checking trip of its own. A read is its statements in autocommit, 
 READ COMMITTED a transaction around them would give them no common snapshot, only a BEGIN
 and a COMMIT to wait for. Folding is one
 ``UPDATE ... WHERE folded_at IS NULL RETURNING``: a delivery row goes to exactly one turn.
-Message ids come from a sequence, never reused. Coroutine variants run the same code on a
-worker thread: the event loop never waits on the database.
+Message ids come from a sequence, never reused. A coroutine's read runs the same code on a
+worker thread; its write is queued to the writer threads, which commit the writes waiting
+together as one transaction (``storage.postgres.session_batches``): the event loop never
+waits on the database.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -32,7 +35,7 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg_pool
 
-from delivery.session_backend import MessageHit, NewMessage, SessionStoreError
+from delivery.session_backend import MessageHit, NewMessage, NewSession, SessionStoreError
 from delivery.session_rows import SessionRows
 from delivery.session_rules import SessionRules
 from storage.postgres import sql as q
@@ -44,6 +47,7 @@ from storage.postgres.conn import (
     open_pool,
     redact,
 )
+from storage.postgres.session_batches import SessionBatches, SessionReads
 from storage.postgres.tx import rollback_quietly
 from storage.session_sql import SqlSessionRows, message_values, statements
 
@@ -56,23 +60,71 @@ class PostgresSessionsUnavailable(SessionStoreError):
     """The session store's database cannot be used now."""
 
 
+_ROWS_PER_INSERT = 64
+
+
+@functools.lru_cache(maxsize=_ROWS_PER_INSERT)
+def _insert_messages(rows: int) -> str:
+    """``rows`` messages in one INSERT (the shared statement's columns and conflict rule)."""
+    one = "(" + ", ".join([PLACEHOLDER] * len(_MESSAGE_COLUMNS)) + ")"
+    return (
+        f"INSERT INTO messages ({', '.join(_MESSAGE_COLUMNS)}) VALUES "
+        + ", ".join([one] * rows)
+        + " ON CONFLICT (session_id, dedupe_key) DO NOTHING"
+    )
+
+
+# ``storage.session_sql.message_values``'s order.
+_MESSAGE_COLUMNS = (
+    "session_id",
+    "role",
+    "content",
+    "created_at",
+    "display_kind",
+    "display_metadata",
+    "dedupe_key",
+)
+
+
+# A read sent ahead: its statement, its parameters and the cursor its answer is on.
+Ahead = tuple[str, tuple[Any, ...], psycopg.Cursor[Any]]
+
+
 class PostgresRows(SqlSessionRows):
     """The shared rows, with what PostgreSQL spells its own way; in a write, on a connection
     in pipeline mode (``pipeline``). ``answered``: whether an answer has come back from the
     server yet (the write's first trip, which BEGIN and the locks travel with)."""
 
-    def __init__(self, conn: Conn, sql: Any, pipeline: psycopg.Pipeline | None = None) -> None:
+    def __init__(
+        self,
+        conn: Conn,
+        sql: Any,
+        pipeline: psycopg.Pipeline | None = None,
+        ahead: Ahead | None = None,
+    ) -> None:
         super().__init__(conn, sql)
         self._pipeline = pipeline
+        # The answer to this operation's first read, already sent in a batch's pipeline
+        # (``first_read``): used when that read is the first one it makes.
+        self._ahead = ahead
         self.answered = False
+        self._created: dict[str, float] = {}  # sessions this transaction inserted, and when
+
+    def _sent_ahead(self, query: str, params: Sequence[Any]) -> psycopg.Cursor[Any] | None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == query and ahead[1] == tuple(params):
+            return ahead[2]
+        return None
 
     def _one(self, query: str, params: Sequence[Any]) -> Any:
-        row = super()._one(query, params)
+        cur = self._sent_ahead(query, params)
+        row = cur.fetchone() if cur is not None else super()._one(query, params)
         self.answered = True
         return row
 
     def _all(self, query: str, params: Sequence[Any] = ()) -> list[Any]:
-        rows = super()._all(query, params)
+        cur = self._sent_ahead(query, params)
+        rows = list(cur.fetchall()) if cur is not None else super()._all(query, params)
         self.answered = True
         return rows
 
@@ -83,11 +135,24 @@ class PostgresRows(SqlSessionRows):
         self.answered = True
         return int(cur.rowcount)
 
+    def insert_session(self, session_id: str, new: NewSession, now: float) -> None:
+        super().insert_session(session_id, new, now)
+        self._created[session_id] = now
+
+    def touch(self, session_id: str, now: float) -> None:
+        # A session this transaction created at ``now`` was updated at ``now``: the
+        # statement would change nothing, and it is one less for the server to run.
+        if self._created.get(session_id) != now:
+            super().touch(session_id, now)
+
     def insert_messages(self, session_id: str, messages: Sequence[NewMessage], now: float) -> None:
         # Nobody reads these rows back (a dedupe key that names one already is no error):
         # in a write's pipeline they travel with the next statement whose answer is read.
-        for m in messages:
-            self.conn.execute(self.q.insert_message, message_values(session_id, m, now))
+        # One statement for a turn's messages (ids are drawn in the order of its rows).
+        for start in range(0, len(messages), _ROWS_PER_INSERT):
+            chunk = messages[start : start + _ROWS_PER_INSERT]
+            values = [v for m in chunk for v in message_values(session_id, m, now)]
+            self.conn.execute(_insert_messages(len(chunk)), values)
 
     def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
         return self._count(q.SQL_SUPERSEDE, (how, session_id, list(ids)))
@@ -103,6 +168,49 @@ class PostgresRows(SqlSessionRows):
         return {(str(r[0]), str(r[1])) for r in rows}
 
 
+class _FirstRead(BaseException):
+    """Ends an operation's dry run at its first read (``statement``; None: it needs
+    something other than a plain read first). A BaseException, so that no ``except
+    Exception`` of the operation takes it for a failure of its own."""
+
+    def __init__(self, statement: tuple[str, tuple[Any, ...]] | None) -> None:
+        super().__init__()
+        self.statement = statement
+
+
+class _NoConnection:
+    """The connection of a dry run: any direct use of it ends the run."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise _FirstRead(None)
+
+
+class _FindFirstRead(PostgresRows):
+    def __init__(self) -> None:
+        super().__init__(_NoConnection(), _SQL)  # type: ignore[arg-type]
+
+    def _one(self, query: str, params: Sequence[Any]) -> Any:
+        raise _FirstRead((query, tuple(params)))
+
+    def _all(self, query: str, params: Sequence[Any] = ()) -> list[Any]:
+        raise _FirstRead((query, tuple(params)))
+
+    def _count(self, query: str, params: Sequence[Any]) -> int:
+        raise _FirstRead(None)
+
+
+def first_read(op: Callable[[SessionRows], Any]) -> tuple[str, tuple[Any, ...]] | None:
+    """The statement a read operation starts with, found by running it against rows that
+    stop it there (a read has no effects to undo); None when it starts otherwise."""
+    try:
+        op(_FindFirstRead())
+    except _FirstRead as first:
+        return first.statement
+    except Exception:
+        return None  # its real run says what went wrong
+    return None
+
+
 class _Dropped(Exception):
     """A write's first trip found its connection dropped by the server: nothing ran."""
 
@@ -110,7 +218,7 @@ class _Dropped(Exception):
 class _PostgresTx:
     """``SessionTx`` on a PostgreSQL database (see the module docstring)."""
 
-    def __init__(self, url: str, *, pool_size: int) -> None:
+    def __init__(self, url: str, *, pool_size: int, writers: int, readers: int) -> None:
         check_url(url)
         self._url = url
         self._writes = 0
@@ -120,6 +228,23 @@ class _PostgresTx:
             )
         except PostgresUnavailable as exc:
             raise PostgresSessionsUnavailable(str(exc)) from None
+        self._batches = SessionBatches(
+            self._require_pool,
+            lambda conn, pipeline, ahead: PostgresRows(conn, _SQL, pipeline, ahead),
+            first_read,
+            self.write,
+            closed=self._closed,
+            lost=self._unavailable,
+            writers=writers,
+        )
+        self._reads = SessionReads(
+            self._require_pool,
+            lambda conn, ahead: PostgresRows(conn, _SQL, ahead=ahead),
+            first_read,
+            self.read,
+            self._closed,
+            readers=readers,
+        )
 
     @property
     def url(self) -> str:
@@ -127,16 +252,26 @@ class _PostgresTx:
 
     def stats(self) -> dict[str, int]:
         self._require_pool()
-        return {"writes": self._writes, "commits": self._writes, "durable_commits": self._writes}
+        writes = self._writes + self._batches.batched
+        commits = self._writes + self._batches.batches
+        return {"writes": writes, "commits": commits, "durable_commits": commits}
 
     def close(self) -> None:
+        self._reads.close()
+        self._batches.close()  # what coroutines queued is written first
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
 
+    def _closed(self) -> SessionStoreError:
+        return SessionStoreError(f"session store {self.url} is closed")
+
+    def _unavailable(self, exc: Exception) -> PostgresSessionsUnavailable:
+        return PostgresSessionsUnavailable(str(explain(exc, self._url)))
+
     def _require_pool(self) -> psycopg_pool.ConnectionPool[Any]:
         if self._pool is None:
-            raise SessionStoreError(f"session store {self.url} is closed")
+            raise self._closed()
         return self._pool
 
     @contextlib.contextmanager
@@ -162,8 +297,10 @@ class _PostgresTx:
                     rows = PostgresRows(conn, _SQL, pipeline)
                     try:
                         conn.execute("BEGIN")
-                        for key in locks:
-                            conn.execute(q.SQL_LOCK_KEY, (key,))
+                        if len(locks) == 1:
+                            conn.execute(q.SQL_LOCK_KEY, locks)
+                        elif locks:  # in the one order every writer takes them in
+                            conn.execute(q.SQL_LOCK_KEYS, (list(locks),))
                         result = op(rows)
                         if not rows.answered:
                             pipeline.sync()
@@ -193,8 +330,9 @@ class _PostgresTx:
                 assert dropped.__cause__ is not None
                 raise dropped.__cause__ from None
 
-    async def awrite(self, locks: tuple[str, ...], op: Callable[[SessionRows], T]) -> T:
-        return await asyncio.to_thread(self.write, locks, op)
+    def awrite(self, locks: tuple[str, ...], op: Callable[[SessionRows], T]) -> asyncio.Future[T]:
+        # Queued for the writer threads: the writes waiting together commit together.
+        return self._batches.submit(locks, op)
 
     def _read_once(self, op: Callable[[SessionRows], T]) -> T:
         with self._explained(), self._require_pool().connection() as conn:
@@ -211,8 +349,9 @@ class _PostgresTx:
         self._require_pool().check()  # its idle siblings were most likely dropped with it
         return self._read_once(op)
 
-    async def aread(self, op: Callable[[SessionRows], T]) -> T:
-        return await asyncio.to_thread(self.read, op)
+    def aread(self, op: Callable[[SessionRows], T]) -> asyncio.Future[T]:
+        # Queued for the reader threads: one hand-off and one wake-up per batch of reads.
+        return self._reads.submit(op)
 
 
 class PostgresSessions(SessionRules):
@@ -223,6 +362,9 @@ class PostgresSessions(SessionRules):
         url: str,
         *,
         pool_size: int = 8,
+        writers: int = 2,
+        readers: int = 2,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(_PostgresTx(url, pool_size=pool_size), clock)
+        tx = _PostgresTx(url, pool_size=pool_size, writers=writers, readers=readers)
+        super().__init__(tx, clock)

@@ -83,6 +83,13 @@ LEDGER_GOAL_MATCH = f"{GOAL_WORDS} @@ to_tsquery('simple', %s)"
 # transaction lock, so a delete, a creation and a fold of the same id never interleave,
 # across processes too.
 SQL_LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtext(%s))"
+# Several such locks in one statement, always in the order of their hashes (PostgreSQL
+# calls a volatile function of the select list after the sort): two transactions that
+# each take several can never wait on each other in a cycle (``session_batches``).
+SQL_LOCK_KEYS = (
+    "SELECT pg_advisory_xact_lock(h)"
+    " FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(%s::text[]) AS k) AS keys ORDER BY h"
+)
 
 # Full-text search (migration 9): the newest matches first, a snippet of each with the
 # matched words between \x02 and \x03 (``delivery.session_backend.SNIPPET_START``/_END),
