@@ -205,6 +205,8 @@ class ChatCompletionsRoute:
         offer: ToolOffer | None = tools.offer
         if not tools.offer.client and wanted and tools.offer.allowed is None:
             offer = None
+        if tools.tool_choice == options.options.tool_choice:
+            return offer, options.options  # most requests: nothing to rename
         return offer, replace(options.options, tool_choice=tools.tool_choice)
 
     async def _start_turn(self, internal: bool, request: TurnRequest) -> Any:
