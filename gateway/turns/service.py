@@ -127,12 +127,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-
 @functools.lru_cache(maxsize=4096)
 def _own_session_key(platform: Platform, session_id: str) -> str:
     """A session's key on a surface whose chats are its sessions: asked by every turn, and
     a conversation's turns follow each other."""
     return build_session_key(SessionSource(platform=platform, chat_id=session_id))
+
 
 class TurnService:
     """Begins, runs and stores turns on a ``SessionStore`` (see the module docstring)."""
