@@ -61,31 +61,47 @@ class _Records:
     server's lines cost the event loop a deque append each, not a thread wake-up each; a
     line after a quiet spell still wakes it at once.
 
-    The linger is long enough (50 ms) that a busy server's writer wakes a few dozen times a
-    second and writes a batch each time: every wake-up takes the GIL from the event loop,
-    and at 5 ms those wake-ups cost a busy server a tenth of its turns (``bench/api_server.py``
-    measured it). A line is written at most that much later."""
+    The linger is short (5 ms) while lines come now and then, and long (50 ms) while they
+    come fast (``busy_rate`` lines a second or more, measured since the writer last looked):
+    a busy server's writer then wakes a few dozen times a second and writes a batch each
+    time. Each wake-up takes the GIL from the event loop, and at 5 ms those wake-ups cost a
+    busy server about a tenth of its CPU per turn (``bench/api_server.py`` measured it). A
+    line is written at most a linger later."""
 
-    def __init__(self, linger: float = 0.05) -> None:
+    def __init__(
+        self, linger: float = 0.005, busy_linger: float = 0.05, busy_rate: float = 200.0
+    ) -> None:
         self._items: collections.deque[logging.LogRecord | None] = collections.deque()
         self._linger = linger
+        self._busy_linger = busy_linger
+        self._busy_rate = busy_rate
         self._waiting = False
         self._wake = threading.Event()
+        self._puts = 0  # every put, counted (the rate the linger follows)
+        self._puts_seen = 0
+        self._seen_at = time.monotonic()
 
     def put_nowait(self, record: logging.LogRecord | None) -> None:
         self._items.append(record)
+        self._puts += 1
         if self._waiting:
             self._wake.set()
 
     def empty(self) -> bool:
         return not self._items
 
+    def _next_linger(self) -> float:
+        now = time.monotonic()
+        rate = (self._puts - self._puts_seen) / max(now - self._seen_at, 0.001)
+        self._puts_seen, self._seen_at = self._puts, now
+        return self._busy_linger if rate >= self._busy_rate else self._linger
+
     def get(self, block: bool = True) -> logging.LogRecord | None:
         items = self._items
         while True:
             if items:
                 return items.popleft()
-            time.sleep(self._linger)  # lines put meanwhile wake nobody
+            time.sleep(self._next_linger())  # lines put meanwhile wake nobody
             if items:
                 return items.popleft()
             # Waiting from here: a put now sets the event (the check after the flag
