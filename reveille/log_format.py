@@ -15,6 +15,7 @@ import collections
 import json
 import logging
 import logging.handlers
+import os
 import sys
 import threading
 import time
@@ -24,7 +25,7 @@ __all__ = ["FORMATS", "JsonFormatter", "configure", "tag_worker"]
 
 FORMATS = ("text", "json")
 _TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_WORKER_TEXT = "%(asctime)s %(levelname)s worker {index} (pid %(process)d) %(name)s: %(message)s"
+_WORKER_TEXT = "%(asctime)s %(levelname)s worker {index} (pid {pid}) %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
@@ -44,7 +45,7 @@ class JsonFormatter(logging.Formatter):
         }
         if self.worker is not None:
             line["worker"] = self.worker
-            line["pid"] = record.process
+            line["pid"] = os.getpid()
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False, default=str)
@@ -56,30 +57,51 @@ _fmt = "text"
 
 class _Records:
     """The records on their way to the writer thread. A put wakes the writer only when it
-    waits for work: after writing what was queued it lingers a few milliseconds before it
-    waits, so a busy server's lines cost the event loop a deque append each, not a thread
-    wake-up each; a line after a quiet spell still wakes it at once."""
+    waits for work: after writing what was queued it lingers before it waits, so a busy
+    server's lines cost the event loop a deque append each, not a thread wake-up each; a
+    line after a quiet spell still wakes it at once.
 
-    def __init__(self, linger: float = 0.005) -> None:
+    The linger is short (5 ms) while lines come now and then, and long (50 ms) while they
+    come fast (``busy_rate`` lines a second or more, measured since the writer last looked):
+    a busy server's writer then wakes a few dozen times a second and writes a batch each
+    time. Each wake-up takes the GIL from the event loop, and at 5 ms those wake-ups cost a
+    busy server about a tenth of its CPU per turn (``bench/api_server.py`` measured it). A
+    line is written at most a linger later."""
+
+    def __init__(
+        self, linger: float = 0.005, busy_linger: float = 0.05, busy_rate: float = 200.0
+    ) -> None:
         self._items: collections.deque[logging.LogRecord | None] = collections.deque()
         self._linger = linger
+        self._busy_linger = busy_linger
+        self._busy_rate = busy_rate
         self._waiting = False
         self._wake = threading.Event()
+        self._puts = 0  # every put, counted (the rate the linger follows)
+        self._puts_seen = 0
+        self._seen_at = time.monotonic()
 
     def put_nowait(self, record: logging.LogRecord | None) -> None:
         self._items.append(record)
+        self._puts += 1
         if self._waiting:
             self._wake.set()
 
     def empty(self) -> bool:
         return not self._items
 
+    def _next_linger(self) -> float:
+        now = time.monotonic()
+        rate = (self._puts - self._puts_seen) / max(now - self._seen_at, 0.001)
+        self._puts_seen, self._seen_at = self._puts, now
+        return self._busy_linger if rate >= self._busy_rate else self._linger
+
     def get(self, block: bool = True) -> logging.LogRecord | None:
         items = self._items
         while True:
             if items:
                 return items.popleft()
-            time.sleep(self._linger)  # lines put meanwhile wake nobody
+            time.sleep(self._next_linger())  # lines put meanwhile wake nobody
             if items:
                 return items.popleft()
             # Waiting from here: a put now sets the event (the check after the flag
@@ -129,6 +151,12 @@ def configure(*, verbose: bool = False, fmt: str = "text") -> None:
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     _fmt = fmt
+    # No line names a thread or a process by its record (a worker's pid is written into its
+    # format): each record skips finding them, on the event loop.
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    # Nor where it was logged from (no format has %(filename)s, %(lineno)d or %(funcName)s):
+    # finding the caller walks the stack on every call (the logging HOWTO's "Optimization").
+    logging._srcfile = None
     stream = _Lines(sys.stderr)
     stream.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT))
     records = _Records()
@@ -148,4 +176,4 @@ def tag_worker(index: int) -> None:
     if _fmt == "json":
         _handler.setFormatter(JsonFormatter(worker=index))
     else:
-        _handler.setFormatter(logging.Formatter(_WORKER_TEXT.format(index=index)))
+        _handler.setFormatter(logging.Formatter(_WORKER_TEXT.format(index=index, pid=os.getpid())))

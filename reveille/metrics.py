@@ -55,6 +55,8 @@ _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600
 _RESPONSE_STATUSES = (*ACTIVE, *TERMINAL)
 _APPROVAL_STATUSES = ("pending", "approved", "denied", "expired")
 _WORK_STATES = ("queued", "running")
+# Request series kept found (route x method x status); a route table's worth and more.
+_MAX_CACHED_SERIES = 1024
 _REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -294,6 +296,7 @@ class Metrics:
             buckets=_REQUEST_BUCKETS,
             registry=self.registry,
         )
+        self._series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self.scrapes = Gauge(
             "reveille_metrics_scrape_timestamp_seconds",
             "When /metrics was last read",
@@ -333,6 +336,21 @@ class Metrics:
 
     # ----------------------------------------------------------------- HTTP
 
+    def _request_series(self, route: str, method: str, status: int) -> tuple[Counter, Histogram]:
+        """The request counter's and latency histogram's series for these labels, found once:
+        ``labels()`` takes a lock and builds its key on every call, on every request."""
+        key = (route, method, status)
+        found = self._series.get(key)
+        if found is None:
+            found = (
+                self.requests.labels(route, method, str(status)),
+                self.request_latency.labels(route, method),
+            )
+            # Methods are the client's to choose: past a bound, look them up each time.
+            if len(self._series) < _MAX_CACHED_SERIES:
+                self._series[key] = found
+        return found
+
     def install(self, app: web.Application) -> None:
         """Add ``GET /metrics`` and the request middleware to the API server's app (whose
         key middleware guards ``/metrics`` like every other route of the port)."""
@@ -355,11 +373,9 @@ class Metrics:
                 status = int(getattr(exc, "status", 500) or 500)
                 raise
             finally:
-                route = _route_of(request)
-                self.requests.labels(route, request.method, str(status)).inc()
-                self.request_latency.labels(route, request.method).observe(
-                    time.perf_counter() - started
-                )
+                count, latency = self._request_series(_route_of(request), request.method, status)
+                count.inc()
+                latency.observe(time.perf_counter() - started)
 
         async def metrics(request: web.Request) -> web.Response:
             self.scrapes.set(time.time())

@@ -6,6 +6,7 @@ OpenAI-compatible endpoint are interchangeable.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
@@ -65,7 +66,13 @@ class ModelOptions:
         return request
 
     def __bool__(self) -> bool:
-        return any(getattr(self, item.name) is not None for item in fields(self))
+        # Asked of every turn's options: the field names are read once, not per call.
+        return any(getattr(self, name) is not None for name in _option_names())
+
+
+@functools.cache
+def _option_names() -> tuple[str, ...]:
+    return tuple(item.name for item in fields(ModelOptions))
 
 
 # How providers say a request was longer than the model's context window: OpenAI's error

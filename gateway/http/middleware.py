@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import json
 import logging
@@ -60,6 +61,9 @@ def host_name(host: str) -> str:
     return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
+# Asked on every request of a keyless port with the request's Host: the few names a server
+# is reached by are parsed once, not on each request.
+@functools.lru_cache(maxsize=256)
 def is_loopback(host: str) -> bool:
     host = (host or "").strip().strip("[]")
     if host.lower() == "localhost":

@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 SERVER_TOOLS_HEADER = "X-Reveille-Server-Tools"
-_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _CHOICES = ("none", "auto", "required")
 
 
@@ -85,7 +85,7 @@ def _client_tool(
         )
     function = _function_of(tool, responses)
     name = function.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise _bad(param, f"'{where}' needs a 'name' of 1-64 letters, digits, '_', '-', '.'")
     parameters = function.get("parameters")
     if parameters is None:

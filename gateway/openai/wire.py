@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agent import json_codec
 from agent.messages import JSONObject
 from delivery.ids import new_token
 
@@ -104,13 +105,18 @@ def chunker(completion: JSONObject) -> Callable[..., JSONObject]:
     return chunk
 
 
+def json_answer(payload: object, headers: Mapping[str, str] | None = None) -> web.Response:
+    """A JSON answer written by ``agent.json_codec`` (compact UTF-8), as ``web.json_response``
+    would answer it otherwise."""
+    return web.json_response(body=json_codec.dumps(payload), headers=headers)
+
+
 async def send_sse(
     response: web.StreamResponse, payload: Mapping[str, object], *, event: str | None = None
 ) -> None:
     """One SSE message; ``event`` names it (plain OpenAI clients read unnamed ones)."""
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     try:
-        encoded = data.encode()
+        encoded = json_codec.dumps(payload)
     except UnicodeEncodeError:
         # A lone surrogate from a provider: escaped, it is still valid JSON (and UTF-8).
         encoded = json.dumps(payload, separators=(",", ":")).encode()

@@ -39,6 +39,7 @@ The vocabulary between a surface and this service (``TurnRequest``, ``StartedTur
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -126,6 +127,13 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+@functools.lru_cache(maxsize=4096)
+def _own_session_key(platform: Platform, session_id: str) -> str:
+    """A session's key on a surface whose chats are its sessions: asked by every turn, and
+    a conversation's turns follow each other."""
+    return build_session_key(SessionSource(platform=platform, chat_id=session_id))
+
+
 class TurnService:
     """Begins, runs and stores turns on a ``SessionStore`` (see the module docstring)."""
 
@@ -196,7 +204,7 @@ class TurnService:
     def session_key(self, session_id: str) -> str:
         if self._session_key_of is not None:
             return self._session_key_of(session_id)
-        return build_session_key(SessionSource(platform=self._platform, chat_id=session_id))
+        return _own_session_key(self._platform, session_id)
 
     # ----------------------------------------------------------------- which session
 

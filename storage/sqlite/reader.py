@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -55,6 +56,10 @@ class GroupReader:
             collections.deque()
         )
         self._closed = False
+        # True while the reader thread waits for work (set and cleared under ``_mu``): a read
+        # submitted while it is busy is only appended, with no lock taken on the event loop;
+        # the thread looks at the queue again before it waits.
+        self._idle = False
         self.batches = 0
         self.reads = 0
         ready: Future[None] = Future()
@@ -66,13 +71,23 @@ class GroupReader:
 
     def submit_async(self, op: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Run ``op`` (a function of the connection) on the reader thread; await its result."""
+        if self._closed:
+            raise self._unavailable("the reader is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        with self._mu:
-            if self._closed:
-                raise self._unavailable("the reader is closed")
-            self._pending.append((op, LoopWaiter(loop, fut)))
-            self._wake.notify()
+        item = (op, LoopWaiter(loop, fut))
+        self._pending.append(item)  # a deque: safe from any thread
+        if self._closed:
+            # Closed meanwhile: the thread may have made its last look at the queue. Taken
+            # back, the read is refused; already taken, the thread answers it.
+            try:
+                self._pending.remove(item)
+            except ValueError:
+                return fut
+            raise self._unavailable("the reader is closed")
+        if self._idle:
+            with self._mu:
+                self._wake.notify()
         return fut
 
     def close(self) -> None:
@@ -92,13 +107,19 @@ class GroupReader:
         ready.set_result(None)
         try:
             while True:
-                with self._mu:
-                    while not self._pending and not self._closed:
-                        self._wake.wait()
+                if not self._pending:
+                    with self._mu:
+                        self._idle = True
+                        while not self._pending and not self._closed:
+                            self._wake.wait()
+                        self._idle = False
                     if not self._pending:
                         break  # closed, and every read submitted before was answered
-                    n = min(len(self._pending), self._max_batch)
-                    batch = [self._pending.popleft() for _ in range(n)]
+                batch: list[tuple[Callable[[sqlite3.Connection], Any], Any]] = []
+                # A read refused by a close may leave the queue meanwhile.
+                with contextlib.suppress(IndexError):
+                    while len(batch) < self._max_batch:
+                        batch.append(self._pending.popleft())
                 resolve(self._run(conn, batch))
         finally:
             conn.close()

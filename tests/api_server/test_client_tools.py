@@ -535,6 +535,21 @@ async def test_tools_that_would_collide_once_namespaced_are_a_400(served) -> Non
     assert status == 400 and body["error"]["param"] == "tools", body
 
 
+@pytest.mark.parametrize("name", ["lookup\n", "", "a b", "x" * 65, "caf\u00e9"])
+async def test_a_tool_name_outside_the_allowed_characters_is_a_400(served, name: str) -> None:
+    # A trailing newline too: the name is matched whole, not up to a line's end.
+    adapter, _ = served
+    status, body = await _post(
+        adapter.port,
+        {
+            "model": "reveille-demo",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": name}}],
+        },
+    )
+    assert status == 400 and body["error"]["param"] == "tools", body
+
+
 async def _parked_past_deadline(adapter: ApiServerAdapter, store: Any) -> tuple[str, str]:
     """A park whose deadline passes a second later: (its session, its call id)."""
     adapter.turns.client_tool_timeout = 1.0

@@ -95,3 +95,18 @@ def test_the_writer_gets_every_record_in_order_after_quiet_spells_and_bursts() -
     thread.join(timeout=10)
     assert not thread.is_alive()
     assert got == list(range(300)) and records.empty()
+
+
+def test_the_writer_lingers_long_only_while_lines_come_fast() -> None:
+    """After a burst the writer lingers long (fewer wake-ups of a busy server); after a
+    quiet spell it lingers short again, so a lone line is written promptly."""
+    from reveille.log_format import _Records
+
+    records = _Records(linger=0.005, busy_linger=0.05, busy_rate=200.0)
+    records._seen_at -= 1.0  # a second since the writer last looked
+    for n in range(500):  # 500 lines in that second
+        records.put_nowait(logging.LogRecord("x", logging.INFO, __file__, n, "m", (), None))
+    assert records._next_linger() == 0.05
+    records._seen_at -= 1.0
+    records.put_nowait(logging.LogRecord("x", logging.INFO, __file__, 0, "m", (), None))
+    assert records._next_linger() == 0.005

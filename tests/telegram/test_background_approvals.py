@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,6 @@ async def test_an_unanswered_background_command_expires_with_one_message(
         bot.press(asked.message_id, data(asked, "Approve once"), user_id=42)
         await asyncio.to_thread(wait_until, lambda: bot.answers(), 30)
         assert bot.answers()[-1].startswith("Expired")
-        assert "expired (nobody answered in time)" in "".join(server.lines)
+        await asyncio.to_thread(server.wait_for, re.compile(r"expired \(nobody answered in time\)"))
     finally:
         await asyncio.to_thread(server.stop)

@@ -44,7 +44,13 @@ from gateway.openai.client_tools import (
     server_tools_wanted,
 )
 from gateway.openai.known_params import check_chat_params
-from gateway.openai.wire import chunker, completion_text, finish_reason_of, send_sse
+from gateway.openai.wire import (
+    chunker,
+    completion_text,
+    finish_reason_of,
+    json_answer,
+    send_sse,
+)
 from gateway.session import SessionSource, SessionStore, is_valid_session_id
 from gateway.surfaces.api_server.auth import is_keyed, same_secret
 from gateway.surfaces.api_server.preamble import (
@@ -190,7 +196,7 @@ class ChatCompletionsRoute:
             return await self._respond(request, turn.response, session_id, options, replayed=True)
         if turn.deltas is None:
             completion = await first_answer(turn.task, turn.parked)
-            return web.json_response(completion, headers={SESSION_HEADER: session_id})
+            return json_answer(completion, {SESSION_HEADER: session_id})
         return await self._stream_turn(
             request, turn.task, turn.deltas, session_id, options, turn.parked
         )
@@ -205,6 +211,8 @@ class ChatCompletionsRoute:
         offer: ToolOffer | None = tools.offer
         if not tools.offer.client and wanted and tools.offer.allowed is None:
             offer = None
+        if tools.tool_choice == options.options.tool_choice:
+            return offer, options.options  # most requests: nothing to rename
         return offer, replace(options.options, tool_choice=tools.tool_choice)
 
     async def _start_turn(self, internal: bool, request: TurnRequest) -> Any:
@@ -238,7 +246,7 @@ class ChatCompletionsRoute:
         if replayed:
             headers["Idempotent-Replayed"] = "true"
         if not options.stream:
-            return web.json_response(completion, headers=headers)
+            return json_answer(completion, headers)
         response = await open_event_stream(request, headers)
         chunk = chunker(completion)
         await send_sse(response, chunk({"role": "assistant", "content": ""}))
