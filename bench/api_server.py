@@ -15,7 +15,11 @@ provider (``REVEILLE_PROVIDER=openai``, ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``,
 ``REVEILLE_MODEL``) while it keeps running: every Reveille turn is one upstream call. Then
 the model-call floor: a bare handler that makes only that upstream call, as Reveille makes
 it, and nothing else; then the stored-turn floor: the same handler plus the store floor's two
-trips (what any provider turn that stores itself pays at least).
+trips (what any provider turn that stores itself pays at least); then the offered-tools
+floor: the stored-turn floor whose call also carries the tool schemas Reveille offers its
+model (the fake upstream records them from Reveille's own requests; about 6 KB that the client
+writes and the upstream reads on every call): what a provider turn that offers the server's
+tools pays at least.
 
 A closed-loop load of ``--clients`` concurrent clients (aiohttp, one new conversation per
 request) runs against each for ``--seconds``. Prints requests/s and p50/p99 latency for both
@@ -140,14 +144,17 @@ async def _health(_: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def serve_completions(port: int, complete: Any) -> None:
-    """Serve ``complete`` as ``POST /v1/chat/completions`` (and ``GET /health``) on loopback,
-    on the event loop ``REVEILLE_EVENT_LOOP`` names, as `reveille serve` would (``--loop``)."""
+def serve_completions(port: int, complete: Any, extra: list[tuple[str, str, Any]] = ()) -> None:
+    """Serve ``complete`` as ``POST /v1/chat/completions`` (and ``GET /health``, and the
+    ``extra`` routes) on loopback, on the event loop ``REVEILLE_EVENT_LOOP`` names, as
+    `reveille serve` would (``--loop``)."""
     from reveille.event_loop import choose_event_loop
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", complete)
     app.router.add_get("/health", _health)
+    for method, path, handler in extra:
+        app.router.add_route(method, path, handler)
     loop = choose_event_loop().factory()
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=loop)
 
@@ -203,23 +210,39 @@ def serve_store_floor(port: int, home: str, pg_url: str | None = None) -> None:
 
 
 def serve_model_call_floor(
-    port: int, upstream_url: str, *, raw: bool, home: str | None = None
+    port: int, upstream_url: str, *, raw: bool, home: str | None = None, tools: bool = False
 ) -> None:
     """A bare aiohttp handler that makes one call to the upstream the way Reveille makes it
     (``OpenAICompatProvider``: the official client on its aiohttp transport, the raw JSON
     path) and nothing else: what every provider turn pays at least. ``raw`` makes the same
     call with a plain aiohttp client instead, to show what the official client costs.
     ``home`` adds a new conversation's two store trips (``store_trips``): what a provider
-    turn that stores itself pays at least."""
+    turn that stores itself pays at least. ``tools`` sends the tool schemas Reveille offered
+    the model with each call (the fake upstream recorded them from Reveille's own requests):
+    what a provider turn that offers the server's tools pays at least."""
     trips = store_trips(home) if home is not None else None
+    offered: list[Any] = []
+    fetched = asyncio.Event()  # the upstream is asked once, by the first call
     from agent.providers.openai_compat import OpenAICompatProvider
 
     provider = OpenAICompatProvider(f"{upstream_url}/v1", UPSTREAM_KEY, UPSTREAM_MODEL)
     http: list[aiohttp.ClientSession] = []
 
     async def call(messages: list[dict[str, Any]]) -> Any:
+        if tools and not fetched.is_set():
+            if not offered:
+                offered.append(None)  # taken: the others wait for the first call's answer
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.get(f"{upstream_url}/bench/offered-tools") as resp,
+                ):
+                    offered[:] = await resp.json()
+                if not offered:
+                    raise RuntimeError("the upstream saw no tools offered: no floor to measure")
+                fetched.set()
+            await fetched.wait()
         if not raw:
-            return (await provider.complete(messages)).content
+            return (await provider.complete(messages, tools=offered or None)).content
         if not http:
             http.append(aiohttp.ClientSession())
         async with http[0].post(
@@ -255,8 +278,12 @@ def serve_upstream(port: int) -> None:
     with_usage = _upstream_stream_body(include_usage=True)
     without_usage = _upstream_stream_body(include_usage=False)
 
+    offered: list[Any] = []
+
     async def complete(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if body.get("tools") and not offered:
+            offered.extend(body["tools"])  # what Reveille offers its model, for the floors
         if not body.get("stream"):
             return web.json_response(answer)
         options = body.get("stream_options") or {}
@@ -268,7 +295,10 @@ def serve_upstream(port: int) -> None:
         await response.write_eof()
         return response
 
-    serve_completions(port, complete)
+    async def offered_tools(_: web.Request) -> web.Response:
+        return web.json_response(offered)
+
+    serve_completions(port, complete, extra=[("GET", "/bench/offered-tools", offered_tools)])
 
 
 def serve_slow_upstream(port: int, first_delay: float, interval: float) -> None:
@@ -583,19 +613,22 @@ async def provider_main_async(args: argparse.Namespace) -> None:
         async with reveille_on(upstream_url, env, clients=args.clients) as url:
             ours = await measure_url(url, args, UPSTREAM_MODEL)
         floors = []
-        for flag, stores in (
-            ("--serve-model-call-floor", False),
-            ("--serve-model-call-floor", True),
-            ("--serve-raw-call-floor", False),
+        for flag, stores, tools in (
+            ("--serve-model-call-floor", False, False),
+            ("--serve-model-call-floor", True, False),
+            ("--serve-raw-call-floor", False, False),
+            ("--serve-model-call-floor", True, True),
         ):
             with tempfile.TemporaryDirectory() as home:
                 floor_port = free_port()
                 cmd = [sys.executable, __file__, flag, str(floor_port), "--upstream", upstream_url]
                 if stores:
                     cmd += ["--home", home]
+                if tools:
+                    cmd += ["--with-tools"]
                 async with running(cmd, env, floor_port) as floor_url:
                     floors.append(await measure_url(floor_url, args, UPSTREAM_MODEL))
-        floor, stored_floor, raw_floor = floors
+        floor, stored_floor, raw_floor, tools_floor = floors
 
     print(header(args))
     print(line("fake upstream (canned)", upstream, 23))
@@ -603,6 +636,7 @@ async def provider_main_async(args: argparse.Namespace) -> None:
     print(line("aiohttp + 1 model call", floor, 23))
     print(line("... + 2 store trips", stored_floor, 23))
     print(line("aiohttp + 1 raw call", raw_floor, 23))
+    print(line("... + tools, 2 trips", tools_floor, 23))
     print(f"{'ratio':<23}: {ours['rps'] / upstream['rps']:.2f} of the upstream's requests/s")
     print(
         f"{'model-call floor':<23}: {floor['rps'] / upstream['rps']:.2f} of the upstream (a "
@@ -617,6 +651,12 @@ async def provider_main_async(args: argparse.Namespace) -> None:
     print(
         f"{'raw-call floor':<23}: {raw_floor['rps'] / upstream['rps']:.2f} of the upstream (the "
         "same call with a plain aiohttp client: the official client costs the difference)"
+    )
+    print(
+        f"{'offered-tools floor':<23}: {tools_floor['rps'] / stored_floor['rps']:.2f} of the "
+        "stored-turn floor (the same stored turn, its call carrying the tool schemas Reveille "
+        "offers its model, which the upstream must read too); reveille reaches "
+        f"{ours['rps'] / tools_floor['rps']:.2f} of it"
     )
 
 
@@ -834,6 +874,7 @@ def main() -> None:
     ap.add_argument("--home", help=argparse.SUPPRESS)
     ap.add_argument("--serve-model-call-floor", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-raw-call-floor", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--with-tools", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--upstream", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if "postgresql" in args.store and not args.pg_url and not args.serve_store_floor:
@@ -845,6 +886,7 @@ def main() -> None:
             args.upstream,
             raw=raw,
             home=args.home,
+            tools=args.with_tools,
         )
         return
     if args.serve_store_floor:
