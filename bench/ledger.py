@@ -145,6 +145,19 @@ def pipeline(path: str, items: int, producers: int) -> dict:
     }
 
 
+def _one_item(queue: Any) -> bool:
+    """One item of the sequential pattern: dispatch a delegation, wait for its completion
+    event, claim it, acknowledge it; whether it was delivered."""
+    r = ad.dispatch_async_delegation(
+        goal="bench", runner=_runner, session_key="bench", max_async_children=3
+    )
+    if r["status"] == "rejected":
+        raise RuntimeError(r["error"])
+    evt = queue.get(timeout=30)
+    claim = ad.claim_event_delivery(evt, "bench")
+    return bool(claim and ad.complete_event_delivery(evt, claim))
+
+
 def sequential(path: str, items: int, *, all_durable: bool = False) -> dict:
     """The synchronous contract used the way a gateway watcher uses it, one item at a time.
 
@@ -164,15 +177,7 @@ def sequential(path: str, items: int, *, all_durable: bool = False) -> dict:
     delivered = 0
     start = time.perf_counter()
     for _ in range(items):
-        r = ad.dispatch_async_delegation(
-            goal="bench", runner=_runner, session_key="bench", max_async_children=3
-        )
-        if r["status"] == "rejected":
-            raise RuntimeError(r["error"])
-        evt = queue.get(timeout=30)
-        claim = ad.claim_event_delivery(evt, "bench")
-        if claim and ad.complete_event_delivery(evt, claim):
-            delivered += 1
+        delivered += _one_item(queue)
     elapsed = time.perf_counter() - start
     stats = rt.ledger.backend.stats()
     ad.reset_runtime()
@@ -290,15 +295,8 @@ def interleaved(path: str, items: int, *, block: int = 100) -> dict:
     def pattern() -> float:
         start, cpu = time.perf_counter(), time.process_time()
         for _ in range(block):
-            r = ad.dispatch_async_delegation(
-                goal="bench", runner=_runner, session_key="bench", max_async_children=3
-            )
-            if r["status"] == "rejected":
-                raise RuntimeError(r["error"])
-            evt = queue.get(timeout=30)
-            claim = ad.claim_event_delivery(evt, "bench")
-            if not (claim and ad.complete_event_delivery(evt, claim)):
-                raise RuntimeError(f"{evt['delegation_id']} was not delivered")
+            if not _one_item(queue):
+                raise RuntimeError("an item of the sequential pattern was not delivered")
         wall = time.perf_counter() - start
         spent["wall"] += wall
         spent["cpu"] += time.process_time() - cpu

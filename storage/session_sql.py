@@ -208,8 +208,31 @@ def message(row: Iterable[Any]) -> MessageRecord:
     )
 
 
+# The columns a new message is written to, in ``message_values``' order.
+MESSAGE_INSERT_COLUMNS = (
+    "session_id",
+    "role",
+    "content",
+    "created_at",
+    "display_kind",
+    "display_metadata",
+    "dedupe_key",
+)
+
+
 def message_values(session_id: str, m: NewMessage, now: float) -> tuple[Any, ...]:
     return (session_id, m.role, m.content, now, m.display_kind, m.metadata_json, m.dedupe_key)
+
+
+def insert_messages_sql(rows: int, mark: str) -> str:
+    """``rows`` new messages in one INSERT (``message_values`` each, ``mark`` the dialect's
+    placeholder); a repeated dedupe key is skipped, as by ``insert_message``."""
+    one = "(" + ", ".join([mark] * len(MESSAGE_INSERT_COLUMNS)) + ")"
+    return (
+        f"INSERT INTO messages ({', '.join(MESSAGE_INSERT_COLUMNS)}) VALUES "
+        + ", ".join([one] * rows)
+        + " ON CONFLICT (session_id, dedupe_key) DO NOTHING"
+    )
 
 
 def _session(row: Iterable[Any]) -> SessionRecord:

@@ -49,7 +49,7 @@ from storage.postgres.conn import (
 )
 from storage.postgres.session_batches import SessionBatches, SessionReads
 from storage.postgres.tx import rollback_quietly
-from storage.session_sql import SqlSessionRows, message_values, statements
+from storage.session_sql import SqlSessionRows, insert_messages_sql, message_values, statements
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -66,24 +66,7 @@ _ROWS_PER_INSERT = 64
 @functools.lru_cache(maxsize=_ROWS_PER_INSERT)
 def _insert_messages(rows: int) -> str:
     """``rows`` messages in one INSERT (the shared statement's columns and conflict rule)."""
-    one = "(" + ", ".join([PLACEHOLDER] * len(_MESSAGE_COLUMNS)) + ")"
-    return (
-        f"INSERT INTO messages ({', '.join(_MESSAGE_COLUMNS)}) VALUES "
-        + ", ".join([one] * rows)
-        + " ON CONFLICT (session_id, dedupe_key) DO NOTHING"
-    )
-
-
-# ``storage.session_sql.message_values``'s order.
-_MESSAGE_COLUMNS = (
-    "session_id",
-    "role",
-    "content",
-    "created_at",
-    "display_kind",
-    "display_metadata",
-    "dedupe_key",
-)
+    return insert_messages_sql(rows, PLACEHOLDER)
 
 
 # A read sent ahead: its statement, its parameters and the cursor its answer is on.

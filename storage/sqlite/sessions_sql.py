@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+from storage.session_sql import insert_messages_sql
 from storage.sqlite.fts import TextIndex
 
 # v2 added the tombstones table, v3 running_turns and approvals, v4 compaction's columns of
@@ -162,8 +163,6 @@ REQUIRED_COLUMNS: dict[str, frozenset[str]] = {
     "approvals": frozenset({"id", "session_id", "stream_id", "command", "status", "created_at"}),
 }
 
-_MSG_VALUES = "(?, ?, ?, ?, ?, ?, ?)"
-
 # What SQLite spells its own way (the rest is ``storage.session_sql``'s): the JSON edit of
 # a superseded message, one row at a time.
 SQL_SUPERSEDE = (
@@ -176,9 +175,4 @@ SQL_SUPERSEDE = (
 @functools.lru_cache(maxsize=16)
 def sql_insert_messages(n: int) -> str:
     """One INSERT for a whole turn of ``n`` messages (turns are short: few shapes)."""
-    return (
-        "INSERT INTO messages (session_id, role, content, created_at, display_kind,"
-        " display_metadata, dedupe_key) VALUES "
-        + ", ".join([_MSG_VALUES] * n)
-        + " ON CONFLICT (session_id, dedupe_key) DO NOTHING"
-    )
+    return insert_messages_sql(n, "?")
