@@ -75,6 +75,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,15 @@ def serve_store_floor(port: int, home: str, pg_url: str | None = None) -> None:
     serve_completions(port, complete)
 
 
+def _offered_tools(upstream_url: str) -> list[Any]:
+    """The tool schemas the fake upstream recorded from Reveille's requests."""
+    with urllib.request.urlopen(f"{upstream_url}/bench/offered-tools", timeout=10) as resp:
+        offered = json.load(resp)
+    if not offered:
+        raise RuntimeError("the upstream saw no tools offered: no floor to measure")
+    return list(offered)
+
+
 def serve_model_call_floor(
     port: int, upstream_url: str, *, raw: bool, home: str | None = None, tools: bool = False
 ) -> None:
@@ -221,28 +231,16 @@ def serve_model_call_floor(
     the model with each call (the fake upstream recorded them from Reveille's own requests):
     what a provider turn that offers the server's tools pays at least."""
     trips = store_trips(home) if home is not None else None
-    offered: list[Any] = []
-    fetched = asyncio.Event()  # the upstream is asked once, by the first call
+    # Asked once, before serving: Reveille was measured first, so the upstream has seen them.
+    offered = _offered_tools(upstream_url) if tools else None
     from agent.providers.openai_compat import OpenAICompatProvider
 
     provider = OpenAICompatProvider(f"{upstream_url}/v1", UPSTREAM_KEY, UPSTREAM_MODEL)
     http: list[aiohttp.ClientSession] = []
 
     async def call(messages: list[dict[str, Any]]) -> Any:
-        if tools and not fetched.is_set():
-            if not offered:
-                offered.append(None)  # taken: the others wait for the first call's answer
-                async with (
-                    aiohttp.ClientSession() as session,
-                    session.get(f"{upstream_url}/bench/offered-tools") as resp,
-                ):
-                    offered[:] = await resp.json()
-                if not offered:
-                    raise RuntimeError("the upstream saw no tools offered: no floor to measure")
-                fetched.set()
-            await fetched.wait()
         if not raw:
-            return (await provider.complete(messages, tools=offered or None)).content
+            return (await provider.complete(messages, tools=offered)).content
         if not http:
             http.append(aiohttp.ClientSession())
         async with http[0].post(

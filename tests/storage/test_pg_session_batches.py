@@ -10,6 +10,7 @@ on it while the rest queue behind, then takes them all at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,14 +31,21 @@ def url() -> str:
     return fresh_url()
 
 
-@pytest.fixture
-def backend(url: str) -> Iterator[PostgresSessions]:
-    store = storage.open_storage(url).open_sessions(writers=1)
+@contextlib.contextmanager
+def _opened(url: str, **threads: int) -> Iterator[PostgresSessions]:
+    """The PostgreSQL session store at ``url`` (``writers=``, ``readers=``), closed after."""
+    store = storage.open_storage(url).open_sessions(**threads)
     assert isinstance(store, PostgresSessions)
     try:
         yield store
     finally:
         store.close()
+
+
+@pytest.fixture
+def backend(url: str) -> Iterator[PostgresSessions]:
+    with _opened(url, writers=1) as store:
+        yield store
 
 
 def _says(text: str) -> list[NewMessage]:
@@ -138,9 +146,7 @@ async def test_reads_waiting_together_send_their_first_statements_in_one_trip(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str
 ) -> None:
     monkeypatch.setenv(trips.ENV, str(tmp_path))  # the store opens counting connections
-    store = storage.open_storage(url).open_sessions(readers=1)
-    assert isinstance(store, PostgresSessions)
-    try:
+    with _opened(url, readers=1) as store:
         await store.aappend_turn("a", _says("hello"), create=NewSession())
         alone = [await store.asessions_by_prefix(p, 10) for p in ("a", "zz", "b")]
         # The only reader is held by a read of our own while the rest queue behind it.
@@ -163,17 +169,13 @@ async def test_reads_waiting_together_send_their_first_statements_in_one_trip(
         assert together == alone
         # One trip for the three lookups, one for the transcript of the session found.
         assert trips.total() - before == 2
-    finally:
-        store.close()
 
 
 async def test_writes_of_distinct_sessions_in_a_batch_cost_two_trips(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str
 ) -> None:
     monkeypatch.setenv(trips.ENV, str(tmp_path))  # the store opens counting connections
-    store = storage.open_storage(url).open_sessions(writers=1)
-    assert isinstance(store, PostgresSessions)
-    try:
+    with _opened(url, writers=1) as store:
         await store.aappend_turn("c", _says("earlier"), create=NewSession())
         before = trips.total()
         writes = [("a", "one", True), ("b", "two", True), ("c", "three", False), ("d", "x", True)]
@@ -184,5 +186,3 @@ async def test_writes_of_distinct_sessions_in_a_batch_cost_two_trips(
         assert trips.total() - before == 4
         assert _texts(store, "c") == ["earlier", "three"]  # its first read found it live
         assert [_texts(store, s) for s in "abd"] == [["one"], ["two"], ["x"]]
-    finally:
-        store.close()
