@@ -136,7 +136,8 @@ class LedgerBackend(Protocol):
 
     def rows_held_by(self, holder: str, limit: int) -> list[LedgerRow]: ...
 
-    def rows_owned_by(self, owner: str, state: str, limit: int) -> list[LedgerRow]: ...
+    def rows_owned_by(self, owner: str, state: str, limit: int) -> list[LedgerRow]:
+        """Up to ``limit`` rows of ``owner`` in one active lifecycle state."""
 
     def servers(self) -> list[ServerRecord]:
         """Every server recorded as sharing this store, earliest start first (the roster

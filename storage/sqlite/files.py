@@ -38,11 +38,13 @@ synchronous="FULL", foreign_keys=True)``
     ``WriteLock``, as ``add_once`` and ``reclaim`` are), so two processes creating the same
     new file cannot interleave.
 
-``add_once(conn, spec, table, script, fill) -> None``
+``add_once(conn, spec, table, script, fill, *, current=None, drop="") -> None``
     Gives an older file a table its schema gained later (with the triggers that keep it,
     ``script``) and fills it from the rows already there (``fill``), in one transaction
     that looks again first: two processes opening the same older file build it once. A
-    file that has ``table`` takes no write lock (the usual case).
+    file that has ``table`` takes no write lock (the usual case). With ``current``, a
+    table whose ``CREATE`` lacks that text is an older form: ``drop`` removes it (and its
+    triggers) and it is built again the same way.
 
 ``reclaim(spec, *, convert=False) -> SpaceReport``
     Gives the pages freed by deletes back to the file system: ``PRAGMA incremental_vacuum``
@@ -304,21 +306,41 @@ def _write_locked(conn: sqlite3.Connection, spec: SqliteFile) -> Iterator[None]:
         lock.close()
 
 
-_TABLE_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+_TABLE_SQL = "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?"
 
 
 def add_once(
-    conn: sqlite3.Connection, spec: SqliteFile, table: str, script: str, fill: str
+    conn: sqlite3.Connection,
+    spec: SqliteFile,
+    table: str,
+    script: str,
+    fill: str,
+    *,
+    current: str | None = None,
+    drop: str = "",
 ) -> None:
-    """Create ``table`` by ``script`` and run ``fill``, once (see the module docstring)."""
+    """Create ``table`` by ``script`` and run ``fill``, once, or build it again where it
+    has an older form (see the module docstring)."""
+
+    def found() -> str | None:
+        """What stands in the way: "missing", "older", or None when ``table`` is current."""
+        row = conn.execute(_TABLE_SQL, (table,)).fetchone()
+        if row is None:
+            return "missing"
+        return "older" if current is not None and current not in (row[0] or "") else None
+
     try:
-        if conn.execute(_TABLE_EXISTS, (table,)).fetchone() is not None:
+        if found() is None:
             return
     except sqlite3.Error as exc:
         raise classify(exc, spec) from exc
     with _write_locked(conn, spec):
         conn.execute("BEGIN IMMEDIATE")
-        if conn.execute(_TABLE_EXISTS, (table,)).fetchone() is None:
+        state = found()  # again under the lock: another process may have just done it
+        if state is not None:
+            if state == "older":
+                for statement in statements(drop):
+                    conn.execute(statement)
             for statement in statements(script):
                 conn.execute(statement)
             conn.execute(fill)

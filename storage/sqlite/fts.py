@@ -6,6 +6,10 @@ triggers in the same transaction as every insert, delete and change of that colu
 can never hold what the table no longer says. It keys on the table's integer row key; a
 file made before the index existed gets it, with every row already there, once, on open
 (``TextIndex.add_to``).
+
+An index that only answers ``MATCH`` (no ``snippet``, no ranking) keeps no column sizes
+(``column_sizes=False``, FTS5's ``columnsize = 0``): each insert then writes one page less
+(its ``_docsize`` row). A file whose index has them gets it rebuilt without, once, on open.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from storage.sqlite import files as sqlite_files
 
 __all__ = ["TextIndex", "fts_query"]
 
+_NO_COLUMN_SIZES = "columnsize = 0"
+
 
 @dataclass(frozen=True, slots=True)
 class TextIndex:
@@ -28,6 +34,7 @@ class TextIndex:
     table: str
     column: str
     key: str = "rowid"
+    column_sizes: bool = True
 
     @property
     def ddl(self) -> str:
@@ -35,9 +42,10 @@ class TextIndex:
         n, t, c, k = self.name, self.table, self.column, self.key
         forget = f"INSERT INTO {n} ({n}, rowid, {c}) VALUES ('delete', old.{k}, old.{c});"
         learn = f"INSERT INTO {n} (rowid, {c}) VALUES (new.{k}, new.{c});"
+        sizes = "" if self.column_sizes else f", {_NO_COLUMN_SIZES}"
         return f"""
 CREATE VIRTUAL TABLE {n} USING fts5(
-    {c}, content = '{t}', content_rowid = '{k}', tokenize = 'unicode61'
+    {c}, content = '{t}', content_rowid = '{k}', tokenize = 'unicode61'{sizes}
 );
 CREATE TRIGGER {n}_insert AFTER INSERT ON {t} BEGIN
     {learn}
@@ -56,10 +64,22 @@ END;
         """Index every row the table holds (FTS5's ``rebuild``)."""
         return f"INSERT INTO {self.name} ({self.name}) VALUES ('rebuild')"
 
+    @property
+    def drop(self) -> str:
+        """Remove the index and its triggers (to build it again in a newer form)."""
+        n = self.name
+        triggers = "".join(
+            f"DROP TRIGGER IF EXISTS {n}_{w};" for w in ("insert", "delete", "update")
+        )
+        return f"{triggers}DROP TABLE IF EXISTS {n};"
+
     def add_to(self, conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> None:
-        """Give an older file this index with its rows already indexed, once (a file that
-        has it takes no write lock)."""
-        sqlite_files.add_once(conn, spec, self.name, self.ddl, self.fill)
+        """Give an older file this index with its rows already indexed, or the index it has
+        in the form this one asks for, once (a file that has it takes no write lock)."""
+        current = None if self.column_sizes else _NO_COLUMN_SIZES
+        sqlite_files.add_once(
+            conn, spec, self.name, self.ddl, self.fill, current=current, drop=self.drop
+        )
 
 
 def fts_query(terms: Sequence[str]) -> str:

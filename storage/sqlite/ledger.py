@@ -109,7 +109,8 @@ CREATE INDEX IF NOT EXISTS ix_pending_holder ON deliveries(holder)
     WHERE delivery_state = 'pending' AND holder IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ix_pending_hook ON deliveries(hook)
     WHERE delivery_state = 'pending' AND hook IS NOT NULL;
-CREATE INDEX IF NOT EXISTS ix_state_owner ON deliveries(state, owner);
+CREATE INDEX IF NOT EXISTS ix_state_owner ON deliveries(state, owner)
+    WHERE state IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS ix_session_key ON deliveries(session_key)
     WHERE session_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ix_origin_session ON deliveries(origin_session_id)
@@ -143,8 +144,15 @@ _SCHEMA = _LEDGER_SCHEMA + WEBHOOK_DDL
 # pending rows scan it. A file made before keeps its older, wider indexes until it is opened
 # by this version, which rebuilds them once (``_narrow_indexes``); an older version opening
 # the file after that finds the indexes by their names and leaves them as they are.
+# ``ix_state_owner`` keeps only the rows whose work is queued or running, the only states
+# recovery asks it for (``ACTIVE_STATES``): a finished row leaves it instead of moving to
+# the far end of an index that grew with every row ever written. Each value: the index's
+# statement, and the text that tells its narrow form in ``sqlite_master``.
 _NARROWED = {
-    name: f"CREATE INDEX {name} ON deliveries({column}) WHERE {pending}{column} IS NOT NULL"
+    name: (
+        f"CREATE INDEX {name} ON deliveries({column}) WHERE {pending}{column} IS NOT NULL",
+        "IS NOT NULL",
+    )
     for name, column, pending in (
         ("ix_pending_due", "due_at", "delivery_state = 'pending' AND "),
         ("ix_pending_holder", "holder", "delivery_state = 'pending' AND "),
@@ -153,7 +161,19 @@ _NARROWED = {
         ("ix_origin_session", "origin_session_id", ""),
         ("ix_origin_ui_session", "origin_ui_session_id", ""),
     )
+} | {
+    "ix_state_owner": (
+        "CREATE INDEX ix_state_owner ON deliveries(state, owner)"
+        " WHERE state IN ('queued', 'running')",
+        "WHERE state IN",
+    )
 }
+# Recovery's two queries, answered by ``ix_state_owner``: each spells out its WHERE, since
+# SQLite uses a partial index only where the query's own terms imply it.
+_ACTIVE = "state IN ('queued', 'running')"
+SQL_ACTIVE_OWNERS = (
+    f"SELECT DISTINCT owner FROM deliveries WHERE {_ACTIVE} AND state = ? AND owner IS NOT NULL"
+)
 
 # Retention (``delivery.retention``): the settled rows by age, the tombstones pruned rows
 # leave, and the lease that lets one server at a time prune.
@@ -182,7 +202,9 @@ CREATE TABLE IF NOT EXISTS leases (
 # v5: an FTS5 index over the goals (``RowQuery.text``; ``storage.sqlite.fts``), kept in
 # step by triggers in the same transaction as every write of a row (its insert, retention's
 # delete, a change of its goal), built with the rows already there when an older file opens.
-GOALS_INDEX = TextIndex("deliveries_fts", "deliveries", "goal")
+# It only answers MATCH, so it keeps no column sizes (one page less per insert); an index
+# built with them is rebuilt without, once, on open.
+GOALS_INDEX = TextIndex("deliveries_fts", "deliveries", "goal", column_sizes=False)
 GOAL_SEARCH = GoalSearch(
     "rowid IN (SELECT rowid FROM deliveries_fts WHERE deliveries_fts MATCH ?)", fts_query
 )
@@ -209,6 +231,7 @@ _SQL_TAKE_LEASE = (
 )
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM deliveries"
+SQL_OWNED_BY = f"{_SELECT} WHERE {_ACTIVE} AND state = ? AND owner = ? LIMIT ?"
 
 
 def _params(values: dict[str, Any], cols: tuple[str, ...]) -> list[Any]:
@@ -242,8 +265,8 @@ def _narrow_indexes(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> 
     def wide() -> list[str]:
         return [
             name
-            for name in _NARROWED
-            if "IS NOT NULL" not in ((conn.execute(found, (name,)).fetchone() or ("",))[0] or "")
+            for name, (_, marker) in _NARROWED.items()
+            if marker not in ((conn.execute(found, (name,)).fetchone() or ("",))[0] or "")
         ]
 
     if not wide():
@@ -252,7 +275,7 @@ def _narrow_indexes(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> 
         conn.execute("BEGIN IMMEDIATE")
         for name in wide():  # again under the lock: another process may have just done it
             conn.execute(f"DROP INDEX IF EXISTS {name}")
-            conn.execute(_NARROWED[name])
+            conn.execute(_NARROWED[name][0])
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
         if conn.in_transaction:
@@ -482,10 +505,7 @@ class SqliteBackend:
         )
 
     def active_owners(self, state: str) -> list[str]:
-        return self._scalars(
-            "SELECT DISTINCT owner FROM deliveries WHERE state = ? AND owner IS NOT NULL",
-            (state,),
-        )
+        return self._scalars(SQL_ACTIVE_OWNERS, (state,))
 
     def rows_held_by(self, holder: str, limit: int) -> list[LedgerRow]:
         return self._rows(
@@ -494,9 +514,7 @@ class SqliteBackend:
         )
 
     def rows_owned_by(self, owner: str, state: str, limit: int) -> list[LedgerRow]:
-        return self._rows(
-            f"{_SELECT} WHERE state = ? AND owner = ? LIMIT ?", (state, owner, int(limit))
-        )
+        return self._rows(SQL_OWNED_BY, (state, owner, int(limit)))
 
     def audit_log(self, row_id: str) -> list[AuditEntry]:
         try:

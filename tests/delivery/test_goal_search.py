@@ -16,7 +16,7 @@ from delivery.rows import RowQuery
 from delivery.session_backend import holds_terms, search_terms
 from storage.postgres import sql as pg_sql
 from storage.sql import query_filter
-from storage.sqlite.ledger import GOAL_SEARCH, SCHEMA_VERSION
+from storage.sqlite.ledger import GOAL_SEARCH, GOALS_INDEX, SCHEMA_VERSION
 from tests.delivery._support import FakeClock
 from tests.stores import sqlite_ledger
 
@@ -238,6 +238,45 @@ def test_an_older_sqlite_ledger_is_indexed_on_open(tmp_path: Path, clock: FakeCl
     assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 5
     raw.close()
     _fts_intact(path)
+
+
+def test_an_index_built_with_column_sizes_is_rebuilt_without_on_open(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Files made before kept each goal's size too (a page more per insert, never read):
+    opening one rebuilds the index without, once, and every goal is still found."""
+    path = _filled_file(tmp_path, clock, 20)
+    older = GOALS_INDEX.ddl.replace(", columnsize = 0", "")
+    assert older != GOALS_INDEX.ddl
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.executescript(GOALS_INDEX.drop + older + GOALS_INDEX.fill + ";")
+    assert "columnsize" not in _index_sql(raw)
+    raw.close()
+
+    ledger = _open(path, clock)
+    try:
+        assert _ids(ledger, "backup") == ["deleg_old"]
+        ledger.create("deleg_new", kind="delegation", goal="written after the rebuild")
+        assert _ids(ledger, "rebuild") == ["deleg_new"]
+    finally:
+        ledger.close()
+    raw = sqlite3.connect(path)
+    assert "columnsize = 0" in _index_sql(raw)
+    assert (
+        raw.execute(
+            "SELECT count(*) FROM sqlite_master"
+            " WHERE type = 'trigger' AND name LIKE 'deliveries_fts_%'"
+        ).fetchone()[0]
+        == 3
+    )
+    raw.close()
+    _fts_intact(path)
+
+
+def _index_sql(conn: sqlite3.Connection) -> str:
+    return str(
+        conn.execute("SELECT sql FROM sqlite_master WHERE name = 'deliveries_fts'").fetchone()[0]
+    )
 
 
 def test_the_index_follows_deletes_goal_changes_and_vacuum(

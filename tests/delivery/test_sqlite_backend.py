@@ -26,7 +26,7 @@ from delivery.errors import (
 from delivery.ledger import Ledger
 from delivery.reoffer import ReofferScheduler
 from delivery.rows import RowQuery
-from storage.sqlite.ledger import SqliteBackend
+from storage.sqlite.ledger import SQL_ACTIVE_OWNERS, SQL_OWNED_BY, SqliteBackend
 from storage.sqlite.notifier import poke_dir, wake_dir_for
 from tests.delivery._support import REMOTE_IDENTITY, FakeClock, delegation_event, finished_row
 from tests.delivery.test_ledger import _count_passes, _Offers
@@ -82,13 +82,26 @@ class TestSqliteFile:
         finally:
             conn.close()
 
+    @pytest.mark.usefixtures("backend")
+    def test_recovery_finds_active_owners_through_the_narrow_index(self, db_path: Path) -> None:
+        """The owners' index holds only queued and running rows; recovery's two queries
+        must still be answered from it, not by scanning every row ever written."""
+        with sqlite3.connect(db_path) as conn:
+            for query, args in (
+                (SQL_ACTIVE_OWNERS, ("running",)),
+                (SQL_OWNED_BY, ("running", "someone", 5)),
+            ):
+                plan = " ".join(str(r) for r in conn.execute(f"EXPLAIN QUERY PLAN {query}", args))
+                assert "ix_state_owner" in plan, (query, plan)
+        conn.close()
+
     def test_an_older_file_gets_the_narrow_indexes_and_still_finds_its_rows(
         self, db_path: Path, clock: FakeClock
     ) -> None:
         """A file whose indexes still hold every row (as files made before they were
         narrowed do) has them rebuilt once on open, without the rows whose due time,
-        holder, hook or session id is missing; every query of those columns finds what it
-        did."""
+        holder, hook or session id is missing, and without finished work in the owners'
+        index; every query of those columns finds what it did."""
         backend = sqlite_ledger(db_path)
         ledger = Ledger(backend, clock=clock)
         finished_row(ledger, "deleg_done")
@@ -107,6 +120,8 @@ class TestSqliteFile:
             for name, column in zip(sessions, session_columns, strict=True):
                 conn.execute(f"DROP INDEX {name}")
                 conn.execute(f"CREATE INDEX {name} ON deliveries({column})")
+            conn.execute("DROP INDEX ix_state_owner")
+            conn.execute("CREATE INDEX ix_state_owner ON deliveries(state, owner)")
         conn.close()
 
         backend = sqlite_ledger(db_path)
@@ -121,6 +136,14 @@ class TestSqliteFile:
             for name, column in zip(narrowed + sessions, columns + session_columns, strict=True):
                 assert f"{column} IS NOT NULL" in found[name], found[name]
             assert "IS NOT NULL" not in found["ix_pending_completed"]  # counts scan it
+            assert "WHERE state IN ('queued', 'running')" in found["ix_state_owner"]
+            busy = backend.get("deleg_busy")
+            assert busy is not None and busy.owner is not None
+            assert backend.active_owners("running") == [busy.owner]
+            assert [r.id for r in backend.rows_owned_by(busy.owner, "running", 10)] == [
+                "deleg_busy"
+            ]
+            assert backend.active_owners("queued") == []
             done = backend.get("deleg_done")
             assert done is not None and done.due_at is not None and done.holder is not None
             assert [r.id for r in backend.due(done.due_at, 10)] == ["deleg_done"]
