@@ -11,9 +11,10 @@ streams). The service owns what every surface needs the same way:
   their place), the new deliveries as one ``[reveille:delivery]`` system message, the new
   user message;
 * running the agent, with a ``ToolContext`` that routes background work back here;
-* storing the turn: the user message, the reply and the idempotency record in one commit,
-  ordered against a cancel by the turn's ``TurnFence`` (``StartedTurn.cancel``): a cancel
-  before the store began leaves nothing stored, one after it loses (``gateway.turns.fence``);
+* storing the turn (``gateway.turns.recording``): the user message, the reply and the
+  idempotency record in one commit, ordered against a cancel by the turn's ``TurnFence``
+  (``StartedTurn.cancel``): a cancel before the store began leaves nothing stored, one
+  after it loses (``gateway.turns.fence``);
 * the idempotency protocol: claim, replay a finished answer, wait (then conflict) while the
   first attempt runs, forget the claim when the turn fails, take over a dead owner's claim;
 * the cap on turns running at once (``max_concurrent_runs``; a caller with a pool of its
@@ -53,13 +54,9 @@ from delivery import traces
 from delivery.session_backend import ApprovalRecord
 from gateway.config import Platform
 from gateway.session import (
-    SessionGone,
     SessionSource,
     SessionStore,
-    SessionStoreError,
-    SessionTaken,
     build_session_key,
-    title_from_text,
 )
 from gateway.tasks import finish_or_cancel
 from gateway.turns.client_calls import (
@@ -90,12 +87,8 @@ from gateway.turns.fence import TurnFence, finish_despite_cancel
 from gateway.turns.first_turns import FirstTurns
 from gateway.turns.gate import Parking, TurnGate, busy_reason
 from gateway.turns.hold import TurnHold
-from gateway.turns.idempotency import (
-    IdempotencyClaims,
-    KeyReused,
-    StillRunning,
-    fingerprint_of,
-)
+from gateway.turns.idempotency import IdempotencyClaims, KeyReused, StillRunning
+from gateway.turns.recording import TurnRecorder
 from gateway.turns.requests import (
     Conversation,
     ReplayedTurn,
@@ -106,9 +99,7 @@ from gateway.turns.requests import (
     TurnRunner,
     agent_turn_runner,
     request_fingerprint,
-    session_taken,
 )
-from gateway.wake_text import wake_row_metadata
 
 __all__ = [
     "ReplayedTurn",
@@ -180,6 +171,7 @@ class TurnService:
         # Summarises older turns when the context nears the model's window (None: never).
         self.compactor = compactor
         self._compaction = TurnCompaction(compactor, turn_runner)
+        self._recorder = TurnRecorder(store, platform)
         self._claims = IdempotencyClaims(store, wait_seconds=idempotency_wait_seconds)
         self._active_runs = 0
         # Turns of a caller's own pool (``TurnRequest.own_slot``): counted for the metrics only.
@@ -576,17 +568,7 @@ class TurnService:
         )
 
     def _session_writer(self, session_id: str, begun: BegunTurn) -> Callable[[], Awaitable[None]]:
-        async def write_session() -> None:
-            if begun.unwritten is not None:
-                try:
-                    await self.store.acreate_session(
-                        session_id, source=begun.unwritten, exclusive=begun.exclusive
-                    )
-                except SessionTaken:
-                    raise session_taken(session_id) from None
-                begun.unwritten = None
-
-        return write_session
+        return self._recorder.session_writer(session_id, begun)
 
     async def _store(
         self,
@@ -600,82 +582,13 @@ class TurnService:
         resumed: ParkedCalls | None = None,
         park: dict[str, Any] | None = None,
     ) -> None:
-        """Store the turn: its user message and reply; a resumed turn only its reply (its
-        user message was stored with the park); a reply that parks with the park."""
-        key = request.idempotency_key
-        user_text = message_text(user_message)
-        user_row: dict[str, Any] = {"role": "user", "content": user_text}
-        if request.user_metadata:
-            user_row["display_metadata"] = dict(request.user_metadata)
-        if request.wakeup:
-            user_row["display_metadata"] = wake_row_metadata(user_text)
-        reply_row: dict[str, Any] = {"role": "assistant", "content": str(result.content or "")}
-        if key is not None:
-            # The dedupe keys make a turn stored twice (never expected) show up once.
-            user_row["dedupe_key"] = f"idem:{key}:user"
-            reply_row["dedupe_key"] = f"idem:{key}:assistant"
-        if park is not None:
-            reply_row["display_metadata"] = park
-        rows = [user_row, reply_row]
-        if resumed is not None:
-            # One answer per park, however often its results are sent.
-            reply_row["dedupe_key"] = f"resumed:{resumed.row_id}"
-            rows = [reply_row]
-        # A new conversation's own session (``exclusive``) is created by this commit: its
-        # title goes in with it, instead of costing the turn a second write.
-        titled = (
-            begun.unwritten is not None and begun.exclusive and self._names_sessions(request, begun)
+        """Store the turn (``TurnRecorder.record``) and count it."""
+        await self._recorder.record(
+            request, begun, user_message, result, response, owner, seen, resumed, park
         )
-        title = title_from_text(self._first_text(request, user_message)) if titled else None
-        try:
-            await self.store.aappend_turn(
-                request.session_id,
-                rows,
-                idempotency_key=key,
-                # stored only to answer a repeated idempotency key (with the same request)
-                response=(
-                    {"fingerprint": fingerprint_of(owner), "answer": response}
-                    if key is not None and owner is not None
-                    else None
-                ),
-                create=begun.unwritten,
-                title=title,
-                exclusive=begun.exclusive,
-                # the results this turn's model call was shown: now compaction may fold them
-                seen=seen,
-            )
-        except SessionTaken:
-            raise session_taken(request.session_id) from None
-        except SessionGone:
-            raise TurnError(
-                "session_deleted", f"session {request.session_id!r} was deleted while the turn ran"
-            ) from None
         self.turns_stored += 1
         if request.wakeup:
             self.wake_turns += 1
-        elif self._names_sessions(request, begun) and not titled:
-            await self._title(request.session_id, self._first_text(request, user_message))
-
-    def _names_sessions(self, request: TurnRequest, begun: BegunTurn) -> bool:
-        """A conversation's first turn names it after its first message (a client that
-        resends its history: the first one it sent), as the web UI names its own chats
-        before they run; a title set meanwhile stays."""
-        return not request.wakeup and not begun.history and self._platform is not Platform.WEBUI
-
-    @staticmethod
-    def _first_text(request: TurnRequest, user_message: Mapping[str, Any]) -> str:
-        return message_text(
-            next((m for m in request.messages if m["role"] == "user"), user_message)
-        )
-
-    async def _title(self, session_id: str, text: str) -> None:
-        title = title_from_text(text)
-        if title is None:
-            return
-        try:
-            await self.store.aset_title(session_id, title, if_untitled=True)
-        except (SessionStoreError, ValueError) as exc:
-            logger.warning("could not title session %s: %s", session_id, exc)
 
 
 def _note_unawaited_failure(task: asyncio.Task[Any]) -> None:
