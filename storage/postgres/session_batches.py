@@ -272,21 +272,22 @@ class SessionBatches(_Threads):
                 try:
                     aheads: list[Any] = [None] * len(live)
                     answered = any(first is not None for first in firsts)
-                    if answered:
-                        # BEGIN, the locks and every operation's first read: one trip.
-                        with conn.pipeline():
-                            self._begin(conn, keys)
+                    # One pipeline for the whole batch (entering and leaving one costs the
+                    # driver's Python more than a statement does).
+                    with conn.pipeline() as pipeline:
+                        self._begin(conn, keys)
+                        if answered:
+                            # BEGIN, the locks and every operation's first read: one trip.
                             for i, first in enumerate(firsts):
                                 if first is not None:
                                     aheads[i] = (*first, conn.execute(first[0], first[1]))
-                    with conn.pipeline() as pipeline:
-                        if not answered:
-                            self._begin(conn, keys)
+                            pipeline.sync()
                         outcomes: list[Outcome] = []
                         for ((_locks, op), waiter), ahead in zip(live, aheads, strict=True):
                             rows = self._rows(conn, pipeline, ahead)
                             try:
                                 outcomes.append((waiter, True, op(rows)))
+                                rows.flush()
                             except psycopg.Error:
                                 raise
                             except Exception as exc:

@@ -69,6 +69,14 @@ def _insert_messages(rows: int) -> str:
     return insert_messages_sql(rows, PLACEHOLDER)
 
 
+@functools.lru_cache(maxsize=_ROWS_PER_INSERT)
+def _insert_session_and_messages(rows: int) -> str:
+    """A new session and its first ``rows`` messages in one statement: the session's INSERT
+    as a data-modifying WITH, whose row the messages' foreign key check (run at the end of
+    the statement) sees. Parameters: the session's, then the messages'."""
+    return f"WITH new_session AS ({_SQL.insert_session}) {_insert_messages(rows)}"
+
+
 # A read sent ahead: its statement, its parameters and the cursor its answer is on.
 Ahead = tuple[str, tuple[Any, ...], psycopg.Cursor[Any]]
 
@@ -85,6 +93,12 @@ class PostgresRows(SqlSessionRows):
         pipeline: psycopg.Pipeline | None = None,
         ahead: Ahead | None = None,
     ) -> None:
+        # A new session's row, not sent yet: it travels with the session's first messages
+        # as one statement (a turn that creates its conversation runs one statement less,
+        # each one costing the driver's Python and the server a statement's overhead).
+        # Anything else that uses the connection sends it first, so the order of the
+        # statements is the order the rule made them in.
+        self._new_session: tuple[Any, ...] | None = None
         super().__init__(conn, sql)
         self._pipeline = pipeline
         # The answer to this operation's first read, already sent in a batch's pipeline
@@ -92,6 +106,22 @@ class PostgresRows(SqlSessionRows):
         self._ahead = ahead
         self.answered = False
         self._created: dict[str, float] = {}  # sessions this transaction inserted, and when
+
+    @property
+    def conn(self) -> Conn:
+        if self._new_session is not None:
+            self.flush()
+        return self._conn
+
+    @conn.setter
+    def conn(self, conn: Conn) -> None:
+        self._conn = conn
+
+    def flush(self) -> None:
+        """Send what is held back (a new session's row): the write's rule has returned."""
+        values, self._new_session = self._new_session, None
+        if values is not None:
+            self._conn.execute(_SQL.insert_session, values)
 
     def _sent_ahead(self, query: str, params: Sequence[Any]) -> psycopg.Cursor[Any] | None:
         ahead, self._ahead = self._ahead, None
@@ -119,7 +149,9 @@ class PostgresRows(SqlSessionRows):
         return int(cur.rowcount)
 
     def insert_session(self, session_id: str, new: NewSession, now: float) -> None:
-        super().insert_session(session_id, new, now)
+        if self._new_session is not None:
+            self.flush()
+        self._new_session = (session_id, new.source_json, new.session_key, new.title, now, now)
         self._created[session_id] = now
 
     def touch(self, session_id: str, now: float) -> None:
@@ -135,7 +167,12 @@ class PostgresRows(SqlSessionRows):
         for start in range(0, len(messages), _ROWS_PER_INSERT):
             chunk = messages[start : start + _ROWS_PER_INSERT]
             values = [v for m in chunk for v in message_values(session_id, m, now)]
-            self.conn.execute(_insert_messages(len(chunk)), values)
+            new = self._new_session
+            if new is not None and new[0] == session_id:
+                self._new_session = None  # the session's row goes with its messages
+                self._conn.execute(_insert_session_and_messages(len(chunk)), [*new, *values])
+            else:
+                self.conn.execute(_insert_messages(len(chunk)), values)
 
     def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
         return self._count(q.SQL_SUPERSEDE, (how, session_id, list(ids)))
@@ -171,6 +208,9 @@ class _NoConnection:
 class _FindFirstRead(PostgresRows):
     def __init__(self) -> None:
         super().__init__(_NoConnection(), _SQL)  # type: ignore[arg-type]
+
+    def insert_session(self, session_id: str, new: NewSession, now: float) -> None:
+        raise _FirstRead(None)  # a write comes first: no read of it can be sent ahead
 
     def _one(self, query: str, params: Sequence[Any]) -> Any:
         raise _FirstRead((query, tuple(params)))
@@ -285,6 +325,7 @@ class _PostgresTx:
                         elif locks:  # in the one order every writer takes them in
                             conn.execute(q.SQL_LOCK_KEYS, (list(locks),))
                         result = op(rows)
+                        rows.flush()
                         if not rows.answered:
                             pipeline.sync()
                     except psycopg.OperationalError as exc:
