@@ -53,9 +53,10 @@ log = logging.getLogger(__name__)
 
 # An operation and the locks it takes: what a batch item carries.
 Write = tuple[tuple[str, ...], Callable[[SessionRows], Any]]
-# The ``SessionRows`` of an operation in a batch: its connection, in pipeline mode, and the
-# answer to its first read when that was sent ahead.
-Rows = Callable[[psycopg.Connection[Any], psycopg.Pipeline, Any], Any]
+# The ``SessionRows`` of an operation in a batch: its connection, in pipeline mode, the
+# answer to its first read when that was sent ahead, and the rows of the operation before it
+# (None for the first), whose held-back inserts it goes on holding; ``flush`` sends them.
+Rows = Callable[[psycopg.Connection[Any], psycopg.Pipeline, Any, Any], Any]
 FirstRead = Callable[[Callable[[SessionRows], Any]], tuple[str, tuple[Any, ...]] | None]
 
 
@@ -283,11 +284,12 @@ class SessionBatches(_Threads):
                                     aheads[i] = (*first, conn.execute(first[0], first[1]))
                             pipeline.sync()
                         outcomes: list[Outcome] = []
+                        rows: Any = None
                         for ((_locks, op), waiter), ahead in zip(live, aheads, strict=True):
-                            rows = self._rows(conn, pipeline, ahead)
+                            # Each operation's rows share what the one before held back.
+                            rows = self._rows(conn, pipeline, ahead, rows)
                             try:
                                 outcomes.append((waiter, True, op(rows)))
-                                rows.flush()
                             except psycopg.Error:
                                 raise
                             except Exception as exc:
@@ -295,6 +297,7 @@ class SessionBatches(_Threads):
                                 # outcome is the one it gets alone.
                                 raise _RunAlone from exc
                             answered = answered or rows.answered
+                        rows.flush()  # the batch's held inserts: one statement
                         if not answered:
                             pipeline.sync()  # a dropped connection shows here, not at COMMIT
                         committing = True
