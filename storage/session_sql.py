@@ -29,7 +29,16 @@ from delivery.session_backend import (
 )
 from storage.sql import marked
 
-__all__ = ["MESSAGE_COLUMNS", "SessionSql", "SqlSessionRows", "message", "message_values"]
+__all__ = [
+    "MESSAGE_COLUMNS",
+    "SessionSql",
+    "SqlSessionRows",
+    "insert_messages_sql",
+    "insert_sessions_sql",
+    "message",
+    "message_values",
+    "session_values",
+]
 
 MESSAGE_COLUMNS = (
     "id, role, content, created_at, display_kind, display_metadata, folded_at,"
@@ -64,9 +73,7 @@ class SessionSql:
             " WHEN EXISTS (SELECT 1 FROM tombstones WHERE id = ?) THEN 'deleted'"
             " ELSE 'unknown' END"
         )
-        self.insert_session = bind(
-            f"INSERT INTO sessions ({_SES}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
-        )
+        self.insert_session = insert_sessions_sql(1, mark)
         self.delete_session = bind("DELETE FROM sessions WHERE id = ?")
         self.tombstone = bind(
             "INSERT INTO tombstones (id, deleted_at) VALUES (?, ?)"
@@ -224,6 +231,22 @@ def message_values(session_id: str, m: NewMessage, now: float) -> tuple[Any, ...
     return (session_id, m.role, m.content, now, m.display_kind, m.metadata_json, m.dedupe_key)
 
 
+def session_values(session_id: str, new: NewSession, now: float) -> tuple[Any, ...]:
+    """A new session's row, in ``insert_sessions_sql``'s columns."""
+    return (session_id, new.source_json, new.session_key, new.title, now, now)
+
+
+def insert_sessions_sql(rows: int, mark: str) -> str:
+    """``rows`` new sessions in one INSERT (``session_values`` each); an id that exists is
+    skipped."""
+    one = "(" + ", ".join([mark] * len(_SES.split(", "))) + ")"
+    return (
+        f"INSERT INTO sessions ({_SES}) VALUES "
+        + ", ".join([one] * rows)
+        + " ON CONFLICT (id) DO NOTHING"
+    )
+
+
 def insert_messages_sql(rows: int, mark: str) -> str:
     """``rows`` new messages in one INSERT (``message_values`` each, ``mark`` the dialect's
     placeholder); a repeated dedupe key is skipped, as by ``insert_message``."""
@@ -320,8 +343,7 @@ class SqlSessionRows:
     def insert_session(self, session_id: str, new: NewSession, now: float) -> None:
         # No row count is read: in PostgreSQL's pipeline the insert travels with the next
         # statement whose answer is read, instead of costing a trip of its own.
-        values = (session_id, new.source_json, new.session_key, new.title, now, now)
-        self.conn.execute(self.q.insert_session, values)
+        self.conn.execute(self.q.insert_session, session_values(session_id, new, now))
 
     def delete_session(self, session_id: str) -> bool:
         return self._count(self.q.delete_session, (session_id,)) > 0

@@ -53,9 +53,10 @@ log = logging.getLogger(__name__)
 
 # An operation and the locks it takes: what a batch item carries.
 Write = tuple[tuple[str, ...], Callable[[SessionRows], Any]]
-# The ``SessionRows`` of an operation in a batch: its connection, in pipeline mode, and the
-# answer to its first read when that was sent ahead.
-Rows = Callable[[psycopg.Connection[Any], psycopg.Pipeline, Any], Any]
+# The ``SessionRows`` of an operation in a batch: its connection, in pipeline mode, the
+# answer to its first read when that was sent ahead, and the rows of the operation before it
+# (None for the first), whose held-back inserts it goes on holding; ``flush`` sends them.
+Rows = Callable[[psycopg.Connection[Any], psycopg.Pipeline, Any, Any], Any]
 FirstRead = Callable[[Callable[[SessionRows], Any]], tuple[str, tuple[Any, ...]] | None]
 
 
@@ -272,19 +273,21 @@ class SessionBatches(_Threads):
                 try:
                     aheads: list[Any] = [None] * len(live)
                     answered = any(first is not None for first in firsts)
-                    if answered:
-                        # BEGIN, the locks and every operation's first read: one trip.
-                        with conn.pipeline():
-                            self._begin(conn, keys)
+                    # One pipeline for the whole batch (entering and leaving one costs the
+                    # driver's Python more than a statement does).
+                    with conn.pipeline() as pipeline:
+                        self._begin(conn, keys)
+                        if answered:
+                            # BEGIN, the locks and every operation's first read: one trip.
                             for i, first in enumerate(firsts):
                                 if first is not None:
                                     aheads[i] = (*first, conn.execute(first[0], first[1]))
-                    with conn.pipeline() as pipeline:
-                        if not answered:
-                            self._begin(conn, keys)
+                            pipeline.sync()
                         outcomes: list[Outcome] = []
+                        rows: Any = None
                         for ((_locks, op), waiter), ahead in zip(live, aheads, strict=True):
-                            rows = self._rows(conn, pipeline, ahead)
+                            # Each operation's rows share what the one before held back.
+                            rows = self._rows(conn, pipeline, ahead, rows)
                             try:
                                 outcomes.append((waiter, True, op(rows)))
                             except psycopg.Error:
@@ -294,6 +297,7 @@ class SessionBatches(_Threads):
                                 # outcome is the one it gets alone.
                                 raise _RunAlone from exc
                             answered = answered or rows.answered
+                        rows.flush()  # the batch's held inserts: one statement
                         if not answered:
                             pipeline.sync()  # a dropped connection shows here, not at COMMIT
                         committing = True

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -47,9 +46,10 @@ from storage.postgres.conn import (
     open_pool,
     redact,
 )
+from storage.postgres.held_inserts import MAX_ROWS, HeldInserts
 from storage.postgres.session_batches import SessionBatches, SessionReads
 from storage.postgres.tx import rollback_quietly
-from storage.session_sql import SqlSessionRows, insert_messages_sql, message_values, statements
+from storage.session_sql import SqlSessionRows, message_values, session_values, statements
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -58,15 +58,6 @@ _SQL = statements(PLACEHOLDER)
 
 class PostgresSessionsUnavailable(SessionStoreError):
     """The session store's database cannot be used now."""
-
-
-_ROWS_PER_INSERT = 64
-
-
-@functools.lru_cache(maxsize=_ROWS_PER_INSERT)
-def _insert_messages(rows: int) -> str:
-    """``rows`` messages in one INSERT (the shared statement's columns and conflict rule)."""
-    return insert_messages_sql(rows, PLACEHOLDER)
 
 
 # A read sent ahead: its statement, its parameters and the cursor its answer is on.
@@ -84,7 +75,12 @@ class PostgresRows(SqlSessionRows):
         sql: Any,
         pipeline: psycopg.Pipeline | None = None,
         ahead: Ahead | None = None,
+        after: PostgresRows | None = None,
     ) -> None:
+        # New sessions and messages not sent yet (``storage.postgres.held_inserts``): shared
+        # with the operation before this one in a batch (``after``), so a batch's inserts
+        # are one statement; anything else that uses the connection sends them first.
+        self._held: HeldInserts = after._held if after is not None else HeldInserts(conn)
         super().__init__(conn, sql)
         self._pipeline = pipeline
         # The answer to this operation's first read, already sent in a batch's pipeline
@@ -92,6 +88,20 @@ class PostgresRows(SqlSessionRows):
         self._ahead = ahead
         self.answered = False
         self._created: dict[str, float] = {}  # sessions this transaction inserted, and when
+
+    @property
+    def conn(self) -> Conn:
+        if self._held:
+            self._held.send()  # the statements reach the server in the order they were made
+        return self._conn
+
+    @conn.setter
+    def conn(self, conn: Conn) -> None:
+        self._conn = conn
+
+    def flush(self) -> None:
+        """Sends what is held back: the write's rules have returned."""
+        self._held.send()
 
     def _sent_ahead(self, query: str, params: Sequence[Any]) -> psycopg.Cursor[Any] | None:
         ahead, self._ahead = self._ahead, None
@@ -119,7 +129,9 @@ class PostgresRows(SqlSessionRows):
         return int(cur.rowcount)
 
     def insert_session(self, session_id: str, new: NewSession, now: float) -> None:
-        super().insert_session(session_id, new, now)
+        # Nobody reads its answer (an id that exists is no error): held, to travel with the
+        # session's messages.
+        self._held.session(session_values(session_id, new, now))
         self._created[session_id] = now
 
     def touch(self, session_id: str, now: float) -> None:
@@ -130,12 +142,12 @@ class PostgresRows(SqlSessionRows):
 
     def insert_messages(self, session_id: str, messages: Sequence[NewMessage], now: float) -> None:
         # Nobody reads these rows back (a dedupe key that names one already is no error):
-        # in a write's pipeline they travel with the next statement whose answer is read.
-        # One statement for a turn's messages (ids are drawn in the order of its rows).
-        for start in range(0, len(messages), _ROWS_PER_INSERT):
-            chunk = messages[start : start + _ROWS_PER_INSERT]
+        # held, so a turn's (a batch's) new sessions and messages are one statement, which
+        # in a write's pipeline travels with the next statement whose answer is read.
+        for start in range(0, len(messages), MAX_ROWS):
+            chunk = messages[start : start + MAX_ROWS]
             values = [v for m in chunk for v in message_values(session_id, m, now)]
-            self.conn.execute(_insert_messages(len(chunk)), values)
+            self._held.messages(len(chunk), values)
 
     def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
         return self._count(q.SQL_SUPERSEDE, (how, session_id, list(ids)))
@@ -171,6 +183,13 @@ class _NoConnection:
 class _FindFirstRead(PostgresRows):
     def __init__(self) -> None:
         super().__init__(_NoConnection(), _SQL)  # type: ignore[arg-type]
+
+    # A write that comes first: no read of the operation can be sent ahead of it.
+    def insert_session(self, session_id: str, new: NewSession, now: float) -> None:
+        raise _FirstRead(None)
+
+    def insert_messages(self, session_id: str, messages: Sequence[NewMessage], now: float) -> None:
+        raise _FirstRead(None)
 
     def _one(self, query: str, params: Sequence[Any]) -> Any:
         raise _FirstRead((query, tuple(params)))
@@ -213,7 +232,7 @@ class _PostgresTx:
             raise PostgresSessionsUnavailable(str(exc)) from None
         self._batches = SessionBatches(
             self._require_pool,
-            lambda conn, pipeline, ahead: PostgresRows(conn, _SQL, pipeline, ahead),
+            lambda conn, pipeline, ahead, after: PostgresRows(conn, _SQL, pipeline, ahead, after),
             first_read,
             self.write,
             closed=self._closed,
@@ -285,6 +304,7 @@ class _PostgresTx:
                         elif locks:  # in the one order every writer takes them in
                             conn.execute(q.SQL_LOCK_KEYS, (list(locks),))
                         result = op(rows)
+                        rows.flush()
                         if not rows.answered:
                             pipeline.sync()
                     except psycopg.OperationalError as exc:

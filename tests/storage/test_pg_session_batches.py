@@ -186,3 +186,21 @@ async def test_writes_of_distinct_sessions_in_a_batch_cost_two_trips(
         assert trips.total() - before == 4
         assert _texts(store, "c") == ["earlier", "three"]  # its first read found it live
         assert [_texts(store, s) for s in "abd"] == [["one"], ["two"], ["x"]]
+
+
+async def test_a_batchs_new_sessions_and_messages_land_in_the_order_they_were_queued(
+    url: str, backend: PostgresSessions
+) -> None:
+    # The batch's inserts are held and sent together (``held_inserts``): every session is
+    # there, each message under its own, with ids drawn in the order the writes were queued.
+    writes = [("first", "0", True)] + [(f"s{n}", f"t{n}", True) for n in range(6)]
+    writes.insert(3, ("s0", "again", False))  # an append to a session the batch created
+    results = await _queued_behind_a_lock(url, backend, writes)
+    assert results == [None] * len(writes)
+    stored = [
+        m for sid in ["first"] + [f"s{n}" for n in range(6)] for m in backend.messages(sid, 0, None)
+    ]
+    assert sorted(m.content for m in stored) == sorted(text for _, text, _ in writes)
+    by_id = [m.content for m in sorted(stored, key=lambda m: m.id)]
+    assert by_id == [text for _, text, _ in writes]
+    assert all(backend.get_session(sid) is not None for sid, _, _ in writes)
