@@ -9,14 +9,13 @@ operator's redeliver. ``settle_changes``: what settles a row.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Collection
 
 from delivery.backend import LedgerTx, Update
 from delivery.errors import InvalidTransitionError, UnknownDeliveryError
 from delivery.events import ASYNC_DELEGATION, PROCESS_COMPLETION
 from delivery.identity import holder_is_dead
-from delivery.json_types import JSONObject
+from delivery.json_types import JSONObject, json_copy
 from delivery.policy import DeliveryPolicy
 from delivery.rows import LedgerRow
 from delivery.states import DeliveryState, State
@@ -28,7 +27,7 @@ def mark_reoffered(event: JSONObject, reason: str, at: float, *, first: bool = F
     ``first``: no consumer ever took it before (``_first_offer``): a notice another process
     wrote (a cancel from the CLI) is offered by a server for the first time, so its wake-up
     must not say it is delivered again."""
-    marked = copy.deepcopy(event)
+    marked: JSONObject = {k: json_copy(v) for k, v in event.items()}
     if first:
         marked["_first_offer"] = True
     # Both spellings: hermes' and hermes-webui's consumers read ``restored``, older ones here
