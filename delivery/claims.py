@@ -91,13 +91,17 @@ def claim_op(
         raise TypeError("consumer must be a non-empty string naming who claims")
     token = new_token()
     expires = now + policy.lease_seconds
+    # The common case leaves ``due_at`` as the offer set it, a lease from the offer (a claim
+    # follows its offer within moments): with no indexed column changed, PostgreSQL updates
+    # the row in place (a HOT update: no entry in any of its indexes), where a new due time
+    # cost an entry in each. Should the claim outlive that due time, the re-offer that finds
+    # the row due moves it to the lease's end (``delivery.recovery.reoffer_op``).
     claimed = {
         "claim_token": token,
         "claim_consumer": consumer,
         "claimed_at": now,
         "claim_expires_at": expires,
         "holder": identity,
-        "due_at": expires,
         "updated_at": now,
     }
     # One statement for the common case: pending, due, unclaimed, under the budget.
@@ -130,10 +134,10 @@ def claim_op(
             tx.update(row_id, expect, _settle(DROPPED, now, "attempt budget exhausted"))
             tx.audit(row_id, "drop", "attempt budget exhausted at claim", now)
             return None
-        # The holder died holding a live claim: break it now, not at the lease's end.
-        ok = tx.update(
-            row_id, expect, {**claimed, "delivery_attempts": row["delivery_attempts"] + 1}
-        )
+        # The holder died holding a live claim: break it now, not at the lease's end (which
+        # is the row's due time from here on).
+        broken = {**claimed, "due_at": expires, "delivery_attempts": row["delivery_attempts"] + 1}
+        ok = tx.update(row_id, expect, broken)
         return token if ok else None
 
     return op

@@ -9,14 +9,13 @@ operator's redeliver. ``settle_changes``: what settles a row.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Collection
 
 from delivery.backend import LedgerTx, Update
 from delivery.errors import InvalidTransitionError, UnknownDeliveryError
 from delivery.events import ASYNC_DELEGATION, PROCESS_COMPLETION
 from delivery.identity import holder_is_dead
-from delivery.json_types import JSONObject
+from delivery.json_types import JSONObject, json_copy
 from delivery.policy import DeliveryPolicy
 from delivery.rows import LedgerRow
 from delivery.states import DeliveryState, State
@@ -28,7 +27,7 @@ def mark_reoffered(event: JSONObject, reason: str, at: float, *, first: bool = F
     ``first``: no consumer ever took it before (``_first_offer``): a notice another process
     wrote (a cancel from the CLI) is offered by a server for the first time, so its wake-up
     must not say it is delivered again."""
-    marked = copy.deepcopy(event)
+    marked: JSONObject = {k: json_copy(v) for k, v in event.items()}
     if first:
         marked["_first_offer"] = True
     # Both spellings: hermes' and hermes-webui's consumers read ``restored``, older ones here
@@ -67,6 +66,9 @@ def abandoned_event(row: LedgerRow, state: str, now: float) -> JSONObject:
 
 _PENDING = DeliveryState.PENDING.value
 _DROPPED = DeliveryState.DROPPED.value
+# What a re-offer does with a row it compare-and-sets: offers it, drops it as too old, or
+# moves its due time to the end of the live claim on it.
+_OFFER, _DROP, _LATER = "offer", "drop", "later"
 
 
 def settle_changes(state: str, now: float, reason: str) -> JSONObject:
@@ -107,7 +109,7 @@ def reoffer_op(
         # then say which rows were offered and which drops to audit.
         free = tx.lock_free([row.id for row in candidates])
         updates: list[Update] = []
-        taken: list[tuple[LedgerRow, bool]] = []  # (row, dropped as too old)
+        taken: list[tuple[LedgerRow, str]] = []  # (row, _OFFER, _DROP or _LATER)
         for row in candidates:
             if row.id not in free or row.event is None:
                 continue  # another process is offering or settling it right now
@@ -118,14 +120,20 @@ def reoffer_op(
                 "claim_token": row.claim_token,
             }
             if row.claim_expires_at > now and not holder_is_dead(row.holder, lapsed):
-                continue  # a live process holds a live claim: it is in flight
+                # A live process holds a live claim: it is in flight. A claim leaves the due
+                # time its offer set (``delivery.claims.claim_op``); come before the lease's
+                # end, it moves there, so the row is not found due again pass after pass.
+                if row.due_at is not None and row.due_at <= now:
+                    updates.append((row.id, expect, {"due_at": row.claim_expires_at}))
+                    taken.append((row, _LATER))
+                continue
             if row.next_attempt_at > now:
                 continue  # backing off: offered when its due time comes, not before
             age = age_now - (row.replay_from or row.completed_at or row.created_at)
             if age > policy.replay_cap_seconds:
                 too_old = settle_changes(_DROPPED, now, "older than the replay age cap")
                 updates.append((row.id, expect, too_old))
-                taken.append((row, True))
+                taken.append((row, _DROP))
                 continue
             changes = {
                 "holder": identity,
@@ -137,13 +145,13 @@ def reoffer_op(
                 # The lease ran out, or its holder died: the claim is void now.
                 changes.update(claim_token=None, claim_consumer=None, claim_expires_at=0)
             updates.append((row.id, expect, changes))
-            taken.append((row, False))
+            taken.append((row, _OFFER))
         offered = []
         answers = tx.update_many(updates) if updates else []
-        for (row, dropped), changed in zip(taken, answers, strict=True):
-            if not changed:
+        for (row, what), changed in zip(taken, answers, strict=True):
+            if not changed or what == _LATER:
                 continue
-            if dropped:
+            if what == _DROP:
                 tx.audit(row.id, "drop", f"not replayed on {reason}: too old", now)
             else:
                 first = row.restored == 0 and row.delivery_attempts == 0

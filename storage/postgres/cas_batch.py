@@ -14,9 +14,13 @@ have. ``RETURNING id`` says which did.
 
 The values travel as one JSON array of rows, read back column by column with the column's
 own type: encoding it is one C call, where psycopg adapts an array element by element in
-Python (which cost more than the statements saved). A float survives the trip exactly
-(Python writes the shortest text that reads back as the same double, and PostgreSQL reads it
-so), so an equality on a stored due time still matches.
+Python (which cost more than the statements saved). They are parsed as ``jsonb``, once: the
+planner inlines the subquery, so every ``v->>k`` runs for each row where it is used, and on
+``json`` each one parses the row's text again (measured: a third of a 500-row claim
+statement's time on the server went there). A float survives the trip exactly (Python writes
+the shortest text that reads back as the same double; ``jsonb`` keeps a number's digits as a
+``numeric`` and prints them back unchanged; PostgreSQL reads them so), so an equality on a
+stored due time still matches.
 """
 
 from __future__ import annotations
@@ -144,7 +148,7 @@ class BatchCompiler:
             bound.append((i, number))
         sql = (
             f"UPDATE deliveries AS d SET {', '.join(sets)}"
-            f" FROM (SELECT {', '.join(values)} FROM json_array_elements(%s::json) AS v) AS u"
+            f" FROM (SELECT {', '.join(values)} FROM jsonb_array_elements(%s::jsonb) AS v) AS u"
             f" WHERE {' AND '.join(where)} RETURNING d.id"
         )
         return sql, tuple(change_kinds), tuple(bound)

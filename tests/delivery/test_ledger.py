@@ -494,6 +494,26 @@ class TestSettleAndRestore:
         (again,) = ledger.take_due()
         assert "_first_offer" not in again and again["_restored"] is True
 
+    def test_a_claim_outliving_its_offers_due_time_is_offered_again_at_its_lease_end(
+        self, ledger: Ledger, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "r1")  # due a lease from now: the in-process consumer has it
+        offered_due = ledger.get("r1").due_at  # type: ignore[union-attr]
+        clock.advance(10)
+        assert ledger.claim("r1", "c")
+        row = ledger.get("r1")
+        assert row is not None
+        # The claim left the due time as it was (an in-place update on PostgreSQL) ...
+        assert row.due_at == offered_due and row.claim_expires_at == clock() + LEASE
+        clock.set(offered_due)
+        # ... so the row is found due under a live claim: not offered, and due again at the
+        # lease's end, not at once (the scheduler would loop hot on a due time in the past).
+        assert ledger.take_due() == []
+        assert ledger.next_due_at() == row.claim_expires_at
+        assert ledger.take_due() == []
+        clock.set(row.claim_expires_at)
+        assert [e["delegation_id"] for e in ledger.take_due()] == ["r1"]
+
     def test_release_notifies_the_due_listener(self, ledger: Ledger, clock: FakeClock) -> None:
         finished_row(ledger, "r1")
         seen: list[float] = []

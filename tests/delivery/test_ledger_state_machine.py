@@ -141,6 +141,9 @@ class LedgerMachine(RuleBasedStateMachine):
             if row.delivery_state != "pending" or not row.has_event:
                 continue
             if row.expires > now and not self.is_dead(row.holder):
+                if row.due_at is not None and row.due_at <= now:
+                    row.due_at = row.expires  # due again at the live claim's end
+                    event("re-offer: due time moved to a live claim's end")
                 continue
             if row.next_at > now:
                 continue  # backing off: its due time brings it, not a restore
@@ -239,14 +242,16 @@ class LedgerMachine(RuleBasedStateMachine):
             event("claim: dropped at the budget")
         assert (token is not None) == expect_token, (row_id, row, now)
         if token is not None:
-            event(f"claim: won by {by}" + (" over a dead holder" if row.expires > now else ""))
+            broken = row.expires > now  # a live claim of a dead holder
+            event(f"claim: won by {by}" + (" over a dead holder" if broken else ""))
             assert token not in row.tokens
             row.token = token
             row.tokens.append(token)
             row.attempts += 1
             row.expires = now + POLICY.lease_seconds
             row.holder = self.ident[by]
-            row.due_at = row.expires
+            if broken:
+                row.due_at = row.expires  # else the due time the offer set stays
         return token
 
     def do_release(self, row_id: str, token: str, by: str, retryable: bool) -> None:
