@@ -104,15 +104,23 @@ def claim_op(
         "holder": identity,
         "updated_at": now,
     }
-    # One statement for the common case: pending, due, unclaimed, under the budget.
+    # One statement for the common case: pending, due, unclaimed, under the budget, and
+    # already held by this process (which offered it). The holder is then expected rather
+    # than written: a column an update names is an index entry rewritten on SQLite (the
+    # holders' index), whether or not its value changes. A row another process holds takes
+    # the path below, which makes this one its holder.
     fast_expect = {
         "delivery_state": PENDING,
         "completed_at": IsSet(),
         "next_attempt_at": AtMost(now),
         "claim_expires_at": AtMost(now),
         "delivery_attempts": Below(policy.max_attempts),
+        "holder": identity,
     }
-    fast_changes = {**claimed, "delivery_attempts": Increment(1)}
+    fast_changes = {
+        **{k: v for k, v in claimed.items() if k != "holder"},
+        "delivery_attempts": Increment(1),
+    }
 
     def op(tx: LedgerTx) -> str | None:
         if tx.update(row_id, fast_expect, fast_changes):
@@ -134,10 +142,13 @@ def claim_op(
             tx.update(row_id, expect, _settle(DROPPED, now, "attempt budget exhausted"))
             tx.audit(row_id, "drop", "attempt budget exhausted at claim", now)
             return None
-        # The holder died holding a live claim: break it now, not at the lease's end (which
-        # is the row's due time from here on).
-        broken = {**claimed, "due_at": expires, "delivery_attempts": row["delivery_attempts"] + 1}
-        ok = tx.update(row_id, expect, broken)
+        # Another process held the row: this one holds it from here. Its holder died holding
+        # a live claim: broken now, not at the lease's end (which is the row's due time from
+        # here on).
+        changes = {**claimed, "delivery_attempts": row["delivery_attempts"] + 1}
+        if row["claim_expires_at"] > now:
+            changes["due_at"] = expires
+        ok = tx.update(row_id, expect, changes)
         return token if ok else None
 
     return op
