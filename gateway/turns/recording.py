@@ -65,11 +65,15 @@ def turn_rows(
 
 
 class TurnRecorder:
-    """Stores a surface's finished turns in ``store`` (see the module docstring)."""
+    """Stores a surface's finished turns in ``store`` (see the module docstring), and counts
+    them."""
 
     def __init__(self, store: SessionStore, platform: Platform) -> None:
         self.store = store
         self._platform = platform
+        # Turns stored, and how many of them were wake-ups (read by the metrics).
+        self.turns_stored = 0
+        self.wake_turns = 0
 
     def session_writer(self, session_id: str, begun: BegunTurn) -> Callable[[], Awaitable[None]]:
         """Writes the turn's session now, if it is not written yet (once)."""
@@ -130,6 +134,9 @@ class TurnRecorder:
             raise TurnError(
                 "session_deleted", f"session {request.session_id!r} was deleted while the turn ran"
             ) from None
+        self.turns_stored += 1
+        if request.wakeup:
+            self.wake_turns += 1
         if not titled and self._names_sessions(request, begun):
             await self._title(request.session_id, self._first_text(request, user_message))
 

@@ -185,9 +185,16 @@ class TurnService:
         # surface takes no client tools); the server's tool names, which client tools avoid.
         self.client_tool_timeout = client_tool_timeout
         self.tool_names: Callable[[], Collection[str]] = tuple
-        # Turns stored, and how many of them were wake-ups (read by the metrics).
-        self.turns_stored = 0
-        self.wake_turns = 0
+
+    @property
+    def turns_stored(self) -> int:
+        """Turns stored (read by the metrics)."""
+        return self._recorder.turns_stored
+
+    @property
+    def wake_turns(self) -> int:
+        """Wake-up turns stored (read by the metrics)."""
+        return self._recorder.wake_turns
 
     @property
     def active_runs(self) -> int:
@@ -484,10 +491,10 @@ class TurnService:
                 if parking.future.done() and gate is not None:
                     await finish_despite_cancel(gate.store_answer(str(result.content or "")))
                     fence.stored()
-                    self.turns_stored += 1
+                    self._recorder.turns_stored += 1
                     return parking.future.result()
             await finish_despite_cancel(
-                self._store(
+                self._recorder.record(
                     request, begun, user_message, result, response, owner, seen, resumed, park
                 )
             )
@@ -550,7 +557,7 @@ class TurnService:
     ) -> TurnGate:
         async def store_note(note: Any, response: dict[str, Any]) -> None:
             # seen=[]: the model call is not over; its results stay pinned until one is stored.
-            await self._store(request, begun, user_message, note, response, owner, [])
+            await self._recorder.record(request, begun, user_message, note, response, owner, [])
             # Written now: what comes after the decision only continues this session.
             begun.unwritten, begun.exclusive = None, False
 
@@ -569,26 +576,6 @@ class TurnService:
 
     def _session_writer(self, session_id: str, begun: BegunTurn) -> Callable[[], Awaitable[None]]:
         return self._recorder.session_writer(session_id, begun)
-
-    async def _store(
-        self,
-        request: TurnRequest,
-        begun: BegunTurn,
-        user_message: Mapping[str, Any],
-        result: Any,
-        response: dict[str, Any],
-        owner: str | None,
-        seen: list[int],
-        resumed: ParkedCalls | None = None,
-        park: dict[str, Any] | None = None,
-    ) -> None:
-        """Store the turn (``TurnRecorder.record``) and count it."""
-        await self._recorder.record(
-            request, begun, user_message, result, response, owner, seen, resumed, park
-        )
-        self.turns_stored += 1
-        if request.wakeup:
-            self.wake_turns += 1
 
 
 def _note_unawaited_failure(task: asyncio.Task[Any]) -> None:
