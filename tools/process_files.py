@@ -38,9 +38,11 @@ WRAPPER_FILE = "wrapper"
 # once the server has written its identity and says "go" (a server killed before that leaves
 # nothing running that no one could find). It survives a TERM (kill() signals the whole
 # group) to record the command's status, and passes on one that came before the command
-# started; the command gets the default dispositions from its first instruction
-# (posix_spawn's setsigdef; SIGPIPE and SIGXFSZ too, which Python ignores, as Popen
-# restores them), /dev/null as stdin and the caller's umask. The status is
+# started; the command gets the default disposition of every standard signal from its first
+# instruction (posix_spawn's setsigdef): SIGPIPE and SIGXFSZ too, which Python ignores (as
+# Popen restores them), and any the server inherited ignored (SIGQUIT and SIGINT, started
+# with ``&`` by a script; SIGHUP, under nohup). It gets /dev/null as stdin and the caller's
+# umask. The status is
 # Popen's: the exit code, or minus the signal that killed the command.
 WRAPPER_SCRIPT = """\
 import os, signal, sys
@@ -62,11 +64,13 @@ sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 for s in sigs:
     signal.signal(s, on_signal)
 out = os.path.join(d, "output")
+unchangeable = (signal.SIGKILL, signal.SIGSTOP)
+defaults = [s for s in signal.valid_signals() if 0 < s < 32 and s not in unchangeable]
 child = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], os.environ, file_actions=[
     (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
     (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600),
     (os.POSIX_SPAWN_DUP2, 1, 2),
-], setsigdef=sigs + (signal.SIGPIPE, signal.SIGXFSZ))
+], setsigdef=defaults)
 if got:
     send(got[0])
 code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])

@@ -146,7 +146,13 @@ def test_the_registry_keeps_files_where_it_is_told_not_where_the_ledger_is(
 
 def test_the_command_gets_default_signal_dispositions(path: Path, servers: list[Server]) -> None:
     server = live_server(path, servers)
-    server.registry.spawn("grep -E '^Sig(Ign|Blk)' /proc/self/status")
+    # As a server started with ``&`` by a script (SIGQUIT) or under nohup (SIGHUP) has them.
+    inherited = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGQUIT, signal.SIGHUP)}
+    try:
+        server.registry.spawn("grep -E '^Sig(Ign|Blk)' /proc/self/status")
+    finally:
+        for s, handler in inherited.items():
+            signal.signal(s, handler)
     evt = server.events()
     masks = dict(line.split(":\t") for line in evt["output_tail"].splitlines())
     # none of the standard signals blocked or ignored (SIGPIPE included, unlike the wrapper)
