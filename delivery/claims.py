@@ -101,7 +101,6 @@ def claim_op(
         "claim_consumer": consumer,
         "claimed_at": now,
         "claim_expires_at": expires,
-        "holder": identity,
         "updated_at": now,
     }
     # One statement for the common case: pending, due, unclaimed, under the budget, and
@@ -117,10 +116,7 @@ def claim_op(
         "delivery_attempts": Below(policy.max_attempts),
         "holder": identity,
     }
-    fast_changes = {
-        **{k: v for k, v in claimed.items() if k != "holder"},
-        "delivery_attempts": Increment(1),
-    }
+    fast_changes = {**claimed, "delivery_attempts": Increment(1)}
 
     def op(tx: LedgerTx) -> str | None:
         if tx.update(row_id, fast_expect, fast_changes):
@@ -145,7 +141,11 @@ def claim_op(
         # Another process held the row: this one holds it from here. Its holder died holding
         # a live claim: broken now, not at the lease's end (which is the row's due time from
         # here on).
-        changes = {**claimed, "delivery_attempts": row["delivery_attempts"] + 1}
+        changes = {
+            **claimed,
+            "holder": identity,
+            "delivery_attempts": row["delivery_attempts"] + 1,
+        }
         if row["claim_expires_at"] > now:
             changes["due_at"] = expires
         ok = tx.update(row_id, expect, changes)

@@ -31,6 +31,7 @@ from delivery.errors import (
 )
 from delivery.peers import ServerRecord
 from delivery.rows import AuditEntry, LedgerRow, PendingCounts, PrunedRow, RowQuery, SettledRow
+from delivery.states import ACTIVE_STATES
 from delivery.write_future import WriteFuture
 from storage.sql import (
     PENDING_COUNTS,
@@ -67,7 +68,12 @@ APPLICATION_ID = 0x52564C4C  # "RVLL": marks a file as ours so we never write in
 # pending rows, added to older files on open with the pending waits' hooks filled in.
 SCHEMA_VERSION = 7
 
-_LEDGER_SCHEMA = """
+# The rows ``ix_state_owner`` keeps: work that is queued or running (``ACTIVE_STATES``), the
+# only states recovery asks it for. Spelled out in each query it answers, too: SQLite uses a
+# partial index only where the query's own terms imply its WHERE.
+_ACTIVE = "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(ACTIVE_STATES)))
+
+_LEDGER_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS deliveries (
     id TEXT PRIMARY KEY,
     kind TEXT NOT NULL,
@@ -109,8 +115,7 @@ CREATE INDEX IF NOT EXISTS ix_pending_holder ON deliveries(holder)
     WHERE delivery_state = 'pending' AND holder IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ix_pending_hook ON deliveries(hook)
     WHERE delivery_state = 'pending' AND hook IS NOT NULL;
-CREATE INDEX IF NOT EXISTS ix_state_owner ON deliveries(state, owner)
-    WHERE state IN ('queued', 'running');
+CREATE INDEX IF NOT EXISTS ix_state_owner ON deliveries(state, owner) WHERE {_ACTIVE};
 CREATE INDEX IF NOT EXISTS ix_session_key ON deliveries(session_key)
     WHERE session_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ix_origin_session ON deliveries(origin_session_id)
@@ -163,14 +168,11 @@ _NARROWED = {
     )
 } | {
     "ix_state_owner": (
-        "CREATE INDEX ix_state_owner ON deliveries(state, owner)"
-        " WHERE state IN ('queued', 'running')",
+        f"CREATE INDEX ix_state_owner ON deliveries(state, owner) WHERE {_ACTIVE}",
         "WHERE state IN",
     )
 }
-# Recovery's two queries, answered by ``ix_state_owner``: each spells out its WHERE, since
-# SQLite uses a partial index only where the query's own terms imply it.
-_ACTIVE = "state IN ('queued', 'running')"
+# Recovery's two queries, answered by ``ix_state_owner``.
 SQL_ACTIVE_OWNERS = (
     f"SELECT DISTINCT owner FROM deliveries WHERE {_ACTIVE} AND state = ? AND owner IS NOT NULL"
 )
