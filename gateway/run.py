@@ -135,6 +135,25 @@ class GatewayRunner:
         if self._watcher is None:
             self._watcher = asyncio.create_task(self._watch(), name="completion-watcher")
 
+    async def settle_queued(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every completion queued so far has been
+        taken and its delivery settled (a drain's last step, before ``stop`` cancels the
+        watch). True when nothing is left; False when time ran out or nothing watches."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout, 0.0)
+        while self._watcher is not None and not self._watcher.done():
+            if self.queue.empty() and not self._handlers:
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            if self._handlers:
+                await asyncio.wait(set(self._handlers), timeout=remaining)
+            else:
+                # Queued but not yet taken: the watcher takes it on its next turn.
+                await asyncio.sleep(min(0.01, remaining))
+        return False
+
     async def stop(self) -> None:
         if self._watcher is not None:
             self._watcher.cancel()

@@ -352,7 +352,7 @@ async def serve(
         # First thing at exit, while the runner and the surfaces still deliver: running
         # background work gets its grace period (and /readyz says draining meanwhile).
         stack.push_async_callback(
-            _drain_background, runtime, adapter, responses, settings.drain_seconds
+            _drain_background, runtime, adapter, responses, runner, settings.drain_seconds
         )
         yield App(settings, store, runtime, model, adapter, runner, surfaces, restored, webhooks)
 
@@ -361,18 +361,23 @@ async def _drain_background(
     runtime: DelegationRuntime,
     adapter: ApiServerAdapter,
     responses: ResponsesService,
+    runner: GatewayRunner,
     seconds: float,
 ) -> None:
     adapter.draining = True
     responses.pause()
     began = time.monotonic()
     finished, interrupted = await asyncio.to_thread(runtime.drain, seconds)
+    # What finished in time is delivered before the runner stops, within the same grace;
+    # what is left stays pending in the ledger and is offered again after the restart.
+    settled = await runner.settle_queued(seconds - (time.monotonic() - began))
     logger.info(
-        "drained background work in %.1f s: %d finished in time, %d interrupted%s",
+        "drained background work in %.1f s: %d finished in time, %d interrupted%s%s",
         time.monotonic() - began,
         finished,
         len(interrupted),
         f" ({', '.join(interrupted)})" if interrupted else "",
+        "" if settled else "; deliveries still pending are offered again after the restart",
     )
 
 

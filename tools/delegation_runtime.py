@@ -116,6 +116,9 @@ class DelegationRuntime:
         self.watched = WatchedWork(ledger)
         # Rows whose work goes on without this server (an MCP task its server keeps).
         self._outliving: set[str] = set()
+        # Finished work whose terminal row is still being written (its event not yet queued):
+        # a drain waits for these as for running work.
+        self._recording = 0
 
     # -- dispatch -----------------------------------------------------------------------------
 
@@ -274,20 +277,30 @@ class DelegationRuntime:
         ``on_recorded`` runs once the terminal row is committed (or was already terminal).
         """
         target = self.queue if deliver_to is None else deliver_to
-        fut = self.ledger.submit_finish(
-            row_id, expected="running", state=event["status"], event=event
-        )
+        if attempt == 0:
+            with self._lock:
+                self._recording += 1
+        try:
+            fut = self.ledger.submit_finish(
+                row_id, expected="running", state=event["status"], event=event
+            )
+        except BaseException:
+            self._recorded()
+            raise
 
         def committed(done: WriteFuture[bool]) -> None:
             exc = done.exception()
             if exc is None:
-                if done.result():
-                    target.put(event)
-                if on_recorded is not None:
-                    try:
-                        on_recorded()
-                    except Exception:
-                        log.exception("after recording %s", row_id)
+                try:
+                    if done.result():
+                        target.put(event)
+                    if on_recorded is not None:
+                        try:
+                            on_recorded()
+                        except Exception:
+                            log.exception("after recording %s", row_id)
+                finally:
+                    self._recorded()
                 return
             if isinstance(exc, LedgerUnavailable) and attempt < len(_FINALIZE_RETRY_SECONDS):
                 delay = _FINALIZE_RETRY_SECONDS[attempt]
@@ -305,9 +318,14 @@ class DelegationRuntime:
                 timer.daemon = True
                 timer.start()
             else:
+                self._recorded()
                 log.critical("could not record the completion of %s: %s", row_id, exc)
 
         fut.add_done_callback(committed)
+
+    def _recorded(self) -> None:
+        with self._lock:
+            self._recording -= 1
 
     # -- control ----------------------------------------------------------------------------
 
@@ -435,7 +453,9 @@ class DelegationRuntime:
         deadline = time.monotonic() + max(grace_seconds, 0.0)
         while time.monotonic() < deadline:
             with self._lock:
-                if not set(self._slots.running) - self._outliving:
+                # Finished work counts once its event is queued, not when its slot frees:
+                # the terminal row is written (and the event queued) a commit later.
+                if not set(self._slots.running) - self._outliving and not self._recording:
                     break
             time.sleep(0.05)
         with self._lock:

@@ -221,3 +221,44 @@ async def test_a_combined_wake_up_for_a_chat_that_is_gone_drops_every_row(stack,
     assert outcomes == ["dropped"] * 3
     for i in range(3):
         assert _row(f"proc_gone_{i}")["delivery_state"] == "dropped"
+
+
+async def test_a_drain_delivers_results_still_in_their_coalescing_window(
+    tmp_path: Path, bot: FakeBotApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server stops while finished results wait out the coalescing window: the drain's
+    grace covers their wake-up, so they are delivered before it exits, not after a restart."""
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    ad.reset_runtime()
+    process_registry.completion_queue.drain()
+    settings = Settings(
+        home=tmp_path,
+        port=0,
+        webui_port=0,
+        api_key="k",
+        coalesce_seconds=1.0,
+        drain_seconds=20.0,
+        telegram_bot_token=bot.token,
+        telegram_base_url=bot.base_url,
+        telegram_allowed_users="42",
+        telegram_edit_interval=0.01,
+    )
+    model = GatedModel()
+    try:
+        async with serve(settings, provider=model, shutdown_grace_seconds=0.5) as app:
+            session_id = telegram_session_id(SOURCE)
+            make_session(app.store, session_id, source=SOURCE)
+            gate = threading.Event()
+            ids = await asyncio.to_thread(_dispatch_siblings, session_id, ["a", "b"], gate)
+            gate.set()
+            await _until(lambda: all(_row(i)["state"] == "completed" for i in ids))
+            assert not model.wakes  # still in the window as the server begins to stop
+        rows = [_row(i) for i in ids]
+        assert [(r["delivery_state"], r["delivery_attempts"]) for r in rows] == [
+            ("delivered", 1),
+            ("delivered", 1),
+        ]
+        assert len(model.wakes) == 1 and len(bot.texts_to(42)) == 1
+    finally:
+        ad.reset_runtime()
+        process_registry.completion_queue.drain()

@@ -22,6 +22,7 @@ import pytest
 from delivery.errors import LedgerUnavailable, UnknownDeliveryError
 from delivery.policy import DeliveryPolicy
 from delivery.rows import RowQuery
+from delivery.write_future import WriteFuture
 from reveille.settings import Settings, load_settings, state_dir
 from tools.async_delegation import (
     NOT_HOLDER,
@@ -452,6 +453,45 @@ class TestDispatch:
             pass
         row = get_durable_delegation(fourth["delegation_id"])
         assert fourth["delegation_id"] in done, f"the queued unit never ran: row {row}"
+
+
+class TestDrain:
+    def test_a_drain_waits_for_a_finished_units_event_not_only_its_slot(
+        self, runtime: DelegationRuntime
+    ) -> None:
+        """The slot frees before the terminal row commits; a drain that returned then would
+        let the server stop before the finished work's completion was even queued."""
+        real_finish = runtime.ledger.submit_finish
+        release = threading.Event()
+
+        def held_finish(row_id: str, **kw: Any) -> Any:
+            held: WriteFuture[bool] = WriteFuture()
+
+            def commit_later() -> None:
+                release.wait(WAIT)
+                try:
+                    held._settle(True, real_finish(row_id, **kw).result(WAIT))
+                except BaseException as exc:
+                    held._settle(False, exc)
+
+            threading.Thread(target=commit_later, daemon=True).start()
+            return held
+
+        runtime.ledger.submit_finish = held_finish  # type: ignore[method-assign]
+        gate = Gate()
+        res = dispatch(gate)
+        gate.open()
+        wait_for(lambda: not runtime._slots.running)  # the slot is free, the row not written
+        drained: list[tuple[int, list[str]]] = []
+        drainer = threading.Thread(target=lambda: drained.append(runtime.drain(WAIT)))
+        drainer.start()
+        drainer.join(0.3)
+        assert drainer.is_alive() and runtime.queue.empty()
+        release.set()
+        drainer.join(WAIT)
+        assert drained == [(0, [])]  # it had finished (its slot freed) before the drain began
+        # Queued before the drain returned: the server delivers it before stopping.
+        assert runtime.queue.get_nowait()["delegation_id"] == res["delegation_id"]
 
 
 # -- the delivery contract --------------------------------------------------------------------
