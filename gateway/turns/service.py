@@ -83,7 +83,7 @@ from gateway.turns.conversation import (
     well_formed_result,
     with_images,
 )
-from gateway.turns.fence import TurnFence, finish_despite_cancel
+from gateway.turns.fence import TurnFence, TurnTask, finish_despite_cancel
 from gateway.turns.first_turns import FirstTurns
 from gateway.turns.gate import Parking, TurnGate, busy_reason
 from gateway.turns.hold import TurnHold
@@ -298,14 +298,17 @@ class TurnService:
                 # A stream answers before the turn is stored, and its client may continue
                 # the session at once: write it first.
                 await self._session_writer(request.session_id, begun)()
-            task = asyncio.create_task(
+            # A ``TurnTask``: its store runs in it, whatever cancels it (``finish_despite_cancel``),
+            # without a second task.
+            task: asyncio.Task[dict[str, Any]] = TurnTask(
                 traces.traced_turn(
                     self._run(request, begun, owner, deltas, fence, hold, parking, parked),
                     session_id=request.session_id,
                     platform=self._platform.value,
                     wakeup=request.wakeup,
                     parent=request.traceparent,
-                )
+                ),
+                loop=asyncio.get_running_loop(),
             )
         except BaseException:
             self._free_slot(request)
