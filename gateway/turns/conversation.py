@@ -52,12 +52,17 @@ def message_text(message: Mapping[str, Any]) -> str:
     return ""
 
 
+# ``json.dumps(..., ensure_ascii=False, separators=(",", ":"))``, built once instead of on
+# every request (the text, and so every derived id, is the same).
+_COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def derive_session_id(messages: Sequence[Mapping[str, Any]]) -> str:
     """A stable id for a conversation: its system prompt and first user message, hashed."""
     system = [message_text(m) for m in messages if m.get("role") == "system"]
     first_user = next((message_text(m) for m in messages if m.get("role") == "user"), "")
     # JSON of a list keeps the parts apart: ("a", "bc") and ("ab", "c") differ.
-    material = json.dumps([system, first_user], ensure_ascii=False, separators=(",", ":"))
+    material = _COMPACT_JSON.encode([system, first_user])
     return "api_" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:24]
 
 
