@@ -240,10 +240,9 @@ class TurnService:
         except BaseException:
             self._end_first_turn(request)
             raise
-        if isinstance(started, StartedTurn):
-            started.task.add_done_callback(lambda _: self._end_first_turn(request))
-        else:
+        if not isinstance(started, StartedTurn):
             self._end_first_turn(request)
+        # A started turn releases it when it ends (``_turn_ended``).
         return started
 
     def _end_first_turn(self, request: TurnRequest) -> None:
@@ -317,11 +316,16 @@ class TurnService:
                 await hold.release()
             raise
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        # The caller may be gone by the time the turn fails; the error is logged, not lost.
-        task.add_done_callback(_note_unawaited_failure)
+        # One callback for everything the turn's end settles (each is a loop step of its own).
+        task.add_done_callback(functools.partial(self._turn_ended, request))
         fence.bind(task)
         return StartedTurn(task, deltas, parking.future if parking is not None else None, fence)
+
+    def _turn_ended(self, request: TurnRequest, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        # The caller may be gone by the time the turn fails; the error is logged, not lost.
+        _note_unawaited_failure(task)
+        self._end_first_turn(request)
 
     async def _parked(self, request: TurnRequest) -> ParkedCalls | None:
         """The park a resuming request continues; refuses what does not fit the session's
