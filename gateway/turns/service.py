@@ -162,6 +162,8 @@ class TurnService:
         self._run_agent = turn_runner
         self._render = render
         self._platform = platform
+        # Its name, read by every turn (an enum's ``.value`` is a descriptor call each time).
+        self._platform_name: str = platform.value
         self._confirm_for = confirm_for
         self._confirm_unit_for = confirm_unit_for
         self._hold_sessions = hold_sessions
@@ -303,7 +305,7 @@ class TurnService:
                 traces.traced_turn(
                     self._run(request, begun, owner, deltas, fence, hold, parking, parked),
                     session_id=request.session_id,
-                    platform=self._platform.value,
+                    platform=self._platform_name,
                     wakeup=request.wakeup,
                     parent=request.traceparent,
                 ),
@@ -448,7 +450,7 @@ class TurnService:
             ctx = ToolContext(
                 session_id=session_id,
                 session_key=self.session_key(session_id),
-                platform=self._platform.value,
+                platform=self._platform_name,
                 before_background=self._session_writer(session_id, begun),
                 origin_ui_session_id=session_id if self._platform is Platform.WEBUI else None,
                 confirm=(
@@ -509,7 +511,7 @@ class TurnService:
             # One line per turn for operators: who and how long, never what was said.
             logger.info(
                 "%s turn in %s stored (%.0f ms, %d messages of context)",
-                "wake-up" if request.wakeup else self._platform.value,
+                "wake-up" if request.wakeup else self._platform_name,
                 session_id,
                 (time.monotonic() - started) * 1000,
                 len(context),
