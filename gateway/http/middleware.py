@@ -6,6 +6,11 @@ Errors are answered as OpenAI error objects (``{"error": {message, type, param, 
 so that OpenAI clients raise their usual exceptions; a session store that is locked or gone
 is a 503 with ``Retry-After`` (nothing was changed), anything unexpected a 500 that names
 no internals. The effective session of a request is echoed on error responses too.
+
+The API server's port runs all of it as one middleware (``PortMiddleware``: request
+metrics, the browser guard, the error shapes and the key check, in that order), since each
+layer of its own costs every request a coroutine frame; other apps stack the separate
+``error_middleware`` and ``BrowserGuard.middleware``.
 """
 
 from __future__ import annotations

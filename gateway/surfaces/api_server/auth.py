@@ -1,4 +1,4 @@
-"""Bearer-key authentication of the API server's port, as aiohttp middleware.
+"""Bearer-key authentication of the API server's port, checked by the port's one middleware.
 
 Every route of the port goes through ``ApiKeyAuth.check`` before its handler runs, so
 no handler can forget the check and a refused request reads no body:
