@@ -40,6 +40,7 @@ from prometheus_client.registry import Collector
 from delivery.responses_backend import ACTIVE, TERMINAL
 from delivery.rows import PendingCounts
 from delivery.webhooks_backend import EndpointStats
+from gateway.http.middleware import PORT_MIDDLEWARE_KEY
 from gateway.outcomes import DeliveryOutcome
 from gateway.webhooks import public_endpoint
 
@@ -355,6 +356,11 @@ class Metrics:
         """Add ``GET /metrics`` and the request middleware to the API server's app (whose
         key middleware guards ``/metrics`` like every other route of the port)."""
 
+        def count(request: web.Request, status: int, elapsed: float) -> None:
+            count, latency = self._request_series(_route_of(request), request.method, status)
+            count.inc()
+            latency.observe(elapsed)
+
         @web.middleware
         async def count_requests(
             request: web.Request,
@@ -373,9 +379,7 @@ class Metrics:
                 status = int(getattr(exc, "status", 500) or 500)
                 raise
             finally:
-                count, latency = self._request_series(_route_of(request), request.method, status)
-                count.inc()
-                latency.observe(time.perf_counter() - started)
+                count(request, status, time.perf_counter() - started)
 
         async def metrics(request: web.Request) -> web.Response:
             self.scrapes.set(time.time())
@@ -383,8 +387,14 @@ class Metrics:
             body = await asyncio.to_thread(generate_latest, self.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-        # Outermost, so that it sees the status the error middleware answers with.
-        app.middlewares.insert(0, count_requests)
+        port = app.get(PORT_MIDDLEWARE_KEY)
+        if port is not None:
+            # The port's one middleware tells it of each request (``PortMiddleware``), with
+            # the status the error shapes answered: no layer of its own.
+            port.observe(count)
+        else:
+            # Outermost, so that it sees the status the error middleware answers with.
+            app.middlewares.insert(0, count_requests)
         app.router.add_get("/metrics", metrics)
 
 

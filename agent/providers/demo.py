@@ -163,7 +163,9 @@ class DemoModel:
         if on_delta is not None and content:
             for piece in re.findall(r"\S+\s*|\s+", content):
                 await on_delta(piece)
-        prompt_tokens = sum(_words(_text(message)) for message in messages)
+        prompt_tokens = 0
+        for message in messages:
+            prompt_tokens += _words(_text(message))
         completion_tokens = _words(content or "") + sum(
             _words(call["function"]["arguments"]) for call in tool_calls
         )
@@ -181,9 +183,16 @@ class DemoModel:
     async def _decide(
         self, messages: list[ChatMessage], offered: set[str | None]
     ) -> tuple[str | None, list[ToolCall]]:
-        if any(m.get("role") == "system" and SUMMARISE_MARKER in _text(m) for m in messages):
+        # One pass over the system messages for both markers (summarising comes first).
+        summarise = subagent = False
+        for m in messages:
+            if m.get("role") == "system":
+                text = _text(m)
+                summarise = summarise or SUMMARISE_MARKER in text
+                subagent = subagent or SUBAGENT_MARKER in text
+        if summarise:
             return _demo_summary(messages), []
-        if any(m.get("role") == "system" and SUBAGENT_MARKER in _text(m) for m in messages):
+        if subagent:
             await asyncio.sleep(self.delay_seconds)
             return self._subagent_step(messages, offered)
 

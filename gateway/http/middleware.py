@@ -6,6 +6,11 @@ Errors are answered as OpenAI error objects (``{"error": {message, type, param, 
 so that OpenAI clients raise their usual exceptions; a session store that is locked or gone
 is a 503 with ``Retry-After`` (nothing was changed), anything unexpected a 500 that names
 no internals. The effective session of a request is echoed on error responses too.
+
+The API server's port runs all of it as one middleware (``PortMiddleware``: request
+metrics, the browser guard, the error shapes and the key check, in that order), since each
+layer of its own costs every request a coroutine frame; other apps stack the separate
+``error_middleware`` and ``BrowserGuard.middleware``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import functools
 import ipaddress
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,12 +33,15 @@ from gateway.turns.service import TurnError
 
 __all__ = [
     "OPEN_STREAM_KEY",
+    "PORT_MIDDLEWARE_KEY",
     "RETRY_AFTER_SECONDS",
     "SESSION_HEADER",
     "SESSION_REQUEST_KEY",
     "ApiError",
     "BrowserGuard",
+    "PortMiddleware",
     "ProtocolErrorLogger",
+    "RequestObserver",
     "api_error_of",
     "error_middleware",
     "host_name",
@@ -188,6 +197,43 @@ async def _end_open_stream(response: web.StreamResponse, error: ApiError) -> web
     return response
 
 
+def _error_of(request: web.Request, exc: Exception) -> ApiError | None:
+    """The OpenAI-shaped answer to a handler's failure; None for an ``HTTPException`` below
+    400 (a redirect), which is re-raised as aiohttp's own answer."""
+    if isinstance(exc, web.HTTPException):
+        if exc.status < 400:
+            return None
+        type_, code = _HTTP_ERROR_TYPES.get(
+            exc.status, ("invalid_request_error" if exc.status < 500 else "server_error", None)
+        )
+        return ApiError(exc.status, exc.reason or "error", type_=type_, code=code)
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, TurnError):
+        return api_error_of(exc)
+    if isinstance(exc, SessionStoreError):
+        # The store is locked by another process past its timeout, closed or gone: the
+        # request changed nothing and may be retried.
+        logger.error("session store unavailable for %s %s: %s", request.method, request.path, exc)
+        return ApiError(
+            503,
+            f"the session store is unavailable, nothing was changed: {exc}",
+            type_="server_error",
+            code="store_unavailable",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+    logger.exception("unhandled error in %s %s", request.method, request.path)
+    return ApiError(500, "internal server error", type_="server_error", code="internal_error")
+
+
+async def _error_answer(request: web.Request, error: ApiError) -> web.StreamResponse:
+    stream = request.get(OPEN_STREAM_KEY)
+    if stream is not None:
+        # Headers are out: end the stream inside the protocol instead.
+        return await _end_open_stream(stream, error)
+    return error.response(request.get(SESSION_REQUEST_KEY))
+
+
 @web.middleware
 async def error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -196,36 +242,11 @@ async def error_middleware(
         return await handler(request)
     except asyncio.CancelledError:
         raise
-    except web.HTTPException as exc:
-        if exc.status < 400:
+    except Exception as exc:
+        error = _error_of(request, exc)
+        if error is None:
             raise
-        type_, code = _HTTP_ERROR_TYPES.get(
-            exc.status, ("invalid_request_error" if exc.status < 500 else "server_error", None)
-        )
-        error = ApiError(exc.status, exc.reason or "error", type_=type_, code=code)
-    except ApiError as exc:
-        error = exc
-    except TurnError as exc:
-        error = api_error_of(exc)
-    except SessionStoreError as exc:
-        # The store is locked by another process past its timeout, closed or gone: the
-        # request changed nothing and may be retried.
-        logger.error("session store unavailable for %s %s: %s", request.method, request.path, exc)
-        error = ApiError(
-            503,
-            f"the session store is unavailable, nothing was changed: {exc}",
-            type_="server_error",
-            code="store_unavailable",
-            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-        )
-    except Exception:
-        logger.exception("unhandled error in %s %s", request.method, request.path)
-        error = ApiError(500, "internal server error", type_="server_error", code="internal_error")
-    stream = request.get(OPEN_STREAM_KEY)
-    if stream is not None:
-        # Headers are out: end the stream inside the protocol instead.
-        return await _end_open_stream(stream, error)
-    return error.response(request.get(SESSION_REQUEST_KEY))
+    return await _error_answer(request, error)
 
 
 class ProtocolErrorLogger(logging.LoggerAdapter[logging.Logger]):
@@ -280,18 +301,15 @@ class BrowserGuard:
 
     def install(self, app: web.Application) -> None:
         app.middlewares.insert(0, self.middleware)
-        app.on_response_prepare.append(self._on_prepare)
+        app.on_response_prepare.append(self.on_prepare)
 
     def _origin_allowed(self, request: web.Request) -> bool:
         origin = request.headers.get("Origin")
         return origin is None or origin.rstrip("/").lower() in self.allowed
 
-    @web.middleware
-    async def middleware(
-        self,
-        request: web.Request,
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    ) -> web.StreamResponse:
+    def refusal(self, request: web.Request) -> web.StreamResponse | None:
+        """The answer to a request a browser may not make (a disallowed origin), or to a
+        CORS preflight; None: the request goes on."""
         if not self._origin_allowed(request):
             return ApiError(
                 403,
@@ -312,9 +330,20 @@ class BrowserGuard:
                     "Access-Control-Max-Age": "600",
                 },
             )
+        return None
+
+    @web.middleware
+    async def middleware(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        refused = self.refusal(request)
+        if refused is not None:
+            return refused
         return await handler(request)
 
-    async def _on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+    async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
         for name, value in _HARDENING_HEADERS.items():
             response.headers.setdefault(name, value)
         origin = request.headers.get("Origin")
@@ -322,3 +351,79 @@ class BrowserGuard:
             response.headers["Access-Control-Allow-Origin"] = origin
             response.headers["Access-Control-Expose-Headers"] = _CORS_EXPOSE_HEADERS
             response.headers["Vary"] = "Origin"
+
+
+# -- one middleware for a port ---------------------------------------------------------------
+
+# Told of every answered request: its status and how long it took (``reveille.metrics``).
+RequestObserver = Callable[[web.Request, int, float], None]
+
+
+class PortMiddleware:
+    """A port's request pipeline as one aiohttp middleware, outermost first: the observers
+    (request metrics), the browser guard, the error shapes, the authentication, then the
+    handler.
+
+    Each layer of its own would be one more coroutine frame on every request, and on a
+    busy server they add up; here they are plain calls in one frame, in the order (and with
+    the answers) the separate middlewares had: a browser's refusal or a preflight is
+    answered before authentication; a refused key (``authenticate`` raises an ``ApiError``)
+    and every handler failure are shaped by ``error_middleware``'s rules; the observers see
+    the status that was answered, refusals included.
+    """
+
+    def __init__(self, guard: BrowserGuard, authenticate: Callable[[web.Request], None]) -> None:
+        self._guard = guard
+        self._authenticate = authenticate
+        self._observers: list[RequestObserver] = []
+
+    def install(self, app: web.Application) -> None:
+        app.middlewares.append(self.middleware)
+        app.on_response_prepare.append(self._guard.on_prepare)
+        app[PORT_MIDDLEWARE_KEY] = self
+
+    def observe(self, observer: RequestObserver) -> None:
+        """Tell ``observer`` of every request this port answers (or fails to)."""
+        self._observers.append(observer)
+
+    @web.middleware
+    async def middleware(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = self._guard.refusal(request)
+            if response is None:
+                try:
+                    self._authenticate(request)
+                    response = await handler(request)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    error = _error_of(request, exc)
+                    if error is None:
+                        raise
+                    response = await _error_answer(request, error)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except Exception as exc:
+            status = int(getattr(exc, "status", 500) or 500)
+            raise
+        finally:
+            if self._observers:
+                elapsed = time.perf_counter() - started
+                for observer in self._observers:
+                    observer(request, status, elapsed)
+
+
+PORT_MIDDLEWARE_KEY: Any = (
+    web.AppKey("reveille_port_middleware", PortMiddleware)
+    if hasattr(web, "AppKey")
+    else "reveille_port_middleware"
+)

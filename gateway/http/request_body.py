@@ -65,9 +65,17 @@ async def read_body_bytes(
     length = request.content_length
     if length is not None and length > max_body_bytes * DRAIN_FACTOR:
         raise _too_large(max_body_bytes)
+    content = request.content
+    if content.is_eof():
+        # Already all here (a small body comes with its head): taken as it lies, with no
+        # deadline to arm and none of ``read()``'s chunk loop (the length check below
+        # refuses what is over the cap, as ``read()``'s own limit would).
+        raw = content.read_nowait()
+        if len(raw) > max_body_bytes:
+            raise _too_large(max_body_bytes)
+        return raw
     try:
-        if timeout is None or request.content.is_eof():
-            # Already all here (a small body comes with its head): no deadline to arm.
+        if timeout is None:
             raw = await request.read()
         else:
             async with asyncio.timeout(timeout):

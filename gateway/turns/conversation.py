@@ -52,12 +52,25 @@ def message_text(message: Mapping[str, Any]) -> str:
     return ""
 
 
+# ``json.dumps(..., ensure_ascii=False, separators=(",", ":"))``, built once instead of on
+# every request (the text, and so every derived id, is the same).
+_COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def derive_session_id(messages: Sequence[Mapping[str, Any]]) -> str:
     """A stable id for a conversation: its system prompt and first user message, hashed."""
-    system = [message_text(m) for m in messages if m.get("role") == "system"]
-    first_user = next((message_text(m) for m in messages if m.get("role") == "user"), "")
+    # One pass (asked on every request without a session id): the system prompts, and the
+    # first user message's text.
+    system: list[str] = []
+    first_user: str | None = None
+    for m in messages:
+        role = m.get("role")
+        if role == "system":
+            system.append(message_text(m))
+        elif role == "user" and first_user is None:
+            first_user = message_text(m)
     # JSON of a list keeps the parts apart: ("a", "bc") and ("ab", "c") differ.
-    material = json.dumps([system, first_user], ensure_ascii=False, separators=(",", ":"))
+    material = _COMPACT_JSON.encode([system, first_user or ""])
     return "api_" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:24]
 
 
@@ -71,13 +84,23 @@ def delivery_context_text(contents: list[str]) -> str:
     )
 
 
+def _last_user_index(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Where the request's new user message is (``ValueError`` when it has none)."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "user":
+            return index
+    raise ValueError("the request has no user message")
+
+
 def _last_user(messages: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    return next(m for m in reversed(messages) if m.get("role") == "user")
+    return messages[_last_user_index(messages)]
 
 
 def _sent_history(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """The conversation a request says came before its new user message."""
-    last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+    last = _last_user_index(messages)
+    if not last:
+        return []  # a first message: nothing came before it
     return [
         (str(m["role"]), message_text(m).strip())
         for m in messages[:last]

@@ -11,6 +11,8 @@ own compare-and-set excludes, run as the first step of the store.
 
 ``finish_despite_cancel`` runs a step that must not be cut in two (the store after the
 fence): a cancel of the task that lands meanwhile waits for the step and is then withdrawn.
+In a ``TurnTask`` (the task a turn service runs each turn in) the step runs in that task
+itself, with its cancels held off, instead of in a second task: one task per turn.
 """
 
 from __future__ import annotations
@@ -19,18 +21,41 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
-__all__ = ["TurnFence", "finish_despite_cancel"]
+__all__ = ["TurnFence", "TurnTask", "finish_despite_cancel"]
 
 T = TypeVar("T")
 
 FenceState = Literal["running", "storing", "stored", "cancelled"]
 
 
+class TurnTask(asyncio.Task[T]):
+    """A task whose cancels ``finish_despite_cancel`` can hold off while it runs a step:
+    asked meanwhile, a cancel is answered as accepted and dropped, as the general path's
+    ``uncancel`` would withdraw it once the step ended, without a second task to run the
+    step in (or a shield around it)."""
+
+    _holding = 0  # steps running that no cancel may cut
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if self._holding:
+            return not self.done()
+        return super().cancel(msg)
+
+
 async def finish_despite_cancel(step: Awaitable[T]) -> T:
     """Await ``step`` to its end even when the current task is cancelled meanwhile; those
     cancels are withdrawn (``Task.uncancel``): the step's outcome stands."""
-    inner = asyncio.ensure_future(step)
     task = asyncio.current_task()
+    # A ``TurnTask`` that no cancel has reached yet holds cancels off while it runs the step
+    # itself; one with a cancel pending (it would land inside the step) takes the general
+    # path, which shields the step in a task of its own.
+    if isinstance(task, TurnTask) and not task.cancelling():
+        task._holding += 1
+        try:
+            return await step
+        finally:
+            task._holding -= 1
+    inner = asyncio.ensure_future(step)
     cancels = 0
     while not inner.done():
         try:

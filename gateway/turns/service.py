@@ -83,7 +83,7 @@ from gateway.turns.conversation import (
     well_formed_result,
     with_images,
 )
-from gateway.turns.fence import TurnFence, finish_despite_cancel
+from gateway.turns.fence import TurnFence, TurnTask, finish_despite_cancel
 from gateway.turns.first_turns import FirstTurns
 from gateway.turns.gate import Parking, TurnGate, busy_reason
 from gateway.turns.hold import TurnHold
@@ -162,6 +162,8 @@ class TurnService:
         self._run_agent = turn_runner
         self._render = render
         self._platform = platform
+        # Its name, read by every turn (an enum's ``.value`` is a descriptor call each time).
+        self._platform_name: str = platform.value
         self._confirm_for = confirm_for
         self._confirm_unit_for = confirm_unit_for
         self._hold_sessions = hold_sessions
@@ -240,10 +242,9 @@ class TurnService:
         except BaseException:
             self._end_first_turn(request)
             raise
-        if isinstance(started, StartedTurn):
-            started.task.add_done_callback(lambda _: self._end_first_turn(request))
-        else:
+        if not isinstance(started, StartedTurn):
             self._end_first_turn(request)
+        # A started turn releases it when it ends (``_turn_ended``).
         return started
 
     def _end_first_turn(self, request: TurnRequest) -> None:
@@ -298,14 +299,17 @@ class TurnService:
                 # A stream answers before the turn is stored, and its client may continue
                 # the session at once: write it first.
                 await self._session_writer(request.session_id, begun)()
-            task = asyncio.create_task(
+            # A ``TurnTask``: its store runs in it, whatever cancels it (``finish_despite_cancel``),
+            # without a second task.
+            task: asyncio.Task[dict[str, Any]] = TurnTask(
                 traces.traced_turn(
                     self._run(request, begun, owner, deltas, fence, hold, parking, parked),
                     session_id=request.session_id,
-                    platform=self._platform.value,
+                    platform=self._platform_name,
                     wakeup=request.wakeup,
                     parent=request.traceparent,
-                )
+                ),
+                loop=asyncio.get_running_loop(),
             )
         except BaseException:
             self._free_slot(request)
@@ -314,11 +318,16 @@ class TurnService:
                 await hold.release()
             raise
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        # The caller may be gone by the time the turn fails; the error is logged, not lost.
-        task.add_done_callback(_note_unawaited_failure)
+        # One callback for everything the turn's end settles (each is a loop step of its own).
+        task.add_done_callback(functools.partial(self._turn_ended, request))
         fence.bind(task)
         return StartedTurn(task, deltas, parking.future if parking is not None else None, fence)
+
+    def _turn_ended(self, request: TurnRequest, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        # The caller may be gone by the time the turn fails; the error is logged, not lost.
+        _note_unawaited_failure(task)
+        self._end_first_turn(request)
 
     async def _parked(self, request: TurnRequest) -> ParkedCalls | None:
         """The park a resuming request continues; refuses what does not fit the session's
@@ -441,7 +450,7 @@ class TurnService:
             ctx = ToolContext(
                 session_id=session_id,
                 session_key=self.session_key(session_id),
-                platform=self._platform.value,
+                platform=self._platform_name,
                 before_background=self._session_writer(session_id, begun),
                 origin_ui_session_id=session_id if self._platform is Platform.WEBUI else None,
                 confirm=(
@@ -502,7 +511,7 @@ class TurnService:
             # One line per turn for operators: who and how long, never what was said.
             logger.info(
                 "%s turn in %s stored (%.0f ms, %d messages of context)",
-                "wake-up" if request.wakeup else self._platform.value,
+                "wake-up" if request.wakeup else self._platform_name,
                 session_id,
                 (time.monotonic() - started) * 1000,
                 len(context),

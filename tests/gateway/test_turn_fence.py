@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
-from gateway.turns.fence import TurnFence, finish_despite_cancel
+from gateway.turns.fence import TurnFence, TurnTask, finish_despite_cancel
 
 
 async def test_a_cancel_before_the_store_wins_and_nothing_is_stored() -> None:
@@ -28,7 +30,20 @@ async def test_a_cancel_before_the_store_wins_and_nothing_is_stored() -> None:
     assert fence.cancel() is True  # said again: still cancelled
 
 
-async def test_a_cancel_once_the_store_began_loses_and_the_store_ends() -> None:
+def _plain_task(coro: Coroutine[Any, Any, str]) -> asyncio.Task[str]:
+    return asyncio.create_task(coro)
+
+
+def _turn_task(coro: Coroutine[Any, Any, str]) -> asyncio.Task[str]:
+    return TurnTask(coro, loop=asyncio.get_running_loop())
+
+
+# Any task (the general path: the step in a task of its own), and a turn service's own
+# ``TurnTask`` (the step in the turn's task, its cancels held off).
+@pytest.mark.parametrize("start", [_plain_task, _turn_task], ids=["task", "turn_task"])
+async def test_a_cancel_once_the_store_began_loses_and_the_store_ends(
+    start: Callable[[Coroutine[Any, Any, str]], asyncio.Task[str]],
+) -> None:
     began, release = asyncio.Event(), asyncio.Event()
     fence = TurnFence()
     stored: list[str] = []
@@ -45,14 +60,44 @@ async def test_a_cancel_once_the_store_began_loses_and_the_store_ends() -> None:
         fence.stored()
         return answer
 
-    task = asyncio.create_task(turn())
+    task = start(turn())
     fence.bind(task)
     await began.wait()
     assert fence.cancel() is False  # already completing
-    task.cancel()  # anyone else's cancel (a shutdown) waits for the store too
+    assert task.cancel() is True  # anyone else's cancel (a shutdown) waits for the store too
     release.set()
     assert await task == "done"
     assert stored == ["reply"] and fence.state == "stored" and task.cancelling() == 0
+
+
+async def test_a_cancel_pending_before_the_step_of_a_turn_task_still_lets_the_step_end() -> None:
+    stored: list[str] = []
+
+    async def store() -> str:
+        await asyncio.sleep(0)  # where a pending cancel would land
+        stored.append("reply")
+        return "done"
+
+    async def turn() -> str:
+        # A cancel asked while the turn was between steps, before it entered the store.
+        asyncio.current_task().cancel()  # type: ignore[union-attr]
+        return await finish_despite_cancel(store())
+
+    task = _turn_task(turn())
+    assert await task == "done"
+    assert stored == ["reply"] and task.cancelling() == 0
+
+
+async def test_a_turn_task_is_cancelled_as_any_task_outside_a_step() -> None:
+    async def model() -> str:
+        await asyncio.sleep(3600)
+        return "never"
+
+    task = _turn_task(model())
+    await asyncio.sleep(0)
+    assert task.cancel() is True
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
 
 async def test_a_claim_refused_in_the_store_means_nothing_is_stored() -> None:

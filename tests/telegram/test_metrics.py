@@ -25,6 +25,15 @@ def test_metrics_need_the_key(tmp_path: Path):
             assert exc.code == 401
         else:
             raise AssertionError("/metrics answered with a wrong key")
+        # The refusals are counted too, with the status they were answered with.
+        refused = value(
+            scrape(server.port),
+            "reveille_api_requests_total",
+            route="/metrics",
+            method="GET",
+            status="401",
+        )
+        assert refused == 2
     finally:
         server.stop()
 

@@ -64,8 +64,8 @@ from gateway.http.middleware import (
     SESSION_HEADER,
     ApiError,
     BrowserGuard,
+    PortMiddleware,
     ProtocolErrorLogger,
-    error_middleware,
     is_loopback,
 )
 from gateway.http.request_body import DRAIN_FACTOR, read_json_body
@@ -194,7 +194,7 @@ class ApiServerAdapter(BasePlatformAdapter):
         self._runner: web.AppRunner | None = None
         self._started_at = time.time()
         self.draining = False
-        self._browsers = BrowserGuard(allowed_origins)
+        self.middleware = PortMiddleware(BrowserGuard(allowed_origins), self.auth.check)
         self.approvals = approvals
         self.app = self._build_app()
 
@@ -212,9 +212,6 @@ class ApiServerAdapter(BasePlatformAdapter):
         # The cap plus headroom: the handler reads up to _DRAIN_FACTOR x the cap itself to
         # answer 413 politely, then enforces max_body_bytes.
         app = web.Application(
-            # The key check runs inside the error middleware, so a refusal has the
-            # OpenAI error shape, and before any handler reads a body.
-            middlewares=[error_middleware, self.auth.middleware],
             client_max_size=self.max_body_bytes * DRAIN_FACTOR,
         )
         ChatCompletionsRoute(
@@ -239,7 +236,9 @@ class ApiServerAdapter(BasePlatformAdapter):
             ApprovalRoutes(self.approvals, read_json=self._read_json, keyed=is_keyed).add_to(
                 app.router
             )
-        self._browsers.install(app)
+        # One middleware: the browser guard, then the key check inside the error shapes (a
+        # refusal has the OpenAI error shape, and comes before any handler reads a body).
+        self.middleware.install(app)
         return app
 
     def mount_responses(self, service: ResponsesService) -> None:

@@ -1,6 +1,6 @@
-"""Bearer-key authentication of the API server's port, as aiohttp middleware.
+"""Bearer-key authentication of the API server's port, checked by the port's one middleware.
 
-Every route of the port goes through ``ApiKeyAuth.middleware`` before its handler runs, so
+Every route of the port goes through ``ApiKeyAuth.check`` before its handler runs, so
 no handler can forget the check and a refused request reads no body:
 
 - With a configured key (``API_SERVER_KEY``), a request without ``Authorization: Bearer
@@ -121,15 +121,12 @@ class ApiKeyAuth:
         head, _, last = path.rpartition("/")
         return bool(last) and f"{head}/" in self._public
 
-    @web.middleware
-    async def middleware(
-        self,
-        request: web.Request,
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    ) -> web.StreamResponse:
+    def check(self, request: web.Request) -> None:
+        """Authenticate ``request`` (raises the ``ApiError`` that refuses it): the port's
+        middleware (``gateway.http.middleware.PortMiddleware``) calls it before the handler."""
         path = request.path
         if self._is_public(path):
-            return await handler(request)
+            return
         token = bearer_token(request)
         if self.configured_key:
             keyed = token is not None and same_secret(token, self.configured_key)
@@ -152,4 +149,14 @@ class ApiKeyAuth:
                 digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
                 request[_OWNER] = OWNER_PREFIX + digest[:40]
         request[_KEYED] = keyed
+
+    @web.middleware
+    async def middleware(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        """``check`` as a middleware of its own (inside ``error_middleware``), for an app
+        that is not the API port."""
+        self.check(request)
         return await handler(request)
