@@ -107,10 +107,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
     not_before REAL,
     hook TEXT
 );
-CREATE INDEX IF NOT EXISTS ix_pending_due ON deliveries(due_at)
-    WHERE delivery_state = 'pending' AND due_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS ix_pending_completed ON deliveries(completed_at)
-    WHERE delivery_state = 'pending';
+CREATE INDEX IF NOT EXISTS ix_pending ON deliveries(due_at) WHERE delivery_state = 'pending';
 CREATE INDEX IF NOT EXISTS ix_pending_holder ON deliveries(holder)
     WHERE delivery_state = 'pending' AND holder IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ix_pending_hook ON deliveries(hook)
@@ -139,16 +136,15 @@ CREATE TABLE IF NOT EXISTS servers (
 """
 _SCHEMA = _LEDGER_SCHEMA + WEBHOOK_DDL
 
-# Six indexes leave out the rows whose column is NULL: no query looks a row up by a missing
-# due time, holder, hook or session (each compares the column, or asks for it NOT NULL; a
-# session's rows are found by ``session_key = ? OR origin_session_id = ? OR ...``, one
-# index per term), and a new row has no due time, holder or hook and mostly one or two of
-# the three session ids. So its insert, and the acknowledgement of a row without a hook, no
-# longer write those indexes' pages into the log: a sequential item wrote 27 pages, each
-# fsynced, and now writes 21. ``ix_pending_completed`` keeps every pending row: the counts of
-# pending rows scan it. A file made before keeps its older, wider indexes until it is opened
-# by this version, which rebuilds them once (``_narrow_indexes``); an older version opening
-# the file after that finds the indexes by their names and leaves them as they are.
+# Five indexes leave out the rows whose column is NULL: no query looks a row up by a missing
+# holder, hook or session (each compares the column, or asks for it NOT NULL; a session's
+# rows are found by ``session_key = ? OR origin_session_id = ? OR ...``, one index per
+# term), and a new row has no holder or hook and mostly one or two of the three session
+# ids. So its insert, and the acknowledgement of a row without a hook, no longer write those
+# indexes' pages into the log: a sequential item wrote 27 pages, each fsynced, and now
+# writes fewer. A file made before keeps its older, wider indexes until it is opened by this
+# version, which rebuilds them once (``_narrow_indexes``); an older version opening the file
+# after that finds the indexes by their names and leaves them as they are.
 # ``ix_state_owner`` keeps only the rows whose work is queued or running, the only states
 # recovery asks it for (``ACTIVE_STATES``): a finished row leaves it instead of moving to
 # the far end of an index that grew with every row ever written. Each value: the index's
@@ -159,7 +155,6 @@ _NARROWED = {
         "IS NOT NULL",
     )
     for name, column, pending in (
-        ("ix_pending_due", "due_at", "delivery_state = 'pending' AND "),
         ("ix_pending_holder", "holder", "delivery_state = 'pending' AND "),
         ("ix_pending_hook", "hook", "delivery_state = 'pending' AND "),
         ("ix_session_key", "session_key", ""),
@@ -172,6 +167,14 @@ _NARROWED = {
         "WHERE state IN",
     )
 }
+# ``ix_pending`` holds every pending row, keyed by its due time (NULL while its work runs):
+# the due rows and the earliest due time are a range of it, the counts of pending rows and
+# restore's scan read all of it. It replaces two indexes that files made before have
+# (``_MERGED``, dropped on open): one of due times, one of completion times over the same
+# rows. Each of them was written by three of an item's four commits (the insert, the
+# terminal row, the acknowledgement); one index is written once by each of those, two pages
+# less per item, each fsynced.
+_MERGED = ("ix_pending_due", "ix_pending_completed")
 # Recovery's two queries, answered by ``ix_state_owner``.
 SQL_ACTIVE_OWNERS = (
     f"SELECT DISTINCT owner FROM deliveries WHERE {_ACTIVE} AND state = ? AND owner IS NOT NULL"
@@ -261,7 +264,8 @@ _BACKFILLS = {
 
 def _narrow_indexes(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> None:
     """Rebuild, once, an index of ``_NARROWED`` that a file made before still has in its
-    wider form (one transaction; a file that has them narrowed takes no write lock)."""
+    wider form, and drop the indexes ``ix_pending`` replaced (``_MERGED``); one transaction,
+    and a file that has them as they should be takes no write lock."""
     found = "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?"
 
     def wide() -> list[str]:
@@ -271,13 +275,18 @@ def _narrow_indexes(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> 
             if marker not in ((conn.execute(found, (name,)).fetchone() or ("",))[0] or "")
         ]
 
-    if not wide():
+    def merged() -> list[str]:
+        return [name for name in _MERGED if conn.execute(found, (name,)).fetchone()]
+
+    if not wide() and not merged():
         return
     try:
         conn.execute("BEGIN IMMEDIATE")
         for name in wide():  # again under the lock: another process may have just done it
             conn.execute(f"DROP INDEX IF EXISTS {name}")
             conn.execute(_NARROWED[name][0])
+        for name in merged():
+            conn.execute(f"DROP INDEX {name}")
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
         if conn.in_transaction:
@@ -496,7 +505,7 @@ class SqliteBackend:
     def next_due_at(self) -> float | None:
         found = self._scalars(
             "SELECT min(due_at) FROM deliveries"
-            " WHERE delivery_state = 'pending' AND due_at IS NOT NULL"  # ix_pending_due's rows
+            " WHERE delivery_state = 'pending' AND due_at IS NOT NULL"  # a range of ix_pending
         )
         return found[0] if found else None
 
