@@ -204,12 +204,17 @@ CREATE TABLE IF NOT EXISTS leases (
 );
 """
 
-# v5: an FTS5 index over the goals (``RowQuery.text``; ``storage.sqlite.fts``), kept in
-# step by triggers in the same transaction as every write of a row (its insert, retention's
-# delete, a change of its goal), built with the rows already there when an older file opens.
-# It only answers MATCH, so it keeps no column sizes (one page less per insert); an index
-# built with them is rebuilt without, once, on open.
-GOALS_INDEX = TextIndex("deliveries_fts", "deliveries", "goal", column_sizes=False)
+# v5: an FTS5 index over the goals (``RowQuery.text``; ``storage.sqlite.fts``), built with
+# the rows already there when an older file opens. It only answers MATCH, so it keeps no
+# column sizes (one page less per insert); an index built with them is rebuilt without,
+# once, on open. It is batched: a new row's goal is indexed with the rows written after it,
+# ``GOALS_BATCH`` at a time, by an operation the writer thread commits after the insert that
+# filled the batch, and before any search (``SqliteBackend.query``), so no search misses a
+# row; the insert of a row no longer writes the index's two to three pages into the log
+# that the row's own fsync waits for. Triggers keep the rows indexed so far in step with
+# retention's deletes and a change of a goal, in the same transaction.
+GOALS_INDEX = TextIndex("deliveries_fts", "deliveries", "goal", column_sizes=False, batched=True)
+GOALS_BATCH = 128
 GOAL_SEARCH = GoalSearch(
     "rowid IN (SELECT rowid FROM deliveries_fts WHERE deliveries_fts MATCH ?)", fts_query
 )
@@ -305,11 +310,23 @@ def _add_columns(conn: sqlite3.Connection) -> None:
                 conn.execute(_BACKFILLS[name])
 
 
-class _SqliteTx:
-    """The ``LedgerTx`` of one operation, on the writer's connection."""
+def _index_goals(tx: _SqliteTx) -> int:
+    """Index the goals of the rows written since the last batch (``GOALS_INDEX``): how many."""
+    indexed = int(tx.execute(GOALS_INDEX.tail[0]).rowcount)
+    tx.execute(GOALS_INDEX.tail[1])
+    return indexed
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+
+class _SqliteTx:
+    """The ``LedgerTx`` of one operation, on the writer's connection. ``batch_full`` is
+    called after every ``GOALS_BATCH``-th insert (from inside that operation)."""
+
+    def __init__(
+        self, conn: sqlite3.Connection, batch_full: Callable[[], object] = lambda: None
+    ) -> None:
         self._conn = conn
+        self._batch_full = batch_full
+        self._inserted = 0
         self._updates = UpdateCompiler(PLACEHOLDER)
         self._select_sql: dict[tuple[str, ...], str] = {}
         self._insert_sql: dict[tuple[str, ...], str] = {}
@@ -337,6 +354,9 @@ class _SqliteTx:
             self._conn.execute(sql, _params(row, cols))
         except sqlite3.IntegrityError as exc:
             raise DuplicateDeliveryError(f"a ledger row with id {row['id']!r} exists") from exc
+        self._inserted += 1
+        if self._inserted % GOALS_BATCH == 0:
+            self._batch_full()
 
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
         return self._conn.execute(*self._updates.statement(row_id, expect, changes)).rowcount == 1
@@ -402,7 +422,7 @@ class SqliteBackend:
         self._writer: GroupCommitWriter[_SqliteTx] = GroupCommitWriter(
             self.path,
             self._open_writer,
-            context=_SqliteTx,
+            context=lambda conn: _SqliteTx(conn, self._index_goals_later),
             unavailable=LedgerUnavailable,
             name="ledger-writer",
             max_batch=max_batch,
@@ -452,6 +472,17 @@ class SqliteBackend:
         # One writer connection: ``apart`` has no other to run on.
         return self._writer.submit(op, durable=durable).result()
 
+    def _index_goals_later(self) -> None:
+        # Queued for the writer thread, so the insert that filled the batch does not wait
+        # for it; nobody waits for its outcome, and a failure leaves the rows to the next one.
+        self._writer.submit_later(_index_goals, durable=False)
+
+    def _index_goals_now(self) -> None:
+        """Index every goal not yet indexed, if there is one (before a search). Not durable:
+        the index and its mark are lost together in a power cut, and indexed again."""
+        if self._scalars(GOALS_INDEX.has_tail)[0]:
+            self._writer.submit(_index_goals, durable=False).result()
+
     # -- reads -----------------------------------------------------------------------------
 
     def _reader(self) -> sqlite3.Connection:
@@ -483,6 +514,8 @@ class SqliteBackend:
         return rows[0] if rows else None
 
     def query(self, query: RowQuery) -> list[LedgerRow]:
+        if query.terms:
+            self._index_goals_now()
         where, params = query_filter(PLACEHOLDER, query, GOAL_SEARCH)
         # rowid is the order rows were written in: no index on created_at needed
         sql = f"{_SELECT}{where} ORDER BY rowid {'ASC' if query.oldest_first else 'DESC'} LIMIT ?"
@@ -640,6 +673,10 @@ class SqliteBackend:
     def close(self) -> None:
         if self._closed:
             return
+        try:  # a file closed in order holds every goal in its index
+            self._index_goals_now()
+        except LedgerError:
+            log.warning("the goals written last were left for the next open to index")
         self._closed = True
         self._writer.close()
         with self._readers_lock:
