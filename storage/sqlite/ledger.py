@@ -107,9 +107,8 @@ CREATE TABLE IF NOT EXISTS deliveries (
     not_before REAL,
     hook TEXT
 );
-CREATE INDEX IF NOT EXISTS ix_pending ON deliveries(due_at) WHERE delivery_state = 'pending';
-CREATE INDEX IF NOT EXISTS ix_pending_holder ON deliveries(holder)
-    WHERE delivery_state = 'pending' AND holder IS NOT NULL;
+CREATE INDEX IF NOT EXISTS ix_pending ON deliveries(due_at, holder)
+    WHERE delivery_state = 'pending';
 CREATE INDEX IF NOT EXISTS ix_pending_hook ON deliveries(hook)
     WHERE delivery_state = 'pending' AND hook IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ix_state_owner ON deliveries(state, owner) WHERE {_ACTIVE};
@@ -136,26 +135,24 @@ CREATE TABLE IF NOT EXISTS servers (
 """
 _SCHEMA = _LEDGER_SCHEMA + WEBHOOK_DDL
 
-# Five indexes leave out the rows whose column is NULL: no query looks a row up by a missing
-# holder, hook or session (each compares the column, or asks for it NOT NULL; a session's
-# rows are found by ``session_key = ? OR origin_session_id = ? OR ...``, one index per
-# term), and a new row has no holder or hook and mostly one or two of the three session
-# ids. So its insert, and the acknowledgement of a row without a hook, no longer write those
-# indexes' pages into the log: a sequential item wrote 27 pages, each fsynced, and now
-# writes fewer. A file made before keeps its older, wider indexes until it is opened by this
+# Four indexes leave out the rows whose column is NULL: no query looks a row up by a missing
+# hook or session (each compares the column, or asks for it NOT NULL; a session's rows are
+# found by ``session_key = ? OR origin_session_id = ? OR ...``, one index per term), and a
+# new row has no hook and mostly one or two of the three session ids. So its insert, and
+# the acknowledgement of a row without a hook, no longer write those indexes' pages into
+# the log. A file made before keeps its older, wider indexes until it is opened by this
 # version, which rebuilds them once (``_narrow_indexes``); an older version opening the file
 # after that finds the indexes by their names and leaves them as they are.
 # ``ix_state_owner`` keeps only the rows whose work is queued or running, the only states
 # recovery asks it for (``ACTIVE_STATES``): a finished row leaves it instead of moving to
 # the far end of an index that grew with every row ever written. Each value: the index's
-# statement, and the text that tells its narrow form in ``sqlite_master``.
+# statement, and the text that tells its current form in ``sqlite_master``.
 _NARROWED = {
     name: (
         f"CREATE INDEX {name} ON deliveries({column}) WHERE {pending}{column} IS NOT NULL",
         "IS NOT NULL",
     )
     for name, column, pending in (
-        ("ix_pending_holder", "holder", "delivery_state = 'pending' AND "),
         ("ix_pending_hook", "hook", "delivery_state = 'pending' AND "),
         ("ix_session_key", "session_key", ""),
         ("ix_origin_session", "origin_session_id", ""),
@@ -165,16 +162,23 @@ _NARROWED = {
     "ix_state_owner": (
         f"CREATE INDEX ix_state_owner ON deliveries(state, owner) WHERE {_ACTIVE}",
         "WHERE state IN",
-    )
+    ),
+    # Below: built in an earlier form by a build of this version's own making.
+    "ix_pending": (
+        "CREATE INDEX ix_pending ON deliveries(due_at, holder) WHERE delivery_state = 'pending'",
+        "(due_at, holder)",
+    ),
 }
-# ``ix_pending`` holds every pending row, keyed by its due time (NULL while its work runs):
-# the due rows and the earliest due time are a range of it, the counts of pending rows and
-# restore's scan read all of it. It replaces two indexes that files made before have
-# (``_MERGED``, dropped on open): one of due times, one of completion times over the same
-# rows. Each of them was written by three of an item's four commits (the insert, the
-# terminal row, the acknowledgement); one index is written once by each of those, two pages
-# less per item, each fsynced.
-_MERGED = ("ix_pending_due", "ix_pending_completed")
+# ``ix_pending`` holds every pending row, keyed by its due time (NULL while its work runs)
+# and its holder: the due rows and the earliest due time are a range of it; the counts of
+# pending rows, restore's scan and the holders (``pending_holders``, ``rows_held_by``: a
+# holder's rows are looked for only once it is dead) read all of it, as they read an index
+# over the same rows before. It replaces three indexes that files made before have
+# (``_MERGED``, dropped on open): of due times, of completion times and of holders, over the
+# same rows. Each was written by two or three of an item's four commits (the insert, the
+# terminal row, the acknowledgement); the one index is written once by each of those, four
+# pages less per item, each fsynced.
+_MERGED = ("ix_pending_due", "ix_pending_completed", "ix_pending_holder")
 # Recovery's two queries, answered by ``ix_state_owner``.
 SQL_ACTIVE_OWNERS = (
     f"SELECT DISTINCT owner FROM deliveries WHERE {_ACTIVE} AND state = ? AND owner IS NOT NULL"

@@ -86,8 +86,9 @@ class TestSqliteFile:
 
     @pytest.mark.usefixtures("backend")
     def test_the_pending_rows_queries_read_the_one_pending_index(self, db_path: Path) -> None:
-        """``ix_pending`` (every pending row, by due time) answers the due rows, the earliest
-        due time, the counts and restore's scan, none of them by scanning every row."""
+        """``ix_pending`` (every pending row, by due time and holder) answers the due rows,
+        the earliest due time, the counts, restore's scan and the holders, none of them by
+        scanning every row."""
         queries = (
             (
                 "SELECT min(due_at) FROM deliveries WHERE delivery_state = 'pending'"
@@ -105,6 +106,15 @@ class TestSqliteFile:
                 " AND completed_at IS NOT NULL AND event IS NOT NULL"
                 " ORDER BY completed_at, id LIMIT 5",
                 (),
+            ),
+            (
+                "SELECT DISTINCT holder FROM deliveries"
+                " WHERE delivery_state = 'pending' AND holder IS NOT NULL",
+                (),
+            ),
+            (
+                "SELECT id FROM deliveries WHERE delivery_state = 'pending' AND holder = ? LIMIT 5",
+                ("someone",),
             ),
         )
         with sqlite3.connect(db_path) as conn:
@@ -142,8 +152,8 @@ class TestSqliteFile:
         finished_row(ledger, "deleg_done")
         ledger.create("deleg_busy", kind="delegation", state="running", origin_ui_session_id="ui-1")
         backend.close()
-        narrowed = ("ix_pending_holder", "ix_pending_hook")
-        columns = ("holder", "hook")
+        narrowed = ("ix_pending_hook",)
+        columns = ("hook",)
         sessions = ("ix_session_key", "ix_origin_session", "ix_origin_ui_session")
         session_columns = ("session_key", "origin_session_id", "origin_ui_session_id")
         with sqlite3.connect(db_path) as conn:  # as an older version wrote them
@@ -157,7 +167,11 @@ class TestSqliteFile:
                 conn.execute(f"CREATE INDEX {name} ON deliveries({column})")
             conn.execute("DROP INDEX ix_state_owner")
             conn.execute("CREATE INDEX ix_state_owner ON deliveries(state, owner)")
-            conn.execute("DROP INDEX ix_pending")  # its two forerunners over the same rows
+            conn.execute("DROP INDEX ix_pending")  # its three forerunners over the same rows
+            conn.execute(
+                "CREATE INDEX ix_pending_holder ON deliveries(holder)"
+                " WHERE delivery_state = 'pending'"
+            )
             conn.execute(
                 "CREATE INDEX ix_pending_due ON deliveries(due_at) WHERE delivery_state = 'pending'"
             )
@@ -178,8 +192,10 @@ class TestSqliteFile:
             conn.close()
             for name, column in zip(narrowed + sessions, columns + session_columns, strict=True):
                 assert f"{column} IS NOT NULL" in found[name], found[name]
-            assert "ix_pending_due" not in found and "ix_pending_completed" not in found
+            for gone in ("ix_pending_due", "ix_pending_completed", "ix_pending_holder"):
+                assert gone not in found, gone
             assert "IS NOT NULL" not in found["ix_pending"]  # counts scan it
+            assert "(due_at, holder)" in found["ix_pending"]
             assert "WHERE state IN ('queued', 'running')" in found["ix_state_owner"]
             busy = backend.get("deleg_busy")
             assert busy is not None and busy.owner is not None
