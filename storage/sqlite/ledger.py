@@ -479,7 +479,10 @@ class SqliteBackend:
     def _index_goals_later(self) -> None:
         # Queued for the writer thread, so the insert that filled the batch does not wait
         # for it; nobody waits for its outcome, and a failure leaves the rows to the next one.
-        self._writer.submit_later(_index_goals, durable=False)
+        # Never fails the insert that calls it: a writer closing meanwhile leaves the rows
+        # to the next open's first search.
+        with contextlib.suppress(LedgerUnavailable):
+            self._writer.submit_later(_index_goals, durable=False)
 
     def _index_goals_now(self) -> None:
         """Index every goal not yet indexed, if there is one (before a search). Not durable:

@@ -354,6 +354,16 @@ def test_goals_are_indexed_in_batches_and_a_search_never_misses_one(
     _fts_intact(path)
 
 
+def test_a_batch_filled_while_the_writer_closes_never_fails_its_insert(tmp_path: Path) -> None:
+    """The insert that fills a batch queues its indexing; with the writer closing (its
+    queue still being written), that queueing is skipped, not raised into the insert."""
+    backend = sqlite_ledger(tmp_path / "ledger.db")
+    writer = backend._writer  # type: ignore[attr-defined]
+    writer.close()
+    backend._index_goals_later()  # type: ignore[attr-defined]
+    backend.close()
+
+
 def test_rows_left_unindexed_by_a_crash_are_found_and_follow_deletes(
     tmp_path: Path, clock: FakeClock
 ) -> None:
