@@ -14,8 +14,8 @@ An index that only answers ``MATCH`` (no ``snippet``, no ranking) keeps no colum
 A ``batched`` index takes new rows in batches instead of in each insert's transaction
 (every insert wrote two to three pages of the index into the log, fsynced with the row):
 a one-row table ``<name>_mark`` holds the highest key indexed, every row at or below it is
-in the index, and the rows above it (the tail) are indexed by ``index_tail``, which the
-store runs off the writers' path and before a search, so a search never misses a row. The
+in the index, and the rows above it (the tail) are indexed by ``tail``'s statements, which
+the store runs off the writers' path and before a search, so a search never misses a row. The
 triggers act only on rows at or below the mark (a row above it is read as it is when the
 tail is indexed); an insert at or below it (a key reused after a delete) is indexed at once.
 A file with the per-insert triggers gets the guarded ones and its mark, once, on open, its
