@@ -21,13 +21,16 @@ Prints, for one run on this machine:
     pattern, and the interleaved ratio does not;
   * interleaved too, the two durable commits alone (the row, the terminal row) on a file
     with the ledger's whole schema (its indexes, the goals' text index): what the schema,
-    apart from the code around the commits, costs the disk per item.
+    apart from the code around the commits, costs the disk per item;
+  * the pages the pattern writes into the log per item (each one is fsynced by one of the
+    item's two durable commits), split by the commits that wrote them: the frames the
+    write-ahead log grows by, with automatic checkpoints off for the count.
 
 Usage: python bench/ledger.py [--items 20000] [--sequential-items 5000] [--rate 500]
                               [--seconds 6] [--sequential-only]
 
 ``--sequential-only`` runs and prints only the sequential pattern's lines (sequential, seq
-FULL, seq ratio, disk, seq floor, interleaved, schema, per item).
+FULL, seq ratio, disk, seq floor, interleaved, schema, per item, pages).
 """
 
 from __future__ import annotations
@@ -341,6 +344,41 @@ def interleaved(path: str, items: int, *, block: int = 100) -> dict:
     }
 
 
+def pages_per_item(path: str, items: int, *, warmup: int = 200) -> dict:
+    """The pages the sequential pattern writes into the log per item, counted as the frames
+    the write-ahead log grows by (automatic checkpoints off, so that it only grows), after
+    ``warmup`` items have given the file its first pages; split into the pages of durable
+    commits and of NORMAL ones (whose pages the next durable commit's fsync flushes)."""
+    queue = CompletionQueue()
+    rt = ad.configure_runtime(path, completion_queue=queue, max_queued=16)
+    writer = rt.ledger.backend._writer
+    writer._conn.execute("PRAGMA wal_autocheckpoint = 0")
+    for _ in range(warmup):
+        _one_item(queue)
+    writer._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    frame = 24 + writer._conn.execute("PRAGMA page_size").fetchone()[0]
+    wal = f"{path}-wal"
+    grown = {True: 0, False: 0}
+    plain = writer._commit
+
+    def commit(conn: Any, context: Any, batch: list) -> None:
+        before = os.path.getsize(wal)
+        try:
+            plain(conn, context, batch)
+        finally:
+            grown[any(durable for _, _, durable in batch)] += os.path.getsize(wal) - before
+
+    writer._commit = commit
+    for _ in range(items):
+        if not _one_item(queue):
+            raise RuntimeError("an item of the sequential pattern was not delivered")
+    ad.reset_runtime()
+    header = 32  # the log's own header, written once by the first commit after the reset
+    durable = (grown[True] - header) / frame / items
+    normal = grown[False] / frame / items
+    return {"items": items, "pages": durable + normal, "durable": durable, "normal": normal}
+
+
 def latency(path: str, rate: float, seconds: float) -> dict:
     queue = CompletionQueue()
     ad.configure_runtime(path, completion_queue=queue, max_queued=100_000)
@@ -581,6 +619,7 @@ def main() -> None:
         floor = durable_commit_floor(f"{tmp}/floor.db")
         seq_floor = sequential_floor(f"{tmp}/seq-floor.db", args.sequential_items)
         mixed = interleaved(f"{tmp}/interleaved.db", args.sequential_items)
+        pages = pages_per_item(f"{tmp}/pages.db", min(args.sequential_items, 1_000))
     fsync = None if seq_only else count_fsyncs(args.items, args.producers)
 
     print(f"sqlite {sqlite3.sqlite_version}, synchronous=FULL, WAL, {os.cpu_count()} cores")
@@ -632,6 +671,11 @@ def main() -> None:
         f"(two bare ones beside them: {2 * mixed['bare_ms']:.3f}) + NORMAL commits "
         f"{mixed['normal_ms']:.3f} + CPU outside commits {mixed['cpu_ms']:.3f} + waiting for "
         f"a thread to run (hand-offs, wake-ups) {mixed['wait_ms']:.3f}"
+    )
+    print(
+        f"pages      : {pages['pages']:.1f} pages written into the log per item "
+        f"({pages['items']} items; {pages['durable']:.1f} by its two durable commits, "
+        f"{pages['normal']:.1f} by its NORMAL commits, fsynced by the next durable one)"
     )
     if seq_only:
         return

@@ -10,6 +10,16 @@ file made before the index existed gets it, with every row already there, once, 
 An index that only answers ``MATCH`` (no ``snippet``, no ranking) keeps no column sizes
 (``column_sizes=False``, FTS5's ``columnsize = 0``): each insert then writes one page less
 (its ``_docsize`` row). A file whose index has them gets it rebuilt without, once, on open.
+
+A ``batched`` index takes new rows in batches instead of in each insert's transaction
+(every insert wrote two to three pages of the index into the log, fsynced with the row):
+a one-row table ``<name>_mark`` holds the highest key indexed, every row at or below it is
+in the index, and the rows above it (the tail) are indexed by ``tail``'s statements, which
+the store runs off the writers' path and before a search, so a search never misses a row. The
+triggers act only on rows at or below the mark (a row above it is read as it is when the
+tail is indexed); an insert at or below it (a key reused after a delete) is indexed at once.
+A file with the per-insert triggers gets the guarded ones and its mark, once, on open, its
+index kept as it is.
 """
 
 from __future__ import annotations
@@ -35,25 +45,59 @@ class TextIndex:
     column: str
     key: str = "rowid"
     column_sizes: bool = True
+    batched: bool = False
+
+    @property
+    def mark(self) -> str:
+        """The table of a batched index's mark: the highest key indexed."""
+        return f"{self.name}_mark"
 
     @property
     def ddl(self) -> str:
-        """The index and its three triggers."""
+        """The index and its three triggers (and a batched index's mark, at the table's
+        highest key: ``fill`` indexes every row there is)."""
+        n, t, c, k = self.name, self.table, self.column, self.key
+        sizes = "" if self.column_sizes else f", {_NO_COLUMN_SIZES}"
+        index = f"""
+CREATE VIRTUAL TABLE {n} USING fts5(
+    {c}, content = '{t}', content_rowid = '{k}', tokenize = 'unicode61'{sizes}
+);"""
+        mark = f"\n{self._mark_table}\n{self._mark_at_last};" if self.batched else ""
+        return index + mark + self._triggers
+
+    @property
+    def _mark_table(self) -> str:
+        return (
+            f"CREATE TABLE IF NOT EXISTS {self.mark}"
+            " (id INTEGER PRIMARY KEY CHECK (id = 0), upto INTEGER NOT NULL);"
+        )
+
+    @property
+    def _mark_at_last(self) -> str:
+        """Set a batched index's mark at the table's last row (all of them indexed)."""
+        t, k = self.table, self.key
+        return (
+            f"INSERT OR REPLACE INTO {self.mark} (id, upto)"
+            f" VALUES (0, coalesce((SELECT max({k}) FROM {t}), 0))"
+        )
+
+    @property
+    def _triggers(self) -> str:
         n, t, c, k = self.name, self.table, self.column, self.key
         forget = f"INSERT INTO {n} ({n}, rowid, {c}) VALUES ('delete', old.{k}, old.{c});"
         learn = f"INSERT INTO {n} (rowid, {c}) VALUES (new.{k}, new.{c});"
-        sizes = "" if self.column_sizes else f", {_NO_COLUMN_SIZES}"
+        new_in = old_in = ""
+        if self.batched:  # only the rows the index holds; the tail is indexed as it is then
+            upto = f"(SELECT upto FROM {self.mark})"
+            new_in, old_in = f" WHEN new.{k} <= {upto}", f" WHEN old.{k} <= {upto}"
         return f"""
-CREATE VIRTUAL TABLE {n} USING fts5(
-    {c}, content = '{t}', content_rowid = '{k}', tokenize = 'unicode61'{sizes}
-);
-CREATE TRIGGER {n}_insert AFTER INSERT ON {t} BEGIN
+CREATE TRIGGER {n}_insert AFTER INSERT ON {t}{new_in} BEGIN
     {learn}
 END;
-CREATE TRIGGER {n}_delete AFTER DELETE ON {t} BEGIN
+CREATE TRIGGER {n}_delete AFTER DELETE ON {t}{old_in} BEGIN
     {forget}
 END;
-CREATE TRIGGER {n}_update AFTER UPDATE OF {c} ON {t} BEGIN
+CREATE TRIGGER {n}_update AFTER UPDATE OF {c} ON {t}{old_in} BEGIN
     {forget}
     {learn}
 END;
@@ -67,19 +111,53 @@ END;
     @property
     def drop(self) -> str:
         """Remove the index and its triggers (to build it again in a newer form)."""
-        n = self.name
-        triggers = "".join(
-            f"DROP TRIGGER IF EXISTS {n}_{w};" for w in ("insert", "delete", "update")
+        return f"{self._drop_triggers}DROP TABLE IF EXISTS {self.name};" + (
+            f"DROP TABLE IF EXISTS {self.mark};" if self.batched else ""
         )
-        return f"{triggers}DROP TABLE IF EXISTS {n};"
+
+    @property
+    def _drop_triggers(self) -> str:
+        n = self.name
+        return "".join(f"DROP TRIGGER IF EXISTS {n}_{w};" for w in ("insert", "delete", "update"))
+
+    @property
+    def tail(self) -> tuple[str, str]:
+        """A batched index's two statements that index the rows above its mark and move the
+        mark to the last of them (one transaction; the first one's row count is the rows
+        indexed)."""
+        n, t, c, k, mark = self.name, self.table, self.column, self.key, self.mark
+        last = f"(SELECT max({k}) FROM {t})"
+        return (
+            f"INSERT INTO {n} (rowid, {c}) SELECT {k}, {c} FROM {t}"
+            f" WHERE {k} > (SELECT upto FROM {mark}) ORDER BY {k}",
+            f"UPDATE {mark} SET upto = {last} WHERE {last} > upto",
+        )
+
+    @property
+    def has_tail(self) -> str:
+        """A query: 1 when rows above a batched index's mark wait to be indexed, else 0."""
+        return (
+            f"SELECT EXISTS (SELECT 1 FROM {self.table}"
+            f" WHERE {self.key} > (SELECT upto FROM {self.mark}))"
+        )
 
     def add_to(self, conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> None:
         """Give an older file this index with its rows already indexed, or the index it has
-        in the form this one asks for, once (a file that has it takes no write lock)."""
+        in the form this one asks for, once (a file that has it takes no write lock). A
+        batched index whose file has only the per-insert triggers keeps its index (it holds
+        every row) and gets the guarded triggers with its mark at the table's last row."""
         current = None if self.column_sizes else _NO_COLUMN_SIZES
         sqlite_files.add_once(
             conn, spec, self.name, self.ddl, self.fill, current=current, drop=self.drop
         )
+        if self.batched:
+            sqlite_files.add_once(
+                conn,
+                spec,
+                self.mark,
+                self._drop_triggers + self._mark_table + self._triggers,
+                self._mark_at_last,
+            )
 
 
 def fts_query(terms: Sequence[str]) -> str:

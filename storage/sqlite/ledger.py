@@ -107,12 +107,8 @@ CREATE TABLE IF NOT EXISTS deliveries (
     not_before REAL,
     hook TEXT
 );
-CREATE INDEX IF NOT EXISTS ix_pending_due ON deliveries(due_at)
-    WHERE delivery_state = 'pending' AND due_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS ix_pending_completed ON deliveries(completed_at)
+CREATE INDEX IF NOT EXISTS ix_pending ON deliveries(due_at, holder)
     WHERE delivery_state = 'pending';
-CREATE INDEX IF NOT EXISTS ix_pending_holder ON deliveries(holder)
-    WHERE delivery_state = 'pending' AND holder IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ix_pending_hook ON deliveries(hook)
     WHERE delivery_state = 'pending' AND hook IS NOT NULL;
 CREATE INDEX IF NOT EXISTS ix_state_owner ON deliveries(state, owner) WHERE {_ACTIVE};
@@ -139,28 +135,24 @@ CREATE TABLE IF NOT EXISTS servers (
 """
 _SCHEMA = _LEDGER_SCHEMA + WEBHOOK_DDL
 
-# Six indexes leave out the rows whose column is NULL: no query looks a row up by a missing
-# due time, holder, hook or session (each compares the column, or asks for it NOT NULL; a
-# session's rows are found by ``session_key = ? OR origin_session_id = ? OR ...``, one
-# index per term), and a new row has no due time, holder or hook and mostly one or two of
-# the three session ids. So its insert, and the acknowledgement of a row without a hook, no
-# longer write those indexes' pages into the log: a sequential item wrote 27 pages, each
-# fsynced, and now writes 21. ``ix_pending_completed`` keeps every pending row: the counts of
-# pending rows scan it. A file made before keeps its older, wider indexes until it is opened
-# by this version, which rebuilds them once (``_narrow_indexes``); an older version opening
-# the file after that finds the indexes by their names and leaves them as they are.
+# Four indexes leave out the rows whose column is NULL: no query looks a row up by a missing
+# hook or session (each compares the column, or asks for it NOT NULL; a session's rows are
+# found by ``session_key = ? OR origin_session_id = ? OR ...``, one index per term), and a
+# new row has no hook and mostly one or two of the three session ids. So its insert, and
+# the acknowledgement of a row without a hook, no longer write those indexes' pages into
+# the log. A file made before keeps its older, wider indexes until it is opened by this
+# version, which rebuilds them once (``_narrow_indexes``); an older version opening the file
+# after that finds the indexes by their names and leaves them as they are.
 # ``ix_state_owner`` keeps only the rows whose work is queued or running, the only states
 # recovery asks it for (``ACTIVE_STATES``): a finished row leaves it instead of moving to
 # the far end of an index that grew with every row ever written. Each value: the index's
-# statement, and the text that tells its narrow form in ``sqlite_master``.
+# statement, and the text that tells its current form in ``sqlite_master``.
 _NARROWED = {
     name: (
         f"CREATE INDEX {name} ON deliveries({column}) WHERE {pending}{column} IS NOT NULL",
         "IS NOT NULL",
     )
     for name, column, pending in (
-        ("ix_pending_due", "due_at", "delivery_state = 'pending' AND "),
-        ("ix_pending_holder", "holder", "delivery_state = 'pending' AND "),
         ("ix_pending_hook", "hook", "delivery_state = 'pending' AND "),
         ("ix_session_key", "session_key", ""),
         ("ix_origin_session", "origin_session_id", ""),
@@ -170,8 +162,23 @@ _NARROWED = {
     "ix_state_owner": (
         f"CREATE INDEX ix_state_owner ON deliveries(state, owner) WHERE {_ACTIVE}",
         "WHERE state IN",
-    )
+    ),
+    # Below: built in an earlier form by a build of this version's own making.
+    "ix_pending": (
+        "CREATE INDEX ix_pending ON deliveries(due_at, holder) WHERE delivery_state = 'pending'",
+        "(due_at, holder)",
+    ),
 }
+# ``ix_pending`` holds every pending row, keyed by its due time (NULL while its work runs)
+# and its holder: the due rows and the earliest due time are a range of it; the counts of
+# pending rows, restore's scan and the holders (``pending_holders``, ``rows_held_by``: a
+# holder's rows are looked for only once it is dead) read all of it, as they read an index
+# over the same rows before. It replaces three indexes that files made before have
+# (``_MERGED``, dropped on open): of due times, of completion times and of holders, over the
+# same rows. Each was written by two or three of an item's four commits (the insert, the
+# terminal row, the acknowledgement); the one index is written once by each of those, four
+# pages less per item, each fsynced.
+_MERGED = ("ix_pending_due", "ix_pending_completed", "ix_pending_holder")
 # Recovery's two queries, answered by ``ix_state_owner``.
 SQL_ACTIVE_OWNERS = (
     f"SELECT DISTINCT owner FROM deliveries WHERE {_ACTIVE} AND state = ? AND owner IS NOT NULL"
@@ -201,12 +208,17 @@ CREATE TABLE IF NOT EXISTS leases (
 );
 """
 
-# v5: an FTS5 index over the goals (``RowQuery.text``; ``storage.sqlite.fts``), kept in
-# step by triggers in the same transaction as every write of a row (its insert, retention's
-# delete, a change of its goal), built with the rows already there when an older file opens.
-# It only answers MATCH, so it keeps no column sizes (one page less per insert); an index
-# built with them is rebuilt without, once, on open.
-GOALS_INDEX = TextIndex("deliveries_fts", "deliveries", "goal", column_sizes=False)
+# v5: an FTS5 index over the goals (``RowQuery.text``; ``storage.sqlite.fts``), built with
+# the rows already there when an older file opens. It only answers MATCH, so it keeps no
+# column sizes (one page less per insert); an index built with them is rebuilt without,
+# once, on open. It is batched: a new row's goal is indexed with the rows written after it,
+# ``GOALS_BATCH`` at a time, by an operation the writer thread commits after the insert that
+# filled the batch, and before any search (``SqliteBackend.query``), so no search misses a
+# row; the insert of a row no longer writes the index's two to three pages into the log
+# that the row's own fsync waits for. Triggers keep the rows indexed so far in step with
+# retention's deletes and a change of a goal, in the same transaction.
+GOALS_INDEX = TextIndex("deliveries_fts", "deliveries", "goal", column_sizes=False, batched=True)
+GOALS_BATCH = 128
 GOAL_SEARCH = GoalSearch(
     "rowid IN (SELECT rowid FROM deliveries_fts WHERE deliveries_fts MATCH ?)", fts_query
 )
@@ -261,7 +273,8 @@ _BACKFILLS = {
 
 def _narrow_indexes(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> None:
     """Rebuild, once, an index of ``_NARROWED`` that a file made before still has in its
-    wider form (one transaction; a file that has them narrowed takes no write lock)."""
+    wider form, and drop the indexes ``ix_pending`` replaced (``_MERGED``); one transaction,
+    and a file that has them as they should be takes no write lock."""
     found = "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?"
 
     def wide() -> list[str]:
@@ -271,13 +284,18 @@ def _narrow_indexes(conn: sqlite3.Connection, spec: sqlite_files.SqliteFile) -> 
             if marker not in ((conn.execute(found, (name,)).fetchone() or ("",))[0] or "")
         ]
 
-    if not wide():
+    def merged() -> list[str]:
+        return [name for name in _MERGED if conn.execute(found, (name,)).fetchone()]
+
+    if not wide() and not merged():
         return
     try:
         conn.execute("BEGIN IMMEDIATE")
         for name in wide():  # again under the lock: another process may have just done it
             conn.execute(f"DROP INDEX IF EXISTS {name}")
             conn.execute(_NARROWED[name][0])
+        for name in merged():
+            conn.execute(f"DROP INDEX {name}")
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
         if conn.in_transaction:
@@ -296,11 +314,23 @@ def _add_columns(conn: sqlite3.Connection) -> None:
                 conn.execute(_BACKFILLS[name])
 
 
-class _SqliteTx:
-    """The ``LedgerTx`` of one operation, on the writer's connection."""
+def _index_goals(tx: _SqliteTx) -> int:
+    """Index the goals of the rows written since the last batch (``GOALS_INDEX``): how many."""
+    indexed = int(tx.execute(GOALS_INDEX.tail[0]).rowcount)
+    tx.execute(GOALS_INDEX.tail[1])
+    return indexed
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+
+class _SqliteTx:
+    """The ``LedgerTx`` of one operation, on the writer's connection. ``batch_full`` is
+    called after every ``GOALS_BATCH``-th insert (from inside that operation)."""
+
+    def __init__(
+        self, conn: sqlite3.Connection, batch_full: Callable[[], object] = lambda: None
+    ) -> None:
         self._conn = conn
+        self._batch_full = batch_full
+        self._inserted = 0
         self._updates = UpdateCompiler(PLACEHOLDER)
         self._select_sql: dict[tuple[str, ...], str] = {}
         self._insert_sql: dict[tuple[str, ...], str] = {}
@@ -328,6 +358,9 @@ class _SqliteTx:
             self._conn.execute(sql, _params(row, cols))
         except sqlite3.IntegrityError as exc:
             raise DuplicateDeliveryError(f"a ledger row with id {row['id']!r} exists") from exc
+        self._inserted += 1
+        if self._inserted % GOALS_BATCH == 0:
+            self._batch_full()
 
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
         return self._conn.execute(*self._updates.statement(row_id, expect, changes)).rowcount == 1
@@ -393,7 +426,7 @@ class SqliteBackend:
         self._writer: GroupCommitWriter[_SqliteTx] = GroupCommitWriter(
             self.path,
             self._open_writer,
-            context=_SqliteTx,
+            context=lambda conn: _SqliteTx(conn, self._index_goals_later),
             unavailable=LedgerUnavailable,
             name="ledger-writer",
             max_batch=max_batch,
@@ -443,6 +476,20 @@ class SqliteBackend:
         # One writer connection: ``apart`` has no other to run on.
         return self._writer.submit(op, durable=durable).result()
 
+    def _index_goals_later(self) -> None:
+        # Queued for the writer thread, so the insert that filled the batch does not wait
+        # for it; nobody waits for its outcome, and a failure leaves the rows to the next one.
+        # Never fails the insert that calls it: a writer closing meanwhile leaves the rows
+        # to the next open's first search.
+        with contextlib.suppress(LedgerUnavailable):
+            self._writer.submit_later(_index_goals, durable=False)
+
+    def _index_goals_now(self) -> None:
+        """Index every goal not yet indexed, if there is one (before a search). Not durable:
+        the index and its mark are lost together in a power cut, and indexed again."""
+        if self._scalars(GOALS_INDEX.has_tail)[0]:
+            self._writer.submit(_index_goals, durable=False).result()
+
     # -- reads -----------------------------------------------------------------------------
 
     def _reader(self) -> sqlite3.Connection:
@@ -474,6 +521,8 @@ class SqliteBackend:
         return rows[0] if rows else None
 
     def query(self, query: RowQuery) -> list[LedgerRow]:
+        if query.terms:
+            self._index_goals_now()
         where, params = query_filter(PLACEHOLDER, query, GOAL_SEARCH)
         # rowid is the order rows were written in: no index on created_at needed
         sql = f"{_SELECT}{where} ORDER BY rowid {'ASC' if query.oldest_first else 'DESC'} LIMIT ?"
@@ -496,7 +545,7 @@ class SqliteBackend:
     def next_due_at(self) -> float | None:
         found = self._scalars(
             "SELECT min(due_at) FROM deliveries"
-            " WHERE delivery_state = 'pending' AND due_at IS NOT NULL"  # ix_pending_due's rows
+            " WHERE delivery_state = 'pending' AND due_at IS NOT NULL"  # a range of ix_pending
         )
         return found[0] if found else None
 
@@ -631,6 +680,10 @@ class SqliteBackend:
     def close(self) -> None:
         if self._closed:
             return
+        try:  # a file closed in order holds every goal in its index
+            self._index_goals_now()
+        except LedgerError:
+            log.warning("the goals written last were left for the next open to index")
         self._closed = True
         self._writer.close()
         with self._readers_lock:

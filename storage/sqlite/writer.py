@@ -118,6 +118,16 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
         self._enqueue((op, LoopWaiter(loop, fut), durable))
         return fut
 
+    def submit_later(self, op: Callable[[C], T], *, durable: bool = True) -> WriteFuture[T]:
+        """Like ``submit``, but always for the writer thread, never committed by the caller:
+        upkeep that nobody waits for (an operation may queue it for later, off its
+        caller's path), committed with whatever is waiting then."""
+        if self._closed:
+            raise self._unavailable(f"{self.path} is closed")
+        fut: WriteFuture[T] = WriteFuture()
+        self._enqueue((op, fut, durable))
+        return fut
+
     def write(self, op: Callable[[C], T], *, durable: bool = True) -> T:
         return self.submit(op, durable=durable).result()
 

@@ -16,7 +16,8 @@ from delivery.rows import RowQuery
 from delivery.session_backend import holds_terms, search_terms
 from storage.postgres import sql as pg_sql
 from storage.sql import query_filter
-from storage.sqlite.ledger import GOAL_SEARCH, GOALS_INDEX, SCHEMA_VERSION
+from storage.sqlite.fts import TextIndex
+from storage.sqlite.ledger import GOAL_SEARCH, GOALS_BATCH, GOALS_INDEX, SCHEMA_VERSION
 from tests.delivery._support import FakeClock
 from tests.stores import sqlite_ledger
 
@@ -308,6 +309,134 @@ def test_the_index_follows_deletes_goal_changes_and_vacuum(
         ]
     finally:
         ledger.close()
+
+
+def _indexed(path: Path) -> tuple[int, int]:
+    """The batched index's mark and how many rows lie above it (the tail)."""
+    raw = sqlite3.connect(path)
+    try:
+        (upto,) = raw.execute("SELECT upto FROM deliveries_fts_mark").fetchone()
+        (tail,) = raw.execute("SELECT count(*) FROM deliveries WHERE rowid > ?", (upto,)).fetchone()
+        return int(upto), int(tail)
+    finally:
+        raw.close()
+
+
+def test_goals_are_indexed_in_batches_and_a_search_never_misses_one(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """An insert's own commit leaves the text index alone (its pages would be fsynced with
+    the row); the writer indexes each full batch after it, and a search indexes what is left
+    first, so it finds a goal written a moment before."""
+    path = tmp_path / "ledger.db"
+    ledger = _open(path, clock)
+    try:
+        ledger.create("deleg_first", kind="delegation", goal="nightly backup")
+        assert _indexed(path) == (0, 1)  # committed, not indexed yet
+        assert _ids(ledger, "backup") == ["deleg_first"]
+        assert _indexed(path) == (1, 0)
+        futures = [
+            ledger.submit_create(f"deleg_b{i:04d}", kind="delegation", goal=f"batch {i:04d}")
+            for i in range(GOALS_BATCH)
+        ]
+        for future in futures:
+            future.result()
+        ledger.create("deleg_after", kind="delegation", goal="after the batch")
+        # The batch's indexing was queued behind the inserts: flush the writer's queue.
+        ledger.backend.write(lambda tx: None)
+        upto, tail = _indexed(path)
+        assert upto >= GOALS_BATCH and tail < GOALS_BATCH  # a full batch was indexed
+        assert _ids(ledger, "batch 0007") == ["deleg_b0007"]
+        assert _ids(ledger, "after batch") == ["deleg_after"]
+    finally:
+        ledger.close()
+    assert _indexed(path)[1] == 0  # closed in order: everything indexed
+    _fts_intact(path)
+
+
+def test_a_batch_filled_while_the_writer_closes_never_fails_its_insert(tmp_path: Path) -> None:
+    """The insert that fills a batch queues its indexing; with the writer closing (its
+    queue still being written), that queueing is skipped, not raised into the insert."""
+    backend = sqlite_ledger(tmp_path / "ledger.db")
+    writer = backend._writer  # type: ignore[attr-defined]
+    writer.close()
+    backend._index_goals_later()  # type: ignore[attr-defined]
+    backend.close()
+
+
+def test_rows_left_unindexed_by_a_crash_are_found_and_follow_deletes(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Rows a killed server wrote after the last batch (the tail, as it left the file) are
+    indexed by the next search; a tail row deleted or changed before that is indexed as it
+    is then; a key reused after the last indexed row was deleted is indexed at once."""
+    path = _filled_file(tmp_path, clock, 10)
+    raw = sqlite3.connect(path, isolation_level=None)
+    for i, goal in enumerate(("crash survivor", "pruned before indexing", "renamed later")):
+        raw.execute(
+            "INSERT INTO deliveries (id, kind, state, delivery_state, goal, created_at,"
+            " updated_at) VALUES (?, 'delegation', 'running', 'pending', ?, 1, 1)",
+            (f"deleg_tail{i}", goal),
+        )
+    raw.execute("DELETE FROM deliveries WHERE id = 'deleg_tail1'")
+    raw.execute("UPDATE deliveries SET goal = 'renamed weekly' WHERE id = 'deleg_tail2'")
+    raw.close()
+    assert _indexed(path)[1] == 2
+    ledger = _open(path, clock)
+    try:
+        assert _ids(ledger, "survivor") == ["deleg_tail0"]
+        assert _ids(ledger, "pruned") == [] and _ids(ledger, "later") == []
+        assert _ids(ledger, "renamed weekly") == ["deleg_tail2"]
+    finally:
+        ledger.close()
+    _fts_intact(path)
+    raw = sqlite3.connect(path, isolation_level=None)
+    (last,) = raw.execute("SELECT max(rowid) FROM deliveries").fetchone()
+    raw.execute("DELETE FROM deliveries WHERE rowid = ?", (last,))
+    raw.execute(
+        "INSERT INTO deliveries (id, kind, state, delivery_state, goal, created_at,"
+        " updated_at) VALUES ('deleg_reused', 'delegation', 'running', 'pending',"
+        " 'reused key', 1, 1)"
+    )
+    (reused,) = raw.execute("SELECT rowid FROM deliveries WHERE id = 'deleg_reused'").fetchone()
+    assert reused <= last == _indexed(path)[0]
+    raw.close()
+    _fts_intact(path)  # indexed by its insert: at the mark, not above it
+
+
+def test_a_file_with_per_insert_triggers_keeps_its_index_and_gets_a_mark(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A file from before the batches (its index complete, triggers on every insert) gets
+    the guarded triggers and its mark at its last row on open, without a rebuild."""
+    path = _filled_file(tmp_path, clock, 20)
+    raw = sqlite3.connect(path, isolation_level=None)
+    older = TextIndex("deliveries_fts", "deliveries", "goal", column_sizes=False)
+    raw.executescript(GOALS_INDEX.drop + older.ddl + older.fill + ";")
+    (segments,) = raw.execute("SELECT count(*) FROM deliveries_fts_data").fetchone()
+    raw.close()
+
+    ledger = _open(path, clock)
+    try:
+        assert _indexed(path)[1] == 0
+        raw = sqlite3.connect(path)
+        triggers = [
+            sql
+            for (sql,) in raw.execute(
+                "SELECT sql FROM sqlite_master WHERE type = 'trigger'"
+                " AND name LIKE 'deliveries_fts_%'"
+            )
+        ]
+        assert len(triggers) == 3 and all("deliveries_fts_mark" in sql for sql in triggers)
+        # The index was kept, not built again.
+        assert raw.execute("SELECT count(*) FROM deliveries_fts_data").fetchone() == (segments,)
+        raw.close()
+        assert _ids(ledger, "backup") == ["deleg_old"]
+        ledger.create("deleg_new", kind="delegation", goal="written after the mark")
+        assert _ids(ledger, "mark") == ["deleg_new"]
+    finally:
+        ledger.close()
+    _fts_intact(path)
 
 
 # --------------------------------------------------------------------------- PostgreSQL
