@@ -236,7 +236,7 @@ async def test_a_drain_delivers_results_still_in_their_coalescing_window(
         port=0,
         webui_port=0,
         api_key="k",
-        coalesce_seconds=1.0,
+        coalesce_seconds=5.0,  # ample: the window is still open when the server stops
         drain_seconds=20.0,
         telegram_bot_token=bot.token,
         telegram_base_url=bot.base_url,
