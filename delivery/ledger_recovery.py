@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from delivery.backend import LedgerStore, LedgerTx
 from delivery.claims import check_id as _check_id
@@ -23,12 +24,34 @@ from delivery.rows import LedgerRow
 from delivery.states import State
 from delivery.steady import SteadyWall
 
-__all__ = ["SCAN_LIMIT", "LedgerRecovery"]
+__all__ = ["SCAN_LIMIT", "DueLocking", "LedgerRecovery"]
 
 log = logging.getLogger("delivery.ledger")
 
 SCAN_LIMIT = 10_000
 _SCAN_LIMIT = SCAN_LIMIT
+T = TypeVar("T")
+
+
+@runtime_checkable
+class DueLocking(Protocol):
+    """A store that can read the due rows in the transaction that offers them, locked for
+    it (PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` sent with its BEGIN). Over a
+    network that saves a re-offer batch the separate read (and the locking of its rows by
+    id); a store without it is read with ``due`` and written with ``write(apart=True)``."""
+
+    def write_due(
+        self,
+        now: float,
+        limit: int,
+        op: Callable[[LedgerTx, list[LedgerRow]], T],
+        *,
+        durable: bool = True,
+    ) -> T:
+        """``op`` written apart (``LedgerBackend.write``'s ``apart``), handed the pending
+        rows due at ``now`` (at most ``limit``, earliest first) no other transaction is
+        working on, already locked for it: its ``lock_free`` of them finds all free."""
+        ...
 
 
 class LedgerRecovery:
@@ -135,11 +158,28 @@ class LedgerRecovery:
         now = self.clock()
         return self._take(self.backend.pending_with_event(_SCAN_LIMIT), now, "restore")
 
-    def take_due(self, now: float | None = None, *, limit: int = _SCAN_LIMIT) -> list[JSONObject]:
+    def take_due(
+        self, now: float | None = None, *, limit: int = _SCAN_LIMIT, orphans: bool = True
+    ) -> list[JSONObject]:
         """Pending rows whose due time has come (at most ``limit``), or whose holder died:
-        offered again."""
+        offered again. ``orphans=False`` leaves out the rows of dead holders: a pass that
+        takes the due rows batch after batch looks for those once, with its first batch
+        (they are all taken then, and none is held by a dead server afterwards)."""
         now = self.clock() if now is None else now
-        rows = self.backend.due(now, limit)
+        orphaned = self._orphans() if orphans else []
+        if isinstance(self.backend, DueLocking):
+
+            def op(tx: LedgerTx, due: list[LedgerRow]) -> list[JSONObject]:
+                candidates = self._candidates(due + orphaned)
+                return self._reoffer(candidates, now, "orphan")(tx) if candidates else []
+
+            # Losing it in a power cut loses no result (see ``_take``).
+            return self.backend.write_due(now, limit, op, durable=False)
+        return self._take(self.backend.due(now, limit) + orphaned, now, "orphan")
+
+    def _orphans(self) -> list[LedgerRow]:
+        """The pending rows held by dead servers."""
+        rows: list[LedgerRow] = []
         for holder in self.backend.pending_holders():
             if holder != self.identity and self.is_dead(holder):
                 held = self.backend.rows_held_by(holder, _SCAN_LIMIT)
@@ -153,10 +193,11 @@ class LedgerRecovery:
                         ", ".join(r.id for r in held[:10]) + (" ..." if len(held) > 10 else ""),
                     )
                 rows.extend(held)
-        return self._take(rows, now, "orphan")
+        return rows
 
-    def _take(self, rows: list[LedgerRow], now: float, reason: str) -> list[JSONObject]:
-        policy, identity = self.policy, self.identity
+    @staticmethod
+    def _candidates(rows: list[LedgerRow]) -> list[LedgerRow]:
+        """The rows to offer, oldest completion first, each once, those with an event."""
         seen: set[str] = set()
         candidates = []
         for row in sorted(rows, key=lambda r: (r.completed_at or 0, r.id)):
@@ -164,19 +205,27 @@ class LedgerRecovery:
                 continue
             seen.add(row.id)
             candidates.append(row)
+        return candidates
 
+    def _reoffer(
+        self, candidates: list[LedgerRow], now: float, reason: str
+    ) -> Callable[[LedgerTx], list[JSONObject]]:
+        return reoffer_op(
+            candidates,
+            now,
+            reason,
+            self.policy,
+            self.identity,
+            self.servers.lapsed,
+            replay_now=self.steady.replay_now(now),
+        )
+
+    def _take(self, rows: list[LedgerRow], now: float, reason: str) -> list[JSONObject]:
+        candidates = self._candidates(rows)
         if not candidates:
             return []
         return self.backend.write(
-            reoffer_op(
-                candidates,
-                now,
-                reason,
-                policy,
-                identity,
-                self.servers.lapsed,
-                replay_now=self.steady.replay_now(now),
-            ),
+            self._reoffer(candidates, now, reason),
             # Losing it in a power cut loses no result: the rows stay due and are offered
             # again (a redelivery, which the sinks absorb), as a lost claim would be.
             durable=False,

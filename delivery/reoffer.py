@@ -144,8 +144,12 @@ class ReofferScheduler:
             self._emit(event)
         # In batches, each offered as soon as it is taken: when thousands of timers fall
         # due in one second, the first wake-ups go out while later ones are still taken.
+        # The rows of dead holders are looked for with the first batch only: every read
+        # costs a round trip, and under load a round trip is the GIL's to give back too.
+        first = True
         while True:
-            taken = self.ledger.take_due(limit=OFFER_BATCH)
+            taken = self.ledger.take_due(limit=OFFER_BATCH, orphans=first)
+            first = False
             for event in taken:
                 self._emit(event)
             if len(taken) < OFFER_BATCH or self._stopped.is_set():

@@ -23,6 +23,18 @@ LEDGER_PENDING_WITH_EVENT = (
 LEDGER_DUE = (
     f"{LEDGER_SELECT} WHERE delivery_state = 'pending' AND due_at <= %s ORDER BY due_at LIMIT %s"
 )
+# The same rows, read by the first statement of the transaction that offers them and locked
+# for it (``PostgresBackend.write_due``): rows another transaction is offering or settling
+# right now are skipped, not waited for, and the rows read are the rows locked, so the
+# offer's compare-and-sets need no second look. LockRows sits under the LIMIT: a skipped row
+# does not take a place in the batch. It runs with bitmap scans off: the rows of a burst
+# were written moments before, past the statistics' last due time, so the planner expects a
+# few dozen due rows and reads every due row through a bitmap, sorts them all, and locks
+# the first ``limit``. Ten thousand timers due at once cost 15 ms a batch that way, each
+# batch also rereading the index entries of the rows the batches before it moved; an index
+# scan in due order stops after ``limit`` rows (1 ms) and marks the moved rows' entries dead
+# as it passes them.
+LEDGER_DUE_LOCKED = f"{LEDGER_DUE} FOR UPDATE SKIP LOCKED"
 LEDGER_NEXT_DUE = "SELECT min(due_at) FROM deliveries WHERE delivery_state = 'pending'"
 # The distinct holders by hopping from one to the next through ix_pending_holder (a loose
 # index scan, one probe per holder), not a DISTINCT over every pending row: every re-offer

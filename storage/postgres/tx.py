@@ -40,9 +40,12 @@ _BATCH_MIN = 4
 class PgTx:
     """The ``LedgerTx`` of the operations of one batch, on a writer's connection."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], *, locked: Iterable[str] = ()) -> None:
         self._conn = conn
         self._cur = conn.cursor()
+        # Rows this transaction already holds locked (``PostgresBackend.write_due`` read
+        # them ``FOR UPDATE``): ``lock_free`` answers for them without asking again.
+        self._locked = frozenset(locked)
         self.dirty = False  # changed something since the last ``mark``
         self._select_sql: dict[tuple[str, ...], str] = {}
         self._insert_sql: dict[tuple[str, ...], str] = {}
@@ -148,9 +151,11 @@ class PgTx:
         return answers
 
     def lock_free(self, row_ids: list[str]) -> set[str]:
-        if not row_ids:
-            return set()
-        return {r[0] for r in self._exec(sql.LEDGER_LOCK_SKIP_LOCKED, (row_ids,)).fetchall()}
+        free = {row_id for row_id in row_ids if row_id in self._locked}
+        ask = [row_id for row_id in row_ids if row_id not in self._locked]
+        if ask:
+            free.update(r[0] for r in self._exec(sql.LEDGER_LOCK_SKIP_LOCKED, (ask,)).fetchall())
+        return free
 
     def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
         self._exec(sql.LEDGER_INSERT_AUDIT, (row_id, at, action, detail))
