@@ -121,6 +121,7 @@ class GatewayRunner:
         self._watcher: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._grace = shutdown_grace_seconds
+        self._grace_ends: float | None = None  # set once a drain began to spend the grace
         self.settler = Settler(self.consumer)
         self._batches: Coalescer[_Offer, Settled] = Coalescer(
             self._flush_batch,
@@ -136,11 +137,14 @@ class GatewayRunner:
             self._watcher = asyncio.create_task(self._watch(), name="completion-watcher")
 
     async def settle_queued(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds until every completion queued so far has been
-        taken and its delivery settled (a drain's last step, before ``stop`` cancels the
-        watch). True when nothing is left; False when time ran out or nothing watches."""
+        """Wait until every completion queued so far has been taken and its delivery
+        settled (a drain's last step, before ``stop`` cancels the watch): at most
+        ``timeout`` seconds, and never past the grace deliveries get at a stop, which this
+        wait spends (``stop`` gives the deliveries still running only what is left of it).
+        True when nothing is left; False when time ran out or nothing watches."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(timeout, 0.0)
+        self._grace_ends = loop.time() + self._grace
+        deadline = min(loop.time() + max(timeout, 0.0), self._grace_ends)
         while self._watcher is not None and not self._watcher.done():
             if self.queue.empty() and not self._handlers:
                 return True
@@ -163,7 +167,10 @@ class GatewayRunner:
         if self._handlers:
             # Deliveries in flight get a moment; a cancelled one keeps its ledger row
             # pending (its claim lapses and it is offered again).
-            await finish_or_cancel(self._handlers, self._grace)
+            grace = self._grace
+            if self._grace_ends is not None:
+                grace = max(0.0, self._grace_ends - asyncio.get_running_loop().time())
+            await finish_or_cancel(self._handlers, grace)
         await self._batches.close(0)
 
     # ----------------------------------------------------------------- the watcher

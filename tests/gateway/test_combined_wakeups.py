@@ -245,7 +245,7 @@ async def test_a_drain_delivers_results_still_in_their_coalescing_window(
     )
     model = GatedModel()
     try:
-        async with serve(settings, provider=model, shutdown_grace_seconds=0.5) as app:
+        async with serve(settings, provider=model, shutdown_grace_seconds=10.0) as app:
             session_id = telegram_session_id(SOURCE)
             make_session(app.store, session_id, source=SOURCE)
             gate = threading.Event()
@@ -260,5 +260,46 @@ async def test_a_drain_delivers_results_still_in_their_coalescing_window(
         ]
         assert len(model.wakes) == 1 and len(bot.texts_to(42)) == 1
     finally:
+        ad.reset_runtime()
+        process_registry.completion_queue.drain()
+
+
+async def test_a_drain_gives_a_stuck_wake_up_only_the_deliveries_grace(
+    tmp_path: Path, bot: FakeBotApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wake-up that cannot finish (its turn hangs) gets the grace every delivery in flight
+    gets at a stop, not the whole drain: the server stops, and the row stays pending for
+    the restart to offer again."""
+    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
+    ad.reset_runtime()
+    process_registry.completion_queue.drain()
+    settings = Settings(
+        home=tmp_path,
+        port=0,
+        webui_port=0,
+        api_key="k",
+        coalesce_seconds=0.0,
+        drain_seconds=60.0,
+        telegram_bot_token=bot.token,
+        telegram_base_url=bot.base_url,
+        telegram_allowed_users="42",
+        telegram_edit_interval=0.01,
+    )
+    model = GatedModel()
+    model.hold.set()
+    try:
+        async with serve(settings, provider=model, shutdown_grace_seconds=0.5) as app:
+            session_id = telegram_session_id(SOURCE)
+            make_session(app.store, session_id, source=SOURCE)
+            gate = threading.Event()
+            [row_id] = await asyncio.to_thread(_dispatch_siblings, session_id, ["a"], gate)
+            gate.set()
+            await _until(lambda: len(model.wakes) == 1)  # its wake-up turn hangs
+            began = time.monotonic()
+        # Far below the drain's 60 s: the delivery had its 0.5 s (and the turn its own).
+        assert time.monotonic() - began < 30
+        assert _row(row_id)["delivery_state"] == "pending"
+    finally:
+        model.released.set()
         ad.reset_runtime()
         process_registry.completion_queue.drain()
