@@ -10,8 +10,9 @@ result, and commits. Statements go in the order the operations were submitted, s
 every operation stops after its first statement, the outcome is exactly what running
 them one by one gives. An operation that wants a second statement (a compare-and-set
 that missed and looks at the row, say) makes the batch roll back and run the ordinary
-way: ``None`` tells the caller so. ``update_many`` over distinct rows (a re-offer pass
-marking hundreds of due timers) sends one statement per shape of update
+way: ``None`` tells the caller so. Audit entries after the first statement are the one
+exception: they are written together before the COMMIT. ``update_many`` over distinct rows
+(a re-offer pass marking hundreds of due timers) sends one statement per shape of update
 (``storage.postgres.cas_batch``), not one per row.
 """
 
@@ -161,6 +162,14 @@ class PgTx:
         self._exec(sql.LEDGER_INSERT_AUDIT, (row_id, at, action, detail))
         self.dirty = True
 
+    def audit_many(self, entries: list[tuple[str, str, str, float]]) -> None:
+        """Audit entries ``(row_id, action, detail, at)``, in order, in one round trip."""
+        self._cur.executemany(
+            sql.LEDGER_INSERT_AUDIT,
+            [(row_id, at, action, detail) for row_id, action, detail, at in entries],
+        )
+        self.dirty = True
+
     def put_server(self, record: ServerRecord) -> None:
         self._exec(
             sql.SERVERS_PUT,
@@ -231,12 +240,24 @@ class _FirstStatement(_OneStatementOnly):
 
 class _Answered(_OneStatementOnly):
     """A ``LedgerTx`` that answers an operation's first primitive from its pipelined
-    result, and stops the operation if it asks for anything more."""
+    result, and stops the operation if it asks for anything more, but an audit entry.
 
-    def __init__(self, tx: PgTx, first: _FirstStatement, rowcount: int) -> None:
+    An audit entry after the first statement (a timer's schedule: its insert, then its
+    entry) is kept in ``audits`` and written with the batch's others before its COMMIT:
+    nothing in a batch reads the audit log, so writing the entries after every operation's
+    first statement gives what running them one by one gives."""
+
+    def __init__(
+        self,
+        tx: PgTx,
+        first: _FirstStatement,
+        rowcount: int,
+        audits: list[tuple[str, str, str, float]],
+    ) -> None:
         self._tx = tx
         self._first: _FirstStatement | None = first
         self._rowcount = rowcount
+        self._audits = audits
 
     def _take(self, kind: str) -> _FirstStatement:
         first, self._first = self._first, None
@@ -251,6 +272,12 @@ class _Answered(_OneStatementOnly):
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
         self._take("update")
         return self._tx.updated(self._rowcount)
+
+    def audit(self, row_id: str, action: str, detail: str, at: float) -> None:
+        if self._first is not None:
+            raise _Stop  # an audit before the statement sent ahead: the ordinary way
+        self._audits.append((row_id, action, detail, at))
+        self._tx.dirty = True
 
 
 def run_pipelined(
@@ -284,13 +311,16 @@ def run_pipelined(
                     rowcounts[i] = 1 if firsts[i].row_id in changed else 0
             else:
                 rowcounts[positions[0]] = cur.rowcount
-        answered = [_Answered(tx, f, n) for f, n in zip(firsts, rowcounts, strict=True)]
+        audits: list[tuple[str, str, str, float]] = []
+        answered = [_Answered(tx, f, n, audits) for f, n in zip(firsts, rowcounts, strict=True)]
         try:
             outcomes = run_each(conn, tx, live, views=answered)
         except _Stop:
             conn.execute("ROLLBACK")
             return None
         if outcomes is not None:
+            if audits:
+                tx.audit_many(audits)
             conn.execute("COMMIT")
     except BaseException:
         rollback_quietly(conn)

@@ -328,5 +328,34 @@ async def test_one_statement_batches_go_in_one_pipeline_and_others_run_plainly(u
         assert isinstance(made[0], DuplicateDeliveryError) and made[1] == "made"
         assert counts == 1
         assert ledger.get("p9") is not None and ledger.get("p0").delivery_state == "pending"
+
+        # An insert and its audit entry (a timer's schedule) stay one pipeline: the entries
+        # are written together before the COMMIT, each with its row, in order.
+        def scheduled(row_id: str):
+            row = {**ledger.get("p1").as_dict(), "id": row_id}  # type: ignore[union-attr]
+
+            def op(tx):
+                tx.insert(row)
+                tx.audit(row_id, "schedule", f"{row_id} first", 1.0)
+                return row_id
+
+            return op
+
+        timers = [f"t{i}" for i in range(4)]
+        made, counts = await batch(*(scheduled(t) for t in timers))
+        assert made == timers and counts == 1
+        for t in timers:
+            assert [(e["action"], e["detail"]) for e in ledger.history(t)] == [
+                ("schedule", f"{t} first")
+            ]
+
+        # An audit entry before the statement sent ahead runs the batch the ordinary way.
+        def audit_first(tx):
+            tx.audit("p9", "note", "before", 2.0)
+            return tx.update("p9", {"delivery_state": "delivered"}, {"refunds": 1})
+
+        done, counts = await batch(audit_first, scheduled("t9"))
+        assert done == [True, "t9"] and counts == 0
+        assert ("note", "before") in [(e["action"], e["detail"]) for e in ledger.history("p9")]
     finally:
         backend.close()
