@@ -97,21 +97,25 @@ async def _until(check: Any, timeout: float = 20.0) -> None:
     await asyncio.to_thread(wait_until, check, timeout)
 
 
-def _dispatch_siblings(session_id: str, goals: list[str], gate: threading.Event) -> list[str]:
-    """Siblings that run together and finish together once ``gate`` opens."""
+def _dispatch_siblings(
+    session_id: str, goals: list[str], gate: threading.Event | list[threading.Event]
+) -> list[str]:
+    """Siblings that run together and finish together once ``gate`` opens (or each once its
+    own gate opens, given one per goal)."""
+    gates = gate if isinstance(gate, list) else [gate] * len(goals)
 
-    def runner_for(goal: str) -> Any:
+    def runner_for(goal: str, opened: threading.Event) -> Any:
         def run() -> dict[str, Any]:
-            gate.wait(10)
+            opened.wait(10)
             return {"status": "completed", "summary": f"{goal}: done"}
 
         return run
 
     ids = []
-    for goal in goals:
+    for goal, opened in zip(goals, gates, strict=True):
         res = ad.dispatch_async_delegation(
             goal=goal,
-            runner=runner_for(goal),
+            runner=runner_for(goal, opened),
             session_key=session_id,
             origin_session_id=session_id,
             max_async_children=len(goals),
@@ -248,10 +252,17 @@ async def test_a_drain_delivers_results_still_in_their_coalescing_window(
         async with serve(settings, provider=model, shutdown_grace_seconds=10.0) as app:
             session_id = telegram_session_id(SOURCE)
             make_session(app.store, session_id, source=SOURCE)
-            gate = threading.Event()
-            ids = await asyncio.to_thread(_dispatch_siblings, session_id, ["a", "b"], gate)
-            gate.set()
-            await _until(lambda: all(_row(i)["state"] == "completed" for i in ids))
+            first, second = threading.Event(), threading.Event()
+            ids = await asyncio.to_thread(
+                _dispatch_siblings, session_id, ["a", "b"], [first, second]
+            )
+            # One at a time: "a" arrives while "b" still runs, so its batch waits out the
+            # window. Had both arrived at once, nothing could join them and they would go
+            # home at once, before the server stops (the race CI once lost).
+            first.set()
+            await _until(lambda: app.runner._batches.waiting(session_id) == 1)
+            second.set()
+            await _until(lambda: app.runner._batches.waiting(session_id) == 2)
             assert not model.wakes  # still in the window as the server begins to stop
         rows = [_row(i) for i in ids]
         assert [(r["delivery_state"], r["delivery_attempts"]) for r in rows] == [
