@@ -83,7 +83,11 @@ class Server:
             text=True,
         )
         threading.Thread(target=self._read, daemon=True).start()
-        match = self.wait_for(LISTEN)
+        try:
+            match = self.wait_for(LISTEN)
+        except BaseException:
+            self._kill()  # a server that never said it listens must not outlive its test
+            raise
         self.port = int(match.group(1))
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -103,10 +107,24 @@ class Server:
             time.sleep(0.05)
         raise AssertionError(f"{pattern.pattern!r} not seen; output:\n{''.join(self.lines)}")
 
-    def stop(self, sig: int = signal.SIGTERM) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        """Signal the server and return its exit code. One that has not exited within
+        ``timeout`` is killed (a stray server would hold its port and its files for the rest
+        of the run) and the test fails with its output."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        return self.proc.wait(timeout=30)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as late:
+            self._kill()
+            tail = "".join(self.lines[-40:])
+            message = f"the server did not stop within {timeout} s; output:\n{tail}"
+            raise AssertionError(message) from late
+
+    def _kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
 
 
 def call(port: int, method: str, path: str, body=None, headers=None) -> tuple[int, dict, dict]:

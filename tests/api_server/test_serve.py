@@ -215,3 +215,12 @@ def test_a_taken_port_is_named_in_one_message_without_a_traceback(tmp_path) -> N
     assert out.returncode == 1
     assert f"web UI port {webui_port}" in out.stderr and "REVEILLE_WEBUI_PORT" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_server_that_does_not_stop_is_killed_and_named(tmp_path) -> None:
+    """The test harness's own hygiene: a server that outlives its stop (here, frozen by
+    SIGSTOP) is killed rather than left holding its port for the rest of the run."""
+    server = Server(tmp_path)
+    with pytest.raises(AssertionError, match="did not stop within 1 s"):
+        server.stop(signal.SIGSTOP, timeout=1)
+    assert server.proc.poll() == -signal.SIGKILL
