@@ -7,9 +7,10 @@ one follows."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,32 +60,46 @@ def bot() -> Any:
         fake.stop()
 
 
-@pytest.fixture
-async def stack(
-    tmp_path: Path, bot: FakeBotApi, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[App, GatedModel, str]]:
+@pytest.fixture(autouse=True)
+def fresh_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test's server gets a home of its own and starts and ends with no delegation
+    runtime and no queued completion (torn down after the test's server has stopped)."""
     monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
     ad.reset_runtime()
     process_registry.completion_queue.drain()
-    settings = Settings(
-        home=tmp_path,
+    yield
+    ad.reset_runtime()
+    process_registry.completion_queue.drain()
+
+
+@contextlib.asynccontextmanager
+async def _served(
+    home: Path, bot: FakeBotApi, model: GatedModel, *, grace: float, **settings: Any
+) -> AsyncIterator[tuple[App, str]]:
+    """A server with the Telegram surface on ``bot`` and ``model``, and the chat's session."""
+    chat = Settings(
+        home=home,
         port=0,
         webui_port=0,
         api_key="k",
-        max_async_children=10,
-        coalesce_seconds=2.0,
         telegram_bot_token=bot.token,
         telegram_base_url=bot.base_url,
         telegram_allowed_users="42",
         telegram_edit_interval=0.01,
+        **settings,
     )
-    model = GatedModel()
-    async with serve(settings, provider=model, shutdown_grace_seconds=0.5) as app:
+    async with serve(chat, provider=model, shutdown_grace_seconds=grace) as app:
         session_id = telegram_session_id(SOURCE)
         make_session(app.store, session_id, source=SOURCE)
+        yield app, session_id
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, bot: FakeBotApi) -> AsyncIterator[tuple[App, GatedModel, str]]:
+    model = GatedModel()
+    served = _served(tmp_path, bot, model, grace=0.5, max_async_children=10, coalesce_seconds=2.0)
+    async with served as (app, session_id):
         yield app, model, session_id
-    ad.reset_runtime()
-    process_registry.completion_queue.drain()
 
 
 def _row(row_id: str) -> dict[str, Any]:
@@ -228,80 +243,43 @@ async def test_a_combined_wake_up_for_a_chat_that_is_gone_drops_every_row(stack,
 
 
 async def test_a_drain_delivers_results_still_in_their_coalescing_window(
-    tmp_path: Path, bot: FakeBotApi, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, bot: FakeBotApi
 ) -> None:
-    """The server stops while finished results wait out the coalescing window: the drain's
-    grace covers their wake-up, so they are delivered before it exits, not after a restart."""
-    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
-    ad.reset_runtime()
-    process_registry.completion_queue.drain()
-    settings = Settings(
-        home=tmp_path,
-        port=0,
-        webui_port=0,
-        api_key="k",
-        coalesce_seconds=5.0,  # ample: the window is still open when the server stops
-        drain_seconds=20.0,
-        telegram_bot_token=bot.token,
-        telegram_base_url=bot.base_url,
-        telegram_allowed_users="42",
-        telegram_edit_interval=0.01,
-    )
+    """The server stops while one result waits out the coalescing window and its sibling
+    still runs: the drain waits for the sibling, and its grace covers the wake-up, so both
+    are delivered together before the server exits, not after a restart."""
     model = GatedModel()
-    try:
-        async with serve(settings, provider=model, shutdown_grace_seconds=10.0) as app:
-            session_id = telegram_session_id(SOURCE)
-            make_session(app.store, session_id, source=SOURCE)
-            first, second = threading.Event(), threading.Event()
-            ids = await asyncio.to_thread(
-                _dispatch_siblings, session_id, ["a", "b"], [first, second]
-            )
-            # One at a time: "a" arrives while "b" still runs, so its batch waits out the
-            # window. Had both arrived at once, nothing could join them and they would go
-            # home at once, before the server stops (the race CI once lost).
-            first.set()
-            await _until(lambda: app.runner._batches.waiting(session_id) == 1)
-            second.set()
-            await _until(lambda: app.runner._batches.waiting(session_id) == 2)
-            assert not model.wakes  # still in the window as the server begins to stop
-        rows = [_row(i) for i in ids]
-        assert [(r["delivery_state"], r["delivery_attempts"]) for r in rows] == [
-            ("delivered", 1),
-            ("delivered", 1),
-        ]
-        assert len(model.wakes) == 1 and len(bot.texts_to(42)) == 1
-    finally:
-        ad.reset_runtime()
-        process_registry.completion_queue.drain()
+    # A 5 s window is ample: it is still open when the sibling finishes during the stop.
+    served = _served(tmp_path, bot, model, grace=10.0, coalesce_seconds=5.0, drain_seconds=20.0)
+    async with served as (app, session_id):
+        first, second = threading.Event(), threading.Event()
+        ids = await asyncio.to_thread(_dispatch_siblings, session_id, ["a", "b"], [first, second])
+        # One at a time: "a" arrives while "b" still runs, so its batch waits out the window.
+        # (Had both arrived at once, nothing could join them: they would go home at once.)
+        first.set()
+        await _until(lambda: app.runner._batches.waiting(session_id) == 1)
+        assert not model.wakes  # still in the window as the server begins to stop
+        threading.Timer(0.5, second.set).start()  # "b" finishes while the server drains
+    rows = [_row(i) for i in ids]
+    assert [(r["delivery_state"], r["delivery_attempts"]) for r in rows] == [
+        ("delivered", 1),
+        ("delivered", 1),
+    ]
+    assert len(model.wakes) == 1 and len(bot.texts_to(42)) == 1
+    assert sorted(_ids_in(model.wakes[0])) == sorted(ids)
 
 
 async def test_a_drain_gives_a_stuck_wake_up_only_the_deliveries_grace(
-    tmp_path: Path, bot: FakeBotApi, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, bot: FakeBotApi
 ) -> None:
     """A wake-up that cannot finish (its turn hangs) gets the grace every delivery in flight
     gets at a stop, not the whole drain: the server stops, and the row stays pending for
     the restart to offer again."""
-    monkeypatch.setenv("REVEILLE_HOME", str(tmp_path))
-    ad.reset_runtime()
-    process_registry.completion_queue.drain()
-    settings = Settings(
-        home=tmp_path,
-        port=0,
-        webui_port=0,
-        api_key="k",
-        coalesce_seconds=0.0,
-        drain_seconds=60.0,
-        telegram_bot_token=bot.token,
-        telegram_base_url=bot.base_url,
-        telegram_allowed_users="42",
-        telegram_edit_interval=0.01,
-    )
     model = GatedModel()
     model.hold.set()
+    served = _served(tmp_path, bot, model, grace=0.5, coalesce_seconds=0.0, drain_seconds=60.0)
     try:
-        async with serve(settings, provider=model, shutdown_grace_seconds=0.5) as app:
-            session_id = telegram_session_id(SOURCE)
-            make_session(app.store, session_id, source=SOURCE)
+        async with served as (_app, session_id):
             gate = threading.Event()
             [row_id] = await asyncio.to_thread(_dispatch_siblings, session_id, ["a"], gate)
             gate.set()
@@ -312,5 +290,3 @@ async def test_a_drain_gives_a_stuck_wake_up_only_the_deliveries_grace(
         assert _row(row_id)["delivery_state"] == "pending"
     finally:
         model.released.set()
-        ad.reset_runtime()
-        process_registry.completion_queue.drain()
