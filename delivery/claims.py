@@ -33,6 +33,9 @@ PENDING = DeliveryState.PENDING.value
 DELIVERED = DeliveryState.DELIVERED.value
 DROPPED = DeliveryState.DROPPED.value
 
+# Immutable markers every claim names: made once, not per claim (a burst makes thousands).
+_IS_SET = IsSet()
+_ONE_MORE = Increment(1)
 _CLAIM_COLUMNS = (
     "delivery_state",
     "completed_at",
@@ -108,15 +111,16 @@ def claim_op(
     # than written: a column an update names is an index entry rewritten on SQLite (the
     # holders' index), whether or not its value changes. A row another process holds takes
     # the path below, which makes this one its holder.
+    lapsed = AtMost(now)  # immutable: one for both columns
     fast_expect = {
         "delivery_state": PENDING,
-        "completed_at": IsSet(),
-        "next_attempt_at": AtMost(now),
-        "claim_expires_at": AtMost(now),
+        "completed_at": _IS_SET,
+        "next_attempt_at": lapsed,
+        "claim_expires_at": lapsed,
         "delivery_attempts": Below(policy.max_attempts),
         "holder": identity,
     }
-    fast_changes = {**claimed, "delivery_attempts": Increment(1)}
+    fast_changes = {**claimed, "delivery_attempts": _ONE_MORE}
 
     def op(tx: LedgerTx) -> str | None:
         if tx.update(row_id, fast_expect, fast_changes):

@@ -27,8 +27,13 @@ Live = list[tuple[Any, Waiter]]
 def wanted(batch: Batch) -> tuple[Live, bool]:
     """The operations of ``batch`` somebody still waits for (a coroutine's can be cancelled
     before it runs), and whether any of those must be durable."""
-    live = [(op, waiter) for op, waiter, _ in batch if still_wanted(waiter)]
-    return live, any(durable for _, waiter, durable in batch if still_wanted(waiter))
+    live: Live = []
+    durable = False
+    for op, waiter, must in batch:  # one look at each waiter: a batch holds hundreds
+        if still_wanted(waiter):
+            live.append((op, waiter))
+            durable = durable or must
+    return live, durable
 
 
 class BatchQueue:

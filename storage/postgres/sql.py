@@ -35,7 +35,15 @@ LEDGER_DUE = (
 # scan in due order stops after ``limit`` rows (1 ms) and marks the moved rows' entries dead
 # as it passes them.
 LEDGER_DUE_LOCKED = f"{LEDGER_DUE} FOR UPDATE SKIP LOCKED"
-LEDGER_NEXT_DUE = "SELECT min(due_at) FROM deliveries WHERE delivery_state = 'pending'"
+# The first entry of the due index, not min(): every scheduler pass ends with this read,
+# prepared once per pooled connection, and a min() prepared while the ledger was empty keeps
+# the plan it got then (read every pending row through another partial index, and take the
+# least: 33 ms at 100,000 pending, pass after pass while timers are written). Asked in the
+# index's order, the planner has one index that gives it, whatever the statistics say.
+LEDGER_NEXT_DUE = (
+    "SELECT due_at FROM deliveries WHERE delivery_state = 'pending' AND due_at IS NOT NULL"
+    " ORDER BY due_at LIMIT 1"
+)
 # The distinct holders by hopping from one to the next through ix_pending_holder (a loose
 # index scan, one probe per holder), not a DISTINCT over every pending row: every re-offer
 # batch asks, and with 100,000 timers pending that read 100,000 index entries each time.

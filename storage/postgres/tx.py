@@ -221,7 +221,7 @@ class _FirstStatement(_OneStatementOnly):
     def __init__(self, tx: PgTx) -> None:
         self._tx = tx
         self.kind: str | None = None  # None: the first primitive is one not sent ahead
-        self.statement: Statement | None = None
+        self.statement: Statement | None = None  # an insert's; an update's is built later
         self.arg: Any = None
         self.row_id = ""
         self.update_args: Update | None = None  # an update's, to go with others of its shape
@@ -232,9 +232,10 @@ class _FirstStatement(_OneStatementOnly):
         raise _Stop
 
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
+        # Its own statement is built only if it goes alone (``_statements``): most go with
+        # others of their shape, and building one per row cost a tenth of a burst's writer.
         self.kind, self.row_id = "update", row_id
         self.update_args = (row_id, expect, changes)
-        self.statement = self._tx.update_statement(row_id, expect, changes)
         raise _Stop
 
 
@@ -294,15 +295,22 @@ def run_pipelined(
             pass
         except Exception:
             return None  # it fails before its first statement: the ordinary way says how
-        if first.statement is None:
+        if first.kind is None:
             return None  # no statement, or one this path does not send ahead
         firsts.append(first)
+    try:
+        statements = _statements(tx, firsts)
+    except Exception:
+        return None  # a statement that cannot be built: the ordinary way says why
     try:
         with conn.pipeline():
             conn.execute("BEGIN")
             if not durable:
                 conn.execute("SET LOCAL synchronous_commit = off")
-            sent = _send_firsts(conn, tx, firsts)
+            sent = [
+                (positions, conn.cursor().execute(query, params, prepare=True), grouped)
+                for positions, (query, params), grouped in statements
+            ]
         rowcounts = [0] * len(firsts)
         for positions, cur, grouped in sent:
             if grouped:  # one statement of several updates: each row it returned changed
@@ -328,18 +336,17 @@ def run_pipelined(
     return outcomes
 
 
-def _send_firsts(
-    conn: psycopg.Connection[Any], tx: PgTx, firsts: list[_FirstStatement]
-) -> list[tuple[list[int], psycopg.Cursor[Any], bool]]:
-    """Send the first statements of a batch, in the open pipeline: (the positions each
-    cursor answers for, the cursor, whether it is one statement of several updates).
+def _statements(tx: PgTx, firsts: list[_FirstStatement]) -> list[tuple[list[int], Statement, bool]]:
+    """The first statements of a batch, to send in its pipeline: (the positions each
+    answers for, the statement, whether it is one statement of several updates). Built
+    before anything is sent, so that one which cannot be built sends nothing.
 
     When every statement touches a row of its own (the claims and acknowledgements of a
     burst of timers firing, each a compare-and-set of the same shape), no statement can see
     another's effect, so their order cannot change an answer: the updates of one shape go
     as one statement (``storage.postgres.cas_batch``). Otherwise each goes as it is, in the
     order submitted."""
-    sent: list[tuple[list[int], psycopg.Cursor[Any], bool]] = []
+    found: list[tuple[list[int], Statement, bool]] = []
     ids = {first.row_id for first in firsts}
     by_shape: dict[tuple[Any, ...], list[int]] = {}
     if len(firsts) >= _BATCH_MIN and len(ids) == len(firsts) and "" not in ids:
@@ -351,14 +358,16 @@ def _send_firsts(
             batch = [firsts[i].update_args for i in positions]
             statement = tx.batch_statement([u for u in batch if u is not None])
             if statement is not None:
-                sent.append((positions, conn.cursor().execute(*statement, prepare=True), True))
+                found.append((positions, statement, True))
                 grouped.update(positions)
     for i, first in enumerate(firsts):
         if i not in grouped:
-            assert first.statement is not None
-            query, params = first.statement
-            sent.append(([i], conn.cursor().execute(query, params, prepare=True), False))
-    return sent
+            if first.update_args is not None:
+                found.append(([i], tx.update_statement(*first.update_args), False))
+            else:
+                assert first.statement is not None
+                found.append(([i], first.statement, False))
+    return found
 
 
 def run_each(

@@ -23,7 +23,7 @@ import storage
 from delivery.backend import AtMost, Increment, LedgerTx
 from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
 from delivery.ledger import Ledger
-from storage.postgres import trips
+from storage.postgres import sql, trips
 from storage.postgres.cas_batch import SQL_TYPES
 from tests.pg_support import fresh_url
 
@@ -224,5 +224,32 @@ async def test_a_writer_batch_of_compare_and_sets_answers_each_as_alone() -> Non
         )
         assert answers == [True, False, True, True]
         assert [backend.get(r).claim_consumer for r in (ids[5], ids[0])] == ["x", "z"]  # type: ignore[union-attr]
+    finally:
+        ledger.close()
+
+
+def test_the_next_due_time_is_read_through_the_due_index_under_a_plan_made_when_empty() -> None:
+    """Every scheduler pass ends by reading the earliest due time, a statement each pooled
+    connection prepares once, often while the ledger is still empty. The plan it keeps must
+    still read the first entry of the due index however many timers are pending later, not
+    every pending row (a ``min()`` planned on an empty table did)."""
+    url = fresh_url()
+    ledger = Ledger(storage.open_storage(url).open_ledger(), clock=lambda: 1000.0)
+    try:
+        assert ledger.next_due_at() is None
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"PREPARE next_due AS {sql.LEDGER_NEXT_DUE}")
+            conn.execute("EXECUTE next_due")  # planned now, on the empty ledger, and kept
+            _timers(ledger, 200, due=5000.0)
+            ledger.schedule(
+                "tmr_first",
+                kind=TIMER_KIND,
+                event={"type": SCHEDULED_WAKEUP, "delivery_id": "tmr_first", "status": "completed"},
+                not_before=4000.0,
+            )
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN EXECUTE next_due"))
+            assert "ix_pending_due" in plan and "Limit" in plan, plan
+            assert conn.execute("EXECUTE next_due").fetchall() == [(4000.0,)]
+        assert ledger.next_due_at() == 4000.0
     finally:
         ledger.close()
