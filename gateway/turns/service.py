@@ -292,7 +292,7 @@ class TurnService:
             # A ``TurnTask``: its store runs in it, whatever cancels it (``finish_despite_cancel``),
             # without a second task.
             task: asyncio.Task[dict[str, Any]] = TurnTask(
-                traces.traced_turn(
+                traces.turn_work(
                     self._run(request, begun, owner, deltas, fence, hold, parking, parked),
                     session_id=request.session_id,
                     platform=self._platform_name,
