@@ -101,6 +101,7 @@ class SessionSource:
             and self.chat_topic is None
             and self.user_id_alt is None
             and isinstance(self.chat_id, str)
+            and type(self.platform) is Platform
         ):
             return _CHAT_ONLY_JSON % (
                 _json_string(self.chat_id),
