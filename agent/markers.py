@@ -72,8 +72,10 @@ def defang(text: str) -> str:
     shown stays as written."""
     if "[" in text:
         text = _MARKER.sub("[" + _WORD_JOINER, text)
-    if any(h in text for h in STRUCTURE_HEADINGS):
-        text = _HEADING.sub("\\1" + _WORD_JOINER, text)
+    # A loop, not ``any()`` over a generator: every message of every turn is defanged.
+    for heading in STRUCTURE_HEADINGS:
+        if heading in text:
+            return _HEADING.sub("\\1" + _WORD_JOINER, text)
     return text
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
 from opentelemetry import trace
@@ -37,6 +37,7 @@ __all__ = [
     "traced_turn",
     "tracer",
     "turn_traceparent",
+    "turn_work",
 ]
 
 TRACEPARENT = "traceparent"
@@ -113,6 +114,22 @@ def note_outcome(outcome: str) -> None:
 
 
 _FAILURES = frozenset({"error", "failed", "unknown", "interrupted", "released", "dropped"})
+
+
+def turn_work(
+    work: Coroutine[Any, Any, T],
+    *,
+    session_id: str,
+    platform: str,
+    wakeup: bool,
+    parent: str | None = None,
+) -> Coroutine[Any, Any, T]:
+    """What a turn's task runs: ``work`` inside the turn's span (``traced_turn``), or, while
+    tracing is off (no SDK: every turn of most servers), ``work`` itself, without a
+    coroutine around it that every step of the turn would pass through."""
+    if isinstance(tracer(), trace.NoOpTracer):
+        return work
+    return traced_turn(work, session_id=session_id, platform=platform, wakeup=wakeup, parent=parent)
 
 
 async def traced_turn(

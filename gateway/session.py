@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +39,7 @@ from delivery.session_backend import (
     encode_json,
     search_terms,
 )
-from gateway.session_source import SessionSource, build_session_key
+from gateway.session_source import SessionSource, build_session_key, chat_session_key
 
 __all__ = [
     "MessageRecord",
@@ -53,6 +52,7 @@ __all__ = [
     "SessionTaken",
     "TurnStart",
     "build_session_key",
+    "chat_session_key",
     "is_valid_session_id",
     "new_session_id",
     "title_from_text",
@@ -72,7 +72,11 @@ _TITLE_FROM_TEXT_CHARS = 60
 def title_from_text(text: str) -> str | None:
     """A session's title from its first message: the first line that has words, spaces
     folded, cut at a word near ``_TITLE_FROM_TEXT_CHARS`` characters; None for blank text."""
-    line = next((" ".join(ln.split()) for ln in text.splitlines() if ln.strip()), "")
+    line = ""
+    for ln in text.splitlines():  # a loop, not a generator: every new session asks
+        if ln.strip():
+            line = " ".join(ln.split())
+            break
     if len(line) <= _TITLE_FROM_TEXT_CHARS:
         return line or None
     cut = line[: _TITLE_FROM_TEXT_CHARS - 1]
@@ -102,7 +106,7 @@ def _new_session(
     if source is None:
         return NewSession(title=title, exclusive=exclusive)
     return NewSession(
-        source_json=json.dumps(source.to_dict(), sort_keys=True),
+        source_json=source.to_json(),
         session_key=build_session_key(source),
         title=title,
         exclusive=exclusive,

@@ -8,13 +8,15 @@ what a surface knows about a chat, before and without any stored session.
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import Platform
 
-__all__ = ["SessionSource", "build_session_key"]
+__all__ = ["SessionSource", "build_session_key", "chat_session_key"]
 
 
 def _coerce_text(value: Any, name: str, *, required: bool) -> str | None:
@@ -64,7 +66,8 @@ class SessionSource:
     def __post_init__(self) -> None:
         # Accept "telegram" as well as Platform.TELEGRAM, and numeric ids, so that a source
         # built by an adapter equals the same source read back from JSON.
-        self.platform = _coerce_platform(self.platform)
+        if type(self.platform) is not Platform:  # a member already: nothing to coerce
+            self.platform = _coerce_platform(self.platform)
         for name in ("chat_id", "user_id", "thread_id", "user_id_alt"):
             value = getattr(self, name)
             if isinstance(value, int) and not isinstance(value, bool):
@@ -83,6 +86,28 @@ class SessionSource:
             "chat_topic": self.chat_topic,
             "user_id_alt": self.user_id_alt,
         }
+
+    def to_json(self) -> str:
+        """``json.dumps(self.to_dict(), sort_keys=True)``, the form a session stores. A source
+        that is only a platform and a chat (every API conversation's, one per new session)
+        fills a template with its two strings, each encoded as ``json.dumps`` encodes it:
+        the same text without the encoder's calls."""
+        if (
+            self.chat_type == "dm"
+            and self.user_id is None
+            and self.user_name is None
+            and self.thread_id is None
+            and self.chat_name is None
+            and self.chat_topic is None
+            and self.user_id_alt is None
+            and isinstance(self.chat_id, str)
+            and type(self.platform) is Platform
+        ):
+            return _CHAT_ONLY_JSON % (
+                _json_string(self.chat_id),
+                _json_string(self.platform),  # a StrEnum: its text is its value
+            )
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SessionSource:
@@ -115,6 +140,16 @@ class SessionSource:
         )
 
 
+# ``json.dumps(source.to_dict(), sort_keys=True)`` of a source that has only its platform
+# and chat id (the rest at their defaults), with ``%s`` for those two encoded strings.
+_CHAT_ONLY_JSON = (
+    '{"chat_id": %s, "chat_name": null, "chat_topic": null, "chat_type": "dm", '
+    '"platform": %s, "thread_id": null, "user_id": null, "user_id_alt": null, '
+    '"user_name": null}'
+)
+_json_string = json.encoder.encode_basestring_ascii  # what json.dumps encodes a str with
+
+
 def _escape_key_part(value: str) -> str:
     # A prefix-free substitution (only '%' and ':' change), so the escaped text never
     # contains ':' and decodes uniquely: the key splits back into its exact components and
@@ -141,6 +176,18 @@ def build_session_key(
     threads (the keywords of hermes-agent's function; off by default here, where a chat or
     forum topic is one conversation).
     """
+    if (
+        agent == "main"
+        and not source.thread_id
+        and not source.user_id
+        and source.chat_type == "dm"
+        and source.chat_id
+        and isinstance(source.chat_id, str)
+        and type(source.platform) is Platform
+    ):
+        # A chat alone: its key is a platform's chat's key (cached; asked again by the turn
+        # that stores a new session).
+        return chat_session_key(source.platform, source.chat_id)
     if not agent:
         raise ValueError("build_session_key: agent must be a non-empty string")
     platform = _coerce_platform(source.platform)
@@ -162,3 +209,18 @@ def build_session_key(
     if user_id and (not chat_id or (per_user and not is_dm)):
         parts += ["user", _escape_key_part(user_id)]
     return ":".join(parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def chat_session_key(platform: Platform, chat_id: str) -> str:
+    """``build_session_key`` of the source that is ``platform``'s chat ``chat_id`` and nothing
+    else (a direct message, no thread, no user): the key of every session of a surface whose
+    chats are its sessions (the API server's, the web UI's). Asked by every turn, twice by a
+    new conversation's (its tools' context, the session it stores): built without a source,
+    and cached, since a conversation's turns follow each other."""
+    if not chat_id:
+        raise ValueError("build_session_key: the source has neither a chat_id nor a user_id")
+    if type(platform) is not Platform:
+        platform = _coerce_platform(platform)
+    # A StrEnum member is its value's text: escaped as it is, without the enum's ``value``.
+    return f"agent:main:{_escape_key_part(platform)}:dm:{_escape_key_part(chat_id)}"

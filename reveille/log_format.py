@@ -121,10 +121,49 @@ class _HandOff(logging.handlers.QueueHandler):
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         return record
 
+    def handle(self, record: logging.LogRecord) -> bool:
+        # Without filters of its own the record goes straight into the records, which
+        # need no lock: ``Handler.handle`` would filter it, take the handler's lock, emit,
+        # prepare and enqueue it, a call each on the event loop for every line.
+        if self.filters:
+            return bool(super().handle(record))
+        try:
+            self.queue.put_nowait(record)
+        except Exception:
+            self.handleError(record)
+        return True
+
+
+class _TextFormatter(logging.Formatter):
+    """``logging.Formatter`` with a %-style format that names the time: a record without an
+    exception or stack is formatted in one step (its message, its time, the format filled
+    from the record), the text ``logging.Formatter`` writes, without its calls to ask
+    whether the format uses the time and to hand the record to its style; the writer
+    thread formats every line."""
+
+    def __init__(self, fmt: str) -> None:
+        super().__init__(fmt)
+        assert self.usesTime(), "the text formats name the time"
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info or record.exc_text or record.stack_info:
+            return super().format(record)
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record, self.datefmt)
+        return self._fmt % record.__dict__  # type: ignore[operator]  # PercentStyle's
+
 
 class _Lines(logging.StreamHandler[TextIO]):
     """stderr, flushed by the writer once it has written what was queued, not per line:
-    a busy server's lines go out in a few writes instead of one each."""
+    a busy server's lines go out in a few writes instead of one each. Only the writer
+    thread writes and flushes it: a record is emitted without a filter or a lock (the
+    filters, when any, are asked as ``Handler.handle`` asks them)."""
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        if self.filters:
+            return bool(super().handle(record))
+        self.emit(record)
+        return True
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -137,9 +176,14 @@ class _Writer(logging.handlers.QueueListener):
     def __init__(self, records: _Records, *handlers: Any) -> None:
         super().__init__(records, *handlers, respect_handler_level=False)
         self.records = records
+        # The records' own get: one call a record (``QueueListener.dequeue`` adds one).
+        self.dequeue = records.get  # type: ignore[method-assign,assignment]
 
     def handle(self, record: logging.LogRecord) -> None:
-        super().handle(record)
+        # Every handler takes every record (no level asked of them, as before), as given
+        # (``prepare`` is the identity here): ``QueueListener.handle``, without its calls.
+        for handler in self.handlers:
+            handler.handle(record)
         if self.records.empty():
             for handler in self.handlers:
                 handler.flush()
@@ -158,7 +202,7 @@ def configure(*, verbose: bool = False, fmt: str = "text") -> None:
     # finding the caller walks the stack on every call (the logging HOWTO's "Optimization").
     logging._srcfile = None
     stream = _Lines(sys.stderr)
-    stream.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT))
+    stream.setFormatter(JsonFormatter() if fmt == "json" else _TextFormatter(_TEXT))
     records = _Records()
     listener = _Writer(records, stream)
     listener.start()
@@ -176,4 +220,4 @@ def tag_worker(index: int) -> None:
     if _fmt == "json":
         _handler.setFormatter(JsonFormatter(worker=index))
     else:
-        _handler.setFormatter(logging.Formatter(_WORKER_TEXT.format(index=index, pid=os.getpid())))
+        _handler.setFormatter(_TextFormatter(_WORKER_TEXT.format(index=index, pid=os.getpid())))

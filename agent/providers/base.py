@@ -6,7 +6,6 @@ OpenAI-compatible endpoint are interchangeable.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
@@ -66,13 +65,13 @@ class ModelOptions:
         return request
 
     def __bool__(self) -> bool:
-        # Asked of every turn's options: the field names are read once, not per call.
-        return any(getattr(self, name) is not None for name in _option_names())
+        # True when any field is set: asked of every turn's options, so one comparison
+        # with the unset options (the generated ``__eq__``) instead of a generator step
+        # per field.
+        return self != _UNSET_OPTIONS
 
 
-@functools.cache
-def _option_names() -> tuple[str, ...]:
-    return tuple(item.name for item in fields(ModelOptions))
+_UNSET_OPTIONS = ModelOptions()
 
 
 # How providers say a request was longer than the model's context window: OpenAI's error

@@ -344,13 +344,14 @@ class BrowserGuard:
         return await handler(request)
 
     async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        headers = response.headers  # a property: read once, not once per header
         for name, value in _HARDENING_HEADERS.items():
-            response.headers.setdefault(name, value)
+            headers.setdefault(name, value)
         origin = request.headers.get("Origin")
         if origin is not None and self._origin_allowed(request):
-            response.headers["Access-Control-Allow-Origin"] = origin
-            response.headers["Access-Control-Expose-Headers"] = _CORS_EXPOSE_HEADERS
-            response.headers["Vary"] = "Origin"
+            headers["Access-Control-Allow-Origin"] = origin
+            headers["Access-Control-Expose-Headers"] = _CORS_EXPOSE_HEADERS
+            headers["Vary"] = "Origin"
 
 
 # -- one middleware for a port ---------------------------------------------------------------

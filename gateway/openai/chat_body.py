@@ -88,8 +88,10 @@ def parse_chat_body(body: Any) -> ChatBody:
                 param=f"messages[{index}].content",
                 code="invalid_message",
             )
-    last_user = next((m for m in reversed(messages) if m["role"] == "user"), None)
-    if last_user is None:
+    for message in reversed(messages):
+        if message["role"] == "user":
+            break
+    else:
         raise ApiError(
             400,
             "'messages' must contain a user message",

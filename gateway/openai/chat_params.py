@@ -118,8 +118,29 @@ def refuse_unsupported(body: Mapping[str, object]) -> None:
         raise _invalid("n", f"only n=1 is supported, got n={n}", "unsupported_value")
 
 
+# Every parameter ``model_options`` reads. Most bodies carry none of them: their options
+# are the unset ones, without a check per parameter.
+_PARAMS = frozenset(
+    (
+        "n",
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "seed",
+        "response_format",
+        "tool_choice",
+        "parallel_tool_calls",
+    )
+)
+_UNSET = ModelOptions()  # frozen: one instance serves every body that sets nothing
+
+
 def model_options(body: Mapping[str, object]) -> ModelOptions:
     """The generation options of ``body``, each checked (see the module docstring)."""
+    if _PARAMS.isdisjoint(body):
+        return _UNSET
     refuse_unsupported(body)
     return ModelOptions(
         temperature=_number(body, "temperature", 0.0, 2.0),

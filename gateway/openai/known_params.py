@@ -67,7 +67,8 @@ def check_chat_params(body: object) -> None:
     for what the server cannot give (audio, predicted outputs, web search, log
     probabilities). The values of the others are checked by ``chat_params``."""
     refuse_unknown(body, chat_params())
-    if not isinstance(body, Mapping):
+    # A parsed body is a dict: asked first, that costs no ABC check.
+    if not isinstance(body, dict | Mapping):
         return
     for param in _CHAT_UNSUPPORTED:
         if body.get(param) is not None:
@@ -82,7 +83,7 @@ def check_chat_params(body: object) -> None:
 
 def refuse_unknown(body: object, known: frozenset[str]) -> None:
     """400 ``unknown_parameter`` for the first top-level key of ``body`` not in ``known``."""
-    if not isinstance(body, Mapping):
+    if not isinstance(body, dict | Mapping):
         return  # the endpoint's own parser says what is wrong with it
     for key in body:
         if key not in known:

@@ -51,20 +51,30 @@ def completion_object(result: Any, model: str) -> JSONObject:
     }
 
 
+_USAGE_COUNTS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+)
+
+
 def chat_usage(usage: Mapping[str, object]) -> JSONObject:
     """``usage`` as the openai package's ``CompletionUsage`` has it, with its details."""
 
-    def count(name: str) -> int:
+    # Read in one loop (every answer has a usage): a helper per count was a call each.
+    counts: dict[str, int] = {}
+    for name in _USAGE_COUNTS:
         value = usage.get(name)
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
+        counts[name] = value if isinstance(value, int) and not isinstance(value, bool) else 0
     return {
-        "prompt_tokens": count("prompt_tokens"),
-        "completion_tokens": count("completion_tokens"),
-        "total_tokens": count("total_tokens"),
-        "prompt_tokens_details": {"cached_tokens": count("cached_tokens"), "audio_tokens": 0},
+        "prompt_tokens": counts["prompt_tokens"],
+        "completion_tokens": counts["completion_tokens"],
+        "total_tokens": counts["total_tokens"],
+        "prompt_tokens_details": {"cached_tokens": counts["cached_tokens"], "audio_tokens": 0},
         "completion_tokens_details": {
-            "reasoning_tokens": count("reasoning_tokens"),
+            "reasoning_tokens": counts["reasoning_tokens"],
             "audio_tokens": 0,
             "accepted_prediction_tokens": 0,
             "rejected_prediction_tokens": 0,

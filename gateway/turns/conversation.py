@@ -268,15 +268,22 @@ def build_context(
         flush()
     else:
         # A new session: the client's own earlier messages are the history.
-        last = max(i for i, m in enumerate(request_messages) if m is user_message)
-        context.extend(
-            {
-                "role": m["role"],
-                "content": defang(message_text(m)) if m["role"] == "user" else message_text(m),
-            }
-            for m in request_messages[:last]
-            if m["role"] in ("user", "assistant")
-        )
+        # Where the new message is (the last time it occurs), found from the end in a loop
+        # (no generator: every new conversation's turn asks).
+        for last in range(len(request_messages) - 1, -1, -1):
+            if request_messages[last] is user_message:
+                break
+        else:
+            raise ValueError("the new message is not among the request's messages")
+        if last:  # most new conversations send only their new message
+            context.extend(
+                {
+                    "role": m["role"],
+                    "content": defang(message_text(m)) if m["role"] == "user" else message_text(m),
+                }
+                for m in request_messages[:last]
+                if m["role"] in ("user", "assistant")
+            )
     if taken:
         # What arrived since the last turn, right before the new message: this turn is the
         # one that tells the model about it.
@@ -301,7 +308,10 @@ def bound_context(context: list[ChatMessage], budget_chars: int) -> list[ChatMes
     """
 
     def size(messages: list[ChatMessage]) -> int:
-        return sum(len(str(m.get("content") or "")) for m in messages)
+        total = 0
+        for m in messages:  # a loop, not a generator: every turn's context is measured
+            total += len(str(m.get("content") or ""))
+        return total
 
     if size(context) <= budget_chars:
         return context

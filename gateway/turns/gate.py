@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -211,8 +212,20 @@ async def first_answer(
     """The turn's answer, or the note that it waits for an approval, whichever is first.
     Neither is cancelled when the client goes away: the turn runs on and is stored."""
     if parked is None:
-        return await asyncio.shield(task)
+        if not task.done():
+            # The caller waits on a future of its own, which the turn's end resolves: a
+            # cancel of the caller cancels that future, never the turn. What a shield does,
+            # with one future and one callback instead of its two and their loop steps.
+            ended: asyncio.Future[None] = task.get_loop().create_future()
+            task.add_done_callback(functools.partial(_resolve, ended))
+            await ended
+        return task.result()
     await asyncio.wait({task, parked}, return_when=asyncio.FIRST_COMPLETED)
     if parked.done():
         return parked.result()
     return task.result()
+
+
+def _resolve(ended: asyncio.Future[None], _task: asyncio.Task[Any]) -> None:
+    if not ended.done():  # not cancelled with its caller meanwhile
+        ended.set_result(None)

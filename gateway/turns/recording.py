@@ -148,9 +148,10 @@ class TurnRecorder:
 
     @staticmethod
     def _first_text(request: TurnRequest, user_message: Mapping[str, Any]) -> str:
-        return message_text(
-            next((m for m in request.messages if m["role"] == "user"), user_message)
-        )
+        for message in request.messages:  # a loop, not a generator: every first turn asks
+            if message["role"] == "user":
+                return message_text(message)
+        return message_text(user_message)
 
     async def _title(self, session_id: str, text: str) -> None:
         title = title_from_text(text)

@@ -53,11 +53,7 @@ from agent.tools import ConfirmCallback, ToolContext, ToolProgress, UnitConfirmC
 from delivery import traces
 from delivery.session_backend import ApprovalRecord
 from gateway.config import Platform
-from gateway.session import (
-    SessionSource,
-    SessionStore,
-    build_session_key,
-)
+from gateway.session import SessionStore, chat_session_key
 from gateway.tasks import finish_or_cancel
 from gateway.turns.client_calls import (
     ParkedCalls,
@@ -116,13 +112,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@functools.lru_cache(maxsize=4096)
-def _own_session_key(platform: Platform, session_id: str) -> str:
-    """A session's key on a surface whose chats are its sessions: asked by every turn, and
-    a conversation's turns follow each other."""
-    return build_session_key(SessionSource(platform=platform, chat_id=session_id))
 
 
 class TurnService:
@@ -205,7 +194,8 @@ class TurnService:
     def session_key(self, session_id: str) -> str:
         if self._session_key_of is not None:
             return self._session_key_of(session_id)
-        return _own_session_key(self._platform, session_id)
+        # A surface whose chats are its sessions (cached: asked by every turn).
+        return chat_session_key(self._platform, session_id)
 
     # ----------------------------------------------------------------- which session
 
@@ -302,7 +292,7 @@ class TurnService:
             # A ``TurnTask``: its store runs in it, whatever cancels it (``finish_despite_cancel``),
             # without a second task.
             task: asyncio.Task[dict[str, Any]] = TurnTask(
-                traces.traced_turn(
+                traces.turn_work(
                     self._run(request, begun, owner, deltas, fence, hold, parking, parked),
                     session_id=request.session_id,
                     platform=self._platform_name,
@@ -402,10 +392,12 @@ class TurnService:
         gate: TurnGate | None = None
         try:
             # A resumed Responses turn may send no message at all, only the client's results.
-            no_message: Mapping[str, Any] = {}
-            user_message = next(
-                (m for m in reversed(request.messages) if m["role"] == "user"), no_message
-            )
+            # (A loop, not a generator: every turn asks.)
+            user_message: Mapping[str, Any] = {}
+            for message in reversed(request.messages):
+                if message["role"] == "user":
+                    user_message = message
+                    break
             # Resuming a parked turn: the stored exchange and the client's results take the
             # new message's place (its row, the park, is not history again). A park this
             # request timed out: its exchange with an error result per call comes first.

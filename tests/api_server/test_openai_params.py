@@ -292,3 +292,23 @@ async def test_the_demo_model_accepts_options_and_says_it_cannot_see_images(stor
         )
         assert "cannot see images" in (reply.choices[0].message.content or "")
         assert provider.contexts[-1][-1]["content"][-1] == image
+
+
+def test_a_body_without_parameters_skips_their_checks_and_no_parameter_is_missed() -> None:
+    """A body that sets no generation parameter gets the unset options without a check
+    per parameter: the parameters looked for are every option's and ``n``, so a body that
+    sets any one of them is checked (a parameter added to ``ModelOptions`` is looked for)."""
+    from dataclasses import fields
+
+    from agent.providers.base import ModelOptions
+    from gateway.http.middleware import ApiError
+    from gateway.openai import chat_params
+
+    names = {item.name for item in fields(ModelOptions)}
+    assert names | {"n"} == chat_params._PARAMS
+    unset = chat_params.model_options({"model": MODEL, "messages": []})
+    assert unset == ModelOptions() and not unset
+    assert chat_params.model_options({"seed": 7}) == ModelOptions(seed=7)
+    assert chat_params.model_options({"seed": 7})
+    with pytest.raises(ApiError):
+        chat_params.model_options({"n": 2})

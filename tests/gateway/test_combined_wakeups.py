@@ -191,7 +191,12 @@ async def test_a_result_arriving_while_the_wake_up_runs_joins_the_next_one(stack
     await _until(lambda: len(model.wakes) == 1)  # its turn runs (held in the model)
 
     later = [_finished(app, f"proc_later_{i}", session_id) for i in range(3)]
-    waiting = [asyncio.create_task(app.runner.handle_event(evt)) for evt in later]
+    waiting = []
+    for count, evt in enumerate(later, start=1):
+        # One after another: each is routed in a thread of its own, and threads started
+        # together may finish in any order; the batch keeps the order they arrived in.
+        waiting.append(asyncio.create_task(app.runner.handle_event(evt)))
+        await _until(lambda n=count: app.runner._batches.waiting(session_id) == n)
     await asyncio.sleep(0.3)
     assert len(model.wakes) == 1  # no second turn while the first runs
     for i in range(3):  # waiting unclaimed: no attempt spent

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -184,3 +186,45 @@ def test_chat_topic_and_alternate_user_id_round_trip() -> None:
     src = SessionSource(Platform.SIGNAL, chat_id="+15550100", chat_topic="ops", user_id_alt=7)
     assert src.user_id_alt == "7"
     assert SessionSource.from_dict(src.to_dict()) == src
+
+
+# Any text a chat id may hold: the key's escapes, JSON's escapes, quotes, non-ASCII,
+# surrogates' neighbours, control characters.
+_any_text = st.text(
+    alphabet=st.sampled_from('ab:%3A_"\\/\n\t\x00\x7fé€😀\u2028'), min_size=1, max_size=10
+) | st.text(min_size=1, max_size=10)
+
+
+@given(st.sampled_from(list(Platform)), _any_text)
+def test_a_chat_alone_is_keyed_and_stored_as_the_general_path_would(
+    platform: Platform, chat_id: str
+) -> None:
+    """A source that is only a platform and a chat (every API conversation's) takes the
+    short paths: its key (``chat_session_key``, cached) and its stored JSON (a template).
+    Both give what the general path gives: a user id beside a chat in a direct message does
+    not change the key but takes the general path; the JSON is ``json.dumps``'s."""
+    from gateway.session import chat_session_key
+
+    plain = SessionSource(platform=platform, chat_id=chat_id)
+    general = build_session_key(SessionSource(platform=platform, chat_id=chat_id, user_id="u"))
+    assert build_session_key(plain) == general
+    assert chat_session_key(platform, chat_id) == general
+    assert plain.to_json() == json.dumps(plain.to_dict(), sort_keys=True)
+    assert json.loads(plain.to_json())["chat_id"] == chat_id
+
+
+@given(_sources, st.none() | _any_text, st.none() | _any_text)
+def test_any_source_is_stored_as_json_dumps_writes_it(
+    source: SessionSource, user_name: str | None, topic: str | None
+) -> None:
+    source.user_name, source.chat_topic = user_name, topic
+    assert source.to_json() == json.dumps(source.to_dict(), sort_keys=True)
+
+
+def test_a_chat_alone_keeps_the_general_checks() -> None:
+    from gateway.session import chat_session_key
+
+    with pytest.raises(ValueError, match="neither a chat_id nor a user_id"):
+        chat_session_key(Platform.API_SERVER, "")
+    assert chat_session_key("api_server", "a:b%") == "agent:main:api_server:dm:a%3Ab%25"  # type: ignore[arg-type]
+    assert build_session_key(SessionSource("webui", "s1")) == "agent:main:webui:dm:s1"

@@ -110,3 +110,59 @@ def test_the_writer_lingers_long_only_while_lines_come_fast() -> None:
     records._seen_at -= 1.0
     records.put_nowait(logging.LogRecord("x", logging.INFO, __file__, 0, "m", (), None))
     assert records._next_linger() == 0.005
+
+
+def test_a_text_line_is_what_logging_formatter_writes() -> None:
+    """The writer's text formatter (one step per line) writes what ``logging.Formatter``
+    writes for the same format: plain records, records with an exception or a stack, and
+    a worker's format."""
+    from reveille.log_format import _TEXT, _WORKER_TEXT, _TextFormatter
+
+    def records() -> list[logging.LogRecord]:
+        plain = logging.LogRecord(
+            "gateway.turns.service", logging.INFO, "(unknown file)", 0,
+            "%s turn in %s stored (%.0f ms, %d messages of context)",
+            ("api_server", "api_1", 12.3, 2), None,
+        )  # fmt: skip
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            failed = logging.LogRecord("x", logging.ERROR, __file__, 3, "fail", (), sys.exc_info())
+        stacked = logging.LogRecord("y", logging.WARNING, __file__, 4, "w %d", (1,), None)
+        stacked.stack_info = "Stack (most recent call last):\n  here"
+        return [plain, failed, stacked]
+
+    for fmt in (_TEXT, _WORKER_TEXT.format(index=1, pid=99)):
+        ours, theirs = _TextFormatter(fmt), logging.Formatter(fmt)
+        for mine, reference in zip(records(), records(), strict=True):
+            reference.created, reference.msecs = mine.created, mine.msecs
+            assert ours.format(mine) == theirs.format(reference)
+
+
+def test_the_handlers_still_ask_their_filters() -> None:
+    """The hand-off and the writer's stream skip ``Handler.handle``'s steps only while they
+    have no filters: a filter added to either still decides."""
+    import io
+
+    from reveille.log_format import _HandOff, _Lines, _Records, _TextFormatter
+
+    records = _Records()
+    handoff = _HandOff(records)
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("x", logging.INFO, __file__, 1, msg, (), None)
+
+    assert handoff.handle(record("kept"))
+    handoff.addFilter(lambda r: r.msg != "dropped")
+    assert not handoff.handle(record("dropped"))
+    assert handoff.handle(record("kept too"))
+    assert [r.msg for r in records._items] == ["kept", "kept too"]
+
+    out = io.StringIO()
+    lines = _Lines(out)
+    lines.setFormatter(_TextFormatter("%(asctime)s %(message)s"))
+    lines.handle(record("one"))
+    lines.addFilter(lambda r: r.msg != "two")
+    lines.handle(record("two"))
+    lines.handle(record("three"))
+    assert [ln.split(" ", 2)[-1] for ln in out.getvalue().splitlines()] == ["one", "three"]
