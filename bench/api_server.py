@@ -479,12 +479,17 @@ async def running(cmd: list[str], env: dict[str, str], port: int) -> AsyncIterat
                 raise
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """Terminate a server the bench started; kill it if it has not exited in 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 async def measure_url(url: str, args: argparse.Namespace, model: str = "reveille-demo"):

@@ -131,12 +131,7 @@ async def per_turn(
             await asyncio.sleep(0.5)
             after = read_counts(proc.pid, snapshot)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            bench.stop_process(proc)
     spent = {key: n - before.get(key, 0) for key, n in after.items()}
     return sum(spent.values()) / args.requests, spent
 
