@@ -53,6 +53,18 @@ class DueLocking(Protocol):
         working on, already locked for it: its ``lock_free`` of them finds all free."""
         ...
 
+    def write_locked(
+        self,
+        row_ids: list[str],
+        op: Callable[[LedgerTx], T],
+        *,
+        durable: bool = True,
+    ) -> T:
+        """``op`` written apart, with those of ``row_ids`` no other transaction is working
+        on locked by the round trip that opens its transaction (rows read ahead of their
+        due time, ``LedgerRecovery.offer_read``): its ``lock_free`` of them asks nothing."""
+        ...
+
 
 class LedgerRecovery:
     """Recovery of abandoned work and re-offers (see the module docstring)."""
@@ -176,6 +188,30 @@ class LedgerRecovery:
             # Losing it in a power cut loses no result (see ``_take``).
             return self.backend.write_due(now, limit, op, durable=False)
         return self._take(self.backend.due(now, limit) + orphaned, now, "orphan")
+
+    def read_ahead(self, until: float, limit: int = _SCAN_LIMIT) -> list[LedgerRow]:
+        """The pending rows due by ``until`` (at most ``limit``, earliest first), read before
+        their time so that offering them when it comes (``offer_read``) is one write, not
+        also a read and decoding of thousands of rows at the moment they fall due."""
+        return self.backend.due(until, limit)
+
+    def offer_read(self, rows: list[LedgerRow], now: float | None = None) -> list[JSONObject]:
+        """Those of ``rows`` (read by ``read_ahead``) due at ``now``, offered again as
+        ``take_due`` offers them. Each goes by a compare-and-set on the values read, so a
+        row changed since (claimed, settled, moved to another time) is left as it now is;
+        if it is still due, the next ``take_due`` finds it."""
+        now = self.clock() if now is None else now
+        due = [row for row in rows if row.due_at is not None and row.due_at <= now]
+        if not isinstance(self.backend, DueLocking):
+            return self._take(due, now, "orphan")
+        candidates = self._candidates(due)
+        if not candidates:
+            return []
+        return self.backend.write_locked(
+            [row.id for row in candidates],
+            self._reoffer(candidates, now, "orphan"),
+            durable=False,  # losing it in a power cut loses no result (see ``_take``)
+        )
 
     def _orphans(self) -> list[LedgerRow]:
         """The pending rows held by dead servers."""

@@ -6,7 +6,10 @@ earliest ``due_at`` in the ledger, or until a local holder or owner process dies
 a pidfd for each), or until this process writes an earlier due time, or until another
 process sharing the store pokes it through the store's notifier. An idle process thus
 delivers on time and never sits on due rows, and a row whose owner died while we run is
-re-offered at once instead of at the next restart.
+re-offered at once instead of at the next restart. A second before a due time it wakes to
+read the rows due by then (``READ_AHEAD_SECONDS``): when thousands of timers fall due in one
+second, reading and decoding them is done before it, and at it only their offers are
+written, each a compare-and-set on what was read.
 
 A scheduler is what makes its process a server of the store: ``start`` records the process
 among the store's servers (``delivery.peers``) and the scheduler watches every live local
@@ -16,6 +19,7 @@ recovered by the survivors at once, without waiting for the peer to restart.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
@@ -30,11 +34,20 @@ from delivery.identity import ProcessIdentity
 from delivery.ledger import Ledger
 from delivery.notifier import Subscription
 from delivery.peers import ServerRecord
+from delivery.rows import LedgerRow
 
 log = logging.getLogger(__name__)
 
 _OWN_POKES = "own pokes"  # selector data of this process's own wake-up socket
 OFFER_BATCH = 500  # due rows taken (one write) and offered at a time
+# Rows due this soon are read (and decoded) before their time, at most this many, so that
+# when ten thousand timers fall due in one second the scheduler only writes them then.
+READ_AHEAD_SECONDS = 1.0
+READ_AHEAD_ROWS = 10_000
+
+
+def _due_at(row: LedgerRow) -> float:
+    return row.due_at or 0.0  # rows read as due by a time have one
 
 
 class ReofferScheduler:
@@ -75,6 +88,9 @@ class ReofferScheduler:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self.offered = 0
+        # Pending rows read ahead of their due time, earliest first (``Ledger.read_ahead``):
+        # only what was read, the store decides (each is offered by a compare-and-set).
+        self._ahead: list[LedgerRow] = []
         self._next_beat: float | None = None  # when to renew this server's heartbeat
 
     def start(self) -> None:
@@ -142,6 +158,7 @@ class ReofferScheduler:
             self._on_pass()
         for event in self.ledger.recover_abandoned():
             self._emit(event)
+        self._offer_read_ahead()
         # In batches, each offered as soon as it is taken: when thousands of timers fall
         # due in one second, the first wake-ups go out while later ones are still taken.
         # The rows of dead holders are looked for with the first batch only: every read
@@ -161,6 +178,13 @@ class ReofferScheduler:
         next_due = self.ledger.next_due_at()
         now = self.ledger.clock()
         sleep = self._max_sleep if next_due is None else max(next_due - now, 0.0)
+        if next_due is not None and not self._ahead:
+            if sleep <= READ_AHEAD_SECONDS:
+                self._ahead = self.ledger.read_ahead(now + READ_AHEAD_SECONDS, READ_AHEAD_ROWS)
+                now = self.ledger.clock()  # reading thousands of rows takes a while
+                sleep = max(next_due - now, 0.0)
+            else:  # wake in time to read them ahead
+                sleep -= READ_AHEAD_SECONDS
         # Deadlines of liveness, not polls: renew our heartbeat in time, and look again
         # the moment a remote peer's heartbeat would lapse.
         for deadline in (self._next_beat, self.ledger.servers.next_lapse_at):
@@ -170,6 +194,19 @@ class ReofferScheduler:
         with self._lock:
             self._target = min(self._target, now + sleep)
             return max(self._target - now, 0.0)
+
+    def _offer_read_ahead(self) -> None:
+        """Offer the rows read ahead that are due now, a batch at a time; keep the rest."""
+        if not self._ahead:
+            return
+        now = self.ledger.clock()
+        cut = bisect.bisect_right(self._ahead, now, key=_due_at)
+        due, self._ahead = self._ahead[:cut], self._ahead[cut:]
+        for start in range(0, len(due), OFFER_BATCH):
+            for event in self.ledger.offer_read(due[start : start + OFFER_BATCH], now):
+                self._emit(event)
+            if self._stopped.is_set():
+                return
 
     def _emit(self, event: dict[str, Any]) -> None:
         try:

@@ -234,6 +234,29 @@ class PostgresBackend(CommitCounts):
 
         return self._apart(run)
 
+    def write_locked(
+        self,
+        row_ids: list[str],
+        op: Callable[[LedgerTx], T],
+        *,
+        durable: bool = True,
+    ) -> T:
+        """``op`` written apart, with those of ``row_ids`` no other transaction is working on
+        locked by the round trip that opens its transaction (``DueLocking.write_locked``):
+        rows read ahead of their due time are offered in as many trips as ``write_due``
+        takes, none of them spent reading and decoding the rows again."""
+
+        def run(conn: psycopg.Connection[Any]) -> T:
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                if not durable:
+                    conn.execute("SET LOCAL synchronous_commit = off")
+                cur = conn.cursor().execute(sql.LEDGER_LOCK_SKIP_LOCKED, (row_ids,), prepare=True)
+            locked = {r[0] for r in cur.fetchall()}
+            return op(PgTx(conn, locked=locked, busy=set(row_ids) - locked))
+
+        return self._apart(run)
+
     def _apart(self, run: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``run`` (which opens the transaction) then COMMIT on a pooled connection, run
         again when it crossed another transaction."""

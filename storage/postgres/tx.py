@@ -41,12 +41,22 @@ _BATCH_MIN = 4
 class PgTx:
     """The ``LedgerTx`` of the operations of one batch, on a writer's connection."""
 
-    def __init__(self, conn: psycopg.Connection[Any], *, locked: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        locked: Iterable[str] = (),
+        busy: Iterable[str] = (),
+    ) -> None:
         self._conn = conn
         self._cur = conn.cursor()
         # Rows this transaction already holds locked (``PostgresBackend.write_due`` read
-        # them ``FOR UPDATE``): ``lock_free`` answers for them without asking again.
+        # them ``FOR UPDATE``, ``write_locked`` locked them by id): ``lock_free`` answers
+        # for them without asking again.
         self._locked = frozenset(locked)
+        # Rows it asked for and found locked by another transaction (``write_locked``):
+        # not free now either, and asking again would cost a round trip.
+        self._busy = frozenset(busy)
         self.dirty = False  # changed something since the last ``mark``
         self._select_sql: dict[tuple[str, ...], str] = {}
         self._insert_sql: dict[tuple[str, ...], str] = {}
@@ -153,7 +163,7 @@ class PgTx:
 
     def lock_free(self, row_ids: list[str]) -> set[str]:
         free = {row_id for row_id in row_ids if row_id in self._locked}
-        ask = [row_id for row_id in row_ids if row_id not in self._locked]
+        ask = [r for r in row_ids if r not in self._locked and r not in self._busy]
         if ask:
             free.update(r[0] for r in self._exec(sql.LEDGER_LOCK_SKIP_LOCKED, (ask,)).fetchall())
         return free

@@ -36,7 +36,7 @@ from delivery.identity import (
 from delivery.ledger import Ledger
 from delivery.policy import DeliveryPolicy
 from delivery.reoffer import ReofferScheduler
-from delivery.rows import RowQuery
+from delivery.rows import LedgerRow, RowQuery
 from delivery.states import TERMINAL_STATES, State, can_transition
 from tests.delivery._support import (
     REMOTE_IDENTITY,
@@ -992,8 +992,10 @@ class TestReofferScheduler:
         self, real_backend: LedgerBackend, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Thousands of timers due in one second: each batch is offered as soon as it is
-        taken, and the pass goes on until none is left (not one batch per pass)."""
+        taken, and the pass goes on until none is left (not one batch per pass). Here
+        nothing is read ahead (the next test): they are found due by ``take_due``."""
         monkeypatch.setattr(reoffer, "OFFER_BATCH", 4)
+        monkeypatch.setattr(reoffer, "READ_AHEAD_SECONDS", 0.0)
         ledger = Ledger(real_backend)
         due = time.time() + 0.3
         for i in range(10):
@@ -1016,6 +1018,48 @@ class TestReofferScheduler:
             assert len(burst) >= 3 and burst[2] - burst[0] < 1.0
         finally:
             sched.stop()
+
+    def test_rows_due_soon_are_read_ahead_and_offered_at_their_time(
+        self, real_backend: LedgerBackend, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The scheduler wakes before a due time to read its rows, then offers them at it in
+        batches, never before it, without reading them again."""
+        monkeypatch.setattr(reoffer, "OFFER_BATCH", 4)
+        monkeypatch.setattr(reoffer, "READ_AHEAD_SECONDS", 0.4)
+        ledger = Ledger(real_backend)
+        due = time.time() + 0.8  # beyond the window when the scheduler starts
+        for i in range(10):
+            ledger.schedule(
+                f"tmr_{i}", kind="timer", event=delegation_event(f"tmr_{i}"), not_before=due
+            )
+        reads: list[tuple[float, list[str]]] = []
+        read_ahead = ledger.read_ahead
+
+        def recording(until: float, limit: int = 10_000) -> list[LedgerRow]:
+            rows = read_ahead(until, limit)
+            reads.append((time.time(), [row.id for row in rows]))
+            return rows
+
+        monkeypatch.setattr(ledger, "read_ahead", recording)
+        takes = _count_passes(ledger)
+        offers = _Offers()
+        sched = ReofferScheduler(ledger, offers, max_sleep_seconds=60)
+        sched.start()
+        try:
+            deadline = time.time() + 10
+            while len(offers.items) < 10 and time.time() < deadline:
+                time.sleep(0.02)
+            assert sorted(e["delegation_id"] for _, e in offers.items) == [
+                f"tmr_{i}" for i in range(10)
+            ]
+            assert [ids for at, ids in reads if ids] == [[f"tmr_{i}" for i in range(10)]]
+            (read_at,) = [at for at, ids in reads if ids]
+            assert due - 0.6 < read_at < due, "read at the window's start, before the due time"
+            assert all(at >= due for at, _ in offers.items), "offered before the due time"
+            assert len(takes) <= 4, f"{len(takes)} passes: the read-ahead wake-up is one"
+        finally:
+            sched.stop()
+        assert ledger.take_due(now=due + 1) == []  # each offered once, and held since
 
     def test_row_held_by_a_process_that_dies_is_reoffered_promptly(
         self, real_backend: LedgerBackend

@@ -111,6 +111,58 @@ def test_a_timer_is_cancelled_until_due_and_never_fires(ledger: Ledger, clock: F
     assert ledger.cancel("t1", by="operator").status == "already_finished"
 
 
+def test_rows_read_ahead_are_offered_at_their_time_unless_changed_since(
+    ledger: Ledger, clock: FakeClock
+) -> None:
+    """The scheduler reads the rows due within a second ahead of time (``read_ahead``) and
+    offers them when due (``offer_read``): each by a compare-and-set on what was read, so a
+    row another server took, a consumer claimed or an operator cancelled meanwhile is left
+    as it now is."""
+    due = clock() + 60
+    for name in ("taken", "claimed", "cancelled", "untouched"):
+        _timer(ledger, name, due)
+    _timer(ledger, "later", due + 3600)
+    rows = ledger.read_ahead(due + 1)
+    assert [row.id for row in rows] == ["taken", "claimed", "cancelled", "untouched"]
+    assert ledger.offer_read(rows) == []  # not due yet: nothing offered, nothing written
+    other = Ledger(ledger.backend, clock=clock, monotonic=clock.monotonic, identity=REMOTE_IDENTITY)
+    assert ledger.cancel("cancelled", by="operator").status == "cancelled"
+    clock.advance(due - clock())
+    assert [e["delegation_id"] for e in other.offer_read(rows[:1])] == ["taken"]
+    assert ledger.claim("claimed", "c")
+    offered = ledger.offer_read(rows)
+    assert [e["delegation_id"] for e in offered] == ["untouched"]
+    assert offered[0]["_reoffer_reason"] == "orphan" and offered[0]["_first_offer"] is True
+    assert ledger.take_due() == []  # each was offered once, by one server
+    untouched = ledger.get("untouched")
+    assert untouched is not None and untouched.restored == 1
+
+
+def test_two_servers_offering_the_same_rows_read_ahead_offer_each_once(
+    ledger: Ledger, clock: FakeClock
+) -> None:
+    due = clock() + 60
+    for i in range(6):
+        _timer(ledger, f"t{i}", due)
+    other = Ledger(ledger.backend, clock=clock, monotonic=clock.monotonic, identity=REMOTE_IDENTITY)
+    mine, theirs = ledger.read_ahead(due), other.read_ahead(due)
+    clock.advance(due - clock())
+    offers = other.offer_read(theirs[3:]) + ledger.offer_read(mine) + other.offer_read(theirs)
+    assert sorted(e["delegation_id"] for e in offers) == [f"t{i}" for i in range(6)]
+
+
+def test_an_offered_event_is_the_consumers_own(ledger: Ledger, clock: FakeClock) -> None:
+    """A consumer may change the event it was offered: the stored one stays as it was."""
+    ledger.create("t1", kind="timer", state="running", session_key="sess")
+    event = delegation_event("t1", result={"lines": ["a"]})
+    ledger.finish("t1", expected="running", state="completed", event=event, not_before=clock())
+    (offered,) = ledger.take_due()
+    offered["result"]["lines"].append("changed")  # type: ignore[index, union-attr]
+    row = ledger.get("t1")
+    assert row is not None and row.event is not None
+    assert row.event["result"] == {"lines": ["a"]}
+
+
 def test_a_fired_timer_is_no_longer_cancellable(ledger: Ledger, clock: FakeClock) -> None:
     due = clock() + 5
     _timer(ledger, "t1", due)
