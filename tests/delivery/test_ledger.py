@@ -958,6 +958,21 @@ def _count_passes(ledger: Ledger) -> list[float]:
     return calls
 
 
+def _schedule_timers(ledger: Ledger, count: int, due: float) -> None:
+    for i in range(count):
+        ledger.schedule(
+            f"tmr_{i}", kind="timer", event=delegation_event(f"tmr_{i}"), not_before=due
+        )
+
+
+def _offered_ids(offers: _Offers, count: int) -> list[str]:
+    """The ids offered, sorted, once ``count`` were (or after 10 s)."""
+    deadline = time.time() + 10
+    while len(offers.items) < count and time.time() < deadline:
+        time.sleep(0.02)
+    return sorted(e["delegation_id"] for _, e in offers.items)
+
+
 @pytest.fixture
 def real_backend(backend: LedgerBackend) -> LedgerBackend:
     return backend  # the same backend, used with the real clock
@@ -998,21 +1013,13 @@ class TestReofferScheduler:
         monkeypatch.setattr(reoffer, "READ_AHEAD_SECONDS", 0.0)
         ledger = Ledger(real_backend)
         due = time.time() + 0.3
-        for i in range(10):
-            ledger.schedule(
-                f"tmr_{i}", kind="timer", event=delegation_event(f"tmr_{i}"), not_before=due
-            )
+        _schedule_timers(ledger, 10, due)
         offers = _Offers()
         takes = _count_passes(ledger)
         sched = ReofferScheduler(ledger, offers, max_sleep_seconds=60)
         sched.start()
         try:
-            deadline = time.time() + 10
-            while len(offers.items) < 10 and time.time() < deadline:
-                time.sleep(0.02)
-            assert sorted(e["delegation_id"] for _, e in offers.items) == [
-                f"tmr_{i}" for i in range(10)
-            ]
+            assert _offered_ids(offers, 10) == [f"tmr_{i}" for i in range(10)]
             # 4 + 4 + 2: three takes right after one another at the due time.
             burst = [t for t in takes if t >= due]
             assert len(burst) >= 3 and burst[2] - burst[0] < 1.0
@@ -1028,10 +1035,7 @@ class TestReofferScheduler:
         monkeypatch.setattr(reoffer, "READ_AHEAD_SECONDS", 0.4)
         ledger = Ledger(real_backend)
         due = time.time() + 0.8  # beyond the window when the scheduler starts
-        for i in range(10):
-            ledger.schedule(
-                f"tmr_{i}", kind="timer", event=delegation_event(f"tmr_{i}"), not_before=due
-            )
+        _schedule_timers(ledger, 10, due)
         reads: list[tuple[float, list[str]]] = []
         read_ahead = ledger.read_ahead
 
@@ -1046,12 +1050,7 @@ class TestReofferScheduler:
         sched = ReofferScheduler(ledger, offers, max_sleep_seconds=60)
         sched.start()
         try:
-            deadline = time.time() + 10
-            while len(offers.items) < 10 and time.time() < deadline:
-                time.sleep(0.02)
-            assert sorted(e["delegation_id"] for _, e in offers.items) == [
-                f"tmr_{i}" for i in range(10)
-            ]
+            assert _offered_ids(offers, 10) == [f"tmr_{i}" for i in range(10)]
             assert [ids for at, ids in reads if ids] == [[f"tmr_{i}" for i in range(10)]]
             (read_at,) = [at for at, ids in reads if ids]
             assert due - 0.6 < read_at < due, "read at the window's start, before the due time"
