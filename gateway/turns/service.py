@@ -291,7 +291,7 @@ class TurnService:
                 await self._session_writer(request.session_id, begun)()
             # A ``TurnTask``: its store runs in it, whatever cancels it (``finish_despite_cancel``),
             # without a second task.
-            task: asyncio.Task[dict[str, Any]] = TurnTask(
+            task: TurnTask[dict[str, Any]] = TurnTask(
                 traces.turn_work(
                     self._run(request, begun, owner, deltas, fence, hold, parking, parked),
                     session_id=request.session_id,
@@ -308,16 +308,24 @@ class TurnService:
                 await hold.release()
             raise
         self._tasks.add(task)
-        # One callback for everything the turn's end settles (each is a loop step of its own).
+        # One callback for everything the turn's end settles (each is a loop step of its
+        # own), the wake-up of the caller waiting for the answer included.
         task.add_done_callback(functools.partial(self._turn_ended, request))
+        task.resolves_waiter = True
         fence.bind(task)
         return StartedTurn(task, deltas, parking.future if parking is not None else None, fence)
 
-    def _turn_ended(self, request: TurnRequest, task: asyncio.Task[Any]) -> None:
+    def _turn_ended(self, request: TurnRequest, task: TurnTask[Any]) -> None:
         self._tasks.discard(task)
         # The caller may be gone by the time the turn fails; the error is logged, not lost.
-        _note_unawaited_failure(task)
-        self._end_first_turn(request)
+        if not task.cancelled():
+            exc = task.exception()  # marks it retrieved
+            if exc is not None and not isinstance(exc, TurnError):
+                logger.debug("turn task failed: %r", exc)
+        if request.unwritten:  # ``_end_first_turn``, spelled out: every turn ends here
+            self._first_turns.release(request.session_id)
+        # Last: the caller wakes to a turn whose end is settled.
+        task.resolve_waiter()
 
     async def _parked(self, request: TurnRequest) -> ParkedCalls | None:
         """The park a resuming request continues; refuses what does not fit the session's
@@ -577,11 +585,3 @@ class TurnService:
 
     def _session_writer(self, session_id: str, begun: BegunTurn) -> Callable[[], Awaitable[None]]:
         return self._recorder.session_writer(session_id, begun)
-
-
-def _note_unawaited_failure(task: asyncio.Task[Any]) -> None:
-    if task.cancelled():
-        return
-    exc = task.exception()  # marks it retrieved
-    if exc is not None and not isinstance(exc, TurnError):
-        logger.debug("turn task failed: %r", exc)
