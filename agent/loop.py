@@ -134,7 +134,8 @@ class Agent:
         only. ``offer``: the client's tools beside (or instead of) the server's."""
         conversation = self._with_system_prompt(messages)
         new_messages: list[ChatMessage] = []
-        usage = empty_usage()
+        # ``empty_usage()``, without its call: every turn starts one.
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         tools = (offer.schemas(self.registry) if offer else self.registry.schemas()) or None
 
         live = _LiveText(on_delta)
@@ -169,8 +170,13 @@ class Agent:
         on_delta: DeltaCallback | None,
         options: ModelOptions | None = None,
     ) -> ModelReply:
-        # Every step streams live, the text before a tool call too (see _LiveText).
-        extra = complete_keywords(on_delta, options)
+        # Every step streams live, the text before a tool call too (see _LiveText). The
+        # keywords that are set (``complete_keywords``, spelled out: every step asks).
+        extra: CompleteKeywords = {}
+        if on_delta is not None:
+            extra["on_delta"] = on_delta
+        if options:
+            extra["options"] = options
         return await self.provider.complete(conversation, tools=tools, **extra)
 
     async def _run_tool_calls(
