@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
 from agent.markers import SUBAGENT_MARKER
-from agent.messages import ChatMessage, ToolCall, ToolSchema
+from agent.messages import ChatMessage, ToolCall
 from agent.providers.base import (
     DeltaCallback,
     ModelOptions,
@@ -134,7 +134,8 @@ class Agent:
         only. ``offer``: the client's tools beside (or instead of) the server's."""
         conversation = self._with_system_prompt(messages)
         new_messages: list[ChatMessage] = []
-        usage = empty_usage()
+        # ``empty_usage()``, without its call: every turn starts one.
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         tools = (offer.schemas(self.registry) if offer else self.registry.schemas()) or None
 
         live = _LiveText(on_delta)
@@ -142,9 +143,16 @@ class Agent:
             step_options = options
             if step > 1 and options is not None and _forcing(options.tool_choice):
                 step_options = replace(options, tool_choice="auto")
-            reply = await self._ask(
-                conversation, tools, live if on_delta else None, step_options or None
-            )
+            # Every step streams live, the text before a tool call too (see _LiveText). The
+            # provider is awaited here, not in a method around it: each resumption while it
+            # answers would pass through that frame too. Its keywords only when set
+            # (``complete_keywords``, spelled out).
+            extra: CompleteKeywords = {}
+            if on_delta:
+                extra["on_delta"] = live
+            if step_options:
+                extra["options"] = step_options
+            reply = await self.provider.complete(conversation, tools=tools, **extra)
             add_usage(usage, reply.usage)
             await live.end_step(reply.content)
             if not reply.tool_calls:
@@ -161,17 +169,6 @@ class Agent:
         await live.end_step(step_limit_message(self.max_steps))
         new_messages.append({"role": "assistant", "content": step_limit_message(self.max_steps)})
         return AgentResult(live.text, new_messages, usage, self.max_steps, step_limit_reached=True)
-
-    async def _ask(
-        self,
-        conversation: list[ChatMessage],
-        tools: list[ToolSchema] | None,
-        on_delta: DeltaCallback | None,
-        options: ModelOptions | None = None,
-    ) -> ModelReply:
-        # Every step streams live, the text before a tool call too (see _LiveText).
-        extra = complete_keywords(on_delta, options)
-        return await self.provider.complete(conversation, tools=tools, **extra)
 
     async def _run_tool_calls(
         self, reply: ModelReply, ctx: ToolContext, offer: ToolOffer | None = None

@@ -42,23 +42,25 @@ import aiohttp
 import api_server as bench  # bench/ is on the path: this script's directory
 
 HERE = Path(__file__).resolve()
-Counts = dict[tuple[str, int, str], int]
+Key = tuple[str, int, str]
+Counts = dict[tuple[Key, Key], int]  # (caller, callee): calls
 
 
 def count_calls_and_run(snapshot: str, argv: list[str]) -> None:
     """Run ``argv`` (``-m module args...`` or ``script args...``) in this process with
     every Python call counted; SIGUSR1 writes the counts so far to ``snapshot``."""
-    counts: collections.Counter[CodeType] = collections.Counter()
+    counts: collections.Counter[tuple[CodeType | None, CodeType]] = collections.Counter()
 
     def hook(frame: FrameType, event: str, _arg: Any) -> None:
         if event == "call":
-            counts[frame.f_code] += 1
+            back = frame.f_back
+            counts[back.f_code if back is not None else None, frame.f_code] += 1
 
     def write(*_: Any) -> None:
         sys.setprofile(None)  # the hook must not count the writing
         out: Counts = {}
-        for code, n in list(counts.items()):
-            key = (code.co_filename, code.co_firstlineno, code.co_name)
+        for (caller, code), n in list(counts.items()):
+            key = (_key(caller), _key(code))
             out[key] = out.get(key, 0) + n
         part = f"{snapshot}.part"
         with open(part, "wb") as f:
@@ -75,6 +77,12 @@ def count_calls_and_run(snapshot: str, argv: list[str]) -> None:
     else:
         sys.argv = argv
         runpy.run_path(argv[0], run_name="__main__")
+
+
+def _key(code: CodeType | None) -> Key:
+    if code is None:
+        return ("", 0, "(no Python caller)")
+    return (code.co_filename, code.co_firstlineno, code.co_name)
 
 
 def read_counts(pid: int, snapshot: Path) -> Counts:
@@ -136,7 +144,7 @@ async def per_turn(
     return sum(spent.values()) / args.requests, spent
 
 
-def _where(key: tuple[str, int, str]) -> str:
+def _where(key: Key) -> str:
     path = key[0]
     for prefix in (f"{bench.ROOT}/", "site-packages/", "/lib/python3.11/"):
         path = path.split(prefix)[-1]
@@ -156,7 +164,7 @@ async def main_async(args: argparse.Namespace) -> None:
             )
             floor_port = bench.free_port()
             floor_cmd = [script, "--serve-store-floor", str(floor_port), "--home", floor_home]
-            floor, _ = await per_turn(floor_cmd, env, floor_port, args, "reveille-demo")
+            floor, floor_counts = await per_turn(floor_cmd, env, floor_port, args, "reveille-demo")
             names = ("reveille serve (demo)", "store floor")
         else:
             upstream_port = bench.free_port()
@@ -177,7 +185,7 @@ async def main_async(args: argparse.Namespace) -> None:
                     script, "--serve-model-call-floor", str(floor_port),
                     "--upstream", upstream_url, "--home", floor_home,
                 ]  # fmt: skip
-                floor, _ = await per_turn(floor_cmd, env, floor_port, args, model)
+                floor, floor_counts = await per_turn(floor_cmd, env, floor_port, args, model)
             names = ("reveille serve (openai)", "stored-turn floor")
     print(
         f"{args.requests} new conversations, {args.clients} concurrent clients, "
@@ -186,10 +194,20 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"{names[0]:<24}: {ours:7.1f}")
     print(f"{names[1]:<24}: {floor:7.1f}")
     print(f"{'above the floor':<24}: {ours - floor:7.1f} ({ours / floor:.2f}x)")
+    if args.dump:
+        with open(args.dump, "wb") as f:
+            pickle.dump({"ours": counts, "floor": floor_counts, "requests": args.requests}, f)
     if args.top:
         print(f"the {args.top} functions called most per turn by reveille serve:")
-        for key, n in sorted(counts.items(), key=lambda kv: -kv[1])[: args.top]:
+        callees: collections.Counter[Key] = collections.Counter()
+        callers: dict[Key, collections.Counter[Key]] = collections.defaultdict(collections.Counter)
+        for (caller, callee), n in counts.items():
+            callees[callee] += n
+            callers[callee][caller] += n
+        for key, n in callees.most_common(args.top):
             print(f"  {n / args.requests:7.2f}  {key[2]:<32} {_where(key)}")
+            for caller, m in callers[key].most_common(args.callers):
+                print(f"  {'':7}    {m / args.requests:7.2f}  from {caller[2]} {_where(caller)}")
 
 
 def main() -> None:
@@ -204,6 +222,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1000, help="measured new conversations")
     ap.add_argument("--clients", type=int, default=32, help="concurrent clients")
     ap.add_argument("--top", type=int, default=0, help="list the N functions called most")
+    ap.add_argument(
+        "--callers", type=int, default=0, help="with --top: each one's N most frequent callers"
+    )
+    ap.add_argument("--dump", help="write both servers' counts (caller, callee) to this pickle")
     ap.add_argument(
         "--loop", default="asyncio", choices=("asyncio", "uvloop"), help="the servers' loop"
     )

@@ -162,7 +162,14 @@ class _Lines(logging.StreamHandler[TextIO]):
     def handle(self, record: logging.LogRecord) -> bool:
         if self.filters:
             return bool(super().handle(record))
-        self.emit(record)
+        # ``emit``, spelled out, asking the formatter itself (``Handler.format`` only
+        # picks it): the writer's calls per line.
+        formatter = self.formatter
+        try:
+            text = formatter.format(record) if formatter is not None else self.format(record)
+            self.stream.write(text + self.terminator)
+        except Exception:
+            self.handleError(record)
         return True
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -298,6 +298,9 @@ class Metrics:
             registry=self.registry,
         )
         self._series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        # The same series by the matched route itself (``count``): no pattern read per request.
+        self._route_series: dict[tuple[web.AbstractRoute, str, int], tuple[Counter, Histogram]]
+        self._route_series = {}
         self.scrapes = Gauge(
             "reveille_metrics_scrape_timestamp_seconds",
             "When /metrics was last read",
@@ -356,8 +359,22 @@ class Metrics:
         """Add ``GET /metrics`` and the request middleware to the API server's app (whose
         key middleware guards ``/metrics`` like every other route of the port)."""
 
+        route_series = self._route_series
+
         def count(request: web.Request, status: int, elapsed: float) -> None:
-            count, latency = self._request_series(_route_of(request), request.method, status)
+            method = request.method
+            try:
+                route = request.match_info.route
+            except AttributeError:
+                route = None
+            found = route_series.get((route, method, status)) if route is not None else None
+            if found is None:
+                found = self._request_series(_route_of(request), method, status)
+                # A route of the app's router (fixed once the app runs: one pattern) is a
+                # key; the system routes of 404s and 405s are made per request, and are not.
+                if isinstance(route, web.ResourceRoute) and len(route_series) < _MAX_CACHED_SERIES:
+                    route_series[route, method, status] = found
+            count, latency = found
             count.inc()
             latency.observe(elapsed)
 

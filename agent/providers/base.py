@@ -67,11 +67,12 @@ class ModelOptions:
     def __bool__(self) -> bool:
         # True when any field is set: asked of every turn's options, so one comparison
         # with the unset options (the generated ``__eq__``) instead of a generator step
-        # per field.
-        return self != _UNSET_OPTIONS
+        # per field, and none for ``UNSET_OPTIONS`` itself (what most bodies get).
+        return self is not UNSET_OPTIONS and self != UNSET_OPTIONS
 
 
-_UNSET_OPTIONS = ModelOptions()
+# Frozen: one instance serves every request that sets no option.
+UNSET_OPTIONS = ModelOptions()
 
 
 # How providers say a request was longer than the model's context window: OpenAI's error

@@ -10,14 +10,10 @@ import asyncio
 import json
 import re
 
-from agent.markers import SUBAGENT_MARKER, SUMMARISE_MARKER
+from agent.markers import DELIVERY_MARKER, SUBAGENT_MARKER, SUMMARISE_MARKER, WAKE_MARKER
 from agent.messages import ChatMessage, JSONObject, ToolCall, ToolSchema
 from agent.providers.base import DeltaCallback, ModelOptions, ModelReply
-from agent.providers.demo_summaries import (
-    first_lines,
-    is_completion_text,
-    summarise_completion_text,
-)
+from agent.providers.demo_summaries import first_lines, summarise_completion_text
 
 DELEGATE_PREFIX = "in the background:"
 SHELL_PREFIX = "run in the background:"
@@ -72,17 +68,6 @@ def _has_images(message: ChatMessage) -> bool:
     return isinstance(content, list) and any(
         isinstance(part, dict) and part.get("type") == "image_url" for part in content
     )
-
-
-def _words(text: str) -> int:
-    return len(text.split())
-
-
-def _after_prefix(text: str, prefix: str) -> str | None:
-    stripped = text.strip()
-    if stripped.lower().startswith(prefix):
-        return stripped[len(prefix) :].strip()
-    return None
 
 
 def _current_turn(messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -156,7 +141,11 @@ class DemoModel:
         on_delta: DeltaCallback | None = None,
         options: ModelOptions | None = None,
     ) -> ModelReply:
-        offered = {tool["function"].get("name") for tool in tools or []}
+        # Loops, not comprehensions and helpers: every demo turn runs this (a benchmark's
+        # model), and each comprehension or helper is a Python call of its own.
+        offered: set[str | None] = set()
+        for tool in tools or ():
+            offered.add(tool["function"].get("name"))
         if options is not None and options.tool_choice == "none":
             offered = set()
         content, tool_calls = await self._decide(messages, offered)
@@ -165,10 +154,11 @@ class DemoModel:
                 await on_delta(piece)
         prompt_tokens = 0
         for message in messages:
-            prompt_tokens += _words(_text(message))
-        completion_tokens = _words(content or "") + sum(
-            _words(call["function"]["arguments"]) for call in tool_calls
-        )
+            text = message.get("content")
+            prompt_tokens += len((text if isinstance(text, str) else _text(message)).split())
+        completion_tokens = len((content or "").split())
+        for call in tool_calls:
+            completion_tokens += len(call["function"]["arguments"].split())
         return ModelReply(
             content=content,
             tool_calls=tool_calls,
@@ -187,7 +177,9 @@ class DemoModel:
         summarise = subagent = False
         for m in messages:
             if m.get("role") == "system":
-                text = _text(m)
+                text = m.get("content")
+                if not isinstance(text, str):
+                    text = _text(m)
                 summarise = summarise or SUMMARISE_MARKER in text
                 subagent = subagent or SUBAGENT_MARKER in text
         if summarise:
@@ -197,33 +189,47 @@ class DemoModel:
             return self._subagent_step(messages, offered)
 
         turn = _current_turn(messages)
-        summaries = [
-            line
-            for message in turn
-            if message.get("role") in ("system", "user") and is_completion_text(_text(message))
-            for line in summarise_completion_text(_text(message))
-        ]
+        # The completion texts of the turn (summarised) and its last user message, in one
+        # loop (``is_completion_text`` spelled out: asked of every message).
+        summaries: list[str] = []
+        last_user: ChatMessage | None = None
+        for message in turn:
+            role = message.get("role")
+            if role == "user":
+                last_user = message
+            elif role != "system":
+                continue
+            text = message.get("content")
+            if not isinstance(text, str):
+                text = _text(message)
+            if WAKE_MARKER in text or DELIVERY_MARKER in text:
+                summaries.extend(summarise_completion_text(text))
         if messages and messages[-1].get("role") == "tool":
             return "\n\n".join([*summaries, *_tool_followups(turn)]), []
 
-        user_messages = [m for m in turn if m.get("role") == "user"]
-        user_text = _text(user_messages[-1]) if user_messages else ""
-        if user_text and not is_completion_text(user_text):
+        user_text = ""
+        if last_user is not None:
+            content = last_user.get("content")
+            user_text = content if isinstance(content, str) else _text(last_user)
+        if user_text and WAKE_MARKER not in user_text and DELIVERY_MARKER not in user_text:
             command = self._command(user_text, offered, len(messages))
             if command is not None:
                 return command
         if summaries:
             return "\n".join(summaries), []
         reply = _plain_reply(user_text)
-        if user_messages and _has_images(user_messages[-1]):
+        if last_user is not None and _has_images(last_user):
             reply = f"{IMAGE_NOTE} {reply}"
         return reply, []
 
     def _command(
         self, text: str, offered: set[str | None], position: int
     ) -> tuple[str | None, list[ToolCall]] | None:
-        shell_command = _after_prefix(text, SHELL_PREFIX)
-        if shell_command is not None:
+        # ``_after_prefix`` spelled out for both prefixes: the text stripped and lowered once.
+        stripped = text.strip()
+        lowered = stripped.lower()
+        if lowered.startswith(SHELL_PREFIX):
+            shell_command = stripped[len(SHELL_PREFIX) :].strip()
             if not shell_command:
                 return "Tell me which command to run after 'run in the background:'.", []
             if SHELL_TOOL not in offered:
@@ -273,8 +279,8 @@ class DemoModel:
                 "note": note,
             }
             return None, [_tool_call(position, SCHEDULE_TOOL, schedule_args)]
-        goal = _after_prefix(text, DELEGATE_PREFIX)
-        if goal is not None:
+        if lowered.startswith(DELEGATE_PREFIX):
+            goal = stripped[len(DELEGATE_PREFIX) :].strip()
             if not goal:
                 return "Tell me what to do after 'in the background:'.", []
             if DELEGATE_TOOL not in offered:

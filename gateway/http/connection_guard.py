@@ -42,6 +42,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -173,8 +174,13 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if not self.busy and not self.waiting_head:
-            # The first byte of another request: its head is due within the header timeout.
-            self.guard._expect_head(self)
+            # The first byte of another request: its head is due within the header timeout
+            # (``ConnectionGuard._expect_head``, spelled out: every request after a
+            # connection's first passes here).
+            self.waiting_head = True
+            due = time.monotonic() + self.guard.limits.header_timeout
+            if due < self.deadline:
+                self.deadline = due
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -255,17 +261,29 @@ class ConnectionGuard:
         conn = self._open.get(transport) if transport is not None else None
         if conn is None:
             return await self._handle(request)
-        self._begin(conn)
+        # ``_begin`` and ``_end``, spelled out: every request passes here.
+        conn.busy += 1
+        self._mark_busy(conn)
         try:
             return await self._handle(request)
         finally:
-            self._end(conn)
+            conn.busy -= 1
+            if (
+                not conn.busy
+                and conn.transport is not None
+                and self._open.get(conn.transport) is conn
+            ):
+                conn.deadline = time.monotonic() + self.limits.idle_timeout
+                conn.waiting_head = False
+                self._mark_idle(conn)
 
     # ----------------------------------------------------------------- bookkeeping
 
-    def _now(self) -> float:
-        loop = self._loop or asyncio.get_running_loop()
-        return loop.time()
+    @staticmethod
+    def _now() -> float:
+        # The monotonic clock itself, not the loop's ``time()`` (the same clock for
+        # asyncio's loop, but a Python call per read): deadlines only compare with it.
+        return time.monotonic()
 
     def _admit(self, conn: _Connection) -> bool:
         limits = self.limits
@@ -347,22 +365,6 @@ class ConnectionGuard:
             by_address.pop(conn, None)
             if not by_address:
                 del self._idle_by_address[conn.address]
-
-    def _begin(self, conn: _Connection) -> None:
-        conn.busy += 1
-        self._mark_busy(conn)
-
-    def _end(self, conn: _Connection) -> None:
-        conn.busy -= 1
-        if conn.busy or conn.transport is None or self._open.get(conn.transport) is not conn:
-            return
-        conn.deadline = self._now() + self.limits.idle_timeout
-        conn.waiting_head = False
-        self._mark_idle(conn)
-
-    def _expect_head(self, conn: _Connection) -> None:
-        conn.waiting_head = True
-        conn.deadline = min(conn.deadline, self._now() + self.limits.header_timeout)
 
     # ----------------------------------------------------------------- deadlines
 

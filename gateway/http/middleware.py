@@ -396,7 +396,12 @@ class PortMiddleware:
         started = time.perf_counter()
         status = 500
         try:
-            response = self._guard.refusal(request)
+            # No ``Origin`` and no preflight (most requests: clients that are not browsers):
+            # nothing to refuse, without asking the guard.
+            if "Origin" not in request.headers and request.method != "OPTIONS":
+                response = None
+            else:
+                response = self._guard.refusal(request)
             if response is None:
                 try:
                     self._authenticate(request)

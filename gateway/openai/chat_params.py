@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 
 from agent.messages import JSONObject
-from agent.providers.base import ModelOptions
+from agent.providers.base import UNSET_OPTIONS, ModelOptions
 from gateway.http.middleware import ApiError
 
 __all__ = ["MAX_STOP_SEQUENCES", "model_options", "refuse_unsupported"]
@@ -134,13 +134,12 @@ _PARAMS = frozenset(
         "parallel_tool_calls",
     )
 )
-_UNSET = ModelOptions()  # frozen: one instance serves every body that sets nothing
 
 
 def model_options(body: Mapping[str, object]) -> ModelOptions:
     """The generation options of ``body``, each checked (see the module docstring)."""
     if _PARAMS.isdisjoint(body):
-        return _UNSET
+        return UNSET_OPTIONS  # one instance serves every body that sets nothing
     refuse_unsupported(body)
     return ModelOptions(
         temperature=_number(body, "temperature", 0.0, 2.0),

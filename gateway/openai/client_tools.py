@@ -153,6 +153,9 @@ def read_tool_request(
 ) -> ToolRequest:
     """The ``tools`` and ``tool_choice`` of a chat (or, with ``responses``, a Responses)
     body, checked; 400 for anything malformed or unsupported."""
+    if "tools" not in body and "tool_choice" not in body and "functions" not in body:
+        # Most requests: nothing to check, and the same answer each time (frozen).
+        return _NO_TOOLS if server_tools else _NO_TOOLS_AT_ALL
     if body.get("functions"):
         raise _bad(
             "functions", "'functions' is deprecated: send 'tools' instead", "unsupported_parameter"
@@ -188,6 +191,10 @@ def read_tool_request(
         )
     offer = ToolOffer(client=tuple(tools), server_tools=server_tools, allowed=allowed)
     return ToolRequest(offer, model_choice)
+
+
+_NO_TOOLS = ToolRequest(ToolOffer(), None)
+_NO_TOOLS_AT_ALL = ToolRequest(ToolOffer(server_tools=False), None)
 
 
 def client_calls(calls: Sequence[ToolCall], offer: ToolOffer | None) -> list[ToolCall]:

@@ -68,7 +68,8 @@ def derive_session_id(messages: Sequence[Mapping[str, Any]]) -> str:
         if role == "system":
             system.append(message_text(m))
         elif role == "user" and first_user is None:
-            first_user = message_text(m)
+            content = m.get("content")  # most messages' content is a string: no call
+            first_user = content if isinstance(content, str) else message_text(m)
     # JSON of a list keeps the parts apart: ("a", "bc") and ("ab", "c") differ.
     material = _COMPACT_JSON.encode([system, first_user or ""])
     return "api_" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:24]
@@ -92,13 +93,8 @@ def _last_user_index(messages: Sequence[Mapping[str, Any]]) -> int:
     raise ValueError("the request has no user message")
 
 
-def _last_user(messages: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    return messages[_last_user_index(messages)]
-
-
-def _sent_history(messages: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """The conversation a request says came before its new user message."""
-    last = _last_user_index(messages)
+def _sent_history(messages: Sequence[Mapping[str, Any]], last: int) -> list[tuple[str, str]]:
+    """The conversation a request says came before its new user message (at ``last``)."""
     if not last:
         return []  # a first message: nothing came before it
     return [
@@ -147,8 +143,12 @@ def pick_session(
         home = derive_session_id(messages)
     if messages and messages[-1].get("role") == "tool":
         return _resumed_session(messages, candidates, retry_key=retry_key, home=home)
-    sent = _sent_history(messages)
-    new_user = ("user", message_text(_last_user(messages)).strip())
+    last = _last_user_index(messages)  # found once for both
+    sent = _sent_history(messages, last)
+    new_message = messages[last]
+    content = new_message.get("content")
+    new_text = content if isinstance(content, str) else message_text(new_message)
+    new_user = ("user", new_text.strip())
     matching = []
     for sid, transcript in candidates:
         stored = _stored_history(transcript)
@@ -225,12 +225,16 @@ def build_context(
     Compaction (``gateway.turns.compaction``): archived rows are left out, and the summary that
     replaced them comes first, right after the request's system prompt.
     """
-    taken_ids = {row["id"] for row in taken}
-    context: list[ChatMessage] = [
-        {"role": "system", "content": message_text(m)}
-        for m in request_messages
-        if m["role"] in ("system", "developer") and message_text(m)
-    ]
+    # Loops, not comprehensions (each a call of its own): every turn builds its context.
+    taken_ids: set[Any] = set()
+    for row in taken:
+        taken_ids.add(row["id"])
+    context: list[ChatMessage] = []
+    for m in request_messages:
+        if m["role"] in ("system", "developer"):
+            prompt = message_text(m)
+            if prompt:
+                context.append({"role": "system", "content": prompt})
     if history:
         history = [row for row in history if not row.get("archived")]
         context.extend(
@@ -293,7 +297,9 @@ def build_context(
     if tail is not None:
         context.extend(tail)
         return context
-    text = message_text(user_message)
+    text = user_message.get("content")
+    if not isinstance(text, str):
+        text = message_text(user_message)
     context.append({"role": "user", "content": text if wakeup else defang(text)})
     return context
 
@@ -313,7 +319,10 @@ def bound_context(context: list[ChatMessage], budget_chars: int) -> list[ChatMes
             total += len(str(m.get("content") or ""))
         return total
 
-    if size(context) <= budget_chars:
+    total = 0
+    for m in context:  # ``size``, spelled out for the one check every turn makes
+        total += len(str(m.get("content") or ""))
+    if total <= budget_chars:
         return context
     lead = 0
     while lead < len(context) - 1 and context[lead]["role"] == "system":
@@ -390,9 +399,13 @@ def well_formed_result(result: Any) -> Any:
     """An agent's result whose text can be stored and sent (see ``well_formed``): a model
     may emit a lone surrogate, and the turn is still stored and answered."""
     content = str(result.content or "")
-    repaired = well_formed(content)
-    if repaired == content:
+    try:
+        content.encode("utf-8")  # ``well_formed``'s check, without its call: most texts pass
         return result
+    except UnicodeEncodeError:
+        pass
     return _RepairedResult(
-        repaired, getattr(result, "usage", None), getattr(result, "finish_reason", "stop")
+        well_formed(content),
+        getattr(result, "usage", None),
+        getattr(result, "finish_reason", "stop"),
     )

@@ -35,6 +35,27 @@ class TurnTask(asyncio.Task[T]):
     step in (or a shield around it)."""
 
     _holding = 0  # steps running that no cancel may cut
+    # The one caller waiting for the turn's end (``gateway.turns.gate.first_answer``) waits
+    # on ``waiter`` when the task's runner resolves it in the done callback it has anyway
+    # (``resolves_waiter``: the turn service's), instead of adding a done callback of its
+    # own: each is a loop step, with its handle, when the turn ends.
+    resolves_waiter = False
+    waiter: asyncio.Future[None] | None = None
+
+    def take_waiter(self) -> asyncio.Future[None] | None:
+        """A new future that the task's end resolves, or None where the task's runner does
+        not resolve one or another caller took it (they wait the general way)."""
+        if not self.resolves_waiter or self.waiter is not None:
+            return None
+        waiter: asyncio.Future[None] = self.get_loop().create_future()
+        self.waiter = waiter
+        return waiter
+
+    def resolve_waiter(self) -> None:
+        """Called by the runner's done callback: wakes the caller of ``take_waiter``."""
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():  # not cancelled with its caller
+            waiter.set_result(None)
 
     def cancel(self, msg: Any | None = None) -> bool:
         if self._holding:

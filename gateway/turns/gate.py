@@ -26,6 +26,7 @@ from agent.messages import JSONObject
 from agent.tools import ConfirmCallback, ToolProgress
 from delivery.session_backend import ApprovalRecord
 from gateway.session import SessionGone, SessionStore
+from gateway.turns.fence import TurnTask
 from gateway.turns.hold import TurnHold
 
 __all__ = [
@@ -215,9 +216,12 @@ async def first_answer(
         if not task.done():
             # The caller waits on a future of its own, which the turn's end resolves: a
             # cancel of the caller cancels that future, never the turn. What a shield does,
-            # with one future and one callback instead of its two and their loop steps.
-            ended: asyncio.Future[None] = task.get_loop().create_future()
-            task.add_done_callback(functools.partial(_resolve, ended))
+            # with one future and one callback instead of its two and their loop steps; a
+            # turn service's task resolves it in its own done callback (no second one).
+            ended = task.take_waiter() if isinstance(task, TurnTask) else None
+            if ended is None:
+                ended = task.get_loop().create_future()
+                task.add_done_callback(functools.partial(_resolve, ended))
             await ended
         return task.result()
     await asyncio.wait({task, parked}, return_when=asyncio.FIRST_COMPLETED)

@@ -44,7 +44,9 @@ def turn_rows(
 ) -> list[dict[str, Any]]:
     """The transcript rows a finished turn adds (see the module docstring)."""
     key = request.idempotency_key
-    user_text = message_text(user_message)
+    user_text = user_message.get("content")  # a string, most often: no call then
+    if not isinstance(user_text, str):
+        user_text = message_text(user_message)
     user_row: dict[str, Any] = {"role": "user", "content": user_text}
     if request.user_metadata:
         user_row["display_metadata"] = dict(request.user_metadata)
@@ -150,8 +152,10 @@ class TurnRecorder:
     def _first_text(request: TurnRequest, user_message: Mapping[str, Any]) -> str:
         for message in request.messages:  # a loop, not a generator: every first turn asks
             if message["role"] == "user":
-                return message_text(message)
-        return message_text(user_message)
+                user_message = message
+                break
+        content = user_message.get("content")
+        return content if isinstance(content, str) else message_text(user_message)
 
     async def _title(self, session_id: str, text: str) -> None:
         title = title_from_text(text)

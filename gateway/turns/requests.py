@@ -73,16 +73,18 @@ class TurnError(Exception):
 def agent_turn_runner(agent: Agent | Callable[[], Agent]) -> TurnRunner:
     """A turn runner over an ``Agent``, or over a factory making one per turn."""
 
-    async def run(
+    def run(
         messages: list[ChatMessage],
         ctx: ToolContext,
         on_delta: DeltaCallback | None,
         *,
         options: ModelOptions | None = None,
         offer: ToolOffer | None = None,
-    ) -> Any:
+    ) -> Awaitable[Any]:
+        # The agent's own coroutine, not one around it: every step of the turn (each
+        # resumption while the model answers) would pass through that frame too.
         current = agent if isinstance(agent, Agent) else agent()
-        return await current.run(messages, ctx, on_delta=on_delta, options=options, offer=offer)
+        return current.run(messages, ctx, on_delta=on_delta, options=options, offer=offer)
 
     return run
 

@@ -216,7 +216,11 @@ class TurnService:
         )
         # One read answers both questions, so a new conversation's turn costs one trip to
         # the store's reader, not two.
-        live = any(sid == session_id for sid, _ in found.transcripts)
+        live = False
+        for sid, _ in found.transcripts:  # a loop, not ``any()`` over a generator
+            if sid == session_id:
+                live = True
+                break
         deleted = session_id == home and found.prefix_deleted
         if live or deleted:
             return Conversation(session_id, unwritten=False)
@@ -270,8 +274,11 @@ class TurnService:
                 "retry shortly",
             )
         # Counted here, released by the turn itself: a client that goes away does not free
-        # a slot while its turn still runs.
-        self._take_slot(request)
+        # a slot while its turn still runs (``_take_slot``, spelled out: every turn).
+        if request.own_slot:
+            self.background_runs += 1
+        else:
+            self._active_runs += 1
         fence = TurnFence(request.before_store)
         deltas: asyncio.Queue[str | ToolProgress | None] | None = (
             asyncio.Queue() if request.stream else None
@@ -283,7 +290,13 @@ class TurnService:
         try:
             if hold is not None and (why := await busy_reason(self.store, request, hold)):
                 raise TurnError("session_busy", why)
-            parked = await self._parked(request)
+            parked: ParkedCalls | None = None
+            if request.tool_outputs is not None or (
+                self.client_tool_timeout is not None and not request.unwritten
+            ):
+                parked = await self._parked(request)
+            # else: no park to look for and no results to check (a new conversation's
+            # turn, or a surface without client tools): ``_parked`` would find nothing.
             begun = await self._begin(request)
             if request.stream:
                 # A stream answers before the turn is stored, and its client may continue
@@ -291,7 +304,7 @@ class TurnService:
                 await self._session_writer(request.session_id, begun)()
             # A ``TurnTask``: its store runs in it, whatever cancels it (``finish_despite_cancel``),
             # without a second task.
-            task: asyncio.Task[dict[str, Any]] = TurnTask(
+            task: TurnTask[dict[str, Any]] = TurnTask(
                 traces.turn_work(
                     self._run(request, begun, owner, deltas, fence, hold, parking, parked),
                     session_id=request.session_id,
@@ -308,16 +321,24 @@ class TurnService:
                 await hold.release()
             raise
         self._tasks.add(task)
-        # One callback for everything the turn's end settles (each is a loop step of its own).
+        # One callback for everything the turn's end settles (each is a loop step of its
+        # own), the wake-up of the caller waiting for the answer included.
         task.add_done_callback(functools.partial(self._turn_ended, request))
+        task.resolves_waiter = True
         fence.bind(task)
         return StartedTurn(task, deltas, parking.future if parking is not None else None, fence)
 
-    def _turn_ended(self, request: TurnRequest, task: asyncio.Task[Any]) -> None:
+    def _turn_ended(self, request: TurnRequest, task: TurnTask[Any]) -> None:
         self._tasks.discard(task)
         # The caller may be gone by the time the turn fails; the error is logged, not lost.
-        _note_unawaited_failure(task)
-        self._end_first_turn(request)
+        if not task.cancelled():
+            exc = task.exception()  # marks it retrieved
+            if exc is not None and not isinstance(exc, TurnError):
+                logger.debug("turn task failed: %r", exc)
+        if request.unwritten:  # ``_end_first_turn``, spelled out: every turn ends here
+            self._first_turns.release(request.session_id)
+        # Last: the caller wakes to a turn whose end is settled.
+        task.resolve_waiter()
 
     async def _parked(self, request: TurnRequest) -> ParkedCalls | None:
         """The park a resuming request continues; refuses what does not fit the session's
@@ -337,12 +358,6 @@ class TurnService:
                 return replace(parked, timed_out=True)
         check_request(parked, request.tool_outputs, wakeup=request.wakeup)
         return parked
-
-    def _take_slot(self, request: TurnRequest) -> None:
-        if request.own_slot:
-            self.background_runs += 1
-        else:
-            self._active_runs += 1
 
     def _free_slot(self, request: TurnRequest) -> None:
         if request.own_slot:
@@ -425,7 +440,10 @@ class TurnService:
                     cut = len(built) - len(tail)
                     room = self.context_chars - sum(len(str(m.get("content") or "")) for m in tail)
                     return [*bound_context(built[:cut], max(room, 1000)), *built[cut:]]
-                return with_images(bound_context(built, self.context_chars), user_message)
+                fitted = bound_context(built, self.context_chars)
+                if not isinstance(user_message.get("content"), list):
+                    return fitted  # no parts, no images: ``with_images`` has nothing to add
+                return with_images(fitted, user_message)
 
             def context_of(history: list[dict[str, Any]]) -> list[ChatMessage]:
                 return bounded(unbounded(history))
@@ -443,7 +461,7 @@ class TurnService:
                 session_id=session_id,
                 session_key=self.session_key(session_id),
                 platform=self._platform_name,
-                before_background=self._session_writer(session_id, begun),
+                before_background=self._recorder.session_writer(session_id, begun),
                 origin_ui_session_id=session_id if self._platform is Platform.WEBUI else None,
                 confirm=(
                     gate.confirm
@@ -480,8 +498,13 @@ class TurnService:
                 request, begun, hold, context_of, context, ctx, on_delta, extra
             )
             result = well_formed_result(reply)
-            park = self._park_of(request, reply, tail)
-            response = self._render(self._shown(request, result, reply))
+            # Pending client calls park the turn and are shown in the client's names; most
+            # replies have none (no calls then).
+            if getattr(reply, "pending_calls", None):
+                park = self._park_of(request, reply, tail)
+                response = self._render(self._shown(request, result, reply))
+            else:
+                park, response = None, self._render(result)
             seen = seen_delivery_ids(begun.history, begun.taken, context)
             if not await fence.enter_store():
                 # Cancelled first (a cancel from this loop is already pending on the task).
@@ -520,7 +543,11 @@ class TurnService:
                 await gate.store_failure(repr(exc))
             raise
         finally:
-            self._free_slot(request)
+            # ``_free_slot``, spelled out: every turn.
+            if request.own_slot:
+                self.background_runs -= 1
+            else:
+                self._active_runs -= 1
             if hold is not None:
                 await asyncio.shield(hold.release())
             if deltas is not None and (parking is None or not parking.future.done()):
@@ -577,11 +604,3 @@ class TurnService:
 
     def _session_writer(self, session_id: str, begun: BegunTurn) -> Callable[[], Awaitable[None]]:
         return self._recorder.session_writer(session_id, begun)
-
-
-def _note_unawaited_failure(task: asyncio.Task[Any]) -> None:
-    if task.cancelled():
-        return
-    exc = task.exception()  # marks it retrieved
-    if exc is not None and not isinstance(exc, TurnError):
-        logger.debug("turn task failed: %r", exc)

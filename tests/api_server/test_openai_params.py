@@ -312,3 +312,28 @@ def test_a_body_without_parameters_skips_their_checks_and_no_parameter_is_missed
     assert chat_params.model_options({"seed": 7})
     with pytest.raises(ApiError):
         chat_params.model_options({"n": 2})
+
+
+def test_options_are_false_only_when_none_is_set_whichever_instance() -> None:
+    """``bool(ModelOptions)`` answers the unset instance without a comparison, and any
+    other instance by comparing: an unset one made elsewhere is false too."""
+    from agent.providers.base import UNSET_OPTIONS, ModelOptions
+
+    assert not UNSET_OPTIONS and not ModelOptions() and ModelOptions() is not UNSET_OPTIONS
+    assert ModelOptions(seed=0) and ModelOptions(tool_choice="none")
+
+
+def test_a_body_without_tools_gets_the_offer_of_an_empty_tools_list() -> None:
+    """The request without ``tools``, ``tool_choice`` or ``functions`` (most) skips their
+    checks and gets what an empty ``tools`` list gets, server tools on or off."""
+    from gateway.openai.client_tools import read_tool_request
+
+    for server_tools in (True, False):
+        bare = read_tool_request({"model": MODEL}, ("terminal",), server_tools=server_tools)
+        empty = read_tool_request(
+            {"model": MODEL, "tools": [], "tool_choice": None},
+            ("terminal",),
+            server_tools=server_tools,
+        )
+        assert bare == empty and bare.offer.server_tools is server_tools
+        assert bare.offer.client == () and bare.offer.allowed is None and bare.tool_choice is None

@@ -4,9 +4,11 @@ that goes away (cancelled) leaves the turn running, and its end is still stored.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
+from gateway.turns.fence import TurnTask
 from gateway.turns.gate import first_answer
 
 
@@ -58,3 +60,63 @@ async def test_a_turn_cancelled_elsewhere_cancels_the_wait() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
+
+
+def _turn_task(coro: Any) -> TurnTask[Any]:
+    """A ``TurnTask`` whose runner resolves its waiter in its done callback, as the turn
+    service's does."""
+    task: TurnTask[Any] = TurnTask(coro, loop=asyncio.get_running_loop())
+    task.add_done_callback(lambda t: t.resolve_waiter())
+    task.resolves_waiter = True
+    return task
+
+
+async def test_a_turn_task_wakes_its_callers_from_its_runners_callback() -> None:
+    release = asyncio.Event()
+
+    async def turn() -> dict:
+        await release.wait()
+        return {"answer": 7}
+
+    task = _turn_task(turn())
+    first = asyncio.create_task(first_answer(task, None))
+    await asyncio.sleep(0)
+    assert task.waiter is not None  # the first caller waits on the task's own waiter
+    second = asyncio.create_task(first_answer(task, None))  # the general way
+    await asyncio.sleep(0)
+    release.set()
+    assert await first == {"answer": 7} and await second == {"answer": 7}
+
+    async def failing() -> dict:
+        raise RuntimeError("the model failed")
+
+    with pytest.raises(RuntimeError, match="the model failed"):
+        await first_answer(_turn_task(failing()), None)
+
+
+async def test_a_cancelled_caller_of_a_turn_task_leaves_the_turn_running() -> None:
+    release = asyncio.Event()
+
+    async def turn() -> dict:
+        await release.wait()
+        return {"answer": 1}
+
+    task = _turn_task(turn())
+    waiting = asyncio.create_task(first_answer(task, None))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not task.cancelled() and not task.done()
+    release.set()
+    assert await task == {"answer": 1}  # its end resolves nothing a cancelled caller left
+
+
+async def test_a_turn_task_whose_runner_resolves_nothing_is_waited_for_the_general_way() -> None:
+    async def turn() -> dict:
+        await asyncio.sleep(0.01)
+        return {"answer": 2}
+
+    task: TurnTask[Any] = TurnTask(turn(), loop=asyncio.get_running_loop())
+    assert await first_answer(task, None) == {"answer": 2}
+    assert task.waiter is None
