@@ -134,8 +134,7 @@ class Agent:
         only. ``offer``: the client's tools beside (or instead of) the server's."""
         conversation = self._with_system_prompt(messages)
         new_messages: list[ChatMessage] = []
-        # ``empty_usage()``, without its call: every turn starts one.
-        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        usage = empty_usage()
         tools = (offer.schemas(self.registry) if offer else self.registry.schemas()) or None
 
         live = _LiveText(on_delta)
@@ -145,13 +144,8 @@ class Agent:
                 step_options = replace(options, tool_choice="auto")
             # Every step streams live, the text before a tool call too (see _LiveText). The
             # provider is awaited here, not in a method around it: each resumption while it
-            # answers would pass through that frame too. Its keywords only when set
-            # (``complete_keywords``, spelled out).
-            extra: CompleteKeywords = {}
-            if on_delta:
-                extra["on_delta"] = live
-            if step_options:
-                extra["options"] = step_options
+            # answers would pass through that frame too.
+            extra = complete_keywords(live if on_delta else None, step_options or None)
             reply = await self.provider.complete(conversation, tools=tools, **extra)
             add_usage(usage, reply.usage)
             await live.end_step(reply.content)

@@ -120,8 +120,7 @@ _NO_ID_ABOVE = 2**62  # above every message id: "before" it is "from the end"
 
 
 def _check_id(session_id: str) -> None:
-    # ``is_valid_session_id``, spelled out: every turn's read and write asks.
-    if not isinstance(session_id, str) or _SESSION_ID_RE.fullmatch(session_id) is None:
+    if not is_valid_session_id(session_id):
         raise ValueError(f"invalid session id {session_id!r}")
 
 
@@ -425,9 +424,7 @@ class SessionStore:
         exclusive: bool = False,
     ) -> tuple[list[NewMessage], dict[str, Any]]:
         # Everything is validated and encoded here, before any write.
-        built: list[NewMessage] = []
-        for m in messages:  # a loop, not a comprehension (a call of its own): every turn
-            built.append(NewMessage.build(m))
+        built = [NewMessage.build(m) for m in messages]
         new = None
         if create is not None:
             _check_id(session_id)

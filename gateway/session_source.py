@@ -222,8 +222,5 @@ def chat_session_key(platform: Platform, chat_id: str) -> str:
         raise ValueError("build_session_key: the source has neither a chat_id nor a user_id")
     if type(platform) is not Platform:
         platform = _coerce_platform(platform)
-    # A StrEnum member is its value's text: escaped as it is, without the enum's ``value``
-    # (both escapes spelled out: every new conversation's key is built here).
-    escaped_platform = platform.replace("%", "%25").replace(":", "%3A")
-    escaped_chat = chat_id.replace("%", "%25").replace(":", "%3A")
-    return f"agent:main:{escaped_platform}:dm:{escaped_chat}"
+    # A StrEnum member is its value's text: escaped as it is, without the enum's ``value``.
+    return f"agent:main:{_escape_key_part(platform)}:dm:{_escape_key_part(chat_id)}"

@@ -319,10 +319,7 @@ def bound_context(context: list[ChatMessage], budget_chars: int) -> list[ChatMes
             total += len(str(m.get("content") or ""))
         return total
 
-    total = 0
-    for m in context:  # ``size``, spelled out for the one check every turn makes
-        total += len(str(m.get("content") or ""))
-    if total <= budget_chars:
+    if size(context) <= budget_chars:
         return context
     lead = 0
     while lead < len(context) - 1 and context[lead]["role"] == "system":

@@ -216,11 +216,7 @@ class TurnService:
         )
         # One read answers both questions, so a new conversation's turn costs one trip to
         # the store's reader, not two.
-        live = False
-        for sid, _ in found.transcripts:  # a loop, not ``any()`` over a generator
-            if sid == session_id:
-                live = True
-                break
+        live = any(sid == session_id for sid, _ in found.transcripts)
         deleted = session_id == home and found.prefix_deleted
         if live or deleted:
             return Conversation(session_id, unwritten=False)
@@ -274,11 +270,8 @@ class TurnService:
                 "retry shortly",
             )
         # Counted here, released by the turn itself: a client that goes away does not free
-        # a slot while its turn still runs (``_take_slot``, spelled out: every turn).
-        if request.own_slot:
-            self.background_runs += 1
-        else:
-            self._active_runs += 1
+        # a slot while its turn still runs.
+        self._take_slot(request)
         fence = TurnFence(request.before_store)
         deltas: asyncio.Queue[str | ToolProgress | None] | None = (
             asyncio.Queue() if request.stream else None
@@ -335,8 +328,7 @@ class TurnService:
             exc = task.exception()  # marks it retrieved
             if exc is not None and not isinstance(exc, TurnError):
                 logger.debug("turn task failed: %r", exc)
-        if request.unwritten:  # ``_end_first_turn``, spelled out: every turn ends here
-            self._first_turns.release(request.session_id)
+        self._end_first_turn(request)
         # Last: the caller wakes to a turn whose end is settled.
         task.resolve_waiter()
 
@@ -358,6 +350,12 @@ class TurnService:
                 return replace(parked, timed_out=True)
         check_request(parked, request.tool_outputs, wakeup=request.wakeup)
         return parked
+
+    def _take_slot(self, request: TurnRequest) -> None:
+        if request.own_slot:
+            self.background_runs += 1
+        else:
+            self._active_runs += 1
 
     def _free_slot(self, request: TurnRequest) -> None:
         if request.own_slot:
@@ -543,11 +541,7 @@ class TurnService:
                 await gate.store_failure(repr(exc))
             raise
         finally:
-            # ``_free_slot``, spelled out: every turn.
-            if request.own_slot:
-                self.background_runs -= 1
-            else:
-                self._active_runs -= 1
+            self._free_slot(request)
             if hold is not None:
                 await asyncio.shield(hold.release())
             if deltas is not None and (parking is None or not parking.future.done()):

@@ -125,14 +125,9 @@ class ApiKeyAuth:
         """Authenticate ``request`` (raises the ``ApiError`` that refuses it): the port's
         middleware (``gateway.http.middleware.PortMiddleware``) calls it before the handler."""
         path = request.path
-        # ``_is_public`` and ``bearer_token``, spelled out: every request passes here.
-        if path in self._public:
+        if self._is_public(path):
             return
-        head, _, last = path.rpartition("/")
-        if last and f"{head}/" in self._public:
-            return
-        scheme, _, token_text = request.headers.get("Authorization", "").partition(" ")
-        token = token_text.strip() if scheme.lower() == "bearer" and token_text.strip() else None
+        token = bearer_token(request)
         if self.configured_key:
             keyed = token is not None and same_secret(token, self.configured_key)
             if not keyed and path not in _HEALTH:
