@@ -100,6 +100,10 @@ class TurnFence:
         self._claim = claim
         self._task: asyncio.Task[Any] | None = None
         self.state: FenceState = "running"
+        # Set by the turn's work as it begins: a task cancelled before its first step never
+        # runs its coroutine, so whatever that coroutine would release in a ``finally`` is
+        # released by the task's end instead (``TurnService``).
+        self.began = False
 
     def bind(self, task: asyncio.Task[Any]) -> None:
         """The task that runs the turn (a cancel cancels it)."""

@@ -43,7 +43,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -314,15 +314,32 @@ class TurnService:
                 await hold.release()
             raise
         self._tasks.add(task)
+
+        def never_ran() -> None:
+            # What ``_run``'s ``finally`` and its failure path release, for a turn cancelled
+            # before it began (a Stop in the loop iteration that started it).
+            self._free_slot(request)
+            if deltas is not None:
+                deltas.put_nowait(None)
+            self._spawn(self._release_unrun(key, owner, hold))
+
         # One callback for everything the turn's end settles (each is a loop step of its
         # own), the wake-up of the caller waiting for the answer included.
-        task.add_done_callback(functools.partial(self._turn_ended, request))
+        task.add_done_callback(functools.partial(self._turn_ended, request, fence, never_ran))
         task.resolves_waiter = True
         fence.bind(task)
         return StartedTurn(task, deltas, parking.future if parking is not None else None, fence)
 
-    def _turn_ended(self, request: TurnRequest, task: TurnTask[Any]) -> None:
+    def _turn_ended(
+        self,
+        request: TurnRequest,
+        fence: TurnFence,
+        never_ran: Callable[[], None],
+        task: TurnTask[Any],
+    ) -> None:
         self._tasks.discard(task)
+        if not fence.began:
+            never_ran()
         # The caller may be gone by the time the turn fails; the error is logged, not lost.
         if not task.cancelled():
             exc = task.exception()  # marks it retrieved
@@ -331,6 +348,19 @@ class TurnService:
         self._end_first_turn(request)
         # Last: the caller wakes to a turn whose end is settled.
         task.resolve_waiter()
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` beside the turns: a drain waits for it as for them."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _release_unrun(
+        self, key: str | None, owner: str | None, hold: TurnHold | None
+    ) -> None:
+        await self._claims.forget(key, owner)
+        if hold is not None:
+            await hold.release()
 
     async def _parked(self, request: TurnRequest) -> ParkedCalls | None:
         """The park a resuming request continues; refuses what does not fit the session's
@@ -400,6 +430,7 @@ class TurnService:
         parking: Parking | None = None,
         parked: ParkedCalls | None = None,
     ) -> dict[str, Any]:
+        fence.began = True
         session_id, key = request.session_id, request.idempotency_key
         started = time.monotonic()
         gate: TurnGate | None = None

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.loop import Agent
+from agent.providers.demo import DemoModel
+from agent.tools import ToolRegistry
+from gateway.config import Platform
+from gateway.session import SessionSource
 from gateway.turns.fence import TurnFence, TurnTask, finish_despite_cancel
+from gateway.turns.service import StartedTurn, TurnRequest, TurnService, agent_turn_runner
+from tests.sessions._support import make_session
+from tests.stores import session_file_store
 
 
 async def test_a_cancel_before_the_store_wins_and_nothing_is_stored() -> None:
@@ -115,3 +124,35 @@ async def test_a_failing_step_raises_its_own_error() -> None:
 
     with pytest.raises(ValueError, match="disk full"):
         await finish_despite_cancel(broken())
+
+
+async def test_a_turn_cancelled_before_its_first_step_leaves_nothing_held(
+    tmp_path: Path,
+) -> None:
+    """A Stop in the same loop iteration as the start cancels the turn's task before its
+    coroutine began, so that coroutine's own cleanup never runs: the turn's end does it
+    instead. Its slot, its session's lease and its idempotency key are free again, and its
+    stream ends."""
+    store = session_file_store(tmp_path / "sessions.db")
+    make_session(store, "s1", source=SessionSource(Platform.API_SERVER, chat_id="s1"))
+    service = TurnService(
+        store,
+        agent_turn_runner(Agent(DemoModel(delay_seconds=0), ToolRegistry())),
+        render=lambda result: {"content": str(result.content or "")},
+        max_concurrent_runs=1,
+        hold_sessions=True,
+    )
+    request = TurnRequest("s1", [{"role": "user", "content": "hi"}], "k1", stream=True)
+    started = await service.start(request)
+    assert isinstance(started, StartedTurn)
+    assert started.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await started.task
+    await service.drain(5.0)  # what the turn's end settles is awaited with the turns
+    assert service.active_runs == 0
+    assert started.deltas is not None and started.deltas.get_nowait() is None
+    again = await service.start(request)  # the same session, the same key
+    assert isinstance(again, StartedTurn)
+    assert (await again.task)["content"]
+    await service.drain(5.0)
+    assert service.active_runs == 0
