@@ -68,8 +68,7 @@ def derive_session_id(messages: Sequence[Mapping[str, Any]]) -> str:
         if role == "system":
             system.append(message_text(m))
         elif role == "user" and first_user is None:
-            content = m.get("content")  # most messages' content is a string: no call
-            first_user = content if isinstance(content, str) else message_text(m)
+            first_user = message_text(m)
     # JSON of a list keeps the parts apart: ("a", "bc") and ("ab", "c") differ.
     material = _COMPACT_JSON.encode([system, first_user or ""])
     return "api_" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:24]
@@ -145,10 +144,7 @@ def pick_session(
         return _resumed_session(messages, candidates, retry_key=retry_key, home=home)
     last = _last_user_index(messages)  # found once for both
     sent = _sent_history(messages, last)
-    new_message = messages[last]
-    content = new_message.get("content")
-    new_text = content if isinstance(content, str) else message_text(new_message)
-    new_user = ("user", new_text.strip())
+    new_user = ("user", message_text(messages[last]).strip())
     matching = []
     for sid, transcript in candidates:
         stored = _stored_history(transcript)
@@ -225,10 +221,8 @@ def build_context(
     Compaction (``gateway.turns.compaction``): archived rows are left out, and the summary that
     replaced them comes first, right after the request's system prompt.
     """
-    # Loops, not comprehensions (each a call of its own): every turn builds its context.
-    taken_ids: set[Any] = set()
-    for row in taken:
-        taken_ids.add(row["id"])
+    taken_ids = {row["id"] for row in taken}
+    # Each prompt's text read once (a comprehension would read it for its test and again).
     context: list[ChatMessage] = []
     for m in request_messages:
         if m["role"] in ("system", "developer"):
@@ -297,9 +291,7 @@ def build_context(
     if tail is not None:
         context.extend(tail)
         return context
-    text = user_message.get("content")
-    if not isinstance(text, str):
-        text = message_text(user_message)
+    text = message_text(user_message)
     context.append({"role": "user", "content": text if wakeup else defang(text)})
     return context
 
@@ -396,13 +388,9 @@ def well_formed_result(result: Any) -> Any:
     """An agent's result whose text can be stored and sent (see ``well_formed``): a model
     may emit a lone surrogate, and the turn is still stored and answered."""
     content = str(result.content or "")
-    try:
-        content.encode("utf-8")  # ``well_formed``'s check, without its call: most texts pass
+    repaired = well_formed(content)
+    if repaired == content:
         return result
-    except UnicodeEncodeError:
-        pass
     return _RepairedResult(
-        well_formed(content),
-        getattr(result, "usage", None),
-        getattr(result, "finish_reason", "stop"),
+        repaired, getattr(result, "usage", None), getattr(result, "finish_reason", "stop")
     )

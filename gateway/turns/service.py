@@ -284,12 +284,9 @@ class TurnService:
             if hold is not None and (why := await busy_reason(self.store, request, hold)):
                 raise TurnError("session_busy", why)
             parked: ParkedCalls | None = None
-            if request.tool_outputs is not None or (
-                self.client_tool_timeout is not None and not request.unwritten
-            ):
+            if request.tool_outputs is not None or self._may_be_parked(request):
                 parked = await self._parked(request)
-            # else: no park to look for and no results to check (a new conversation's
-            # turn, or a surface without client tools): ``_parked`` would find nothing.
+            # else: no park to look for and no results to check: nothing to refuse.
             begun = await self._begin(request)
             if request.stream:
                 # A stream answers before the turn is stored, and its client may continue
@@ -362,12 +359,16 @@ class TurnService:
         if hold is not None:
             await hold.release()
 
+    def _may_be_parked(self, request: TurnRequest) -> bool:
+        """Whether the session may hold a park: client tools are on, and it was written."""
+        return self.client_tool_timeout is not None and not request.unwritten
+
     async def _parked(self, request: TurnRequest) -> ParkedCalls | None:
         """The park a resuming request continues; refuses what does not fit the session's
         park (a new message while calls are pending, results nobody waits for); finishes a
         park past its deadline."""
         parked: ParkedCalls | None = None
-        if self.client_tool_timeout is not None and not request.unwritten:
+        if self._may_be_parked(request):
             parked = await find_parked(self.store, request.session_id)
             # The sweep's resume (each call answered with the timeout's error) goes on.
             if (
@@ -469,10 +470,7 @@ class TurnService:
                     cut = len(built) - len(tail)
                     room = self.context_chars - sum(len(str(m.get("content") or "")) for m in tail)
                     return [*bound_context(built[:cut], max(room, 1000)), *built[cut:]]
-                fitted = bound_context(built, self.context_chars)
-                if not isinstance(user_message.get("content"), list):
-                    return fitted  # no parts, no images: ``with_images`` has nothing to add
-                return with_images(fitted, user_message)
+                return with_images(bound_context(built, self.context_chars), user_message)
 
             def context_of(history: list[dict[str, Any]]) -> list[ChatMessage]:
                 return bounded(unbounded(history))
