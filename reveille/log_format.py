@@ -143,7 +143,8 @@ class _TextFormatter(logging.Formatter):
 
     def __init__(self, fmt: str) -> None:
         super().__init__(fmt)
-        assert self.usesTime(), "the text formats name the time"
+        if not self.usesTime():  # a check ``python -O`` keeps, unlike an assert
+            raise ValueError(f"a text log format must name the time: {fmt!r}")
 
     def format(self, record: logging.LogRecord) -> str:
         if record.exc_info or record.exc_text or record.stack_info:
@@ -162,19 +163,15 @@ class _Lines(logging.StreamHandler[TextIO]):
     def handle(self, record: logging.LogRecord) -> bool:
         if self.filters:
             return bool(super().handle(record))
-        # ``emit``, spelled out, asking the formatter itself (``Handler.format`` only
-        # picks it): the writer's calls per line.
+        self.emit(record)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # Asks the formatter itself (``Handler.format`` only picks it): a call less a line.
         formatter = self.formatter
         try:
             text = formatter.format(record) if formatter is not None else self.format(record)
             self.stream.write(text + self.terminator)
-        except Exception:
-            self.handleError(record)
-        return True
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.stream.write(self.format(record) + self.terminator)
         except Exception:
             self.handleError(record)
 

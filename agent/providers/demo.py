@@ -10,10 +10,14 @@ import asyncio
 import json
 import re
 
-from agent.markers import DELIVERY_MARKER, SUBAGENT_MARKER, SUMMARISE_MARKER, WAKE_MARKER
+from agent.markers import SUBAGENT_MARKER, SUMMARISE_MARKER
 from agent.messages import ChatMessage, JSONObject, ToolCall, ToolSchema
 from agent.providers.base import DeltaCallback, ModelOptions, ModelReply
-from agent.providers.demo_summaries import first_lines, summarise_completion_text
+from agent.providers.demo_summaries import (
+    first_lines,
+    is_completion_text,
+    summarise_completion_text,
+)
 
 DELEGATE_PREFIX = "in the background:"
 SHELL_PREFIX = "run in the background:"
@@ -154,8 +158,7 @@ class DemoModel:
                 await on_delta(piece)
         prompt_tokens = 0
         for message in messages:
-            text = message.get("content")
-            prompt_tokens += len((text if isinstance(text, str) else _text(message)).split())
+            prompt_tokens += len(_text(message).split())
         completion_tokens = len((content or "").split())
         for call in tool_calls:
             completion_tokens += len(call["function"]["arguments"].split())
@@ -177,9 +180,7 @@ class DemoModel:
         summarise = subagent = False
         for m in messages:
             if m.get("role") == "system":
-                text = m.get("content")
-                if not isinstance(text, str):
-                    text = _text(m)
+                text = _text(m)
                 summarise = summarise or SUMMARISE_MARKER in text
                 subagent = subagent or SUBAGENT_MARKER in text
         if summarise:
@@ -189,8 +190,7 @@ class DemoModel:
             return self._subagent_step(messages, offered)
 
         turn = _current_turn(messages)
-        # The completion texts of the turn (summarised) and its last user message, in one
-        # loop (``is_completion_text`` spelled out: asked of every message).
+        # The completion texts of the turn (summarised) and its last user message, in one loop.
         summaries: list[str] = []
         last_user: ChatMessage | None = None
         for message in turn:
@@ -199,19 +199,14 @@ class DemoModel:
                 last_user = message
             elif role != "system":
                 continue
-            text = message.get("content")
-            if not isinstance(text, str):
-                text = _text(message)
-            if WAKE_MARKER in text or DELIVERY_MARKER in text:
+            text = _text(message)
+            if is_completion_text(text):
                 summaries.extend(summarise_completion_text(text))
         if messages and messages[-1].get("role") == "tool":
             return "\n\n".join([*summaries, *_tool_followups(turn)]), []
 
-        user_text = ""
-        if last_user is not None:
-            content = last_user.get("content")
-            user_text = content if isinstance(content, str) else _text(last_user)
-        if user_text and WAKE_MARKER not in user_text and DELIVERY_MARKER not in user_text:
+        user_text = "" if last_user is None else _text(last_user)
+        if user_text and not is_completion_text(user_text):
             command = self._command(user_text, offered, len(messages))
             if command is not None:
                 return command
@@ -225,7 +220,7 @@ class DemoModel:
     def _command(
         self, text: str, offered: set[str | None], position: int
     ) -> tuple[str | None, list[ToolCall]] | None:
-        # ``_after_prefix`` spelled out for both prefixes: the text stripped and lowered once.
+        # Stripped and lowered once, for both prefixes.
         stripped = text.strip()
         lowered = stripped.lower()
         if lowered.startswith(SHELL_PREFIX):

@@ -9,18 +9,19 @@ reserves; the turn's end releases.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gateway.turns.conversation import fork_of
 
 __all__ = ["FirstTurns"]
 
 
+@dataclass(slots=True)
 class _FirstTurn:
-    """One reserved id. A plain class whose fields are set after it is made, not a
-    dataclass: its generated ``__init__`` would be a Python call for every new conversation."""
+    """One reserved id."""
 
-    __slots__ = ("holders", "key")
     key: str | None  # the idempotency key the first request came with
-    holders: int  # requests resolved to this id whose turn has not ended
+    holders: int = 0  # requests resolved to this id whose turn has not ended
 
 
 class FirstTurns:
@@ -36,8 +37,7 @@ class FirstTurns:
         if first is not None and (key is None or first.key != key):
             session_id, first = fork_of(home), None
         if first is None:
-            first = self._ids[session_id] = _FirstTurn()
-            first.key, first.holders = key, 0
+            first = self._ids[session_id] = _FirstTurn(key)
         first.holders += 1
         return session_id
 

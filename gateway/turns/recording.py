@@ -154,8 +154,7 @@ class TurnRecorder:
             if message["role"] == "user":
                 user_message = message
                 break
-        content = user_message.get("content")
-        return content if isinstance(content, str) else message_text(user_message)
+        return message_text(user_message)
 
     async def _title(self, session_id: str, text: str) -> None:
         title = title_from_text(text)

@@ -12,14 +12,23 @@ from gateway.turns.fence import TurnTask
 from gateway.turns.gate import first_answer
 
 
-async def test_the_answer_and_the_failure_of_the_turn_reach_the_caller() -> None:
+def _held_turn(answer: dict, ended: list[str] | None = None) -> tuple[asyncio.Event, Any]:
+    """A turn's coroutine that answers ``answer`` once the event is set (noting "stored" in
+    ``ended``), and that event."""
     release = asyncio.Event()
 
     async def turn() -> dict:
         await release.wait()
-        return {"answer": 42}
+        if ended is not None:
+            ended.append("stored")
+        return answer
 
-    task = asyncio.create_task(turn())
+    return release, turn()
+
+
+async def test_the_answer_and_the_failure_of_the_turn_reach_the_caller() -> None:
+    release, turn = _held_turn({"answer": 42})
+    task = asyncio.create_task(turn)
     waiting = asyncio.create_task(first_answer(task, None))
     await asyncio.sleep(0)
     release.set()
@@ -34,15 +43,9 @@ async def test_the_answer_and_the_failure_of_the_turn_reach_the_caller() -> None
 
 
 async def test_a_cancelled_caller_leaves_the_turn_running() -> None:
-    release = asyncio.Event()
     ended: list[str] = []
-
-    async def turn() -> dict:
-        await release.wait()
-        ended.append("stored")
-        return {"answer": 1}
-
-    task = asyncio.create_task(turn())
+    release, turn = _held_turn({"answer": 1}, ended)
+    task = asyncio.create_task(turn)
     waiting = asyncio.create_task(first_answer(task, None))
     await asyncio.sleep(0.01)
     waiting.cancel()
@@ -72,13 +75,8 @@ def _turn_task(coro: Any) -> TurnTask[Any]:
 
 
 async def test_a_turn_task_wakes_its_callers_from_its_runners_callback() -> None:
-    release = asyncio.Event()
-
-    async def turn() -> dict:
-        await release.wait()
-        return {"answer": 7}
-
-    task = _turn_task(turn())
+    release, turn = _held_turn({"answer": 7})
+    task = _turn_task(turn)
     first = asyncio.create_task(first_answer(task, None))
     await asyncio.sleep(0)
     assert task.waiter is not None  # the first caller waits on the task's own waiter
@@ -95,13 +93,8 @@ async def test_a_turn_task_wakes_its_callers_from_its_runners_callback() -> None
 
 
 async def test_a_cancelled_caller_of_a_turn_task_leaves_the_turn_running() -> None:
-    release = asyncio.Event()
-
-    async def turn() -> dict:
-        await release.wait()
-        return {"answer": 1}
-
-    task = _turn_task(turn())
+    release, turn = _held_turn({"answer": 1})
+    task = _turn_task(turn)
     waiting = asyncio.create_task(first_answer(task, None))
     await asyncio.sleep(0.01)
     waiting.cancel()

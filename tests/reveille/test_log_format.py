@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from reveille.log_format import JsonFormatter
 from tests.api_server.serve_support import ROOT, Server, chat, wait_until
 
@@ -137,6 +139,10 @@ def test_a_text_line_is_what_logging_formatter_writes() -> None:
         for mine, reference in zip(records(), records(), strict=True):
             reference.created, reference.msecs = mine.created, mine.msecs
             assert ours.format(mine) == theirs.format(reference)
+    # Its one step stamps the time every line: a format without it is refused (not asserted,
+    # which ``python -O`` would skip).
+    with pytest.raises(ValueError, match="must name the time"):
+        _TextFormatter("%(levelname)s %(message)s")
 
 
 def test_the_handlers_still_ask_their_filters() -> None:
