@@ -52,8 +52,13 @@ Event loops (``--loop asyncio,uvloop``, the default where uvloop is installed): 
 provider modes run once per loop, every server of the run (`reveille serve` and the floors)
 on that loop (``REVEILLE_EVENT_LOOP``), and print one block per loop.
 
+Pairs (``--pairs N``): demo and provider modes then measure `reveille serve` (one worker, the
+first store) N more times, each run followed at once by its floor (the store floor; the
+stored-turn floor), and print each pair's ratio and their median: a floor measured once,
+minutes from Reveille, drifts with the machine.
+
 Usage: python bench/api_server.py [--provider] [--stream] [--clients 32] [--seconds 10]
-                                  [--loop asyncio,uvloop]
+                                  [--loop asyncio,uvloop] [--pairs 3]
        python bench/api_server.py --responses [--clients 16] [--seconds 5] [--requests 20]
        python bench/api_server.py --workers 1,2 [--seconds 6]
        python bench/api_server.py --store postgresql [--workers 1,2,4] [--seconds 5]
@@ -632,6 +637,16 @@ async def provider_main_async(args: argparse.Namespace) -> None:
                 async with running(cmd, env, floor_port) as floor_url:
                     floors.append(await measure_url(floor_url, args, UPSTREAM_MODEL))
         floor, stored_floor, raw_floor, tools_floor = floors
+        pairs = []
+        for _ in range(args.pairs):
+            async with reveille_on(upstream_url, env, clients=args.clients) as url:
+                again = await measure_url(url, args, UPSTREAM_MODEL)
+            with tempfile.TemporaryDirectory() as home:
+                floor_port = free_port()
+                cmd = [sys.executable, __file__, "--serve-model-call-floor", str(floor_port)]
+                cmd += ["--upstream", upstream_url, "--home", home]
+                async with running(cmd, env, floor_port) as floor_url:
+                    pairs.append((again, await measure_url(floor_url, args, UPSTREAM_MODEL)))
 
     print(header(args))
     print(line("fake upstream (canned)", upstream, 23))
@@ -661,6 +676,7 @@ async def provider_main_async(args: argparse.Namespace) -> None:
         "offers its model, which the upstream must read too); reveille reaches "
         f"{ours['rps'] / tools_floor['rps']:.2f} of it"
     )
+    print_pairs("stored-turn floor", pairs, 23)
 
 
 STORES = ("sqlite", "postgresql")
@@ -700,6 +716,38 @@ def trips_so_far(env: dict[str, str]) -> int | None:
     return sum(int(p.read_text() or 0) for p in Path(where).glob("*.trips"))
 
 
+async def measure_store_floor(
+    store: str, env: dict[str, str], args: argparse.Namespace
+) -> dict[str, float]:
+    """The load against the store floor on ``store``, on a fresh state directory or schema."""
+    with store_for(store, args) as (home, extra):
+        port = free_port()
+        cmd = [sys.executable, __file__, "--serve-store-floor", str(port), "--home", home]
+        cmd += ["--pg-url", extra.get("REVEILLE_DATABASE_URL", "")]  # "": SQLite
+        return await measure(cmd, {**env, **extra}, port, args)
+
+
+def print_pairs(
+    floor_name: str, pairs: list[tuple[dict[str, float], dict[str, float]]], width: int
+) -> None:
+    """``--pairs``: each interleaved pair's ratio of Reveille to its floor, and their median.
+    A floor measured once, minutes from Reveille, drifts with the machine (it moved by
+    40% between two runs of this bench); measured right after it, pair by pair, it drifts
+    less, and the median drops the odd pair a burst of other work spoiled."""
+    if not pairs:
+        return
+    ratios = [ours["rps"] / floor["rps"] for ours, floor in pairs]
+    each = ", ".join(
+        f"{ours['rps']:,.0f}/{floor['rps']:,.0f} = {r:.2f}"
+        for (ours, floor), r in zip(pairs, ratios, strict=True)
+    )
+    print(
+        f"{'pairs':<{width}}: reveille against the {floor_name}, {len(pairs)} interleaved "
+        f"pair{'s' if len(pairs) > 1 else ''}: "
+        f"{each}; median {statistics.median(ratios):.2f}"
+    )
+
+
 async def main_async(args: argparse.Namespace) -> None:
     env = {**os.environ, "PYTHONPATH": checkout_first()}
     served: dict[str, dict[int, dict[str, float]]] = {}
@@ -715,11 +763,17 @@ async def main_async(args: argparse.Namespace) -> None:
     port = free_port()
     base = await measure([sys.executable, __file__, "--serve-canned", str(port)], env, port, args)
     for store in args.store:
+        floors[store] = await measure_store_floor(store, env, args)
+    pairs = []
+    for _ in range(args.pairs):  # on the first store, with one worker
+        store = args.store[0]
         with store_for(store, args) as (home, extra):
             port = free_port()
-            cmd = [sys.executable, __file__, "--serve-store-floor", str(port), "--home", home]
-            cmd += ["--pg-url", extra.get("REVEILLE_DATABASE_URL", "")]  # "": SQLite
-            floors[store] = await measure(cmd, {**env, **extra}, port, args)
+            cmd = [sys.executable, "-m", "reveille.cli", "serve"]
+            again = await measure(
+                cmd, {**reveille_env(env, home, port, args.clients), **extra}, port, args
+            )
+        pairs.append((again, await measure_store_floor(store, env, args)))
 
     print(header(args))
     both = len(args.store) > 1
@@ -756,6 +810,7 @@ async def main_async(args: argparse.Namespace) -> None:
             + (f" with {_workers(first)}" if args.workers else "")
             + f" reaches {ours['rps'] / floor['rps']:.2f} of it"
         )
+    print_pairs(f"store floor ({args.store[0]}, 1 worker)", pairs, width)
     if "postgresql" in served:
         pg = next(iter(served["postgresql"].values()))
         print(
@@ -866,6 +921,14 @@ def main() -> None:
         default=event_loops("asyncio,uvloop" if _has_uvloop() else "asyncio"),
         help="demo and provider modes: the servers' event loops, measured one after the other "
         "in the same run (default: asyncio,uvloop where uvloop is installed)",
+    )
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="demo and provider modes: then N more runs of reveille serve (1 worker, the first "
+        "store), each followed at once by its floor (store floor; stored-turn floor): each "
+        "pair's ratio and their median",
     )
     ap.add_argument("--requests", type=int, default=30, help="--ttft: streamed requests")
     ap.add_argument("--first-delay", type=float, default=0.3, help="--ttft: upstream's wait")
