@@ -42,21 +42,32 @@ class BatchQueue:
     and end."""
 
     def __init__(self, max_batch: int) -> None:
-        self.cv = threading.Condition()
+        # ``put`` holds the lock itself: a C lock's ``with``, where the condition's own
+        # ``__enter__`` and ``__exit__`` are two Python calls for every write submitted.
+        self._lock = threading.RLock()
+        self.cv = threading.Condition(self._lock)
         self.pending: collections.deque[Item] = collections.deque()
         self.stopping = False
         self.max_batch = max_batch
+        self._waiting = 0  # writer threads waiting in ``next_batch``
 
     def put(self, item: Item) -> None:
-        with self.cv:
+        with self._lock:
             self.pending.append(item)
-            self.cv.notify_all()
+            # Only a waiting writer needs waking. While every writer is committing (a burst:
+            # most writes are queued then) the notify would be three Python calls for nobody.
+            if self._waiting:
+                self.cv.notify_all()
 
     def next_batch(self, busy: Callable[[], bool]) -> Batch | None:
         """Under ``cv``: wait until there is work and the writer is not ``busy``, then take
         up to ``max_batch`` operations; None once stopping with nothing left."""
         while busy() or (not self.pending and not self.stopping):
-            self.cv.wait()
+            self._waiting += 1
+            try:
+                self.cv.wait()
+            finally:
+                self._waiting -= 1
         if not self.pending:
             return None
         n = min(len(self.pending), self.max_batch)
