@@ -174,9 +174,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if not self.busy and not self.waiting_head:
-            # The first byte of another request: its head is due within the header timeout
-            # (``ConnectionGuard._expect_head``, spelled out: every request after a
-            # connection's first passes here).
+            # The first byte of another request: its head is due within the header timeout.
             self.waiting_head = True
             due = time.monotonic() + self.guard.limits.header_timeout
             if due < self.deadline:
@@ -261,7 +259,7 @@ class ConnectionGuard:
         conn = self._open.get(transport) if transport is not None else None
         if conn is None:
             return await self._handle(request)
-        # ``_begin`` and ``_end``, spelled out: every request passes here.
+        # Busy while a request runs; idle again, with the idle timeout, after its last one.
         conn.busy += 1
         self._mark_busy(conn)
         try:

@@ -310,6 +310,9 @@ class BrowserGuard:
     def refusal(self, request: web.Request) -> web.StreamResponse | None:
         """The answer to a request a browser may not make (a disallowed origin), or to a
         CORS preflight; None: the request goes on."""
+        if "Origin" not in request.headers and request.method != "OPTIONS":
+            # Most requests (clients that are not browsers): no origin to check, no preflight.
+            return None
         if not self._origin_allowed(request):
             return ApiError(
                 403,
@@ -396,12 +399,7 @@ class PortMiddleware:
         started = time.perf_counter()
         status = 500
         try:
-            # No ``Origin`` and no preflight (most requests: clients that are not browsers):
-            # nothing to refuse, without asking the guard.
-            if "Origin" not in request.headers and request.method != "OPTIONS":
-                response = None
-            else:
-                response = self._guard.refusal(request)
+            response = self._guard.refusal(request)
             if response is None:
                 try:
                     self._authenticate(request)

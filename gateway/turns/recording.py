@@ -44,9 +44,7 @@ def turn_rows(
 ) -> list[dict[str, Any]]:
     """The transcript rows a finished turn adds (see the module docstring)."""
     key = request.idempotency_key
-    user_text = user_message.get("content")  # a string, most often: no call then
-    if not isinstance(user_text, str):
-        user_text = message_text(user_message)
+    user_text = message_text(user_message)
     user_row: dict[str, Any] = {"role": "user", "content": user_text}
     if request.user_metadata:
         user_row["display_metadata"] = dict(request.user_metadata)

@@ -488,7 +488,7 @@ class TurnService:
                 session_id=session_id,
                 session_key=self.session_key(session_id),
                 platform=self._platform_name,
-                before_background=self._recorder.session_writer(session_id, begun),
+                before_background=self._session_writer(session_id, begun),
                 origin_ui_session_id=session_id if self._platform is Platform.WEBUI else None,
                 confirm=(
                     gate.confirm
@@ -525,13 +525,8 @@ class TurnService:
                 request, begun, hold, context_of, context, ctx, on_delta, extra
             )
             result = well_formed_result(reply)
-            # Pending client calls park the turn and are shown in the client's names; most
-            # replies have none (no calls then).
-            if getattr(reply, "pending_calls", None):
-                park = self._park_of(request, reply, tail)
-                response = self._render(self._shown(request, result, reply))
-            else:
-                park, response = None, self._render(result)
+            park, shown = self._client_calls(request, reply, result, tail)
+            response = self._render(shown)
             seen = seen_delivery_ids(begun.history, begun.taken, context)
             if not await fence.enter_store():
                 # Cancelled first (a cancel from this loop is already pending on the task).
@@ -576,25 +571,22 @@ class TurnService:
             if deltas is not None and (parking is None or not parking.future.done()):
                 deltas.put_nowait(None)
 
-    def _park_of(
-        self, request: TurnRequest, reply: Any, tail: list[ChatMessage] | None
-    ) -> dict[str, Any] | None:
-        """The display metadata that parks the turn, when the model called client tools."""
-        pending = getattr(reply, "pending_calls", None)
-        if not pending or self.client_tool_timeout is None:
-            return None
-        steps = [*(tail or []), *getattr(reply, "new_messages", [])]
-        return park_metadata(pending, steps, self.client_tool_timeout)
-
-    @staticmethod
-    def _shown(request: TurnRequest, result: Any, reply: Any) -> Any:
-        """What the surface renders: with pending client calls, in the client's names."""
+    def _client_calls(
+        self, request: TurnRequest, reply: Any, result: Any, tail: list[ChatMessage] | None
+    ) -> tuple[dict[str, Any] | None, Any]:
+        """The display metadata that parks the turn and what the surface renders. With
+        pending client tool calls the turn parks (client tools on) and shows them in the
+        client's names; most replies have none, and park nothing and show ``result``."""
         pending = getattr(reply, "pending_calls", None)
         if not pending:
-            return result
+            return None, result
+        park = None
+        if self.client_tool_timeout is not None:
+            steps = [*(tail or []), *getattr(reply, "new_messages", [])]
+            park = park_metadata(pending, steps, self.client_tool_timeout)
         offer = request.tool_offer
         calls = [offer.shown(call) if offer is not None else call for call in pending]
-        return PendingResult(str(result.content or ""), getattr(result, "usage", None), calls)
+        return park, PendingResult(str(result.content or ""), getattr(result, "usage", None), calls)
 
     def _gate(
         self,

@@ -206,8 +206,7 @@ class ChatCompletionsRoute:
     ) -> tuple[ToolOffer | None, Any]:
         """The request's tool offer (None: the server's tools as always) and its generation
         options with ``tool_choice`` in the model's names."""
-        header = request.headers.get(SERVER_TOOLS_HEADER)
-        wanted = header is None or server_tools_wanted(header)  # no header (most): on
+        wanted = server_tools_wanted(request.headers.get(SERVER_TOOLS_HEADER))
         tools = read_tool_request(body, self.turns.tool_names(), server_tools=wanted)
         offer: ToolOffer | None = tools.offer
         if not tools.offer.client and wanted and tools.offer.allowed is None:
