@@ -19,18 +19,24 @@ the store runs off the writers' path and before a search, so a search never miss
 triggers act only on rows at or below the mark (a row above it is read as it is when the
 tail is indexed); an insert at or below it (a key reused after a delete) is indexed at once.
 A file with the per-insert triggers gets the guarded ones and its mark, once, on open, its
-index kept as it is.
+index kept as it is. ``BatchedIndexing`` is a batched index's upkeep on its file's writer:
+the tail indexed every ``batch`` rows inserted, and before a search.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from storage.sqlite import files as sqlite_files
+from storage.sqlite.writer import GroupCommitWriter
 
-__all__ = ["TextIndex", "fts_query"]
+__all__ = ["BatchedIndexing", "TextIndex", "fts_query"]
+
+C = TypeVar("C")
 
 _NO_COLUMN_SIZES = "columnsize = 0"
 
@@ -158,6 +164,62 @@ END;
                 self._drop_triggers + self._mark_table + self._triggers,
                 self._mark_at_last,
             )
+
+
+class BatchedIndexing(Generic[C]):
+    """A batched ``index``'s upkeep on the ``GroupCommitWriter`` of its file, whose operations
+    get a context ``C`` (``conn_of`` reads its connection).
+
+    The writer's operations report the rows they inserted (``inserted``); once every
+    ``batch`` rows the tail's indexing is queued for the writer thread, so the insert that
+    filled the batch does not wait for it and nobody waits for its outcome (a failure
+    leaves the rows to the next batch). ``index_now`` indexes what is left and waits for it,
+    when ``has_tail`` (a query on a reader connection) says there is a tail: before a
+    search, and before the file closes. Both commit without an fsync: the index and its
+    mark are lost together in a power cut, and the rows are indexed again.
+
+    ``writer`` is set once the writer exists (its operations' context is built with
+    ``inserted``, before it)."""
+
+    def __init__(
+        self,
+        index: TextIndex,
+        *,
+        batch: int,
+        conn_of: Callable[[C], sqlite3.Connection],
+        has_tail: Callable[[str], bool],
+        unavailable: type[Exception],
+    ) -> None:
+        self.index = index
+        self.writer: GroupCommitWriter[C] | None = None
+        self._batch = batch
+        self._conn_of = conn_of
+        self._has_tail = has_tail
+        self._unavailable = unavailable
+        self._inserted = 0  # by the writer's operations, which run one at a time
+
+    def index_tail(self, context: C) -> int:
+        """Index the tail, in the operation's transaction: how many rows."""
+        conn = self._conn_of(context)
+        indexed = int(conn.execute(self.index.tail[0]).rowcount)
+        conn.execute(self.index.tail[1])
+        return indexed
+
+    def inserted(self, rows: int) -> None:
+        """A writer's operation inserted ``rows`` rows into the indexed table."""
+        before = self._inserted
+        self._inserted += rows
+        if before // self._batch == self._inserted // self._batch or self.writer is None:
+            return
+        # Never fails the insert that calls it: a writer closing meanwhile leaves the rows
+        # to the next open's first search.
+        with contextlib.suppress(self._unavailable):
+            self.writer.submit_later(self.index_tail, durable=False)
+
+    def index_now(self) -> None:
+        """Index every row not yet indexed, if there is one, and wait for it."""
+        if self.writer is not None and self._has_tail(self.index.has_tail):
+            self.writer.submit(self.index_tail, durable=False).result()
 
 
 def fts_query(terms: Sequence[str]) -> str:

@@ -49,7 +49,7 @@ from storage.sql import (
 )
 from storage.sqlite import files as sqlite_files
 from storage.sqlite.files import PLACEHOLDER
-from storage.sqlite.fts import TextIndex, fts_query
+from storage.sqlite.fts import BatchedIndexing, TextIndex, fts_query
 from storage.sqlite.notifier import SocketDirNotifier, wake_dir_for
 from storage.sqlite.webhooks_sql import WEBHOOK_DDL
 from storage.sqlite.writer import GroupCommitWriter
@@ -314,23 +314,15 @@ def _add_columns(conn: sqlite3.Connection) -> None:
                 conn.execute(_BACKFILLS[name])
 
 
-def _index_goals(tx: _SqliteTx) -> int:
-    """Index the goals of the rows written since the last batch (``GOALS_INDEX``): how many."""
-    indexed = int(tx.execute(GOALS_INDEX.tail[0]).rowcount)
-    tx.execute(GOALS_INDEX.tail[1])
-    return indexed
-
-
 class _SqliteTx:
-    """The ``LedgerTx`` of one operation, on the writer's connection. ``batch_full`` is
-    called after every ``GOALS_BATCH``-th insert (from inside that operation)."""
+    """The ``LedgerTx`` of one operation, on the writer's connection. ``inserted`` hears of
+    every row inserted (from inside that operation: the goals' ``BatchedIndexing``)."""
 
     def __init__(
-        self, conn: sqlite3.Connection, batch_full: Callable[[], object] = lambda: None
+        self, conn: sqlite3.Connection, inserted: Callable[[int], object] = lambda rows: None
     ) -> None:
         self._conn = conn
-        self._batch_full = batch_full
-        self._inserted = 0
+        self._inserted = inserted
         self._updates = UpdateCompiler(PLACEHOLDER)
         self._select_sql: dict[tuple[str, ...], str] = {}
         self._insert_sql: dict[tuple[str, ...], str] = {}
@@ -358,9 +350,7 @@ class _SqliteTx:
             self._conn.execute(sql, _params(row, cols))
         except sqlite3.IntegrityError as exc:
             raise DuplicateDeliveryError(f"a ledger row with id {row['id']!r} exists") from exc
-        self._inserted += 1
-        if self._inserted % GOALS_BATCH == 0:
-            self._batch_full()
+        self._inserted(1)
 
     def update(self, row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> bool:
         return self._conn.execute(*self._updates.statement(row_id, expect, changes)).rowcount == 1
@@ -423,14 +413,22 @@ class SqliteBackend:
         self._readers_lock = threading.Lock()
         self._closed = False
         self._prepare_file()
+        self._goals: BatchedIndexing[_SqliteTx] = BatchedIndexing(
+            GOALS_INDEX,
+            batch=GOALS_BATCH,
+            conn_of=lambda tx: tx._conn,
+            has_tail=lambda sql: bool(self._scalars(sql)[0]),
+            unavailable=LedgerUnavailable,
+        )
         self._writer: GroupCommitWriter[_SqliteTx] = GroupCommitWriter(
             self.path,
             self._open_writer,
-            context=lambda conn: _SqliteTx(conn, self._index_goals_later),
+            context=lambda conn: _SqliteTx(conn, self._goals.inserted),
             unavailable=LedgerUnavailable,
             name="ledger-writer",
             max_batch=max_batch,
         )
+        self._goals.writer = self._writer
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -476,20 +474,6 @@ class SqliteBackend:
         # One writer connection: ``apart`` has no other to run on.
         return self._writer.submit(op, durable=durable).result()
 
-    def _index_goals_later(self) -> None:
-        # Queued for the writer thread, so the insert that filled the batch does not wait
-        # for it; nobody waits for its outcome, and a failure leaves the rows to the next one.
-        # Never fails the insert that calls it: a writer closing meanwhile leaves the rows
-        # to the next open's first search.
-        with contextlib.suppress(LedgerUnavailable):
-            self._writer.submit_later(_index_goals, durable=False)
-
-    def _index_goals_now(self) -> None:
-        """Index every goal not yet indexed, if there is one (before a search). Not durable:
-        the index and its mark are lost together in a power cut, and indexed again."""
-        if self._scalars(GOALS_INDEX.has_tail)[0]:
-            self._writer.submit(_index_goals, durable=False).result()
-
     # -- reads -----------------------------------------------------------------------------
 
     def _reader(self) -> sqlite3.Connection:
@@ -522,7 +506,7 @@ class SqliteBackend:
 
     def query(self, query: RowQuery) -> list[LedgerRow]:
         if query.terms:
-            self._index_goals_now()
+            self._goals.index_now()
         where, params = query_filter(PLACEHOLDER, query, GOAL_SEARCH)
         # rowid is the order rows were written in: no index on created_at needed
         sql = f"{_SELECT}{where} ORDER BY rowid {'ASC' if query.oldest_first else 'DESC'} LIMIT ?"
@@ -681,7 +665,7 @@ class SqliteBackend:
         if self._closed:
             return
         try:  # a file closed in order holds every goal in its index
-            self._index_goals_now()
+            self._goals.index_now()
         except LedgerError:
             log.warning("the goals written last were left for the next open to index")
         self._closed = True

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 import threading
 import time
@@ -21,16 +22,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from delivery.session_backend import MessageHit, NewMessage, SessionStoreError
+from delivery.session_backend import MessageHit, MessageRecord, NewMessage, SessionStoreError
 from delivery.session_rows import SessionRows
 from delivery.session_rules import SessionRules
-from storage.session_sql import SqlSessionRows, message_values, statements
+from storage.session_sql import SessionSql, SqlSessionRows, message_values, statements
 from storage.sqlite import files as sqlite_files
 from storage.sqlite.files import PLACEHOLDER
-from storage.sqlite.fts import fts_query
+from storage.sqlite.fts import BatchedIndexing, fts_query
 from storage.sqlite.reader import GroupReader
 from storage.sqlite.sessions_sql import (
     DDL,
+    MESSAGES_BATCH,
     MESSAGES_INDEX,
     REQUIRED_COLUMNS,
     RETENTION_DDL,
@@ -44,17 +46,34 @@ from storage.sqlite.writer import GroupCommitWriter
 
 T = TypeVar("T")
 _SQL = statements(PLACEHOLDER)
+log = logging.getLogger(__name__)
 
 
 class SqliteRows(SqlSessionRows):
-    """The shared rows, with what SQLite spells its own way."""
+    """The shared rows, with what SQLite spells its own way. On the writer's connection,
+    ``inserted`` hears of the messages inserted (the text index's ``BatchedIndexing``)."""
 
     no_limit = -1
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        sql: SessionSql,
+        inserted: Callable[[int], object] = lambda rows: None,
+    ) -> None:
+        super().__init__(conn, sql)
+        self._inserted = inserted
+
+    def insert_message(self, session_id: str, message_: NewMessage, now: float) -> MessageRecord:
+        record = super().insert_message(session_id, message_, now)
+        self._inserted(1)
+        return record
 
     def insert_messages(self, session_id: str, messages: Sequence[NewMessage], now: float) -> None:
         # One statement for the whole turn (the rules checked the session is live).
         values = [v for m in messages for v in message_values(session_id, m, now)]
         self.conn.execute(sql_insert_messages(len(messages)), values)
+        self._inserted(len(messages))
 
     def supersede(self, session_id: str, ids: Sequence[int], how: str) -> int:
         return sum(
@@ -136,13 +155,21 @@ class _SqliteTx:
             raise
         conn.row_factory = sqlite3.Row
         self._conn: sqlite3.Connection | None = conn
-        self._writer: GroupCommitWriter[SessionRows] | None = GroupCommitWriter(
+        self.messages_index: BatchedIndexing[SqliteRows] = BatchedIndexing(
+            MESSAGES_INDEX,
+            batch=MESSAGES_BATCH,
+            conn_of=lambda rows: rows.conn,
+            has_tail=self._read_flag,
+            unavailable=SessionStoreError,
+        )
+        self._writer: GroupCommitWriter[SqliteRows] | None = GroupCommitWriter(
             self.spec.path,
             self._open,
-            context=lambda c: SqliteRows(c, _SQL),
+            context=lambda c: SqliteRows(c, _SQL, self.messages_index.inserted),
             unavailable=SessionStoreError,
             name="session-writer",
         )
+        self.messages_index.writer = self._writer
         # Coroutines read through one batching reader thread (storage.sqlite.reader);
         # threads read on the shared connection above, under the lock.
         self._reader: GroupReader | None = GroupReader(
@@ -171,6 +198,11 @@ class _SqliteTx:
         return {"writes": w.operations, "commits": w.commits, "durable_commits": w.durable_commits}
 
     def close(self) -> None:
+        if self._writer is not None:
+            try:  # a file closed in order holds every message in its index
+                self.messages_index.index_now()
+            except SessionStoreError:
+                log.warning("the messages written last were left for the next search to index")
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -208,6 +240,10 @@ class _SqliteTx:
             except sqlite3.Error as exc:
                 raise sqlite_files.classify(exc, self.spec, "read") from exc
 
+    def _read_flag(self, sql: str) -> bool:
+        with self._snapshot() as conn:
+            return bool(conn.execute(sql).fetchone()[0])
+
     def read(self, op: Callable[[SessionRows], T]) -> T:
         with self._snapshot() as conn:
             return op(SqliteRows(conn, _SQL))
@@ -228,9 +264,16 @@ class SqliteSessions(SessionRules):
         busy_timeout_ms: int = 5000,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(_SqliteTx(path, busy_timeout_ms=busy_timeout_ms), clock)
+        self._sqlite = _SqliteTx(path, busy_timeout_ms=busy_timeout_ms)
+        super().__init__(self._sqlite, clock)
         self._path = Path(path)
 
     @property
     def path(self) -> Path:
         return self._path
+
+    def search_messages(self, terms: Sequence[str], limit: int) -> list[MessageHit]:
+        # The messages written since the index's last batch are indexed first: no search
+        # misses one.
+        self._sqlite.messages_index.index_now()
+        return super().search_messages(terms, limit)

@@ -360,7 +360,7 @@ def test_a_batch_filled_while_the_writer_closes_never_fails_its_insert(tmp_path:
     backend = sqlite_ledger(tmp_path / "ledger.db")
     writer = backend._writer  # type: ignore[attr-defined]
     writer.close()
-    backend._index_goals_later()  # type: ignore[attr-defined]
+    backend._goals.inserted(GOALS_BATCH)  # type: ignore[attr-defined]
     backend.close()
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from delivery.session_backend import SNIPPET_END, SNIPPET_START, search_terms
 from gateway.session import SessionStore
+from storage.sqlite.sessions_sql import MESSAGES_BATCH
 from tests.sessions._support import append_turn, make_session, run_sync
 from tests.stores import session_file_store
 
@@ -153,3 +154,121 @@ def test_postgres_migration_indexes_the_messages_already_there(
         assert record is not None and record.system_prompt is None
     finally:
         backend.close()
+
+
+def _indexed(path: Path) -> tuple[int, int]:
+    """The messages index's mark and how many messages lie above it (the tail)."""
+    raw = sqlite3.connect(path)
+    try:
+        (upto,) = raw.execute("SELECT upto FROM messages_fts_mark").fetchone()
+        (tail,) = raw.execute("SELECT count(*) FROM messages WHERE id > ?", (upto,)).fetchone()
+        return int(upto), int(tail)
+    finally:
+        raw.close()
+
+
+def _index_intact(path: Path) -> None:
+    """FTS5's own check that the index holds exactly what the messages say (rank 1 compares
+    it with the messages table, its external content)."""
+    raw = sqlite3.connect(path)
+    try:
+        raw.execute("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
+    finally:
+        raw.close()
+
+
+def test_sqlite_indexes_messages_in_batches_and_a_search_never_misses_one(
+    tmp_path: Path,
+) -> None:
+    """A turn's own commit leaves the text index alone; a search first indexes what was
+    written since the last batch; a full batch is indexed by the writer without a search;
+    a store closed in order leaves nothing unindexed."""
+    path = tmp_path / "sessions.db"
+    with session_file_store(path) as store:
+        make_session(store, "s", title="t")
+        append_turn(store, "s", [{"role": "user", "content": "nightly backup"}])
+        assert _indexed(path)[1] == 1  # committed, not indexed yet
+        assert [h.session_id for h in store.search_messages("backup")] == ["s"]
+        assert _indexed(path)[1] == 0
+        for i in range(0, MESSAGES_BATCH, 2):
+            append_turn(
+                store,
+                "s",
+                [
+                    {"role": "user", "content": f"question {i:04d}"},
+                    {"role": "assistant", "content": f"answer {i + 1:04d}"},
+                ],
+            )
+        append_turn(store, "s", [{"role": "user", "content": "after the batch"}])
+        # The batch's indexing was queued behind the turns: flush the writer's queue.
+        store.append_message("s", "user", "flush")
+        upto, tail = _indexed(path)
+        assert upto > MESSAGES_BATCH and tail < MESSAGES_BATCH  # a full batch was indexed
+        assert [h.role for h in store.search_messages("answer 0007")] == ["assistant"]
+        assert len(store.search_messages("after batch")) == 1
+        store.append_message("s", "user", "the last word")
+    assert _indexed(path)[1] == 0  # closed in order: everything indexed
+    _index_intact(path)
+
+
+def test_messages_a_crash_left_unindexed_are_found_and_follow_deletes(tmp_path: Path) -> None:
+    """Messages written after the last batch by a server that died (the tail, as it left the
+    file) are indexed by the next search; a tail message deleted or edited before that is
+    indexed as it is then, and a deleted session's messages are gone from the index."""
+    path = tmp_path / "sessions.db"
+    with session_file_store(path) as store:
+        make_session(store, "kept", title="t")
+        make_session(store, "gone", title="t")
+        store.append_message("gone", "user", "indexed plans")
+        assert len(store.search_messages("plans")) == 1  # indexed: below the mark
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.executescript(
+        "INSERT INTO messages (session_id, role, content, created_at) VALUES"
+        " ('kept', 'user', 'crash survivor plans', 1.0),"
+        " ('gone', 'user', 'unindexed plans', 1.0),"
+        " ('kept', 'user', 'draft text', 1.0);"
+        "UPDATE messages SET content = 'edited plans' WHERE content = 'draft text';"
+    )
+    raw.close()
+    assert _indexed(path)[1] == 3
+    with session_file_store(path) as store:
+        store.delete_session("gone")  # one message indexed, one in the tail
+        hits = store.search_messages("plans")
+        assert sorted(h.session_id for h in hits) == ["kept", "kept"]
+        assert store.search_messages("draft") == []
+    _index_intact(path)
+
+
+def test_a_file_with_per_insert_triggers_gets_the_batched_ones(tmp_path: Path) -> None:
+    """A file whose index took each message in its insert's transaction (no mark) keeps its
+    index, and gains the guarded triggers and a mark at its last message, once, on open."""
+    path = tmp_path / "sessions.db"
+    with session_file_store(path) as store:
+        make_session(store, "s", title="t")
+        store.append_message("s", "user", "older words")
+        store.search_messages("older")
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.executescript(
+        "DROP TRIGGER messages_fts_insert; DROP TRIGGER messages_fts_delete;"
+        " DROP TRIGGER messages_fts_update; DROP TABLE messages_fts_mark;"
+        "CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN"
+        " INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content); END;"
+        "CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN"
+        " INSERT INTO messages_fts (messages_fts, rowid, content)"
+        " VALUES ('delete', old.id, old.content); END;"
+        "INSERT INTO messages (session_id, role, content, created_at)"
+        " VALUES ('s', 'user', 'indexed by its insert', 1.0);"
+    )
+    raw.close()
+    with session_file_store(path) as store:
+        assert _indexed(path)[1] == 0  # the mark sits at the last message
+        store.append_message("s", "assistant", "written after the upgrade")
+        assert _indexed(path)[1] == 1
+        assert len(store.search_messages("older")) == 1
+        assert len(store.search_messages("by its insert")) == 1
+        assert len(store.search_messages("after upgrade")) == 1
+    raw = sqlite3.connect(path)
+    triggers = [r[0] for r in raw.execute("SELECT sql FROM sqlite_master WHERE type='trigger'")]
+    raw.close()
+    assert len(triggers) == 3 and all("messages_fts_mark" in sql for sql in triggers)
+    _index_intact(path)
