@@ -475,6 +475,7 @@ async def running(cmd: list[str], env: dict[str, str], port: int) -> AsyncIterat
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
         url = f"http://127.0.0.1:{port}"
+        _server_pids[url] = proc.pid
         try:
             try:
                 await wait_healthy(url, proc)
@@ -484,6 +485,7 @@ async def running(cmd: list[str], env: dict[str, str], port: int) -> AsyncIterat
                 raise
             yield url
         finally:
+            _server_pids.pop(url, None)
             stop_process(proc)
 
 
@@ -497,12 +499,49 @@ def stop_process(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+# The process each running server's url belongs to (``running``): its CPU is read around
+# a measurement (``measure_url``).
+_server_pids: dict[str, int] = {}
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds (user and system) used so far by process ``pid`` and its descendants
+    (a supervisor's workers), from ``/proc``; 0.0 where there is no ``/proc``."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        child = int(stat.parent.name)
+        parents[child] = int(fields[1])
+        used[child] = (int(fields[11]) + int(fields[12])) / tick
+    tree = {pid}
+    grew = True
+    while grew:
+        found = {child for child, parent in parents.items() if parent in tree} - tree
+        grew = bool(found)
+        tree |= found
+    return sum(used.get(each, 0.0) for each in tree)
+
+
 async def measure_url(url: str, args: argparse.Namespace, model: str = "reveille-demo"):
+    """The load against ``url``; with the server's CPU milliseconds per answered request
+    (``cpu_ms``, its process and workers: steadier than requests/s on a machine whose
+    cores the load shares) when the bench started it."""
     stream = args.stream
     await load(url, args.clients, min(2.0, args.seconds / 4), stream, model)  # warm-up
+    pid = _server_pids.get(url)
+    before = process_tree_cpu(pid) if pid is not None else 0.0
     if args.load_procs > 1:
-        return await spread_load(url, args, model)
-    return await load(url, args.clients, args.seconds, stream, model)
+        figures = await spread_load(url, args, model)
+    else:
+        figures = await load(url, args.clients, args.seconds, stream, model)
+    if pid is not None and figures["requests"]:
+        figures["cpu_ms"] = (process_tree_cpu(pid) - before) * 1000 / figures["requests"]
+    return figures
 
 
 def _load_in_process(url: str, clients: int, seconds: float, stream: bool, model: str):
@@ -569,9 +608,10 @@ async def measure(
 
 
 def line(name: str, r: dict[str, float], width: int = 22) -> str:
+    cpu = f", server CPU {r['cpu_ms']:.3f} ms/request" if "cpu_ms" in r else ""
     return (
         f"{name:<{width}}: {r['rps']:8,.0f} requests/s   p50 {r['p50']:6.2f} ms   "
-        f"p99 {r['p99']:6.2f} ms   ({r['requests']} ok, {r['errors']} errors)"
+        f"p99 {r['p99']:6.2f} ms   ({r['requests']} ok, {r['errors']} errors{cpu})"
     )
 
 
@@ -746,6 +786,15 @@ def print_pairs(
         f"pair{'s' if len(pairs) > 1 else ''}: "
         f"{each}; median {statistics.median(ratios):.2f}"
     )
+    if all("cpu_ms" in ours and "cpu_ms" in floor for ours, floor in pairs):
+        # The server's own CPU per request: what the ratio above would be if the load
+        # generator did not share the cores (a floor's CPU over Reveille's).
+        shares = [floor["cpu_ms"] / ours["cpu_ms"] for ours, floor in pairs]
+        each = ", ".join(f"{ours['cpu_ms']:.3f}/{floor['cpu_ms']:.3f} ms" for ours, floor in pairs)
+        print(
+            f"{'pairs, server CPU':<{width}}: reveille/floor per request: {each}; the floor "
+            f"needs {statistics.median(shares):.2f} of reveille's CPU (median)"
+        )
 
 
 async def main_async(args: argparse.Namespace) -> None:
