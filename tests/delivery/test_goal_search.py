@@ -19,6 +19,7 @@ from storage.sql import query_filter
 from storage.sqlite.fts import TextIndex
 from storage.sqlite.ledger import GOAL_SEARCH, GOALS_BATCH, GOALS_INDEX, SCHEMA_VERSION
 from tests.delivery._support import FakeClock
+from tests.fts_support import index_intact, indexed
 from tests.stores import sqlite_ledger
 
 EVENT = {"type": "async_delegation", "delegation_id": "x", "status": "completed"}
@@ -168,18 +169,6 @@ def test_a_pruned_row_leaves_the_index(ledger: Ledger, backend: Any, clock: Fake
 # --------------------------------------------------------------------------- SQLite's file
 
 
-def _fts_intact(path: Path) -> None:
-    """FTS5's own check that the index holds exactly what the goals say (external content:
-    rank 1 compares it with the deliveries table)."""
-    raw = sqlite3.connect(path)
-    try:
-        raw.execute(
-            "INSERT INTO deliveries_fts (deliveries_fts, rank) VALUES ('integrity-check', 1)"
-        )
-    finally:
-        raw.close()
-
-
 def test_sqlite_searches_through_its_fts_index(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     backend = sqlite_ledger(path)
@@ -238,7 +227,7 @@ def test_an_older_sqlite_ledger_is_indexed_on_open(tmp_path: Path, clock: FakeCl
     raw = sqlite3.connect(path)
     assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 5
     raw.close()
-    _fts_intact(path)
+    index_intact(path, GOALS_INDEX)
 
 
 def test_an_index_built_with_column_sizes_is_rebuilt_without_on_open(
@@ -271,7 +260,7 @@ def test_an_index_built_with_column_sizes_is_rebuilt_without_on_open(
         == 3
     )
     raw.close()
-    _fts_intact(path)
+    index_intact(path, GOALS_INDEX)
 
 
 def _index_sql(conn: sqlite3.Connection) -> str:
@@ -289,14 +278,14 @@ def test_the_index_follows_deletes_goal_changes_and_vacuum(
     raw.execute("UPDATE deliveries SET goal = 'weekly restore' WHERE id = 'deleg_mail'")
     raw.execute("UPDATE deliveries SET goal = NULL WHERE id = 'deleg_under'")
     raw.execute("UPDATE deliveries SET goal = 'was empty' WHERE id = 'deleg_newer0010'")
-    _fts_intact(path)
+    index_intact(path, GOALS_INDEX)
     # VACUUM (``reveille prune`` converting an old file) must keep deliveries' rowids, gaps
     # and all, or the index would point at other rows.
     rowids = raw.execute("SELECT rowid, id FROM deliveries ORDER BY rowid").fetchall()
     raw.execute("VACUUM")
     assert raw.execute("SELECT rowid, id FROM deliveries ORDER BY rowid").fetchall() == rowids
     raw.close()
-    _fts_intact(path)
+    index_intact(path, GOALS_INDEX)
     ledger = _open(path, clock)
     try:
         assert _ids(ledger, "backup") == ["deleg_old"]
@@ -311,17 +300,6 @@ def test_the_index_follows_deletes_goal_changes_and_vacuum(
         ledger.close()
 
 
-def _indexed(path: Path) -> tuple[int, int]:
-    """The batched index's mark and how many rows lie above it (the tail)."""
-    raw = sqlite3.connect(path)
-    try:
-        (upto,) = raw.execute("SELECT upto FROM deliveries_fts_mark").fetchone()
-        (tail,) = raw.execute("SELECT count(*) FROM deliveries WHERE rowid > ?", (upto,)).fetchone()
-        return int(upto), int(tail)
-    finally:
-        raw.close()
-
-
 def test_goals_are_indexed_in_batches_and_a_search_never_misses_one(
     tmp_path: Path, clock: FakeClock
 ) -> None:
@@ -332,9 +310,9 @@ def test_goals_are_indexed_in_batches_and_a_search_never_misses_one(
     ledger = _open(path, clock)
     try:
         ledger.create("deleg_first", kind="delegation", goal="nightly backup")
-        assert _indexed(path) == (0, 1)  # committed, not indexed yet
+        assert indexed(path, GOALS_INDEX) == (0, 1)  # committed, not indexed yet
         assert _ids(ledger, "backup") == ["deleg_first"]
-        assert _indexed(path) == (1, 0)
+        assert indexed(path, GOALS_INDEX) == (1, 0)
         futures = [
             ledger.submit_create(f"deleg_b{i:04d}", kind="delegation", goal=f"batch {i:04d}")
             for i in range(GOALS_BATCH)
@@ -344,14 +322,14 @@ def test_goals_are_indexed_in_batches_and_a_search_never_misses_one(
         ledger.create("deleg_after", kind="delegation", goal="after the batch")
         # The batch's indexing was queued behind the inserts: flush the writer's queue.
         ledger.backend.write(lambda tx: None)
-        upto, tail = _indexed(path)
+        upto, tail = indexed(path, GOALS_INDEX)
         assert upto >= GOALS_BATCH and tail < GOALS_BATCH  # a full batch was indexed
         assert _ids(ledger, "batch 0007") == ["deleg_b0007"]
         assert _ids(ledger, "after batch") == ["deleg_after"]
     finally:
         ledger.close()
-    assert _indexed(path)[1] == 0  # closed in order: everything indexed
-    _fts_intact(path)
+    assert indexed(path, GOALS_INDEX)[1] == 0  # closed in order: everything indexed
+    index_intact(path, GOALS_INDEX)
 
 
 def test_a_batch_filled_while_the_writer_closes_never_fails_its_insert(tmp_path: Path) -> None:
@@ -381,7 +359,7 @@ def test_rows_left_unindexed_by_a_crash_are_found_and_follow_deletes(
     raw.execute("DELETE FROM deliveries WHERE id = 'deleg_tail1'")
     raw.execute("UPDATE deliveries SET goal = 'renamed weekly' WHERE id = 'deleg_tail2'")
     raw.close()
-    assert _indexed(path)[1] == 2
+    assert indexed(path, GOALS_INDEX)[1] == 2
     ledger = _open(path, clock)
     try:
         assert _ids(ledger, "survivor") == ["deleg_tail0"]
@@ -389,7 +367,7 @@ def test_rows_left_unindexed_by_a_crash_are_found_and_follow_deletes(
         assert _ids(ledger, "renamed weekly") == ["deleg_tail2"]
     finally:
         ledger.close()
-    _fts_intact(path)
+    index_intact(path, GOALS_INDEX)
     raw = sqlite3.connect(path, isolation_level=None)
     (last,) = raw.execute("SELECT max(rowid) FROM deliveries").fetchone()
     raw.execute("DELETE FROM deliveries WHERE rowid = ?", (last,))
@@ -399,9 +377,9 @@ def test_rows_left_unindexed_by_a_crash_are_found_and_follow_deletes(
         " 'reused key', 1, 1)"
     )
     (reused,) = raw.execute("SELECT rowid FROM deliveries WHERE id = 'deleg_reused'").fetchone()
-    assert reused <= last == _indexed(path)[0]
+    assert reused <= last == indexed(path, GOALS_INDEX)[0]
     raw.close()
-    _fts_intact(path)  # indexed by its insert: at the mark, not above it
+    index_intact(path, GOALS_INDEX)  # indexed by its insert: at the mark, not above it
 
 
 def test_a_file_with_per_insert_triggers_keeps_its_index_and_gets_a_mark(
@@ -418,7 +396,7 @@ def test_a_file_with_per_insert_triggers_keeps_its_index_and_gets_a_mark(
 
     ledger = _open(path, clock)
     try:
-        assert _indexed(path)[1] == 0
+        assert indexed(path, GOALS_INDEX)[1] == 0
         raw = sqlite3.connect(path)
         triggers = [
             sql
@@ -436,7 +414,7 @@ def test_a_file_with_per_insert_triggers_keeps_its_index_and_gets_a_mark(
         assert _ids(ledger, "mark") == ["deleg_new"]
     finally:
         ledger.close()
-    _fts_intact(path)
+    index_intact(path, GOALS_INDEX)
 
 
 # --------------------------------------------------------------------------- PostgreSQL

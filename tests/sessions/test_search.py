@@ -12,7 +12,8 @@ import pytest
 
 from delivery.session_backend import SNIPPET_END, SNIPPET_START, search_terms
 from gateway.session import SessionStore
-from storage.sqlite.sessions_sql import MESSAGES_BATCH
+from storage.sqlite.sessions_sql import MESSAGES_BATCH, MESSAGES_INDEX
+from tests.fts_support import index_intact, indexed
 from tests.sessions._support import append_turn, make_session, run_sync
 from tests.stores import session_file_store
 
@@ -156,27 +157,6 @@ def test_postgres_migration_indexes_the_messages_already_there(
         backend.close()
 
 
-def _indexed(path: Path) -> tuple[int, int]:
-    """The messages index's mark and how many messages lie above it (the tail)."""
-    raw = sqlite3.connect(path)
-    try:
-        (upto,) = raw.execute("SELECT upto FROM messages_fts_mark").fetchone()
-        (tail,) = raw.execute("SELECT count(*) FROM messages WHERE id > ?", (upto,)).fetchone()
-        return int(upto), int(tail)
-    finally:
-        raw.close()
-
-
-def _index_intact(path: Path) -> None:
-    """FTS5's own check that the index holds exactly what the messages say (rank 1 compares
-    it with the messages table, its external content)."""
-    raw = sqlite3.connect(path)
-    try:
-        raw.execute("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
-    finally:
-        raw.close()
-
-
 def test_sqlite_indexes_messages_in_batches_and_a_search_never_misses_one(
     tmp_path: Path,
 ) -> None:
@@ -187,9 +167,9 @@ def test_sqlite_indexes_messages_in_batches_and_a_search_never_misses_one(
     with session_file_store(path) as store:
         make_session(store, "s", title="t")
         append_turn(store, "s", [{"role": "user", "content": "nightly backup"}])
-        assert _indexed(path)[1] == 1  # committed, not indexed yet
+        assert indexed(path, MESSAGES_INDEX)[1] == 1  # committed, not indexed yet
         assert [h.session_id for h in store.search_messages("backup")] == ["s"]
-        assert _indexed(path)[1] == 0
+        assert indexed(path, MESSAGES_INDEX)[1] == 0
         for i in range(0, MESSAGES_BATCH, 2):
             append_turn(
                 store,
@@ -202,13 +182,13 @@ def test_sqlite_indexes_messages_in_batches_and_a_search_never_misses_one(
         append_turn(store, "s", [{"role": "user", "content": "after the batch"}])
         # The batch's indexing was queued behind the turns: flush the writer's queue.
         store.append_message("s", "user", "flush")
-        upto, tail = _indexed(path)
+        upto, tail = indexed(path, MESSAGES_INDEX)
         assert upto > MESSAGES_BATCH and tail < MESSAGES_BATCH  # a full batch was indexed
         assert [h.role for h in store.search_messages("answer 0007")] == ["assistant"]
         assert len(store.search_messages("after batch")) == 1
         store.append_message("s", "user", "the last word")
-    assert _indexed(path)[1] == 0  # closed in order: everything indexed
-    _index_intact(path)
+    assert indexed(path, MESSAGES_INDEX)[1] == 0  # closed in order: everything indexed
+    index_intact(path, MESSAGES_INDEX)
 
 
 def test_messages_a_crash_left_unindexed_are_found_and_follow_deletes(tmp_path: Path) -> None:
@@ -230,13 +210,13 @@ def test_messages_a_crash_left_unindexed_are_found_and_follow_deletes(tmp_path: 
         "UPDATE messages SET content = 'edited plans' WHERE content = 'draft text';"
     )
     raw.close()
-    assert _indexed(path)[1] == 3
+    assert indexed(path, MESSAGES_INDEX)[1] == 3
     with session_file_store(path) as store:
         store.delete_session("gone")  # one message indexed, one in the tail
         hits = store.search_messages("plans")
         assert sorted(h.session_id for h in hits) == ["kept", "kept"]
         assert store.search_messages("draft") == []
-    _index_intact(path)
+    index_intact(path, MESSAGES_INDEX)
 
 
 def test_a_file_with_per_insert_triggers_gets_the_batched_ones(tmp_path: Path) -> None:
@@ -261,9 +241,9 @@ def test_a_file_with_per_insert_triggers_gets_the_batched_ones(tmp_path: Path) -
     )
     raw.close()
     with session_file_store(path) as store:
-        assert _indexed(path)[1] == 0  # the mark sits at the last message
+        assert indexed(path, MESSAGES_INDEX)[1] == 0  # the mark sits at the last message
         store.append_message("s", "assistant", "written after the upgrade")
-        assert _indexed(path)[1] == 1
+        assert indexed(path, MESSAGES_INDEX)[1] == 1
         assert len(store.search_messages("older")) == 1
         assert len(store.search_messages("by its insert")) == 1
         assert len(store.search_messages("after upgrade")) == 1
@@ -271,4 +251,4 @@ def test_a_file_with_per_insert_triggers_gets_the_batched_ones(tmp_path: Path) -
     triggers = [r[0] for r in raw.execute("SELECT sql FROM sqlite_master WHERE type='trigger'")]
     raw.close()
     assert len(triggers) == 3 and all("messages_fts_mark" in sql for sql in triggers)
-    _index_intact(path)
+    index_intact(path, MESSAGES_INDEX)
