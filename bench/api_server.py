@@ -473,7 +473,9 @@ async def running(cmd: list[str], env: dict[str, str], port: int) -> AsyncIterat
     """Runs ``cmd`` (a server on ``port``) until the block ends; yields its url once healthy."""
     # The server's log goes to a file, not a pipe nobody reads (a full pipe would stall it).
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        # From the checkout itself: ``python -m`` looks in the working directory first, so
+        # a bench of another checkout run from here would measure this one's code.
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
         url = f"http://127.0.0.1:{port}"
         _server_pids[url] = proc.pid
         try:

@@ -52,6 +52,7 @@ def start(home: str, port: int, demo_delay: float, grace: float) -> subprocess.P
     proc = subprocess.Popen(
         [sys.executable, "-m", "reveille.cli", "serve"],
         env=env,
+        cwd=ROOT,  # ``python -m`` looks in the working directory first: this checkout's code
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

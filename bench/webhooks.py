@@ -182,6 +182,7 @@ async def swell_server(base: str, home: Path, count: int, mib: int) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "reveille.cli", "serve"],
         env=env,
+        cwd=ROOT,  # ``python -m`` looks in the working directory first: this checkout's code
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -75,7 +75,10 @@ async def _other_server(home: str) -> Any:
         "PYTHONPATH": str(ROOT),
     }
     cmd = [sys.executable, "-m", "reveille.cli", "serve", "--port", "0"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # From the checkout: ``python -m`` looks in the working directory first.
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:
