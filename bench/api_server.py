@@ -529,21 +529,25 @@ def process_tree_cpu(pid: int) -> float:
     return sum(used.get(each, 0.0) for each in tree)
 
 
-async def measure_url(url: str, args: argparse.Namespace, model: str = "reveille-demo"):
-    """The load against ``url``; with the server's CPU milliseconds per answered request
-    (``cpu_ms``, its process and workers: steadier than requests/s on a machine whose
-    cores the load shares) when the bench started it."""
-    stream = args.stream
-    await load(url, args.clients, min(2.0, args.seconds / 4), stream, model)  # warm-up
+async def with_server_cpu(url: str, measured: Awaitable[dict[str, float]]) -> dict[str, float]:
+    """``measured`` (a load against ``url``), with the server's CPU milliseconds per answered
+    request (``cpu_ms``, its process and workers: steadier than requests/s on a machine
+    whose cores the load shares) when the bench started that server. A PostgreSQL server's
+    own CPU is not in it."""
     pid = _server_pids.get(url)
     before = process_tree_cpu(pid) if pid is not None else 0.0
-    if args.load_procs > 1:
-        figures = await spread_load(url, args, model)
-    else:
-        figures = await load(url, args.clients, args.seconds, stream, model)
+    figures = await measured
     if pid is not None and figures["requests"]:
         figures["cpu_ms"] = (process_tree_cpu(pid) - before) * 1000 / figures["requests"]
     return figures
+
+
+async def measure_url(url: str, args: argparse.Namespace, model: str = "reveille-demo"):
+    stream = args.stream
+    await load(url, args.clients, min(2.0, args.seconds / 4), stream, model)  # warm-up
+    if args.load_procs > 1:
+        return await with_server_cpu(url, spread_load(url, args, model))
+    return await with_server_cpu(url, load(url, args.clients, args.seconds, stream, model))
 
 
 def _load_in_process(url: str, clients: int, seconds: float, stream: bool, model: str):
@@ -603,7 +607,7 @@ async def measure(
         await load(url, args.clients, min(2.0, args.seconds / 4), args.stream)  # warm-up
         await asyncio.sleep(0.3)  # each process writes its count ten times a second
         before = trips_so_far(env) or 0
-        figures = await load(url, args.clients, args.seconds, args.stream)
+        figures = await with_server_cpu(url, load(url, args.clients, args.seconds, args.stream))
         await asyncio.sleep(0.3)
         trips = (trips_so_far(env) or 0) - before
         return {**figures, "trips": trips / max(figures["requests"] + figures["errors"], 1)}
