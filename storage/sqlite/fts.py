@@ -168,7 +168,7 @@ END;
 
 class BatchedIndexing(Generic[C]):
     """A batched ``index``'s upkeep on the ``GroupCommitWriter`` of its file, whose operations
-    get a context ``C`` (``conn_of`` reads its connection).
+    get a context ``C`` (``execute`` runs a statement on its connection).
 
     The writer's operations report the rows they inserted (``inserted``); once every
     ``batch`` rows the tail's indexing is queued for the writer thread, so the insert that
@@ -178,31 +178,30 @@ class BatchedIndexing(Generic[C]):
     search, and before the file closes. Both commit without an fsync: the index and its
     mark are lost together in a power cut, and the rows are indexed again.
 
-    ``writer`` is set once the writer exists (its operations' context is built with
-    ``inserted``, before it)."""
+    ``writer`` is set once the writer exists (the context of its operations is built with
+    ``inserted``)."""
 
     def __init__(
         self,
         index: TextIndex,
         *,
         batch: int,
-        conn_of: Callable[[C], sqlite3.Connection],
+        execute: Callable[[C, str], sqlite3.Cursor],
         has_tail: Callable[[str], bool],
         unavailable: type[Exception],
     ) -> None:
         self.index = index
         self.writer: GroupCommitWriter[C] | None = None
         self._batch = batch
-        self._conn_of = conn_of
+        self._execute = execute
         self._has_tail = has_tail
         self._unavailable = unavailable
         self._inserted = 0  # by the writer's operations, which run one at a time
 
     def index_tail(self, context: C) -> int:
         """Index the tail, in the operation's transaction: how many rows."""
-        conn = self._conn_of(context)
-        indexed = int(conn.execute(self.index.tail[0]).rowcount)
-        conn.execute(self.index.tail[1])
+        indexed = int(self._execute(context, self.index.tail[0]).rowcount)
+        self._execute(context, self.index.tail[1])
         return indexed
 
     def inserted(self, rows: int) -> None:

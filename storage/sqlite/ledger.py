@@ -416,7 +416,7 @@ class SqliteBackend:
         self._goals: BatchedIndexing[_SqliteTx] = BatchedIndexing(
             GOALS_INDEX,
             batch=GOALS_BATCH,
-            conn_of=lambda tx: tx._conn,
+            execute=lambda tx, sql: tx.execute(sql),
             has_tail=lambda sql: bool(self._scalars(sql)[0]),
             unavailable=LedgerUnavailable,
         )

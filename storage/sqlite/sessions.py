@@ -158,7 +158,7 @@ class _SqliteTx:
         self.messages_index: BatchedIndexing[SqliteRows] = BatchedIndexing(
             MESSAGES_INDEX,
             batch=MESSAGES_BATCH,
-            conn_of=lambda rows: rows.conn,
+            execute=lambda rows, sql: rows.conn.execute(sql),
             has_tail=self._read_flag,
             unavailable=SessionStoreError,
         )
