@@ -27,6 +27,7 @@ from tests.api_server._support import KEY, running_adapter
 from tests.api_server.serve_support import KEY as SERVE_KEY
 from tests.api_server.serve_support import Server
 from tests.event_loops import available_loops
+from tests.ports import free_port
 from tests.slow_clients import (
     attacker_addresses,
     closed_by_server,
@@ -36,7 +37,6 @@ from tests.slow_clients import (
     stream_request,
     timed,
 )
-from tests.webui.conftest import free_port
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=5)  # generous: a loaded 2-core machine

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ports import free_port
 from tools.mcp.config import McpServerConfig
 
 TASK_SCRIPT = Path(__file__).with_name("task_server.py")
@@ -36,16 +37,9 @@ class TaskServer:
         return [line for line in self.log.read_text().splitlines() if line.startswith(word)]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @contextmanager
 def task_server(tmp: Path) -> Iterator[TaskServer]:
-    port = _free_port()
+    port = free_port()
     log = tmp / "task-server.log"
     proc = subprocess.Popen([sys.executable, str(TASK_SCRIPT), str(port), str(log)])
     try:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.webui.conftest import free_port
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "api" / "static"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 
 from reveille.settings import SettingsError, load_settings
 from tests.api_server.serve_support import ROOT, Server, call, chat, ledger_rows, wait_until
+from tests.ports import free_port
 
 WORKERS = ("--workers", "2")
 
@@ -44,12 +44,6 @@ def answering_pids(port: int, want: set[int], tries: int = 200) -> set[int]:
         if want <= seen:
             break
     return seen
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def alive(pid: int) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,14 +18,9 @@ from api import config as cfg
 from api.server import WebUIServer
 from reveille.app import App, serve
 from reveille.settings import Settings
+from tests.ports import free_port
 from tools.async_delegation import reset_runtime
 from tools.process_registry import process_registry
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from tests.api_server.serve_support import Server, ledger_rows, wait_until
-from tests.webui.conftest import WebClient, free_port
+from tests.ports import free_port
+from tests.webui.conftest import WebClient
 
 FAST = {"REVEILLE_TIMERS_MIN_DELAY_SECONDS": "1"}  # the default floor is 10 s
 

@@ -15,9 +15,9 @@ import tools.async_delegation as ad
 from agent.markers import WAKE_MARKER, read_wake_data
 from gateway.config import Platform
 from gateway.session import SessionSource
+from tests.ports import free_port
 from tests.sessions._support import make_session
 from tests.stores import session_file_store, sqlite_ledger
-from tests.webui.conftest import free_port
 from tools.completion_queue import CompletionQueue
 
 ROOT = Path(__file__).resolve().parents[2]

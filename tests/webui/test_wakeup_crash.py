@@ -27,7 +27,8 @@ from aiohttp import web
 from agent.markers import SUBAGENT_MARKER, WAKE_MARKER
 from tests.agent.test_openai_compat import FakeOpenAI, _chunk, _completion_body
 from tests.api_server.serve_support import Server, ledger_rows, wait_until
-from tests.webui.conftest import Sse, WebClient, free_port
+from tests.ports import free_port
+from tests.webui.conftest import Sse, WebClient
 
 RESULT = "RESULT-7731: forty-two stars"  # the sub-agent's answer: only the wake text holds it
 SLOW_REPLY = [f"slow{i} " for i in range(12)]  # the wake-up reply of the server that dies

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -67,12 +68,6 @@ def require_browser() -> None:
     if os.environ.get("CI"):
         pytest.fail(reason + "; CI is set, so this is a failure, not a skip", pytrace=False)
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class WebUIServer:
