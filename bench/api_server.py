@@ -57,6 +57,11 @@ first store) N more times, each run followed at once by its floor (the store flo
 stored-turn floor), and print each pair's ratio and their median: a floor measured once,
 minutes from Reveille, drifts with the machine.
 
+Server CPU: every server the bench starts is measured for the CPU its process and workers
+spend per answered request (``/proc``; where there is none, no figure). It is printed on each
+line, and ``--pairs`` prints the floor's CPU as a share of Reveille's: on a machine whose few
+cores the load generator shares, steadier than the ratio of requests/s.
+
 Usage: python bench/api_server.py [--provider] [--stream] [--clients 32] [--seconds 10]
                                   [--loop asyncio,uvloop] [--pairs 3]
        python bench/api_server.py --responses [--clients 16] [--seconds 5] [--requests 20]
@@ -506,10 +511,12 @@ def stop_process(proc: subprocess.Popen) -> None:
 _server_pids: dict[str, int] = {}
 
 
-def process_tree_cpu(pid: int) -> float:
+def process_tree_cpu(pid: int) -> float | None:
     """CPU seconds (user and system) used so far by process ``pid`` and its descendants
-    (a supervisor's workers), from ``/proc``; 0.0 where there is no ``/proc``."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    (a supervisor's workers), from ``/proc``; None where there is no ``/proc``."""
+    if not Path(f"/proc/{pid}/stat").exists():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
     parents: dict[int, int] = {}
     used: dict[int, float] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -535,10 +542,11 @@ async def with_server_cpu(url: str, measured: Awaitable[dict[str, float]]) -> di
     whose cores the load shares) when the bench started that server. A PostgreSQL server's
     own CPU is not in it."""
     pid = _server_pids.get(url)
-    before = process_tree_cpu(pid) if pid is not None else 0.0
+    before = process_tree_cpu(pid) if pid is not None else None
     figures = await measured
-    if pid is not None and figures["requests"]:
-        figures["cpu_ms"] = (process_tree_cpu(pid) - before) * 1000 / figures["requests"]
+    after = process_tree_cpu(pid) if pid is not None else None
+    if before is not None and after is not None and figures["requests"]:
+        figures["cpu_ms"] = (after - before) * 1000 / figures["requests"]
     return figures
 
 

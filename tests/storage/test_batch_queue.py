@@ -4,6 +4,8 @@ and a write put while no writer waits is taken by the next batch; none is ever l
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 from delivery.write_future import WriteFuture
 from storage.group_commit import Batch, BatchQueue
@@ -19,15 +21,23 @@ def _take(queue: BatchQueue, busy: bool = False) -> list[str] | None:
     return None if batch is None else [op for op, _waiter, _durable in batch]
 
 
+def _until(condition: Callable[[], bool], queue: BatchQueue) -> None:
+    """Until ``condition`` holds, asked under the queue's lock; fails after 5 s."""
+    deadline = time.monotonic() + 5
+    while True:
+        with queue.cv:
+            if condition():
+                return
+        assert time.monotonic() < deadline, "the writer thread never got there"
+        time.sleep(0.001)
+
+
 def test_a_waiting_writer_wakes_for_a_write_and_a_write_meanwhile_waits_for_a_batch() -> None:
     queue = BatchQueue(max_batch=2)
     taken: list[list[str] | None] = []
     writer = threading.Thread(target=lambda: taken.append(_take(queue)))
     writer.start()
-    while True:  # until the writer waits (it counts itself under the queue's lock)
-        with queue.cv:
-            if queue._waiting:
-                break
+    _until(lambda: queue._waiting > 0, queue)  # it counts itself under the queue's lock
     queue.put(_item("first"))
     writer.join(timeout=5)
     assert not writer.is_alive() and taken == [["first"]]
@@ -56,10 +66,7 @@ def test_a_busy_writer_waits_and_a_stopping_queue_ends_it() -> None:
     with queue.cv:
         busy.clear()
         queue.cv.notify_all()  # what a writer's release does
-    while True:
-        with queue.cv:
-            if taken and queue._waiting:
-                break
+    _until(lambda: bool(taken) and queue._waiting > 0, queue)
     with queue.cv:
         queue.stopping = True
         queue.cv.notify_all()
