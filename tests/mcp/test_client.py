@@ -108,6 +108,24 @@ async def test_a_server_that_cannot_start_is_failed_with_its_reason(clients) -> 
     assert "nonexistent" in clients.servers()[0].last_error
 
 
+async def test_a_failed_server_stays_failed_while_it_is_retried(clients, tmp_path: Path) -> None:
+    # The first start exits at once; the retry hangs before it answers "initialize".
+    tried = tmp_path / "tried"
+    script = (
+        "import pathlib, sys, time\n"
+        f"p = pathlib.Path({str(tried)!r})\n"
+        "if p.exists():\n    time.sleep(60)\n"
+        "p.touch()\nsys.exit(1)\n"
+    )
+    config = McpServerConfig(name="flaky", command=(sys.executable, "-c", script))
+    await started(clients, config)
+    connection = clients.connection("flaky")
+    assert connection is not None
+    await poll(lambda: connection.restarts >= 1)
+    (status,) = clients.servers()
+    assert status.state == "failed" and status.last_error
+
+
 async def test_approvals_and_questions_go_through_confirm(clients) -> None:
     registry = await started(clients, stdio_echo())
     asked: list[str] = []

@@ -3,10 +3,11 @@
 The connection connects (a stdio subprocess or streamable HTTP), lists the server's tools,
 keeps the session open, and re-lists them on ``notifications/tools/list_changed``. A server
 that fails to start, or whose session is lost (a stdio server that exited, a call that found
-the connection closed), is reconnected with exponential backoff. Its state is ``starting``,
-``ready`` or ``failed`` (with the last error), for ``reveille mcp list`` and the agent's
-error texts. A call that outlives the server's ``timeout_seconds`` is cancelled (the SDK
-sends ``notifications/cancelled``) and answered with an error.
+the connection closed), is reconnected with exponential backoff. Its state is ``starting``
+until the first attempt ends, then ``ready``, or ``failed`` (with the last error) until an
+attempt succeeds again, for ``reveille mcp list`` and the agent's error texts. A call that
+outlives the server's ``timeout_seconds`` is cancelled (the SDK sends
+``notifications/cancelled``) and answered with an error.
 
 Elicitation (``elicitation/create``) is asked through the confirmation hook of the turn whose
 call is in flight (``ToolContext.confirm``: web UI card, Telegram keyboard, API approvals,
@@ -145,7 +146,8 @@ class McpConnection:
     async def _run(self) -> None:
         failures = 0
         while True:
-            self.state = "starting"
+            # A retry leaves the state "failed": a server that is down stays so, with its
+            # reason, until it is back, whenever anyone looks.
             self._was_ready = False
             try:
                 await self._session_until_lost()
