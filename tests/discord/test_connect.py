@@ -4,7 +4,6 @@ answers a direct message."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
@@ -16,6 +15,7 @@ from gateway.surfaces.port import ChatSurface
 from gateway.turns.service import TurnService
 from tests.discord.conftest import Rig, ScriptedModel, until
 from tests.discord.fake_discord import APP_ID, BOT_ID, TOKEN, FakeDiscord
+from tests.ports import free_port
 from tests.stores import memory_sessions
 
 DM = "700000000000000042"
@@ -90,9 +90,7 @@ async def test_discord_unreachable_at_start_does_not_stop_the_server_and_is_retr
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(discord_adapter, "LOGIN_RETRY_SECONDS", 0.05)
-    with socket.socket() as probe:  # a loopback port nobody listens on (yet)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nobody listens on it (yet)
     store = SessionStore(memory_sessions())
     turns = TurnService(store, ScriptedModel(), render=lambda r: {"content": r.content})
     adapter = DiscordAdapter(

@@ -24,6 +24,7 @@ from gateway.wake import (
     format_wake_text,
     persist_delegation_delivery,
 )
+from tests.ports import free_port
 from tests.sessions._support import make_session, take_unfolded
 from tests.stores import session_file_store
 
@@ -185,9 +186,7 @@ async def test_non_json_success_returns_an_empty_completion(serve) -> None:
 
 
 async def test_connection_refused_gives_up_transient() -> None:
-    with socket.socket() as s:  # find a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nobody listens on it
     with pytest.raises(WakeDeliveryError, match="gave up") as info:
         await deliver_wake(ApiAdapter(port=port), text="x", session_id="sid")
     assert info.value.transient is True

@@ -12,6 +12,7 @@ import pytest
 
 from delivery.ledger import Ledger
 from delivery.rows import LedgerRow, RowQuery
+from tests.ports import free_port
 from tests.stores import sqlite_ledger
 
 
@@ -166,13 +167,7 @@ def test_bad_settings_name_the_variable(tmp_path: Path) -> None:
 
 
 def test_chat_against_a_dead_port_says_it_cannot_connect() -> None:
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed again below: nobody listens there
+    port = free_port()  # nobody listens there
     out = subprocess.run(
         [sys.executable, "-m", "reveille.cli", "chat", "--url", f"http://127.0.0.1:{port}/v1"],
         input="hello\n",
