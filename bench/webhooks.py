@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from tests.ports import free_port  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -153,12 +154,6 @@ async def stall(base: str, home: Path, events: int) -> None:
     print(f"stall: one more event made after that reached the healthy one in {took:.2f} s")
     await sender.stop()
     store.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def swell_server(base: str, home: Path, count: int, mib: int) -> None:

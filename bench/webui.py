@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,12 +39,7 @@ import tools.async_delegation as ad  # noqa: E402
 from agent.providers.demo import DemoModel  # noqa: E402
 from reveille.app import serve  # noqa: E402
 from reveille.settings import Settings  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.ports import free_port  # noqa: E402
 
 
 async def _pump(response: aiohttp.ClientResponse, arrived: dict[str, float]) -> None:
@@ -66,7 +60,7 @@ async def _pump(response: aiohttp.ClientResponse, arrived: dict[str, float]) -> 
 @contextlib.asynccontextmanager
 async def _other_server(home: str) -> Any:
     """A second `reveille serve` on ``home``; yields its web UI's url once it answers."""
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "REVEILLE_HOME": home,
@@ -96,7 +90,7 @@ async def _other_server(home: str) -> Any:
 
 async def run(completions: int, other_server: bool) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(home=Path(tmp), port=0, webui_port=_free_port(), api_key="bench")
+        settings = Settings(home=Path(tmp), port=0, webui_port=free_port(), api_key="bench")
         async with contextlib.AsyncExitStack() as stack:
             app = await stack.enter_async_context(
                 serve(settings, provider=DemoModel(delay_seconds=0.0))
