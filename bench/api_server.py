@@ -79,24 +79,26 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
 
-import storage
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import storage  # noqa: E402
+from tests.ports import free_port  # noqa: E402
+
 CANNED = {
     "id": "chatcmpl-canned",
     "object": "chat.completion",
@@ -145,17 +147,11 @@ def checkout_first() -> str:
     return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 async def _health(_: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def serve_completions(port: int, complete: Any, extra: list[tuple[str, str, Any]] = ()) -> None:
+def serve_completions(port: int, complete: Any, extra: Sequence[tuple[str, str, Any]] = ()) -> None:
     """Serve ``complete`` as ``POST /v1/chat/completions`` (and ``GET /health``, and the
     ``extra`` routes) on loopback, on the event loop ``REVEILLE_EVENT_LOOP`` names, as
     `reveille serve` would (``--loop``)."""
@@ -243,6 +239,7 @@ def serve_model_call_floor(
     trips = store_trips(home) if home is not None else None
     # Asked once, before serving: Reveille was measured first, so the upstream has seen them.
     offered = _offered_tools(upstream_url) if tools else None
+    from agent.messages import ChatMessage
     from agent.providers.openai_compat import OpenAICompatProvider
 
     provider = OpenAICompatProvider(f"{upstream_url}/v1", UPSTREAM_KEY, UPSTREAM_MODEL)
@@ -250,7 +247,8 @@ def serve_model_call_floor(
 
     async def call(messages: list[dict[str, Any]]) -> Any:
         if not raw:
-            return (await provider.complete(messages, tools=offered)).content
+            asked = cast(list[ChatMessage], messages)  # the client's JSON, as the API hands it
+            return (await provider.complete(asked, tools=offered)).content
         if not http:
             http.append(aiohttp.ClientSession())
         async with http[0].post(
@@ -496,7 +494,7 @@ async def running(cmd: list[str], env: dict[str, str], port: int) -> AsyncIterat
             stop_process(proc)
 
 
-def stop_process(proc: subprocess.Popen) -> None:
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
     """Terminate a server the bench started; kill it if it has not exited in 10 s."""
     proc.terminate()
     try:
@@ -550,7 +548,9 @@ async def with_server_cpu(url: str, measured: Awaitable[dict[str, float]]) -> di
     return figures
 
 
-async def measure_url(url: str, args: argparse.Namespace, model: str = "reveille-demo"):
+async def measure_url(
+    url: str, args: argparse.Namespace, model: str = "reveille-demo"
+) -> dict[str, float]:
     stream = args.stream
     await load(url, args.clients, min(2.0, args.seconds / 4), stream, model)  # warm-up
     if args.load_procs > 1:
@@ -558,7 +558,9 @@ async def measure_url(url: str, args: argparse.Namespace, model: str = "reveille
     return await with_server_cpu(url, load(url, args.clients, args.seconds, stream, model))
 
 
-def _load_in_process(url: str, clients: int, seconds: float, stream: bool, model: str):
+def _load_in_process(
+    url: str, clients: int, seconds: float, stream: bool, model: str
+) -> dict[str, float]:
     return asyncio.run(load(url, clients, seconds, stream, model))
 
 
@@ -604,7 +606,7 @@ async def wait_workers(url: str, workers: int, timeout: float = 60) -> None:
 
 async def measure(
     cmd: list[str], env: dict[str, str], port: int, args: argparse.Namespace, workers: int = 1
-):
+) -> dict[str, float]:
     """The load against the server ``cmd`` starts; with its round trips to PostgreSQL per
     request (``trips``) when ``env`` has them counted."""
     async with running(cmd, env, port) as url:

@@ -17,6 +17,7 @@ import asyncio
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import storage
 from agent.loop import Agent
 from agent.markers import SUMMARISE_MARKER
-from agent.providers.base import ModelReply
+from agent.messages import ChatMessage, ToolSchema
+from agent.providers.base import ModelOptions, ModelReply
 from agent.tools import ToolRegistry
 from gateway.config import Platform
 from gateway.session import SessionSource, SessionStore
@@ -42,7 +44,14 @@ class CountingModel:
         self.sent: list[int] = []
         self.summaries = 0
 
-    async def complete(self, messages: list[dict[str, Any]], **_: Any) -> ModelReply:
+    async def complete(
+        self,
+        messages: list[ChatMessage],
+        *,
+        tools: list[ToolSchema] | None = None,
+        on_delta: Callable[[str], Awaitable[None]] | None = None,
+        options: ModelOptions | None = None,
+    ) -> ModelReply:
         chars = sum(len(str(m.get("content") or "")) for m in messages)
         if any(SUMMARISE_MARKER in str(m.get("content")) for m in messages):
             self.summaries += 1

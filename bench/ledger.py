@@ -63,7 +63,7 @@ from tools.process_registry import CompletionQueue
 _DONE = {"status": "completed", "summary": "ok"}
 
 
-def _runner() -> dict:
+def _runner() -> dict[str, Any]:
     return _DONE
 
 
@@ -82,7 +82,7 @@ class Consumer:
         self.done = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
-    async def _handle(self, evt: dict) -> None:
+    async def _handle(self, evt: dict[str, Any]) -> None:
         claim = await ad.aclaim_event_delivery(evt, "bench")
         if not claim:
             return
@@ -95,7 +95,7 @@ class Consumer:
             self.done.set()
 
     async def _main(self) -> None:
-        tasks: set[asyncio.Task] = set()
+        tasks: set[asyncio.Task[None]] = set()
         while not self.done.is_set():
             evt = await self.queue.get_async()
             if evt is None:  # the pipeline's stop signal
@@ -111,7 +111,7 @@ class Consumer:
         self.thread.join(timeout=30)
 
 
-def pipeline(path: str, items: int, producers: int) -> dict:
+def pipeline(path: str, items: int, producers: int) -> dict[str, Any]:
     queue = CompletionQueue()
     rt = ad.configure_runtime(path, completion_queue=queue, max_queued=items)
     consumer = Consumer(queue, items - items % producers, {})
@@ -161,7 +161,7 @@ def _one_item(queue: Any) -> bool:
     return bool(claim and ad.complete_event_delivery(evt, claim))
 
 
-def sequential(path: str, items: int, *, all_durable: bool = False) -> dict:
+def sequential(path: str, items: int, *, all_durable: bool = False) -> dict[str, Any]:
     """The synchronous contract used the way a gateway watcher uses it, one item at a time.
 
     Dispatch one delegation (at most 3 running), wait for its completion event on the
@@ -194,7 +194,7 @@ def sequential(path: str, items: int, *, all_durable: bool = False) -> dict:
     }
 
 
-def durable_commit_floor(path: str, commits: int = 1_000) -> dict:
+def durable_commit_floor(path: str, commits: int = 1_000) -> dict[str, Any]:
     """What the disk allows: the median time of one durable commit (a small row, WAL,
     synchronous=FULL, raw sqlite3, nothing else running). The sequential pattern needs two
     per item (the row before the work, the terminal row), so 1 / (2 x median) is its
@@ -225,7 +225,7 @@ class CommitClock:
         writer = backend._writer
         plain = writer._commit
 
-        def commit(conn: Any, context: Any, batch: list) -> None:
+        def commit(conn: Any, context: Any, batch: list[Any]) -> None:
             wall, cpu = time.perf_counter(), time.thread_time()
             try:
                 plain(conn, context, batch)
@@ -240,7 +240,7 @@ class CommitClock:
         writer._commit = commit
 
 
-def interleaved(path: str, items: int, *, block: int = 100) -> dict:
+def interleaved(path: str, items: int, *, block: int = 100) -> dict[str, Any]:
     """The sequential pattern against its ceiling, both measured in turns: ``block`` items of
     the pattern, then ``block`` bare durable commits (``durable_commit_floor``'s, on a file
     beside the ledger), and again. Each block of the pattern is set against twice the median
@@ -344,14 +344,14 @@ def interleaved(path: str, items: int, *, block: int = 100) -> dict:
     }
 
 
-def pages_per_item(path: str, items: int, *, warmup: int = 200) -> dict:
+def pages_per_item(path: str, items: int, *, warmup: int = 200) -> dict[str, Any]:
     """The pages the sequential pattern writes into the log per item, counted as the frames
     the write-ahead log grows by (automatic checkpoints off, so that it only grows), after
     ``warmup`` items have given the file its first pages; split into the pages of durable
     commits and of NORMAL ones (whose pages the next durable commit's fsync flushes)."""
     queue = CompletionQueue()
     rt = ad.configure_runtime(path, completion_queue=queue, max_queued=16)
-    writer = rt.ledger.backend._writer
+    writer = rt.ledger.backend._writer  # type: ignore[attr-defined]  # SQLite's writer
     writer._conn.execute("PRAGMA wal_autocheckpoint = 0")
     for _ in range(warmup):
         _one_item(queue)
@@ -361,7 +361,7 @@ def pages_per_item(path: str, items: int, *, warmup: int = 200) -> dict:
     grown = {True: 0, False: 0}
     plain = writer._commit
 
-    def commit(conn: Any, context: Any, batch: list) -> None:
+    def commit(conn: Any, context: Any, batch: list[Any]) -> None:
         before = os.path.getsize(wal)
         try:
             plain(conn, context, batch)
@@ -379,7 +379,7 @@ def pages_per_item(path: str, items: int, *, warmup: int = 200) -> dict:
     return {"items": items, "pages": durable + normal, "durable": durable, "normal": normal}
 
 
-def latency(path: str, rate: float, seconds: float) -> dict:
+def latency(path: str, rate: float, seconds: float) -> dict[str, Any]:
     queue = CompletionQueue()
     ad.configure_runtime(path, completion_queue=queue, max_queued=100_000)
     total = int(rate * seconds)
@@ -458,7 +458,7 @@ def _raw_ledger(path: str) -> sqlite3.Connection:
     return conn
 
 
-def baseline(path: str, items: int) -> dict:
+def baseline(path: str, items: int) -> dict[str, Any]:
     """The same four writes per item on the same schema, each its own transaction.
 
     Plain sqlite3, one connection, WAL and synchronous=FULL like the ledger: what the
@@ -474,7 +474,7 @@ def baseline(path: str, items: int) -> dict:
     return {"items": items, "seconds": elapsed, "items_per_s": items / elapsed}
 
 
-def sequential_floor(path: str, items: int) -> dict:
+def sequential_floor(path: str, items: int) -> dict[str, Any]:
     """What the sequential pattern cannot do without, and nothing else: each item's four
     writes on the ledger's own schema (its indexes too), one commit each, at the durability
     the pattern gives them (the row and the terminal row FULL, the claim and the
@@ -518,7 +518,7 @@ def sequential_floor(path: str, items: int) -> dict:
     return {"items": items, "seconds": elapsed, "items_per_s": items / elapsed}
 
 
-def count_fsyncs(items: int, producers: int) -> dict | None:
+def count_fsyncs(items: int, producers: int) -> dict[str, Any] | None:
     """Re-run the pipeline with every fsync/fdatasync counted.
 
     A tiny LD_PRELOAD library (bench/fsync_counter.c, built with the C compiler) counts the
@@ -549,7 +549,7 @@ def count_fsyncs(items: int, producers: int) -> dict | None:
         elif shutil.which("strace"):
             method = "strace -c"
             cmd = [
-                shutil.which("strace"),
+                "strace",
                 "-f",
                 "--seccomp-bpf",
                 "-qq",

@@ -151,7 +151,9 @@ def _worker(args: tuple[str, str, int, int, float, float, Any]) -> dict[str, Any
     return {"items": done[0], "lat": lat, "elapsed": finished - start_at, "stats": stats}
 
 
-def _run(mode: str, base_url: str, procs: int, threads: int, seconds: float, rate: float) -> dict:
+def _run(
+    mode: str, base_url: str, procs: int, threads: int, seconds: float, rate: float
+) -> dict[str, Any]:
     schema = f"bench_{secrets.token_hex(4)}"
     with psycopg.connect(base_url, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
@@ -164,7 +166,9 @@ def _run(mode: str, base_url: str, procs: int, threads: int, seconds: float, rat
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
-def _run_on(mode: str, url: str, procs: int, threads: int, seconds: float, rate: float) -> dict:
+def _run_on(
+    mode: str, url: str, procs: int, threads: int, seconds: float, rate: float
+) -> dict[str, Any]:
     start_at = time.time() + 1.5  # every process connected before the clock starts
     per_proc_rate = rate / procs
     with mp.get_context("spawn").Pool(procs) as pool:

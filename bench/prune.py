@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import storage
 from delivery.backend import COLUMNS
 from delivery.retention import DAY, RetentionPolicy, RetentionStores, run_retention
+from storage.sqlite.dialect import SqliteDialect
 
 EVENT = json.dumps({"type": "async_delegation", "status": "completed", "summary": "x" * 200})
 CHUNK = 20_000
@@ -40,7 +41,7 @@ def _rows(n: int, settled: float) -> Iterator[tuple[list[Any], tuple[Any, ...] |
     for i in range(n):
         row_id = f"deleg_{i:012x}"
         pending = i % 1000 == 999
-        values = {c: None for c in COLUMNS}
+        values: dict[str, Any] = dict.fromkeys(COLUMNS)
         values.update(
             id=row_id,
             kind="delegation",
@@ -81,7 +82,9 @@ def _fill(insert_rows: Any, insert_audit: Any, n: int, settled: float) -> None:
 
 
 def _file_mb(location: storage.Storage) -> float:
-    path = location.ledger_path
+    """The SQLite ledger file's size; 0 for a store that is not a file."""
+    dialect = location.dialect
+    path = dialect.ledger_path if isinstance(dialect, SqliteDialect) else None
     return path.stat().st_size / 1e6 if path is not None else 0.0
 
 

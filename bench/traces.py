@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.util._once import Once
 
+from agent.messages import JSONObject
 from agent.tools import Tool, ToolContext, ToolRegistry
 from delivery import traces
 
@@ -38,8 +39,8 @@ class _Dropped(SpanExporter):
 
 
 def _install(exporter: SpanExporter | None) -> TracerProvider | None:
-    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
-    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace._TRACER_PROVIDER = None
     if exporter is None:
         return None
     provider = TracerProvider()
@@ -49,7 +50,7 @@ def _install(exporter: SpanExporter | None) -> TracerProvider | None:
 
 
 async def _per_turn_us(turns: int) -> float:
-    async def instant(args: dict[str, object], ctx: ToolContext) -> str:
+    async def instant(args: JSONObject, ctx: ToolContext) -> str:
         return "ok"
 
     registry = ToolRegistry([Tool("instant", "returns at once", {"type": "object"}, instant)])
