@@ -14,6 +14,9 @@ gateway's watcher does. Prints, for one run on this machine and one store:
     due -> acknowledged) p50 and p99, and wake-ups per second;
   * the same idle figure after the burst, with the rest still pending.
 
+On PostgreSQL each idle figure also gives the CPU of this host's PostgreSQL processes over the
+same window: the scheduler's queries run there, not in this process.
+
 Usage: python bench/timers.py [--pending 100000] [--burst 10000] [--idle-seconds 5]
                               [--store sqlite|postgresql] [--url postgresql://...]
 PostgreSQL: the url defaults to REVEILLE_TEST_PG_URL; the run gets a fresh schema, dropped
@@ -123,8 +126,28 @@ def _write(ledger: Any, dues: list[tuple[str, float]]) -> float:
     return time.perf_counter() - start
 
 
-def _idle(rt: Any, seconds: float) -> tuple[float, int]:
-    """CPU seconds per second this process spent, and scheduler passes, over ``seconds``."""
+def _postgres_cpu_seconds() -> float | None:
+    """The CPU seconds this host's PostgreSQL processes have used so far (a pass's queries
+    run there, not in this process); None when none runs here."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, found = 0, False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # exited meanwhile
+        if text[text.index("(") + 1 : text.rindex(")")] != "postgres":
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+        found = True
+    return total / tick if found else None
+
+
+def _idle(rt: Any, seconds: float, *, db: bool) -> tuple[float, float | None, int]:
+    """CPU seconds per second this process spent, the same for this host's PostgreSQL
+    processes when ``db`` (None on SQLite, or with the server on another host), and scheduler
+    passes, over ``seconds``."""
     scheduler = rt.scheduler
     passes = [0]
     original = scheduler._pass
@@ -134,12 +157,22 @@ def _idle(rt: Any, seconds: float) -> tuple[float, int]:
         return float(original())
 
     scheduler._pass = counted
+    db0 = _postgres_cpu_seconds() if db else None
     cpu0, wall0 = time.process_time(), time.perf_counter()
     time.sleep(seconds)
     cpu = time.process_time() - cpu0
     wall = time.perf_counter() - wall0
+    db1 = _postgres_cpu_seconds() if db0 is not None else None
     scheduler._pass = original
-    return cpu / wall, passes[0]
+    db_cpu = (db1 - db0) / wall if db0 is not None and db1 is not None else None
+    return cpu / wall, db_cpu, passes[0]
+
+
+def _with_db(own: float, db: float | None) -> str:
+    """A window's CPU as printed: this process's, and PostgreSQL's beside it."""
+    if db is None:
+        return f"{own * 100:6.2f}% of a core"
+    return f"{own * 100:6.2f}% of a core (+ PostgreSQL's processes {db * 100:.2f}%)"
 
 
 def _open_backend(args: argparse.Namespace, workdir: str) -> tuple[Any, Any]:
@@ -175,7 +208,8 @@ def run(args: argparse.Namespace) -> None:
     try:
         rt.start_scheduler("bench")
         time.sleep(0.5)
-        floor_cpu, floor_passes = _idle(rt, args.idle_seconds)
+        on_postgres = args.store == "postgresql"
+        floor_cpu, floor_db, floor_passes = _idle(rt, args.idle_seconds, db=on_postgres)
 
         now = time.time()
         later = args.pending - args.burst
@@ -200,7 +234,9 @@ def run(args: argparse.Namespace) -> None:
         if time.time() >= due:
             print(f"  (the burst was written late: {time.time() - due:.2f} s after its due time)")
 
-        held_cpu, held_passes = _idle(rt, min(args.idle_seconds, max(due - time.time() - 0.2, 0)))
+        held_cpu, held_db, held_passes = _idle(
+            rt, min(args.idle_seconds, max(due - time.time() - 0.2, 0)), db=on_postgres
+        )
         consumer.done.wait(timeout=120)
         offered = [consumer.offered[r] - due for r, _ in burst if r in consumer.offered]
         acked = [consumer.acked[r] - due for r, _ in burst if r in consumer.acked]
@@ -222,21 +258,24 @@ def run(args: argparse.Namespace) -> None:
             )
         consumer.stop()
         time.sleep(2.0)  # the burst's last commits and checkpoint are not idle cost
-        after_cpu, after_passes = _idle(rt, args.idle_seconds)
+        after_cpu, after_db, after_passes = _idle(rt, args.idle_seconds, db=on_postgres)
         print(f"idle CPU (scheduler running, {args.idle_seconds:.0f} s windows):")
         print(
-            f"  floor, empty ledger          {floor_cpu * 100:6.2f}% of a core, "
+            f"  floor, empty ledger          {_with_db(floor_cpu, floor_db)}, "
             f"{floor_passes} scheduler passes"
         )
         print(
-            f"  {written:,} pending (burst ahead) {held_cpu * 100:6.2f}% of a core, "
+            f"  {written:,} pending (burst ahead) {_with_db(held_cpu, held_db)}, "
             f"{held_passes} scheduler passes (window cut to the burst)"
         )
         print(
-            f"  {later:,} pending after burst  {after_cpu * 100:6.2f}% of a core, "
+            f"  {later:,} pending after burst  {_with_db(after_cpu, after_db)}, "
             f"{after_passes} scheduler passes; beyond the floor "
             f"{(after_cpu - floor_cpu) * 100:+.2f} points"
         )
+        if floor_db is not None and after_db is not None:
+            beyond = (after_cpu + after_db) - (floor_cpu + floor_db)
+            print(f"  with PostgreSQL's processes, beyond the floor {beyond * 100:+.2f} points")
     finally:
         ad.reset_runtime()
         cleanup()
