@@ -96,6 +96,8 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from proc_cpu import processes  # noqa: E402
+
 import storage  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
@@ -514,24 +516,14 @@ def process_tree_cpu(pid: int) -> float | None:
     (a supervisor's workers), from ``/proc``; None where there is no ``/proc``."""
     if not Path(f"/proc/{pid}/stat").exists():
         return None
-    tick = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    used: dict[int, float] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        child = int(stat.parent.name)
-        parents[child] = int(fields[1])
-        used[child] = (int(fields[11]) + int(fields[12])) / tick
+    running = processes()
     tree = {pid}
     grew = True
     while grew:
-        found = {child for child, parent in parents.items() if parent in tree} - tree
+        found = {child for child, proc in running.items() if proc.parent in tree} - tree
         grew = bool(found)
         tree |= found
-    return sum(used.get(each, 0.0) for each in tree)
+    return sum(running[each].seconds for each in tree if each in running)
 
 
 async def with_server_cpu(url: str, measured: Awaitable[dict[str, float]]) -> dict[str, float]:

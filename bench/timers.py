@@ -39,6 +39,8 @@ from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from proc_cpu import processes
+
 from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
 from tools import async_delegation as ad
 from tools.completion_queue import CompletionQueue
@@ -129,19 +131,8 @@ def _write(ledger: Any, dues: list[tuple[str, float]]) -> float:
 def _postgres_cpu_seconds() -> float | None:
     """The CPU seconds this host's PostgreSQL processes have used so far (a pass's queries
     run there, not in this process); None when none runs here."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total, found = 0, False
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue  # exited meanwhile
-        if text[text.index("(") + 1 : text.rindex(")")] != "postgres":
-            continue
-        fields = text[text.rindex(")") + 2 :].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-        found = True
-    return total / tick if found else None
+    used = [proc.seconds for proc in processes().values() if proc.name == "postgres"]
+    return sum(used) if used else None
 
 
 def _idle(rt: Any, seconds: float, *, db: bool) -> tuple[float, float | None, int]:
