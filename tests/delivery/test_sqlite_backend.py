@@ -469,6 +469,81 @@ class TestConcurrency:
                 b.close()
 
 
+# -- the holders of pending rows ----------------------------------------------------------
+
+
+_HOLDERS_SCAN = "SELECT DISTINCT holder"
+
+
+class TestPendingHolders:
+    """``pending_holders`` scans all of ``ix_pending``; the re-offer scheduler asks twice a
+    pass, and an idle server passes every few seconds. The answer is read again only when
+    the deliveries may have changed: by this process or by any other connection."""
+
+    def _scans(self, backend: SqliteBackend) -> list[str]:
+        statements: list[str] = []
+        backend._reader().set_trace_callback(statements.append)  # this thread's reader
+        return statements
+
+    def test_asked_again_with_nothing_written_it_answers_without_a_scan(
+        self, backend: SqliteBackend, ledger: Ledger
+    ) -> None:
+        finished_row(ledger, "deleg_a")
+        scans = self._scans(backend)
+        assert backend.pending_holders() == [ledger.identity]
+        ledger.servers.heartbeat()  # a write, but not to the deliveries
+        for _ in range(3):
+            assert backend.pending_holders() == [ledger.identity]
+        assert sum(s.startswith(_HOLDERS_SCAN) for s in scans) == 1
+
+    def test_a_write_of_this_process_is_seen(self, backend: SqliteBackend, ledger: Ledger) -> None:
+        finished_row(ledger, "deleg_a")
+        assert backend.pending_holders() == [ledger.identity]
+        token = ledger.claim("deleg_a", "consumer")
+        assert token is not None
+        assert ledger.complete("deleg_a", token)
+        assert backend.pending_holders() == []
+        finished_row(ledger, "deleg_b")
+        assert backend.pending_holders() == [ledger.identity]
+
+    def test_another_processs_write_is_seen(
+        self, backend: SqliteBackend, ledger: Ledger, db_path: Path, clock: FakeClock
+    ) -> None:
+        finished_row(ledger, "deleg_a")
+        assert backend.pending_holders() == [ledger.identity]
+        other = sqlite_ledger(db_path)  # its own connections, as another process has
+        try:
+            finished_row(Ledger(other, clock=clock, identity=REMOTE_IDENTITY), "deleg_b")
+        finally:
+            other.close()
+        assert sorted(backend.pending_holders()) == sorted([ledger.identity, REMOTE_IDENTITY])
+        with sqlite3.connect(db_path) as conn:  # not through any ledger at all
+            conn.execute("UPDATE deliveries SET holder = 'someone' WHERE id = 'deleg_a'")
+        conn.close()
+        assert sorted(backend.pending_holders()) == sorted(["someone", REMOTE_IDENTITY])
+        assert sorted(backend.pending_holders()) == sorted(["someone", REMOTE_IDENTITY])
+
+    def test_a_writer_that_cannot_write_still_leaves_the_holders_readable(
+        self, db_path: Path, clock: FakeClock
+    ) -> None:
+        backend = sqlite_ledger(db_path, busy_timeout_ms=100)
+        ledger = Ledger(backend, clock=clock)
+        blocker = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            finished_row(ledger, "deleg_a")
+            assert backend.pending_holders() == [ledger.identity]
+            blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            blocker.execute("UPDATE deliveries SET holder = 'someone' WHERE id = 'deleg_a'")
+            with pytest.raises(LedgerUnavailable, match="locked"):
+                ledger.servers.heartbeat()
+            assert backend.pending_holders() == [ledger.identity]  # not committed yet
+            blocker.execute("COMMIT")
+            assert backend.pending_holders() == ["someone"]
+        finally:
+            blocker.close()
+            backend.close()
+
+
 # -- wake-ups between processes ------------------------------------------------------------
 
 
