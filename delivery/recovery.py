@@ -72,7 +72,7 @@ _PENDING = DeliveryState.PENDING.value
 _DROPPED = DeliveryState.DROPPED.value
 # What a re-offer does with a row it compare-and-sets: offers it, drops it as too old, or
 # moves its due time to the end of the live claim on it.
-_OFFER, _DROP, _LATER = "offer", "drop", "later"
+_OFFER, _DROP, _LATER, _ADOPT = "offer", "drop", "later", "adopt"
 
 
 def settle_changes(state: str, now: float, reason: str) -> JSONObject:
@@ -101,7 +101,8 @@ def reoffer_op(
     """The operation of a restore or orphan re-offer (``reason``) of ``candidates``.
 
     ``identity`` becomes the holder of each row it offers again; rows under a live claim of
-    a live process or still backing off are left alone; rows past the replay cap are dropped.
+    a live process or still backing off are left alone (except that a dead process's rows
+    backing off become ``identity``'s); rows past the replay cap are dropped.
     Their age is measured from ``replay_now`` (default ``now``): the ledger's
     ``SteadyWall.replay_now``, which a wall clock stepped forward cannot move on.
     """
@@ -113,7 +114,7 @@ def reoffer_op(
         # then say which rows were offered and which drops to audit.
         free = tx.lock_free([row.id for row in candidates])
         updates: list[Update] = []
-        taken: list[tuple[LedgerRow, str]] = []  # (row, _OFFER, _DROP or _LATER)
+        taken: list[tuple[LedgerRow, str]] = []  # (row, _OFFER, _DROP, _LATER or _ADOPT)
         for row in candidates:
             if row.id not in free or row.event is None:
                 continue  # another process is offering or settling it right now
@@ -132,7 +133,14 @@ def reoffer_op(
                     taken.append((row, _LATER))
                 continue
             if row.next_attempt_at > now:
-                continue  # backing off: offered when its due time comes, not before
+                # Backing off (a timer not yet due, a release's retry): offered when its due
+                # time comes, not before. Held by a dead process, it is this one's from now:
+                # left to the dead, every pass would read it again as an orphan (a server
+                # restarted with 90,000 timers read 10,000 of them, every few seconds).
+                if row.holder != identity and holder_is_dead(row.holder, lapsed):
+                    updates.append((row.id, expect, {"holder": identity, "updated_at": now}))
+                    taken.append((row, _ADOPT))
+                continue
             age = age_now - (row.replay_from or row.completed_at or row.created_at)
             if age > policy.replay_cap_seconds:
                 too_old = settle_changes(_DROPPED, now, "older than the replay age cap")
@@ -153,7 +161,7 @@ def reoffer_op(
         offered = []
         answers = tx.update_many(updates) if updates else []
         for (row, what), changed in zip(taken, answers, strict=True):
-            if not changed or what == _LATER:
+            if not changed or what in (_LATER, _ADOPT):
                 continue
             if what == _DROP:
                 tx.audit(row.id, "drop", f"not replayed on {reason}: too old", now)

@@ -589,6 +589,27 @@ class TestSettleAndRestore:
         assert [e["status"] for e in offered] == ["interrupted"]
         assert offered[0]["_restored"] is True
 
+    def test_a_dead_servers_timers_not_yet_due_become_this_servers_and_wait(
+        self, ledger: Ledger, backend: LedgerBackend, clock: FakeClock
+    ) -> None:
+        """A server restarted with its timers (its old self is the dead holder), or the
+        survivor of one that died: the timers wait for their time, held by this one, so
+        that no later pass reads them again as a dead holder's."""
+        dead = Ledger(backend, clock=clock, identity=exited_identity())
+        due = clock() + 3600
+        _schedule_timers(dead, 3, due)
+        assert backend.pending_holders() == [dead.identity]
+        for take in (ledger.restore, ledger.take_due):
+            assert take() == []  # not due: nothing offered, before or after adoption
+        assert backend.pending_holders() == [ledger.identity]
+        for i in range(3):
+            row = ledger.get(f"tmr_{i}")
+            assert row is not None
+            assert (row.holder, row.due_at, row.restored) == (ledger.identity, due, 0)
+        clock.advance(3600)
+        offered = ledger.take_due()
+        assert sorted(e["delegation_id"] for e in offered) == ["tmr_0", "tmr_1", "tmr_2"]
+
     def test_lifecycle_never_leaves_a_terminal_state(self) -> None:
         for terminal in TERMINAL_STATES:
             for target in State:

@@ -146,7 +146,11 @@ class LedgerMachine(RuleBasedStateMachine):
                     event("re-offer: due time moved to a live claim's end")
                 continue
             if row.next_at > now:
-                continue  # backing off: its due time brings it, not a restore
+                # backing off: its due time brings it, not a restore; a dead holder's is ours
+                if row.holder != self.ident[by] and self.is_dead(row.holder):
+                    row.holder = self.ident[by]
+                    event("re-offer: a dead holder's row adopted while it backs off")
+                continue
             assert row.replay_from is not None
             if now - row.replay_from > POLICY.replay_cap_seconds:
                 self.settle(row, "dropped")
@@ -334,8 +338,9 @@ class LedgerMachine(RuleBasedStateMachine):
             assert ok == (row.delivery_state == "delivered")
 
     @precondition(lambda self: any(r.tokens for r in self.rows.values()))
-    @rule(data=st.data(), by=st.sampled_from(["me", "remote"]), retryable=st.booleans())
+    @rule(data=st.data(), by=st.sampled_from(WHO), retryable=st.booleans())
     def release(self, data: st.DataObject, by: str, retryable: bool) -> None:
+        # by "dead": released, then its process died (its row backs off, held by the dead)
         row_id = self.pick_claimed(data)
         self.do_release(row_id, self.pick_token(data, self.rows[row_id]), by, retryable)
 
