@@ -12,7 +12,10 @@ gateway's watcher does. Prints, for one run on this machine and one store:
     ran meanwhile (a pass per timer would be polling);
   * burst: ``--burst`` timers due in the same second; firing lateness (due -> offered and
     due -> acknowledged) p50 and p99, and wake-ups per second;
-  * the same idle figure after the burst, with the rest still pending.
+  * the same idle figure after the burst, with the rest still pending;
+  * the same again after a restart: the pending timers are handed to a process that has
+    exited (the server's previous self, in a real restart), the running scheduler takes them
+    over (how long that took is printed), then idles.
 
 On PostgreSQL each idle figure also gives the CPU of this host's PostgreSQL processes over the
 same window: the scheduler's queries run there, not in this process.
@@ -29,6 +32,8 @@ import argparse
 import asyncio
 import os
 import secrets
+import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
@@ -42,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from proc_cpu import processes
 
 from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
+from delivery.identity import ProcessIdentity, current_identity, process_start_ticks
 from tools import async_delegation as ad
 from tools.completion_queue import CompletionQueue
 
@@ -166,13 +172,40 @@ def _with_db(own: float, db: float | None) -> str:
     return f"{own * 100:6.2f}% of a core (+ PostgreSQL's processes {db * 100:.2f}%)"
 
 
-def _open_backend(args: argparse.Namespace, workdir: str) -> tuple[Any, Any]:
-    """The ledger store to measure, and a function that cleans up after it."""
+def _exited_identity() -> str:
+    """The identity of a process of this host that has exited."""
+    child = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
+    me, ticks = current_identity(), process_start_ticks(child.pid)
+    child.communicate(b"\n")
+    assert ticks is not None
+    return str(ProcessIdentity(me.host, me.boot_id, child.pid, ticks))
+
+
+def _hand_pending_to(holder: str, args: argparse.Namespace, backend: Any, url: str) -> None:
+    """Make ``holder`` the holder of every pending row, on a connection of its own: what a
+    server leaves behind when it is killed holding them."""
+    if args.store == "sqlite":
+        conn = sqlite3.connect(backend.path)
+        with conn:
+            conn.execute(_HAND_OVER.format("?"), (holder,))
+        conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as pg:
+        pg.execute(_HAND_OVER.format("%s"), (holder,))
+
+
+_HAND_OVER = "UPDATE deliveries SET holder = {} WHERE delivery_state = 'pending'"
+
+
+def _open_backend(args: argparse.Namespace, workdir: str) -> tuple[Any, Any, str]:
+    """The ledger store to measure, a function that cleans up after it, and its url."""
     import storage
 
     if args.store == "sqlite":
         store = storage.open_storage(f"sqlite:///{workdir}")
-        return store.open_ledger(), lambda: None
+        return store.open_ledger(), lambda: None, ""
     import psycopg
 
     base = args.url or os.environ.get("REVEILLE_TEST_PG_URL", "")
@@ -188,12 +221,12 @@ def _open_backend(args: argparse.Namespace, workdir: str) -> tuple[Any, Any]:
         with psycopg.connect(base, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
-    return storage.open_storage(url).open_ledger(), drop
+    return storage.open_storage(url).open_ledger(), drop, url
 
 
 def run(args: argparse.Namespace) -> None:
     workdir = tempfile.mkdtemp(prefix="bench-timers-")
-    backend, cleanup = _open_backend(args, workdir)
+    backend, cleanup, url = _open_backend(args, workdir)
     queue = CompletionQueue()
     rt = ad.configure_runtime(backend=backend, completion_queue=queue, max_queued=args.burst * 2)
     try:
@@ -266,6 +299,24 @@ def run(args: argparse.Namespace) -> None:
         )
         if floor_db is not None and after_db is not None:
             beyond = (after_cpu + after_db) - (floor_cpu + floor_db)
+            print(f"  with PostgreSQL's processes, beyond the floor {beyond * 100:+.2f} points")
+
+        dead = _exited_identity()
+        _hand_pending_to(dead, args, backend, url)
+        rt.ledger.notify_others()  # as the dead server's record, pruned, would have
+        start = time.perf_counter()
+        while dead in backend.pending_holders() and time.perf_counter() - start < 300:
+            time.sleep(0.1)
+        taken = time.perf_counter() - start
+        restart_cpu, restart_db, restart_passes = _idle(rt, args.idle_seconds, db=on_postgres)
+        print(
+            f"  after a restart: {later:,} pending, held by the exited server, taken over "
+            f"in {taken:.1f} s; then {_with_db(restart_cpu, restart_db)}, "
+            f"{restart_passes} scheduler passes; beyond the floor "
+            f"{(restart_cpu - floor_cpu) * 100:+.2f} points"
+        )
+        if floor_db is not None and restart_db is not None:
+            beyond = (restart_cpu + restart_db) - (floor_cpu + floor_db)
             print(f"  with PostgreSQL's processes, beyond the floor {beyond * 100:+.2f} points")
     finally:
         ad.reset_runtime()
