@@ -70,8 +70,9 @@ def abandoned_event(row: LedgerRow, state: str, now: float) -> JSONObject:
 
 _PENDING = DeliveryState.PENDING.value
 _DROPPED = DeliveryState.DROPPED.value
-# What a re-offer does with a row it compare-and-sets: offers it, drops it as too old, or
-# moves its due time to the end of the live claim on it.
+# What a re-offer does with a row it compare-and-sets: offers it, drops it as too old,
+# moves its due time to the end of the live claim on it, or takes over a dead process's row
+# that waits for its due time.
 _OFFER, _DROP, _LATER, _ADOPT = "offer", "drop", "later", "adopt"
 
 
