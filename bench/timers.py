@@ -12,10 +12,12 @@ gateway's watcher does. Prints, for one run on this machine and one store:
     ran meanwhile (a pass per timer would be polling);
   * burst: ``--burst`` timers due in the same second; firing lateness (due -> offered and
     due -> acknowledged) p50 and p99, and wake-ups per second;
-  * the same idle figure after the burst, with the rest still pending;
+  * the same idle figure after the burst, with the rest still pending, in two windows, once
+    the scheduler has passed over the changed ledger (that pass reads it again: the
+    change's cost, not holding's);
   * the same again after a restart: the pending timers are handed to a process that has
     exited (the server's previous self, in a real restart), the running scheduler takes them
-    over (how long that took is printed), then idles.
+    over (how long that took is printed), then idles (two windows again).
 
 On PostgreSQL each idle figure also gives the CPU of this host's PostgreSQL processes over the
 same window: the scheduler's queries run there, not in this process.
@@ -38,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -134,17 +137,41 @@ def _write(ledger: Any, dues: list[tuple[str, float]]) -> float:
     return time.perf_counter() - start
 
 
-def _postgres_cpu_seconds() -> float | None:
-    """The CPU seconds this host's PostgreSQL processes have used so far (a pass's queries
-    run there, not in this process); None when none runs here."""
-    used = [proc.seconds for proc in processes().values() if proc.name == "postgres"]
-    return sum(used) if used else None
+def _postgres_cpu() -> dict[int, float] | None:
+    """The CPU seconds each of this host's PostgreSQL processes has used so far, by pid (a
+    pass's queries run there, not in this process); None when none runs here."""
+    used = {pid: p.seconds for pid, p in processes().items() if p.name == "postgres"}
+    return used or None
 
 
-def _idle(rt: Any, seconds: float, *, db: bool) -> tuple[float, float | None, int]:
-    """CPU seconds per second this process spent, the same for this host's PostgreSQL
-    processes when ``db`` (None on SQLite, or with the server on another host), and scheduler
-    passes, over ``seconds``."""
+def _spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """The CPU seconds spent between two readings of ``_postgres_cpu``: a process started
+    meanwhile counts whole; one that exited meanwhile is left out (its last moments are
+    lost, rather than its whole life taken off the sum)."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+
+
+@dataclass(frozen=True)
+class Idle:
+    """One idle window: CPU per second of this process and (None on SQLite) of this host's
+    PostgreSQL processes, and the scheduler passes in it."""
+
+    own: float
+    db: float | None
+    passes: int
+
+    def beyond(self, floor: Idle) -> str:
+        """This window's CPU beyond the floor's, as printed."""
+        text = f"beyond the floor {(self.own - floor.own) * 100:+.2f} points"
+        if self.db is not None and floor.db is not None:
+            both = (self.own + self.db) - (floor.own + floor.db)
+            text += f" ({both * 100:+.2f} with PostgreSQL's)"
+        return text
+
+
+def _idle(rt: Any, seconds: float, *, db: bool) -> Idle:
+    """The CPU this process (and, when ``db``, this host's PostgreSQL processes) spent per
+    second over ``seconds``, and the scheduler passes meanwhile."""
     scheduler = rt.scheduler
     passes = [0]
     original = scheduler._pass
@@ -154,22 +181,42 @@ def _idle(rt: Any, seconds: float, *, db: bool) -> tuple[float, float | None, in
         return float(original())
 
     scheduler._pass = counted
-    db0 = _postgres_cpu_seconds() if db else None
+    db0 = _postgres_cpu() if db else None
     cpu0, wall0 = time.process_time(), time.perf_counter()
     time.sleep(seconds)
     cpu = time.process_time() - cpu0
     wall = time.perf_counter() - wall0
-    db1 = _postgres_cpu_seconds() if db0 is not None else None
+    db1 = _postgres_cpu() if db0 is not None else None
     scheduler._pass = original
-    db_cpu = (db1 - db0) / wall if db0 is not None and db1 is not None else None
-    return cpu / wall, db_cpu, passes[0]
+    db_cpu = _spent(db0, db1) / wall if db0 is not None and db1 is not None else None
+    return Idle(cpu / wall, db_cpu, passes[0])
 
 
-def _with_db(own: float, db: float | None) -> str:
+def _settle(rt: Any) -> None:
+    """Have the scheduler pass once now, and wait for it: the first pass after the ledger
+    changed reads it again (the holders of its rows), which is the change's cost, not
+    holding's."""
+    scheduler = rt.scheduler
+    passed = threading.Event()
+    original = scheduler._pass
+
+    def counted() -> float:
+        result = float(original())
+        passed.set()
+        return result
+
+    scheduler._pass = counted
+    scheduler._poke()
+    passed.wait(timeout=30)
+    scheduler._pass = original
+
+
+def _with_db(window: Idle) -> str:
     """A window's CPU as printed: this process's, and PostgreSQL's beside it."""
-    if db is None:
-        return f"{own * 100:6.2f}% of a core"
-    return f"{own * 100:6.2f}% of a core (+ PostgreSQL's processes {db * 100:.2f}%)"
+    text = f"{window.own * 100:6.2f}% of a core"
+    if window.db is not None:
+        text += f" (+ PostgreSQL's processes {window.db * 100:.2f}%)"
+    return f"{text}, {window.passes} scheduler passes"
 
 
 def _exited_identity() -> str:
@@ -233,7 +280,7 @@ def run(args: argparse.Namespace) -> None:
         rt.start_scheduler("bench")
         time.sleep(0.5)
         on_postgres = args.store == "postgresql"
-        floor_cpu, floor_db, floor_passes = _idle(rt, args.idle_seconds, db=on_postgres)
+        floor = _idle(rt, args.idle_seconds, db=on_postgres)
 
         now = time.time()
         later = args.pending - args.burst
@@ -258,9 +305,7 @@ def run(args: argparse.Namespace) -> None:
         if time.time() >= due:
             print(f"  (the burst was written late: {time.time() - due:.2f} s after its due time)")
 
-        held_cpu, held_db, held_passes = _idle(
-            rt, min(args.idle_seconds, max(due - time.time() - 0.2, 0)), db=on_postgres
-        )
+        held = _idle(rt, min(args.idle_seconds, max(due - time.time() - 0.2, 0)), db=on_postgres)
         consumer.done.wait(timeout=120)
         offered = [consumer.offered[r] - due for r, _ in burst if r in consumer.offered]
         acked = [consumer.acked[r] - due for r, _ in burst if r in consumer.acked]
@@ -282,24 +327,13 @@ def run(args: argparse.Namespace) -> None:
             )
         consumer.stop()
         time.sleep(2.0)  # the burst's last commits and checkpoint are not idle cost
-        after_cpu, after_db, after_passes = _idle(rt, args.idle_seconds, db=on_postgres)
+        _settle(rt)
+        after = [_idle(rt, args.idle_seconds, db=on_postgres) for _ in range(2)]
         print(f"idle CPU (scheduler running, {args.idle_seconds:.0f} s windows):")
-        print(
-            f"  floor, empty ledger          {_with_db(floor_cpu, floor_db)}, "
-            f"{floor_passes} scheduler passes"
-        )
-        print(
-            f"  {written:,} pending (burst ahead) {_with_db(held_cpu, held_db)}, "
-            f"{held_passes} scheduler passes (window cut to the burst)"
-        )
-        print(
-            f"  {later:,} pending after burst  {_with_db(after_cpu, after_db)}, "
-            f"{after_passes} scheduler passes; beyond the floor "
-            f"{(after_cpu - floor_cpu) * 100:+.2f} points"
-        )
-        if floor_db is not None and after_db is not None:
-            beyond = (after_cpu + after_db) - (floor_cpu + floor_db)
-            print(f"  with PostgreSQL's processes, beyond the floor {beyond * 100:+.2f} points")
+        print(f"  floor, empty ledger           {_with_db(floor)}")
+        print(f"  {written:,} pending (burst ahead) {_with_db(held)} (window cut to the burst)")
+        for label, window in zip(("after burst", "next window"), after, strict=True):
+            print(f"  {later:,} pending, {label:<11} {_with_db(window)}; {window.beyond(floor)}")
 
         dead = _exited_identity()
         _hand_pending_to(dead, args, backend, url)
@@ -308,16 +342,15 @@ def run(args: argparse.Namespace) -> None:
         while dead in backend.pending_holders() and time.perf_counter() - start < 300:
             time.sleep(0.1)
         taken = time.perf_counter() - start
-        restart_cpu, restart_db, restart_passes = _idle(rt, args.idle_seconds, db=on_postgres)
+        time.sleep(2.0)  # the take-over's last commits and checkpoint are not idle cost
+        _settle(rt)
         print(
-            f"  after a restart: {later:,} pending, held by the exited server, taken over "
-            f"in {taken:.1f} s; then {_with_db(restart_cpu, restart_db)}, "
-            f"{restart_passes} scheduler passes; beyond the floor "
-            f"{(restart_cpu - floor_cpu) * 100:+.2f} points"
+            f"  after a restart: {later:,} pending, held by the exited server, taken over in "
+            f"{taken:.1f} s; then:"
         )
-        if floor_db is not None and restart_db is not None:
-            beyond = (restart_cpu + restart_db) - (floor_cpu + floor_db)
-            print(f"  with PostgreSQL's processes, beyond the floor {beyond * 100:+.2f} points")
+        for label in ("first window", "next window"):
+            window = _idle(rt, args.idle_seconds, db=on_postgres)
+            print(f"  {later:,} pending, {label:<12} {_with_db(window)}; {window.beyond(floor)}")
     finally:
         ad.reset_runtime()
         cleanup()
