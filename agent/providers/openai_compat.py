@@ -192,7 +192,7 @@ class OpenAICompatProvider:
     async def _complete_once(self, request: dict[str, object]) -> ModelReply:
         try:
             response: Any = await self._client().post(
-                _PATH, cast_to=object, body=json_codec.dumps(request), options=_OPTIONS
+                _PATH, cast_to=object, content=json_codec.dumps(request), options=_OPTIONS
             )
         except openai.OpenAIError as exc:
             raise self._provider_error(exc) from None
@@ -232,7 +232,7 @@ class OpenAICompatProvider:
             stream = await self._client().post(
                 _PATH,
                 cast_to=object,
-                body=json_codec.dumps(request),
+                content=json_codec.dumps(request),
                 options=_OPTIONS,
                 stream=True,
                 stream_cls=AsyncStream[object],
