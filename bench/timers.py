@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import secrets
 import sqlite3
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,46 +171,55 @@ class Idle:
         return text
 
 
-def _idle(rt: Any, seconds: float, *, db: bool) -> Idle:
-    """The CPU this process (and, when ``db``, this host's PostgreSQL processes) spent per
-    second over ``seconds``, and the scheduler passes meanwhile."""
-    scheduler = rt.scheduler
-    passes = [0]
+class _Passes:
+    """The scheduler's passes while counted (``_counting``): how many, and an event set by
+    each."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.ran = threading.Event()
+
+
+@contextlib.contextmanager
+def _counting(scheduler: Any) -> Iterator[_Passes]:
+    """Count the scheduler's passes for as long as the block runs."""
+    passes = _Passes()
     original = scheduler._pass
 
     def counted() -> float:
-        passes[0] += 1
-        return float(original())
+        result = float(original())
+        passes.count += 1
+        passes.ran.set()
+        return result
 
     scheduler._pass = counted
-    db0 = _postgres_cpu() if db else None
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    time.sleep(seconds)
-    cpu = time.process_time() - cpu0
-    wall = time.perf_counter() - wall0
-    db1 = _postgres_cpu() if db0 is not None else None
-    scheduler._pass = original
+    try:
+        yield passes
+    finally:
+        scheduler._pass = original
+
+
+def _idle(rt: Any, seconds: float, *, db: bool) -> Idle:
+    """The CPU this process (and, when ``db``, this host's PostgreSQL processes) spent per
+    second over ``seconds``, and the scheduler passes meanwhile."""
+    with _counting(rt.scheduler) as passes:
+        db0 = _postgres_cpu() if db else None
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        time.sleep(seconds)
+        cpu = time.process_time() - cpu0
+        wall = time.perf_counter() - wall0
+        db1 = _postgres_cpu() if db0 is not None else None
     db_cpu = _spent(db0, db1) / wall if db0 is not None and db1 is not None else None
-    return Idle(cpu / wall, db_cpu, passes[0])
+    return Idle(cpu / wall, db_cpu, passes.count)
 
 
 def _settle(rt: Any) -> None:
     """Have the scheduler pass once now, and wait for it: the first pass after the ledger
     changed reads it again (the holders of its rows), which is the change's cost, not
     holding's."""
-    scheduler = rt.scheduler
-    passed = threading.Event()
-    original = scheduler._pass
-
-    def counted() -> float:
-        result = float(original())
-        passed.set()
-        return result
-
-    scheduler._pass = counted
-    scheduler._poke()
-    passed.wait(timeout=30)
-    scheduler._pass = original
+    with _counting(rt.scheduler) as passes:
+        rt.scheduler._poke()
+        passes.ran.wait(timeout=30)
 
 
 def _with_db(window: Idle) -> str:
