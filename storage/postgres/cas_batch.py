@@ -13,14 +13,20 @@ statement would carry, so each row changes exactly when its own compare-and-set 
 have. ``RETURNING id`` says which did.
 
 The values travel as one JSON array of rows, read back column by column with the column's
-own type: encoding it is one C call, where psycopg adapts an array element by element in
+own type: encoding it is one C call (``orjson``'s: the standard library's encoder took half
+of building a 500-row claim statement), where psycopg adapts an array element by element in
 Python (which cost more than the statements saved). They are parsed as ``jsonb``, once: the
 planner inlines the subquery, so every ``v->>k`` runs for each row where it is used, and on
 ``json`` each one parses the row's text again (measured: a third of a 500-row claim
 statement's time on the server went there). A float survives the trip exactly (Python writes
 the shortest text that reads back as the same double; ``jsonb`` keeps a number's digits as a
 ``numeric`` and prints them back unchanged; PostgreSQL reads them so), so an equality on a
-stored due time still matches.
+stored due time still matches (``orjson`` writes the shortest such text too, its exponent
+spelled ``1e16`` where Python spells it ``1e+16``: the same number). ``orjson`` would write a
+NaN or an infinity as ``null``, which is another value: the rows' floats are checked first,
+and a batch holding one, or anything else ``orjson`` refuses or writes in a way of its own (an
+integer beyond 64 bits, a dataclass, a datetime), is written by the standard library, as
+before.
 """
 
 from __future__ import annotations
@@ -28,7 +34,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import fields
+from math import isfinite
 from typing import Any
+
+import orjson
 
 from delivery.backend import JSON_COLUMNS, AtMost, Below, Increment, IsSet, Update, check_columns
 from delivery.rows import FIELDS, LedgerRow
@@ -61,10 +70,12 @@ _PREDICATES: dict[type, tuple[str, bool]] = {
     Below: ("<", True),
 }
 _PLAIN, _INCREMENT, _JSON = 0, 1, 2
+# What the standard library refuses, orjson must refuse too (see the module docstring).
+_STRICT = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 
 # The plan of one shape: (sql, how each change is bound, (position, a bound number) of each
-# expectation that binds a value)
-_Plan = tuple[str, tuple[int, ...], tuple[tuple[int, bool], ...]]
+# expectation that binds a value, the positions in a row of the changes that are floats)
+_Plan = tuple[str, tuple[int, ...], tuple[tuple[int, bool], ...], tuple[int, ...]]
 
 
 def shape(update: Update) -> tuple[Any, ...]:
@@ -94,11 +105,12 @@ class BatchCompiler:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._plan(updates[0])
-        sql, change_kinds, bound = plan
+        sql, change_kinds, bound, floats = plan
         # Each row is its changes' values as they are, then the few that need a form of
         # their own (an increment's step, a JSON column's text) put in place: a burst's
         # writer batch builds hundreds of rows, nearly all of plain values.
         special = [(at, kind) for at, kind in enumerate(change_kinds, 1) if kind != _PLAIN]
+        exact = True  # every float finite (see the module docstring)
         rows: list[list[Any]] = []
         for row_id, expect, changes in updates:
             row: list[Any] = [row_id, *changes.values()]
@@ -108,14 +120,23 @@ class BatchCompiler:
                     row[at] = value.by
                 elif value is not None:
                     row[at] = dump_json(value)
+            for at in floats:
+                exact = exact and isfinite(row[at])
             if bound:
                 checks = list(expect.values())
                 for i, number in bound:
                     value = checks[i]
                     if number:  # AtMost(0) beside AtMost(4.5): the shape names the wrapper
                         value = value.value if value.value is None else float(value.value)
+                    if type(value) is float:
+                        exact = exact and isfinite(value)
                     row.append(value)
             rows.append(row)
+        if exact:
+            try:
+                return sql, [orjson.dumps(rows, option=_STRICT).decode()]
+            except TypeError:  # orjson.JSONEncodeError is one
+                pass
         try:
             payload = json.dumps(rows, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError):
@@ -155,7 +176,8 @@ class BatchCompiler:
             f" FROM (SELECT {', '.join(values)} FROM jsonb_array_elements(%s::jsonb) AS v) AS u"
             f" WHERE {' AND '.join(where)} RETURNING d.id"
         )
-        return sql, tuple(change_kinds), tuple(bound)
+        floats = tuple(at for at, value in enumerate(changes.values(), 1) if type(value) is float)
+        return sql, tuple(change_kinds), tuple(bound), floats
 
 
 def groups(

@@ -11,6 +11,8 @@ taking one burst at once offer each timer once.
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +26,7 @@ from delivery.backend import AtMost, Increment, LedgerTx
 from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
 from delivery.ledger import Ledger
 from storage.postgres import sql, trips
-from storage.postgres.cas_batch import SQL_TYPES
+from storage.postgres.cas_batch import SQL_TYPES, BatchCompiler
 from tests.pg_support import fresh_url
 
 _PG_TYPES = {"double precision": "float8", "integer": "int4", "text": "text"}
@@ -176,6 +178,26 @@ def test_two_servers_taking_one_burst_at_once_offer_each_timer_once() -> None:
         second.close()
 
 
+async def _one_writer_batch(backend: Any, *ops: Callable[[LedgerTx], object]) -> list[object]:
+    """Run ``ops`` as one batch of the writer's (it is held until all are queued)."""
+    running, go = threading.Event(), threading.Event()
+
+    def hold(tx: LedgerTx) -> None:
+        running.set()
+        go.wait(10)
+
+    held = backend.submit_async(hold)
+    await asyncio.to_thread(running.wait, 10)
+    futures = [backend.submit_async(op) for op in ops]
+    go.set()
+    await held
+    return list(await asyncio.gather(*futures))
+
+
+def cas(row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> Any:
+    return lambda tx: tx.update(row_id, expect, changes)
+
+
 async def test_a_writer_batch_of_compare_and_sets_answers_each_as_alone() -> None:
     """The claims and acknowledgements of a burst reach the writer hundreds to a batch, each
     on a row of its own: the updates of one shape go as one statement, and each still
@@ -187,21 +209,7 @@ async def test_a_writer_batch_of_compare_and_sets_answers_each_as_alone() -> Non
         ids = _timers(ledger, 6, due=0.0)
 
         async def batch(*ops: Callable[[LedgerTx], object]) -> list[object]:
-            running, go = threading.Event(), threading.Event()
-
-            def hold(tx: LedgerTx) -> None:  # holds the writer until every op is queued
-                running.set()
-                go.wait(10)
-
-            held = backend.submit_async(hold)
-            await asyncio.to_thread(running.wait, 10)
-            futures = [backend.submit_async(op) for op in ops]
-            go.set()
-            await held
-            return list(await asyncio.gather(*futures))
-
-        def cas(row_id: str, expect: dict[str, Any], changes: dict[str, Any]) -> Any:
-            return lambda tx: tx.update(row_id, expect, changes)
+            return await _one_writer_batch(backend, *ops)
 
         answers = await batch(
             cas(ids[0], {"claim_expires_at": AtMost(0)}, {"claim_consumer": "a"}),
@@ -226,6 +234,50 @@ async def test_a_writer_batch_of_compare_and_sets_answers_each_as_alone() -> Non
         assert [backend.get(r).claim_consumer for r in (ids[5], ids[0])] == ["x", "z"]  # type: ignore[union-attr]
     finally:
         ledger.close()
+
+
+async def test_a_batch_keeps_every_value_exactly_even_those_json_cannot_write() -> None:
+    """A batch's values travel as JSON text (``storage.postgres.cas_batch``): floats as their
+    shortest text, text beyond ASCII as it is, and what JSON has no form for (a NaN, an
+    infinity: the batch goes statement by statement then) all reach their rows as they
+    would alone, and an equality on a stored float matches it again."""
+    backend = storage.open_storage(fresh_url()).open_ledger()
+    ledger = Ledger(backend)
+    try:
+        ids = _timers(ledger, 6, due=0.0)
+        floats = [0.1 + 0.2, 1e16, 1.7976931348623157e308, -2.5e-300, math.nan, math.inf]
+        names = ["\u00e9t\u00e9", "\u65e5\u672c", "\U0001f389", 'a " and a \\', "\u2028", "plain"]
+        answers = await _one_writer_batch(
+            backend,
+            *(
+                cas(row_id, {"claim_consumer": None}, {"claimed_at": at, "claim_consumer": name})
+                for row_id, at, name in zip(ids, floats, names, strict=True)
+            ),
+        )
+        assert answers == [True] * 6
+        rows = [backend.get(row_id) for row_id in ids]
+        assert [row.claim_consumer for row in rows] == names  # type: ignore[union-attr]
+        stored = [row.claimed_at for row in rows]  # type: ignore[union-attr]
+        assert stored[:4] == floats[:4]
+        assert math.isnan(stored[4]) and stored[5] == math.inf
+
+        finite = list(zip(ids[:4], floats[:4], strict=True))
+        again = (cas(row_id, {"claimed_at": at}, {"claim_consumer": "x"}) for row_id, at in finite)
+        answers = await _one_writer_batch(backend, *again)
+        assert answers == [True] * 4
+    finally:
+        ledger.close()
+
+
+def test_an_integer_beyond_64_bits_is_written_exactly_or_refused_never_rounded() -> None:
+    """``orjson`` refuses an integer beyond 64 bits: the batch's text is then the standard
+    library's, which keeps every digit (PostgreSQL refuses it for an integer column; a
+    float rounded silently would have been another value)."""
+    huge = 2**70 + 1
+    update = ("tmr_1", {"holder": "h"}, {"delivery_attempts": Increment(huge)})
+    statement = BatchCompiler().statement([update])
+    assert statement is not None
+    assert json.loads(statement[1][0]) == [["tmr_1", huge, "h"]]
 
 
 def test_the_next_due_time_is_read_through_the_due_index_under_a_plan_made_when_empty() -> None:
