@@ -11,7 +11,8 @@ gateway's watcher does. Prints, for one run on this machine and one store:
     rest days away): what holding them costs beyond the floor, and how many scheduler passes
     ran meanwhile (a pass per timer would be polling);
   * burst: ``--burst`` timers due in the same second; firing lateness (due -> offered and
-    due -> acknowledged) p50 and p99, and wake-ups per second;
+    due -> acknowledged) p50 and p99, wake-ups per second, and the CPU spent from the due
+    time until the last acknowledgement (this process's, PostgreSQL's) against the cores;
   * the same idle figure after the burst, with the rest still pending, in two windows, once
     the scheduler has passed over the changed ledger (that pass reads it again: the
     change's cost, not holding's);
@@ -41,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,18 +200,34 @@ def _counting(scheduler: Any) -> Iterator[_Passes]:
         scheduler._pass = original
 
 
+@dataclass(frozen=True)
+class Spent:
+    """The CPU seconds this process (and, None on SQLite, this host's PostgreSQL processes)
+    spent over ``wall`` seconds."""
+
+    own: float
+    db: float | None
+    wall: float
+
+
+def _spending(wait: Callable[[], object], *, db: bool) -> Spent:
+    """What ``wait()`` took: its wall-clock time and the CPU spent meanwhile."""
+    db0 = _postgres_cpu() if db else None
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    wait()
+    cpu = time.process_time() - cpu0
+    wall = time.perf_counter() - wall0
+    db1 = _postgres_cpu() if db0 is not None else None
+    return Spent(cpu, _spent(db0, db1) if db0 is not None and db1 is not None else None, wall)
+
+
 def _idle(rt: Any, seconds: float, *, db: bool) -> Idle:
     """The CPU this process (and, when ``db``, this host's PostgreSQL processes) spent per
     second over ``seconds``, and the scheduler passes meanwhile."""
     with _counting(rt.scheduler) as passes:
-        db0 = _postgres_cpu() if db else None
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        time.sleep(seconds)
-        cpu = time.process_time() - cpu0
-        wall = time.perf_counter() - wall0
-        db1 = _postgres_cpu() if db0 is not None else None
-    db_cpu = _spent(db0, db1) / wall if db0 is not None and db1 is not None else None
-    return Idle(cpu / wall, db_cpu, passes.count)
+        spent = _spending(lambda: time.sleep(seconds), db=db)
+    per_second = None if spent.db is None else spent.db / spent.wall
+    return Idle(spent.own / spent.wall, per_second, passes.count)
 
 
 def _settle(rt: Any) -> None:
@@ -317,7 +334,8 @@ def run(args: argparse.Namespace) -> None:
             print(f"  (the burst was written late: {time.time() - due:.2f} s after its due time)")
 
         held = _idle(rt, min(args.idle_seconds, max(due - time.time() - 0.2, 0)), db=on_postgres)
-        consumer.done.wait(timeout=120)
+        time.sleep(max(due - time.time(), 0.0))
+        burst_cpu = _spending(lambda: consumer.done.wait(timeout=120), db=on_postgres)
         offered = [consumer.offered[r] - due for r, _ in burst if r in consumer.offered]
         acked = [consumer.acked[r] - due for r, _ in burst if r in consumer.acked]
         print(f"burst: {len(acked):,}/{args.burst:,} due at once acknowledged")
@@ -335,6 +353,16 @@ def run(args: argparse.Namespace) -> None:
             print(
                 f"  wake-ups/s             {len(acked) / span:,.0f} "
                 f"(all {len(acked):,} acknowledged {span:.2f} s after their due time)"
+            )
+            # On a machine of few cores the burst's threads and PostgreSQL's share them:
+            # how busy they were says how much of the lateness is waiting for a core.
+            cores = os.cpu_count() or 1
+            db_cpu = burst_cpu.db or 0.0
+            print(
+                f"  CPU, due -> all acked  this process {burst_cpu.own:.2f} s"
+                + ("" if burst_cpu.db is None else f" + PostgreSQL's {db_cpu:.2f} s")
+                + f" in {burst_cpu.wall:.2f} s: "
+                f"{(burst_cpu.own + db_cpu) / burst_cpu.wall / cores:.0%} of {cores} cores"
             )
         consumer.stop()
         time.sleep(2.0)  # the burst's last commits and checkpoint are not idle cost
