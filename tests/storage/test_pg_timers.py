@@ -11,6 +11,7 @@ taking one burst at once offer each timer once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import threading
@@ -208,8 +209,7 @@ async def test_a_writer_batch_of_compare_and_sets_answers_each_as_alone() -> Non
     try:
         ids = _timers(ledger, 6, due=0.0)
 
-        async def batch(*ops: Callable[[LedgerTx], object]) -> list[object]:
-            return await _one_writer_batch(backend, *ops)
+        batch = functools.partial(_one_writer_batch, backend)
 
         answers = await batch(
             cas(ids[0], {"claim_expires_at": AtMost(0)}, {"claim_consumer": "a"}),
@@ -239,32 +239,33 @@ async def test_a_writer_batch_of_compare_and_sets_answers_each_as_alone() -> Non
 async def test_a_batch_keeps_every_value_exactly_even_those_json_cannot_write() -> None:
     """A batch's values travel as JSON text (``storage.postgres.cas_batch``): floats as their
     shortest text, text beyond ASCII as it is, and what JSON has no form for (a NaN, an
-    infinity: the batch goes statement by statement then) all reach their rows as they
+    infinity: a batch holding one goes statement by statement) all reach their rows as they
     would alone, and an equality on a stored float matches it again."""
     backend = storage.open_storage(fresh_url()).open_ledger()
     ledger = Ledger(backend)
     try:
-        ids = _timers(ledger, 6, due=0.0)
-        floats = [0.1 + 0.2, 1e16, 1.7976931348623157e308, -2.5e-300, math.nan, math.inf]
-        names = ["\u00e9t\u00e9", "\u65e5\u672c", "\U0001f389", 'a " and a \\', "\u2028", "plain"]
-        answers = await _one_writer_batch(
-            backend,
-            *(
-                cas(row_id, {"claim_consumer": None}, {"claimed_at": at, "claim_consumer": name})
-                for row_id, at, name in zip(ids, floats, names, strict=True)
-            ),
-        )
-        assert answers == [True] * 6
+        ids = _timers(ledger, 8, due=0.0)
+        # Two batches of four (a writer batch of fewer goes statement by statement anyway):
+        # finite floats only, then the ones JSON cannot write beside a finite one.
+        floats = [0.1 + 0.2, 1e16, 1.7976931348623157e308, -2.5e-300]
+        floats += [math.nan, math.inf, -math.inf, 42.5]
+        names = ["\u00e9t\u00e9", "\u65e5\u672c", "\U0001f389", 'a " and a \\', "\u2028"]
+        names += ["plain", "", "tab\there"]
+        claims = [
+            cas(row_id, {"claim_consumer": None}, {"claimed_at": at, "claim_consumer": name})
+            for row_id, at, name in zip(ids, floats, names, strict=True)
+        ]
+        assert await _one_writer_batch(backend, *claims[:4]) == [True] * 4
+        assert await _one_writer_batch(backend, *claims[4:]) == [True] * 4
         rows = [backend.get(row_id) for row_id in ids]
         assert [row.claim_consumer for row in rows] == names  # type: ignore[union-attr]
         stored = [row.claimed_at for row in rows]  # type: ignore[union-attr]
-        assert stored[:4] == floats[:4]
-        assert math.isnan(stored[4]) and stored[5] == math.inf
+        assert math.isnan(stored[4])
+        assert stored[:4] + stored[5:] == floats[:4] + floats[5:]
 
-        finite = list(zip(ids[:4], floats[:4], strict=True))
+        finite = list(zip(ids[:4] + ids[7:], floats[:4] + floats[7:], strict=True))
         again = (cas(row_id, {"claimed_at": at}, {"claim_consumer": "x"}) for row_id, at in finite)
-        answers = await _one_writer_batch(backend, *again)
-        assert answers == [True] * 4
+        assert await _one_writer_batch(backend, *again) == [True] * 5
     finally:
         ledger.close()
 
