@@ -66,6 +66,14 @@ class LedgerTx(Protocol):
         each answered. A store over a network sends them together (PostgreSQL: one pipeline,
         one round trip), so a pass over hundreds of rows does not wait for each."""
 
+    def adopt_waiting(self, holder: str, identity: str, now: float, limit: int) -> int:
+        """At most ``limit`` pending rows held by ``holder`` whose result is in and whose
+        next attempt comes after ``now`` (a timer not yet due, a release's retry): held by
+        ``identity`` from here (``updated_at``: ``now``), by one statement; how many. Rows
+        another transaction is working on are skipped. What a survivor does with a dead
+        holder's waiting rows (``delivery.recovery.reoffer_op`` adopts the same rows one by
+        one, among those it reads)."""
+
     def lock_free(self, row_ids: list[str]) -> set[str]:
         """Of ``row_ids``, those no other transaction is working on now, locked for this one
         (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; a store with one writer: all of them). A

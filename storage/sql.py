@@ -36,6 +36,7 @@ from delivery.rows import LedgerRow, PendingCounts, RowQuery
 
 __all__ = [
     "PENDING_COUNTS",
+    "WAITING_HELD_BY",
     "GoalSearch",
     "Statement",
     "UpdateCompiler",
@@ -185,6 +186,14 @@ def query_filter(mark: str, query: RowQuery, search: GoalSearch) -> tuple[str, l
         else:
             where.append("1 = 0")  # text without a word matches no row
     return (" WHERE " + " AND ".join(where) if where else ""), params
+
+
+# The rows ``LedgerTx.adopt_waiting`` takes over: pending, held by the (dead) holder bound
+# first, their result in, their next attempt after the instant bound second. Spelled so
+# that both dialects find them through the pending holders' index.
+WAITING_HELD_BY = (
+    "delivery_state = 'pending' AND holder = ? AND completed_at IS NOT NULL AND next_attempt_at > ?"
+)
 
 
 # -- retention: what a settled row is, for both dialects ------------------------------------

@@ -143,6 +143,22 @@ class _MemoryTx:
     def update_many(self, updates: list[Update]) -> list[bool]:
         return [self.update(*one) for one in updates]
 
+    def adopt_waiting(self, holder: str, identity: str, now: float, limit: int) -> int:
+        adopted = 0
+        for row_id, row in self._store._rows.items():
+            if adopted >= limit:
+                break
+            if (
+                row["delivery_state"] == "pending"
+                and row["holder"] == holder
+                and row["completed_at"] is not None
+                and row["next_attempt_at"] > now
+            ):
+                self._touch(row_id)
+                row["holder"], row["updated_at"] = identity, now
+                adopted += 1
+        return adopted
+
     def lock_free(self, row_ids: list[str]) -> set[str]:
         return set(row_ids)  # one lock for the whole store: nobody else is writing
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from delivery.backend import COLUMNS
+from storage.sql import WAITING_HELD_BY, marked
 
 # -- the ledger ------------------------------------------------------------------------------
 
@@ -63,6 +64,15 @@ LEDGER_ACTIVE_OWNERS = (
     "SELECT DISTINCT owner FROM deliveries WHERE state = %s AND owner IS NOT NULL"
 )
 LEDGER_HELD_BY = f"{LEDGER_SELECT} WHERE delivery_state = 'pending' AND holder = %s LIMIT %s"
+# A dead holder's waiting rows taken over (``LedgerTx.adopt_waiting``): those another
+# transaction has locked (a survivor beside this one taking them too) are skipped, not
+# waited for.
+LEDGER_ADOPT_WAITING = marked(
+    f"WITH w AS (SELECT id FROM deliveries WHERE {WAITING_HELD_BY} LIMIT ?"
+    " FOR UPDATE SKIP LOCKED)"
+    " UPDATE deliveries AS d SET holder = ?, updated_at = ? FROM w WHERE d.id = w.id",
+    "%s",
+)
 LEDGER_OWNED_BY = f"{LEDGER_SELECT} WHERE state = %s AND owner = %s LIMIT %s"
 LEDGER_DELIVERY_COUNTS = (
     "SELECT COUNT(*), COUNT(claim_token) FROM deliveries WHERE delivery_state = 'pending'"

@@ -161,6 +161,12 @@ class PgTx:
                 answers[i] = self.updated(1 if updates[i][0] in changed else 0)
         return answers
 
+    def adopt_waiting(self, holder: str, identity: str, now: float, limit: int) -> int:
+        args = (holder, now, int(limit), identity, now)
+        adopted: int = self._exec(sql.LEDGER_ADOPT_WAITING, args).rowcount
+        self.dirty = self.dirty or adopted > 0
+        return adopted
+
     def lock_free(self, row_ids: list[str]) -> set[str]:
         free = {row_id for row_id in row_ids if row_id in self._locked}
         ask = [r for r in row_ids if r not in self._locked and r not in self._busy]
@@ -210,6 +216,9 @@ class _OneStatementOnly:
         raise _Stop
 
     def update_many(self, updates: list[Update]) -> list[bool]:
+        raise _Stop
+
+    def adopt_waiting(self, holder: str, identity: str, now: float, limit: int) -> int:
         raise _Stop
 
     def lock_free(self, row_ids: list[str]) -> set[str]:

@@ -37,6 +37,7 @@ from storage.sql import (
     PENDING_COUNTS,
     SETTLED,
     TOMBSTONE_COLUMNS,
+    WAITING_HELD_BY,
     GoalSearch,
     UpdateCompiler,
     decode_columns,
@@ -314,6 +315,14 @@ def _add_columns(conn: sqlite3.Connection) -> None:
                 conn.execute(_BACKFILLS[name])
 
 
+# ``LedgerTx.adopt_waiting``: this transaction is the file's only writer, so no row it picks
+# is another's.
+_ADOPT_WAITING = (
+    "UPDATE deliveries SET holder = ?, updated_at = ?"
+    f" WHERE id IN (SELECT id FROM deliveries WHERE {WAITING_HELD_BY} LIMIT ?)"
+)
+
+
 class _RowWrites:
     """How many inserts and updates of ``deliveries`` this process's writer has run; it
     only grows (counted inside each operation, rolled back or not)."""
@@ -382,6 +391,13 @@ class _SqliteTx:
 
     def update_many(self, updates: list[Update]) -> list[bool]:
         return [self.update(*one) for one in updates]  # in process: no trip to save
+
+    def adopt_waiting(self, holder: str, identity: str, now: float, limit: int) -> int:
+        adopted: int = self._conn.execute(
+            _ADOPT_WAITING, (identity, now, holder, now, limit)
+        ).rowcount
+        self._row_writes.count += adopted
+        return adopted
 
     def lock_free(self, row_ids: list[str]) -> set[str]:
         return set(row_ids)  # BEGIN IMMEDIATE: this transaction is the file's only writer

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from delivery import reoffer
+from delivery import ledger_recovery, reoffer
 from delivery.backend import AtMost, Below, Increment, IsSet, LedgerBackend
 from delivery.errors import (
     ClaimMismatchError,
@@ -609,6 +609,67 @@ class TestSettleAndRestore:
         clock.advance(3600)
         offered = ledger.take_due()
         assert sorted(e["delegation_id"] for e in offered) == ["tmr_0", "tmr_1", "tmr_2"]
+
+    def test_a_dead_servers_waiting_rows_are_taken_over_in_one_pass_however_many(
+        self,
+        ledger: Ledger,
+        backend: LedgerBackend,
+        clock: FakeClock,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """More waiting timers than a pass reads (``SCAN_LIMIT``, two here): one pass makes
+        them all this server's, a statement per two, instead of two a pass."""
+        monkeypatch.setattr(ledger_recovery, "_SCAN_LIMIT", 2)
+        dead = Ledger(backend, clock=clock, identity=exited_identity())
+        due = clock() + 3600
+        _schedule_timers(dead, 5, due)
+        finished_row(dead, "due-now")  # due now: offered, as before
+        assert [e["delegation_id"] for e in ledger.take_due()] == ["due-now"]
+        assert backend.pending_holders() == [ledger.identity]
+        for i in range(5):
+            row = ledger.get(f"tmr_{i}")
+            assert row is not None
+            assert (row.holder, row.due_at, row.restored) == (ledger.identity, due, 0)
+            assert row.updated_at == clock()
+        clock.advance(3600)
+        offered = sorted(e["delegation_id"] for e in ledger.take_due())
+        # "due-now" again too: its offer's lease ran out unclaimed
+        assert offered == ["due-now"] + [f"tmr_{i}" for i in range(5)]
+
+    def test_adopt_waiting_takes_only_the_holders_pending_results_not_yet_due(
+        self, ledger: Ledger, backend: LedgerBackend, clock: FakeClock
+    ) -> None:
+        dead = Ledger(backend, clock=clock, identity=exited_identity())
+        other = Ledger(backend, clock=clock, identity=REMOTE_IDENTITY)
+        now, later = clock(), clock() + 60
+        _schedule_timers(dead, 3, later)  # tmr_0..2: waiting, the dead holder's
+        other.schedule("other", kind="timer", event=delegation_event("other"), not_before=later)
+        finished_row(dead, "due")  # its attempt may be made now
+        dead.schedule("dropped", kind="timer", event=delegation_event("dropped"), not_before=later)
+        assert dead.drop("dropped", "its conversation was deleted")
+        dead.create("no-result", kind="delegation", state="running")
+        backend.write(  # held and waiting, but without a result to deliver
+            lambda tx: tx.update(
+                "no-result", {}, {"holder": dead.identity, "next_attempt_at": later}
+            )
+        )
+        backend.write(  # due this very instant: not waiting any more
+            lambda tx: tx.update("tmr_2", {}, {"next_attempt_at": now})
+        )
+        before = {row_id: ledger.get(row_id) for row_id in ("other", "due", "dropped", "no-result")}
+
+        def adopt(limit: int) -> int:
+            return backend.write(lambda tx: tx.adopt_waiting(dead.identity, "me", now, limit))
+
+        assert adopt(1) == 1  # at most the limit
+        assert adopt(10) == 1  # the rest of them
+        assert adopt(10) == 0
+        for row_id in ("tmr_0", "tmr_1"):
+            row = ledger.get(row_id)
+            assert row is not None and (row.holder, row.updated_at) == ("me", now)
+        assert ledger.get("tmr_2").holder == dead.identity  # type: ignore[union-attr]
+        assert {row_id: ledger.get(row_id) for row_id in before} == before
+        assert backend.write(lambda tx: tx.adopt_waiting("nobody", "me", now, 10)) == 0
 
     def test_lifecycle_never_leaves_a_terminal_state(self) -> None:
         for terminal in TERMINAL_STATES:

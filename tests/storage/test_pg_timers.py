@@ -4,18 +4,21 @@
 one second; these hold the pieces it relies on: the compare-and-sets of a pass go as one
 statement per shape of them (``storage.postgres.cas_batch``), whose array types must be the
 columns' own, a pass costs the same few round trips however many timers it takes (its
-due rows read and locked in the round trip that opens its transaction), and two servers
-taking one burst at once offer each timer once.
+due rows read and locked in the round trip that opens its transaction), two servers
+taking one burst at once offer each timer once, and two survivors taking over a dead
+server's waiting timers at once take each once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import math
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
 from delivery.ledger import Ledger
 from storage.postgres import sql, trips
 from storage.postgres.cas_batch import SQL_TYPES, BatchCompiler
+from tests.delivery._support import exited_identity
 from tests.pg_support import fresh_url
 
 _PG_TYPES = {"double precision": "float8", "integer": "int4", "text": "text"}
@@ -116,6 +120,27 @@ def test_a_pass_written_apart_neither_waits_for_the_writer_nor_touches_its_rows(
         ledger.close()
 
 
+@contextlib.contextmanager
+def _held_by_a_batch_in_flight(backend: Any, row_id: str) -> Iterator[threading.Thread]:
+    """A writer batch (of claims, say) that holds ``row_id`` until the block ends; the
+    thread that waits for it."""
+    held, release = threading.Event(), threading.Event()
+
+    def busy(tx: LedgerTx) -> None:
+        tx.update(row_id, {}, {"claim_consumer": "busy"})
+        held.set()
+        release.wait(10)
+
+    in_flight = threading.Thread(target=backend.write, args=(busy,))
+    in_flight.start()
+    try:
+        assert held.wait(10)
+        yield in_flight
+    finally:
+        release.set()
+        in_flight.join(10)
+
+
 def test_a_pass_reads_its_due_rows_locked_and_skips_those_another_transaction_holds() -> None:
     """A re-offer batch reads the due rows in the transaction that offers them, locked for
     it (``PostgresBackend.write_due``): a row a writer batch in flight holds is skipped,
@@ -124,21 +149,10 @@ def test_a_pass_reads_its_due_rows_locked_and_skips_those_another_transaction_ho
     ledger = Ledger(backend)
     try:
         ids = _timers(ledger, 3, due=0.0)
-        held, release = threading.Event(), threading.Event()
-
-        def busy(tx: LedgerTx) -> None:  # a batch of claims, say, holding the first timer
-            tx.update(ids[0], {}, {"claim_consumer": "busy"})
-            held.set()
-            release.wait(10)
-
-        in_flight = threading.Thread(target=backend.write, args=(busy,))
-        in_flight.start()
-        assert held.wait(10)
-        offered = ledger.take_due(limit=500)
-        assert sorted(e["delivery_id"] for e in offered) == ids[1:]
-        assert in_flight.is_alive()
-        release.set()
-        in_flight.join(10)
+        with _held_by_a_batch_in_flight(backend, ids[0]) as in_flight:
+            offered = ledger.take_due(limit=500)
+            assert sorted(e["delivery_id"] for e in offered) == ids[1:]
+            assert in_flight.is_alive()
         (late,) = ledger.take_due(limit=500)  # once the batch let go of it
         assert late["delivery_id"] == ids[0]
         assert ledger.take_due(limit=500) == []
@@ -177,6 +191,65 @@ def test_two_servers_taking_one_burst_at_once_offer_each_timer_once() -> None:
     finally:
         first.close()
         second.close()
+
+
+def test_two_survivors_take_over_a_dead_servers_waiting_timers_each_once() -> None:
+    """Two servers take over the timers of a dead one at the same time, a statement per 25
+    (``LedgerTx.adopt_waiting``): each timer becomes one survivor's, once; a row the other
+    has locked is skipped, not waited for (two such statements never deadlock)."""
+    url = fresh_url()
+    backends = [storage.open_storage(url).open_ledger() for _ in range(2)]
+    dead = Ledger(backends[0], identity=exited_identity())
+    try:
+        ids = _timers(dead, 400, due=time.time() + 3600)
+        counts: list[list[int]] = [[], []]
+        start = threading.Barrier(2)
+
+        def adopt(backend: Any, into: list[int], me: str) -> None:
+            start.wait(10)
+            while True:
+                step = backend.write(
+                    lambda tx: tx.adopt_waiting(dead.identity, me, time.time(), 25), apart=True
+                )
+                into.append(step)
+                if step == 0:
+                    return
+
+        threads = [
+            threading.Thread(target=adopt, args=(backend, into, f"survivor-{n}"))
+            for n, (backend, into) in enumerate(zip(backends, counts, strict=True))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sum(counts[0]) + sum(counts[1]) == len(ids)  # none twice
+        holders = {row_id: backends[0].get(row_id).holder for row_id in ids}  # type: ignore[union-attr]
+        assert set(holders.values()) <= {"survivor-0", "survivor-1"}  # none left to the dead
+    finally:
+        for backend in backends:
+            backend.close()
+
+
+def test_a_waiting_row_another_transaction_holds_is_left_for_the_next_pass() -> None:
+    backend = storage.open_storage(fresh_url()).open_ledger()
+    dead = Ledger(backend, identity=exited_identity())
+    try:
+        ids = _timers(dead, 3, due=time.time() + 3600)
+
+        def adopt() -> int:
+            now = time.time()
+            return backend.write(
+                lambda tx: tx.adopt_waiting(dead.identity, "me", now, 10), apart=True
+            )
+
+        with _held_by_a_batch_in_flight(backend, ids[0]) as in_flight:
+            assert adopt() == 2  # at once: not waiting for the batch in flight
+            assert in_flight.is_alive()
+        assert adopt() == 1
+        assert {backend.get(row_id).holder for row_id in ids} == {"me"}  # type: ignore[union-attr]
+    finally:
+        backend.close()
 
 
 async def _one_writer_batch(backend: Any, *ops: Callable[[LedgerTx], object]) -> list[object]:
