@@ -27,7 +27,10 @@ Prints, for one run on this machine:
     write-ahead log grows by, with automatic checkpoints off for the count.
 
 Usage: python bench/ledger.py [--items 20000] [--sequential-items 5000] [--rate 500]
-                              [--seconds 6] [--sequential-only]
+                              [--seconds 6] [--sequential-only] [--collector server|default]
+
+The process's garbage collector is set as `reveille serve` sets it once started
+(``reveille.collector``); ``--collector default`` leaves CPython's, for comparison.
 
 ``--sequential-only`` runs and prints only the sequential pattern's lines (sequential, seq
 FULL, seq ratio, disk, seq floor, interleaved, schema, per item, pages).
@@ -55,6 +58,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from delivery.rows import RowQuery
+from reveille import collector
 from storage.sqlite.ledger import _SCHEMA as LEDGER_SCHEMA
 from storage.sqlite.ledger import GOALS_INDEX, RETENTION_SCHEMA
 from tools import async_delegation as ad
@@ -593,10 +597,19 @@ def main() -> None:
     ap.add_argument(
         "--sequential-only", action="store_true", help="only the sequential pattern's lines"
     )
+    ap.add_argument(
+        "--collector",
+        choices=("server", "default"),
+        default="server",
+        help="the garbage collector as `reveille serve` sets it once started"
+        " (reveille.collector), or CPython's default",
+    )
     ap.add_argument("--pipeline-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--report-fsyncs", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.collector == "server":
+        collector.settle()  # as `reveille serve` does once started
 
     if args.pipeline_only:
         result = pipeline(f"{args.dir}/ledger.db", args.items, args.producers)

@@ -23,8 +23,12 @@ gateway's watcher does. Prints, for one run on this machine and one store:
 On PostgreSQL each idle figure also gives the CPU of this host's PostgreSQL processes over the
 same window: the scheduler's queries run there, not in this process.
 
+The process's garbage collector is set as `reveille serve` sets it once started
+(``reveille.collector``); ``--collector default`` leaves CPython's, for comparison.
+
 Usage: python bench/timers.py [--pending 100000] [--burst 10000] [--idle-seconds 5]
                               [--store sqlite|postgresql] [--url postgresql://...]
+                              [--collector server|default]
 PostgreSQL: the url defaults to REVEILLE_TEST_PG_URL; the run gets a fresh schema, dropped
 after it.
 """
@@ -54,6 +58,7 @@ from proc_cpu import processes
 
 from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
 from delivery.identity import ProcessIdentity, current_identity, process_start_ticks
+from reveille import collector
 from tools import async_delegation as ad
 from tools.completion_queue import CompletionQueue
 
@@ -306,6 +311,8 @@ def run(args: argparse.Namespace) -> None:
     rt = ad.configure_runtime(backend=backend, completion_queue=queue, max_queued=args.burst * 2)
     try:
         rt.start_scheduler("bench")
+        if args.collector == "server":
+            collector.settle()  # as `reveille serve` does once started
         time.sleep(0.5)
         on_postgres = args.store == "postgresql"
         floor = _idle(rt, args.idle_seconds, db=on_postgres)
@@ -328,7 +335,7 @@ def run(args: argparse.Namespace) -> None:
         set_rate = written / (far_seconds + burst_seconds)
         print(
             f"store: {args.store}; {written:,} timers written at {set_rate:,.0f}/s "
-            f"({WRITER_THREADS} threads)"
+            f"({WRITER_THREADS} threads); garbage collector: {args.collector}"
         )
         if time.time() >= due:
             print(f"  (the burst was written late: {time.time() - due:.2f} s after its due time)")
@@ -401,6 +408,13 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=10_000)
     parser.add_argument("--idle-seconds", type=float, default=5.0)
     parser.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite")
+    parser.add_argument(
+        "--collector",
+        choices=("server", "default"),
+        default="server",
+        help="the garbage collector as `reveille serve` sets it once started"
+        " (reveille.collector), or CPython's default",
+    )
     parser.add_argument("--url", default="")
     run(parser.parse_args())
 
