@@ -57,8 +57,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import server_gc
+
 from delivery.rows import RowQuery
-from reveille import collector
 from storage.sqlite.ledger import _SCHEMA as LEDGER_SCHEMA
 from storage.sqlite.ledger import GOALS_INDEX, RETENTION_SCHEMA
 from tools import async_delegation as ad
@@ -597,19 +598,12 @@ def main() -> None:
     ap.add_argument(
         "--sequential-only", action="store_true", help="only the sequential pattern's lines"
     )
-    ap.add_argument(
-        "--collector",
-        choices=("server", "default"),
-        default="server",
-        help="the garbage collector as `reveille serve` sets it once started"
-        " (reveille.collector), or CPython's default",
-    )
+    server_gc.add_option(ap)
     ap.add_argument("--pipeline-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--report-fsyncs", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.collector == "server":
-        collector.settle()  # as `reveille serve` does once started
+    server_gc.apply(args)
 
     if args.pipeline_only:
         result = pipeline(f"{args.dir}/ledger.db", args.items, args.producers)

@@ -54,11 +54,11 @@ from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import server_gc
 from proc_cpu import processes
 
 from delivery.events import SCHEDULED_WAKEUP, TIMER_KIND
 from delivery.identity import ProcessIdentity, current_identity, process_start_ticks
-from reveille import collector
 from tools import async_delegation as ad
 from tools.completion_queue import CompletionQueue
 
@@ -311,8 +311,7 @@ def run(args: argparse.Namespace) -> None:
     rt = ad.configure_runtime(backend=backend, completion_queue=queue, max_queued=args.burst * 2)
     try:
         rt.start_scheduler("bench")
-        if args.collector == "server":
-            collector.settle()  # as `reveille serve` does once started
+        server_gc.apply(args)
         time.sleep(0.5)
         on_postgres = args.store == "postgresql"
         floor = _idle(rt, args.idle_seconds, db=on_postgres)
@@ -408,13 +407,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=10_000)
     parser.add_argument("--idle-seconds", type=float, default=5.0)
     parser.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite")
-    parser.add_argument(
-        "--collector",
-        choices=("server", "default"),
-        default="server",
-        help="the garbage collector as `reveille serve` sets it once started"
-        " (reveille.collector), or CPython's default",
-    )
+    server_gc.add_option(parser)
     parser.add_argument("--url", default="")
     run(parser.parse_args())
 

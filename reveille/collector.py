@@ -7,7 +7,8 @@ events, rows) are alive for a few milliseconds, so each young collection finds h
 of them still in flight and promotes them. They pile up in the old generation until it
 has grown by a quarter, and then a full collection walks every object of the process
 with every thread stopped: 40 to 80 ms at a time, four or five times in a burst of
-10,000 timers due at once (``bench/timers.py``), a fifth of the burst's CPU.
+10,000 timers due at once (``bench/timers.py``): a fifth to two fifths of the process's
+CPU over the burst.
 
 ``settle`` makes two changes:
 
