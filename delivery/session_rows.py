@@ -61,6 +61,13 @@ class SessionRows(Protocol):
         backend may send it without waiting (PostgreSQL's pipeline): the rule checks
         ``live`` first, under the session's lock, where it needs to know."""
 
+    def insert_new_session(self, session_id: str, new: NewSession, now: float) -> bool:
+        """Insert the session row when neither a session nor a tombstone has its id, in one
+        statement that also answers whether it did: a new conversation's first write then
+        needs no ``state`` read. A backend may decline and answer False with nothing written
+        (PostgreSQL: its batches send each operation's first read ahead, and ``state`` is
+        that read); the rule then reads the state and decides as before."""
+
     def delete_session(self, session_id: str) -> bool:
         """Delete the session row and its messages; True when there was one."""
 

@@ -56,6 +56,8 @@ def _insert_session(
     """Create the session unless it is live. ``revive``: an explicit creation, which clears a
     tombstone; otherwise a tombstoned id raises SessionGone. ``new.exclusive``: a live one
     raises SessionTaken. Checks come before writes."""
+    if rows.insert_new_session(session_id, new, now):
+        return  # neither live nor tombstoned: nothing to check, and it is written
     state = rows.state(session_id)
     if state == "live":
         if new.exclusive:

@@ -34,6 +34,7 @@ __all__ = [
     "SessionSql",
     "SqlSessionRows",
     "insert_messages_sql",
+    "insert_new_session_sql",
     "insert_sessions_sql",
     "message",
     "message_values",
@@ -247,6 +248,17 @@ def insert_sessions_sql(rows: int, mark: str) -> str:
     )
 
 
+def insert_new_session_sql(mark: str) -> str:
+    """One new session (``session_values``, then its id again) unless a session or a
+    tombstone has its id: the row count says whether it was written."""
+    one = ", ".join([mark] * len(_SES.split(", ")))
+    return (
+        f"INSERT INTO sessions ({_SES}) SELECT {one}"
+        f" WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE id = {mark})"
+        " ON CONFLICT (id) DO NOTHING"
+    )
+
+
 def insert_messages_sql(rows: int, mark: str) -> str:
     """``rows`` new messages in one INSERT (``message_values`` each, ``mark`` the dialect's
     placeholder); a repeated dedupe key is skipped, as by ``insert_message``."""
@@ -344,6 +356,11 @@ class SqlSessionRows:
         # No row count is read: in PostgreSQL's pipeline the insert travels with the next
         # statement whose answer is read, instead of costing a trip of its own.
         self.conn.execute(self.q.insert_session, session_values(session_id, new, now))
+
+    def insert_new_session(self, session_id: str, new: NewSession, now: float) -> bool:
+        # Declined here (PostgreSQL keeps its ``state`` read, which its batches send ahead);
+        # SQLite's rows do it in one statement.
+        return False
 
     def delete_session(self, session_id: str) -> bool:
         return self._count(self.q.delete_session, (session_id,)) > 0

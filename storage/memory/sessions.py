@@ -167,6 +167,12 @@ class MemoryRows:
                 session_id, new.source_json, new.session_key, new.title, now, now
             )
 
+    def insert_new_session(self, session_id: str, new: NewSession, now: float) -> bool:
+        if session_id in self._s.sessions or session_id in self._s.tombstones:
+            return False
+        self.insert_session(session_id, new, now)
+        return True
+
     def delete_session(self, session_id: str) -> bool:
         return self._s.sessions.pop(session_id, None) is not None
 

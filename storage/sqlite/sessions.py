@@ -22,10 +22,22 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from delivery.session_backend import MessageHit, MessageRecord, NewMessage, SessionStoreError
+from delivery.session_backend import (
+    MessageHit,
+    MessageRecord,
+    NewMessage,
+    NewSession,
+    SessionStoreError,
+)
 from delivery.session_rows import SessionRows
 from delivery.session_rules import SessionRules
-from storage.session_sql import SessionSql, SqlSessionRows, message_values, statements
+from storage.session_sql import (
+    SessionSql,
+    SqlSessionRows,
+    message_values,
+    session_values,
+    statements,
+)
 from storage.sqlite import files as sqlite_files
 from storage.sqlite.files import PLACEHOLDER
 from storage.sqlite.fts import BatchedIndexing, fts_query
@@ -37,6 +49,7 @@ from storage.sqlite.sessions_sql import (
     REQUIRED_COLUMNS,
     RETENTION_DDL,
     SCHEMA_VERSION,
+    SQL_INSERT_NEW_SESSION,
     SQL_SEARCH,
     SQL_SUPERSEDE,
     UPGRADE_COLUMNS,
@@ -63,11 +76,30 @@ class SqliteRows(SqlSessionRows):
     ) -> None:
         super().__init__(conn, sql)
         self._inserted = inserted
+        self._created: tuple[str, float] | None = None  # the session last inserted, and when
 
     def insert_message(self, session_id: str, message_: NewMessage, now: float) -> MessageRecord:
         record = super().insert_message(session_id, message_, now)
         self._inserted(1)
         return record
+
+    def insert_new_session(self, session_id: str, new: NewSession, now: float) -> bool:
+        # One statement where ``state`` and ``insert_session`` were two, with a row to read
+        # between them: each is a hand-off of the GIL the event loop shares, and the writer
+        # thread is where every turn waits.
+        values = (*session_values(session_id, new, now), session_id)
+        created = self.conn.execute(SQL_INSERT_NEW_SESSION, values).rowcount == 1
+        if created:
+            self._created = (session_id, now)
+        return created
+
+    def touch(self, session_id: str, now: float) -> None:
+        # The session just created at ``now`` was updated at ``now``: the statement would
+        # change nothing. (One slot, kept across transactions on this connection: a later
+        # touch of that session with that same ``now`` would change nothing either, or
+        # only set its time back.)
+        if self._created != (session_id, now):
+            super().touch(session_id, now)
 
     def insert_messages(self, session_id: str, messages: Sequence[NewMessage], now: float) -> None:
         # One statement for the whole turn (the rules checked the session is live).

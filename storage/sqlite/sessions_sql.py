@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from storage.session_sql import insert_messages_sql
+from storage.session_sql import insert_messages_sql, insert_new_session_sql
 from storage.sqlite.fts import TextIndex
 
 # v2 added the tombstones table, v3 running_turns and approvals, v4 compaction's columns of
@@ -182,3 +182,7 @@ SQL_SUPERSEDE = (
 def sql_insert_messages(n: int) -> str:
     """One INSERT for a whole turn of ``n`` messages (turns are short: few shapes)."""
     return insert_messages_sql(n, "?")
+
+
+# A new conversation's session in one statement (``SqliteRows.insert_new_session``).
+SQL_INSERT_NEW_SESSION = insert_new_session_sql("?")

@@ -261,6 +261,27 @@ async def test_an_exclusive_creation_never_joins_a_session_that_exists(
     assert state_of(store, "api_y") == "live"
 
 
+async def test_a_first_turn_creates_its_session_at_its_time_and_later_turns_touch_it(
+    store: SessionStore,
+) -> None:
+    # SQLite writes a new conversation in one statement and skips the touch that would
+    # change nothing; a later turn of it, or of another session, must still be a touch.
+    source = SessionSource(platform=Platform.API_SERVER, chat_id="api_t")
+    turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    await store.aappend_turn("api_t", turn, create=source, exclusive=True, title="hi")
+    first = store.get_session("api_t")
+    assert first is not None and first.title == "hi" and first.source is not None
+    assert first.created_at == first.updated_at
+    await store.aappend_turn("api_u", turn, create=source)
+    await asyncio.sleep(0.01)
+    await store.aappend_turn("api_t", turn, create=source)  # exists: appended, touched
+    again = store.get_session("api_t")
+    assert again is not None and again.created_at == first.created_at
+    assert again.updated_at > first.updated_at
+    assert [s.id for s in store.list_sessions()][:2] == ["api_t", "api_u"]
+    assert [m.content for m in store.messages("api_t")] == ["hi", "hello", "hi", "hello"]
+
+
 # ----------------------------------------------------------------- titles
 
 
