@@ -318,6 +318,8 @@ class SqlSessionRows:
     def __init__(self, conn: Any, sql: SessionSql) -> None:
         self.conn = conn
         self.q = sql
+        # The session these rows last inserted, and when (``created``; ``touch`` reads it).
+        self._created: tuple[str, float] | None = None
 
     def _one(self, query: str, params: Sequence[Any]) -> Any:
         return self.conn.execute(query, tuple(params)).fetchone()
@@ -371,8 +373,16 @@ class SqlSessionRows:
     def untombstone(self, session_id: str) -> None:
         self.conn.execute(self.q.untombstone, (session_id,))
 
+    def created(self, session_id: str, now: float) -> None:
+        """Note that these rows just inserted ``session_id`` at ``now``."""
+        self._created = (session_id, now)
+
     def touch(self, session_id: str, now: float) -> None:
-        self.conn.execute(self.q.touch, (now, session_id))  # no count read: see insert_session
+        # A session just inserted at ``now`` was updated at ``now``: the statement would
+        # change nothing, and it is one less to run. (One slot: a later touch of it with
+        # that same ``now`` would change nothing either, or only set its time back.)
+        if self._created != (session_id, now):
+            self.conn.execute(self.q.touch, (now, session_id))  # no count read: see insert_session
 
     def sessions(self, limit: int, offset: int) -> list[SessionRecord]:
         return [_session(r) for r in self._all(self.q.sessions, (limit, offset))]

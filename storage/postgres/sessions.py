@@ -87,7 +87,6 @@ class PostgresRows(SqlSessionRows):
         # (``first_read``): used when that read is the first one it makes.
         self._ahead = ahead
         self.answered = False
-        self._created: dict[str, float] = {}  # sessions this transaction inserted, and when
 
     @property
     def conn(self) -> Conn:
@@ -132,13 +131,7 @@ class PostgresRows(SqlSessionRows):
         # Nobody reads its answer (an id that exists is no error): held, to travel with the
         # session's messages.
         self._held.session(session_values(session_id, new, now))
-        self._created[session_id] = now
-
-    def touch(self, session_id: str, now: float) -> None:
-        # A session this transaction created at ``now`` was updated at ``now``: the
-        # statement would change nothing, and it is one less for the server to run.
-        if self._created.get(session_id) != now:
-            super().touch(session_id, now)
+        self.created(session_id, now)
 
     def insert_messages(self, session_id: str, messages: Sequence[NewMessage], now: float) -> None:
         # Nobody reads these rows back (a dedupe key that names one already is no error):

@@ -76,7 +76,6 @@ class SqliteRows(SqlSessionRows):
     ) -> None:
         super().__init__(conn, sql)
         self._inserted = inserted
-        self._created: tuple[str, float] | None = None  # the session last inserted, and when
 
     def insert_message(self, session_id: str, message_: NewMessage, now: float) -> MessageRecord:
         record = super().insert_message(session_id, message_, now)
@@ -90,16 +89,8 @@ class SqliteRows(SqlSessionRows):
         values = (*session_values(session_id, new, now), session_id)
         created = self.conn.execute(SQL_INSERT_NEW_SESSION, values).rowcount == 1
         if created:
-            self._created = (session_id, now)
+            self.created(session_id, now)
         return created
-
-    def touch(self, session_id: str, now: float) -> None:
-        # The session just created at ``now`` was updated at ``now``: the statement would
-        # change nothing. (One slot, kept across transactions on this connection: a later
-        # touch of that session with that same ``now`` would change nothing either, or
-        # only set its time back.)
-        if self._created != (session_id, now):
-            super().touch(session_id, now)
 
     def insert_messages(self, session_id: str, messages: Sequence[NewMessage], now: float) -> None:
         # One statement for the whole turn (the rules checked the session is live).
