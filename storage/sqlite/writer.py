@@ -186,9 +186,8 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
         self._conn, self._ctx = conn, self._context(conn)
         ready.set_result(None)
         while True:
-            # Read without the lock: while this thread holds waiters back, nobody else takes
-            # from the queue (an inline commit needs it empty and this writer idle), so what
-            # it sees queued stays queued; what it misses only means they hear now.
+            # Read without the lock: only this thread takes from the queue, so what it sees
+            # queued stays queued; what it misses only means they hear now, as before.
             if not self._queue.pending:
                 self._settle_held_back()  # no statements to run first: they hear now
             with self._mu:
