@@ -10,8 +10,7 @@ savepoint around each operation. Waiters are threads (``submit``/``write``) or c
 
 When more is queued as a commit ends, its waiters are told a little later: once the next
 batch's statements ran, just before that batch's COMMIT (whose fsync needs no GIL), or
-before the writer waits for another process's lock, or once an operation of that batch
-took longer than ``HOLD_BACK_SECONDS``. Told at once, their wake-ups keep the
+before the writer waits for another process's lock. Told at once, their wake-ups keep the
 event loop busy exactly when those statements need the GIL it holds; each statement is a
 hand-off of the GIL, and the writer is where every durable turn waits.
 
@@ -35,7 +34,6 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
@@ -48,11 +46,6 @@ from storage.waiters import LoopWaiter, Outcome
 T = TypeVar("T")
 C = TypeVar("C")
 log = logging.getLogger(__name__)
-
-# How long a commit's waiters may wait for the next batch's statements: a batch of turns
-# runs in about a millisecond; once one of its operations has taken longer (a prune, an
-# index catching up), they are told before the next operation runs.
-HOLD_BACK_SECONDS = 0.002
 
 
 class GroupCommitWriter(CommitCounts, Generic[C]):
@@ -285,20 +278,14 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
             raise
         return outcomes
 
+    @staticmethod
     def _run(
-        self, conn: sqlite3.Connection, context: Any, live: Live, *, isolate: bool
+        conn: sqlite3.Connection, context: Any, live: Live, *, isolate: bool
     ) -> list[Outcome] | None:
         """Run every operation in one open transaction; None means "run again isolated"."""
         outcomes: list[Outcome] = []
         conn.execute("BEGIN IMMEDIATE")
-        started = time.perf_counter()
         for op, waiter in live:
-            if (
-                outcomes  # an operation ran, and took long
-                and self._held_back is not None
-                and time.perf_counter() - started > HOLD_BACK_SECONDS
-            ):
-                self._settle_held_back()
             if isolate:
                 conn.execute("SAVEPOINT op")
             changes_before = conn.total_changes

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import pytest
 from delivery.write_future import WriteFuture
 from storage.sqlite import files
 from storage.sqlite.write_lock import SUFFIX, WriteLock
-from storage.sqlite.writer import HOLD_BACK_SECONDS, GroupCommitWriter
+from storage.sqlite.writer import GroupCommitWriter
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = 200  # per writer and process
@@ -42,7 +41,7 @@ CHILD = textwrap.dedent(
 
     from storage.sqlite import files
     from storage.sqlite.one_connection import OneConnectionStore
-    from storage.sqlite.writer import HOLD_BACK_SECONDS, GroupCommitWriter
+    from storage.sqlite.writer import GroupCommitWriter
 
     path, proc, rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
     ddl = (
@@ -313,37 +312,6 @@ def test_a_commits_waiters_hear_once_the_next_batch_ran_and_before_it_commits(
     finally:
         writer.close()
     assert _rows(writer.path) == [1, 2]
-
-
-def test_held_back_waiters_do_not_wait_for_a_slow_operation(tmp_path: Path) -> None:
-    # The next batch's first operation takes longer than a batch of turns does (a prune):
-    # the last commit's waiters are told before its second operation runs.
-    writer = _writer(tmp_path)
-    told: list[bool] = []
-    queued: list[WriteFuture[int]] = []
-
-    def slow(conn: sqlite3.Connection) -> int:
-        told.append(first.done())
-        time.sleep(HOLD_BACK_SECONDS * 5)
-        return _insert(2)(conn)
-
-    def after_it(conn: sqlite3.Connection) -> int:
-        told.append(first.done())
-        return _insert(3)(conn)
-
-    def first_op(conn: sqlite3.Connection) -> int:
-        queued.extend([writer.submit_later(slow), writer.submit_later(after_it)])
-        return _insert(1)(conn)
-
-    try:
-        first = writer.submit_later(first_op)
-        assert first.result(timeout=20) == 1  # ``queued`` is filled by then
-        assert [f.result(timeout=20) for f in queued] == [2, 3]
-        assert told == [False, True]
-        assert writer.commits == 2
-    finally:
-        writer.close()
-    assert _rows(writer.path) == [1, 2, 3]
 
 
 def test_held_back_waiters_do_not_wait_for_another_processs_lock(
