@@ -30,7 +30,6 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Callable
 from types import TracebackType
 
 __all__ = ["SUFFIX", "WriteLock"]
@@ -57,9 +56,6 @@ class WriteLock:
     def __init__(self, db_path: str) -> None:
         self.path = db_path + SUFFIX
         self._taken = False  # whether this object's ``with`` block holds the flock now
-        # Called before this thread blocks for the flock (another process holds it); taking
-        # a free flock calls nothing.
-        self.on_wait: Callable[[], None] | None = None
         try:
             # 0600 like the database; O_CLOEXEC: a child process never inherits the lock.
             self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -74,14 +70,7 @@ class WriteLock:
         held = _held_by_this_thread()
         if self.path in held:
             return self  # nested: SQLite's busy timeout decides, as without the flock
-        if self.on_wait is None:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # blocks this thread only; the GIL is let go
-        else:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                self.on_wait()  # another process holds it: what must not wait, goes first
-                fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks this thread only; the GIL is let go
         held.add(self.path)
         self._taken = True
         return self

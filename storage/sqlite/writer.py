@@ -8,12 +8,6 @@ fails alone: if it had already changed rows, the batch is rolled back and run ag
 savepoint around each operation. Waiters are threads (``submit``/``write``) or coroutines
 (``submit_async``); each event loop is woken once per commit, not once per operation.
 
-When more is queued as a commit ends, its waiters are told a little later: once the next
-batch's statements ran, just before that batch's COMMIT (whose fsync needs no GIL), or
-before the writer waits for another process's lock. Told at once, their wake-ups keep the
-event loop busy exactly when those statements need the GIL it holds; each statement is a
-hand-off of the GIL, and the writer is where every durable turn waits.
-
 Durability per operation: ``durable=False`` marks a write whose loss in a power cut can only
 cause a redelivery that the sinks absorb. A batch of only such writes commits under
 ``PRAGMA synchronous = NORMAL`` (in WAL mode: committed to the log without waiting for the
@@ -79,9 +73,6 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
         self._synchronous: str | None = None  # the writer connection's current level
         self._conn: sqlite3.Connection | None = None
         self._ctx: Any = None
-        # The last commit's outcomes, not told yet: the writer thread tells them once the
-        # next batch's statements ran (``_commit``), or at once when nothing is queued.
-        self._held_back: tuple[Live, bool, list[Outcome]] | None = None
         ready: Future[None] = Future()
         self._thread = threading.Thread(
             target=self._main, args=(open, ready), name=name, daemon=True
@@ -90,8 +81,6 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
         ready.result()
         self._inode = os.stat(path).st_ino
         self._write_lock = WriteLock(path)
-        # Waiting for another process's commit: the last commit's waiters do not wait too.
-        self._write_lock.on_wait = self._settle_held_back
 
     # -- callers --------------------------------------------------------------------------
 
@@ -179,10 +168,6 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
         self._conn, self._ctx = conn, self._context(conn)
         ready.set_result(None)
         while True:
-            # Read without the lock: only this thread takes from the queue, so what it sees
-            # queued stays queued; what it misses only means they hear now, as before.
-            if not self._queue.pending:
-                self._settle_held_back()  # no statements to run first: they hear now
             with self._mu:
                 batch = self._queue.next_batch(lambda: self._busy)
                 if batch is None:
@@ -193,7 +178,6 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
             finally:
                 with self._mu:
                     self._busy = False
-        self._settle_held_back()
         conn.close()
 
     def _file_is_ours(self) -> bool:
@@ -211,10 +195,8 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
     def _commit(self, conn: sqlite3.Connection, context: C, batch: Batch) -> None:
         live, durable = wanted(batch)
         if not live:
-            self._settle_held_back()
             return
         if not self._file_is_ours():
-            self._settle_held_back()
             err = self._unavailable(
                 f"{self.path} was removed or replaced; refusing to write into a file nobody "
                 "can read again"
@@ -227,24 +209,10 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
                 self._set_synchronous(conn, "FULL" if durable else "NORMAL")
                 outcomes = self._transaction(conn, context, live)
         except sqlite3.Error as exc:
-            self._settle_held_back()
             err = self._unavailable(f"write to {self.path} failed, nothing was written: {exc}")
             self.failed(live, err)
             return
-        if self._queue.pending and threading.current_thread() is self._thread:
-            # More is queued: the writer runs its statements before these waiters hear, and
-            # they hear during its COMMIT's fsync (``_transaction``). Their wake-ups are the
-            # event loop's busiest moment, and each statement needs the GIL the loop holds
-            # then: run first, the next batch's statements find the loop idle.
-            self._held_back = (live, durable, outcomes)
-        else:
-            self.committed(live, durable, outcomes)
-
-    def _settle_held_back(self) -> None:
-        """Tell the waiters of the last commit, held back for the next batch's statements."""
-        held, self._held_back = self._held_back, None
-        if held is not None:
-            self.committed(*held)
+        self.committed(live, durable, outcomes)
 
     def _joined(self, live: Live, durable: bool) -> tuple[Live, bool]:
         """``live`` and the operations queued since it was taken (most while it waited for
@@ -267,7 +235,6 @@ class GroupCommitWriter(CommitCounts, Generic[C]):
             if outcomes is None:
                 outcomes = self._run(conn, context, live, isolate=True)
                 assert outcomes is not None  # an isolated run never asks to run again
-            self._settle_held_back()  # committed before this began: they hear during its fsync
             conn.execute("COMMIT")
         except sqlite3.Error:
             if conn.in_transaction:

@@ -5,15 +5,12 @@ Two real processes write one file as hard as they can, each through a group-comm
 timeout at 1 ms: without the lock the second writer to find SQLite's lock taken gives up
 ("database is locked") within a few writes; with it every writer queues in the kernel and
 never meets SQLite's lock, and every row of both processes is there. And a group-commit
-writer that waited for the lock commits what queued meanwhile in the same transaction; one
-whose next batch is queued tells the last commit's waiters once that batch ran, and before
-it waits for another process's lock.
+writer that waited for the lock commits what queued meanwhile in the same transaction.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import fcntl
 import os
 import sqlite3
@@ -24,9 +21,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-from delivery.write_future import WriteFuture
 from storage.sqlite import files
 from storage.sqlite.write_lock import SUFFIX, WriteLock
 from storage.sqlite.writer import GroupCommitWriter
@@ -235,131 +229,3 @@ def test_what_queued_while_the_lock_was_waited_for_joins_the_commit(tmp_path: Pa
         other_process.close()
         pool.shutdown()
         writer.close()
-
-
-def test_on_wait_runs_only_when_another_holder_has_the_lock(tmp_path: Path) -> None:
-    db = str(tmp_path / "x.db")
-    lock = WriteLock(db)
-    waited: list[str] = []
-    lock.on_wait = lambda: waited.append("waited")
-    with lock:  # free: taken at once, nothing called
-        pass
-    assert waited == []
-    other_process = os.open(lock.path, os.O_RDWR)
-    try:
-        fcntl.flock(other_process, fcntl.LOCK_EX)
-
-        def let_go() -> None:
-            waited.append("waited")
-            fcntl.flock(other_process, fcntl.LOCK_UN)  # the other holder finishes
-
-        lock.on_wait = let_go
-        with lock:  # taken: on_wait first, then the lock once it is let go
-            assert not _free(Path(db))
-    finally:
-        os.close(other_process)
-    assert waited == ["waited"]
-    assert _free(Path(db))
-    lock.close()
-
-
-def _writer(tmp_path: Path) -> GroupCommitWriter[sqlite3.Connection]:
-    spec = files.SqliteFile(
-        str(tmp_path / "held.db"), "test", None, 0, files.FileErrors(OSError, OSError)
-    )
-
-    def open_conn() -> sqlite3.Connection:
-        conn = files.connect(spec)
-        conn.execute("CREATE TABLE t (n INTEGER)")
-        return conn
-
-    return GroupCommitWriter(spec.path, open_conn, context=lambda conn: conn, unavailable=OSError)
-
-
-def _insert(n: int) -> Callable[[sqlite3.Connection], int]:
-    return lambda conn: int(conn.execute("INSERT INTO t VALUES (?)", (n,)).rowcount) * n
-
-
-def _rows(path: str) -> list[int]:
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        return [n for (n,) in conn.execute("SELECT n FROM t ORDER BY n")]
-
-
-def test_a_commits_waiters_hear_once_the_next_batch_ran_and_before_it_commits(
-    tmp_path: Path,
-) -> None:
-    # The waiters of a commit with more queued behind it are told after the next batch's
-    # statements ran (the event loop's wake-ups no longer compete with them for the GIL),
-    # and before that batch commits; none is lost, none told before its own commit.
-    writer = _writer(tmp_path)
-    told: list[bool] = []
-    queued: list[WriteFuture[int]] = []
-
-    def first_op(conn: sqlite3.Connection) -> int:
-        queued.append(writer.submit_later(second_op))  # behind this batch
-        return _insert(1)(conn)
-
-    def second_op(conn: sqlite3.Connection) -> int:
-        told.append(first.done())
-        return _insert(2)(conn)
-
-    try:
-        first = writer.submit_later(first_op)
-        assert first.result(timeout=20) == 1
-        assert queued[0].result(timeout=20) == 2
-        assert told == [False]  # held back while the second batch ran
-        assert writer.commits == 2
-    finally:
-        writer.close()
-    assert _rows(writer.path) == [1, 2]
-
-
-def test_held_back_waiters_do_not_wait_for_another_processs_lock(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The next batch finds the file's lock taken by another process: the last commit's
-    # waiters are told before this writer waits for it, not once it got it.
-    writer = _writer(tmp_path)
-    other_process = WriteLock(writer.path)
-    holding, submitted = threading.Event(), threading.Event()
-    told_while_held: list[bool] = []
-    first: list[WriteFuture[int]] = []
-    queued: list[WriteFuture[int]] = []
-
-    def hold_until_told() -> None:
-        with other_process:
-            holding.set()
-            # Let go once the first batch's waiter heard; a writer that waits for the lock
-            # first leaves it untold, and the test fails after 5 s.
-            assert submitted.wait(10)
-            try:
-                first[0].result(timeout=5)
-                told_while_held.append(True)
-            except TimeoutError:
-                told_while_held.append(False)
-
-    checks = iter([False, True])
-    real_check = writer._file_is_ours
-
-    def file_is_ours() -> bool:
-        if next(checks, False):  # the second batch, right before it takes the lock
-            threading.Thread(target=hold_until_told, daemon=True).start()
-            assert holding.wait(10)
-        return real_check()
-
-    monkeypatch.setattr(writer, "_file_is_ours", file_is_ours)
-
-    def first_op(conn: sqlite3.Connection) -> int:
-        queued.append(writer.submit_later(_insert(2)))  # behind this batch
-        return _insert(1)(conn)
-
-    try:
-        first.append(writer.submit_later(first_op))
-        submitted.set()
-        assert first[0].result(timeout=20) == 1
-        assert queued[0].result(timeout=20) == 2
-        assert told_while_held == [True]
-    finally:
-        other_process.close()
-        writer.close()
-    assert _rows(writer.path) == [1, 2]
