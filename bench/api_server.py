@@ -456,7 +456,10 @@ async def load(
     url: str, clients: int, seconds: float, stream: bool = False, model: str = "reveille-demo"
 ) -> dict[str, float]:
     """Chat completions, one new conversation per request."""
-    tag = f"request {os.getpid()}"  # load processes must not open the same conversations
+    # Neither another load process nor this process's earlier load (the warm-up before a
+    # measured run) may have opened the same conversation: its request would continue that
+    # session or open a second one beside it, not a new conversation.
+    tag = f"request {os.getpid()}-{secrets.token_hex(4)}"
 
     async def chat(http: aiohttp.ClientSession, index: int, counter: int) -> bool:
         body = {
