@@ -380,7 +380,10 @@ class SqlSessionRows:
     def touch(self, session_id: str, now: float) -> None:
         # A session just inserted at ``now`` was updated at ``now``: the statement would
         # change nothing, and it is one less to run. (One slot: a later touch of it with
-        # that same ``now`` would change nothing either, or only set its time back.)
+        # that same ``now`` would change nothing either, or only set its time back. SQLite's
+        # writer keeps its rows for the connection's life, so the slot outlives a rolled-back
+        # transaction; ``now`` is read from the clock once per operation, before it runs, so
+        # only that operation, or its isolated rerun (which inserts again), touches with it.)
         if self._created != (session_id, now):
             self.conn.execute(self.q.touch, (now, session_id))  # no count read: see insert_session
 
