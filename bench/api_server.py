@@ -5,8 +5,9 @@ writes, the agent loop with the offline demo model) and, as the baseline, a bare
 handler that returns a canned completion; each runs in its own process on a loopback port.
 A third server, the store floor, is the bare handler plus the two trips to the real session
 store that a new conversation's turn cannot do without (the read that resolves it, in the
-reader thread; the durable commit of its first turn, by the writer thread): how close to
-the baseline any turn that stores itself can come in one process.
+reader thread; the durable commit of its first turn, by the writer thread, storing the
+user's message and the demo model's reply as the turn stores them): how close to the
+baseline any turn that stores itself can come in one process.
 
 Provider mode (``--provider``): starts a fake OpenAI-compatible upstream in its own process
 (canned ``chat.completion`` JSON, or SSE chunks then ``data: [DONE]`` when asked to stream),
@@ -120,6 +121,7 @@ CANNED = {
 UPSTREAM_MODEL = "canned-upstream"
 UPSTREAM_KEY = "sk-bench-upstream"
 UPSTREAM_PIECES = ["Hello ", "from ", "a canned ", "upstream."]
+UPSTREAM_REPLY = "".join(UPSTREAM_PIECES)
 
 
 def _chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
@@ -179,11 +181,14 @@ def serve_canned(port: int) -> None:
 def store_trips(home: str, pg_url: str | None = None) -> Any:
     """A coroutine function making a new conversation's two trips to the real session store
     and nothing else: the read that resolves the conversation (in the reader thread) and the
-    durable commit of its first turn (group-committed by the writer thread). ``pg_url``: the
-    same two on the PostgreSQL session store at that url instead of SQLite's."""
+    durable commit of its first turn (group-committed by the writer thread), which stores
+    the user's message and ``reply`` as a turn stores them: the text search indexes what
+    was said, so a floor storing less would spare its writer work that no turn is spared.
+    ``pg_url``: the same two on the PostgreSQL session store at that url instead of
+    SQLite's."""
     from gateway.config import Platform
     from gateway.session import SessionSource, SessionStore
-    from gateway.turns.conversation import derive_session_id
+    from gateway.turns.conversation import derive_session_id, message_text
 
     where = (
         storage.open_storage(pg_url)
@@ -192,12 +197,15 @@ def store_trips(home: str, pg_url: str | None = None) -> Any:
     )
     store = SessionStore(where.open_sessions())
 
-    async def trips(messages: list[dict[str, Any]]) -> None:
+    async def trips(messages: list[dict[str, Any]], reply: str) -> None:
         session_id = derive_session_id(messages)
         await store.asessions_by_prefix(session_id)
         await store.aappend_turn(
             session_id,
-            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+            [
+                {"role": "user", "content": message_text(messages[-1])},
+                {"role": "assistant", "content": reply},
+            ],
             create=SessionSource(platform=Platform.API_SERVER, chat_id=session_id),
         )
 
@@ -206,16 +214,27 @@ def store_trips(home: str, pg_url: str | None = None) -> Any:
 
 def serve_store_floor(port: int, home: str, pg_url: str | None = None) -> None:
     """A bare aiohttp handler that makes a new conversation's two store trips and nothing
-    else: what every demo turn pays at least, whatever the turn service, agent and
-    middleware cost."""
+    else, storing and answering the demo model's reply: what every demo turn pays at least,
+    whatever the turn service, agent and middleware cost."""
+    from agent.providers.demo import plain_reply
+    from gateway.turns.conversation import message_text
+
     trips = store_trips(home, pg_url)
 
     async def complete(request: web.Request) -> web.Response:
         body = await request.json()
-        await trips(body["messages"])
-        return web.json_response(CANNED)
+        messages = body["messages"]
+        reply = plain_reply(message_text(messages[-1]))
+        await trips(messages, reply)
+        return web.json_response({**CANNED, "choices": _choices(reply)})
 
     serve_completions(port, complete)
+
+
+def _choices(content: str) -> list[dict[str, Any]]:
+    return [
+        {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+    ]
 
 
 def _offered_tools(upstream_url: str) -> list[Any]:
@@ -263,7 +282,8 @@ def serve_model_call_floor(
     async def complete(request: web.Request) -> web.Response:
         body = await request.json()
         if trips is not None:
-            await trips(body["messages"])
+            # Stored as the reply Reveille stores: the upstream's, which is canned.
+            await trips(body["messages"], UPSTREAM_REPLY)
         content = await call(body["messages"])
         return web.json_response({**CANNED, "model": UPSTREAM_MODEL, "x": content})
 
@@ -278,7 +298,7 @@ def serve_upstream(port: int) -> None:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": "".join(UPSTREAM_PIECES)},
+                "message": {"role": "assistant", "content": UPSTREAM_REPLY},
                 "finish_reason": "stop",
             }
         ],

@@ -212,7 +212,7 @@ class DemoModel:
                 return command
         if summaries:
             return "\n".join(summaries), []
-        reply = _plain_reply(user_text)
+        reply = plain_reply(user_text)
         if last_user is not None and _has_images(last_user):
             reply = f"{IMAGE_NOTE} {reply}"
         return reply, []
@@ -319,7 +319,9 @@ def _tool_call(position: int, name: str, args: JSONObject) -> ToolCall:
     }
 
 
-def _plain_reply(user_text: str) -> str:
+def plain_reply(user_text: str) -> str:
+    """The demo model's answer to a message that asks for nothing it can do (the store
+    floor of ``bench/api_server.py`` stores it as a demo turn would)."""
     snippet = " ".join(user_text.split())
     if len(snippet) > _SNIPPET_CHARS:
         snippet = snippet[: _SNIPPET_CHARS - 1] + "…"
