@@ -102,18 +102,20 @@ from proc_cpu import processes  # noqa: E402
 import storage  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
+
+def _choices(content: str) -> list[dict[str, Any]]:
+    """A chat completion's one choice: ``content`` from the assistant, finished."""
+    return [
+        {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+    ]
+
+
 CANNED = {
     "id": "chatcmpl-canned",
     "object": "chat.completion",
     "created": 0,
     "model": "canned",
-    "choices": [
-        {
-            "index": 0,
-            "message": {"role": "assistant", "content": "Hello from a canned handler."},
-            "finish_reason": "stop",
-        }
-    ],
+    "choices": _choices("Hello from a canned handler."),
     "usage": {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11},
 }
 
@@ -182,13 +184,14 @@ def store_trips(home: str, pg_url: str | None = None) -> Any:
     """A coroutine function making a new conversation's two trips to the real session store
     and nothing else: the read that resolves the conversation (in the reader thread) and the
     durable commit of its first turn (group-committed by the writer thread), which stores
-    the user's message and ``reply`` as a turn stores them: the text search indexes what
-    was said, so a floor storing less would spare its writer work that no turn is spared.
+    ``said`` (the user's message) and ``reply`` as a turn stores them: the text search
+    indexes what was said, so a floor storing less would spare its writer work that no turn
+    is spared.
     ``pg_url``: the same two on the PostgreSQL session store at that url instead of
     SQLite's."""
     from gateway.config import Platform
     from gateway.session import SessionSource, SessionStore
-    from gateway.turns.conversation import derive_session_id, message_text
+    from gateway.turns.conversation import derive_session_id
 
     where = (
         storage.open_storage(pg_url)
@@ -197,13 +200,13 @@ def store_trips(home: str, pg_url: str | None = None) -> Any:
     )
     store = SessionStore(where.open_sessions())
 
-    async def trips(messages: list[dict[str, Any]], reply: str) -> None:
+    async def trips(messages: list[dict[str, Any]], said: str, reply: str) -> None:
         session_id = derive_session_id(messages)
         await store.asessions_by_prefix(session_id)
         await store.aappend_turn(
             session_id,
             [
-                {"role": "user", "content": message_text(messages[-1])},
+                {"role": "user", "content": said},
                 {"role": "assistant", "content": reply},
             ],
             create=SessionSource(platform=Platform.API_SERVER, chat_id=session_id),
@@ -224,17 +227,12 @@ def serve_store_floor(port: int, home: str, pg_url: str | None = None) -> None:
     async def complete(request: web.Request) -> web.Response:
         body = await request.json()
         messages = body["messages"]
-        reply = plain_reply(message_text(messages[-1]))
-        await trips(messages, reply)
+        said = message_text(messages[-1])
+        reply = plain_reply(said)
+        await trips(messages, said, reply)
         return web.json_response({**CANNED, "choices": _choices(reply)})
 
     serve_completions(port, complete)
-
-
-def _choices(content: str) -> list[dict[str, Any]]:
-    return [
-        {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-    ]
 
 
 def _offered_tools(upstream_url: str) -> list[Any]:
@@ -262,6 +260,7 @@ def serve_model_call_floor(
     offered = _offered_tools(upstream_url) if tools else None
     from agent.messages import ChatMessage
     from agent.providers.openai_compat import OpenAICompatProvider
+    from gateway.turns.conversation import message_text
 
     provider = OpenAICompatProvider(f"{upstream_url}/v1", UPSTREAM_KEY, UPSTREAM_MODEL)
     http: list[aiohttp.ClientSession] = []
@@ -282,8 +281,9 @@ def serve_model_call_floor(
     async def complete(request: web.Request) -> web.Response:
         body = await request.json()
         if trips is not None:
-            # Stored as the reply Reveille stores: the upstream's, which is canned.
-            await trips(body["messages"], UPSTREAM_REPLY)
+            # Stored as Reveille stores the turn: the reply is the upstream's, which is canned.
+            messages = body["messages"]
+            await trips(messages, message_text(messages[-1]), UPSTREAM_REPLY)
         content = await call(body["messages"])
         return web.json_response({**CANNED, "model": UPSTREAM_MODEL, "x": content})
 
@@ -295,13 +295,7 @@ def serve_upstream(port: int) -> None:
     answer = {
         **CANNED,
         "model": UPSTREAM_MODEL,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": UPSTREAM_REPLY},
-                "finish_reason": "stop",
-            }
-        ],
+        "choices": _choices(UPSTREAM_REPLY),
     }
     with_usage = _upstream_stream_body(include_usage=True)
     without_usage = _upstream_stream_body(include_usage=False)
